@@ -1,0 +1,16 @@
+# The two commands of the README. Each one installs what is missing first.
+PYTHON ?= python3
+
+.PHONY: demo test setup bench
+
+setup:
+	@sh scripts/setup.sh
+
+demo: setup
+	$(PYTHON) -m nebula_tui demo
+
+test: setup
+	$(PYTHON) -m pytest -q
+
+bench: setup
+	$(PYTHON) bench/submit_latency.py && $(PYTHON) bench/throughput.py

@@ -1,0 +1,283 @@
+"""The socket protocol between clients and the head service: server side and client side.
+
+JSON lines over a Unix socket. A client sends one request ``{"op": …, …}`` and reads one
+reply ``{"ok": true, …}`` or ``{"ok": false, "error": "…"}``; ``wait`` replies when the job
+ends, ``subscribe`` replies with a snapshot and then streams events until the client goes.
+The server learns who is asking from the kernel (``SO_PEERCRED``), never from the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import pwd
+import socket
+import struct
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+from . import views
+from .model import JobSpec, RequestError
+
+if TYPE_CHECKING:  # the CLI imports this module for the client; keep it light
+    from .engine import Engine
+
+log = logging.getLogger(__name__)
+
+MAX_LINE = 1 << 20
+MAX_GPU_COUNT = 64
+
+
+class ApiError(Exception):
+    """The service refused a request or could not be reached; str() is the one-line reason."""
+
+
+def peer_user(sock: socket.socket) -> str:
+    """The Unix user on the other end of a connected Unix socket, as the kernel says."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", creds)
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid{uid}"
+
+
+def spec_from_request(req: dict) -> JobSpec:
+    """Validate a submit request field by field; raise RequestError naming the field."""
+    command = req.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
+        raise RequestError("command: give the program to run after `--`, or --command \"…\"")
+    shell = bool(req.get("shell"))
+    if shell and len(command) != 1:
+        raise RequestError("command: --command takes one shell command line")
+    gpu_count = req.get("gpu_count", 1)
+    if not isinstance(gpu_count, int) or isinstance(gpu_count, bool) or not 1 <= gpu_count <= MAX_GPU_COUNT:
+        raise RequestError(f"--gpu-count must be a whole number from 1 to {MAX_GPU_COUNT}")
+    gpu_mem = req.get("gpu_mem_mb")
+    if gpu_mem is not None and (not isinstance(gpu_mem, int) or gpu_mem < 1):
+        raise RequestError("--gpu-mem must be a positive size such as 8G")
+    name = req.get("name") or ""
+    if not isinstance(name, str) or len(name) > 128 or "\n" in name:
+        raise RequestError("--name must be one line of at most 128 characters")
+    workdir = req.get("workdir")
+    if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
+        raise RequestError("--workdir must be an absolute path on the node")
+    return JobSpec(command=tuple(command), name=name, gpu_count=gpu_count,
+                   gpu_mem_mb=gpu_mem, workdir=workdir, shell=shell)
+
+
+def _job_id(req: dict) -> int:
+    try:
+        return int(req["job"])
+    except (KeyError, TypeError, ValueError):
+        raise RequestError(f"'{req.get('job')}' is not a job id (a number, as `nebula queue` shows)") from None
+
+
+class ApiServer:
+    """Serves one engine on a Unix socket."""
+
+    def __init__(self, engine: "Engine", path: Path, on_shutdown=None):
+        self.engine = engine
+        self.path = Path(path)
+        self.on_shutdown = on_shutdown
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        old_umask = os.umask(0o077)  # single-user mode: only the owner may connect
+        try:
+            self._server = await asyncio.start_unix_server(self._serve, str(self.path),
+                                                           limit=MAX_LINE)
+        finally:
+            os.umask(old_umask)
+
+    async def close(self) -> None:
+        if self._server:
+            self._server.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        user = peer_user(writer.get_extra_info("socket"))
+        try:
+            while line := await reader.readline():
+                try:
+                    req = json.loads(line)
+                    if not isinstance(req, dict):
+                        raise ValueError
+                except ValueError:
+                    await self._send(writer, {"ok": False, "error": "request is not a JSON object"})
+                    continue
+                await self._handle(user, req, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _send(self, writer: asyncio.StreamWriter, message: dict) -> None:
+        writer.write(json.dumps(message).encode() + b"\n")
+        await writer.drain()
+
+    async def _handle(self, user: str, req: dict, writer: asyncio.StreamWriter) -> None:
+        op = req.get("op")
+        try:
+            if op == "subscribe":
+                await self._subscribe(writer)
+                return
+            handler = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
+            if handler is None:
+                raise RequestError(f"unknown request {op!r}")
+            reply = await handler(user, req)
+            await self._send(writer, {"ok": True, **reply})
+        except RequestError as err:
+            await self._send(writer, {"ok": False, "error": str(err)})
+
+    # ----------------------------------------------------------------- ops
+    async def op_ping(self, user, req):
+        return {"pid": os.getpid(), "user": user}
+
+    async def op_submit(self, user, req):
+        job = self.engine.submit(user, spec_from_request(req))
+        return {"job": views.job_json(job)}
+
+    async def op_status(self, user, req):
+        snap = self.engine.snapshot()
+        return {"summary": snap["summary"], "nodes": snap["nodes"]}
+
+    async def op_queue(self, user, req):
+        return {"jobs": self.engine.queue_json()}
+
+    async def op_gpus(self, user, req):
+        return {"gpus": self.engine.gpus_json()}
+
+    async def op_job(self, user, req):
+        return {"job": views.job_json(self.engine.job(_job_id(req)))}
+
+    async def op_cancel(self, user, req):
+        job = await self.engine.cancel(user, _job_id(req))
+        return {"job": views.job_json(job)}
+
+    async def op_wait(self, user, req):
+        job = await self.engine.wait_finished(_job_id(req))
+        return {"job": views.job_json(job)}
+
+    async def op_logs(self, user, req):
+        offset = req.get("offset", 0)
+        if not isinstance(offset, int) or offset < 0:
+            raise RequestError("offset must be a byte position >= 0")
+        return await self.engine.read_log(user, _job_id(req), offset)
+
+    async def op_shutdown(self, user, req):
+        if user != pwd.getpwuid(os.getuid()).pw_name and user != "root":
+            raise RequestError("only the service's own user or root may stop it")
+        if self.on_shutdown:
+            asyncio.get_running_loop().call_soon(self.on_shutdown)
+        return {}
+
+    async def _subscribe(self, writer: asyncio.StreamWriter) -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        self.engine.subscribers.add(queue)
+        try:
+            await self._send(writer, {"ok": True, "type": "snapshot", **self.engine.snapshot()})
+            while True:
+                event = await queue.get()
+                await self._send(writer, event)
+        finally:
+            self.engine.subscribers.discard(queue)
+
+
+# ====================================================================== clients
+class Client:
+    """A blocking client for the CLI: one connection, request/reply."""
+
+    def __init__(self, path: Path, timeout: float | None = 30):
+        self.path = Path(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(str(self.path))
+        except OSError as err:
+            self.sock.close()
+            raise ApiError(f"cannot reach the head service at {self.path}: {err.strerror}") from None
+        self._file = self.sock.makefile("rb")
+
+    def close(self) -> None:
+        self._file.close()
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def call(self, op: str, timeout: float | None = 30, **fields) -> dict:
+        """One request; raises ApiError with the service's reason when it refuses."""
+        self.sock.settimeout(timeout)
+        self.sock.sendall(json.dumps({"op": op, **fields}).encode() + b"\n")
+        reply = self._read()
+        if not reply.get("ok"):
+            raise ApiError(reply.get("error", "request failed"))
+        return reply
+
+    def _read(self) -> dict:
+        try:
+            line = self._file.readline()
+        except socket.timeout:
+            raise ApiError("the head service did not answer in time") from None
+        if not line:
+            raise ApiError("the head service closed the connection")
+        return json.loads(line)
+
+    def events(self) -> Iterator[dict]:
+        """Subscribe: the snapshot first, then every event."""
+        self.sock.settimeout(None)
+        self.sock.sendall(b'{"op": "subscribe"}\n')
+        while True:
+            yield self._read()
+
+
+class AsyncClient:
+    """An asyncio client (the TUI): request/reply and an event stream on its own connection."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    async def call(self, op: str, **fields) -> dict:
+        reader, writer = await self._open()
+        try:
+            writer.write(json.dumps({"op": op, **fields}).encode() + b"\n")
+            await writer.drain()
+            line = await reader.readline()
+        finally:
+            writer.close()
+        if not line:
+            raise ApiError("the head service closed the connection")
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise ApiError(reply.get("error", "request failed"))
+        return reply
+
+    async def events(self) -> AsyncIterator[dict]:
+        reader, writer = await self._open()
+        try:
+            writer.write(b'{"op": "subscribe"}\n')
+            await writer.drain()
+            while line := await reader.readline():
+                yield json.loads(line)
+        finally:
+            writer.close()
+        raise ApiError("the head service closed the event stream")
+
+    async def _open(self):
+        try:
+            return await asyncio.open_unix_connection(str(self.path), limit=64 * MAX_LINE)
+        except OSError as err:
+            raise ApiError(f"cannot reach the head service at {self.path}: {err.strerror}") from None

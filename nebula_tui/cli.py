@@ -1,0 +1,284 @@
+"""Argument parsing for every ``nebula`` sub-command. Thin: each command calls the service.
+
+Errors are one line on stderr: usage errors exit 2, refusals by the service exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from .api import ApiError
+from .model import parse_size_mb
+from .service import Home, ServiceUnavailable
+
+USAGE_ERROR = 2
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the flag, not a usage dump."""
+
+    def error(self, message: str) -> None:
+        print(f"{self.prog}: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(USAGE_ERROR)
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size_mb(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more, not '{text}'")
+    return int(text)
+
+
+def _job_id(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"'{text}' is not a job id (a number, as `nebula queue` shows)")
+    return int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--home", default=argparse.SUPPRESS,
+                        help="state directory (default $NEBULA_HOME or ~/.nebula)")
+    common.add_argument("--config", default=argparse.SUPPRESS,
+                        help="cluster file nodes.yaml (default $NEBULA_CONFIG)")
+    parser = OneLineParser(prog="nebula", parents=[common],
+                           description="NebulaGrid: GPU cluster manager for labs. "
+                                       "Without a command, opens the TUI.")
+    sub = parser.add_subparsers(dest="command", parser_class=OneLineParser)
+
+    def command(name: str, help_text: str, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_text, parents=[common], **kw)
+
+    p = command("submit", "submit a job: nebula submit [options] -- cmd args…")
+    p.add_argument("--name", default="")
+    p.add_argument("--gpu-count", type=_count, default=1, help="GPUs the job needs (default 1)")
+    p.add_argument("--gpu-mem", type=_size, default=None,
+                   help="memory per GPU, e.g. 8G (default: whole cards)")
+    p.add_argument("--workdir", default=None, help="directory on the node (default: home)")
+    p.add_argument("--command", dest="shell_command", default=None,
+                   help="a shell command line instead of `-- cmd args…`")
+    p.add_argument("--wait", action="store_true", help="wait for the end; exit with its code")
+
+    command("status", "the cluster overview (R1)").add_argument("--json", action="store_true")
+    p = command("queue", "running and waiting jobs")
+    p.add_argument("--json", action="store_true")
+    p = command("gpus", "every GPU with its descriptor")
+    p.add_argument("--json", action="store_true")
+    for name, help_text in (("wait", "wait for a job to end; exit with its code"),
+                            ("cancel", "cancel a job"), ("job", "one job as JSON")):
+        command(name, help_text).add_argument("job", type=_job_id)
+    p = command("logs", "a job's output")
+    p.add_argument("job", type=_job_id)
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p = command("parse", "print what NebulaGrid understands from a saved tool output")
+    p.add_argument("kind", help="smi-csv, smi-apps, smi-plain, topo")
+    p.add_argument("file", help="the saved output ('-' for stdin)")
+    command("serve", "run the head service in the foreground")
+    p = command("demo", "start the simulated lab and open the TUI on it")
+    p.add_argument("--headless", action="store_true", help="no TUI: keep the lab up until Ctrl-C")
+    p.add_argument("--layout", default="demo", choices=("demo", "4x4"))
+    command("tui", "open the TUI (the default)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    trailing: list[str] = []
+    if "--" in argv:  # everything after `--` is the job's command, never our flags
+        cut = argv.index("--")
+        argv, trailing = argv[:cut], argv[cut + 1:]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.trailing = trailing
+    if trailing and args.command != "submit":
+        parser.error("`--` is only for `nebula submit`")
+    home = Home.resolve(getattr(args, "home", None))
+    config = getattr(args, "config", None)
+    try:
+        return COMMANDS.get(args.command or "tui")(args, home, config)
+    except (ApiError, ServiceUnavailable) as err:
+        print(f"nebula: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _client(home: Home, config: str | None):
+    from .service import connect
+
+    return connect(home, config)
+
+
+# ------------------------------------------------------------------ commands
+def cmd_submit(args, home, config) -> int:
+    if args.shell_command is not None and args.trailing:
+        print("nebula submit: give either --command \"…\" or `-- cmd args…`, not both",
+              file=sys.stderr)
+        return USAGE_ERROR
+    if args.shell_command is None and not args.trailing:
+        print("nebula submit: nothing to run; add `-- cmd args…` or --command \"…\"",
+              file=sys.stderr)
+        return USAGE_ERROR
+    request = {
+        "command": [args.shell_command] if args.shell_command is not None else args.trailing,
+        "shell": args.shell_command is not None, "name": args.name,
+        "gpu_count": args.gpu_count, "gpu_mem_mb": args.gpu_mem,
+        "workdir": os.path.abspath(args.workdir) if args.workdir else None,
+    }
+    with _client(home, config) as client:
+        job = client.call("submit", **request)["job"]
+        print(f"Submitted job {job['id']}", flush=True)
+        if not args.wait:
+            return 0
+        return _wait(client, job["id"])
+
+
+def _wait(client, job_id: int) -> int:
+    job = client.call("wait", timeout=None, job=job_id)["job"]
+    detail = f" with exit code {job['exit_code']}" if job["exit_code"] is not None else ""
+    reason = f": {job['reason']}" if job["reason"] else ""
+    print(f"Job {job_id} {job['state']}{detail}{reason}", file=sys.stderr)
+    if job["exit_code"] is not None:
+        return job["exit_code"]
+    return 0 if job["state"] == "succeeded" else 1
+
+
+def cmd_wait(args, home, config) -> int:
+    with _client(home, config) as client:
+        return _wait(client, args.job)
+
+
+def cmd_status(args, home, config) -> int:
+    from .views import status_text
+
+    with _client(home, config) as client:
+        reply = client.call("status")
+    print(json.dumps(reply["summary"], indent=2) if args.json else status_text(reply["summary"]))
+    return 0
+
+
+def cmd_queue(args, home, config) -> int:
+    from .views import queue_text
+
+    with _client(home, config) as client:
+        jobs = client.call("queue")["jobs"]
+    print(json.dumps(jobs, indent=2) if args.json else queue_text(jobs))
+    return 0
+
+
+def cmd_gpus(args, home, config) -> int:
+    with _client(home, config) as client:
+        gpus = client.call("gpus")["gpus"]
+    if args.json:
+        print(json.dumps(gpus, indent=2))
+        return 0
+    for g in gpus:
+        used = f"{g['memory_used_mb']}/{g['total_memory_mb']} MiB"
+        print(f"{g['node']}:{g['index']}  {g['model']:<36} {used:>18}  {g['status']:<11} "
+              f"jobs {','.join(map(str, g['jobs'])) or '-'}")
+    return 0
+
+
+def cmd_job(args, home, config) -> int:
+    with _client(home, config) as client:
+        print(json.dumps(client.call("job", job=args.job)["job"], indent=2))
+    return 0
+
+
+def cmd_cancel(args, home, config) -> int:
+    with _client(home, config) as client:
+        job = client.call("cancel", job=args.job)["job"]
+    print(f"Cancelling job {job['id']}" if job["state"] != "cancelled" else f"Cancelled job {job['id']}")
+    return 0
+
+
+def cmd_logs(args, home, config) -> int:
+    offset = 0
+    with _client(home, config) as client:
+        while True:
+            reply = client.call("logs", job=args.job, offset=offset)
+            sys.stdout.write(reply["data"])
+            sys.stdout.flush()
+            offset = reply["offset"]
+            finished = reply["state"] in ("succeeded", "failed", "cancelled")
+            if not args.follow or (finished and not reply["data"]):
+                return 0
+            if not reply["data"]:
+                time.sleep(0.3)
+
+
+def cmd_parse(args, home, config) -> int:
+    from .remote.backends import PARSERS
+
+    parse = PARSERS.get(args.kind)
+    if parse is None:
+        print(f"nebula parse: unknown kind '{args.kind}'; known: {', '.join(sorted(PARSERS))}",
+              file=sys.stderr)
+        return USAGE_ERROR
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(errors="replace")
+    except OSError as err:
+        print(f"nebula parse: cannot read {args.file}: {err.strerror}", file=sys.stderr)
+        return USAGE_ERROR
+    try:
+        result = parse(text)
+    except ValueError as err:
+        print(f"nebula parse: {args.file}: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def cmd_serve(args, home, config) -> int:
+    from .config import ConfigError, find_config
+    from .service import serve
+
+    try:
+        path = find_config(config, home.root)
+    except ConfigError as err:
+        print(f"nebula serve: {err}", file=sys.stderr)
+        return USAGE_ERROR
+    return serve(home, path)
+
+
+def cmd_demo(args, home, config) -> int:
+    from .demo import run_demo
+
+    return run_demo(home if getattr(args, "home", None) or os.environ.get("NEBULA_HOME")
+                    else Home.resolve("~/.nebula/demo"), args.layout, headless=args.headless)
+
+
+def cmd_tui(args, home, config) -> int:
+    from .config import ConfigError, find_config
+
+    try:
+        path = find_config(config, home.root)
+    except ConfigError as err:
+        print(f"nebula: {err}", file=sys.stderr)
+        return USAGE_ERROR
+    if path is None and not home.socket.exists():
+        # No cluster given: the TUI opens on the built-in simulated lab (R26).
+        from .demo import run_demo
+
+        return run_demo(Home.resolve("~/.nebula/demo"), "demo", headless=False)
+    from .screens.app import run_tui
+
+    return run_tui(home, config)
+
+
+COMMANDS = {
+    "submit": cmd_submit, "wait": cmd_wait, "status": cmd_status, "queue": cmd_queue,
+    "gpus": cmd_gpus, "job": cmd_job, "cancel": cmd_cancel, "logs": cmd_logs,
+    "parse": cmd_parse, "serve": cmd_serve, "demo": cmd_demo, "tui": cmd_tui,
+}

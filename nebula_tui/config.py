@@ -1,0 +1,648 @@
+"""``nodes.yaml`` → validated, frozen cluster configuration (R21, R22).
+
+The file is read with :func:`yaml.compose`, not ``yaml.safe_load``: the node tree keeps
+the line of every key and value, so each mistake is reported as one line
+``path:LINE: what is wrong and how to fix it`` (no traceback), and duplicate keys, which
+PyYAML would silently collapse to the last one, are caught.
+
+Format (every key but ``nodes[].name`` and ``nodes[].host`` is optional)::
+
+    cluster:
+      name: lab
+      known_hosts: ~/.ssh/known_hosts   # host keys are verified against this (R22)
+      identity: ~/.ssh/id_ed25519       # default: the SSH client's own defaults
+      user: nebula                      # default: the current Unix user
+      probe_interval: 5                 # seconds, > 0
+      missed_probes: 3                  # int >= 1
+      connect_timeout: 10               # seconds, > 0
+      command_timeout: 30               # seconds, > 0
+      admins: [alice]
+      run_as: login                     # or "submitter"
+    nodes:
+      - name: node01
+        host: 10.0.0.11
+        port: 22
+        user: ...                       # overrides cluster.user
+        identity: ...                   # overrides cluster.identity
+        known_hosts: ...                # overrides cluster.known_hosts
+        env: {PATH: /usr/local/nvidia/bin:/usr/bin:/bin}
+        drained: false
+
+Relative paths are taken from the config file's directory and ``~`` is expanded, so the
+objects built here hold absolute paths only. An explicitly empty value (``identity:``)
+means "use the default".
+"""
+
+from __future__ import annotations
+
+import difflib
+import getpass
+import math
+import os
+import pwd
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+__all__ = [
+    "ClusterConfig",
+    "ConfigError",
+    "NodeConfig",
+    "SYSTEM_CONFIG",
+    "empty_config",
+    "find_config",
+    "load_config",
+    "parse_config",
+]
+
+#: Looked at last by :func:`find_config` (a module attribute so tests can point it elsewhere).
+SYSTEM_CONFIG = Path("/etc/nebula/nodes.yaml")
+#: Environment variable naming the config file; second in :func:`find_config`'s order.
+CONFIG_ENV = "NEBULA_CONFIG"
+
+DEFAULT_NAME = "lab"
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+DEFAULT_PORT = 22
+DEFAULT_PROBE_INTERVAL = 5.0
+DEFAULT_MISSED_PROBES = 3
+DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_COMMAND_TIMEOUT = 30.0
+RUN_AS_CHOICES = ("login", "submitter")
+
+_NODE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")
+_NODE_NAME_MAX = 63
+# Host names, IPv4 and IPv6 (with an optional %zone). A leading "-" is refused so a host
+# can never be read as an option by ssh (R22: no injection through the config either).
+_HOST_RE = re.compile(r"[A-Za-z0-9_.:%\[\]][A-Za-z0-9_.:%\[\]-]*\Z")
+_USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?\Z")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+_TOP_KEYS = ("cluster", "nodes")
+_CLUSTER_KEYS = (
+    "name",
+    "known_hosts",
+    "identity",
+    "user",
+    "probe_interval",
+    "missed_probes",
+    "connect_timeout",
+    "command_timeout",
+    "admins",
+    "run_as",
+)
+_NODE_KEYS = ("name", "host", "port", "user", "identity", "known_hosts", "env", "drained")
+
+_TAG = "tag:yaml.org,2002:"
+_KIND = {
+    "str": "string",
+    "int": "integer",
+    "float": "number",
+    "bool": "boolean",
+    "null": "empty value",
+    "timestamp": "date",
+    "binary": "binary value",
+    "seq": "list",
+    "map": "mapping",
+    "omap": "mapping",
+    "set": "set",
+}
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used. ``str(err)`` is one line: ``path:LINE: message``.
+
+    ``path``, ``line`` and ``column`` (1-based, ``None`` when unknown) let a UI point at
+    the spot; ``message`` is the text after the location.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        path: str | None = None,
+        line: int | None = None,
+        column: int | None = None,
+    ) -> None:
+        self.message = message
+        self.path = path
+        self.line = line
+        self.column = column
+        where = path or "<config>"
+        if line is not None:
+            where += f":{line}"
+            if column is not None:
+                where += f":{column}"
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """One node as the head reaches it over SSH; every default already applied."""
+
+    name: str
+    host: str
+    port: int
+    user: str
+    #: Absolute path of the client key, or ``None`` for the SSH client's defaults.
+    identity: str | None
+    #: Absolute path of the known-hosts file the node's host key is verified against.
+    known_hosts: str
+    #: Extra environment for everything run on the node, in file order.
+    env: tuple[tuple[str, str], ...]
+    #: Start drained: no new jobs are placed here until ``nebula node resume``.
+    drained: bool
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The whole cluster: head settings and the nodes, in file order."""
+
+    path: Path | None
+    name: str
+    nodes: tuple[NodeConfig, ...]
+    probe_interval: float
+    missed_probes: int
+    connect_timeout: float
+    command_timeout: float
+    admins: tuple[str, ...]
+    run_as: str
+    #: Cluster-wide defaults that nodes inherit (kept so ``nebula node add`` can apply them).
+    user: str = ""
+    identity: str | None = None
+    known_hosts: str = ""
+
+    def node(self, name: str) -> NodeConfig:
+        """The node called ``name``; raises ``KeyError`` if there is none."""
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+
+# ---------------------------------------------------------------------------- public API
+
+
+def load_config(path: str | Path) -> ClusterConfig:
+    """Read and validate the file at ``path``; raises :class:`ConfigError`."""
+    shown = str(path)
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"cannot read: not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8",
+            shown,
+        ) from None
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if isinstance(exc, FileNotFoundError):
+            reason = "No such file"
+        raise ConfigError(f"cannot read: {reason}", shown) from None
+    return parse_config(text, path)
+
+
+def parse_config(text: str, path: str | Path = "<string>") -> ClusterConfig:
+    """Validate config ``text``; ``path`` names it in errors and anchors relative paths.
+
+    With the default ``"<string>"`` relative paths are taken from the current directory.
+    Raises :class:`ConfigError`.
+    """
+    shown = str(path)
+    real = shown != "<string>"
+    base = Path(path).expanduser().absolute().parent if real else Path.cwd()
+    ctx = _Ctx(shown, base)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        raise _syntax_error(exc, shown) from None
+    except yaml.YAMLError as exc:  # e.g. ReaderError: a control character in the text
+        raise ConfigError("YAML error: " + " ".join(str(exc).split()), shown) from None
+    return _build(ctx, root, Path(path).expanduser().absolute() if real else None)
+
+
+def find_config(explicit: str | None, home: Path) -> Path | None:
+    """Which config file to use, or ``None`` when there is none.
+
+    Order: ``explicit`` (``--config``), ``$NEBULA_CONFIG``, ``<home>/nodes.yaml``,
+    :data:`SYSTEM_CONFIG`. The current directory is never searched, so the example
+    ``nodes.yaml`` in a checkout is not picked up by accident. A file named explicitly
+    or by the environment that does not exist raises :class:`ConfigError`.
+    """
+    if explicit:
+        found = Path(explicit).expanduser()
+        if not found.is_file():
+            raise ConfigError(
+                "cannot read: No such file (given with --config; check the path)", explicit
+            )
+        return found
+    from_env = os.environ.get(CONFIG_ENV, "")
+    if from_env:
+        found = Path(from_env).expanduser()
+        if not found.is_file():
+            raise ConfigError(
+                f"cannot read: No such file (named by ${CONFIG_ENV}; fix or unset it)",
+                from_env,
+            )
+        return found
+    for candidate in (Path(home) / "nodes.yaml", SYSTEM_CONFIG):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def empty_config() -> ClusterConfig:
+    """A cluster with no nodes and every default (the simulated lab starts from this)."""
+    return ClusterConfig(
+        path=None,
+        name=DEFAULT_NAME,
+        nodes=(),
+        probe_interval=DEFAULT_PROBE_INTERVAL,
+        missed_probes=DEFAULT_MISSED_PROBES,
+        connect_timeout=DEFAULT_CONNECT_TIMEOUT,
+        command_timeout=DEFAULT_COMMAND_TIMEOUT,
+        admins=(),
+        run_as="login",
+        user=_current_user(),
+        identity=None,
+        known_hosts=os.path.expanduser(DEFAULT_KNOWN_HOSTS),
+    )
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _current_user() -> str:
+    # The passwd entry of our uid, not $USER: the login name must match who really runs us.
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid with no passwd entry (some containers)
+        return getpass.getuser()
+
+
+def _syntax_error(exc: yaml.MarkedYAMLError, shown: str) -> ConfigError:
+    mark = exc.problem_mark or exc.context_mark
+    parts = [p for p in (exc.context, exc.problem) if p]
+    text = "; ".join(" ".join(p.split()) for p in parts) or "invalid YAML"
+    if exc.context_mark is not None and exc.problem_mark is not None:
+        if exc.context_mark.line != exc.problem_mark.line:
+            text += f" (started on line {exc.context_mark.line + 1})"
+    hint = ""
+    if "'\\t'" in text or " tab" in text.lower():
+        hint = "; indent with spaces, not tabs"
+    elif "block" in text:
+        hint = "; check the indentation of this line against the lines above it"
+    elif "mapping values are not allowed" in text:
+        hint = "; put quotes around a value that contains ': '"
+    line = mark.line + 1 if mark is not None else None
+    column = mark.column + 1 if mark is not None else None
+    return ConfigError(f"YAML syntax error: {text}{hint}", shown, line, column)
+
+
+def _kind(node: Node) -> str:
+    tag = node.tag[len(_TAG):] if node.tag.startswith(_TAG) else node.tag
+    return _KIND.get(tag, tag)
+
+
+def _describe(node: Node) -> str:
+    """``string 'abc'``, ``list``, ``empty value``: what the user actually wrote."""
+    kind = _kind(node)
+    if isinstance(node, ScalarNode) and kind != "empty value":
+        value = node.value if len(node.value) <= 40 else node.value[:37] + "..."
+        return f"{kind} {value!r}"
+    return kind
+
+
+def _is(node: Node, tag: str) -> bool:
+    return node.tag == _TAG + tag
+
+
+def _suggest(word: str, known: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+class _Ctx:
+    """Where we are: the file's name (for messages) and its directory (for paths)."""
+
+    def __init__(self, shown: str, base: Path) -> None:
+        self.shown = shown
+        self.base = base
+        self._loader = yaml.SafeLoader("")
+
+    def error(self, node: Node, message: str) -> ConfigError:
+        return ConfigError(message, self.shown, node.start_mark.line + 1)
+
+    def construct(self, node: ScalarNode) -> Any:
+        try:
+            return self._loader.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            raise self.error(node, f"cannot read value {node.value!r}: {exc}") from None
+
+    # -- shapes
+
+    def mapping(
+        self, node: Node, where: str, known: tuple[str, ...]
+    ) -> dict[str, tuple[ScalarNode, Node]]:
+        """Keys of a mapping → (key node, value node); rejects duplicates and unknown keys."""
+        if not isinstance(node, MappingNode):
+            raise self.error(
+                node, f"{where} must be a mapping of 'key: value' lines, found {_describe(node)}"
+            )
+        seen: dict[str, tuple[ScalarNode, Node]] = {}
+        for key, value in node.value:
+            if _is(key, "merge"):
+                raise self.error(
+                    key, f"{where}: merge keys ('<<') are not supported; write the keys out"
+                )
+            if not isinstance(key, ScalarNode):
+                raise self.error(key, f"{where}: keys must be plain names, found {_describe(key)}")
+            name = key.value
+            if name in seen:
+                first = seen[name][0].start_mark.line + 1
+                raise self.error(
+                    key,
+                    f"{where}: duplicate key '{name}' (first set on line {first}); keep only one",
+                )
+            if name not in known:
+                raise self.error(
+                    key,
+                    f"{where}: unknown key '{name}'{_suggest(name, known)}"
+                    f"; known keys: {', '.join(known)}",
+                )
+            seen[name] = (key, value)
+        return seen
+
+    # -- scalars (``None`` means the key was absent or left empty: use the default)
+
+    def text(self, node: Node | None, what: str) -> str | None:
+        if node is None or _is(node, "null"):
+            return None
+        # Numbers are fine as text (a host "10.0.0.11", a node "01"); the raw spelling is kept.
+        if isinstance(node, ScalarNode) and (
+            _is(node, "str") or _is(node, "int") or _is(node, "float")
+        ):
+            return node.value
+        hint = " (put it in quotes)" if isinstance(node, ScalarNode) else ""
+        raise self.error(node, f"{what} must be a string, found {_describe(node)}{hint}")
+
+    def integer(self, node: Node | None, what: str, low: int, high: int | None) -> int | None:
+        if node is None or _is(node, "null"):
+            return None
+        rng = f"from {low} to {high}" if high is not None else f">= {low}"
+        if not _is(node, "int"):
+            raise self.error(node, f"{what} must be an integer {rng}, found {_describe(node)}")
+        value = self.construct(node)
+        if value < low or (high is not None and value > high):
+            raise self.error(node, f"{what} must be an integer {rng}, found {value}")
+        return value
+
+    def seconds(self, node: Node | None, what: str) -> float | None:
+        if node is None or _is(node, "null"):
+            return None
+        if not (_is(node, "int") or _is(node, "float")):
+            raise self.error(
+                node, f"{what} must be a number of seconds > 0, found {_describe(node)}"
+            )
+        value = float(self.construct(node))
+        if not math.isfinite(value) or value <= 0:
+            raise self.error(node, f"{what} must be a number of seconds > 0, found {node.value}")
+        return value
+
+    def boolean(self, node: Node | None, what: str) -> bool | None:
+        if node is None or _is(node, "null"):
+            return None
+        if not _is(node, "bool"):
+            raise self.error(node, f"{what} must be true or false, found {_describe(node)}")
+        return bool(self.construct(node))
+
+    def path(self, node: Node | None, what: str) -> str | None:
+        raw = self.text(node, what)
+        if raw is None:
+            return None
+        if not raw.strip():
+            raise self.error(node, f"{what} must be a file path, found an empty string")
+        expanded = Path(os.path.expanduser(raw))
+        if not expanded.is_absolute():
+            expanded = self.base / expanded
+        return os.path.normpath(expanded)
+
+    def user(self, node: Node | None, what: str) -> str | None:
+        raw = self.text(node, what)
+        if raw is not None and not _USER_RE.match(raw):
+            raise self.error(
+                node,
+                f"{what} must be a Unix user name (letters, digits, '_', '.', '-';"
+                f" not starting with '-'), found {raw!r}",
+            )
+        return raw
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
+    top: dict[str, tuple[ScalarNode, Node]] = {}
+    if root is not None and not _is(root, "null"):  # an empty file is an empty cluster
+        if not isinstance(root, MappingNode):
+            raise ctx.error(
+                root,
+                f"the file must be a mapping with 'cluster:' and 'nodes:' sections,"
+                f" found {_describe(root)}",
+            )
+        top = ctx.mapping(root, "top level", _TOP_KEYS)
+
+    c: dict[str, tuple[ScalarNode, Node]] = {}
+    if "cluster" in top and not _is(top["cluster"][1], "null"):
+        c = ctx.mapping(top["cluster"][1], "cluster", _CLUSTER_KEYS)
+
+    def get(section: dict[str, tuple[ScalarNode, Node]], key: str) -> Node | None:
+        return section[key][1] if key in section else None
+
+    name = ctx.text(get(c, "name"), "cluster.name")
+    if name is not None and not name.strip():
+        raise ctx.error(get(c, "name"), "cluster.name must not be empty")
+    run_as = ctx.text(get(c, "run_as"), "cluster.run_as")
+    if run_as is not None and run_as not in RUN_AS_CHOICES:
+        raise ctx.error(
+            get(c, "run_as"),
+            f"cluster.run_as must be one of {', '.join(RUN_AS_CHOICES)}, found {run_as!r}",
+        )
+    known_hosts = ctx.path(get(c, "known_hosts"), "cluster.known_hosts")
+    if known_hosts is None:
+        known_hosts = os.path.expanduser(DEFAULT_KNOWN_HOSTS)
+    identity = ctx.path(get(c, "identity"), "cluster.identity")
+    user = ctx.user(get(c, "user"), "cluster.user") or _current_user()
+
+    cluster_defaults = {"user": user, "identity": identity, "known_hosts": known_hosts}
+    nodes = _nodes(ctx, get(top, "nodes"), cluster_defaults)
+
+    def pick(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    return ClusterConfig(
+        path=path,
+        name=pick(name, DEFAULT_NAME),
+        nodes=nodes,
+        probe_interval=pick(
+            ctx.seconds(get(c, "probe_interval"), "cluster.probe_interval"),
+            DEFAULT_PROBE_INTERVAL,
+        ),
+        missed_probes=pick(
+            ctx.integer(get(c, "missed_probes"), "cluster.missed_probes", 1, None),
+            DEFAULT_MISSED_PROBES,
+        ),
+        connect_timeout=pick(
+            ctx.seconds(get(c, "connect_timeout"), "cluster.connect_timeout"),
+            DEFAULT_CONNECT_TIMEOUT,
+        ),
+        command_timeout=pick(
+            ctx.seconds(get(c, "command_timeout"), "cluster.command_timeout"),
+            DEFAULT_COMMAND_TIMEOUT,
+        ),
+        admins=_admins(ctx, get(c, "admins")),
+        run_as=pick(run_as, "login"),
+        user=user,
+        identity=identity,
+        known_hosts=known_hosts,
+    )
+
+
+def _admins(ctx: _Ctx, node: Node | None) -> tuple[str, ...]:
+    if node is None or _is(node, "null"):
+        return ()
+    if not isinstance(node, SequenceNode):
+        raise ctx.error(
+            node,
+            "cluster.admins must be a list of user names like [alice, bob],"
+            f" found {_describe(node)}",
+        )
+    admins: list[str] = []
+    for item in node.value:
+        admin = ctx.user(item, "each of cluster.admins")
+        if admin is None:
+            raise ctx.error(item, "cluster.admins has an empty entry; remove it")
+        if admin not in admins:
+            admins.append(admin)
+    return tuple(admins)
+
+
+def _nodes(ctx: _Ctx, seq: Node | None, defaults: dict[str, Any]) -> tuple[NodeConfig, ...]:
+    if seq is None or _is(seq, "null"):
+        return ()
+    if not isinstance(seq, SequenceNode):
+        raise ctx.error(
+            seq,
+            "nodes must be a list of nodes, each starting with '- name: ...',"
+            f" found {_describe(seq)}",
+        )
+    built: list[NodeConfig] = []
+    first_line: dict[str, int] = {}
+    for number, item in enumerate(seq.value, start=1):
+        node = _node(ctx, item, number, defaults)
+        name_node = next(v for k, v in item.value if k.value == "name")
+        if node.name in first_line:
+            raise ctx.error(
+                name_node,
+                f"duplicate node name '{node.name}' (first defined on line"
+                f" {first_line[node.name]}); node names must be unique",
+            )
+        first_line[node.name] = name_node.start_mark.line + 1
+        built.append(node)
+    return tuple(built)
+
+
+def _node(ctx: _Ctx, item: Node, number: int, defaults: dict[str, Any]) -> NodeConfig:
+    where = f"node #{number}"
+    if isinstance(item, MappingNode):
+        # Name the node in every message, even one about a key written before 'name:'.
+        for key, value in item.value:
+            if key.value == "name" and isinstance(value, ScalarNode):
+                if _NODE_NAME_RE.match(value.value):
+                    where = f"node '{value.value}'"
+    keys = ctx.mapping(item, where, _NODE_KEYS)
+
+    def get(key: str) -> Node | None:
+        return keys[key][1] if key in keys else None
+
+    name = ctx.text(get("name"), f"{where}: name")
+    if name is None:
+        raise ctx.error(item, f"{where}: missing required key 'name' (e.g. name: node01)")
+    if not _NODE_NAME_RE.match(name) or len(name) > _NODE_NAME_MAX:
+        raise ctx.error(
+            get("name"),
+            f"{where}: node name {name!r} is not valid; use lowercase letters, digits,"
+            f" '_', '.', '-', starting with a letter or digit, at most {_NODE_NAME_MAX} characters",
+        )
+    where = f"node '{name}'"
+
+    host = ctx.text(get("host"), f"{where}: host")
+    if host is None:
+        raise ctx.error(
+            item,
+            f"{where}: missing required key 'host'"
+            " (its hostname or IP address, e.g. host: 10.0.0.11)",
+        )
+    if not _HOST_RE.match(host):
+        raise ctx.error(
+            get("host"),
+            f"{where}: host {host!r} is not a hostname or IP address"
+            " (no spaces, no leading '-'; put user and port in 'user:' and 'port:')",
+        )
+
+    port = ctx.integer(get("port"), f"{where}: port", 1, 65535)
+    user = ctx.user(get("user"), f"{where}: user")
+    identity = ctx.path(get("identity"), f"{where}: identity")
+    known_hosts = ctx.path(get("known_hosts"), f"{where}: known_hosts")
+    drained = ctx.boolean(get("drained"), f"{where}: drained")
+    return NodeConfig(
+        name=name,
+        host=host,
+        port=DEFAULT_PORT if port is None else port,
+        user=user or defaults["user"],
+        identity=identity or defaults["identity"],
+        known_hosts=known_hosts or defaults["known_hosts"],
+        env=_env(ctx, get("env"), where),
+        drained=bool(drained),
+    )
+
+
+def _env(ctx: _Ctx, node: Node | None, where: str) -> tuple[tuple[str, str], ...]:
+    if node is None or _is(node, "null"):
+        return ()
+    if not isinstance(node, MappingNode):
+        raise ctx.error(
+            node, f"{where}: env must be a mapping of NAME: value lines, found {_describe(node)}"
+        )
+    pairs: list[tuple[str, str]] = []
+    seen: dict[str, int] = {}
+    for key, value in node.value:
+        if not isinstance(key, ScalarNode) or not _ENV_NAME_RE.match(key.value):
+            shown = key.value if isinstance(key, ScalarNode) else _describe(key)
+            raise ctx.error(
+                key,
+                f"{where}: env name {shown!r} is not a valid environment variable name"
+                " (letters, digits and '_', not starting with a digit)",
+            )
+        if key.value in seen:
+            raise ctx.error(
+                key,
+                f"{where}: duplicate env key '{key.value}' (first set on line"
+                f" {seen[key.value]}); keep only one",
+            )
+        seen[key.value] = key.start_mark.line + 1
+        text = ctx.text(value, f"{where}: env {key.value}")
+        if text is None:
+            raise ctx.error(
+                value,
+                f"{where}: env {key.value} has no value; give one ('' for empty) or remove it",
+            )
+        if "\0" in text:
+            raise ctx.error(value, f"{where}: env {key.value} must not contain a NUL character")
+        pairs.append((key.value, text))
+    return tuple(pairs)

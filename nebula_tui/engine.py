@@ -1,0 +1,441 @@
+"""The head service's loop: events in → scheduler → launches and store → events out.
+
+Phases, each one function:
+  1. ``on_node_message`` / ``on_node_state``: probes, job starts and exits, reachability
+     arrive from the node links and update the in-memory view (GPU readings) or the
+     store (job transitions, one transaction each).
+  2. ``schedule_pass``: a pure scheduler pass over a snapshot; runs at once after any
+     event that may let a job start (event-driven), and every ``PERIODIC_PASS_S`` anyway.
+  3. ``_launch``: writes the intent (allocation + ``launching``) and asks the node to
+     create the job's tmux session; the job is ``running`` when the node confirms.
+  4. ``publish``: every change goes out to subscribed clients (TUI, ``--wait``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+from . import scheduler, views
+from .config import ClusterConfig
+from .model import (GpuProcess, GpuReading, GpuView, Job, JobSpec, JobState, NodeState,
+                    Placement, RequestError)
+from .remote import launcher
+from .remote.backends import nvidia, topo
+from .remote.ssh import NodeLink, NodeUnavailable
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+PERIODIC_PASS_S = 3.0
+_CUDA_VERSION = re.compile(r"CUDA Version:\s*([\d.]+)")
+CANCEL_GRACE_S = 10.0
+
+
+@dataclass
+class NodeView:
+    name: str
+    host: str
+    port: int
+    state: NodeState = NodeState.CONNECTING
+    reason: str = ""
+    drained: bool = False
+    last_seen: float | None = None
+    cuda_version: str | None = None
+    topo: dict = field(default_factory=dict)
+    hello: dict = field(default_factory=dict)
+
+    def json(self) -> dict:
+        return {"name": self.name, "host": self.host, "port": self.port,
+                "state": NodeState.DRAINED.value if self.drained and self.state == NodeState.UP
+                else self.state.value,
+                "reason": self.reason, "last_seen": self.last_seen,
+                "hostname": self.hello.get("hostname")}
+
+
+@dataclass
+class GpuLive:
+    """What the head knows of one GPU between probes."""
+
+    node: str
+    reading: GpuReading
+    processes: list[GpuProcess] = field(default_factory=list)
+    unmanaged_used_mb: int = 0
+    maintenance: bool = False
+
+
+class Engine:
+    def __init__(self, config: ClusterConfig, store: Store, clock=time.time):
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.nodes = {n.name: NodeView(n.name, n.host, n.port, drained=n.drained)
+                      for n in config.nodes}
+        self.gpus: dict[str, GpuLive] = {}
+        self.jobs: dict[int, Job] = {}  # every job not yet finished
+        self.links: dict[str, NodeLink] = {}
+        self.subscribers: set[asyncio.Queue] = set()
+        self._finished_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
+        self._wake = asyncio.Event()
+        self._cancelling: set[int] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._scheduler_task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        active = (JobState.PENDING, JobState.LAUNCHING, JobState.RUNNING)
+        self.jobs = {j.id: j for j in self.store.jobs(states=active)}
+        self._register_known_gpus()
+        for node in self.config.nodes:
+            self.store.upsert_node(node.name, node.host, node.port, NodeState.CONNECTING.value)
+            link = NodeLink(node, self.config, self.on_node_message, self.on_node_state)
+            self.links[node.name] = link
+            link.start()
+        self._scheduler_task = asyncio.create_task(self._scheduler_loop(), name="scheduler")
+
+    def _register_known_gpus(self) -> None:
+        """GPUs the store knows stay visible (as unreachable) until their node answers."""
+        for row in self.store.gpus():
+            if row["node"] not in self.nodes:
+                continue
+            reading = GpuReading(index=row["idx"], uuid=row["uuid"], name=row["model"],
+                                 pci_bus_id=row["pci_bus_id"], memory_total_mb=row["total_mb"],
+                                 driver_version=row["driver_version"],
+                                 compute_cap=row["compute_cap"], vendor=row["vendor"] or "nvidia")
+            self.gpus[row["uuid"]] = GpuLive(row["node"], reading,
+                                             maintenance=row["status"] == "maintenance")
+            self.nodes[row["node"]].cuda_version = row["cuda_version"]
+
+    async def stop(self) -> None:
+        if self._scheduler_task:
+            self._scheduler_task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*(link.close() for link in self.links.values()),
+                             return_exceptions=True)
+
+    def _spawn(self, coro, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------- phase 1: events
+    def on_node_state(self, node: str, state: NodeState, reason: str) -> None:
+        view = self.nodes[node]
+        view.state, view.reason = state, reason
+        self.store.upsert_node(node, view.host, view.port, state.value, reason, view.last_seen)
+        self.store.add_event("node", f"{node} is {state.value}" + (f": {reason}" if reason else ""),
+                             node=node)
+        self.publish({"type": "node", "node": view.json()})
+        self.publish_gpus(node)
+        if state == NodeState.UP:
+            self._spawn(self._reconcile(node), f"reconcile-{node}")
+        self.wake()
+
+    def on_node_message(self, node: str, message: dict) -> None:
+        handler = {"hello": self._on_hello, "probe": self._on_probe,
+                   "started": self._on_started, "exit": self._on_exit}.get(message.get("type"))
+        if handler is None:
+            return
+        try:
+            handler(node, message)
+        except Exception:  # a strange message must never take the head down
+            log.exception("could not handle %s from %s", message.get("type"), node)
+
+    def _on_hello(self, node: str, message: dict) -> None:
+        view = self.nodes[node]
+        view.hello = message
+        match = _CUDA_VERSION.search(message.get("smi_table") or "")
+        view.cuda_version = match.group(1) if match else None
+        if message.get("topo"):
+            with contextlib.suppress(ValueError):
+                view.topo = topo.parse_topo(message["topo"])
+
+    def _on_probe(self, node: str, message: dict) -> None:
+        view = self.nodes[node]
+        view.last_seen = message.get("t") or self.clock()
+        if message.get("error"):
+            view.reason = f"probe: {message['error']}"
+        try:
+            readings = nvidia.parse_query_gpu(message.get("gpu_csv", ""), nvidia.QUERY_GPU_FIELDS)
+            processes = nvidia.parse_query_apps(message.get("apps_csv", ""),
+                                                nvidia.QUERY_APPS_FIELDS)
+        except ValueError as err:
+            view.reason = f"probe output not understood: {err}"
+            self.publish({"type": "node", "node": view.json()})
+            return
+        ours = set(message.get("pid_jobs", {}))
+        new_gpus = []
+        for reading in readings:
+            if not reading.uuid:
+                continue
+            procs = [p for p in processes if p.gpu_uuid == reading.uuid]
+            unmanaged = sum(p.used_memory_mb or 0 for p in procs if str(p.pid) not in ours)
+            live = self.gpus.get(reading.uuid)
+            if live is None or live.reading.memory_total_mb != reading.memory_total_mb \
+                    or live.node != node:
+                new_gpus.append(reading)
+            changed = live is None or live.unmanaged_used_mb != unmanaged
+            self.gpus[reading.uuid] = GpuLive(node, reading, procs, unmanaged,
+                                              live.maintenance if live else False)
+            if changed:
+                self.wake()
+        if new_gpus:
+            self.store.register_gpus(node, [self._descriptor(node, r) for r in new_gpus],
+                                     self.clock())
+        self.publish_gpus(node)
+
+    def _descriptor(self, node: str, r: GpuReading) -> dict:
+        return {"uuid": r.uuid, "idx": r.index, "model": r.name, "vendor": r.vendor,
+                "total_mb": r.memory_total_mb, "compute_cap": r.compute_cap,
+                "pci_bus_id": r.pci_bus_id, "driver_version": r.driver_version,
+                "cuda_version": self.nodes[node].cuda_version}
+
+    def _on_started(self, node: str, message: dict) -> None:
+        job = self._job_from_node(node, message)
+        if job and job.state == JobState.LAUNCHING:
+            self._mark_running(job)
+
+    def _on_exit(self, node: str, message: dict) -> None:
+        job = self._job_from_node(node, message)
+        if job is None:
+            return
+        code = message.get("code")
+        if job.id in self._cancelling:
+            state, reason = JobState.CANCELLED, "cancelled"
+        elif code == 0:
+            state, reason = JobState.SUCCEEDED, ""
+        elif code is None:
+            state, reason = JobState.FAILED, "its tmux session ended without an exit code (killed?)"
+        else:
+            state, reason = JobState.FAILED, ""
+        self._finish(job, state, code, reason)
+        self._spawn(self._ack(node, job.id), f"ack-{job.id}")
+
+    def _job_from_node(self, node: str, message: dict) -> Job | None:
+        try:
+            job = self.jobs.get(int(message.get("job")))
+        except (TypeError, ValueError):
+            return None
+        if message.get("token") != self.store.head_token:
+            return None  # a job directory of another head (an older database)
+        return job if job and job.node == node and job.state.holds_gpus else None
+
+    async def _ack(self, node: str, job_id: int) -> None:
+        with contextlib.suppress(NodeUnavailable, asyncio.TimeoutError):
+            await self.links[node].request("ack", job=job_id)
+
+    async def _reconcile(self, node: str) -> None:
+        """After (re)connecting: carry out launch intents the node never saw."""
+        for job in list(self.jobs.values()):
+            if job.node == node and job.state == JobState.LAUNCHING:
+                await self._launch(job)
+            if job.node == node and job.id in self._cancelling:
+                self._spawn(self._cancel_on_node(job), f"cancel-{job.id}")
+
+    # ---------------------------------------------------- phase 2: scheduling
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _scheduler_loop(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), PERIODIC_PASS_S)
+            self._wake.clear()
+            try:
+                self.schedule_pass()
+            except Exception:
+                log.exception("scheduling pass failed")
+            # Let launches and messages run between passes under a flood of submits.
+            await asyncio.sleep(0)
+
+    def gpu_views(self) -> list[GpuView]:
+        held: dict[str, list[tuple[int, Placement]]] = defaultdict(list)
+        for job in self.jobs.values():
+            if job.state.holds_gpus:
+                for p in job.placements:
+                    held[p.gpu_uuid].append((job.id, p))
+        return [GpuView(node=live.node, reading=live.reading, blocked=self._blocked(live),
+                        maintenance=live.maintenance, placements=tuple(held[uuid]),
+                        unmanaged_used_mb=live.unmanaged_used_mb)
+                for uuid, live in sorted(self.gpus.items(),
+                                         key=lambda kv: (kv[1].node, kv[1].reading.index))]
+
+    def _blocked(self, live: GpuLive) -> str | None:
+        node = self.nodes[live.node]
+        if node.drained:
+            return f"node {node.name} is drained"
+        if node.state != NodeState.UP:
+            return f"node {node.name} is {node.state.value}"
+        if live.maintenance:
+            return "GPU in maintenance"
+        return None
+
+    def schedule_pass(self) -> None:
+        pending = [j for j in self.jobs.values() if j.state == JobState.PENDING]
+        if not pending:
+            return
+        snapshot = scheduler.Snapshot(
+            gpus=tuple(self.gpu_views()),
+            queue=tuple(scheduler.PendingJob(j.id, j.user, j.spec.gpu_count, j.spec.gpu_mem_mb,
+                                             j.submitted_at) for j in pending),
+        )
+        reasons: dict[int, str] = {}
+        for decision in scheduler.schedule(snapshot):
+            job = self.jobs[decision.job_id]
+            if isinstance(decision, scheduler.Start):
+                self._begin_launch(job, decision.placements)
+            elif job.reason != decision.reason:
+                reasons[job.id] = decision.reason
+                self.jobs[job.id] = replace(job, reason=decision.reason)
+                self.publish_job(self.jobs[job.id])
+        self.store.set_reasons(reasons)
+
+    # ------------------------------------------------------ phase 3: launches
+    def _begin_launch(self, job: Job, placements: tuple[Placement, ...]) -> None:
+        self.store.start_launching(job.id, placements, self.clock())
+        job = replace(job, state=JobState.LAUNCHING, node=placements[0].node,
+                      placements=placements, reason="")
+        self.jobs[job.id] = job
+        self.publish_job(job)
+        self.publish_gpus(job.node)
+        self._spawn(self._launch(job), f"launch-{job.id}")
+
+    async def _launch(self, job: Job) -> None:
+        script = launcher.run_script(job, job.placements)
+        try:
+            reply = await self.links[job.node].request(
+                "launch", job=job.id, token=self.store.head_token, script=script)
+        except (NodeUnavailable, asyncio.TimeoutError) as err:
+            # The intent stays in the store; reconcile launches it when the node is back.
+            log.warning("launch of job %s deferred: %s", job.id, err)
+            return
+        current = self.jobs.get(job.id)
+        if current is None or current.state != JobState.LAUNCHING:
+            return
+        if reply.get("ok"):
+            self._mark_running(current)
+        else:
+            self._finish(current, JobState.FAILED, None, f"launch failed: {reply.get('error')}")
+
+    def _mark_running(self, job: Job) -> None:
+        now = self.clock()
+        self.store.mark_running(job.id, now)
+        job = replace(job, state=JobState.RUNNING, started_at=now)
+        self.jobs[job.id] = job
+        self.publish_job(job)
+
+    def _finish(self, job: Job, state: JobState, code: int | None, reason: str) -> None:
+        now = self.clock()
+        self.store.finish_job(job.id, state, now, exit_code=code, reason=reason)
+        self.jobs.pop(job.id, None)
+        self._cancelling.discard(job.id)
+        done = replace(job, state=state, exit_code=code, reason=reason, ended_at=now)
+        self.publish_job(done)
+        if job.node:
+            self.publish_gpus(job.node)
+        for waiter in self._finished_waiters.pop(job.id, []):
+            if not waiter.done():
+                waiter.set_result(done)
+        self.wake()
+
+    # ------------------------------------------------------ client requests
+    def submit(self, user: str, spec: JobSpec) -> Job:
+        job = self.store.add_job(user, spec, self.clock())
+        self.jobs[job.id] = job
+        self.publish_job(job)
+        self.wake()
+        return job
+
+    def job(self, job_id: int) -> Job:
+        job = self.jobs.get(job_id) or self.store.job(job_id)
+        if job is None:
+            raise RequestError(f"no job {job_id}; `nebula queue` lists the jobs")
+        return job
+
+    def may_manage(self, user: str, job: Job) -> bool:
+        return user == job.user or user == "root" or user in self.config.admins
+
+    async def cancel(self, user: str, job_id: int) -> Job:
+        job = self.job(job_id)
+        if not self.may_manage(user, job):
+            raise RequestError(f"job {job_id} belongs to {job.user}; only they or an admin "
+                               f"({', '.join(self.config.admins) or 'root'}) may cancel it")
+        if job.state.finished:
+            raise RequestError(f"job {job_id} already {job.state.value}")
+        if job.state == JobState.PENDING:
+            self._finish(job, JobState.CANCELLED, None, f"cancelled by {user}")
+            return self.job(job_id)
+        self._cancelling.add(job.id)
+        self.store.add_event("cancel", f"job {job_id} cancel requested by {user}", job_id=job_id)
+        self._spawn(self._cancel_on_node(job), f"cancel-{job.id}")
+        return job
+
+    async def _cancel_on_node(self, job: Job) -> None:
+        try:
+            await self.links[job.node].request("cancel", timeout=CANCEL_GRACE_S + 30,
+                                               job=job.id, grace=CANCEL_GRACE_S)
+        except (NodeUnavailable, asyncio.TimeoutError) as err:
+            log.warning("cancel of job %s waits for its node: %s", job.id, err)
+
+    async def wait_finished(self, job_id: int) -> Job:
+        job = self.job(job_id)
+        if job.state.finished:
+            return job
+        future = asyncio.get_running_loop().create_future()
+        self._finished_waiters[job_id].append(future)
+        return await future
+
+    async def read_log(self, user: str, job_id: int, offset: int) -> dict:
+        job = self.job(job_id)
+        if not job.node:
+            return {"data": "", "offset": offset, "state": job.state.value}
+        try:
+            reply = await self.links[job.node].request("log", job=job.id, offset=offset)
+        except (NodeUnavailable, asyncio.TimeoutError) as err:
+            raise RequestError(f"cannot read the log of job {job_id}: {err}") from None
+        return {"data": reply.get("data", ""), "offset": reply.get("offset", offset),
+                "state": self.job(job_id).state.value}
+
+    # ------------------------------------------------------- phase 4: publish
+    def snapshot(self) -> dict:
+        nodes = [n.json() for n in self.nodes.values()]
+        gpus = self.gpus_json()
+        return {"nodes": nodes, "gpus": gpus, "jobs": self.queue_json(),
+                "summary": views.status_summary(nodes, gpus),
+                "events": self.store.events(30)}
+
+    def gpus_json(self, node: str | None = None) -> list[dict]:
+        return [self._gpu_json(g) for g in self.gpu_views() if node is None or g.node == node]
+
+    def _gpu_json(self, gpu: GpuView) -> dict:
+        node = self.nodes[gpu.node]
+        live = self.gpus[gpu.uuid]
+        processes = [{"pid": p.pid, "name": p.name, "used_memory_mb": p.used_memory_mb}
+                     for p in live.processes]
+        return views.gpu_json(gpu, node_up=node.state == NodeState.UP,
+                              cuda_version=node.cuda_version,
+                              nvlink=topo.nvlink_peers(node.topo, gpu.reading.index),
+                              processes=processes)
+
+    def queue_json(self) -> list[dict]:
+        order = {JobState.RUNNING: 0, JobState.LAUNCHING: 0, JobState.PENDING: 1}
+        jobs = sorted(self.jobs.values(), key=lambda j: (order.get(j.state, 2), j.submitted_at, j.id))
+        return [views.job_json(j) for j in jobs]
+
+    def publish(self, event: dict) -> None:
+        for queue in list(self.subscribers):
+            queue.put_nowait(event)
+
+    def publish_job(self, job: Job) -> None:
+        if self.subscribers:
+            self.publish({"type": "job", "job": views.job_json(job)})
+
+    def publish_gpus(self, node: str) -> None:
+        if self.subscribers:
+            self.publish({"type": "gpus", "node": node, "gpus": self.gpus_json(node)})

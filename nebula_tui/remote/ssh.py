@@ -1,0 +1,221 @@
+"""One persistent SSH link per node: connection, the node's nodelet, requests and heartbeat.
+
+A :class:`NodeLink` connects with asyncssh (host key verified against known_hosts, never
+accepted silently), starts the nodelet (its script sent over stdin, nothing installed),
+and from then on every probe, job start and job exit arrives as a message on one stream.
+Requests to the node (launch, cancel, log, …) are JSON lines on the same process, so they
+cost no new SSH channel. A silent stream is a missed heartbeat (R15).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import shlex
+import time
+from collections.abc import Callable
+from importlib import resources
+
+import asyncssh
+
+from ..config import ClusterConfig, NodeConfig
+from ..model import NodeState
+from .backends import nvidia
+
+log = logging.getLogger(__name__)
+
+#: Reconnect back-off: first retry after this many seconds, doubling up to the cap.
+RETRY_FIRST_S = 0.5
+RETRY_CAP_S = 10.0
+
+
+class NodeUnavailable(Exception):
+    """The node cannot take a request now (not connected, or the link broke meanwhile)."""
+
+
+def nodelet_source() -> bytes:
+    return resources.files("nebula_tui.remote.probes").joinpath("nodelet.py").read_bytes()
+
+
+def describe_connect_error(node: NodeConfig, err: BaseException) -> str:
+    """One line that says why a node could not be reached and what to do about it."""
+    where = f"{node.host}:{node.port}"
+    if isinstance(err, asyncssh.HostKeyNotVerifiable):
+        return (f"host key of {node.name} ({where}) is not the one in {node.known_hosts}; "
+                f"if the node was reinstalled, check its new key and remove the old line with "
+                f"ssh-keygen -R '[{node.host}]:{node.port}' -f {node.known_hosts}")
+    if isinstance(err, asyncssh.PermissionDenied):
+        key = node.identity or "the default SSH keys"
+        return f"{node.name} ({where}) refused login as {node.user} with {key}"
+    if isinstance(err, (asyncio.TimeoutError, TimeoutError)):
+        return f"{node.name} ({where}) did not answer in time"
+    if isinstance(err, OSError):
+        return f"cannot connect to {node.name} ({where}): {err.strerror or err}"
+    return f"{node.name} ({where}): {type(err).__name__}: {err}"
+
+
+class NodeLink:
+    """The head's link to one node. ``run()`` keeps it up until ``close()``.
+
+    ``on_message(node, message)`` gets every message the nodelet sends except replies;
+    ``on_state(node, state, reason)`` gets every change of the node's reachability.
+    """
+
+    def __init__(self, node: NodeConfig, cluster: ClusterConfig,
+                 on_message: Callable[[str, dict], None],
+                 on_state: Callable[[str, NodeState, str], None]):
+        self.node = node
+        self.cluster = cluster
+        self.on_message = on_message
+        self.on_state = on_state
+        self.state = NodeState.CONNECTING
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._process: asyncssh.SSHClientProcess | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._last_heard = 0.0
+        self._closed = False
+        self._task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name=f"node-link-{self.node.name}")
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        self._drop()
+
+    async def run(self) -> None:
+        delay = RETRY_FIRST_S
+        while not self._closed:
+            try:
+                await self._connect()
+                delay = RETRY_FIRST_S
+                await self._serve()
+                reason = "the node's probe stream ended"
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # every failure ends in a reconnect, never a crash
+                reason = describe_connect_error(self.node, err)
+            self._drop()
+            if self._closed:
+                return
+            # A node that never answered is down; one that went silent is unknown (R15).
+            self._set_state(NodeState.UNKNOWN if self.state in (NodeState.UP, NodeState.UNKNOWN)
+                            else NodeState.DOWN, reason)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_CAP_S)
+
+    async def _connect(self) -> None:
+        node, cluster = self.node, self.cluster
+        options = {"known_hosts": node.known_hosts, "username": node.user,
+                   "connect_timeout": cluster.connect_timeout, "keepalive_interval": 15}
+        if node.identity:
+            options["client_keys"] = [node.identity]
+        self._conn = await asyncio.wait_for(
+            asyncssh.connect(node.host, node.port, **options), cluster.connect_timeout)
+        source = nodelet_source()
+        settings = {"interval": cluster.probe_interval, "gpu_argv": nvidia.query_gpu_argv(),
+                    "apps_argv": nvidia.query_apps_argv()}
+        boot = f"import sys;exec(compile(sys.stdin.buffer.read({len(source)}),'nebula-nodelet','exec'))"
+        env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in node.env)
+        command = (f"{'env ' + env_prefix + ' ' if env_prefix else ''}exec python3 -u -c "
+                   f"{shlex.quote(boot)} {shlex.quote(json.dumps(settings))}")
+        self._process = await self._conn.create_process(command, encoding=None)
+        self._process.stdin.write(source)
+
+    async def _serve(self) -> None:
+        assert self._process is not None
+        self._last_heard = time.monotonic()
+        watchdog = asyncio.create_task(self._watch_heartbeat())
+        try:
+            while True:
+                line = await self._process.stdout.readline()
+                if not line:
+                    err = (await self._read_stderr()).strip()
+                    if "python3" in err and "not found" in err:
+                        raise RuntimeError(f"{self.node.name} has no python3 on PATH; "
+                                           "NebulaGrid needs python3 (3.6+) on every node")
+                    raise RuntimeError(err.splitlines()[-1] if err else "probe stream closed")
+                self._last_heard = time.monotonic()
+                self._dispatch(line)
+        finally:
+            watchdog.cancel()
+
+    async def _read_stderr(self) -> str:
+        try:
+            data = await asyncio.wait_for(self._process.stderr.read(4096), 1)
+        except Exception:
+            return ""
+        return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+
+    def _dispatch(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            log.warning("%s sent a line that is not JSON: %r", self.node.name, line[:200])
+            return
+        kind = message.get("type")
+        if kind == "reply":
+            future = self._pending.pop(message.get("id"), None)
+            if future and not future.done():
+                future.set_result(message)
+            return
+        if kind in ("hello", "probe") and self.state != NodeState.UP:
+            self._set_state(NodeState.UP, "")
+        self.on_message(self.node.name, message)
+
+    async def _watch_heartbeat(self) -> None:
+        """R15: ``missed_probes`` intervals of silence make the node ``unknown``."""
+        limit = self.cluster.probe_interval * self.cluster.missed_probes
+        while True:
+            await asyncio.sleep(min(1.0, self.cluster.probe_interval / 2))
+            silent = time.monotonic() - self._last_heard
+            if silent > limit and self.state == NodeState.UP:
+                self._set_state(NodeState.UNKNOWN,
+                                f"missed {self.cluster.missed_probes} probes ({silent:.0f}s silent)")
+
+    def _set_state(self, state: NodeState, reason: str) -> None:
+        self.state = state
+        self.on_state(self.node.name, state, reason)
+
+    def _drop(self) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(NodeUnavailable(f"{self.node.name}: connection lost"))
+        self._pending.clear()
+        if self._process is not None:
+            with contextlib.suppress(Exception):
+                self._process.close()
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+        self._process = None
+        self._conn = None
+
+    # -------------------------------------------------------------- requests
+    async def request(self, op: str, timeout: float | None = None, **fields) -> dict:
+        """Send one request to the nodelet and wait for its reply.
+
+        Raises NodeUnavailable when the node is not connected or the link breaks, and
+        asyncio.TimeoutError when it does not answer within ``timeout`` (default: the
+        cluster's command_timeout).
+        """
+        if self._process is None or self.state != NodeState.UP:
+            raise NodeUnavailable(f"{self.node.name} is {self.state.value}")
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        payload = json.dumps({"id": request_id, "op": op, **fields}) + "\n"
+        try:
+            self._process.stdin.write(payload.encode())
+            return await asyncio.wait_for(future, timeout or self.cluster.command_timeout)
+        finally:
+            self._pending.pop(request_id, None)

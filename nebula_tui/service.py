@@ -1,0 +1,163 @@
+"""``nebula serve``: the head service process, and how clients find or start it.
+
+The home directory (``--home`` / ``NEBULA_HOME``, default ``~/.nebula``) holds the store
+(``state.db``), the socket (``nebula.sock``), the service's log and its lock. One service
+per home: a second one sees the lock and leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .api import ApiError, ApiServer, Client
+from .config import ClusterConfig, ConfigError, find_config, load_config
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True)
+class Home:
+    """Where one head keeps its state. Everything is derived from the directory."""
+
+    root: Path
+
+    @classmethod
+    def resolve(cls, explicit: str | None) -> "Home":
+        root = explicit or os.environ.get("NEBULA_HOME") or "~/.nebula"
+        return cls(Path(root).expanduser().resolve())
+
+    @property
+    def socket(self) -> Path:
+        override = os.environ.get("NEBULA_SOCKET")
+        return Path(override) if override else self.root / "nebula.sock"
+
+    @property
+    def db(self) -> Path:
+        return self.root / "state.db"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "serve.log"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "serve.lock"
+
+    def ensure(self) -> None:
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+class ServiceUnavailable(Exception):
+    """The service is not running and could not be started; str() says why."""
+
+
+def serve(home: Home, config_path: Path | None) -> int:
+    """Run the head service in the foreground until SIGTERM/SIGINT. Returns an exit code."""
+    home.ensure()
+    if config_path is None:
+        print("nebula serve: no cluster configured; give --config nodes.yaml (or NEBULA_CONFIG), "
+              "or run `nebula demo --headless` for the simulated lab", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(config_path)
+    except ConfigError as err:
+        print(f"nebula serve: {err}", file=sys.stderr)
+        return 2
+    lock_file = open(home.lock, "w")
+    try:
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"nebula serve: a service already runs for {home.root}", file=sys.stderr)
+        return 1
+    lock_file.write(str(os.getpid()))
+    lock_file.flush()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)  # one line per channel otherwise
+    asyncio.run(_serve(home, config))
+    return 0
+
+
+async def _serve(home: Home, config: ClusterConfig) -> None:
+    from .engine import Engine
+    from .store import Store
+
+    store = Store(home.db)
+    engine = Engine(config, store)
+    stop = asyncio.Event()
+    server = ApiServer(engine, home.socket, on_shutdown=stop.set)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await engine.start()
+    await server.start()
+    log.info("serving %d nodes from %s on %s", len(config.nodes), config.path, home.socket)
+    try:
+        await stop.wait()
+    finally:
+        await server.close()
+        await engine.stop()
+        store.close()
+
+
+def connect(home: Home, config_arg: str | None, autostart: bool = True) -> Client:
+    """A client for the home's service, starting the service in the background if needed.
+
+    Raises ServiceUnavailable (one line) when there is no service and none can start.
+    """
+    try:
+        return Client(home.socket)
+    except ApiError:
+        if not autostart:
+            raise ServiceUnavailable(f"no head service is running for {home.root}") from None
+    try:
+        config_path = find_config(config_arg, home.root)
+    except ConfigError as err:
+        raise ServiceUnavailable(str(err)) from None
+    if config_path is None:
+        raise ServiceUnavailable(
+            "no cluster configured and no service running: start the simulated lab with "
+            "`nebula demo --headless`, or give --config nodes.yaml (or NEBULA_CONFIG)")
+    start_background(home, config_path)
+    return Client(home.socket)
+
+
+def start_background(home: Home, config_path: Path) -> None:
+    """Start ``nebula serve`` detached (like tmux starts its server) and wait until it answers."""
+    home.ensure()
+    with open(home.log, "ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "nebula_tui", "serve", "--home", str(home.root),
+             "--config", str(config_path)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ApiError):
+            Client(home.socket, timeout=2).close()
+            return
+        # Exit code 1 means another client's service won the race: wait for that one.
+        if process.poll() is not None and process.returncode not in (0, 1):
+            raise ServiceUnavailable(_last_error_line(home.log) or
+                                     f"nebula serve exited with code {process.returncode}")
+        time.sleep(0.05)
+    raise ServiceUnavailable(f"nebula serve did not start within {START_TIMEOUT_S:.0f}s; see {home.log}")
+
+
+def _last_error_line(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        lines = [l for l in path.read_text(errors="replace").splitlines() if l.strip()]
+        if lines:
+            return lines[-1].removeprefix("nebula serve: ")
+    return ""

@@ -1,0 +1,722 @@
+"""The simulated lab (R26): several GPU "nodes" on 127.0.0.1, one SSH server each.
+
+Every node is reached exactly like a real one: its own port, its own host key (listed
+in the lab's ``known_hosts``), public-key login with the lab's client key, and its own
+emulated vendor tools, kernel log, work directory and tmux server.  What makes one
+machine look like several nodes is the per-session environment::
+
+    PATH=<lab>/n/N/bin:<normal PATH>   NEBULA_SIM_NODE=N   NEBULA_SIM_DIR=<lab>/n/N
+    NEBULA_NODE_DIR=<lab>/n/N/node     TMUX_TMPDIR=<lab>/n/N/tmux
+
+Two server kinds share one layout:
+
+``openssh``
+    one real ``sshd -D`` per node (what the tests use; needs openssh-server).
+``asyncssh``
+    one in-process asyncssh server per node, run on a private event loop in a
+    background thread (``nebula demo``: no root, no system sshd).
+
+The API is synchronous for both kinds (the asyncssh loop lives in its own thread), so
+the same calls work from plain code, pytest fixtures and async tests alike::
+
+    lab = Lab(root, layout="demo", ssh="openssh")
+    lab.prepare()            # keys, known_hosts, nodes.yaml, node dirs, free ports
+    lab.start()              # every node accepts connections when this returns
+    lab.stop_node("node02")  # node goes silent (listener and live sessions die)
+    lab.start_node("node02") # back, same port and key
+    lab.stop()               # servers, sessions, tmux servers and jobs all gone
+
+``Lab`` is also a context manager (prepare + start / stop).  ``run_lab`` is the
+foreground runner behind ``python -m nebula_tui.sim.lab``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pwd
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import yaml
+
+SSH_KINDS = ("asyncssh", "openssh")
+_SIM_PKG = Path(__file__).resolve().parent
+
+# What sshd puts in PATH before the user's shell runs (OpenSSH's _PATH_STDPATH defaults).
+_ROOT_STDPATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_USER_STDPATH = "/usr/local/bin:/usr/bin:/bin:/usr/games"
+
+
+class LabError(RuntimeError):
+    """The lab cannot be prepared or started (missing sshd, a node that would not listen)."""
+
+
+def find_sshd() -> str:
+    """Path of OpenSSH's ``sshd``; raises LabError with the install hint when absent."""
+    found = shutil.which("sshd") or shutil.which("sshd", path="/usr/sbin:/usr/local/sbin")
+    if not found:
+        raise LabError(
+            "OpenSSH server not found (sshd); install it with: apt-get install -y openssh-server"
+        )
+    return found
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports free on 127.0.0.1 now; all sockets are held until every port is chosen."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+    path.chmod(0o600)
+
+
+def _proc_children() -> dict[int, list[int]]:
+    """ppid -> child pids, from /proc (Linux only; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        # The command name is in parentheses and may itself contain spaces/parens.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def _descendants(pid: int) -> list[int]:
+    tree = _proc_children()
+    out, todo = [], [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _kill(pids: list[int], sig: int = signal.SIGKILL) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def lab_processes(root: Path) -> list[int]:
+    """Pids of live processes that belong to the lab at ``root``.
+
+    A process belongs to the lab when its environment is a node's (anything started in a
+    node session, tmux servers started there) or its command line names a node directory
+    (``sshd -f <lab>/n/…``).  A head service merely reading ``<lab>/nodes.yaml`` does not
+    count.  Linux only; elsewhere it returns [].
+    """
+    marker = str(Path(root).resolve()).encode()
+    node_marker = marker + b"/n/"
+    me = os.getpid()
+    found = []
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            cmdline = Path(entry.path, "cmdline").read_bytes()
+            environ = Path(entry.path, "environ").read_bytes()
+            state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == "Z":
+            continue
+        env_hit = any(
+            v.startswith(b"NEBULA_SIM_DIR=" + node_marker)
+            or v.startswith(b"TMUX_TMPDIR=" + node_marker)
+            for v in environ.split(b"\0")
+        )
+        if env_hit or node_marker in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+class _LoopThread:
+    """A private asyncio loop in a daemon thread; ``call`` runs a coroutine there."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="nebula-lab", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def call(self, coro: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+class _NodeServer(asyncssh.SSHServer):
+    """asyncssh server side for one node: lab key only, for the lab's user only."""
+
+    def __init__(self, node: _AsyncNode) -> None:
+        self._node = node
+        self._conn: asyncssh.SSHServerConnection | None = None
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self._conn = conn
+        self._node.conns.add(conn)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._node.conns.discard(self._conn)
+
+    def begin_auth(self, username: str) -> bool:
+        # Like sshd, only an existing account may log in; here that is the lab's user.
+        if username == self._node.lab.user and self._conn is not None:
+            self._conn.set_authorized_keys(self._node.lab.authorized_keys)
+        return True
+
+
+class _AsyncNode:
+    """One node of the asyncssh kind: its listener, live connections and child processes."""
+
+    def __init__(self, lab: Lab, name: str) -> None:
+        self.lab = lab
+        self.name = name
+        self.server: asyncssh.SSHAcceptor | None = None
+        self.conns: set[asyncssh.SSHServerConnection] = set()
+        self.tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        key = asyncssh.read_private_key(self.lab.host_key_path(self.name))
+        self.server = await asyncssh.listen(
+            "127.0.0.1",
+            self.lab.port(self.name),
+            server_factory=lambda: _NodeServer(self),
+            server_host_keys=[key],
+            process_factory=self._handle,
+            encoding=None,
+            allow_scp=False,
+            sftp_factory=None,
+            agent_forwarding=False,
+            x11_forwarding=False,
+            keepalive_interval=0,
+        )
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+            self.server = None
+        for conn in list(self.conns):
+            conn.abort()
+        self.conns.clear()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=3)
+
+    def _handle(self, process: asyncssh.SSHServerProcess) -> None:
+        task = asyncio.get_running_loop().create_task(self._run(process))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run(self, process: asyncssh.SSHServerProcess) -> None:
+        """Run one session like sshd: ``$SHELL -c COMMAND`` with the node environment."""
+        lab = self.lab
+        shell = lab.login_shell
+        peer = process.get_extra_info("peername") or ("127.0.0.1", 0)
+        env = lab.session_env(self.name)
+        env["SSH_CLIENT"] = f"{peer[0]} {peer[1]} {lab.port(self.name)}"
+        env["SSH_CONNECTION"] = f"{peer[0]} {peer[1]} 127.0.0.1 {lab.port(self.name)}"
+        if process.command is None:
+            argv = ["-" + os.path.basename(shell)]  # login shell, like sshd without a command
+        else:
+            argv = [os.path.basename(shell), "-c", process.command]
+        try:
+            child = await asyncio.create_subprocess_exec(
+                *argv,
+                executable=shell,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=lab.home,
+                env=env,
+                start_new_session=True,  # so a closed channel can kill the whole group
+            )
+        except OSError as exc:
+            process.stderr.write(f"nebula lab: cannot start shell: {exc}\n".encode())
+            process.exit(127)
+            return
+
+        async def pump_in() -> None:
+            try:
+                while data := await process.stdin.read(65536):
+                    child.stdin.write(data)
+                    await child.stdin.drain()
+            except (OSError, asyncssh.Error, asyncio.CancelledError):
+                pass
+            finally:
+                try:
+                    child.stdin.close()
+                except OSError:
+                    pass
+
+        async def pump_out(src: asyncio.StreamReader, dst: Any) -> None:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+
+        stdin_task = asyncio.create_task(pump_in())
+        outputs = asyncio.gather(
+            pump_out(child.stdout, process.stdout), pump_out(child.stderr, process.stderr)
+        )
+        closed = asyncio.create_task(process.wait_closed())
+        done, _ = await asyncio.wait({outputs, closed}, return_when=asyncio.FIRST_COMPLETED)
+        if outputs in done and outputs.exception() is None:
+            rc = await child.wait()
+            stdin_task.cancel()
+            closed.cancel()
+            try:
+                if rc < 0:
+                    process.exit_with_signal(signal.Signals(-rc).name[3:])
+                else:
+                    process.exit(rc)
+            except (ValueError, OSError, asyncssh.Error):
+                process.close()  # unknown signal number, or the channel is already closing
+            return
+        # The channel (or connection) went away first: the session's processes go too.
+        outputs.cancel()
+        stdin_task.cancel()
+        closed.cancel()
+        self._kill_group(child.pid)
+        try:
+            await asyncio.wait_for(child.wait(), 2)
+        except asyncio.TimeoutError:
+            pass
+        process.close()
+
+    @staticmethod
+    def _kill_group(pid: int) -> None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class Lab:
+    """A simulated cluster rooted at ``root`` (see the module docstring for the layout).
+
+    ``specs`` overrides the preset node descriptions (``presets.node_specs(layout)``);
+    each is a node.json dict with at least ``name``.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        layout: str = "demo",
+        ssh: str = "asyncssh",
+        probe_interval: float = 5.0,
+        specs: list[dict] | None = None,
+    ) -> None:
+        if ssh not in SSH_KINDS:
+            raise ValueError(f"ssh must be one of {SSH_KINDS}, not {ssh!r}")
+        self.root = Path(root).resolve()
+        self.layout = layout
+        self.ssh = ssh
+        self.probe_interval = probe_interval
+        self._specs = specs
+        self._ports: dict[str, int] = {}
+        self._names: list[str] = []
+        self._sshd: dict[str, subprocess.Popen] = {}
+        self._async: dict[str, _AsyncNode] = {}
+        self._loop: _LoopThread | None = None
+        self.authorized_keys: asyncssh.SSHAuthorizedKeys | None = None
+        pw = pwd.getpwuid(os.getuid())
+        self.user = pw.pw_name
+        self.home = pw.pw_dir if os.path.isdir(pw.pw_dir) else "/"
+        self.login_shell = pw.pw_shell if os.access(pw.pw_shell or "", os.X_OK) else "/bin/sh"
+
+    # ----- paths and names -------------------------------------------------------------
+    @property
+    def config_path(self) -> Path:
+        return self.root / "nodes.yaml"
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self.root / "known_hosts"
+
+    @property
+    def identity_path(self) -> Path:
+        return self.root / "id_ed25519"
+
+    @property
+    def ready_path(self) -> Path:
+        return self.root / "ready"
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self._names)
+
+    def node_dir(self, name: str) -> Path:
+        return self.root / "n" / name
+
+    def host_key_path(self, name: str) -> Path:
+        return self.node_dir(name) / "host_key"
+
+    def port(self, name: str) -> int:
+        return self._ports[name]
+
+    def connect(self, name: str, **kwargs: Any) -> Any:
+        """``asyncssh.connect`` to node ``name`` the way the head does (host key verified).
+
+        Use as ``async with lab.connect("node01") as conn:``; keyword arguments pass through.
+        """
+        options: dict[str, Any] = {
+            "known_hosts": str(self.known_hosts_path),
+            "client_keys": [str(self.identity_path)],
+            "username": self.user,
+            "agent_path": None,
+            "config": None,
+        }
+        options.update(kwargs)
+        return asyncssh.connect("127.0.0.1", self.port(name), **options)
+
+    def session_env(self, name: str) -> dict[str, str]:
+        """The environment a session on node ``name`` starts with (sshd's plus the node's)."""
+        env = {
+            "HOME": self.home,
+            "USER": self.user,
+            "LOGNAME": self.user,
+            "SHELL": self.login_shell,
+        }
+        for var in ("LANG", "LC_ALL", "TZ"):
+            if var in os.environ:
+                env[var] = os.environ[var]
+        env.update(self.node_env(name))
+        return env
+
+    def node_env(self, name: str) -> dict[str, str]:
+        """The variables that make this machine look like node ``name``."""
+        nd = self.node_dir(name)
+        stdpath = _ROOT_STDPATH if os.getuid() == 0 else _USER_STDPATH
+        # The lab's own Python goes last: probes need a python3 even on a bare machine.
+        pydir = os.path.dirname(sys.executable)
+        path = f"{nd / 'bin'}:{stdpath}"
+        if pydir not in stdpath.split(":"):
+            path += f":{pydir}"
+        return {
+            "PATH": path,
+            "NEBULA_SIM_NODE": name,
+            "NEBULA_SIM_DIR": str(nd),
+            "NEBULA_NODE_DIR": str(nd / "node"),
+            "TMUX_TMPDIR": str(nd / "tmux"),
+            # bash reads ~/.bashrc for ssh sessions only at shell level 1; starting at 2
+            # keeps a developer's rc (pyenv init takes a lock and can stall for a minute
+            # under concurrent logins) out of the simulated nodes.
+            "SHLVL": "1",
+        }
+
+    # ----- prepare ---------------------------------------------------------------------
+    def _node_specs(self) -> list[dict]:
+        if self._specs is not None:
+            return [dict(s) for s in self._specs]
+        from nebula_tui.sim.presets import node_specs
+
+        return node_specs(self.layout)
+
+    def prepare(self) -> None:
+        """Write the whole lab directory and choose free ports (regenerated each time)."""
+        specs = self._node_specs()
+        self._names = [s["name"] for s in specs]
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._ports = dict(zip(self._names, _free_ports(len(specs))))
+
+        client = asyncssh.generate_private_key("ssh-ed25519", comment=f"nebula-lab@{self.user}")
+        _write_private(self.identity_path, client.export_private_key())
+        pub = client.export_public_key().decode()
+        (self.root / "id_ed25519.pub").write_text(pub)
+        (self.root / "authorized_keys").write_text(pub)
+        self.authorized_keys = asyncssh.import_authorized_keys(pub)
+
+        known = []
+        boot = time.time()
+        for spec in specs:
+            name = spec["name"]
+            nd = self.node_dir(name)
+            for sub in ("bin", "node", "tmux"):
+                (nd / sub).mkdir(parents=True, exist_ok=True)
+            (nd / "tmux").chmod(0o700)
+            hk = asyncssh.generate_private_key("ssh-ed25519")
+            _write_private(self.host_key_path(name), hk.export_private_key())
+            hk_pub = hk.export_public_key().decode().split()
+            known.append(f"[127.0.0.1]:{self.port(name)} {hk_pub[0]} {hk_pub[1]}\n")
+            spec = dict(spec, boot_time=spec.get("boot_time", boot))
+            (nd / "node.json").write_text(json.dumps(spec, indent=2) + "\n")
+            (nd / "kmsg.log").write_text("")
+            for tool, script in (("nvidia-smi", "fake_smi.py"), ("dmesg", "fake_dmesg.py")):
+                self._write_wrapper(nd / "bin" / tool, nd, _SIM_PKG / script)
+            self._write_sshd_config(name)
+        self.known_hosts_path.write_text("".join(known))
+        self._write_config()
+
+    def _write_wrapper(self, path: Path, node_dir: Path, script: Path) -> None:
+        path.write_text(
+            "#!/bin/sh\n"
+            f"NEBULA_SIM_DIR={shlex.quote(str(node_dir))}; export NEBULA_SIM_DIR\n"
+            f'exec {shlex.quote(sys.executable)} {shlex.quote(str(script))} "$@"\n'
+        )
+        path.chmod(0o755)
+
+    def _write_config(self) -> None:
+        interval = self.probe_interval
+        if float(interval).is_integer():
+            interval = int(interval)
+        doc = {
+            "cluster": {
+                "name": "simlab",
+                "known_hosts": str(self.known_hosts_path),
+                "identity": str(self.identity_path),
+                "user": self.user,
+                "probe_interval": interval,
+            },
+            "nodes": [{"name": n, "host": "127.0.0.1", "port": self.port(n)} for n in self._names],
+        }
+        self.config_path.write_text(
+            "# Simulated lab written by `nebula sim lab`; regenerated on each start.\n"
+            + yaml.safe_dump(doc, sort_keys=False)
+        )
+
+    def _write_sshd_config(self, name: str) -> None:
+        nd = self.node_dir(name)
+        setenv = " ".join(f'"{k}={v}"' for k, v in self.node_env(name).items())
+        (nd / "sshd_config").write_text(
+            "# sshd for simulated node " + name + "\n"
+            f"Port {self.port(name)}\n"
+            "ListenAddress 127.0.0.1\n"
+            f"HostKey {self.host_key_path(name)}\n"
+            f"PidFile {nd / 'sshd.pid'}\n"
+            f"AuthorizedKeysFile {self.root / 'authorized_keys'}\n"
+            "StrictModes no\n"
+            "UsePAM no\n"
+            "PasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\n"
+            "PubkeyAuthentication yes\n"
+            "PermitRootLogin prohibit-password\n"
+            "UseDNS no\n"
+            "PrintMotd no\n"
+            "PrintLastLog no\n"
+            "MaxStartups 100:30:200\n"
+            f"SetEnv {setenv}\n"
+        )
+
+    # ----- start / stop ----------------------------------------------------------------
+    def start(self, timeout: float = 10.0) -> None:
+        """Start every node; returns once each accepts TCP connections."""
+        if not self._names:
+            self.prepare()
+        if self.ssh == "openssh":
+            self._sshd_prepare_runtime()
+        else:
+            self._loop = _LoopThread()
+        for name in self._names:
+            self._launch(name)
+        self._wait_listening(self._names, timeout)
+
+    def stop(self) -> None:
+        """Stop every node and kill each node's tmux servers and anything left from them."""
+        for name in self._names:
+            self._halt(name)
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+        for name in self._names:
+            self.kill_node_tmux(name)
+        self._sweep()
+        self.ready_path.unlink(missing_ok=True)
+
+    def stop_node(self, name: str) -> None:
+        """The node goes silent: no new connections, live connections and sessions die.
+
+        Its tmux server (the jobs) keeps running, as on a node that lost its network.
+        """
+        self._halt(name)
+
+    def start_node(self, name: str, timeout: float = 10.0) -> None:
+        """Bring a stopped node back on the same port with the same host key."""
+        self._launch(name)
+        self._wait_listening([name], timeout)
+
+    def kill_node_tmux(self, name: str) -> None:
+        """``tmux kill-server`` for every tmux server of node ``name`` (all its jobs end)."""
+        tmux = shutil.which("tmux")
+        base = self.node_dir(name) / "tmux"
+        if not tmux or not base.is_dir():
+            return
+        env = dict(os.environ, TMUX_TMPDIR=str(base))
+        env.pop("TMUX", None)
+        for sockdir in base.glob("tmux-*"):
+            for sock in sockdir.iterdir():
+                subprocess.run(
+                    [tmux, "-S", str(sock), "kill-server"],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    timeout=10,
+                )
+
+    def __enter__(self) -> Lab:
+        if not self._names:
+            self.prepare()
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def write_ready(self) -> None:
+        data = {"pid": os.getpid(), "ssh": self.ssh, "ports": dict(self._ports)}
+        tmp = self.ready_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data) + "\n")
+        tmp.replace(self.ready_path)
+
+    # ----- per-kind internals ----------------------------------------------------------
+    def _sshd_prepare_runtime(self) -> None:
+        find_sshd()
+        if os.getuid() == 0:
+            # sshd's privilege-separation directory; the package creates it at boot only.
+            os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+
+    def _launch(self, name: str) -> None:
+        if self.ssh == "openssh":
+            if name in self._sshd and self._sshd[name].poll() is None:
+                return
+            log = open(self.node_dir(name) / "sshd.log", "ab")
+            with log:
+                self._sshd[name] = subprocess.Popen(
+                    [find_sshd(), "-D", "-e", "-f", str(self.node_dir(name) / "sshd_config")],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                )
+        else:
+            assert self._loop is not None, "lab not started"
+            node = self._async.get(name)
+            if node is None:
+                node = self._async[name] = _AsyncNode(self, name)
+            if node.server is None:
+                self._loop.call(node.start())
+
+    def _halt(self, name: str) -> None:
+        if self.ssh == "openssh":
+            proc = self._sshd.pop(name, None)
+            if proc is None:
+                return
+            # Per-connection sshd processes outlive the listener; take the whole tree.
+            tree = _descendants(proc.pid)
+            _kill([proc.pid], signal.SIGTERM)
+            _kill(tree)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+            _kill(_descendants(proc.pid))
+        else:
+            node = self._async.get(name)
+            if node is not None and self._loop is not None:
+                self._loop.call(node.stop())
+
+    def _wait_listening(self, names: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pending = list(names)
+        while pending:
+            pending = [n for n in pending if not _port_open(self.port(n))]
+            for n in pending:
+                proc = self._sshd.get(n)
+                if proc is not None and proc.poll() is not None:
+                    log = (self.node_dir(n) / "sshd.log").read_text(errors="replace")
+                    raise LabError(f"sshd for {n} exited ({proc.returncode}): {log[-2000:]}")
+            if pending and time.monotonic() > deadline:
+                raise LabError(f"nodes not listening after {timeout}s: {', '.join(pending)}")
+            if pending:
+                time.sleep(0.02)
+
+    def _sweep(self) -> None:
+        """Kill whatever is left that still runs in a node's environment (e.g. nohup jobs)."""
+        for _ in range(3):
+            pids = lab_processes(self.root)
+            if not pids:
+                return
+            _kill(pids)
+            time.sleep(0.05)
+
+
+def run_lab(root: Path, layout: str = "demo", ssh: str = "asyncssh",
+            probe_interval: float = 5.0) -> None:
+    """Prepare and start a lab, write ``<root>/ready``, serve until SIGTERM/SIGINT, stop."""
+    lab = Lab(Path(root), layout=layout, ssh=ssh, probe_interval=probe_interval)
+    lab.prepare()
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        lab.start()
+        lab.write_ready()
+        while not stop.wait(1.0):
+            pass
+    finally:
+        lab.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nebula_tui.sim.lab",
+                                     description="Run a simulated GPU lab in the foreground.")
+    parser.add_argument("--dir", required=True, type=Path, help="lab directory")
+    parser.add_argument("--layout", default="demo", choices=("demo", "4x4"))
+    parser.add_argument("--ssh", default="asyncssh", choices=SSH_KINDS)
+    parser.add_argument("--probe-interval", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    try:
+        run_lab(args.dir, args.layout, args.ssh, args.probe_interval)
+    except LabError as exc:
+        print(f"nebula lab: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

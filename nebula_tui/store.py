@@ -1,0 +1,321 @@
+"""The store: the only module that speaks SQL. SQLite in WAL mode through sqlite-utils.
+
+Every state change is one ``BEGIN IMMEDIATE`` transaction, committed with
+``synchronous=FULL`` so an acknowledged submit survives a crash of the head. Only the head
+service (``nebula serve``) opens the store for writing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import sqlite_utils
+
+from .model import Job, JobSpec, JobState, Placement
+
+SCHEMA_VERSION = 1
+
+
+class Store:
+    """Durable state of the cluster: nodes, GPUs, jobs, allocations, users, events."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+        self.db = sqlite_utils.Database(conn)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("PRAGMA busy_timeout=30000")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self._create_schema()
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite_utils.Database]:
+        """One state change: all of it is written, or none of it."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # ----------------------------------------------------------------- schema
+    def _create_schema(self) -> None:
+        db = self.db
+        with self.transaction():
+            db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
+            db["nodes"].create(
+                {"name": str, "host": str, "port": int, "state": str, "reason": str,
+                 "last_seen": float, "info": str},
+                pk="name", if_not_exists=True,
+            )
+            db["gpus"].create(
+                {"uuid": str, "node": str, "idx": int, "model": str, "vendor": str,
+                 "total_mb": int, "compute_cap": str, "pci_bus_id": str,
+                 "driver_version": str, "cuda_version": str, "status": str,
+                 "registered_at": float},
+                pk="uuid", if_not_exists=True,
+            )
+            db["users"].create(
+                {"name": str, "jobs_finished": int, "gpu_hours": float, "created_at": float},
+                pk="name", if_not_exists=True,
+            )
+            db["jobs"].create(
+                {"id": int, "user": str, "name": str, "spec": str, "state": str,
+                 "reason": str, "node": str, "submitted_at": float, "started_at": float,
+                 "ended_at": float, "exit_code": int},
+                pk="id", if_not_exists=True,
+            )
+            db["allocations"].create(
+                {"id": int, "job_id": int, "gpu_uuid": str, "node": str, "gpu_index": int,
+                 "memory_mb": int, "exclusive": int, "created_at": float,
+                 "released_at": float},
+                pk="id", foreign_keys=[("job_id", "jobs", "id")], if_not_exists=True,
+            )
+            db["events"].create(
+                {"id": int, "t": float, "kind": str, "message": str, "job_id": int,
+                 "node": str, "gpu": str, "user": str},
+                pk="id", if_not_exists=True,
+            )
+            db["jobs"].create_index(["state"], if_not_exists=True)
+            db["allocations"].create_index(["released_at"], if_not_exists=True)
+            db["allocations"].create_index(["job_id"], if_not_exists=True)
+            if not self._meta("head_token"):
+                db["meta"].insert_all([
+                    {"key": "head_token", "value": uuid.uuid4().hex[:12]},
+                    {"key": "schema_version", "value": str(SCHEMA_VERSION)},
+                ], replace=True)
+
+    def _meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+        return row[0] if row else None
+
+    @property
+    def head_token(self) -> str:
+        """A random id of this store; tells this head's job directories from older ones."""
+        return self._meta("head_token") or ""
+
+    # ------------------------------------------------------------------ nodes
+    def upsert_node(self, name: str, host: str, port: int, state: str, reason: str = "",
+                    last_seen: float | None = None, info: dict | None = None) -> None:
+        row = {"name": name, "host": host, "port": port, "state": state, "reason": reason}
+        if last_seen is not None:
+            row["last_seen"] = last_seen
+        if info is not None:
+            row["info"] = json.dumps(info)
+        with self.transaction():
+            self.db["nodes"].upsert(row, pk="name")
+
+    def nodes(self) -> list[dict]:
+        return [dict(r) for r in self.db["nodes"].rows_where(order_by="name")]
+
+    def register_gpus(self, node: str, descriptors: list[dict], t: float) -> None:
+        """Record the GPUs a node reported (R2 descriptor fields), keeping their status."""
+        with self.transaction():
+            for d in descriptors:
+                existing = self._gpu_status(d["uuid"])
+                row = {**d, "node": node, "status": existing or "ok"}
+                if existing is None:
+                    row["registered_at"] = t
+                self.db["gpus"].upsert(row, pk="uuid")
+
+    def _gpu_status(self, gpu_uuid: str) -> str | None:
+        row = self.db.execute("SELECT status FROM gpus WHERE uuid = ?", [gpu_uuid]).fetchone()
+        return row[0] if row else None
+
+    def gpus(self) -> list[dict]:
+        return [dict(r) for r in self.db["gpus"].rows_where(order_by="node, idx")]
+
+    # ------------------------------------------------------------------- jobs
+    def add_job(self, user: str, spec: JobSpec, t: float) -> Job:
+        """Store a submitted job as pending; the id is durable once this returns."""
+        with self.transaction():
+            self._ensure_user(user, t)
+            job_id = self.db["jobs"].insert({
+                "user": user, "name": spec.name, "spec": json.dumps(asdict(spec)),
+                "state": JobState.PENDING.value, "reason": "waiting for the scheduler",
+                "submitted_at": t,
+            }).last_pk
+            self._event(t, "submit", f"job {job_id} submitted by {user}", job_id=job_id, user=user)
+        return self.job(job_id)
+
+    def _ensure_user(self, user: str, t: float) -> None:
+        self.db["users"].insert(
+            {"name": user, "jobs_finished": 0, "gpu_hours": 0.0, "created_at": t},
+            pk="name", ignore=True,
+        )
+
+    def set_reasons(self, reasons: dict[int, str]) -> None:
+        """Update the waiting reasons of pending jobs (only those that changed)."""
+        if not reasons:
+            return
+        with self.transaction():
+            self.db.conn.executemany(
+                "UPDATE jobs SET reason = ? WHERE id = ? AND state = 'pending'",
+                [(reason, job_id) for job_id, reason in reasons.items()],
+            )
+
+    def start_launching(self, job_id: int, placements: tuple[Placement, ...], t: float) -> None:
+        """Write a job's allocation and mark it launching, in one transaction.
+
+        This is the launch intent: after a crash the head finds it and either adopts the
+        tmux session it created or creates it, never twice.
+        """
+        with self.transaction():
+            self.db["allocations"].insert_all([
+                {"job_id": job_id, "gpu_uuid": p.gpu_uuid, "node": p.node,
+                 "gpu_index": p.gpu_index, "memory_mb": p.memory_mb,
+                 "exclusive": int(p.exclusive), "created_at": t}
+                for p in placements
+            ])
+            node = placements[0].node
+            self.db.execute(
+                "UPDATE jobs SET state = 'launching', node = ?, reason = '' WHERE id = ?",
+                [node, job_id],
+            )
+            gpus = ", ".join(f"{p.node}:{p.gpu_index}" for p in placements)
+            self._event(t, "place", f"job {job_id} placed on {gpus}", job_id=job_id, node=node)
+
+    def mark_running(self, job_id: int, t: float) -> None:
+        with self.transaction():
+            self.db.execute(
+                "UPDATE jobs SET state = 'running', started_at = ? "
+                "WHERE id = ? AND state = 'launching'", [t, job_id],
+            )
+            self._event(t, "start", f"job {job_id} started", job_id=job_id)
+
+    def finish_job(self, job_id: int, state: JobState, t: float, exit_code: int | None = None,
+                   reason: str = "") -> None:
+        """End a job, release its GPUs and charge its user, in one transaction."""
+        with self.transaction():
+            row = self.db.execute(
+                "SELECT user, started_at, state FROM jobs WHERE id = ?", [job_id]
+            ).fetchone()
+            if row is None or JobState(row[2]).finished:
+                return
+            user, started_at, _ = row
+            gpu_hours = self._gpu_hours(job_id, started_at, t)
+            self.db.execute(
+                "UPDATE jobs SET state = ?, ended_at = ?, exit_code = ?, reason = ? WHERE id = ?",
+                [state.value, t, exit_code, reason, job_id],
+            )
+            self.db.execute(
+                "UPDATE allocations SET released_at = ? WHERE job_id = ? AND released_at IS NULL",
+                [t, job_id],
+            )
+            self.db.execute(
+                "UPDATE users SET jobs_finished = jobs_finished + 1, gpu_hours = gpu_hours + ? "
+                "WHERE name = ?", [gpu_hours, user],
+            )
+            detail = f" with exit code {exit_code}" if exit_code is not None else ""
+            message = f"job {job_id} {state.value}{detail}" + (f": {reason}" if reason else "")
+            self._event(t, "end", message, job_id=job_id, user=user)
+
+    def _gpu_hours(self, job_id: int, started_at: float | None, t: float) -> float:
+        """R7: whole-card hours; a slice counts its fraction of the card's memory."""
+        if started_at is None:
+            return 0.0
+        rows = self.db.execute(
+            "SELECT a.memory_mb, a.exclusive, g.total_mb FROM allocations a "
+            "LEFT JOIN gpus g ON g.uuid = a.gpu_uuid "
+            "WHERE a.job_id = ? AND a.released_at IS NULL", [job_id],
+        ).fetchall()
+        hours = max(0.0, t - started_at) / 3600
+        share = sum(1.0 if excl or not total else min(1.0, mem / total)
+                    for mem, excl, total in rows)
+        return hours * share
+
+    def job(self, job_id: int) -> Job | None:
+        row = self.db.execute("SELECT * FROM jobs WHERE id = ?", [job_id]).fetchone()
+        if row is None:
+            return None
+        return self._job_from_row(dict(zip(self._job_columns(), row)))
+
+    def jobs(self, states: tuple[JobState, ...] | None = None, limit: int | None = None) -> list[Job]:
+        """Jobs in submit order, optionally only in some states or only the newest ``limit``."""
+        sql = "SELECT * FROM jobs"
+        params: list = []
+        if states:
+            sql += f" WHERE state IN ({','.join('?' * len(states))})"
+            params = [s.value for s in states]
+        if limit:
+            sql = f"SELECT * FROM ({sql} ORDER BY id DESC LIMIT {int(limit)})"
+        sql += " ORDER BY id"
+        columns = self._job_columns()
+        rows = [dict(zip(columns, r)) for r in self.db.execute(sql, params).fetchall()]
+        allocations = self._allocations_by_job([r["id"] for r in rows])
+        return [self._job_from_row(r, allocations.get(r["id"], ())) for r in rows]
+
+    def _job_columns(self) -> list[str]:
+        return [c.name for c in self.db["jobs"].columns]
+
+    def _allocations_by_job(self, job_ids: list[int]) -> dict[int, tuple[Placement, ...]]:
+        found: dict[int, list[Placement]] = {}
+        for chunk in _chunks(job_ids, 500):
+            for job_id, p in self._placements(
+                f"job_id IN ({','.join('?' * len(chunk))}) AND released_at IS NULL", chunk
+            ):
+                found.setdefault(job_id, []).append(p)
+        return {k: tuple(v) for k, v in found.items()}
+
+    def _placements(self, where: str, params: list) -> list[tuple[int, Placement]]:
+        rows = self.db.execute(
+            "SELECT job_id, gpu_uuid, node, gpu_index, memory_mb, exclusive "
+            f"FROM allocations WHERE {where} ORDER BY id", params,
+        ).fetchall()
+        return [(r[0], Placement(r[1], r[2], r[3], r[4], bool(r[5]))) for r in rows]
+
+    def active_placements(self) -> list[tuple[int, Placement]]:
+        """Every (job id, placement) not yet released."""
+        return self._placements("released_at IS NULL", [])
+
+    def _job_from_row(self, row: dict, placements: tuple[Placement, ...] | None = None) -> Job:
+        spec_fields = json.loads(row["spec"])
+        spec_fields["command"] = tuple(spec_fields["command"])
+        if placements is None:
+            placements = tuple(p for _, p in self._placements(
+                "job_id = ? AND released_at IS NULL", [row["id"]]))
+        return Job(
+            id=row["id"], user=row["user"], spec=JobSpec(**spec_fields),
+            state=JobState(row["state"]), submitted_at=row["submitted_at"],
+            reason=row["reason"] or "", node=row["node"], placements=placements,
+            started_at=row["started_at"], ended_at=row["ended_at"], exit_code=row["exit_code"],
+        )
+
+    # ------------------------------------------------------------------ users
+    def users(self) -> list[dict]:
+        return [dict(r) for r in self.db["users"].rows_where(order_by="name")]
+
+    # ----------------------------------------------------------------- events
+    def add_event(self, kind: str, message: str, **refs) -> None:
+        with self.transaction():
+            self._event(time.time(), kind, message, **refs)
+
+    def _event(self, t: float, kind: str, message: str, job_id: int | None = None,
+               node: str | None = None, gpu: str | None = None, user: str | None = None) -> None:
+        self.db["events"].insert({"t": t, "kind": kind, "message": message, "job_id": job_id,
+                                  "node": node, "gpu": gpu, "user": user})
+
+    def events(self, limit: int = 50) -> list[dict]:
+        rows = self.db.execute(
+            "SELECT t, kind, message, job_id, node, gpu, user FROM events "
+            "ORDER BY id DESC LIMIT ?", [limit],
+        ).fetchall()
+        keys = ("t", "kind", "message", "job_id", "node", "gpu", "user")
+        return [dict(zip(keys, r)) for r in reversed(rows)]
+
+
+def _chunks(items: list, size: int):
+    for start in range(0, len(items), size):
+        yield items[start:start + size]

@@ -1,0 +1,133 @@
+"""What clients show: JSON shapes of jobs, GPUs and nodes, and the R1 status text.
+
+Pure functions on plain data. The head service builds these dicts from its state; the CLI
+and the TUI render them. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from .model import MIB_PER_GIB, GpuView, Job, format_mb
+from .scheduler.slices import offered_mb
+
+
+def job_json(job: Job) -> dict:
+    return {
+        "id": job.id, "user": job.user, "name": job.spec.name, "state": job.state.value,
+        "reason": job.reason, "node": job.node, "command": list(job.spec.command),
+        "shell": job.spec.shell, "gpu_count": job.spec.gpu_count,
+        "gpu_mem_mb": job.spec.gpu_mem_mb, "workdir": job.spec.workdir,
+        "submitted_at": job.submitted_at, "started_at": job.started_at,
+        "ended_at": job.ended_at, "exit_code": job.exit_code,
+        "gpus": [{"uuid": p.gpu_uuid, "node": p.node, "index": p.gpu_index,
+                  "memory_mb": p.memory_mb, "exclusive": p.exclusive} for p in job.placements],
+    }
+
+
+def gpu_status(gpu: GpuView, node_up: bool) -> str:
+    if gpu.maintenance:
+        return "maintenance"
+    if not node_up:
+        return "unreachable"
+    return "busy" if gpu.placements or gpu.unmanaged_used_mb else "idle"
+
+
+def gpu_json(gpu: GpuView, *, node_up: bool, cuda_version: str | None,
+             nvlink: list[dict], processes: list[dict]) -> dict:
+    """The R2 descriptor plus live readings; each slice names the job holding it."""
+    r = gpu.reading
+    slices = [{"id": n, "memory_mb": p.memory_mb, "state": "allocated", "job": job_id,
+               "exclusive": p.exclusive}
+              for n, (job_id, p) in enumerate(gpu.placements, start=1)]
+    spare = offered_mb(gpu)
+    if spare:
+        slices.append({"id": len(slices) + 1, "memory_mb": spare, "state": "free", "job": None,
+                       "exclusive": False})
+    return {
+        "uuid": r.uuid, "node": gpu.node, "index": r.index, "model": r.name,
+        "vendor": r.vendor, "total_memory_mb": r.memory_total_mb,
+        "compute_capability": compute_capability(r.compute_cap), "pci_bus_id": r.pci_bus_id,
+        "nvlink": nvlink, "status": gpu_status(gpu, node_up), "blocked": gpu.blocked,
+        "driver_version": r.driver_version, "cuda_version": cuda_version, "slices": slices,
+        "jobs": sorted({job_id for job_id, _ in gpu.placements}),
+        "memory_used_mb": r.memory_used_mb, "utilization_pct": r.utilization_pct,
+        "temperature_c": r.temperature_c, "power_w": r.power_w,
+        "unmanaged_used_mb": gpu.unmanaged_used_mb, "reading": asdict(r),
+        "processes": processes,
+    }
+
+
+def compute_capability(cc: str | None) -> str | None:
+    """nvidia-smi's "8.9" as the sm_89 name users pass to ``--arch``."""
+    if not cc:
+        return None
+    major, _, minor = cc.partition(".")
+    return f"sm_{major}{minor}" if major.isdigit() else None
+
+
+def short_model(name: str) -> str:
+    """"NVIDIA GeForce RTX 4060 Laptop GPU" -> "RTX 4060 Laptop", as people say it."""
+    for prefix in ("NVIDIA ", "GeForce ", "Intel(R) ", "Intel "):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    return name.removesuffix(" GPU").strip()
+
+
+def status_summary(nodes: list[dict], gpus: list[dict]) -> dict:
+    """The numbers of R1, from node and GPU dicts as the head publishes them."""
+    counts = {"idle": 0, "busy": 0, "maintenance": 0, "unreachable": 0}
+    total = free = 0
+    for g in gpus:
+        counts[g["status"]] = counts.get(g["status"], 0) + 1
+        total += g["total_memory_mb"] or 0
+        free += sum(s["memory_mb"] for s in g["slices"] if s["state"] == "free")
+    details = []
+    for node in nodes:
+        mine = [g for g in gpus if g["node"] == node["name"]]
+        models: dict[str, int] = {}
+        for g in mine:
+            models[short_model(g["model"])] = models.get(short_model(g["model"]), 0) + 1
+        utils = [g["utilization_pct"] for g in mine if g["utilization_pct"] is not None]
+        details.append({
+            "name": node["name"], "state": node["state"], "reason": node.get("reason") or "",
+            "models": models, "load_pct": round(sum(utils) / len(utils)) if utils else None,
+        })
+    return {"nodes": len(nodes), "gpus": len(gpus), **counts,
+            "total_vram_mb": total, "free_vram_mb": free, "node_details": details}
+
+
+def status_text(summary: dict) -> str:
+    """R1, exactly:  Cluster Overview / Nodes / GPUs / Total VRAM / Node Details."""
+    parts = [f"{summary['idle']} idle", f"{summary['busy']} busy",
+             f"{summary['maintenance']} maintenance"]
+    if summary.get("unreachable"):
+        parts.append(f"{summary['unreachable']} unreachable")
+    lines = [
+        "Cluster Overview:",
+        f"  Nodes: {summary['nodes']}",
+        f"  GPUs: {summary['gpus']} ({', '.join(parts)})",
+        f"  Total VRAM: {round(summary['total_vram_mb'] / MIB_PER_GIB)} GB "
+        f"(free: {round(summary['free_vram_mb'] / MIB_PER_GIB)} GB)",
+        "Node Details:",
+    ]
+    for node in summary["node_details"]:
+        models = ", ".join(f"{m} x{n}" for m, n in node["models"].items()) or "no GPUs"
+        load = f"load {node['load_pct']}%" if node["load_pct"] is not None else "load N/A"
+        state = "" if node["state"] == "up" else f" [{node['state']}: {node['reason']}]" if node["reason"] else f" [{node['state']}]"
+        lines.append(f"  {node['name']}: {models}, {load}{state}")
+    return "\n".join(lines)
+
+
+def queue_text(jobs: list[dict]) -> str:
+    """`nebula queue`: running jobs first, then waiting ones with their reasons."""
+    if not jobs:
+        return "No jobs in the queue."
+    lines = [f"{'ID':>5}  {'USER':<10} {'NAME':<16} {'STATE':<10} {'GPUS':<22} REASON / COMMAND"]
+    for j in jobs:
+        where = ", ".join(f"{g['node']}:{g['index']}" for g in j["gpus"]) or (
+            f"{j['gpu_count']}x{format_mb(j['gpu_mem_mb']) if j['gpu_mem_mb'] else 'whole'}")
+        detail = j["reason"] if j["state"] == "pending" else " ".join(j["command"])
+        lines.append(f"{j['id']:>5}  {j['user'][:10]:<10} {(j['name'] or '-')[:16]:<16} "
+                     f"{j['state']:<10} {where[:22]:<22} {detail}")
+    return "\n".join(lines)

@@ -1,0 +1,19 @@
+#!/bin/sh
+# Installs what NebulaGrid and its tests need on a fresh Debian/Ubuntu machine:
+# the Python package with its test tools, and (as root) OpenSSH's sshd and tmux, which the
+# tests run for real. Safe to run again: it skips what is already there.
+set -eu
+cd "$(dirname "$0")/.."
+need_apt=""
+command -v tmux >/dev/null 2>&1 || need_apt="$need_apt tmux"
+[ -x /usr/sbin/sshd ] || command -v sshd >/dev/null 2>&1 || need_apt="$need_apt openssh-server"
+command -v ssh-keygen >/dev/null 2>&1 || need_apt="$need_apt openssh-client"
+if [ -n "$need_apt" ]; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need_apt >/dev/null
+    else
+        echo "setup: please install:$need_apt (e.g. sudo apt-get install -y$need_apt)" >&2
+        exit 1
+    fi
+fi
+python3 -m pip install -q --disable-pip-version-check -e '.[test]'

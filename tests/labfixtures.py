@@ -1,0 +1,54 @@
+"""Session-wide simulated labs for the test suite (imported by conftest.py).
+
+``openssh_lab``  three "demo" nodes, each a real OpenSSH sshd on 127.0.0.1.
+``asyncssh_lab`` the same three nodes served by in-process asyncssh servers
+                 (their event loop runs in a background thread of the test process).
+
+Both yield a started :class:`nebula_tui.sim.lab.Lab` with ``probe_interval`` 1.0 and
+stop it (servers, sessions, per-node tmux servers) at the end of the session.  Point the
+head service at ``lab.config_path``; open a raw session with
+``async with lab.connect("node01") as conn``.  A test that uses ``lab.stop_node`` or
+leaves tmux sessions behind must undo it (``start_node`` / ``kill_node_tmux``): the lab is
+shared by the whole session.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nebula_tui.sim.lab import Lab
+
+
+# One lab per kind per session, even if both conftest.py and a test module import these
+# fixtures (pytest then holds two definitions of the same session fixture).
+_LABS: dict[str, list] = {}
+
+
+def _shared(tmp_path_factory, ssh: str):
+    entry = _LABS.get(ssh)
+    if entry is None:
+        lab = Lab(tmp_path_factory.mktemp(ssh[0] + "lab"), layout="demo", ssh=ssh,
+                  probe_interval=1.0)
+        lab.prepare()
+        lab.start()
+        entry = _LABS[ssh] = [lab, 0]
+    entry[1] += 1
+    try:
+        yield entry[0]
+    finally:
+        entry[1] -= 1
+        if entry[1] == 0:
+            del _LABS[ssh]
+            entry[0].stop()
+
+
+@pytest.fixture(scope="session")
+def openssh_lab(tmp_path_factory):
+    """A started three-node lab served by real sshd processes."""
+    yield from _shared(tmp_path_factory, "openssh")
+
+
+@pytest.fixture(scope="session")
+def asyncssh_lab(tmp_path_factory):
+    """A started three-node lab served by in-process asyncssh servers."""
+    yield from _shared(tmp_path_factory, "asyncssh")

@@ -1,0 +1,175 @@
+"""The walking skeleton end to end: real sshd nodes, real tmux, real SQLite, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from conftest import wait_for
+
+
+def gpu(head, uuid: str) -> dict:
+    return next(g for g in head.call("gpus")["gpus"] if g["uuid"] == uuid)
+
+
+def submit(head, *args: str) -> int:
+    done = head.run("submit", *args, check=True)
+    assert done.stdout.startswith("Submitted job ")
+    return int(done.stdout.split()[2])
+
+
+def running(head, job_id: int) -> dict:
+    return wait_for(lambda: (j := head.job(job_id))["state"] == "running" and j, 20,
+                    what=f"job {job_id} to run")
+
+
+def test_smoke_test_of_the_seed_runs_nvidia_smi_on_a_slice(head):
+    done = head.run("submit", "--gpu-mem", "4G", "--wait", "--", "nvidia-smi")
+    assert done.returncode == 0, done.stderr
+    job_id = int(done.stdout.split()[2])
+    job = head.job(job_id)
+    assert job["state"] == "succeeded" and job["exit_code"] == 0
+    log = head.run("logs", str(job_id), check=True).stdout
+    assert "NVIDIA-SMI" in log and "Driver Version:" in log and "Processes:" in log
+    # The allocation was freed: no slice on any GPU names the job any more.
+    assert all(job_id not in g["jobs"] for g in head.call("gpus")["gpus"])
+
+
+def test_job_sees_its_devices_and_the_exit_code_is_recorded(head):
+    done = head.run("submit", "--name", "env check", "--gpu-mem", "6G", "--wait", "--",
+                    "sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES $NEBULA_GPU_LIST $NEBULA_JOB_ID"; exit 3')
+    assert done.returncode == 3
+    job_id = int(done.stdout.split()[2])
+    job = head.job(job_id)
+    assert job["state"] == "failed" and job["exit_code"] == 3
+    stored = sqlite3.connect(head.home / "state.db").execute(
+        "SELECT a.gpu_index, a.gpu_uuid, j.exit_code FROM allocations a JOIN jobs j ON j.id = a.job_id "
+        "WHERE j.id = ?", [job_id]).fetchone()
+    index, uuid, code = stored
+    assert code == 3
+    assert head.run("logs", str(job_id), check=True).stdout.strip() == f"{index} {uuid} {job_id}"
+
+
+def test_two_10g_jobs_share_a_24g_card_and_13g_takes_a_card_whole(head):
+    first = submit(head, "--gpu-mem", "10G", "--", "sleep", "20")
+    second = submit(head, "--gpu-mem", "10G", "--", "sleep", "20")
+    whole = submit(head, "--gpu-mem", "13G", "--", "sleep", "20")
+    try:
+        a, b, c = running(head, first), running(head, second), running(head, whole)
+        assert a["gpus"][0]["uuid"] == b["gpus"][0]["uuid"]
+        shared = gpu(head, a["gpus"][0]["uuid"])
+        assert shared["total_memory_mb"] >= 24 * 1024 - 100
+        assert [(s["job"], s["memory_mb"]) for s in shared["slices"] if s["state"] == "allocated"] \
+            == [(first, 10240), (second, 10240)]
+        taken = gpu(head, c["gpus"][0]["uuid"])
+        assert c["gpus"][0]["exclusive"] and c["gpus"][0]["memory_mb"] == taken["total_memory_mb"]
+        assert taken["slices"] == [{"id": 1, "memory_mb": taken["total_memory_mb"],
+                                    "state": "allocated", "job": whole, "exclusive": True}]
+        # The emulated card shows what the jobs really hold: 2 × 10 GB.
+        wait_for(lambda: gpu(head, shared["uuid"])["memory_used_mb"] == 20480, 10,
+                 what="the shared card to show 20 GB used")
+    finally:
+        for job_id in (first, second, whole):
+            head.run("cancel", str(job_id))
+        for job_id in (first, second, whole):
+            head.wait_job(job_id)
+
+
+def test_a_gang_job_never_starts_with_part_of_its_gpus(head):
+    blocker = submit(head, "--gpu-count", "3", "--gpu-mem", "70G", "--", "sleep", "60")
+    gang = None
+    try:
+        held = running(head, blocker)
+        assert {g["node"] for g in held["gpus"]} == {"node02"} and len(held["gpus"]) == 3
+        gang = submit(head, "--gpu-count", "2", "--gpu-mem", "70G", "--", "sleep", "1")
+        waiting = wait_for(lambda: (j := head.job(gang))["reason"].startswith("needs") and j, 10,
+                           what="a waiting reason")
+        assert waiting["state"] == "pending" and waiting["gpus"] == []
+        assert "needs 2 GPUs with ≥70 GB free on one node; best now: node02 has 1" == waiting["reason"]
+        queue = head.run("queue", check=True).stdout
+        assert "best now: node02 has 1" in queue
+        head.run("cancel", str(blocker), check=True)
+        done = head.wait_job(gang, timeout=40)
+        assert done["state"] == "succeeded"
+        starts = sqlite3.connect(head.home / "state.db").execute(
+            "SELECT count(*) FROM allocations WHERE job_id = ?", [gang]).fetchone()[0]
+        assert starts == 2
+    finally:
+        head.run("cancel", str(blocker))
+        if gang:
+            head.run("cancel", str(gang))
+
+
+def test_arguments_reach_the_node_literally(head):
+    nasty = ["a;b", "$(echo pwned)", "`id`", "it's", 'say "hi"', "line\nbreak", "*"]
+    done = head.run("submit", "--gpu-mem", "4G", "--wait", "--", "printf", "[%s]\\n", *nasty)
+    assert done.returncode == 0, done.stderr
+    job_id = int(done.stdout.split()[2])
+    log = head.run("logs", str(job_id), check=True).stdout
+    assert log == "".join(f"[{arg}]\n" for arg in nasty)
+
+
+def test_shell_command_and_workdir(head, tmp_path):
+    (tmp_path / "marker.txt").write_text("here")
+    done = head.run("submit", "--gpu-mem", "4G", "--workdir", str(tmp_path), "--wait",
+                    "--command", "cat marker.txt && echo \" and $((1+2))\"")
+    assert done.returncode == 0, done.stderr
+    job_id = int(done.stdout.split()[2])
+    assert head.run("logs", str(job_id), check=True).stdout == "here and 3\n"
+
+
+def test_missing_workdir_fails_clearly(head):
+    done = head.run("submit", "--gpu-mem", "4G", "--workdir", "/no/such/dir", "--wait", "--", "true")
+    assert done.returncode == 127
+    job_id = int(done.stdout.split()[2])
+    assert "cannot enter workdir /no/such/dir" in head.run("logs", str(job_id)).stdout
+
+
+def test_logs_follow_streams_until_the_end(head):
+    job_id = submit(head, "--gpu-mem", "4G", "--", "sh", "-c", "echo one; sleep 1; echo two")
+    done = head.run("logs", "-f", str(job_id), timeout=30)
+    assert done.stdout == "one\ntwo\n"
+
+
+def test_status_prints_the_r1_overview(head):
+    text = head.run("status", check=True).stdout
+    assert text.splitlines()[:5] == [
+        "Cluster Overview:",
+        "  Nodes: 3",
+        "  GPUs: 9 (9 idle, 0 busy, 0 maintenance)",
+        "  Total VRAM: 424 GB (free: 424 GB)",
+        "Node Details:",
+    ]
+    assert "  node01: RTX 4090 x2, RTX 4060 Laptop x1, load 0%" in text
+    summary = json.loads(head.run("status", "--json", check=True).stdout)
+    assert summary["gpus"] == 9 and summary["nodes"] == 3
+
+
+def test_gpus_json_has_the_r2_descriptor(head):
+    gpus = json.loads(head.run("gpus", "--json", check=True).stdout)
+    assert len(gpus) == 9
+    a100 = next(g for g in gpus if g["node"] == "node02" and g["index"] == 0)
+    for key in ("uuid", "node", "model", "total_memory_mb", "compute_capability", "pci_bus_id",
+                "nvlink", "status", "slices", "vendor", "driver_version", "cuda_version"):
+        assert key in a100
+    assert a100["compute_capability"] == "sm_80" and a100["cuda_version"] == "12.4"
+    assert {p["link"] for p in a100["nvlink"]} == {"NV12"} and len(a100["nvlink"]) == 3
+    rtx3090 = next(g for g in gpus if g["node"] == "node03" and g["index"] == 0)
+    assert rtx3090["nvlink"] == [{"gpu": 1, "link": "NV4"}]
+
+
+def test_bad_input_gets_one_line_and_touches_nothing(head):
+    before = head.call("queue")["jobs"]
+    cases = [
+        (("submit", "--gpu-mem", "abc", "--", "true"), 2, "--gpu-mem"),
+        (("submit", "--gpu-count", "0", "--", "true"), 2, "--gpu-count"),
+        (("submit", "--gpu-mem", "4G"), 2, "nothing to run"),
+        (("cancel", "99999"), 1, "no job 99999"),
+        (("logs", "abc"), 2, "not a job id"),
+    ]
+    for args, code, words in cases:
+        done = head.run(*args)
+        assert done.returncode == code, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and words in done.stderr
+        assert "Traceback" not in done.stderr
+    assert head.call("queue")["jobs"] == before
