@@ -1,7 +1,7 @@
 """The store: the only module that speaks SQL. SQLite in WAL mode through sqlite-utils.
 
-Every state change is one ``BEGIN IMMEDIATE`` transaction, committed with
-``synchronous=FULL`` so an acknowledged submit survives a crash of the head. Only the head
+Every state change is one ``BEGIN IMMEDIATE`` transaction; a submit is committed with
+``synchronous=FULL`` so an acknowledged job id survives even a crash of the machine. Only the head
 service (``nebula serve``) opens the store for writing.
 """
 
@@ -31,7 +31,7 @@ class Store:
         conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
         self.db = sqlite_utils.Database(conn)
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA busy_timeout=30000")
         self.db.execute("PRAGMA foreign_keys=ON")
         self._create_schema()
@@ -40,15 +40,26 @@ class Store:
         self.db.close()
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[sqlite_utils.Database]:
-        """One state change: all of it is written, or none of it."""
-        self.db.execute("BEGIN IMMEDIATE")
+    def transaction(self, durable: bool = False) -> Iterator[sqlite_utils.Database]:
+        """One state change: all of it is written, or none of it.
+
+        In WAL mode every commit survives a crash of the head process. ``durable`` also
+        waits for the disk (fsync), so it survives a crash of the machine: used for what a
+        client was told (a submit's job id), not for the many transitions after it.
+        """
+        if durable:
+            self.db.execute("PRAGMA synchronous=FULL")
         try:
-            yield self.db
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        self.db.execute("COMMIT")
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+        finally:
+            if durable:
+                self.db.execute("PRAGMA synchronous=NORMAL")
 
     # ----------------------------------------------------------------- schema
     def _create_schema(self) -> None:
@@ -140,7 +151,7 @@ class Store:
     # ------------------------------------------------------------------- jobs
     def add_job(self, user: str, spec: JobSpec, t: float) -> Job:
         """Store a submitted job as pending; the id is durable once this returns."""
-        with self.transaction():
+        with self.transaction(durable=True):
             self._ensure_user(user, t)
             job_id = self.db["jobs"].insert({
                 "user": user, "name": spec.name, "spec": json.dumps(asdict(spec)),

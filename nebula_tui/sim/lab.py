@@ -237,13 +237,15 @@ class _AsyncNode:
         )
 
     async def stop(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
-            self.server = None
+        server, self.server = self.server, None
+        if server is not None:
+            server.close()
         for conn in list(self.conns):
             conn.abort()
         self.conns.clear()
+        if server is not None:
+            # Since Python 3.12 this waits for open connections too, hence after abort().
+            await asyncio.wait_for(server.wait_closed(), 5)
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=3)
 

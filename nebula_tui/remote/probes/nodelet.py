@@ -215,8 +215,6 @@ def op_launch(req):
     job = str(int(req["job"]))
     d = job_dir(job)
     name = session_name(job)
-    if name in tmux_sessions():
-        return {"ok": True, "already": True}
     token_file = os.path.join(d, "token")
     if os.path.isdir(d):
         if read_text(token_file) == req["token"] and os.path.exists(os.path.join(d, "launched")):
@@ -231,8 +229,10 @@ def op_launch(req):
     script = os.path.join(d, "run.sh")
     write_atomic(script, req["script"], 0o700)
     code, _, err = run(TMUX + ["new-session", "-d", "-s", name, "-x", "200", "-y", "50",
-                               "exec sh %s" % shlex.quote(script)])
+                               "exec sh %s %s" % (shlex.quote(script), shlex.quote(d))])
     if code != 0:
+        if "duplicate session" in err:  # the session is the idempotency key: launched already
+            return {"ok": True, "already": True}
         return {"ok": False, "error": "tmux new-session failed: %s" % err.strip()}
     write_atomic(os.path.join(d, "launched"), str(time.time()))
     return {"ok": True, "already": False}

@@ -1,0 +1,103 @@
+"""A head service run as its own process against a lab: for the tests and the benches.
+
+``HeadProcess`` starts ``nebula serve`` with its own home (store, socket), waits until
+every node of the lab has reported its GPUs, and drives it through the real socket API
+or the real CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..api import ApiError, Client
+
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy; AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class HeadProcess:
+    """A running ``nebula serve`` for ``lab`` and the CLI pointed at it."""
+
+    def __init__(self, home: Path, lab):
+        self.home = Path(home)
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.lab = lab
+        self.env = {**os.environ, "NEBULA_HOME": str(self.home),
+                    "NEBULA_CONFIG": str(lab.config_path)}
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.home / "nebula.sock"
+
+    def start(self, timeout: float = 30) -> None:
+        with open(self.home / "serve.out", "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "nebula_tui", "serve"], env=self.env,
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        wait_for(self._answers, timeout, what="nebula serve to answer")
+        wait_for(self._all_gpus_reported, timeout, what="every node to report its GPUs")
+
+    def _answers(self) -> bool:
+        try:
+            Client(self.socket, timeout=2).close()
+            return True
+        except ApiError:
+            return False
+
+    def _all_gpus_reported(self) -> bool:
+        expected = sum(len(json.loads((self.lab.node_dir(n) / "node.json").read_text())["gpus"])
+                       for n in self.lab.nodes)
+        nodes = self.call("status")["nodes"]
+        return len(self.call("gpus")["gpus"]) == expected and all(n["state"] == "up" for n in nodes)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def client(self) -> Client:
+        return Client(self.socket)
+
+    def call(self, op: str, **fields) -> dict:
+        with self.client() as client:
+            return client.call(op, **fields)
+
+    def run(self, *args: str, timeout: float = 60, check: bool = False, **kw) -> subprocess.CompletedProcess:
+        """Run the real CLI (``python -m nebula_tui ARGS``) against this head."""
+        done = subprocess.run([sys.executable, "-m", "nebula_tui", *args], env=self.env,
+                              capture_output=True, text=True, timeout=timeout, **kw)
+        if check and done.returncode != 0:
+            raise AssertionError(f"nebula {' '.join(args)} exited {done.returncode}: {done.stderr}")
+        return done
+
+    def job(self, job_id: int) -> dict:
+        return self.call("job", job=job_id)["job"]
+
+    def wait_job(self, job_id: int, timeout: float = 30) -> dict:
+        return wait_for(lambda: (j := self.job(job_id))["state"] in FINISHED and j,
+                        timeout, what=f"job {job_id} to end")
