@@ -34,6 +34,7 @@ class Store:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA busy_timeout=30000")
         self.db.execute("PRAGMA foreign_keys=ON")
+        self._columns: list[str] | None = None
         self._create_schema()
 
     def close(self) -> None:
@@ -153,19 +154,19 @@ class Store:
         """Store a submitted job as pending; the id is durable once this returns."""
         with self.transaction(durable=True):
             self._ensure_user(user, t)
-            job_id = self.db["jobs"].insert({
-                "user": user, "name": spec.name, "spec": json.dumps(asdict(spec)),
-                "state": JobState.PENDING.value, "reason": "waiting for the scheduler",
-                "submitted_at": t,
-            }).last_pk
+            # Plain SQL on the hot paths: sqlite-utils' insert inspects the table each call.
+            job_id = self.db.execute(
+                "INSERT INTO jobs (user, name, spec, state, reason, submitted_at) "
+                "VALUES (?, ?, ?, 'pending', 'waiting for the scheduler', ?)",
+                [user, spec.name, json.dumps(asdict(spec)), t],
+            ).lastrowid
             self._event(t, "submit", f"job {job_id} submitted by {user}", job_id=job_id, user=user)
         return self.job(job_id)
 
     def _ensure_user(self, user: str, t: float) -> None:
-        self.db["users"].insert(
-            {"name": user, "jobs_finished": 0, "gpu_hours": 0.0, "created_at": t},
-            pk="name", ignore=True,
-        )
+        self.db.execute(
+            "INSERT OR IGNORE INTO users (name, jobs_finished, gpu_hours, created_at) "
+            "VALUES (?, 0, 0.0, ?)", [user, t])
 
     def set_reasons(self, reasons: dict[int, str]) -> None:
         """Update the waiting reasons of pending jobs (only those that changed)."""
@@ -184,12 +185,11 @@ class Store:
         tmux session it created or creates it, never twice.
         """
         with self.transaction():
-            self.db["allocations"].insert_all([
-                {"job_id": job_id, "gpu_uuid": p.gpu_uuid, "node": p.node,
-                 "gpu_index": p.gpu_index, "memory_mb": p.memory_mb,
-                 "exclusive": int(p.exclusive), "created_at": t}
-                for p in placements
-            ])
+            self.db.conn.executemany(
+                "INSERT INTO allocations (job_id, gpu_uuid, node, gpu_index, memory_mb, "
+                "exclusive, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(job_id, p.gpu_uuid, p.node, p.gpu_index, p.memory_mb, int(p.exclusive), t)
+                 for p in placements])
             node = placements[0].node
             self.db.execute(
                 "UPDATE jobs SET state = 'launching', node = ?, reason = '' WHERE id = ?",
@@ -269,7 +269,9 @@ class Store:
         return [self._job_from_row(r, allocations.get(r["id"], ())) for r in rows]
 
     def _job_columns(self) -> list[str]:
-        return [c.name for c in self.db["jobs"].columns]
+        if self._columns is None:
+            self._columns = [c.name for c in self.db["jobs"].columns]
+        return self._columns
 
     def _allocations_by_job(self, job_ids: list[int]) -> dict[int, tuple[Placement, ...]]:
         found: dict[int, list[Placement]] = {}
@@ -315,8 +317,9 @@ class Store:
 
     def _event(self, t: float, kind: str, message: str, job_id: int | None = None,
                node: str | None = None, gpu: str | None = None, user: str | None = None) -> None:
-        self.db["events"].insert({"t": t, "kind": kind, "message": message, "job_id": job_id,
-                                  "node": node, "gpu": gpu, "user": user})
+        self.db.execute(
+            "INSERT INTO events (t, kind, message, job_id, node, gpu, user) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)", [t, kind, message, job_id, node, gpu, user])
 
     def events(self, limit: int = 50) -> list[dict]:
         rows = self.db.execute(

@@ -132,7 +132,9 @@ def test_logs_follow_streams_until_the_end(head):
 
 
 def test_status_prints_the_r1_overview(head):
-    text = head.run("status", check=True).stdout
+    # Utilisation comes from the probe: wait for one taken after the last test's jobs ended.
+    text = wait_for(lambda: (out := head.run("status", check=True).stdout).count("load 0%") == 3 and out,
+                    10, what="an idle probe")
     assert text.splitlines()[:5] == [
         "Cluster Overview:",
         "  Nodes: 3",

@@ -1,4 +1,7 @@
-"""The simulated lab, exercised over real SSH the way the head service uses it."""
+"""The simulated lab, exercised over real SSH the way the head service uses it.
+
+The `openssh_lab` and `asyncssh_lab` fixtures come from labfixtures.py via conftest.py.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ import asyncssh
 import pytest
 import yaml
 
-from labfixtures import asyncssh_lab, openssh_lab  # noqa: F401  (shared fixtures)
 from nebula_tui.sim.lab import Lab, lab_processes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -263,7 +265,7 @@ def _running(lab: Lab, needle: bytes) -> list[int]:
     return found
 
 
-async def test_asyncssh_kills_command_when_channel_closes(asyncssh_lab: Lab) -> None:  # noqa: F811
+async def test_asyncssh_kills_command_when_channel_closes(asyncssh_lab: Lab) -> None:
     async with asyncssh_lab.connect("node03") as conn:
         proc = await conn.create_process("echo started; exec sleep 301")
         assert await asyncio.wait_for(proc.stdout.readline(), 10) == "started\n"

@@ -54,12 +54,21 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
     """
     gpus = {g.uuid: g for g in snapshot.gpus}
     decisions: list[Decision] = []
+    # Until something starts, jobs asking the same thing get the same answer: a long queue
+    # behind a full cluster costs one placement attempt per distinct request, not per job.
+    refused: dict[tuple[int, int | None], str] = {}
     for job in order(snapshot.queue):
+        ask = (job.gpu_count, job.gpu_mem_mb)
+        if ask in refused:
+            decisions.append(Wait(job.id, refused[ask]))
+            continue
         placements, reason = place(tuple(gpus.values()), job.gpu_count, job.gpu_mem_mb)
         if not placements:
+            refused[ask] = reason
             decisions.append(Wait(job.id, reason))
             continue
         decisions.append(Start(job.id, placements))
+        refused.clear()
         for p in placements:
             held = gpus[p.gpu_uuid]
             gpus[p.gpu_uuid] = replace(held, placements=held.placements + ((job.id, p),))

@@ -167,6 +167,13 @@ def lab_processes(root: Path) -> list[int]:
     return found
 
 
+class _IndentedDumper(yaml.SafeDumper):
+    """Indents list items under their key, as people write nodes.yaml by hand."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
 class _LoopThread:
     """A private asyncio loop in a daemon thread; ``call`` runs a coroutine there."""
 
@@ -517,7 +524,7 @@ class Lab:
         }
         self.config_path.write_text(
             "# Simulated lab written by `nebula sim lab`; regenerated on each start.\n"
-            + yaml.safe_dump(doc, sort_keys=False)
+            + yaml.dump(doc, Dumper=_IndentedDumper, sort_keys=False)
         )
 
     def _write_sshd_config(self, name: str) -> None:

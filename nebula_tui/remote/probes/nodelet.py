@@ -159,8 +159,12 @@ class Watcher:
             names = os.listdir(JOBS_DIR)
         except OSError:
             return
-        check_sessions = time.time() - self.last_session_check > INTERVAL
         sessions = None
+        if time.time() - self.last_session_check > INTERVAL:
+            # Listed before the directories are read: a job launched after this moment
+            # is judged at the next check, never as "vanished" by a stale list.
+            self.last_session_check = time.time()
+            sessions = tmux_sessions()
         for job in names:
             if job in self.ended:
                 continue
@@ -178,10 +182,7 @@ class Watcher:
                 emit({"type": "exit", "job": job, "code": _int(code_text),
                       "token": read_text(os.path.join(d, "token")),
                       "t": _mtime(os.path.join(d, "exit_code"))})
-            elif check_sessions and os.path.exists(os.path.join(d, "launched")):
-                if sessions is None:
-                    sessions = tmux_sessions()
-                    self.last_session_check = time.time()
+            elif sessions is not None and _launched_before(d, self.last_session_check):
                 # The session is gone but left no exit code: killed, or the node rebooted.
                 if session_name(job) not in sessions and read_text(os.path.join(d, "exit_code")) is None:
                     self.ended.add(job)
@@ -198,6 +199,13 @@ def _mtime(path):
         return os.stat(path).st_mtime
     except OSError:
         return time.time()
+
+
+def _launched_before(d, moment):
+    try:
+        return os.stat(os.path.join(d, "launched")).st_mtime < moment
+    except OSError:
+        return False
 
 
 def _int(text):
@@ -228,8 +236,12 @@ def op_launch(req):
     write_atomic(token_file, req["token"])
     script = os.path.join(d, "run.sh")
     write_atomic(script, req["script"], 0o700)
-    code, _, err = run(TMUX + ["new-session", "-d", "-s", name, "-x", "200", "-y", "50",
-                               "exec sh %s %s" % (shlex.quote(script), shlex.quote(d))])
+    argv = TMUX + ["new-session", "-d", "-s", name, "-x", "200", "-y", "50",
+                   "exec sh %s %s" % (shlex.quote(script), shlex.quote(d))]
+    code, _, err = run(argv)
+    if code != 0 and "server exited unexpectedly" in err:
+        keep_tmux_server()  # someone killed the server meanwhile: start it again, once
+        code, _, err = run(argv)
     if code != 0:
         if "duplicate session" in err:  # the session is the idempotency key: launched already
             return {"ok": True, "already": True}
@@ -329,8 +341,18 @@ def hello():
             "t": time.time()}
 
 
+def keep_tmux_server():
+    """Keep our tmux server up between jobs.
+
+    By default a tmux server exits with its last session; a launch racing that exit fails
+    with "server exited unexpectedly". One long-lived server per node avoids the race.
+    """
+    run(TMUX + ["start-server", ";", "set-option", "-s", "exit-empty", "off"])
+
+
 def main():
     os.makedirs(JOBS_DIR, mode=0o700, exist_ok=True)
+    keep_tmux_server()
     emit(hello())
     for target in (probe_loop, WATCHER.loop):
         threading.Thread(target=target, daemon=True).start()
