@@ -18,13 +18,12 @@ import asyncio
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nebula_tui.sim.harness import HeadProcess  # noqa: E402
+from nebula_tui.sim.harness import HeadProcess, lab_with_head  # noqa: E402
 from nebula_tui.sim.lab import Lab  # noqa: E402
 
 # Slurm 22.05 on this same machine kind, 4 nodes x 4 fake GPUs (../shared/anchors/slurm/RESULTS.md).
@@ -79,18 +78,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20)
     parser.add_argument("--gap", type=float, default=0.2, help="idle seconds before each submit (plus random up to as much)")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="nbench-"))
-    lab = Lab(root / "lab", layout="4x4", ssh="openssh", probe_interval=5.0)
-    lab.prepare()
-    lab.start()
-    head = HeadProcess(root / "home", lab)
-    try:
-        head.start()
+    with lab_with_head("4x4") as (lab, head):
         ours = nebula_latencies(head, args.jobs, args.gap)
         raw = asyncio.run(raw_latencies(lab, args.jobs, args.gap))
-    finally:
-        head.stop()
-        lab.stop()
     p50, p90 = percentile(ours, 50), percentile(ours, 90)
     print(f"submit -> job's first line on the node, {args.jobs} jobs, 4 nodes x 4 GPUs, real sshd")
     print(row("NebulaGrid", ours))

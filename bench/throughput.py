@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nebula_tui.sim.harness import HeadProcess  # noqa: E402
-from nebula_tui.sim.lab import Lab  # noqa: E402
+from nebula_tui.sim.harness import HeadProcess, lab_with_head  # noqa: E402
 
 # Slurm 22.05 on this same machine kind, 4 nodes x 4 fake GPUs, 500 jobs
 # (../shared/anchors/slurm/RESULTS.md): first submit -> all done.
@@ -42,17 +40,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=500)
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="nbench-"))
-    lab = Lab(root / "lab", layout="4x4", ssh="openssh", probe_interval=5.0)
-    lab.prepare()
-    lab.start()
-    head = HeadProcess(root / "home", lab)
-    try:
-        head.start()
+    with lab_with_head("4x4") as (_, head):
         submit_rate, jps, failures = run(head, args.jobs)
-    finally:
-        head.stop()
-        lab.stop()
     print(f"{args.jobs} x 1-GPU `true` jobs, 4 nodes x 4 GPUs, real sshd, one client")
     print(f"submit rate            {submit_rate:8.1f} jobs/s")
     print(f"first submit -> all done {jps:6.1f} jobs/s   ({failures} failed)")

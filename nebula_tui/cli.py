@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from .api import ApiError
+from .config import ConfigError
 from .model import parse_size_mb
 from .service import Home, ServiceUnavailable
 
@@ -110,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ApiError, ServiceUnavailable) as err:
         print(f"nebula: {err}", file=sys.stderr)
         return 1
+    except ConfigError as err:
+        print(f"nebula: {err}", file=sys.stderr)
+        return USAGE_ERROR
     except KeyboardInterrupt:
         return 130
 

@@ -114,21 +114,20 @@ async def _serve(home: Home, config: ClusterConfig) -> None:
 def connect(home: Home, config_arg: str | None, autostart: bool = True) -> Client:
     """A client for the home's service, starting the service in the background if needed.
 
-    Raises ServiceUnavailable (one line) when there is no service and none can start.
+    Raises ServiceUnavailable (one line) when there is no service and none can start, and
+    ConfigError when the cluster file that would start it is broken.
     """
     try:
         return Client(home.socket)
     except ApiError:
         if not autostart:
             raise ServiceUnavailable(f"no head service is running for {home.root}") from None
-    try:
-        config_path = find_config(config_arg, home.root)
-    except ConfigError as err:
-        raise ServiceUnavailable(str(err)) from None
+    config_path = find_config(config_arg, home.root)
     if config_path is None:
         raise ServiceUnavailable(
             "no cluster configured and no service running: start the simulated lab with "
             "`nebula demo --headless`, or give --config nodes.yaml (or NEBULA_CONFIG)")
+    load_config(config_path)  # a broken file is the user's to fix: say so here, in one line
     start_background(home, config_path)
     return Client(home.socket)
 

@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import shlex
 import time
 from collections.abc import Callable
@@ -53,7 +54,9 @@ def describe_connect_error(node: NodeConfig, err: BaseException) -> str:
     if isinstance(err, (asyncio.TimeoutError, TimeoutError)):
         return f"{node.name} ({where}) did not answer in time"
     if isinstance(err, OSError):
-        return f"cannot connect to {node.name} ({where}): {err.strerror or err}"
+        # asyncio's strerror is "Connect call failed (addr)"; the errno says why.
+        why = os.strerror(err.errno) if err.errno else (err.strerror or str(err))
+        return f"cannot connect to {node.name} ({where}): {why}"
     return f"{node.name} ({where}): {type(err).__name__}: {err}"
 
 

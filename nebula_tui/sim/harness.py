@@ -7,11 +7,14 @@ or the real CLI.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..api import ApiError, Client
@@ -33,25 +36,26 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, what: str
 class HeadProcess:
     """A running ``nebula serve`` for ``lab`` and the CLI pointed at it."""
 
-    def __init__(self, home: Path, lab):
+    def __init__(self, home: Path, lab, config: Path | None = None):
         self.home = Path(home)
         self.home.mkdir(parents=True, exist_ok=True)
         self.lab = lab
         self.env = {**os.environ, "NEBULA_HOME": str(self.home),
-                    "NEBULA_CONFIG": str(lab.config_path)}
+                    "NEBULA_CONFIG": str(config or lab.config_path)}
         self.process: subprocess.Popen | None = None
 
     @property
     def socket(self) -> Path:
         return self.home / "nebula.sock"
 
-    def start(self, timeout: float = 30) -> None:
+    def start(self, timeout: float = 30, wait_nodes: bool = True) -> None:
         with open(self.home / "serve.out", "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "nebula_tui", "serve"], env=self.env,
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         wait_for(self._answers, timeout, what="nebula serve to answer")
-        wait_for(self._all_gpus_reported, timeout, what="every node to report its GPUs")
+        if wait_nodes:
+            wait_for(self._all_gpus_reported, timeout, what="every node to report its GPUs")
 
     def _answers(self) -> bool:
         try:
@@ -101,3 +105,22 @@ class HeadProcess:
     def wait_job(self, job_id: int, timeout: float = 30) -> dict:
         return wait_for(lambda: (j := self.job(job_id))["state"] in FINISHED and j,
                         timeout, what=f"job {job_id} to end")
+
+
+@contextlib.contextmanager
+def lab_with_head(layout: str = "4x4", ssh: str = "openssh",
+                  probe_interval: float = 5.0) -> Iterator[tuple["Lab", HeadProcess]]:
+    """A fresh lab and a head service on it, both stopped on exit (for the benches)."""
+    from .lab import Lab
+
+    root = Path(tempfile.mkdtemp(prefix="nebula-bench-"))
+    lab = Lab(root / "lab", layout=layout, ssh=ssh, probe_interval=probe_interval)
+    lab.prepare()
+    lab.start()
+    head = HeadProcess(root / "home", lab)
+    try:
+        head.start()
+        yield lab, head
+    finally:
+        head.stop()
+        lab.stop()

@@ -1,0 +1,110 @@
+"""Nodes that cannot be reached, that present the wrong host key, or that go silent;
+cluster files that are broken. Each gets one clear line, and nothing else stops working."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import asyncssh
+import pytest
+import yaml
+
+from conftest import wait_for
+from nebula_tui.sim.harness import HeadProcess
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def broken_cluster(openssh_lab, tmp_path_factory):
+    """The lab's nodes, but node01's known key is wrong and node04 does not exist."""
+    root = tmp_path_factory.mktemp("broken")
+    config = yaml.safe_load(openssh_lab.config_path.read_text())
+    impostor = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    wrong = root / "wrong_known_hosts"
+    wrong.write_text(f"[127.0.0.1]:{openssh_lab.port('node01')} {impostor}\n")
+    config["nodes"][0]["known_hosts"] = str(wrong)
+    config["nodes"].append({"name": "node04", "host": "127.0.0.1", "port": closed_port()})
+    path = root / "nodes.yaml"
+    path.write_text(yaml.safe_dump(config))
+    head = HeadProcess(root / "home", openssh_lab, config=path)
+    head.start(wait_nodes=False)
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+def node(head, name: str) -> dict:
+    return next(n for n in head.call("status")["nodes"] if n["name"] == name)
+
+
+def test_host_key_mismatch_is_refused_with_the_fix(broken_cluster):
+    down = wait_for(lambda: (n := node(broken_cluster, "node01"))["state"] == "down" and n, 20,
+                    what="node01 to be refused")
+    assert "host key of node01" in down["reason"] and "ssh-keygen -R" in down["reason"]
+    status = broken_cluster.run("status", check=True).stdout
+    line = next(l for l in status.splitlines() if l.startswith("  node01:"))
+    assert "[down: host key of node01" in line
+
+
+def test_unreachable_node_is_down_and_the_rest_keeps_working(broken_cluster):
+    down = wait_for(lambda: (n := node(broken_cluster, "node04"))["state"] == "down" and n, 20,
+                    what="node04 to be down")
+    assert down["reason"].startswith("cannot connect to node04 (127.0.0.1:")
+    assert "refused" in down["reason"].lower()
+    wait_for(lambda: node(broken_cluster, "node02")["state"] == "up", 20, what="node02 up")
+    done = broken_cluster.run("submit", "--gpu-mem", "4G", "--wait", "--", "true")
+    assert done.returncode == 0, done.stderr
+    job = broken_cluster.job(int(done.stdout.split()[2]))
+    assert job["node"] in ("node02", "node03")
+
+
+def test_a_node_that_goes_silent_is_unknown_then_back(head, openssh_lab):
+    openssh_lab.stop_node("node03")
+    try:
+        gone = wait_for(lambda: (n := node(head, "node03"))["state"] == "unknown" and n, 20,
+                        what="node03 to be unknown")
+        assert gone["reason"]
+        gpus = [g for g in head.call("gpus")["gpus"] if g["node"] == "node03"]
+        assert gpus and all(g["status"] == "unreachable" for g in gpus)
+        # Nothing new is placed there: the scheduler sees its GPUs as blocked.
+        assert all(g["blocked"] == "node node03 is unknown" for g in gpus)
+    finally:
+        openssh_lab.start_node("node03")
+    wait_for(lambda: node(head, "node03")["state"] == "up", 30, what="node03 back up")
+    assert all(g["blocked"] is None for g in head.call("gpus")["gpus"] if g["node"] == "node03")
+
+
+def test_malformed_nodes_yaml_names_file_and_line(tmp_path):
+    bad = tmp_path / "nodes.yaml"
+    bad.write_text("cluster:\n  name: lab\nnodes:\n  - name: node01\n    host: 10.0.0.1\n    port: abc\n")
+    env = {"NEBULA_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "nebula_tui", "--config", str(bad), "status"],
+                          capture_output=True, text=True, env=env, timeout=30)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and f"{bad}:6:" in done.stderr and "port" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "home" / "state.db").exists()
+
+
+def test_no_cluster_and_no_service_says_what_to_do(tmp_path):
+    env = {"NEBULA_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "nebula_tui", "queue"], capture_output=True,
+                          text=True, env=env, timeout=30)
+    assert done.returncode == 1
+    assert "nebula demo --headless" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_status_json_reports_node_states(broken_cluster):
+    wait_for(lambda: node(broken_cluster, "node04")["state"] == "down", 20, what="node04 down")
+    summary = json.loads(broken_cluster.run("status", "--json", check=True).stdout)
+    states = {n["name"]: n["state"] for n in summary["node_details"]}
+    assert states["node04"] == "down" and states["node02"] == "up"

@@ -1,0 +1,58 @@
+"""`nebula demo` in a real terminal: tmux runs it, send-keys types, capture-pane reads."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+TMUX = ["tmux", "-L", f"nebula-term-test-{os.getpid()}"]
+
+
+def screen() -> str:
+    done = subprocess.run(TMUX + ["capture-pane", "-p", "-t", "demo"], capture_output=True, text=True)
+    return done.stdout
+
+
+@pytest.fixture
+def demo_terminal(tmp_path):
+    home = tmp_path / "home"
+    command = (f"cd {shlex.quote(str(REPO))} && NEBULA_HOME={shlex.quote(str(home))} "
+               f"{shlex.quote(sys.executable)} -m nebula_tui demo; echo DEMO-EXITED $?; sleep 60")
+    subprocess.run(TMUX + ["new-session", "-d", "-s", "demo", "-x", "100", "-y", "32", command],
+                   check=True)
+    try:
+        yield home
+    finally:
+        subprocess.run(TMUX + ["kill-server"], capture_output=True)
+
+
+def test_demo_renders_in_a_real_terminal_and_shows_a_job(demo_terminal):
+    home = demo_terminal
+    text = wait_for(lambda: "node03" in (s := screen()) and "RTX 3090" in s and s, 60,
+                    interval=0.3, what="the demo's overview")
+    assert "Cluster Overview:" in text and "GPUs: 9 (9 idle, 0 busy, 0 maintenance)" in text
+    assert "A100-SXM4-80GB" in text and "RTX 4060 Laptop" in text
+
+    env = {**os.environ, "NEBULA_HOME": str(home), "NEBULA_CONFIG": str(home / "lab" / "nodes.yaml")}
+    subprocess.run([sys.executable, "-m", "nebula_tui", "submit", "--name", "from-cli",
+                    "--gpu-mem", "6G", "--", "sleep", "30"], env=env, check=True, cwd=REPO,
+                   capture_output=True)
+    wait_for(lambda: "from-cli" in (s := screen()) and "running" in s, 30, interval=0.3,
+             what="the job in the queue")
+    wait_for(lambda: "6 GB / 24 GB" in screen(), 15, interval=0.3, what="6 GB used on its card")
+
+    subprocess.run(TMUX + ["send-keys", "-t", "demo", "q"], check=True)
+    wait_for(lambda: "DEMO-EXITED 0" in screen(), 30, interval=0.3, what="the demo to quit")
+    # Quitting the demo stops its lab and service: nothing of it keeps running.
+    assert not (home / "nebula.sock").exists()
+    for pattern in (f"sim.lab --dir {home}", f"serve --home {home}"):
+        leftovers = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+        assert leftovers.stdout.split() == [], pattern
