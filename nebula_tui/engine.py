@@ -28,7 +28,7 @@ from .model import (GpuProcess, GpuReading, GpuView, Job, JobSpec, JobState, Nod
 from .remote import launcher
 from .remote.backends import nvidia, topo
 from .remote.ssh import NodeLink, NodeUnavailable
-from .store import Store
+from .store import StaleDecision, Store
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,10 @@ class Engine:
 
     # ------------------------------------------------------ phase 3: launches
     def _begin_launch(self, job: Job, placements: tuple[Placement, ...]) -> None:
-        self.store.start_launching(job.id, placements, self.clock())
+        try:
+            self.store.start_launching(job.id, placements, self.clock())
+        except StaleDecision:
+            return  # the job changed since the snapshot (cancelled): nothing to launch
         job = replace(job, state=JobState.LAUNCHING, node=placements[0].node,
                       placements=placements, reason="")
         self.jobs[job.id] = job

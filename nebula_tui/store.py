@@ -23,6 +23,10 @@ from .model import Job, JobSpec, JobState, Placement
 SCHEMA_VERSION = 1
 
 
+class StaleDecision(Exception):
+    """A scheduling decision about a job that changed meanwhile (e.g. cancelled)."""
+
+
 class Store:
     """Durable state of the cluster: nodes, GPUs, jobs, allocations, users, events."""
 
@@ -185,26 +189,28 @@ class Store:
         tmux session it created or creates it, never twice.
         """
         with self.transaction():
+            still_pending = self.db.execute(
+                "UPDATE jobs SET state = 'launching', node = ?, reason = '' "
+                "WHERE id = ? AND state = 'pending'", [placements[0].node, job_id]).rowcount
+            if not still_pending:
+                raise StaleDecision(f"job {job_id} is no longer pending")
             self.db.conn.executemany(
                 "INSERT INTO allocations (job_id, gpu_uuid, node, gpu_index, memory_mb, "
                 "exclusive, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [(job_id, p.gpu_uuid, p.node, p.gpu_index, p.memory_mb, int(p.exclusive), t)
                  for p in placements])
             node = placements[0].node
-            self.db.execute(
-                "UPDATE jobs SET state = 'launching', node = ?, reason = '' WHERE id = ?",
-                [node, job_id],
-            )
             gpus = ", ".join(f"{p.node}:{p.gpu_index}" for p in placements)
             self._event(t, "place", f"job {job_id} placed on {gpus}", job_id=job_id, node=node)
 
     def mark_running(self, job_id: int, t: float) -> None:
         with self.transaction():
-            self.db.execute(
+            changed = self.db.execute(
                 "UPDATE jobs SET state = 'running', started_at = ? "
                 "WHERE id = ? AND state = 'launching'", [t, job_id],
-            )
-            self._event(t, "start", f"job {job_id} started", job_id=job_id)
+            ).rowcount
+            if changed:
+                self._event(t, "start", f"job {job_id} started", job_id=job_id)
 
     def finish_job(self, job_id: int, state: JobState, t: float, exit_code: int | None = None,
                    reason: str = "") -> None:

@@ -139,14 +139,18 @@ def test_log_is_truncated_on_rerun(tmp_path):
     assert log(jobdir) == "second run\n"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "launcher.py run_script: the header comment embeds q(job.user) on a '#' line; a newline "
-    "in the user name ends the comment and the rest runs as shell code"))
 def test_user_name_cannot_inject_code(tmp_path):
     job = make_job(ECHO_ARGV + ["ok"], user="eve\ntouch pwned #")
     jobdir, _ = launch(tmp_path, job)
     assert not list(tmp_path.rglob("pwned"))
     assert json.loads(log(jobdir)) == ["ok"]
+
+
+def test_missing_workdir_message_is_literal(tmp_path):
+    missing = tmp_path / "run\\c-v2"
+    jobdir, _ = launch(tmp_path, make_job(ECHO_ARGV, workdir=missing))
+    assert exit_code(jobdir) == 127
+    assert f"nebula: cannot enter workdir {missing}\n" in log(jobdir)
 
 
 # ------------------------------------------------------------------ properties

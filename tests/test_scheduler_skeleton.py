@@ -158,6 +158,13 @@ def test_first_fit_order_of_gpus_on_a_node():
     assert [p.gpu_index for p in start.placements] == [3, 1]
 
 
+def test_whole_card_reservation_does_not_count_memory_others_hold():
+    (start,) = run([gpu("n1", 0, unmanaged=2 * GB)], jobs((1, 13 * GB)))
+    (p,) = start.placements
+    assert p.exclusive
+    assert p.memory_mb + 2 * GB <= RTX4090_MB
+
+
 # ------------------------------------------------------------------ table: reasons (R5)
 REASONS = [
     pytest.param(
@@ -166,6 +173,11 @@ REASONS = [
         (2, 70 * GB),
         "needs 2 GPUs with ≥70 GB free on one node; best now: node02 has 1",
         id="gang-best-node"),
+    pytest.param(  # the node with the most fitting GPUs is named, not the first one
+        [gpu("n1", 0), gpu("n1", 1, unmanaged=1), gpu("n2", 0), gpu("n2", 1), gpu("n2", 2, unmanaged=1)],
+        (3, None),
+        "needs 3 whole GPUs on one node; best now: n2 has 2",
+        id="gang-whole-most-fitting-node"),
     pytest.param(
         [gpu("n1", 0), gpu("n2", 0)], (2, None),
         "needs 2 whole GPUs on one node; best now: n1 has 1",
@@ -264,11 +276,12 @@ def test_decisions_keep_the_rules(gpus, queue):
         total = view.reading.memory_total_mb
         held = [p for _, p in view.placements]
         assert len(held) <= MAX_ALLOCATIONS_PER_GPU
+        # Memory is never promised twice, exclusive or not: others' usage stays theirs.
+        assert sum(p.memory_mb for p in held) + view.unmanaged_used_mb <= total
         if any(p.exclusive for p in held):
             assert len(held) == 1
-            assert held[0].memory_mb == total
+            assert held[0].memory_mb == total - view.unmanaged_used_mb
         else:
-            assert sum(p.memory_mb for p in held) + view.unmanaged_used_mb <= total
             assert all(p.memory_mb >= MIN_SLICE_MB for p in held)
 
 

@@ -62,6 +62,8 @@ def fits(gpu: GpuView, gpu_mem_mb: int | None) -> Ask | None:
         if gpu.placements:
             return None
         # A whole card with no size asked must really be empty; with a size, that much free.
+        # The reservation is what is really there: others' processes keep what they hold.
+        available = total - gpu.unmanaged_used_mb
         needed = gpu_mem_mb if gpu_mem_mb is not None else total
-        return ask if total - gpu.unmanaged_used_mb >= needed else None
+        return Ask(available, True) if available >= needed else None
     return ask if offered_mb(gpu) >= ask.memory_mb else None

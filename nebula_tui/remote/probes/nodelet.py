@@ -347,7 +347,9 @@ def keep_tmux_server():
     By default a tmux server exits with its last session; a launch racing that exit fails
     with "server exited unexpectedly". One long-lived server per node avoids the race.
     """
-    run(TMUX + ["start-server", ";", "set-option", "-s", "exit-empty", "off"])
+    # Jobs are started as `sh run.sh`: no need for the login shell's start-up around it.
+    run(TMUX + ["start-server", ";", "set-option", "-s", "exit-empty", "off",
+                ";", "set-option", "-g", "default-shell", "/bin/sh"])
 
 
 def main():

@@ -1,0 +1,191 @@
+"""The store on a real SQLite file: job lifecycle, GPU-hour charging, durability, rollback."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from nebula_tui.model import JobSpec, JobState, Placement
+from nebula_tui.store import Store
+
+T0 = 1_700_000_000.0
+HOUR = 3600.0
+CARD_MB = 24576
+
+SPEC = JobSpec(command=("python", "train.py", "--lr", "3e-4"), name="train", gpu_count=2,
+               gpu_mem_mb=8192, workdir="/data/x", shell=False)
+SLICES = (Placement("GPU-a", "node01", 0, 8192, False),   # a third of a 24 GiB card
+          Placement("GPU-b", "node01", 1, CARD_MB, True))  # the whole card
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return tmp_path / "state.db"
+
+
+@pytest.fixture
+def store(db_path):
+    s = Store(db_path)
+    s.register_gpus("node01", [
+        {"uuid": "GPU-a", "idx": 0, "model": "RTX 4090", "total_mb": CARD_MB},
+        {"uuid": "GPU-b", "idx": 1, "model": "RTX 4090", "total_mb": CARD_MB},
+    ], T0)
+    yield s
+    s.close()
+
+
+def user_row(store: Store, name: str) -> dict:
+    (row,) = [u for u in store.users() if u["name"] == name]
+    return row
+
+
+def count(store: Store, table: str) -> int:
+    return store.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def run_job(store: Store, placements=SLICES, hours: float = 2.0, code: int = 0) -> int:
+    job = store.add_job("alice", SPEC, T0)
+    store.start_launching(job.id, placements, T0 + 1)
+    store.mark_running(job.id, T0 + 2)
+    store.finish_job(job.id, JobState.SUCCEEDED if code == 0 else JobState.FAILED,
+                     T0 + 2 + hours * HOUR, exit_code=code)
+    return job.id
+
+
+def test_round_trip(store):
+    job = store.add_job("alice", SPEC, T0)
+    assert job.state is JobState.PENDING and job.spec == SPEC and job.user == "alice"
+    assert job.submitted_at == T0 and job.placements == ()
+
+    store.start_launching(job.id, SLICES, T0 + 1)
+    launching = store.job(job.id)
+    assert launching.state is JobState.LAUNCHING
+    assert launching.node == "node01"
+    assert launching.placements == SLICES  # same order, same fields
+    assert launching.reason == ""
+    assert sorted(p.gpu_uuid for _, p in store.active_placements()) == ["GPU-a", "GPU-b"]
+
+    store.mark_running(job.id, T0 + 2)
+    running = store.job(job.id)
+    assert running.state is JobState.RUNNING and running.started_at == T0 + 2
+
+    store.finish_job(job.id, JobState.FAILED, T0 + 100, exit_code=3, reason="exit code 3")
+    done = store.job(job.id)
+    assert (done.state, done.exit_code, done.ended_at, done.reason) == (
+        JobState.FAILED, 3, T0 + 100, "exit code 3")
+    assert done.placements == ()  # released
+    assert store.active_placements() == []
+    assert [e["kind"] for e in store.events() if e["job_id"] == job.id] == [
+        "submit", "place", "start", "end"]
+
+
+def test_jobs_listing_filters_by_state(store):
+    a = store.add_job("alice", SPEC, T0)
+    b = store.add_job("bob", SPEC, T0 + 1)
+    store.start_launching(b.id, SLICES, T0 + 2)
+    assert [j.id for j in store.jobs()] == [a.id, b.id]
+    assert [j.id for j in store.jobs((JobState.PENDING,))] == [a.id]
+    (launching,) = store.jobs((JobState.LAUNCHING, JobState.RUNNING))
+    assert launching.placements == SLICES
+    assert [j.id for j in store.jobs(limit=1)] == [b.id]
+
+
+def test_finish_charges_gpu_hours_by_share(store):
+    run_job(store, hours=2.0)
+    alice = user_row(store, "alice")
+    # 2 h x (8192/24576 of one card + one whole card) = 2 x 4/3
+    assert alice["gpu_hours"] == pytest.approx(2.0 * (1 / 3 + 1))
+    assert alice["jobs_finished"] == 1
+
+
+def test_slice_on_unregistered_gpu_counts_as_whole(store):
+    # Without a known card size a slice cannot be a fraction: charge the whole card.
+    run_job(store, placements=(Placement("GPU-unknown", "node09", 0, 8192, False),), hours=1.0)
+    assert user_row(store, "alice")["gpu_hours"] == pytest.approx(1.0)
+
+
+def test_charges_accumulate_per_user(store):
+    run_job(store, placements=SLICES[:1], hours=3.0)
+    run_job(store, placements=SLICES[1:], hours=0.5)
+    alice = user_row(store, "alice")
+    assert alice["gpu_hours"] == pytest.approx(3.0 / 3 + 0.5)
+    assert alice["jobs_finished"] == 2
+
+
+def test_cancel_before_start_charges_nothing(store):
+    job = store.add_job("bob", SPEC, T0)
+    store.finish_job(job.id, JobState.CANCELLED, T0 + 50, reason="cancelled by bob")
+    assert store.job(job.id).state is JobState.CANCELLED
+    assert user_row(store, "bob")["gpu_hours"] == 0.0
+
+
+def test_finishing_twice_is_a_no_op(store):
+    job_id = run_job(store, hours=1.0)
+    before = (store.job(job_id), user_row(store, "alice"), count(store, "events"))
+    store.finish_job(job_id, JobState.CANCELLED, T0 + 10 * HOUR, exit_code=None, reason="again")
+    assert (store.job(job_id), user_row(store, "alice"), count(store, "events")) == before
+
+
+def test_committed_state_is_seen_by_a_second_store(store, db_path):
+    job_id = run_job(store, hours=1.0)
+    pending = store.add_job("carol", SPEC, T0 + 5)
+    other = Store(db_path)  # as after a restart of the head, while the first is still open
+    try:
+        assert other.job(job_id) == store.job(job_id)
+        assert other.job(pending.id).state is JobState.PENDING
+        assert other.head_token == store.head_token != ""
+        assert user_row(other, "alice") == user_row(store, "alice")
+        assert [g["uuid"] for g in other.gpus()] == ["GPU-a", "GPU-b"]
+    finally:
+        other.close()
+    store.close()
+    reopened = Store(db_path)
+    try:
+        assert reopened.job(pending.id).spec == SPEC
+    finally:
+        reopened.close()
+
+
+def test_plain_sqlite_reader_sees_commits(store, db_path):
+    job = store.add_job("alice", SPEC, T0)
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT state FROM jobs WHERE id = ?", [job.id]).fetchone() == ("pending",)
+
+
+def test_journal_mode_is_wal(store, db_path):
+    assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    with sqlite3.connect(db_path) as conn:  # persistent: a fresh connection sees it too
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_failed_transaction_leaves_nothing(store):
+    jobs_before, events_before = count(store, "jobs"), count(store, "events")
+    with pytest.raises(RuntimeError, match="boom"):
+        with store.transaction() as db:
+            db["jobs"].insert({"user": "mallory", "name": "x", "spec": "{}", "state": "pending",
+                               "reason": "", "submitted_at": T0})
+            db["events"].insert({"t": T0, "kind": "submit", "message": "half done"})
+            raise RuntimeError("boom")
+    assert (count(store, "jobs"), count(store, "events")) == (jobs_before, events_before)
+    # The connection is usable afterwards (no transaction left open).
+    job = store.add_job("alice", SPEC, T0)
+    assert store.job(job.id).state is JobState.PENDING
+
+
+def test_register_gpus_keeps_status_and_first_registration(store):
+    store.db.execute("UPDATE gpus SET status = 'maintenance' WHERE uuid = 'GPU-a'")
+    store.register_gpus("node01", [{"uuid": "GPU-a", "idx": 0, "model": "RTX 4090",
+                                    "total_mb": CARD_MB}], T0 + 999)
+    (gpu_a,) = [g for g in store.gpus() if g["uuid"] == "GPU-a"]
+    assert gpu_a["status"] == "maintenance"
+    assert gpu_a["registered_at"] == T0
+
+
+def test_mark_running_after_finish_changes_nothing(store):
+    job = store.add_job("bob", SPEC, T0)
+    store.finish_job(job.id, JobState.CANCELLED, T0 + 1, reason="cancelled by bob")
+    events_before = count(store, "events")
+    store.mark_running(job.id, T0 + 2)
+    assert store.job(job.id).state is JobState.CANCELLED
+    assert count(store, "events") == events_before
