@@ -33,6 +33,7 @@ from .store import StaleDecision, Store
 log = logging.getLogger(__name__)
 
 PERIODIC_PASS_S = 3.0
+ACK_BATCH_S = 0.1
 _CUDA_VERSION = re.compile(r"CUDA Version:\s*([\d.]+)")
 CANCEL_GRACE_S = 10.0
 
@@ -83,6 +84,7 @@ class Engine:
         self._finished_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
         self._wake = asyncio.Event()
         self._cancelling: set[int] = set()
+        self._acks: dict[str, list[int]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._scheduler_task: asyncio.Task | None = None
 
@@ -215,7 +217,7 @@ class Engine:
         else:
             state, reason = JobState.FAILED, ""
         self._finish(job, state, code, reason)
-        self._spawn(self._ack(node, job.id), f"ack-{job.id}")
+        self._ack_soon(node, job.id)
 
     def _job_from_node(self, node: str, message: dict) -> Job | None:
         try:
@@ -226,9 +228,19 @@ class Engine:
             return None  # a job directory of another head (an older database)
         return job if job and job.node == node and job.state.holds_gpus else None
 
-    async def _ack(self, node: str, job_id: int) -> None:
+    def _ack_soon(self, node: str, job_id: int) -> None:
+        """Tell the node its job's exit is recorded; acks of one moment go as one request."""
+        batch = self._acks.setdefault(node, [])
+        batch.append(job_id)
+        if len(batch) == 1:
+            self._spawn(self._send_acks(node), f"ack-{node}")
+
+    async def _send_acks(self, node: str) -> None:
+        await asyncio.sleep(ACK_BATCH_S)
+        jobs = self._acks.pop(node, [])
+        # Unacked exits are reported again when the node reconnects, and ignored then.
         with contextlib.suppress(NodeUnavailable, asyncio.TimeoutError):
-            await self.links[node].request("ack", job=job_id)
+            await self.links[node].request("ack", jobs=jobs)
 
     async def _reconcile(self, node: str) -> None:
         """After (re)connecting: carry out launch intents the node never saw."""

@@ -56,3 +56,25 @@ def test_demo_renders_in_a_real_terminal_and_shows_a_job(demo_terminal):
     for pattern in (f"sim.lab --dir {home}", f"serve --home {home}"):
         leftovers = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
         assert leftovers.stdout.split() == [], pattern
+
+
+def test_headless_demo_serves_other_commands_until_interrupted(tmp_path):
+    home = tmp_path / "home"
+    env = {**os.environ, "NEBULA_HOME": str(home)}
+    demo = subprocess.Popen([sys.executable, "-m", "nebula_tui", "demo", "--headless"], env=env,
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while not any(line.strip().startswith("export NEBULA_HOME=") for line in lines):
+            line = demo.stdout.readline()
+            assert line, f"demo ended early: {demo.stderr.read()}"
+            lines.append(line)
+        export = next(l for l in lines if l.strip().startswith("export "))
+        client_env = {**os.environ, **dict(kv.split("=", 1) for kv in export.split()[1:])}
+        status = lambda: subprocess.run([sys.executable, "-m", "nebula_tui", "status"],  # noqa: E731
+                                        env=client_env, capture_output=True, text=True).stdout
+        wait_for(lambda: "GPUs: 9 (9 idle" in status(), 30, interval=0.3, what="the lab's GPUs")
+    finally:
+        demo.send_signal(2)  # Ctrl-C
+        assert demo.wait(30) == 0
+    assert not (home / "nebula.sock").exists()

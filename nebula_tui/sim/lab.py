@@ -504,7 +504,9 @@ class Lab:
         path.write_text(
             "#!/bin/sh\n"
             f"NEBULA_SIM_DIR={shlex.quote(str(node_dir))}; export NEBULA_SIM_DIR\n"
-            f'exec {shlex.quote(sys.executable)} {shlex.quote(str(script))} "$@"\n'
+            # -S: the emulators are stdlib-only; site-packages' .pth hooks would double
+            # the start-up of every probe call.
+            f'exec {shlex.quote(sys.executable)} -S {shlex.quote(str(script))} "$@"\n'
         )
         path.chmod(0o755)
 

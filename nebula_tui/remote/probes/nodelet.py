@@ -12,7 +12,7 @@ node -> head
 head -> node
   {"id", "op": "launch", "job", "token", "script"}  write the job's run.sh, start its tmux session
   {"id", "op": "cancel", "job", "grace"}       SIGTERM the job's processes, kill the session after grace
-  {"id", "op": "ack", "job"}                   the head recorded the exit; stop reporting it
+  {"id", "op": "ack", "jobs"}                  the head recorded these exits; stop reporting them
   {"id", "op": "log", "job", "offset", "limit"}  read part of the job's output log
   {"id", "op": "list"}                         every job directory and tmux session (reconcile)
 
@@ -276,10 +276,10 @@ def _signal_group(pid, sig):
 
 
 def op_ack(req):
-    job = str(int(req["job"]))
-    d = job_dir(job)
-    if os.path.isdir(d):
-        write_atomic(os.path.join(d, "acked"), str(time.time()))
+    for job in req["jobs"]:
+        d = job_dir(str(int(job)))
+        if os.path.isdir(d):
+            write_atomic(os.path.join(d, "acked"), str(time.time()))
     return {"ok": True}
 
 
