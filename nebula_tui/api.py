@@ -168,6 +168,15 @@ class ApiServer:
         job = await self.engine.wait_finished(_job_id(req))
         return {"job": views.job_json(job)}
 
+    async def op_users(self, user, req):
+        return {"users": self.engine.users_json()}
+
+    async def op_events(self, user, req):
+        limit = req.get("limit", 100)
+        if not isinstance(limit, int) or not 1 <= limit <= 10000:
+            raise RequestError("limit must be a number from 1 to 10000")
+        return {"events": self.engine.store.events(limit)}
+
     async def op_logs(self, user, req):
         offset = req.get("offset", 0)
         if not isinstance(offset, int) or offset < 0:

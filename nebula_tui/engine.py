@@ -438,6 +438,13 @@ class Engine:
                               nvlink=topo.nvlink_peers(node.topo, gpu.reading.index),
                               processes=processes)
 
+    def users_json(self) -> list[dict]:
+        running: dict[str, int] = defaultdict(int)
+        for job in self.jobs.values():
+            if job.state.holds_gpus:
+                running[job.user] += 1
+        return [{**row, "running_jobs": running.get(row["name"], 0)} for row in self.store.users()]
+
     def queue_json(self) -> list[dict]:
         order = {JobState.RUNNING: 0, JobState.LAUNCHING: 0, JobState.PENDING: 1}
         jobs = sorted(self.jobs.values(), key=lambda j: (order.get(j.state, 2), j.submitted_at, j.id))

@@ -149,6 +149,10 @@ class GpuView:
     maintenance: bool = False
     placements: tuple[tuple[int, Placement], ...] = ()  # (job id, placement) held here now
     unmanaged_used_mb: int = 0  # memory held by processes NebulaGrid did not start
+    #: the node's health score, 1.0 = healthy; throttling events lower it (R19)
+    health_score: float = 1.0
+    #: the highest CUDA version the node's driver supports ("12.4"), for --cuda (R11)
+    cuda_version: str | None = None
 
     @property
     def uuid(self) -> str:
