@@ -71,6 +71,13 @@ def spec_from_request(req: dict) -> JobSpec:
                    gpu_mem_mb=gpu_mem, workdir=workdir, shell=shell)
 
 
+def _text(req: dict, field: str) -> str:
+    value = req.get(field)
+    if not isinstance(value, str) or not value:
+        raise RequestError(f"{field}: give a name")
+    return value
+
+
 def _job_id(req: dict) -> int:
     try:
         return int(req["job"])
@@ -168,6 +175,34 @@ class ApiServer:
         job = await self.engine.wait_finished(_job_id(req))
         return {"job": views.job_json(job)}
 
+    async def op_hold(self, user, req):
+        return {"job": views.job_json(self.engine.set_held(user, _job_id(req), True))}
+
+    async def op_release(self, user, req):
+        return {"job": views.job_json(self.engine.set_held(user, _job_id(req), False))}
+
+    async def op_drain(self, user, req):
+        reason = req.get("reason") or ""
+        if not isinstance(reason, str) or len(reason) > 200:
+            raise RequestError("reason must be one line of at most 200 characters")
+        return {"node": self.engine.set_drained(user, _text(req, "node"), True, reason).json()}
+
+    async def op_resume(self, user, req):
+        return {"node": self.engine.set_drained(user, _text(req, "node"), False).json()}
+
+    async def op_plan(self, user, req):
+        return self.engine.plan(user, spec_from_request(req))
+
+    async def op_attach_info(self, user, req):
+        return {"argv": self.engine.attach_argv(user, _job_id(req))}
+
+    async def op_history(self, user, req):
+        since = req.get("since", 3600)
+        if not isinstance(since, (int, float)) or since <= 0:
+            raise RequestError("since must be a number of seconds > 0")
+        gpu = self.engine.resolve_gpu(_text(req, "gpu"))
+        return {"gpu": gpu, "samples": self.engine.history(gpu, float(since))}
+
     async def op_users(self, user, req):
         return {"users": self.engine.users_json()}
 
@@ -184,8 +219,8 @@ class ApiServer:
         return await self.engine.read_log(user, _job_id(req), offset)
 
     async def op_shutdown(self, user, req):
-        if user != pwd.getpwuid(os.getuid()).pw_name and user != "root":
-            raise RequestError("only the service's own user or root may stop it")
+        if not self.engine.is_admin(user):
+            raise RequestError("only an admin may stop the service")
         if self.on_shutdown:
             asyncio.get_running_loop().call_soon(self.on_shutdown)
         return {}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .api import ApiError
 from .config import ConfigError
-from .model import parse_size_mb
+from .model import fmt, parse_size_mb
 from .service import Home, ServiceUnavailable
 
 USAGE_ERROR = 2
@@ -39,6 +39,20 @@ def _count(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more, not '{text}'")
     return int(text)
+
+
+def _duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = text[:-1], text[-1:]
+    if unit.isdigit():
+        number, unit = text, "s"
+    try:
+        value = float(number) * units[unit.lower()]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a duration; write it like 90s, 30m, 6h or 2d") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"'{text}' must be longer than zero")
+    return value
 
 
 def _job_id(text: str) -> int:
@@ -77,8 +91,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("gpus", "every GPU with its descriptor")
     p.add_argument("--json", action="store_true")
     for name, help_text in (("wait", "wait for a job to end; exit with its code"),
-                            ("cancel", "cancel a job"), ("job", "one job as JSON")):
+                            ("cancel", "cancel a job"), ("job", "one job as JSON"),
+                            ("hold", "keep a waiting job from starting"),
+                            ("release", "let a held job start again"),
+                            ("attach", "attach this terminal to a running job's tmux session")):
         command(name, help_text).add_argument("job", type=_job_id)
+    p = command("node", "node administration (admins)")
+    node_sub = p.add_subparsers(dest="node_command", required=True, parser_class=OneLineParser)
+    p = node_sub.add_parser("drain", help="no new jobs on this node; running ones go on")
+    p.add_argument("node")
+    p.add_argument("--reason", default="")
+    node_sub.add_parser("resume", help="take new jobs again").add_argument("node")
+    p = command("gpu", "one GPU")
+    gpu_sub = p.add_subparsers(dest="gpu_command", required=True, parser_class=OneLineParser)
+    p = gpu_sub.add_parser("history", help="telemetry samples (R18)")
+    p.add_argument("gpu", help="uuid or node:index")
+    p.add_argument("--since", type=_duration, default=3600, help="how far back, e.g. 30m, 6h, 2d")
+    p.add_argument("--json", action="store_true")
+    p = command("events", "what happened, newest last")
+    p.add_argument("--limit", type=_count, default=50)
+    command("users", "fair-share weights and usage per user").add_argument("--json", action="store_true")
     p = command("logs", "a job's output")
     p.add_argument("job", type=_job_id)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
@@ -207,6 +239,75 @@ def cmd_cancel(args, home, config) -> int:
     return 0
 
 
+def cmd_hold(args, home, config) -> int:
+    with _client(home, config) as client:
+        client.call("hold", job=args.job)
+    print(f"Held job {args.job}; `nebula release {args.job}` lets it run")
+    return 0
+
+
+def cmd_release(args, home, config) -> int:
+    with _client(home, config) as client:
+        client.call("release", job=args.job)
+    print(f"Released job {args.job}")
+    return 0
+
+
+def cmd_attach(args, home, config) -> int:
+    with _client(home, config) as client:
+        argv = client.call("attach_info", job=args.job)["argv"]
+    os.execvp(argv[0], argv)
+
+
+def cmd_node(args, home, config) -> int:
+    with _client(home, config) as client:
+        if args.node_command == "drain":
+            client.call("drain", node=args.node, reason=args.reason)
+            print(f"Drained {args.node}: running jobs go on, no new ones start there")
+        else:
+            client.call("resume", node=args.node)
+            print(f"Resumed {args.node}")
+    return 0
+
+
+def cmd_gpu(args, home, config) -> int:
+    with _client(home, config) as client:
+        reply = client.call("history", gpu=args.gpu, since=args.since)
+    if args.json:
+        print(json.dumps(reply, indent=2))
+        return 0
+    print(f"GPU {reply['gpu']}")
+    print(f"{'TIME':<20} {'TEMP':>5} {'UTIL':>5} {'MEM MiB':>8} {'POWER':>6} {'FAN':>4} {'SM MHz':>7} {'MEM MHz':>8}")
+    for s in reply["samples"]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["t"]))
+        print(f"{when:<20} {fmt(s['temperature_c'], 'C'):>5} {fmt(s['utilization_pct'], '%'):>5} "
+              f"{fmt(s['memory_used_mb']):>8} {fmt(s['power_w'], 'W'):>6} {fmt(s['fan_pct'], '%'):>4} "
+              f"{fmt(s['sm_clock_mhz']):>7} {fmt(s['mem_clock_mhz']):>8}")
+    if not reply["samples"]:
+        print("(no samples yet: one is taken every 30 s)")
+    return 0
+
+
+def cmd_events(args, home, config) -> int:
+    with _client(home, config) as client:
+        events = client.call("events", limit=args.limit)["events"]
+    for e in events:
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['t']))}  {e['kind']:<7} {e['message']}")
+    return 0
+
+
+def cmd_users(args, home, config) -> int:
+    with _client(home, config) as client:
+        users = client.call("users")["users"]
+    if args.json:
+        print(json.dumps(users, indent=2))
+        return 0
+    print(f"{'USER':<16} {'FINISHED':>8} {'GPU-HOURS':>10} {'RUNNING':>8}")
+    for u in users:
+        print(f"{u['name']:<16} {u['jobs_finished']:>8} {u['gpu_hours']:>10.2f} {u['running_jobs']:>8}")
+    return 0
+
+
 def cmd_logs(args, home, config) -> int:
     offset = 0
     with _client(home, config) as client:
@@ -285,4 +386,6 @@ COMMANDS = {
     "submit": cmd_submit, "wait": cmd_wait, "status": cmd_status, "queue": cmd_queue,
     "gpus": cmd_gpus, "job": cmd_job, "cancel": cmd_cancel, "logs": cmd_logs,
     "parse": cmd_parse, "serve": cmd_serve, "demo": cmd_demo, "tui": cmd_tui,
+    "hold": cmd_hold, "release": cmd_release, "attach": cmd_attach, "node": cmd_node,
+    "gpu": cmd_gpu, "events": cmd_events, "users": cmd_users,
 }

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import pwd
 import re
 import time
 from collections import defaultdict
@@ -33,6 +35,8 @@ from .store import StaleDecision, Store
 log = logging.getLogger(__name__)
 
 PERIODIC_PASS_S = 3.0
+TELEMETRY_EVERY_S = 30.0
+TELEMETRY_COMPACT_EVERY_S = 3600.0
 ACK_BATCH_S = 0.1
 _CUDA_VERSION = re.compile(r"CUDA Version:\s*([\d.]+)")
 CANCEL_GRACE_S = 10.0
@@ -46,6 +50,7 @@ class NodeView:
     state: NodeState = NodeState.CONNECTING
     reason: str = ""
     drained: bool = False
+    drain_reason: str = ""
     last_seen: float | None = None
     cuda_version: str | None = None
     topo: dict = field(default_factory=dict)
@@ -55,7 +60,9 @@ class NodeView:
         return {"name": self.name, "host": self.host, "port": self.port,
                 "state": NodeState.DRAINED.value if self.drained and self.state == NodeState.UP
                 else self.state.value,
-                "reason": self.reason, "last_seen": self.last_seen,
+                "reason": self.drain_reason if self.drained and self.state == NodeState.UP
+                else self.reason,
+                "drained": self.drained, "last_seen": self.last_seen,
                 "hostname": self.hello.get("hostname")}
 
 
@@ -75,6 +82,7 @@ class Engine:
         self.config = config
         self.store = store
         self.clock = clock
+        self.owner = pwd.getpwuid(os.getuid()).pw_name  # the account the service runs as
         self.nodes = {n.name: NodeView(n.name, n.host, n.port, drained=n.drained)
                       for n in config.nodes}
         self.gpus: dict[str, GpuLive] = {}
@@ -85,6 +93,8 @@ class Engine:
         self._wake = asyncio.Event()
         self._cancelling: set[int] = set()
         self._acks: dict[str, list[int]] = {}
+        self._telemetry_at: dict[str, float] = {}
+        self._compacted_at = 0.0
         self._tasks: set[asyncio.Task] = set()
         self._scheduler_task: asyncio.Task | None = None
 
@@ -93,8 +103,13 @@ class Engine:
         active = (JobState.PENDING, JobState.LAUNCHING, JobState.RUNNING)
         self.jobs = {j.id: j for j in self.store.jobs(states=active)}
         self._register_known_gpus()
+        stored = {row["name"]: row for row in self.store.nodes()}
         for node in self.config.nodes:
             self.store.upsert_node(node.name, node.host, node.port, NodeState.CONNECTING.value)
+            if node.name in stored and stored[node.name].get("drained"):
+                # An admin's drain outlives restarts; the config only gives the first state.
+                view = self.nodes[node.name]
+                view.drained, view.drain_reason = True, stored[node.name].get("drain_reason") or ""
             link = NodeLink(node, self.config, self.on_node_message, self.on_node_state)
             self.links[node.name] = link
             link.start()
@@ -190,7 +205,23 @@ class Engine:
         if new_gpus:
             self.store.register_gpus(node, [self._descriptor(node, r) for r in new_gpus],
                                      self.clock())
+        self._record_telemetry(node, readings)
         self.publish_gpus(node)
+
+    def _record_telemetry(self, node: str, readings: list[GpuReading]) -> None:
+        """R18: at most one sample per GPU every TELEMETRY_EVERY_S, whatever the probe rate."""
+        now = self.clock()
+        if now - self._telemetry_at.get(node, 0.0) < TELEMETRY_EVERY_S:
+            return
+        self._telemetry_at[node] = now
+        self.store.record_telemetry([
+            {"gpu": r.uuid, "t": now, "temperature_c": r.temperature_c,
+             "utilization_pct": r.utilization_pct, "memory_used_mb": r.memory_used_mb,
+             "power_w": r.power_w, "fan_pct": r.fan_pct, "sm_clock_mhz": r.sm_clock_mhz,
+             "mem_clock_mhz": r.mem_clock_mhz} for r in readings if r.uuid])
+        if now - self._compacted_at > TELEMETRY_COMPACT_EVERY_S:
+            self._compacted_at = now
+            self.store.compact_telemetry(now)
 
     def _descriptor(self, node: str, r: GpuReading) -> dict:
         return {"uuid": r.uuid, "idx": r.index, "model": r.name, "vendor": r.vendor,
@@ -289,16 +320,11 @@ class Engine:
         return None
 
     def schedule_pass(self) -> None:
-        pending = [j for j in self.jobs.values() if j.state == JobState.PENDING]
+        pending = [j for j in self.jobs.values() if j.state == JobState.PENDING and not j.held_by]
         if not pending:
             return
-        snapshot = scheduler.Snapshot(
-            gpus=tuple(self.gpu_views()),
-            queue=tuple(scheduler.PendingJob(j.id, j.user, j.spec.gpu_count, j.spec.gpu_mem_mb,
-                                             j.submitted_at) for j in pending),
-        )
         reasons: dict[int, str] = {}
-        for decision in scheduler.schedule(snapshot):
+        for decision in scheduler.schedule(self._snapshot_for(pending)):
             job = self.jobs[decision.job_id]
             if isinstance(decision, scheduler.Start):
                 self._begin_launch(job, decision.placements)
@@ -307,6 +333,13 @@ class Engine:
                 self.jobs[job.id] = replace(job, reason=decision.reason)
                 self.publish_job(self.jobs[job.id])
         self.store.set_reasons(reasons)
+
+    def _snapshot_for(self, pending: list[Job]) -> scheduler.Snapshot:
+        return scheduler.Snapshot(
+            gpus=tuple(self.gpu_views()),
+            queue=tuple(scheduler.PendingJob(j.id, j.user, j.spec.gpu_count, j.spec.gpu_mem_mb,
+                                             j.submitted_at) for j in pending),
+        )
 
     # ------------------------------------------------------ phase 3: launches
     def _begin_launch(self, job: Job, placements: tuple[Placement, ...]) -> None:
@@ -373,14 +406,98 @@ class Engine:
             raise RequestError(f"no job {job_id}; `nebula queue` lists the jobs")
         return job
 
+    def is_admin(self, user: str) -> bool:
+        """Admins: root, the users named in the config, and the service's own account."""
+        return user in ("root", self.owner) or user in self.config.admins
+
     def may_manage(self, user: str, job: Job) -> bool:
-        return user == job.user or user == "root" or user in self.config.admins
+        return user == job.user or self.is_admin(user)
+
+    def _admins_text(self) -> str:
+        return ", ".join(sorted({"root", self.owner, *self.config.admins}))
+
+    def _check_may_manage(self, user: str, job: Job, verb: str) -> None:
+        if not self.may_manage(user, job):
+            raise RequestError(f"job {job.id} belongs to {job.user}; only they or an admin "
+                               f"({self._admins_text()}) may {verb} it")
+
+    def _check_admin(self, user: str, what: str) -> None:
+        if not self.is_admin(user):
+            raise RequestError(f"only an admin ({self._admins_text()}) may {what}")
+
+    def set_held(self, user: str, job_id: int, hold: bool) -> Job:
+        job = self.job(job_id)
+        self._check_may_manage(user, job, "hold" if hold else "release")
+        if job.state != JobState.PENDING:
+            raise RequestError(f"job {job_id} is {job.state.value}; only waiting jobs can be "
+                               f"{'held' if hold else 'released'}")
+        self.store.set_held(job.id, user if hold else None, user, self.clock())
+        job = replace(job, held_by=user if hold else None,
+                      reason=f"held by {user}; `nebula release {job.id}` lets it run" if hold
+                      else "waiting for the scheduler")
+        self.jobs[job.id] = job
+        self.publish_job(job)
+        self.wake()
+        return job
+
+    def set_drained(self, user: str, node: str, drained: bool, reason: str = "") -> NodeView:
+        self._check_admin(user, "drain or resume nodes")
+        view = self.nodes.get(node)
+        if view is None:
+            raise RequestError(f"no node {node}; known: {', '.join(self.nodes)}")
+        self.store.set_drained(node, drained, reason, user, self.clock())
+        view.drained, view.drain_reason = drained, reason if drained else ""
+        self.publish({"type": "node", "node": view.json()})
+        self.publish_gpus(node)
+        self.wake()
+        return view
+
+    def plan(self, user: str, spec: JobSpec) -> dict:
+        """Where a job would go now, or why it would wait: the submit form's preview."""
+        probe = Job(id=-1, user=user, spec=spec, state=JobState.PENDING, submitted_at=self.clock())
+        pending = [j for j in self.jobs.values() if j.state == JobState.PENDING and not j.held_by]
+        for decision in scheduler.schedule(self._snapshot_for(pending + [probe])):
+            if decision.job_id != -1:
+                continue
+            if isinstance(decision, scheduler.Start):
+                return {"decision": "start", "gpus": [
+                    {"node": p.node, "index": p.gpu_index, "uuid": p.gpu_uuid,
+                     "memory_mb": p.memory_mb, "exclusive": p.exclusive}
+                    for p in decision.placements]}
+            return {"decision": "wait", "reason": decision.reason}
+        return {"decision": "wait", "reason": "not considered"}
+
+    def attach_argv(self, user: str, job_id: int) -> list[str]:
+        """The ssh command that attaches a terminal to the job's tmux session (R13)."""
+        job = self.job(job_id)
+        self._check_may_manage(user, job, "attach to")
+        if not job.state.holds_gpus or not job.node:
+            raise RequestError(f"job {job_id} is {job.state.value}; only a running job has a session")
+        node = self.config.node(job.node)
+        argv = ["ssh", "-t", "-p", str(node.port), "-o", f"UserKnownHostsFile={node.known_hosts}",
+                "-o", "StrictHostKeyChecking=yes"]
+        if node.identity:
+            argv += ["-i", node.identity]
+        return argv + [f"{node.user}@{node.host}", f"tmux -L nebula attach -t nebula-{job.id}"]
+
+    def history(self, gpu: str, since_s: float) -> list[dict]:
+        if gpu not in self.gpus:
+            raise RequestError(f"no GPU {gpu}; `nebula gpus` lists them (uuid, or node:index)")
+        return self.store.telemetry(gpu, self.clock() - since_s)
+
+    def resolve_gpu(self, name: str) -> str:
+        """A GPU named by uuid or as node:index."""
+        if name in self.gpus:
+            return name
+        node, _, index = name.partition(":")
+        for uuid, live in self.gpus.items():
+            if live.node == node and str(live.reading.index) == index:
+                return uuid
+        raise RequestError(f"no GPU {name}; name it by uuid or as node:index (e.g. node01:0)")
 
     async def cancel(self, user: str, job_id: int) -> Job:
         job = self.job(job_id)
-        if not self.may_manage(user, job):
-            raise RequestError(f"job {job_id} belongs to {job.user}; only they or an admin "
-                               f"({', '.join(self.config.admins) or 'root'}) may cancel it")
+        self._check_may_manage(user, job, "cancel")
         if job.state.finished:
             raise RequestError(f"job {job_id} already {job.state.value}")
         if job.state == JobState.PENDING:

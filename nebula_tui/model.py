@@ -126,6 +126,7 @@ class Job:
     started_at: float | None = None
     ended_at: float | None = None
     exit_code: int | None = None
+    held_by: str | None = None  # a pending job someone put on hold (not scheduled until released)
 
 
 @dataclass(frozen=True)

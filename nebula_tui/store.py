@@ -104,6 +104,14 @@ class Store:
                  "node": str, "gpu": str, "user": str},
                 pk="id", if_not_exists=True,
             )
+            db["telemetry"].create(
+                {"gpu": str, "t": float, "temperature_c": float, "utilization_pct": float,
+                 "memory_used_mb": float, "power_w": float, "fan_pct": float,
+                 "sm_clock_mhz": float, "mem_clock_mhz": float, "bucket_s": float},
+                if_not_exists=True,
+            )
+            self._add_missing_columns()
+            db["telemetry"].create_index(["gpu", "t"], if_not_exists=True)
             db["jobs"].create_index(["state"], if_not_exists=True)
             db["allocations"].create_index(["released_at"], if_not_exists=True)
             db["allocations"].create_index(["job_id"], if_not_exists=True)
@@ -112,6 +120,18 @@ class Store:
                     {"key": "head_token", "value": uuid.uuid4().hex[:12]},
                     {"key": "schema_version", "value": str(SCHEMA_VERSION)},
                 ], replace=True)
+
+    # Columns added after the first release of a table: (table, column, type, default).
+    _LATER_COLUMNS = (
+        ("jobs", "held_by", str, None),
+        ("nodes", "drained", int, 0),
+        ("nodes", "drain_reason", str, None),
+    )
+
+    def _add_missing_columns(self) -> None:
+        for table, column, kind, default in self._LATER_COLUMNS:
+            if column not in self.db[table].columns_dict:
+                self.db[table].add_column(column, kind, not_null_default=default)
 
     def _meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
@@ -135,6 +155,14 @@ class Store:
 
     def nodes(self) -> list[dict]:
         return [dict(r) for r in self.db["nodes"].rows_where(order_by="name")]
+
+    def set_drained(self, name: str, drained: bool, reason: str, by: str, t: float) -> None:
+        """An admin's drain or resume of a node; it outlives restarts of the head."""
+        with self.transaction():
+            self.db.execute("UPDATE nodes SET drained = ?, drain_reason = ? WHERE name = ?",
+                            [int(drained), reason if drained else None, name])
+            what = f"drained by {by}" + (f": {reason}" if reason else "") if drained else f"resumed by {by}"
+            self._event(t, "admin", f"node {name} {what}", node=name, user=by)
 
     def register_gpus(self, node: str, descriptors: list[dict], t: float) -> None:
         """Record the GPUs a node reported (R2 descriptor fields), keeping their status."""
@@ -171,6 +199,14 @@ class Store:
         self.db.execute(
             "INSERT OR IGNORE INTO users (name, jobs_finished, gpu_hours, created_at) "
             "VALUES (?, 0, 0.0, ?)", [user, t])
+
+    def set_held(self, job_id: int, held_by: str | None, by: str, t: float) -> None:
+        """Hold a pending job (it is not scheduled until released) or release it."""
+        with self.transaction():
+            self.db.execute("UPDATE jobs SET held_by = ? WHERE id = ? AND state = 'pending'",
+                            [held_by, job_id])
+            what = "held" if held_by else "released"
+            self._event(t, "hold", f"job {job_id} {what} by {by}", job_id=job_id, user=by)
 
     def set_reasons(self, reasons: dict[int, str]) -> None:
         """Update the waiting reasons of pending jobs (only those that changed)."""
@@ -310,7 +346,44 @@ class Store:
             state=JobState(row["state"]), submitted_at=row["submitted_at"],
             reason=row["reason"] or "", node=row["node"], placements=placements,
             started_at=row["started_at"], ended_at=row["ended_at"], exit_code=row["exit_code"],
+            held_by=row.get("held_by"),
         )
+
+    # -------------------------------------------------------------- telemetry
+    TELEMETRY_FIELDS = ("temperature_c", "utilization_pct", "memory_used_mb", "power_w",
+                        "fan_pct", "sm_clock_mhz", "mem_clock_mhz")
+
+    def record_telemetry(self, rows: list[dict]) -> None:
+        """R18: one sample per GPU (``gpu``, ``t`` and the TELEMETRY_FIELDS)."""
+        if not rows:
+            return
+        columns = ("gpu", "t", *self.TELEMETRY_FIELDS)
+        with self.transaction():
+            self.db.conn.executemany(
+                f"INSERT INTO telemetry ({', '.join(columns)}, bucket_s) "
+                f"VALUES ({', '.join('?' * len(columns))}, 0)",
+                [tuple(row.get(c) for c in columns) for row in rows])
+
+    def telemetry(self, gpu: str, since: float) -> list[dict]:
+        columns = ("t", *self.TELEMETRY_FIELDS)
+        rows = self.db.execute(
+            f"SELECT {', '.join(columns)} FROM telemetry WHERE gpu = ? AND t >= ? ORDER BY t",
+            [gpu, since]).fetchall()
+        return [dict(zip(columns, r)) for r in rows]
+
+    def compact_telemetry(self, now: float, raw_for_s: float = 86400, keep_for_s: float = 31 * 86400,
+                          bucket_s: float = 600) -> None:
+        """Retention: raw samples for a day, then 10-minute averages for a month."""
+        cutoff = now - raw_for_s
+        averages = ", ".join(f"AVG({f})" for f in self.TELEMETRY_FIELDS)
+        with self.transaction():
+            self.db.execute(
+                f"INSERT INTO telemetry (gpu, t, {', '.join(self.TELEMETRY_FIELDS)}, bucket_s) "
+                f"SELECT gpu, CAST(t / ? AS INTEGER) * ? + ? / 2, {averages}, ? "
+                "FROM telemetry WHERE t < ? AND bucket_s = 0 GROUP BY gpu, CAST(t / ? AS INTEGER)",
+                [bucket_s, bucket_s, bucket_s, bucket_s, cutoff, bucket_s])
+            self.db.execute("DELETE FROM telemetry WHERE t < ? AND bucket_s = 0", [cutoff])
+            self.db.execute("DELETE FROM telemetry WHERE t < ?", [now - keep_for_s])
 
     # ------------------------------------------------------------------ users
     def users(self) -> list[dict]:
