@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import json
 import logging
 import os
@@ -88,21 +89,26 @@ def _job_id(req: dict) -> int:
 class ApiServer:
     """Serves one engine on a Unix socket."""
 
-    def __init__(self, engine: "Engine", path: Path, on_shutdown=None):
+    def __init__(self, engine: "Engine", path: Path, on_shutdown=None, group: str | None = None):
         self.engine = engine
         self.path = Path(path)
         self.on_shutdown = on_shutdown
+        self.group = group  # shared-box mode: this Unix group's members may connect
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        old_umask = os.umask(0o077)  # single-user mode: only the owner may connect
+        old_umask = os.umask(0o077)  # never a moment when others could connect
         try:
             self._server = await asyncio.start_unix_server(self._serve, str(self.path),
                                                            limit=MAX_LINE)
         finally:
             os.umask(old_umask)
+        if self.group:
+            # Who may connect is the socket's business; who is asking, the kernel's.
+            os.chown(self.path, -1, grp.getgrnam(self.group).gr_gid)
+            os.chmod(self.path, 0o660)
 
     async def close(self) -> None:
         if self._server:

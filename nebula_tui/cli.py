@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 from .api import ApiError
-from .config import ConfigError
-from .model import fmt, parse_size_mb
+from .model import ConfigError, fmt, parse_size_mb
 from .service import Home, ServiceUnavailable
 
 USAGE_ERROR = 2
@@ -67,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="state directory (default $NEBULA_HOME or ~/.nebula)")
     common.add_argument("--config", default=argparse.SUPPRESS,
                         help="cluster file nodes.yaml (default $NEBULA_CONFIG)")
+    common.add_argument("--socket", default=argparse.SUPPRESS,
+                        help="the head service's socket (default $NEBULA_SOCKET, then the "
+                             "one under the home, then /run/nebula/nebula.sock)")
     parser = OneLineParser(prog="nebula", parents=[common],
                            description="NebulaGrid: GPU cluster manager for labs. "
                                        "Without a command, opens the TUI.")
@@ -117,10 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("parse", "print what NebulaGrid understands from a saved tool output")
     p.add_argument("kind", help="smi-csv, smi-apps, smi-plain, topo")
     p.add_argument("file", help="the saved output ('-' for stdin)")
-    command("serve", "run the head service in the foreground")
+    p = command("serve", "run the head service in the foreground")
+    p.add_argument("--shared-group", default=None,
+                   help="shared box: members of this Unix group may use the service")
     p = command("demo", "start the simulated lab and open the TUI on it")
     p.add_argument("--headless", action="store_true", help="no TUI: keep the lab up until Ctrl-C")
     p.add_argument("--layout", default="demo", choices=("demo", "4x4"))
+    p.add_argument("--shared-group", default=None,
+                   help="let members of this Unix group use the demo's service")
     command("tui", "open the TUI (the default)")
     return parser
 
@@ -136,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     args.trailing = trailing
     if trailing and args.command != "submit":
         parser.error("`--` is only for `nebula submit`")
-    home = Home.resolve(getattr(args, "home", None))
+    home = Home.resolve(getattr(args, "home", None), getattr(args, "socket", None))
     config = getattr(args, "config", None)
     try:
         return COMMANDS.get(args.command or "tui")(args, home, config)
@@ -354,14 +360,15 @@ def cmd_serve(args, home, config) -> int:
     except ConfigError as err:
         print(f"nebula serve: {err}", file=sys.stderr)
         return USAGE_ERROR
-    return serve(home, path)
+    return serve(home, path, shared_group=args.shared_group)
 
 
 def cmd_demo(args, home, config) -> int:
     from .demo import run_demo
 
-    return run_demo(home if getattr(args, "home", None) or os.environ.get("NEBULA_HOME")
-                    else Home.resolve("~/.nebula/demo"), args.layout, headless=args.headless)
+    if not (getattr(args, "home", None) or os.environ.get("NEBULA_HOME")):
+        home = Home.resolve("~/.nebula/demo", getattr(args, "socket", None))
+    return run_demo(home, args.layout, headless=args.headless, shared_group=args.shared_group)
 
 
 def cmd_tui(args, home, config) -> int:

@@ -17,7 +17,9 @@ Format (every key but ``nodes[].name`` and ``nodes[].host`` is optional)::
       connect_timeout: 10               # seconds, > 0
       command_timeout: 30               # seconds, > 0
       admins: [alice]
+      admin_group: gpuadmins            # members of this Unix group are admins too
       run_as: login                     # or "submitter"
+      node_lease: 600                   # seconds a silent node keeps its jobs before they are requeued
     nodes:
       - name: node01
         host: 10.0.0.11
@@ -48,6 +50,8 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from .model import ConfigError  # defined beside the plain data so clients need no yaml
+
 __all__ = [
     "ClusterConfig",
     "ConfigError",
@@ -66,6 +70,7 @@ CONFIG_ENV = "NEBULA_CONFIG"
 
 DEFAULT_NAME = "lab"
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+DEFAULT_NODE_LEASE = 600.0
 DEFAULT_PORT = 22
 DEFAULT_PROBE_INTERVAL = 5.0
 DEFAULT_MISSED_PROBES = 3
@@ -92,7 +97,9 @@ _CLUSTER_KEYS = (
     "connect_timeout",
     "command_timeout",
     "admins",
+    "admin_group",
     "run_as",
+    "node_lease",
 )
 _NODE_KEYS = ("name", "host", "port", "user", "identity", "known_hosts", "env", "drained")
 
@@ -110,32 +117,6 @@ _KIND = {
     "omap": "mapping",
     "set": "set",
 }
-
-
-class ConfigError(Exception):
-    """A config file that cannot be used. ``str(err)`` is one line: ``path:LINE: message``.
-
-    ``path``, ``line`` and ``column`` (1-based, ``None`` when unknown) let a UI point at
-    the spot; ``message`` is the text after the location.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        path: str | None = None,
-        line: int | None = None,
-        column: int | None = None,
-    ) -> None:
-        self.message = message
-        self.path = path
-        self.line = line
-        self.column = column
-        where = path or "<config>"
-        if line is not None:
-            where += f":{line}"
-            if column is not None:
-                where += f":{column}"
-        super().__init__(f"{where}: {message}")
 
 
 @dataclass(frozen=True)
@@ -177,6 +158,11 @@ class ClusterConfig:
     user: str = ""
     identity: str | None = None
     known_hosts: str = ""
+    #: members of this Unix group are admins too (R22); None = no group
+    admin_group: str | None = None
+    #: seconds a node may stay silent before its running jobs are declared lost and
+    #: requeued (a short drop never costs anyone their job)
+    node_lease: float = DEFAULT_NODE_LEASE
 
     def node(self, name: str) -> NodeConfig:
         """The node called ``name``; raises ``KeyError`` if there is none."""
@@ -510,6 +496,8 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
         user=user,
         identity=identity,
         known_hosts=known_hosts,
+        admin_group=ctx.user(get(c, "admin_group"), "cluster.admin_group"),
+        node_lease=pick(ctx.seconds(get(c, "node_lease"), "cluster.node_lease"), DEFAULT_NODE_LEASE),
     )
 
 

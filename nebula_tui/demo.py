@@ -11,6 +11,7 @@ import contextlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,17 +19,20 @@ from .api import ApiError, Client
 from .service import Home, ServiceUnavailable, start_background
 
 LAB_START_TIMEOUT_S = 30.0
+RESTART_CHECK_S = 0.5
 DEMO_PROBE_INTERVAL_S = 2.0
 
 
-def run_demo(home: Home, layout: str, headless: bool) -> int:
+def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None = None) -> int:
     home.ensure()
     lab_dir = home.root / "lab"
     stop_service(home)  # one left by an earlier demo points at ports that are gone
     lab = start_lab(lab_dir, layout, home.root / "lab.log")
+    supervisor = None
     try:
         config = lab_dir / "nodes.yaml"
-        start_background(home, config)
+        supervisor = ServiceSupervisor(home, config, shared_group)
+        supervisor.start()
         if headless:
             return _wait_headless(home, config)
         from .screens.app import run_tui
@@ -38,10 +42,41 @@ def run_demo(home: Home, layout: str, headless: bool) -> int:
         print(f"nebula demo: {err}", file=sys.stderr)
         return 1
     finally:
+        if supervisor:
+            supervisor.stop()
         stop_service(home)
         lab.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             lab.wait(10)
+
+
+class ServiceSupervisor:
+    """Keeps the demo's head service up, as systemd does with ``Restart=always``.
+
+    The service is a process of its own, as in production: killing it leaves the
+    simulated nodes and their jobs running, and the restarted service re-adopts them.
+    """
+
+    def __init__(self, home: Home, config: Path, shared_group: str | None):
+        self.home, self.config, self.shared_group = home, config, shared_group
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._process: subprocess.Popen | None = None
+        self._thread = threading.Thread(target=self._watch, name="service-supervisor", daemon=True)
+
+    def start(self) -> None:
+        self._process = start_background(self.home, self.config, self.shared_group)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(RESTART_CHECK_S):
+            if self._process is not None and self._process.poll() is not None:
+                with contextlib.suppress(ServiceUnavailable):
+                    self._process = start_background(self.home, self.config, self.shared_group)
+                    self.restarts += 1
+
+    def stop(self) -> None:
+        self._stopping.set()
 
 
 class LabUnavailable(Exception):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import logging
 import os
 import pwd
@@ -52,6 +53,7 @@ class NodeView:
     drained: bool = False
     drain_reason: str = ""
     last_seen: float | None = None
+    silent_since: float | None = None  # when it stopped answering (for the node lease)
     cuda_version: str | None = None
     topo: dict = field(default_factory=dict)
     hello: dict = field(default_factory=dict)
@@ -75,6 +77,15 @@ class GpuLive:
     processes: list[GpuProcess] = field(default_factory=list)
     unmanaged_used_mb: int = 0
     maintenance: bool = False
+
+
+def _group_members(group: str) -> set[str]:
+    """Users in a Unix group: its listed members and those for whom it is the primary group."""
+    try:
+        entry = grp.getgrnam(group)
+    except KeyError:
+        return set()
+    return set(entry.gr_mem) | {p.pw_name for p in pwd.getpwall() if p.pw_gid == entry.gr_gid}
 
 
 class Engine:
@@ -102,6 +113,7 @@ class Engine:
     async def start(self) -> None:
         active = (JobState.PENDING, JobState.LAUNCHING, JobState.RUNNING)
         self.jobs = {j.id: j for j in self.store.jobs(states=active)}
+        self._cancelling = self.store.cancel_requested()
         self._register_known_gpus()
         stored = {row["name"]: row for row in self.store.nodes()}
         for node in self.config.nodes:
@@ -144,6 +156,10 @@ class Engine:
     # ------------------------------------------------------- phase 1: events
     def on_node_state(self, node: str, state: NodeState, reason: str) -> None:
         view = self.nodes[node]
+        if state == NodeState.UP:
+            view.silent_since = None
+        elif view.silent_since is None:
+            view.silent_since = self.clock()
         view.state, view.reason = state, reason
         self.store.upsert_node(node, view.host, view.port, state.value, reason, view.last_seen)
         self.store.add_event("node", f"{node} is {state.value}" + (f": {reason}" if reason else ""),
@@ -237,6 +253,10 @@ class Engine:
     def _on_exit(self, node: str, message: dict) -> None:
         job = self._job_from_node(node, message)
         if job is None:
+            if self._ours(message.get("token")):
+                # Ours but already finished (the head crashed before its ack): ack it now.
+                with contextlib.suppress(TypeError, ValueError):
+                    self._ack_soon(node, int(message.get("job")))
             return
         code = message.get("code")
         if job.id in self._cancelling:
@@ -250,13 +270,20 @@ class Engine:
         self._finish(job, state, code, reason)
         self._ack_soon(node, job.id)
 
+    def token(self, job: Job) -> str:
+        """Names one launch of one job: this head's store, and the attempt (requeues)."""
+        return f"{self.store.head_token}.{job.attempt}"
+
+    def _ours(self, token: object) -> bool:
+        return isinstance(token, str) and token.split(".")[0] == self.store.head_token
+
     def _job_from_node(self, node: str, message: dict) -> Job | None:
         try:
             job = self.jobs.get(int(message.get("job")))
         except (TypeError, ValueError):
             return None
-        if message.get("token") != self.store.head_token:
-            return None  # a job directory of another head (an older database)
+        if job is None or message.get("token") != self.token(job):
+            return None  # another head's job directory, or an earlier attempt of this job
         return job if job and job.node == node and job.state.holds_gpus else None
 
     def _ack_soon(self, node: str, job_id: int) -> None:
@@ -274,12 +301,38 @@ class Engine:
             await self.links[node].request("ack", jobs=jobs)
 
     async def _reconcile(self, node: str) -> None:
-        """After (re)connecting: carry out launch intents the node never saw."""
+        """After (re)connecting, make the node and the store agree (R23).
+
+        Launch intents the node never saw are carried out (the session name makes that
+        idempotent); cancels it missed are sent again; sessions of ours whose job is no
+        longer this node's (declared lost and requeued meanwhile) are stopped, so no job
+        runs twice. Exits the node recorded while we were away arrive as exit messages.
+        """
         for job in list(self.jobs.values()):
             if job.node == node and job.state == JobState.LAUNCHING:
                 await self._launch(job)
             if job.node == node and job.id in self._cancelling:
                 self._spawn(self._cancel_on_node(job), f"cancel-{job.id}")
+        try:
+            listing = await self.links[node].request("list")
+        except (NodeUnavailable, asyncio.TimeoutError):
+            return
+        sessions = set(listing.get("sessions", []))
+        for name, info in listing.get("jobs", {}).items():
+            job_id = int(name)
+            current = self.jobs.get(job_id)
+            if (self._ours(info.get("token")) and f"nebula-{job_id}" in sessions
+                    and (current is None or current.node != node
+                         or info.get("token") != self.token(current))):
+                log.warning("stopping stale session of job %s on %s", job_id, node)
+                self.store.add_event("reconcile", f"stopped a stale copy of job {job_id} on {node}",
+                                     job_id=job_id, node=node)
+                self._spawn(self._stop_stale(node, job_id), f"stale-{job_id}")
+
+    async def _stop_stale(self, node: str, job_id: int) -> None:
+        with contextlib.suppress(NodeUnavailable, asyncio.TimeoutError):
+            await self.links[node].request("cancel", timeout=CANCEL_GRACE_S + 30, job=job_id,
+                                           grace=CANCEL_GRACE_S)
 
     # ---------------------------------------------------- phase 2: scheduling
     def wake(self) -> None:
@@ -291,11 +344,39 @@ class Engine:
                 await asyncio.wait_for(self._wake.wait(), PERIODIC_PASS_S)
             self._wake.clear()
             try:
+                self.expire_leases()
                 self.schedule_pass()
             except Exception:
                 log.exception("scheduling pass failed")
             # Let launches and messages run between passes under a flood of submits.
             await asyncio.sleep(0)
+
+    def expire_leases(self) -> None:
+        """Jobs on a node silent for longer than the lease are lost: requeue them.
+
+        A short drop costs nobody their job (the node is only ``unknown``); when the node
+        comes back after the lease, reconcile stops the stale copies.
+        """
+        now = self.clock()
+        for view in self.nodes.values():
+            if view.silent_since is None or now - view.silent_since < self.config.node_lease:
+                continue
+            for job in [j for j in self.jobs.values() if j.node == view.name and j.state.holds_gpus]:
+                self.requeue(job, f"lost with node {view.name} (silent for "
+                                  f"{now - view.silent_since:.0f}s); requeued")
+
+    def requeue(self, job: Job, reason: str) -> None:
+        """Put a job that held GPUs back in the queue (its allocation released)."""
+        self.store.requeue(job.id, reason, self.clock())
+        node = job.node
+        self._cancelling.discard(job.id)
+        job = replace(job, state=JobState.PENDING, node=None, placements=(), reason=reason,
+                      started_at=None, attempt=job.attempt + 1)
+        self.jobs[job.id] = job
+        self.publish_job(job)
+        if node:
+            self.publish_gpus(node)
+        self.wake()
 
     def gpu_views(self) -> list[GpuView]:
         held: dict[str, list[tuple[int, Placement]]] = defaultdict(list)
@@ -355,10 +436,10 @@ class Engine:
         self._spawn(self._launch(job), f"launch-{job.id}")
 
     async def _launch(self, job: Job) -> None:
-        script = launcher.run_script(job, job.placements)
+        script = launcher.run_script(job, job.placements, self._run_as(job))
         try:
             reply = await self.links[job.node].request(
-                "launch", job=job.id, token=self.store.head_token, script=script)
+                "launch", job=job.id, token=self.token(job), script=script)
         except (NodeUnavailable, asyncio.TimeoutError) as err:
             # The intent stays in the store; reconcile launches it when the node is back.
             log.warning("launch of job %s deferred: %s", job.id, err)
@@ -370,6 +451,19 @@ class Engine:
             self._mark_running(current)
         else:
             self._finish(current, JobState.FAILED, None, f"launch failed: {reply.get('error')}")
+
+    def _run_as(self, job: Job) -> tuple[str, ...]:
+        """With ``run_as: submitter``, the prefix that runs the job as its owner on the node.
+
+        A nodelet running as root switches with runuser; any other login user needs a
+        sudoers rule allowing ``sudo -n -u USER`` (README, "Jobs run as their owner").
+        """
+        node = self.config.node(job.node)
+        if self.config.run_as != "submitter" or job.user == node.user:
+            return ()
+        if self.nodes[job.node].hello.get("uid") == 0:
+            return ("runuser", "-u", job.user, "--")
+        return ("sudo", "-n", "-u", job.user, "--")
 
     def _mark_running(self, job: Job) -> None:
         now = self.clock()
@@ -407,14 +501,18 @@ class Engine:
         return job
 
     def is_admin(self, user: str) -> bool:
-        """Admins: root, the users named in the config, and the service's own account."""
-        return user in ("root", self.owner) or user in self.config.admins
+        """Admins: root, the service's own account, the config's admins and admin_group."""
+        if user in ("root", self.owner) or user in self.config.admins:
+            return True
+        group = self.config.admin_group
+        return bool(group) and user in _group_members(group)
 
     def may_manage(self, user: str, job: Job) -> bool:
         return user == job.user or self.is_admin(user)
 
     def _admins_text(self) -> str:
-        return ", ".join(sorted({"root", self.owner, *self.config.admins}))
+        names = ", ".join(sorted({"root", self.owner, *self.config.admins}))
+        return names + (f", group {self.config.admin_group}" if self.config.admin_group else "")
 
     def _check_may_manage(self, user: str, job: Job, verb: str) -> None:
         if not self.may_manage(user, job):
@@ -478,7 +576,7 @@ class Engine:
                 "-o", "StrictHostKeyChecking=yes"]
         if node.identity:
             argv += ["-i", node.identity]
-        return argv + [f"{node.user}@{node.host}", f"tmux -L nebula attach -t nebula-{job.id}"]
+        return argv + [f"{node.user}@{node.host}", f"tmux -L nebula attach -t =nebula-{job.id}"]
 
     def history(self, gpu: str, since_s: float) -> list[dict]:
         if gpu not in self.gpus:
@@ -501,10 +599,13 @@ class Engine:
         if job.state.finished:
             raise RequestError(f"job {job_id} already {job.state.value}")
         if job.state == JobState.PENDING:
+            if user != job.user:
+                self.store.add_event("admin", f"{user} cancelled job {job_id} of {job.user}",
+                                     job_id=job_id, user=user)
             self._finish(job, JobState.CANCELLED, None, f"cancelled by {user}")
             return self.job(job_id)
         self._cancelling.add(job.id)
-        self.store.add_event("cancel", f"job {job_id} cancel requested by {user}", job_id=job_id)
+        self.store.request_cancel(job.id, user, self.clock(), audit=user != job.user)
         self._spawn(self._cancel_on_node(job), f"cancel-{job.id}")
         return job
 
@@ -525,6 +626,7 @@ class Engine:
 
     async def read_log(self, user: str, job_id: int, offset: int) -> dict:
         job = self.job(job_id)
+        self._check_may_manage(user, job, "read the log of")
         if not job.node:
             return {"data": "", "offset": offset, "state": job.state.value}
         try:

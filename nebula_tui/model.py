@@ -23,6 +23,32 @@ class RequestError(Exception):
     """A client asked for something that cannot be done; the message says why, in one line."""
 
 
+class ConfigError(Exception):
+    """A config file that cannot be used. ``str(err)`` is one line: ``path:LINE: message``.
+
+    ``path``, ``line`` and ``column`` (1-based, ``None`` when unknown) let a UI point at
+    the spot; ``message`` is the text after the location.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        path: str | None = None,
+        line: int | None = None,
+        column: int | None = None,
+    ) -> None:
+        self.message = message
+        self.path = path
+        self.line = line
+        self.column = column
+        where = path or "<config>"
+        if line is not None:
+            where += f":{line}"
+            if column is not None:
+                where += f":{column}"
+        super().__init__(f"{where}: {message}")
+
+
 def fmt(value: object, unit: str = "") -> str:
     """Render a reading, ``None`` (not available) as ``N/A``."""
     if value is None:
@@ -127,6 +153,7 @@ class Job:
     ended_at: float | None = None
     exit_code: int | None = None
     held_by: str | None = None  # a pending job someone put on hold (not scheduled until released)
+    attempt: int = 0  # how many times it was requeued; each launch of it is a new attempt
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,8 @@ class Store:
     # Columns added after the first release of a table: (table, column, type, default).
     _LATER_COLUMNS = (
         ("jobs", "held_by", str, None),
+        ("jobs", "cancel_by", str, None),
+        ("jobs", "attempt", int, 0),
         ("nodes", "drained", int, 0),
         ("nodes", "drain_reason", str, None),
     )
@@ -207,6 +209,35 @@ class Store:
                             [held_by, job_id])
             what = "held" if held_by else "released"
             self._event(t, "hold", f"job {job_id} {what} by {by}", job_id=job_id, user=by)
+
+    def request_cancel(self, job_id: int, by: str, t: float, audit: bool = False) -> None:
+        """Remember that a running job is to be cancelled (the node may be away)."""
+        with self.transaction():
+            self.db.execute("UPDATE jobs SET cancel_by = ? WHERE id = ?", [by, job_id])
+            self._event(t, "admin" if audit else "cancel", f"job {job_id} cancel requested by {by}",
+                        job_id=job_id, user=by)
+
+    def cancel_requested(self) -> set[int]:
+        rows = self.db.execute(
+            "SELECT id FROM jobs WHERE cancel_by IS NOT NULL AND state IN ('launching', 'running')")
+        return {r[0] for r in rows.fetchall()}
+
+    def requeue(self, job_id: int, reason: str, t: float) -> None:
+        """Back to pending, its allocation released (lost node, isolated GPU)."""
+        with self.transaction():
+            row = self.db.execute("SELECT user, started_at FROM jobs WHERE id = ?", [job_id]).fetchone()
+            if row is not None:  # the GPU time it held until now is still charged (R7)
+                self.db.execute("UPDATE users SET gpu_hours = gpu_hours + ? WHERE name = ?",
+                                [self._gpu_hours(job_id, row[1], t), row[0]])
+            self.db.execute(
+                "UPDATE allocations SET released_at = ? WHERE job_id = ? AND released_at IS NULL",
+                [t, job_id])
+            self.db.execute(
+                "UPDATE jobs SET state = 'pending', node = NULL, started_at = NULL, reason = ?, "
+                "cancel_by = NULL, attempt = attempt + 1 "
+                "WHERE id = ? AND state IN ('launching', 'running')",
+                [reason, job_id])
+            self._event(t, "requeue", f"job {job_id} {reason}", job_id=job_id)
 
     def set_reasons(self, reasons: dict[int, str]) -> None:
         """Update the waiting reasons of pending jobs (only those that changed)."""
@@ -346,7 +377,7 @@ class Store:
             state=JobState(row["state"]), submitted_at=row["submitted_at"],
             reason=row["reason"] or "", node=row["node"], placements=placements,
             started_at=row["started_at"], ended_at=row["ended_at"], exit_code=row["exit_code"],
-            held_by=row.get("held_by"),
+            held_by=row.get("held_by"), attempt=row.get("attempt") or 0,
         )
 
     # -------------------------------------------------------------- telemetry

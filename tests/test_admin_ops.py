@@ -90,7 +90,7 @@ def test_attach_info_names_the_jobs_session(head):
     try:
         wait_for(lambda: head.job(job)["state"] == "running", 20, what="running")
         argv = head.call("attach_info", job=job)["argv"]
-        assert argv[:2] == ["ssh", "-t"] and argv[-1] == f"tmux -L nebula attach -t nebula-{job}"
+        assert argv[:2] == ["ssh", "-t"] and argv[-1] == f"tmux -L nebula attach -t =nebula-{job}"
         assert any(a.startswith("UserKnownHostsFile=") for a in argv)
     finally:
         head.run("cancel", str(job))

@@ -65,6 +65,12 @@ def session_name(job):
     return "nebula-%s" % job
 
 
+def exact(name):
+    """A tmux target matching only this session: a bare name also matches by prefix
+    (nebula-1 would find nebula-12)."""
+    return "=" + name
+
+
 def job_dir(job):
     return os.path.join(JOBS_DIR, str(job))
 
@@ -229,7 +235,10 @@ def op_launch(req):
             # Launched before and already ended: the wrapper's files tell the outcome.
             return {"ok": True, "already": True}
         if read_text(token_file) != req["token"]:
-            # A directory of another head's job with the same number: keep it, aside.
+            # An earlier attempt of this job (requeued) or another head's job with the same
+            # number: the head decided it is stale, so its session goes and its files are
+            # kept aside.
+            run(TMUX + ["kill-session", "-t", exact(name)])
             os.rename(d, "%s.old-%d" % (d, int(time.time() * 1000)))
     os.makedirs(d, mode=0o700, exist_ok=True)
     WATCHER.forget(job)
@@ -251,7 +260,7 @@ def op_launch(req):
 
 
 def session_pids(job):
-    code, out, _ = run(TMUX + ["list-panes", "-s", "-t", session_name(job), "-F", "#{pane_pid}"])
+    code, out, _ = run(TMUX + ["list-panes", "-s", "-t", exact(session_name(job)), "-F", "#{pane_pid}"])
     return [int(p) for p in out.split() if p.isdigit()] if code == 0 else []
 
 
@@ -264,7 +273,7 @@ def op_cancel(req):
     while time.time() < deadline and session_name(job) in tmux_sessions():
         time.sleep(0.1)
     if session_name(job) in tmux_sessions():
-        run(TMUX + ["kill-session", "-t", session_name(job)])
+        run(TMUX + ["kill-session", "-t", exact(session_name(job))])
     return {"ok": True}
 
 
