@@ -192,15 +192,18 @@ class Engine:
     def _on_probe(self, node: str, message: dict) -> None:
         view = self.nodes[node]
         view.last_seen = message.get("t") or self.clock()
-        if message.get("error"):
-            view.reason = f"probe: {message['error']}"
+        problem = f"probe: {message['error']}" if message.get("error") else ""
         try:
             readings = nvidia.parse_query_gpu(message.get("gpu_csv", ""), nvidia.QUERY_GPU_FIELDS)
             processes = nvidia.parse_query_apps(message.get("apps_csv", ""),
                                                 nvidia.QUERY_APPS_FIELDS)
         except ValueError as err:
-            view.reason = f"probe output not understood: {err}"
+            readings, processes = [], []
+            problem = f"probe output not understood: {err}"
+        if problem != view.reason:  # shown until a good probe clears it
+            view.reason = problem
             self.publish({"type": "node", "node": view.json()})
+        if not readings:
             return
         ours = set(message.get("pid_jobs", {}))
         new_gpus = []

@@ -170,7 +170,10 @@ def connect(home: Home, config_arg: str | None, autostart: bool = True) -> Clien
     """
     try:
         return Client(home.socket)
-    except ApiError:
+    except ApiError as err:
+        if "Permission denied" in str(err):
+            # A shared service that this user may not use: starting another helps nobody.
+            raise ServiceUnavailable(f"{err}; ask an admin to add you to the lab's group") from None
         if not autostart:
             raise ServiceUnavailable(f"no head service is running for {home.root}") from None
     from .config import find_config, load_config

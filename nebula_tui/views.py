@@ -20,7 +20,7 @@ def job_json(job: Job) -> dict:
         "gpu_mem_mb": job.spec.gpu_mem_mb, "workdir": job.spec.workdir,
         "submitted_at": job.submitted_at, "started_at": job.started_at,
         "ended_at": job.ended_at, "exit_code": job.exit_code, "held": bool(job.held_by),
-        "held_by": job.held_by,
+        "held_by": job.held_by, "attempt": job.attempt,
         "gpus": [{"uuid": p.gpu_uuid, "node": p.node, "index": p.gpu_index,
                   "memory_mb": p.memory_mb, "exclusive": p.exclusive} for p in job.placements],
     }

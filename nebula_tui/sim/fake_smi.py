@@ -8,11 +8,19 @@ process is on this node's GPUs when its environment has ``CUDA_VISIBLE_DEVICES``
 names this node (``NEBULA_SIM_DIR``, else ``NEBULA_SIM_NODE``). Output mimics 550/560 drivers byte for byte.
 
 Exit codes follow the real tool: 2 bad argument or field, 6 no such device, 9 no node
-state (driver not loaded), 15 a GPU fell off the bus.
+state (driver not loaded), 15 a GPU fell off the bus, 255 other errors (a reset refused).
+
+Faults (``faults.json``, written by ``nebula_tui.sim.faults``) are per GPU index and override
+the live readings: ``lost`` (fell off the bus: every query names it and exits 15),
+``temp_c``/``util``/``sm_clock_mhz`` (a throttling card), ``ecc_uncorrected`` (volatile
+double-bit ECC count), ``reset_fails`` (``-r`` cannot reset it). ``-r -i ID`` resets a GPU:
+refused while processes use it or when it is lost, else its faults are cleared, as a real
+reset clears volatile state (the wording of the reset messages is approximated).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -23,6 +31,7 @@ EXIT_BAD_ARGUMENT = 2
 EXIT_NOT_FOUND = 6
 EXIT_NO_DRIVER = 9
 EXIT_GPU_LOST = 15
+EXIT_OTHER = 255
 
 IDLE_MEMORY_MB = 1  # what an idle card shows used (driver context), like real cards
 IDLE_SM_CLOCK_MHZ = 210
@@ -211,6 +220,35 @@ def gpu_state(gpu: dict, processes: list[dict], fault: dict) -> dict:
     return state
 
 
+def base_sm_clock(gpu: dict) -> int:
+    """The card's base SM clock: node.json's ``base_sm_clock_mhz``, else 80 % of its max
+    (an approximation; real cards sit between about 65 % and 90 %)."""
+    if gpu.get("base_sm_clock_mhz"):
+        return int(gpu["base_sm_clock_mhz"])
+    return int(round(gpu.get("max_sm_clock_mhz", 1800) * 0.8))
+
+
+#: Data-centre cards ship with ECC on (node.json ``"ecc"`` overrides); GeForce has it off.
+ECC_MODELS = ("A100", "H100", "H200", "B200", "A30", "A40", "A10", "L40", "V100", "T4")
+
+
+def has_ecc(gpu: dict) -> bool:
+    if "ecc" in gpu:
+        return bool(gpu["ecc"])
+    return any(model in gpu.get("name", "") for model in ECC_MODELS)
+
+
+def _ecc(g: dict, nu: bool) -> str:
+    # Cards without ECC (or with it off) report [N/A]; a fault sets a count.
+    if "ecc_uncorrected" in g:
+        return str(g["ecc_uncorrected"])
+    return "0" if has_ecc(g) else "[N/A]"
+
+
+def _thermal(g: dict) -> str:
+    return "Active" if g.get("throttle") else "Not Active"
+
+
 def _lost_message(gpu: dict) -> str:
     # Real drivers print the 4-digit-domain address right after "GPU".
     return f"Unable to determine the device handle for GPU{gpu['pci_bus_id'][4:]}: Unknown Error"
@@ -246,6 +284,9 @@ GPU_FIELDS = {
     "clocks.sm": ("MHz", lambda g, n, nu: _num(g["sm_clock_mhz"], "MHz", nu)),
     "clocks.mem": ("MHz", lambda g, n, nu: _num(g["mem_clock_mhz"], "MHz", nu)),
     "clocks.max.sm": ("MHz", lambda g, n, nu: _num(g.get("max_sm_clock_mhz"), "MHz", nu)),
+    "clocks.default_applications.graphics": ("MHz", lambda g, n, nu: _num(base_sm_clock(g), "MHz", nu)),
+    "clocks_event_reasons.hw_thermal_slowdown": ("", lambda g, n, nu: _thermal(g)),
+    "ecc.errors.uncorrected.volatile.total": ("", lambda g, n, nu: _ecc(g, nu)),
     "pcie.link.gen.current": ("", lambda g, n, nu: _num(g.get("pcie_gen"), "", nu)),
     "pcie.link.width.current": ("", lambda g, n, nu: _num(g.get("pcie_width"), "", nu)),
     "pstate": ("", lambda g, n, nu: g["pstate"]),
@@ -253,7 +294,9 @@ GPU_FIELDS = {
     "compute_cap": ("", lambda g, n, nu: g["compute_cap"]),
 }
 _GPU_ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
-                "clocks.current.sm": "clocks.sm", "clocks.current.memory": "clocks.mem"}
+                "clocks.current.sm": "clocks.sm", "clocks.current.memory": "clocks.mem",
+                "clocks.default_applications.gr": "clocks.default_applications.graphics",
+                "clocks_throttle_reasons.hw_thermal_slowdown": "clocks_event_reasons.hw_thermal_slowdown"}
 
 # Apps field -> (unit in the header, value of (gpu state, process) as text given nounits).
 APPS_FIELDS = {
@@ -446,6 +489,8 @@ def parse_args(argv: list[str]) -> dict:
             args["ids"] = [item.strip() for item in value.split(",")]
         elif arg in ("-L", "--list-gpus"):
             args["mode"] = "list"
+        elif arg in ("-r", "--gpu-reset"):
+            args["mode"] = "reset"
         else:
             raise _bad_option(arg)
         i += 1
@@ -470,6 +515,58 @@ def select(states: list[dict], ids: list[str] | None) -> list[dict]:
     return chosen
 
 
+def update_faults(sim_dir: str, change) -> dict:
+    """Apply ``change(gpus)`` to faults.json under a lock, written atomically (a reader
+    never sees half a file). Shared with ``nebula_tui.sim.faults``."""
+    path = os.path.join(sim_dir, "faults.json")
+    with open(os.path.join(sim_dir, "faults.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                doc = json.load(handle)
+        except (OSError, ValueError):
+            doc = {}
+        gpus = doc.setdefault("gpus", {})
+        change(gpus)
+        for key in [k for k, v in gpus.items() if not v]:
+            del gpus[key]
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(doc, handle, indent=2, sort_keys=True)
+        os.replace(tmp, path)
+    return doc
+
+
+def reset(sim_dir: str, states: list[dict]) -> tuple[str, int]:
+    """``-r``: reset each chosen GPU, or say why not (in use, lost, a failing card)."""
+    out, code, done = [], 0, []
+    for g in states:
+        bus = g["pci_bus_id"]
+        if g["lost"] or g.get("reset_fails"):
+            out.append(f"Unable to reset GPU {bus}: Unknown Error\n")
+            code = EXIT_GPU_LOST if g["lost"] else EXIT_OTHER
+        elif g["processes"]:
+            out.append(f"GPU {bus} is currently in use by another process.\n\n"
+                       "1 device is currently being used by one or more other processes "
+                       "(e.g., Fabric Manager, CUDA application, graphics application such as "
+                       "an X server, or a monitoring application such as another instance of "
+                       "nvidia-smi). Please first kill all processes using this device and all "
+                       "compute applications running in the system.\n")
+            code = EXIT_OTHER
+        else:
+            out.append(f"GPU {bus} was successfully reset.\n")
+            done.append(str(g["index"]))
+    if done:
+        def clear(gpus: dict) -> None:
+            for index in done:
+                gpus.pop(index, None)
+
+        update_faults(sim_dir, clear)
+    if code == 0:
+        out.append("All done.\n")
+    return "".join(out), code
+
+
 def run(argv: list[str]) -> tuple[str, int]:
     """Everything but printing: argv -> (stdout text, exit code). Raises SmiError."""
     args = parse_args(argv)
@@ -478,6 +575,8 @@ def run(argv: list[str]) -> tuple[str, int]:
     states = [gpu_state(g, processes, faults.get(str(g["index"]), {})) for g in node["gpus"]]
     states = select(states, args["ids"])
     mode = args["mode"]
+    if mode == "reset":
+        return reset(os.environ.get("NEBULA_SIM_DIR", "."), states)
     if mode == "gpu":
         return query_gpu(node, states, args["fields"], args["format"])
     if mode == "apps":

@@ -36,22 +36,21 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, what: str
 class HeadProcess:
     """A running ``nebula serve`` for ``lab`` and the CLI pointed at it."""
 
-    def __init__(self, home: Path, lab, config: Path | None = None):
+    def __init__(self, home: Path, lab, config: Path | None = None, socket: Path | None = None,
+                 serve_args: tuple[str, ...] = ()):
         self.home = Path(home)
         self.home.mkdir(parents=True, exist_ok=True)
         self.lab = lab
+        self.socket = Path(socket) if socket else self.home / "nebula.sock"
+        self.serve_args = serve_args
         self.env = {**os.environ, "NEBULA_HOME": str(self.home),
-                    "NEBULA_CONFIG": str(config or lab.config_path)}
+                    "NEBULA_CONFIG": str(config or lab.config_path), "NEBULA_SOCKET": str(self.socket)}
         self.process: subprocess.Popen | None = None
-
-    @property
-    def socket(self) -> Path:
-        return self.home / "nebula.sock"
 
     def start(self, timeout: float = 30, wait_nodes: bool = True) -> None:
         with open(self.home / "serve.out", "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "nebula_tui", "serve"], env=self.env,
+                [sys.executable, "-m", "nebula_tui", "serve", *self.serve_args], env=self.env,
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         wait_for(self._answers, timeout, what="nebula serve to answer")
         if wait_nodes:

@@ -231,8 +231,12 @@ def op_launch(req):
     name = session_name(job)
     token_file = os.path.join(d, "token")
     if os.path.isdir(d):
-        if read_text(token_file) == req["token"] and os.path.exists(os.path.join(d, "launched")):
-            # Launched before and already ended: the wrapper's files tell the outcome.
+        if read_text(token_file) == req["token"] and any(
+                os.path.exists(os.path.join(d, marker)) for marker in ("launched", "started", "exit_code")):
+            # This very launch happened before (its wrapper left its marks), perhaps by a
+            # nodelet that died before it could say so: never run it a second time. A
+            # session created but not yet started is caught below as a duplicate.
+            write_atomic(os.path.join(d, "launched"), str(time.time()))
             return {"ok": True, "already": True}
         if read_text(token_file) != req["token"]:
             # An earlier attempt of this job (requeued) or another head's job with the same
@@ -253,6 +257,7 @@ def op_launch(req):
         code, _, err = run(argv)
     if code != 0:
         if "duplicate session" in err:  # the session is the idempotency key: launched already
+            write_atomic(os.path.join(d, "launched"), str(time.time()))
             return {"ok": True, "already": True}
         return {"ok": False, "error": "tmux new-session failed: %s" % err.strip()}
     write_atomic(os.path.join(d, "launched"), str(time.time()))

@@ -1,0 +1,148 @@
+"""One head service, several real Unix users (R22): identity from the kernel, permissions,
+a socket only the lab's group can reach, a store nobody else can read, jobs run as their
+owner. CI runs as root, so the test creates its users and group."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import wait_for
+from nebula_tui.sim.harness import HeadProcess
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("runuser") or not Path("/usr/bin/python3").exists(),
+    reason="needs root (to create users), runuser and /usr/bin/python3")
+
+REPO = Path(__file__).resolve().parent.parent
+GROUP = "nebtestlab"
+RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"
+ALICE, BOB, STRANGER = "nebalice", "nebbob", "nebeve"
+
+
+def _sh(*argv: str) -> None:
+    subprocess.run(argv, check=False, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def users():
+    _sh("groupadd", GROUP)
+    for name in (ALICE, BOB):
+        _sh("useradd", "-m", "-G", GROUP, name)
+    _sh("useradd", "-m", STRANGER)  # not in the lab's group
+    try:
+        yield
+    finally:
+        for name in (ALICE, BOB, STRANGER):
+            _sh("userdel", "-r", name)
+        _sh("groupdel", GROUP)
+
+
+@pytest.fixture(scope="module")
+def shared(openssh_lab, users, tmp_path_factory):
+    """A head as root in shared-box mode; clients run as other users from a copy of the
+    package they can read (the checkout may sit in a directory only root can enter)."""
+    public = Path(tempfile.mkdtemp(prefix="nebula-shared-"))
+    public.chmod(0o755)
+    shutil.copytree(REPO / "nebula_tui", public / "nebula_tui",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["chmod", "-R", "a+rX", str(public / "nebula_tui")], check=True)
+    config = yaml.safe_load(openssh_lab.config_path.read_text())
+    config["cluster"]["run_as"] = "submitter"
+    home = tmp_path_factory.mktemp("sharedhome")
+    (home / "nodes.yaml").write_text(yaml.safe_dump(config))
+    head = HeadProcess(home, openssh_lab, config=home / "nodes.yaml",
+                       socket=public / "run" / "nebula.sock", serve_args=("--shared-group", GROUP))
+    head.start()
+    head.public = public
+    try:
+        yield head
+    finally:
+        head.stop()
+        shutil.rmtree(public, ignore_errors=True)
+
+
+def as_user(head, user: str, *args: str) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(head.public), "LANG": "C.UTF-8",
+           "NEBULA_SOCKET": str(head.socket), "NEBULA_HOME": f"/tmp/{user}-nebula"}
+    return subprocess.run([RUNUSER, "-u", user, "--", "/usr/bin/python3", "-m", "nebula_tui", *args],
+                          env=env, capture_output=True, text=True, timeout=60, cwd="/")
+
+
+def submit_as(head, user: str, *args: str) -> int:
+    done = as_user(head, user, "submit", *args)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.split()[2])
+
+
+def test_each_job_belongs_to_the_user_the_kernel_names(shared):
+    a = submit_as(shared, ALICE, "--gpu-mem", "4G", "--", "true")
+    b = submit_as(shared, BOB, "--gpu-mem", "4G", "--", "true")
+    assert shared.job(a)["user"] == ALICE and shared.job(b)["user"] == BOB
+    shared.wait_job(a)
+    shared.wait_job(b)
+    users = {u["name"]: u for u in shared.call("users")["users"]}
+    assert users[ALICE]["jobs_finished"] == 1 and users[BOB]["jobs_finished"] == 1
+
+
+def test_a_client_cannot_claim_another_identity(shared):
+    forged = ("import json, socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+              "s.sendall(json.dumps({'op': 'submit', 'user': 'root', 'command': ['true'], "
+              "'gpu_mem_mb': 4096}).encode() + b'\\n'); print(s.makefile().readline())")
+    done = subprocess.run([RUNUSER, "-u", BOB, "--", "/usr/bin/python3", "-c", forged, str(shared.socket)],
+                          capture_output=True, text=True, timeout=30)
+    reply = json.loads(done.stdout)
+    assert reply["ok"] and reply["job"]["user"] == BOB
+    shared.wait_job(reply["job"]["id"])
+
+
+def test_permission_matrix(shared):
+    job = submit_as(shared, ALICE, "--gpu-mem", "4G", "--", "sh", "-c", "echo secret; sleep 60")
+    wait_for(lambda: shared.job(job)["state"] == "running", 20, what="alice's job running")
+    for verb in ("cancel", "hold", "logs"):
+        refused = as_user(shared, BOB, verb, str(job))
+        assert refused.returncode == 1, (verb, refused.stdout)
+        assert f"belongs to {ALICE}; only they or an admin" in refused.stderr
+        assert refused.stderr.count("\n") == 1 and "secret" not in refused.stdout
+    assert wait_for(lambda: "secret" in as_user(shared, ALICE, "logs", str(job)).stdout, 10,
+                    what="alice reading her own log")
+    # root is an admin: it may cancel anyone's job, and that is audited.
+    assert shared.run("cancel", str(job)).returncode == 0
+    assert shared.wait_job(job)["state"] == "cancelled"
+    audit = [e for e in shared.call("events", limit=500)["events"] if e["kind"] == "admin"]
+    assert any(f"job {job} cancel requested by root" in e["message"] for e in audit)
+
+
+def test_only_the_group_reaches_the_socket_and_nobody_the_store(shared):
+    mode = shared.socket.stat().st_mode & 0o777
+    assert mode == 0o660
+    outsider = as_user(shared, STRANGER, "queue")
+    assert outsider.returncode == 1 and "Permission denied" in outsider.stderr
+    assert outsider.stderr.count("\n") == 1
+    for path in (shared.home / "state.db",):
+        read = subprocess.run([RUNUSER, "-u", BOB, "--", "cat", str(path)], capture_output=True)
+        assert read.returncode != 0 and b"Permission denied" in read.stderr
+
+
+def test_jobs_run_as_their_owner(shared):
+    done = as_user(shared, ALICE, "submit", "--gpu-mem", "4G", "--wait", "--", "sh", "-c", "id -un; pwd")
+    assert done.returncode == 0, done.stderr
+    job = int(done.stdout.split()[2])
+    log = as_user(shared, ALICE, "logs", str(job)).stdout.split()
+    assert log == [ALICE, f"/home/{ALICE}"]
+
+
+def test_the_socket_peer_is_the_kernels_word(shared):
+    """The server reads SO_PEERCRED; check what the kernel reports for our own socket."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(shared.socket))
+        s.sendall(b'{"op": "ping"}\n')
+        assert json.loads(s.makefile().readline())["user"] == "root"

@@ -1,0 +1,173 @@
+"""The head may die at any moment and nodes may go silent (R15, R23): nothing acknowledged
+is lost, nothing runs twice, no GPU is promised twice, and accounting adds up."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+
+import pytest
+import yaml
+
+from conftest import wait_for
+from nebula_tui.api import ApiError, Client
+from nebula_tui.sim.harness import FINISHED, HeadProcess
+
+
+def node_of(head, name: str) -> dict:
+    return next(n for n in head.call("status")["nodes"] if n["name"] == name)
+
+
+def session_alive(lab, node: str, job: int) -> bool:
+    env = {**os.environ, "TMUX_TMPDIR": str(lab.node_dir(node) / "tmux")}
+    return subprocess.run(["tmux", "-L", "nebula", "has-session", "-t", f"=nebula-{job}"],
+                          env=env, capture_output=True).returncode == 0
+
+
+def never_overcommitted(db_path) -> None:
+    """Replay every allocation ever made: at no moment was a GPU promised twice."""
+    db = sqlite3.connect(db_path)
+    totals = dict(db.execute("SELECT uuid, total_mb FROM gpus"))
+    changes = defaultdict(list)
+    for gpu, mem, excl, start, end in db.execute(
+            "SELECT gpu_uuid, memory_mb, exclusive, created_at, COALESCE(released_at, 1e18) FROM allocations"):
+        changes[gpu] += [(start, 1, mem, excl), (end, -1, mem, excl)]
+    for gpu, events in changes.items():
+        held = count = exclusive = 0
+        for _, sign, mem, excl in sorted(events, key=lambda e: (e[0], e[1])):  # releases first
+            held += sign * mem
+            count += sign
+            exclusive += sign * excl
+            assert held <= totals[gpu] and count <= 4, f"{gpu} over-committed"
+            assert not exclusive or count == 1, f"{gpu}: an exclusive card was shared"
+
+
+@pytest.mark.timeout(600)
+def test_chaos_head_killed_20_times_while_200_jobs_flow(openssh_lab, tmp_path):
+    ran = tmp_path / "ran.txt"
+    head = HeadProcess(tmp_path / "home", openssh_lab)
+    head.start()
+    rng = random.Random(23)
+    try:
+        with head.client() as client:
+            ids = [client.call("submit", gpu_mem_mb=4096, shell=True, command=[
+                f'echo "$NEBULA_JOB_ID" >> {ran}; sleep $((NEBULA_JOB_ID % 3))'])["job"]["id"]
+                for _ in range(200)]
+        for _ in range(20):
+            time.sleep(rng.uniform(0.1, 0.8))
+            head.kill()
+            time.sleep(rng.uniform(0.0, 0.3))
+            head.start(wait_nodes=False)
+        head.stop()
+        head.start()
+
+        def all_done():
+            with head.client() as c:
+                return all(c.call("job", job=i)["job"]["state"] in FINISHED for i in ids)
+        wait_for(all_done, 240, interval=0.5, what="all 200 jobs to end")
+        jobs = [head.job(i) for i in ids]
+    finally:
+        head.stop()
+    assert Counter(j["state"] for j in jobs) == {"succeeded": 200}
+    runs = Counter(int(line) for line in ran.read_text().split())
+    assert set(runs) == set(ids), "every job ran"
+    assert max(runs.values()) == 1, f"jobs ran twice: {[i for i, n in runs.items() if n > 1]}"
+    db = head.home / "state.db"
+    never_overcommitted(db)
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT count(*) FROM allocations WHERE released_at IS NULL").fetchone()[0] == 0
+    (finished,) = conn.execute("SELECT SUM(jobs_finished) FROM users").fetchone()
+    assert finished == 200
+
+
+def test_node_sshd_stopped_30s_while_its_job_runs(head, openssh_lab):
+    job = int(head.run("submit", "--gpu-mem", "4G", "--", "sleep", "120", check=True).stdout.split()[2])
+    try:
+        node = wait_for(lambda: (j := head.job(job))["state"] == "running" and j["node"], 20,
+                        what="the job to run")
+        stopped = time.monotonic()
+        openssh_lab.stop_node(node)
+        try:
+            wait_for(lambda: node_of(head, node)["state"] == "unknown", 20, what="node unknown")
+            assert time.monotonic() - stopped < 16
+            time.sleep(max(0.0, 30 - (time.monotonic() - stopped)))
+            assert head.job(job)["state"] == "running", "a short drop costs nobody their job"
+            assert session_alive(openssh_lab, node, job)
+        finally:
+            openssh_lab.start_node(node)
+        wait_for(lambda: node_of(head, node)["state"] == "up", 30, what="node back up")
+        assert head.job(job)["state"] == "running" and head.job(job)["node"] == node
+    finally:
+        head.run("cancel", str(job))
+    # Reconciled: the cancel reaches the node, the job ends with a real outcome.
+    assert head.wait_job(job, 30)["state"] == "cancelled"
+
+
+def test_a_node_silent_past_its_lease_has_its_jobs_requeued(openssh_lab, tmp_path):
+    config = yaml.safe_load(openssh_lab.config_path.read_text())
+    config["cluster"]["node_lease"] = 3
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump(config))
+    head = HeadProcess(tmp_path / "home", openssh_lab, config=tmp_path / "nodes.yaml")
+    head.start()
+    try:
+        job = int(head.run("submit", "--gpu-mem", "4G", "--", "sleep", "120", check=True).stdout.split()[2])
+        first = wait_for(lambda: (j := head.job(job))["state"] == "running" and j, 20, what="running")
+        openssh_lab.stop_node(first["node"])
+        try:
+            moved = wait_for(lambda: (j := head.job(job))["state"] == "running" and j["attempt"] == 1 and j,
+                             30, what="the job requeued and running elsewhere")
+            assert moved["node"] != first["node"]
+            assert "lost with node" in " ".join(e["message"] for e in head.call("events", limit=200)["events"])
+        finally:
+            openssh_lab.start_node(first["node"])
+        # The old copy must not keep running: reconcile stops it when the node is back.
+        wait_for(lambda: not session_alive(openssh_lab, first["node"], job), 40,
+                 what="the stale copy stopped")
+        assert session_alive(openssh_lab, moved["node"], job)
+        head.run("cancel", str(job))
+        assert head.wait_job(job, 30)["state"] == "cancelled"
+        never_overcommitted(head.home / "state.db")
+    finally:
+        head.stop()
+
+
+def test_50_clients_submitting_at_once(head):
+    script = ("import sys; from nebula_tui.api import Client\n"
+              "with Client(sys.argv[1]) as c:\n"
+              "    for _ in range(20):\n"
+              "        print(c.call('submit', command=['true'], gpu_count=64, name='flood')['job']['id'])\n")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(head.socket)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(50)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    try:
+        assert all(p.returncode == 0 for p in procs), [err for _, err in outputs if err][:3]
+        assert not any("locked" in err for _, err in outputs)
+        ids = [int(x) for out, _ in outputs for x in out.split()]
+        assert len(ids) == 1000 and len(set(ids)) == 1000
+        # The queue answers while all of that waits.
+        assert sum(j["name"] == "flood" for j in head.call("queue")["jobs"]) == 1000
+    finally:
+        with Client(head.socket) as c:
+            for job in c.call("queue")["jobs"]:
+                if job["name"] == "flood":
+                    c.call("cancel", job=job["id"])
+
+
+def test_garbage_from_a_node_tool_marks_the_node_and_nothing_crashes(head, openssh_lab):
+    tool = openssh_lab.node_dir("node03") / "bin" / "nvidia-smi"
+    original = tool.read_text()
+    tool.write_text("#!/bin/sh\nprintf 'garbage,,\\n\\x01\\x02 not csv at all\\n'\n")
+    try:
+        reason = wait_for(lambda: (n := node_of(head, "node03"))["reason"] and n["reason"], 15,
+                          what="node03 to be marked")
+        assert "probe" in reason
+        assert head.call("ping")["pid"]  # the service lives on
+    finally:
+        tool.write_text(original)
+    wait_for(lambda: not node_of(head, "node03")["reason"], 15, what="node03 healthy again")
