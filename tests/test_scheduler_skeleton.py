@@ -178,10 +178,11 @@ REASONS = [
         (3, None),
         "needs 3 whole GPUs on one node; best now: n2 has 2",
         id="gang-whole-most-fitting-node"),
-    pytest.param(
+    pytest.param(  # no node could ever hold it: say so, not "best now", and hint at --nodes
         [gpu("n1", 0), gpu("n2", 0)], (2, None),
-        "needs 2 whole GPUs on one node; best now: n1 has 1",
-        id="gang-whole-tie-first-node"),
+        "needs 2 whole GPUs on one node; the largest node has 1 such GPU "
+        "(--nodes lets a job span nodes)",
+        id="gang-whole-larger-than-any-node"),
     pytest.param(
         [gpu("n1", 0, unmanaged=100)], (1, None),
         "needs a whole GPU; none is free now",

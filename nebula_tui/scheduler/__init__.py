@@ -1,5 +1,13 @@
-"""The scheduler: pure code from a snapshot to decisions (no I/O, no clock, no SQL)."""
+"""The scheduler: pure code from a snapshot to decisions (no I/O, no clock, no SQL).
 
-from .queue import PendingJob, Snapshot, Start, Wait, schedule
+``schedule(Snapshot(...)) -> list[Decision]`` is the one entry point; ``fairshare`` and
+``topology`` hold the pure helpers the head and the CLI call (weights, quotas, best sets).
+"""
 
-__all__ = ["PendingJob", "Snapshot", "Start", "Wait", "schedule"]
+from . import fairshare, topology
+from .queue import order, schedule
+from .snapshot import (Decision, Fail, PendingJob, RunningJob, SchedulerConfig, Snapshot, Start,
+                       UserShare, Wait)
+
+__all__ = ["Decision", "Fail", "PendingJob", "RunningJob", "SchedulerConfig", "Snapshot", "Start",
+           "UserShare", "Wait", "fairshare", "order", "schedule", "topology"]

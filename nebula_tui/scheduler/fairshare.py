@@ -1,0 +1,69 @@
+"""R6 fair share and R7 quotas: pure arithmetic the engine feeds from the store.
+
+A user's weight grows with what they used: 1.0 + 0.1 per finished job + 0.02 per GPU-hour
+(a slice counts its fraction of the card's memory). The queue runs the lowest weight first.
+With a half-life, each finished job's contribution halves every ``half_life_s`` seconds, so
+old usage is forgiven; hours held by jobs still running count in full.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+BASE_WEIGHT = 1.0
+PER_FINISHED_JOB = 0.1
+PER_GPU_HOUR = 0.02
+#: the half-life we recommend: last week's usage counts half, last month's about a twentieth
+DEFAULT_HALF_LIFE_S = 7 * 24 * 3600.0
+#: R7: GPU-hours per user per calendar month unless an admin set another quota
+DEFAULT_QUOTA_GPU_HOURS = 2000.0
+
+
+def gpu_fraction(memory_mb: int, total_mb: int | None, exclusive: bool) -> float:
+    """How much of a card a placement counts as (R7): 1.0 whole, else its memory share."""
+    if exclusive or not total_mb:
+        return 1.0
+    return min(1.0, memory_mb / total_mb)
+
+
+def gpu_hours(fractions: Sequence[float], seconds: float) -> float:
+    """GPU-hours of a job holding cards (``gpu_fraction`` each) for ``seconds``."""
+    return sum(fractions) * max(0.0, seconds) / 3600.0
+
+
+def user_weight(finished: Sequence[tuple[float, float]], held_gpu_hours: float, now: float,
+                half_life_s: float | None = DEFAULT_HALF_LIFE_S) -> float:
+    """R6 weight from finished jobs ``(ended_at, gpu_hours)`` and hours held right now.
+
+    ``half_life_s`` None (or <= 0) means no decay: every job counts forever.
+    """
+    weight = BASE_WEIGHT + PER_GPU_HOUR * max(0.0, held_gpu_hours)
+    for ended_at, hours in finished:
+        decay = 1.0
+        if half_life_s and half_life_s > 0:
+            decay = 2.0 ** (-max(0.0, now - ended_at) / half_life_s)
+        weight += (PER_FINISHED_JOB + PER_GPU_HOUR * max(0.0, hours)) * decay
+    return weight
+
+
+def _hours(value: float) -> str:
+    text = f"{value:.1f}"
+    return text[:-2] if text.endswith(".0") else text
+
+
+def quota_refusal(user: str, month_gpu_hours: float, quota_gpu_hours: float,
+                  admins: Sequence[str]) -> str | None:
+    """R7: the one-line refusal of a submit by a user at or over quota, else None."""
+    if month_gpu_hours < quota_gpu_hours:
+        return None
+    # Suggest the next round thousand above both the quota and the usage.
+    raise_to = (math.floor(max(month_gpu_hours, quota_gpu_hours) / 1000) + 1) * 1000
+    who = f"an admin ({', '.join(admins)})" if admins else "an admin"
+    return (f"{user} has used {_hours(month_gpu_hours)} of {_hours(quota_gpu_hours)} GPU-hours "
+            f"this month; {who} can raise the quota with `nebula quota {user} {raise_to}`")
+
+
+def order_key(priority: int, weight: float, submitted_at: float, job_id: int) -> tuple:
+    """The queue order (R6, R25): priority first, then lowest weight, then submit time, id."""
+    return (-priority, weight, submitted_at, job_id)

@@ -1,0 +1,94 @@
+"""R10/R11 filters: which cards a request may ever use, and the words for "none can".
+
+Architecture and CUDA requests are parsed once per distinct request; a card's compute
+capability ("8.9") and driver CUDA version ("12.4") are compared as integer tuples, so
+"12.10" is newer than "12.9".
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_ARCH = re.compile(r"^\s*(>=)?\s*sm_?(\d+)[a-z]?\s*$", re.IGNORECASE)
+_VERSION = re.compile(r"^\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?\s*$")
+
+
+def parse_version(text: str | None) -> tuple[int, ...] | None:
+    """"12.4" -> (12, 4); "12" -> (12, 0); None or junk -> None."""
+    if text is None:
+        return None
+    match = _VERSION.match(str(text))
+    if not match:
+        return None
+    parts = [int(p) for p in match.groups() if p is not None]
+    return tuple(parts + [0] * (2 - len(parts))) if len(parts) < 2 else tuple(parts)
+
+
+def version_text(version: tuple[int, ...]) -> str:
+    return ".".join(str(p) for p in version)
+
+
+@dataclass(frozen=True)
+class ArchRequest:
+    """``--arch sm_89`` (exactly 8.9) or ``--arch '>=sm_80'`` (8.0 or newer)."""
+
+    capability: tuple[int, int]
+    minimum: bool
+
+    @property
+    def text(self) -> str:
+        sm = f"sm_{self.capability[0]}{self.capability[1]}"
+        return f"{sm} or newer" if self.minimum else sm
+
+    def accepts(self, capability: tuple[int, ...] | None) -> bool:
+        if capability is None:
+            return False
+        return capability >= self.capability if self.minimum else capability == self.capability
+
+
+def parse_arch(text: str) -> ArchRequest:
+    """``sm_89`` -> 8.9 exact; ``>=sm_80`` -> 8.0 minimum; ``sm_120`` -> 12.0.
+
+    Raises ValueError with a sentence when the text is no architecture.
+    """
+    match = _ARCH.match(text)
+    if not match:
+        raise ValueError(f"--arch '{text}' is not an architecture like sm_89 or '>=sm_80'")
+    number = int(match.group(2))
+    return ArchRequest((number // 10, number % 10), match.group(1) is not None)
+
+
+def sm_name(capability: tuple[int, ...]) -> str:
+    return f"sm_{capability[0]}{capability[1] if len(capability) > 1 else 0}"
+
+
+@dataclass(frozen=True)
+class Filter:
+    """The hardware a request needs, whatever runs on the cards now."""
+
+    vendor: str | None
+    arch: ArchRequest | None
+    cuda: tuple[int, ...] | None
+
+    def describe(self) -> str:
+        """The qualifiers shown after "needs …": "" or " (sm_89, CUDA ≥12.1)"."""
+        parts = []
+        if self.vendor:
+            parts.append(self.vendor)
+        if self.arch:
+            parts.append(self.arch.text)
+        if self.cuda:
+            parts.append(f"CUDA ≥{version_text(self.cuda)}")
+        return f" ({', '.join(parts)})" if parts else ""
+
+
+def make_filter(vendor: str | None, arch: str | None, cuda: str | None) -> Filter:
+    """Raises ValueError (a sentence) for an --arch or --cuda that cannot be understood."""
+    arch_request = parse_arch(arch) if arch else None
+    cuda_version = None
+    if cuda:
+        cuda_version = parse_version(cuda)
+        if cuda_version is None:
+            raise ValueError(f"--cuda '{cuda}' is not a version like 12.1")
+    return Filter(vendor.lower() if vendor else None, arch_request, cuda_version)

@@ -1,0 +1,140 @@
+"""The scheduler's inputs and outputs: frozen values only, built by the engine.
+
+A pass sees one :class:`Snapshot` and returns one :class:`Decision` per pending job. Nothing
+here reads a clock or a file: ``Snapshot.now`` is the engine's clock reading for the pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from ..model import GpuView, Placement
+
+def _empty() -> Mapping:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    """A job waiting for GPUs, with everything its submit asked for (R4)."""
+
+    id: int
+    user: str
+    gpu_count: int
+    gpu_mem_mb: int | None  # None: whole cards
+    submitted_at: float
+    arch: str | None = None  # "sm_89": exactly that family; ">=sm_80": that or newer (R11)
+    cuda: str | None = None  # the driver must support at least this CUDA version (R11)
+    vendor: str | None = None  # "nvidia" / "intel" / "ascend"; None: any
+    max_nodes: int = 1  # --nodes: how many nodes the gang may span (R8)
+    priority: int = 0  # admin-set; higher runs before any fair-share order (R6)
+    after: tuple[int, ...] = ()  # --after: start only once all these jobs succeeded (R25)
+    time_limit_s: float | None = None  # --time; None: unbounded, so it never backfills (R25)
+    service: bool = False  # --service: its cards keep SchedulerConfig.service_spare_mb (R14)
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A job holding GPUs (launching or running); its placements also appear on the GPUs."""
+
+    id: int
+    user: str
+    placements: tuple[Placement, ...]
+    started_at: float
+    time_limit_s: float | None = None  # None: nobody knows when it ends
+    service: bool = False
+
+    @property
+    def ends_at(self) -> float | None:
+        return None if self.time_limit_s is None else self.started_at + self.time_limit_s
+
+
+@dataclass(frozen=True)
+class UserShare:
+    """A user's fair-share standing (R6); ``weight`` comes from ``fairshare.user_weight``."""
+
+    name: str
+    weight: float = 1.0
+    #: when set, why none of this user's jobs may start now (e.g. the R7 quota sentence)
+    refusal: str | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scoring weights and limits; the lead exposes them in ``nodes.yaml``.
+
+    A candidate set of GPUs gets a penalty; the lowest wins, ties go to the GPUs listed
+    first. The terms, highest weight first (R10):
+
+    * ``w_hot`` per set holding a card hotter than ``hot_c`` (same-model cards throttle hot);
+    * ``w_load`` × the busiest card's load, load being the larger of its utilisation
+      (in ``util_step_pct`` steps so reading noise never decides) and how far it is from
+      ``warm_c`` towards ``hot_c`` (0…1);
+    * ``w_pack`` × the share of cards in the set that hold none of our slices yet, for slice
+      requests only: R3 exists to fill the 16 GB an 8 GB job leaves idle, so a slice goes
+      to a card already shared before it opens a fresh one (whole cards stay whole);
+    * ``w_health`` × (1 − the lowest node health score in the set) (R19);
+    * ``w_topology`` × the topology penalty (0…1): the weakest link of the set first, then
+      mixed models, then the mean link (R9). Several nodes are only tried when one node
+      cannot hold the gang, and then as few as possible (R8).
+    """
+
+    hot_c: float = 75.0
+    warm_c: float = 50.0
+    util_step_pct: float = 10.0
+    w_hot: float = 6.0
+    w_load: float = 4.0
+    w_pack: float = 3.0
+    w_health: float = 2.0
+    w_topology: float = 1.0
+    #: nodes whose health score is below this take no new work (R10/R19)
+    min_health_score: float = 0.25
+    #: R14: memory a card holding a service always keeps free for its KV cache
+    service_spare_mb: int = 2048
+    #: above this many candidate sets on one node, a greedy search replaces the exhaustive one
+    max_combinations: int = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class Snapshot:
+    """Everything one pass looks at. Keyword-only, so fields can be added safely."""
+
+    gpus: tuple[GpuView, ...]
+    queue: tuple[PendingJob, ...]
+    now: float = 0.0
+    running: tuple[RunningJob, ...] = ()
+    users: Mapping[str, UserShare] = field(default_factory=_empty)  # missing user: weight 1.0
+    #: final state ("succeeded" / "failed" / "cancelled") of jobs some --after names
+    finished: Mapping[int, str] = field(default_factory=_empty)
+    #: node -> ``parse_topo(...)["links"]`` ({"GPU0": {"GPU1": "NV4"}})
+    topologies: Mapping[str, Mapping[str, Mapping[str, str]]] = field(default_factory=_empty)
+    config: SchedulerConfig = SchedulerConfig()
+
+
+@dataclass(frozen=True)
+class Start:
+    """Run the job now on these GPUs (in ``CUDA_VISIBLE_DEVICES`` order)."""
+
+    job_id: int
+    placements: tuple[Placement, ...]
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Keep the job pending; ``reason`` is the sentence users see (R5)."""
+
+    job_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The job can never run (its --after job failed or does not exist, a bad --arch…)."""
+
+    job_id: int
+    reason: str
+
+
+Decision = Start | Wait | Fail

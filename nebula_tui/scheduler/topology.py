@@ -1,0 +1,125 @@
+"""R9 topology: how good a link is, how good a set of GPUs is, and the best set on a node.
+
+Link codes are those of ``nvidia-smi topo -m``. Their order, best first:
+``NV#`` (more bonded NVLinks better) > ``PIX`` > ``PXB`` > ``PHB`` > ``NODE`` > ``SYS``
+(the old ``SOC`` legend is ``SYS``) > anything unknown > two different nodes.
+A set runs at its slowest link, so a set is judged by its weakest link first, then by
+whether it mixes card models, then by its mean link.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable, Mapping, Sequence
+from math import comb
+
+_NV = re.compile(r"^NV(\d+)$")
+_PCIE = {"SYS": 1, "SOC": 1, "NODE": 2, "PHB": 3, "PXB": 4, "PIX": 5}
+UNKNOWN_RANK = 0
+CROSS_NODE_RANK = -1  # GPUs on two nodes talk over the network: worse than any link
+_MAX_NV = 18  # NV18 (H100 SXM) is the most bonded links a tool prints today
+BEST_RANK = _PCIE["PIX"] + _MAX_NV
+_SPAN = BEST_RANK - CROSS_NODE_RANK + 1
+
+
+def link_rank(code: str | None) -> int:
+    """NV18 (23) … NV1 (6) > PIX 5 > PXB 4 > PHB 3 > NODE 2 > SYS/SOC 1 > unknown 0."""
+    if not code:
+        return UNKNOWN_RANK
+    code = code.strip().upper()
+    match = _NV.match(code)
+    if match:
+        return _PCIE["PIX"] + max(1, min(int(match.group(1)), _MAX_NV))
+    return _PCIE.get(code, UNKNOWN_RANK)
+
+
+def gpu_number(name: str) -> int | None:
+    """"GPU3" -> 3; anything else -> None."""
+    return int(name[3:]) if name.startswith("GPU") and name[3:].isdigit() else None
+
+
+def rank_table(links: Mapping[str, Mapping[str, str]]) -> dict[tuple[int, int], int]:
+    """``parse_topo`` links -> {(i, j): rank} for both directions, by GPU index."""
+    table: dict[tuple[int, int], int] = {}
+    for row, cells in links.items():
+        i = gpu_number(row)
+        if i is None:
+            continue
+        for col, code in cells.items():
+            j = gpu_number(col)
+            if j is None or j == i:
+                continue
+            rank = link_rank(code)
+            # A matrix is symmetric; if a row disagrees, trust the weaker reading.
+            table[(i, j)] = min(rank, table.get((i, j), rank))
+            table[(j, i)] = min(rank, table.get((j, i), rank))
+    return table
+
+
+def topology_penalty(weakest: int, mixed: bool, mean: float) -> float:
+    """0 (best) … <1: weakest link first, then mixed models, then the mean link."""
+    return ((BEST_RANK - weakest) + 0.5 * mixed + 0.25 * (BEST_RANK - mean) / _SPAN) / _SPAN
+
+
+def set_links(members: Sequence[tuple[str, int]], ranks: Mapping[str, Mapping[tuple[int, int], int]]
+              ) -> tuple[int, float]:
+    """(weakest rank, mean rank) over every pair of (node, gpu index) members."""
+    if len(members) < 2:
+        return BEST_RANK, float(BEST_RANK)
+    weakest, total, pairs = BEST_RANK, 0, 0
+    for (node_a, a), (node_b, b) in itertools.combinations(members, 2):
+        rank = ranks.get(node_a, {}).get((a, b), UNKNOWN_RANK) if node_a == node_b else CROSS_NODE_RANK
+        weakest = min(weakest, rank)
+        total += rank
+        pairs += 1
+    return weakest, total / pairs
+
+
+def best_subset(n: int, k: int, score: Callable[[tuple[int, ...]], float],
+                max_combinations: int = 256) -> tuple[int, ...]:
+    """The k of positions 0..n-1 with the lowest ``score``; ties go to the lowest positions.
+
+    Exhaustive while C(n, k) <= ``max_combinations``; beyond, grown greedily from every
+    seed (good sets of linked cards are cliques, which growing from a member finds).
+    """
+    if k > n or k < 1:
+        raise ValueError(f"cannot choose {k} of {n}")
+    if k == n:
+        return tuple(range(n))
+    if comb(n, k) <= max_combinations:
+        return min(itertools.combinations(range(n), k), key=lambda c: (score(c), c))
+    best: tuple[float, tuple[int, ...]] | None = None
+    for seed in range(n):
+        chosen = [seed]
+        while len(chosen) < k:
+            options = [tuple(sorted(chosen + [c])) for c in range(n) if c not in chosen]
+            chosen = list(min(options, key=lambda c: (score(c), c)))
+        candidate = tuple(chosen)
+        key = (score(candidate), candidate)
+        if best is None or key < best:
+            best = key
+    return best[1]
+
+
+def best_set(links: Mapping[str, Mapping[str, str]], k: int,
+             gpus: Sequence[str] | None = None) -> list[str]:
+    """The k GPUs (``"GPU0"``…) a job would get on this machine, all cards idle and alike.
+
+    ``links`` is ``parse_topo(...)["links"]``; ``gpus`` defaults to every GPU it names.
+    Raises ValueError when the machine has fewer than k GPUs.
+    """
+    if gpus is None:
+        names = set(links) | {col for cells in links.values() for col in cells}
+        gpus = [n for n in names if gpu_number(n) is not None]
+    ordered = sorted(gpus, key=lambda n: (gpu_number(n) is None, gpu_number(n) or 0, n))
+    if k > len(ordered):
+        raise ValueError(f"the machine has {len(ordered)} GPUs; cannot choose {k}")
+    ranks = {"node": rank_table(links)}
+    numbers = [gpu_number(n) for n in ordered]
+
+    def score(combo: tuple[int, ...]) -> float:
+        weakest, mean = set_links([("node", numbers[i]) for i in combo], ranks)
+        return topology_penalty(weakest, False, mean)
+
+    return [ordered[i] for i in best_subset(len(ordered), k, score)]

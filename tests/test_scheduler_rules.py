@@ -1,0 +1,418 @@
+"""The scheduler's rules, one table per rule (R3, R5–R11, R14, R25), snapshot in, decisions out.
+
+Every case builds a cluster from the model's frozen dataclasses and asserts the decisions
+users would see: where each job goes, or the sentence it waits with.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nebula_tui.model import MIN_SLICE_MB, GpuReading, GpuView, Placement
+from nebula_tui.scheduler import (Fail, PendingJob, RunningJob, SchedulerConfig, Snapshot, Start,
+                                  UserShare, Wait, fairshare, schedule)
+from nebula_tui.scheduler.reasons import in_time
+from nebula_tui.scheduler.topology import link_rank, topology_penalty
+
+GB = 1024
+RTX4090_MB = 24564  # nvidia-smi's "24 GB" 4090: a little under 24 GiB
+RTX3090_MB = 24576  # the 3090 reports exactly 24 GiB
+LAPTOP_MB = 8188
+A100_MB = 81920
+NOW = 1_000_000.0
+
+
+def card(node: str, index: int, total: int | None = RTX4090_MB, *, name: str = "RTX 4090",
+         cap: str | None = "8.9", cuda: str | None = "12.4", vendor: str = "nvidia",
+         temp: float | None = 35.0, util: float | None = 0.0, health: float = 1.0,
+         blocked: str | None = None, unmanaged: int = 0, placements=()) -> GpuView:
+    reading = GpuReading(index=index, uuid=f"GPU-{node}-{index}", name=name, memory_total_mb=total,
+                         compute_cap=cap, vendor=vendor, temperature_c=temp, utilization_pct=util)
+    return GpuView(node=node, reading=reading, blocked=blocked, placements=tuple(placements),
+                   unmanaged_used_mb=unmanaged, health_score=health, cuda_version=cuda)
+
+
+def job(id: int, count: int = 1, mem: int | None = None, **kw) -> PendingJob:
+    kw.setdefault("submitted_at", NOW - 1000 + id)
+    kw.setdefault("user", "u")
+    return PendingJob(id=id, gpu_count=count, gpu_mem_mb=mem, **kw)
+
+
+def run(gpus, queue, **kw) -> dict[int, object]:
+    snapshot = Snapshot(gpus=tuple(gpus), queue=tuple(queue), now=kw.pop("now", NOW), **kw)
+    decisions = schedule(snapshot)
+    assert schedule(snapshot) == decisions  # deterministic
+    return {d.job_id: d for d in decisions}
+
+
+def on(decision) -> list[tuple[str, int]]:
+    assert isinstance(decision, Start), decision
+    return [(p.node, p.gpu_index) for p in decision.placements]
+
+
+def held(job_id: int, node: str, index: int, mb: int, exclusive: bool = False):
+    return (job_id, Placement(f"GPU-{node}-{index}", node, index, mb, exclusive))
+
+
+# ------------------------------------------------------------------ R3 slices
+def test_three_8g_slices_do_not_fit_a_4090_but_fit_a_3090():
+    # 3 × 8192 = 24576 MiB: more than a 4090's 24564 MiB, exactly a 3090's 24576 MiB.
+    queue = [job(1, mem=8 * GB), job(2, mem=8 * GB), job(3, mem=8 * GB)]
+    got = run([card("n1", 0)], queue)
+    assert on(got[1]) == on(got[2]) == [("n1", 0)]
+    assert got[3] == Wait(3, "needs a GPU with ≥8 GB free; none is free now")
+    got = run([card("n1", 0, RTX3090_MB, name="RTX 3090")], queue)
+    assert all(on(got[i]) == [("n1", 0)] for i in (1, 2, 3))
+
+
+def test_slices_pack_onto_a_shared_card_before_opening_a_fresh_one():
+    # R3 exists because an 8 GB job leaves 16 GB idle: the second slice fills that first,
+    # even though the shared card already shows load from the first job.
+    busy = card("n1", 0, util=60.0, temp=57.0, placements=[held(9, "n1", 0, 10 * GB)])
+    got = run([busy, card("n1", 1)], [job(1, mem=10 * GB)])
+    assert on(got[1]) == [("n1", 0)]
+
+
+def test_whole_card_reservation_is_what_is_really_free():
+    got = run([card("n1", 0, unmanaged=2 * GB)], [job(1, mem=13 * GB)])
+    (p,) = got[1].placements
+    assert p.exclusive and p.memory_mb == RTX4090_MB - 2 * GB
+
+
+# ------------------------------------------------------------------ R14 services
+def test_service_card_keeps_its_spare_and_is_never_taken_whole():
+    spare = SchedulerConfig().service_spare_mb
+    gpus = [card("n1", 0)]
+    queue = [job(1, mem=8 * GB, service=True), job(2, mem=10 * GB), job(3, mem=4 * GB),
+             job(4, mem=None)]
+    got = run(gpus, queue)
+    assert on(got[1]) == on(got[2]) == [("n1", 0)]
+    # 24564 - 8192 - 10240 = 6132 MiB free, but 2048 stay spare: 4084 < 4096.
+    assert RTX4090_MB - 8 * GB - 10 * GB - spare < MIN_SLICE_MB <= RTX4090_MB - 8 * GB - 10 * GB
+    assert isinstance(got[3], Wait) and isinstance(got[4], Wait)
+    # Without the service the same 4 GB slice fits.
+    got = run(gpus, [job(1, mem=8 * GB), job(2, mem=10 * GB), job(3, mem=4 * GB)])
+    assert on(got[3]) == [("n1", 0)]
+
+
+def test_running_service_protects_its_card():
+    service = held(7, "n1", 0, 8 * GB)
+    gpus = [card("n1", 0, placements=[service])]
+    running = (RunningJob(7, "svc", (service[1],), NOW - 60, service=True),)
+    got = run(gpus, [job(1, mem=11 * GB), job(2, mem=4 * GB), job(3, mem=None)], running=running)
+    assert on(got[1]) == [("n1", 0)]
+    # 24564 - 8192 - 11264 = 5108 MiB free would hold 4 GB, but 2048 of it is the spare.
+    assert got[2] == Wait(2, "needs a GPU with ≥4 GB free; none is free now")
+    assert got[3] == Wait(3, "needs a whole GPU; none is free now")  # never the service's card whole
+    got = run(gpus, [job(1, mem=11 * GB), job(2, mem=4 * GB)])  # the same card, no service
+    assert on(got[2]) == [("n1", 0)]
+
+
+def test_service_slice_itself_needs_room_for_its_spare():
+    gpus = [card("n1", 0, unmanaged=RTX4090_MB - 9000)]  # 9000 MiB really free
+    got = run(gpus, [job(1, mem=8 * GB, service=True)])
+    assert isinstance(got[1], Wait)
+    got = run(gpus, [job(1, mem=8 * GB)])
+    assert on(got[1]) == [("n1", 0)]
+
+
+# ------------------------------------------------------------------ R11 filters
+MIXED = [card("ada", 0, cap="8.9", cuda="12.4"), card("amp", 0, A100_MB, name="A100", cap="8.0",
+                                                       cuda="12.10"),
+         card("bw", 0, 32 * GB, name="RTX 5090", cap="12.0", cuda="12.8")]
+
+FILTERS = [
+    pytest.param(dict(arch="sm_89"), "ada", id="arch-exact"),
+    pytest.param(dict(arch="sm_80"), "amp", id="arch-exact-ampere"),
+    pytest.param(dict(arch=">=sm_90"), "bw", id="arch-minimum-only-blackwell"),
+    pytest.param(dict(arch="sm_120"), "bw", id="arch-sm120-is-12.0"),
+    pytest.param(dict(cuda="12.9"), "amp", id="cuda-12.10-is-newer-than-12.9"),
+    pytest.param(dict(cuda="12.8", arch=">=sm_89"), "bw", id="cuda-and-arch"),
+    pytest.param(dict(vendor="nvidia", arch="sm_89"), "ada", id="vendor"),
+]
+
+
+@pytest.mark.parametrize(("flags", "node"), FILTERS)
+def test_filters_choose_the_matching_card(flags, node):
+    got = run(MIXED, [job(1, **flags)])
+    assert on(got[1]) == [(node, 0)]
+
+
+FILTER_REASONS = [
+    pytest.param(dict(arch="sm_90"),
+                 "needs a whole GPU (sm_90); no GPU with sm_90 in the cluster (here: sm_80, sm_89, sm_120)",
+                 id="no-such-arch"),
+    pytest.param(dict(arch=">=sm_130"),
+                 "needs a whole GPU (sm_130 or newer); no GPU with sm_130 or newer in the cluster "
+                 "(here: sm_80, sm_89, sm_120)", id="no-newer-arch"),
+    pytest.param(dict(cuda="13.0"), "needs CUDA ≥13.0; drivers here support up to 12.10", id="cuda"),
+    pytest.param(dict(vendor="intel"), "needs a whole GPU (intel); no intel GPU in the cluster",
+                 id="vendor"),
+    pytest.param(dict(mem=100 * GB), "needs a GPU with ≥100 GB free; the largest card here has 80 GB",
+                 id="bigger-than-any-card"),
+]
+
+
+@pytest.mark.parametrize(("flags", "reason"), FILTER_REASONS)
+def test_filters_say_what_is_missing(flags, reason):
+    mem = flags.pop("mem", None)
+    got = run(MIXED, [job(1, mem=mem, **flags)])
+    assert got[1] == Wait(1, reason)
+
+
+@pytest.mark.parametrize(("flags", "reason"), [
+    (dict(arch="ampere"), "--arch 'ampere' is not an architecture like sm_89 or '>=sm_80'"),
+    (dict(cuda="twelve"), "--cuda 'twelve' is not a version like 12.1"),
+])
+def test_bad_requests_fail(flags, reason):
+    assert run(MIXED, [job(1, **flags)])[1] == Fail(1, reason)
+
+
+def test_blocked_and_unhealthy_cards_are_never_used():
+    gpus = [card("node03", 0, blocked="node03 is drained"), card("node04", 0, health=0.1),
+            card("node05", 0, blocked="GPU in maintenance")]
+    got = run(gpus, [job(1)])
+    assert got[1] == Wait(1, "needs a whole GPU; no GPU takes new work now (node03 is drained, "
+                             "node04's health score is 0.10, below 0.25, GPU in maintenance)")
+    got = run(gpus + [card("node06", 0)], [job(1), job(2)])
+    assert on(got[1]) == [("node06", 0)]
+    assert got[2] == Wait(2, "needs a whole GPU; none is free now")
+
+
+# ------------------------------------------------------------------ R10 scoring
+SCORING = [
+    pytest.param([card("a", 0, temp=80.0), card("b", 0, temp=40.0)], 1, [("b", 0)], id="hot-loses"),
+    pytest.param([card("a", 0, util=90.0), card("b", 0, util=0.0)], 1, [("b", 0)], id="busy-loses"),
+    pytest.param([card("a", 0, util=3.0), card("b", 0, util=0.0)], 1, [("a", 0)],
+                 id="reading-noise-does-not-decide"),
+    pytest.param([card("a", 0, health=0.6), card("b", 0)], 1, [("b", 0)], id="health"),
+    pytest.param([card("a", 0, health=0.6), card("b", 0, temp=80.0)], 1, [("a", 0)],
+                 id="cool-beats-health"),
+    pytest.param(  # health before topology: a NVLink pair on a sick node loses to plain PCIe
+        [card("a", 0, health=0.7), card("a", 1, health=0.7), card("b", 0), card("b", 1)], 2,
+        [("b", 0), ("b", 1)], id="health-beats-topology"),
+]
+
+TOPOS = {"a": {"GPU0": {"GPU1": "NV4"}, "GPU1": {"GPU0": "NV4"}},
+         "b": {"GPU0": {"GPU1": "SYS"}, "GPU1": {"GPU0": "SYS"}}}
+
+
+@pytest.mark.parametrize(("gpus", "count", "expected"), SCORING)
+def test_scoring_order(gpus, count, expected):
+    got = run(gpus, [job(1, count)], topologies=TOPOS)
+    assert on(got[1]) == expected
+
+
+def test_topology_prefers_the_strongest_weakest_link():
+    gpus = [card("n", i) for i in range(4)]
+    links = {"GPU0": {"GPU1": "PHB", "GPU2": "PHB", "GPU3": "PHB"},
+             "GPU1": {"GPU0": "PHB", "GPU2": "PHB", "GPU3": "PHB"},
+             "GPU2": {"GPU0": "PHB", "GPU1": "PHB", "GPU3": "NV12"},
+             "GPU3": {"GPU0": "PHB", "GPU1": "PHB", "GPU2": "NV12"}}
+    got = run(gpus, [job(1, 2)], topologies={"n": links})
+    assert on(got[1]) == [("n", 2), ("n", 3)]
+
+
+def test_a_4090_with_a_laptop_card_runs_at_the_slower_link():
+    # The demo's node01: two 4090s on the CPU's host bridge (x16), a laptop-class 4060 off
+    # the chipset (x8, across the interconnect). A pair goes to the two 4090s; a mixed pair
+    # is judged by its weakest link, then penalised for mixing models.
+    gpus = [card("node01", 0), card("node01", 1), card("node01", 2, LAPTOP_MB, name="RTX 4060 Laptop")]
+    links = {f"GPU{i}": {f"GPU{j}": ("PHB" if max(i, j) < 2 else "SYS") for j in range(3) if j != i}
+             for i in range(3)}
+    got = run(gpus, [job(1, 2)], topologies={"node01": links})
+    assert on(got[1]) == [("node01", 0), ("node01", 1)]
+    # With one 4090 busy, the only pair is mixed: it still starts (a slower set beats none).
+    busy = [card("node01", 0, placements=[held(9, "node01", 0, RTX4090_MB, True)])] + gpus[1:]
+    got = run(busy, [job(1, 2)], topologies={"node01": links})
+    assert on(got[1]) == [("node01", 1), ("node01", 2)]
+    # The penalty orders: same-model PHB < mixed PHB < same-model SYS.
+    phb, sys = link_rank("PHB"), link_rank("SYS")
+    assert topology_penalty(phb, False, phb) < topology_penalty(phb, True, phb) < topology_penalty(sys, False, sys)
+
+
+def test_link_rank_order():
+    codes = ["NV18", "NV12", "NV4", "NV1", "PIX", "PXB", "PHB", "NODE", "SYS", "???"]
+    ranks = [link_rank(c) for c in codes]
+    assert ranks == sorted(ranks, reverse=True) and len(set(ranks)) == len(ranks)
+    assert link_rank("SOC") == link_rank("SYS")
+
+
+# ------------------------------------------------------------------ R8 gangs
+A100S = lambda node, n: [card(node, i, A100_MB, name="A100", cap="8.0") for i in range(n)]  # noqa: E731
+
+
+def test_four_24g_cards_across_nodes_only_with_nodes():
+    gpus = A100S("n1", 2) + A100S("n2", 2)
+    got = run(gpus, [job(1, 4, 24 * GB)])
+    assert got[1] == Wait(1, "needs 4 GPUs with ≥24 GB free on one node; the largest node has 2 "
+                             "such GPUs (--nodes lets a job span nodes)")
+    got = run(gpus, [job(1, 4, 24 * GB, max_nodes=2)])
+    assert on(got[1]) == [("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1)]
+
+
+def test_gang_prefers_fewest_nodes():
+    gpus = A100S("n1", 2) + A100S("n2", 4) + A100S("n3", 2)
+    got = run(gpus, [job(1, 4, 24 * GB, max_nodes=3)])
+    assert {n for n, _ in on(got[1])} == {"n2"}
+    gpus = A100S("n1", 1) + A100S("n2", 3) + A100S("n3", 2)
+    got = run(gpus, [job(1, 5, 24 * GB, max_nodes=2)])
+    assert sorted({n for n, _ in on(got[1])}) == ["n2", "n3"]
+    got = run(gpus, [job(1, 6, 24 * GB, max_nodes=2)])
+    assert got[1] == Wait(1, "needs 6 GPUs with ≥24 GB free on at most 2 nodes; 2 nodes have at "
+                             "most 5 such GPUs together")
+
+
+def test_gang_is_all_or_nothing():
+    gpus = A100S("n1", 3)
+    busy = [card("n1", 0, A100_MB, name="A100", cap="8.0", unmanaged=70 * GB)] + gpus[1:]
+    got = run(busy, [job(1, 3, 24 * GB), job(2, 1, 24 * GB)])
+    assert got[1] == Wait(1, "needs 3 GPUs with ≥24 GB free on one node; best now: n1 has 2")
+    assert on(got[2]) == [("n1", 1)]
+
+
+# ------------------------------------------------------------------ R6 order
+def test_fair_share_lowest_weight_first_then_priority_jumps():
+    users = {"alice": UserShare("alice", 1.5), "bob": UserShare("bob", 1.0)}
+    queue = [job(1, user="alice", submitted_at=10.0), job(2, user="bob", submitted_at=20.0),
+             job(3, user="carol", submitted_at=30.0, priority=5), job(4, user="dave", submitted_at=5.0)]
+    got = run([card("n1", 0)], queue, users=users)
+    assert isinstance(got[3], Start)  # priority first
+    decisions = schedule(Snapshot(gpus=(card("n1", 0),), queue=tuple(queue), users=users, now=NOW))
+    # dave (missing user: weight 1.0) submitted before bob (1.0), alice (1.5) last.
+    assert [d.job_id for d in decisions] == [3, 4, 2, 1]
+
+
+def test_quota_refusal_keeps_the_user_waiting():
+    text = fairshare.quota_refusal("alice", 2012.5, 2000, ["root", "bob"])
+    users = {"alice": UserShare("alice", 1.0, refusal=text)}
+    got = run([card("n1", 0)], [job(1, user="alice"), job(2, user="bob")], users=users)
+    assert got[1] == Wait(1, text) and isinstance(got[2], Start)
+
+
+# ------------------------------------------------------------------ R25 reservation, backfill
+def test_backfill_only_before_the_reservation():
+    blocker = [held(50, "n1", i, RTX4090_MB, True) for i in range(3)]
+    gpus = [card("n1", i, placements=[blocker[i]]) for i in range(3)] + [card("n1", 3)]
+    running = (RunningJob(50, "x", tuple(p for _, p in blocker), NOW - 3600, time_limit_s=7200),)
+    queue = [job(1, 4), job(2), job(3, time_limit_s=7200), job(4, time_limit_s=1800), job(5)]
+    got = run(gpus, queue, running=running)
+    assert got[1] == Wait(1, "needs 4 whole GPUs on one node; best now: n1 has 1; "
+                             "n1:0-3 reserved for it from in ~60 min")
+    held_for = "held for job 1 (reserved n1:0-3 from in ~60 min)"
+    assert got[2] == Wait(2, held_for)  # no --time: never backfills
+    assert got[3] == Wait(3, held_for)  # would end in 2 h, after the reservation starts
+    assert on(got[4]) == [("n1", 3)]  # ends in 30 min, before it: backfilled
+    # Job 5 asks what job 2 asked: the same answer (a refusal in a pass is final).
+    assert got[5] == Wait(5, held_for)
+
+
+def test_reservation_keeps_a_free_card_from_a_longer_job():
+    blocker = [held(50, "n1", i, RTX4090_MB, True) for i in range(3)]
+    gpus = [card("n1", i, placements=[blocker[i]]) for i in range(3)] + [card("n1", 3)]
+    running = (RunningJob(50, "x", tuple(p for _, p in blocker), NOW - 3600, time_limit_s=7200),)
+    got = run(gpus, [job(1, 4), job(2, time_limit_s=7200), job(3)], running=running)
+    assert got[2] == Wait(2, "held for job 1 (reserved n1:0-3 from in ~60 min)")
+    assert got[3] == Wait(3, "held for job 1 (reserved n1:0-3 from in ~60 min)")
+
+
+def test_no_reservation_when_running_jobs_have_no_time_limit():
+    blocker = [held(50, "n1", i, RTX4090_MB, True) for i in range(3)]
+    gpus = [card("n1", i, placements=[blocker[i]]) for i in range(3)] + [card("n1", 3)]
+    running = (RunningJob(50, "x", tuple(p for _, p in blocker), NOW - 3600),)
+    got = run(gpus, [job(1, 4), job(2)], running=running)
+    assert got[1] == Wait(1, "needs 4 whole GPUs on one node; best now: n1 has 1")
+    assert on(got[2]) == [("n1", 3)]
+
+
+def test_reservation_goes_to_the_cards_that_free_up_first():
+    soon = held(50, "a", 0, RTX4090_MB, True)
+    late = held(51, "b", 0, RTX4090_MB, True)
+    gpus = [card("a", 0, placements=[soon]), card("b", 0, placements=[late])]
+    running = (RunningJob(50, "x", (soon[1],), NOW, time_limit_s=3 * 3600),
+               RunningJob(51, "x", (late[1],), NOW, time_limit_s=600))
+    got = run(gpus, [job(1), job(2)], running=running)
+    assert got[1] == Wait(1, "needs a whole GPU; none is free now; b:0 reserved for it from in ~10 min")
+
+
+# ------------------------------------------------------------------ R25 --after
+AFTER = [
+    pytest.param({}, (), (), "does-not-exist",
+                 Fail(1, "job 5 (--after) does not exist; this job will not run"), id="unknown"),
+    pytest.param({5: "failed"}, (), (), "failed",
+                 Fail(1, "job 5 (--after) failed; this job will not run"), id="failed"),
+    pytest.param({5: "cancelled"}, (), (), "cancelled",
+                 Fail(1, "job 5 (--after) was cancelled; this job will not run"), id="cancelled"),
+    pytest.param({}, (5,), (), "running", Wait(1, "waits for job 5 (--after) to finish"), id="running"),
+    pytest.param({}, (), (5,), "pending", Wait(1, "waits for job 5 (--after) to finish"), id="pending"),
+]
+
+
+@pytest.mark.parametrize(("finished", "running_ids", "queued", "_", "expected"), AFTER)
+def test_after(finished, running_ids, queued, _, expected):
+    gpus = [card("n1", 0), card("n1", 1), card("n1", 2)]
+    running = tuple(RunningJob(i, "u", (), NOW) for i in running_ids)
+    queue = [job(1, after=(5,))] + [job(i, mem=4 * GB, arch="sm_75") for i in queued]
+    got = run(gpus, queue, finished=finished, running=running)
+    assert got[1] == expected
+
+
+def test_after_succeeded_starts_and_failures_cascade():
+    gpus = [card("n1", 0)]
+    got = run(gpus, [job(1, after=(5,))], finished={5: "succeeded"})
+    assert isinstance(got[1], Start)
+    got = run(gpus, [job(1, after=(2,)), job(2, after=(3,)), job(3, arch="bogus")])
+    assert isinstance(got[3], Fail)
+    assert got[2].reason.startswith("job 3 (--after) cannot run: --arch 'bogus'")
+    assert isinstance(got[1], Fail) and got[1].reason.startswith("job 2 (--after) cannot run")
+    got = run(gpus, [job(1, after=(2,)), job(2, after=(1,))])
+    assert isinstance(got[1], Fail) and isinstance(got[2], Fail) and "cycle" in got[1].reason
+
+
+def test_job_started_in_the_same_pass_is_still_running_for_after():
+    got = run([card("n1", 0), card("n1", 1)], [job(1), job(2, after=(1,))])
+    assert isinstance(got[1], Start)
+    assert got[2] == Wait(2, "waits for job 1 (--after) to finish")
+
+
+# ------------------------------------------------------------------ R5 sentence parts
+@pytest.mark.parametrize(("seconds", "text"), [
+    (0, "in under a minute"), (59, "in under a minute"), (1500, "in ~25 min"), (5399, "in ~90 min"),
+    (7200, "in ~2 h"), (3 * 86400, "in ~3 days"),
+])
+def test_relative_times(seconds, text):
+    assert in_time(seconds) == text
+
+
+def test_drained_node_named_when_it_is_the_only_fit():
+    gpus = [card("node01", 0, LAPTOP_MB, name="laptop"), card("node03", 0, A100_MB, name="A100",
+                                                              blocked="node03 is drained")]
+    got = run(gpus, [job(1, mem=40 * GB)])
+    assert got[1] == Wait(1, "needs a GPU with ≥40 GB free; no GPU takes new work now (node03 is drained)")
+
+
+# ------------------------------------------------------------------ R6/R7 arithmetic
+def test_user_weight():
+    assert fairshare.user_weight([], 0.0, NOW, None) == 1.0
+    # 2 finished jobs (0.2) + 10 GPU-hours finished (0.2) + 5 held now (0.1)
+    w = fairshare.user_weight([(NOW, 4.0), (NOW, 6.0)], 5.0, NOW, None)
+    assert w == pytest.approx(1.5)
+    week = fairshare.DEFAULT_HALF_LIFE_S
+    decayed = fairshare.user_weight([(NOW - week, 10.0)], 0.0, NOW, week)
+    assert decayed == pytest.approx(1.0 + (0.1 + 0.2) / 2)
+    assert fairshare.user_weight([(NOW - 10 * week, 10.0)], 0.0, NOW) < 1.001
+
+
+def test_quota_refusal_sentence():
+    assert fairshare.quota_refusal("alice", 1999.9, 2000, ["root"]) is None
+    assert fairshare.quota_refusal("alice", 2012.5, 2000, ["root", "bob"]) == (
+        "alice has used 2012.5 of 2000 GPU-hours this month; an admin (root, bob) can raise the "
+        "quota with `nebula quota alice 3000`")
+    assert fairshare.quota_refusal("carl", 2000, 2000, []).endswith(
+        "an admin can raise the quota with `nebula quota carl 3000`")
+
+
+def test_slice_counts_its_fraction_of_the_card():
+    assert fairshare.gpu_fraction(6 * GB, 24 * GB, False) == 0.25
+    assert fairshare.gpu_fraction(6 * GB, 24 * GB, True) == 1.0
+    assert fairshare.gpu_hours([0.25, 1.0], 7200) == 2.5
