@@ -43,7 +43,7 @@ import math
 import os
 import pwd
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +86,7 @@ _HOST_RE = re.compile(r"[A-Za-z0-9_.:%\[\]][A-Za-z0-9_.:%\[\]-]*\Z")
 _USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?\Z")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
-_TOP_KEYS = ("cluster", "nodes")
+_TOP_KEYS = ("cluster", "nodes", "scheduler", "health")
 _CLUSTER_KEYS = (
     "name",
     "known_hosts",
@@ -163,6 +163,10 @@ class ClusterConfig:
     #: seconds a node may stay silent before its running jobs are declared lost and
     #: requeued (a short drop never costs anyone their job)
     node_lease: float = DEFAULT_NODE_LEASE
+    #: the ``scheduler:`` section (settings.SchedulerSettings); None = defaults
+    scheduler: Any = field(default=None, hash=False, compare=False)
+    #: the ``health:`` section (settings.HealthSettings); None = defaults
+    health: Any = field(default=None, hash=False, compare=False)
 
     def node(self, name: str) -> NodeConfig:
         """The node called ``name``; raises ``KeyError`` if there is none."""
@@ -467,6 +471,8 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
 
     cluster_defaults = {"user": user, "identity": identity, "known_hosts": known_hosts}
     nodes = _nodes(ctx, get(top, "nodes"), cluster_defaults)
+    scheduler = _section(ctx, get(top, "scheduler"), "scheduler_settings")
+    health = _section(ctx, get(top, "health"), "health_settings")
 
     def pick(value: Any, default: Any) -> Any:
         return default if value is None else value
@@ -497,8 +503,20 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
         identity=identity,
         known_hosts=known_hosts,
         admin_group=ctx.user(get(c, "admin_group"), "cluster.admin_group"),
+        scheduler=scheduler,
+        health=health,
         node_lease=pick(ctx.seconds(get(c, "node_lease"), "cluster.node_lease"), DEFAULT_NODE_LEASE),
     )
+
+
+def _section(ctx: _Ctx, node: Node | None, builder: str) -> Any:
+    """``scheduler:`` or ``health:``, validated by its builder in settings.py."""
+    from . import settings
+
+    try:
+        return getattr(settings, builder)(None if node is None else ctx.construct(node))
+    except ValueError as err:
+        raise ctx.error(node, str(err)) from None
 
 
 def _admins(ctx: _Ctx, node: Node | None) -> tuple[str, ...]:

@@ -126,6 +126,15 @@ class JobSpec:
     gpu_mem_mb: int | None = None
     workdir: str | None = None
     shell: bool = False  # True: command[0] is a shell command line (``--command "…"``)
+    arch: str | None = None  # --arch sm_89 (exact family) or ">=sm_80" (minimum) (R11)
+    cuda: str | None = None  # --cuda 12.1: the driver must support at least this (R11)
+    vendor: str | None = None  # --vendor nvidia/intel/ascend
+    nodes: int = 1  # --nodes: how many nodes a gang may span (R8)
+    priority: int = 0  # --priority: admins only; higher runs first (R6)
+    after: tuple[int, ...] = ()  # --after: start once these jobs succeeded (R25)
+    time_limit_s: float | None = None  # --time: ends by then; lets it backfill (R25)
+    service: bool = False  # --service: long-running inference service (R14)
+    no_requeue: bool = False  # --no-requeue: fail instead of restarting when its GPU is isolated
 
 
 @dataclass(frozen=True)

@@ -369,6 +369,7 @@ class Store:
     def _job_from_row(self, row: dict, placements: tuple[Placement, ...] | None = None) -> Job:
         spec_fields = json.loads(row["spec"])
         spec_fields["command"] = tuple(spec_fields["command"])
+        spec_fields["after"] = tuple(spec_fields.get("after", ()))
         if placements is None:
             placements = tuple(p for _, p in self._placements(
                 "job_id = ? AND released_at IS NULL", [row["id"]]))

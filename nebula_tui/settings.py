@@ -1,0 +1,109 @@
+"""The optional ``scheduler:`` and ``health:`` sections of nodes.yaml, validated.
+
+Each builder takes the section as plain data (what YAML gave) and returns settings, or
+raises ValueError with a sentence naming the key; config.py adds the file and line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .model import parse_size_mb
+from .scheduler import fairshare
+from .scheduler.health import DEFAULT_POLICIES, Policy, parse_duration_s, policies_from_config
+from .scheduler.snapshot import SchedulerConfig
+
+_WEIGHTS = {"hot": "w_hot", "load": "w_load", "pack": "w_pack", "health": "w_health",
+            "topology": "w_topology"}
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """``scheduler:`` — scoring weights (R10), quota (R7) and fair-share decay (R6)."""
+
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    quota_gpu_hours: float = fairshare.DEFAULT_QUOTA_GPU_HOURS
+    half_life_s: float | None = fairshare.DEFAULT_HALF_LIFE_S
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """``health:`` — XID policies (R16), isolation grace (R17), the self-test command."""
+
+    policies: dict[int, Policy] = field(default_factory=lambda: dict(DEFAULT_POLICIES))
+    isolation_grace_s: float = 15.0
+    selftest_command: str | None = None
+
+
+def _number(section: str, key: str, value: Any, minimum: float = 0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+        raise ValueError(f"{section}.{key} must be a number ≥ {minimum:g}, found {value!r}")
+    return float(value)
+
+
+def _mapping(section: str, value: Any) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{section} must be a mapping of 'key: value' lines")
+    return value
+
+
+def _known(section: str, data: dict, known: tuple[str, ...]) -> None:
+    for key in data:
+        if key not in known:
+            raise ValueError(f"{section}: unknown key {key!r}; known keys: {', '.join(known)}")
+
+
+def scheduler_settings(value: Any) -> SchedulerSettings:
+    data = _mapping("scheduler", value)
+    _known("scheduler", data, ("weights", "hot_c", "min_health_score", "service_spare",
+                               "quota_gpu_hours", "half_life"))
+    config = SchedulerConfig()
+    weights = _mapping("scheduler.weights", data.get("weights"))
+    _known("scheduler.weights", weights, tuple(_WEIGHTS))
+    config = replace(config, **{_WEIGHTS[k]: _number("scheduler.weights", k, v) for k, v in weights.items()})
+    if "hot_c" in data:
+        config = replace(config, hot_c=_number("scheduler", "hot_c", data["hot_c"]))
+    if "min_health_score" in data:
+        config = replace(config, min_health_score=_number("scheduler", "min_health_score",
+                                                          data["min_health_score"]))
+    if "service_spare" in data:
+        try:
+            config = replace(config, service_spare_mb=parse_size_mb(str(data["service_spare"])))
+        except ValueError as err:
+            raise ValueError(f"scheduler.service_spare: {err}") from None
+    settings = SchedulerSettings(config=config)
+    if "quota_gpu_hours" in data:
+        settings = replace(settings, quota_gpu_hours=_number("scheduler", "quota_gpu_hours",
+                                                             data["quota_gpu_hours"]))
+    if "half_life" in data:
+        half_life = data["half_life"]
+        seconds = None if half_life in (0, "0", None, "never") else _duration("scheduler.half_life", half_life)
+        settings = replace(settings, half_life_s=seconds)
+    return settings
+
+
+def health_settings(value: Any) -> HealthSettings:
+    data = _mapping("health", value)
+    _known("health", data, ("xid_policies", "isolation_grace", "selftest_command"))
+    settings = HealthSettings()
+    if "xid_policies" in data:
+        settings = replace(settings, policies=policies_from_config(_mapping("health.xid_policies",
+                                                                             data["xid_policies"])))
+    if "isolation_grace" in data:
+        settings = replace(settings, isolation_grace_s=_duration("health.isolation_grace",
+                                                                 data["isolation_grace"]))
+    if data.get("selftest_command") is not None:
+        if not isinstance(data["selftest_command"], str):
+            raise ValueError("health.selftest_command must be a command line (text)")
+        settings = replace(settings, selftest_command=data["selftest_command"])
+    return settings
+
+
+def _duration(what: str, value: Any) -> float:
+    try:
+        return parse_duration_s(value)
+    except ValueError as err:
+        raise ValueError(f"{what}: {err}") from None
