@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import pwd
+import re
 import socket
 import struct
 from collections.abc import AsyncIterator, Iterator
@@ -68,8 +69,36 @@ def spec_from_request(req: dict) -> JobSpec:
     workdir = req.get("workdir")
     if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
         raise RequestError("--workdir must be an absolute path on the node")
+    after = req.get("after") or []
+    if not isinstance(after, list) or not all(isinstance(a, int) and a > 0 for a in after):
+        raise RequestError("--after takes job ids (numbers)")
+    time_limit = req.get("time_limit_s")
+    if time_limit is not None and (not isinstance(time_limit, (int, float)) or time_limit <= 0):
+        raise RequestError("--time must be a duration such as 30m or 2h")
+    nodes = req.get("nodes", 1)
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or not 1 <= nodes <= MAX_GPU_COUNT:
+        raise RequestError(f"--nodes must be a whole number from 1 to {MAX_GPU_COUNT}")
+    priority = req.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > 1000:
+        raise RequestError("--priority must be a whole number from -1000 to 1000")
+    texts = {}
+    for key, flag, pattern in (("arch", "--arch", ARCH_RE), ("cuda", "--cuda", CUDA_RE),
+                               ("vendor", "--vendor", _VENDOR)):
+        value = req.get(key)
+        if value is not None and (not isinstance(value, str) or not pattern.match(value)):
+            raise RequestError(f"{flag}: {value!r} is not valid; e.g. {_EXAMPLES[key]}")
+        texts[key] = value
     return JobSpec(command=tuple(command), name=name, gpu_count=gpu_count,
-                   gpu_mem_mb=gpu_mem, workdir=workdir, shell=shell)
+                   gpu_mem_mb=gpu_mem, workdir=workdir, shell=shell, nodes=nodes,
+                   priority=priority, after=tuple(after), time_limit_s=time_limit,
+                   service=bool(req.get("service")), no_requeue=bool(req.get("no_requeue")),
+                   **texts)
+
+
+ARCH_RE = re.compile(r"^(>=)?sm_\d{2,3}$")
+CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}$")
+_VENDOR = re.compile(r"^(nvidia|intel|ascend|amd)$")
+_EXAMPLES = {"arch": "sm_89 or '>=sm_80'", "cuda": "12.1", "vendor": "nvidia, intel or ascend"}
 
 
 def _text(req: dict, field: str) -> str:
@@ -208,6 +237,18 @@ class ApiServer:
             raise RequestError("since must be a number of seconds > 0")
         gpu = self.engine.resolve_gpu(_text(req, "gpu"))
         return {"gpu": gpu, "samples": self.engine.history(gpu, float(since))}
+
+    async def op_quota(self, user, req):
+        hours = req.get("hours")
+        if not isinstance(hours, (int, float)) or isinstance(hours, bool) or hours < 0:
+            raise RequestError("the quota is a number of GPU-hours per month, e.g. 3000")
+        self.engine.set_quota(user, _text(req, "user"), float(hours))
+        return {}
+
+    async def op_gpu_resume(self, user, req):
+        """An admin brings a GPU in maintenance back into service (R16/R17)."""
+        gpu = self.engine.health.resume(user, _text(req, "gpu"))
+        return {"gpu": next(g for g in self.engine.gpus_json() if g["uuid"] == gpu)}
 
     async def op_users(self, user, req):
         return {"users": self.engine.users_json()}

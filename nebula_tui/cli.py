@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from .api import ApiError
+from . import cli_health
+from .api import ARCH_RE, CUDA_RE, ApiError
 from .model import ConfigError, fmt, parse_size_mb
 from .service import Home, ServiceUnavailable
 
@@ -38,6 +39,14 @@ def _count(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more, not '{text}'")
     return int(text)
+
+
+def _pattern(regex, example: str):
+    def check(text: str) -> str:
+        if not regex.match(text):
+            raise argparse.ArgumentTypeError(f"'{text}' is not valid; write it like {example}")
+        return text
+    return check
 
 
 def _duration(text: str) -> float:
@@ -85,6 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=None, help="directory on the node (default: home)")
     p.add_argument("--command", dest="shell_command", default=None,
                    help="a shell command line instead of `-- cmd args…`")
+    p.add_argument("--arch", type=_pattern(ARCH_RE, "sm_89 or '>=sm_80'"), default=None,
+                   help="compute capability: sm_89 exactly, or '>=sm_80'")
+    p.add_argument("--cuda", type=_pattern(CUDA_RE, "12.1"), default=None,
+                   help="the driver must support at least this CUDA, e.g. 12.1")
+    p.add_argument("--vendor", default=None, choices=("nvidia", "intel", "ascend", "amd"))
+    p.add_argument("--nodes", type=_count, default=1, help="how many nodes the GPUs may span (default 1)")
+    p.add_argument("--priority", type=int, default=0, help="admins: higher runs first")
+    p.add_argument("--after", type=_job_id, action="append", default=[],
+                   help="start only once this job succeeded (repeatable)")
+    p.add_argument("--time", dest="time_limit", type=_duration, default=None,
+                   help="it ends by then (e.g. 30m, 2h); lets it use reserved GPUs meanwhile")
+    p.add_argument("--service", action="store_true",
+                   help="a long-running inference service: its card keeps 2 GB spare")
+    p.add_argument("--no-requeue", action="store_true",
+                   help="fail instead of restarting elsewhere when its GPU is isolated")
     p.add_argument("--wait", action="store_true", help="wait for the end; exit with its code")
 
     command("status", "the cluster overview (R1)").add_argument("--json", action="store_true")
@@ -110,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("gpu", help="uuid or node:index")
     p.add_argument("--since", type=_duration, default=3600, help="how far back, e.g. 30m, 6h, 2d")
     p.add_argument("--json", action="store_true")
+    cli_health.add_gpu_commands(gpu_sub)  # gpu resume
+    cli_health.add_sim_commands(sub, command)  # sim inject|node|throttle
     p = command("events", "what happened, newest last")
     p.add_argument("--limit", type=_count, default=50)
     command("users", "fair-share weights and usage per user").add_argument("--json", action="store_true")
@@ -117,8 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", type=_job_id)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     p = command("parse", "print what NebulaGrid understands from a saved tool output")
-    p.add_argument("kind", help="smi-csv, smi-apps, smi-plain, topo")
+    p.add_argument("kind", help="smi-csv, smi-apps, smi-plain, topo, xid")
     p.add_argument("file", help="the saved output ('-' for stdin)")
+    p.add_argument("--best", type=_count, default=None,
+                   help="with topo: the K GPUs a K-GPU job would get on that machine")
+    p = command("quota", "set a user's GPU-hours per month (admins)")
+    p.add_argument("user")
+    p.add_argument("hours", type=float)
     p = command("serve", "run the head service in the foreground")
     p.add_argument("--shared-group", default=None,
                    help="shared box: members of this Unix group may use the service")
@@ -177,6 +208,9 @@ def cmd_submit(args, home, config) -> int:
         "shell": args.shell_command is not None, "name": args.name,
         "gpu_count": args.gpu_count, "gpu_mem_mb": args.gpu_mem,
         "workdir": os.path.abspath(args.workdir) if args.workdir else None,
+        "arch": args.arch, "cuda": args.cuda, "vendor": args.vendor, "nodes": args.nodes,
+        "priority": args.priority, "after": args.after, "time_limit_s": args.time_limit,
+        "service": args.service, "no_requeue": args.no_requeue,
     }
     with _client(home, config) as client:
         job = client.call("submit", **request)["job"]
@@ -277,6 +311,8 @@ def cmd_node(args, home, config) -> int:
 
 
 def cmd_gpu(args, home, config) -> int:
+    if args.gpu_command == "resume":
+        return cli_health.cmd_gpu_resume(args, home, config)
     with _client(home, config) as client:
         reply = client.call("history", gpu=args.gpu, since=args.since)
     if args.json:
@@ -302,15 +338,23 @@ def cmd_events(args, home, config) -> int:
     return 0
 
 
+def cmd_quota(args, home, config) -> int:
+    with _client(home, config) as client:
+        client.call("quota", user=args.user, hours=args.hours)
+    print(f"Quota of {args.user}: {args.hours:g} GPU-hours a month")
+    return 0
+
+
 def cmd_users(args, home, config) -> int:
     with _client(home, config) as client:
         users = client.call("users")["users"]
     if args.json:
         print(json.dumps(users, indent=2))
         return 0
-    print(f"{'USER':<16} {'FINISHED':>8} {'GPU-HOURS':>10} {'RUNNING':>8}")
+    print(f"{'USER':<16} {'WEIGHT':>7} {'FINISHED':>8} {'RUNNING':>8} {'GPU-H MONTH':>12} {'QUOTA':>8}")
     for u in users:
-        print(f"{u['name']:<16} {u['jobs_finished']:>8} {u['gpu_hours']:>10.2f} {u['running_jobs']:>8}")
+        print(f"{u['name']:<16} {u['weight']:>7.3f} {u['jobs_finished']:>8} {u['running_jobs']:>8} "
+              f"{u['month_gpu_hours']:>12.2f} {u['quota_gpu_hours']:>8g}")
     return 0
 
 
@@ -344,6 +388,13 @@ def cmd_parse(args, home, config) -> int:
         return USAGE_ERROR
     try:
         result = parse(text)
+        if args.best is not None:
+            if args.kind != "topo":
+                print("nebula parse: --best goes with the topo kind", file=sys.stderr)
+                return USAGE_ERROR
+            from .scheduler.topology import best_set
+
+            result["best"] = best_set(result["links"], args.best, result["gpus"])
     except ValueError as err:
         print(f"nebula parse: {args.file}: {err}", file=sys.stderr)
         return 1
@@ -394,5 +445,6 @@ COMMANDS = {
     "gpus": cmd_gpus, "job": cmd_job, "cancel": cmd_cancel, "logs": cmd_logs,
     "parse": cmd_parse, "serve": cmd_serve, "demo": cmd_demo, "tui": cmd_tui,
     "hold": cmd_hold, "release": cmd_release, "attach": cmd_attach, "node": cmd_node,
-    "gpu": cmd_gpu, "events": cmd_events, "users": cmd_users,
+    "gpu": cmd_gpu, "events": cmd_events, "users": cmd_users, "quota": cmd_quota,
+    "sim": cli_health.cmd_sim,
 }

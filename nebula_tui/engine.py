@@ -25,7 +25,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from . import scheduler, views
+from .scheduler import fairshare
+from .settings import SchedulerSettings
 from .config import ClusterConfig
+from .health_monitor import HealthMonitor
 from .model import (GpuProcess, GpuReading, GpuView, Job, JobSpec, JobState, NodeState,
                     Placement, RequestError)
 from .remote import launcher
@@ -36,6 +39,7 @@ from .store import StaleDecision, Store
 log = logging.getLogger(__name__)
 
 PERIODIC_PASS_S = 3.0
+SHARES_TTL_S = 60.0
 TELEMETRY_EVERY_S = 30.0
 TELEMETRY_COMPACT_EVERY_S = 3600.0
 ACK_BATCH_S = 0.1
@@ -79,6 +83,25 @@ class GpuLive:
     maintenance: bool = False
 
 
+def job_nodes(job: Job) -> list[str]:
+    """The nodes a job holds GPUs on, the first (rank 0) first."""
+    return list(dict.fromkeys(p.node for p in job.placements))
+
+
+def month_start(now: float) -> float:
+    """The first moment of the calendar month (local time) that ``now`` falls in (R7)."""
+    t = time.localtime(now)
+    return time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, -1))
+
+
+def _pending(job: Job) -> scheduler.PendingJob:
+    s = job.spec
+    return scheduler.PendingJob(
+        job.id, job.user, s.gpu_count, s.gpu_mem_mb, job.submitted_at, arch=s.arch, cuda=s.cuda,
+        vendor=s.vendor, max_nodes=s.nodes, priority=s.priority, after=tuple(s.after),
+        time_limit_s=s.time_limit_s, service=s.service)
+
+
 def _group_members(group: str) -> set[str]:
     """Users in a Unix group: its listed members and those for whom it is the primary group."""
     try:
@@ -105,9 +128,15 @@ class Engine:
         self._cancelling: set[int] = set()
         self._acks: dict[str, list[int]] = {}
         self._telemetry_at: dict[str, float] = {}
+        self._shares: dict[str, scheduler.UserShare] | None = None
+        self._shares_at = 0.0
+        self._node_exits: dict[int, dict[str, int | None]] = {}  # gangs: exits so far per node
+        self._launched: dict[int, set[str]] = {}  # gangs: nodes that confirmed the launch
+        self.settings = config.scheduler or SchedulerSettings()
         self._compacted_at = 0.0
         self._tasks: set[asyncio.Task] = set()
         self._scheduler_task: asyncio.Task | None = None
+        self.health = HealthMonitor(self)  # R16/R17/R19: Xid policies, isolation, health score
 
     # ------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -172,7 +201,8 @@ class Engine:
 
     def on_node_message(self, node: str, message: dict) -> None:
         handler = {"hello": self._on_hello, "probe": self._on_probe,
-                   "started": self._on_started, "exit": self._on_exit}.get(message.get("type"))
+                   "started": self._on_started, "exit": self._on_exit,
+                   "kmsg": self.health.on_kernel_message}.get(message.get("type"))
         if handler is None:
             return
         try:
@@ -225,6 +255,7 @@ class Engine:
             self.store.register_gpus(node, [self._descriptor(node, r) for r in new_gpus],
                                      self.clock())
         self._record_telemetry(node, readings)
+        self.health.on_probe(node, readings, message.get("pid_jobs", {}))
         self.publish_gpus(node)
 
     def _record_telemetry(self, node: str, readings: list[GpuReading]) -> None:
@@ -261,7 +292,15 @@ class Engine:
                 with contextlib.suppress(TypeError, ValueError):
                     self._ack_soon(node, int(message.get("job")))
             return
-        code = message.get("code")
+        self._ack_soon(node, job.id)
+        if self.health.takes_exit(job, message.get("code")):  # evicted from an isolated GPU
+            return
+        exits = self._node_exits.setdefault(job.id, {})
+        exits[node] = message.get("code")
+        if set(exits) < set(job_nodes(job)):
+            return  # a gang ends when every node's part has ended
+        codes = [exits[n] for n in job_nodes(job)]
+        code = next((c for c in codes if c != 0), 0)
         if job.id in self._cancelling:
             state, reason = JobState.CANCELLED, "cancelled"
         elif code == 0:
@@ -271,7 +310,6 @@ class Engine:
         else:
             state, reason = JobState.FAILED, ""
         self._finish(job, state, code, reason)
-        self._ack_soon(node, job.id)
 
     def token(self, job: Job) -> str:
         """Names one launch of one job: this head's store, and the attempt (requeues)."""
@@ -287,7 +325,7 @@ class Engine:
             return None
         if job is None or message.get("token") != self.token(job):
             return None  # another head's job directory, or an earlier attempt of this job
-        return job if job and job.node == node and job.state.holds_gpus else None
+        return job if node in job_nodes(job) and job.state.holds_gpus else None
 
     def _ack_soon(self, node: str, job_id: int) -> None:
         """Tell the node its job's exit is recorded; acks of one moment go as one request."""
@@ -312,10 +350,10 @@ class Engine:
         runs twice. Exits the node recorded while we were away arrive as exit messages.
         """
         for job in list(self.jobs.values()):
-            if job.node == node and job.state == JobState.LAUNCHING:
-                await self._launch(job)
-            if job.node == node and job.id in self._cancelling:
-                self._spawn(self._cancel_on_node(job), f"cancel-{job.id}")
+            if node in job_nodes(job) and job.state == JobState.LAUNCHING:
+                await self._launch(job, only=node)
+            if node in job_nodes(job) and job.id in self._cancelling:
+                self._spawn(self._cancel_on_node(job, only=node), f"cancel-{job.id}")
         try:
             listing = await self.links[node].request("list")
         except (NodeUnavailable, asyncio.TimeoutError):
@@ -325,7 +363,7 @@ class Engine:
             job_id = int(name)
             current = self.jobs.get(job_id)
             if (self._ours(info.get("token")) and f"nebula-{job_id}" in sessions
-                    and (current is None or current.node != node
+                    and (current is None or node not in job_nodes(current)
                          or info.get("token") != self.token(current))):
                 log.warning("stopping stale session of job %s on %s", job_id, node)
                 self.store.add_event("reconcile", f"stopped a stale copy of job {job_id} on {node}",
@@ -364,20 +402,22 @@ class Engine:
         for view in self.nodes.values():
             if view.silent_since is None or now - view.silent_since < self.config.node_lease:
                 continue
-            for job in [j for j in self.jobs.values() if j.node == view.name and j.state.holds_gpus]:
+            for job in [j for j in self.jobs.values() if view.name in job_nodes(j) and j.state.holds_gpus]:
                 self.requeue(job, f"lost with node {view.name} (silent for "
                                   f"{now - view.silent_since:.0f}s); requeued")
 
     def requeue(self, job: Job, reason: str) -> None:
         """Put a job that held GPUs back in the queue (its allocation released)."""
         self.store.requeue(job.id, reason, self.clock())
-        node = job.node
+        held_on = job_nodes(job)
         self._cancelling.discard(job.id)
         job = replace(job, state=JobState.PENDING, node=None, placements=(), reason=reason,
                       started_at=None, attempt=job.attempt + 1)
         self.jobs[job.id] = job
+        self._node_exits.pop(job.id, None)
+        self._launched.pop(job.id, None)
         self.publish_job(job)
-        if node:
+        for node in held_on:
             self.publish_gpus(node)
         self.wake()
 
@@ -389,7 +429,9 @@ class Engine:
                     held[p.gpu_uuid].append((job.id, p))
         return [GpuView(node=live.node, reading=live.reading, blocked=self._blocked(live),
                         maintenance=live.maintenance, placements=tuple(held[uuid]),
-                        unmanaged_used_mb=live.unmanaged_used_mb)
+                        unmanaged_used_mb=live.unmanaged_used_mb,
+                        cuda_version=self.nodes[live.node].cuda_version,
+                        health_score=self.health.score(live.node))
                 for uuid, live in sorted(self.gpus.items(),
                                          key=lambda kv: (kv[1].node, kv[1].reading.index))]
 
@@ -400,7 +442,8 @@ class Engine:
         if node.state != NodeState.UP:
             return f"node {node.name} is {node.state.value}"
         if live.maintenance:
-            return "GPU in maintenance"
+            why = self.health.reason(live.reading.uuid)
+            return f"GPU in maintenance: {why}" if why else "GPU in maintenance"
         return None
 
     def schedule_pass(self) -> None:
@@ -412,6 +455,8 @@ class Engine:
             job = self.jobs[decision.job_id]
             if isinstance(decision, scheduler.Start):
                 self._begin_launch(job, decision.placements)
+            elif isinstance(decision, scheduler.Fail):
+                self._finish(job, JobState.FAILED, None, decision.reason)
             elif job.reason != decision.reason:
                 reasons[job.id] = decision.reason
                 self.jobs[job.id] = replace(job, reason=decision.reason)
@@ -419,11 +464,62 @@ class Engine:
         self.store.set_reasons(reasons)
 
     def _snapshot_for(self, pending: list[Job]) -> scheduler.Snapshot:
+        """Everything a pass looks at, from memory (the store only for old dependencies)."""
+        holding = [j for j in self.jobs.values() if j.state.holds_gpus]
+        named = {dep for j in pending for dep in j.spec.after}
+        finished = self.store.job_states([d for d in named if d not in self.jobs]) if named else {}
         return scheduler.Snapshot(
+            now=self.clock(),
             gpus=tuple(self.gpu_views()),
-            queue=tuple(scheduler.PendingJob(j.id, j.user, j.spec.gpu_count, j.spec.gpu_mem_mb,
-                                             j.submitted_at) for j in pending),
+            queue=tuple(_pending(j) for j in pending),
+            running=tuple(scheduler.RunningJob(j.id, j.user, j.placements, j.started_at or j.submitted_at,
+                                               j.spec.time_limit_s, j.spec.service) for j in holding),
+            users=self.shares(),
+            finished=finished,
+            topologies={name: view.topo.get("links", {}) for name, view in self.nodes.items()},
+            config=self.settings.config,
         )
+
+    def shares(self) -> dict[str, scheduler.UserShare]:
+        """R6 weights and R7 quota standing per user; recomputed when a job ends, at most
+        once a minute otherwise (so a pass costs no SQL)."""
+        now = self.clock()
+        if self._shares is not None and now - self._shares_at < SHARES_TTL_S:
+            return self._shares
+        half_life = self.settings.half_life_s
+        since = now - 10 * half_life if half_life else 0.0
+        finished = self.store.finished_usage(since)
+        month = self.store.usage_since(month_start(now))
+        held: dict[str, float] = defaultdict(float)
+        for job in self.jobs.values():
+            if job.state.holds_gpus and job.started_at:
+                held[job.user] += self._held_hours(job, now)
+        shares = {}
+        for user in set(finished) | set(month) | set(held):
+            refusal = self.quota_refusal(user, month.get(user, 0.0) + held.get(user, 0.0))
+            shares[user] = scheduler.UserShare(
+                user, fairshare.user_weight(finished.get(user, []), held.get(user, 0.0), now, half_life),
+                refusal)
+        self._shares, self._shares_at = shares, now
+        return shares
+
+    def _held_hours(self, job: Job, now: float) -> float:
+        fractions = [fairshare.gpu_fraction(p.memory_mb, self._total_mb(p.gpu_uuid), p.exclusive)
+                     for p in job.placements]
+        return fairshare.gpu_hours(fractions, now - (job.started_at or now))
+
+    def _total_mb(self, gpu: str) -> int | None:
+        live = self.gpus.get(gpu)
+        return live.reading.memory_total_mb if live else None
+
+    def quota_refusal(self, user: str, month_hours: float) -> str | None:
+        quota = self._quotas().get(user, self.settings.quota_gpu_hours)
+        admins = sorted({"root", self.owner, *self.config.admins})
+        return fairshare.quota_refusal(user, month_hours, quota, admins)
+
+    def _quotas(self) -> dict[str, float]:
+        return {u["name"]: u["quota_gpu_hours"] for u in self.store.users()
+                if u.get("quota_gpu_hours") is not None}
 
     # ------------------------------------------------------ phase 3: launches
     def _begin_launch(self, job: Job, placements: tuple[Placement, ...]) -> None:
@@ -435,36 +531,58 @@ class Engine:
                       placements=placements, reason="")
         self.jobs[job.id] = job
         self.publish_job(job)
-        self.publish_gpus(job.node)
+        for node in job_nodes(job):
+            self.publish_gpus(node)
         self._spawn(self._launch(job), f"launch-{job.id}")
 
-    async def _launch(self, job: Job) -> None:
-        script = launcher.run_script(job, job.placements, self._run_as(job))
-        try:
-            reply = await self.links[job.node].request(
-                "launch", job=job.id, token=self.token(job), script=script)
-        except (NodeUnavailable, asyncio.TimeoutError) as err:
-            # The intent stays in the store; reconcile launches it when the node is back.
-            log.warning("launch of job %s deferred: %s", job.id, err)
-            return
+    async def _launch(self, job: Job, only: str | None = None) -> None:
+        """Start the job's tmux session on each of its nodes (or only on ``only``).
+
+        The job is running once every node has confirmed; a node that is away keeps the
+        intent in the store, and reconcile launches its part when it is back.
+        """
+        nodes = job_nodes(job)
+        replies = await asyncio.gather(*(self._launch_on(job, node, nodes) for node in nodes
+                                         if only is None or node == only), return_exceptions=True)
         current = self.jobs.get(job.id)
         if current is None or current.state != JobState.LAUNCHING:
             return
-        if reply.get("ok"):
+        failed = [r for r in replies if isinstance(r, dict) and not r.get("ok")]
+        if failed:
+            self._finish(current, JobState.FAILED, None, f"launch failed: {failed[0].get('error')}")
+            return
+        confirmed = self._launched.setdefault(job.id, set())
+        confirmed.update(r["node"] for r in replies if isinstance(r, dict))
+        if confirmed >= set(nodes):
+            self._launched.pop(job.id, None)
             self._mark_running(current)
-        else:
-            self._finish(current, JobState.FAILED, None, f"launch failed: {reply.get('error')}")
 
-    def _run_as(self, job: Job) -> tuple[str, ...]:
+    async def _launch_on(self, job: Job, node: str, nodes: list[str]) -> dict | None:
+        mine = tuple(p for p in job.placements if p.node == node)
+        extra = None
+        if len(nodes) > 1:
+            master = self.config.node(nodes[0])
+            extra = launcher.gang_environment(job, node, master.host, nodes,
+                                              self.config.node(node).env_dict.get("NCCL_SOCKET_IFNAME"))
+        script = launcher.run_script(job, mine, self._run_as(job, node), extra)
+        try:
+            reply = await self.links[node].request("launch", job=job.id, token=self.token(job),
+                                                   script=script)
+        except (NodeUnavailable, asyncio.TimeoutError) as err:
+            log.warning("launch of job %s on %s deferred: %s", job.id, node, err)
+            return None
+        return {**reply, "node": node}
+
+    def _run_as(self, job: Job, node_name: str) -> tuple[str, ...]:
         """With ``run_as: submitter``, the prefix that runs the job as its owner on the node.
 
         A nodelet running as root switches with runuser; any other login user needs a
         sudoers rule allowing ``sudo -n -u USER`` (README, "Jobs run as their owner").
         """
-        node = self.config.node(job.node)
+        node = self.config.node(node_name)
         if self.config.run_as != "submitter" or job.user == node.user:
             return ()
-        if self.nodes[job.node].hello.get("uid") == 0:
+        if self.nodes[node_name].hello.get("uid") == 0:
             return ("runuser", "-u", job.user, "--")
         return ("sudo", "-n", "-u", job.user, "--")
 
@@ -479,11 +597,13 @@ class Engine:
         now = self.clock()
         self.store.finish_job(job.id, state, now, exit_code=code, reason=reason)
         self.jobs.pop(job.id, None)
+        self._node_exits.pop(job.id, None)
+        self._shares = None  # its hours now count towards its user's weight
         self._cancelling.discard(job.id)
         done = replace(job, state=state, exit_code=code, reason=reason, ended_at=now)
         self.publish_job(done)
-        if job.node:
-            self.publish_gpus(job.node)
+        for node in job_nodes(job):
+            self.publish_gpus(node)
         for waiter in self._finished_waiters.pop(job.id, []):
             if not waiter.done():
                 waiter.set_result(done)
@@ -491,6 +611,15 @@ class Engine:
 
     # ------------------------------------------------------ client requests
     def submit(self, user: str, spec: JobSpec) -> Job:
+        """Accept a job, or refuse it in one sentence (quota, priority, dependencies)."""
+        if spec.priority > 0 and not self.is_admin(user):
+            raise RequestError(f"only an admin ({self._admins_text()}) may raise a job's priority")
+        missing = [d for d in spec.after if d not in self.jobs and self.store.job(d) is None]
+        if missing:
+            raise RequestError(f"--after names no job {missing[0]}; `nebula queue` lists the jobs")
+        share = self.shares().get(user)
+        if share is not None and share.refusal:
+            raise RequestError(share.refusal)
         job = self.store.add_job(user, spec, self.clock())
         self.jobs[job.id] = job
         self.publish_job(job)
@@ -612,12 +741,15 @@ class Engine:
         self._spawn(self._cancel_on_node(job), f"cancel-{job.id}")
         return job
 
-    async def _cancel_on_node(self, job: Job) -> None:
-        try:
-            await self.links[job.node].request("cancel", timeout=CANCEL_GRACE_S + 30,
+    async def _cancel_on_node(self, job: Job, only: str | None = None) -> None:
+        for node in job_nodes(job):
+            if only is not None and node != only:
+                continue
+            try:
+                await self.links[node].request("cancel", timeout=CANCEL_GRACE_S + 30,
                                                job=job.id, grace=CANCEL_GRACE_S)
-        except (NodeUnavailable, asyncio.TimeoutError) as err:
-            log.warning("cancel of job %s waits for its node: %s", job.id, err)
+            except (NodeUnavailable, asyncio.TimeoutError) as err:
+                log.warning("cancel of job %s on %s waits for the node: %s", job.id, node, err)
 
     async def wait_finished(self, job_id: int) -> Job:
         job = self.job(job_id)
@@ -665,7 +797,23 @@ class Engine:
         for job in self.jobs.values():
             if job.state.holds_gpus:
                 running[job.user] += 1
-        return [{**row, "running_jobs": running.get(row["name"], 0)} for row in self.store.users()]
+        shares = self.shares()
+        month = self.store.usage_since(month_start(self.clock()))
+        rows = []
+        for row in self.store.users():
+            name = row["name"]
+            rows.append({**row, "running_jobs": running.get(name, 0),
+                         "weight": round(shares[name].weight, 4) if name in shares else 1.0,
+                         "month_gpu_hours": round(month.get(name, 0.0), 4),
+                         "quota_gpu_hours": self.settings.quota_gpu_hours
+                         if row.get("quota_gpu_hours") is None else row["quota_gpu_hours"]})
+        return rows
+
+    def set_quota(self, user: str, name: str, hours: float) -> None:
+        self._check_admin(user, "set quotas")
+        self.store.set_quota(name, hours, user, self.clock())
+        self._shares = None
+        self.wake()
 
     def queue_json(self) -> list[dict]:
         order = {JobState.RUNNING: 0, JobState.LAUNCHING: 0, JobState.PENDING: 1}

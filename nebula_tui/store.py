@@ -126,6 +126,8 @@ class Store:
         ("jobs", "held_by", str, None),
         ("jobs", "cancel_by", str, None),
         ("jobs", "attempt", int, 0),
+        ("jobs", "gpu_hours", float, 0.0),
+        ("users", "quota_gpu_hours", float, None),
         ("nodes", "drained", int, 0),
         ("nodes", "drain_reason", str, None),
     )
@@ -227,8 +229,11 @@ class Store:
         with self.transaction():
             row = self.db.execute("SELECT user, started_at FROM jobs WHERE id = ?", [job_id]).fetchone()
             if row is not None:  # the GPU time it held until now is still charged (R7)
+                held = self._gpu_hours(job_id, row[1], t)
                 self.db.execute("UPDATE users SET gpu_hours = gpu_hours + ? WHERE name = ?",
-                                [self._gpu_hours(job_id, row[1], t), row[0]])
+                                [held, row[0]])
+                self.db.execute("UPDATE jobs SET gpu_hours = gpu_hours + ? WHERE id = ?",
+                                [held, job_id])
             self.db.execute(
                 "UPDATE allocations SET released_at = ? WHERE job_id = ? AND released_at IS NULL",
                 [t, job_id])
@@ -291,8 +296,9 @@ class Store:
             user, started_at, _ = row
             gpu_hours = self._gpu_hours(job_id, started_at, t)
             self.db.execute(
-                "UPDATE jobs SET state = ?, ended_at = ?, exit_code = ?, reason = ? WHERE id = ?",
-                [state.value, t, exit_code, reason, job_id],
+                "UPDATE jobs SET state = ?, ended_at = ?, exit_code = ?, reason = ?, "
+                "gpu_hours = gpu_hours + ? WHERE id = ?",
+                [state.value, t, exit_code, reason, gpu_hours, job_id],
             )
             self.db.execute(
                 "UPDATE allocations SET released_at = ? WHERE job_id = ? AND released_at IS NULL",
@@ -420,6 +426,37 @@ class Store:
     # ------------------------------------------------------------------ users
     def users(self) -> list[dict]:
         return [dict(r) for r in self.db["users"].rows_where(order_by="name")]
+
+    def set_quota(self, user: str, hours: float, by: str, t: float) -> None:
+        with self.transaction():
+            self._ensure_user(user, t)
+            self.db.execute("UPDATE users SET quota_gpu_hours = ? WHERE name = ?", [hours, user])
+            self._event(t, "admin", f"quota of {user} set to {hours:g} GPU-hours a month by {by}",
+                        user=by)
+
+    def usage_since(self, since: float) -> dict[str, float]:
+        """GPU-hours per user charged to jobs that ended since ``since`` or still hold or
+        wait (a requeued job keeps what it was charged)."""
+        rows = self.db.execute(
+            "SELECT user, SUM(gpu_hours) FROM jobs WHERE ended_at >= ? OR ended_at IS NULL "
+            "GROUP BY user", [since]).fetchall()
+        return {user: hours or 0.0 for user, hours in rows}
+
+    def finished_usage(self, since: float) -> dict[str, list[tuple[float, float]]]:
+        """(ended_at, gpu_hours) of every job each user finished since ``since`` (R6)."""
+        found: dict[str, list[tuple[float, float]]] = {}
+        for user, ended_at, hours in self.db.execute(
+                "SELECT user, ended_at, gpu_hours FROM jobs WHERE ended_at >= ? "
+                "AND state IN ('succeeded', 'failed', 'cancelled') ORDER BY ended_at", [since]):
+            found.setdefault(user, []).append((ended_at, hours or 0.0))
+        return found
+
+    def job_states(self, job_ids: list[int]) -> dict[int, str]:
+        found: dict[int, str] = {}
+        for chunk in _chunks(job_ids, 500):
+            found.update(self.db.execute(
+                f"SELECT id, state FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk).fetchall())
+        return found
 
     # ----------------------------------------------------------------- events
     def add_event(self, kind: str, message: str, **refs) -> None:

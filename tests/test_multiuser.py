@@ -121,6 +121,13 @@ def test_permission_matrix(shared):
     assert any(f"job {job} cancel requested by root" in e["message"] for e in audit)
 
 
+def test_only_admins_raise_priority(shared):
+    refused = as_user(shared, BOB, "submit", "--priority", "5", "--", "true")
+    assert refused.returncode == 1 and "only an admin" in refused.stderr
+    lowered = submit_as(shared, BOB, "--priority", "-1", "--gpu-mem", "4G", "--", "true")
+    assert shared.wait_job(lowered)["state"] == "succeeded"
+
+
 def test_only_the_group_reaches_the_socket_and_nobody_the_store(shared):
     mode = shared.socket.stat().st_mode & 0o777
     assert mode == 0o660

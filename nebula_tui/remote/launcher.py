@@ -38,15 +38,31 @@ _ENTER_AND_EXEC = ('cd -- "${NEBULA_WORKDIR:-$HOME}" || { '
                    'exit 127; }; exec "$@"')
 
 
+def gang_environment(job: Job, node: str, master_host: str, nodes: list[str],
+                     socket_ifname: str | None) -> dict[str, str]:
+    """R12 for a job across several nodes: what torchrun and NCCL need on ``node``."""
+    env = {
+        "MASTER_ADDR": master_host,
+        # One port per job, so two gangs sharing the first node never collide.
+        "MASTER_PORT": str(29500 + job.id % 20000),
+        "NNODES": str(len(nodes)),
+        "NODE_RANK": str(nodes.index(node)),
+        "NCCL_IB_DISABLE": "1",
+    }
+    if socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = socket_ifname
+    return env
+
+
 def user_argv(job: Job, placements: tuple[Placement, ...],
-              run_as: tuple[str, ...] = ()) -> list[str]:
+              run_as: tuple[str, ...] = (), extra_env: dict[str, str] | None = None) -> list[str]:
     """The argv that runs the user's command with its R12 environment and workdir.
 
     ``run_as`` is a prefix that switches to the submitting user on the node (``runuser -u
     alice --`` or ``sudo -n -u alice --``); the environment is passed through ``env`` so it
     survives that switch.
     """
-    env = job_environment(job, placements)
+    env = {**job_environment(job, placements), **(extra_env or {})}
     if job.spec.workdir:
         env["NEBULA_WORKDIR"] = job.spec.workdir
     command = ["sh", "-c", job.spec.command[0]] if job.spec.shell else list(job.spec.command)
@@ -54,7 +70,8 @@ def user_argv(job: Job, placements: tuple[Placement, ...],
             "sh", "-c", _ENTER_AND_EXEC, "nebula-job", *command]
 
 
-def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, ...] = ()) -> str:
+def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, ...] = (),
+               extra_env: dict[str, str] | None = None) -> str:
     """The wrapper the tmux session runs: log, start and exit markers around the command.
 
     The wrapper itself runs as the node's login user (it owns the job directory); only the
@@ -70,7 +87,7 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
         ': > "$log"',
         ': > "$jobdir/started"  # its mtime is the start time',
         "{",
-        f"  {' '.join(shlex.quote(word) for word in user_argv(job, placements, run_as))}",
+        f"  {' '.join(shlex.quote(word) for word in user_argv(job, placements, run_as, extra_env))}",
         # One short write: a reader sees an empty file or the whole number, and the
         # nodelet waits for a non-empty one.
         '  echo $? > "$jobdir/exit_code"',

@@ -1,0 +1,101 @@
+"""The scheduler's rules through the whole system: filters, gangs across nodes,
+dependencies, quota and the topology preview (issue 3, on real sshd nodes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import wait_for
+
+SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
+if not SAMPLES.is_dir():
+    SAMPLES = Path("/work/shared/samples")
+
+
+def submit(head, *args: str) -> int:
+    return int(head.run("submit", *args, check=True).stdout.split()[2])
+
+
+def reason_of(head, job: int) -> str:
+    return wait_for(lambda: (j := head.job(job))["reason"].startswith("needs") and j["reason"], 10,
+                    what=f"a waiting reason for job {job}")
+
+
+def test_arch_and_cuda_filters_say_what_is_missing(head):
+    no_hopper = submit(head, "--arch", "sm_90", "--", "true")
+    new_cuda = submit(head, "--cuda", "13.0", "--", "true")
+    try:
+        assert "sm_90" in reason_of(head, no_hopper)
+        assert "12.4" in reason_of(head, new_cuda) and "13.0" in reason_of(head, new_cuda)
+        assert head.job(no_hopper)["state"] == head.job(new_cuda)["state"] == "pending"
+    finally:
+        head.run("cancel", str(no_hopper))
+        head.run("cancel", str(new_cuda))
+    ampere_or_newer = submit(head, "--arch", ">=sm_86", "--gpu-mem", "4G", "--", "true")
+    done = head.wait_job(ampere_or_newer)
+    assert done["state"] == "succeeded"
+    # Not an A100 (sm_80): a 4090 or 3090 (sm_89 / sm_86).
+    placed = json.loads(head.run("job", str(ampere_or_newer), check=True).stdout)
+    assert placed["node"] in ("node01", "node03")
+
+
+def test_a_gang_across_two_nodes_gets_the_torchrun_environment(head):
+    # Five cards with ≥20 GB exist only across nodes: node02's four A100s and a 24 GB card.
+    job = submit(head, "--gpu-count", "5", "--gpu-mem", "20G", "--nodes", "2", "--",
+                 "sh", "-c", 'echo "$NNODES $NODE_RANK $MASTER_ADDR $MASTER_PORT $CUDA_VISIBLE_DEVICES"')
+    done = head.wait_job(job, 30)
+    assert done["state"] == "succeeded", done["reason"]
+    nodes = {g["node"] for g in head.call("job", job=job)["job"]["gpus"]} or None
+    log = head.run("logs", str(job), check=True).stdout.split()
+    assert log[0] == "2" and log[1] == "0" and log[2] == "127.0.0.1" and int(log[3]) >= 29500
+    assert nodes is None or len(nodes) == 2
+    # Without --nodes the same request waits instead.
+    single = submit(head, "--gpu-count", "5", "--gpu-mem", "20G", "--", "true")
+    try:
+        assert "node" in reason_of(head, single)
+    finally:
+        head.run("cancel", str(single))
+
+
+def test_after_waits_for_success_and_fails_when_the_dependency_fails(head):
+    first = submit(head, "--gpu-mem", "4G", "--", "sleep", "2")
+    second = submit(head, "--gpu-mem", "4G", "--after", str(first), "--", "true")
+    assert "waits for job" in wait_for(lambda: head.job(second)["reason"], 10, what="a reason")
+    assert head.job(second)["state"] == "pending"
+    assert head.wait_job(first)["state"] == "succeeded"
+    assert head.wait_job(second)["state"] == "succeeded"
+
+    broken = submit(head, "--gpu-mem", "4G", "--", "false")
+    dependent = submit(head, "--gpu-mem", "4G", "--after", str(broken), "--", "true")
+    assert head.wait_job(broken)["state"] == "failed"
+    failed = head.wait_job(dependent)
+    assert failed["state"] == "failed" and str(broken) in failed["reason"]
+
+    unknown = head.run("submit", "--after", "999999", "--", "true")
+    assert unknown.returncode == 1 and "no job 999999" in unknown.stderr
+
+
+def test_over_quota_submit_is_refused_with_who_can_raise_it(head):
+    head.run("quota", "root", "0", check=True)
+    try:
+        refused = head.run("submit", "--gpu-mem", "4G", "--", "true")
+        assert refused.returncode == 1 and refused.stderr.count("\n") == 1
+        assert "GPU-hours this month" in refused.stderr and "nebula quota root" in refused.stderr
+        users = {u["name"]: u for u in json.loads(head.run("users", "--json", check=True).stdout)}
+        assert users["root"]["quota_gpu_hours"] == 0
+    finally:
+        head.run("quota", "root", "2000", check=True)
+    assert head.run("submit", "--gpu-mem", "4G", "--wait", "--", "true").returncode == 0
+
+
+def test_parse_topo_best_previews_a_k_gpu_job():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "nebula_tui", "parse", "topo",
+                           str(SAMPLES / "topo" / "h100nvl_8gpu_nv12_pairs_2nic.txt"), "--best", "2"],
+                          capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout)
+    a, b = result["best"]
+    assert result["links"][a][b] == "NV12"
