@@ -238,17 +238,15 @@ class ApiServer:
         gpu = self.engine.resolve_gpu(_text(req, "gpu"))
         return {"gpu": gpu, "samples": self.engine.history(gpu, float(since))}
 
+    async def op_reload(self, user, req):
+        return await self.engine.reload(user)
+
     async def op_quota(self, user, req):
         hours = req.get("hours")
         if not isinstance(hours, (int, float)) or isinstance(hours, bool) or hours < 0:
             raise RequestError("the quota is a number of GPU-hours per month, e.g. 3000")
         self.engine.set_quota(user, _text(req, "user"), float(hours))
         return {}
-
-    async def op_gpu_resume(self, user, req):
-        """An admin brings a GPU in maintenance back into service (R16/R17)."""
-        gpu = self.engine.health.resume(user, _text(req, "gpu"))
-        return {"gpu": next(g for g in self.engine.gpus_json() if g["uuid"] == gpu)}
 
     async def op_users(self, user, req):
         return {"users": self.engine.users_json()}

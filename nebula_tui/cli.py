@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-from . import cli_health
 from .api import ARCH_RE, CUDA_RE, ApiError
 from .model import ConfigError, fmt, parse_size_mb
 from .service import Home, ServiceUnavailable
@@ -128,14 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("node")
     p.add_argument("--reason", default="")
     node_sub.add_parser("resume", help="take new jobs again").add_argument("node")
+    p = node_sub.add_parser("add", help="add a node to nodes.yaml, trusting its host key")
+    p.add_argument("node")
+    p.add_argument("host")
+    p.add_argument("--port", type=_count, default=22)
+    p.add_argument("--user", default=None, help="login user (default: the cluster's)")
+    p.add_argument("--identity", default=None, help="client key (default: the cluster's)")
+    p.add_argument("--trust", default=None, metavar="SHA256:…",
+                   help="trust the host key only if it has this fingerprint (no question asked)")
+    node_sub.add_parser("remove", help="remove a node from nodes.yaml").add_argument("node")
     p = command("gpu", "one GPU")
     gpu_sub = p.add_subparsers(dest="gpu_command", required=True, parser_class=OneLineParser)
     p = gpu_sub.add_parser("history", help="telemetry samples (R18)")
     p.add_argument("gpu", help="uuid or node:index")
     p.add_argument("--since", type=_duration, default=3600, help="how far back, e.g. 30m, 6h, 2d")
     p.add_argument("--json", action="store_true")
-    cli_health.add_gpu_commands(gpu_sub)  # gpu resume
-    cli_health.add_sim_commands(sub, command)  # sim inject|node|throttle
     p = command("events", "what happened, newest last")
     p.add_argument("--limit", type=_count, default=50)
     command("users", "fair-share weights and usage per user").add_argument("--json", action="store_true")
@@ -300,6 +306,8 @@ def cmd_attach(args, home, config) -> int:
 
 
 def cmd_node(args, home, config) -> int:
+    if args.node_command in ("add", "remove"):
+        return _edit_nodes(args, home, config)
     with _client(home, config) as client:
         if args.node_command == "drain":
             client.call("drain", node=args.node, reason=args.reason)
@@ -310,9 +318,44 @@ def cmd_node(args, home, config) -> int:
     return 0
 
 
+def _edit_nodes(args, home, config) -> int:
+    """node add/remove: edit the cluster file (with the trust step), then reload the service."""
+    from .config import find_config
+    from .node_admin import NodeAdminError, add_node, remove_node
+
+    path = find_config(config, home.root)
+    if path is None:
+        print("nebula node: no cluster file; give --config nodes.yaml", file=sys.stderr)
+        return USAGE_ERROR
+
+    def ask(question: str) -> bool:
+        if not sys.stdin.isatty():
+            raise NodeAdminError("cannot ask whether to trust the host key (no terminal); "
+                                 "pass --trust with the fingerprint you checked on the node")
+        return input(question).strip().lower() in ("y", "yes")
+
+    try:
+        if args.node_command == "add":
+            _, fingerprint = add_node(path, args.node, args.host, args.port, args.user,
+                                      args.identity, args.trust, ask)
+            print(f"Added {args.node} ({args.host}:{args.port}, host key {fingerprint}) to {path}")
+        else:
+            with _client(home, config) as client:
+                if any(args.node in {g["node"] for g in j["gpus"]} for j in client.call("queue")["jobs"]):
+                    print(f"nebula node: {args.node} still holds jobs; drain it and remove it once "
+                          "they ended", file=sys.stderr)
+                    return 1
+            remove_node(path, args.node)
+            print(f"Removed {args.node} from {path}")
+    except NodeAdminError as err:
+        print(f"nebula node: {err}", file=sys.stderr)
+        return 1
+    with _client(home, config) as client:
+        client.call("reload")
+    return 0
+
+
 def cmd_gpu(args, home, config) -> int:
-    if args.gpu_command == "resume":
-        return cli_health.cmd_gpu_resume(args, home, config)
     with _client(home, config) as client:
         reply = client.call("history", gpu=args.gpu, since=args.since)
     if args.json:
@@ -446,5 +489,4 @@ COMMANDS = {
     "parse": cmd_parse, "serve": cmd_serve, "demo": cmd_demo, "tui": cmd_tui,
     "hold": cmd_hold, "release": cmd_release, "attach": cmd_attach, "node": cmd_node,
     "gpu": cmd_gpu, "events": cmd_events, "users": cmd_users, "quota": cmd_quota,
-    "sim": cli_health.cmd_sim,
 }

@@ -28,8 +28,7 @@ from . import scheduler, views
 from .scheduler import fairshare
 from .settings import SchedulerSettings
 from .config import ClusterConfig
-from .health_monitor import HealthMonitor
-from .model import (GpuProcess, GpuReading, GpuView, Job, JobSpec, JobState, NodeState,
+from .model import (ConfigError, GpuProcess, GpuReading, GpuView, Job, JobSpec, JobState, NodeState,
                     Placement, RequestError)
 from .remote import launcher
 from .remote.backends import nvidia, topo
@@ -136,7 +135,6 @@ class Engine:
         self._compacted_at = 0.0
         self._tasks: set[asyncio.Task] = set()
         self._scheduler_task: asyncio.Task | None = None
-        self.health = HealthMonitor(self)  # R16/R17/R19: Xid policies, isolation, health score
 
     # ------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -201,8 +199,7 @@ class Engine:
 
     def on_node_message(self, node: str, message: dict) -> None:
         handler = {"hello": self._on_hello, "probe": self._on_probe,
-                   "started": self._on_started, "exit": self._on_exit,
-                   "kmsg": self.health.on_kernel_message}.get(message.get("type"))
+                   "started": self._on_started, "exit": self._on_exit}.get(message.get("type"))
         if handler is None:
             return
         try:
@@ -255,7 +252,6 @@ class Engine:
             self.store.register_gpus(node, [self._descriptor(node, r) for r in new_gpus],
                                      self.clock())
         self._record_telemetry(node, readings)
-        self.health.on_probe(node, readings, message.get("pid_jobs", {}))
         self.publish_gpus(node)
 
     def _record_telemetry(self, node: str, readings: list[GpuReading]) -> None:
@@ -293,8 +289,6 @@ class Engine:
                     self._ack_soon(node, int(message.get("job")))
             return
         self._ack_soon(node, job.id)
-        if self.health.takes_exit(job, message.get("code")):  # evicted from an isolated GPU
-            return
         exits = self._node_exits.setdefault(job.id, {})
         exits[node] = message.get("code")
         if set(exits) < set(job_nodes(job)):
@@ -430,8 +424,7 @@ class Engine:
         return [GpuView(node=live.node, reading=live.reading, blocked=self._blocked(live),
                         maintenance=live.maintenance, placements=tuple(held[uuid]),
                         unmanaged_used_mb=live.unmanaged_used_mb,
-                        cuda_version=self.nodes[live.node].cuda_version,
-                        health_score=self.health.score(live.node))
+                        cuda_version=self.nodes[live.node].cuda_version)
                 for uuid, live in sorted(self.gpus.items(),
                                          key=lambda kv: (kv[1].node, kv[1].reading.index))]
 
@@ -442,8 +435,7 @@ class Engine:
         if node.state != NodeState.UP:
             return f"node {node.name} is {node.state.value}"
         if live.maintenance:
-            why = self.health.reason(live.reading.uuid)
-            return f"GPU in maintenance: {why}" if why else "GPU in maintenance"
+            return "GPU in maintenance"
         return None
 
     def schedule_pass(self) -> None:
@@ -808,6 +800,48 @@ class Engine:
                          "quota_gpu_hours": self.settings.quota_gpu_hours
                          if row.get("quota_gpu_hours") is None else row["quota_gpu_hours"]})
         return rows
+
+    async def reload(self, user: str) -> dict:
+        """Read nodes.yaml again: start links to added nodes, stop those of removed ones.
+
+        A node that still holds jobs cannot be removed (drain it and let them finish).
+        Raises RequestError with the reason; the running config is kept then.
+        """
+        from .config import load_config
+
+        self._check_admin(user, "reload the cluster file")
+        if self.config.path is None:
+            raise RequestError("this service was started without a cluster file")
+        try:
+            new = load_config(self.config.path)
+        except ConfigError as err:
+            raise RequestError(str(err)) from None
+        names = {n.name for n in new.nodes}
+        removed = [name for name in self.nodes if name not in names]
+        busy = [n for n in removed if any(n in job_nodes(j) for j in self.jobs.values())]
+        if busy:
+            raise RequestError(f"{busy[0]} still holds jobs; drain it (nebula node drain {busy[0]}) "
+                               "and remove it once they ended")
+        self.config = new
+        for name in removed:
+            await self.links.pop(name).close()
+            del self.nodes[name]
+            for uuid in [u for u, live in self.gpus.items() if live.node == name]:
+                del self.gpus[uuid]
+            self.store.add_event("admin", f"node {name} removed by {user}", node=name, user=user)
+        added = [n for n in new.nodes if n.name not in self.nodes]
+        for node in added:
+            self.nodes[node.name] = NodeView(node.name, node.host, node.port, drained=node.drained)
+            self.store.upsert_node(node.name, node.host, node.port, NodeState.CONNECTING.value)
+            self.store.add_event("admin", f"node {node.name} added by {user}", node=node.name, user=user)
+            link = NodeLink(node, self.config, self.on_node_message, self.on_node_state)
+            self.links[node.name] = link
+            link.start()
+        for name in removed + [n.name for n in added]:
+            self.publish({"type": "node", "node": self.nodes[name].json() if name in self.nodes
+                          else {"name": name, "state": "removed"}})
+        self.wake()
+        return {"added": [n.name for n in added], "removed": removed}
 
     def set_quota(self, user: str, name: str, hours: float) -> None:
         self._check_admin(user, "set quotas")

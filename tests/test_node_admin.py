@@ -1,0 +1,73 @@
+"""nebula node add / remove (R21): the host-key trust step, nodes.yaml edited in place,
+the running service picking the change up."""
+
+from __future__ import annotations
+
+import asyncssh
+import pytest
+import yaml
+
+from conftest import wait_for
+from nebula_tui.sim.harness import HeadProcess
+
+
+@pytest.fixture
+def small_cluster(openssh_lab, tmp_path):
+    """The lab without node03, with a known_hosts of its own that does not know node03."""
+    config = yaml.safe_load(openssh_lab.config_path.read_text())
+    config["nodes"] = [n for n in config["nodes"] if n["name"] != "node03"]
+    known = tmp_path / "known_hosts"
+    port3 = openssh_lab.port("node03")
+    known.write_text("".join(l + "\n" for l in openssh_lab.known_hosts_path.read_text().splitlines()
+                             if not l.startswith(f"[127.0.0.1]:{port3} ")))
+    config["cluster"]["known_hosts"] = str(known)
+    path = tmp_path / "nodes.yaml"
+    path.write_text("# our lab\n" + yaml.safe_dump(config, sort_keys=False))
+    head = HeadProcess(tmp_path / "home", openssh_lab, config=path)
+    head.start(wait_nodes=False)
+    head.path, head.known = path, known
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+def fingerprint(lab, node: str) -> str:
+    return asyncssh.read_private_key(str(lab.host_key_path(node))).get_fingerprint()
+
+
+def test_adding_a_node_needs_its_fingerprint_then_it_comes_up(small_cluster, openssh_lab):
+    head, port = small_cluster, openssh_lab.port("node03")
+    before, known_before = head.path.read_text(), head.known.read_text()
+
+    wrong = head.run("node", "add", "node03", "127.0.0.1", "--port", str(port), "--trust", "SHA256:nope")
+    assert wrong.returncode == 1 and "not trusted" in wrong.stderr and wrong.stderr.count("\n") == 1
+    no_tty = head.run("node", "add", "node03", "127.0.0.1", "--port", str(port), stdin=None)
+    assert no_tty.returncode == 1 and "--trust" in no_tty.stderr
+    assert head.path.read_text() == before and head.known.read_text() == known_before
+
+    good = head.run("node", "add", "node03", "127.0.0.1", "--port", str(port),
+                    "--trust", fingerprint(openssh_lab, "node03"), check=True)
+    assert "Added node03" in good.stdout
+    assert head.path.read_text().startswith("# our lab\n")  # comments kept
+    wait_for(lambda: any(n["name"] == "node03" and n["state"] == "up" for n in head.call("status")["nodes"]),
+             30, what="node03 up")
+    wait_for(lambda: sum(g["node"] == "node03" for g in head.call("gpus")["gpus"]) == 2, 15,
+             what="node03's two GPUs")
+
+    removed = head.run("node", "remove", "node03", check=True)
+    assert "Removed node03" in removed.stdout
+    assert all(n["name"] != "node03" for n in head.call("status")["nodes"])
+    assert all(g["node"] != "node03" for g in head.call("gpus")["gpus"])
+    assert "node03" not in head.path.read_text()
+
+
+def test_a_known_host_with_another_key_is_never_retrusted(small_cluster, openssh_lab):
+    head, port = small_cluster, openssh_lab.port("node03")
+    impostor = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().split()
+    with open(head.known, "a") as f:
+        f.write(f"[127.0.0.1]:{port} {impostor[0]} {impostor[1]}\n")
+    done = head.run("node", "add", "node03", "127.0.0.1", "--port", str(port),
+                    "--trust", fingerprint(openssh_lab, "node03"))
+    assert done.returncode == 1 and "ssh-keygen -R" in done.stderr
+    assert "node03" not in head.path.read_text()
