@@ -248,6 +248,11 @@ class ApiServer:
         self.engine.set_quota(user, _text(req, "user"), float(hours))
         return {}
 
+    async def op_gpu_resume(self, user, req):
+        """An admin brings a GPU in maintenance back into service (R16/R17)."""
+        gpu = self.engine.health.resume(user, _text(req, "gpu"))
+        return {"gpu": next(g for g in self.engine.gpus_json() if g["uuid"] == gpu)}
+
     async def op_users(self, user, req):
         return {"users": self.engine.users_json()}
 

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import cli_health
 from .api import ARCH_RE, CUDA_RE, ApiError
 from .model import ConfigError, fmt, parse_size_mb
 from .service import Home, ServiceUnavailable
@@ -142,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("gpu", help="uuid or node:index")
     p.add_argument("--since", type=_duration, default=3600, help="how far back, e.g. 30m, 6h, 2d")
     p.add_argument("--json", action="store_true")
+    cli_health.add_gpu_commands(gpu_sub)  # gpu resume
+    cli_health.add_sim_commands(sub, command)  # sim inject|node|throttle
     p = command("events", "what happened, newest last")
     p.add_argument("--limit", type=_count, default=50)
     command("users", "fair-share weights and usage per user").add_argument("--json", action="store_true")
@@ -356,6 +359,8 @@ def _edit_nodes(args, home, config) -> int:
 
 
 def cmd_gpu(args, home, config) -> int:
+    if args.gpu_command == "resume":
+        return cli_health.cmd_gpu_resume(args, home, config)
     with _client(home, config) as client:
         reply = client.call("history", gpu=args.gpu, since=args.since)
     if args.json:
@@ -489,4 +494,5 @@ COMMANDS = {
     "parse": cmd_parse, "serve": cmd_serve, "demo": cmd_demo, "tui": cmd_tui,
     "hold": cmd_hold, "release": cmd_release, "attach": cmd_attach, "node": cmd_node,
     "gpu": cmd_gpu, "events": cmd_events, "users": cmd_users, "quota": cmd_quota,
+    "sim": cli_health.cmd_sim,
 }

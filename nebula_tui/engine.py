@@ -28,6 +28,7 @@ from . import scheduler, views
 from .scheduler import fairshare
 from .settings import SchedulerSettings
 from .config import ClusterConfig
+from .health_monitor import HealthMonitor
 from .model import (ConfigError, GpuProcess, GpuReading, GpuView, Job, JobSpec, JobState, NodeState,
                     Placement, RequestError)
 from .remote import launcher
@@ -135,6 +136,7 @@ class Engine:
         self._compacted_at = 0.0
         self._tasks: set[asyncio.Task] = set()
         self._scheduler_task: asyncio.Task | None = None
+        self.health = HealthMonitor(self)  # R16/R17/R19: Xid policies, isolation, health score
 
     # ------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -199,7 +201,8 @@ class Engine:
 
     def on_node_message(self, node: str, message: dict) -> None:
         handler = {"hello": self._on_hello, "probe": self._on_probe,
-                   "started": self._on_started, "exit": self._on_exit}.get(message.get("type"))
+                   "started": self._on_started, "exit": self._on_exit,
+                   "kmsg": self.health.on_kernel_message}.get(message.get("type"))
         if handler is None:
             return
         try:
@@ -252,6 +255,7 @@ class Engine:
             self.store.register_gpus(node, [self._descriptor(node, r) for r in new_gpus],
                                      self.clock())
         self._record_telemetry(node, readings)
+        self.health.on_probe(node, readings, message.get("pid_jobs", {}))
         self.publish_gpus(node)
 
     def _record_telemetry(self, node: str, readings: list[GpuReading]) -> None:
@@ -289,6 +293,8 @@ class Engine:
                     self._ack_soon(node, int(message.get("job")))
             return
         self._ack_soon(node, job.id)
+        if self.health.takes_exit(job, message.get("code")):  # evicted from an isolated GPU
+            return
         exits = self._node_exits.setdefault(job.id, {})
         exits[node] = message.get("code")
         if set(exits) < set(job_nodes(job)):
@@ -424,7 +430,8 @@ class Engine:
         return [GpuView(node=live.node, reading=live.reading, blocked=self._blocked(live),
                         maintenance=live.maintenance, placements=tuple(held[uuid]),
                         unmanaged_used_mb=live.unmanaged_used_mb,
-                        cuda_version=self.nodes[live.node].cuda_version)
+                        cuda_version=self.nodes[live.node].cuda_version,
+                        health_score=self.health.score(live.node))
                 for uuid, live in sorted(self.gpus.items(),
                                          key=lambda kv: (kv[1].node, kv[1].reading.index))]
 
@@ -435,7 +442,8 @@ class Engine:
         if node.state != NodeState.UP:
             return f"node {node.name} is {node.state.value}"
         if live.maintenance:
-            return "GPU in maintenance"
+            why = self.health.reason(live.reading.uuid)
+            return f"GPU in maintenance: {why}" if why else "GPU in maintenance"
         return None
 
     def schedule_pass(self) -> None:

@@ -44,7 +44,7 @@ async def test_files_written(lab: Lab) -> None:
     assert len({ln.split()[2] for ln in lines}) == 3  # one host key per node
     spec = json.loads((lab.node_dir("node02") / "node.json").read_text())
     assert spec["name"] == "node02" and len(spec["gpus"]) == 4 and "boot_time" in spec
-    assert (lab.node_dir("node01") / "kmsg.log").read_text() == ""
+    assert (lab.node_dir("node01") / "kmsg.log").is_file()  # other tests of the session write to it
     for tool in ("nvidia-smi", "dmesg"):
         assert os.access(lab.node_dir("node01") / "bin" / tool, os.X_OK)
 

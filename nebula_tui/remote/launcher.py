@@ -22,8 +22,9 @@ def job_environment(job: Job, placements: tuple[Placement, ...]) -> dict[str, st
         "NEBULA_GPU_LIST": ",".join(p.gpu_uuid for p in placements),
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "CUDA_VISIBLE_DEVICES": ",".join(str(p.gpu_index) for p in placements),
-        # The reservation per GPU; frameworks can cap their allocator with it.
-        "NEBULA_GPU_MEM_MB": str(min(p.memory_mb for p in placements)),
+        # What the job asked for per GPU (else its reservation); frameworks can cap their
+        # allocator with it. A whole card given to a small request still says the request.
+        "NEBULA_GPU_MEM_MB": str(job.spec.gpu_mem_mb or min(p.memory_mb for p in placements)),
         # Logs are read while the job runs; Python would otherwise buffer them for minutes.
         "PYTHONUNBUFFERED": "1",
     }

@@ -695,6 +695,19 @@ class Lab:
             time.sleep(0.05)
 
 
+def _follow_down_flags(lab: Lab, silent: set[str]) -> None:
+    """``nebula sim node down N`` leaves ``n/N/down``: that node stops answering until the
+    flag is gone (``sim node up``). Only this process can stop one asyncssh node."""
+    for name in lab.nodes:
+        flagged = (lab.node_dir(name) / "down").exists()
+        if flagged and name not in silent:
+            lab.stop_node(name)
+            silent.add(name)
+        elif not flagged and name in silent:
+            lab.start_node(name)
+            silent.discard(name)
+
+
 def run_lab(root: Path, layout: str = "demo", ssh: str = "asyncssh",
             probe_interval: float = 5.0) -> None:
     """Prepare and start a lab, write ``<root>/ready``, serve until SIGTERM/SIGINT, stop."""
@@ -705,8 +718,9 @@ def run_lab(root: Path, layout: str = "demo", ssh: str = "asyncssh",
     try:
         lab.start()
         lab.write_ready()
-        while not stop.wait(1.0):
-            pass
+        silent: set[str] = set()
+        while not stop.wait(0.2):
+            _follow_down_flags(lab, silent)
     finally:
         lab.stop()
         for s, handler in previous.items():

@@ -6,6 +6,6 @@ the tool's saved output to JSON-serialisable data.
 
 from __future__ import annotations
 
-from . import nvidia, topo
+from . import nvidia, topo, xid
 
-PARSERS = {**nvidia.PARSERS, "topo": topo.parse_topo}
+PARSERS = {**nvidia.PARSERS, "topo": topo.parse_topo, "xid": xid.parse_xid}

@@ -8,6 +8,7 @@ node -> head
   {"type": "probe", "t", "gpu_csv", "apps_csv", "pid_jobs", "error"}   every interval (R15)
   {"type": "started", "job", "t"}              a job's wrapper began (first line of its log)
   {"type": "exit", "job", "code", "t"}         a job ended (code null: it vanished)
+  {"type": "kmsg", "lines", "pid_jobs", "t"}  kernel log lines logged since the last probe
   {"type": "reply", "id", "ok", ...}           the answer to one request
 head -> node
   {"id", "op": "launch", "job", "token", "script"}  write the job's run.sh, start its tmux session
@@ -15,6 +16,10 @@ head -> node
   {"id", "op": "ack", "jobs"}                  the head recorded these exits; stop reporting them
   {"id", "op": "log", "job", "offset", "limit"}  read part of the job's output log
   {"id", "op": "list"}                         every job directory and tmux session (reconcile)
+  {"id", "op": "signal", "job", "signal"}      USR1/TERM to the job's processes; KILL: its session
+  {"id", "op": "selftest", "gpu", "command"}   GPU self-test; the reply's "result" is what
+                                               scheduler.health.judge_selftest reads (R17)
+  {"id", "op": "reset", "gpu"}                 nvidia-smi -r -i UUID; "reset" true when it worked
 
 No user string is ever given to a shell here: the run script was quoted by the head, and
 every command below runs from an argv list.
@@ -22,6 +27,7 @@ every command below runs from an argv list.
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -38,6 +44,8 @@ TMUX = ["tmux", "-L", CONFIG.get("tmux_socket", "nebula")]
 NODE_DIR = os.path.expanduser(os.environ.get("NEBULA_NODE_DIR") or "~/.nebula-node")
 JOBS_DIR = os.path.join(NODE_DIR, "jobs")
 WATCH_EVERY = 0.02  # seconds between looks for started/ended jobs: ends are reported at once
+KMSG_CURSOR = os.path.join(NODE_DIR, "kmsg-cursor.json")
+SELFTEST_TIMEOUT = 600  # dcgmi diag -r 1 takes about a minute; a configured test may take more
 
 _out_lock = threading.Lock()
 
@@ -140,10 +148,147 @@ def probe_once():
 
 
 def probe_loop():
+    kernel = KernelLog()
     while True:
         started = time.time()
         emit(probe_once())
+        # After the probe: the head maps the lines' PCI addresses with the GPUs it just read.
+        kernel.look()
         time.sleep(max(0.05, INTERVAL - (time.time() - started)))
+
+
+# ------------------------------------------------------------------- kernel log
+# new_lines, _line_stamp and _cursor_at_end are copies of nebula_tui.remote.backends.xid's
+# (this file is stdlib-only and never imports the package); tests/test_health_e2e.py checks
+# that the copies stay identical.
+_CURSOR_STAMP = re.compile(r"^(?:<\d>)?(?:[^\[]*?kernel: )?\[\s*(\d+\.\d+)\]")
+
+
+def _line_stamp(line):
+    """The ``[  123.456789]`` uptime stamp of a kernel log line, or None."""
+    match = _CURSOR_STAMP.match(line)
+    return float(match.group(1)) if match else None
+
+
+def new_lines(text, cursor, boot_id, start_at_end=True):
+    """Lines of ``text`` (a kernel log read in full) not seen before, and the next cursor.
+
+    ``cursor`` is what the previous call returned (None the first time); it is a small
+    JSON-able dict the node keeps on disk. ``boot_id`` names the running boot
+    (``/proc/sys/kernel/random/boot_id``; the simulator's ``boot_id`` file).
+
+    * First call (no cursor): with ``start_at_end`` nothing is new — what was logged before
+      NebulaGrid first looked is history, not a reason to drain a card.
+    * Another boot than the cursor's: every line is new (the old boot's lines are gone).
+    * Lines with uptime stamps (``dmesg``, ``journalctl -o short-monotonic``): a line is new
+      when its stamp is later than the last one taken, or equal but past the lines taken at
+      that stamp. The kernel's ring buffer dropping old lines, or ``dmesg -C``, cannot make
+      an old line look new. A log whose newest stamp is older than the cursor's was
+      restarted (a reboot the boot id did not show): every line is new.
+    * Lines without stamps (a log file): by offset; when the file is shorter than the
+      offset or the text before it changed (rotated, truncated), every line is new.
+
+    A last line without its newline is left for the next call (it is still being written).
+    Continuation lines (no stamp) go with the stamped line before them.
+    """
+    complete = text if text.endswith("\n") or not text else text[: text.rfind("\n") + 1]
+    lines = complete.splitlines()
+    stamps = [_line_stamp(line) for line in lines]
+    if cursor is None or cursor.get("boot_id") != boot_id:
+        fresh = [] if cursor is None and start_at_end else lines
+        return fresh, _cursor_at_end(complete, lines, stamps, boot_id)
+    known = [s for s in stamps if s is not None]
+    last = cursor.get("stamp")
+    if last is not None and known:
+        if max(known) < last:
+            fresh = lines  # restarted log
+        else:
+            seen, taken, is_new = int(cursor.get("at_stamp", 0)), 0, False
+            fresh = []
+            for line, stamp in zip(lines, stamps):
+                if stamp is not None:
+                    if stamp == last:
+                        taken += 1
+                    is_new = stamp > last or (stamp == last and taken > seen)
+                if is_new:
+                    fresh.append(line)
+    else:
+        offset, tail = int(cursor.get("offset", 0)), cursor.get("tail", "")
+        if len(complete) >= offset and complete[offset - len(tail):offset] == tail:
+            fresh = complete[offset:].splitlines()
+        else:
+            fresh = lines  # rotated or truncated
+    return fresh, _cursor_at_end(complete, lines, stamps, boot_id)
+
+
+def _cursor_at_end(complete, lines, stamps, boot_id):
+    known = [s for s in stamps if s is not None]
+    last = known[-1] if known else None
+    return {"boot_id": boot_id, "stamp": last,
+            "at_stamp": sum(1 for s in known if s == last) if last is not None else 0,
+            "offset": len(complete), "tail": complete[-200:]}
+
+
+_PID_IN_XID = re.compile(r"NVRM: Xid \([^)]*\): \d+, pid=(\d+)")
+
+
+def current_boot_id():
+    """The running boot's id; the simulator's ``$NEBULA_SIM_DIR/boot_id`` when it has one."""
+    sim = os.environ.get("NEBULA_SIM_DIR")
+    paths = [os.path.join(sim, "boot_id")] if sim else []
+    for path in paths + ["/proc/sys/kernel/random/boot_id"]:
+        text = read_text(path)
+        if text and text.strip():
+            return text.strip()
+    return None
+
+
+def read_kernel_log():
+    """(text, error) of the kernel log with uptime stamps: dmesg, else journalctl -k.
+
+    dmesg needs kernel.dmesg_restrict=0 (or root); journalctl -k needs the user in group
+    systemd-journal or adm. Both print "[ uptime]" stamps, which the cursor follows.
+    """
+    code, out, err = run(["dmesg"])
+    if code == 0:
+        return out, ""
+    jcode, jout, jerr = run(["journalctl", "-k", "-b", "-o", "short-monotonic", "--no-pager", "-q"])
+    if jcode == 0:
+        return jout, ""
+    return None, "cannot read the kernel log: dmesg: %s; journalctl: %s" % (
+        (err or out).strip()[:200] or "exit code %d" % code, (jerr or jout).strip()[:200] or
+        "exit code %d" % jcode)
+
+
+class KernelLog:
+    """Reads the lines logged since the last look (R16); the cursor survives restarts."""
+
+    def __init__(self):
+        text = read_text(KMSG_CURSOR)
+        try:
+            self.cursor = json.loads(text) if text else None
+        except ValueError:
+            self.cursor = None
+        self.error = ""
+
+    def look(self):
+        text, error = read_kernel_log()
+        if text is None:
+            if error != self.error:  # said once, not every probe
+                self.error = error
+                emit({"type": "kmsg", "lines": [], "error": error, "t": time.time()})
+            return
+        self.error = ""
+        lines, cursor = new_lines(text, self.cursor, current_boot_id())
+        if lines:
+            pids = set(int(p) for p in _PID_IN_XID.findall("\n".join(lines)))
+            emit({"type": "kmsg", "lines": lines, "pid_jobs": pids_to_jobs(pids), "t": time.time()})
+        if cursor != self.cursor:
+            self.cursor = cursor
+            try:
+                write_atomic(KMSG_CURSOR, json.dumps(cursor))
+            except OSError:
+                pass  # kept in memory; a restart then takes the log as history again
 
 
 # ---------------------------------------------------------------------- watcher
@@ -153,6 +298,7 @@ class Watcher:
     def __init__(self):
         self.started = set()
         self.ended = set()
+        self.reported = {}  # job -> the token of the attempt whose exit was reported
         self.last_session_check = 0.0
 
     def loop(self):
@@ -185,15 +331,16 @@ class Watcher:
             code_text = read_text(os.path.join(d, "exit_code"))
             if code_text is not None and code_text.strip():
                 self.ended.add(job)
-                emit({"type": "exit", "job": job, "code": _int(code_text),
-                      "token": read_text(os.path.join(d, "token")),
+                token = self.reported[job] = read_text(os.path.join(d, "token"))
+                emit({"type": "exit", "job": job, "code": _int(code_text), "token": token,
                       "t": _mtime(os.path.join(d, "exit_code"))})
             elif sessions is not None and _launched_before(d, self.last_session_check):
                 # The session is gone but left no exit code: killed, or the node rebooted.
                 if session_name(job) not in sessions and read_text(os.path.join(d, "exit_code")) is None:
                     self.ended.add(job)
-                    emit({"type": "exit", "job": job, "code": None,
-                          "token": read_text(os.path.join(d, "token")), "t": time.time()})
+                    token = self.reported[job] = read_text(os.path.join(d, "token"))
+                    emit({"type": "exit", "job": job, "code": None, "token": token,
+                          "t": time.time()})
 
     def forget(self, job):
         self.started.discard(job)
@@ -291,7 +438,13 @@ def _signal_group(pid, sig):
 
 def op_ack(req):
     for job in req["jobs"]:
-        d = job_dir(str(int(job)))
+        job = str(int(job))
+        d = job_dir(job)
+        reported = WATCHER.reported.get(job)
+        if reported is not None and read_text(os.path.join(d, "token")) != reported:
+            # The ack is for an earlier attempt whose exit we reported; the directory now
+            # holds its relaunch (requeued onto this node again), which must not be silenced.
+            continue
         if os.path.isdir(d):
             write_atomic(os.path.join(d, "acked"), str(time.time()))
     return {"ok": True}
@@ -331,7 +484,151 @@ def op_list(req):
     return {"ok": True, "jobs": jobs, "sessions": sorted(tmux_sessions())}
 
 
-OPS = {"launch": op_launch, "cancel": op_cancel, "ack": op_ack, "log": op_log, "list": op_list}
+_SIGNALS = {"USR1": signal.SIGUSR1, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
+
+
+def _children():
+    """ppid -> [pid] from /proc."""
+    tree = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        stat = read_text("/proc/%s/stat" % name)
+        if stat:
+            # The command name may hold spaces and parentheses: fields resume after the last ')'.
+            tree.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(name))
+    return tree
+
+
+def _descendants(pids):
+    tree, out, todo = _children(), [], list(pids)
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _job_of(pid):
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(b"NEBULA_JOB_ID="):
+                    return item.split(b"=", 1)[1].decode("ascii", "replace")
+    except OSError:
+        pass
+    return None
+
+
+def job_processes(job):
+    """The processes of the job's own command: the session's descendants that carry its
+    NEBULA_JOB_ID. Not the wrapper shell and its tee, which must outlive a SIGUSR1 to write
+    the exit code and keep the log; when the environment cannot be read (the command runs
+    as another user), every descendant but those two."""
+    panes = session_pids(job)
+    below = _descendants(panes)
+    own = [pid for pid in below if _job_of(pid) == str(job)]
+    if own:
+        return own
+    wrapper = set(read_text("/proc/%d/cmdline" % pid) for pid in panes)
+    return [pid for pid in below if read_text("/proc/%d/cmdline" % pid) not in wrapper
+            and (read_text("/proc/%d/comm" % pid) or "").strip() != "tee"]
+
+
+def op_signal(req):
+    """USR1 (checkpoint now) or TERM to the job's processes; KILL ends everything of the
+    job, its tmux session included. ``alive``: whether the session is still there."""
+    job = str(int(req["job"]))
+    name = str(req.get("signal", "")).upper().replace("SIG", "")
+    if name not in _SIGNALS:
+        return {"ok": False, "error": "signal must be one of %s" % ", ".join(sorted(_SIGNALS))}
+    if name == "KILL":
+        panes = session_pids(job)
+        pids = _descendants(panes) + panes
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        run(TMUX + ["kill-session", "-t", exact(session_name(job))])
+        # The head ends or requeues this attempt itself: its exit is not reported, so no
+        # late report (and ack) can meet a relaunch of the job in the same directory.
+        if os.path.isdir(job_dir(job)):
+            write_atomic(os.path.join(job_dir(job), "acked"), str(time.time()))
+        WATCHER.ended.add(job)
+    else:
+        pids = job_processes(job)
+        for pid in pids:
+            try:
+                os.kill(pid, _SIGNALS[name])
+            except OSError:
+                pass
+    return {"ok": True, "pids": pids, "alive": session_name(job) in tmux_sessions()}
+
+
+def _smi():
+    return (GPU_ARGV[:1] or ["nvidia-smi"])[0]
+
+
+def _number(text):
+    try:
+        return float(text.strip())
+    except (ValueError, AttributeError):
+        return None
+
+
+def op_selftest(req):
+    """The GPU answers nvidia-smi, its temperature, its volatile uncorrected ECC count (the
+    memory check), the configured command if any, and dcgmi diag -r 1 where DCGM exists."""
+    gpu = str(req["gpu"])
+    result = {"smi_ok": False, "smi_error": "", "temperature_c": None, "memory_test": None,
+              "dcgm": {"ran": False, "ok": False, "detail": ""}}
+    code, out, err = run([_smi(), "-i", gpu, "--query-gpu=index,temperature.gpu,"
+                          "ecc.errors.uncorrected.volatile.total", "--format=csv,noheader,nounits"])
+    cells = [c.strip() for c in out.strip().splitlines()[0].split(",")] if out.strip() else []
+    if code != 0 or len(cells) != 3:
+        result["smi_error"] = (err or out).strip()[:300] or "exit code %d" % code
+        return {"ok": True, "result": result}
+    result["smi_ok"] = True
+    index, result["temperature_c"], ecc = cells[0], _number(cells[1]), _number(cells[2])
+    checks = []
+    if ecc is not None:  # cards without ECC say [N/A]: nothing to check there
+        checks.append((ecc == 0, "%d uncorrected ECC errors since the last reset" % ecc
+                       if ecc else "no uncorrected ECC errors"))
+    command = req.get("command")
+    if command:
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu, NEBULA_GPU_UUID=gpu)
+        try:
+            done = subprocess.run(["sh", "-c", command], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, universal_newlines=True, env=env,
+                                  timeout=SELFTEST_TIMEOUT)
+            lines = done.stdout.strip().splitlines()
+            checks.append((done.returncode == 0, "%s: exit code %d%s" % (
+                command, done.returncode, (": " + lines[-1][:200]) if lines else "")))
+        except subprocess.TimeoutExpired:
+            checks.append((False, "%s: no result after %ds" % (command, SELFTEST_TIMEOUT)))
+    if checks:
+        result["memory_test"] = {"ok": all(ok for ok, _ in checks),
+                                 "detail": "; ".join(d for ok, d in checks if not ok)
+                                 or "; ".join(d for _, d in checks)}
+    dcode, dout, derr = run(["dcgmi", "diag", "-r", "1", "-i", index], timeout=SELFTEST_TIMEOUT)
+    if dcode != 127:
+        lines = (dout or derr).strip().splitlines()
+        result["dcgm"] = {"ran": True, "ok": dcode == 0,
+                          "detail": lines[-1][:300] if lines else "exit code %d" % dcode}
+    return {"ok": True, "result": result}
+
+
+def op_reset(req):
+    """One reset attempt (nvidia-smi -r): refused while processes use the card."""
+    code, out, err = run([_smi(), "-r", "-i", str(req["gpu"])], timeout=120)
+    lines = (out + err).strip().splitlines()
+    return {"ok": True, "reset": code == 0,
+            "detail": lines[0][:300] if lines else "exit code %d" % code}
+
+
+OPS = {"launch": op_launch, "cancel": op_cancel, "ack": op_ack, "log": op_log, "list": op_list,
+       "signal": op_signal, "selftest": op_selftest, "reset": op_reset}
 
 
 def handle(req):
@@ -349,9 +646,14 @@ def hello():
     tool = GPU_ARGV[:1]
     topo_code, topo, _ = run(tool + ["topo", "-m"]) if tool else (127, "", "")
     table_code, table, _ = run(tool) if tool else (127, "", "")
+    # R19 compares the SM clock with the base clock; asked once, it never changes.
+    _, clocks, _ = run(tool + ["--query-gpu=uuid,clocks.default_applications.graphics,"
+                               "clocks.max.sm", "--format=csv,noheader,nounits"]) \
+        if tool else (127, "", "")
     return {"type": "hello", "hostname": socket.gethostname(), "pid": os.getpid(),
             "python": sys.version.split()[0], "uid": os.getuid(), "node_dir": NODE_DIR,
             "topo": topo if topo_code == 0 else "", "smi_table": table if table_code == 0 else "",
+            "clocks_csv": clocks,  # a lost GPU makes it exit 15, the other rows still count
             "t": time.time()}
 
 

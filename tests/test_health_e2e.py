@@ -1,0 +1,256 @@
+"""GPU health end to end (issue 5, R15–R17, R19) on the simulated lab with real sshd.
+
+A head of its own (home, store, socket) runs on the session's OpenSSH lab with a 3 s
+isolation grace; faults are injected with the real CLI (``nebula sim …``), which writes
+the kernel lines and tool answers a sick card gives. Every fault is undone at the end:
+the lab is shared with the rest of the session.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import wait_for
+from nebula_tui.sim import faults
+from nebula_tui.sim.harness import HeadProcess
+
+REPO = Path(__file__).resolve().parents[1]
+GRACE_S = 3
+# Traps SIGUSR1: writes its checkpoint and keeps going (so the grace ends in SIGKILL).
+KEEPS_RUNNING = ('trap \'echo saved > "{dir}/ckpt-$NEBULA_JOB_ID-$NEBULA_GPU_LIST"\' USR1; '
+                 'while :; do sleep 0.2; done')
+# Traps SIGUSR1: writes its checkpoint and exits, as a well-behaved trainer does.
+CHECKPOINTS_AND_EXITS = ('trap \'echo saved > "{dir}/ckpt-$NEBULA_JOB_ID"; exit 0\' USR1; '
+                         'while :; do sleep 0.2; done')
+
+
+@pytest.fixture(scope="module")
+def health(openssh_lab, tmp_path_factory):
+    """A head with ``health.isolation_grace: 3s`` whose cluster file sits in the lab
+    directory (``nebula sim`` finds the lab beside it)."""
+    config = yaml.safe_load(openssh_lab.config_path.read_text())
+    config["health"] = {"isolation_grace": f"{GRACE_S}s"}
+    path = openssh_lab.root / "nodes-health.yaml"
+    path.write_text(yaml.safe_dump(config))
+    for node in openssh_lab.nodes:  # a fresh kernel-log cursor: what is logged now is history
+        (openssh_lab.node_dir(node) / "node" / "kmsg-cursor.json").unlink(missing_ok=True)
+    head = HeadProcess(tmp_path_factory.mktemp("health-home"), openssh_lab, config=path)
+    head.start()
+    try:
+        yield head
+    finally:
+        for job in head.call("queue")["jobs"]:
+            if job["state"] in ("running", "launching", "pending"):
+                head.call("cancel", job=job["id"])
+        head.stop()
+        for node in openssh_lab.nodes:
+            for gpu in json.loads((openssh_lab.node_dir(node) / "node.json").read_text())["gpus"]:
+                faults.clear_gpu_faults(openssh_lab.node_dir(node), gpu["index"])
+
+
+def sim(head: HeadProcess, *args: str) -> str:
+    done = head.run("sim", *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def gpu(head: HeadProcess, uuid: str) -> dict:
+    return next(g for g in head.call("gpus")["gpus"] if g["uuid"] == uuid)
+
+
+def event_with(head: HeadProcess, text: str, timeout: float = 20) -> dict:
+    return wait_for(lambda: next((e for e in head.call("events", limit=400)["events"]
+                                  if text in e["message"]), None), timeout, what=f"event '{text}'")
+
+
+def submit_running(head: HeadProcess, command: str, *flags: str) -> dict:
+    done = head.run("submit", *flags, "--command", command, check=True)
+    job_id = int(done.stdout.split()[2])
+    return wait_for(lambda: (j := head.job(job_id))["state"] == "running" and j, 20,
+                    what=f"job {job_id} to run")
+
+
+def cancel(head: HeadProcess, job_id: int) -> None:
+    if head.job(job_id)["state"] in ("running", "launching", "pending"):
+        head.call("cancel", job=job_id)
+        head.wait_job(job_id)
+
+
+def test_nodelet_reads_the_kernel_log_with_the_parsers_cursor():
+    # The nodelet is stdlib-only and cannot import the parser: its copy must stay the same.
+    def functions(path: Path) -> dict[str, str]:
+        source = path.read_text()
+        return {n.name: ast.get_source_segment(source, n) for n in ast.parse(source).body
+                if isinstance(n, ast.FunctionDef)
+                and n.name in ("new_lines", "_line_stamp", "_cursor_at_end")}
+
+    copy = functions(REPO / "nebula_tui/remote/probes/nodelet.py")
+    assert copy == functions(REPO / "nebula_tui/remote/backends/xid.py") and len(copy) == 3
+
+
+def test_parse_xid_prints_events(health, tmp_path):
+    gpu = {"index": 0, "uuid": "GPU-11111111-2222-3333-4444-555555555555",
+           "pci_bus_id": "00000000:01:00.0", "name": "NVIDIA A100-SXM4-80GB"}
+    log = tmp_path / "kern.log"
+    log.write_text("\n".join(faults.xid_lines(gpu, 79, None, 100.0, first=True)
+                             + faults.xid_lines(gpu, 31, 4242, 101.5, first=False)) + "\n")
+    done = health.run("parse", "xid", str(log), check=True)
+    events = json.loads(done.stdout)
+    assert [(e["code"], e["pci"], e["pid"]) for e in events] == [
+        (79, "0000:01:00", None), (31, "0000:01:00", 4242)]
+    assert events[0]["uuid"] == gpu["uuid"]  # the "GPU at PCI" line named the card
+
+
+def test_xid79_once_is_transient_twice_isolates_until_an_admin_resumes(health, openssh_lab,
+                                                                         tmp_path):
+    job = submit_running(health, KEEPS_RUNNING.format(dir=tmp_path))
+    first = job["gpus"][0]
+    label, uuid, where = f"{first['node']}:{first['index']}", first["uuid"], \
+        openssh_lab.node_dir(first["node"])
+
+    # Once: the card came back by itself (a transient fall); a self-test, and it stays.
+    sim(health, "inject", "xid", "79", "--node", first["node"], "--gpu", str(first["index"]))
+    faults.clear_gpu_faults(where, first["index"])
+    event_with(health, f"{label} keeps serving: self-test passed")
+    assert gpu(health, uuid)["status"] != "maintenance"
+    assert health.job(job["id"])["state"] == "running"
+
+    # Twice within 10 minutes: isolated, the job checkpoints, is killed, restarts elsewhere.
+    sim(health, "inject", "xid", "79", "--node", first["node"], "--gpu", str(first["index"]))
+    isolated = wait_for(lambda: (g := gpu(health, uuid))["status"] == "maintenance" and g, 10,
+                        what=f"{label} in maintenance")
+    assert "Xid 79 twice within 10 min" in isolated["blocked"]
+    assert "check the slot and the power cable" in isolated["blocked"]
+    checkpoint = tmp_path / f"ckpt-{job['id']}-{uuid}"
+    wait_for(checkpoint.exists, 10, what="the job's checkpoint after SIGUSR1")
+    event_with(health, f"job {job['id']} still running {GRACE_S} s after SIGUSR1: SIGKILL")
+    again = wait_for(lambda: (j := health.job(job["id"]))["state"] == "running"
+                     and j["attempt"] == 1 and j, 20, what="the job to run again")
+    assert again["gpus"][0]["uuid"] != uuid
+    assert "requeued: GPU " + label in event_with(health, f"job {job['id']} requeued")["message"]
+
+    # The self-test fails (the card is gone) and only an admin brings it back.
+    event_with(health, f"{label} stays in maintenance")
+    faults.clear_gpu_faults(where, first["index"])  # reseated
+    assert gpu(health, uuid)["status"] == "maintenance"
+    done = health.run("gpu", "resume", label)
+    assert done.returncode == 0, done.stderr
+    assert gpu(health, uuid)["status"] != "maintenance" and gpu(health, uuid)["blocked"] is None
+    event_with(health, f"{label} resumed by")
+    cancel(health, job["id"])
+
+
+def test_xid48_isolates_resets_and_returns_the_gpu_by_itself(health, openssh_lab, tmp_path):
+    job = submit_running(health, CHECKPOINTS_AND_EXITS.format(dir=tmp_path))
+    first = job["gpus"][0]
+    label, uuid = f"{first['node']}:{first['index']}", first["uuid"]
+    sim(health, "inject", "xid", "48", "--node", first["node"], "--gpu", str(first["index"]))
+    wait_for(lambda: gpu(health, uuid)["status"] == "maintenance", 10, what=f"{label} isolated")
+    wait_for((tmp_path / f"ckpt-{job['id']}").exists, 10, what="the checkpoint")
+    # It exited by itself after its checkpoint: requeued, not ended, and running elsewhere.
+    event_with(health, f"job {job['id']} ended after SIGUSR1")
+    again = wait_for(lambda: (j := health.job(job["id"]))["state"] == "running"
+                     and j["attempt"] == 1 and j, 20, what="the job to run again")
+    assert again["gpus"][0]["uuid"] != uuid
+    event_with(health, f"{label}: GPU reset done")
+    event_with(health, f"{label} back in service: self-test passed")
+    assert gpu(health, uuid)["status"] != "maintenance"
+    cancel(health, job["id"])
+
+
+def test_no_requeue_job_fails_when_its_gpu_is_isolated(health, openssh_lab, tmp_path):
+    job = submit_running(health, CHECKPOINTS_AND_EXITS.format(dir=tmp_path), "--no-requeue")
+    first = job["gpus"][0]
+    label, uuid = f"{first['node']}:{first['index']}", first["uuid"]
+    sim(health, "inject", "xid", "95", "--node", first["node"], "--gpu", str(first["index"]))
+    ended = health.wait_job(job["id"], 20)
+    assert ended["state"] == "failed" and ended["attempt"] == 0
+    assert f"GPU {label} was isolated (Xid 95" in ended["reason"]
+    assert "not requeued (--no-requeue)" in ended["reason"]
+    assert (tmp_path / f"ckpt-{job['id']}").exists()
+    event_with(health, f"{label} back in service: self-test passed")
+
+
+def _job_pid(head: HeadProcess, uuid: str, job_id: int) -> int:
+    """The pid of ``job_id``'s process on the GPU, as nvidia-smi lists it."""
+    def find():
+        for process in gpu(head, uuid)["processes"]:
+            try:
+                environ = Path(f"/proc/{process['pid']}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"NEBULA_JOB_ID={job_id}".encode() in environ:
+                return process["pid"]
+        return None
+    return wait_for(find, 10, what=f"job {job_id}'s process on the GPU")
+
+
+def test_xid31_fails_only_the_offending_job(health, openssh_lab, tmp_path):
+    culprit = submit_running(health, KEEPS_RUNNING.format(dir=tmp_path), "--gpu-mem", "4G")
+    card = culprit["gpus"][0]
+    bystander = submit_running(health, KEEPS_RUNNING.format(dir=tmp_path), "--gpu-mem", "4G")
+    pid = _job_pid(health, card["uuid"], culprit["id"])
+    sim(health, "inject", "xid", "31", "--node", card["node"], "--gpu", str(card["index"]),
+        "--pid", str(pid))
+    ended = health.wait_job(culprit["id"], 20)
+    assert ended["state"] == "failed" and "Xid 31" in ended["reason"]
+    assert f"pid {pid}" in ended["reason"]
+    assert health.job(bystander["id"])["state"] == "running"
+    assert gpu(health, card["uuid"])["status"] != "maintenance"
+    cancel(health, bystander["id"])
+
+
+def test_a_silent_node_is_unknown_and_gets_nothing_new(health, openssh_lab):
+    def node() -> dict:
+        return next(n for n in health.call("status")["nodes"] if n["name"] == "node03")
+
+    ids: list[int] = []
+    sim(health, "node", "down", "node03")
+    try:
+        wait_for(lambda: node()["state"] == "unknown", 10, what="node03 unknown")
+        gpus = [g for g in health.call("gpus")["gpus"] if g["node"] == "node03"]
+        assert gpus and all(g["blocked"] == "node node03 is unknown" for g in gpus)
+        # Enough whole-card jobs to fill every other card: none goes to node03.
+        jobs = [health.run("submit", "--command", "sleep 30", check=True) for _ in range(8)]
+        ids += [int(d.stdout.split()[2]) for d in jobs]
+        wait_for(lambda: sum(health.job(i)["state"] == "running" for i in ids) >= 6, 20,
+                 what="the other nodes' cards to fill")
+        assert all(health.job(i)["node"] != "node03" for i in ids)
+        waiting = [health.job(i) for i in ids if health.job(i)["state"] == "pending"]
+        assert waiting and all("node03" not in (j["node"] or "") for j in waiting)
+        for i in ids:
+            health.call("cancel", job=i)
+        sim(health, "node", "up", "node03")
+        wait_for(lambda: node()["state"] == "up", 20, what="node03 back")
+    finally:
+        # Hand node03's sshd back to the lab object, which the rest of the session uses.
+        health.run("sim", "node", "down", "node03")
+        openssh_lab.start_node("node03")
+        wait_for(lambda: node()["state"] == "up", 20, what="node03 back under the lab")
+        for i in ids:
+            health.wait_job(i)
+
+
+def test_throttling_lowers_the_health_score_and_moves_placement(health, openssh_lab):
+    # Last in this module: the score recovers over hours, not within this head's life.
+    before = health.call("plan", command=["true"])
+    assert before["decision"] == "start"
+    chosen = before["gpus"][0]
+    sim(health, "throttle", chosen["node"], str(chosen["index"]))
+    try:
+        label = f"{chosen['node']}:{chosen['index']}"
+        seen = event_with(health, f"{label}: suspected thermal throttling")
+        assert f"{chosen['node']}'s health score is now 0.85" in seen["message"]
+        after = health.call("plan", command=["true"])
+        assert after["decision"] == "start" and after["gpus"][0]["node"] != chosen["node"]
+        job = submit_running(health, "sleep 30")
+        assert job["node"] != chosen["node"]
+        cancel(health, job["id"])
+    finally:
+        sim(health, "throttle", chosen["node"], str(chosen["index"]), "--off")
+    event_with(health, f"{chosen['node']}:{chosen['index']}: throttling ended")
