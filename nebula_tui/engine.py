@@ -81,6 +81,11 @@ class GpuLive:
     processes: list[GpuProcess] = field(default_factory=list)
     unmanaged_used_mb: int = 0
     maintenance: bool = False
+    process_jobs: dict[str, str] = field(default_factory=dict)  # pid -> our job id
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
 
 
 def job_nodes(job: Job) -> list[str]:
@@ -248,7 +253,8 @@ class Engine:
                 new_gpus.append(reading)
             changed = live is None or live.unmanaged_used_mb != unmanaged
             self.gpus[reading.uuid] = GpuLive(node, reading, procs, unmanaged,
-                                              live.maintenance if live else False)
+                                              live.maintenance if live else False,
+                                              message.get("pid_jobs", {}))
             if changed:
                 self.wake()
         if new_gpus:
@@ -785,7 +791,8 @@ class Engine:
     def _gpu_json(self, gpu: GpuView) -> dict:
         node = self.nodes[gpu.node]
         live = self.gpus[gpu.uuid]
-        processes = [{"pid": p.pid, "name": p.name, "used_memory_mb": p.used_memory_mb}
+        processes = [{"pid": p.pid, "name": p.name, "used_memory_mb": p.used_memory_mb,
+                      "job_id": _int_or_none(live.process_jobs.get(str(p.pid)))}
                      for p in live.processes]
         return views.gpu_json(gpu, node_up=node.state == NodeState.UP,
                               cuda_version=node.cuda_version,

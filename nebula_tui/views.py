@@ -55,6 +55,7 @@ def gpu_json(gpu: GpuView, *, node_up: bool, cuda_version: str | None,
         "memory_used_mb": r.memory_used_mb, "utilization_pct": r.utilization_pct,
         "temperature_c": r.temperature_c, "power_w": r.power_w,
         "unmanaged_used_mb": gpu.unmanaged_used_mb, "reading": asdict(r),
+        "health_score": round(gpu.health_score, 3),
         "processes": processes,
     }
 

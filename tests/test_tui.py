@@ -1,6 +1,7 @@
-"""The TUI against a real head service on the simulated lab, driven through Textual's Pilot.
+"""The TUI's first screen against a real head service on the simulated lab (Pilot).
 
-Assertions are on what is on screen: the overview text, the GPU table and the queue table.
+Assertions are on what is on screen: the overview text, the node cards, the events ticker
+and the queue table. The other screens are in ``test_tui_screens.py``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Static
 
 from nebula_tui.screens.app import HelpScreen, make_app
+from nebula_tui.screens.gpus import GpusScreen
 
 EXPECTED_MODELS = {
     "node01": ["RTX 4090", "RTX 4090", "RTX 4060 Laptop"],
@@ -38,6 +40,18 @@ def table(pilot: Pilot, ident: str) -> DataTable:
 
 def overview(pilot: Pilot) -> str:
     return str(pilot.app.screen.query_one("#overview", Static).content)
+
+
+def static_text(pilot: Pilot, selector: str) -> str:
+    return "\n".join(str(w.content) for w in pilot.app.screen.query(selector))
+
+
+def cards(pilot: Pilot) -> str:
+    return static_text(pilot, ".node-card")
+
+
+def gpu_count(pilot: Pilot) -> int:
+    return len(pilot.app.cluster.gpus)
 
 
 def rows(pilot: Pilot, ident: str) -> dict[str, list[str]]:
@@ -71,30 +85,37 @@ def jobs(head):
         head.wait_job(job_id)
 
 
-async def test_gpus_and_overview(head):
+async def test_overview_summary_cards_and_ticker(head):
     app = make_app(head.home / "nebula.sock", cluster_name="lab")
     async with app.run_test(size=(120, 40)) as pilot:
-        await until(pilot, lambda: len(rows(pilot, "gpus")) == 9, what="9 GPU rows")
-        shown = rows(pilot, "gpus")
-        by_node: dict[str, list[tuple[int, str]]] = {}
-        for cells in shown.values():
-            by_node.setdefault(cells[0], []).append((int(cells[1]), cells[2]))
-        assert {n: [m for _, m in sorted(v)] for n, v in by_node.items()} == EXPECTED_MODELS
-        # The rows are keyed by the GPUs' uuids, as the head publishes them.
-        assert set(shown) == {g["uuid"] for g in head.call("gpus")["gpus"]}
+        await until(pilot, lambda: gpu_count(pilot) == 9 and "node03" in cards(pilot),
+                    what="9 GPUs and a card for each node")
         text = overview(pilot)
         assert text.startswith("Cluster Overview:")
         assert "  Nodes: 3" in text
         assert re.search(r"  GPUs: 9 \(\d+ idle, \d+ busy, \d+ maintenance", text)
         assert "node02: A100-SXM4-80GB x4" in text
         assert "lab" in app.title and app.sub_title == "connected"
+        # One card per node, one line per GPU in index order, with its memory.
+        shown = cards(pilot)
+        for node, models in EXPECTED_MODELS.items():
+            assert re.search(rf"^{node}  up", shown, re.M), node
+        card_lines = [str(c.content).splitlines() for c in app.screen.query(".node-card")]
+        assert [lines[0].split()[0] for lines in card_lines] == sorted(EXPECTED_MODELS)
+        by_title = {lines[0].split()[0]: lines[1:] for lines in card_lines}
+        assert {n: [l.split(None, 1)[1][:15].strip() for l in lines]
+                for n, lines in by_title.items()} == EXPECTED_MODELS
+        assert "0 MB / 80 GB" in shown or "/ 80 GB" in shown
+        assert "°C" in shown
+        # The ticker starts from the head's events log (the nodes coming up).
+        assert re.search(r"node0\d is up", static_text(pilot, "#ticker"))
 
 
 async def test_job_appears_and_cancel_removes_it(head, jobs):
     app = make_app(head.home / "nebula.sock")
     async with app.run_test(size=(120, 40)) as pilot:
-        await until(pilot, lambda: len(rows(pilot, "gpus")) == 9, what="9 GPU rows")
-        gpu_rows_before = set(rows(pilot, "gpus"))
+        await until(pilot, lambda: gpu_count(pilot) == 9 and "node03" in cards(pilot),
+                    what="9 GPUs")
         job_id = submit(head, "--gpu-mem", "6G", "--", "sleep", "30")
         jobs.append(job_id)
         key = str(job_id)
@@ -103,13 +124,12 @@ async def test_job_appears_and_cancel_removes_it(head, jobs):
                     what=f"job {job_id} running in the queue table")
         placed = head.job(job_id)["gpus"]
         assert len(placed) == 1
-        uuid = placed[0]["uuid"]
         where = f"{placed[0]['node']}:{placed[0]['index']}"
         assert rows(pilot, "queue")[key][4] == where
-        await until(pilot, lambda: key in rows(pilot, "gpus")[uuid][6].split(","),
-                    what=f"job {job_id} in the jobs column of {where}")
-        # Updated in place: same rows, no rebuild.
-        assert set(rows(pilot, "gpus")) == gpu_rows_before
+        await until(pilot, lambda: f"jobs {job_id}" in cards(pilot),
+                    what=f"job {job_id} on its node's card")
+        await until(pilot, lambda: f"job {job_id}" in static_text(pilot, "#ticker"),
+                    what="the job in the events ticker")
 
         queue = table(pilot, "queue")
         queue.focus()
@@ -119,21 +139,21 @@ async def test_job_appears_and_cancel_removes_it(head, jobs):
         await until(pilot, lambda: key not in rows(pilot, "queue"),
                     what=f"job {job_id} to leave the queue")
         assert head.wait_job(job_id)["state"] == "cancelled"
-        await until(pilot, lambda: key not in rows(pilot, "gpus")[uuid][6].split(","),
-                    what=f"job {job_id} to leave the GPU table")
+        await until(pilot, lambda: f"jobs {job_id}" not in cards(pilot),
+                    what=f"job {job_id} to leave its card")
 
 
 async def test_cancel_refused_is_a_notification(head):
     app = make_app(head.home / "nebula.sock")
     async with app.run_test(size=(120, 40), notifications=True) as pilot:
-        await until(pilot, lambda: len(rows(pilot, "gpus")) == 9, what="9 GPU rows")
+        await until(pilot, lambda: gpu_count(pilot) == 9, what="9 GPUs")
         # An empty queue: c says there is nothing to cancel.
         await until(pilot, lambda: not rows(pilot, "queue"), what="empty queue")
         await pilot.press("c")
         await until(pilot, lambda: any("queue is empty" in str(t.render())
                                        for t in app.screen.query("Toast")), what="warning toast")
         # The service refuses (no such job): its reason shows as a notification.
-        app.screen.cancel(999_999)
+        app.job_action("cancel", 999_999)
         await until(pilot, lambda: any("no job 999999" in str(t.render())
                                        for t in app.screen.query("Toast")), what="refusal toast")
         assert app.is_running
@@ -142,18 +162,20 @@ async def test_cancel_refused_is_a_notification(head):
 async def test_small_terminal_and_help(head):
     app = make_app(head.home / "nebula.sock")
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: len(rows(pilot, "gpus")) == 9, what="9 GPU rows")
+        await until(pilot, lambda: gpu_count(pilot) == 9 and "node03" in cards(pilot),
+                    what="9 GPUs")
         await pilot.pause()
         text = overview(pilot)
         assert "Cluster Overview:" in text and "GPUs: 9 (" in text
         ov = app.screen.query_one("#overview")
         assert ov.region.width <= 80 and ov.region.height >= 5
-        for ident in ("gpus", "queue"):
-            assert table(pilot, ident).region.height >= 3, ident
+        for ident in ("cards", "queue", "ticker"):
+            region = app.screen.query_one(f"#{ident}").region
+            assert region.height >= 3 and region.right <= 80, ident
         await pilot.press("question_mark")
         await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
         help_text = str(app.screen.query_one("#help-keys", Static).content)
-        for word in ("Quit", "Cancel job", "Reconnect", "Help"):
+        for word in ("Quit", "Cancel job", "Reconnect", "Help", "GPUs", "Submit a job"):
             assert word in help_text
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, HelpScreen), what="help closed")
@@ -176,7 +198,9 @@ async def test_stream_break_then_reconnect(head, jobs):
     (Last in the module: it restarts the module's head service.)"""
     app = make_app(head.home / "nebula.sock")
     async with app.run_test(size=(120, 40)) as pilot:
-        await until(pilot, lambda: len(rows(pilot, "gpus")) == 9, what="9 GPU rows")
+        await until(pilot, lambda: gpu_count(pilot) == 9, what="9 GPUs")
+        await pilot.press("2")  # the GPU screen follows the stream as well
+        await until(pilot, lambda: isinstance(app.screen, GpusScreen), what="GPU screen")
         head.stop()
         await until(pilot, lambda: app.sub_title.startswith("disconnected — retrying"),
                     what="disconnected")
@@ -184,5 +208,9 @@ async def test_stream_break_then_reconnect(head, jobs):
         await until(pilot, lambda: app.sub_title == "connected", timeout=60, what="reconnected")
         job_id = submit(head, "--gpu-mem", "6G", "--", "sleep", "30")
         jobs.append(job_id)
-        await until(pilot, lambda: str(job_id) in rows(pilot, "queue"), what="job after reconnect")
-        assert len(rows(pilot, "gpus")) == 9
+        await until(pilot, lambda: any(str(job_id) in cells[5].split(",")
+                                       for cells in rows(pilot, "gpu-table").values()),
+                    what="job after reconnect on the GPU screen")
+        assert len(rows(pilot, "gpu-table")) == 9
+        banner = app.screen.query_one("#connection", Static)
+        assert not banner.has_class("lost")

@@ -1,0 +1,144 @@
+"""What the TUI knows of the cluster: plain dicts as the head published them.
+
+One ``Cluster`` lives on the app; the stream handlers fold events into it and every screen
+renders from it. Pure: no widgets, no I/O. Each ``apply_*`` returns what changed so screens
+can update just that.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+
+#: Events kept for the ticker and the job screens' state history.
+EVENTS_KEPT = 500
+#: Utilisation readings kept per GPU for the GPU table's trend column.
+TREND_KEPT = 12
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict] = {}
+        self.gpus: dict[str, dict] = {}
+        self.jobs: dict[int, dict] = {}  # live jobs only (pending, launching, running)
+        self.finished: dict[int, dict] = {}  # jobs seen finishing while we watched
+        self.events: deque[dict] = deque(maxlen=EVENTS_KEPT)
+        self.by_node: dict[str, dict[str, dict]] = {}  # node -> uuid -> GPU (same dicts)
+        self.placed: dict[str, set[int]] = {}  # GPU uuid -> live jobs placed there
+        self.util_trend: dict[str, deque] = {}  # GPU uuid -> recent utilisation readings
+        self.connected = False
+        self.version = 0  # bumped on every change; cheap "anything new?" for timers
+
+    # ------------------------------------------------------------------ folding
+    def apply_snapshot(self, snap: dict) -> None:
+        self.nodes = {n["name"]: n for n in snap.get("nodes", [])}
+        self.gpus = {g["uuid"]: g for g in snap.get("gpus", [])}
+        self.jobs = {j["id"]: j for j in snap.get("jobs", []) if j["state"] not in FINISHED}
+        self.events = deque(snap.get("events", []), maxlen=EVENTS_KEPT)
+        self.by_node = {}
+        for uuid, gpu in self.gpus.items():
+            self.by_node.setdefault(gpu["node"], {})[uuid] = gpu
+        self.placed = {}
+        for job in self.jobs.values():
+            self._place(job, add=True)
+        self.connected = True
+        self.version += 1
+
+    def apply_job(self, job: dict) -> dict | None:
+        """Fold one job; returns the job as it was before (None when new to us)."""
+        before = self.jobs.get(job["id"])
+        if before is not None:
+            self._place(before, add=False)
+        if job["state"] in FINISHED:
+            self.jobs.pop(job["id"], None)
+            self.finished[job["id"]] = job
+        else:
+            self.jobs[job["id"]] = job
+            self._place(job, add=True)
+        if before is None or before["state"] != job["state"] or before.get("held") != job.get("held"):
+            self.events.append(job_event(job))
+        self.version += 1
+        return before
+
+    def _place(self, job: dict, *, add: bool) -> None:
+        for p in job["gpus"]:
+            if add:
+                self.placed.setdefault(p["uuid"], set()).add(job["id"])
+            else:
+                self.placed.get(p["uuid"], set()).discard(job["id"])
+
+    def apply_gpus(self, node: str, gpus: list[dict]) -> None:
+        for uuid in self.by_node.get(node, {}):
+            self.gpus.pop(uuid, None)
+        fresh = {g["uuid"]: g for g in gpus}
+        self.gpus.update(fresh)
+        self.by_node[node] = fresh
+        for g in gpus:
+            self.util_trend.setdefault(g["uuid"], deque(maxlen=TREND_KEPT)).append(
+                g.get("utilization_pct"))
+        self.version += 1
+
+    def apply_node(self, node: dict) -> None:
+        before = self.nodes.get(node["name"])
+        self.nodes[node["name"]] = node
+        if before is None or before.get("state") != node.get("state"):
+            why = f": {node['reason']}" if node.get("reason") else ""
+            self.events.append({"t": time.time(), "kind": "node", "node": node["name"],
+                                "message": f"{node['name']} is {node['state']}{why}",
+                                "job_id": None, "gpu": None, "user": None})
+        self.version += 1
+
+    def apply_event(self, event: dict) -> None:
+        self.events.append(event)
+        self.version += 1
+
+    # ------------------------------------------------------------------ views
+    def job(self, job_id: int) -> dict | None:
+        return self.jobs.get(job_id) or self.finished.get(job_id)
+
+    def holders_of(self, uuid: str) -> list[int]:
+        """Ids of the live jobs placed on one GPU (from GPU and job events both, whichever
+        arrived first)."""
+        gpu = self.gpus.get(uuid) or {}
+        ids = {j for j in gpu.get("jobs", []) if j in self.jobs} | self.placed.get(uuid, set())
+        return sorted(ids)
+
+    def holders(self) -> dict[str, list[int]]:
+        """GPU uuid -> ``holders_of`` it, for every GPU."""
+        return {u: self.holders_of(u) for u in self.gpus}
+
+    def node_gpus(self, node: str) -> list[dict]:
+        return list(self.by_node.get(node, {}).values())
+
+    def job_events(self, job_id: int) -> list[dict]:
+        return [e for e in self.events if e.get("job_id") == job_id]
+
+
+def job_event(job: dict) -> dict:
+    """An events-log line for a job's new state, as the ticker shows it."""
+    state = "held" if job.get("held") and job["state"] == "pending" else job["state"]
+    where = ", ".join(f"{g['node']}:{g['index']}" for g in job["gpus"])
+    detail = {"running": f" on {where}" if where else "",
+              "launching": f" on {where}" if where else "",
+              "pending": f" ({job['reason']})" if job.get("reason") else "",
+              "failed": f" ({job['reason'] or 'exit ' + str(job.get('exit_code'))})",
+              "cancelled": f" ({job['reason']})" if job.get("reason") else ""}.get(state, "")
+    name = f" {job['name']}" if job.get("name") else ""
+    return {"t": time.time(), "kind": state, "job_id": job["id"], "node": job.get("node"),
+            "gpu": None, "user": job.get("user"), "message": f"job {job['id']}{name} {state}{detail}"}
+
+
+def fair_share_order(jobs: list[dict], weights: dict[str, float]) -> list[dict]:
+    """Waiting jobs in the order R6 runs them: lowest user weight first, then submit time.
+    Held jobs are not in the order. Users we have no weight for count as new (1.0)."""
+    waiting = [j for j in jobs if j["state"] == "pending" and not j.get("held")]
+    return sorted(waiting, key=lambda j: (weights.get(j["user"], 1.0), j["submitted_at"], j["id"]))
+
+
+def user_weight(row: dict) -> float:
+    """A user's fair-share weight: the service's figure, else R6 from their usage."""
+    if isinstance(row.get("weight"), (int, float)):
+        return float(row["weight"])
+    return 1.0 + 0.1 * (row.get("jobs_finished") or 0) + 0.02 * (row.get("gpu_hours") or 0.0)

@@ -1,0 +1,262 @@
+"""One job: its spec, allocation, R12 environment, state history, live log tail, attach.
+
+Workers: ``job-load`` (the job and its past events, once), ``log`` (follow mode: ``logs``
+requests from the last offset, one chunk message per answer), ``attach`` (asks the head for
+the attach command; the handler suspends the TUI and runs it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import subprocess
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult, SuspendNotSupported
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import Log, Static
+
+from ..api import ApiError
+from ..model import Job, JobSpec, JobState, Placement, format_mb
+from ..remote.launcher import job_environment
+from .base import ClusterScreen, OpMissing
+from .cluster import FINISHED
+from .keys import JOB_KEYS, bindings
+from .render import STATUS_STYLE, ago, clock, job_size, job_state
+
+#: How often the log is polled while following (seconds).
+LOG_POLL_S = 0.5
+#: Lines kept in the log view.
+LOG_MAX_LINES = 5000
+
+
+class LogChunk(Message):
+    """New log text of the job from byte ``offset`` on; ``state`` is the job's state then."""
+
+    def __init__(self, data: str, state: str) -> None:
+        super().__init__()
+        self.data = data
+        self.state = state
+
+
+class JobLoaded(Message):
+    """The job as the head has it, and its events log lines (oldest first)."""
+
+    def __init__(self, job: dict, events: list[dict]) -> None:
+        super().__init__()
+        self.job = job
+        self.events = events
+
+
+class AttachReady(Message):
+    """The command that attaches a terminal to the job's tmux session."""
+
+    def __init__(self, argv: list[str]) -> None:
+        super().__init__()
+        self.argv = argv
+
+
+def environment(job: dict) -> dict[str, str]:
+    """R12: the variables the launcher sets for this job (empty until it is placed)."""
+    if not job.get("gpus"):
+        return {}
+    placements = tuple(Placement(gpu_uuid=g["uuid"], node=g["node"], gpu_index=g["index"],
+                                 memory_mb=g["memory_mb"], exclusive=g["exclusive"])
+                       for g in job["gpus"])
+    model = Job(id=job["id"], user=job["user"], state=JobState(job["state"]),
+                submitted_at=job["submitted_at"], node=job.get("node"), placements=placements,
+                spec=JobSpec(command=tuple(job["command"]), name=job.get("name") or "",
+                             gpu_count=job["gpu_count"], gpu_mem_mb=job.get("gpu_mem_mb"),
+                             workdir=job.get("workdir"), shell=job.get("shell", False)))
+    return job_environment(model, placements)
+
+
+def spec_text(job: dict) -> Text:
+    state = job_state(job)
+    command = job["command"][0] if job.get("shell") else shlex.join(job["command"])
+    lines = [
+        Text.assemble(("State     ", "bold"), (state, STATUS_STYLE.get(state, "")),
+                      (f" — {job['reason']}" if job.get("reason") else "", "")),
+        Text.assemble(("User      ", "bold"), job["user"]),
+        Text.assemble(("Name      ", "bold"), job.get("name") or "-"),
+        Text.assemble(("Command   ", "bold"), command),
+        Text.assemble(("Asks      ", "bold"), job_size(job)),
+        Text.assemble(("Workdir   ", "bold"), job.get("workdir") or "$HOME"),
+        Text.assemble(("Submitted ", "bold"), f"{clock(job['submitted_at'])} ({ago(job['submitted_at'])} ago)"),
+    ]
+    if job.get("started_at"):
+        lines.append(Text.assemble(("Started   ", "bold"), clock(job["started_at"])))
+    if job.get("ended_at"):
+        code = "" if job.get("exit_code") is None else f", exit code {job['exit_code']}"
+        lines.append(Text.assemble(("Ended     ", "bold"), clock(job["ended_at"]) + code))
+    if job.get("gpus"):
+        lines.append(Text("Allocation", style="bold"))
+        for g in job["gpus"]:
+            kind = "whole card" if g["exclusive"] else f"{format_mb(g['memory_mb'])} slice"
+            lines.append(Text(f"  {g['node']}:{g['index']}  {kind}  {g['uuid']}"))
+    return Text("\n").join(lines)
+
+
+def env_text(job: dict) -> Text:
+    env = environment(job)
+    if not env:
+        return Text("Set when the job is placed.", style="dim")
+    return Text("\n").join(Text.assemble((k, "bold"), "=", v) for k, v in env.items())
+
+
+class JobScreen(ClusterScreen):
+    SCREEN_TITLE = "Job"
+    KEYS = JOB_KEYS
+    BINDINGS = bindings(JOB_KEYS)
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__()
+        self.job_id = job_id
+        self.job: dict | None = None
+        self.history: list[dict] = []  # events log lines of this job
+        self.follow = True
+        self.log_offset = 0
+        self.log_lines = 0
+
+    def compose_body(self) -> ComposeResult:
+        with Vertical(id="job-body"):
+            with Horizontal(id="job-top"):
+                yield Static("Loading…", id="job-spec")
+                with Vertical(id="job-side"):
+                    yield Static("", id="job-env")
+                    yield Static("", id="job-history")
+            yield Log(id="job-log", max_lines=LOG_MAX_LINES)
+
+    def on_mount(self) -> None:
+        self.query_one("#job-spec").border_title = f"Job {self.job_id}"
+        self.query_one("#job-env").border_title = "Environment (R12)"
+        self.query_one("#job-history").border_title = "State history"
+        self.query_one("#job-log").border_title = "Log (following)"
+        self.job = self.cluster.job(self.job_id)
+        self.load_job()
+        self.tail_log()
+
+    # ------------------------------------------------------------------ workers
+    @work(exclusive=True, group="job-load")
+    async def load_job(self) -> None:
+        """The ``job-load`` group: the job and its events log lines, once per screen."""
+        try:
+            job = (await self.app.call("job", job=self.job_id))["job"]
+        except ApiError as err:
+            self.query_one("#job-spec", Static).update(Text(str(err), style="red"))
+            return
+        try:
+            events = (await self.app.call("events", limit=2000))["events"]
+        except ApiError:
+            events = []
+        self.post_message(JobLoaded(job, [e for e in events if e.get("job_id") == self.job_id]))
+
+    @work(exclusive=True, group="log")
+    async def tail_log(self) -> None:
+        """The ``log`` group: read the log from ``self.log_offset`` while following; stops once
+        the job has ended and everything is read, or when follow is switched off."""
+        while self.follow:
+            try:
+                reply = await self.app.call("logs", job=self.job_id, offset=self.log_offset)
+            except ApiError as err:
+                self.post_message(LogChunk(f"[cannot read the log: {err}]\n", "?"))
+                return
+            self.log_offset = reply.get("offset", self.log_offset)
+            data = reply.get("data", "")
+            if data:
+                self.post_message(LogChunk(data, reply.get("state", "?")))
+            elif reply.get("state") in FINISHED:
+                self.post_message(LogChunk("", reply["state"]))
+                return
+            await asyncio.sleep(LOG_POLL_S)
+
+    @work(exclusive=True, group="attach")
+    async def fetch_attach(self) -> None:
+        """The ``attach`` group: ask the head how to attach; the handler runs it."""
+        try:
+            argv = (await self.app.call("attach_info", job=self.job_id))["argv"]
+        except OpMissing as err:
+            self.notify(str(err), title="Cannot attach", severity="warning")
+            return
+        except ApiError as err:
+            self.notify(str(err), title="Cannot attach", severity="error")
+            return
+        self.post_message(AttachReady(argv))
+
+    # ------------------------------------------------------------------ handlers
+    @on(JobLoaded)
+    def show_loaded(self, message: JobLoaded) -> None:
+        self.job = self.cluster.job(self.job_id) or message.job
+        newest = message.events[-1]["t"] if message.events else 0
+        # The stream's own lines for this job that the events log did not have yet.
+        self.history = message.events + [e for e in self.cluster.job_events(self.job_id)
+                                         if e.get("t", 0) > newest]
+        self.render_all()
+
+    @on(LogChunk)
+    def show_log_chunk(self, message: LogChunk) -> None:
+        log = self.query_one("#job-log", Log)
+        if message.data:
+            log.write(message.data, scroll_end=self.follow)
+            self.log_lines = log.line_count
+        if message.state in FINISHED:
+            log.border_title = f"Log (job {message.state})"
+
+    @on(AttachReady)
+    def run_attach(self, message: AttachReady) -> None:
+        try:
+            with self.app.suspend():
+                # The TUI is suspended: the terminal belongs to tmux until the user detaches.
+                subprocess.run(message.argv)
+        except SuspendNotSupported:
+            self.notify(f"Attach needs a real terminal; run: {shlex.join(message.argv)}",
+                        title="Cannot attach here", severity="warning", timeout=15)
+        except OSError as err:
+            self.notify(str(err), title="Cannot attach", severity="error")
+
+    def cluster_changed(self, change: str, key: object = None) -> None:
+        if change == "job" and key == self.job_id:
+            self.job = self.cluster.job(self.job_id) or self.job
+            last = self.cluster.events[-1] if self.cluster.events else None
+            if last and last.get("job_id") == self.job_id and last not in self.history:
+                self.history.append(last)
+            self.render_all()
+        elif change == "all":
+            self.job = self.cluster.job(self.job_id) or self.job
+            self.render_all()
+
+    def render_all(self) -> None:
+        if self.job is None:
+            return
+        self.query_one("#job-spec", Static).update(spec_text(self.job))
+        self.query_one("#job-env", Static).update(env_text(self.job))
+        lines = [Text.assemble((clock(e.get("t")) + " ", "dim"), e.get("message", ""))
+                 for e in self.history[-12:]]
+        self.query_one("#job-history", Static).update(
+            Text("\n").join(lines) if lines else Text("No events yet.", style="dim"))
+        name = f" · {self.job['name']}" if self.job.get("name") else ""
+        self.query_one("#job-spec").border_title = f"Job {self.job_id}{name}"
+
+    # ------------------------------------------------------------------ actions
+    def action_toggle_follow(self) -> None:
+        self.follow = not self.follow
+        log = self.query_one("#job-log", Log)
+        log.auto_scroll = self.follow
+        log.border_title = "Log (following)" if self.follow else "Log (paused: f follows)"
+        if self.follow:
+            log.scroll_end(animate=False)
+            self.tail_log()
+
+    def action_attach(self) -> None:
+        self.fetch_attach()
+
+    def action_cancel_job(self) -> None:
+        self.app.job_action("cancel", self.job_id)
+
+    def action_hold_job(self) -> None:
+        self.app.job_action("hold", self.job_id)
+
+    def action_release_job(self) -> None:
+        self.app.job_action("release", self.job_id)

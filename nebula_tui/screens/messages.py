@@ -1,0 +1,64 @@
+"""Messages the app's workers post; handlers on the app fold them into ``Cluster`` state.
+
+The ``events`` worker group reads the head's subscription stream and posts one of these per
+event it reads. Screens never get these directly: the app updates its ``Cluster`` and tells
+the visible screen what changed (``ClusterScreen.cluster_changed``).
+"""
+
+from __future__ import annotations
+
+from textual.message import Message
+
+
+class SnapshotArrived(Message):
+    """The stream (re)started: the whole state of the head (nodes, GPUs, queue, events)."""
+
+    def __init__(self, snapshot: dict) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+
+
+class JobChanged(Message):
+    """One job changed; a finished one (succeeded/failed/cancelled) leaves the queue."""
+
+    def __init__(self, job: dict) -> None:
+        super().__init__()
+        self.job = job
+
+
+class GpusChanged(Message):
+    """Fresh readings of every GPU on one node. Telemetry: a newer one for the same node
+    replaces one not yet handled."""
+
+    def __init__(self, node: str, gpus: list[dict]) -> None:
+        super().__init__()
+        self.node = node
+        self.gpus = gpus
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, GpusChanged) and message.node == self.node
+
+
+class NodeChanged(Message):
+    """One node's state changed (up, unreachable, drained…)."""
+
+    def __init__(self, node: dict) -> None:
+        super().__init__()
+        self.node = node
+
+
+class EventLogged(Message):
+    """A line of the head's events log (for services that stream them)."""
+
+    def __init__(self, event: dict) -> None:
+        super().__init__()
+        self.event = event
+
+
+class StreamLost(Message):
+    """The event stream broke (or never opened); the worker retries after ``retry_s``."""
+
+    def __init__(self, reason: str, retry_s: float) -> None:
+        super().__init__()
+        self.reason = reason
+        self.retry_s = retry_s

@@ -1,0 +1,159 @@
+"""Nodes and the events log, for admins: drain (with a reason) and resume a node.
+
+The node table renders from the app's ``Cluster``; the events log comes from the ``events``
+request (worker group ``events-log``), reloaded while shown. Drain/resume are requests in
+the ``node-actions`` group; the head's answer arrives as a node event too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Input, Static
+
+from ..api import ApiError
+from ..model import format_mb
+from .base import ClusterScreen, OpMissing
+from .keys import HELP_KEYS, NODES_KEYS, bindings
+from .render import ago, clock, selected_key, status_cell, sync_table
+
+NODE_COLUMNS = (("name", "Node"), ("host", "Host"), ("state", "State"), ("gpus", "GPUs"),
+                ("free", "Free VRAM"), ("seen", "Seen"), ("reason", "Reason"))
+EVENT_COLUMNS = (("t", "Time"), ("kind", "Kind"), ("message", "Event"))
+EVENTS_SHOWN = 300
+EVENTS_RELOAD_S = 5.0
+
+
+class ReasonPrompt(ModalScreen[str | None]):
+    """Asks for one line of text (why a node is drained); esc cancels."""
+
+    BINDINGS = bindings(HELP_KEYS[:1])
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="prompt"):
+            yield Static(self.question, id="prompt-question")
+            yield Input(placeholder="reason (enter to confirm, esc to cancel)", id="prompt-input")
+
+    @on(Input.Submitted)
+    def _done(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip())
+
+    def action_dismiss(self) -> None:  # type: ignore[override]
+        self.dismiss(None)
+
+
+def node_cells(node: dict, gpus: list[dict]) -> tuple:
+    free = sum(s["memory_mb"] for g in gpus for s in g.get("slices", []) if s["state"] == "free")
+    return (node["name"], f"{node.get('host')}:{node.get('port')}", status_cell(node["state"]),
+            str(len(gpus)), format_mb(free), ago(node.get("last_seen")), node.get("reason") or "")
+
+
+class NodesScreen(ClusterScreen):
+    SCREEN_TITLE = "Nodes"
+    KEYS = NODES_KEYS
+    BINDINGS = bindings(NODES_KEYS)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._shown_nodes: dict[Hashable, tuple] = {}
+        self._shown_events: dict[Hashable, tuple] = {}
+
+    def compose_body(self) -> ComposeResult:
+        with Vertical(id="body"):
+            yield DataTable(id="nodes-table", cursor_type="row", zebra_stripes=True)
+            yield DataTable(id="events-table", cursor_type="row", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        nodes = self.query_one("#nodes-table", DataTable)
+        for key, label in NODE_COLUMNS:
+            nodes.add_column(label, key=key)
+        nodes.border_title = "Nodes"
+        events = self.query_one("#events-table", DataTable)
+        for key, label in EVENT_COLUMNS:
+            events.add_column(label, key=key)
+        events.border_title = "Events log"
+        nodes.focus()
+        self.set_interval(EVENTS_RELOAD_S, self.reload)
+
+    def on_screen_resume(self) -> None:
+        self.reload()
+
+    def cluster_changed(self, change: str, key: object = None) -> None:
+        if change in ("all", "node", "gpus"):
+            self.render_all()
+
+    def render_all(self) -> None:
+        rows = {name: node_cells(n, self.cluster.node_gpus(name))
+                for name, n in sorted(self.cluster.nodes.items())}
+        sync_table(self.query_one("#nodes-table", DataTable), self._shown_nodes, rows)
+
+    @work(exclusive=True, group="events-log")
+    async def reload(self) -> None:
+        """The ``events-log`` group: the head's events log, newest first."""
+        table = self.query_one("#events-table", DataTable)
+        try:
+            events = (await self.app.call("events", limit=EVENTS_SHOWN))["events"]
+        except ApiError as err:
+            table.border_subtitle = f"cannot load: {err}"
+            return
+        rows = {f"{e['t']}-{n}": (clock(e["t"]), e.get("kind") or "", e.get("message") or "")
+                for n, e in enumerate(events)}
+        rows = dict(reversed(list(rows.items())))
+        first = not self._shown_events
+        if list(rows) != list(self._shown_events):
+            table.clear()
+            self._shown_events.clear()
+            sync_table(table, self._shown_events, rows)
+        if first:
+            table.move_cursor(row=0)
+
+    @work(group="node-actions")
+    async def node_action(self, op: str, node: str, reason: str = "") -> None:
+        """The ``node-actions`` group: drain or resume; a refusal becomes a notification."""
+        fields = {"node": node, **({"reason": reason} if op == "drain" else {})}
+        try:
+            reply = await self.app.call(op, **fields)
+        except OpMissing as err:
+            self.notify(str(err), title=f"Cannot {op} {node}", severity="warning")
+            return
+        except ApiError as err:
+            self.notify(str(err), title=f"Cannot {op} {node}", severity="error")
+            return
+        if "node" in reply:
+            self.app.cluster.apply_node(reply["node"])
+            self.render_all()
+        self.notify(f"{node} {'drained' if op == 'drain' else 'resumed'}")
+        self.reload()
+
+    def _selected(self) -> str | None:
+        name = selected_key(self.query_one("#nodes-table", DataTable))
+        if name is None:
+            self.notify("No node selected", severity="warning")
+        return name
+
+    def action_drain_node(self) -> None:
+        name = self._selected()
+        if name is None:
+            return
+
+        def answered(reason: str | None) -> None:
+            if reason is not None:
+                self.node_action("drain", name, reason or "drained from the TUI")
+
+        self.app.push_screen(ReasonPrompt(f"Drain {name}: no new jobs start there. Why?"), answered)
+
+    def action_resume_node(self) -> None:
+        name = self._selected()
+        if name is not None:
+            self.node_action("resume", name)
+
+    def action_reload(self) -> None:
+        self.reload()

@@ -1,0 +1,215 @@
+"""The submit form: the R4 fields, checked as you type, with a preview of where the job
+would go now (the ``plan`` request) before it is submitted.
+
+Workers: ``plan`` (the preview, debounced, newest wins) and ``submit``. On success the form
+is replaced by the new job's screen.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
+from textual.timer import Timer
+from textual.widgets import Button, Input, Label, Static
+
+from ..api import MAX_GPU_COUNT, ApiError
+from ..model import format_mb, parse_size_mb
+from .base import ClusterScreen, OpMissing
+from .keys import SUBMIT_KEYS, bindings
+
+#: Quiet time after the last keystroke before the preview is asked for (seconds).
+PREVIEW_DELAY_S = 0.3
+
+#: The form's fields: (id, label, placeholder).
+FIELDS = (
+    ("name", "Name", "optional, e.g. bert-finetune"),
+    ("gpu_count", "GPU count", "1"),
+    ("gpu_mem", "GPU memory", "per GPU, e.g. 8G; empty = a whole card"),
+    ("workdir", "Workdir", "absolute path on the node; empty = $HOME"),
+    ("command", "Command", "shell command line, e.g. python train.py --epochs 3"),
+)
+
+
+def check_field(field: str, value: str) -> str | None:
+    """The one-line problem with one field's text, or None when it is fine. The same rules
+    as ``nebula submit`` (sizes through ``parse_size_mb``)."""
+    value = value.strip()
+    if field == "name":
+        if len(value) > 128:
+            return "at most 128 characters"
+    elif field == "gpu_count":
+        if value and not (value.isdigit() and 1 <= int(value) <= MAX_GPU_COUNT):
+            return f"a whole number from 1 to {MAX_GPU_COUNT}"
+    elif field == "gpu_mem":
+        if value:
+            try:
+                parse_size_mb(value)
+            except ValueError as err:
+                return str(err)
+    elif field == "workdir":
+        if value and not value.startswith("/"):
+            return "must be an absolute path on the node (starts with /)"
+    elif field == "command":
+        if not value:
+            return "required: the command the job runs"
+    return None
+
+
+def request_fields(values: dict[str, str]) -> dict:
+    """The form as the fields of a ``submit`` / ``plan`` request (valid values only)."""
+    fields: dict = {"command": [values["command"].strip()], "shell": True,
+                    "gpu_count": int(values["gpu_count"].strip() or 1)}
+    if values["name"].strip():
+        fields["name"] = values["name"].strip()
+    if values["gpu_mem"].strip():
+        fields["gpu_mem_mb"] = parse_size_mb(values["gpu_mem"].strip())
+    if values["workdir"].strip():
+        fields["workdir"] = values["workdir"].strip()
+    return fields
+
+
+def plan_text(plan: dict) -> Text:
+    if plan.get("decision") == "start":
+        where = ", ".join(f"{g['node']}:{g['index']} "
+                          f"({'whole card' if g.get('exclusive') else format_mb(g['memory_mb'])})"
+                          for g in plan.get("gpus", []))
+        return Text.assemble(("Would start now on ", "green"), (where, "bold green"))
+    return Text.assemble(("Would wait: ", "yellow"), plan.get("reason") or "no reason given")
+
+
+class Submitted(Message):
+    """The head accepted the job."""
+
+    def __init__(self, job: dict) -> None:
+        super().__init__()
+        self.job = job
+
+
+class SubmitScreen(ClusterScreen):
+    SCREEN_TITLE = "Submit"
+    KEYS = SUBMIT_KEYS
+    BINDINGS = bindings(SUBMIT_KEYS)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._preview_timer: Timer | None = None
+
+    def compose_body(self) -> ComposeResult:
+        with VerticalScroll(id="submit-form"):
+            yield Static("Fill in a command to see where the job would go.", id="preview")
+            for ident, label, placeholder in FIELDS:
+                with Horizontal(classes="field"):
+                    yield Label(label, classes="field-label")
+                    yield Input(placeholder=placeholder, id=f"f-{ident}")
+                yield Static("", id=f"e-{ident}", classes="field-error")
+            with Horizontal(id="submit-buttons"):
+                yield Button("Submit (ctrl+s)", id="submit", variant="primary")
+                yield Button("Back (esc)", id="back")
+
+    def on_mount(self) -> None:
+        self.query_one("#submit-form").border_title = "Submit a job"
+        self.query_one("#f-name", Input).focus()
+
+    def values(self) -> dict[str, str]:
+        return {ident: self.query_one(f"#f-{ident}", Input).value for ident, _, _ in FIELDS}
+
+    def problems(self, show: bool = True) -> dict[str, str]:
+        """Each field's problem (shown under it when ``show``); empty when all are fine."""
+        found = {}
+        for ident, value in self.values().items():
+            problem = check_field(ident, value)
+            if problem:
+                found[ident] = problem
+        if show:
+            for ident, _, _ in FIELDS:
+                self._show_problem(ident, found.get(ident))
+        return found
+
+    def _show_problem(self, ident: str, problem: str | None) -> None:
+        box = self.query_one(f"#e-{ident}", Static)
+        box.update(problem or "")
+        box.set_class(bool(problem), "shown")
+        self.query_one(f"#f-{ident}", Input).set_class(bool(problem), "invalid")
+
+    @on(Input.Changed)
+    def _changed(self, event: Input.Changed) -> None:
+        ident = (event.input.id or "").removeprefix("f-")
+        problem = check_field(ident, event.value)
+        # An empty command is only an error once the user has tried to submit.
+        if ident == "command" and not event.value.strip():
+            problem = None
+        self._show_problem(ident, problem)
+        if self._preview_timer is not None:
+            self._preview_timer.stop()
+        self._preview_timer = self.set_timer(PREVIEW_DELAY_S, self._ask_preview)
+
+    def _ask_preview(self) -> None:
+        if self.problems(show=False):
+            self.query_one("#preview", Static).update(
+                Text("Fill in a command to see where the job would go.", style="dim")
+                if list(self.problems(show=False)) == ["command"] else
+                Text("Fix the fields above to see where the job would go.", style="dim"))
+            return
+        self.preview(request_fields(self.values()))
+
+    @work(exclusive=True, group="plan")
+    async def preview(self, fields: dict) -> None:
+        """The ``plan`` group: where the job would go now; the newest form wins."""
+        box = self.query_one("#preview", Static)
+        try:
+            plan = await self.app.call("plan", **fields)
+        except OpMissing:
+            box.update(Text("Preview is not available on this service (no 'plan' request).",
+                            style="dim"))
+            return
+        except ApiError as err:
+            box.update(Text(f"Would be refused: {err}", style="red"))
+            return
+        box.update(plan_text(plan))
+
+    @work(exclusive=True, group="submit")
+    async def send(self, fields: dict) -> None:
+        """The ``submit`` group: submit once; the handler opens the job."""
+        try:
+            reply = await self.app.call("submit", **fields)
+        except ApiError as err:
+            self.notify(str(err), title="Not submitted", severity="error")
+            return
+        self.post_message(Submitted(reply["job"]))
+
+    @on(Submitted)
+    def _submitted(self, message: Submitted) -> None:
+        from .job import JobScreen
+
+        self.notify(f"Submitted job {message.job['id']}")
+        self.app.cluster.apply_job(message.job)
+        self.app.switch_screen(JobScreen(message.job["id"]))
+
+    def action_submit(self) -> None:
+        found = self.problems()
+        if found:
+            first = next(iter(found))
+            self.query_one(f"#f-{first}", Input).focus()
+            self.notify(f"{dict((i, l) for i, l, _ in FIELDS)[first]}: {found[first]}",
+                        title="Check the form", severity="warning")
+            return
+        self.send(request_fields(self.values()))
+
+    @on(Button.Pressed, "#submit")
+    def _submit_pressed(self) -> None:
+        self.action_submit()
+
+    @on(Button.Pressed, "#back")
+    def _back_pressed(self) -> None:
+        self.app.pop_screen()
+
+    @on(Input.Submitted)
+    def _enter(self, event: Input.Submitted) -> None:
+        # Enter moves on to the next field; on the last one it submits.
+        if event.input.id == "f-command":
+            self.action_submit()
+        else:
+            self.focus_next()

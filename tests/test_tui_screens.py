@@ -1,0 +1,407 @@
+"""Every TUI screen against a real head service on the simulated lab, driven with Pilot.
+
+Each test presses keys the way a user would and asserts on what the screen then shows.
+Requests the service may not have yet (hold, drain, plan, history, attach_info) are probed
+first; a test that needs one the service lacks is skipped with the op's name.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import DataTable, Input, Log, Static
+
+from nebula_tui.api import ApiError
+from nebula_tui.model import format_mb
+from nebula_tui.screens.app import HelpScreen, make_app
+from nebula_tui.screens.gpus import GpuDetailScreen, GpusScreen
+from nebula_tui.screens.job import JobScreen
+from nebula_tui.screens.nodes import NodesScreen, ReasonPrompt
+from nebula_tui.screens.queue import QueueScreen
+from nebula_tui.screens.submit import SubmitScreen, check_field
+from nebula_tui.screens.users import UsersScreen
+
+SIZE = (140, 44)
+
+
+async def until(pilot: Pilot, predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def rows(pilot: Pilot, ident: str) -> dict[str, list[str]]:
+    """The table's rows as text in display order, keyed by row key ({} before it mounts)."""
+    found = pilot.app.screen.query(f"#{ident}")
+    if not found:
+        return {}
+    t = found.first(DataTable)
+    return {row.key.value: [str(c) for c in t.get_row(row.key)] for row in t.ordered_rows}
+
+
+def text(pilot: Pilot, selector: str) -> str:
+    return "\n".join(str(w.content) for w in pilot.app.screen.query(selector))
+
+
+def toasts(app) -> str:
+    return "\n".join(str(t.render()) for t in app.screen.query("Toast"))
+
+
+def palette_options(app) -> str:
+    """The command palette's current entries, as text."""
+    found = app.screen.query("CommandList")
+    if not found:
+        return ""
+    options = found.first()
+    return "\n".join(str(options.get_option_at_index(i).prompt) for i in range(options.option_count))
+
+
+def has_op(head, op: str, **fields) -> bool:
+    """Whether the service knows ``op`` (any answer but "unknown request" means yes)."""
+    try:
+        head.call(op, **fields)
+    except ApiError as err:
+        return not str(err).startswith("unknown request")
+    return True
+
+
+def needs(head, op: str, **fields) -> None:
+    if not has_op(head, op, **fields):
+        pytest.skip(f"the service has no '{op}' request yet")
+
+
+def submit(head, *args: str) -> int:
+    done = head.run("submit", *args, check=True)
+    match = re.search(r"Submitted job (\d+)", done.stdout)
+    assert match, done.stdout
+    return int(match.group(1))
+
+
+@pytest.fixture
+def jobs(head):
+    """Ids of jobs a test submitted; all cancelled afterwards."""
+    ids: list[int] = []
+    yield ids
+    for job_id in ids:
+        try:
+            head.call("cancel", job=job_id)
+        except ApiError:
+            pass
+    for job_id in ids:
+        head.wait_job(job_id)
+
+
+async def started(pilot: Pilot) -> None:
+    await until(pilot, lambda: len(pilot.app.cluster.gpus) == 9 and pilot.app.cluster.connected,
+                what="the snapshot")
+
+
+async def go(pilot: Pilot, key: str, screen_type) -> None:
+    await pilot.press(key)
+    await until(pilot, lambda: isinstance(pilot.app.screen, screen_type),
+                what=f"{screen_type.__name__}")
+    await pilot.pause()
+
+
+def select_row(pilot: Pilot, ident: str, key: str) -> None:
+    table = pilot.app.screen.query_one(f"#{ident}", DataTable)
+    table.focus()
+    table.move_cursor(row=table.get_row_index(key))
+
+
+# ============================================================================ GPUs
+async def test_gpus_table_sorts_filters_and_opens_a_gpu(head):
+    app = make_app(head.socket)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await go(pilot, "2", GpusScreen)
+        await until(pilot, lambda: len(rows(pilot, "gpu-table")) == 9, what="9 GPU rows")
+        first = list(rows(pilot, "gpu-table").values())
+        assert [c[0] for c in first[:3]] == ["node01:0", "node01:1", "node01:2"]
+        assert "B / 24 GB" in first[0][2] and "%" in first[0][3] and "°C" in first[0][4]
+        # Keyed by uuid, as the head publishes them.
+        assert set(rows(pilot, "gpu-table")) == {g["uuid"] for g in head.call("gpus")["gpus"]}
+
+        await pilot.press("s")  # by free memory: the 80 GB cards first
+        await until(pilot, lambda: "free memory" in app.screen.query_one("#gpu-table").border_title,
+                    what="sorted by free memory")
+        ordered = [c[1] for c in rows(pilot, "gpu-table").values()]
+        assert ordered[:4] == ["A100-SXM4-80GB"] * 4 and ordered[-1] == "RTX 4060 Laptop"
+
+        await pilot.press("slash")
+        await pilot.press(*"3090")
+        await until(pilot, lambda: len(rows(pilot, "gpu-table")) == 2, what="filtered to 3090s")
+        assert {c[0] for c in rows(pilot, "gpu-table").values()} == {"node03:0", "node03:1"}
+        await pilot.press("enter")  # leaves the filter box for the table
+        await pilot.press("escape")
+        await until(pilot, lambda: len(rows(pilot, "gpu-table")) == 9, what="filter cleared")
+
+        table = app.screen.query_one("#gpu-table", DataTable)
+        table.focus()
+        table.move_cursor(row=0)
+        uuid = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, GpuDetailScreen), what="GPU detail")
+        await until(pilot, lambda: uuid in text(pilot, "#gpu-descriptor"), what="descriptor")
+        desc = text(pilot, "#gpu-descriptor")
+        gpu = next(g for g in head.call("gpus")["gpus"] if g["uuid"] == uuid)
+        for value in (gpu["model"], gpu["compute_capability"], gpu["pci_bus_id"]):
+            assert value in desc
+        assert rows(pilot, "gpu-slices"), "a free GPU still lists its free slice"
+        assert any("free" in cells[2] for cells in rows(pilot, "gpu-slices").values())
+        await until(pilot, lambda: "Loading" not in text(pilot, "#gpu-history"), what="history")
+        history = text(pilot, "#gpu-history")
+        if has_op(head, "history", gpu=uuid, since=60):
+            assert "Temperature" in history or "No samples" in history
+        else:
+            assert "not available on this service" in history
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, GpusScreen), what="back to GPUs")
+
+
+async def test_gpu_detail_shows_the_slice_holder(head, jobs):
+    app = make_app(head.socket)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        job_id = submit(head, "--name", "slice-holder", "--gpu-mem", "6G", "--", "sleep", "30")
+        jobs.append(job_id)
+        await until(pilot, lambda: (app.cluster.jobs.get(job_id) or {}).get("state") == "running",
+                    what="job running")
+        uuid = app.cluster.jobs[job_id]["gpus"][0]["uuid"]
+        app.push_screen(GpuDetailScreen(uuid))
+        await until(pilot, lambda: any(f"job {job_id}" in c[3] for c in rows(pilot, "gpu-slices").values()),
+                    what="the job's slice")
+        held = next(c for c in rows(pilot, "gpu-slices").values() if f"job {job_id}" in c[3])
+        placed = head.job(job_id)["gpus"][0]
+        size = format_mb(placed["memory_mb"]) + (" (whole)" if placed["exclusive"] else "")
+        assert held[1] == size and "allocated" in held[2] and "slice-holder" in held[3]
+
+
+# ============================================================================ queue
+async def test_queue_reasons_positions_hold_release_cancel(head, jobs):
+    app = make_app(head.socket)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await started(pilot)
+        runner = submit(head, "--name", "runner", "--gpu-mem", "6G", "--", "sleep", "60")
+        waiter = submit(head, "--name", "too-big", "--gpu-count", "5", "--gpu-mem", "70G",
+                        "--", "true")
+        jobs += [runner, waiter]
+        await go(pilot, "3", QueueScreen)
+        await until(pilot, lambda: rows(pilot, "queue-table").get(str(runner), [""] * 4)[3] == "running",
+                    what="runner running")
+        await until(pilot, lambda: rows(pilot, "queue-table").get(str(waiter), [""] * 8)[7] not in ("", "5x 70 GB"),
+                    what="waiter's reason")
+        table = rows(pilot, "queue-table")
+        assert list(table)[:2] == [str(runner), str(waiter)]  # running first
+        assert table[str(waiter)][3] == "pending" and table[str(waiter)][4] == "1"
+        assert table[str(waiter)][5] == "5x 70 GB"
+        assert re.search(r"GPU|node|need", table[str(waiter)][7]), table[str(waiter)][7]
+        assert table[str(runner)][4] == "-" and re.match(r"node0\d:\d", table[str(runner)][7])
+        assert "1 running · 1 waiting" in text(pilot, "#queue-summary")
+
+        if has_op(head, "hold", job=10**9):
+            select_row(pilot, "queue-table", str(waiter))
+            await pilot.press("h")
+            await until(pilot, lambda: rows(pilot, "queue-table")[str(waiter)][3] == "held",
+                        what="waiter held")
+            assert rows(pilot, "queue-table")[str(waiter)][4] == "-"  # out of the order
+            await pilot.press("u")
+            await until(pilot, lambda: rows(pilot, "queue-table")[str(waiter)][3] == "pending",
+                        what="waiter released")
+        else:
+            select_row(pilot, "queue-table", str(waiter))
+            await pilot.press("h")
+            await until(pilot, lambda: "not available on this service" in toasts(app),
+                        what="hold not available notice")
+
+        # "mine": every job here is ours, so the filter keeps both and says whose.
+        await until(pilot, lambda: app.user, what="who we are")
+        await pilot.press("m")
+        await until(pilot, lambda: f"{app.user}'s jobs" in text(pilot, "#queue-summary"),
+                    what="mine filter")
+        assert {str(runner), str(waiter)} <= set(rows(pilot, "queue-table"))
+
+        select_row(pilot, "queue-table", str(runner))
+        await pilot.press("c")
+        await until(pilot, lambda: str(runner) not in rows(pilot, "queue-table"),
+                    what="runner cancelled")
+        assert head.wait_job(runner)["state"] == "cancelled"
+        assert str(waiter) in rows(pilot, "queue-table")
+
+
+# ============================================================================ submit → queue → job
+async def test_submit_form_then_queue_then_job_log(head, jobs):
+    app = make_app(head.socket)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await started(pilot)
+        await go(pilot, "n", SubmitScreen)
+        form = app.screen
+        await pilot.press(*"form-job")
+        await pilot.press("tab", "tab")  # name -> gpu count -> gpu memory
+        assert app.focused.id == "f-gpu_mem"
+        await pilot.press(*"6X")
+        await until(pilot, lambda: "is not a size" in text(pilot, "#e-gpu_mem"),
+                    what="size error while typing")
+        assert form.query_one("#f-gpu_mem", Input).has_class("invalid")
+        await pilot.press("backspace")
+        await pilot.press("G")
+        await until(pilot, lambda: text(pilot, "#e-gpu_mem") == "", what="size accepted")
+        await pilot.press("ctrl+s")  # no command yet: refused, says why
+        await until(pilot, lambda: "required" in text(pilot, "#e-command"), what="command required")
+        assert isinstance(app.screen, SubmitScreen)
+
+        form.query_one("#f-command", Input).focus()
+        await pilot.press(*"echo hello-from-form; sleep 30")
+        if has_op(head, "plan", command=["true"]):
+            await until(pilot, lambda: "Would start now on" in text(pilot, "#preview"),
+                        what="the preview")
+            assert re.search(r"node0\d:\d \((6 GB|whole card)\)", text(pilot, "#preview"))
+        else:
+            await until(pilot, lambda: "not available" in text(pilot, "#preview"), what="no plan")
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: isinstance(app.screen, JobScreen), what="the job screen")
+        job_id = app.screen.job_id
+        jobs.append(job_id)
+        assert head.job(job_id)["name"] == "form-job"
+        assert head.job(job_id)["gpu_mem_mb"] == 6144
+        log = app.screen.query_one("#job-log", Log)
+        await until(pilot, lambda: "hello-from-form" in "\n".join(log.lines), what="the job's log")
+        await until(pilot, lambda: "CUDA_VISIBLE_DEVICES=" in text(pilot, "#job-env"),
+                    what="its environment")
+        env = text(pilot, "#job-env")
+        placed = head.job(job_id)["gpus"][0]
+        assert f"NEBULA_GPU_LIST={placed['uuid']}" in env
+        assert f"CUDA_VISIBLE_DEVICES={placed['index']}" in env
+        assert f"NEBULA_JOB_ID={job_id}" in env and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in env
+        spec = text(pilot, "#job-spec")
+        assert "form-job" in spec and "echo hello-from-form; sleep 30" in spec
+        kind = "whole card" if placed["exclusive"] else "6 GB slice"
+        assert f"{placed['node']}:{placed['index']}  {kind}" in spec
+        await until(pilot, lambda: "started" in text(pilot, "#job-history")
+                    or "running" in text(pilot, "#job-history"), what="state history")
+        assert "submitted" in text(pilot, "#job-history")
+
+        # The queue shows it; Enter there opens the same job with its log.
+        await go(pilot, "3", QueueScreen)
+        await until(pilot, lambda: rows(pilot, "queue-table").get(str(job_id), [""] * 4)[3] == "running",
+                    what="the job in the queue")
+        select_row(pilot, "queue-table", str(job_id))
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, JobScreen), what="job from the queue")
+        await until(pilot, lambda: "hello-from-form" in "\n".join(app.screen.query_one(Log).lines),
+                    what="log again")
+
+        # Attach: headless Pilot cannot hand the terminal over; the TUI says what to run.
+        await pilot.press("a")
+        if has_op(head, "attach_info", job=job_id):
+            await until(pilot, lambda: f"nebula-{job_id}" in toasts(app), what="attach command")
+            assert "tmux -L nebula attach" in toasts(app)
+        else:
+            await until(pilot, lambda: "not available" in toasts(app), what="no attach_info")
+        assert app.is_running
+
+        # Follow off and on again; then cancel from the job screen.
+        await pilot.press("f")
+        assert "paused" in app.screen.query_one(Log).border_title
+        await pilot.press("f")
+        assert "following" in app.screen.query_one(Log).border_title
+        await pilot.press("c")
+        await until(pilot, lambda: "cancelled" in text(pilot, "#job-spec"), what="cancelled")
+        assert head.wait_job(job_id)["state"] == "cancelled"
+
+
+def test_form_checks_fields_like_the_cli():
+    assert check_field("gpu_mem", "8G") is None and check_field("gpu_mem", "8GiB") is None
+    assert check_field("gpu_mem", "8192M") is None
+    assert "not a size" in check_field("gpu_mem", "eight")
+    assert check_field("gpu_count", "0") and check_field("gpu_count", "2") is None
+    assert check_field("workdir", "data") and check_field("workdir", "/data") is None
+    assert check_field("command", " ") and check_field("name", "x" * 129)
+
+
+# ============================================================================ users
+async def test_users_screen_shows_weights_and_hours(head, jobs):
+    job_id = submit(head, "--gpu-mem", "4G", "--", "true")
+    jobs.append(job_id)
+    head.wait_job(job_id)
+    me = head.call("ping")["user"]
+    app = make_app(head.socket)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await go(pilot, "4", UsersScreen)
+        await until(pilot, lambda: me in rows(pilot, "users-table"), what="our user")
+        cells = rows(pilot, "users-table")[me]
+        row = next(u for u in head.call("users")["users"] if u["name"] == me)
+        assert int(cells[3]) == row["jobs_finished"] >= 1
+        assert float(cells[1]) >= 1.1  # 1.0 + 0.1 per finished job
+        assert "/ 2000 h" in cells[2] or " h" in cells[2]
+
+
+# ============================================================================ nodes
+async def test_nodes_drain_resume_and_events_log(head):
+    app = make_app(head.socket)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await started(pilot)
+        await go(pilot, "5", NodesScreen)
+        await until(pilot, lambda: len(rows(pilot, "nodes-table")) == 3, what="3 nodes")
+        assert all("up" == c[2] for c in rows(pilot, "nodes-table").values())
+        await until(pilot, lambda: rows(pilot, "events-table"), what="events log")
+        assert any("is up" in c[2] for c in rows(pilot, "events-table").values())
+
+        select_row(pilot, "nodes-table", "node03")
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, ReasonPrompt), what="reason prompt")
+        await pilot.press(*"fan swap")
+        await pilot.press("enter")
+        if not has_op(head, "resume", node="nope"):
+            await until(pilot, lambda: "not available" in toasts(app), what="no drain op")
+            return
+        try:
+            await until(pilot, lambda: rows(pilot, "nodes-table")["node03"][2] == "drained",
+                        what="node03 drained")
+            await until(pilot, lambda: any("drain" in c[2] for c in rows(pilot, "events-table").values()),
+                        timeout=15, what="drain in the events log")
+            select_row(pilot, "nodes-table", "node03")
+            await pilot.press("u")
+            await until(pilot, lambda: rows(pilot, "nodes-table")["node03"][2] == "up",
+                        what="node03 resumed")
+        finally:
+            try:
+                head.call("resume", node="node03")
+            except ApiError:
+                pass
+
+
+# ============================================================================ keys
+async def test_palette_help_and_theme_read_the_same_keys(head):
+    app = make_app(head.socket)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await go(pilot, "3", QueueScreen)
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        help_text = text(pilot, "#help-keys")
+        for word in ("Hold job", "Release job", "Only my jobs", "Cancel job", "Submit a job", "Quit"):
+            assert word in help_text
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, QueueScreen), what="help closed")
+
+        dark = app.current_theme.dark
+        await pilot.press("t")
+        await until(pilot, lambda: app.current_theme.dark != dark, what="theme toggled")
+        await pilot.press("t")
+        await until(pilot, lambda: app.current_theme.dark == dark, what="theme back")
+
+        await pilot.press("ctrl+p")
+        await until(pilot, lambda: app.screen.query("CommandInput"), what="palette")
+        await pilot.press(*"Nodes / adm")
+        await until(pilot, lambda: "Nodes / admin" in palette_options(app), what="the palette's hit")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, NodesScreen), what="nodes via palette")
