@@ -172,6 +172,8 @@ class Engine:
                                  compute_cap=row["compute_cap"], vendor=row["vendor"] or "nvidia")
             self.gpus[row["uuid"]] = GpuLive(row["node"], reading,
                                              maintenance=row["status"] == "maintenance")
+            if row["status"] == "maintenance":
+                self.health.adopt(row["uuid"], row.get("status_reason"))
             self.nodes[row["node"]].cuda_version = row["cuda_version"]
 
     async def stop(self) -> None:

@@ -18,9 +18,9 @@ with the engine and the node links, and records every step as an event (kinds ``
   throttling event; events lower the node's health score, which the scheduler reads
   (``GpuView.health_score``); the score recovers by itself over hours.
 
-What is not kept across a restart of the head: the Xid history (the repeat window starts
-again), throttling events, and maintenance set here (the store has no GPU status writer
-yet).
+Maintenance is kept in the store: after a restart of the head such a GPU stays out until
+an admin resumes it. Not kept: the Xid history (the repeat window starts again) and
+throttling events.
 """
 
 from __future__ import annotations
@@ -264,11 +264,19 @@ class HealthMonitor:
         live = self.engine.gpus[gpu]
         live.maintenance = True
         self._reasons[gpu] = reason
+        self.engine.store.set_gpu_status(gpu, "maintenance", reason)
         self.engine.publish_gpus(live.node)
+
+    def adopt(self, gpu: str, reason: str | None) -> None:
+        """A GPU the store says is in maintenance (the head restarted): it stays out until
+        an admin resumes it, since the pipeline that isolated it is gone."""
+        self._reasons[gpu] = reason or "in maintenance before the head restarted"
+        self._admin_only.add(gpu)
 
     def _restore(self, gpu: str, message: str) -> None:
         live = self.engine.gpus[gpu]
         live.maintenance = False
+        self.engine.store.set_gpu_status(gpu, "ok")
         self._reasons.pop(gpu, None)
         self._admin_only.discard(gpu)
         self._event("health", message, gpu=gpu)

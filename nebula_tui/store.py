@@ -128,6 +128,7 @@ class Store:
         ("jobs", "attempt", int, 0),
         ("jobs", "gpu_hours", float, 0.0),
         ("users", "quota_gpu_hours", float, None),
+        ("gpus", "status_reason", str, None),
         ("nodes", "drained", int, 0),
         ("nodes", "drain_reason", str, None),
     )
@@ -177,6 +178,12 @@ class Store:
                 if existing is None:
                     row["registered_at"] = t
                 self.db["gpus"].upsert(row, pk="uuid")
+
+    def set_gpu_status(self, gpu_uuid: str, status: str, reason: str | None = None) -> None:
+        """``maintenance`` (with why) or ``ok``: kept so a restart does not undo isolation."""
+        with self.transaction():
+            self.db.execute("UPDATE gpus SET status = ?, status_reason = ? WHERE uuid = ?",
+                            [status, reason, gpu_uuid])
 
     def _gpu_status(self, gpu_uuid: str) -> str | None:
         row = self.db.execute("SELECT status FROM gpus WHERE uuid = ?", [gpu_uuid]).fetchone()

@@ -189,3 +189,16 @@ def test_mark_running_after_finish_changes_nothing(store):
     store.mark_running(job.id, T0 + 2)
     assert store.job(job.id).state is JobState.CANCELLED
     assert count(store, "events") == events_before
+
+
+def test_gpu_maintenance_outlives_a_restart(store, db_path):
+    store.register_gpus("n1", [{"uuid": "GPU-a", "idx": 0, "model": "x", "total_mb": 24576}], 1.0)
+    store.set_gpu_status("GPU-a", "maintenance", "Xid 79 twice within 10 min")
+    reopened = Store(db_path)
+    row = next(g for g in reopened.gpus() if g["uuid"] == "GPU-a")
+    assert row["status"] == "maintenance" and row["status_reason"].startswith("Xid 79")
+    # A node reporting the GPU again keeps its status.
+    reopened.register_gpus("n1", [{"uuid": "GPU-a", "idx": 0, "model": "x", "total_mb": 24576}], 2.0)
+    assert next(g for g in reopened.gpus() if g["uuid"] == "GPU-a")["status"] == "maintenance"
+    reopened.set_gpu_status("GPU-a", "ok")
+    assert next(g for g in Store(db_path).gpus() if g["uuid"] == "GPU-a")["status"] == "ok"
