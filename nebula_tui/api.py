@@ -108,6 +108,13 @@ def _text(req: dict, field: str) -> str:
     return value
 
 
+def _port(req: dict) -> int:
+    port = req.get("port", 22)
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise RequestError("port must be a number from 1 to 65535")
+    return port
+
+
 def _job_id(req: dict) -> int:
     try:
         return int(req["job"])
@@ -240,6 +247,20 @@ class ApiServer:
 
     async def op_reload(self, user, req):
         return await self.engine.reload(user)
+
+    async def op_node_key(self, user, req):
+        return {"fingerprint": await self.engine.node_key(user, _text(req, "host"), _port(req))}
+
+    async def op_node_add(self, user, req):
+        login, identity = req.get("user"), req.get("identity")
+        for value, what in ((login, "user"), (identity, "identity")):
+            if value is not None and not isinstance(value, str):
+                raise RequestError(f"{what} must be text")
+        return await self.engine.add_node(user, _text(req, "node"), _text(req, "host"), _port(req),
+                                          login, identity, _text(req, "trust"))
+
+    async def op_node_remove(self, user, req):
+        return await self.engine.remove_node(user, _text(req, "node"))
 
     async def op_quota(self, user, req):
         hours = req.get("hours")

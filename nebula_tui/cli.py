@@ -322,39 +322,30 @@ def cmd_node(args, home, config) -> int:
 
 
 def _edit_nodes(args, home, config) -> int:
-    """node add/remove: edit the cluster file (with the trust step), then reload the service."""
-    from .config import find_config
-    from .node_admin import NodeAdminError, add_node, remove_node
-
-    path = find_config(config, home.root)
-    if path is None:
-        print("nebula node: no cluster file; give --config nodes.yaml", file=sys.stderr)
-        return USAGE_ERROR
-
-    def ask(question: str) -> bool:
-        if not sys.stdin.isatty():
-            raise NodeAdminError("cannot ask whether to trust the host key (no terminal); "
-                                 "pass --trust with the fingerprint you checked on the node")
-        return input(question).strip().lower() in ("y", "yes")
-
-    try:
-        if args.node_command == "add":
-            _, fingerprint = add_node(path, args.node, args.host, args.port, args.user,
-                                      args.identity, args.trust, ask)
-            print(f"Added {args.node} ({args.host}:{args.port}, host key {fingerprint}) to {path}")
-        else:
-            with _client(home, config) as client:
-                if any(args.node in {g["node"] for g in j["gpus"]} for j in client.call("queue")["jobs"]):
-                    print(f"nebula node: {args.node} still holds jobs; drain it and remove it once "
-                          "they ended", file=sys.stderr)
-                    return 1
-            remove_node(path, args.node)
-            print(f"Removed {args.node} from {path}")
-    except NodeAdminError as err:
-        print(f"nebula node: {err}", file=sys.stderr)
-        return 1
+    """node add/remove: the service edits its cluster file; adding asks to trust the key."""
     with _client(home, config) as client:
-        client.call("reload")
+        if args.node_command == "remove":
+            client.call("node_remove", node=args.node)
+            print(f"Removed {args.node}")
+            return 0
+        fingerprint = client.call("node_key", host=args.host, port=args.port)["fingerprint"]
+        trust = args.trust
+        if trust is None:
+            if not sys.stdin.isatty():
+                print(f"nebula node: {args.host}:{args.port} presents {fingerprint}; cannot ask "
+                      "whether to trust it (no terminal): pass --trust with the fingerprint you "
+                      "checked on the node", file=sys.stderr)
+                return 1
+            answer = input(f"{args.host}:{args.port} presents host key {fingerprint}.\n"
+                           "Compare it with the node's own (ssh-keygen -lf "
+                           "/etc/ssh/ssh_host_ed25519_key.pub on the node). Trust it? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                print("nebula node: host key not trusted; nothing was changed", file=sys.stderr)
+                return 1
+            trust = fingerprint
+        client.call("node_add", timeout=60, node=args.node, host=args.host, port=args.port,
+                    user=args.user, identity=args.identity, trust=trust)
+    print(f"Added {args.node} ({args.host}:{args.port}, host key {fingerprint})")
     return 0
 
 

@@ -24,7 +24,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from . import scheduler, views
+from . import node_admin, scheduler, views
 from .scheduler import fairshare
 from .settings import SchedulerSettings
 from .config import ClusterConfig
@@ -817,6 +817,41 @@ class Engine:
                          "quota_gpu_hours": self.settings.quota_gpu_hours
                          if row.get("quota_gpu_hours") is None else row["quota_gpu_hours"]})
         return rows
+
+    async def node_key(self, user: str, host: str, port: int) -> str:
+        """The fingerprint of the host key a would-be node presents (the trust step)."""
+        self._check_admin(user, "add nodes")
+        try:
+            return (await node_admin.read_host_key(host, port))[1]
+        except node_admin.NodeAdminError as err:
+            raise RequestError(str(err)) from None
+
+    async def add_node(self, user: str, name: str, host: str, port: int, login: str | None,
+                       identity: str | None, trust: str) -> dict:
+        """R21: add a node to the cluster file, trusting the host key the admin confirmed."""
+        self._check_admin(user, "add nodes")
+        if self.config.path is None:
+            raise RequestError("this service was started without a cluster file")
+        try:
+            key_line, fingerprint = await node_admin.read_host_key(host, port)
+            node_admin.add_node(self.config.path, name, host, port, login, identity, key_line,
+                                fingerprint, trust)
+        except node_admin.NodeAdminError as err:
+            raise RequestError(str(err)) from None
+        return await self.reload(user)
+
+    async def remove_node(self, user: str, name: str) -> dict:
+        self._check_admin(user, "remove nodes")
+        if name not in self.nodes:
+            raise RequestError(f"no node {name}; known: {', '.join(self.nodes)}")
+        if any(name in job_nodes(j) for j in self.jobs.values()):
+            raise RequestError(f"{name} still holds jobs; drain it (nebula node drain {name}) "
+                               "and remove it once they ended")
+        try:
+            node_admin.remove_node(self.config.path, name)
+        except node_admin.NodeAdminError as err:
+            raise RequestError(str(err)) from None
+        return await self.reload(user)
 
     async def reload(self, user: str) -> dict:
         """Read nodes.yaml again: start links to added nodes, stop those of removed ones.

@@ -1,8 +1,9 @@
 """`nebula node add` / `node remove` (R21): edit nodes.yaml in place and trust host keys.
 
-Adding a node has an explicit trust step: its host key is fetched, its fingerprint shown,
-and it is written to known_hosts only when the admin confirms it (interactively, or with
-``--trust SHA256:…`` matching what the node presents). A node whose known key differs is
+Adding a node has an explicit trust step: its host key is read, its fingerprint shown,
+and it is written to known_hosts only when the admin confirms that fingerprint (the CLI
+asks, or takes ``--trust SHA256:…``; the TUI shows it and asks). The head service does the
+edit (on a shared box the file is the service account's). A node whose known key differs is
 never silently re-trusted. The file is edited as text, so its comments stay; the result
 is validated before it replaces the old file, so a failed edit loses nothing.
 """
@@ -26,17 +27,19 @@ class NodeAdminError(Exception):
     """An add or remove that cannot be done; str() says why and what to do."""
 
 
-def fetch_host_key(host: str, port: int, timeout: float = 10):
-    """The host key the node presents (an asyncssh key), without logging in."""
+async def read_host_key(host: str, port: int, timeout: float = 10) -> tuple[str, str]:
+    """(``type base64`` line, ``SHA256:…`` fingerprint) of the key the node presents,
+    read without logging in."""
     import asyncssh
 
-    async def fetch():
-        return await asyncio.wait_for(asyncssh.get_server_host_key(host, port), timeout)
-
     try:
-        return asyncio.run(fetch())
+        key = await asyncio.wait_for(asyncssh.get_server_host_key(host, port), timeout)
     except (OSError, asyncio.TimeoutError, asyncssh.Error) as err:
         raise NodeAdminError(f"cannot reach {host}:{port} to read its host key: {err}") from None
+    if key is None:
+        raise NodeAdminError(f"{host}:{port} presented no host key")
+    line = " ".join(key.export_public_key().decode().split()[:2])
+    return line, key.get_fingerprint()
 
 
 def known_hosts_name(host: str, port: int) -> str:
@@ -143,35 +146,26 @@ def remove_node_text(text: str, name: str) -> str:
 
 
 def add_node(config_path: Path, name: str, host: str, port: int, user: str | None,
-             identity: str | None, trust_fingerprint: str | None, ask) -> tuple[ClusterConfig, str]:
-    """Trust the node's host key and add it to the file. Returns (new config, fingerprint).
+             identity: str | None, key_line: str, fingerprint: str,
+             trust_fingerprint: str) -> ClusterConfig:
+    """Trust the node's host key (``key_line``, just read from it) and add the node.
 
-    ``ask(question) -> bool`` is the interactive confirmation; with ``trust_fingerprint``
-    the key must match it instead. Raises NodeAdminError with what to do.
+    The admin's ``trust_fingerprint`` must be the fingerprint the node presents: the
+    explicit trust step. Raises NodeAdminError with what to do; nothing is changed then.
     """
     config = load_config(config_path)
     if any(n.name == name for n in config.nodes):
         raise NodeAdminError(f"{config_path} already has a node {name}")
     known_hosts = Path(config.known_hosts)
-    key = fetch_host_key(host, port)
-    key_line = key.export_public_key().decode().strip()
-    key_line = " ".join(key_line.split()[:2])
-    fingerprint = key.get_fingerprint()
     already = known_key(known_hosts, host, port)
     if already is not None and already != key_line:
         raise NodeAdminError(
             f"{known_hosts} holds another key for {known_hosts_name(host, port)}; if the node was "
             f"reinstalled, check its new key ({fingerprint}) on the node and remove the old line "
             f"with ssh-keygen -R '{known_hosts_name(host, port)}' -f {known_hosts}")
-    if already is None:
-        if trust_fingerprint is not None:
-            if trust_fingerprint != fingerprint:
-                raise NodeAdminError(f"{host}:{port} presents {fingerprint}, not {trust_fingerprint}; "
-                                     "not trusted")
-        elif not ask(f"{host}:{port} presents host key {fingerprint}. Compare it with the node's own "
-                     f"(ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on the node). Trust it? [y/N] "):
-            raise NodeAdminError("host key not trusted; nothing was changed")
-        trust(known_hosts, host, port, key_line)
+    if trust_fingerprint != fingerprint:
+        raise NodeAdminError(f"{host}:{port} presents {fingerprint}, not {trust_fingerprint}; "
+                             "not trusted, nothing was changed")
     entry: dict[str, object] = {"name": name, "host": host}
     if port != 22:
         entry["port"] = port
@@ -179,8 +173,10 @@ def add_node(config_path: Path, name: str, host: str, port: int, user: str | Non
         entry["user"] = user
     if identity:
         entry["identity"] = identity
-    text = add_node_text(config_path.read_text(), entry)
-    return _replace_file(config_path, text), fingerprint
+    text = add_node_text(config_path.read_text(), entry)  # fails before anything is written
+    if already is None:
+        trust(known_hosts, host, port, key_line)
+    return _replace_file(config_path, text)
 
 
 def remove_node(config_path: Path, name: str) -> ClusterConfig:

@@ -48,7 +48,7 @@ def test_adding_a_node_needs_its_fingerprint_then_it_comes_up(small_cluster, ope
 
     good = head.run("node", "add", "node03", "127.0.0.1", "--port", str(port),
                     "--trust", fingerprint(openssh_lab, "node03"), check=True)
-    assert "Added node03" in good.stdout
+    assert "Added node03" in good.stdout and fingerprint(openssh_lab, "node03") in good.stdout
     assert head.path.read_text().startswith("# our lab\n")  # comments kept
     wait_for(lambda: any(n["name"] == "node03" and n["state"] == "up" for n in head.call("status")["nodes"]),
              30, what="node03 up")
@@ -71,3 +71,37 @@ def test_a_known_host_with_another_key_is_never_retrusted(small_cluster, openssh
                     "--trust", fingerprint(openssh_lab, "node03"))
     assert done.returncode == 1 and "ssh-keygen -R" in done.stderr
     assert "node03" not in head.path.read_text()
+
+
+async def test_the_tui_adds_a_node_after_showing_its_fingerprint(small_cluster, openssh_lab):
+    import asyncio
+    import time
+
+    from textual.widgets import Static
+
+    from nebula_tui.screens.app import make_app
+    from nebula_tui.screens.nodes import AddNodePrompt, NodesScreen
+
+    head, port = small_cluster, openssh_lab.port("node03")
+
+    async def until(pilot, predicate, what, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await pilot.pause(0.1)
+
+    app = make_app(head.socket)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("5")
+        await until(pilot, lambda: isinstance(app.screen, NodesScreen), "the nodes screen")
+        await pilot.press("a")
+        await until(pilot, lambda: isinstance(app.screen, AddNodePrompt), "the add prompt")
+        await pilot.press(*"node03", "enter", *"127.0.0.1", "enter", *str(port), "enter")
+        shown = lambda: str(app.screen.query_one("#add-fingerprint", Static).render())  # noqa: E731
+        await until(pilot, lambda: fingerprint(openssh_lab, "node03") in shown(), "the fingerprint")
+        assert "node03" not in head.path.read_text()  # nothing is trusted before the second Enter
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, NodesScreen), "the prompt closed")
+        await asyncio.sleep(0)
+    assert "node03" in head.path.read_text()
+    wait_for(lambda: any(n["name"] == "node03" for n in head.call("status")["nodes"]), 10, what="node03")

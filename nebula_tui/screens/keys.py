@@ -94,6 +94,7 @@ USERS_KEYS: tuple[Key, ...] = (
 NODES_KEYS: tuple[Key, ...] = (
     Key("d", "drain_node", "Drain node", True),
     Key("u", "resume_node", "Resume node", True),
+    Key("a", "add_node", "Add node", True),
     Key("g", "reload", "Reload events", True),
 )
 

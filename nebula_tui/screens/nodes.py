@@ -1,4 +1,4 @@
-"""Nodes and the events log, for admins: drain (with a reason) and resume a node.
+"""Nodes and the events log, for admins: drain (with a reason), resume, add a node.
 
 The node table renders from the app's ``Cluster``; the events log comes from the ``events``
 request (worker group ``events-log``), reloaded while shown. Drain/resume are requests in
@@ -45,6 +45,73 @@ class ReasonPrompt(ModalScreen[str | None]):
     @on(Input.Submitted)
     def _done(self, event: Input.Submitted) -> None:
         self.dismiss(event.value.strip())
+
+    def action_dismiss(self) -> None:  # type: ignore[override]
+        self.dismiss(None)
+
+
+class AddNodePrompt(ModalScreen[None]):
+    """R21's trust step in the TUI: name, host and port; the head reads the node's host key,
+    the fingerprint is shown, and only a second Enter (after comparing it with the node's
+    own) trusts it and adds the node. Esc cancels at any point, changing nothing."""
+
+    BINDINGS = bindings(HELP_KEYS[:1])
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="prompt"):
+            yield Static("Add a node: its name, host and SSH port (enter on the last field)",
+                         id="prompt-question")
+            yield Input(placeholder="name, e.g. node05", id="add-name")
+            yield Input(placeholder="host, e.g. 10.0.0.15", id="add-host")
+            yield Input(placeholder="port (22)", id="add-port")
+            yield Static("", id="add-fingerprint")
+
+    @on(Input.Submitted, "#add-name, #add-host")
+    def _next(self, event: Input.Submitted) -> None:
+        self.focus_next()
+
+    @on(Input.Submitted, "#add-port")
+    def _submitted(self) -> None:
+        name = self.query_one("#add-name", Input).value.strip()
+        host = self.query_one("#add-host", Input).value.strip()
+        port_text = self.query_one("#add-port", Input).value.strip() or "22"
+        if not name or not host or not port_text.isdigit():
+            self._say("give a name, a host and a port number")
+            return
+        if self._pending == (name, host, int(port_text)):
+            self.add(name, host, int(port_text), self._fingerprint)
+        else:
+            self.read_key(name, host, int(port_text))
+
+    _pending: tuple | None = None
+    _fingerprint: str = ""
+
+    def _say(self, text: str) -> None:
+        self.query_one("#add-fingerprint", Static).update(text)
+
+    @work(exclusive=True, group="node-actions")
+    async def read_key(self, name: str, host: str, port: int) -> None:
+        """The ``node-actions`` group: ask the head for the key the node presents."""
+        self._say("reading the node's host key…")
+        try:
+            fingerprint = (await self.app.call("node_key", host=host, port=port))["fingerprint"]
+        except ApiError as err:
+            self._say(f"[b]cannot add:[/b] {err}")
+            return
+        self._pending, self._fingerprint = (name, host, port), fingerprint
+        self._say(f"{host}:{port} presents host key\n[b]{fingerprint}[/b]\nCompare it with the "
+                  "node's own (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on the node).\n"
+                  "Enter again trusts it and adds the node; esc cancels.")
+
+    @work(exclusive=True, group="node-actions")
+    async def add(self, name: str, host: str, port: int, fingerprint: str) -> None:
+        try:
+            await self.app.call("node_add", node=name, host=host, port=port, trust=fingerprint)
+        except ApiError as err:
+            self._say(f"[b]not added:[/b] {err}")
+            return
+        self.app.notify(f"Added {name} ({host}:{port}, host key {fingerprint})")
+        self.dismiss(None)
 
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)
@@ -157,3 +224,6 @@ class NodesScreen(ClusterScreen):
 
     def action_reload(self) -> None:
         self.reload()
+
+    def action_add_node(self) -> None:
+        self.app.push_screen(AddNodePrompt())
