@@ -3,22 +3,25 @@
 :class:`World` is the pass's own, mutable view of every card: each start is applied to it
 before the next job is looked at, so two jobs of one pass never get the same memory.
 :meth:`World.search` finds the best set for a request or says how close the cluster came.
-It caches per (request shape, node) and recomputes a node only after a start changed it, so
-a long queue behind a full cluster costs little.
+It shares work between requests (filters that select the same cards share one search; cards
+alike are filtered once) and between starts (a node, or a card, is worked out again only
+after a start changed it), so a long queue behind a full cluster costs little. The tests
+compare it with a straightforward search over every card (``test_scheduler_fastpath``).
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..model import GpuView, Placement
 from .filters import Filter, parse_version
 from .slices import fit
 from .snapshot import SchedulerConfig
-from .topology import best_subset, rank_table, set_links, topology_penalty
+from .topology import BEST_RANK, UNKNOWN_RANK, best_subset, rank_table, set_links, topology_penalty
 
 
 class Card:
@@ -26,10 +29,10 @@ class Card:
 
     __slots__ = ("uuid", "node", "index", "order", "total", "unmanaged", "blocked", "health",
                  "model", "vendor", "capability", "cuda", "thermal", "allocs", "reserved",
-                 "exclusive", "service")
+                 "exclusive", "service", "hw", "bit", "memo")
 
     def __init__(self, view: GpuView, order: int, services: frozenset[int],
-                 config: SchedulerConfig) -> None:
+                 config: SchedulerConfig, memo: dict | None = None) -> None:
         reading = view.reading
         self.uuid = reading.uuid
         self.node = view.node
@@ -41,19 +44,36 @@ class Card:
         self.health = 1.0 if view.health_score is None else view.health_score
         self.model = reading.name
         self.vendor = (reading.vendor or "nvidia").lower()
-        self.capability = parse_version(reading.compute_cap)
-        self.cuda = parse_version(view.cuda_version)
-        self.thermal = thermal_penalty(reading.utilization_pct, reading.temperature_c, config)
+        if memo is None:
+            memo = {}
+        # Readings repeat across a cluster (one driver, idle cards): work each out once per pass.
+        facts = (reading.compute_cap, view.cuda_version, reading.utilization_pct, reading.temperature_c)
+        known = memo.get(facts)
+        if known is None:
+            known = memo[facts] = (
+                parse_version(reading.compute_cap), parse_version(view.cuda_version),
+                thermal_penalty(reading.utilization_pct, reading.temperature_c, config))
+        self.capability, self.cuda, self.thermal = known
         self.allocs: list[tuple[int, Placement]] = list(view.placements)
-        self.reserved = sum(p.memory_mb for _, p in self.allocs)
-        self.exclusive = any(p.exclusive for _, p in self.allocs)
-        self.service = any(job in services for job, _ in self.allocs)
+        if self.allocs:
+            self.reserved = sum(p.memory_mb for _, p in self.allocs)
+            self.exclusive = any(p.exclusive for _, p in self.allocs)
+            self.service = any(job in services for job, _ in self.allocs)
+        else:
+            self.reserved, self.exclusive, self.service = 0, False, False
+        #: what the filters and an empty card's fit depend on: cards alike answer alike
+        self.hw = (self.vendor, self.capability, self.cuda, self.total)
+        self.bit = 0  # this card's bit among its node's cards (set by World)
+        #: (memory, service) -> (fit, one-card score): what a request class gets here now,
+        #: kept until our allocations on the card change
+        self.memo: dict = {}
 
     def copy(self) -> Card:
         other = object.__new__(Card)
         for name in Card.__slots__:
             setattr(other, name, getattr(self, name))
         other.allocs = list(self.allocs)
+        other.memo = {}
         return other
 
     def fit(self, gpu_mem_mb: int | None, service_job: bool, spare_mb: int):
@@ -62,12 +82,14 @@ class Card:
                    gpu_mem_mb, keep)
 
     def add(self, job_id: int, placement: Placement, service: bool) -> None:
+        self.memo.clear()
         self.allocs.append((job_id, placement))
         self.reserved += placement.memory_mb
         self.exclusive = self.exclusive or placement.exclusive
         self.service = self.service or service
 
     def drop(self, job_ids: set[int]) -> None:
+        self.memo.clear()
         self.allocs = [(j, p) for j, p in self.allocs if j not in job_ids]
         self.reserved = sum(p.memory_mb for _, p in self.allocs)
         self.exclusive = any(p.exclusive for _, p in self.allocs)
@@ -122,7 +144,8 @@ class Found:
 class _Index:
     """One request's heap of (score, node order, node version, node, chosen set)."""
 
-    cursor: int
+    cursor: int  # how many of the world's changes the heap has seen
+    slots: dict  # node -> (allowed cards mask, cache slot) for the nodes it looks at
     heap: list = field(default_factory=list)
 
 
@@ -133,8 +156,68 @@ class Missed:
     counts: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass
+class Eligibility:
+    """Which cards may ever serve one (filter, memory, service) request class.
+
+    ``cards``: per node, the usable cards in listing order; ``masks``: the same cards as a
+    bit mask of their positions on the node (:attr:`Card.bit`); ``sig``: equal for request
+    classes that select exactly the same cards, so they share one search (``--arch '>=sm_80'``
+    on a cluster of Ampere and newer selects what no ``--arch`` selects).
+    """
+
+    cards: dict[str, list[Card]]
+    masks: dict[str, int]
+    sig: int
+
+
+class LazyRanks(dict):
+    """node -> ``rank_table(links)``, worked out the first time a node is asked for (only
+    nodes a gang is scored on need one), and once per distinct matrix: nodes built alike
+    share one read-only table."""
+
+    def __init__(self, topologies: Mapping[str, Mapping]) -> None:
+        super().__init__()
+        self.topologies = topologies
+        self._alike: dict[tuple, dict] = {}
+
+    def get(self, node, default=None):
+        table = dict.get(self, node)
+        if table is None:
+            links = self.topologies.get(node)
+            if links is None:
+                return default
+            content = tuple([(row, tuple(cells.items())) for row, cells in links.items()])
+            table = self._alike.get(content)
+            if table is None:
+                table = self._alike[content] = rank_table(links)
+            self[node] = table
+        return table
+
+    def __missing__(self, node):
+        table = self.get(node)
+        if table is None:
+            raise KeyError(node)
+        return table
+
+    def __contains__(self, node) -> bool:
+        return dict.__contains__(self, node) or node in self.topologies
+
+
 class World:
-    """Every card of the pass, grouped by node in listing order, with a per-node cache."""
+    """Every card of the pass, grouped by node in listing order, with per-node caches.
+
+    Cost model: a pass asks for many request shapes, each over every node. Work is shared
+    at three levels, each recomputed for a node only after a start changed that node:
+
+    * per (node, memory, service): the node's cards that can take one share now
+      (``_fits``); the hardware filter is a bit mask over them, computed once per
+      hardware class (vendor, capability, CUDA, memory) rather than per card;
+    * per (node, memory, service, gang size, allowed cards): the node's best set
+      (``_best``), shared by every filter that allows the same cards there;
+    * per (eligibility, memory, service, gang size, exclusion): a heap of nodes' best sets
+      (``search``), shared by every filter that selects the same cards cluster-wide.
+    """
 
     def __init__(self, cards: list[Card], ranks: Mapping[str, Mapping[tuple[int, int], int]],
                  config: SchedulerConfig) -> None:
@@ -148,28 +231,61 @@ class World:
         self.version = dict.fromkeys(self.by_node, 0)
         #: per node, cards holding none of our allocations (a quick bound for whole cards)
         self.empty = {node: sum(1 for c in cards if not c.allocs) for node, cards in self.by_node.items()}
+        #: one card of each hardware class (what the filters and the empty-card fit look at)
+        self.classes: dict[tuple, Card] = {}
+        #: per node, the cards that take new work (not blocked, healthy enough), their mask,
+        #: and their hardware classes (one on most nodes)
+        self.takers: dict[str, list[Card]] = {}
+        self.takers_mask: dict[str, int] = {}
+        self.takers_hw: dict[str, tuple] = {}
+        #: per node, how many of its cards (all of them) are of each hardware class
+        self.node_hw: dict[str, dict[tuple, int]] = {}
+        floor = config.min_health_score
+        for node, node_cards in self.by_node.items():
+            takers, mask = [], 0
+            for position, card in enumerate(node_cards):
+                card.bit = 1 << position
+                self.classes.setdefault(card.hw, card)
+                if not card.blocked and card.health >= floor:
+                    takers.append(card)
+                    mask |= card.bit
+            self.takers[node] = takers
+            self.takers_mask[node] = mask
+            self.takers_hw[node] = tuple(dict.fromkeys(c.hw for c in takers))
+            classes: dict[tuple, int] = {}
+            for card in node_cards:
+                classes[card.hw] = classes.get(card.hw, 0) + 1
+            self.node_hw[node] = classes
         self._changes: list[str] = []  # nodes changed by starts, in order
-        self._eligible: dict[tuple, dict[str, list[Card]]] = {}
+        self._eligible: dict[tuple, Eligibility] = {}
+        self._by_shape: dict[int, tuple[Shape, Eligibility]] = {}
+        self._sigs: dict[tuple, int] = {}
         self._index: dict[tuple, _Index] = {}
-        self._feasible_cache: dict[tuple, dict[str, tuple[int, list]]] = {}
+        self._fits: dict[tuple, tuple[int, list]] = {}
+        self._best: dict[tuple, dict] = {}  # (memory, service, k) -> slot -> (version, best)
+        self._excluded: dict[object, dict[str, int]] = {}
+        self.node_order = {node: node_cards[0].order for node, node_cards in self.by_node.items()}
 
     @classmethod
     def build(cls, views: Sequence[GpuView], topologies: Mapping[str, Mapping], services: Iterable[int],
               config: SchedulerConfig) -> World:
         services = frozenset(services)
-        cards = [Card(v, i, services, config) for i, v in enumerate(views)]
-        ranks = {node: rank_table(links) for node, links in topologies.items()}
-        return cls(cards, ranks, config)
+        memo: dict = {}
+        cards = [Card(v, i, services, config, memo) for i, v in enumerate(views)]
+        return cls(cards, LazyRanks(topologies), config)
 
-    def future(self, ended: set[int]) -> World:
-        """This world once the jobs in ``ended`` have released their cards (no cache)."""
+    def future(self, ended: set[int], nodes: Collection[str] | None = None) -> World:
+        """This world once the jobs in ``ended`` have released their cards (no cache),
+        of only ``nodes`` when given (each node's answers depend on its own cards alone)."""
         cards = []
         for card in self.cards:
-            if any(j in ended for j, _ in card.allocs):
+            if nodes is not None and card.node not in nodes:
+                continue
+            if card.allocs and any(j in ended for j, _ in card.allocs):
                 card = card.copy()  # cards nobody leaves are shared: a future world only reads
                 card.drop(ended)
             cards.append(card)
-        return World(cards, self.ranks, self.config)
+        return type(self)(cards, self.ranks, self.config)
 
     def holders(self) -> set[int]:
         return {j for c in self.cards for j, _ in c.allocs}
@@ -188,16 +304,33 @@ class World:
     def eligible(self, shape: Shape) -> dict[str, list[Card]]:
         """Per node, the cards that pass the filters, are not blocked, are healthy enough,
         and could hold one GPU's share of the request when empty of our jobs."""
+        return self.eligibility(shape).cards
+
+    def eligibility(self, shape: Shape) -> Eligibility:
+        seen = self._by_shape.get(id(shape))  # the entry holds the shape: its id stays its own
+        if seen is not None and seen[0] is shape:
+            return seen[1]
         key = (shape.filter, shape.gpu_mem_mb, shape.service)
         found = self._eligible.get(key)
-        if found is None:
-            found = {}
-            for node, cards in self.by_node.items():
-                usable = [c for c in cards if self.hardware_ok(c, shape) and not c.blocked
-                          and c.health >= self.config.min_health_score]
-                if usable:
-                    found[node] = usable
-            self._eligible[key] = found
+        if found is not None:
+            self._by_shape[id(shape)] = (shape, found)
+        else:
+            ok = {hw: self.hardware_ok(card, shape) for hw, card in self.classes.items()}
+            cards: dict[str, list[Card]] = {}
+            masks: dict[str, int] = {}
+            for node, classes in self.takers_hw.items():
+                passed = [ok[hw] for hw in classes]
+                if all(passed):  # the common case: every card of the node (one shared list)
+                    if classes:
+                        cards[node] = self.takers[node]
+                        masks[node] = self.takers_mask[node]
+                elif any(passed):
+                    usable = [c for c in self.takers[node] if ok[c.hw]]
+                    cards[node] = usable
+                    masks[node] = sum(c.bit for c in usable)
+            sig = self._sigs.setdefault(tuple(masks.items()), len(self._sigs))
+            found = self._eligible[key] = Eligibility(cards, masks, sig)
+            self._by_shape[id(shape)] = (shape, found)
         return found
 
     def hardware_ok(self, card: Card, shape: Shape) -> bool:
@@ -218,85 +351,215 @@ class World:
 
         ``token`` names ``excluded`` for the cache (None: nothing excluded). One node is
         always preferred; several only when ``max_nodes`` allows and no node suffices.
-        Per (shape, token) a heap holds each node's best set; a start marks its node
-        changed, and only changed nodes are looked at again.
+        Per (selected cards, memory, gang size, token) a heap holds each node's best set;
+        a start marks its node changed, and only changed nodes are looked at again.
         """
         k = shape.gpu_count
-        eligible = self.eligible(shape)
-        index = self._index.get((shape, token))
+        mem, service = shape.gpu_mem_mb, shape.service
+        elig = self.eligibility(shape)
+        eligible, masks = elig.cards, elig.masks
+        skip = self._excluded_bits(excluded, token)
+        key = (elig.sig, mem, service, k, token)
+        index = self._index.get(key)
+        version = self.version
+        cache = self._best.get((mem, service, k))
+        if cache is None:
+            cache = self._best[(mem, service, k)] = {}
         if index is None:
-            index = _Index(cursor=len(self._changes))
-            whole = shape.gpu_mem_mb is None
+            # The nodes that could ever hold the set, each with the cards it may use (a cache
+            # slot: the node itself when that is every card taking work there).
+            full = self.takers_mask
+            slots = {}
             for node, cards in eligible.items():
-                if len(cards) >= k and not (whole and self.empty[node] < k):
-                    self._push(index, shape, node, cards, excluded, token)
-            self._index[(shape, token)] = index
-        if index.cursor < len(self._changes):
-            for node in dict.fromkeys(self._changes[index.cursor:]):
-                cards = eligible.get(node)
-                if cards is not None and len(cards) >= k:
-                    self._push(index, shape, node, cards, excluded, token)
+                if len(cards) >= k:
+                    allowed = masks[node] & ~skip[node] if node in skip else masks[node]
+                    slots[node] = (allowed, node if allowed == full[node] else (node, allowed))
+            index = self._index[key] = _Index(len(self._changes), slots)
+            empty = self.empty if mem is None else None
+            nodes: Iterable[str] = slots if empty is None else [n for n in slots if empty[n] >= k]
+            fresh = True
+        elif index.cursor < len(self._changes):
+            nodes = dict.fromkeys(self._changes[index.cursor:])
             index.cursor = len(self._changes)
+            fresh = False
+        else:
+            nodes = ()
+            fresh = False
+        if nodes:
+            # Each node's best set is kept per (memory, service, gang size, node, allowed
+            # cards) until a start changes the node; the look-up is inlined (it runs per node).
+            order, heap, slots = self.node_order, index.heap, index.slots
+            entries = heap if fresh else []
+            for node in nodes:
+                slot = slots.get(node)
+                if slot is None:
+                    continue
+                at = version[node]
+                cached = cache.get(slot[1])
+                found = cached[1] if cached is not None and cached[0] == at else \
+                    self._best_for(shape, node, slot[0], cache, slot[1])
+                if found is not None:
+                    entries.append((found[0], order[node], at, node, found[1]))
+            if fresh:
+                heapq.heapify(heap)
+            else:
+                for entry in entries:
+                    heapq.heappush(heap, entry)
         heap = index.heap
         while heap:
-            score, _, version, node, chosen = heap[0]
-            if version == self.version[node]:
+            score, _, at, node, chosen = heap[0]
+            if at == version[node]:
                 return Found([c for c, _ in chosen], [f for _, f in chosen], score)
             heapq.heappop(heap)  # superseded by the entry pushed when the node changed
-        per_node = {node: self._feasible(shape, node, cards, excluded, token)
-                    for node, cards in eligible.items()}
+        per_node = self._per_node(shape, eligible, masks, skip)
         if shape.max_nodes > 1:
             found = self._across_nodes(shape, per_node)
             if found is not None:
                 return found
         return Missed({node: len(f) for node, f in per_node.items()})
 
-    def _feasible(self, shape: Shape, node: str, cards: list[Card], excluded: frozenset[str],
-                  token: object) -> list:
-        """[(card, fit)] of the node's cards that can take one share of ``shape`` now.
-
-        Shared by every shape of one request class (gang size does not change a card's fit)
-        and kept until a start changes the node.
-        """
-        per_class = self._feasible_cache.setdefault(
-            (shape.filter, shape.gpu_mem_mb, shape.service, token), {})
-        version = self.version[node]
-        cached = per_class.get(node)
-        if cached is not None and cached[0] == version:
-            return cached[1]
+    def _per_node(self, shape: Shape, eligible: Mapping[str, list], masks: Mapping[str, int],
+                  skip: Mapping[str, int]) -> dict[str, list]:
+        """Per eligible node, [(card, fit)] of its cards that can take one share now."""
         mem, service = shape.gpu_mem_mb, shape.service
-        feasible = []
-        if mem is None:  # whole cards: empty of ours and of anyone else's memory
-            for card in cards:
-                if not card.allocs and not card.unmanaged and card.uuid not in excluded:
-                    feasible.append((card, (card.total, True)))
-        else:
-            spare = self.config.service_spare_mb
-            for card in cards:
-                if card.uuid in excluded:
-                    continue
-                got = card.fit(mem, service, spare)
-                if got is not None:
-                    feasible.append((card, got))
-        per_class[node] = (version, feasible)
-        return feasible
+        fits, version, takers = self._fits, self.version, self.takers_mask
+        per_node = {}
+        for node in eligible:
+            cached = fits.get((node, mem, service))
+            fitting = cached[1] if cached is not None and cached[0] == version[node] else \
+                self._fitting(node, mem, service)
+            allowed = masks[node] & ~skip[node] if node in skip else masks[node]
+            per_node[node] = fitting if allowed == takers[node] else \
+                [pair for pair in fitting if pair[0].bit & allowed]
+        return per_node
 
-    def _push(self, index: _Index, shape: Shape, node: str, cards: list[Card],
-              excluded: frozenset[str], token: object) -> None:
-        feasible = self._feasible(shape, node, cards, excluded, token)
-        if len(feasible) >= shape.gpu_count:
-            score, chosen = self.best_on_node(shape, feasible, shape.gpu_count)
-            heapq.heappush(index.heap, (score, cards[0].order, self.version[node], node, chosen))
+    def _excluded_bits(self, excluded: frozenset[str], token: object) -> dict[str, int]:
+        """Per node, the mask of its ``excluded`` cards (cached per ``token``)."""
+        if not excluded:
+            return {}
+        bits = self._excluded.get(token) if token is not None else None
+        if bits is None:
+            bits = {}
+            for card in self.cards:
+                if card.uuid in excluded:
+                    bits[card.node] = bits.get(card.node, 0) | card.bit
+            if token is not None:
+                self._excluded[token] = bits
+        return bits
+
+    def _fitting(self, node: str, gpu_mem_mb: int | None, service: bool) -> list:
+        """[(card, fit)] of the node's takers that can take one share now (per version)."""
+        key = (node, gpu_mem_mb, service)
+        cached = self._fits.get(key)
+        if cached is None or cached[0] != self.version[node]:
+            cached = self._fit_node(node, gpu_mem_mb, service)
+        return cached[1]
+
+    def _fit_node(self, node: str, gpu_mem_mb: int | None, service: bool) -> tuple[int, list, list]:
+        """(version, [(card, fit)], [one-card score]) of the node's takers that fit now.
+
+        Each card keeps its own answer until a start changes it, so after a start only
+        the cards it touched are worked out again.
+        """
+        feasible, scores = [], []
+        request = (gpu_mem_mb, service)
+        spare = self.config.service_spare_mb
+        for card in self.takers[node]:
+            known = card.memo.get(request)
+            if known is None:
+                if gpu_mem_mb is None:  # whole cards: empty of ours and of anyone else's memory
+                    got = (card.total, True) if not card.allocs and not card.unmanaged else None
+                else:
+                    got = fit(card.total, card.unmanaged, card.reserved, len(card.allocs),
+                              card.exclusive, gpu_mem_mb, spare if (card.service or service) else 0)
+                known = card.memo[request] = (
+                    got, None if got is None else self._solo(card, got, gpu_mem_mb is not None))
+            if known[0] is not None:
+                feasible.append((card, known[0]))
+                scores.append(known[1])
+        entry = self._fits[(node, gpu_mem_mb, service)] = (self.version[node], feasible, scores)
+        return entry
+
+    def _feasible(self, shape: Shape, node: str, allowed: int) -> list:
+        """[(card, fit)] of the node's ``allowed`` cards that can take one share of ``shape``."""
+        fitting = self._fitting(node, shape.gpu_mem_mb, shape.service)
+        if allowed == self.takers_mask[node]:
+            return fitting
+        return [pair for pair in fitting if pair[0].bit & allowed]
+
+    def _best_for(self, shape: Shape, node: str, allowed: int, cache: dict, slot: object
+                  ) -> tuple[float, list] | None:
+        """The node's best set for ``shape`` among its ``allowed`` cards, or None; kept in
+        ``cache`` at ``slot`` until a start changes the node."""
+        k = shape.gpu_count
+        if k == 1:  # best_on_node's one-card loop, on the scores the cards keep
+            mem, service = shape.gpu_mem_mb, shape.service
+            entry = self._fits.get((node, mem, service))
+            if entry is None or entry[0] != self.version[node]:
+                entry = self._fit_node(node, mem, service)
+            _, feasible, scores = entry
+            every = allowed == self.takers_mask[node]
+            best, first, best_score = None, None, math.inf
+            for i, value in enumerate(scores):
+                if every or feasible[i][0].bit & allowed:
+                    if first is None:
+                        first = i
+                    if value < best_score:
+                        best_score, best = value, i
+            if first is None:
+                found = None
+            else:
+                found = (best_score, [feasible[first if best is None else best]])
+        else:
+            feasible = self._feasible(shape, node, allowed)
+            found = self.best_on_node(shape, feasible, k) if len(feasible) >= k else None
+        cache[slot] = (self.version[node], found)
+        return found
+
+    # ------------------------------------------------------------ R25: when cards free up
+    def ready_times(self, shape: Shape, ends: Mapping[int, float | None]) -> dict[str, list[float]]:
+        """Per node, for each card that may serve ``shape``, the earliest time it could take
+        one share once running jobs end at ``ends`` (−inf: now; inf: never), sorted.
+
+        A card's answer at time t is :meth:`search`'s in ``future(ended by t)``: the same
+        fit on the allocations left, so counting answers <= t per node tells whether that
+        future world holds the request without building it.
+        """
+        mem, service = shape.gpu_mem_mb, shape.service
+        spare = self.config.service_spare_mb
+        out: dict[str, list[float]] = {}
+        for node, cards in self.eligible(shape).items():
+            times = sorted(self._ready(card, mem, service, spare, ends) for card in cards)
+            out[node] = times
+        return out
+
+    @staticmethod
+    def _ready(card: Card, mem: int | None, service: bool, spare: int,
+               ends: Mapping[int, float | None]) -> float:
+        allocs = card.allocs
+        if mem is None:  # a whole card: every allocation gone, nobody else's memory
+            if card.unmanaged:
+                return math.inf
+            latest = -math.inf
+            for job, _ in allocs:
+                end = ends.get(job)
+                if end is None:
+                    return math.inf
+                latest = max(latest, end)
+            return latest
+        if card.fit(mem, service, spare) is not None:
+            return -math.inf
+        keep = spare if (card.service or service) else 0
+        for t in sorted({e for job, _ in allocs if (e := ends.get(job)) is not None}):
+            left = [p for job, p in allocs if (e := ends.get(job)) is None or e > t]
+            if fit(card.total, card.unmanaged, sum(p.memory_mb for p in left), len(left),
+                   any(p.exclusive for p in left), mem, keep) is not None:
+                return t
+        return math.inf
 
     def best_on_node(self, shape: Shape, feasible: list, k: int) -> tuple[float, list]:
         """(score, [(card, fit)…]) of the best k of one node's feasible cards."""
         config = self.config
-        ranks = self.ranks
-
-        def score(combo: tuple[int, ...]) -> float:
-            chosen = [feasible[i] for i in combo]
-            return self.set_score(shape, chosen, ranks, config)
-
         if k == 1:
             best_score, best_i = math.inf, 0
             for i, (card, got) in enumerate(feasible):
@@ -304,14 +567,59 @@ class World:
                 if value < best_score:
                     best_score, best_i = value, i
             return best_score, [feasible[best_i]]
+        score = self._set_scorer(shape, feasible)
         combo = best_subset(len(feasible), k, score, config.max_combinations)
         return score(combo), [feasible[i] for i in combo]
 
+    def _set_scorer(self, shape: Shape, feasible: list) -> Callable[[tuple[int, ...]], float]:
+        """``combo -> set_score(shape, [feasible[i] for i in combo])`` for one node's cards,
+        with each card's terms worked out once (the same arithmetic, in the same order)."""
+        cards = [c for c, _ in feasible]
+        node = cards[0].node
+        if any(c.node != node for c in cards):
+            ranks, config = self.ranks, self.config
+            return lambda combo: self.set_score(shape, [feasible[i] for i in combo], ranks, config)
+        config = self.config
+        w_health, w_pack, w_topology = config.w_health, config.w_pack, config.w_topology
+        thermal = [c.thermal for c in cards]
+        health = [c.health for c in cards]
+        index = [c.index for c in cards]
+        model = [c.model for c in cards]
+        table = self.ranks.get(node, {})
+        pack = shape.slice
+        if pack:
+            fresh = [not c.allocs for c in cards]
+            left = [(c.total - c.reserved - c.unmanaged - f[0]) / c.total for c, f in feasible]
+
+        def score(combo: tuple[int, ...]) -> float:
+            value = max([thermal[i] for i in combo])
+            value += w_health * (1.0 - min([health[i] for i in combo]))
+            size = len(combo)
+            if pack:
+                share = sum(1 for i in combo if fresh[i]) / size
+                value += w_pack * share + 1e-4 * (sum([left[i] for i in combo]) / size)
+            if size > 1:
+                weakest, total, pairs = BEST_RANK, 0, 0
+                for a, b in itertools.combinations(combo, 2):
+                    rank = table.get((index[a], index[b]), UNKNOWN_RANK)
+                    if rank < weakest:
+                        weakest = rank
+                    total += rank
+                    pairs += 1
+                mixed = len({model[i] for i in combo}) > 1
+                value += w_topology * topology_penalty(weakest, mixed, total / pairs)
+            return value
+
+        return score
+
     def solo_score(self, shape: Shape, card: Card, got: tuple[int, bool]) -> float:
         """:meth:`set_score` of a one-card set, without building one."""
+        return self._solo(card, got, shape.gpu_mem_mb is not None)
+
+    def _solo(self, card: Card, got: tuple[int, bool], pack: bool) -> float:
         config = self.config
         value = card.thermal + config.w_health * (1.0 - card.health)
-        if shape.gpu_mem_mb is not None:
+        if pack:
             left = (card.total - card.reserved - card.unmanaged - got[0]) / card.total
             value += config.w_pack * (not card.allocs) + 1e-4 * left
         return value

@@ -26,27 +26,39 @@ so a long queue of jobs that cannot start costs one dictionary look-up each.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from ..model import format_mb
-from .fairshare import order_key
 from .filters import make_filter, sm_name, version_text
-from .placement import Card, Found, Shape, World
+from .placement import Found, Shape, World
 from .reasons import best_now, cards_text, in_time, join_ids, needs
 from .slices import fit
 from .snapshot import Decision, Fail, PendingJob, Snapshot, Start, Wait
 
 
 def order(queue: Sequence[PendingJob], users=None) -> list[PendingJob]:
-    """The order jobs are considered in: priority, fair-share weight, submit time, id."""
+    """The order jobs are considered in: priority, fair-share weight, submit time, id.
+
+    That is ``fairshare.order_key``; a long queue is sorted one field at a time, least
+    significant first (each sort is stable), which compares plain numbers instead of tuples,
+    and a field every job shares is not sorted on at all.
+    """
     users = users or {}
+    weights = {name: 1.0 if share is None else share.weight for name, share in users.items()}
+    jobs = sorted(queue, key=_ID)  # a queue listed by id (the usual case) is sorted in one pass
+    jobs.sort(key=_SUBMITTED)
+    if len(set(weights.values())) > 1 or (weights and 1.0 not in weights.values()):
+        weight = weights.get
+        jobs.sort(key=lambda job: weight(job.user, 1.0))
+    if len(set(map(_PRIORITY, jobs))) > 1:
+        jobs.sort(key=_PRIORITY, reverse=True)  # reverse keeps equal priorities in order
+    return jobs
 
-    def weight(user: str) -> float:
-        share = users.get(user)
-        return 1.0 if share is None else share.weight
 
-    return sorted(queue, key=lambda j: order_key(j.priority, weight(j.user), j.submitted_at, j.id))
+_ID, _SUBMITTED, _PRIORITY = (attrgetter(name) for name in ("id", "submitted_at", "priority"))
 
 
 @dataclass(frozen=True)
@@ -64,51 +76,98 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
     return _Pass(snapshot).run()
 
 
+_UNKNOWN = object()
+#: the fields of a job that make its request (jobs alike share one :class:`_Request`)
+_REQUEST = attrgetter("gpu_count", "gpu_mem_mb", "service", "max_nodes", "vendor", "arch", "cuda")
+
+
+class _Request:
+    """One distinct request of the pass (jobs with equal shapes share it) and what the pass
+    learned about it: why it can never run, and why it was refused (by ``may_use``)."""
+
+    __slots__ = ("shape", "impossible", "refused")
+
+    def __init__(self, shape: Shape | str) -> None:
+        self.shape = shape
+        self.impossible: object = _UNKNOWN
+        self.refused: dict[bool, str] = {}
+
+
 class _Pass:
+    world_class = World  # the tests' straightforward reference pass swaps in its own
+
     def __init__(self, snapshot: Snapshot) -> None:
         self.snap = snapshot
         self.config = snapshot.config
         self.now = snapshot.now
         services = {r.id for r in snapshot.running if r.service}
-        self.world = World.build(snapshot.gpus, snapshot.topologies, services, self.config)
+        self.world = self.world_class.build(snapshot.gpus, snapshot.topologies, services, self.config)
         self.ends: dict[int, float | None] = {r.id: r.ends_at for r in snapshot.running}
         self.running_ids = set(self.ends) | self.world.holders()
         self.queue = {j.id: j for j in snapshot.queue}
         self.node_order = {node: cards[0].order for node, cards in self.world.by_node.items()}
-        self.shapes: dict[tuple, Shape | str] = {}
-        self.static: dict[Shape, str | None] = {}
+        self.requests: dict[tuple, _Request] = {}  # by the job's own request fields
+        self.by_shape: dict[Shape, _Request] = {}  # equal shapes share one request
         self.fates: dict[int, tuple[str, str]] = {}
-        self.refused: dict[tuple[Shape, bool], str] = {}
+        self._pools: dict[tuple, object] = {}
         self.reservation: Reservation | None = None
         self.reservation_tried = False
 
     def run(self) -> list[Decision]:
+        jobs = order(self.snap.queue, self.snap.users)
+        # Each job's request, looked up in bulk: jobs alike share one _Request.
+        keys = list(map(_REQUEST, jobs))
+        requests = self.requests
+        for key, job in dict(zip(keys, jobs)).items():
+            if key not in requests:
+                self.request(job)
+        refusing = {name for name, share in self.snap.users.items() if share is not None and share.refusal}
         decisions: list[Decision] = []
-        for job in order(self.snap.queue, self.snap.users):
-            decisions.append(self.decide(job))
+        append, decide = decisions.append, self.decide
+        now = self.now
+        for job, req in zip(jobs, map(requests.__getitem__, keys)):
+            # The common case first, inline: a job without --after whose request was already
+            # refused in this pass (a start only takes cards) waits with the same sentence.
+            refused = req.refused
+            if refused and not job.after and job.user not in refusing and req.impossible is None:
+                res = self.reservation
+                limit = job.time_limit_s
+                reason = refused.get(res is None or (limit is not None and now + limit <= res.start)) \
+                    or refused.get(True)
+                if reason is not None:
+                    append(Wait(job.id, reason))
+                    continue
+            append(decide(job))
         return decisions
 
     # ------------------------------------------------------------ one job
     def decide(self, job: PendingJob) -> Decision:
-        fate, why = self.fate(job.id)
-        if fate == "fail":
-            return Fail(job.id, why)
-        if fate == "wait":
-            return Wait(job.id, why)
+        req = self.request(job)
+        shape = req.shape
+        if job.after:
+            fate, why = self.fate(job.id)
+            if fate == "fail":
+                return Fail(job.id, why)
+            if fate == "wait":
+                return Wait(job.id, why)
+        elif type(shape) is str:  # the fate of a job without --after: its request alone
+            return Fail(job.id, shape)
         share = self.snap.users.get(job.user)
         if share is not None and share.refusal:
             return Wait(job.id, share.refusal)
-        shape = self.shape(job)
-        assert isinstance(shape, Shape)
-        impossible = self.impossible(shape)
+        impossible = req.impossible
+        if impossible is _UNKNOWN:
+            impossible = req.impossible = self._impossible(shape)
         if impossible:
             return Wait(job.id, impossible)
         res = self.reservation
         may_use = res is None or (job.time_limit_s is not None
                                   and self.now + job.time_limit_s <= res.start)
-        for key in ((shape, may_use), (shape, True)):
-            if key in self.refused:
-                return Wait(job.id, self.refused[key])
+        refused = req.refused
+        if refused:
+            reason = refused.get(may_use) or refused.get(True)
+            if reason is not None:
+                return Wait(job.id, reason)
         if may_use:
             found = self.world.search(shape)
         else:
@@ -117,10 +176,10 @@ class _Pass:
             return self.start(job, found)
         if not may_use and isinstance(self.world.search(shape), Found):
             reason = f"held for job {res.job_id} (reserved {res.text} from {self.when(res.start)})"
-            self.refused[(shape, False)] = reason
+            refused[False] = reason
             return Wait(job.id, reason)
         reason = f"needs {needs(shape)}; {best_now(found.counts, shape, self.node_order)}"
-        self.refused[(shape, True)] = reason
+        refused[True] = reason
         if not self.reservation_tried:
             self.reservation_tried = True
             self.reservation = self.reserve(job, shape)
@@ -141,11 +200,10 @@ class _Pass:
         return in_time(max(0.0, start - self.now))
 
     # ------------------------------------------------------------ requests
-    def shape(self, job: PendingJob) -> Shape | str:
-        """The job's request, or the sentence saying why it cannot be understood."""
-        key = (job.gpu_count, job.gpu_mem_mb, job.service, job.max_nodes, job.vendor, job.arch, job.cuda)
-        shape = self.shapes.get(key)
-        if shape is None:
+    def request(self, job: PendingJob) -> _Request:
+        key = _REQUEST(job)
+        req = self.requests.get(key)
+        if req is None:
             if job.gpu_count < 1:
                 shape = f"asks for {job.gpu_count} GPUs; a job needs at least 1"
             elif job.gpu_mem_mb is not None and job.gpu_mem_mb < 1:
@@ -156,8 +214,18 @@ class _Pass:
                                   max(1, job.max_nodes), make_filter(job.vendor, job.arch, job.cuda))
                 except ValueError as err:
                     shape = str(err)
-            self.shapes[key] = shape
-        return shape
+            if isinstance(shape, Shape):
+                req = self.by_shape.get(shape)
+                if req is None:
+                    req = self.by_shape[shape] = _Request(shape)
+            else:
+                req = _Request(shape)
+            self.requests[key] = req
+        return req
+
+    def shape(self, job: PendingJob) -> Shape | str:
+        """The job's request, or the sentence saying why it cannot be understood."""
+        return self.request(job).shape
 
     def fate(self, job_id: int, visiting: frozenset[int] = frozenset()) -> tuple[str, str]:
         """("ok" | "wait" | "fail", why) from the job's own request and its --after chain."""
@@ -199,60 +267,106 @@ class _Pass:
 
     def impossible(self, shape: Shape) -> str | None:
         """Why no card of the cluster, as it is configured now, could ever serve ``shape``."""
-        if shape not in self.static:
-            self.static[shape] = self._impossible(shape)
-        return self.static[shape]
+        req = self.by_shape.get(shape)
+        if req is None:
+            req = self.by_shape[shape] = _Request(shape)
+        if req.impossible is _UNKNOWN:
+            req.impossible = self._impossible(shape)
+        return req.impossible
 
-    def _impossible(self, shape: Shape) -> str | None:
-        what = needs(shape)
-        pool: list[Card] = self.world.cards
+    def _hardware(self, f) -> tuple[str, str] | frozenset:
+        """The hardware classes ``f`` accepts, or ("what"|"plain", the sentence's end).
+
+        Filters look only at a card's class (vendor, capability, CUDA, memory), so each
+        distinct filter is judged once per pass over the classes, not the cards.
+        """
+        key = ("filter", f)
+        got = self._pools.get(key)
+        if got is None:
+            got = self._pools[key] = self._judge_hardware(f)
+        return got
+
+    def _judge_hardware(self, f):
+        pool = list(self.world.classes)  # (vendor, capability, cuda, total) per class
         if not pool:
-            return f"needs {what}; no GPU is registered yet (no node has answered)"
-        f = shape.filter
+            return ("what", "no GPU is registered yet (no node has answered)")
         if f.vendor:
-            pool = [c for c in pool if c.vendor == f.vendor]
+            pool = [c for c in pool if c[0] == f.vendor]
             if not pool:
-                return f"needs {what}; no {f.vendor} GPU in the cluster"
+                return ("what", f"no {f.vendor} GPU in the cluster")
         if f.arch:
-            kept = [c for c in pool if f.arch.accepts(c.capability)]
+            kept = [c for c in pool if f.arch.accepts(c[1])]
             if not kept:
-                here = sorted({c.capability for c in pool if c.capability})
+                here = sorted({c[1] for c in pool if c[1]})
                 listed = f" (here: {', '.join(sm_name(c) for c in here)})" if here else ""
-                return f"needs {what}; no GPU with {f.arch.text} in the cluster{listed}"
+                return ("what", f"no GPU with {f.arch.text} in the cluster{listed}")
             pool = kept
         if f.cuda:
-            kept = [c for c in pool if c.cuda is not None and c.cuda >= f.cuda]
+            kept = [c for c in pool if c[2] is not None and c[2] >= f.cuda]
             if not kept:
-                known = [c.cuda for c in pool if c.cuda is not None]
+                known = [c[2] for c in pool if c[2] is not None]
                 if not known:
-                    return f"needs CUDA ≥{version_text(f.cuda)}; no driver here reported its CUDA version"
-                return (f"needs CUDA ≥{version_text(f.cuda)}; drivers here support up to "
-                        f"{version_text(max(known))}")
+                    return ("plain", f"needs CUDA ≥{version_text(f.cuda)}; no driver here reported "
+                                     "its CUDA version")
+                return ("plain", f"needs CUDA ≥{version_text(f.cuda)}; drivers here support up to "
+                                 f"{version_text(max(known))}")
             pool = kept
+        return frozenset(pool)
+
+    def _sized(self, shape: Shape):
+        """(classes, sorted node counts desc, total) of cards that pass the filters and could
+        hold one share when empty, or ("what", the sentence's end) when none could."""
+        key = (shape.filter, shape.gpu_mem_mb, shape.service)
+        got = self._pools.get(key)
+        if got is None:
+            got = self._pools[key] = self._judge_size(shape)
+        return got
+
+    def _judge_size(self, shape: Shape):
+        classes = self._hardware(shape.filter)
+        if isinstance(classes, tuple):
+            return classes
         spare = self.config.service_spare_mb if shape.service else 0
-        kept = [c for c in pool if fit(c.total, 0, 0, 0, False, shape.gpu_mem_mb, spare) is not None]
+        kept = frozenset(c for c in classes if fit(c[3], 0, 0, 0, False, shape.gpu_mem_mb, spare) is not None)
         if not kept:
-            largest = max((c.total or 0 for c in pool), default=0)
+            largest = max((c[3] or 0 for c in classes), default=0)
             extra = f" (a service keeps {format_mb(spare)} spare)" if spare else ""
-            return f"needs {what}; the largest card here has {format_mb(largest)}{extra}"
-        pool = kept
-        counts: dict[str, int] = {}
-        for card in pool:
-            counts[card.node] = counts.get(card.node, 0) + 1
+            return ("what", f"the largest card here has {format_mb(largest)}{extra}")
+        got = self._pools.get(kept)  # filters that keep the same classes count the same
+        if got is None:
+            counts = []
+            for classes in self.world.node_hw.values():
+                count = sum(n for hw, n in classes.items() if hw in kept)
+                if count:
+                    counts.append(count)
+            counts.sort(reverse=True)
+            got = self._pools[kept] = (kept, counts, sum(counts))
+        return got
+
+    def _impossible(self, shape: Shape) -> str | None:
+        sized = self._sized(shape)
+        if isinstance(sized, tuple) and len(sized) == 2:
+            kind, text = sized
+            return text if kind == "plain" else f"needs {needs(shape)}; {text}"
+        kept, counts, total = sized
         k, span = shape.gpu_count, shape.max_nodes
-        if sum(sorted(counts.values(), reverse=True)[:span]) < k:
+        if sum(counts[:span]) < k:
+            what = needs(shape)
             if span <= 1:
-                most = max(counts.values())
+                most = counts[0]
                 return (f"needs {what}; the largest node has {most} such GPU{'s' * (most != 1)}"
-                        + (" (--nodes lets a job span nodes)" if sum(counts.values()) >= k else ""))
-            top = sum(sorted(counts.values(), reverse=True)[:span])
+                        + (" (--nodes lets a job span nodes)" if total >= k else ""))
+            top = sum(counts[:span])
             return f"needs {what}; {span} nodes have at most {top} such GPUs together"
         usable = self.world.eligible(shape)
         sizes = sorted((len(v) for v in usable.values()), reverse=True)
         if sum(sizes[:span]) >= k:
             return None
+        what = needs(shape)
         blocks: list[str] = []
-        for card in pool:
+        for card in self.world.cards:
+            if card.hw not in kept:
+                continue
             if card.blocked:
                 why = card.blocked
             elif card.health < self.config.min_health_score:
@@ -270,26 +384,39 @@ class _Pass:
 
     # ------------------------------------------------------------ R25 reservation
     def reserve(self, job: PendingJob, shape: Shape) -> Reservation | None:
-        """The cards ``job`` gets earliest, from running jobs' start + --time; None if never."""
+        """The cards ``job`` gets earliest, from running jobs' start + --time; None if never.
+
+        Feasibility only grows with time (ending jobs only free cards), so the earliest end
+        time at which the job fits is found by bisection. Each card's own earliest time is
+        computed once (:meth:`World.ready_times`), so a probe is a count per node; only the
+        answer builds that future world and searches it for the cards.
+        """
         holders = self.world.holders()
         ends = sorted({e for j in holders if (e := self.ends.get(j)) is not None})
         if not ends:
             return None
+        ready_by_node = self.world.ready_times(shape, self.ends)
+        ready = list(ready_by_node.values())
+        k, span = shape.gpu_count, shape.max_nodes
 
-        def attempt(t: float):
-            ended = {j for j in holders if (e := self.ends.get(j)) is not None and e <= t}
-            return self.world.future(ended).search(shape)
+        def fits_by(t: float) -> bool:
+            counts = sorted((bisect_right(times, t) for times in ready), reverse=True)
+            return sum(counts[:span]) >= k
 
-        if not isinstance(attempt(ends[-1]), Found):
+        if not fits_by(ends[-1]):
             return None
         lo, hi = 0, len(ends) - 1
         while lo < hi:  # a start only ever needs more cards free: feasibility grows with t
             mid = (lo + hi) // 2
-            if isinstance(attempt(ends[mid]), Found):
+            if fits_by(ends[mid]):
                 hi = mid
             else:
                 lo = mid + 1
-        found = attempt(ends[lo])
+        t = ends[lo]
+        ended = {j for j in holders if (e := self.ends.get(j)) is not None and e <= t}
+        # Only nodes with a card free by then can hold any of it: the rest stay out.
+        nodes = {node for node, times in ready_by_node.items() if times and times[0] <= t}
+        found = self.world.future(ended, nodes).search(shape)
         assert isinstance(found, Found)
         return Reservation(job.id, max(self.now, ends[lo]), frozenset(c.uuid for c in found.cards),
                            cards_text(found.cards))

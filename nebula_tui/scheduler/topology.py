@@ -40,20 +40,34 @@ def gpu_number(name: str) -> int | None:
 
 
 def rank_table(links: Mapping[str, Mapping[str, str]]) -> dict[tuple[int, int], int]:
-    """``parse_topo`` links -> {(i, j): rank} for both directions, by GPU index."""
-    table: dict[tuple[int, int], int] = {}
+    """``parse_topo`` links -> {(i, j): rank} for both directions, by GPU index.
+
+    A matrix is symmetric; where a row disagrees with its column, the weaker reading wins.
+    """
+    ranks: dict[str | None, int] = {}  # a matrix repeats a few codes: rank each once
+    numbers: dict[str, int | None] = {}
+    weakest: dict[tuple[int, int], int] = {}  # per unordered pair (low, high)
     for row, cells in links.items():
         i = gpu_number(row)
         if i is None:
             continue
         for col, code in cells.items():
-            j = gpu_number(col)
+            j = numbers.get(col, -1)
+            if j == -1:
+                j = numbers[col] = gpu_number(col)
             if j is None or j == i:
                 continue
-            rank = link_rank(code)
-            # A matrix is symmetric; if a row disagrees, trust the weaker reading.
-            table[(i, j)] = min(rank, table.get((i, j), rank))
-            table[(j, i)] = min(rank, table.get((j, i), rank))
+            rank = ranks.get(code)
+            if rank is None:
+                rank = ranks[code] = link_rank(code)
+            pair = (i, j) if i < j else (j, i)
+            known = weakest.get(pair)
+            if known is None or rank < known:
+                weakest[pair] = rank
+    table: dict[tuple[int, int], int] = {}
+    for (i, j), rank in weakest.items():
+        table[(i, j)] = rank
+        table[(j, i)] = rank
     return table
 
 
@@ -88,7 +102,14 @@ def best_subset(n: int, k: int, score: Callable[[tuple[int, ...]], float],
     if k == n:
         return tuple(range(n))
     if comb(n, k) <= max_combinations:
-        return min(itertools.combinations(range(n), k), key=lambda c: (score(c), c))
+        # min by (score, combo): combinations come in increasing order, so on equal scores
+        # the first one seen wins.
+        best, best_score = None, None
+        for combo in itertools.combinations(range(n), k):
+            value = score(combo)
+            if best is None or value < best_score:
+                best, best_score = combo, value
+        return best
     best: tuple[float, tuple[int, ...]] | None = None
     for seed in range(n):
         chosen = [seed]
