@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -172,17 +171,10 @@ def _port(where: Path) -> int:
     raise SimError(f"{where / 'sshd_config'} names no port")
 
 
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
 def _wait_port(port: int, open_: bool, node: str) -> None:
+    from .sim.lab import port_open  # the lab module needs asyncssh: only load it here
     deadline = time.monotonic() + NODE_SWITCH_TIMEOUT_S
-    while _listening(port) != open_:
+    while port_open(port) != open_:
         if time.monotonic() > deadline:
             raise SimError(f"{node} still {'not ' if open_ else ''}listening on port {port} "
                            f"after {NODE_SWITCH_TIMEOUT_S:.0f}s")
@@ -228,6 +220,8 @@ def _descendants(pid: int) -> list[int]:
 
 def node_down(lab: Path, node: str) -> None:
     """The node goes silent: its SSH server and live sessions die; its jobs (tmux) stay."""
+    from .sim.lab import port_open
+
     where = node_dir(lab, node)
     port = _port(where)
     ready = _lab_process(lab)
@@ -236,7 +230,7 @@ def node_down(lab: Path, node: str) -> None:
     else:
         pid = _sshd_pid(where)
         if pid is None:
-            if _listening(port):
+            if port_open(port):
                 raise SimError(f"{node} listens on {port} but its sshd pid file names no live "
                                "sshd; is this an asyncssh lab without its lab process?")
             return  # down already

@@ -7,6 +7,7 @@ fresh home (SQLite store, socket) per test module, and drives it through the rea
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,18 @@ sys.path.insert(0, str(Path(__file__).parent))
 from labfixtures import asyncssh_lab, openssh_lab  # noqa: E402,F401  (fixtures)
 
 from nebula_tui.sim.harness import HeadProcess, wait_for  # noqa: E402,F401
+
+
+async def until(pilot, predicate, timeout: float = 30.0, what: str = "condition"):
+    """Let the app run (events, renders) until ``predicate()`` is truthy."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
 
 
 @pytest.fixture(scope="module")

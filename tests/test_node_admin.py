@@ -7,7 +7,7 @@ import asyncssh
 import pytest
 import yaml
 
-from conftest import wait_for
+from conftest import until, wait_for
 from nebula_tui.sim.harness import HeadProcess
 
 
@@ -75,7 +75,6 @@ def test_a_known_host_with_another_key_is_never_retrusted(small_cluster, openssh
 
 async def test_the_tui_adds_a_node_after_showing_its_fingerprint(small_cluster, openssh_lab):
     import asyncio
-    import time
 
     from textual.widgets import Static
 
@@ -84,24 +83,18 @@ async def test_the_tui_adds_a_node_after_showing_its_fingerprint(small_cluster, 
 
     head, port = small_cluster, openssh_lab.port("node03")
 
-    async def until(pilot, predicate, what, timeout=30.0):
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            await pilot.pause(0.1)
-
     app = make_app(head.socket)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("5")
-        await until(pilot, lambda: isinstance(app.screen, NodesScreen), "the nodes screen")
+        await until(pilot, lambda: isinstance(app.screen, NodesScreen), what="the nodes screen")
         await pilot.press("a")
-        await until(pilot, lambda: isinstance(app.screen, AddNodePrompt), "the add prompt")
+        await until(pilot, lambda: isinstance(app.screen, AddNodePrompt), what="the add prompt")
         await pilot.press(*"node03", "enter", *"127.0.0.1", "enter", *str(port), "enter")
         shown = lambda: str(app.screen.query_one("#add-fingerprint", Static).render())  # noqa: E731
-        await until(pilot, lambda: fingerprint(openssh_lab, "node03") in shown(), "the fingerprint")
+        await until(pilot, lambda: fingerprint(openssh_lab, "node03") in shown(), what="the fingerprint")
         assert "node03" not in head.path.read_text()  # nothing is trusted before the second Enter
         await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, NodesScreen), "the prompt closed")
+        await until(pilot, lambda: isinstance(app.screen, NodesScreen), what="the prompt closed")
         await asyncio.sleep(0)
     assert "node03" in head.path.read_text()
     wait_for(lambda: any(n["name"] == "node03" for n in head.call("status")["nodes"]), 10, what="node03")

@@ -7,9 +7,9 @@ and the queue table. The other screens are in ``test_tui_screens.py``.
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
+from conftest import until
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Static
 
@@ -21,17 +21,6 @@ EXPECTED_MODELS = {
     "node02": ["A100-SXM4-80GB"] * 4,
     "node03": ["RTX 3090", "RTX 3090"],
 }
-
-
-async def until(pilot: Pilot, predicate, timeout: float = 30.0, what: str = "condition"):
-    """Let the app run (events, renders) until ``predicate()`` is truthy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def table(pilot: Pilot, ident: str) -> DataTable:

@@ -8,9 +8,9 @@ first; a test that needs one the service lacks is skipped with the op's name.
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
+from conftest import until
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Log, Static
 
@@ -25,16 +25,6 @@ from nebula_tui.screens.submit import SubmitScreen, check_field
 from nebula_tui.screens.users import UsersScreen
 
 SIZE = (140, 44)
-
-
-async def until(pilot: Pilot, predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def rows(pilot: Pilot, ident: str) -> dict[str, list[str]]:

@@ -87,7 +87,8 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _port_open(port: int) -> bool:
+def port_open(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port`` now."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2):
             return True
@@ -674,7 +675,7 @@ class Lab:
         deadline = time.monotonic() + timeout
         pending = list(names)
         while pending:
-            pending = [n for n in pending if not _port_open(self.port(n))]
+            pending = [n for n in pending if not port_open(self.port(n))]
             for n in pending:
                 proc = self._sshd.get(n)
                 if proc is not None and proc.poll() is not None:
