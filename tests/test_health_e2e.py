@@ -82,15 +82,16 @@ def cancel(head: HeadProcess, job_id: int) -> None:
 
 
 def test_nodelet_reads_the_kernel_log_with_the_parsers_cursor():
-    # The nodelet is stdlib-only and cannot import the parser: its copy must stay the same.
-    def functions(path: Path) -> dict[str, str]:
-        source = path.read_text()
-        return {n.name: ast.get_source_segment(source, n) for n in ast.parse(source).body
-                if isinstance(n, ast.FunctionDef)
-                and n.name in ("new_lines", "_line_stamp", "_cursor_at_end")}
+    # The node runs the very code the parsers use: it is shipped ahead of the nodelet.
+    from nebula_tui.remote.backends import xid
+    from nebula_tui.remote.probes import kmsg_cursor
+    from nebula_tui.remote.ssh import nodelet_source
 
-    copy = functions(REPO / "nebula_tui/remote/probes/nodelet.py")
-    assert copy == functions(REPO / "nebula_tui/remote/backends/xid.py") and len(copy) == 3
+    assert xid.new_lines is kmsg_cursor.new_lines
+    shipped = nodelet_source().decode()
+    assert shipped.count("def new_lines(") == 1
+    assert shipped.index("def new_lines(") < shipped.index("new_lines(text, self.cursor")
+    assert "def new_lines(" not in (REPO / "nebula_tui/remote/probes/nodelet.py").read_text()
 
 
 def test_parse_xid_prints_events(health, tmp_path):

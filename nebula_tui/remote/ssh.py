@@ -38,7 +38,9 @@ class NodeUnavailable(Exception):
 
 
 def nodelet_source() -> bytes:
-    return resources.files("nebula_tui.remote.probes").joinpath("nodelet.py").read_bytes()
+    """The script the node runs: the kernel-log cursor, then the nodelet that uses it."""
+    probes = resources.files("nebula_tui.remote.probes")
+    return probes.joinpath("kmsg_cursor.py").read_bytes() + b"\n\n" + probes.joinpath("nodelet.py").read_bytes()
 
 
 def describe_connect_error(node: NodeConfig, err: BaseException) -> str:
