@@ -24,6 +24,9 @@ from .snapshot import SchedulerConfig
 from .topology import BEST_RANK, UNKNOWN_RANK, best_subset, rank_table, set_links, topology_penalty
 
 
+_NO_FIT = (None, None)  # a card's memo entry for a request it cannot take now
+
+
 class Card:
     """One GPU as the pass sees it: static facts plus our allocations, updated per start."""
 
@@ -265,6 +268,8 @@ class World:
         self._best: dict[tuple, dict] = {}  # (memory, service, k) -> slot -> (version, best)
         self._excluded: dict[object, dict[str, int]] = {}
         self.node_order = {node: node_cards[0].order for node, node_cards in self.by_node.items()}
+        self._requests: dict[tuple, tuple] = {}  # (memory, service): one key object each
+        self._whole: dict[int, tuple[int, bool]] = {}  # total -> a whole card's fit
 
     @classmethod
     def build(cls, views: Sequence[GpuView], topologies: Mapping[str, Mapping], services: Iterable[int],
@@ -328,7 +333,8 @@ class World:
                     usable = [c for c in self.takers[node] if ok[c.hw]]
                     cards[node] = usable
                     masks[node] = sum(c.bit for c in usable)
-            sig = self._sigs.setdefault(tuple(masks.items()), len(self._sigs))
+            # two tuples, not one pair per node: fewer objects for the garbage collector
+            sig = self._sigs.setdefault((tuple(masks), tuple(masks.values())), len(self._sigs))
             found = self._eligible[key] = Eligibility(cards, masks, sig)
             self._by_shape[id(shape)] = (shape, found)
         return found
@@ -462,20 +468,31 @@ class World:
         the cards it touched are worked out again.
         """
         feasible, scores = [], []
-        request = (gpu_mem_mb, service)
+        request = self._requests.get((gpu_mem_mb, service))
+        if request is None:
+            request = self._requests[(gpu_mem_mb, service)] = (gpu_mem_mb, service)
         spare = self.config.service_spare_mb
+        whole = self._whole
         for card in self.takers[node]:
             known = card.memo.get(request)
             if known is None:
                 if gpu_mem_mb is None:  # whole cards: empty of ours and of anyone else's memory
-                    got = (card.total, True) if not card.allocs and not card.unmanaged else None
+                    if not card.allocs and not card.unmanaged:
+                        got = whole.get(card.total)
+                        if got is None:
+                            got = whole[card.total] = (card.total, True)
+                    else:
+                        got = None
                 else:
                     got = fit(card.total, card.unmanaged, card.reserved, len(card.allocs),
                               card.exclusive, gpu_mem_mb, spare if (card.service or service) else 0)
-                known = card.memo[request] = (
-                    got, None if got is None else self._solo(card, got, gpu_mem_mb is not None))
-            if known[0] is not None:
-                feasible.append((card, known[0]))
+                # ((card, fit), one-card score): the pair the lists hold is made once per
+                # change of the card, not once per look (one shared "does not fit" answer)
+                known = card.memo[request] = _NO_FIT if got is None else (
+                    (card, got), self._solo(card, got, gpu_mem_mb is not None))
+            pair = known[0]
+            if pair is not None:
+                feasible.append(pair)
                 scores.append(known[1])
         entry = self._fits[(node, gpu_mem_mb, service)] = (self.version[node], feasible, scores)
         return entry

@@ -51,14 +51,17 @@ def order(queue: Sequence[PendingJob], users=None) -> list[PendingJob]:
     jobs = sorted(queue, key=_ID)  # a queue listed by id (the usual case) is sorted in one pass
     jobs.sort(key=_SUBMITTED)
     if len(set(weights.values())) > 1 or (weights and 1.0 not in weights.values()):
-        weight = weights.get
-        jobs.sort(key=lambda job: weight(job.user, 1.0))
+        # Each job's weight looked up in C (no Python key function per job), then a stable
+        # sort of positions by weight: the same order as sorting the jobs by weight.
+        users = {user: weights.get(user, 1.0) for user in set(map(_USER, jobs))}
+        ranked = list(map(users.__getitem__, map(_USER, jobs)))
+        jobs = list(map(jobs.__getitem__, sorted(range(len(jobs)), key=ranked.__getitem__)))
     if len(set(map(_PRIORITY, jobs))) > 1:
         jobs.sort(key=_PRIORITY, reverse=True)  # reverse keeps equal priorities in order
     return jobs
 
 
-_ID, _SUBMITTED, _PRIORITY = (attrgetter(name) for name in ("id", "submitted_at", "priority"))
+_ID, _SUBMITTED, _PRIORITY, _USER = (attrgetter(name) for name in ("id", "submitted_at", "priority", "user"))
 
 
 @dataclass(frozen=True)
@@ -115,17 +118,17 @@ class _Pass:
 
     def run(self) -> list[Decision]:
         jobs = order(self.snap.queue, self.snap.users)
-        # Each job's request, looked up in bulk: jobs alike share one _Request.
-        keys = list(map(_REQUEST, jobs))
+        # Each job's request: jobs alike share one _Request. The key tuples are dropped as
+        # soon as they are looked up (a list of them would outlive the loop and make the
+        # garbage collector run more often during the pass).
         requests = self.requests
-        for key, job in dict(zip(keys, jobs)).items():
-            if key not in requests:
-                self.request(job)
+        get, request = requests.get, self.request
+        reqs = [get(key) or request(job) for key, job in zip(map(_REQUEST, jobs), jobs)]
         refusing = {name for name, share in self.snap.users.items() if share is not None and share.refusal}
         decisions: list[Decision] = []
         append, decide = decisions.append, self.decide
         now = self.now
-        for job, req in zip(jobs, map(requests.__getitem__, keys)):
+        for job, req in zip(jobs, reqs):
             # The common case first, inline: a job without --after whose request was already
             # refused in this pass (a start only takes cards) waits with the same sentence.
             refused = req.refused

@@ -113,7 +113,7 @@ class Snapshot:
     config: SchedulerConfig = SchedulerConfig()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Start:
     """Run the job now on these GPUs (in ``CUDA_VISIBLE_DEVICES`` order)."""
 
@@ -121,7 +121,7 @@ class Start:
     placements: tuple[Placement, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Wait:
     """Keep the job pending; ``reason`` is the sentence users see (R5)."""
 
@@ -129,7 +129,7 @@ class Wait:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Fail:
     """The job can never run (its --after job failed or does not exist, a bad --arch…)."""
 
