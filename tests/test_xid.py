@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 from pathlib import Path
@@ -282,11 +281,12 @@ def test_syslog_with_uptime_and_journal_monotonic_use_stamps():
     assert lines == ["[82700.000000] gpu7 kernel: two"]
 
 
-def test_new_lines_is_copyable_into_the_nodelet():
-    # The nodelet is stdlib-only: these functions must run with nothing but `re`.
-    source = "\n".join(inspect.getsource(obj) for obj in (
-        xid._line_stamp, xid.new_lines, xid._cursor_at_end))
-    namespace = {"re": re, "_CURSOR_STAMP": xid._CURSOR_STAMP}
-    exec(compile(source, "nodelet-copy", "exec"), namespace)  # noqa: S102
+def test_new_lines_runs_standalone_as_shipped_to_the_nodelet():
+    # The node gets kmsg_cursor.py's text ahead of the nodelet's: it must run on its own.
+    from nebula_tui.remote.probes import kmsg_cursor
+
+    namespace: dict = {"__name__": "nodelet"}
+    exec(compile(Path(kmsg_cursor.__file__).read_text(), "kmsg_cursor", "exec"), namespace)  # noqa: S102
     lines, cursor = namespace["new_lines"](dmesg(1, 2), None, BOOT, False)
     assert lines == dmesg(1, 2).splitlines() and cursor["stamp"] == 2
+    assert xid.new_lines is kmsg_cursor.new_lines
