@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from . import node_admin, scheduler, views
 from .scheduler import fairshare
+from .scheduler.slices import offered_mb
 from .settings import SchedulerSettings
 from .config import ClusterConfig
 from .health_monitor import HealthMonitor
@@ -39,6 +40,7 @@ from .store import StaleDecision, Store
 log = logging.getLogger(__name__)
 
 PERIODIC_PASS_S = 3.0
+MAX_PASS_PAUSE_S = 0.2
 SHARES_TTL_S = 60.0
 TELEMETRY_EVERY_S = 30.0
 TELEMETRY_COMPACT_EVERY_S = 3600.0
@@ -133,6 +135,7 @@ class Engine:
         self._cancelling: set[int] = set()
         self._acks: dict[str, list[int]] = {}
         self._telemetry_at: dict[str, float] = {}
+        self._capacity_changed = True  # something may let a job start since the last pass
         self._shares: dict[str, scheduler.UserShare] | None = None
         self._shares_at = 0.0
         self._node_exits: dict[int, dict[str, int | None]] = {}  # gangs: exits so far per node
@@ -384,21 +387,41 @@ class Engine:
                                            grace=CANCEL_GRACE_S)
 
     # ---------------------------------------------------- phase 2: scheduling
-    def wake(self) -> None:
+    def wake(self, capacity: bool = True) -> None:
+        """Ask for a pass soon. ``capacity`` False: only the queue grew (a submit), which
+        cannot start anything while every GPU is taken (see ``_pass_is_pointless``)."""
+        if capacity:
+            self._capacity_changed = True
         self._wake.set()
+
+    def _pass_is_pointless(self) -> bool:
+        """Only submits since the last pass, and no GPU could take any job: skip the pass.
+        The new jobs get their waiting reasons at the next periodic pass."""
+        if self._capacity_changed:
+            return False
+        return not any(gpu.blocked is None and (not gpu.placements or offered_mb(gpu))
+                       for gpu in self.gpu_views())
 
     async def _scheduler_loop(self) -> None:
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
+            try:
                 await asyncio.wait_for(self._wake.wait(), PERIODIC_PASS_S)
+            except asyncio.TimeoutError:
+                self._capacity_changed = True  # the periodic pass always runs
             self._wake.clear()
+            started = time.perf_counter()
             try:
                 self.expire_leases()
+                if self._pass_is_pointless():
+                    continue
+                self._capacity_changed = False
                 self.schedule_pass()
             except Exception:
                 log.exception("scheduling pass failed")
-            # Let launches and messages run between passes under a flood of submits.
-            await asyncio.sleep(0)
+            # A pass over a long queue takes a while: give submits, launches and exits at
+            # least as long before the next one, so they arrive in batches instead of each
+            # paying for a pass of its own (a short queue's pass costs ~1 ms: no delay).
+            await asyncio.sleep(min(time.perf_counter() - started, MAX_PASS_PAUSE_S))
 
     def expire_leases(self) -> None:
         """Jobs on a node silent for longer than the lease are lost: requeue them.
@@ -631,7 +654,7 @@ class Engine:
         job = self.store.add_job(user, spec, self.clock())
         self.jobs[job.id] = job
         self.publish_job(job)
-        self.wake()
+        self.wake(capacity=False)
         return job
 
     def job(self, job_id: int) -> Job:
