@@ -201,26 +201,9 @@ def _sshd_pid(where: Path) -> int | None:
     return pid if str(where / "sshd_config").encode() in cmdline else None
 
 
-def _descendants(pid: int) -> list[int]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            tree.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def node_down(lab: Path, node: str) -> None:
     """The node goes silent: its SSH server and live sessions die; its jobs (tmux) stay."""
-    from .sim.lab import port_open
+    from .sim.lab import descendants, port_open
 
     where = node_dir(lab, node)
     port = _port(where)
@@ -235,7 +218,7 @@ def node_down(lab: Path, node: str) -> None:
                                "sshd; is this an asyncssh lab without its lab process?")
             return  # down already
         # The per-connection processes (and the nodelets under them) outlive the listener.
-        tree = _descendants(pid)
+        tree = descendants(pid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
         for child in tree:

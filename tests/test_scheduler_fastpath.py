@@ -29,7 +29,7 @@ from nebula_tui.scheduler.fairshare import order_key
 from nebula_tui.scheduler.filters import sm_name, version_text
 from nebula_tui.scheduler.placement import Card, Eligibility, Found, Missed, World
 from nebula_tui.scheduler.queue import Reservation, _Pass
-from nebula_tui.scheduler.reasons import cards_text, needs
+from nebula_tui.scheduler.reasons import blocked_text, cards_text, needs
 from nebula_tui.scheduler.slices import fit
 from nebula_tui.scheduler.topology import best_subset, gpu_number, link_rank
 
@@ -183,21 +183,7 @@ class PlainPass(_Pass):
         usable = self.world.eligible(shape)
         if sum(sorted((len(v) for v in usable.values()), reverse=True)[:span]) >= k:
             return None
-        blocks = []
-        for card in pool:
-            if card.blocked:
-                why = card.blocked
-            elif card.health < self.config.min_health_score:
-                why = f"{card.node}'s health score is {card.health:.2f}, below {self.config.min_health_score:.2f}"
-            else:
-                continue
-            if why not in blocks:
-                blocks.append(why)
-        shown = ", ".join(blocks[:3]) + (", …" if len(blocks) > 3 else "")
-        if not usable:
-            return f"needs {what}; no GPU takes new work now ({shown})"
-        best = max(usable, key=lambda n: (len(usable[n]), -self.node_order[n]))
-        return f"needs {what}; best usable: {best} has {len(usable[best])} ({shown})"
+        return blocked_text(what, pool, usable, self.node_order, self.config.min_health_score)
 
     def reserve(self, job, shape):
         holders = self.world.holders()

@@ -34,7 +34,7 @@ from operator import attrgetter
 from ..model import format_mb
 from .filters import make_filter, sm_name, version_text
 from .placement import Found, Shape, World
-from .reasons import best_now, cards_text, in_time, join_ids, needs
+from .reasons import best_now, blocked_text, cards_text, in_time, join_ids, needs
 from .slices import fit
 from .snapshot import Decision, Fail, PendingJob, Snapshot, Start, Wait
 
@@ -365,25 +365,9 @@ class _Pass:
         sizes = sorted((len(v) for v in usable.values()), reverse=True)
         if sum(sizes[:span]) >= k:
             return None
-        what = needs(shape)
-        blocks: list[str] = []
-        for card in self.world.cards:
-            if card.hw not in kept:
-                continue
-            if card.blocked:
-                why = card.blocked
-            elif card.health < self.config.min_health_score:
-                why = (f"{card.node}'s health score is {card.health:.2f}, "
-                       f"below {self.config.min_health_score:.2f}")
-            else:
-                continue
-            if why not in blocks:
-                blocks.append(why)
-        shown = ", ".join(blocks[:3]) + (", …" if len(blocks) > 3 else "")
-        if not usable:
-            return f"needs {what}; no GPU takes new work now ({shown})"
-        best = max(usable, key=lambda n: (len(usable[n]), -self.node_order[n]))
-        return f"needs {what}; best usable: {best} has {len(usable[best])} ({shown})"
+        pool = [card for card in self.world.cards if card.hw in kept]
+        return blocked_text(needs(shape), pool, usable, self.node_order,
+                            self.config.min_health_score)
 
     # ------------------------------------------------------------ R25 reservation
     def reserve(self, job: PendingJob, shape: Shape) -> Reservation | None:

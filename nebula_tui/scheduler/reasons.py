@@ -64,3 +64,24 @@ def cards_text(cards: Iterable[Card]) -> str:
 
 def join_ids(ids: list[int]) -> str:
     return f"job {ids[0]}" if len(ids) == 1 else "jobs " + ", ".join(str(i) for i in ids)
+
+
+def blocked_text(what: str, pool: Iterable[Card], usable: Mapping[str, list],
+                 node_order: Mapping[str, int], min_health: float) -> str:
+    """A request that would fit but whose cards take no new work now: say what blocks them
+    (drained, unknown, maintenance, low health; the first three) and the best usable node."""
+    blocks: list[str] = []
+    for card in pool:
+        if card.blocked:
+            why = card.blocked
+        elif card.health < min_health:
+            why = f"{card.node}'s health score is {card.health:.2f}, below {min_health:.2f}"
+        else:
+            continue
+        if why not in blocks:
+            blocks.append(why)
+    shown = ", ".join(blocks[:3]) + (", …" if len(blocks) > 3 else "")
+    if not usable:
+        return f"needs {what}; no GPU takes new work now ({shown})"
+    best = max(usable, key=lambda n: (len(usable[n]), -node_order[n]))
+    return f"needs {what}; best usable: {best} has {len(usable[best])} ({shown})"

@@ -117,7 +117,8 @@ def _proc_children() -> dict[int, list[int]]:
     return children
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc), children before grandchildren."""
     tree = _proc_children()
     out, todo = [], [pid]
     while todo:
@@ -657,7 +658,7 @@ class Lab:
             if proc is None:
                 return
             # Per-connection sshd processes outlive the listener; take the whole tree.
-            tree = _descendants(proc.pid)
+            tree = descendants(proc.pid)
             _kill([proc.pid], signal.SIGTERM)
             _kill(tree)
             try:
@@ -665,7 +666,7 @@ class Lab:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
-            _kill(_descendants(proc.pid))
+            _kill(descendants(proc.pid))
         else:
             node = self._async.get(name)
             if node is not None and self._loop is not None:
