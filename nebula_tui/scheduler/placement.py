@@ -3,19 +3,21 @@
 :class:`World` is the pass's own, mutable view of every card: each start is applied to it
 before the next job is looked at, so two jobs of one pass never get the same memory.
 :meth:`World.search` finds the best set for a request or says how close the cluster came.
-It shares work between requests (filters that select the same cards share one search; cards
-alike are filtered once) and between starts (a node, or a card, is worked out again only
-after a start changed it), so a long queue behind a full cluster costs little. The tests
-compare it with a straightforward search over every card (``test_scheduler_fastpath``).
+It shares work between requests (one sorted board of nodes per request class, read by
+every filter; cards alike are filtered once) and between starts (a node, or a card, is
+worked out again only after a start changed it), so a long queue behind a full cluster
+costs little. The tests compare it with a straightforward search over every card
+(``test_scheduler_fastpath``).
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
+from bisect import bisect_left, insort
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from math import comb
 
 from ..model import GpuView, Placement
 from .filters import Filter, parse_version
@@ -143,13 +145,33 @@ class Found:
                      for c, (mb, exclusive) in zip(self.cards, self.fits))
 
 
+class _Board:
+    """Every node's best set for one (memory, service, gang size) request class, best first.
+
+    Shared by every filter and reservation that allows all of a node's takers (most of
+    them, on most nodes): after a start, the changed node is worked out and re-sorted once
+    per class, not once per filter. ``entries``: (score, node order, node), sorted.
+    """
+
+    __slots__ = ("entries", "where", "cursor", "cache")
+
+    def __init__(self, cursor: int, cache: dict) -> None:
+        self.entries: list[tuple[float, int, str]] = []
+        self.where: dict[str, tuple[float, int, str]] = {}  # node -> its entry
+        self.cursor = cursor  # how many of the world's changes the board has seen
+        self.cache = cache  # slot -> (node version, (score, chosen) | None)
+
+
 @dataclass
 class _Index:
-    """One request's heap of (score, node order, node version, node, chosen set)."""
+    """How one request class (cards selected, memory, service, gang size, exclusion) reads
+    the board: ``full`` nodes allow all their takers (their best is the board's);
+    ``partial`` nodes allow only some, as (node, allowed mask, cache slot), each worked
+    out on its own."""
 
-    cursor: int  # how many of the world's changes the heap has seen
-    slots: dict  # node -> (allowed cards mask, cache slot) for the nodes it looks at
-    heap: list = field(default_factory=list)
+    full: frozenset[str]
+    covers_board: bool  # full holds every node of the board: its first entry is the best
+    partial: list[tuple[str, int, tuple]]
 
 
 @dataclass
@@ -218,8 +240,9 @@ class World:
       hardware class (vendor, capability, CUDA, memory) rather than per card;
     * per (node, memory, service, gang size, allowed cards): the node's best set
       (``_best``), shared by every filter that allows the same cards there;
-    * per (eligibility, memory, service, gang size, exclusion): a heap of nodes' best sets
-      (``search``), shared by every filter that selects the same cards cluster-wide.
+    * per (memory, service, gang size): every node's best set over all its takers, kept
+      sorted (:class:`_Board`); a request reads the first node it may use whole, and works
+      out on their own only the nodes it may use in part (mixed hardware, a reservation).
     """
 
     def __init__(self, cards: list[Card], ranks: Mapping[str, Mapping[tuple[int, int], int]],
@@ -264,6 +287,8 @@ class World:
         self._by_shape: dict[int, tuple[Shape, Eligibility]] = {}
         self._sigs: dict[tuple, int] = {}
         self._index: dict[tuple, _Index] = {}
+        self._boards: dict[tuple, _Board] = {}
+        self._pair_memo: dict = {}  # node, and (link table, cards) -> pair link terms
         self._fits: dict[tuple, tuple[int, list]] = {}
         self._best: dict[tuple, dict] = {}  # (memory, service, k) -> slot -> (version, best)
         self._excluded: dict[object, dict[str, int]] = {}
@@ -357,72 +382,94 @@ class World:
 
         ``token`` names ``excluded`` for the cache (None: nothing excluded). One node is
         always preferred; several only when ``max_nodes`` allows and no node suffices.
-        Per (selected cards, memory, gang size, token) a heap holds each node's best set;
-        a start marks its node changed, and only changed nodes are looked at again.
+        The best node is the first on the class's board that the request may use whole,
+        unless a node it may use only in part (a mixed node, a reservation) does better.
         """
-        k = shape.gpu_count
-        mem, service = shape.gpu_mem_mb, shape.service
         elig = self.eligibility(shape)
-        eligible, masks = elig.cards, elig.masks
         skip = self._excluded_bits(excluded, token)
-        key = (elig.sig, mem, service, k, token)
+        board = self._board(shape)
+        key = (elig.sig, shape.gpu_mem_mb, shape.service, shape.gpu_count, token)
         index = self._index.get(key)
-        version = self.version
-        cache = self._best.get((mem, service, k))
-        if cache is None:
-            cache = self._best[(mem, service, k)] = {}
         if index is None:
-            # The nodes that could ever hold the set, each with the cards it may use (a cache
-            # slot: the node itself when that is every card taking work there).
-            full = self.takers_mask
-            slots = {}
-            for node, cards in eligible.items():
-                if len(cards) >= k:
-                    allowed = masks[node] & ~skip[node] if node in skip else masks[node]
-                    slots[node] = (allowed, node if allowed == full[node] else (node, allowed))
-            index = self._index[key] = _Index(len(self._changes), slots)
-            empty = self.empty if mem is None else None
-            nodes: Iterable[str] = slots if empty is None else [n for n in slots if empty[n] >= k]
-            fresh = True
-        elif index.cursor < len(self._changes):
-            nodes = dict.fromkeys(self._changes[index.cursor:])
-            index.cursor = len(self._changes)
-            fresh = False
-        else:
-            nodes = ()
-            fresh = False
-        if nodes:
-            # Each node's best set is kept per (memory, service, gang size, node, allowed
-            # cards) until a start changes the node; the look-up is inlined (it runs per node).
-            order, heap, slots = self.node_order, index.heap, index.slots
-            entries = heap if fresh else []
-            for node in nodes:
-                slot = slots.get(node)
-                if slot is None:
-                    continue
-                at = version[node]
-                cached = cache.get(slot[1])
-                found = cached[1] if cached is not None and cached[0] == at else \
-                    self._best_for(shape, node, slot[0], cache, slot[1])
-                if found is not None:
-                    entries.append((found[0], order[node], at, node, found[1]))
-            if fresh:
-                heapq.heapify(heap)
-            else:
-                for entry in entries:
-                    heapq.heappush(heap, entry)
-        heap = index.heap
-        while heap:
-            score, _, at, node, chosen = heap[0]
-            if at == version[node]:
-                return Found([c for c, _ in chosen], [f for _, f in chosen], score)
-            heapq.heappop(heap)  # superseded by the entry pushed when the node changed
-        per_node = self._per_node(shape, eligible, masks, skip)
+            index = self._index[key] = self._make_index(shape, elig, skip, board)
+        best = self._top(shape, board, None if index.covers_board else index.full)
+        cache = board.cache
+        found = None if best is None else cache[best[2]][1]
+        if index.partial:
+            version, order = self.version, self.node_order
+            for node, allowed, slot in index.partial:
+                cached = cache.get(slot)
+                got = cached[1] if cached is not None and cached[0] == version[node] else \
+                    self._best_for(shape, node, allowed, cache, slot)
+                if got is not None and (best is None or (got[0], order[node]) < best[:2]):
+                    best, found = (got[0], order[node], node), got
+        if found is not None:
+            chosen = found[1]
+            return Found([c for c, _ in chosen], [f for _, f in chosen], found[0])
+        per_node = self._per_node(shape, elig.cards, elig.masks, skip)
         if shape.max_nodes > 1:
             found = self._across_nodes(shape, per_node)
             if found is not None:
                 return found
         return Missed({node: len(f) for node, f in per_node.items()})
+
+    def _make_index(self, shape: Shape, elig: Eligibility, skip: Mapping[str, int],
+                    board: _Board) -> _Index:
+        k, full_mask = shape.gpu_count, self.takers_mask
+        full, partial = set(), []
+        for node, cards in elig.cards.items():
+            if len(cards) >= k:
+                allowed = elig.masks[node] & ~skip[node] if node in skip else elig.masks[node]
+                if allowed == full_mask[node]:
+                    full.add(node)
+                else:
+                    partial.append((node, allowed, (node, allowed)))
+        # nodes leave a board (a start only takes cards) but never join it again
+        return _Index(frozenset(full), board.where.keys() <= full, partial)
+
+    def _board(self, shape: Shape) -> _Board:
+        """The class's board, brought up to date with the starts since it was last read."""
+        k, mem, service = shape.gpu_count, shape.gpu_mem_mb, shape.service
+        board = self._boards.get((mem, service, k))
+        changes = self._changes
+        if board is None:
+            cache = self._best.setdefault((mem, service, k), {})
+            board = self._boards[(mem, service, k)] = _Board(len(changes), cache)
+            empty, order, mask = self.empty, self.node_order, self.takers_mask
+            for node, takers in self.takers.items():
+                # whole cards: a node with fewer than k cards free of ours never gains one
+                if len(takers) < k or (mem is None and empty[node] < k):
+                    continue
+                found = self._best_for(shape, node, mask[node], cache, node)
+                if found is not None:
+                    board.where[node] = entry = (found[0], order[node], node)
+                    board.entries.append(entry)
+            board.entries.sort()
+        elif board.cursor < len(changes):
+            entries, where = board.entries, board.where
+            version, order, cache, mask = self.version, self.node_order, board.cache, self.takers_mask
+            for node in dict.fromkeys(changes[board.cursor:]):
+                old = where.pop(node, None)
+                if old is None:
+                    continue  # not on the board: it could not hold the class, and a start only takes
+                del entries[bisect_left(entries, old)]
+                cached = cache.get(node)
+                found = cached[1] if cached is not None and cached[0] == version[node] else \
+                    self._best_for(shape, node, mask[node], cache, node)
+                if found is not None:
+                    where[node] = entry = (found[0], order[node], node)
+                    insort(entries, entry)
+            board.cursor = len(changes)
+        return board
+
+    def _top(self, shape: Shape, board: _Board, full: frozenset[str] | None):
+        """The board's best entry among ``full`` nodes (None: any node), or None."""
+        if full is None:
+            return board.entries[0] if board.entries else None
+        for entry in board.entries:
+            if entry[2] in full:
+                return entry
+        return None
 
     def _per_node(self, shape: Shape, eligible: Mapping[str, list], masks: Mapping[str, int],
                   skip: Mapping[str, int]) -> dict[str, list]:
@@ -584,9 +631,65 @@ class World:
                 if value < best_score:
                     best_score, best_i = value, i
             return best_score, [feasible[best_i]]
+        if k == 2 and 2 < len(feasible) and comb(len(feasible), 2) <= config.max_combinations:
+            node = feasible[0][0].node
+            if all(c.node == node for c, _ in feasible):
+                return self._best_pair(shape, feasible, node)
         score = self._set_scorer(shape, feasible)
         combo = best_subset(len(feasible), k, score, config.max_combinations)
         return score(combo), [feasible[i] for i in combo]
+
+    def _best_pair(self, shape: Shape, feasible: list, node: str) -> tuple[float, list]:
+        """:meth:`best_on_node` for two of one node's cards (the commonest gang): every
+        pair in best_subset's order, scored with :meth:`_set_scorer`'s arithmetic on plain
+        locals, the link term of each pair of the node's cards worked out once per pass."""
+        config = self.config
+        w_health, w_pack = config.w_health, config.w_pack
+        links = self._pair_links(node)
+        cards = [c for c, _ in feasible]
+        thermal = [c.thermal for c in cards]
+        health = [c.health for c in cards]
+        index = [c.index for c in cards]
+        pack = shape.slice
+        if pack:
+            fresh = [not c.allocs for c in cards]
+            left = [(c.total - c.reserved - c.unmanaged - f[0]) / c.total for c, f in feasible]
+        n = len(cards)
+        best, best_score = (0, 1), math.inf
+        for a in range(n - 1):
+            t_a, h_a, i_a = thermal[a], health[a], index[a]
+            for b in range(a + 1, n):
+                t_b, h_b = thermal[b], health[b]
+                value = t_a if t_a >= t_b else t_b  # max([t_a, t_b])
+                value += w_health * (1.0 - (h_a if h_a <= h_b else h_b))  # min([h_a, h_b])
+                if pack:
+                    value += w_pack * ((fresh[a] + fresh[b]) / 2) + 1e-4 * ((left[a] + left[b]) / 2)
+                value += links[i_a, index[b]]
+                if value < best_score:
+                    best, best_score = (a, b), value
+        return best_score, [feasible[best[0]], feasible[best[1]]]
+
+    def _pair_links(self, node: str) -> dict[tuple[int, int], float]:
+        """(index, index) -> the weighted topology term of a two-card set on ``node``;
+        nodes built alike (one link table, the same models at the same indexes) share one."""
+        links = self._pair_memo.get(node)
+        if links is None:
+            table = self.ranks.get(node) or None
+            cards = self.by_node[node]
+            alike = (id(table), tuple([(c.index, c.model) for c in cards]))
+            links = self._pair_memo.get(alike)
+            if links is None:
+                links = self._pair_memo[alike] = {}
+                w_topology = self.config.w_topology
+                for a in cards:
+                    for b in cards:
+                        if a is not b:
+                            rank = UNKNOWN_RANK if table is None else table.get((a.index, b.index), UNKNOWN_RANK)
+                            weakest = rank if rank < BEST_RANK else BEST_RANK
+                            links[a.index, b.index] = w_topology * topology_penalty(
+                                weakest, a.model != b.model, rank / 1)
+            self._pair_memo[node] = links
+        return links
 
     def _set_scorer(self, shape: Shape, feasible: list) -> Callable[[tuple[int, ...]], float]:
         """``combo -> set_score(shape, [feasible[i] for i in combo])`` for one node's cards,
