@@ -70,7 +70,7 @@ class PlainWorld(World):
                       and c.health >= self.config.min_health_score]
             if usable:
                 cards[node] = usable
-        return Eligibility(cards, {}, 0)
+        return Eligibility(cards, {}, 0, sorted(map(len, cards.values()), reverse=True))
 
     def feasible_now(self, shape, cards, excluded):
         found = []

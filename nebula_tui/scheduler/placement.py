@@ -26,15 +26,12 @@ from .snapshot import SchedulerConfig
 from .topology import BEST_RANK, UNKNOWN_RANK, best_subset, rank_table, set_links, topology_penalty
 
 
-_NO_FIT = (None, None)  # a card's memo entry for a request it cannot take now
-
-
 class Card:
     """One GPU as the pass sees it: static facts plus our allocations, updated per start."""
 
     __slots__ = ("uuid", "node", "index", "order", "total", "unmanaged", "blocked", "health",
                  "model", "vendor", "capability", "cuda", "thermal", "allocs", "reserved",
-                 "exclusive", "service", "hw", "bit", "memo")
+                 "exclusive", "service", "hw", "bit", "spot")
 
     def __init__(self, view: GpuView, order: int, services: frozenset[int],
                  config: SchedulerConfig, memo: dict | None = None) -> None:
@@ -69,16 +66,13 @@ class Card:
         #: what the filters and an empty card's fit depend on: cards alike answer alike
         self.hw = (self.vendor, self.capability, self.cuda, self.total)
         self.bit = 0  # this card's bit among its node's cards (set by World)
-        #: (memory, service) -> (fit, one-card score): what a request class gets here now,
-        #: kept until our allocations on the card change
-        self.memo: dict = {}
+        self.spot = -1  # its place among its node's takers, -1 if it takes no work (World)
 
     def copy(self) -> Card:
         other = object.__new__(Card)
         for name in Card.__slots__:
             setattr(other, name, getattr(self, name))
         other.allocs = list(self.allocs)
-        other.memo = {}
         return other
 
     def fit(self, gpu_mem_mb: int | None, service_job: bool, spare_mb: int):
@@ -87,14 +81,12 @@ class Card:
                    gpu_mem_mb, keep)
 
     def add(self, job_id: int, placement: Placement, service: bool) -> None:
-        self.memo.clear()
         self.allocs.append((job_id, placement))
         self.reserved += placement.memory_mb
         self.exclusive = self.exclusive or placement.exclusive
         self.service = self.service or service
 
     def drop(self, job_ids: set[int]) -> None:
-        self.memo.clear()
         self.allocs = [(j, p) for j, p in self.allocs if j not in job_ids]
         self.reserved = sum(p.memory_mb for _, p in self.allocs)
         self.exclusive = any(p.exclusive for _, p in self.allocs)
@@ -145,6 +137,21 @@ class Found:
                      for c, (mb, exclusive) in zip(self.cards, self.fits))
 
 
+class _Fits:
+    """What one node's takers can give one (memory, service) request now, by their place
+    among the takers: ``pairs`` (card, fit) or None, ``scores`` the one-card score (inf when
+    it does not fit). A start lists the places it changed in ``dirty``; only those are
+    worked out again. ``feasible``: the pairs that fit, in order (made when asked for)."""
+
+    __slots__ = ("pairs", "scores", "dirty", "feasible")
+
+    def __init__(self, size: int) -> None:
+        self.pairs: list[tuple[Card, tuple[int, bool]] | None] = [None] * size
+        self.scores: list[float] = [math.inf] * size
+        self.dirty: list[int] = list(range(size))
+        self.feasible: list | None = None
+
+
 class _Board:
     """Every node's best set for one (memory, service, gang size) request class, best first.
 
@@ -188,12 +195,14 @@ class Eligibility:
     ``cards``: per node, the usable cards in listing order; ``masks``: the same cards as a
     bit mask of their positions on the node (:attr:`Card.bit`); ``sig``: equal for request
     classes that select exactly the same cards, so they share one search (``--arch '>=sm_80'``
-    on a cluster of Ampere and newer selects what no ``--arch`` selects).
+    on a cluster of Ampere and newer selects what no ``--arch`` selects); ``sizes``: each
+    node's count of such cards, most first.
     """
 
     cards: dict[str, list[Card]]
     masks: dict[str, int]
     sig: int
+    sizes: list[int]  # how many such cards each node has, most first
 
 
 class LazyRanks(dict):
@@ -271,8 +280,10 @@ class World:
             takers, mask = [], 0
             for position, card in enumerate(node_cards):
                 card.bit = 1 << position
+                card.spot = -1
                 self.classes.setdefault(card.hw, card)
                 if not card.blocked and card.health >= floor:
+                    card.spot = len(takers)
                     takers.append(card)
                     mask |= card.bit
             self.takers[node] = takers
@@ -284,16 +295,17 @@ class World:
             self.node_hw[node] = classes
         self._changes: list[str] = []  # nodes changed by starts, in order
         self._eligible: dict[tuple, Eligibility] = {}
+        self._by_classes: dict[frozenset, Eligibility] = {}  # accepted hardware classes
         self._by_shape: dict[int, tuple[Shape, Eligibility]] = {}
         self._sigs: dict[tuple, int] = {}
         self._index: dict[tuple, _Index] = {}
         self._boards: dict[tuple, _Board] = {}
         self._pair_memo: dict = {}  # node, and (link table, cards) -> pair link terms
-        self._fits: dict[tuple, tuple[int, list]] = {}
+        self._fits: dict[tuple, _Fits] = {}  # (node, memory, service)
+        self._node_fits: dict[str, list[_Fits]] = {node: [] for node in self.by_node}
         self._best: dict[tuple, dict] = {}  # (memory, service, k) -> slot -> (version, best)
         self._excluded: dict[object, dict[str, int]] = {}
         self.node_order = {node: node_cards[0].order for node, node_cards in self.by_node.items()}
-        self._requests: dict[tuple, tuple] = {}  # (memory, service): one key object each
         self._whole: dict[int, tuple[int, bool]] = {}  # total -> a whole card's fit
 
     @classmethod
@@ -326,6 +338,8 @@ class World:
             if not card.allocs:
                 self.empty[card.node] -= 1
             card.add(job_id, placement, service)
+            for fits in self._node_fits[card.node]:
+                fits.dirty.append(card.spot)
             self.version[card.node] += 1
             self._changes.append(card.node)
         return placements
@@ -346,23 +360,32 @@ class World:
             self._by_shape[id(shape)] = (shape, found)
         else:
             ok = {hw: self.hardware_ok(card, shape) for hw, card in self.classes.items()}
-            cards: dict[str, list[Card]] = {}
-            masks: dict[str, int] = {}
-            for node, classes in self.takers_hw.items():
-                passed = [ok[hw] for hw in classes]
-                if all(passed):  # the common case: every card of the node (one shared list)
-                    if classes:
-                        cards[node] = self.takers[node]
-                        masks[node] = self.takers_mask[node]
-                elif any(passed):
-                    usable = [c for c in self.takers[node] if ok[c.hw]]
-                    cards[node] = usable
-                    masks[node] = sum(c.bit for c in usable)
-            # two tuples, not one pair per node: fewer objects for the garbage collector
-            sig = self._sigs.setdefault((tuple(masks), tuple(masks.values())), len(self._sigs))
-            found = self._eligible[key] = Eligibility(cards, masks, sig)
+            # request classes that accept the same hardware classes select the same cards
+            accepted = frozenset(hw for hw, yes in ok.items() if yes)
+            found = self._by_classes.get(accepted)
+            if found is None:
+                found = self._by_classes[accepted] = self._select(ok)
+            self._eligible[key] = found
             self._by_shape[id(shape)] = (shape, found)
         return found
+
+    def _select(self, ok: Mapping[tuple, bool]) -> Eligibility:
+        """The cards of the hardware classes ``ok`` accepts, node by node."""
+        cards: dict[str, list[Card]] = {}
+        masks: dict[str, int] = {}
+        for node, classes in self.takers_hw.items():
+            passed = [ok[hw] for hw in classes]
+            if all(passed):  # the common case: every card of the node (one shared list)
+                if classes:
+                    cards[node] = self.takers[node]
+                    masks[node] = self.takers_mask[node]
+            elif any(passed):
+                usable = [c for c in self.takers[node] if ok[c.hw]]
+                cards[node] = usable
+                masks[node] = sum(c.bit for c in usable)
+        # two tuples, not one pair per node: fewer objects for the garbage collector
+        sig = self._sigs.setdefault((tuple(masks), tuple(masks.values())), len(self._sigs))
+        return Eligibility(cards, masks, sig, sorted(map(len, cards.values()), reverse=True))
 
     def hardware_ok(self, card: Card, shape: Shape) -> bool:
         f = shape.filter
@@ -475,12 +498,10 @@ class World:
                   skip: Mapping[str, int]) -> dict[str, list]:
         """Per eligible node, [(card, fit)] of its cards that can take one share now."""
         mem, service = shape.gpu_mem_mb, shape.service
-        fits, version, takers = self._fits, self.version, self.takers_mask
+        takers = self.takers_mask
         per_node = {}
         for node in eligible:
-            cached = fits.get((node, mem, service))
-            fitting = cached[1] if cached is not None and cached[0] == version[node] else \
-                self._fitting(node, mem, service)
+            fitting = self._fitting(node, mem, service)
             allowed = masks[node] & ~skip[node] if node in skip else masks[node]
             per_node[node] = fitting if allowed == takers[node] else \
                 [pair for pair in fitting if pair[0].bit & allowed]
@@ -501,48 +522,40 @@ class World:
         return bits
 
     def _fitting(self, node: str, gpu_mem_mb: int | None, service: bool) -> list:
-        """[(card, fit)] of the node's takers that can take one share now (per version)."""
-        key = (node, gpu_mem_mb, service)
-        cached = self._fits.get(key)
-        if cached is None or cached[0] != self.version[node]:
-            cached = self._fit_node(node, gpu_mem_mb, service)
-        return cached[1]
+        """[(card, fit)] of the node's takers that can take one share now."""
+        fits = self._fits_now(node, gpu_mem_mb, service)
+        feasible = fits.feasible
+        if feasible is None:
+            feasible = fits.feasible = [pair for pair in fits.pairs if pair is not None]
+        return feasible
 
-    def _fit_node(self, node: str, gpu_mem_mb: int | None, service: bool) -> tuple[int, list, list]:
-        """(version, [(card, fit)], [one-card score]) of the node's takers that fit now.
-
-        Each card keeps its own answer until a start changes it, so after a start only
-        the cards it touched are worked out again.
-        """
-        feasible, scores = [], []
-        request = self._requests.get((gpu_mem_mb, service))
-        if request is None:
-            request = self._requests[(gpu_mem_mb, service)] = (gpu_mem_mb, service)
-        spare = self.config.service_spare_mb
-        whole = self._whole
-        for card in self.takers[node]:
-            known = card.memo.get(request)
-            if known is None:
+    def _fits_now(self, node: str, gpu_mem_mb: int | None, service: bool) -> _Fits:
+        """The node's :class:`_Fits` for the request, with the cards starts changed redone."""
+        fits = self._fits.get((node, gpu_mem_mb, service))
+        if fits is None:
+            fits = self._fits[(node, gpu_mem_mb, service)] = _Fits(len(self.takers[node]))
+            self._node_fits[node].append(fits)
+        if fits.dirty:
+            takers, pairs, scores = self.takers[node], fits.pairs, fits.scores
+            spare, pack = self.config.service_spare_mb, gpu_mem_mb is not None
+            for spot in fits.dirty:
+                card = takers[spot]
                 if gpu_mem_mb is None:  # whole cards: empty of ours and of anyone else's memory
+                    got = None
                     if not card.allocs and not card.unmanaged:
-                        got = whole.get(card.total)
+                        got = self._whole.get(card.total)
                         if got is None:
-                            got = whole[card.total] = (card.total, True)
-                    else:
-                        got = None
+                            got = self._whole[card.total] = (card.total, True)
                 else:
                     got = fit(card.total, card.unmanaged, card.reserved, len(card.allocs),
                               card.exclusive, gpu_mem_mb, spare if (card.service or service) else 0)
-                # ((card, fit), one-card score): the pair the lists hold is made once per
-                # change of the card, not once per look (one shared "does not fit" answer)
-                known = card.memo[request] = _NO_FIT if got is None else (
-                    (card, got), self._solo(card, got, gpu_mem_mb is not None))
-            pair = known[0]
-            if pair is not None:
-                feasible.append(pair)
-                scores.append(known[1])
-        entry = self._fits[(node, gpu_mem_mb, service)] = (self.version[node], feasible, scores)
-        return entry
+                if got is None:
+                    pairs[spot], scores[spot] = None, math.inf
+                else:
+                    pairs[spot], scores[spot] = (card, got), self._solo(card, got, pack)
+            fits.dirty = []
+            fits.feasible = None
+        return fits
 
     def _feasible(self, shape: Shape, node: str, allowed: int) -> list:
         """[(card, fit)] of the node's ``allowed`` cards that can take one share of ``shape``."""
@@ -556,24 +569,14 @@ class World:
         """The node's best set for ``shape`` among its ``allowed`` cards, or None; kept in
         ``cache`` at ``slot`` until a start changes the node."""
         k = shape.gpu_count
-        if k == 1:  # best_on_node's one-card loop, on the scores the cards keep
-            mem, service = shape.gpu_mem_mb, shape.service
-            entry = self._fits.get((node, mem, service))
-            if entry is None or entry[0] != self.version[node]:
-                entry = self._fit_node(node, mem, service)
-            _, feasible, scores = entry
-            every = allowed == self.takers_mask[node]
-            best, first, best_score = None, None, math.inf
-            for i, value in enumerate(scores):
-                if every or feasible[i][0].bit & allowed:
-                    if first is None:
-                        first = i
-                    if value < best_score:
-                        best_score, best = value, i
-            if first is None:
-                found = None
-            else:
-                found = (best_score, [feasible[first if best is None else best]])
+        if k == 1:  # best_on_node's one-card loop (the first of the lowest), on kept scores
+            fits = self._fits_now(node, shape.gpu_mem_mb, shape.service)
+            scores = fits.scores
+            if allowed != self.takers_mask[node]:
+                takers = self.takers[node]
+                scores = [value if takers[i].bit & allowed else math.inf for i, value in enumerate(scores)]
+            best = min(scores, default=math.inf)
+            found = None if best == math.inf else (best, [fits.pairs[scores.index(best)]])
         else:
             feasible = self._feasible(shape, node, allowed)
             found = self.best_on_node(shape, feasible, k) if len(feasible) >= k else None

@@ -25,6 +25,7 @@ so a long queue of jobs that cannot start costs one dictionary look-up each.
 
 from __future__ import annotations
 
+import gc
 import math
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -76,7 +77,16 @@ class Reservation:
 
 def schedule(snapshot: Snapshot) -> list[Decision]:
     """Decide, for every pending job, to start it, let it wait (with why), or fail it."""
-    return _Pass(snapshot).run()
+    # A pass makes a great many short-lived objects and leaves no garbage it needs back
+    # during the pass; the cyclic collector would walk every object of the process (the
+    # whole head, in the service) several times per pass. It runs again afterwards.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _Pass(snapshot).run()
+    finally:
+        if collecting:
+            gc.enable()
 
 
 _UNKNOWN = object()
@@ -129,16 +139,23 @@ class _Pass:
         append, decide = decisions.append, self.decide
         now = self.now
         for job, req in zip(jobs, reqs):
-            # The common case first, inline: a job without --after whose request was already
-            # refused in this pass (a start only takes cards) waits with the same sentence.
-            refused = req.refused
-            if refused and not job.after and job.user not in refusing and req.impossible is None:
-                res = self.reservation
-                limit = job.time_limit_s
-                reason = refused.get(res is None or (limit is not None and now + limit <= res.start)) \
-                    or refused.get(True)
-                if reason is not None:
-                    append(Wait(job.id, reason))
+            # The common cases first, inline: a job without --after whose request was already
+            # refused in this pass (a start only takes cards) waits with the same sentence,
+            # and so does one no card of the cluster could ever serve.
+            if not job.after and job.user not in refusing:
+                impossible = req.impossible
+                if impossible is None:
+                    refused = req.refused
+                    if refused:
+                        res = self.reservation
+                        limit = job.time_limit_s
+                        reason = refused.get(res is None or (limit is not None and now + limit <= res.start)) \
+                            or refused.get(True)
+                        if reason is not None:
+                            append(Wait(job.id, reason))
+                            continue
+                elif impossible and impossible is not _UNKNOWN:  # no card could ever serve it
+                    append(Wait(job.id, impossible))
                     continue
             append(decide(job))
         return decisions
@@ -361,12 +378,11 @@ class _Pass:
                         + (" (--nodes lets a job span nodes)" if total >= k else ""))
             top = sum(counts[:span])
             return f"needs {what}; {span} nodes have at most {top} such GPUs together"
-        usable = self.world.eligible(shape)
-        sizes = sorted((len(v) for v in usable.values()), reverse=True)
-        if sum(sizes[:span]) >= k:
+        usable = self.world.eligibility(shape)
+        if sum(usable.sizes[:span]) >= k:
             return None
         pool = [card for card in self.world.cards if card.hw in kept]
-        return blocked_text(needs(shape), pool, usable, self.node_order,
+        return blocked_text(needs(shape), pool, usable.cards, self.node_order,
                             self.config.min_health_score)
 
     # ------------------------------------------------------------ R25 reservation
