@@ -320,9 +320,9 @@ class World:
         """This world once the jobs in ``ended`` have released their cards (no cache),
         of only ``nodes`` when given (each node's answers depend on its own cards alone)."""
         cards = []
-        for card in self.cards:
-            if nodes is not None and card.node not in nodes:
-                continue
+        kept = self.cards if nodes is None else [c for node in self.by_node if node in nodes
+                                                 for c in self.by_node[node]]
+        for card in kept:
             if card.allocs and any(j in ended for j, _ in card.allocs):
                 card = card.copy()  # cards nobody leaves are shared: a future world only reads
                 card.drop(ended)

@@ -417,8 +417,14 @@ class _Pass:
                 lo = mid + 1
         t = ends[lo]
         ended = {j for j in holders if (e := self.ends.get(j)) is not None and e <= t}
-        # Only nodes with a card free by then can hold any of it: the rest stay out.
-        nodes = {node for node, times in ready_by_node.items() if times and times[0] <= t}
+        # The future world needs only the nodes the search there can choose: those with k
+        # cards free by then, and for a job that may span nodes, the ones it would take
+        # (most such cards first, then listing order; see World._across_nodes).
+        counts = {node: bisect_right(times, t) for node, times in ready_by_node.items()}
+        nodes = {node for node, count in counts.items() if count >= k}
+        if span > 1 and not nodes:
+            order = self.node_order
+            nodes.update(sorted((n for n, c in counts.items() if c), key=lambda n: (-counts[n], order[n]))[:span])
         found = self.world.future(ended, nodes).search(shape)
         assert isinstance(found, Found)
         return Reservation(job.id, max(self.now, ends[lo]), frozenset(c.uuid for c in found.cards),
