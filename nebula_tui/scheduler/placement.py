@@ -26,12 +26,15 @@ from .snapshot import SchedulerConfig
 from .topology import BEST_RANK, UNKNOWN_RANK, best_subset, rank_table, set_links, topology_penalty
 
 
+_UNSEEN = object()
+
+
 class Card:
     """One GPU as the pass sees it: static facts plus our allocations, updated per start."""
 
     __slots__ = ("uuid", "node", "index", "order", "total", "unmanaged", "blocked", "health",
                  "model", "vendor", "capability", "cuda", "thermal", "allocs", "reserved",
-                 "exclusive", "service", "hw", "bit", "spot")
+                 "exclusive", "service", "hw", "bit", "spot", "base")
 
     def __init__(self, view: GpuView, order: int, services: frozenset[int],
                  config: SchedulerConfig, memo: dict | None = None) -> None:
@@ -56,6 +59,8 @@ class Card:
                 parse_version(reading.compute_cap), parse_version(view.cuda_version),
                 thermal_penalty(reading.utilization_pct, reading.temperature_c, config))
         self.capability, self.cuda, self.thermal = known
+        #: the score's terms of this card that no start changes (see World._solo)
+        self.base = self.thermal + config.w_health * (1.0 - self.health)
         self.allocs: list[tuple[int, Placement]] = list(view.placements)
         if self.allocs:
             self.reserved = sum(p.memory_mb for _, p in self.allocs)
@@ -307,6 +312,7 @@ class World:
         self._excluded: dict[object, dict[str, int]] = {}
         self.node_order = {node: node_cards[0].order for node, node_cards in self.by_node.items()}
         self._whole: dict[int, tuple[int, bool]] = {}  # total -> a whole card's fit
+        self._empty: dict[tuple, tuple[int, bool] | None] = {}  # (total, memory, service) -> fit
 
     @classmethod
     def build(cls, views: Sequence[GpuView], topologies: Mapping[str, Mapping], services: Iterable[int],
@@ -546,6 +552,12 @@ class World:
                         got = self._whole.get(card.total)
                         if got is None:
                             got = self._whole[card.total] = (card.total, True)
+                elif not card.allocs and not card.unmanaged:  # an empty card: one answer per size
+                    known = self._empty.get((card.total, gpu_mem_mb, service), _UNSEEN)
+                    if known is _UNSEEN:
+                        known = self._empty[(card.total, gpu_mem_mb, service)] = fit(
+                            card.total, 0, 0, 0, False, gpu_mem_mb, spare if service else 0)
+                    got = known
                 else:
                     got = fit(card.total, card.unmanaged, card.reserved, len(card.allocs),
                               card.exclusive, gpu_mem_mb, spare if (card.service or service) else 0)
@@ -740,9 +752,9 @@ class World:
         return self._solo(card, got, shape.gpu_mem_mb is not None)
 
     def _solo(self, card: Card, got: tuple[int, bool], pack: bool) -> float:
-        config = self.config
-        value = card.thermal + config.w_health * (1.0 - card.health)
+        value = card.base  # thermal + w_health × (1 − health)
         if pack:
+            config = self.config
             left = (card.total - card.reserved - card.unmanaged - got[0]) / card.total
             value += config.w_pack * (not card.allocs) + 1e-4 * left
         return value
