@@ -146,15 +146,17 @@ class _Fits:
     """What one node's takers can give one (memory, service) request now, by their place
     among the takers: ``pairs`` (card, fit) or None, ``scores`` the one-card score (inf when
     it does not fit). A start lists the places it changed in ``dirty``; only those are
-    worked out again. ``feasible``: the pairs that fit, in order (made when asked for)."""
+    worked out again. ``feasible``: the pairs that fit, in order (made when asked for);
+    ``mask``: their bits."""
 
-    __slots__ = ("pairs", "scores", "dirty", "feasible")
+    __slots__ = ("pairs", "scores", "dirty", "feasible", "mask")
 
     def __init__(self, size: int) -> None:
         self.pairs: list[tuple[Card, tuple[int, bool]] | None] = [None] * size
         self.scores: list[float] = [math.inf] * size
         self.dirty: list[int] = list(range(size))
         self.feasible: list | None = None
+        self.mask = 0  # the bits (Card.bit) of the cards that fit
 
 
 class _Board:
@@ -435,12 +437,19 @@ class World:
         if found is not None:
             chosen = found[1]
             return Found([c for c, _ in chosen], [f for _, f in chosen], found[0])
-        per_node = self._per_node(shape, elig.cards, elig.masks, skip)
+        mem, service = shape.gpu_mem_mb, shape.service
+        counts = {}
+        for node, mask in elig.masks.items():
+            allowed = mask & ~skip[node] if node in skip else mask
+            counts[node] = (self._fits_now(node, mem, service).mask & allowed).bit_count()
         if shape.max_nodes > 1:
-            found = self._across_nodes(shape, per_node)
+            # _across_nodes takes the nodes with the most such cards first: it needs no others
+            order = self.node_order
+            top = sorted((n for n, c in counts.items() if c), key=lambda n: (-counts[n], order[n]))
+            found = self._across_nodes(shape, self._per_node(shape, top[:shape.max_nodes], elig.masks, skip))
             if found is not None:
                 return found
-        return Missed({node: len(f) for node, f in per_node.items()})
+        return Missed(counts)
 
     def _make_index(self, shape: Shape, elig: Eligibility, skip: Mapping[str, int],
                     board: _Board) -> _Index:
@@ -500,13 +509,13 @@ class World:
                 return entry
         return None
 
-    def _per_node(self, shape: Shape, eligible: Mapping[str, list], masks: Mapping[str, int],
+    def _per_node(self, shape: Shape, nodes: Iterable[str], masks: Mapping[str, int],
                   skip: Mapping[str, int]) -> dict[str, list]:
-        """Per eligible node, [(card, fit)] of its cards that can take one share now."""
+        """Per node of ``nodes``, [(card, fit)] of its allowed cards that can take one share now."""
         mem, service = shape.gpu_mem_mb, shape.service
         takers = self.takers_mask
         per_node = {}
-        for node in eligible:
+        for node in nodes:
             fitting = self._fitting(node, mem, service)
             allowed = masks[node] & ~skip[node] if node in skip else masks[node]
             per_node[node] = fitting if allowed == takers[node] else \
@@ -563,8 +572,10 @@ class World:
                               card.exclusive, gpu_mem_mb, spare if (card.service or service) else 0)
                 if got is None:
                     pairs[spot], scores[spot] = None, math.inf
+                    fits.mask &= ~card.bit
                 else:
                     pairs[spot], scores[spot] = (card, got), self._solo(card, got, pack)
+                    fits.mask |= card.bit
             fits.dirty = []
             fits.feasible = None
         return fits
@@ -646,10 +657,14 @@ class World:
                 if value < best_score:
                     best_score, best_i = value, i
             return best_score, [feasible[best_i]]
-        if k == 2 and 2 < len(feasible) and comb(len(feasible), 2) <= config.max_combinations:
+        n = len(feasible)
+        if k < n and comb(n, k) <= config.max_combinations:
             node = feasible[0][0].node
             if all(c.node == node for c, _ in feasible):
-                return self._best_pair(shape, feasible, node)
+                if k == 2:
+                    return self._best_pair(shape, feasible, node)
+                if min(config.w_hot, config.w_load, config.w_pack, config.w_health, config.w_topology) >= 0:
+                    return self._best_pruned(shape, feasible, node, k)
         score = self._set_scorer(shape, feasible)
         combo = best_subset(len(feasible), k, score, config.max_combinations)
         return score(combo), [feasible[i] for i in combo]
@@ -683,6 +698,63 @@ class World:
                 if value < best_score:
                     best, best_score = (a, b), value
         return best_score, [feasible[best[0]], feasible[best[1]]]
+
+    def _best_pruned(self, shape: Shape, feasible: list, node: str, k: int) -> tuple[float, list]:
+        """:meth:`best_on_node` for k >= 3 of one node's cards: best_subset's exhaustive
+        search, in its order, with :meth:`_set_scorer`'s arithmetic, that drops every
+        combination whose first cards already cannot beat the best so far. As cards join a
+        set its hottest card only gets hotter and its least healthy only less healthy, and
+        the packing and topology terms are never negative (weights are not), so the first
+        two terms of a prefix bound every set that grows from it."""
+        config = self.config
+        w_health, w_pack, w_topology = config.w_health, config.w_pack, config.w_topology
+        cards = [c for c, _ in feasible]
+        n = len(cards)
+        thermal = [c.thermal for c in cards]
+        health = [c.health for c in cards]
+        model = [c.model for c in cards]
+        table = self.ranks.get(node, {})
+        rank = [[table.get((a.index, b.index), UNKNOWN_RANK) for b in cards] for a in cards]
+        pack = shape.slice
+        if pack:
+            fresh = [not c.allocs for c in cards]
+            left = [(c.total - c.reserved - c.unmanaged - f[0]) / c.total for c, f in feasible]
+        pairs = k * (k - 1) // 2
+        best: list = [math.inf, None]
+        combo: list[int] = []
+
+        def grow(start: int, hottest: float, frailest: float) -> None:
+            if hottest + w_health * (1.0 - frailest) >= best[0]:
+                return  # nothing grown from here beats the best: its first terms already do not
+            depth = len(combo)
+            if depth == k:
+                value = hottest
+                value += w_health * (1.0 - frailest)
+                if pack:
+                    share = sum(1 for i in combo if fresh[i]) / k
+                    value += w_pack * share + 1e-4 * (sum([left[i] for i in combo]) / k)
+                weakest, total = BEST_RANK, 0
+                for x in range(k - 1):
+                    row = rank[combo[x]]
+                    for y in range(x + 1, k):
+                        r = row[combo[y]]
+                        if r < weakest:
+                            weakest = r
+                        total += r
+                mixed = len({model[i] for i in combo}) > 1
+                value += w_topology * topology_penalty(weakest, mixed, total / pairs)
+                if value < best[0]:
+                    best[0], best[1] = value, tuple(combo)
+                return
+            for i in range(start, n - (k - depth) + 1):
+                combo.append(i)
+                t, h = thermal[i], health[i]
+                grow(i + 1, t if depth == 0 or t > hottest else hottest,
+                     h if depth == 0 or h < frailest else frailest)
+                combo.pop()
+
+        grow(0, -math.inf, math.inf)
+        return best[0], [feasible[i] for i in best[1]]
 
     def _pair_links(self, node: str) -> dict[tuple[int, int], float]:
         """(index, index) -> the weighted topology term of a two-card set on ``node``;

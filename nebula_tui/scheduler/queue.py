@@ -57,7 +57,7 @@ def order(queue: Sequence[PendingJob], users=None) -> list[PendingJob]:
         users = {user: weights.get(user, 1.0) for user in set(map(_USER, jobs))}
         ranked = list(map(users.__getitem__, map(_USER, jobs)))
         jobs = list(map(jobs.__getitem__, sorted(range(len(jobs)), key=ranked.__getitem__)))
-    if len(set(map(_PRIORITY, jobs))) > 1:
+    if any(map(_PRIORITY, jobs)):  # anyone's priority raised (or lowered): sort on it too
         jobs.sort(key=_PRIORITY, reverse=True)  # reverse keeps equal priorities in order
     return jobs
 
