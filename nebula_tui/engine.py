@@ -452,18 +452,21 @@ class Engine:
             self.publish_gpus(node)
         self.wake()
 
-    def gpu_views(self) -> list[GpuView]:
+    def gpu_views(self, node: str | None = None) -> list[GpuView]:
+        """Every GPU (or only ``node``'s: one node's readings are published once per probe,
+        and building all 1,000 views of a big cluster for each would cost the head a core)."""
         held: dict[str, list[tuple[int, Placement]]] = defaultdict(list)
         for job in self.jobs.values():
-            if job.state.holds_gpus:
-                for p in job.placements:
+            for p in job.placements:
+                if (node is None or p.node == node) and job.state.holds_gpus:
                     held[p.gpu_uuid].append((job.id, p))
         return [GpuView(node=live.node, reading=live.reading, blocked=self._blocked(live),
                         maintenance=live.maintenance, placements=tuple(held[uuid]),
                         unmanaged_used_mb=live.unmanaged_used_mb,
                         cuda_version=self.nodes[live.node].cuda_version,
                         health_score=self.health.score(live.node))
-                for uuid, live in sorted(self.gpus.items(),
+                for uuid, live in sorted(((u, g) for u, g in self.gpus.items()
+                                          if node is None or g.node == node),
                                          key=lambda kv: (kv[1].node, kv[1].reading.index))]
 
     def _blocked(self, live: GpuLive) -> str | None:
@@ -811,7 +814,7 @@ class Engine:
                 "events": self.store.events(30)}
 
     def gpus_json(self, node: str | None = None) -> list[dict]:
-        return [self._gpu_json(g) for g in self.gpu_views() if node is None or g.node == node]
+        return [self._gpu_json(g) for g in self.gpu_views(node)]
 
     def _gpu_json(self, gpu: GpuView) -> dict:
         node = self.nodes[gpu.node]

@@ -84,9 +84,12 @@ def status_summary(nodes: list[dict], gpus: list[dict]) -> dict:
         counts[g["status"]] = counts.get(g["status"], 0) + 1
         total += g["total_memory_mb"] or 0
         free += sum(s["memory_mb"] for s in g["slices"] if s["state"] == "free")
+    by_node: dict[str, list[dict]] = {}
+    for g in gpus:
+        by_node.setdefault(g["node"], []).append(g)
     details = []
     for node in nodes:
-        mine = [g for g in gpus if g["node"] == node["name"]]
+        mine = by_node.get(node["name"], [])
         models: dict[str, int] = {}
         for g in mine:
             models[short_model(g["model"])] = models.get(short_model(g["model"]), 0) + 1
