@@ -27,16 +27,12 @@ class JobChanged(Message):
 
 
 class GpusChanged(Message):
-    """Fresh readings of every GPU on one node. Telemetry: a newer one for the same node
-    replaces one not yet handled."""
+    """Fresh readings arrived (every GPU of a node, per node, about once a second each).
 
-    def __init__(self, node: str, gpus: list[dict]) -> None:
-        super().__init__()
-        self.node = node
-        self.gpus = gpus
-
-    def can_replace(self, message: Message) -> bool:
-        return isinstance(message, GpusChanged) and message.node == self.node
+    Telemetry is batched: the ``events`` worker keeps the newest readings per node in the
+    app's batch and posts this message a moment after starting a new batch, so 125 nodes
+    reporting each second cost a few messages, not 125. The handler takes the batch.
+    """
 
 
 class NodeChanged(Message):
