@@ -11,10 +11,12 @@ import re
 import pytest
 from conftest import until
 from textual.pilot import Pilot
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from nebula_tui.screens.app import HelpScreen, make_app
 from nebula_tui.screens.gpus import GpusScreen
+from nebula_tui.screens.nodecards import NodeCards
+from nebula_tui.screens.rowtable import RowTable
 
 EXPECTED_MODELS = {
     "node01": ["RTX 4090", "RTX 4090", "RTX 4060 Laptop"],
@@ -23,8 +25,8 @@ EXPECTED_MODELS = {
 }
 
 
-def table(pilot: Pilot, ident: str) -> DataTable:
-    return pilot.app.screen.query_one(f"#{ident}", DataTable)
+def table(pilot: Pilot, ident: str) -> RowTable:
+    return pilot.app.screen.query_one(f"#{ident}", RowTable)
 
 
 def overview(pilot: Pilot) -> str:
@@ -35,8 +37,14 @@ def static_text(pilot: Pilot, selector: str) -> str:
     return "\n".join(str(w.content) for w in pilot.app.screen.query(selector))
 
 
+def card_texts(pilot: Pilot) -> list[str]:
+    """Every node card's text, in order ([] before the overview mounts)."""
+    found = pilot.app.screen.query("#cards")
+    return found.first(NodeCards).texts() if found else []
+
+
 def cards(pilot: Pilot) -> str:
-    return static_text(pilot, ".node-card")
+    return "\n".join(card_texts(pilot))
 
 
 def gpu_count(pilot: Pilot) -> int:
@@ -46,7 +54,7 @@ def gpu_count(pilot: Pilot) -> int:
 def rows(pilot: Pilot, ident: str) -> dict[str, list[str]]:
     """The table's rows as text, keyed by row key (GPU uuid / job id)."""
     t = table(pilot, ident)
-    return {key.value: [str(c) for c in t.get_row(key)] for key in t.rows}
+    return {key: [str(c) for c in t.get_row(key)] for key in t.row_keys}
 
 
 def submit(head, *args: str) -> int:
@@ -89,7 +97,7 @@ async def test_overview_summary_cards_and_ticker(head):
         shown = cards(pilot)
         for node, models in EXPECTED_MODELS.items():
             assert re.search(rf"^{node}  up", shown, re.M), node
-        card_lines = [str(c.content).splitlines() for c in app.screen.query(".node-card")]
+        card_lines = [card.splitlines() for card in card_texts(pilot)]
         assert [lines[0].split()[0] for lines in card_lines] == sorted(EXPECTED_MODELS)
         by_title = {lines[0].split()[0]: lines[1:] for lines in card_lines}
         assert {n: [l.split(None, 1)[1][:15].strip() for l in lines]

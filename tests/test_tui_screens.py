@@ -21,6 +21,7 @@ from nebula_tui.screens.gpus import GpuDetailScreen, GpusScreen
 from nebula_tui.screens.job import JobScreen
 from nebula_tui.screens.nodes import NodesScreen, ReasonPrompt
 from nebula_tui.screens.queue import QueueScreen
+from nebula_tui.screens.rowtable import RowTable
 from nebula_tui.screens.submit import SubmitScreen, check_field
 from nebula_tui.screens.users import UsersScreen
 
@@ -32,7 +33,10 @@ def rows(pilot: Pilot, ident: str) -> dict[str, list[str]]:
     found = pilot.app.screen.query(f"#{ident}")
     if not found:
         return {}
-    t = found.first(DataTable)
+    t = found.first()
+    if isinstance(t, RowTable):  # the big tables: every row, not only those on screen
+        return {key: [str(c) for c in t.get_row(key)] for key in t.row_keys}
+    assert isinstance(t, DataTable)
     return {row.key.value: [str(c) for c in t.get_row(row.key)] for row in t.ordered_rows}
 
 
@@ -101,7 +105,7 @@ async def go(pilot: Pilot, key: str, screen_type) -> None:
 
 
 def select_row(pilot: Pilot, ident: str, key: str) -> None:
-    table = pilot.app.screen.query_one(f"#{ident}", DataTable)
+    table = pilot.app.screen.query_one(f"#{ident}", (DataTable, RowTable))
     table.focus()
     table.move_cursor(row=table.get_row_index(key))
 
@@ -133,10 +137,10 @@ async def test_gpus_table_sorts_filters_and_opens_a_gpu(head):
         await pilot.press("escape")
         await until(pilot, lambda: len(rows(pilot, "gpu-table")) == 9, what="filter cleared")
 
-        table = app.screen.query_one("#gpu-table", DataTable)
+        table = app.screen.query_one("#gpu-table", RowTable)
         table.focus()
         table.move_cursor(row=0)
-        uuid = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        uuid = table.cursor_key
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, GpuDetailScreen), what="GPU detail")
         await until(pilot, lambda: uuid in text(pilot, "#gpu-descriptor"), what="descriptor")

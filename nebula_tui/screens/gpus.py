@@ -1,13 +1,14 @@
 """Every GPU in one sortable, filterable table; Enter opens one GPU's details.
 
-The table is keyed by GPU uuid and updated in place; it is re-ordered only when the chosen
-sort order actually changes. The detail screen adds the R2 descriptor, slices and who holds
+Every GPU is a row of a ``RowTable`` keyed by uuid: only the rows on screen are computed
+and painted. Telemetry reaches the table at most once a second: the visible rows are
+recomputed and only the lines that changed are repainted (re-sorting first when the order
+follows a live reading). The detail screen adds the R2 descriptor, slices and who holds
 them, processes, and R18 history curves (``history`` requests, worker group ``history``).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Hashable
 
 from rich.text import Text
@@ -19,10 +20,10 @@ from textual.widgets import DataTable, Input, Static
 from ..api import ApiError
 from ..model import format_mb
 from ..views import short_model
-from .base import ClusterScreen, OpMissing
+from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .keys import GPU_DETAIL_KEYS, GPUS_KEYS, bindings
-from .render import (clock, memory_cell, order_table, sparkline, status_cell, sync_table,
-                     temp_text, update_cells, util_cell)
+from .render import clock, memory_cell, sparkline, status_cell, sync_table, temp_text, util_cell
+from .rowtable import RowTable
 
 # The facts people look for first come first: they must fit in 80 columns.
 GPU_COLUMNS = (("gpu", "GPU"), ("model", "Model"), ("memory", "Memory"), ("util", "Util"),
@@ -37,14 +38,6 @@ def gpu_label(gpu: dict) -> str:
 def _num(value, missing: float) -> float:
     return missing if value is None else value
 
-
-#: Rows the table holds at most (sort and filter pick which): Textual's DataTable measures
-#: every row it holds, about 1 ms each.
-MAX_ROWS = 300
-#: How often telemetry is written into the table (seconds).
-FLUSH_EVERY_S = 0.5
-#: How often rows sorted by a live reading are put back in order (seconds).
-RESORT_EVERY_S = 1.0
 
 #: Sort orders the ``s`` key cycles through: (name, key on a GPU dict).
 SORTS = (
@@ -81,78 +74,52 @@ class GpusScreen(ClusterScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._shown: dict[Hashable, tuple] = {}
         self.sort_index = 0
         self.needle = ""
-        self._order_dirty = False
-        self._sorted_at = 0.0
-        self._dirty_nodes: set[str] = set()
+        self._telemetry = False  # readings arrived since the last tick
 
     def compose_body(self) -> ComposeResult:
         with Vertical(id="body"):
             yield Input(placeholder="filter: node, model, status, job id…", id="gpu-filter")
-            yield DataTable(id="gpu-table", cursor_type="row", zebra_stripes=True)
+            yield RowTable(GPU_COLUMNS, self._cells, id="gpu-table")
 
     def on_mount(self) -> None:
-        table = self.query_one("#gpu-table", DataTable)
-        for key, label in GPU_COLUMNS:
-            table.add_column(label, key=key)
-        table.focus()
-        self.set_interval(FLUSH_EVERY_S, self._flush)
+        self.query_one("#gpu-table", RowTable).focus()
+        self.set_interval(TELEMETRY_EVERY_S, self._tick)
 
     def cluster_changed(self, change: str, key: object = None) -> None:
-        if change == "gpus" and not self.needle:
-            # Telemetry arrives per node, many a second: rows are rewritten in batches.
-            self._dirty_nodes.add(str(key))
+        if change == "gpus":
+            self._telemetry = True  # readings of one node: shown at the next tick
+        elif change in ("all", "job", "node"):
+            self.later()
+
+    def _tick(self) -> None:
+        """Once a second at most, fresh readings: re-sort and re-filter when the order or
+        the filter depends on them, then repaint the visible rows that changed."""
+        if not self._telemetry or not self.is_current:
             return
-        if change in ("all", "gpus", "job", "node"):
+        self._telemetry = False
+        if self.sort_index or self.needle:
             self.render_all()
+        else:
+            self.query_one("#gpu-table", RowTable).refresh_rows()
 
-    def _flush(self) -> None:
-        if not self.is_current:
-            return
-        nodes, self._dirty_nodes = self._dirty_nodes, set()
-        with self.app.batch_update():
-            if not all([self._update_node(n) for n in nodes]):
-                self.render_all()
-            elif self._order_dirty and time.monotonic() - self._sorted_at >= RESORT_EVERY_S:
-                self.render_all()
-
-    def _row(self, gpu: dict) -> tuple:
-        return gpu_row(gpu, self.cluster.holders_of(gpu["uuid"]),
-                       self.cluster.util_trend.get(gpu["uuid"]))
-
-    def _update_node(self, node: str) -> bool:
-        """Fresh readings of one node: rewrite its rows' changed cells. False when the
-        node's set of GPUs changed (then everything is rendered)."""
-        gpus = self.cluster.node_gpus(node)
-        if not all(g["uuid"] in self._shown for g in gpus):
-            return False
-        table = self.query_one("#gpu-table", DataTable)
-        columns = list(table.columns)
-        for gpu in gpus:
-            cells, old = self._row(gpu), self._shown[gpu["uuid"]]
-            if cells != old:
-                update_cells(table, gpu["uuid"], columns, old, cells)
-                self._shown[gpu["uuid"]] = cells
-        if self.sort_index:  # orders other than by node follow readings: re-sort soon
-            self._order_dirty = True
-        return True
+    def _cells(self, uuid: str) -> tuple:
+        gpu = self.cluster.gpus.get(uuid)
+        if gpu is None:  # its node just re-reported: gone until the next render_all
+            return ("-",) * len(GPU_COLUMNS)
+        return gpu_row(gpu, self.cluster.holders_of(uuid), self.cluster.util_trend.get(uuid))
 
     def render_all(self) -> None:
         name, order = SORTS[self.sort_index]
         gpus = sorted(self.cluster.gpus.values(), key=order)
-        shown = [g for g in gpus if gpu_matches(g, self.cluster.holders_of(g["uuid"]), self.needle)]
-        matched = len(shown)
-        shown = shown[:MAX_ROWS]
-        rows = {g["uuid"]: self._row(g) for g in shown}
-        table = self.query_one("#gpu-table", DataTable)
-        self._order_dirty, self._sorted_at = False, time.monotonic()
-        sync_table(table, self._shown, rows)
-        order_table(table, list(rows), "gpu", {g["uuid"]: gpu_label(g) for g in shown})
+        shown = [g["uuid"] for g in gpus
+                 if gpu_matches(g, self.cluster.holders_of(g["uuid"]), self.needle)]
+        table = self.query_one("#gpu-table", RowTable)
+        table.show(shown)
+        table.refresh_rows()
         where = f" · filter “{self.needle}”" if self.needle else ""
-        more = f", first {MAX_ROWS} shown" if matched > MAX_ROWS else ""
-        table.border_title = f"GPUs {matched}/{len(gpus)}{more} · sorted by {name}{where}"
+        table.border_title = f"GPUs {len(shown)}/{len(gpus)} · sorted by {name}{where}"
 
     # ------------------------------------------------------------------ actions
     def action_cycle_sort(self) -> None:
@@ -168,7 +135,7 @@ class GpusScreen(ClusterScreen):
         box = self.query_one("#gpu-filter", Input)
         box.value = ""
         box.remove_class("shown")
-        self.query_one("#gpu-table", DataTable).focus()
+        self.query_one("#gpu-table", RowTable).focus()
 
     @on(Input.Changed, "#gpu-filter")
     def _filter_changed(self, event: Input.Changed) -> None:
@@ -177,18 +144,16 @@ class GpusScreen(ClusterScreen):
 
     @on(Input.Submitted, "#gpu-filter")
     def _filter_done(self) -> None:
-        self.query_one("#gpu-table", DataTable).focus()
+        self.query_one("#gpu-table", RowTable).focus()
 
     def action_open_gpu(self) -> None:
-        from .render import selected_key
-
-        key = selected_key(self.query_one("#gpu-table", DataTable))
+        key = self.query_one("#gpu-table", RowTable).cursor_key
         if key:
             self.app.push_screen(GpuDetailScreen(key))
 
-    @on(DataTable.RowSelected, "#gpu-table")
-    def _selected(self, event: DataTable.RowSelected) -> None:
-        self.app.push_screen(GpuDetailScreen(event.row_key.value))
+    @on(RowTable.Selected, "#gpu-table")
+    def _selected(self, event: RowTable.Selected) -> None:
+        self.app.push_screen(GpuDetailScreen(event.key))
 
 
 # ============================================================================ detail

@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Input, Static
 
 from ..api import ApiError
 from ..model import format_mb
-from .base import ClusterScreen, OpMissing
+from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .keys import HELP_KEYS, NODES_KEYS, bindings
 from .render import ago, clock, selected_key, status_cell, sync_table
 
@@ -154,8 +154,10 @@ class NodesScreen(ClusterScreen):
         self.reload()
 
     def cluster_changed(self, change: str, key: object = None) -> None:
-        if change in ("all", "node", "gpus"):
-            self.render_all()
+        if change == "gpus":  # free memory moves with every node's readings: once a second
+            self.later(TELEMETRY_EVERY_S)
+        elif change in ("all", "node"):
+            self.later()
 
     def render_all(self) -> None:
         rows = {name: node_cells(n, self.cluster.node_gpus(name))

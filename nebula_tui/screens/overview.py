@@ -1,38 +1,33 @@
 """The first screen: the R1 summary, one card per node, an events ticker and the queue.
 
-Renders from the app's ``Cluster``: a GPU event rewrites only its node's card, a job event
-only its queue row (and the cards of the nodes it touches).
+Renders from the app's ``Cluster``. Telemetry reaches the screen at most once a second,
+and then only the cards on screen are recomputed (``NodeCards``: one widget for all of
+them; a card scrolled into view is brought up to date then). The queue is a ``RowTable``
+of every live job, re-ordered once per batch of job changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import DataTable, Static
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Static
 
 from ..views import status_summary, status_text
-from .base import ClusterScreen
+from .base import TELEMETRY_EVERY_S, ClusterScreen
 from .keys import OVERVIEW_KEYS, bindings
-from .render import clock, job_cells_overview, node_card, selected_key, sync_table
+from .nodecards import NodeCards
+from .render import clock, job_cells_overview, node_card
+from .rowtable import RowTable
 
 QUEUE_COLUMNS = (("id", "ID"), ("user", "User"), ("name", "Name"), ("state", "State"),
                  ("where", "GPUs / reason"))
 
-#: Jobs the overview's queue shows at most (running first); the Queue screen has them all.
-MAX_QUEUE_ROWS = 100
 #: Lines the ticker keeps on screen (the newest at the bottom).
 TICKER_LINES = 8
-#: Longest the R1 summary and the node cards lag behind telemetry (seconds).
-SUMMARY_EVERY_S = 0.5
-#: Columns one node card needs; wider terminals get cards side by side.
-CARD_WIDTH = 72
-
-
-class NodeCard(Static):
-    """One node: its state and a line per GPU (memory and utilisation bars, temperature)."""
+#: Node lines the R1 summary box shows at most (it is 12 lines high); at 125 nodes the
+#: rest would be cut off anyway, and every node has its card.
+SUMMARY_NODES = 7
 
 
 class OverviewScreen(ClusterScreen):
@@ -44,103 +39,107 @@ class OverviewScreen(ClusterScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._shown_jobs: dict[Hashable, tuple] = {}
-        self._cards: dict[str, NodeCard] = {}
-        self._card_text: dict[str, Text] = {}
         self._summary_dirty = False
-        self._dirty_cards: set[str] = set()
+        self._summary_text = ""
+        self._summary_shape = (0, 0)
+        self._dirty_cards: set[str] = set()  # nodes whose card is behind the cluster
 
     def compose_body(self) -> ComposeResult:
         with Vertical(id="body"):
             with Horizontal(id="top"):
                 yield Static("Connecting to the head service…", id="overview")
                 yield Static("", id="ticker")
-            yield VerticalScroll(id="cards")
-            yield DataTable(id="queue", cursor_type="row", zebra_stripes=True)
+            yield NodeCards(self._card, id="cards")
+            yield RowTable(QUEUE_COLUMNS, self._job_cells, id="queue")
 
     def on_mount(self) -> None:
-        queue = self.query_one("#queue", DataTable)
-        for key, label in QUEUE_COLUMNS:
-            queue.add_column(label, key=key)
+        queue = self.query_one("#queue", RowTable)
         queue.border_title = "Queue"
+        queue.focus()  # enter and c act on its cursor
         self.query_one("#ticker").border_title = "Events"
-        self.query_one("#cards").border_title = "Nodes"
-        self.set_interval(SUMMARY_EVERY_S, self._flush_summary)
+        self.query_one("#cards", NodeCards).border_title = "Nodes"
+        self.set_interval(TELEMETRY_EVERY_S, self._tick)
 
-    def _flush_summary(self) -> None:
-        """Telemetry, batched: the summary and the cards of nodes with fresh readings."""
+    def _tick(self) -> None:
+        """Telemetry, at most once a second: the summary and the cards on screen."""
         if not self.is_current:
             return
-        with self.app.batch_update():
-            if self._summary_dirty:
-                self._summary_dirty = False
-                self._render_overview()
-            cards, self._dirty_cards = self._dirty_cards, set()
-            for name in sorted(cards):
-                self._render_card(name)
-
-    def on_resize(self, event) -> None:
-        # Wide terminals: node cards side by side (one card needs about 70 columns).
-        self.query_one("#cards").styles.grid_size_columns = max(1, min(3, event.size.width // CARD_WIDTH))
+        if self._summary_dirty:
+            self._summary_dirty = False
+            self._render_overview()
+        self._render_cards()
+        self.query_one("#queue", RowTable).refresh_rows()
 
     # ------------------------------------------------------------------ rendering
     def cluster_changed(self, change: str, key: object = None) -> None:
         if change == "gpus":
-            # Telemetry comes per node; the summary over all nodes is redrawn at most
-            # SUMMARY_EVERY_S, not once per node.
             self._summary_dirty = True
             self._dirty_cards.add(str(key))
         elif change == "job":
-            self._render_queue()
             job = self.cluster.job(key)
-            for node in {g["node"] for g in (job or {}).get("gpus", [])}:
-                self._render_card(node)
-            self._render_ticker()
+            self._dirty_cards.update(g["node"] for g in (job or {}).get("gpus", []))
+            self.later()
         elif change == "node":
-            self._render_overview()
-            self._render_card(str(key))
-            self._render_ticker()
+            self._summary_dirty = True
+            self._dirty_cards.add(str(key))
+            self.later()
         elif change == "event":
             self._render_ticker()
         else:
-            self.render_all()
+            self._dirty_cards.update(self.cluster.nodes)
+            self.later()
 
     def render_all(self) -> None:
         if not self.cluster.connected and not self.cluster.nodes:
             return
         self._render_overview()
-        for name in sorted(self.cluster.nodes):
-            self._render_card(name)
+        self._summary_dirty = False
+        self._dirty_cards.update(self.cluster.nodes)  # events missed while hidden
+        self._render_cards()
         self._render_queue()
         self._render_ticker()
 
     def _render_overview(self) -> None:
-        summary = status_summary(list(self.cluster.nodes.values()), list(self.cluster.gpus.values()))
-        self.query_one("#overview", Static).update(status_text(summary))
+        nodes = [self.cluster.nodes[name] for name in sorted(self.cluster.nodes)]
+        # The box shows a few nodes' details (every node has its card): only theirs are
+        # worked out, the counts are over every GPU.
+        more = len(nodes) - SUMMARY_NODES + 1 if len(nodes) > SUMMARY_NODES else 0
+        summary = status_summary(nodes[:len(nodes) - more], list(self.cluster.gpus.values()))
+        summary["nodes"] = len(nodes)
+        text = status_text(summary)
+        if more:
+            text += f"\n  … {more} more nodes: see their cards below"
+        if text == self._summary_text:
+            return
+        lines = text.splitlines()
+        shape = (len(lines), max(map(len, lines)))
+        box = self.query_one("#overview", Static)
+        # The box sizes itself to the text: lay out again only when its size changes.
+        box.update(text, layout=shape != self._summary_shape)
+        self._summary_text, self._summary_shape = text, shape
 
-    def _render_card(self, name: str) -> None:
-        node = self.cluster.nodes.get(name)
-        if node is None:
-            return
+    def _card(self, name: str) -> Text:
         gpus = self.cluster.node_gpus(name)
-        text = node_card(node, gpus, {g["uuid"]: self.cluster.holders_of(g["uuid"]) for g in gpus})
-        if self._card_text.get(name) == text:
-            return
-        self._card_text[name] = text
-        card = self._cards.get(name)
-        if card is None:
-            card = self._cards[name] = NodeCard(text, classes="node-card")
-            container = self.query_one("#cards", VerticalScroll)
-            container.mount(card)
-            container.sort_children(key=lambda w: next(n for n, c in self._cards.items() if c is w))
-        else:
-            card.update(text)
+        return node_card(self.cluster.nodes[name], gpus,
+                         {g["uuid"]: self.cluster.holders_of(g["uuid"]) for g in gpus})
+
+    def _render_cards(self) -> None:
+        """Recompute the out-of-date cards on screen (the others when scrolled to)."""
+        cards = self.query_one("#cards", NodeCards)
+        cards.show(sorted(self.cluster.nodes))
+        dirty, self._dirty_cards = self._dirty_cards, set()
+        cards.refresh_cards(dirty)
+
+    def _job_cells(self, key: str) -> tuple:
+        job = self.cluster.job(int(key))
+        return job_cells_overview(job) if job else ("-",) * len(QUEUE_COLUMNS)
 
     def _render_queue(self) -> None:
         jobs = sorted(self.cluster.jobs.values(),
-                      key=lambda j: (j["state"] == "pending", j["submitted_at"], j["id"]))[:MAX_QUEUE_ROWS]
-        rows = {str(j["id"]): job_cells_overview(j) for j in jobs}
-        sync_table(self.query_one("#queue", DataTable), self._shown_jobs, rows)
+                      key=lambda j: (j["state"] == "pending", j["submitted_at"], j["id"]))
+        table = self.query_one("#queue", RowTable)
+        table.show([str(j["id"]) for j in jobs])
+        table.refresh_rows()
 
     def _render_ticker(self) -> None:
         lines = list(self.cluster.events)[-TICKER_LINES:]
@@ -152,16 +151,16 @@ class OverviewScreen(ClusterScreen):
 
     # ------------------------------------------------------------------ actions
     def action_cancel_job(self) -> None:
-        key = selected_key(self.query_one("#queue", DataTable))
+        key = self.query_one("#queue", RowTable).cursor_key
         if key is None:
             self.notify("No job selected: the queue is empty", severity="warning")
             return
         self.app.job_action("cancel", int(key))
 
     def action_open_job(self) -> None:
-        key = selected_key(self.query_one("#queue", DataTable))
+        key = self.query_one("#queue", RowTable).cursor_key
         if key is not None:
             self.app.open_job(int(key))
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        self.app.open_job(int(event.row_key.value))
+    def on_row_table_selected(self, event: RowTable.Selected) -> None:
+        self.app.open_job(int(event.key))

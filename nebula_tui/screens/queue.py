@@ -1,33 +1,31 @@
 """Running and waiting jobs: each waiting job with its reason (R5) and its place in
 fair-share order (R6); "mine" filter; cancel / hold / release.
 
-Rows are keyed by job id and updated in place; the table is re-ordered only when the order
-changes. Fair-share weights come from the ``users`` request (worker group ``weights``).
+Every live job is a row (a ``RowTable``: only the rows on screen are computed and painted),
+keyed by job id. The order is computed once per batch of job changes; once a second the
+visible rows are recomputed (their age moves) and the lines that changed are repainted.
+Fair-share weights come from the ``users`` request (worker group ``weights``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
 
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from ..api import ApiError
-from .base import ClusterScreen
+from .base import TELEMETRY_EVERY_S, ClusterScreen
 from .cluster import fair_share_order, user_weight
 from .keys import QUEUE_KEYS, bindings
-from .render import ago, job_size, job_state, job_where, order_table, selected_key, status_cell, sync_table
+from .render import ago, job_size, job_state, job_where, status_cell
+from .rowtable import RowTable
 
 QUEUE_COLUMNS = (("id", "ID"), ("user", "User"), ("name", "Name"), ("state", "State"),
                  ("pos", "Pos"), ("size", "Asks"), ("age", "Age"), ("where", "GPUs / reason"))
-
-#: Rows the table holds at most: the running jobs and the head of the waiting line.
-#: (Textual's DataTable measures every row it holds, ~1 ms each: 10,000 would take seconds.)
-MAX_ROWS = 300
 
 #: How often fair-share weights are reloaded (they move when jobs finish).
 WEIGHTS_RELOAD_S = 10.0
@@ -45,6 +43,10 @@ def queue_order(jobs: list[dict], weights: dict[str, float]) -> tuple[list[dict]
     return running + waiting + held, place
 
 
+#: The cells of a row whose job has just left the queue (until the next re-order drops it).
+GONE = ("-",) * len(QUEUE_COLUMNS)
+
+
 def queue_cells(job: dict, place: int | None, now: float) -> tuple:
     since = job.get("started_at") if job["state"] == "running" else job["submitted_at"]
     return (str(job["id"]), job["user"], job["name"] or "-", status_cell(job_state(job)),
@@ -58,22 +60,21 @@ class QueueScreen(ClusterScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._shown: dict[Hashable, tuple] = {}
         self.weights: dict[str, float] = {}
         self.mine = False
+        self._ordered: list[dict] = []  # every live job in queue order
+        self._place: dict[int, int] = {}  # waiting job id -> its place in the fair-share line
 
     def compose_body(self) -> ComposeResult:
         with Vertical(id="body"):
             yield Static("", id="queue-summary")
-            yield DataTable(id="queue-table", cursor_type="row", zebra_stripes=True)
+            yield RowTable(QUEUE_COLUMNS, self._cells, id="queue-table")
 
     def on_mount(self) -> None:
-        table = self.query_one("#queue-table", DataTable)
-        for key, label in QUEUE_COLUMNS:
-            table.add_column(label, key=key)
-        table.focus()
+        self.query_one("#queue-table", RowTable).focus()
         self.load_weights()
         self.set_interval(WEIGHTS_RELOAD_S, self.load_weights)
+        self.set_interval(TELEMETRY_EVERY_S, self._tick)
 
     @work(exclusive=True, group="weights")
     async def load_weights(self) -> None:
@@ -85,21 +86,34 @@ class QueueScreen(ClusterScreen):
         weights = {u["name"]: user_weight(u) for u in users}
         if weights != self.weights:
             self.weights = weights
-            self.render_all()
+            self.later()
 
     def cluster_changed(self, change: str, key: object = None) -> None:
         if change in ("all", "job"):
-            self.render_all()
+            self.later()
+
+    def _tick(self) -> None:
+        """Once a second: the visible rows' ages move."""
+        if self.is_current:
+            self.query_one("#queue-table", RowTable).refresh_rows()
+
+    def _cells(self, key: str) -> tuple:
+        job = self.cluster.job(int(key))
+        return queue_cells(job, self._place.get(job["id"]), time.time()) if job else GONE
 
     def render_all(self) -> None:
+        """Order every job (once per batch of changes), then show them."""
+        self._ordered, self._place = queue_order(list(self.cluster.jobs.values()), self.weights)
+        self._show()
+
+    def _show(self) -> None:
+        """The ordered jobs, or only mine: a filter of the order, not a new one, so a
+        waiting job's Pos is its place in the whole line either way."""
         me = self.app.user
-        jobs = [j for j in self.cluster.jobs.values() if not self.mine or j["user"] == me]
-        ordered, place = queue_order(jobs, self.weights)
-        now = time.time()
-        rows = {str(j["id"]): queue_cells(j, place.get(j["id"]), now) for j in ordered[:MAX_ROWS]}
-        table = self.query_one("#queue-table", DataTable)
-        sync_table(table, self._shown, rows)
-        order_table(table, list(rows), "id")
+        jobs = [j for j in self._ordered if not self.mine or j["user"] == me]
+        table = self.query_one("#queue-table", RowTable)
+        table.show([str(j["id"]) for j in jobs])
+        table.refresh_rows()
         running = sum(1 for j in jobs if j["state"] in ("running", "launching"))
         held = sum(1 for j in jobs if j.get("held") and j["state"] == "pending")
         waiting = len(jobs) - running - held
@@ -108,12 +122,11 @@ class QueueScreen(ClusterScreen):
                                 (f"{waiting} waiting", "yellow"), " · ", (f"{held} held", "dim"),
                                 f" · {who}  (m: only mine)")
         self.query_one("#queue-summary", Static).update(summary)
-        more = f" (first {MAX_ROWS} shown)" if len(ordered) > MAX_ROWS else ""
-        table.border_title = f"Queue — {len(jobs)} jobs{more}"
+        table.border_title = f"Queue — {len(jobs)} jobs"
 
     # ------------------------------------------------------------------ actions
     def _selected(self) -> int | None:
-        key = selected_key(self.query_one("#queue-table", DataTable))
+        key = self.query_one("#queue-table", RowTable).cursor_key
         if key is None:
             self.notify("No job selected: the queue is empty", severity="warning")
             return None
@@ -133,12 +146,12 @@ class QueueScreen(ClusterScreen):
 
     def action_toggle_mine(self) -> None:
         self.mine = not self.mine
-        self.render_all()
+        self._show()
 
     def action_open_job(self) -> None:
         if (job_id := self._selected()) is not None:
             self.app.open_job(job_id)
 
-    @on(DataTable.RowSelected, "#queue-table")
-    def _row_selected(self, event: DataTable.RowSelected) -> None:
-        self.app.open_job(int(event.row_key.value))
+    @on(RowTable.Selected, "#queue-table")
+    def _row_selected(self, event: RowTable.Selected) -> None:
+        self.app.open_job(int(event.key))

@@ -240,19 +240,6 @@ def update_cells(table: DataTable, key: str, columns: list, old: tuple, new: tup
             table.update_cell(key, column, after, update_width=_width(after) > _width(before))
 
 
-def order_table(table: DataTable, ordered: list[str], column: str,
-                labels: dict[str, str] | None = None) -> None:
-    """Put the table's rows in ``ordered`` (row keys) order, when they are not already.
-
-    ``column`` holds a plain-text label unique per row (the ID); ``labels`` maps row key to
-    that label where they differ (GPUs: uuid -> "node01:0")."""
-    current = [row.key.value for row in table.ordered_rows]
-    if current == ordered:
-        return
-    rank = {(labels[k] if labels else k): i for i, k in enumerate(ordered)}
-    table.sort(column, key=lambda value: rank.get(str(value), len(rank)))
-
-
 def selected_key(table: DataTable) -> str | None:
     """The row key under the table's cursor, or None for an empty table."""
     if table.row_count == 0:

@@ -1,0 +1,361 @@
+"""A table that renders only the rows on screen: every job and GPU stays reachable by
+scrolling, and a change costs the visible rows, not the whole table.
+
+The screen owns the data: it hands the table the row keys in display order (``show``,
+once per sort/filter change) and a function from key to cells. The table computes cells
+for the rows it paints, keeps them, and on ``refresh_rows`` (the data behind the rows
+changed) recomputes the visible rows and repaints only the lines whose cells differ.
+Textual's DataTable, by contrast, holds and measures every row it is given (about 1 ms a
+row: seconds for 10,000 jobs).
+
+Column widths start at the header and grow to the widest cell painted so far; they never
+shrink, so columns do not jump while scrolling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from rich.cells import cell_len, set_cell_size
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual import events
+from textual.binding import Binding
+from textual.geometry import Region, Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+#: Blank columns either side of every cell.
+PAD = 1
+_PAD = Segment(" " * PAD)
+#: Rendered cells kept for reuse (see ``RowTable._segments``); all dropped when full.
+CELLS_REMEMBERED = 20_000
+
+
+def _fit(text: str, width: int) -> str:
+    """``text`` padded to ``width`` cells, or cut with an ellipsis (as Rich would)."""
+    length = cell_len(text)
+    if length <= width:
+        return text + " " * (width - length)
+    return set_cell_size(text, width - 1) + "…"
+
+
+class RowTable(ScrollView, can_focus=True):
+    """Rows of cells under a fixed header line, with a row cursor.
+
+    Posts ``Highlighted`` when the cursor lands on another row and ``Selected`` on enter
+    (or a click on the cursor row).
+    """
+
+    BINDINGS = [
+        Binding("up", "cursor(-1)", "Up", show=False),
+        Binding("down", "cursor(1)", "Down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        Binding("home", "jump(0)", "First row", show=False),
+        Binding("end", "jump(-1)", "Last row", show=False),
+        Binding("left", "scroll_left", "Left", show=False),
+        Binding("right", "scroll_right", "Right", show=False),
+        Binding("enter", "select", "Select", show=False),
+    ]
+
+    COMPONENT_CLASSES = {"rowtable--header", "rowtable--cursor", "rowtable--even-row"}
+
+    DEFAULT_CSS = """
+    RowTable {
+        background: $surface;
+        color: $foreground;
+        &:focus {
+            background-tint: $foreground 5%;
+            & > .rowtable--cursor {
+                background: $block-cursor-background;
+                color: $block-cursor-foreground;
+                text-style: $block-cursor-text-style;
+            }
+        }
+        & > .rowtable--header {
+            text-style: bold;
+            background: $panel;
+            color: $foreground;
+        }
+        & > .rowtable--cursor {
+            background: $block-cursor-blurred-background;
+            color: $block-cursor-blurred-foreground;
+            text-style: $block-cursor-blurred-text-style;
+        }
+        & > .rowtable--even-row {
+            background: $surface-lighten-1 50%;
+        }
+        &:dark > .rowtable--even-row {
+            background: $surface-darken-1 40%;
+        }
+    }
+    """
+
+    class Highlighted(Message):
+        """The cursor moved to the row ``key``."""
+
+        def __init__(self, table: RowTable, key: str) -> None:
+            super().__init__()
+            self.table = table
+            self.key = key
+
+        @property
+        def control(self) -> RowTable:
+            return self.table
+
+    class Selected(Highlighted):
+        """The row ``key`` was chosen (enter, or a click on the cursor row)."""
+
+    def __init__(self, columns: Sequence[tuple[str, str]], cells: Callable[[str], tuple], *,
+                 zebra_stripes: bool = True, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.columns = tuple(label for _, label in columns)
+        self.column_keys = tuple(key for key, _ in columns)
+        self.cells_of = cells
+        self.zebra_stripes = zebra_stripes
+        self._keys: list[str] = []
+        self._index: dict[str, int] | None = {}
+        self._widths = [len(label) for label in self.columns]
+        self._cells: dict[str, tuple] = {}  # rows computed since the data last changed
+        self._lines: dict[str, list[Segment]] = {}  # painted rows at the current widths
+        self._cell_segments: dict[tuple, list[Segment]] = {}  # see ``_segments``
+        self.cursor_row = 0
+        self._cursor_key: str | None = None
+        self._styles: dict[str, Style] = {}
+
+    # ------------------------------------------------------------------ data
+    @property
+    def row_count(self) -> int:
+        return len(self._keys)
+
+    @property
+    def row_keys(self) -> list[str]:
+        """Every row's key, in display order."""
+        return list(self._keys)
+
+    @property
+    def cursor_key(self) -> str | None:
+        """The key of the row under the cursor (None for an empty table)."""
+        return self._keys[self.cursor_row] if self._keys else None
+
+    def get_row_index(self, key: str) -> int:
+        """Where the row ``key`` is shown; KeyError when it is not."""
+        if self._index is None:
+            self._index = {k: i for i, k in enumerate(self._keys)}
+        return self._index[key]
+
+    def get_row(self, key: str) -> tuple:
+        """The cells of row ``key`` as they are (or would be) painted."""
+        return self._row_cells(key)
+
+    def show(self, keys: list[str]) -> None:
+        """Show these rows in this order. The cursor stays on its row when that row is
+        still shown; only the visible lines are computed and repainted."""
+        if keys == self._keys:
+            return
+        self._keys = list(keys)
+        self._index = None
+        cursor = self._cursor_key
+        if cursor is not None and (row := self._find(cursor)) is not None:
+            self.cursor_row = row
+        else:
+            self.cursor_row = min(self.cursor_row, max(0, len(self._keys) - 1))
+        self._cursor_key = self.cursor_key
+        self._resize_virtual()
+        self.refresh()
+
+    def _find(self, key: str) -> int | None:
+        try:
+            return self.get_row_index(key)
+        except KeyError:
+            return None
+
+    def refresh_rows(self) -> None:
+        """The data behind the rows changed: recompute the visible rows and repaint the
+        lines whose cells differ. Rows off screen are recomputed when scrolled to."""
+        first, last = self._visible_rows()
+        visible = self._keys[first:last]
+        old = {k: self._cells[k] for k in visible if k in self._cells}
+        self._cells.clear()
+        grew = False
+        for row, key in enumerate(visible, start=first):
+            cells = self._row_cells(key)
+            if old.get(key) != cells:
+                self._lines.pop(key, None)
+                grew |= self._grow(cells)
+                self._refresh_row(row)
+        if grew:
+            self._grown()
+        # Lines of rows off screen may be stale: drop them.
+        keep = set(visible)
+        self._lines = {k: s for k, s in self._lines.items() if k in keep}
+
+    def _row_cells(self, key: str) -> tuple:
+        cells = self._cells.get(key)
+        if cells is None:
+            cells = self._cells[key] = self.cells_of(key)
+        return cells
+
+    def _grow(self, cells: tuple) -> bool:
+        grew = False
+        for n, cell in enumerate(cells):
+            width = cell.cell_len if isinstance(cell, Text) else cell_len(str(cell))
+            if width > self._widths[n]:
+                self._widths[n] = width
+                grew = True
+        return grew
+
+    def _grown(self) -> None:
+        self._lines.clear()
+        self._resize_virtual()
+        self.refresh()
+
+    def _resize_virtual(self) -> None:
+        width = sum(self._widths) + 2 * PAD * len(self._widths)
+        self.virtual_size = Size(width, len(self._keys) + 1)
+
+    # ------------------------------------------------------------------ cursor
+    def _page(self) -> int:
+        """Rows that fit under the header."""
+        return max(1, self.scrollable_content_region.height - 1)
+
+    def _visible_rows(self) -> tuple[int, int]:
+        first = round(self.scroll_y)
+        return first, min(len(self._keys), first + self._page())
+
+    def move_cursor(self, row: int) -> None:
+        """Put the cursor on ``row`` (clamped) and scroll it into view."""
+        if not self._keys:
+            return
+        row = max(0, min(row, len(self._keys) - 1))
+        before = self.cursor_row
+        self.cursor_row = row
+        self._cursor_key = self._keys[row]
+        first, last = self._visible_rows()
+        if row < first:
+            self.scroll_to(y=row, animate=False, immediate=True)
+        elif row >= last:
+            self.scroll_to(y=row - self._page() + 1, animate=False, immediate=True)
+        self._refresh_row(before)
+        self._refresh_row(row)
+        if row != before:
+            self.post_message(self.Highlighted(self, self._keys[row]))
+
+    def move_to_key(self, key: str) -> None:
+        self.move_cursor(self.get_row_index(key))
+
+    def action_cursor(self, step: int) -> None:
+        self.move_cursor(self.cursor_row + step)
+
+    def action_page(self, direction: int) -> None:
+        self.move_cursor(self.cursor_row + direction * self._page())
+
+    def action_jump(self, row: int) -> None:
+        self.move_cursor(len(self._keys) - 1 if row < 0 else row)
+
+    def action_select(self) -> None:
+        if self._keys:
+            self.post_message(self.Selected(self, self._keys[self.cursor_row]))
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None or offset.y < 1:
+            return
+        row = round(self.scroll_y) + offset.y - 1
+        if row >= len(self._keys):
+            return
+        if row == self.cursor_row:
+            self.action_select()
+        else:
+            self.move_cursor(row)
+
+    def on_focus(self, event: events.Focus) -> None:
+        self._styles.clear()
+        self._refresh_row(self.cursor_row)
+
+    def on_blur(self, event: events.Blur) -> None:
+        self._styles.clear()
+        self._refresh_row(self.cursor_row)
+
+    def _refresh_row(self, row: int) -> None:
+        y = row - round(self.scroll_y) + 1
+        if 1 <= y < self.size.height:
+            self.refresh(Region(0, y, self.size.width, 1))
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles, self._lines = {}, {}  # (may run before __init__ has set them)
+
+    # ------------------------------------------------------------------ painting
+    def _segments(self, cell: object, width: int) -> list[Segment]:
+        """One cell, padded or cut to ``width``. Remembered by content: a table repainted
+        every second mostly shows cells it has shown before (the same bar, the same
+        temperature), and rendering Rich text is the dearest part of a line."""
+        if not isinstance(cell, Text):  # plain text: no styles to render, no need to remember
+            return [Segment(_fit(str(cell).replace("\n", " "), width))]
+        key = (cell.plain, cell.style, tuple(cell.spans), width)
+        segments = self._cell_segments.get(key)
+        if segments is None:
+            text = cell.copy()
+            text.truncate(width, overflow="ellipsis", pad=True)
+            segments = list(text.render(self.app.console))
+            if len(self._cell_segments) >= CELLS_REMEMBERED:
+                self._cell_segments.clear()
+            self._cell_segments[key] = segments
+        return segments
+
+    def _line(self, cells: tuple) -> list[Segment]:
+        line: list[Segment] = []
+        for cell, width in zip(cells, self._widths):
+            line.append(_PAD)
+            line.extend(self._segments(cell, width))
+            line.append(_PAD)
+        return line
+
+    def _row_line(self, row: int) -> list[Segment]:
+        key = self._keys[row]
+        line = self._lines.get(key)
+        if line is None:
+            cells = self._row_cells(key)
+            if self._grow(cells):
+                self._grown()  # this frame's earlier lines used the old widths: paint again
+            line = self._lines[key] = self._line(cells)
+        return line
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        if y == 0:
+            style = self._style("rowtable--header")
+            line = self._line(self.columns)
+        else:
+            row = round(self.scroll_y) + y - 1
+            if row >= len(self._keys):
+                return Strip.blank(width, self._style(""))
+            if row == self.cursor_row:
+                style = self._style("rowtable--cursor")
+            elif self.zebra_stripes and row % 2:
+                style = self._style("rowtable--even-row")
+            else:
+                style = self._style("")
+            line = self._row_line(row)
+        length = self.virtual_size.width
+        scroll_x = round(self.scroll_x)
+        if scroll_x or length > width:  # scrolled sideways or cut: the general path
+            return Strip(line, length).crop_extend(scroll_x, scroll_x + width, style).apply_style(style)
+        styled = list(Segment.apply_style(line, style))
+        styled.append(Segment(" " * (width - length), style))
+        return Strip(styled, width)
+
+    def _style(self, component: str) -> Style:
+        """The widget's style with a component's on top, looked up once per style change
+        (the lookup walks the CSS: too slow to do for every line of every frame)."""
+        style = self._styles.get(component)
+        if style is None:
+            style = self.rich_style
+            if component:
+                style += self.get_component_rich_style(component)
+            self._styles[component] = style
+        return style
