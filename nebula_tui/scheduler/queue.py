@@ -128,17 +128,13 @@ class _Pass:
 
     def run(self) -> list[Decision]:
         jobs = order(self.snap.queue, self.snap.users)
-        # Each job's request: jobs alike share one _Request. The key tuples are dropped as
-        # soon as they are looked up (a list of them would outlive the loop and make the
-        # garbage collector run more often during the pass).
-        requests = self.requests
-        get, request = requests.get, self.request
-        reqs = [get(key) or request(job) for key, job in zip(map(_REQUEST, jobs), jobs)]
+        get, request = self.requests.get, self.request  # each job's request: alike share one
         refusing = {name for name, share in self.snap.users.items() if share is not None and share.refusal}
         decisions: list[Decision] = []
         append, decide = decisions.append, self.decide
         now = self.now
-        for job, req in zip(jobs, reqs):
+        for job in jobs:
+            req = get(_REQUEST(job)) or request(job)
             # The common cases first, inline: a job without --after whose request was already
             # refused in this pass (a start only takes cards) waits with the same sentence,
             # and so does one no card of the cluster could ever serve.
@@ -157,12 +153,13 @@ class _Pass:
                 elif impossible and impossible is not _UNKNOWN:  # no card could ever serve it
                     append(Wait(job.id, impossible))
                     continue
-            append(decide(job))
+            append(decide(job, req))
         return decisions
 
     # ------------------------------------------------------------ one job
-    def decide(self, job: PendingJob) -> Decision:
-        req = self.request(job)
+    def decide(self, job: PendingJob, req: _Request | None = None) -> Decision:
+        if req is None:
+            req = self.request(job)
         shape = req.shape
         if job.after:
             fate, why = self.fate(job.id)
