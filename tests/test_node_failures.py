@@ -83,6 +83,28 @@ def test_a_node_that_goes_silent_is_unknown_then_back(head, openssh_lab):
     assert all(g["blocked"] is None for g in head.call("gpus")["gpus"] if g["node"] == "node03")
 
 
+def test_a_node_that_hangs_with_its_connection_open_is_unknown_then_back(head, openssh_lab):
+    """R15's heartbeat, not a closed stream: the node's sshd and nodelet are stopped
+    (SIGSTOP), the TCP connection stays open, and only missed probes tell."""
+    wait_for(lambda: node(head, "node02")["state"] == "up", 20, what="node02 up")
+    openssh_lab.freeze_node("node02")
+    try:
+        hung = wait_for(lambda: (n := node(head, "node02"))["state"] == "unknown" and n, 20,
+                        what="node02 to be unknown")
+        assert hung["reason"].startswith("missed 3 probes"), hung["reason"]
+        gpus = [g for g in head.call("gpus")["gpus"] if g["node"] == "node02"]
+        assert gpus and all(g["blocked"] == "node node02 is unknown" for g in gpus)
+        # The rest of the lab keeps working meanwhile.
+        done = head.run("submit", "--gpu-mem", "4G", "--wait", "--", "true")
+        assert done.returncode == 0, done.stderr
+        assert head.job(int(done.stdout.split()[2]))["node"] != "node02"
+    finally:
+        openssh_lab.thaw_node("node02")
+    # Resumed, it answers again and its GPUs take work.
+    wait_for(lambda: node(head, "node02")["state"] == "up", 30, what="node02 back up")
+    assert all(g["blocked"] is None for g in head.call("gpus")["gpus"] if g["node"] == "node02")
+
+
 def test_malformed_nodes_yaml_names_file_and_line(tmp_path):
     bad = tmp_path / "nodes.yaml"
     bad.write_text("cluster:\n  name: lab\nnodes:\n  - name: node01\n    host: 10.0.0.1\n    port: abc\n")

@@ -586,6 +586,22 @@ class Lab:
         """
         self._halt(name)
 
+    def freeze_node(self, name: str) -> None:
+        """The node hangs with its connections open (a wedged kernel, a stuck disk): sshd
+        and everything below it (sessions, the nodelet) stop with SIGSTOP, so TCP stays
+        up but nothing answers. Jobs' tmux servers keep running. Needs the OpenSSH lab."""
+        self._signal_tree(name, signal.SIGSTOP)
+
+    def thaw_node(self, name: str) -> None:
+        """Resume a node stopped by :meth:`freeze_node` (SIGCONT to the same processes)."""
+        self._signal_tree(name, signal.SIGCONT)
+
+    def _signal_tree(self, name: str, sig: int) -> None:
+        proc = self._sshd.get(name)
+        if self.ssh != "openssh" or proc is None:
+            raise RuntimeError(f"{name}: only a running node of the OpenSSH lab can be frozen")
+        _kill([proc.pid, *descendants(proc.pid)], sig)
+
     def start_node(self, name: str, timeout: float = 10.0) -> None:
         """Bring a stopped node back on the same port with the same host key."""
         self._launch(name)
