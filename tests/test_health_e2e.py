@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -63,9 +64,11 @@ def gpu(head: HeadProcess, uuid: str) -> dict:
     return next(g for g in head.call("gpus")["gpus"] if g["uuid"] == uuid)
 
 
-def event_with(head: HeadProcess, text: str, timeout: float = 20) -> dict:
+def event_with(head: HeadProcess, text: str, timeout: float = 20, since: float = 0.0) -> dict:
+    """The first event (written at or after ``since``) whose message holds ``text``."""
     return wait_for(lambda: next((e for e in head.call("events", limit=400)["events"]
-                                  if text in e["message"]), None), timeout, what=f"event '{text}'")
+                                  if text in e["message"] and e["t"] >= since), None),
+                    timeout, what=f"event '{text}'")
 
 
 def submit_running(head: HeadProcess, command: str, *flags: str) -> dict:
@@ -146,21 +149,42 @@ def test_xid79_once_is_transient_twice_isolates_until_an_admin_resumes(health, o
     cancel(health, job["id"])
 
 
-def test_xid48_isolates_resets_and_returns_the_gpu_by_itself(health, openssh_lab, tmp_path):
+@pytest.mark.parametrize("code", ["48", "43", "119"])  # isolate (ECC); reset (stopped, GSP)
+def test_xid_isolates_resets_and_returns_the_gpu_by_itself(health, openssh_lab, tmp_path, code):
     job = submit_running(health, CHECKPOINTS_AND_EXITS.format(dir=tmp_path))
     first = job["gpus"][0]
     label, uuid = f"{first['node']}:{first['index']}", first["uuid"]
-    sim(health, "inject", "xid", "48", "--node", first["node"], "--gpu", str(first["index"]))
+    since = time.time()  # the same card may have been through this before (other codes)
+    sim(health, "inject", "xid", code, "--node", first["node"], "--gpu", str(first["index"]))
     wait_for(lambda: gpu(health, uuid)["status"] == "maintenance", 10, what=f"{label} isolated")
+    event_with(health, f"{label} in maintenance: Xid {code} (", since=since)
     wait_for((tmp_path / f"ckpt-{job['id']}").exists, 10, what="the checkpoint")
     # It exited by itself after its checkpoint: requeued, not ended, and running elsewhere.
     event_with(health, f"job {job['id']} ended after SIGUSR1")
     again = wait_for(lambda: (j := health.job(job["id"]))["state"] == "running"
                      and j["attempt"] == 1 and j, 20, what="the job to run again")
     assert again["gpus"][0]["uuid"] != uuid
-    event_with(health, f"{label}: GPU reset done")
-    event_with(health, f"{label} back in service: self-test passed")
+    event_with(health, f"{label}: GPU reset done", since=since)
+    event_with(health, f"{label} back in service: self-test passed", since=since)
     assert gpu(health, uuid)["status"] != "maintenance"
+    cancel(health, job["id"])
+
+
+def test_xid13_runs_a_self_test_and_the_gpu_keeps_serving(health, openssh_lab, tmp_path):
+    job = submit_running(health, KEEPS_RUNNING.format(dir=tmp_path), "--gpu-mem", "4G")
+    card = job["gpus"][0]
+    label, uuid = f"{card['node']}:{card['index']}", card["uuid"]
+    since = time.time()
+    sim(health, "inject", "xid", "13", "--node", card["node"], "--gpu", str(card["index"]))
+    event_with(health, f"{label}: Xid 13 (graphics engine exception): logged; running a memory "
+                       "and temperature self-test", since=since)
+    event_with(health, f"{label} keeps serving: self-test passed", since=since)
+    # Nothing was taken away: the job runs on, unsignalled, and the card was never isolated.
+    assert health.job(job["id"])["state"] == "running"
+    assert not list(tmp_path.glob(f"ckpt-{job['id']}*")), "the job was signalled"
+    assert gpu(health, uuid)["status"] != "maintenance"
+    assert not any(f"{label} in maintenance" in e["message"] and e["t"] >= since
+                   for e in health.call("events", limit=400)["events"])
     cancel(health, job["id"])
 
 
