@@ -76,8 +76,10 @@ class Cluster:
         self.gpus.update(fresh)
         self.by_node[node] = fresh
         for g in gpus:
-            self.util_trend.setdefault(g["uuid"], deque(maxlen=TREND_KEPT)).append(
-                g.get("utilization_pct"))
+            trend = self.util_trend.get(g["uuid"])
+            if trend is None:  # (not setdefault: 1,000 readings a second, one deque each)
+                trend = self.util_trend[g["uuid"]] = deque(maxlen=TREND_KEPT)
+            trend.append(g.get("utilization_pct"))
         self.version += 1
 
     def apply_node(self, node: dict) -> None:
