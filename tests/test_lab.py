@@ -278,3 +278,18 @@ async def test_asyncssh_kills_command_when_channel_closes(asyncssh_lab: Lab) -> 
     while _running(asyncssh_lab, b"sleep\x00301") and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert _running(asyncssh_lab, b"sleep\x00301") == []
+
+
+@pytest.mark.parametrize("lab_kind", ["openssh_lab", "asyncssh_lab"])
+def test_ssh_t_gets_a_terminal_as_on_a_real_node(lab_kind, request) -> None:
+    """`nebula attach` runs `ssh -t … tmux attach`: both labs give such a session a
+    pseudo-terminal of the client's type (the demo's asyncssh nodes included)."""
+    lab: Lab = request.getfixturevalue(lab_kind)
+    argv = ["ssh", "-tt", "-p", str(lab.port("node01")), "-i", str(lab.identity_path),
+            "-o", f"UserKnownHostsFile={lab.known_hosts_path}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "BatchMode=yes", f"{lab.user}@127.0.0.1", "tty; echo TERM=$TERM; [ -t 0 ] && echo ON-A-TTY"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "TERM": "xterm-256color"})
+    assert done.returncode == 0, done.stderr
+    assert "/dev/pts/" in done.stdout and "ON-A-TTY" in done.stdout
+    assert "TERM=xterm-256color" in done.stdout

@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 TMUX = ["tmux", "-L", f"nebula-term-test-{os.getpid()}"]
 
 
-def screen() -> str:
-    done = subprocess.run(TMUX + ["capture-pane", "-p", "-t", "demo"], capture_output=True, text=True)
+def screen(target: str = "demo") -> str:
+    done = subprocess.run(TMUX + ["capture-pane", "-p", "-t", target], capture_output=True, text=True)
     return done.stdout
 
 
@@ -59,7 +59,10 @@ def test_demo_renders_in_a_real_terminal_and_shows_a_job(demo_terminal):
         assert leftovers.stdout.split() == [], pattern
 
 
-def test_headless_demo_serves_other_commands_until_interrupted(tmp_path):
+@pytest.fixture
+def headless_demo(tmp_path):
+    """`nebula demo --headless` running; yields (home, run) where ``run(*args)`` runs the
+    CLI with the environment the demo printed. Interrupted (Ctrl-C) at the end."""
     home = tmp_path / "home"
     env = {**os.environ, "NEBULA_HOME": str(home)}
     demo = subprocess.Popen([sys.executable, "-m", "nebula_tui", "demo", "--headless"], env=env,
@@ -72,24 +75,52 @@ def test_headless_demo_serves_other_commands_until_interrupted(tmp_path):
             lines.append(line)
         export = next(l for l in lines if l.strip().startswith("export "))
         client_env = {**os.environ, **dict(kv.split("=", 1) for kv in export.split()[1:])}
-        status = lambda: subprocess.run([sys.executable, "-m", "nebula_tui", "status"],  # noqa: E731
-                                        env=client_env, capture_output=True, text=True).stdout
-        wait_for(lambda: "GPUs: 9 (9 idle" in status(), 30, interval=0.3, what="the lab's GPUs")
-        # The service is a process of its own: kill it, and the demo restarts it (as systemd
-        # would); the job it had launched keeps running and is re-adopted.
         run = lambda *a: subprocess.run([sys.executable, "-m", "nebula_tui", *a],  # noqa: E731
                                         env=client_env, capture_output=True, text=True)
-        job = run("submit", "--gpu-mem", "4G", "--", "sleep", "4").stdout.split()[2]
-        wait_for(lambda: '"running"' in run("job", job).stdout, 20, interval=0.3, what="job running")
-        old = subprocess.run(["pgrep", "-f", f"serve --home {home}"], capture_output=True, text=True).stdout.split()
-        assert len(old) == 1
-        os.kill(int(old[0]), 9)
-        wait_for(lambda: (new := subprocess.run(["pgrep", "-f", f"serve --home {home}"], capture_output=True,
-                                               text=True).stdout.split()) and new != old, 30,
-                 interval=0.3, what="the service restarted")
-        wait_for(lambda: '"succeeded"' in run("job", job).stdout, 30, interval=0.3,
-                 what="the job finished under the new service")
+        wait_for(lambda: "GPUs: 9 (9 idle" in run("status").stdout, 30, interval=0.3,
+                 what="the lab's GPUs")
+        yield home, client_env, run
     finally:
         demo.send_signal(2)  # Ctrl-C
         assert demo.wait(30) == 0
     assert not (home / "nebula.sock").exists()
+
+
+def test_headless_demo_serves_other_commands_until_interrupted(headless_demo):
+    home, _, run = headless_demo
+    # The service is a process of its own: kill it, and the demo restarts it (as systemd
+    # would); the job it had launched keeps running and is re-adopted.
+    job = run("submit", "--gpu-mem", "4G", "--", "sleep", "4").stdout.split()[2]
+    wait_for(lambda: '"running"' in run("job", job).stdout, 20, interval=0.3, what="job running")
+    old = subprocess.run(["pgrep", "-f", f"serve --home {home}"], capture_output=True, text=True).stdout.split()
+    assert len(old) == 1
+    os.kill(int(old[0]), 9)
+    wait_for(lambda: (new := subprocess.run(["pgrep", "-f", f"serve --home {home}"], capture_output=True,
+                                           text=True).stdout.split()) and new != old, 30,
+             interval=0.3, what="the service restarted")
+    wait_for(lambda: '"succeeded"' in run("job", job).stdout, 30, interval=0.3,
+             what="the job finished under the new service")
+
+
+def test_attach_opens_the_jobs_session_in_a_real_terminal(headless_demo):
+    """`nebula attach JOB` in a terminal: the job's own tmux session with its output;
+    detaching (C-b d) returns to the shell and leaves the job running."""
+    _, client_env, run = headless_demo
+    job = run("submit", "--gpu-mem", "4G", "--command", "echo ATTACH-MARK-$NEBULA_JOB_ID; sleep 120").stdout.split()[2]
+    wait_for(lambda: '"running"' in run("job", job).stdout, 20, interval=0.3, what="job running")
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in client_env.items() if k.startswith("NEBULA_"))
+    command = (f"cd {shlex.quote(str(REPO))} && env {exports} {shlex.quote(sys.executable)} "
+               f"-m nebula_tui attach {job}; echo ATTACH-EXITED $?; sleep 60")
+    subprocess.run(TMUX + ["new-session", "-d", "-s", "attach", "-x", "100", "-y", "30", command],
+                   check=True)
+    try:
+        text = wait_for(lambda: f"ATTACH-MARK-{job}" in (s := screen("attach")) and s, 30,
+                        interval=0.3, what="the job's session")
+        assert f"nebula-{job}" in text  # the inner tmux's status line names the session
+        subprocess.run(TMUX + ["send-keys", "-t", "attach", "C-b", "d"], check=True)
+        wait_for(lambda: "ATTACH-EXITED 0" in screen("attach"), 20, interval=0.3,
+                 what="attach to return after detaching")
+        assert '"running"' in run("job", job).stdout
+    finally:
+        subprocess.run(TMUX + ["kill-server"], capture_output=True)
+        run("cancel", job)

@@ -34,15 +34,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import json
 import os
+import pty
 import pwd
 import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -275,6 +279,9 @@ class _AsyncNode:
             argv = ["-" + os.path.basename(shell)]  # login shell, like sshd without a command
         else:
             argv = [os.path.basename(shell), "-c", process.command]
+        if process.get_terminal_type() is not None:  # `ssh -t`: the session gets a terminal
+            await self._run_on_terminal(process, argv, shell, env)
+            return
         try:
             child = await asyncio.create_subprocess_exec(
                 *argv,
@@ -338,12 +345,92 @@ class _AsyncNode:
             pass
         process.close()
 
+    async def _run_on_terminal(self, process: asyncssh.SSHServerProcess, argv: list[str],
+                               shell: str, env: dict[str, str]) -> None:
+        """Like sshd with a PTY (``nebula attach``'s ``ssh -t``): the shell's stdin, stdout
+        and stderr are one pseudo-terminal of the client's type and size, its controlling
+        terminal; size changes follow the client's."""
+        master, slave = pty.openpty()
+        _set_window(slave, process.get_terminal_size())
+        env = dict(env, TERM=process.get_terminal_type() or "xterm")
+        try:
+            child = await asyncio.create_subprocess_exec(
+                *argv, executable=shell, stdin=slave, stdout=slave, stderr=slave,
+                cwd=self.lab.home, env=env, start_new_session=True,
+                preexec_fn=_take_terminal)
+        except OSError as exc:
+            os.close(master)
+            process.stderr.write(f"nebula lab: cannot start shell: {exc}\n".encode())
+            process.exit(127)
+            return
+        finally:
+            os.close(slave)
+        loop = asyncio.get_running_loop()
+        output: asyncio.Queue[bytes] = asyncio.Queue()
+
+        def readable() -> None:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every process holding the terminal has gone
+                data = b""
+            if not data:
+                loop.remove_reader(master)
+            output.put_nowait(data)
+
+        loop.add_reader(master, readable)
+
+        async def pump_in() -> None:
+            while True:
+                try:
+                    data = await process.stdin.read(65536)
+                except asyncssh.TerminalSizeChanged as change:
+                    _set_window(master, (change.width, change.height))
+                    continue
+                except (OSError, asyncssh.Error):
+                    return
+                if not data:
+                    return
+                os.write(master, data)
+
+        async def pump_out() -> None:
+            while data := await output.get():
+                process.stdout.write(data)
+                await process.stdout.drain()
+
+        stdin_task = asyncio.create_task(pump_in())
+        out_task = asyncio.create_task(pump_out())
+        closed = asyncio.create_task(process.wait_closed())
+        try:
+            done, _ = await asyncio.wait({out_task, closed}, return_when=asyncio.FIRST_COMPLETED)
+            if out_task in done:
+                rc = await child.wait()
+                process.exit(rc if rc >= 0 else 128 - rc)
+            else:  # the client went away first: the session's processes go too
+                self._kill_group(child.pid)
+        finally:
+            for task in (stdin_task, out_task, closed):
+                task.cancel()
+            loop.remove_reader(master)
+            os.close(master)
+
     @staticmethod
     def _kill_group(pid: int) -> None:
         try:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _set_window(fd: int, size) -> None:
+    """Give the terminal on ``fd`` the client's (columns, rows), when it sent one."""
+    columns, rows = size[0], size[1]
+    if columns and rows:
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+
+
+def _take_terminal() -> None:
+    """In the session's new process (a session leader): make stdin its controlling terminal."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 class Lab:
