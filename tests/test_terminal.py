@@ -59,6 +59,34 @@ def test_demo_renders_in_a_real_terminal_and_shows_a_job(demo_terminal):
         assert leftovers.stdout.split() == [], pattern
 
 
+def test_tui_attach_suspends_the_tui_for_the_jobs_session(demo_terminal):
+    """Job screen, `a`: the TUI steps aside for the job's tmux session; detaching (C-b d)
+    brings the TUI back where it was."""
+    home = demo_terminal
+    wait_for(lambda: "node03" in screen(), 60, interval=0.3, what="the demo's overview")
+    env = {**os.environ, "NEBULA_HOME": str(home), "NEBULA_CONFIG": str(home / "lab" / "nodes.yaml")}
+    done = subprocess.run([sys.executable, "-m", "nebula_tui", "submit", "--name", "to-attach",
+                           "--gpu-mem", "4G", "--command", "echo TUI-ATTACH-MARK; sleep 120"],
+                          env=env, check=True, cwd=REPO, capture_output=True, text=True)
+    job = done.stdout.split()[2]
+    keys = lambda *k: subprocess.run(TMUX + ["send-keys", "-t", "demo", *k], check=True)  # noqa: E731
+    keys("3")
+    wait_for(lambda: "to-attach" in (s := screen()) and "running" in s, 30, interval=0.3,
+             what="the job running in the queue")
+    keys("Enter")
+    wait_for(lambda: f"Job {job}" in screen(), 15, interval=0.3, what="the job screen")
+    keys("a")
+    # tmux's own status line ("[nebula-N] …") and the job's output, without the TUI's frame
+    # (the TUI's log tail shows the output too, so the mark alone proves nothing)
+    text = wait_for(lambda: f"[nebula-{job}]" in (s := screen()) and "NebulaGrid" not in s and s,
+                    30, interval=0.3, what="the job's tmux session instead of the TUI")
+    assert "TUI-ATTACH-MARK" in text
+    keys("C-b", "d")
+    wait_for(lambda: f"Job {job}" in screen(), 20, interval=0.3, what="the TUI back")
+    keys("q")
+    wait_for(lambda: "DEMO-EXITED 0" in screen(), 30, interval=0.3, what="the demo to quit")
+
+
 @pytest.fixture
 def headless_demo(tmp_path):
     """`nebula demo --headless` running; yields (home, run) where ``run(*args)`` runs the
