@@ -128,6 +128,9 @@ class NebulaApp(App):
         self.stream_events()
         self.who_am_i()
 
+    def on_unmount(self) -> None:
+        gc.unfreeze()  # what _snapshot froze is the collector's again
+
     # ------------------------------------------------------------------ requests
     async def call(self, op: str, **fields) -> dict:
         """One request to the head; raises ApiError (OpMissing for an op it lacks)."""
@@ -213,7 +216,9 @@ class NebulaApp(App):
         # A big cluster's snapshot is some 100,000 objects that live until the next one:
         # keep the garbage collector's full passes (over 100 ms each at 10,000 jobs, a
         # stall the user feels) from walking them again and again. They are still freed
-        # by reference counting when replaced: decoded JSON holds no cycles.
+        # by reference counting when replaced: decoded JSON holds no cycles. Garbage is
+        # collected first so that none is frozen; the app thaws everything as it ends.
+        gc.collect()
         gc.freeze()
         self._set_connection("connected", lost=False)
         self._changed("all")
