@@ -26,9 +26,6 @@ from .snapshot import SchedulerConfig
 from .topology import BEST_RANK, UNKNOWN_RANK, best_subset, rank_table, set_links, topology_penalty
 
 
-_UNSEEN = object()
-
-
 class Card:
     """One GPU as the pass sees it: static facts plus our allocations, updated per start."""
 
@@ -48,28 +45,28 @@ class Card:
         self.blocked = view.blocked or ("GPU in maintenance" if view.maintenance else None)
         self.health = 1.0 if view.health_score is None else view.health_score
         self.model = reading.name
-        self.vendor = (reading.vendor or "nvidia").lower()
         if memo is None:
             memo = {}
         # Readings repeat across a cluster (one driver, idle cards): work each out once per pass.
-        facts = (reading.compute_cap, view.cuda_version, reading.utilization_pct, reading.temperature_c)
+        facts = (reading.compute_cap, view.cuda_version, reading.utilization_pct,
+                 reading.temperature_c, reading.vendor, self.total, self.health)
         known = memo.get(facts)
         if known is None:
-            known = memo[facts] = (
-                parse_version(reading.compute_cap), parse_version(view.cuda_version),
-                thermal_penalty(reading.utilization_pct, reading.temperature_c, config))
-        self.capability, self.cuda, self.thermal = known
-        #: the score's terms of this card that no start changes (see World._solo)
-        self.base = self.thermal + config.w_health * (1.0 - self.health)
+            vendor = (reading.vendor or "nvidia").lower()
+            capability, cuda = parse_version(reading.compute_cap), parse_version(view.cuda_version)
+            thermal = thermal_penalty(reading.utilization_pct, reading.temperature_c, config)
+            # what the filters and an empty card's fit depend on: cards alike answer alike
+            hw = (vendor, capability, cuda, self.total)
+            # the score's terms of this card that no start changes (see World._solo)
+            base = thermal + config.w_health * (1.0 - self.health)
+            known = memo[facts] = (vendor, capability, cuda, thermal, hw, base)
+        self.vendor, self.capability, self.cuda, self.thermal, self.hw, self.base = known
         self.allocs: list[tuple[int, Placement]] = list(view.placements)
-        if self.allocs:
-            self.reserved = sum(p.memory_mb for _, p in self.allocs)
-            self.exclusive = any(p.exclusive for _, p in self.allocs)
-            self.service = any(job in services for job, _ in self.allocs)
-        else:
-            self.reserved, self.exclusive, self.service = 0, False, False
-        #: what the filters and an empty card's fit depend on: cards alike answer alike
-        self.hw = (self.vendor, self.capability, self.cuda, self.total)
+        self.reserved, self.exclusive, self.service = 0, False, False
+        for job, placement in self.allocs:
+            self.reserved += placement.memory_mb
+            self.exclusive = self.exclusive or placement.exclusive
+            self.service = self.service or job in services
         self.bit = 0  # this card's bit among its node's cards (set by World)
         self.spot = -1  # its place among its node's takers, -1 if it takes no work (World)
 
@@ -313,8 +310,7 @@ class World:
         self._best: dict[tuple, dict] = {}  # (memory, service, k) -> slot -> (version, best)
         self._excluded: dict[object, dict[str, int]] = {}
         self.node_order = {node: node_cards[0].order for node, node_cards in self.by_node.items()}
-        self._whole: dict[int, tuple[int, bool]] = {}  # total -> a whole card's fit
-        self._empty: dict[tuple, tuple[int, bool] | None] = {}  # (total, memory, service) -> fit
+        self._answers: dict[tuple, dict] = {}  # (memory, service) -> card state -> _answer
 
     @classmethod
     def build(cls, views: Sequence[GpuView], topologies: Mapping[str, Mapping], services: Iterable[int],
@@ -552,33 +548,42 @@ class World:
             self._node_fits[node].append(fits)
         if fits.dirty:
             takers, pairs, scores = self.takers[node], fits.pairs, fits.scores
-            spare, pack = self.config.service_spare_mb, gpu_mem_mb is not None
+            # Cards in the same state (size, memory held, shares, service) get the same
+            # answer: the fit and the score's changing part are worked out once per state.
+            answers = self._answers.get((gpu_mem_mb, service))
+            if answers is None:
+                answers = self._answers[(gpu_mem_mb, service)] = {}
             for spot in fits.dirty:
                 card = takers[spot]
-                if gpu_mem_mb is None:  # whole cards: empty of ours and of anyone else's memory
-                    got = None
-                    if not card.allocs and not card.unmanaged:
-                        got = self._whole.get(card.total)
-                        if got is None:
-                            got = self._whole[card.total] = (card.total, True)
-                elif not card.allocs and not card.unmanaged:  # an empty card: one answer per size
-                    known = self._empty.get((card.total, gpu_mem_mb, service), _UNSEEN)
-                    if known is _UNSEEN:
-                        known = self._empty[(card.total, gpu_mem_mb, service)] = fit(
-                            card.total, 0, 0, 0, False, gpu_mem_mb, spare if service else 0)
-                    got = known
-                else:
-                    got = fit(card.total, card.unmanaged, card.reserved, len(card.allocs),
-                              card.exclusive, gpu_mem_mb, spare if (card.service or service) else 0)
+                state = (card.total, card.unmanaged, card.reserved, len(card.allocs),
+                         card.exclusive, card.service)
+                known = answers.get(state)
+                if known is None:
+                    known = answers[state] = self._answer(card, gpu_mem_mb, service)
+                got = known[0]
                 if got is None:
                     pairs[spot], scores[spot] = None, math.inf
                     fits.mask &= ~card.bit
                 else:
-                    pairs[spot], scores[spot] = (card, got), self._solo(card, got, pack)
+                    pairs[spot], scores[spot] = (card, got), card.base + known[1]
                     fits.mask |= card.bit
             fits.dirty = []
             fits.feasible = None
         return fits
+
+    def _answer(self, card: Card, gpu_mem_mb: int | None, service: bool) -> tuple:
+        """(fit or None, what the card's state adds to its fixed score terms) for a request."""
+        if gpu_mem_mb is None:  # whole cards: empty of ours and of anyone else's memory
+            if card.allocs or card.unmanaged:
+                return None, 0.0
+            return (card.total, True), 0.0
+        got = fit(card.total, card.unmanaged, card.reserved, len(card.allocs), card.exclusive,
+                  gpu_mem_mb, self.config.service_spare_mb if (card.service or service) else 0)
+        if got is None:
+            return None, 0.0
+        # _solo's packing term: fresh cards cost more, then the fuller card wins ties
+        left = (card.total - card.reserved - card.unmanaged - got[0]) / card.total
+        return got, self.config.w_pack * (not card.allocs) + 1e-4 * left
 
     def _feasible(self, shape: Shape, node: str, allowed: int) -> list:
         """[(card, fit)] of the node's ``allowed`` cards that can take one share of ``shape``."""
