@@ -813,10 +813,10 @@ class Engine:
                 "summary": views.status_summary(nodes, gpus),
                 "events": self.store.events(30)}
 
-    def gpus_json(self, node: str | None = None) -> list[dict]:
-        return [self._gpu_json(g) for g in self.gpu_views(node)]
+    def gpus_json(self, node: str | None = None, raw: bool = True) -> list[dict]:
+        return [self._gpu_json(g, raw) for g in self.gpu_views(node)]
 
-    def _gpu_json(self, gpu: GpuView) -> dict:
+    def _gpu_json(self, gpu: GpuView, raw: bool = True) -> dict:
         node = self.nodes[gpu.node]
         live = self.gpus[gpu.uuid]
         processes = [{"pid": p.pid, "name": p.name, "used_memory_mb": p.used_memory_mb,
@@ -825,7 +825,7 @@ class Engine:
         return views.gpu_json(gpu, node_up=node.state == NodeState.UP,
                               cuda_version=node.cuda_version,
                               nvlink=topo.nvlink_peers(node.topo, gpu.reading.index),
-                              processes=processes)
+                              processes=processes, raw=raw)
 
     def users_json(self) -> list[dict]:
         running: dict[str, int] = defaultdict(int)
@@ -942,4 +942,6 @@ class Engine:
 
     def publish_gpus(self, node: str) -> None:
         if self.subscribers:
-            self.publish({"type": "gpus", "node": node, "gpus": self.gpus_json(node)})
+            # Every node, every probe: the stream leaves out the raw reading (half the bytes;
+            # `nebula gpus` has it), which no subscriber shows.
+            self.publish({"type": "gpus", "node": node, "gpus": self.gpus_json(node, raw=False)})

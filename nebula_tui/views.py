@@ -35,8 +35,9 @@ def gpu_status(gpu: GpuView, node_up: bool) -> str:
 
 
 def gpu_json(gpu: GpuView, *, node_up: bool, cuda_version: str | None,
-             nvlink: list[dict], processes: list[dict]) -> dict:
-    """The R2 descriptor plus live readings; each slice names the job holding it."""
+             nvlink: list[dict], processes: list[dict], raw: bool = True) -> dict:
+    """The R2 descriptor plus live readings; each slice names the job holding it.
+    ``raw``: with the probe's whole reading as it came (``reading``), for ``nebula gpus``."""
     r = gpu.reading
     slices = [{"id": n, "memory_mb": p.memory_mb, "state": "allocated", "job": job_id,
                "exclusive": p.exclusive}
@@ -45,7 +46,7 @@ def gpu_json(gpu: GpuView, *, node_up: bool, cuda_version: str | None,
     if spare:
         slices.append({"id": len(slices) + 1, "memory_mb": spare, "state": "free", "job": None,
                        "exclusive": False})
-    return {
+    out = {
         "uuid": r.uuid, "node": gpu.node, "index": r.index, "model": r.name,
         "vendor": r.vendor, "total_memory_mb": r.memory_total_mb,
         "compute_capability": compute_capability(r.compute_cap), "pci_bus_id": r.pci_bus_id,
@@ -54,10 +55,13 @@ def gpu_json(gpu: GpuView, *, node_up: bool, cuda_version: str | None,
         "jobs": sorted({job_id for job_id, _ in gpu.placements}),
         "memory_used_mb": r.memory_used_mb, "utilization_pct": r.utilization_pct,
         "temperature_c": r.temperature_c, "power_w": r.power_w,
-        "unmanaged_used_mb": gpu.unmanaged_used_mb, "reading": asdict(r),
+        "unmanaged_used_mb": gpu.unmanaged_used_mb,
         "health_score": round(gpu.health_score, 3),
         "processes": processes,
     }
+    if raw:
+        out["reading"] = asdict(r)
+    return out
 
 
 def compute_capability(cc: str | None) -> str | None:
