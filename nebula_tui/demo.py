@@ -29,6 +29,10 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
     stop_service(home)  # one left by an earlier demo points at ports that are gone
     lab = start_lab(lab_dir, layout, home.root / "lab.log")
     supervisor = None
+    # A closed terminal (SIGHUP) or a plain kill (SIGTERM) would end the process at once and
+    # leave the lab and the service running: end it through the clean-up below instead.
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, _exit_cleanly)
     try:
         config = lab_dir / "nodes.yaml"
         supervisor = ServiceSupervisor(home, config, shared_group)
@@ -48,6 +52,10 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
         lab.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             lab.wait(10)
+
+
+def _exit_cleanly(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 class ServiceSupervisor:

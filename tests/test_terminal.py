@@ -54,9 +54,25 @@ def test_demo_renders_in_a_real_terminal_and_shows_a_job(demo_terminal):
     wait_for(lambda: "DEMO-EXITED 0" in screen(), 30, interval=0.3, what="the demo to quit")
     # Quitting the demo stops its lab and service: nothing of it keeps running.
     assert not (home / "nebula.sock").exists()
+    assert _demo_processes(home) == []
+
+
+def _demo_processes(home: Path) -> list[str]:
+    found = []
     for pattern in (f"sim.lab --dir {home}", f"serve --home {home}"):
-        leftovers = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
-        assert leftovers.stdout.split() == [], pattern
+        found += subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+    return found
+
+
+def test_closing_the_terminal_stops_the_demos_lab_and_service(demo_terminal):
+    """The terminal goes away (tmux killed: SIGHUP) while the demo runs: its lab and its
+    service stop with it rather than running on unseen."""
+    home = demo_terminal
+    wait_for(lambda: "node03" in screen(), 60, interval=0.3, what="the demo's overview")
+    assert _demo_processes(home)
+    subprocess.run(TMUX + ["kill-server"], check=True)
+    wait_for(lambda: not _demo_processes(home), 30, interval=0.3,
+             what="the demo's lab and service to stop")
 
 
 def test_tui_attach_suspends_the_tui_for_the_jobs_session(demo_terminal):
