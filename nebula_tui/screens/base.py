@@ -8,7 +8,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from ..api import ApiError
-from .keys import Key
+from .keys import Key, bindings
 
 
 class OpMissing(ApiError):
@@ -38,6 +38,12 @@ class ClusterScreen(Screen):
 
     #: This screen's keys (its BINDINGS are built from them; help and palette read them).
     KEYS: tuple[Key, ...] = ()
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        # A screen declares its keys once, as data; set before Textual reads BINDINGS.
+        if "KEYS" in cls.__dict__:
+            cls.BINDINGS = bindings(cls.KEYS)
+        super().__init_subclass__(**kwargs)
 
     _later = None  # the pending ``later`` timer, if any
     _shown_before = False

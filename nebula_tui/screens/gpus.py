@@ -21,8 +21,9 @@ from ..api import ApiError
 from ..model import format_mb
 from ..views import short_model
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
-from .keys import GPU_DETAIL_KEYS, GPUS_KEYS, bindings
-from .render import clock, memory_cell, sparkline, status_cell, sync_table, temp_text, util_cell
+from .keys import GPU_DETAIL_KEYS, GPUS_KEYS
+from .render import (clock, memory_cell, set_columns, sparkline, status_cell, sync_table, temp_text,
+                     util_cell)
 from .rowtable import RowTable
 
 # The facts people look for first come first: they must fit in 80 columns.
@@ -70,7 +71,6 @@ def gpu_matches(gpu: dict, holders: list[int], needle: str) -> bool:
 class GpusScreen(ClusterScreen):
     SCREEN_TITLE = "GPUs"
     KEYS = GPUS_KEYS
-    BINDINGS = bindings(GPUS_KEYS)
 
     def __init__(self) -> None:
         super().__init__()
@@ -213,7 +213,6 @@ def curves_text(samples: list[dict], width: int) -> Text:
 class GpuDetailScreen(ClusterScreen):
     SCREEN_TITLE = "GPU"
     KEYS = GPU_DETAIL_KEYS
-    BINDINGS = bindings(GPU_DETAIL_KEYS)
 
     def __init__(self, uuid: str) -> None:
         super().__init__()
@@ -233,14 +232,10 @@ class GpuDetailScreen(ClusterScreen):
             yield Static(self.history_note, id="gpu-history")
 
     def on_mount(self) -> None:
-        slices = self.query_one("#gpu-slices", DataTable)
-        for key, label in (("id", "Slice"), ("mem", "Memory"), ("state", "State"), ("job", "Held by")):
-            slices.add_column(label, key=key)
-        slices.border_title = "Slices"
-        procs = self.query_one("#gpu-procs", DataTable)
-        for key, label in (("pid", "PID"), ("name", "Process"), ("mem", "Memory"), ("owner", "Owner")):
-            procs.add_column(label, key=key)
-        procs.border_title = "Processes"
+        set_columns(self.query_one("#gpu-slices", DataTable),
+                    (("id", "Slice"), ("mem", "Memory"), ("state", "State"), ("job", "Held by")), "Slices")
+        set_columns(self.query_one("#gpu-procs", DataTable),
+                    (("pid", "PID"), ("name", "Process"), ("mem", "Memory"), ("owner", "Owner")), "Processes")
         self.query_one("#gpu-history").border_title = "History (R18)"
         self.load_history()
         self.set_interval(HISTORY_RELOAD_S, self.load_history)

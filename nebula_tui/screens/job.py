@@ -23,7 +23,7 @@ from ..model import Job, JobSpec, JobState, Placement, format_mb
 from ..remote.launcher import job_environment
 from .base import ClusterScreen, OpMissing
 from .cluster import FINISHED
-from .keys import JOB_KEYS, bindings
+from .keys import JOB_KEYS
 from .render import STATUS_STYLE, ago, clock, job_size, job_state
 
 #: How often the log is polled while following (seconds).
@@ -109,7 +109,6 @@ def env_text(job: dict) -> Text:
 class JobScreen(ClusterScreen):
     SCREEN_TITLE = "Job"
     KEYS = JOB_KEYS
-    BINDINGS = bindings(JOB_KEYS)
 
     def __init__(self, job_id: int) -> None:
         super().__init__()

@@ -19,7 +19,7 @@ from ..api import ApiError
 from ..model import format_mb
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .keys import HELP_KEYS, NODES_KEYS, bindings
-from .render import ago, clock, selected_key, status_cell, sync_table
+from .render import ago, clock, selected_key, set_columns, status_cell, sync_table
 
 NODE_COLUMNS = (("name", "Node"), ("host", "Host"), ("state", "State"), ("gpus", "GPUs"),
                 ("free", "Free VRAM"), ("seen", "Seen"), ("reason", "Reason"))
@@ -126,7 +126,6 @@ def node_cells(node: dict, gpus: list[dict]) -> tuple:
 class NodesScreen(ClusterScreen):
     SCREEN_TITLE = "Nodes"
     KEYS = NODES_KEYS
-    BINDINGS = bindings(NODES_KEYS)
 
     def __init__(self) -> None:
         super().__init__()
@@ -139,15 +138,8 @@ class NodesScreen(ClusterScreen):
             yield DataTable(id="events-table", cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:
-        nodes = self.query_one("#nodes-table", DataTable)
-        for key, label in NODE_COLUMNS:
-            nodes.add_column(label, key=key)
-        nodes.border_title = "Nodes"
-        events = self.query_one("#events-table", DataTable)
-        for key, label in EVENT_COLUMNS:
-            events.add_column(label, key=key)
-        events.border_title = "Events log"
-        nodes.focus()
+        set_columns(self.query_one("#events-table", DataTable), EVENT_COLUMNS, "Events log")
+        set_columns(self.query_one("#nodes-table", DataTable), NODE_COLUMNS, "Nodes").focus()
         self.set_interval(EVENTS_RELOAD_S, self.reload)
 
     def on_screen_resume(self) -> None:

@@ -15,7 +15,7 @@ from textual.widgets import Static
 
 from ..views import status_summary, status_text
 from .base import TELEMETRY_EVERY_S, ClusterScreen
-from .keys import OVERVIEW_KEYS, bindings
+from .keys import OVERVIEW_KEYS
 from .nodecards import NodeCards
 from .render import clock, job_cells_overview, node_card
 from .rowtable import RowTable
@@ -35,7 +35,6 @@ class OverviewScreen(ClusterScreen):
 
     SCREEN_TITLE = "Overview"
     KEYS = OVERVIEW_KEYS
-    BINDINGS = bindings(OVERVIEW_KEYS)
 
     def __init__(self) -> None:
         super().__init__()

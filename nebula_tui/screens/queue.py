@@ -20,7 +20,7 @@ from textual.widgets import Static
 from ..api import ApiError
 from .base import TELEMETRY_EVERY_S, ClusterScreen
 from .cluster import fair_share_order, user_weight
-from .keys import QUEUE_KEYS, bindings
+from .keys import QUEUE_KEYS
 from .render import ago, job_size, job_state, job_where, status_cell
 from .rowtable import RowTable
 
@@ -56,7 +56,6 @@ def queue_cells(job: dict, place: int | None, now: float) -> tuple:
 class QueueScreen(ClusterScreen):
     SCREEN_TITLE = "Queue"
     KEYS = QUEUE_KEYS
-    BINDINGS = bindings(QUEUE_KEYS)
 
     def __init__(self) -> None:
         super().__init__()

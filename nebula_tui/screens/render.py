@@ -200,6 +200,14 @@ def clock(t: float | None) -> str:
 BULK_REMOVE = 50
 
 
+def set_columns(table: DataTable, columns, title: str) -> DataTable:
+    """Give a fresh table its (key, label) columns and its border title."""
+    for key, label in columns:
+        table.add_column(label, key=key)
+    table.border_title = title
+    return table
+
+
 def sync_table(table: DataTable, shown: dict[Hashable, tuple], rows: dict[str, tuple]) -> bool:
     """Make ``table`` show ``rows`` (key -> cells): add new rows, drop gone ones, and rewrite
     only the cells that changed. ``shown`` is what the table holds now; it is updated.

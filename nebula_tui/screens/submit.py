@@ -18,7 +18,7 @@ from textual.widgets import Button, Input, Label, Static
 from ..api import MAX_GPU_COUNT, ApiError
 from ..model import format_mb, parse_size_mb
 from .base import ClusterScreen, OpMissing
-from .keys import SUBMIT_KEYS, bindings
+from .keys import SUBMIT_KEYS
 
 #: Quiet time after the last keystroke before the preview is asked for (seconds).
 PREVIEW_DELAY_S = 0.3
@@ -91,7 +91,6 @@ class Submitted(Message):
 class SubmitScreen(ClusterScreen):
     SCREEN_TITLE = "Submit"
     KEYS = SUBMIT_KEYS
-    BINDINGS = bindings(SUBMIT_KEYS)
 
     def __init__(self) -> None:
         super().__init__()

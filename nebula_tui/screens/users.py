@@ -15,8 +15,8 @@ from textual.widgets import DataTable, Static
 from ..api import ApiError
 from .base import ClusterScreen
 from .cluster import FINISHED, user_weight
-from .keys import USERS_KEYS, bindings
-from .render import bar, load_style, sync_table
+from .keys import USERS_KEYS
+from .render import bar, load_style, set_columns, sync_table
 
 USER_COLUMNS = (("name", "User"), ("weight", "Weight"), ("hours", "GPU-hours / quota"),
                 ("finished", "Finished"), ("running", "Running"), ("waiting", "Waiting"))
@@ -39,7 +39,6 @@ def user_cells(row: dict, waiting: int) -> tuple:
 class UsersScreen(ClusterScreen):
     SCREEN_TITLE = "Users"
     KEYS = USERS_KEYS
-    BINDINGS = bindings(USERS_KEYS)
 
     def __init__(self) -> None:
         super().__init__()
@@ -53,11 +52,7 @@ class UsersScreen(ClusterScreen):
             yield DataTable(id="users-table", cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:
-        table = self.query_one("#users-table", DataTable)
-        for key, label in USER_COLUMNS:
-            table.add_column(label, key=key)
-        table.border_title = "Users"
-        table.focus()
+        set_columns(self.query_one("#users-table", DataTable), USER_COLUMNS, "Users").focus()
         self.set_interval(USERS_RELOAD_S, self.reload)
 
     def on_screen_resume(self) -> None:
