@@ -669,7 +669,7 @@ class World:
                 if k == 2:
                     return self._best_pair(shape, feasible, node)
                 if min(config.w_hot, config.w_load, config.w_pack, config.w_health, config.w_topology) >= 0:
-                    return self._best_pruned(shape, feasible, node, k)
+                    return self._best_pruned(shape, feasible, k)
         score = self._set_scorer(shape, feasible)
         combo = best_subset(len(feasible), k, score, config.max_combinations)
         return score(combo), [feasible[i] for i in combo]
@@ -704,27 +704,18 @@ class World:
                     best, best_score = (a, b), value
         return best_score, [feasible[best[0]], feasible[best[1]]]
 
-    def _best_pruned(self, shape: Shape, feasible: list, node: str, k: int) -> tuple[float, list]:
+    def _best_pruned(self, shape: Shape, feasible: list, k: int) -> tuple[float, list]:
         """:meth:`best_on_node` for k >= 3 of one node's cards: best_subset's exhaustive
-        search, in its order, with :meth:`_set_scorer`'s arithmetic, that drops every
-        combination whose first cards already cannot beat the best so far. As cards join a
-        set its hottest card only gets hotter and its least healthy only less healthy, and
-        the packing and topology terms are never negative (weights are not), so the first
-        two terms of a prefix bound every set that grows from it."""
-        config = self.config
-        w_health, w_pack, w_topology = config.w_health, config.w_pack, config.w_topology
-        cards = [c for c, _ in feasible]
-        n = len(cards)
-        thermal = [c.thermal for c in cards]
-        health = [c.health for c in cards]
-        model = [c.model for c in cards]
-        table = self.ranks.get(node, {})
-        rank = [[table.get((a.index, b.index), UNKNOWN_RANK) for b in cards] for a in cards]
-        pack = shape.slice
-        if pack:
-            fresh = [not c.allocs for c in cards]
-            left = [(c.total - c.reserved - c.unmanaged - f[0]) / c.total for c, f in feasible]
-        pairs = k * (k - 1) // 2
+        search, in its order, scored by :meth:`_set_scorer`, that drops every combination
+        whose first cards already cannot beat the best so far. As cards join a set its
+        hottest card only gets hotter and its least healthy only less healthy, and the
+        packing and topology terms are never negative (weights are not), so the first two
+        terms of a prefix bound every set that grows from it."""
+        w_health = self.config.w_health
+        score = self._set_scorer(shape, feasible)
+        thermal = [c.thermal for c, _ in feasible]
+        health = [c.health for c, _ in feasible]
+        n = len(feasible)
         best: list = [math.inf, None]
         combo: list[int] = []
 
@@ -733,21 +724,7 @@ class World:
                 return  # nothing grown from here beats the best: its first terms already do not
             depth = len(combo)
             if depth == k:
-                value = hottest
-                value += w_health * (1.0 - frailest)
-                if pack:
-                    share = sum(1 for i in combo if fresh[i]) / k
-                    value += w_pack * share + 1e-4 * (sum([left[i] for i in combo]) / k)
-                weakest, total = BEST_RANK, 0
-                for x in range(k - 1):
-                    row = rank[combo[x]]
-                    for y in range(x + 1, k):
-                        r = row[combo[y]]
-                        if r < weakest:
-                            weakest = r
-                        total += r
-                mixed = len({model[i] for i in combo}) > 1
-                value += w_topology * topology_penalty(weakest, mixed, total / pairs)
+                value = score(tuple(combo))
                 if value < best[0]:
                     best[0], best[1] = value, tuple(combo)
                 return
