@@ -31,7 +31,7 @@ class Card:
 
     __slots__ = ("uuid", "node", "index", "order", "total", "unmanaged", "blocked", "health",
                  "model", "vendor", "capability", "cuda", "thermal", "allocs", "reserved",
-                 "exclusive", "service", "hw", "bit", "spot", "base")
+                 "exclusive", "service", "hw", "bit", "spot", "base", "state")
 
     def __init__(self, view: GpuView, order: int, services: frozenset[int],
                  config: SchedulerConfig, memo: dict | None = None) -> None:
@@ -69,6 +69,7 @@ class Card:
             self.service = self.service or job in services
         self.bit = 0  # this card's bit among its node's cards (set by World)
         self.spot = -1  # its place among its node's takers, -1 if it takes no work (World)
+        self.state = -1  # what its fit depends on, as a small number (set by World)
 
     def copy(self) -> Card:
         other = object.__new__(Card)
@@ -81,6 +82,11 @@ class Card:
         keep = spare_mb if (self.service or service_job) else 0
         return fit(self.total, self.unmanaged, self.reserved, len(self.allocs), self.exclusive,
                    gpu_mem_mb, keep)
+
+    def state_key(self) -> tuple:
+        """What a request's fit on this card and the changing part of its score depend on."""
+        return (self.total, self.unmanaged, self.reserved, len(self.allocs), self.exclusive,
+                self.service)
 
     def add(self, job_id: int, placement: Placement, service: bool) -> None:
         self.allocs.append((job_id, placement))
@@ -259,7 +265,7 @@ class World:
     """
 
     def __init__(self, cards: list[Card], ranks: Mapping[str, Mapping[tuple[int, int], int]],
-                 config: SchedulerConfig) -> None:
+                 config: SchedulerConfig, states: dict[tuple, int] | None = None) -> None:
         self.cards = cards
         self.ranks = ranks
         self.config = config
@@ -279,12 +285,16 @@ class World:
         self.takers_hw: dict[str, tuple] = {}
         #: per node, how many of its cards (all of them) are of each hardware class
         self.node_hw: dict[str, dict[tuple, int]] = {}
+        #: card state (Card.state_key) -> a number naming it: cheap to hash per card and
+        #: request class. Shared with this world's futures, which share unchanged cards.
+        self._states: dict[tuple, int] = {} if states is None else states
         floor = config.min_health_score
         for node, node_cards in self.by_node.items():
             takers, mask = [], 0
             for position, card in enumerate(node_cards):
                 card.bit = 1 << position
                 card.spot = -1
+                card.state = self._state_number(card)
                 self.classes.setdefault(card.hw, card)
                 if not card.blocked and card.health >= floor:
                     card.spot = len(takers)
@@ -309,6 +319,7 @@ class World:
         self._node_fits: dict[str, list[_Fits]] = {node: [] for node in self.by_node}
         self._best: dict[tuple, dict] = {}  # (memory, service, k) -> slot -> (version, best)
         self._excluded: dict[object, dict[str, int]] = {}
+        self._missed: dict[tuple, tuple[int, dict[str, int]]] = {}  # see _counts
         self.node_order = {node: node_cards[0].order for node, node_cards in self.by_node.items()}
         self._answers: dict[tuple, dict] = {}  # (memory, service) -> card state -> _answer
 
@@ -331,7 +342,14 @@ class World:
                 card = card.copy()  # cards nobody leaves are shared: a future world only reads
                 card.drop(ended)
             cards.append(card)
-        return type(self)(cards, self.ranks, self.config)
+        return type(self)(cards, self.ranks, self.config, self._states)
+
+    def _state_number(self, card: Card) -> int:
+        key = card.state_key()
+        number = self._states.get(key)
+        if number is None:
+            number = self._states[key] = len(self._states)
+        return number
 
     def holders(self) -> set[int]:
         return {j for c in self.cards for j, _ in c.allocs}
@@ -342,6 +360,7 @@ class World:
             if not card.allocs:
                 self.empty[card.node] -= 1
             card.add(job_id, placement, service)
+            card.state = self._state_number(card)
             for fits in self._node_fits[card.node]:
                 fits.dirty.append(card.spot)
             self.version[card.node] += 1
@@ -433,11 +452,7 @@ class World:
         if found is not None:
             chosen = found[1]
             return Found([c for c, _ in chosen], [f for _, f in chosen], found[0])
-        mem, service = shape.gpu_mem_mb, shape.service
-        counts = {}
-        for node, mask in elig.masks.items():
-            allowed = mask & ~skip[node] if node in skip else mask
-            counts[node] = (self._fits_now(node, mem, service).mask & allowed).bit_count()
+        counts = self._counts(shape, elig, skip, token)
         if shape.max_nodes > 1:
             # _across_nodes takes the nodes with the most such cards first: it needs no others
             order = self.node_order
@@ -446,6 +461,33 @@ class World:
             if found is not None:
                 return found
         return Missed(counts)
+
+    def _counts(self, shape: Shape, elig: Eligibility, skip: Mapping[str, int], token: object
+                ) -> dict[str, int]:
+        """Per eligible node, how many of its allowed cards fit one share now. Requests of
+        other gang sizes read the same counts; only nodes changed since they were last
+        counted are counted again."""
+        mem, service = shape.gpu_mem_mb, shape.service
+        key = (elig.sig, mem, service, token)
+        seen = self._missed.get(key)
+        changes = self._changes
+        if seen is None:
+            nodes: Iterable[str] = elig.masks
+            counts: dict[str, int] = {}
+        else:
+            cursor, counts = seen
+            nodes = dict.fromkeys(changes[cursor:])
+        masks, kept = elig.masks, self._fits
+        for node in nodes:
+            mask = masks.get(node)
+            if mask is not None:
+                allowed = mask & ~skip[node] if node in skip else mask
+                fits = kept.get((node, mem, service))
+                if fits is None or fits.dirty:
+                    fits = self._fits_now(node, mem, service)
+                counts[node] = (fits.mask & allowed).bit_count()
+        self._missed[key] = (len(changes), counts)
+        return dict(counts)  # the caller's own: later starts update the kept one
 
     def _make_index(self, shape: Shape, elig: Eligibility, skip: Mapping[str, int],
                     board: _Board) -> _Index:
@@ -555,11 +597,9 @@ class World:
                 answers = self._answers[(gpu_mem_mb, service)] = {}
             for spot in fits.dirty:
                 card = takers[spot]
-                state = (card.total, card.unmanaged, card.reserved, len(card.allocs),
-                         card.exclusive, card.service)
-                known = answers.get(state)
+                known = answers.get(card.state)
                 if known is None:
-                    known = answers[state] = self._answer(card, gpu_mem_mb, service)
+                    known = answers[card.state] = self._answer(card, gpu_mem_mb, service)
                 got = known[0]
                 if got is None:
                     pairs[spot], scores[spot] = None, math.inf
@@ -598,12 +638,14 @@ class World:
         ``cache`` at ``slot`` until a start changes the node."""
         k = shape.gpu_count
         if k == 1:  # best_on_node's one-card loop (the first of the lowest), on kept scores
-            fits = self._fits_now(node, shape.gpu_mem_mb, shape.service)
+            fits = self._fits.get((node, shape.gpu_mem_mb, shape.service))
+            if fits is None or fits.dirty:
+                fits = self._fits_now(node, shape.gpu_mem_mb, shape.service)
             scores = fits.scores
             if allowed != self.takers_mask[node]:
                 takers = self.takers[node]
                 scores = [value if takers[i].bit & allowed else math.inf for i, value in enumerate(scores)]
-            best = min(scores, default=math.inf)
+            best = min(scores) if scores else math.inf
             found = None if best == math.inf else (best, [fits.pairs[scores.index(best)]])
         else:
             feasible = self._feasible(shape, node, allowed)
