@@ -28,7 +28,7 @@ from nebula_tui.scheduler import (PendingJob, RunningJob, SchedulerConfig, Snaps
 from nebula_tui.scheduler.fairshare import order_key
 from nebula_tui.scheduler.filters import sm_name, version_text
 from nebula_tui.scheduler.placement import Card, Eligibility, Found, Missed, World
-from nebula_tui.scheduler.queue import Reservation, _Pass
+from nebula_tui.scheduler.queue import Reservation, _Pass, order
 from nebula_tui.scheduler.reasons import blocked_text, cards_text, needs
 from nebula_tui.scheduler.slices import fit
 from nebula_tui.scheduler.topology import best_subset, gpu_number, link_rank
@@ -303,3 +303,23 @@ def test_the_comparison_sees_every_kind_of_answer():
                     seen.add(marker)
     assert seen >= {"start", "multi-node start", "reserved for it", "held for job", "none is free now",
                     "no GPU with", "the largest node has", "cannot run", "over quota"}, seen
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.sampled_from("abcdef"), st.integers(0, 3),
+                          st.sampled_from([0, 0, 0, 1, -1])), max_size=40, unique_by=lambda t: t[0]),
+       st.dictionaries(st.sampled_from("abcde"), st.sampled_from([None, 1.0, 1.0, 1.5, 2.0])))
+def test_queue_order_is_the_fair_share_key(rows, weights):
+    """``order`` groups jobs by weight instead of sorting on tuples: it must give
+    ``order_key``'s order, ties included (users sharing a weight, equal submit times, users
+    with no share, priorities either way), whatever order the queue comes in."""
+    jobs = [PendingJob(id=i, user=user, gpu_count=1, gpu_mem_mb=None, submitted_at=float(t),
+                       priority=prio) for i, user, t, prio in rows]
+    users = {name: None if w is None else UserShare(name, w) for name, w in weights.items()}
+
+    def weight(user):
+        share = users.get(user)
+        return 1.0 if share is None else share.weight
+
+    expected = sorted(jobs, key=lambda j: order_key(j.priority, weight(j.user), j.submitted_at, j.id))
+    assert [j.id for j in order(tuple(jobs), users)] == [j.id for j in expected]

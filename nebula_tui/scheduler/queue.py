@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from ..model import format_mb
+from .fairshare import order_key
 from .filters import make_filter, sm_name, version_text
 from .placement import Found, Shape, World
 from .reasons import best_now, blocked_text, cards_text, in_time, join_ids, needs
@@ -43,26 +44,48 @@ from .snapshot import Decision, Fail, PendingJob, Snapshot, Start, Wait
 def order(queue: Sequence[PendingJob], users=None) -> list[PendingJob]:
     """The order jobs are considered in: priority, fair-share weight, submit time, id.
 
-    That is ``fairshare.order_key``; a long queue is sorted one field at a time, least
-    significant first (each sort is stable), which compares plain numbers instead of tuples,
-    and a field every job shares is not sorted on at all.
+    That is ``fairshare.order_key``. A long queue is not sorted on tuples: jobs are grouped
+    by their user's weight (a few dozen users own thousands of jobs), each group is sorted
+    by submit time (each sort is stable and starts in id order), and the groups are joined
+    lightest first. The few jobs an admin raised (or lowered) are sorted apart on the whole
+    key and put before (or after) the rest.
     """
     users = users or {}
     weights = {name: 1.0 if share is None else share.weight for name, share in users.items()}
-    jobs = sorted(queue, key=_ID)  # a queue listed by id (the usual case) is sorted in one pass
-    jobs.sort(key=_SUBMITTED)
-    if len(set(weights.values())) > 1 or (weights and 1.0 not in weights.values()):
-        # Each job's weight looked up in C (no Python key function per job), then a stable
-        # sort of positions by weight: the same order as sorting the jobs by weight.
-        users = {user: weights.get(user, 1.0) for user in set(map(_USER, jobs))}
-        ranked = list(map(users.__getitem__, map(_USER, jobs)))
-        jobs = list(map(jobs.__getitem__, sorted(range(len(jobs)), key=ranked.__getitem__)))
-    if any(map(_PRIORITY, jobs)):  # anyone's priority raised (or lowered): sort on it too
-        jobs.sort(key=_PRIORITY, reverse=True)  # reverse keeps equal priorities in order
+    by_user: dict[str, list[PendingJob]] = {}
+    special = []  # jobs with a priority
+    for job in sorted(queue, key=_ID):  # each user's jobs, in id order
+        if job.priority:
+            special.append(job)
+            continue
+        mine = by_user.get(job.user)
+        if mine is None:
+            by_user[job.user] = [job]
+        else:
+            mine.append(job)
+    groups: dict[float, list[PendingJob]] = {}
+    mixed = set()  # weights shared by several users: their jobs are no longer in id order
+    for user, mine in by_user.items():
+        weight = weights.get(user, 1.0)
+        group = groups.get(weight)
+        if group is None:
+            groups[weight] = mine
+        else:
+            group += mine
+            mixed.add(weight)
+    special.sort(key=lambda j: order_key(j.priority, weights.get(j.user, 1.0), j.submitted_at, j.id))
+    jobs = [job for job in special if job.priority > 0]
+    for weight in sorted(groups):
+        group = groups[weight]
+        if weight in mixed:
+            group.sort(key=_ID)
+        group.sort(key=_SUBMITTED)
+        jobs += group
+    jobs += [job for job in special if job.priority < 0]
     return jobs
 
 
-_ID, _SUBMITTED, _PRIORITY, _USER = (attrgetter(name) for name in ("id", "submitted_at", "priority", "user"))
+_ID, _SUBMITTED = attrgetter("id"), attrgetter("submitted_at")
 
 
 @dataclass(frozen=True)
@@ -90,20 +113,31 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
 
 
 _UNKNOWN = object()
-#: the fields of a job that make its request (jobs alike share one :class:`_Request`)
-_REQUEST = attrgetter("gpu_count", "gpu_mem_mb", "service", "max_nodes", "vendor", "arch", "cuda")
 
 
 class _Request:
     """One distinct request of the pass (jobs with equal shapes share it) and what the pass
-    learned about it: why it can never run, and why it was refused (by ``may_use``)."""
+    learned about it: why it can never run, and why it was refused (by ``may_use``).
+    ``quick``: the reason every job of the request now waits with, whatever its --time
+    (None while that depends on the job, or nothing is known yet)."""
 
-    __slots__ = ("shape", "impossible", "refused")
+    __slots__ = ("shape", "impossible", "refused", "quick")
 
     def __init__(self, shape: Shape | str) -> None:
         self.shape = shape
         self.impossible: object = _UNKNOWN
         self.refused: dict[bool, str] = {}
+        self.quick: str | None = None
+
+    def judged(self, impossible: str | None) -> None:
+        self.impossible = impossible
+        self.quick = impossible or None
+
+    def refuse(self, may_use: bool, reason: str) -> None:
+        """Record that jobs that may (or may not) use reserved cards cannot start."""
+        self.refused[may_use] = reason
+        # refused[True] also answers jobs that may not use them, unless they have their own
+        self.quick = self.refused[True] if False not in self.refused and True in self.refused else None
 
 
 class _Pass:
@@ -116,10 +150,11 @@ class _Pass:
         services = {r.id for r in snapshot.running if r.service}
         self.world = self.world_class.build(snapshot.gpus, snapshot.topologies, services, self.config)
         self.ends: dict[int, float | None] = {r.id: r.ends_at for r in snapshot.running}
-        self.running_ids = set(self.ends) | self.world.holders()
-        self.queue = {j.id: j for j in snapshot.queue}
+        self.holding = self.world.holders()  # jobs holding cards, those started by the pass too
+        self.running_ids = set(self.ends) | self.holding
+        self.queue = dict(zip(map(_ID, snapshot.queue), snapshot.queue))
         self.node_order = {node: cards[0].order for node, cards in self.world.by_node.items()}
-        self.requests: dict[tuple, _Request] = {}  # by the job's own request fields
+        self.requests: dict[str, _Request] = {}  # by PendingJob.request_key
         self.by_shape: dict[Shape, _Request] = {}  # equal shapes share one request
         self.fates: dict[int, tuple[str, str]] = {}
         self._pools: dict[tuple, object] = {}
@@ -134,25 +169,23 @@ class _Pass:
         append, decide = decisions.append, self.decide
         now = self.now
         for job in jobs:
-            req = get(_REQUEST(job)) or request(job)
+            req = get(job.request_key) or request(job)
             # The common cases first, inline: a job without --after whose request was already
             # refused in this pass (a start only takes cards) waits with the same sentence,
             # and so does one no card of the cluster could ever serve.
             if not job.after and job.user not in refusing:
-                impossible = req.impossible
-                if impossible is None:
-                    refused = req.refused
-                    if refused:
-                        res = self.reservation
-                        limit = job.time_limit_s
-                        reason = refused.get(res is None or (limit is not None and now + limit <= res.start)) \
-                            or refused.get(True)
-                        if reason is not None:
-                            append(Wait(job.id, reason))
-                            continue
-                elif impossible and impossible is not _UNKNOWN:  # no card could ever serve it
-                    append(Wait(job.id, impossible))
+                quick = req.quick
+                if quick is not None:
+                    append(Wait(job.id, quick))
                     continue
+                refused = req.refused
+                if refused:  # the reason may depend on whether the job may use reserved cards
+                    res = self.reservation
+                    limit = job.time_limit_s
+                    reason = refused.get(res is None or (limit is not None and now + limit <= res.start))
+                    if reason is not None:
+                        append(Wait(job.id, reason))
+                        continue
             append(decide(job, req))
         return decisions
 
@@ -174,7 +207,8 @@ class _Pass:
             return Wait(job.id, share.refusal)
         impossible = req.impossible
         if impossible is _UNKNOWN:
-            impossible = req.impossible = self._impossible(shape)
+            req.judged(self._impossible(shape))
+            impossible = req.impossible
         if impossible:
             return Wait(job.id, impossible)
         res = self.reservation
@@ -193,10 +227,10 @@ class _Pass:
             return self.start(job, found)
         if not may_use and isinstance(self.world.search(shape), Found):
             reason = f"held for job {res.job_id} (reserved {res.text} from {self.when(res.start)})"
-            refused[False] = reason
+            req.refuse(False, reason)
             return Wait(job.id, reason)
         reason = f"needs {needs(shape)}; {best_now(found.counts, shape, self.node_order)}"
-        refused[True] = reason
+        req.refuse(True, reason)
         if not self.reservation_tried:
             self.reservation_tried = True
             self.reservation = self.reserve(job, shape)
@@ -208,6 +242,7 @@ class _Pass:
     def start(self, job: PendingJob, found: Found) -> Start:
         placements = self.world.apply(job.id, found, job.service)
         self.running_ids.add(job.id)
+        self.holding.add(job.id)
         self.ends[job.id] = None if job.time_limit_s is None else self.now + job.time_limit_s
         return Start(job.id, placements)
 
@@ -218,7 +253,7 @@ class _Pass:
 
     # ------------------------------------------------------------ requests
     def request(self, job: PendingJob) -> _Request:
-        key = _REQUEST(job)
+        key = job.request_key
         req = self.requests.get(key)
         if req is None:
             if job.gpu_count < 1:
@@ -288,7 +323,7 @@ class _Pass:
         if req is None:
             req = self.by_shape[shape] = _Request(shape)
         if req.impossible is _UNKNOWN:
-            req.impossible = self._impossible(shape)
+            req.judged(self._impossible(shape))
         return req.impossible
 
     def _hardware(self, f) -> tuple[str, str] | frozenset:
@@ -391,7 +426,7 @@ class _Pass:
         computed once (:meth:`World.ready_times`), so a probe is a count per node; only the
         answer builds that future world and searches it for the cards.
         """
-        holders = self.world.holders()
+        holders = self.holding
         ends = sorted({e for j in holders if (e := self.ends.get(j)) is not None})
         if not ends:
             return None

@@ -33,6 +33,14 @@ class PendingJob:
     after: tuple[int, ...] = ()  # --after: start only once all these jobs succeeded (R25)
     time_limit_s: float | None = None  # --time; None: unbounded, so it never backfills (R25)
     service: bool = False  # --service: its cards keep SchedulerConfig.service_spare_mb (R14)
+    #: the fields that make its request, as one string: jobs asking alike share one key,
+    #: and a string keeps its hash, so a pass finds a job's request in one quick look-up
+    request_key: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "request_key", repr((
+            self.gpu_count, self.gpu_mem_mb, self.service, self.max_nodes, self.vendor, self.arch,
+            self.cuda)))
 
 
 @dataclass(frozen=True)
