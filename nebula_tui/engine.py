@@ -22,6 +22,7 @@ import pwd
 import re
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from . import node_admin, scheduler, views
@@ -86,6 +87,58 @@ class GpuLive:
     process_jobs: dict[str, str] = field(default_factory=dict)  # pid -> our job id
 
 
+class JobTable(dict):
+    """Every unfinished job by id, and which of them hold which GPU (``holding``).
+
+    The index follows every ``table[id] = job``, ``pop`` and ``del``, so one node's GPU
+    views (built on each of its probes) need not walk 10,000 jobs for their holders. Other
+    ways of changing a dict would leave the index behind: they raise TypeError.
+    """
+
+    def __init__(self, jobs: Iterable[Job] = ()) -> None:
+        super().__init__()
+        self.holding: dict[str, dict[int, Placement]] = {}  # GPU uuid -> job id -> placement
+        for job in jobs:
+            self[job.id] = job
+
+    def __setitem__(self, job_id: int, job: Job) -> None:
+        before = self.get(job_id)
+        if before is not None:
+            self._index(before, add=False)
+        super().__setitem__(job_id, job)
+        self._index(job, add=True)
+
+    def __delitem__(self, job_id: int) -> None:
+        self._index(self[job_id], add=False)
+        super().__delitem__(job_id)
+
+    def pop(self, job_id: int, *default):
+        if job_id in self:
+            self._index(self[job_id], add=False)
+        return super().pop(job_id, *default)
+
+    def _unsupported(self, *args, **kwargs):
+        raise TypeError("JobTable: set, pop or del one job at a time (the GPU index follows those)")
+
+    update = setdefault = popitem = clear = __ior__ = _unsupported
+
+    def _index(self, job: Job, *, add: bool) -> None:
+        if not job.state.holds_gpus:
+            return
+        for p in job.placements:
+            if add:
+                self.holding.setdefault(p.gpu_uuid, {})[job.id] = p
+            else:
+                held = self.holding.get(p.gpu_uuid, {})
+                held.pop(job.id, None)
+                if not held:
+                    self.holding.pop(p.gpu_uuid, None)
+
+    def held(self, uuid: str) -> tuple[tuple[int, Placement], ...]:
+        """(job id, placement) of every job holding GPU ``uuid``, by job id."""
+        return tuple(sorted(self.holding.get(uuid, {}).items()))
+
+
 def _int_or_none(text: str | None) -> int | None:
     return int(text) if text and text.isdigit() else None
 
@@ -127,7 +180,7 @@ class Engine:
         self.nodes = {n.name: NodeView(n.name, n.host, n.port, drained=n.drained)
                       for n in config.nodes}
         self.gpus: dict[str, GpuLive] = {}
-        self.jobs: dict[int, Job] = {}  # every job not yet finished
+        self.jobs = JobTable()  # every job not yet finished
         self.links: dict[str, NodeLink] = {}
         self.subscribers: set[asyncio.Queue] = set()
         self._finished_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
@@ -149,7 +202,7 @@ class Engine:
     # ------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         active = (JobState.PENDING, JobState.LAUNCHING, JobState.RUNNING)
-        self.jobs = {j.id: j for j in self.store.jobs(states=active)}
+        self.jobs = JobTable(self.store.jobs(states=active))
         self._cancelling = self.store.cancel_requested()
         self._register_known_gpus()
         stored = {row["name"]: row for row in self.store.nodes()}
@@ -454,14 +507,10 @@ class Engine:
 
     def gpu_views(self, node: str | None = None) -> list[GpuView]:
         """Every GPU (or only ``node``'s: one node's readings are published once per probe,
-        and building all 1,000 views of a big cluster for each would cost the head a core)."""
-        held: dict[str, list[tuple[int, Placement]]] = defaultdict(list)
-        for job in self.jobs.values():
-            for p in job.placements:
-                if (node is None or p.node == node) and job.state.holds_gpus:
-                    held[p.gpu_uuid].append((job.id, p))
+        and building all 1,000 views of a big cluster for each would cost the head a core;
+        who holds each GPU comes from the jobs' index, not a walk over every job)."""
         return [GpuView(node=live.node, reading=live.reading, blocked=self._blocked(live),
-                        maintenance=live.maintenance, placements=tuple(held[uuid]),
+                        maintenance=live.maintenance, placements=self.jobs.held(uuid),
                         unmanaged_used_mb=live.unmanaged_used_mb,
                         cuda_version=self.nodes[live.node].cuda_version,
                         health_score=self.health.score(live.node))
