@@ -297,9 +297,9 @@ async def measure(socket: Path, idle_s: float, presses: int) -> dict:
     updates = [0]  # node readings the TUI received
     apply_gpus = app.cluster.apply_gpus
 
-    def counted(node: str, gpus: list[dict]) -> None:
+    def counted(*event) -> bool:
         updates[0] += 1
-        apply_gpus(node, gpus)
+        return apply_gpus(*event)
 
     app.cluster.apply_gpus = counted
     async with app.run_test(size=(160, 48)) as pilot:

@@ -4,6 +4,21 @@ JSON lines over a Unix socket. A client sends one request ``{"op": …, …}`` a
 reply ``{"ok": true, …}`` or ``{"ok": false, "error": "…"}``; ``wait`` replies when the job
 ends, ``subscribe`` replies with a snapshot and then streams events until the client goes.
 The server learns who is asking from the kernel (``SO_PEERCRED``), never from the request.
+
+The subscription: first ``{"ok": true, "type": "snapshot", "nodes", "gpus", "jobs",
+"summary", "events"}`` (GPUs as ``views.gpu_json`` without the raw reading), then one line
+per event, each with a ``type``:
+
+* ``job``: ``{"job": …}``, a job as ``views.job_json`` (whole, after each change);
+* ``node``: ``{"node": …}``, a node (whole; ``"state": "removed"`` when it left);
+* ``event``: ``{"event": …}``, a line of the events log;
+* ``gpus``: ``{"node": N, "gpus": {uuid: fields}, "gone": [uuid, …]}``, after each probe
+  of node N and each change to what its GPUs show: only what changed since the
+  subscriber's previous state of N's GPUs (the snapshot, then every ``gpus`` event of N
+  applied in order). ``fields`` holding ``"uuid"`` is a whole GPU (new to the subscriber,
+  or moved to N): it replaces any earlier one; otherwise it is the fields whose values
+  changed, to merge. GPUs of N not listed did not change; ``gone`` (present only when some
+  went) names GPUs no longer on N. An event with no GPUs still means N reported.
 """
 
 from __future__ import annotations
@@ -298,14 +313,14 @@ class ApiServer:
 
     async def _subscribe(self, writer: asyncio.StreamWriter) -> None:
         queue: asyncio.Queue = asyncio.Queue()
-        self.engine.subscribers.add(queue)
+        snapshot = self.engine.subscribe(queue)
         try:
-            await self._send(writer, {"ok": True, "type": "snapshot", **self.engine.snapshot()})
+            await self._send(writer, {"ok": True, "type": "snapshot", **snapshot})
             while True:
                 event = await queue.get()
                 await self._send(writer, event)
         finally:
-            self.engine.subscribers.discard(queue)
+            self.engine.unsubscribe(queue)
 
 
 # ====================================================================== clients

@@ -183,6 +183,9 @@ class Engine:
         self.jobs = JobTable()  # every job not yet finished
         self.links: dict[str, NodeLink] = {}
         self.subscribers: set[asyncio.Queue] = set()
+        # What every subscriber holds of each node's GPUs (the last "gpus" event applied to
+        # the snapshot it started from): GPU events carry only the changes against it.
+        self._published: dict[str, dict[str, dict]] = {}  # node -> uuid -> GPU as sent
         self._finished_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
         self._wake = asyncio.Event()
         self._cancelling: set[int] = set()
@@ -855,9 +858,35 @@ class Engine:
                 "state": self.job(job_id).state.value}
 
     # ------------------------------------------------------- phase 4: publish
+    def subscribe(self, queue: asyncio.Queue) -> dict:
+        """A new subscriber: returns the snapshot it starts from, and puts every event
+        from now on in ``queue`` (``unsubscribe`` stops that).
+
+        "gpus" events carry changes against what subscribers already hold, so the snapshot
+        must be exactly that: GPUs that changed since their node's last event (or while
+        nobody listened) are first sent to the subscribers already listening, as events.
+        """
+        snap = self.snapshot()
+        by_node: dict[str, list[dict]] = {name: [] for name in self._published}
+        for gpu in snap["gpus"]:
+            by_node.setdefault(gpu["node"], []).append(gpu)
+        for node, gpus in by_node.items():
+            event = self._gpu_changes(node, gpus)
+            if event["gpus"] or "gone" in event:
+                self.publish(event)
+            if not gpus:
+                del self._published[node]
+        self.subscribers.add(queue)
+        return snap
+
+    def unsubscribe(self, queue: asyncio.Queue) -> None:
+        self.subscribers.discard(queue)
+
     def snapshot(self) -> dict:
+        """The whole state a subscriber starts from (GPUs without the raw probe reading,
+        like the stream's: `nebula gpus` has it, no subscriber shows it)."""
         nodes = [n.json() for n in self.nodes.values()]
-        gpus = self.gpus_json()
+        gpus = self.gpus_json(raw=False)
         return {"nodes": nodes, "gpus": gpus, "jobs": self.queue_json(),
                 "summary": views.status_summary(nodes, gpus),
                 "events": self.store.events(30)}
@@ -990,7 +1019,37 @@ class Engine:
             self.publish({"type": "job", "job": views.job_json(job)})
 
     def publish_gpus(self, node: str) -> None:
+        """One "gpus" event for ``node`` (after each of its probes, and after anything that
+        changes what its GPUs show): what changed since its last one (see ``_gpu_changes``).
+        Sent even when nothing changed: the node reported, and trends take a point."""
         if self.subscribers:
-            # Every node, every probe: the stream leaves out the raw reading (half the bytes;
-            # `nebula gpus` has it), which no subscriber shows.
-            self.publish({"type": "gpus", "node": node, "gpus": self.gpus_json(node, raw=False)})
+            # Every node, every probe: the stream leaves out the raw reading (`nebula gpus`
+            # has it), which no subscriber shows.
+            self.publish(self._gpu_changes(node, self.gpus_json(node, raw=False)))
+
+    def _gpu_changes(self, node: str, gpus: list[dict]) -> dict:
+        """The "gpus" event that brings subscribers from what they hold of ``node``'s GPUs
+        to ``gpus`` (and makes ``gpus`` what they hold):
+
+        ``{"type": "gpus", "node": N, "gpus": {uuid: fields}, "gone": [uuid, …]}``: for a
+        GPU new to subscribers (or whose set of fields changed) ``fields`` is the whole GPU
+        (it has ``"uuid"``); otherwise only the fields whose value changed, and GPUs with
+        none are left out. ``gone`` (only when some left) lists GPUs no longer on ``N``.
+        At 1 Hz from every node this is most of the stream: utilisation, temperature and
+        power, a few dozen bytes a GPU, instead of every GPU's ~700-byte descriptor.
+        """
+        before = self._published.get(node, {})
+        changes: dict[str, dict] = {}
+        for gpu in gpus:
+            old = before.get(gpu["uuid"])
+            if old is None or old.keys() != gpu.keys():
+                changes[gpu["uuid"]] = gpu
+            elif old != gpu:
+                changes[gpu["uuid"]] = {k: v for k, v in gpu.items() if old[k] != v}
+        now = {gpu["uuid"]: gpu for gpu in gpus}
+        self._published[node] = now
+        event = {"type": "gpus", "node": node, "gpus": changes}
+        gone = [uuid for uuid in before if uuid not in now]
+        if gone:
+            event["gone"] = gone
+        return event

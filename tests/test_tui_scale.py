@@ -140,10 +140,9 @@ async def test_gpu_table_sorts_every_row_and_follows_telemetry():
 
         # Telemetry of node000 arrives (a batch, as the event worker posts it): the visible
         # row shows the new reading.
-        fresh = [dict(g, utilization_pct=42.0, temperature_c=77.0)
-                 for g in app.cluster.node_gpus("node000")]
-        app._readings["node000"] = fresh
-        app.post_message(GpusChanged())
+        fresh = {g["uuid"]: {"utilization_pct": 42.0, "temperature_c": 77.0}
+                 for g in app.cluster.node_gpus("node000")}
+        app.post_message(GpusChanged([{"type": "gpus", "node": "node000", "gpus": fresh}]))
         await until(pilot, lambda: "77°C" in table.get_row("GPU-000-0")[4]
                     and "77°C" in screen_text(app), what="the new reading on screen")
         assert "42%" in table.get_row("GPU-000-0")[3]

@@ -119,7 +119,7 @@ class NebulaApp(App):
         self.cluster = Cluster()
         self.connection: tuple[str, bool] = ("connecting…", False)
         self.user: str | None = None  # who the head says we are (for "mine")
-        self._readings: dict[str, list[dict]] = {}  # telemetry batch: node -> newest readings
+        self._gpu_events: list[dict] = []  # telemetry batch: "gpus" events, in stream order
         if cluster_name:
             self.title = f"NebulaGrid — {cluster_name}"
 
@@ -178,13 +178,14 @@ class NebulaApp(App):
                     kind = event.get("type")
                     if kind == "snapshot":
                         delay = RETRY_FIRST_S
+                        self._gpu_events = []  # changes to an older state: superseded
                         self.post_message(SnapshotArrived(event))
                     elif kind == "job":
                         self.post_message(JobChanged(event["job"]))
                     elif kind == "gpus":
-                        self._readings[event["node"]] = event["gpus"]
-                        if len(self._readings) == 1:  # a new batch: one message for it
-                            loop.call_later(TELEMETRY_BATCH_S, self.post_message, GpusChanged())
+                        self._gpu_events.append(event)
+                        if len(self._gpu_events) == 1:  # a new batch: one message for it
+                            loop.call_later(TELEMETRY_BATCH_S, self._post_gpu_batch)
                     elif kind == "node":
                         self.post_message(NodeChanged(event["node"]))
                     elif kind == "event":
@@ -197,6 +198,13 @@ class NebulaApp(App):
             self.post_message(StreamLost(reason, delay))
             await asyncio.sleep(delay)
             delay = min(delay * RETRY_FACTOR, RETRY_MAX_S)
+
+    def _post_gpu_batch(self) -> None:
+        # The batch goes with its message: queued after any snapshot posted before it, so
+        # changes are always folded into the state they were sent against.
+        batch, self._gpu_events = self._gpu_events, []
+        if batch:
+            self.post_message(GpusChanged(batch))
 
     # ------------------------------------------------------------------ handlers
     def _visible(self) -> ClusterScreen | None:
@@ -230,9 +238,11 @@ class NebulaApp(App):
 
     @on(GpusChanged)
     def _gpus(self, message: GpusChanged) -> None:
-        batch, self._readings = self._readings, {}
-        for node, gpus in batch.items():
-            self.cluster.apply_gpus(node, gpus)
+        changed = set()
+        for event in message.events:
+            if self.cluster.apply_gpus(event["node"], event["gpus"], event.get("gone", ())):
+                changed.add(event["node"])
+        for node in changed:  # nodes whose readings did not move cost no screen work
             self._changed("gpus", node)
 
     @on(NodeChanged)

@@ -16,6 +16,8 @@ FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 EVENTS_KEPT = 500
 #: Utilisation readings kept per GPU for the GPU table's trend column.
 TREND_KEPT = 12
+#: GPU fields the cluster-wide counts (R1: idle/busy/…, total and free VRAM) depend on.
+COUNTED_FIELDS = frozenset({"status", "total_memory_mb", "slices"})
 
 
 class Cluster:
@@ -30,6 +32,7 @@ class Cluster:
         self.util_trend: dict[str, deque] = {}  # GPU uuid -> recent utilisation readings
         self.connected = False
         self.version = 0  # bumped on every change; cheap "anything new?" for timers
+        self.counts_version = 0  # bumped when GPUs come or go, or change a COUNTED_FIELDS value
 
     # ------------------------------------------------------------------ folding
     def apply_snapshot(self, snap: dict) -> None:
@@ -45,6 +48,7 @@ class Cluster:
             self._place(job, add=True)
         self.connected = True
         self.version += 1
+        self.counts_version += 1
 
     def apply_job(self, job: dict) -> dict | None:
         """Fold one job; returns the job as it was before (None when new to us)."""
@@ -69,18 +73,52 @@ class Cluster:
             else:
                 self.placed.get(p["uuid"], set()).discard(job["id"])
 
-    def apply_gpus(self, node: str, gpus: list[dict]) -> None:
-        for uuid in self.by_node.get(node, {}):
-            self.gpus.pop(uuid, None)
-        fresh = {g["uuid"]: g for g in gpus}
-        self.gpus.update(fresh)
-        self.by_node[node] = fresh
-        for g in gpus:
-            trend = self.util_trend.get(g["uuid"])
+    def apply_gpus(self, node: str, changes: dict[str, dict], gone=()) -> bool:
+        """Fold one "gpus" event of ``node`` (see ``api``): ``changes`` maps a GPU's uuid to
+        the whole GPU (it has "uuid") or to the fields that changed; ``gone`` lists GPUs no
+        longer on ``node``. Every GPU of the node takes a trend point (the node reported).
+        Returns whether anything a screen shows of the node's GPUs changed (a value, a GPU
+        come or gone, or a trend line's shape): when not, nothing needs redrawing.
+
+        A changed GPU is a new dict (screens may hold the old one); unchanged GPUs, most
+        of an idle cluster, cost a trend point each.
+        """
+        mine = self.by_node.setdefault(node, {})
+        changed = False
+        for uuid in gone:
+            gpu = self.gpus.get(uuid)
+            if gpu is not None and gpu["node"] == node:  # (not when it moved to another node)
+                del self.gpus[uuid]
+                self.util_trend.pop(uuid, None)
+                changed = True
+                self.counts_version += 1
+            mine.pop(uuid, None)
+        for uuid, fields in changes.items():
+            before = self.gpus.get(uuid)
+            if "uuid" in fields:  # a whole GPU
+                gpu = fields
+                if before is not None and before["node"] != node:  # it moved here
+                    self.by_node.get(before["node"], {}).pop(uuid, None)
+                self.counts_version += 1
+            elif before is not None:
+                gpu = {**before, **fields}
+                if not COUNTED_FIELDS.isdisjoint(fields):
+                    self.counts_version += 1
+            else:  # a change to a GPU this stream never sent: cannot merge it
+                continue
+            self.gpus[uuid] = mine[uuid] = gpu
+            changed = True
+        for uuid, gpu in mine.items():
+            util = gpu.get("utilization_pct")
+            trend = self.util_trend.get(uuid)
             if trend is None:  # (not setdefault: 1,000 readings a second, one deque each)
-                trend = self.util_trend[g["uuid"]] = deque(maxlen=TREND_KEPT)
-            trend.append(g.get("utilization_pct"))
-        self.version += 1
+                trend = self.util_trend[uuid] = deque(maxlen=TREND_KEPT)
+            if not changed and (len(trend) < TREND_KEPT or trend.count(util) != TREND_KEPT):
+                changed = True  # the trend line moves, though the reading did not
+            trend.append(util)
+        if changed:
+            self.version += 1
+        return changed
 
     def apply_node(self, node: dict) -> None:
         before = self.nodes.get(node["name"])

@@ -27,12 +27,17 @@ class JobChanged(Message):
 
 
 class GpusChanged(Message):
-    """Fresh readings arrived (every GPU of a node, per node, about once a second each).
+    """Fresh readings arrived: ``events``, the stream's "gpus" events (each the changes to
+    one node's GPUs, see ``api``; every node about once a second), in stream order.
 
-    Telemetry is batched: the ``events`` worker keeps the newest readings per node in the
-    app's batch and posts this message a moment after starting a new batch, so 125 nodes
-    reporting each second cost a few messages, not 125. The handler takes the batch.
+    Telemetry is batched: the ``events`` worker collects these events and posts this
+    message a moment after starting a new batch, so 125 nodes reporting each second cost a
+    few messages, not 125. A batch is never folded into a newer snapshot than its own.
     """
+
+    def __init__(self, events: list[dict]) -> None:
+        super().__init__()
+        self.events = events
 
 
 class NodeChanged(Message):

@@ -1,0 +1,197 @@
+"""The event stream's "gpus" events: only what changed, and a client that folds them in
+always holds what the head holds.
+
+The head here is the real ``Engine`` (store, probe parsing, publishing) fed the nodelet's
+probe messages directly, as ``bench/tui.py`` does; the client is the TUI's ``Cluster``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from nebula_tui.config import parse_config
+from nebula_tui.engine import Engine, JobTable
+from nebula_tui.model import Job, JobSpec, JobState, NodeState, Placement
+from nebula_tui.screens.cluster import Cluster
+from nebula_tui.store import Store
+
+NODES = ("node01", "node02")
+MODEL = "NVIDIA A100-SXM4-80GB"
+
+
+def gpu_row(node: str, index: int, util: float = 0, temp: float = 30, used: int = 0,
+            driver: str = "550.54.15") -> str:
+    """One line of ``nvidia-smi --query-gpu`` in the nodelet's field order."""
+    return (f"{index}, GPU-{node}-{index}, {MODEL}, 00000000:{index + 7:02X}:00.0, 81920, {used}, "
+            f"{util}, {temp}, 60.00, 400.00, [N/A], 1410, 1593, P0, {driver}, 8.0")
+
+
+def probe(node: str, rows: list[str]) -> dict:
+    return {"type": "probe", "t": 1.0, "error": "", "gpu_csv": "\n".join(rows) + "\n",
+            "apps_csv": "", "pid_jobs": {}}
+
+
+class QuietNode:
+    """A node link whose nodelet runs nothing: the engine's requests (reconcile, launch)
+    get the nodelet's empty replies."""
+
+    async def request(self, op: str, timeout: float | None = None, **fields) -> dict:
+        return {"ok": True, "sessions": [], "jobs": {}}
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+async def engine(tmp_path):
+    nodes = "\n".join(f"  - {{name: {n}, host: 127.0.0.1, port: {2200 + i}}}"
+                      for i, n in enumerate(NODES))
+    config = parse_config(f"cluster:\n  name: t\n  known_hosts: {tmp_path / 'kh'}\nnodes:\n{nodes}\n")
+    store = Store(tmp_path / "state.db")
+    head = Engine(config, store)
+    for node in NODES:
+        head.links[node] = QuietNode()
+        head.on_node_message(node, {"type": "hello", "hostname": node, "smi_table": "CUDA Version: 12.4"})
+        head.on_node_message(node, probe(node, [gpu_row(node, i) for i in range(2)]))
+        head.on_node_state(node, NodeState.UP, "")
+    yield head
+    await head.stop()
+    store.close()
+
+
+def drain(queue: asyncio.Queue) -> list[dict]:
+    events = []
+    while not queue.empty():
+        events.append(json.loads(json.dumps(queue.get_nowait())))  # as it crosses the socket
+    return events
+
+
+def gpu_events(events: list[dict]) -> list[dict]:
+    return [e for e in events if e["type"] == "gpus"]
+
+
+def client_of(snapshot: dict) -> Cluster:
+    cluster = Cluster()
+    cluster.apply_snapshot(json.loads(json.dumps(snapshot)))
+    return cluster
+
+
+def fold(cluster: Cluster, events: list[dict]) -> None:
+    for event in gpu_events(events):
+        cluster.apply_gpus(event["node"], event["gpus"], event.get("gone", ()))
+
+
+def head_gpus(head: Engine) -> dict[str, dict]:
+    return {g["uuid"]: json.loads(json.dumps(g)) for g in head.gpus_json(raw=False)}
+
+
+async def test_a_reading_that_moved_is_all_that_is_sent(engine):
+    queue: asyncio.Queue = asyncio.Queue()
+    client = client_of(engine.subscribe(queue))
+    engine.on_node_message("node01", probe("node01", [gpu_row("node01", 0, util=55, temp=61),
+                                                      gpu_row("node01", 1)]))
+    (event,) = gpu_events(drain(queue))
+    assert event == {"type": "gpus", "node": "node01",
+                     "gpus": {"GPU-node01-0": {"utilization_pct": 55.0, "temperature_c": 61.0}}}
+    fold(client, [event])
+    assert client.gpus == head_gpus(engine)
+
+    # The same readings again: the node reported, nothing changed, nothing is sent for a GPU.
+    engine.on_node_message("node01", probe("node01", [gpu_row("node01", 0, util=55, temp=61),
+                                                      gpu_row("node01", 1)]))
+    assert gpu_events(drain(queue)) == [{"type": "gpus", "node": "node01", "gpus": {}}]
+
+
+async def test_a_static_field_change_reaches_the_client(engine):
+    queue: asyncio.Queue = asyncio.Queue()
+    client = client_of(engine.subscribe(queue))
+    engine.on_node_message("node02", probe("node02", [gpu_row("node02", 0, driver="560.28.03"),
+                                                      gpu_row("node02", 1, driver="560.28.03")]))
+    (event,) = gpu_events(drain(queue))
+    assert event["gpus"] == {f"GPU-node02-{i}": {"driver_version": "560.28.03"} for i in range(2)}
+    fold(client, [event])
+    assert client.gpus["GPU-node02-1"]["driver_version"] == "560.28.03"
+    assert client.gpus == head_gpus(engine)
+
+
+async def test_job_and_node_changes_fold_to_the_heads_state(engine):
+    """Whatever the head publishes, snapshot + events = the head's GPUs, for a subscriber
+    from the start and one that joined after changes nobody was sent."""
+    early: asyncio.Queue = asyncio.Queue()
+    first = client_of(engine.subscribe(early))
+    job = engine.submit("alice", JobSpec(command=("true",)))
+    placed = engine.jobs[job.id]
+    engine._begin_launch(placed, (Placement("GPU-node01-1", "node01", 1, 81920, True),))
+    engine.on_node_state("node02", NodeState.UNKNOWN, "silent")
+    fold(first, drain(early))
+    assert first.gpus == head_gpus(engine)
+    assert first.gpus["GPU-node01-1"]["jobs"] == [job.id]
+    assert first.gpus["GPU-node02-0"]["status"] == "unreachable"
+
+    # Changes while the only subscriber is gone are not sent; the next one starts from them.
+    engine.unsubscribe(early)
+    engine.on_node_state("node02", NodeState.UP, "")
+    engine.on_node_message("node02", probe("node02", [gpu_row("node02", 0, util=99), gpu_row("node02", 1)]))
+    late: asyncio.Queue = asyncio.Queue()
+    second = client_of(engine.subscribe(late))
+    assert second.gpus == head_gpus(engine) and second.gpus["GPU-node02-0"]["utilization_pct"] == 99.0
+    engine.on_node_message("node02", probe("node02", [gpu_row("node02", 0, util=98), gpu_row("node02", 1)]))
+    (event,) = gpu_events(drain(late))
+    assert event["gpus"] == {"GPU-node02-0": {"utilization_pct": 98.0}}
+
+
+async def test_a_late_subscriber_brings_the_others_up_to_date_first(engine):
+    """The snapshot of a new subscriber is what the others hold: a GPU that changed with
+    no event yet (health decays, say) reaches the others before the newcomer's snapshot."""
+    early: asyncio.Queue = asyncio.Queue()
+    first = client_of(engine.subscribe(early))
+    live = engine.gpus["GPU-node01-0"]
+    live.maintenance = True  # changed without publishing
+    second = client_of(engine.subscribe(asyncio.Queue()))
+    assert second.gpus["GPU-node01-0"]["status"] == "maintenance"
+    fold(first, drain(early))
+    assert first.gpus == second.gpus == head_gpus(engine)
+
+
+def test_gpus_that_go_or_move_leave_their_old_node():
+    cluster = Cluster()
+    gpu = {"uuid": "GPU-a", "node": "n1", "index": 0, "model": MODEL, "utilization_pct": 5.0,
+           "status": "idle", "total_memory_mb": 1, "slices": [], "jobs": []}
+    cluster.apply_snapshot({"nodes": [], "gpus": [gpu, dict(gpu, uuid="GPU-b", index=1)], "jobs": []})
+    assert cluster.apply_gpus("n2", {"GPU-a": dict(gpu, node="n2")})  # moved: a whole GPU
+    assert cluster.node_gpus("n2") == [dict(gpu, node="n2")]
+    assert [g["uuid"] for g in cluster.node_gpus("n1")] == ["GPU-b"]
+    assert cluster.apply_gpus("n1", {}, gone=["GPU-a", "GPU-b"])  # (GPU-a now lives on n2)
+    assert set(cluster.gpus) == {"GPU-a"} and cluster.node_gpus("n1") == []
+
+
+def test_an_unchanged_node_changes_nothing_once_its_trend_is_flat():
+    cluster = Cluster()
+    cluster.apply_snapshot({"nodes": [], "jobs": [], "gpus": [
+        {"uuid": "GPU-a", "node": "n1", "index": 0, "utilization_pct": 0.0}]})
+    before = cluster.gpus["GPU-a"]
+    # The trend line fills up (it moves), then stays flat: nothing to redraw.
+    assert all(cluster.apply_gpus("n1", {}) for _ in range(12))
+    assert not cluster.apply_gpus("n1", {})
+    assert cluster.gpus["GPU-a"] is before
+    assert cluster.apply_gpus("n1", {"GPU-a": {"utilization_pct": 40.0}})
+    assert cluster.gpus["GPU-a"] == dict(before, utilization_pct=40.0) and before["utilization_pct"] == 0.0
+
+
+def test_the_jobs_index_follows_every_change():
+    table = JobTable()
+    spec = JobSpec(command=("true",))
+    p = Placement("GPU-a", "n1", 0, 100, False)
+    table[1] = Job(1, "u", spec, JobState.PENDING, submitted_at=0.0)
+    assert table.held("GPU-a") == ()
+    table[1] = Job(1, "u", spec, JobState.RUNNING, submitted_at=0.0, node="n1", placements=(p,))
+    table[2] = Job(2, "u", spec, JobState.LAUNCHING, submitted_at=0.0, node="n1", placements=(p,))
+    assert table.held("GPU-a") == ((1, p), (2, p))
+    table.pop(1)
+    del table[2]
+    assert table.held("GPU-a") == () and not table.holding
+    with pytest.raises(TypeError):
+        table.update({})
