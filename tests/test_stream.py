@@ -2,7 +2,9 @@
 always holds what the head holds.
 
 The head here is the real ``Engine`` (store, probe parsing, publishing) fed the nodelet's
-probe messages directly, as ``bench/tui.py`` does; the client is the TUI's ``Cluster``.
+probe messages directly, as ``bench/tui.py`` does; the client is the TUI's ``Cluster``,
+and on screen the real app under Pilot (no head at its socket: messages are posted as the
+event worker posts them).
 """
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ import asyncio
 import json
 
 import pytest
+from conftest import until
 
 from nebula_tui.config import parse_config
 from nebula_tui.engine import Engine, JobTable
 from nebula_tui.model import Job, JobSpec, JobState, NodeState, Placement
+from nebula_tui.screens.app import make_app
 from nebula_tui.screens.cluster import Cluster
+from nebula_tui.screens.gpus import GpusScreen
+from nebula_tui.screens.messages import GpusChanged, SnapshotArrived
+from nebula_tui.screens.rowtable import RowTable
 from nebula_tui.store import Store
 
 NODES = ("node01", "node02")
@@ -195,3 +202,36 @@ def test_the_jobs_index_follows_every_change():
     assert table.held("GPU-a") == () and not table.holding
     with pytest.raises(TypeError):
         table.update({})
+
+
+async def test_only_the_rows_of_changed_gpus_are_recomputed():
+    """On the GPU table, readings that moved are recomputed and shown; a node whose
+    readings did not move costs no row."""
+    nodes = [{"name": n, "host": "h", "port": 22, "state": "up", "reason": ""} for n in NODES]
+    gpus = [{"uuid": f"GPU-{n}-{i}", "node": n, "index": i, "model": MODEL, "vendor": "nvidia",
+             "total_memory_mb": 81920, "memory_used_mb": 0, "utilization_pct": 0.0,
+             "temperature_c": 30.0, "power_w": 60.0, "status": "idle", "jobs": [], "slices": [],
+             "processes": []} for n in NODES for i in range(2)]
+    app = make_app("/nonexistent/nebula.sock")
+    async with app.run_test(size=(120, 30)) as pilot:
+        app.post_message(SnapshotArrived({"type": "snapshot", "nodes": nodes, "gpus": gpus,
+                                          "jobs": [], "events": []}))
+        await until(pilot, lambda: app.cluster.connected, what="the snapshot")
+        await pilot.press("2")
+        await until(pilot, lambda: isinstance(app.screen, GpusScreen), what="the GPU screen")
+        table = app.screen.query_one("#gpu-table", RowTable)
+        await until(pilot, lambda: table.row_count == 4, what="4 rows")
+        for _ in range(12):  # every trend line full and flat
+            app.post_message(GpusChanged([{"type": "gpus", "node": n, "gpus": {}} for n in NODES]))
+        trends = app.cluster.util_trend
+        await until(pilot, lambda: len(trends) == 4 and all(len(t) == 12 for t in trends.values())
+                    and not app.screen._telemetry, what="flat trends, shown")
+        computed: list[str] = []
+        cells_of = table.cells_of
+        table.cells_of = lambda key: computed.append(key) or cells_of(key)
+        app.post_message(GpusChanged([
+            {"type": "gpus", "node": "node01", "gpus": {"GPU-node01-1": {"temperature_c": 81.0}}},
+            {"type": "gpus", "node": "node02", "gpus": {}}]))
+        await until(pilot, lambda: "81°C" in str(table.get_row("GPU-node01-1")[4]),
+                    what="the new reading in its row")
+        assert computed and set(computed) <= {"GPU-node01-0", "GPU-node01-1"}

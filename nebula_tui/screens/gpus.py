@@ -76,7 +76,8 @@ class GpusScreen(ClusterScreen):
         super().__init__()
         self.sort_index = 0
         self.needle = ""
-        self._telemetry = False  # readings arrived since the last tick
+        self._telemetry: set[str] = set()  # nodes whose readings changed since the last tick
+        self._listed = -1  # the cluster's counts_version when the rows were last listed
 
     def compose_body(self) -> ComposeResult:
         with Vertical(id="body"):
@@ -89,20 +90,23 @@ class GpusScreen(ClusterScreen):
 
     def cluster_changed(self, change: str, key: object = None) -> None:
         if change == "gpus":
-            self._telemetry = True  # readings of one node: shown at the next tick
+            self._telemetry.add(str(key))  # readings of one node: shown at the next tick
         elif change in ("all", "job", "node"):
             self.later()
 
     def _tick(self) -> None:
         """Once a second at most, fresh readings: re-sort and re-filter when the order or
-        the filter depends on them, then repaint the visible rows that changed."""
+        the filter depends on them, then recompute the visible rows of the nodes whose
+        readings changed and repaint those whose cells did."""
         if not self._telemetry or not self.is_current:
             return
-        self._telemetry = False
-        if self.sort_index or self.needle:
-            self.render_all()
+        nodes, self._telemetry = self._telemetry, set()
+        if self.sort_index or self.needle or self._listed != self.cluster.counts_version:
+            self.render_all()  # the order, the filter's matches or the set of GPUs moved
         else:
-            self.query_one("#gpu-table", RowTable).refresh_rows()
+            by_node = self.cluster.by_node
+            self.query_one("#gpu-table", RowTable).refresh_rows(
+                {uuid for node in nodes for uuid in by_node.get(node, ())})
 
     def _cells(self, uuid: str) -> tuple:
         gpu = self.cluster.gpus.get(uuid)
@@ -111,6 +115,7 @@ class GpusScreen(ClusterScreen):
         return gpu_row(gpu, self.cluster.holders_of(uuid), self.cluster.util_trend.get(uuid))
 
     def render_all(self) -> None:
+        self._listed = self.cluster.counts_version
         name, order = SORTS[self.sort_index]
         gpus = sorted(self.cluster.gpus.values(), key=order)
         shown = [g["uuid"] for g in gpus

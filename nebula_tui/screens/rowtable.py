@@ -14,7 +14,7 @@ shrink, so columns do not jump while scrolling.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
@@ -173,15 +173,22 @@ class RowTable(ScrollView, can_focus=True):
         except KeyError:
             return None
 
-    def refresh_rows(self) -> None:
-        """The data behind the rows changed: recompute the visible rows and repaint the
-        lines whose cells differ. Rows off screen are recomputed when scrolled to."""
+    def refresh_rows(self, keys: Collection[str] | None = None) -> None:
+        """The data behind the rows changed (only behind the rows ``keys``, a set, if given):
+        recompute those of them on screen and repaint the lines whose cells differ. Rows
+        off screen are recomputed when scrolled to."""
         first, last = self._visible_rows()
         visible = self._keys[first:last]
-        old = {k: self._cells[k] for k in visible if k in self._cells}
-        self._cells.clear()
+        if keys is None:
+            old = {k: self._cells[k] for k in visible if k in self._cells}
+            self._cells.clear()
+        else:
+            old = {k: cells for k in keys if (cells := self._cells.pop(k, None)) is not None}
+            visible = [k if k in keys else None for k in visible]
         grew = False
         for row, key in enumerate(visible, start=first):
+            if key is None:  # unchanged: its cells and line stand
+                continue
             cells = self._row_cells(key)
             if old.get(key) != cells:
                 self._lines.pop(key, None)
@@ -190,7 +197,7 @@ class RowTable(ScrollView, can_focus=True):
         if grew:
             self._grown()
         # Lines of rows off screen may be stale: drop them.
-        keep = set(visible)
+        keep = set(self._keys[first:last])
         self._lines = {k: s for k, s in self._lines.items() if k in keep}
 
     def _row_cells(self, key: str) -> tuple:
