@@ -168,15 +168,22 @@ class _Board:
     Shared by every filter and reservation that allows all of a node's takers (most of
     them, on most nodes): after a start, the changed node is worked out and re-sorted once
     per class, not once per filter. ``entries``: (score, node order, node), sorted.
+
+    A gang's best set costs far more to work out than a bound on its score, and a search
+    needs only the first node it may use. On a ``lazy`` board a node's entry may hold a
+    lower bound instead (the node is then in ``loose``); a bound that comes first is
+    replaced by the node's score before it is believed (:meth:`World._top`).
     """
 
-    __slots__ = ("entries", "where", "cursor", "cache")
+    __slots__ = ("entries", "where", "cursor", "cache", "lazy", "loose")
 
-    def __init__(self, cursor: int, cache: dict) -> None:
+    def __init__(self, cursor: int, cache: dict, lazy: bool) -> None:
         self.entries: list[tuple[float, int, str]] = []
         self.where: dict[str, tuple[float, int, str]] = {}  # node -> its entry
         self.cursor = cursor  # how many of the world's changes the board has seen
         self.cache = cache  # slot -> (node version, (score, chosen) | None)
+        self.lazy = lazy
+        self.loose: set[str] = set()
 
 
 @dataclass
@@ -510,42 +517,82 @@ class World:
         changes = self._changes
         if board is None:
             cache = self._best.setdefault((mem, service, k), {})
-            board = self._boards[(mem, service, k)] = _Board(len(changes), cache)
-            empty, order, mask = self.empty, self.node_order, self.takers_mask
+            config = self.config
+            # the bound (see _entry) holds when no score term can be negative
+            lazy = k > 1 and min(config.w_hot, config.w_load, config.w_pack, config.w_health,
+                                 config.w_topology) >= 0
+            board = self._boards[(mem, service, k)] = _Board(len(changes), cache, lazy)
+            empty = self.empty
             for node, takers in self.takers.items():
                 # whole cards: a node with fewer than k cards free of ours never gains one
                 if len(takers) < k or (mem is None and empty[node] < k):
                     continue
-                found = self._best_for(shape, node, mask[node], cache, node)
-                if found is not None:
-                    board.where[node] = entry = (found[0], order[node], node)
+                entry = self._entry(shape, board, node)
+                if entry is not None:
                     board.entries.append(entry)
             board.entries.sort()
         elif board.cursor < len(changes):
-            entries, where = board.entries, board.where
-            version, order, cache, mask = self.version, self.node_order, board.cache, self.takers_mask
+            entries, where, loose = board.entries, board.where, board.loose
             for node in dict.fromkeys(changes[board.cursor:]):
                 old = where.pop(node, None)
                 if old is None:
                     continue  # not on the board: it could not hold the class, and a start only takes
                 del entries[bisect_left(entries, old)]
-                cached = cache.get(node)
-                found = cached[1] if cached is not None and cached[0] == version[node] else \
-                    self._best_for(shape, node, mask[node], cache, node)
-                if found is not None:
-                    where[node] = entry = (found[0], order[node], node)
+                loose.discard(node)
+                entry = self._entry(shape, board, node)
+                if entry is not None:
                     insort(entries, entry)
             board.cursor = len(changes)
         return board
 
+    def _entry(self, shape: Shape, board: _Board, node: str) -> tuple[float, int, str] | None:
+        """The node's entry on ``board`` (recorded in ``where``), or None if it holds no set.
+
+        On a lazy board, unless the node's best is already known: a bound. Every set of k
+        cards scores at least as much as its hottest card's thermal term plus the health
+        term of its least healthy card, so at least as much as the largest fixed score
+        part (Card.base) among its cards, and so at least the k-th smallest of them.
+        """
+        cache = board.cache
+        cached = cache.get(node)
+        if cached is not None and cached[0] == self.version[node]:
+            found = cached[1]
+        elif board.lazy:
+            k = shape.gpu_count
+            feasible = self._fitting(node, shape.gpu_mem_mb, shape.service)
+            if len(feasible) < k:
+                return None
+            board.loose.add(node)
+            board.where[node] = entry = (sorted([c.base for c, _ in feasible])[k - 1],
+                                         self.node_order[node], node)
+            return entry
+        else:
+            found = self._best_for(shape, node, self.takers_mask[node], cache, node)
+        if found is None:
+            return None
+        board.where[node] = entry = (found[0], self.node_order[node], node)
+        return entry
+
     def _top(self, shape: Shape, board: _Board, full: frozenset[str] | None):
-        """The board's best entry among ``full`` nodes (None: any node), or None."""
-        if full is None:
-            return board.entries[0] if board.entries else None
-        for entry in board.entries:
-            if entry[2] in full:
+        """The board's best entry among ``full`` nodes (None: any node), or None. A bound
+        found first is replaced by the node's score, until a score comes first."""
+        entries, loose = board.entries, board.loose
+        while True:
+            for entry in entries:
+                if full is None or entry[2] in full:
+                    break
+            else:
+                return None
+            node = entry[2]
+            if node not in loose:
                 return entry
-        return None
+            loose.discard(node)
+            del entries[bisect_left(entries, entry)]
+            del board.where[node]
+            found = self._best_for(shape, node, self.takers_mask[node], board.cache, node)
+            if found is not None:
+                board.where[node] = exact = (found[0], self.node_order[node], node)
+                insort(entries, exact)
 
     def _per_node(self, shape: Shape, nodes: Iterable[str], masks: Mapping[str, int],
                   skip: Mapping[str, int]) -> dict[str, list]:

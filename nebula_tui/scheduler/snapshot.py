@@ -16,9 +16,10 @@ def _empty() -> Mapping:
     return MappingProxyType({})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PendingJob:
-    """A job waiting for GPUs, with everything its submit asked for (R4)."""
+    """A job waiting for GPUs, with everything its submit asked for (R4). Slotted: a pass
+    reads a few fields of 10,000s of them, and a slot is nearer than a dict entry."""
 
     id: int
     user: str
