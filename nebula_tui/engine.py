@@ -196,6 +196,8 @@ class Engine:
         self._shares_at = 0.0
         self._node_exits: dict[int, dict[str, int | None]] = {}  # gangs: exits so far per node
         self._launched: dict[int, set[str]] = {}  # gangs: nodes that confirmed the launch
+        #: the scheduler's view of each waiting job, kept while its spec is the same object
+        self._pending_views: dict[int, tuple[JobSpec, scheduler.PendingJob]] = {}
         self.settings = config.scheduler or SchedulerSettings()
         self._compacted_at = 0.0
         self._tasks: set[asyncio.Task] = set()
@@ -557,7 +559,7 @@ class Engine:
         return scheduler.Snapshot(
             now=self.clock(),
             gpus=tuple(self.gpu_views()),
-            queue=tuple(_pending(j) for j in pending),
+            queue=self._pending_queue(pending),
             running=tuple(scheduler.RunningJob(j.id, j.user, j.placements, j.started_at or j.submitted_at,
                                                j.spec.time_limit_s, j.spec.service) for j in holding),
             users=self.shares(),
@@ -565,6 +567,19 @@ class Engine:
             topologies={name: view.topo.get("links", {}) for name, view in self.nodes.items()},
             config=self.settings.config,
         )
+
+    def _pending_queue(self, pending: list[Job]) -> tuple[scheduler.PendingJob, ...]:
+        """The waiting jobs as the scheduler sees them. A job's view is made once and kept
+        while its spec stays the same object and its submit time the same (a new reason
+        keeps them): building 10,000 views costs more than the pass that reads them."""
+        kept, views = self._pending_views, {}
+        for job in pending:
+            seen = kept.get(job.id)
+            if seen is None or seen[0] is not job.spec or seen[1].submitted_at != job.submitted_at:
+                seen = (job.spec, _pending(job))
+            views[job.id] = seen
+        self._pending_views = views  # only jobs still waiting are kept
+        return tuple(view for _, view in views.values())
 
     def shares(self) -> dict[str, scheduler.UserShare]:
         """R6 weights and R7 quota standing per user; recomputed when a job ends, at most
