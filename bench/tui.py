@@ -423,9 +423,10 @@ async def stream_floor(socket: Path, seconds: float) -> tuple[float, float]:
 
 
 # ============================================================================ baseline
-def rebuild_rows(self) -> None:
+def rebuild_rows(self, keys=None) -> None:
     """The baseline's ``RowTable.refresh_rows``: every row's cells computed again and the
-    whole table repainted, as a table rebuilt on every change would."""
+    whole table repainted, as a table rebuilt on every change would (whichever rows
+    ``keys`` says changed)."""
     self._cells.clear()
     self._lines.clear()
     for key in self.row_keys:
