@@ -15,6 +15,7 @@ import json
 import pytest
 from conftest import until
 
+from nebula_tui import api
 from nebula_tui.config import parse_config
 from nebula_tui.engine import Engine, JobTable
 from nebula_tui.model import Job, JobSpec, JobState, NodeState, Placement
@@ -216,7 +217,7 @@ async def test_only_the_rows_of_changed_gpus_are_recomputed():
     async with app.run_test(size=(120, 30)) as pilot:
         app.post_message(SnapshotArrived({"type": "snapshot", "nodes": nodes, "gpus": gpus,
                                           "jobs": [], "events": []}))
-        await until(pilot, lambda: app.cluster.connected, what="the snapshot")
+        await until(pilot, lambda: len(app.cluster.gpus) == 4, what="the snapshot")
         await pilot.press("2")
         await until(pilot, lambda: isinstance(app.screen, GpusScreen), what="the GPU screen")
         table = app.screen.query_one("#gpu-table", RowTable)
@@ -235,3 +236,19 @@ async def test_only_the_rows_of_changed_gpus_are_recomputed():
         await until(pilot, lambda: "81°C" in str(table.get_row("GPU-node01-1")[4]),
                     what="the new reading in its row")
         assert computed and set(computed) <= {"GPU-node01-0", "GPU-node01-1"}
+
+
+async def test_telemetry_is_written_in_batches_and_anything_else_at_once(monkeypatch):
+    monkeypatch.setattr(api, "STREAM_GATHER_S", 3600.0)  # only another kind of event ends it
+    queue: asyncio.Queue = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    reading = {"type": "gpus", "node": "node01", "gpus": {}}
+    job = {"type": "job", "job": {"id": 1}}
+    queue.put_nowait(reading)
+    loop.call_soon(queue.put_nowait, dict(reading, node="node02"))
+    loop.call_later(0.05, lambda: [queue.put_nowait(job), queue.put_nowait(reading)])
+    got = await asyncio.wait_for(api._gather_events(queue), 600)
+    assert got == [reading, dict(reading, node="node02"), job, reading]
+
+    queue.put_nowait(job)  # not telemetry: written at once, with nothing else waiting
+    assert await asyncio.wait_for(api._gather_events(queue), 600) == [job]
