@@ -999,6 +999,7 @@ class Engine:
             del self.nodes[name]
             for uuid in [u for u, live in self.gpus.items() if live.node == name]:
                 del self.gpus[uuid]
+            self.publish_gpus(name)  # its GPUs are gone from subscribers' views too
             self.store.add_event("admin", f"node {name} removed by {user}", node=name, user=user)
         added = [n for n in new.nodes if n.name not in self.nodes]
         for node in added:

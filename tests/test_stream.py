@@ -16,7 +16,7 @@ import pytest
 from conftest import until
 
 from nebula_tui import api
-from nebula_tui.config import parse_config
+from nebula_tui.config import load_config
 from nebula_tui.engine import Engine, JobTable
 from nebula_tui.model import Job, JobSpec, JobState, NodeState, Placement
 from nebula_tui.screens.app import make_app
@@ -53,11 +53,15 @@ class QuietNode:
         pass
 
 
+def cluster_file(path, nodes) -> None:
+    lines = "\n".join(f"  - {{name: {n}, host: 127.0.0.1, port: {2200 + i}}}" for i, n in enumerate(nodes))
+    path.write_text(f"cluster:\n  name: t\n  known_hosts: {path.parent / 'kh'}\nnodes:\n{lines}\n")
+
+
 @pytest.fixture
 async def engine(tmp_path):
-    nodes = "\n".join(f"  - {{name: {n}, host: 127.0.0.1, port: {2200 + i}}}"
-                      for i, n in enumerate(NODES))
-    config = parse_config(f"cluster:\n  name: t\n  known_hosts: {tmp_path / 'kh'}\nnodes:\n{nodes}\n")
+    cluster_file(tmp_path / "nodes.yaml", NODES)
+    config = load_config(tmp_path / "nodes.yaml")
     store = Store(tmp_path / "state.db")
     head = Engine(config, store)
     for node in NODES:
@@ -162,6 +166,18 @@ async def test_a_late_subscriber_brings_the_others_up_to_date_first(engine):
     assert second.gpus["GPU-node01-0"]["status"] == "maintenance"
     fold(first, drain(early))
     assert first.gpus == second.gpus == head_gpus(engine)
+
+
+async def test_the_gpus_of_a_removed_node_leave_the_client(engine, tmp_path):
+    queue: asyncio.Queue = asyncio.Queue()
+    client = client_of(engine.subscribe(queue))
+    cluster_file(tmp_path / "nodes.yaml", NODES[:1])
+    assert (await engine.reload(engine.owner))["removed"] == ["node02"]
+    events = drain(queue)
+    assert {"type": "gpus", "node": "node02", "gpus": {},
+            "gone": ["GPU-node02-0", "GPU-node02-1"]} in events
+    fold(client, events)
+    assert client.gpus == head_gpus(engine) and set(client.gpus) == {"GPU-node01-0", "GPU-node01-1"}
 
 
 def test_gpus_that_go_or_move_leave_their_old_node():
