@@ -192,6 +192,15 @@ def test_gpus_that_go_or_move_leave_their_old_node():
     assert set(cluster.gpus) == {"GPU-a"} and cluster.node_gpus("n1") == []
 
 
+def test_an_older_heads_whole_gpu_lists_still_fold():
+    """A head from before this stream sends every GPU of the node, whole, in a list."""
+    cluster = Cluster()
+    gpu = {"uuid": "GPU-a", "node": "n1", "index": 0, "utilization_pct": 5.0, "status": "idle"}
+    cluster.apply_snapshot({"nodes": [], "jobs": [], "gpus": [gpu, dict(gpu, uuid="GPU-b", index=1)]})
+    assert cluster.apply_gpus("n1", [dict(gpu, utilization_pct=70.0)])
+    assert cluster.node_gpus("n1") == [dict(gpu, utilization_pct=70.0)] and "GPU-b" not in cluster.gpus
+
+
 def test_an_unchanged_node_changes_nothing_once_its_trend_is_flat():
     cluster = Cluster()
     cluster.apply_snapshot({"nodes": [], "jobs": [], "gpus": [

@@ -73,7 +73,7 @@ class Cluster:
             else:
                 self.placed.get(p["uuid"], set()).discard(job["id"])
 
-    def apply_gpus(self, node: str, changes: dict[str, dict], gone=()) -> bool:
+    def apply_gpus(self, node: str, changes: dict[str, dict] | list[dict], gone=()) -> bool:
         """Fold one "gpus" event of ``node`` (see ``api``): ``changes`` maps a GPU's uuid to
         the whole GPU (it has "uuid") or to the fields that changed; ``gone`` lists GPUs no
         longer on ``node``. Every GPU of the node takes a trend point (the node reported).
@@ -81,9 +81,13 @@ class Cluster:
         come or gone, or a trend line's shape): when not, nothing needs redrawing.
 
         A changed GPU is a new dict (screens may hold the old one); unchanged GPUs, most
-        of an idle cluster, cost a trend point each.
+        of an idle cluster, cost a trend point each. A head older than this stream sends
+        ``changes`` as a list: every GPU of the node, whole.
         """
         mine = self.by_node.setdefault(node, {})
+        if isinstance(changes, list):
+            gone = [uuid for uuid in mine if uuid not in {g["uuid"] for g in changes}]
+            changes = {g["uuid"]: g for g in changes}
         changed = False
         for uuid in gone:
             gpu = self.gpus.get(uuid)
