@@ -11,6 +11,7 @@ import re
 
 import pytest
 from conftest import until
+from textual import events
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Log, Static
 
@@ -20,6 +21,7 @@ from nebula_tui.screens.app import HelpScreen, make_app
 from nebula_tui.screens.gpus import GpuDetailScreen, GpusScreen
 from nebula_tui.screens.job import JobScreen
 from nebula_tui.screens.nodes import NodesScreen, ReasonPrompt
+from nebula_tui.screens.overview import OverviewScreen
 from nebula_tui.screens.queue import QueueScreen
 from nebula_tui.screens.rowtable import RowTable
 from nebula_tui.screens.submit import SubmitScreen, check_field
@@ -399,3 +401,32 @@ async def test_palette_help_and_theme_read_the_same_keys(head):
         await until(pilot, lambda: "Nodes / admin" in palette_options(app), what="the palette's hit")
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, NodesScreen), what="nodes via palette")
+
+
+async def test_screen_keys_typed_quickly_act_in_the_order_typed(head):
+    """Screen keys typed faster than screens switch, delivered as the terminal driver
+    delivers them (no wait in between): the last key's screen is the one shown. (Digits
+    typed while the GPU screen mounted went into its hidden filter, which had the focus
+    then: "42141" ended on GPUs. And keys went to the focused widget first, which a switch
+    changes, so keys typed meanwhile could run in either order.)"""
+    app = make_app(head.socket)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        for keys, mode, screen_type in (("42141", "overview", OverviewScreen),
+                                         ("53253", "queue", QueueScreen),
+                                         ("21432", "gpus", GpusScreen)):
+            for key in keys:
+                app.post_message(events.Key(key, key))
+            await pilot.pause(1.0)
+            await pilot.pause()
+            assert (app.current_mode, type(app.screen)) == (mode, screen_type), keys
+        await pilot.press("question_mark")  # help keeps the screen under it
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        await pilot.press("1")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, HelpScreen) and app.current_mode == "gpus"
+        await pilot.press("escape")
+        await pilot.press("slash", "1", "2")  # digits typed into the filter stay there
+        await until(pilot, lambda: app.screen.query_one("#gpu-filter", Input).value == "12",
+                    what="digits in the filter")
+        assert app.current_mode == "gpus"

@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 
 from textual import on, work
+from textual.actions import SkipAction
 from textual.app import App, ComposeResult
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Vertical
@@ -270,6 +271,8 @@ class NebulaApp(App):
     # ------------------------------------------------------------------ actions
     def action_show(self, mode: str) -> None:
         # Pushed screens (a job, a GPU, the form) stay on their mode's stack.
+        if isinstance(self.screen, ModalScreen):
+            raise SkipAction()  # (a priority key) help and prompts keep the screen under them
         if self.current_mode != mode:
             self.switch_mode(mode)
 

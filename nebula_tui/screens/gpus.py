@@ -71,6 +71,9 @@ def gpu_matches(gpu: dict, holders: list[int], needle: str) -> bool:
 class GpusScreen(ClusterScreen):
     SCREEN_TITLE = "GPUs"
     KEYS = GPUS_KEYS
+    # The table has the focus from the start: Textual's default, the first focusable widget,
+    # is the hidden filter, which took the digits typed while the screen was mounting.
+    AUTO_FOCUS = "#gpu-table"
 
     def __init__(self) -> None:
         super().__init__()

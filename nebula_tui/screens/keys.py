@@ -23,15 +23,20 @@ class Key(NamedTuple):
     show: bool
     display: str | None = None  # how the footer/help spell the key, where Textual's name is odd
     palette: bool = True  # listed in the command palette (False for duplicates such as "esc")
+    priority: bool = False  # handled by the app as the key arrives (see GLOBAL_KEYS)
 
 
-#: Keys that work on every screen (bound on the app).
+#: Keys that work on every screen (bound on the app). The screen keys are priority keys:
+#: the app acts on them in the order they were typed. An ordinary key goes to the focused
+#: widget's queue first, and a switch moves the focus, so of keys typed quickly some went
+#: to the old screen's widget and some to the new one's, and ran in either order (a
+#: text field still gets its digits: Textual leaves it the keys it takes).
 GLOBAL_KEYS: tuple[Key, ...] = (
-    Key("1", "app.show('overview')", "Overview", False),
-    Key("2", "app.show('gpus')", "GPUs", False),
-    Key("3", "app.show('queue')", "Queue", False),
-    Key("4", "app.show('users')", "Users", False),
-    Key("5", "app.show('nodes')", "Nodes / admin", False),
+    Key("1", "app.show('overview')", "Overview", False, priority=True),
+    Key("2", "app.show('gpus')", "GPUs", False, priority=True),
+    Key("3", "app.show('queue')", "Queue", False, priority=True),
+    Key("4", "app.show('users')", "Users", False, priority=True),
+    Key("5", "app.show('nodes')", "Nodes / admin", False, priority=True),
     Key("n", "app.submit_form", "Submit a job", True),
     Key("t", "app.toggle_theme", "Light / dark theme", False),
     Key("r", "app.reconnect", "Reconnect", False),
@@ -108,8 +113,8 @@ HELP_KEYS: tuple[Key, ...] = (
 
 def bindings(keys: tuple[Key, ...]) -> list[Binding]:
     """Textual bindings for ``keys`` (one Binding per row, same order)."""
-    return [Binding(k.key, k.action, k.description, show=k.show, key_display=k.display)
-            for k in keys]
+    return [Binding(k.key, k.action, k.description, show=k.show, key_display=k.display,
+                    priority=k.priority) for k in keys]
 
 
 def help_lines(keys: tuple[Key, ...]) -> list[tuple[str, str]]:
