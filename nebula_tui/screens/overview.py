@@ -91,13 +91,24 @@ class OverviewScreen(ClusterScreen):
             self.later()
 
     def render_all(self) -> None:
+        self._show_cluster(reorder=True)
+
+    def catch_up(self, missed: set[str]) -> None:
+        # Readings, nodes and events leave the queue's order as it was: it is not sorted
+        # again (10,000 jobs), only its rows on screen are brought up to date.
+        self._show_cluster(reorder=bool(missed & {"all", "job"}))
+
+    def _show_cluster(self, *, reorder: bool) -> None:
         if not self.cluster.connected and not self.cluster.nodes:
             return
         self._render_overview()
         self._summary_dirty = False
         self._dirty_cards.update(self.cluster.nodes)  # events missed while hidden
         self._render_cards()
-        self._render_queue()
+        if reorder:
+            self._render_queue()
+        else:
+            self.query_one("#queue", RowTable).refresh_rows()
         self._render_ticker()
 
     def _render_overview(self) -> None:
@@ -154,7 +165,7 @@ class OverviewScreen(ClusterScreen):
                                              (e.get("message") or "", ""), no_wrap=True,
                                              overflow="ellipsis") for e in lines)
         text.no_wrap, text.overflow = True, "ellipsis"  # one event a line, cut at the edge
-        self.query_one("#ticker", Static).update(text)
+        self.query_one("#ticker", Static).update(text, layout=False)  # its size is the box's
 
     # ------------------------------------------------------------------ actions
     def action_cancel_job(self) -> None:

@@ -100,6 +100,12 @@ class QueueScreen(ClusterScreen):
         job = self.cluster.job(int(key))
         return queue_cells(job, self._place.get(job["id"]), time.time()) if job else GONE
 
+    def catch_up(self, missed: set[str]) -> None:
+        if missed & {"all", "job"}:
+            self.render_all()
+        else:  # readings, nodes, events: the order stands (sorting 10,000 jobs is dear),
+            self._tick()  # but the ages on screen moved
+
     def render_all(self) -> None:
         """Order every job (once per batch of changes), then show them."""
         self._ordered, self._place = queue_order(list(self.cluster.jobs.values()), self.weights)
@@ -120,7 +126,7 @@ class QueueScreen(ClusterScreen):
         summary = Text.assemble((f" {running} running", "green"), " · ",
                                 (f"{waiting} waiting", "yellow"), " · ", (f"{held} held", "dim"),
                                 f" · {who}  (m: only mine)")
-        self.query_one("#queue-summary", Static).update(summary)
+        self.query_one("#queue-summary", Static).update(summary, layout=False)  # one line, always
         table.border_title = f"Queue — {len(jobs)} jobs"
 
     # ------------------------------------------------------------------ actions

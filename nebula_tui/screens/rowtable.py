@@ -293,8 +293,11 @@ class RowTable(ScrollView, can_focus=True):
             self.refresh(Region(0, y, self.size.width, 1))
 
     def notify_style_update(self) -> None:
+        # Textual calls this whenever it restyles the screen (every time the screen is
+        # shown), changed or not. The painted lines carry only the cells' own styles (the
+        # widget's are applied per frame, from ``_styles``): they stay.
         super().notify_style_update()
-        self._styles, self._lines = {}, {}  # (may run before __init__ has set them)
+        self._styles = {}  # (may run before __init__ has set it)
 
     # ------------------------------------------------------------------ painting
     def _segments(self, cell: object, width: int) -> list[Segment]:
