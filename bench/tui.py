@@ -209,12 +209,13 @@ def start_head(root: Path, n_gpus: int, n_jobs: int, hz: float) -> tuple[subproc
 # ============================================================================ measurements
 class Paints:
     """Hooks ``App._display``, where a frame the compositor rendered goes to the terminal,
-    and records when each paint ended. Under ``run_test`` the driver is headless and Textual
-    skips the terminal write, so the hook also encodes the frame as the escape sequences a
-    terminal would get (``render_segments``): a paint costs what it costs in a terminal."""
+    and records when each paint ended, and the app's mode then. Under ``run_test`` the
+    driver is headless and Textual skips the terminal write, so the hook also encodes the
+    frame as the escape sequences a terminal would get (``render_segments``): a paint costs
+    what it costs in a terminal."""
 
     def __init__(self, app) -> None:
-        self.app, self.times = app, []
+        self.app, self.times, self.modes = app, [], []
         self._display = app._display
         app._display = self.display
 
@@ -225,6 +226,7 @@ class Paints:
             if self.app.is_headless and hasattr(update, "render_segments"):
                 update.render_segments(self.app.console)
             self.times.append(time.perf_counter())
+            self.modes.append(self.app.current_mode)
 
     async def quiet(self, gap_s: float, timeout_s: float) -> None:
         """Wait for the next paint (the screen's once-a-second refresh), then until
@@ -246,16 +248,24 @@ SETTLED_S = 0.1
 
 async def settled(paints: Paints, since: float, first_within: float, shown=None,
                   timeout_s: float = 10.0) -> int:
-    """Wait for the first paint after ``since`` (up to ``first_within`` seconds) that comes
-    after ``shown()`` held (a switch: the new screen is the current one), then until the
-    app is idle and its last paint is ``SETTLED_S`` old. Returns the index of that first
-    paint. Idle is judged by CPU time as well as by the time since the last paint: while
-    the app computes, this coroutine does not run either."""
+    """Wait for the first paint after ``since`` (up to ``first_within`` seconds), for a
+    switch the first one made in the mode ``shown`` (the new screen: a paint of the old one
+    before the switch took effect is not the key's), then until the app is idle and its
+    last paint is ``SETTLED_S`` old. Returns the index of that first paint. Idle is judged
+    by CPU time as well as by the time since the last paint: while the app computes, this
+    coroutine does not run either. (The paint is found by the mode it was made in, not by
+    polling the mode: a switch and its paint can both happen before this coroutine runs.)"""
     count = len(paints.times)
     if shown is not None:
-        while not shown() and time.perf_counter() - since < timeout_s:
+        while time.perf_counter() - since < timeout_s:
+            hit = next((i for i in range(count, len(paints.times)) if paints.modes[i] == shown),
+                       None)
+            if hit is not None:
+                count = hit
+                break
             await asyncio.sleep(0.002)
-        count = len(paints.times)  # paints before the switch took effect are not its own
+        else:
+            count = len(paints.times)
     while len(paints.times) == count and time.perf_counter() - since < first_within:
         await asyncio.sleep(0.002)
     if len(paints.times) == count:
@@ -274,7 +284,7 @@ async def key_to_paint(app, paints: Paints, key: str, shown=None) -> tuple[float
     paint it caused: (first paint, last paint) in ms after delivery, None when nothing was
     painted. Pressed just after a paint (the 1 Hz refresh), so that no refresh of the next
     second falls inside the measured interval (unless the key's own work runs that long).
-    ``shown``: for a screen switch, says when the new screen is the current one."""
+    ``shown``: for a screen switch, the mode switched to."""
     from textual import events
 
     await paints.quiet(0.03, 1.5)
@@ -315,8 +325,7 @@ async def measure(socket: Path, idle_s: float, presses: int) -> dict:
         async def timed(key: str, label: str | None = None, times: int = 1) -> None:
             for _ in range(times):
                 switch = modes.get(key) if app.current_mode != modes.get(key) else None
-                shown = (lambda: app.current_mode == switch) if switch else None
-                got = await key_to_paint(app, paints, key, shown=shown)
+                got = await key_to_paint(app, paints, key, shown=switch)
                 if label:
                     out["latency_ms"].setdefault(label, []).append(got and got[1])
                     out["first_paint_ms"].setdefault(label, []).append(got and got[0])
