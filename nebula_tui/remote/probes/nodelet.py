@@ -25,6 +25,7 @@ No user string is ever given to a shell here: the run script was quoted by the h
 every command below runs from an argv list.
 """
 
+import fcntl
 import json
 import os
 import re
@@ -43,6 +44,7 @@ APPS_ARGV = CONFIG.get("apps_argv") or []
 TMUX = ["tmux", "-L", CONFIG.get("tmux_socket", "nebula")]
 NODE_DIR = os.path.expanduser(os.environ.get("NEBULA_NODE_DIR") or "~/.nebula-node")
 JOBS_DIR = os.path.join(NODE_DIR, "jobs")
+LOCKS_DIR = os.path.join(NODE_DIR, "locks")  # one file per job launched here (see op_launch)
 WATCH_EVERY = 0.02  # seconds between looks for started/ended jobs: ends are reported at once
 KMSG_CURSOR = os.path.join(NODE_DIR, "kmsg-cursor.json")
 SELFTEST_TIMEOUT = 600  # dcgmi diag -r 1 takes about a minute; a configured test may take more
@@ -304,7 +306,21 @@ WATCHER = Watcher()
 
 # --------------------------------------------------------------------- requests
 def op_launch(req):
+    """Launch a job once. Two nodelets can be asked for the same launch at once (a head
+    killed mid-launch leaves its nodelet finishing while the next head's relaunches), so
+    the look for an earlier launch and the launch are one step under a lock per job:
+    else a job quick enough to end between the two steps of one runs a second time."""
     job = str(int(req["job"]))
+    os.makedirs(LOCKS_DIR, mode=0o700, exist_ok=True)
+    lock = os.open(os.path.join(LOCKS_DIR, job), os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when this process dies
+        return _launch(req, job)
+    finally:
+        os.close(lock)
+
+
+def _launch(req, job):
     d = job_dir(job)
     name = session_name(job)
     token_file = os.path.join(d, "token")
