@@ -192,8 +192,9 @@ class ApiServer:
             with contextlib.suppress(Exception):
                 writer.close()
 
-    async def _send(self, writer: asyncio.StreamWriter, message: dict) -> None:
-        writer.write(json.dumps(message).encode() + b"\n")
+    async def _send(self, writer: asyncio.StreamWriter, *messages: dict) -> None:
+        """Write ``messages``, a line each, in one write."""
+        writer.write(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
         await writer.drain()
 
     async def _handle(self, user: str, req: dict, writer: asyncio.StreamWriter) -> None:
@@ -324,9 +325,7 @@ class ApiServer:
         try:
             await self._send(writer, {"ok": True, "type": "snapshot", **snapshot})
             while True:
-                events = await _gather_events(queue)
-                writer.write(b"".join(json.dumps(e).encode() + b"\n" for e in events))
-                await writer.drain()
+                await self._send(writer, *await _gather_events(queue))
         finally:
             self.engine.unsubscribe(queue)
 

@@ -137,7 +137,7 @@ class _Request:
         """Record that jobs that may (or may not) use reserved cards cannot start."""
         self.refused[may_use] = reason
         # refused[True] also answers jobs that may not use them, unless they have their own
-        self.quick = self.refused[True] if False not in self.refused and True in self.refused else None
+        self.quick = None if False in self.refused else self.refused.get(True)
 
 
 class _Pass:
