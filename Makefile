@@ -1,5 +1,6 @@
 # The two commands of the README. Each one installs what is missing first.
-PYTHON ?= python3
+# Both run in the project's own virtual environment, which `setup` makes.
+PYTHON ?= .venv/bin/python
 
 .PHONY: demo test setup bench
 

@@ -1,7 +1,8 @@
 #!/bin/sh
-# Installs what NebulaGrid and its tests need on a fresh Debian/Ubuntu machine:
-# the Python package with its test tools, and (as root) OpenSSH's sshd and tmux, which the
-# tests run for real. Safe to run again: it skips what is already there.
+# Installs what NebulaGrid and its tests need on a fresh Debian/Ubuntu machine: the Python
+# package with its test tools in the project's own virtual environment (.venv, so nobody's
+# global Python changes), and (as root) OpenSSH's sshd and tmux, which the tests run for
+# real. Safe to run again: it skips what is already there.
 set -eu
 cd "$(dirname "$0")/.."
 need_apt=""
@@ -16,4 +17,17 @@ if [ -n "$need_apt" ]; then
         exit 1
     fi
 fi
-python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+VENV=${VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV" 2>/dev/null || {
+        echo "setup: python3 cannot make a virtual environment; install python3-venv" \
+             "(e.g. sudo apt-get install -y python3-venv)" >&2
+        exit 1
+    }
+fi
+# Reinstall only when the package's declared dependencies changed since the last setup.
+stamp="$VENV/.nebula-setup"
+if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+    cp pyproject.toml "$stamp"
+fi
