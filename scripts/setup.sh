@@ -20,6 +20,9 @@ fi
 VENV=${VENV:-.venv}
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV" 2>/dev/null || {
+        [ "$(id -u)" = 0 ] && apt-get install -y -qq python3-venv >/dev/null 2>&1 &&
+            python3 -m venv "$VENV"
+    } || {
         echo "setup: python3 cannot make a virtual environment; install python3-venv" \
              "(e.g. sudo apt-get install -y python3-venv)" >&2
         exit 1
