@@ -160,15 +160,16 @@ class BenchNode:
 
 def head_main(home: str, config: str, n_gpus: int, hz: float) -> None:
     """The head process: ``nebula serve``'s own code with ``BenchNode`` for the SSH links."""
-    from nebula_tui import engine
-    from nebula_tui.service import Home, serve
+    from nebula_tui.head import nodes
+    from nebula_tui.head.serve import serve
+    from nebula_tui.service import Home
     from nebula_tui.store import Store
 
     store = Store(Path(home) / "state.db")
     BenchNode.job_of = {p.gpu_uuid: job_id for job_id, p in store.active_placements()}
     store.close()
     BenchNode.layout, BenchNode.hz = gpu_layout(n_gpus), hz
-    engine.NodeLink = BenchNode
+    nodes.NodeLink = BenchNode
     sys.exit(serve(Home(Path(home).resolve()), Path(config)))
 
 

@@ -443,7 +443,7 @@ def cmd_parse(args, home, config) -> int:
 
 def cmd_serve(args, home, config) -> int:
     from .config import ConfigError, find_config
-    from .service import serve
+    from .head.serve import serve
 
     try:
         path = find_config(config, home.root)

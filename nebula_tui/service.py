@@ -1,31 +1,22 @@
-"""``nebula serve``: the head service process, and how clients find or start it.
+"""How clients find the head service, or start it: ``Home``, ``connect``, ``start_background``.
 
-The home directory (``--home`` / ``NEBULA_HOME``, default ``~/.nebula``) holds the store
+The service itself (``nebula serve``) is ``head/serve.py``. The home directory (``--home`` / ``NEBULA_HOME``, default ``~/.nebula``) holds the store
 (``state.db``), the socket (``nebula.sock``), the service's log and its lock. One service
 per home: a second one sees the lock and leaves.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import fcntl
-import grp
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from typing import TYPE_CHECKING
-
-from .api import ApiError, ApiServer, Client
-
-if TYPE_CHECKING:  # config needs yaml; a client of a running service does not
-    from .config import ClusterConfig
+from .api import ApiError, Client
 
 log = logging.getLogger(__name__)
 
@@ -79,87 +70,8 @@ class Home:
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
-def share_socket_dir(home: Home, group: str) -> None:
-    """Shared-box mode: members of ``group`` may reach the socket, nothing else of the home.
-
-    The socket's directory becomes group-owned 0750; a home holding it becomes traversable
-    only (0711) so the database and keys in it stay the service account's alone.
-    Raises ValueError for an unknown group.
-    """
-    try:
-        gid = grp.getgrnam(group).gr_gid
-    except KeyError:
-        raise ValueError(f"no Unix group '{group}'; create it (groupadd {group}) or pick another") from None
-    folder = home.socket.parent
-    folder.mkdir(mode=0o750, parents=True, exist_ok=True)
-    if folder == home.root:
-        os.chmod(folder, 0o711)
-    else:
-        os.chown(folder, -1, gid)
-        os.chmod(folder, 0o750)
-        if folder.parent == home.root:
-            os.chmod(home.root, 0o711)
-
-
 class ServiceUnavailable(Exception):
     """The service is not running and could not be started; str() says why."""
-
-
-def serve(home: Home, config_path: Path | None, shared_group: str | None = None) -> int:
-    """Run the head service in the foreground until SIGTERM/SIGINT. Returns an exit code."""
-    from .config import ConfigError, load_config
-
-    os.umask(0o077)  # the store, its WAL and the logs: the service account's alone
-    home.ensure()
-    if shared_group:
-        try:
-            share_socket_dir(home, shared_group)
-        except ValueError as err:
-            print(f"nebula serve: {err}", file=sys.stderr)
-            return 2
-    if config_path is None:
-        print("nebula serve: no cluster configured; give --config nodes.yaml (or NEBULA_CONFIG), "
-              "or run `nebula demo --headless` for the simulated lab", file=sys.stderr)
-        return 2
-    try:
-        config = load_config(config_path)
-    except ConfigError as err:
-        print(f"nebula serve: {err}", file=sys.stderr)
-        return 2
-    lock_file = open(home.lock, "w")
-    try:
-        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        print(f"nebula serve: a service already runs for {home.root}", file=sys.stderr)
-        return 1
-    lock_file.write(str(os.getpid()))
-    lock_file.flush()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("asyncssh").setLevel(logging.WARNING)  # one line per channel otherwise
-    asyncio.run(_serve(home, config, shared_group))
-    return 0
-
-
-async def _serve(home: Home, config: "ClusterConfig", shared_group: str | None) -> None:
-    from .engine import Engine
-    from .store import Store
-
-    store = Store(home.db)
-    engine = Engine(config, store)
-    stop = asyncio.Event()
-    server = ApiServer(engine, home.socket, on_shutdown=stop.set, group=shared_group)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await engine.start()
-    await server.start()
-    log.info("serving %d nodes from %s on %s", len(config.nodes), config.path, home.socket)
-    try:
-        await stop.wait()
-    finally:
-        await server.close()
-        await engine.stop()
-        store.close()
 
 
 def connect(home: Home, config_arg: str | None, autostart: bool = True) -> Client:

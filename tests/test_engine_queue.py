@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from nebula_tui.config import parse_config
-from nebula_tui.engine import Engine
+from nebula_tui.head.engine import Engine
 from nebula_tui.model import JobSpec, JobState
 from nebula_tui.store import Store
 
@@ -35,22 +35,22 @@ async def test_a_waiting_job_keeps_its_view_until_its_spec_changes(engine):
     me = getpass.getuser()
     first = engine.submit(me, JobSpec(command="python a.py", gpu_count=1, gpu_mem_mb=8192))
     second = engine.submit(me, JobSpec(command="python b.py", gpu_count=2, arch=">=sm_80"))
-    before = {v.id: v for v in engine._snapshot_for(waiting(engine)).queue}
+    before = {v.id: v for v in engine.scheduling.snapshot_for(waiting(engine)).queue}
     assert set(before) == {first.id, second.id}
     assert before[second.id].gpu_count == 2 and before[second.id].arch == ">=sm_80"
 
     # a new waiting reason replaces the Job, not its spec: the same view is handed out
     engine.jobs[first.id] = replace(engine.jobs[first.id], reason="needs 1 GPU")
-    again = {v.id: v for v in engine._snapshot_for(waiting(engine)).queue}
+    again = {v.id: v for v in engine.scheduling.snapshot_for(waiting(engine)).queue}
     assert again[first.id] is before[first.id] and again[second.id] is before[second.id]
 
     # a different spec is seen at once
     engine.jobs[second.id] = replace(engine.jobs[second.id], spec=replace(second.spec, gpu_count=4))
-    changed = {v.id: v for v in engine._snapshot_for(waiting(engine)).queue}
+    changed = {v.id: v for v in engine.scheduling.snapshot_for(waiting(engine)).queue}
     assert changed[second.id].gpu_count == 4
     assert changed[second.id].request_key != before[second.id].request_key
 
     # a job no longer waiting is not kept
     del engine.jobs[first.id]
-    assert [v.id for v in engine._snapshot_for(waiting(engine)).queue] == [second.id]
-    assert set(engine._pending_views) == {second.id}
+    assert [v.id for v in engine.scheduling.snapshot_for(waiting(engine)).queue] == [second.id]
+    assert set(engine.scheduling.pending_views) == {second.id}

@@ -15,9 +15,10 @@ import json
 import pytest
 from conftest import until
 
-from nebula_tui import api
+from nebula_tui.head import server
 from nebula_tui.config import load_config
-from nebula_tui.engine import Engine, JobTable
+from nebula_tui.head.engine import Engine
+from nebula_tui.head.state import JobTable, Maintenance
 from nebula_tui.model import Job, JobSpec, JobState, NodeState, Placement
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.cluster import Cluster
@@ -136,7 +137,7 @@ async def test_job_and_node_changes_fold_to_the_heads_state(engine):
     first = client_of(engine.subscribe(early))
     job = engine.submit("alice", JobSpec(command=("true",)))
     placed = engine.jobs[job.id]
-    engine._begin_launch(placed, (Placement("GPU-node01-1", "node01", 1, 81920, True),))
+    engine.transitions.begin_launch(placed, (Placement("GPU-node01-1", "node01", 1, 81920, True),))
     engine.on_node_state("node02", NodeState.UNKNOWN, "silent")
     fold(first, drain(early))
     assert first.gpus == head_gpus(engine)
@@ -161,7 +162,7 @@ async def test_a_late_subscriber_brings_the_others_up_to_date_first(engine):
     early: asyncio.Queue = asyncio.Queue()
     first = client_of(engine.subscribe(early))
     live = engine.gpus["GPU-node01-0"]
-    live.maintenance = True  # changed without publishing
+    live.maintenance = Maintenance("a test")  # changed without publishing
     second = client_of(engine.subscribe(asyncio.Queue()))
     assert second.gpus["GPU-node01-0"]["status"] == "maintenance"
     fold(first, drain(early))
@@ -264,7 +265,7 @@ async def test_only_the_rows_of_changed_gpus_are_recomputed():
 
 
 async def test_telemetry_is_written_in_batches_and_anything_else_at_once(monkeypatch):
-    monkeypatch.setattr(api, "STREAM_GATHER_S", 3600.0)  # only another kind of event ends it
+    monkeypatch.setattr(server, "STREAM_GATHER_S", 3600.0)  # only another kind of event ends it
     queue: asyncio.Queue = asyncio.Queue()
     loop = asyncio.get_running_loop()
     reading = {"type": "gpus", "node": "node01", "gpus": {}}
@@ -272,8 +273,8 @@ async def test_telemetry_is_written_in_batches_and_anything_else_at_once(monkeyp
     queue.put_nowait(reading)
     loop.call_soon(queue.put_nowait, dict(reading, node="node02"))
     loop.call_later(0.05, lambda: [queue.put_nowait(job), queue.put_nowait(reading)])
-    got = await asyncio.wait_for(api._gather_events(queue), 600)
+    got = await asyncio.wait_for(server.gather_events(queue), 600)
     assert got == [reading, dict(reading, node="node02"), job, reading]
 
     queue.put_nowait(job)  # not telemetry: written at once, with nothing else waiting
-    assert await asyncio.wait_for(api._gather_events(queue), 600) == [job]
+    assert await asyncio.wait_for(server.gather_events(queue), 600) == [job]

@@ -1,0 +1,156 @@
+"""The head: its rooms wired together, started and stopped, and the clients' requests.
+
+The rooms, each importing only those before it (``tests/test_architecture.py`` checks):
+
+  ``state``       the live view (nodes, GPUs, jobs, links), ``wake`` and ``spawn``
+  ``access``      who may do what
+  ``stream``      the snapshot and the events subscribers get
+  ``shares``      fair-share weights, quotas, each user's figures
+  ``jobs``        a job's transitions: launch, running, exit, finish, requeue, cancel
+  ``scheduling``  the loop: when a pass runs, what it sees, what its decisions do
+  ``health``      Xid policies, isolation, throttling
+  ``nodes``       node links and messages, reconcile, drain/add/remove/reload
+  ``engine``      this module; ``server`` answers the socket with it, ``serve`` runs it
+
+A request is refused with ``RequestError`` (one line, said to the client as it is).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+from ..config import ClusterConfig
+from ..model import Job, JobSpec, JobState, RequestError
+from ..remote.ssh import NodeUnavailable
+from ..store import Store
+from .access import Access
+from .health import HealthMonitor
+from .jobs import JobTransitions
+from .nodes import Fleet
+from .scheduling import Scheduling
+from .shares import Shares
+from .state import HeadState
+from .stream import Stream
+
+
+class Engine:
+    def __init__(self, config: ClusterConfig, store: Store, clock=time.time):
+        self.state = HeadState(config, store, clock)
+        self.access = Access(self.state)
+        self.stream = Stream(self.state)
+        self.shares = Shares(self.state, self.access)
+        self.transitions = JobTransitions(self.state, self.stream, self.shares, self.access)
+        self.scheduling = Scheduling(self.state, self.stream, self.shares, self.transitions)
+        self.health = HealthMonitor(self.state, self.stream, self.transitions, self.access)
+        self.transitions.exit_diverted = self.health.takes_exit  # evicted jobs are requeued
+        self.fleet = Fleet(self.state, self.stream, self.transitions, self.health, self.access)
+        # What the node links call, what the server and tests read:
+        self.on_node_message = self.fleet.on_node_message
+        self.on_node_state = self.fleet.on_node_state
+        self.subscribe, self.unsubscribe = self.stream.subscribe, self.stream.unsubscribe
+        self.snapshot, self.gpus_json = self.stream.snapshot, self.stream.gpus_json
+        self.queue_json, self.users_json = self.stream.queue_json, self.shares.users_json
+        self.is_admin, self.resolve_gpu = self.access.is_admin, self.state.resolve_gpu
+        self.set_drained, self.set_quota = self.fleet.set_drained, self.shares.set_quota
+        self.node_key, self.add_node = self.fleet.node_key, self.fleet.add_node
+        self.remove_node, self.reload = self.fleet.remove_node, self.fleet.reload
+        self.plan = self.scheduling.plan
+
+    # the live view, as the server and tests read it
+    config = property(lambda self: self.state.config)
+    store = property(lambda self: self.state.store)
+    clock = property(lambda self: self.state.clock)
+    owner = property(lambda self: self.state.owner)
+    nodes = property(lambda self: self.state.nodes)
+    gpus = property(lambda self: self.state.gpus)
+    jobs = property(lambda self: self.state.jobs)
+    links = property(lambda self: self.state.links)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self.transitions.load()
+        self.fleet.start()
+        self.scheduling.start()
+
+    async def stop(self) -> None:
+        self.scheduling.stop()
+        self.state.cancel_tasks()
+        await self.fleet.close()
+
+    # ------------------------------------------------------------ client requests
+    def submit(self, user: str, spec: JobSpec) -> Job:
+        """Accept a job, or refuse it in one sentence (quota, priority, dependencies)."""
+        state = self.state
+        if spec.priority > 0 and not self.access.is_admin(user):
+            raise RequestError(f"only an admin ({self.access.admins_text()}) may raise a job's priority")
+        missing = [d for d in spec.after if d not in state.jobs and state.store.job(d) is None]
+        if missing:
+            raise RequestError(f"--after names no job {missing[0]}; `nebula queue` lists the jobs")
+        share = self.shares.shares().get(user)
+        if share is not None and share.refusal:
+            raise RequestError(share.refusal)
+        job = state.store.add_job(user, spec, state.clock())
+        state.jobs[job.id] = job
+        self.stream.publish_job(job)
+        state.wake(capacity=False)
+        return job
+
+    def job(self, job_id: int) -> Job:
+        job = self.state.jobs.get(job_id) or self.state.store.job(job_id)
+        if job is None:
+            raise RequestError(f"no job {job_id}; `nebula queue` lists the jobs")
+        return job
+
+    async def cancel(self, user: str, job_id: int) -> Job:
+        self.transitions.cancel(user, self.job(job_id))
+        return self.job(job_id)
+
+    async def wait_finished(self, job_id: int) -> Job:
+        return await self.transitions.wait_finished(self.job(job_id))
+
+    def set_held(self, user: str, job_id: int, hold: bool) -> Job:
+        job = self.job(job_id)
+        self.access.check_may_manage(user, job, "hold" if hold else "release")
+        if job.state != JobState.PENDING:
+            raise RequestError(f"job {job_id} is {job.state.value}; only waiting jobs can be "
+                               f"{'held' if hold else 'released'}")
+        self.state.store.set_held(job.id, user if hold else None, user, self.state.clock())
+        job = replace(job, held_by=user if hold else None,
+                      reason=f"held by {user}; `nebula release {job.id}` lets it run" if hold
+                      else "waiting for the scheduler")
+        self.state.jobs[job.id] = job
+        self.stream.publish_job(job)
+        self.state.wake()
+        return job
+
+    def attach_argv(self, user: str, job_id: int) -> list[str]:
+        """The ssh command that attaches a terminal to the job's tmux session (R13)."""
+        job = self.job(job_id)
+        self.access.check_may_manage(user, job, "attach to")
+        if not job.state.holds_gpus or not job.node:
+            raise RequestError(f"job {job_id} is {job.state.value}; only a running job has a session")
+        node = self.state.config.node(job.node)
+        argv = ["ssh", "-t", "-p", str(node.port), "-o", f"UserKnownHostsFile={node.known_hosts}",
+                "-o", "StrictHostKeyChecking=yes"]
+        if node.identity:
+            argv += ["-i", node.identity]
+        return argv + [f"{node.user}@{node.host}", f"tmux -L nebula attach -t =nebula-{job.id}"]
+
+    def history(self, gpu: str, since_s: float) -> list[dict]:
+        if gpu not in self.state.gpus:
+            raise RequestError(f"no GPU {gpu}; `nebula gpus` lists them (uuid, or node:index)")
+        return self.state.store.telemetry(gpu, self.state.clock() - since_s)
+
+    async def read_log(self, user: str, job_id: int, offset: int) -> dict:
+        job = self.job(job_id)
+        self.access.check_may_manage(user, job, "read the log of")
+        if not job.node:
+            return {"data": "", "offset": offset, "state": job.state.value}
+        try:
+            reply = await self.state.links[job.node].request("log", job=job.id, offset=offset)
+        except (NodeUnavailable, asyncio.TimeoutError) as err:
+            raise RequestError(f"cannot read the log of job {job_id}: {err}") from None
+        return {"data": reply.get("data", ""), "offset": reply.get("offset", offset),
+                "state": self.job(job_id).state.value}

@@ -1,0 +1,315 @@
+"""The nodes: their links, what they report, and the admins' changes to the set of them.
+
+A node's link reports its state (``on_node_state``) and its nodelet's messages
+(``on_node_message``): the hello (driver, topology), each probe (GPU readings, processes,
+telemetry), job starts and exits (handed to the jobs room) and kernel lines (to the health
+room). After every (re)connect ``reconcile`` makes the node and the store agree. Drain,
+resume, add, remove and reload change which nodes take work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+
+from .. import node_admin
+from ..config import load_config
+from ..model import ConfigError, GpuReading, JobState, NodeState, RequestError
+from ..remote.backends import nvidia, topo
+from ..remote.ssh import NodeLink, NodeUnavailable
+from .access import Access
+from .health import HealthMonitor
+from .jobs import CANCEL_GRACE_S, JobTransitions
+from .state import GpuLive, HeadState, Maintenance, NodeView, job_nodes
+from .stream import Stream
+
+log = logging.getLogger(__name__)
+
+TELEMETRY_EVERY_S = 30.0
+TELEMETRY_COMPACT_EVERY_S = 3600.0
+_CUDA_VERSION = re.compile(r"CUDA Version:\s*([\d.]+)")
+
+
+class Fleet:
+    def __init__(self, state: HeadState, stream: Stream, jobs: JobTransitions,
+                 health: HealthMonitor, access: Access):
+        self.state = state
+        self.stream = stream
+        self.transitions = jobs
+        self.health = health
+        self.access = access
+        self._telemetry_at: dict[str, float] = {}
+        self._compacted_at = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Show the GPUs the store knows, and connect to every node of the config."""
+        state = self.state
+        self._register_known_gpus()
+        stored = {row["name"]: row for row in state.store.nodes()}
+        for node in state.config.nodes:
+            state.store.upsert_node(node.name, node.host, node.port, NodeState.CONNECTING.value)
+            if node.name in stored and stored[node.name].get("drained"):
+                # An admin's drain outlives restarts; the config only gives the first state.
+                view = state.nodes[node.name]
+                view.drained, view.drain_reason = True, stored[node.name].get("drain_reason") or ""
+            self._open_link(node)
+
+    def _open_link(self, node) -> None:
+        link = NodeLink(node, self.state.config, self.on_node_message, self.on_node_state)
+        self.state.links[node.name] = link
+        link.start()
+
+    async def close(self) -> None:
+        await asyncio.gather(*(link.close() for link in self.state.links.values()),
+                             return_exceptions=True)
+
+    def _register_known_gpus(self) -> None:
+        """GPUs the store knows stay visible (as unreachable) until their node answers; one
+        it keeps in maintenance stays out until an admin resumes it, since the pipeline
+        that isolated it is gone."""
+        state = self.state
+        for row in state.store.gpus():
+            if row["node"] not in state.nodes:
+                continue
+            reading = GpuReading(index=row["idx"], uuid=row["uuid"], name=row["model"],
+                                 pci_bus_id=row["pci_bus_id"], memory_total_mb=row["total_mb"],
+                                 driver_version=row["driver_version"],
+                                 compute_cap=row["compute_cap"], vendor=row["vendor"] or "nvidia")
+            maintenance = None
+            if row["status"] == "maintenance":
+                maintenance = Maintenance(row.get("status_reason")
+                                          or "in maintenance before the head restarted",
+                                          admin_only=True)
+            state.gpus[row["uuid"]] = GpuLive(row["node"], reading, maintenance=maintenance)
+            state.nodes[row["node"]].cuda_version = row["cuda_version"]
+
+    # ------------------------------------------------------------ what nodes report
+    def on_node_state(self, node: str, state: NodeState, reason: str) -> None:
+        view = self.state.nodes[node]
+        if state == NodeState.UP:
+            view.silent_since = None
+        elif view.silent_since is None:
+            view.silent_since = self.state.clock()
+        view.state, view.reason = state, reason
+        store = self.state.store
+        store.upsert_node(node, view.host, view.port, state.value, reason, view.last_seen)
+        store.add_event("node", f"{node} is {state.value}" + (f": {reason}" if reason else ""),
+                        node=node)
+        self.stream.publish_node(view)
+        self.stream.publish_gpus(node)
+        if state == NodeState.UP:
+            self.state.spawn(self.reconcile(node), f"reconcile-{node}")
+        self.state.wake()
+
+    def on_node_message(self, node: str, message: dict) -> None:
+        handler = {"hello": self._on_hello, "probe": self._on_probe,
+                   "started": self.transitions.on_started, "exit": self.transitions.on_exit,
+                   "kmsg": self.health.on_kernel_message}.get(message.get("type"))
+        if handler is None:
+            return
+        try:
+            handler(node, message)
+        except Exception:  # a strange message must never take the head down
+            log.exception("could not handle %s from %s", message.get("type"), node)
+
+    def _on_hello(self, node: str, message: dict) -> None:
+        view = self.state.nodes[node]
+        view.hello = message
+        match = _CUDA_VERSION.search(message.get("smi_table") or "")
+        view.cuda_version = match.group(1) if match else None
+        if message.get("topo"):
+            with contextlib.suppress(ValueError):
+                view.topo = topo.parse_topo(message["topo"])
+
+    def _on_probe(self, node: str, message: dict) -> None:
+        state = self.state
+        view = state.nodes[node]
+        view.last_seen = message.get("t") or state.clock()
+        problem = f"probe: {message['error']}" if message.get("error") else ""
+        try:
+            readings = nvidia.parse_query_gpu(message.get("gpu_csv", ""), nvidia.QUERY_GPU_FIELDS)
+            processes = nvidia.parse_query_apps(message.get("apps_csv", ""),
+                                                nvidia.QUERY_APPS_FIELDS)
+        except ValueError as err:
+            readings, processes = [], []
+            problem = f"probe output not understood: {err}"
+        if problem != view.reason:  # shown until a good probe clears it
+            view.reason = problem
+            self.stream.publish_node(view)
+        if not readings:
+            return
+        ours = set(message.get("pid_jobs", {}))
+        new_gpus = []
+        for reading in readings:
+            if not reading.uuid:
+                continue
+            procs = [p for p in processes if p.gpu_uuid == reading.uuid]
+            unmanaged = sum(p.used_memory_mb or 0 for p in procs if str(p.pid) not in ours)
+            live = state.gpus.get(reading.uuid)
+            if live is None or live.reading.memory_total_mb != reading.memory_total_mb \
+                    or live.node != node:
+                new_gpus.append(reading)
+            changed = live is None or live.unmanaged_used_mb != unmanaged
+            state.gpus[reading.uuid] = GpuLive(node, reading, procs, unmanaged,
+                                               live.maintenance if live else None,
+                                               message.get("pid_jobs", {}))
+            if changed:
+                state.wake()
+        if new_gpus:
+            state.store.register_gpus(node, [self._descriptor(node, r) for r in new_gpus],
+                                      state.clock())
+        self._record_telemetry(node, readings)
+        self.health.on_probe(node, readings, message.get("pid_jobs", {}))
+        self.stream.publish_gpus(node)
+
+    def _record_telemetry(self, node: str, readings: list[GpuReading]) -> None:
+        """R18: at most one sample per GPU every TELEMETRY_EVERY_S, whatever the probe rate."""
+        now = self.state.clock()
+        if now - self._telemetry_at.get(node, 0.0) < TELEMETRY_EVERY_S:
+            return
+        self._telemetry_at[node] = now
+        self.state.store.record_telemetry([
+            {"gpu": r.uuid, "t": now, "temperature_c": r.temperature_c,
+             "utilization_pct": r.utilization_pct, "memory_used_mb": r.memory_used_mb,
+             "power_w": r.power_w, "fan_pct": r.fan_pct, "sm_clock_mhz": r.sm_clock_mhz,
+             "mem_clock_mhz": r.mem_clock_mhz} for r in readings if r.uuid])
+        if now - self._compacted_at > TELEMETRY_COMPACT_EVERY_S:
+            self._compacted_at = now
+            self.state.store.compact_telemetry(now)
+
+    def _descriptor(self, node: str, r: GpuReading) -> dict:
+        return {"uuid": r.uuid, "idx": r.index, "model": r.name, "vendor": r.vendor,
+                "total_mb": r.memory_total_mb, "compute_cap": r.compute_cap,
+                "pci_bus_id": r.pci_bus_id, "driver_version": r.driver_version,
+                "cuda_version": self.state.nodes[node].cuda_version}
+
+    # ------------------------------------------------------------------- reconcile
+    async def reconcile(self, node: str) -> None:
+        """After (re)connecting, make the node and the store agree (R23).
+
+        Launch intents the node never saw are carried out (the session name makes that
+        idempotent); cancels it missed are sent again; sessions of ours whose job is no
+        longer this node's (declared lost and requeued meanwhile) are stopped, so no job
+        runs twice. Exits the node recorded while we were away arrive as exit messages.
+        """
+        state, transitions = self.state, self.transitions
+        for job in list(state.jobs.values()):
+            if node in job_nodes(job) and job.state == JobState.LAUNCHING:
+                await transitions.launch(job, only=node)
+            if node in job_nodes(job) and transitions.is_cancelling(job.id):
+                state.spawn(transitions.cancel_on_node(job, only=node), f"cancel-{job.id}")
+        try:
+            listing = await state.links[node].request("list")
+        except (NodeUnavailable, asyncio.TimeoutError):
+            return
+        sessions = set(listing.get("sessions", []))
+        for name, info in listing.get("jobs", {}).items():
+            job_id = int(name)
+            current = state.jobs.get(job_id)
+            if (state.ours(info.get("token")) and f"nebula-{job_id}" in sessions
+                    and (current is None or node not in job_nodes(current)
+                         or info.get("token") != state.token(current))):
+                log.warning("stopping stale session of job %s on %s", job_id, node)
+                state.store.add_event("reconcile", f"stopped a stale copy of job {job_id} on {node}",
+                                      job_id=job_id, node=node)
+                state.spawn(self._stop_stale(node, job_id), f"stale-{job_id}")
+
+    async def _stop_stale(self, node: str, job_id: int) -> None:
+        with contextlib.suppress(NodeUnavailable, asyncio.TimeoutError):
+            await self.state.links[node].request("cancel", timeout=CANCEL_GRACE_S + 30, job=job_id,
+                                                 grace=CANCEL_GRACE_S)
+
+    # --------------------------------------------------------------- admins' changes
+    def set_drained(self, user: str, node: str, drained: bool, reason: str = "") -> NodeView:
+        self.access.check_admin(user, "drain or resume nodes")
+        view = self.state.nodes.get(node)
+        if view is None:
+            raise RequestError(f"no node {node}; known: {', '.join(self.state.nodes)}")
+        self.state.store.set_drained(node, drained, reason, user, self.state.clock())
+        view.drained, view.drain_reason = drained, reason if drained else ""
+        self.stream.publish_node(view)
+        self.stream.publish_gpus(node)
+        self.state.wake()
+        return view
+
+    async def node_key(self, user: str, host: str, port: int) -> str:
+        """The fingerprint of the host key a would-be node presents (the trust step)."""
+        self.access.check_admin(user, "add nodes")
+        try:
+            return (await node_admin.read_host_key(host, port))[1]
+        except node_admin.NodeAdminError as err:
+            raise RequestError(str(err)) from None
+
+    async def add_node(self, user: str, name: str, host: str, port: int, login: str | None,
+                       identity: str | None, trust: str) -> dict:
+        """R21: add a node to the cluster file, trusting the host key the admin confirmed."""
+        self.access.check_admin(user, "add nodes")
+        if self.state.config.path is None:
+            raise RequestError("this service was started without a cluster file")
+        try:
+            key_line, fingerprint = await node_admin.read_host_key(host, port)
+            node_admin.add_node(self.state.config.path, name, host, port, login, identity,
+                                key_line, fingerprint, trust)
+        except node_admin.NodeAdminError as err:
+            raise RequestError(str(err)) from None
+        return await self.reload(user)
+
+    async def remove_node(self, user: str, name: str) -> dict:
+        self.access.check_admin(user, "remove nodes")
+        if name not in self.state.nodes:
+            raise RequestError(f"no node {name}; known: {', '.join(self.state.nodes)}")
+        if self._holds_jobs(name):
+            raise RequestError(f"{name} still holds jobs; drain it (nebula node drain {name}) "
+                               "and remove it once they ended")
+        try:
+            node_admin.remove_node(self.state.config.path, name)
+        except node_admin.NodeAdminError as err:
+            raise RequestError(str(err)) from None
+        return await self.reload(user)
+
+    def _holds_jobs(self, node: str) -> bool:
+        return any(node in job_nodes(j) for j in self.state.jobs.values())
+
+    async def reload(self, user: str) -> dict:
+        """Read nodes.yaml again: start links to added nodes, stop those of removed ones.
+
+        A node that still holds jobs cannot be removed (drain it and let them finish).
+        Raises RequestError with the reason; the running config is kept then.
+        """
+        state = self.state
+        self.access.check_admin(user, "reload the cluster file")
+        if state.config.path is None:
+            raise RequestError("this service was started without a cluster file")
+        try:
+            new = load_config(state.config.path)
+        except ConfigError as err:
+            raise RequestError(str(err)) from None
+        names = {n.name for n in new.nodes}
+        removed = [name for name in state.nodes if name not in names]
+        busy = [n for n in removed if self._holds_jobs(n)]
+        if busy:
+            raise RequestError(f"{busy[0]} still holds jobs; drain it (nebula node drain {busy[0]}) "
+                               "and remove it once they ended")
+        state.config = new
+        for name in removed:
+            await state.links.pop(name).close()
+            del state.nodes[name]
+            for uuid in [u for u, live in state.gpus.items() if live.node == name]:
+                del state.gpus[uuid]
+            self.stream.publish_gpus(name)  # its GPUs are gone from subscribers' views too
+            state.store.add_event("admin", f"node {name} removed by {user}", node=name, user=user)
+        added = [n for n in new.nodes if n.name not in state.nodes]
+        for node in added:
+            state.nodes[node.name] = NodeView(node.name, node.host, node.port, drained=node.drained)
+            state.store.upsert_node(node.name, node.host, node.port, NodeState.CONNECTING.value)
+            state.store.add_event("admin", f"node {node.name} added by {user}", node=node.name,
+                                  user=user)
+            self._open_link(node)
+        for name in removed + [n.name for n in added]:
+            self.stream.publish({"type": "node", "node": state.nodes[name].json()
+                                 if name in state.nodes else {"name": name, "state": "removed"}})
+        state.wake()
+        return {"added": [n.name for n in added], "removed": removed}

@@ -1,0 +1,172 @@
+"""The scheduling loop: when to run a pass, what it sees, and what its decisions do.
+
+One turn of the loop (``run``), each phase one function:
+
+  1. ``HeadState.wait_for_wake``: until a change asks for a pass (a submit, an exit, a
+     probe that freed memory …) or ``PERIODIC_PASS_S`` went by.
+  2. ``expire_leases``: the jobs of a node silent for longer than its lease are requeued.
+  3. ``pass_is_pointless``: only submits since the last pass and no GPU free: no pass.
+  4. ``schedule_pass``: the pure scheduler decides over ``snapshot_for`` the waiting jobs;
+     a ``Start`` is launched (``JobTransitions.begin_launch``), a ``Fail`` ends the job,
+     a ``Wait`` keeps its (new) reason.
+  5. ``pause_after``: as long as the pass took (at most ``MAX_PASS_PAUSE_S``), so events
+     of a busy head arrive in batches instead of each paying for a pass of its own.
+
+``plan`` runs the same pass for a job not yet submitted (the submit form's preview).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import replace
+
+from .. import scheduler
+from ..model import Job, JobSpec, JobState
+from ..scheduler.slices import offered_mb
+from .jobs import JobTransitions
+from .shares import Shares
+from .state import HeadState, job_nodes
+from .stream import Stream
+
+log = logging.getLogger(__name__)
+
+PERIODIC_PASS_S = 3.0
+MAX_PASS_PAUSE_S = 0.2
+
+
+def pending_job(job: Job) -> scheduler.PendingJob:
+    """A waiting job as the scheduler sees it."""
+    s = job.spec
+    return scheduler.PendingJob(
+        job.id, job.user, s.gpu_count, s.gpu_mem_mb, job.submitted_at, arch=s.arch, cuda=s.cuda,
+        vendor=s.vendor, max_nodes=s.nodes, priority=s.priority, after=tuple(s.after),
+        time_limit_s=s.time_limit_s, service=s.service)
+
+
+class Scheduling:
+    def __init__(self, state: HeadState, stream: Stream, shares: Shares, jobs: JobTransitions):
+        self.state = state
+        self.stream = stream
+        self.shares = shares
+        self.transitions = jobs
+        #: the scheduler's view of each waiting job, kept while its spec is the same object
+        self.pending_views: dict[int, tuple[JobSpec, scheduler.PendingJob]] = {}
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="scheduler")
+
+    def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+
+    async def run(self) -> None:
+        while True:
+            await self.state.wait_for_wake(PERIODIC_PASS_S)
+            started = time.perf_counter()
+            try:
+                self.expire_leases()
+                if self.pass_is_pointless():
+                    continue
+                self.state.capacity_changed = False
+                self.schedule_pass()
+            except Exception:
+                log.exception("scheduling pass failed")
+            await self.pause_after(started)
+
+    @staticmethod
+    async def pause_after(started: float) -> None:
+        """A pass over a long queue takes a while: give submits, launches and exits at
+        least as long before the next one (a short queue's pass costs ~1 ms: no delay)."""
+        await asyncio.sleep(min(time.perf_counter() - started, MAX_PASS_PAUSE_S))
+
+    def expire_leases(self) -> None:
+        """Jobs on a node silent for longer than the lease are lost: requeue them.
+
+        A short drop costs nobody their job (the node is only ``unknown``); when the node
+        comes back after the lease, reconcile stops the stale copies.
+        """
+        now = self.state.clock()
+        for view in self.state.nodes.values():
+            if view.silent_since is None or now - view.silent_since < self.state.config.node_lease:
+                continue
+            for job in [j for j in self.state.jobs.values()
+                        if view.name in job_nodes(j) and j.state.holds_gpus]:
+                self.transitions.requeue(job, f"lost with node {view.name} (silent for "
+                                              f"{now - view.silent_since:.0f}s); requeued")
+
+    def pass_is_pointless(self) -> bool:
+        """Only submits since the last pass, and no GPU could take any job: skip the pass.
+        The new jobs get their waiting reasons at the next periodic pass."""
+        if self.state.capacity_changed:
+            return False
+        return not any(gpu.blocked is None and (not gpu.placements or offered_mb(gpu))
+                       for gpu in self.state.gpu_views())
+
+    def waiting(self) -> list[Job]:
+        """The jobs a pass considers: pending and not held."""
+        return [j for j in self.state.jobs.values() if j.state == JobState.PENDING and not j.held_by]
+
+    def schedule_pass(self) -> None:
+        pending = self.waiting()
+        if not pending:
+            return
+        reasons: dict[int, str] = {}
+        for decision in scheduler.schedule(self.snapshot_for(pending)):
+            job = self.state.jobs[decision.job_id]
+            if isinstance(decision, scheduler.Start):
+                self.transitions.begin_launch(job, decision.placements)
+            elif isinstance(decision, scheduler.Fail):
+                self.transitions.finish(job, JobState.FAILED, None, decision.reason)
+            elif job.reason != decision.reason:
+                reasons[job.id] = decision.reason
+                self.state.jobs[job.id] = replace(job, reason=decision.reason)
+                self.stream.publish_job(self.state.jobs[job.id])
+        self.state.store.set_reasons(reasons)
+
+    def snapshot_for(self, pending: list[Job]) -> scheduler.Snapshot:
+        """Everything a pass looks at, from memory (the store only for old dependencies)."""
+        state = self.state
+        holding = [j for j in state.jobs.values() if j.state.holds_gpus]
+        named = {dep for j in pending for dep in j.spec.after}
+        finished = state.store.job_states([d for d in named if d not in state.jobs]) if named else {}
+        return scheduler.Snapshot(
+            now=state.clock(),
+            gpus=tuple(state.gpu_views()),
+            queue=self._pending_queue(pending),
+            running=tuple(scheduler.RunningJob(j.id, j.user, j.placements, j.started_at or j.submitted_at,
+                                               j.spec.time_limit_s, j.spec.service) for j in holding),
+            users=self.shares.shares(),
+            finished=finished,
+            topologies={name: view.topo.get("links", {}) for name, view in state.nodes.items()},
+            config=state.settings.config,
+        )
+
+    def _pending_queue(self, pending: list[Job]) -> tuple[scheduler.PendingJob, ...]:
+        """The waiting jobs as the scheduler sees them. A job's view is made once and kept
+        while its spec stays the same object and its submit time the same (a new reason
+        keeps them): building 10,000 views costs more than the pass that reads them."""
+        kept, views = self.pending_views, {}
+        for job in pending:
+            seen = kept.get(job.id)
+            if seen is None or seen[0] is not job.spec or seen[1].submitted_at != job.submitted_at:
+                seen = (job.spec, pending_job(job))
+            views[job.id] = seen
+        self.pending_views = views  # only jobs still waiting are kept
+        return tuple(view for _, view in views.values())
+
+    def plan(self, user: str, spec: JobSpec) -> dict:
+        """Where a job would go now, or why it would wait: the submit form's preview."""
+        probe = Job(id=-1, user=user, spec=spec, state=JobState.PENDING, submitted_at=self.state.clock())
+        for decision in scheduler.schedule(self.snapshot_for(self.waiting() + [probe])):
+            if decision.job_id != -1:
+                continue
+            if isinstance(decision, scheduler.Start):
+                return {"decision": "start", "gpus": [
+                    {"node": p.node, "index": p.gpu_index, "uuid": p.gpu_uuid,
+                     "memory_mb": p.memory_mb, "exclusive": p.exclusive}
+                    for p in decision.placements]}
+            return {"decision": "wait", "reason": decision.reason}
+        return {"decision": "wait", "reason": "not considered"}

@@ -1,0 +1,98 @@
+"""``nebula serve``: the head service process (lock, signals, the socket, the engine).
+
+One service per home: a second one sees the lock and leaves. With ``--shared-group`` the
+socket's directory is opened to that Unix group only (``share_socket_dir``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import grp
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from ..config import ClusterConfig, ConfigError, load_config
+from ..service import Home
+from ..store import Store
+from .engine import Engine
+from .server import ApiServer
+
+log = logging.getLogger(__name__)
+
+
+def share_socket_dir(home: Home, group: str) -> None:
+    """Shared-box mode: members of ``group`` may reach the socket, nothing else of the home.
+
+    The socket's directory becomes group-owned 0750; a home holding it becomes traversable
+    only (0711) so the database and keys in it stay the service account's alone.
+    Raises ValueError for an unknown group.
+    """
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ValueError(f"no Unix group '{group}'; create it (groupadd {group}) or pick another") from None
+    folder = home.socket.parent
+    folder.mkdir(mode=0o750, parents=True, exist_ok=True)
+    if folder == home.root:
+        os.chmod(folder, 0o711)
+    else:
+        os.chown(folder, -1, gid)
+        os.chmod(folder, 0o750)
+        if folder.parent == home.root:
+            os.chmod(home.root, 0o711)
+
+
+def serve(home: Home, config_path: Path | None, shared_group: str | None = None) -> int:
+    """Run the head service in the foreground until SIGTERM/SIGINT. Returns an exit code."""
+    os.umask(0o077)  # the store, its WAL and the logs: the service account's alone
+    home.ensure()
+    if shared_group:
+        try:
+            share_socket_dir(home, shared_group)
+        except ValueError as err:
+            print(f"nebula serve: {err}", file=sys.stderr)
+            return 2
+    if config_path is None:
+        print("nebula serve: no cluster configured; give --config nodes.yaml (or NEBULA_CONFIG), "
+              "or run `nebula demo --headless` for the simulated lab", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(config_path)
+    except ConfigError as err:
+        print(f"nebula serve: {err}", file=sys.stderr)
+        return 2
+    lock_file = open(home.lock, "w")
+    try:
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"nebula serve: a service already runs for {home.root}", file=sys.stderr)
+        return 1
+    lock_file.write(str(os.getpid()))
+    lock_file.flush()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)  # one line per channel otherwise
+    asyncio.run(_serve(home, config, shared_group))
+    return 0
+
+
+async def _serve(home: Home, config: ClusterConfig, shared_group: str | None) -> None:
+    store = Store(home.db)
+    engine = Engine(config, store)
+    stop = asyncio.Event()
+    server = ApiServer(engine, home.socket, on_shutdown=stop.set, group=shared_group)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await engine.start()
+    await server.start()
+    log.info("serving %d nodes from %s on %s", len(config.nodes), config.path, home.socket)
+    try:
+        await stop.wait()
+    finally:
+        await server.close()
+        await engine.stop()
+        store.close()

@@ -1,0 +1,97 @@
+"""Each user's standing: fair-share weight (R6), GPU-hours this month and quota (R7).
+
+The weights the scheduler reads are recomputed when a job ends (``forget``) and at most
+once a minute otherwise, so a pass costs no SQL. ``users_json`` is the row of each user
+that the ``users`` request returns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+from .. import scheduler
+from ..scheduler import fairshare
+from .access import Access
+from .state import HeadState
+
+SHARES_TTL_S = 60.0
+
+
+def month_start(now: float) -> float:
+    """The first moment of the calendar month (local time) that ``now`` falls in (R7)."""
+    t = time.localtime(now)
+    return time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, -1))
+
+
+class Shares:
+    def __init__(self, state: HeadState, access: Access):
+        self.state = state
+        self.access = access
+        self._shares: dict[str, scheduler.UserShare] | None = None
+        self._shares_at = 0.0
+
+    def forget(self) -> None:
+        """Usage changed (a job ended, a quota was set): recompute at the next look."""
+        self._shares = None
+
+    def shares(self) -> dict[str, scheduler.UserShare]:
+        """R6 weights and R7 quota standing per user; recomputed when a job ends, at most
+        once a minute otherwise (so a pass costs no SQL)."""
+        now = self.state.clock()
+        if self._shares is not None and now - self._shares_at < SHARES_TTL_S:
+            return self._shares
+        half_life = self.state.settings.half_life_s
+        since = now - 10 * half_life if half_life else 0.0
+        store = self.state.store
+        finished = store.finished_usage(since)
+        month = store.usage_since(month_start(now))
+        held: dict[str, float] = defaultdict(float)
+        for job in self.state.jobs.values():
+            if job.state.holds_gpus and job.started_at:
+                held[job.user] += self.held_hours(job, now)
+        shares = {}
+        for user in set(finished) | set(month) | set(held):
+            refusal = self.quota_refusal(user, month.get(user, 0.0) + held.get(user, 0.0))
+            shares[user] = scheduler.UserShare(
+                user, fairshare.user_weight(finished.get(user, []), held.get(user, 0.0), now, half_life),
+                refusal)
+        self._shares, self._shares_at = shares, now
+        return shares
+
+    def held_hours(self, job, now: float) -> float:
+        """GPU-hours a running job has held until ``now`` (a slice counts its fraction)."""
+        fractions = [fairshare.gpu_fraction(p.memory_mb, self.state.total_mb(p.gpu_uuid), p.exclusive)
+                     for p in job.placements]
+        return fairshare.gpu_hours(fractions, now - (job.started_at or now))
+
+    def quota_refusal(self, user: str, month_hours: float) -> str | None:
+        quota = self._quotas().get(user, self.state.settings.quota_gpu_hours)
+        return fairshare.quota_refusal(user, month_hours, quota, self.access.admin_names())
+
+    def _quotas(self) -> dict[str, float]:
+        return {u["name"]: u["quota_gpu_hours"] for u in self.state.store.users()
+                if u.get("quota_gpu_hours") is not None}
+
+    def set_quota(self, user: str, name: str, hours: float) -> None:
+        self.access.check_admin(user, "set quotas")
+        self.state.store.set_quota(name, hours, user, self.state.clock())
+        self.forget()
+        self.state.wake()
+
+    def users_json(self) -> list[dict]:
+        running: dict[str, int] = defaultdict(int)
+        for job in self.state.jobs.values():
+            if job.state.holds_gpus:
+                running[job.user] += 1
+        shares = self.shares()
+        month = self.state.store.usage_since(month_start(self.state.clock()))
+        rows = []
+        for row in self.state.store.users():
+            name = row["name"]
+            rows.append({**row, "running_jobs": running.get(name, 0),
+                         "weight": round(shares[name].weight, 4) if name in shares else 1.0,
+                         "month_gpu_hours": round(month.get(name, 0.0), 4),
+                         "quota_gpu_hours": self.state.settings.quota_gpu_hours
+                         if row.get("quota_gpu_hours") is None else row["quota_gpu_hours"]})
+        return rows

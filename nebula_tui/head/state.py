@@ -1,0 +1,246 @@
+"""The head's live view: nodes, GPUs and the unfinished jobs, and how work is started.
+
+Every room of the head reads the cluster through one :class:`HeadState`: the config, the
+store, the injected clock (never ``time.time()`` inside the head), what each node and GPU
+showed last (``nodes``, ``gpus``), every job not yet ended (``jobs``, indexed by the GPUs
+they hold) and the link to each node. It also owns the two ways of getting work done
+later: ``wake`` (ask the scheduling loop for a pass) and ``spawn`` (a background task,
+cancelled when the head stops). It imports no other room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass, field, replace
+
+from ..config import ClusterConfig
+from ..model import GpuProcess, GpuReading, GpuView, Job, NodeState, Placement, RequestError
+from ..remote.ssh import NodeLink
+from ..scheduler.health import health_score
+from ..settings import SchedulerSettings
+from ..store import Store
+
+
+@dataclass
+class NodeView:
+    name: str
+    host: str
+    port: int
+    state: NodeState = NodeState.CONNECTING
+    reason: str = ""
+    drained: bool = False
+    drain_reason: str = ""
+    last_seen: float | None = None
+    silent_since: float | None = None  # when it stopped answering (for the node lease)
+    cuda_version: str | None = None
+    topo: dict = field(default_factory=dict)
+    hello: dict = field(default_factory=dict)
+    #: when its GPUs started throttling episodes (R19), recent ones only; lowers its score
+    throttle_events: list[float] = field(default_factory=list)
+
+    def json(self) -> dict:
+        return {"name": self.name, "host": self.host, "port": self.port,
+                "state": NodeState.DRAINED.value if self.drained and self.state == NodeState.UP
+                else self.state.value,
+                "reason": self.drain_reason if self.drained and self.state == NodeState.UP
+                else self.reason,
+                "drained": self.drained, "last_seen": self.last_seen,
+                "hostname": self.hello.get("hostname")}
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """Why a GPU is out of service (R16/R17), and whether only an admin brings it back."""
+
+    reason: str
+    admin_only: bool = False
+
+
+@dataclass
+class GpuLive:
+    """What the head knows of one GPU between probes."""
+
+    node: str
+    reading: GpuReading
+    processes: list[GpuProcess] = field(default_factory=list)
+    unmanaged_used_mb: int = 0
+    #: the one place a GPU's maintenance lives in memory (the store keeps a copy for restarts)
+    maintenance: Maintenance | None = None
+    process_jobs: dict[str, str] = field(default_factory=dict)  # pid -> our job id
+
+
+class JobTable(dict):
+    """Every unfinished job by id, and which of them hold which GPU (``holding``).
+
+    The index follows every ``table[id] = job``, ``pop`` and ``del``, so one node's GPU
+    views (built on each of its probes) need not walk 10,000 jobs for their holders. Other
+    ways of changing a dict would leave the index behind: they raise TypeError.
+    """
+
+    def __init__(self, jobs: Iterable[Job] = ()) -> None:
+        super().__init__()
+        self.holding: dict[str, dict[int, Placement]] = {}  # GPU uuid -> job id -> placement
+        for job in jobs:
+            self[job.id] = job
+
+    def __setitem__(self, job_id: int, job: Job) -> None:
+        before = self.get(job_id)
+        if before is not None:
+            self._index(before, add=False)
+        super().__setitem__(job_id, job)
+        self._index(job, add=True)
+
+    def __delitem__(self, job_id: int) -> None:
+        self._index(self[job_id], add=False)
+        super().__delitem__(job_id)
+
+    def pop(self, job_id: int, *default):
+        if job_id in self:
+            self._index(self[job_id], add=False)
+        return super().pop(job_id, *default)
+
+    def _unsupported(self, *args, **kwargs):
+        raise TypeError("JobTable: set, pop or del one job at a time (the GPU index follows those)")
+
+    update = setdefault = popitem = clear = __ior__ = _unsupported
+
+    def _index(self, job: Job, *, add: bool) -> None:
+        if not job.state.holds_gpus:
+            return
+        for p in job.placements:
+            if add:
+                self.holding.setdefault(p.gpu_uuid, {})[job.id] = p
+            else:
+                held = self.holding.get(p.gpu_uuid, {})
+                held.pop(job.id, None)
+                if not held:
+                    self.holding.pop(p.gpu_uuid, None)
+
+    def held(self, uuid: str) -> tuple[tuple[int, Placement], ...]:
+        """(job id, placement) of every job holding GPU ``uuid``, by job id."""
+        return tuple(sorted(self.holding.get(uuid, {}).items()))
+
+
+def job_nodes(job: Job) -> list[str]:
+    """The nodes a job holds GPUs on, the first (rank 0) first."""
+    return list(dict.fromkeys(p.node for p in job.placements))
+
+
+class HeadState:
+    """The live view every room shares (see the module docstring)."""
+
+    def __init__(self, config: ClusterConfig, store: Store, clock: Callable[[], float]):
+        self.config = config
+        #: the ``scheduler:`` section as the head started with it (a reload keeps it)
+        self.settings = config.scheduler or SchedulerSettings()
+        self.store = store
+        self.clock = clock
+        self.owner = pwd.getpwuid(os.getuid()).pw_name  # the account the service runs as
+        self.nodes = {n.name: NodeView(n.name, n.host, n.port, drained=n.drained)
+                      for n in config.nodes}
+        self.gpus: dict[str, GpuLive] = {}
+        self.jobs = JobTable()  # every job not yet finished
+        self.links: dict[str, NodeLink] = {}
+        #: something may let a job start since the scheduling loop last looked (``wake``)
+        self.capacity_changed = True
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+
+    # ------------------------------------------------------------ getting work done
+    def wake(self, capacity: bool = True) -> None:
+        """Ask for a scheduling pass soon. ``capacity`` False: only the queue grew (a
+        submit), which cannot start anything while every GPU is taken."""
+        if capacity:
+            self.capacity_changed = True
+        self._wake.set()
+
+    async def wait_for_wake(self, timeout: float) -> None:
+        """Until someone wakes the loop, or ``timeout`` seconds (which count as a change
+        of capacity: the periodic pass always runs)."""
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except asyncio.TimeoutError:
+            self.capacity_changed = True
+        self._wake.clear()
+
+    def spawn(self, coro: Coroutine, name: str) -> asyncio.Task:
+        """Run ``coro`` in the background; it is cancelled when the head stops."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def cancel_tasks(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    # ----------------------------------------------------------------- jobs' tokens
+    def token(self, job: Job) -> str:
+        """Names one launch of one job: this head's store, and the attempt (requeues)."""
+        return f"{self.store.head_token}.{job.attempt}"
+
+    def ours(self, token: object) -> bool:
+        return isinstance(token, str) and token.split(".")[0] == self.store.head_token
+
+    # ------------------------------------------------------------------------ GPUs
+    def gpu_views(self, node: str | None = None) -> list[GpuView]:
+        """Every GPU (or only ``node``'s: one node's readings are published once per probe,
+        and building all 1,000 views of a big cluster for each would cost the head a core;
+        who holds each GPU comes from the jobs' index, not a walk over every job)."""
+        return [GpuView(node=live.node, reading=live.reading, blocked=self._blocked(live),
+                        maintenance=live.maintenance is not None, placements=self.jobs.held(uuid),
+                        unmanaged_used_mb=live.unmanaged_used_mb,
+                        cuda_version=self.nodes[live.node].cuda_version,
+                        health_score=self.health_score(live.node))
+                for uuid, live in sorted(((u, g) for u, g in self.gpus.items()
+                                          if node is None or g.node == node),
+                                         key=lambda kv: (kv[1].node, kv[1].reading.index))]
+
+    def _blocked(self, live: GpuLive) -> str | None:
+        node = self.nodes[live.node]
+        if node.drained:
+            return f"node {node.name} is drained"
+        if node.state != NodeState.UP:
+            return f"node {node.name} is {node.state.value}"
+        if live.maintenance is not None:
+            why = live.maintenance.reason
+            return f"GPU in maintenance: {why}" if why else "GPU in maintenance"
+        return None
+
+    def health_score(self, node: str) -> float:
+        """The node's health score now (R19): 1.0 healthy, lower after throttling."""
+        view = self.nodes.get(node)
+        events = view.throttle_events if view else None
+        return health_score(events, self.clock()) if events else 1.0
+
+    def set_maintenance(self, gpu: str, maintenance: Maintenance | None) -> None:
+        """Take a GPU out of service (with why), or put it back (None); the store keeps it
+        so a restart of the head does not undo an isolation."""
+        live = self.gpus[gpu]
+        self.gpus[gpu] = replace(live, maintenance=maintenance)
+        if maintenance is None:
+            self.store.set_gpu_status(gpu, "ok")
+        else:
+            self.store.set_gpu_status(gpu, "maintenance", maintenance.reason)
+
+    def label(self, gpu: str) -> str:
+        """A GPU as people name it: ``node01:0``."""
+        live = self.gpus.get(gpu)
+        return f"{live.node}:{live.reading.index}" if live else gpu
+
+    def resolve_gpu(self, name: str) -> str:
+        """A GPU named by uuid or as node:index."""
+        if name in self.gpus:
+            return name
+        node, _, index = name.partition(":")
+        for uuid, live in self.gpus.items():
+            if live.node == node and str(live.reading.index) == index:
+                return uuid
+        raise RequestError(f"no GPU {name}; name it by uuid or as node:index (e.g. node01:0)")
+
+    def total_mb(self, gpu: str) -> int | None:
+        live = self.gpus.get(gpu)
+        return live.reading.memory_total_mb if live else None

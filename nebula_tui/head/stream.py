@@ -1,0 +1,133 @@
+"""What subscribers see: the snapshot they start from, and every change after it.
+
+``subscribe`` hands a new client the snapshot (nodes, GPUs, live jobs, recent events) and
+from then on puts each event in its queue; ``publish`` is the one way out for every room.
+GPU events carry only what changed since the node's last one (``gpu_changes``), so the
+head keeps what every subscriber holds of each node's GPUs (``published``). The protocol
+is written down in ``api.py``'s docstring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from .. import views
+from ..model import GpuView, Job, JobState, NodeState
+from ..remote.backends import topo
+from .state import HeadState, NodeView
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
+
+
+class Stream:
+    def __init__(self, state: HeadState):
+        self.state = state
+        self.subscribers: set[asyncio.Queue] = set()
+        #: What every subscriber holds of each node's GPUs (the last "gpus" event applied
+        #: to the snapshot it started from): GPU events carry only the changes against it.
+        self.published: dict[str, dict[str, dict]] = {}  # node -> uuid -> GPU as sent
+
+    # ---------------------------------------------------------------- subscribers
+    def subscribe(self, queue: asyncio.Queue) -> dict:
+        """A new subscriber: returns the snapshot it starts from, and puts every event
+        from now on in ``queue`` (``unsubscribe`` stops that).
+
+        "gpus" events carry changes against what subscribers already hold, so the snapshot
+        must be exactly that: GPUs that changed since their node's last event (or while
+        nobody listened) are first sent to the subscribers already listening, as events.
+        """
+        snap = self.snapshot()
+        by_node: dict[str, list[dict]] = {name: [] for name in self.published}
+        for gpu in snap["gpus"]:
+            by_node.setdefault(gpu["node"], []).append(gpu)
+        for node, gpus in by_node.items():
+            event = self.gpu_changes(node, gpus)
+            if event["gpus"] or "gone" in event:
+                self.publish(event)
+            if not gpus:
+                del self.published[node]
+        self.subscribers.add(queue)
+        return snap
+
+    def unsubscribe(self, queue: asyncio.Queue) -> None:
+        self.subscribers.discard(queue)
+
+    def snapshot(self) -> dict:
+        """The whole state a subscriber starts from (GPUs without the raw probe reading,
+        like the stream's: `nebula gpus` has it, no subscriber shows it)."""
+        nodes = [n.json() for n in self.state.nodes.values()]
+        gpus = self.gpus_json(raw=False)
+        return {"nodes": nodes, "gpus": gpus, "jobs": self.queue_json(),
+                "summary": views.status_summary(nodes, gpus),
+                "events": self.state.store.events(30)}
+
+    # ---------------------------------------------------------------- JSON views
+    def gpus_json(self, node: str | None = None, raw: bool = True) -> list[dict]:
+        return [self.gpu_json(g, raw) for g in self.state.gpu_views(node)]
+
+    def gpu_json(self, gpu: GpuView, raw: bool = True) -> dict:
+        node = self.state.nodes[gpu.node]
+        live = self.state.gpus[gpu.uuid]
+        processes = [{"pid": p.pid, "name": p.name, "used_memory_mb": p.used_memory_mb,
+                      "job_id": _int_or_none(live.process_jobs.get(str(p.pid)))}
+                     for p in live.processes]
+        return views.gpu_json(gpu, node_up=node.state == NodeState.UP,
+                              cuda_version=node.cuda_version,
+                              nvlink=topo.nvlink_peers(node.topo, gpu.reading.index),
+                              processes=processes, raw=raw)
+
+    def queue_json(self) -> list[dict]:
+        order = {JobState.RUNNING: 0, JobState.LAUNCHING: 0, JobState.PENDING: 1}
+        jobs = sorted(self.state.jobs.values(),
+                      key=lambda j: (order.get(j.state, 2), j.submitted_at, j.id))
+        return [views.job_json(j) for j in jobs]
+
+    # ------------------------------------------------------------------ publishing
+    def publish(self, event: dict) -> None:
+        for queue in list(self.subscribers):
+            queue.put_nowait(event)
+
+    def publish_job(self, job: Job) -> None:
+        if self.subscribers:
+            self.publish({"type": "job", "job": views.job_json(job)})
+
+    def publish_node(self, view: NodeView) -> None:
+        self.publish({"type": "node", "node": view.json()})
+
+    def publish_gpus(self, node: str) -> None:
+        """One "gpus" event for ``node`` (after each of its probes, and after anything that
+        changes what its GPUs show): what changed since its last one (see ``gpu_changes``).
+        Sent even when nothing changed: the node reported, and trends take a point."""
+        if self.subscribers:
+            # Every node, every probe: the stream leaves out the raw reading (`nebula gpus`
+            # has it), which no subscriber shows.
+            self.publish(self.gpu_changes(node, self.gpus_json(node, raw=False)))
+
+    def gpu_changes(self, node: str, gpus: list[dict]) -> dict:
+        """The "gpus" event that brings subscribers from what they hold of ``node``'s GPUs
+        to ``gpus`` (and makes ``gpus`` what they hold):
+
+        ``{"type": "gpus", "node": N, "gpus": {uuid: fields}, "gone": [uuid, …]}``: for a
+        GPU new to subscribers (or whose set of fields changed) ``fields`` is the whole GPU
+        (it has ``"uuid"``); otherwise only the fields whose value changed, and GPUs with
+        none are left out. ``gone`` (only when some left) lists GPUs no longer on ``N``.
+        At 1 Hz from every node this is most of the stream: utilisation, temperature and
+        power, a few dozen bytes a GPU, instead of every GPU's ~700-byte descriptor.
+        """
+        before = self.published.get(node, {})
+        changes: dict[str, dict] = {}
+        for gpu in gpus:
+            old = before.get(gpu["uuid"])
+            if old is None or old.keys() != gpu.keys():
+                changes[gpu["uuid"]] = gpu
+            elif old != gpu:
+                changes[gpu["uuid"]] = {k: v for k, v in gpu.items() if old[k] != v}
+        now = {gpu["uuid"]: gpu for gpu in gpus}
+        self.published[node] = now
+        event = {"type": "gpus", "node": node, "gpus": changes}
+        gone = [uuid for uuid in before if uuid not in now]
+        if gone:
+            event["gone"] = gone
+        return event

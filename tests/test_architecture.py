@@ -1,0 +1,176 @@
+"""The house's shape, computed from the source: imports go one way, rooms keep their
+private members to themselves, and the head's rooms stay small.
+
+Everything is read with ``ast`` (nothing is imported), so a lazy import inside a function
+counts like any other, and so does one under ``if TYPE_CHECKING:``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "nebula_tui"
+HEAD = "nebula_tui.head"
+#: The head's rooms, lowest first: each may import only rooms before it.
+ROOMS = ("state", "access", "stream", "shares", "jobs", "scheduling", "health", "nodes",
+         "engine", "server", "serve")
+MAX_ROOM_LINES = 500
+
+
+def package_sources(root: Path = PACKAGE) -> dict[str, tuple[str, bool]]:
+    """module name -> (source, is a package's __init__)."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if is_package else parts)] = (path.read_text(), is_package)
+    return found
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """module -> the modules of ``sources`` it imports (``from . import x`` names module x
+    when there is one, else the package)."""
+    graph: dict[str, set[str]] = {}
+    for name, (source, is_package) in sources.items():
+        here = name.split(".") if is_package else name.split(".")[:-1]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here[:len(here) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    deps.add(sub if sub in sources else target)
+        graph[name] = {d for d in deps if d in sources and d != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every group of modules that import each other, directly or around a circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def private_names(source: str) -> set[str]:
+    """The private names a module defines: top-level and class-level ``_x`` (functions,
+    classes, assignments) and every ``self._x = …``."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    names.add(target.id)
+                elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                        and target.value.id == "self":
+                    names.add(target.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def foreign_private_uses(sources: dict[str, tuple[str, bool]], owners: set[str]) -> list[str]:
+    """``module:line: _name`` for each use of a private member that a module of ``owners``
+    defines, made by another module: ``obj._name`` (any object but ``self``/``cls``, and
+    those too when the module itself does not define ``_name``) and ``from m import _name``."""
+    defined = {name: private_names(src) for name, (src, _) in sources.items()}
+    uses = []
+    for name, (source, _) in sources.items():
+        foreign = {n for m in owners if m != name for n in defined[m]}
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Attribute) and node.attr in foreign:
+                own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls") \
+                    and node.attr in defined[name]
+                if not own:
+                    uses.append(f"{name}:{node.lineno}: {node.attr}")
+            elif isinstance(node, ast.ImportFrom):
+                uses += [f"{name}:{node.lineno}: {a.name}" for a in node.names if a.name in foreign]
+    return sorted(uses)
+
+
+def head_modules(sources) -> set[str]:
+    return {m for m in sources if m.startswith(HEAD + ".")}
+
+
+# --------------------------------------------------------------------------- the checks
+def test_the_checks_can_fail():
+    """Each check finds what it looks for in a made-up package."""
+    made_up = {
+        "nebula_tui.a": ("from . import b\n", False),
+        "nebula_tui.b": ("def f():\n    from .a import x\n", False),
+        "nebula_tui.head": ("", True),
+        "nebula_tui.head.state": ("class S:\n    def __init__(self):\n        self._tasks = set()\n", False),
+        "nebula_tui.head.health": ("class H:\n    def __init__(self, state):\n"
+                                   "        self._tasks = {}\n        state._tasks.add(1)\n", False),
+        "nebula_tui.c": ("from .head.state import _hidden\n", False),
+    }
+    assert cycles(import_graph(made_up)) == [["nebula_tui.a", "nebula_tui.b"]]
+    made_up["nebula_tui.head.state"] = ("_hidden = 1\n" + made_up["nebula_tui.head.state"][0], False)
+    assert foreign_private_uses(made_up, head_modules(made_up)) == [
+        "nebula_tui.c:1: _hidden", "nebula_tui.head.health:4: _tasks"]
+
+
+def test_no_module_of_the_package_imports_in_a_circle():
+    assert cycles(import_graph(package_sources())) == []
+
+
+def test_the_heads_rooms_import_only_rooms_below_them():
+    sources = package_sources()
+    graph = import_graph(sources)
+    assert {m.removeprefix(HEAD + ".") for m in head_modules(sources)} == set(ROOMS)
+    for number, room in enumerate(ROOMS):
+        above = {f"{HEAD}.{r}" for r in ROOMS[number:]}
+        assert not graph[f"{HEAD}.{room}"] & above, f"{room} imports a room above it"
+
+
+def test_no_module_outside_the_heads_rooms_imports_them_but_the_cli_entry():
+    """Clients (CLI, TUI, sim) talk to the head over its socket; only `nebula serve`
+    (lazily, in cli.py) and the head's own rooms import it."""
+    graph = import_graph(package_sources())
+    importers = {m for m, deps in graph.items() if any(d.startswith(HEAD) for d in deps)}
+    assert {m for m in importers if not m.startswith(HEAD)} == {"nebula_tui.cli"}
+
+
+def test_no_module_uses_a_private_member_of_a_room_it_is_not():
+    sources = package_sources()
+    assert foreign_private_uses(sources, head_modules(sources)) == []
+
+
+def test_the_heads_rooms_stay_small():
+    for room in ROOMS:
+        source, _ = package_sources()[f"{HEAD}.{room}"]
+        assert len(source.splitlines()) <= MAX_ROOM_LINES, f"head/{room}.py is too long"
