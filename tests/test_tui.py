@@ -105,7 +105,8 @@ async def test_overview_summary_cards_and_ticker(head):
         assert "0 MB / 80 GB" in shown or "/ 80 GB" in shown
         assert "°C" in shown
         # The ticker starts from the head's events log (the nodes coming up).
-        assert re.search(r"node0\d is up", static_text(pilot, "#ticker"))
+        await until(pilot, lambda: re.search(r"node0\d is up", static_text(pilot, "#ticker")),
+                    what="the nodes coming up in the ticker")
 
 
 async def test_job_appears_and_cancel_removes_it(head, jobs):
