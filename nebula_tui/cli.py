@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import cli_health
 from .api import ARCH_RE, CUDA_RE, ApiError
-from .model import ConfigError, fmt, parse_size_mb
+from .model import FINISHED_STATES, ConfigError, fmt, parse_size_mb
 from .service import Home, ServiceUnavailable
 
 USAGE_ERROR = 2
@@ -405,7 +405,7 @@ def cmd_logs(args, home, config) -> int:
             sys.stdout.write(reply["data"])
             sys.stdout.flush()
             offset = reply["offset"]
-            finished = reply["state"] in ("succeeded", "failed", "cancelled")
+            finished = reply["state"] in FINISHED_STATES
             if not args.follow or (finished and not reply["data"]):
                 return 0
             if not reply["data"]:

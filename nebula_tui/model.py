@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 MIB_PER_GIB = 1024
 #: R3: no slice smaller than this is ever handed out or offered.
@@ -100,20 +101,30 @@ class NodeState(str, enum.Enum):
 
 
 class JobState(str, enum.Enum):
+    """A job's state as the store keeps it and clients see it (``job_json``'s "state").
+
+    ``Job.status`` says more: a job holding GPUs may also be cancelling or evicting."""
+
     PENDING = "pending"  # waiting for GPUs; carries a reason
     LAUNCHING = "launching"  # allocation written, tmux session being created
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    TIMEOUT = "timeout"  # killed at its time limit (--time)
 
     @property
     def finished(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+        return self in _FINISHED
 
     @property
     def holds_gpus(self) -> bool:
         return self in (JobState.LAUNCHING, JobState.RUNNING)
+
+
+_FINISHED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
+#: The states of an ended job as clients see them (``job_json``'s "state").
+FINISHED_STATES = frozenset(s.value for s in _FINISHED)
 
 
 @dataclass(frozen=True)
@@ -148,31 +159,183 @@ class Placement:
     exclusive: bool
 
 
+#: A gang's parts that ended so far: (node, exit code or None), in the order they ended.
+Exits = tuple[tuple[str, "int | None"], ...]
+WAITING_FOR_SCHEDULER = "waiting for the scheduler"
+
+
+@dataclass(frozen=True)
+class Pending:
+    """Waiting for GPUs: why (the scheduler's sentence), and who holds it back, if anyone."""
+
+    reason: str = WAITING_FOR_SCHEDULER
+    held_by: str | None = None
+    state: ClassVar[JobState] = JobState.PENDING
+
+
+class _HoldsGpus:
+    """What a launch and a run share: at least one GPU, and a gang's parts that ended."""
+
+    def __post_init__(self) -> None:
+        if not self.placements:
+            raise ValueError("a job holding GPUs has at least one placement")
+
+    def with_exit(self, node: str, code: int | None):
+        return replace(self, exits=self.exits + ((node, code),))
+
+
+@dataclass(frozen=True)
+class Launching(_HoldsGpus):
+    """The allocation is written; its nodes are creating the tmux sessions."""
+
+    placements: tuple[Placement, ...]
+    confirmed: frozenset[str] = frozenset()  # nodes whose session exists
+    exits: Exits = ()  # a quick job may end before its launch is confirmed
+    state: ClassVar[JobState] = JobState.LAUNCHING
+
+
+@dataclass(frozen=True)
+class Running(_HoldsGpus):
+    """Its sessions run on ``placements``' nodes since ``started_at``."""
+
+    placements: tuple[Placement, ...]
+    started_at: float
+    exits: Exits = ()  # the parts of a gang that ended so far
+    state: ClassVar[JobState] = JobState.RUNNING
+
+
+Holding = Launching | Running
+
+
+class _Stopping:
+    """What a cancel and an eviction share: the launch or run they stop, whose state the
+    job keeps meanwhile."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.holding, (Launching, Running)):
+            raise ValueError(f"only a launching or running job can be stopped, not {self.holding!r}")
+
+    @property
+    def state(self) -> JobState:
+        return self.holding.state
+
+
+@dataclass(frozen=True)
+class Cancelling(_Stopping):
+    """Someone cancelled a job holding GPUs; its nodes stop it (the store keeps the
+    request until they confirm)."""
+
+    holding: Holding
+    by: str
+    since: float
+
+
+@dataclass(frozen=True)
+class Evicting(_Stopping):
+    """Its GPU was isolated: it got SIGUSR1 and ends requeued (or failed, --no-requeue).
+    ``stopping``: its sessions are being killed before that."""
+
+    holding: Holding
+    why: str
+    stopping: bool = False
+
+
+@dataclass(frozen=True)
+class Ended:
+    """Succeeded, failed, cancelled or timed out, at ``ended_at``. ``node`` is where it
+    ran (rank 0; its log is there), ``placements`` the GPUs it held at the end as the head
+    saw them (released now: a job read back from the store has none)."""
+
+    state: JobState
+    ended_at: float
+    exit_code: int | None = None
+    reason: str = ""
+    started_at: float | None = None
+    node: str | None = None
+    placements: tuple[Placement, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.state.finished:
+            raise ValueError(f"an ended job is {', '.join(sorted(FINISHED_STATES))}, "
+                             f"not {self.state.value}")
+
+
+Status = Pending | Launching | Running | Cancelling | Evicting | Ended
+
+
+def holding(status: Status) -> Holding | None:
+    """The launch or run a status holds GPUs for (also while cancelling or evicting)."""
+    if isinstance(status, (Launching, Running)):
+        return status
+    if isinstance(status, (Cancelling, Evicting)):
+        return status.holding
+    return None
+
+
+def with_holding(status: Status, held: Holding) -> Status:
+    """``status`` with its launch or run replaced by ``held`` (a cancel or an eviction
+    stays what it is while the job starts or its parts end)."""
+    if isinstance(status, (Cancelling, Evicting)):
+        return replace(status, holding=held)
+    return held
+
+
 @dataclass(frozen=True)
 class Job:
+    """A job: what was asked (``spec``) and where it stands (``status``, which carries
+    exactly the data of its state). The other fields read the status."""
+
     id: int
     user: str
     spec: JobSpec
-    state: JobState
     submitted_at: float
-    reason: str = ""  # why it waits (pending) or why it ended (failed/cancelled)
-    node: str | None = None
-    placements: tuple[Placement, ...] = ()
-    started_at: float | None = None
-    ended_at: float | None = None
-    exit_code: int | None = None
-    held_by: str | None = None  # a pending job someone put on hold (not scheduled until released)
+    status: Status = Pending()
     attempt: int = 0  # how many times it was requeued; each launch of it is a new attempt
+    state: JobState = field(init=False, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.status, (Pending, Launching, Running, Cancelling, Evicting, Ended)):
+            raise TypeError(f"job {self.id}: {self.status!r} is not a job status")
+        object.__setattr__(self, "state", self.status.state)  # read on every pass: kept
 
-@dataclass(frozen=True)
-class Slice:
-    """R2: a memory reservation on a GPU, and the job holding it."""
+    @property
+    def reason(self) -> str:
+        """Why it waits (pending) or why it ended; empty while it holds GPUs."""
+        return self.status.reason if isinstance(self.status, (Pending, Ended)) else ""
 
-    id: int
-    memory_mb: int
-    state: str  # "allocated" (a job holds it) or "free" (memory still on offer)
-    job: int | None = None
+    @property
+    def held_by(self) -> str | None:
+        return self.status.held_by if isinstance(self.status, Pending) else None
+
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        held = holding(self.status)
+        if held is not None:
+            return held.placements
+        return self.status.placements if isinstance(self.status, Ended) else ()
+
+    @property
+    def node(self) -> str | None:
+        """The node of its first GPU (rank 0 of a gang), or where it ran."""
+        if isinstance(self.status, Ended):
+            return self.status.node
+        placements = self.placements
+        return placements[0].node if placements else None
+
+    @property
+    def started_at(self) -> float | None:
+        held = holding(self.status)
+        if isinstance(held, Running):
+            return held.started_at
+        return self.status.started_at if isinstance(self.status, Ended) else None
+
+    @property
+    def ended_at(self) -> float | None:
+        return self.status.ended_at if isinstance(self.status, Ended) else None
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.status.exit_code if isinstance(self.status, Ended) else None
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import sqlite_utils
 
-from .model import Job, JobSpec, JobState, Placement
+from .model import (Cancelling, Ended, Job, JobSpec, JobState, Launching, Pending, Placement,
+                    Running)
 
-SCHEMA_VERSION = 1
+FINISHED_SQL = ", ".join(f"'{s.value}'" for s in JobState if s.finished)
 
 
 class StaleDecision(Exception):
@@ -116,15 +117,14 @@ class Store:
             db["allocations"].create_index(["released_at"], if_not_exists=True)
             db["allocations"].create_index(["job_id"], if_not_exists=True)
             if not self._meta("head_token"):
-                db["meta"].insert_all([
-                    {"key": "head_token", "value": uuid.uuid4().hex[:12]},
-                    {"key": "schema_version", "value": str(SCHEMA_VERSION)},
-                ], replace=True)
+                db["meta"].insert({"key": "head_token", "value": uuid.uuid4().hex[:12]},
+                                  replace=True)
 
     # Columns added after the first release of a table: (table, column, type, default).
     _LATER_COLUMNS = (
         ("jobs", "held_by", str, None),
         ("jobs", "cancel_by", str, None),
+        ("jobs", "cancel_at", float, None),
         ("jobs", "attempt", int, 0),
         ("jobs", "gpu_hours", float, 0.0),
         ("users", "quota_gpu_hours", float, None),
@@ -222,14 +222,10 @@ class Store:
     def request_cancel(self, job_id: int, by: str, t: float, audit: bool = False) -> None:
         """Remember that a running job is to be cancelled (the node may be away)."""
         with self.transaction():
-            self.db.execute("UPDATE jobs SET cancel_by = ? WHERE id = ?", [by, job_id])
+            self.db.execute("UPDATE jobs SET cancel_by = ?, cancel_at = ? WHERE id = ?",
+                            [by, t, job_id])
             self._event(t, "admin" if audit else "cancel", f"job {job_id} cancel requested by {by}",
                         job_id=job_id, user=by)
-
-    def cancel_requested(self) -> set[int]:
-        rows = self.db.execute(
-            "SELECT id FROM jobs WHERE cancel_by IS NOT NULL AND state IN ('launching', 'running')")
-        return {r[0] for r in rows.fetchall()}
 
     def requeue(self, job_id: int, reason: str, t: float) -> None:
         """Back to pending, its allocation released (lost node, isolated GPU)."""
@@ -246,7 +242,7 @@ class Store:
                 [t, job_id])
             self.db.execute(
                 "UPDATE jobs SET state = 'pending', node = NULL, started_at = NULL, reason = ?, "
-                "cancel_by = NULL, attempt = attempt + 1 "
+                "cancel_by = NULL, cancel_at = NULL, attempt = attempt + 1 "
                 "WHERE id = ? AND state IN ('launching', 'running')",
                 [reason, job_id])
             self._event(t, "requeue", f"job {job_id} {reason}", job_id=job_id)
@@ -386,13 +382,9 @@ class Store:
         if placements is None:
             placements = tuple(p for _, p in self._placements(
                 "job_id = ? AND released_at IS NULL", [row["id"]]))
-        return Job(
-            id=row["id"], user=row["user"], spec=JobSpec(**spec_fields),
-            state=JobState(row["state"]), submitted_at=row["submitted_at"],
-            reason=row["reason"] or "", node=row["node"], placements=placements,
-            started_at=row["started_at"], ended_at=row["ended_at"], exit_code=row["exit_code"],
-            held_by=row.get("held_by"), attempt=row.get("attempt") or 0,
-        )
+        return Job(id=row["id"], user=row["user"], spec=JobSpec(**spec_fields),
+                   submitted_at=row["submitted_at"], status=_status(row, placements),
+                   attempt=row.get("attempt") or 0)
 
     # -------------------------------------------------------------- telemetry
     TELEMETRY_FIELDS = ("temperature_c", "utilization_pct", "memory_used_mb", "power_w",
@@ -454,7 +446,7 @@ class Store:
         found: dict[str, list[tuple[float, float]]] = {}
         for user, ended_at, hours in self.db.execute(
                 "SELECT user, ended_at, gpu_hours FROM jobs WHERE ended_at >= ? "
-                "AND state IN ('succeeded', 'failed', 'cancelled') ORDER BY ended_at", [since]):
+                f"AND state IN ({FINISHED_SQL}) ORDER BY ended_at", [since]):
             found.setdefault(user, []).append((ended_at, hours or 0.0))
         return found
 
@@ -483,6 +475,21 @@ class Store:
         ).fetchall()
         keys = ("t", "kind", "message", "job_id", "node", "gpu", "user")
         return [dict(zip(keys, r)) for r in reversed(rows)]
+
+
+def _status(row: dict, placements: tuple[Placement, ...]):
+    """A job's status from its row and its unreleased allocations."""
+    state = JobState(row["state"])
+    if state == JobState.PENDING:
+        return Pending(row["reason"] or "", row.get("held_by"))
+    if state.finished:
+        return Ended(state, row["ended_at"], row["exit_code"], row["reason"] or "",
+                     row["started_at"], row["node"], placements)
+    held = (Launching(placements) if state == JobState.LAUNCHING
+            else Running(placements, row["started_at"]))
+    if row.get("cancel_by"):
+        return Cancelling(held, row["cancel_by"], row.get("cancel_at") or row["submitted_at"])
+    return held
 
 
 def _chunks(items: list, size: int):

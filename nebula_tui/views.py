@@ -8,11 +8,23 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from .model import MIB_PER_GIB, GpuView, Job, format_mb
+from .model import MIB_PER_GIB, Cancelling, Evicting, GpuView, Job, format_mb
 from .scheduler.slices import offered_mb
 
 
+def job_phase(job: Job) -> str:
+    """Its state in one word, a cancel or an eviction under way included."""
+    if isinstance(job.status, Cancelling):
+        return "cancelling"
+    if isinstance(job.status, Evicting):
+        return "evicting"
+    return job.state.value
+
+
 def job_json(job: Job) -> dict:
+    """A job as clients see it. ``state`` is the stored state; ``phase`` says also
+    "cancelling" or "evicting", with ``cancel_by``/``cancel_since`` or ``evicting`` (why)."""
+    status = job.status
     return {
         "id": job.id, "user": job.user, "name": job.spec.name, "state": job.state.value,
         "reason": job.reason, "node": job.node, "command": list(job.spec.command),
@@ -20,7 +32,10 @@ def job_json(job: Job) -> dict:
         "gpu_mem_mb": job.spec.gpu_mem_mb, "workdir": job.spec.workdir,
         "submitted_at": job.submitted_at, "started_at": job.started_at,
         "ended_at": job.ended_at, "exit_code": job.exit_code, "held": bool(job.held_by),
-        "held_by": job.held_by, "attempt": job.attempt,
+        "held_by": job.held_by, "attempt": job.attempt, "phase": job_phase(job),
+        "cancel_by": status.by if isinstance(status, Cancelling) else None,
+        "cancel_since": status.since if isinstance(status, Cancelling) else None,
+        "evicting": status.why if isinstance(status, Evicting) else None,
         "gpus": [{"uuid": p.gpu_uuid, "node": p.node, "index": p.gpu_index,
                   "memory_mb": p.memory_mb, "exclusive": p.exclusive} for p in job.placements],
     }

@@ -13,7 +13,7 @@ import pytest
 
 from nebula_tui.config import parse_config
 from nebula_tui.head.engine import Engine
-from nebula_tui.model import JobSpec, JobState
+from nebula_tui.model import JobSpec, JobState, Pending
 from nebula_tui.store import Store
 
 
@@ -40,7 +40,7 @@ async def test_a_waiting_job_keeps_its_view_until_its_spec_changes(engine):
     assert before[second.id].gpu_count == 2 and before[second.id].arch == ">=sm_80"
 
     # a new waiting reason replaces the Job, not its spec: the same view is handed out
-    engine.jobs[first.id] = replace(engine.jobs[first.id], reason="needs 1 GPU")
+    engine.jobs[first.id] = replace(engine.jobs[first.id], status=Pending("needs 1 GPU"))
     again = {v.id: v for v in engine.scheduling.snapshot_for(waiting(engine)).queue}
     assert again[first.id] is before[first.id] and again[second.id] is before[second.id]
 

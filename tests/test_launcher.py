@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nebula_tui.model import Job, JobSpec, JobState, Placement
+from nebula_tui.model import Job, JobSpec, Launching, Placement
 from nebula_tui.remote.launcher import run_script
 
 pytestmark = pytest.mark.skipif(shutil.which("sh") is None or shutil.which("tee") is None,
@@ -48,7 +48,7 @@ HYPO = settings(max_examples=30, deadline=None,
 def make_job(command, *, job_id=7, user="alice", name="train", workdir=None, shell=False):
     spec = JobSpec(command=tuple(command), name=name, gpu_count=len(PLACEMENTS), gpu_mem_mb=8192,
                    workdir=None if workdir is None else str(workdir), shell=shell)
-    return Job(id=job_id, user=user, spec=spec, state=JobState.LAUNCHING, submitted_at=1.0)
+    return Job(id=job_id, user=user, spec=spec, submitted_at=1.0, status=Launching(PLACEMENTS))
 
 
 def launch(root: Path, job: Job, placements=PLACEMENTS) -> tuple[Path, subprocess.CompletedProcess]:

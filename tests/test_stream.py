@@ -14,72 +14,18 @@ import json
 
 import pytest
 from conftest import until
+from inprocess import MODEL, NODES, cluster_file, drain, gpu_row, probe
+from inprocess import engine  # noqa: F401  (the fixture)
 
 from nebula_tui.head import server
-from nebula_tui.config import load_config
 from nebula_tui.head.engine import Engine
 from nebula_tui.head.state import JobTable, Maintenance
-from nebula_tui.model import Job, JobSpec, JobState, NodeState, Placement
+from nebula_tui.model import Job, JobSpec, Launching, NodeState, Pending, Placement, Running
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.cluster import Cluster
 from nebula_tui.screens.gpus import GpusScreen
 from nebula_tui.screens.messages import GpusChanged, SnapshotArrived
 from nebula_tui.screens.rowtable import RowTable
-from nebula_tui.store import Store
-
-NODES = ("node01", "node02")
-MODEL = "NVIDIA A100-SXM4-80GB"
-
-
-def gpu_row(node: str, index: int, util: float = 0, temp: float = 30, used: int = 0,
-            driver: str = "550.54.15") -> str:
-    """One line of ``nvidia-smi --query-gpu`` in the nodelet's field order."""
-    return (f"{index}, GPU-{node}-{index}, {MODEL}, 00000000:{index + 7:02X}:00.0, 81920, {used}, "
-            f"{util}, {temp}, 60.00, 400.00, [N/A], 1410, 1593, P0, {driver}, 8.0")
-
-
-def probe(node: str, rows: list[str]) -> dict:
-    return {"type": "probe", "t": 1.0, "error": "", "gpu_csv": "\n".join(rows) + "\n",
-            "apps_csv": "", "pid_jobs": {}}
-
-
-class QuietNode:
-    """A node link whose nodelet runs nothing: the engine's requests (reconcile, launch)
-    get the nodelet's empty replies."""
-
-    async def request(self, op: str, timeout: float | None = None, **fields) -> dict:
-        return {"ok": True, "sessions": [], "jobs": {}}
-
-    async def close(self) -> None:
-        pass
-
-
-def cluster_file(path, nodes) -> None:
-    lines = "\n".join(f"  - {{name: {n}, host: 127.0.0.1, port: {2200 + i}}}" for i, n in enumerate(nodes))
-    path.write_text(f"cluster:\n  name: t\n  known_hosts: {path.parent / 'kh'}\nnodes:\n{lines}\n")
-
-
-@pytest.fixture
-async def engine(tmp_path):
-    cluster_file(tmp_path / "nodes.yaml", NODES)
-    config = load_config(tmp_path / "nodes.yaml")
-    store = Store(tmp_path / "state.db")
-    head = Engine(config, store)
-    for node in NODES:
-        head.links[node] = QuietNode()
-        head.on_node_message(node, {"type": "hello", "hostname": node, "smi_table": "CUDA Version: 12.4"})
-        head.on_node_message(node, probe(node, [gpu_row(node, i) for i in range(2)]))
-        head.on_node_state(node, NodeState.UP, "")
-    yield head
-    await head.stop()
-    store.close()
-
-
-def drain(queue: asyncio.Queue) -> list[dict]:
-    events = []
-    while not queue.empty():
-        events.append(json.loads(json.dumps(queue.get_nowait())))  # as it crosses the socket
-    return events
 
 
 def gpu_events(events: list[dict]) -> list[dict]:
@@ -219,10 +165,10 @@ def test_the_jobs_index_follows_every_change():
     table = JobTable()
     spec = JobSpec(command=("true",))
     p = Placement("GPU-a", "n1", 0, 100, False)
-    table[1] = Job(1, "u", spec, JobState.PENDING, submitted_at=0.0)
+    table[1] = Job(1, "u", spec, submitted_at=0.0, status=Pending())
     assert table.held("GPU-a") == ()
-    table[1] = Job(1, "u", spec, JobState.RUNNING, submitted_at=0.0, node="n1", placements=(p,))
-    table[2] = Job(2, "u", spec, JobState.LAUNCHING, submitted_at=0.0, node="n1", placements=(p,))
+    table[1] = Job(1, "u", spec, submitted_at=0.0, status=Running((p,), started_at=0.0))
+    table[2] = Job(2, "u", spec, submitted_at=0.0, status=Launching((p,)))
     assert table.held("GPU-a") == ((1, p), (2, p))
     table.pop(1)
     del table[2]

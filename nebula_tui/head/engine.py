@@ -22,7 +22,7 @@ import time
 from dataclasses import replace
 
 from ..config import ClusterConfig
-from ..model import Job, JobSpec, JobState, RequestError
+from ..model import Job, JobSpec, JobState, Pending, RequestError
 from ..remote.ssh import NodeUnavailable
 from ..store import Store
 from .access import Access
@@ -44,7 +44,6 @@ class Engine:
         self.transitions = JobTransitions(self.state, self.stream, self.shares, self.access)
         self.scheduling = Scheduling(self.state, self.stream, self.shares, self.transitions)
         self.health = HealthMonitor(self.state, self.stream, self.transitions, self.access)
-        self.transitions.exit_diverted = self.health.takes_exit  # evicted jobs are requeued
         self.fleet = Fleet(self.state, self.stream, self.transitions, self.health, self.access)
         # What the node links call, what the server and tests read:
         self.on_node_message = self.fleet.on_node_message
@@ -117,9 +116,8 @@ class Engine:
             raise RequestError(f"job {job_id} is {job.state.value}; only waiting jobs can be "
                                f"{'held' if hold else 'released'}")
         self.state.store.set_held(job.id, user if hold else None, user, self.state.clock())
-        job = replace(job, held_by=user if hold else None,
-                      reason=f"held by {user}; `nebula release {job.id}` lets it run" if hold
-                      else "waiting for the scheduler")
+        job = replace(job, status=Pending(f"held by {user}; `nebula release {job.id}` lets it run",
+                                          held_by=user) if hold else Pending())
         self.state.jobs[job.id] = job
         self.stream.publish_job(job)
         self.state.wake()

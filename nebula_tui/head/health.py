@@ -33,7 +33,7 @@ import logging
 import time
 from collections import defaultdict
 
-from ..model import GpuReading, Job, JobState, RequestError
+from ..model import Evicting, GpuReading, Job, JobState, RequestError
 from ..remote.backends import xid
 from ..remote.ssh import NodeUnavailable
 from ..scheduler.health import (BUS_FALL_CODE, Action, decide, forget_before, is_throttling,
@@ -61,7 +61,7 @@ BASE_CLOCK_OF_MAX = 0.8
 
 class HealthMonitor:
     """The head's health room; the node room calls :meth:`on_kernel_message` and
-    :meth:`on_probe`, the jobs room asks :meth:`takes_exit`, admins :meth:`resume`."""
+    :meth:`on_probe`, admins :meth:`resume`."""
 
     def __init__(self, state: HeadState, stream: Stream, jobs: JobTransitions, access: Access):
         self.state = state
@@ -75,8 +75,6 @@ class HealthMonitor:
         # gpu -> (time, code) of its recent Xid events, for the repeat windows
         self._xids: dict[str, list[tuple[float, int | None]]] = defaultdict(list)
         self._tasks: dict[str, tuple[str, asyncio.Task]] = {}  # gpu -> (kind, pipeline)
-        self._evicting: dict[int, str] = {}  # job id -> why: "GPU node01:0 was isolated (…)"
-        self._putting_back: set[int] = set()
         self._pid_jobs: dict[str, dict[str, str]] = {}  # node -> pid -> job id (last probe)
         self._base_clocks: dict[str, tuple[int, dict[str, float]]] = {}  # node -> (hello id, …)
         self._throttling: set[str] = set()  # GPUs in a throttling episode now
@@ -86,10 +84,7 @@ class HealthMonitor:
                job_id: int | None = None) -> None:
         if gpu and not node and gpu in self.state.gpus:
             node = self.state.gpus[gpu].node
-        self.state.store.add_event(kind, message, node=node, gpu=gpu, job_id=job_id)
-        self.stream.publish({"type": "event", "event": {"t": time.time(), "kind": kind,
-                                                        "message": message, "node": node,
-                                                        "gpu": gpu, "job_id": job_id}})
+        self.stream.event(kind, message, node=node, gpu=gpu, job_id=job_id)
 
     # ------------------------------------------------------------- kernel log (R16)
     def on_kernel_message(self, node: str, message: dict) -> None:
@@ -181,15 +176,8 @@ class HealthMonitor:
                                 f"Xid {action.code} ({meaning}) on {label} caused by its pid "
                                 f"{action.pid}; the GPU keeps serving")
         for where in job_nodes(job):
-            self.state.spawn(self._signal(where, job.id, "KILL"), f"xid-kill-{job.id}-{where}")
-
-    async def _signal(self, node: str, job_id: int, name: str) -> dict:
-        try:
-            return await self.state.links[node].request("signal", job=job_id, signal=name)
-        except (NodeUnavailable, asyncio.TimeoutError) as err:
-            # A node that is away stops the stale session when it reconnects (reconcile).
-            log.warning("SIG%s to job %s on %s not sent: %s", name, job_id, node, err)
-            return {"ok": False, "error": str(err)}
+            self.state.spawn(self.transitions.signal(where, job.id, "KILL"),
+                             f"xid-kill-{job.id}-{where}")
 
     # ----------------------------------------------------------- pipelines (R17)
     async def _check(self, gpu: str, action: Action) -> None:
@@ -255,60 +243,28 @@ class HealthMonitor:
         ends requeued (or failed with --no-requeue) — by its own exit or by the kill."""
         label = self.state.label(gpu)
         jobs = [j for j in self.state.jobs.values()
-                if j.state.holds_gpus and any(p.gpu_uuid == gpu for p in j.placements)]
+                if any(p.gpu_uuid == gpu for p in j.placements) and self.transitions.evict(j, why)]
         if not jobs:
             return
-        for job in jobs:
-            self._evicting[job.id] = why
         ids = ", ".join(str(j.id) for j in jobs)
         self._event("health", f"{label}: SIGUSR1 to job{'s' if len(jobs) > 1 else ''} {ids} "
                               f"(checkpoint now); SIGKILL in {self.grace_s:g} s if still running",
                     gpu=gpu)
-        await asyncio.gather(*(self._signal(where, j.id, "USR1") for j in jobs
+        await asyncio.gather(*(self.transitions.signal(where, j.id, "USR1") for j in jobs
                                for where in job_nodes(j)))
         deadline = time.monotonic() + self.grace_s
-        while time.monotonic() < deadline and any(j.id in self._evicting for j in jobs):
+        while time.monotonic() < deadline and any(self._still_evicting(j) for j in jobs):
             await asyncio.sleep(EVICT_POLL_S)
         for job in jobs:
-            if job.id not in self._evicting:
-                continue  # it ended by itself (takes_exit put it back)
+            if not self._still_evicting(job):
+                continue  # it ended by itself (and was put back), or was cancelled
             self._event("health", f"job {job.id} still running {self.grace_s:g} s after SIGUSR1: "
                                   "SIGKILL", gpu=gpu, job_id=job.id)
-            await self._put_back(job.id, kill=True)
+            await self.transitions.put_back(job.id, kill=True)
 
-    def takes_exit(self, job: Job, code: int | None) -> bool:
-        """The jobs room asks before ending a job that exited: True when the job was being
-        evicted from an isolated GPU — it is then requeued (or failed), not ended."""
-        if job.id not in self._evicting:
-            return False
-        if job.id in self._putting_back:
-            return True  # another node's part of the same gang
-        detail = f"exit code {code}" if code is not None else "no exit code"
-        self._event("health", f"job {job.id} ended after SIGUSR1 ({detail})", job_id=job.id)
-        # A gang's other parts are stopped before it is requeued.
-        self.state.spawn(self._put_back(job.id, kill=len(job_nodes(job)) > 1), f"put-back-{job.id}")
-        return True
-
-    async def _put_back(self, job_id: int, kill: bool) -> None:
-        """Requeue (or fail) an evicted job. With ``kill`` its sessions are killed first and
-        awaited, so a quick relaunch of the job on the same node cannot be killed instead."""
-        job = self.state.jobs.get(job_id)
-        if job_id in self._putting_back or job is None:
-            return
-        self._putting_back.add(job_id)
-        try:
-            if kill:
-                await asyncio.gather(*(self._signal(n, job_id, "KILL") for n in job_nodes(job)))
-        finally:
-            self._putting_back.discard(job_id)
-        why = self._evicting.pop(job_id, None)
-        job = self.state.jobs.get(job_id)
-        if why is None or job is None or not job.state.holds_gpus:
-            return  # cancelled or ended meanwhile
-        if job.spec.no_requeue:
-            self.transitions.finish(job, JobState.FAILED, None, f"{why}; not requeued (--no-requeue)")
-        else:
-            self.transitions.requeue(job, f"requeued: {why}")
+    def _still_evicting(self, job: Job) -> bool:
+        now = self.state.jobs.get(job.id)
+        return now is not None and now.attempt == job.attempt and isinstance(now.status, Evicting)
 
     async def _reset(self, gpu: str) -> tuple[bool, str]:
         node, label = self.state.gpus[gpu].node, self.state.label(gpu)

@@ -1,9 +1,11 @@
-"""A job's life on the head: launch, running, exit, finish, requeue, cancel, acks.
+"""A job's life on the head: launch, running, exit, finish, requeue, cancel, eviction, acks.
 
-Each transition is one store transaction, then the same change in the live job table,
-then its events out. A launch writes the intent (allocation + ``launching``) before any
-node is asked; a gang is running once every node confirmed and ends when every node's
-part ended. Exits are acked to the node in batches once recorded.
+A job's ``status`` carries exactly the data of its state (``model.Pending``, ``Launching``,
+``Running``, ``Cancelling``, ``Evicting``, ``Ended``); every change here is one
+transition: one store transaction, then the new status in the live job table, then its
+events out. A launch writes the intent (allocation + ``launching``) before any node is
+asked; a gang is running once every node confirmed and ends when every node's part
+ended. Exits are acked to the node in batches once recorded.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import replace
 
-from ..model import Job, JobState, Placement, RequestError
+from ..model import (Cancelling, Ended, Evicting, Job, JobState, Launching, Pending, Placement,
+                     RequestError, Running, holding, with_holding)
 from ..remote import launcher
 from ..remote.ssh import NodeUnavailable
 from ..store import StaleDecision
@@ -36,23 +38,19 @@ class JobTransitions:
         self.stream = stream
         self.shares = shares
         self.access = access
-        #: asked before an exit ends a job: True when another room takes the exit over
-        #: (a job evicted from an isolated GPU is requeued instead)
-        self.exit_diverted: Callable[[Job, int | None], bool] = lambda job, code: False
-        self._cancelling: set[int] = set()
         self._acks: dict[str, list[int]] = {}
-        self._node_exits: dict[int, dict[str, int | None]] = {}  # gangs: exits so far per node
-        self._launched: dict[int, set[str]] = {}  # gangs: nodes that confirmed the launch
         self._finished_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
 
     def load(self) -> None:
         """The unfinished jobs of the store become the live table (the head starts)."""
         active = (JobState.PENDING, JobState.LAUNCHING, JobState.RUNNING)
         self.state.jobs = JobTable(self.state.store.jobs(states=active))
-        self._cancelling = self.state.store.cancel_requested()
 
-    def is_cancelling(self, job_id: int) -> bool:
-        return job_id in self._cancelling
+    def _set(self, job: Job) -> Job:
+        """The job's new status in the live table, and out to subscribers."""
+        self.state.jobs[job.id] = job
+        self.stream.publish_job(job)
+        return job
 
     # ---------------------------------------------------------------- node reports
     def on_started(self, node: str, message: dict) -> None:
@@ -69,15 +67,18 @@ class JobTransitions:
                     self._ack_soon(node, int(message.get("job")))
             return
         self._ack_soon(node, job.id)
-        if self.exit_diverted(job, message.get("code")):
+        code = message.get("code")
+        if isinstance(job.status, Evicting):
+            self._evicted_exit(job, code)
             return
-        exits = self._node_exits.setdefault(job.id, {})
-        exits[node] = message.get("code")
+        held = holding(job.status).with_exit(node, code)
+        exits = dict(held.exits)
         if set(exits) < set(job_nodes(job)):
+            self._set(replace(job, status=with_holding(job.status, held)))
             return  # a gang ends when every node's part has ended
         codes = [exits[n] for n in job_nodes(job)]
         code = next((c for c in codes if c != 0), 0)
-        if job.id in self._cancelling:
+        if isinstance(job.status, Cancelling):
             state, reason = JobState.CANCELLED, "cancelled"
         elif code == 0:
             state, reason = JobState.SUCCEEDED, ""
@@ -117,10 +118,7 @@ class JobTransitions:
             self.state.store.start_launching(job.id, placements, self.state.clock())
         except StaleDecision:
             return  # the job changed since the snapshot (cancelled): nothing to launch
-        job = replace(job, state=JobState.LAUNCHING, node=placements[0].node,
-                      placements=placements, reason="")
-        self.state.jobs[job.id] = job
-        self.stream.publish_job(job)
+        job = self._set(replace(job, status=Launching(placements)))
         for node in job_nodes(job):
             self.stream.publish_gpus(node)
         self.state.spawn(self.launch(job), f"launch-{job.id}")
@@ -141,11 +139,13 @@ class JobTransitions:
         if failed:
             self.finish(current, JobState.FAILED, None, f"launch failed: {failed[0].get('error')}")
             return
-        confirmed = self._launched.setdefault(job.id, set())
-        confirmed.update(r["node"] for r in replies if isinstance(r, dict))
+        launching = holding(current.status)
+        confirmed = launching.confirmed | {r["node"] for r in replies if isinstance(r, dict)}
         if confirmed >= set(nodes):
-            self._launched.pop(job.id, None)
             self.mark_running(current)
+        elif confirmed != launching.confirmed:
+            launching = replace(launching, confirmed=confirmed)
+            self._set(replace(current, status=with_holding(current.status, launching)))
 
     async def _launch_on(self, job: Job, node: str, nodes: list[str]) -> dict | None:
         config = self.state.config
@@ -179,22 +179,22 @@ class JobTransitions:
         return ("sudo", "-n", "-u", job.user, "--")
 
     def mark_running(self, job: Job) -> None:
+        """Launching → running (a cancel or an eviction under way stays so)."""
         now = self.state.clock()
         self.state.store.mark_running(job.id, now)
-        job = replace(job, state=JobState.RUNNING, started_at=now)
-        self.state.jobs[job.id] = job
-        self.stream.publish_job(job)
+        launching = holding(job.status)
+        running = Running(launching.placements, now, launching.exits)
+        self._set(replace(job, status=with_holding(job.status, running)))
 
     # --------------------------------------------------------------------- the end
     def finish(self, job: Job, state: JobState, code: int | None, reason: str) -> None:
-        """End a job (ended, failed, cancelled): GPUs released, its user charged."""
+        """End a job (succeeded, failed, cancelled, timeout): GPUs released, user charged."""
         now = self.state.clock()
         self.state.store.finish_job(job.id, state, now, exit_code=code, reason=reason)
         self.state.jobs.pop(job.id, None)
-        self._node_exits.pop(job.id, None)
         self.shares.forget()  # its hours now count towards its user's weight
-        self._cancelling.discard(job.id)
-        done = replace(job, state=state, exit_code=code, reason=reason, ended_at=now)
+        done = replace(job, status=Ended(state, now, code, reason, job.started_at, job.node,
+                                         job.placements))
         self.stream.publish_job(done)
         for node in job_nodes(job):
             self.stream.publish_gpus(node)
@@ -204,17 +204,11 @@ class JobTransitions:
         self.state.wake()
 
     def requeue(self, job: Job, reason: str) -> None:
-        """Put a job that held GPUs back in the queue (its allocation released)."""
+        """Put a job that held GPUs back in the queue (its allocation released), as a new
+        attempt: one transition, whatever it was doing."""
         self.state.store.requeue(job.id, reason, self.state.clock())
-        held_on = job_nodes(job)
-        self._cancelling.discard(job.id)
-        job = replace(job, state=JobState.PENDING, node=None, placements=(), reason=reason,
-                      started_at=None, attempt=job.attempt + 1)
-        self.state.jobs[job.id] = job
-        self._node_exits.pop(job.id, None)
-        self._launched.pop(job.id, None)
-        self.stream.publish_job(job)
-        for node in held_on:
+        self._set(replace(job, status=Pending(reason), attempt=job.attempt + 1))
+        for node in job_nodes(job):
             self.stream.publish_gpus(node)
         self.state.wake()
 
@@ -229,7 +223,7 @@ class JobTransitions:
     # ---------------------------------------------------------------------- cancel
     def cancel(self, user: str, job: Job) -> None:
         """A pending job ends at once; one holding GPUs is stopped on its nodes (the
-        request is kept in the store until they confirm)."""
+        request is kept in the store until they confirm). A cancel outranks an eviction."""
         self.access.check_may_manage(user, job, "cancel")
         if job.state.finished:
             raise RequestError(f"job {job.id} already {job.state.value}")
@@ -239,8 +233,9 @@ class JobTransitions:
                                            job_id=job.id, user=user)
             self.finish(job, JobState.CANCELLED, None, f"cancelled by {user}")
             return
-        self._cancelling.add(job.id)
-        self.state.store.request_cancel(job.id, user, self.state.clock(), audit=user != job.user)
+        now = self.state.clock()
+        self.state.store.request_cancel(job.id, user, now, audit=user != job.user)
+        self._set(replace(job, status=Cancelling(holding(job.status), user, now)))
         self.state.spawn(self.cancel_on_node(job), f"cancel-{job.id}")
 
     async def cancel_on_node(self, job: Job, only: str | None = None) -> None:
@@ -252,3 +247,53 @@ class JobTransitions:
                                                      job=job.id, grace=CANCEL_GRACE_S)
             except (NodeUnavailable, asyncio.TimeoutError) as err:
                 log.warning("cancel of job %s on %s waits for the node: %s", job.id, node, err)
+
+    # ------------------------------------------------------------------- eviction
+    async def signal(self, node: str, job_id: int, name: str) -> dict:
+        """Send SIG``name`` to the job's session on ``node``; the node's reply, or why not."""
+        try:
+            return await self.state.links[node].request("signal", job=job_id, signal=name)
+        except (NodeUnavailable, asyncio.TimeoutError) as err:
+            # A node that is away stops the stale session when it reconnects (reconcile).
+            log.warning("SIG%s to job %s on %s not sent: %s", name, job_id, node, err)
+            return {"ok": False, "error": str(err)}
+
+    def evict(self, job: Job, why: str) -> bool:
+        """Its GPU is being isolated: it ends requeued (or failed) instead of ended, by
+        its own exit or by ``put_back``. False (nothing done) for a job already cancelling
+        or evicting, or no longer holding GPUs."""
+        if not isinstance(job.status, (Launching, Running)):
+            return False
+        self._set(replace(job, status=Evicting(job.status, why)))
+        return True
+
+    def _evicted_exit(self, job: Job, code: int | None) -> None:
+        if job.status.stopping:
+            return  # another node's part of the same gang, being killed
+        detail = f"exit code {code}" if code is not None else "no exit code"
+        self.stream.event("health", f"job {job.id} ended after SIGUSR1 ({detail})", job_id=job.id)
+        # A gang's other parts are stopped before it is requeued.
+        self.state.spawn(self.put_back(job.id, kill=len(job_nodes(job)) > 1), f"put-back-{job.id}")
+
+    async def put_back(self, job_id: int, kill: bool) -> None:
+        """Requeue (or fail, --no-requeue) an evicted job. With ``kill`` its sessions are
+        killed first and awaited, so a quick relaunch of the job on the same node cannot
+        be killed instead. A job cancelled meanwhile ends cancelled."""
+        job = self.state.jobs.get(job_id)
+        if job is None or not isinstance(job.status, Evicting) or job.status.stopping:
+            return
+        attempt = job.attempt
+        if kill:
+            job = self._set(replace(job, status=replace(job.status, stopping=True)))
+            await asyncio.gather(*(self.signal(n, job_id, "KILL") for n in job_nodes(job)))
+        job = self.state.jobs.get(job_id)
+        if job is None or job.attempt != attempt or not job.state.holds_gpus:
+            return  # ended (or requeued) meanwhile
+        if isinstance(job.status, Cancelling):
+            self.finish(job, JobState.CANCELLED, None, "cancelled")
+        elif not isinstance(job.status, Evicting):
+            return
+        elif job.spec.no_requeue:
+            self.finish(job, JobState.FAILED, None, f"{job.status.why}; not requeued (--no-requeue)")
+        else:
+            self.requeue(job, f"requeued: {job.status.why}")

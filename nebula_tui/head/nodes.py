@@ -16,7 +16,7 @@ import re
 
 from .. import node_admin
 from ..config import load_config
-from ..model import ConfigError, GpuReading, JobState, NodeState, RequestError
+from ..model import Cancelling, ConfigError, GpuReading, JobState, NodeState, RequestError
 from ..remote.backends import nvidia, topo
 from ..remote.ssh import NodeLink, NodeUnavailable
 from .access import Access
@@ -199,7 +199,7 @@ class Fleet:
         for job in list(state.jobs.values()):
             if node in job_nodes(job) and job.state == JobState.LAUNCHING:
                 await transitions.launch(job, only=node)
-            if node in job_nodes(job) and transitions.is_cancelling(job.id):
+            if node in job_nodes(job) and isinstance(job.status, Cancelling):
                 state.spawn(transitions.cancel_on_node(job, only=node), f"cancel-{job.id}")
         try:
             listing = await state.links[node].request("list")

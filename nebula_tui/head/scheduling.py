@@ -122,7 +122,8 @@ class Scheduling:
                 self.transitions.finish(job, JobState.FAILED, None, decision.reason)
             elif job.reason != decision.reason:
                 reasons[job.id] = decision.reason
-                self.state.jobs[job.id] = replace(job, reason=decision.reason)
+                waiting = replace(job.status, reason=decision.reason)
+                self.state.jobs[job.id] = replace(job, status=waiting)
                 self.stream.publish_job(self.state.jobs[job.id])
         self.state.store.set_reasons(reasons)
 
@@ -159,7 +160,7 @@ class Scheduling:
 
     def plan(self, user: str, spec: JobSpec) -> dict:
         """Where a job would go now, or why it would wait: the submit form's preview."""
-        probe = Job(id=-1, user=user, spec=spec, state=JobState.PENDING, submitted_at=self.state.clock())
+        probe = Job(id=-1, user=user, spec=spec, submitted_at=self.state.clock())
         for decision in scheduler.schedule(self.snapshot_for(self.waiting() + [probe])):
             if decision.job_id != -1:
                 continue

@@ -10,7 +10,9 @@ from __future__ import annotations
 import time
 from collections import deque
 
-FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+from ..model import FINISHED_STATES
+
+FINISHED = FINISHED_STATES
 
 #: Events kept for the ticker and the job screens' state history.
 EVENTS_KEPT = 500

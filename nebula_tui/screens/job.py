@@ -19,7 +19,7 @@ from textual.message import Message
 from textual.widgets import Log, Static
 
 from ..api import ApiError
-from ..model import Job, JobSpec, JobState, Placement, format_mb
+from ..model import Job, JobSpec, Launching, Placement, format_mb
 from ..remote.launcher import job_environment
 from .base import ClusterScreen, OpMissing
 from .cluster import FINISHED
@@ -65,8 +65,8 @@ def environment(job: dict) -> dict[str, str]:
     placements = tuple(Placement(gpu_uuid=g["uuid"], node=g["node"], gpu_index=g["index"],
                                  memory_mb=g["memory_mb"], exclusive=g["exclusive"])
                        for g in job["gpus"])
-    model = Job(id=job["id"], user=job["user"], state=JobState(job["state"]),
-                submitted_at=job["submitted_at"], node=job.get("node"), placements=placements,
+    model = Job(id=job["id"], user=job["user"], submitted_at=job["submitted_at"],
+                status=Launching(placements),
                 spec=JobSpec(command=tuple(job["command"]), name=job.get("name") or "",
                              gpu_count=job["gpu_count"], gpu_mem_mb=job.get("gpu_mem_mb"),
                              workdir=job.get("workdir"), shell=job.get("shell", False)))

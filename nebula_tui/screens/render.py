@@ -90,7 +90,7 @@ STATUS_STYLE = {"idle": "green", "busy": "yellow", "maintenance": "bold red",
                 "unreachable": "red", "up": "green", "drained": "yellow", "unknown": "red",
                 "down": "bold red", "connecting": "dim",
                 "running": "green", "launching": "cyan", "pending": "yellow",
-                "succeeded": "green", "failed": "red", "cancelled": "dim"}
+                "succeeded": "green", "failed": "red", "cancelled": "dim", "timeout": "red"}
 
 
 def status_cell(status: str) -> Text:

@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..api import ApiError, Client
+from ..model import FINISHED_STATES
 
-FINISHED = ("succeeded", "failed", "cancelled")
+FINISHED = FINISHED_STATES
 
 
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):

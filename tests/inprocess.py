@@ -1,0 +1,75 @@
+"""A real head (``Engine``, store file, probe parsing, publishing) in the test's own event
+loop, its nodes played by ``QuietNode`` links fed the nodelet's messages directly (as
+``bench/tui.py`` does): for tests of what the head does, without SSH."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from nebula_tui.config import load_config
+from nebula_tui.head.engine import Engine
+from nebula_tui.model import NodeState
+from nebula_tui.store import Store
+
+NODES = ("node01", "node02")
+MODEL = "NVIDIA A100-SXM4-80GB"
+
+
+def gpu_row(node: str, index: int, util: float = 0, temp: float = 30, used: int = 0,
+            driver: str = "550.54.15") -> str:
+    """One line of ``nvidia-smi --query-gpu`` in the nodelet's field order."""
+    return (f"{index}, GPU-{node}-{index}, {MODEL}, 00000000:{index + 7:02X}:00.0, 81920, {used}, "
+            f"{util}, {temp}, 60.00, 400.00, [N/A], 1410, 1593, P0, {driver}, 8.0")
+
+
+def probe(node: str, rows: list[str]) -> dict:
+    return {"type": "probe", "t": 1.0, "error": "", "gpu_csv": "\n".join(rows) + "\n",
+            "apps_csv": "", "pid_jobs": {}}
+
+
+class QuietNode:
+    """A node link whose nodelet runs nothing: the engine's requests (reconcile, launch)
+    get the nodelet's empty replies, and are kept in ``requests`` as (op, fields)."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict]] = []
+
+    async def request(self, op: str, timeout: float | None = None, **fields) -> dict:
+        self.requests.append((op, fields))
+        return {"ok": True, "sessions": [], "jobs": {}}
+
+    async def close(self) -> None:
+        pass
+
+
+def cluster_file(path, nodes) -> None:
+    lines = "\n".join(f"  - {{name: {n}, host: 127.0.0.1, port: {2200 + i}}}" for i, n in enumerate(nodes))
+    path.write_text(f"cluster:\n  name: t\n  known_hosts: {path.parent / 'kh'}\nnodes:\n{lines}\n")
+
+
+@pytest.fixture
+async def engine(tmp_path):
+    """A head with two up nodes of two A100s each, no job yet."""
+    cluster_file(tmp_path / "nodes.yaml", NODES)
+    config = load_config(tmp_path / "nodes.yaml")
+    store = Store(tmp_path / "state.db")
+    head = Engine(config, store)
+    for node in NODES:
+        head.links[node] = QuietNode()
+        head.on_node_message(node, {"type": "hello", "hostname": node, "smi_table": "CUDA Version: 12.4"})
+        head.on_node_message(node, probe(node, [gpu_row(node, i) for i in range(2)]))
+        head.on_node_state(node, NodeState.UP, "")
+    yield head
+    await head.stop()
+    store.close()
+
+
+def drain(queue: asyncio.Queue) -> list[dict]:
+    """The events waiting in a subscriber's queue, as they cross the socket."""
+    events = []
+    while not queue.empty():
+        events.append(json.loads(json.dumps(queue.get_nowait())))
+    return events
