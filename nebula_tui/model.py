@@ -353,6 +353,13 @@ class GpuView:
     health_score: float = 1.0
     #: the highest CUDA version the node's driver supports ("12.4"), for --cuda (R11)
     cuda_version: str | None = None
+    #: (job id, MiB) our jobs really hold here beyond their reservations (the memory guard)
+    overuse: tuple[tuple[int, int], ...] = ()
+    #: (pid, Unix user or None, MiB) of the processes NebulaGrid did not start, for reasons
+    unmanaged_procs: tuple[tuple[int, str | None, int], ...] = ()
+    #: the highest draw seen on this card lately (W): what power budgets count when the
+    #: card reports no power limit (R27)
+    power_peak_w: float | None = None
 
     @property
     def uuid(self) -> str:

@@ -15,7 +15,7 @@ from .scheduler.health import DEFAULT_POLICIES, Policy, parse_duration_s, polici
 from .scheduler.snapshot import SchedulerConfig
 
 _WEIGHTS = {"hot": "w_hot", "load": "w_load", "pack": "w_pack", "health": "w_health",
-            "topology": "w_topology"}
+            "power": "w_power", "topology": "w_topology"}
 
 
 @dataclass(frozen=True)

@@ -58,10 +58,11 @@ class PlainWorld(World):
     """Every search from scratch: no cache, no hardware class, no memo."""
 
     @classmethod
-    def build(cls, views, topologies, services, config):
+    def build(cls, views, topologies, services, config, budgets=None):
         services = frozenset(services)
         cards = [Card(view, i, services, config) for i, view in enumerate(views)]
-        return cls(cards, {node: plain_rank_table(links) for node, links in topologies.items()}, config)
+        return cls(cards, {node: plain_rank_table(links) for node, links in topologies.items()}, config,
+                   budgets=budgets)
 
     def eligibility(self, shape):
         cards = {}
@@ -77,6 +78,9 @@ class PlainWorld(World):
         for card in cards:
             if card.uuid in excluded:
                 continue
+            power = self.power.get(card.node)  # (budget, W counted now)
+            if power is not None and power[1] + card.extra_watts() > power[0]:
+                continue
             if shape.gpu_mem_mb is None:
                 if not card.allocs and not card.unmanaged:
                     found.append((card, (card.total, True)))
@@ -88,9 +92,9 @@ class PlainWorld(World):
 
     def best_on_node(self, shape, feasible, k):
         def score(combo):
-            return self.set_score(shape, [feasible[i] for i in combo], self.ranks, self.config)
+            return self.set_score(shape, [feasible[i] for i in combo])
         if k == 1:
-            values = [self.set_score(shape, [pair], self.ranks, self.config) for pair in feasible]
+            values = [self.set_score(shape, [pair]) for pair in feasible]
             best = min(range(len(feasible)), key=lambda i: (values[i], i))
             return values[best], [feasible[best]]
         if k == len(feasible):
@@ -110,7 +114,7 @@ class PlainWorld(World):
             if len(feasible) >= k:
                 score, chosen = self.best_on_node(shape, feasible, k)
                 key = (score, self.by_node[node][0].order)
-                if best is None or key < best[0]:
+                if score != math.inf and (best is None or key < best[0]):
                     best = (key, chosen)
         if best is not None:
             chosen = best[1]
@@ -223,7 +227,7 @@ def make_snapshot(rnd: random.Random, nodes: int = 6, gangs_only: bool = False) 
     """Up to ``nodes`` nodes of up to 8 cards, two thirds busy with --time'd jobs (so
     reservations happen), a queue mixing slices, whole cards, gangs, filters, --after and
     services (only requests for 2+ cards with ``gangs_only``)."""
-    gpus, running, topologies = [], [], {}
+    gpus, running, topologies, budgets = [], [], {}, {}
     job_id = 10_000
     for n in range(rnd.randint(1, nodes)):
         node = f"node{n:02d}"
@@ -233,6 +237,8 @@ def make_snapshot(rnd: random.Random, nodes: int = 6, gangs_only: bool = False) 
             topologies[node] = {f"GPU{i}": {f"GPU{j}": link if i // 4 == j // 4 else rnd.choice(["SYS", link])
                                             for j in range(count) if j != i} for i in range(count)}
         blocked = rnd.choice([None] * 6 + ["node is drained"])
+        if rnd.random() < 0.3:  # R27: some nodes have a power budget, a few cards' worth
+            budgets[node] = rnd.choice([300.0, 900.0, 1500.0, 2500.0])
         for i in range(count):
             card_name, card_total = (name, total) if rnd.random() < 0.85 else ("odd", rnd.choice([8188, 40960]))
             unmanaged = rnd.choice([0] * 6 + [3000, card_total // 2])
@@ -251,16 +257,25 @@ def make_snapshot(rnd: random.Random, nodes: int = 6, gangs_only: bool = False) 
             for j, (held, p) in enumerate(placements):
                 running.append(RunningJob(held, "r", (p,), NOW - rnd.randint(0, 7200),
                                           time_limit_s=rnd.choice([None, 600.0, 3600.0, 14400.0]),
-                                          service=service and j == 0))
+                                          service=service and j == 0,
+                                          array_id=rnd.choice([None, None, 7, 8])))
             job_id += 10
+            # the memory guard: some jobs hold more than they reserved
+            overuse = tuple((held, rnd.choice([2 * GB, 6 * GB])) for held, p in placements
+                            if not p.exclusive and rnd.random() < 0.15)
+            owners = ((4242, rnd.choice([None, "alice"]), unmanaged),) if unmanaged and rnd.random() < 0.5 else ()
+            limit = rnd.choice([None, 300.0, 450.0])
             reading = GpuReading(index=i, uuid=f"G-{node}-{i}", name=card_name, memory_total_mb=card_total,
                                  compute_cap=cap, utilization_pct=rnd.choice([None, 0.0, 60.0, 100.0]),
-                                 temperature_c=rnd.choice([None, 35.0, 60.0, 80.0]))
+                                 temperature_c=rnd.choice([None, 35.0, 60.0, 80.0]), power_limit_w=limit,
+                                 power_w=rnd.choice([None, 20.0, 250.0]))
             gpus.append(GpuView(node=node, reading=reading, placements=tuple(placements), blocked=blocked,
                                 maintenance=rnd.random() < 0.03, unmanaged_used_mb=unmanaged,
-                                health_score=rnd.choice([1.0, 1.0, 0.9, 0.2]), cuda_version=cuda))
+                                health_score=rnd.choice([1.0, 1.0, 0.9, 0.2]), cuda_version=cuda,
+                                overuse=overuse, unmanaged_procs=owners,
+                                power_peak_w=rnd.choice([None, 200.0])))
     shapes = [(1, 8 * GB), (1, 16 * GB), (1, None), (2, None), (2, 24 * GB), (4, None), (8, None),
-              (1, 4 * GB), (4, 40 * GB), (12, None), (3, 8 * GB), (2, 13 * GB)]
+              (1, 4 * GB), (4, 40 * GB), (12, None), (3, 8 * GB), (2, 13 * GB), (1, 24 * GB), (1, 12 * GB)]
     if gangs_only:
         shapes = [(k, mem) for k, mem in shapes if k > 1]
     queue = []
@@ -274,17 +289,20 @@ def make_snapshot(rnd: random.Random, nodes: int = 6, gangs_only: bool = False) 
             cuda=rnd.choice([None] * 5 + ["12.6", "12.3"]), vendor=rnd.choice([None] * 8 + ["NVIDIA"]),
             max_nodes=rnd.choice([1, 1, 2, 3]) if k > 1 else 1, priority=5 if rnd.random() < 0.05 else 0,
             after=(rnd.randint(1, size + 2),) if rnd.random() < 0.08 else (),
-            time_limit_s=rnd.choice([None, 300.0, 1800.0, 7200.0]), service=rnd.random() < 0.08))
+            after_type=rnd.choice(["ok", "ok", "any", "notok", "started"]),
+            time_limit_s=rnd.choice([None, 300.0, 1800.0, 7200.0]), service=rnd.random() < 0.08,
+            array_id=(array := rnd.choice([None] * 6 + [7, 8])), array_limit=rnd.choice([1, 2]) if array else None))
     users = {f"u{u}": UserShare(f"u{u}", rnd.choice([1.0, 1.2, 1.5]),
                                 refusal="over quota" if u == 3 and rnd.random() < 0.3 else None)
              for u in range(4) if rnd.random() < 0.9}
     # Some passes weigh differently: a zero or negative weight turns off the searches'
     # bounds (which hold only while no score term can be negative) and reorders the sets.
     weights = rnd.choice([{}, {}, {}, {"w_pack": 0.0, "w_topology": 3.0}, {"w_topology": -1.0},
-                          {"w_health": -2.0, "w_load": 0.5}])
+                          {"w_health": -2.0, "w_load": 0.5}, {"w_power": 4.0}, {"w_power": -1.0}])
     config = SchedulerConfig(max_combinations=rnd.choice([256, 256, 8]), **weights)
     return Snapshot(gpus=tuple(gpus), queue=tuple(queue), now=NOW, running=tuple(running), users=users,
-                    finished={2: "succeeded", 3: "failed"}, topologies=topologies, config=config)
+                    finished={2: "succeeded", 3: "failed", 4: "cancelled"}, never_ran=frozenset({4}),
+                    topologies=topologies, config=config, power_budgets=budgets)
 
 
 @settings(max_examples=120, deadline=None)
@@ -315,11 +333,17 @@ def test_the_comparison_sees_every_kind_of_answer():
             if not reason:
                 seen.add("multi-node start" if len({p.node for p in d.placements}) > 1 else "start")
             for marker in ("reserved for it", "held for job", "none is free now", "no GPU with",
-                           "the largest node has", "cannot run", "over quota"):
+                           "the largest node has", "cannot run", "over quota", "fair-share order",
+                           "power budget", "more than it reserved", "held by job", "whole to job",
+                           "the most a card shares", "kept spare", "runs at most", "(--after any)",
+                           "without starting", "(--after notok)", "estimated start"):
                 if marker in reason:
                     seen.add(marker)
     assert seen >= {"start", "multi-node start", "reserved for it", "held for job", "none is free now",
-                    "no GPU with", "the largest node has", "cannot run", "over quota"}, seen
+                    "no GPU with", "the largest node has", "cannot run", "over quota", "fair-share order",
+                    "power budget", "more than it reserved", "held by job", "whole to job",
+                    "the most a card shares", "kept spare", "runs at most", "(--after any)",
+                    "without starting", "(--after notok)", "estimated start"}, seen
 
 
 @settings(max_examples=200, deadline=None)

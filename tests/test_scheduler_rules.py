@@ -60,17 +60,43 @@ def test_three_8g_slices_do_not_fit_a_4090_but_fit_a_3090():
     queue = [job(1, mem=8 * GB), job(2, mem=8 * GB), job(3, mem=8 * GB)]
     got = run([card("n1", 0)], queue)
     assert on(got[1]) == on(got[2]) == [("n1", 0)]
-    assert got[3] == Wait(3, "needs a GPU with ≥8 GB free; none is free now")
+    assert got[3] == Wait(3, "needs a GPU with ≥8 GB free; none is free now: behind jobs 1, 2 in "
+                             "fair-share order, which took n1:0")
     got = run([card("n1", 0, RTX3090_MB, name="RTX 3090")], queue)
     assert all(on(got[i]) == [("n1", 0)] for i in (1, 2, 3))
 
 
-def test_slices_pack_onto_a_shared_card_before_opening_a_fresh_one():
-    # R3 exists because an 8 GB job leaves 16 GB idle: the second slice fills that first,
-    # even though the shared card already shows load from the first job.
+def test_slices_pack_onto_a_shared_card_while_whole_card_jobs_wait():
+    # R3 exists because an 8 GB job leaves 16 GB idle: while a whole-card job waits for the
+    # only wholly free card, the slice fills the shared card, though it shows load.
     busy = card("n1", 0, util=60.0, temp=57.0, placements=[held(9, "n1", 0, 10 * GB)])
+    got = run([busy, card("n1", 1)], [job(1, mem=10 * GB), job(2)])
+    assert on(got[1]) == [("n1", 0)] and on(got[2]) == [("n1", 1)]
+    # With no whole-card job waiting, it goes to the idle, cool card instead.
     got = run([busy, card("n1", 1)], [job(1, mem=10 * GB)])
-    assert on(got[1]) == [("n1", 0)]
+    assert on(got[1]) == [("n1", 1)]
+
+
+def test_small_jobs_spread_to_the_coolest_card_when_no_whole_card_job_waits():
+    """The reproduction: three 6 GB jobs were stacked on one card running at 100% and 77 °C
+    while an identical card sat idle and cool."""
+    hot = card("n1", 0, util=100.0, temp=77.0, placements=[held(9, "n1", 0, 6 * GB)])
+    got = run([hot, card("n1", 1)], [job(1, mem=6 * GB), job(2, mem=6 * GB), job(3, mem=6 * GB)])
+    assert [on(got[i]) for i in (1, 2, 3)] == [[("n1", 1)]] * 3
+    # Two idle cards and no reading yet of the jobs this pass places: they alternate.
+    got = run([card("n1", 0), card("n1", 1)], [job(i, mem=6 * GB) for i in (1, 2, 3, 4)])
+    assert [on(got[i])[0][1] for i in (1, 2, 3, 4)] == [0, 1, 0, 1]
+
+
+def test_packing_only_keeps_the_whole_cards_the_queue_needs():
+    # Three idle cards and one whole-card job: two cards are more than it needs, so the
+    # first slices spread, until only the card the whole job needs is left wholly free;
+    # the job after it then packs.
+    gpus = [card("n1", i) for i in range(3)]
+    queue = [job(1, mem=4 * GB), job(2, mem=4 * GB), job(3, mem=4 * GB), job(4, submitted_at=NOW)]
+    got = run(gpus, queue)
+    assert [on(got[i])[0][1] for i in (1, 2, 3)] == [0, 1, 0]
+    assert on(got[4]) == [("n1", 2)]
 
 
 def test_whole_card_reservation_is_what_is_really_free():
@@ -102,8 +128,9 @@ def test_running_service_protects_its_card():
     got = run(gpus, [job(1, mem=11 * GB), job(2, mem=4 * GB), job(3, mem=None)], running=running)
     assert on(got[1]) == [("n1", 0)]
     # 24564 - 8192 - 11264 = 5108 MiB free would hold 4 GB, but 2048 of it is the spare.
-    assert got[2] == Wait(2, "needs a GPU with ≥4 GB free; none is free now")
-    assert got[3] == Wait(3, "needs a whole GPU; none is free now")  # never the service's card whole
+    assert got[2] == Wait(2, "needs a GPU with ≥4 GB free; none is free now: behind job 1 in "
+                             "fair-share order, which took n1:0")
+    assert got[3] == Wait(3, "needs a whole GPU; none is free now: n1:0 held by jobs 1, 7")  # never whole
     got = run(gpus, [job(1, mem=11 * GB), job(2, mem=4 * GB)])  # the same card, no service
     assert on(got[2]) == [("n1", 0)]
 
@@ -176,7 +203,8 @@ def test_blocked_and_unhealthy_cards_are_never_used():
                              "node04's health score is 0.10, below 0.25, GPU in maintenance)")
     got = run(gpus + [card("node06", 0)], [job(1), job(2)])
     assert on(got[1]) == [("node06", 0)]
-    assert got[2] == Wait(2, "needs a whole GPU; none is free now")
+    assert got[2] == Wait(2, "needs a whole GPU; none is free now: behind job 1 in fair-share "
+                             "order, which took node06:0")
 
 
 # ------------------------------------------------------------------ R10 scoring
@@ -267,7 +295,8 @@ def test_gang_is_all_or_nothing():
     gpus = A100S("n1", 3)
     busy = [card("n1", 0, A100_MB, name="A100", cap="8.0", unmanaged=70 * GB)] + gpus[1:]
     got = run(busy, [job(1, 3, 24 * GB), job(2, 1, 24 * GB)])
-    assert got[1] == Wait(1, "needs 3 GPUs with ≥24 GB free on one node; best now: n1 has 2")
+    assert got[1] == Wait(1, "needs 3 GPUs with ≥24 GB free on one node; best now: n1 has 2; n1:0 "
+                             "with 10 GB free (processes not started by NebulaGrid hold 70 GB)")
     assert on(got[2]) == [("n1", 1)]
 
 
@@ -297,9 +326,9 @@ def test_backfill_only_before_the_reservation():
     running = (RunningJob(50, "x", tuple(p for _, p in blocker), NOW - 3600, time_limit_s=7200),)
     queue = [job(1, 4), job(2), job(3, time_limit_s=7200), job(4, time_limit_s=1800), job(5)]
     got = run(gpus, queue, running=running)
-    assert got[1] == Wait(1, "needs 4 whole GPUs on one node; best now: n1 has 1; "
-                             "n1:0-3 reserved for it from in ~60 min")
-    held_for = "held for job 1 (reserved n1:0-3 from in ~60 min)"
+    assert got[1] == Wait(1, "needs 4 whole GPUs on one node; best now: n1 has 1; n1:0-2 held by "
+                             "job 50; n1:0-3 reserved for it, estimated start in ~60 min")
+    held_for = "held for job 1 (n1:0-3 reserved for it; estimated start in ~60 min)"
     assert got[2] == Wait(2, held_for)  # no --time: never backfills
     assert got[3] == Wait(3, held_for)  # would end in 2 h, after the reservation starts
     assert on(got[4]) == [("n1", 3)]  # ends in 30 min, before it: backfilled
@@ -312,8 +341,8 @@ def test_reservation_keeps_a_free_card_from_a_longer_job():
     gpus = [card("n1", i, placements=[blocker[i]]) for i in range(3)] + [card("n1", 3)]
     running = (RunningJob(50, "x", tuple(p for _, p in blocker), NOW - 3600, time_limit_s=7200),)
     got = run(gpus, [job(1, 4), job(2, time_limit_s=7200), job(3)], running=running)
-    assert got[2] == Wait(2, "held for job 1 (reserved n1:0-3 from in ~60 min)")
-    assert got[3] == Wait(3, "held for job 1 (reserved n1:0-3 from in ~60 min)")
+    assert got[2] == Wait(2, "held for job 1 (n1:0-3 reserved for it; estimated start in ~60 min)")
+    assert got[3] == Wait(3, "held for job 1 (n1:0-3 reserved for it; estimated start in ~60 min)")
 
 
 def test_no_reservation_when_running_jobs_have_no_time_limit():
@@ -321,7 +350,7 @@ def test_no_reservation_when_running_jobs_have_no_time_limit():
     gpus = [card("n1", i, placements=[blocker[i]]) for i in range(3)] + [card("n1", 3)]
     running = (RunningJob(50, "x", tuple(p for _, p in blocker), NOW - 3600),)
     got = run(gpus, [job(1, 4), job(2)], running=running)
-    assert got[1] == Wait(1, "needs 4 whole GPUs on one node; best now: n1 has 1")
+    assert got[1] == Wait(1, "needs 4 whole GPUs on one node; best now: n1 has 1; n1:0-2 held by job 50")
     assert on(got[2]) == [("n1", 3)]
 
 
@@ -332,7 +361,8 @@ def test_reservation_goes_to_the_cards_that_free_up_first():
     running = (RunningJob(50, "x", (soon[1],), NOW, time_limit_s=3 * 3600),
                RunningJob(51, "x", (late[1],), NOW, time_limit_s=600))
     got = run(gpus, [job(1), job(2)], running=running)
-    assert got[1] == Wait(1, "needs a whole GPU; none is free now; b:0 reserved for it from in ~10 min")
+    assert got[1] == Wait(1, "needs a whole GPU; none is free now: a:0 held by job 50; b:0 held by "
+                             "job 51; b:0 reserved for it, estimated start in ~10 min")
 
 
 # ------------------------------------------------------------------ R25 --after

@@ -50,28 +50,41 @@ def where(decision) -> list[tuple[str, int, int, bool]]:
 # ------------------------------------------------------------------ table: slices (R3)
 CASES = [
     pytest.param(  # 10+10 GB share a 24 GB card; the 4 GB left is a fragment, never offered
+        [gpu("n1", 0)], jobs((1, 10 * GB), (1, 10 * GB), (1, 10 * GB)),
+        [[("n1", 0, 10 * GB, False)], [("n1", 0, 10 * GB, False)], []],
+        id="two-10G-share-third-waits"),
+    pytest.param(  # with a second card, slices spread: no whole-card job waits for it
         [gpu("n1", 0), gpu("n1", 1)], jobs((1, 10 * GB), (1, 10 * GB), (1, 10 * GB)),
-        [[("n1", 0, 10 * GB, False)], [("n1", 0, 10 * GB, False)], [("n1", 1, 10 * GB, False)]],
-        id="two-10G-share-third-elsewhere"),
+        [[("n1", 0, 10 * GB, False)], [("n1", 1, 10 * GB, False)], [("n1", 0, 10 * GB, False)]],
+        id="slices-spread-over-idle-cards"),
     pytest.param(  # 3 x 8 GiB = 24576 MiB > 24564 MiB: the third 8 GB slice does not fit
-        [gpu("n1", 0), gpu("n1", 1)], jobs((1, 8 * GB), (1, 8 * GB), (1, 8 * GB)),
-        [[("n1", 0, 8 * GB, False)], [("n1", 0, 8 * GB, False)], [("n1", 1, 8 * GB, False)]],
+        [gpu("n1", 0)], jobs((1, 8 * GB), (1, 8 * GB), (1, 8 * GB)),
+        [[("n1", 0, 8 * GB, False)], [("n1", 0, 8 * GB, False)], []],
         id="three-8G-do-not-fit-a-24G-card"),
     pytest.param(  # 13 GB is more than half of 24 GB: the whole card, exclusively
         [gpu("n1", 0)], jobs((1, 13 * GB)),
         [[("n1", 0, RTX4090_MB, True)]],
         id="over-half-takes-whole-card"),
-    pytest.param(  # exactly half is still a slice
-        [gpu("n1", 0)], jobs((1, RTX4090_MB // 2), (1, RTX4090_MB // 2)),
-        [[("n1", 0, RTX4090_MB // 2, False)], [("n1", 0, RTX4090_MB // 2, False)]],
+    pytest.param(  # 24 GB is the 4090's nominal size (24564 MiB): the whole card
+        [gpu("n1", 0)], jobs((1, 24 * GB)),
+        [[("n1", 0, RTX4090_MB, True)]],
+        id="nominal-size-fits-whole"),
+    pytest.param(  # ... but not a GB more
+        [gpu("n1", 0)], jobs((1, 25 * GB)),
+        [[]],
+        id="over-nominal-size-waits"),
+    pytest.param(  # exactly half of the nominal size is still a slice; two do not fit
+        [gpu("n1", 0)], jobs((1, 12 * GB), (1, 12 * GB)),
+        [[("n1", 0, 12 * GB, False)], []],
         id="exactly-half-is-a-slice"),
     pytest.param(  # under 4 GB is rounded up to the 4 GB minimum slice
         [gpu("n1", 0)], jobs((1, 1 * GB), (1, 3 * GB + 512)),
         [[("n1", 0, MIN_SLICE_MB, False)], [("n1", 0, MIN_SLICE_MB, False)]],
         id="small-requests-round-up-to-4G"),
-    pytest.param(  # at most 4 allocations per GPU: the 5th 4 GB job goes to the next card
-        [gpu("n1", 0, A100_80_MB), gpu("n1", 1, A100_80_MB)], jobs(*[(1, 4 * GB)] * 5),
-        [[("n1", 0, 4 * GB, False)]] * 4 + [[("n1", 1, 4 * GB, False)]],
+    pytest.param(  # at most 4 allocations per GPU: packing (a whole-card job waits for the
+        # other card), the 5th 4 GB job goes to the next card
+        [gpu("n1", 0, A100_80_MB), gpu("n1", 1, A100_80_MB)], jobs(*[(1, 4 * GB)] * 5, (1, None)),
+        [[("n1", 0, 4 * GB, False)]] * 4 + [[("n1", 1, 4 * GB, False)], []],
         id="max-4-allocations-per-gpu"),
     pytest.param(  # ... and waits when there is no next card
         [gpu("n1", 0, A100_80_MB)], jobs(*[(1, 4 * GB)] * 5),
@@ -90,8 +103,8 @@ CASES = [
         [[("n1", 1, RTX4090_MB, True)]],
         id="whole-card-needs-no-unmanaged-memory"),
     pytest.param(  # unmanaged memory counts as used: 24564 - 6000 - 10240 = 8324 < 10240
-        [gpu("n1", 0, unmanaged=6000), gpu("n1", 1)], jobs((1, 10 * GB), (1, 10 * GB)),
-        [[("n1", 0, 10 * GB, False)], [("n1", 1, 10 * GB, False)]],
+        [gpu("n1", 0, unmanaged=6000), gpu("n1", 1)], jobs(*[(1, 10 * GB)] * 4),
+        [[("n1", 1, 10 * GB, False)], [("n1", 0, 10 * GB, False)], [("n1", 1, 10 * GB, False)], []],
         id="unmanaged-memory-counts-as-used"),
     pytest.param(  # 24564 - 20564 = 4000 MiB left: a fragment under 4 GB offers nothing
         [gpu("n1", 0, unmanaged=20564)], jobs((1, 1 * GB)),
@@ -171,12 +184,14 @@ REASONS = [
         [gpu("node01", 0, A100_80_MB, unmanaged=20 * GB), gpu("node02", 0, A100_80_MB),
          gpu("node02", 1, A100_80_MB, unmanaged=20 * GB)],
         (2, 70 * GB),
-        "needs 2 GPUs with ≥70 GB free on one node; best now: node02 has 1",
+        "needs 2 GPUs with ≥70 GB free on one node; best now: node02 has 1; node02:1 with 60 GB "
+        "free (processes not started by NebulaGrid hold 20 GB)",
         id="gang-best-node"),
     pytest.param(  # the node with the most fitting GPUs is named, not the first one
         [gpu("n1", 0), gpu("n1", 1, unmanaged=1), gpu("n2", 0), gpu("n2", 1), gpu("n2", 2, unmanaged=1)],
         (3, None),
-        "needs 3 whole GPUs on one node; best now: n2 has 2",
+        "needs 3 whole GPUs on one node; best now: n2 has 2; n2:2 in use (processes not started by "
+        "NebulaGrid hold 1 MB)",
         id="gang-whole-most-fitting-node"),
     pytest.param(  # no node could ever hold it: say so, not "best now", and hint at --nodes
         [gpu("n1", 0), gpu("n2", 0)], (2, None),
@@ -185,11 +200,13 @@ REASONS = [
         id="gang-whole-larger-than-any-node"),
     pytest.param(
         [gpu("n1", 0, unmanaged=100)], (1, None),
-        "needs a whole GPU; none is free now",
+        "needs a whole GPU; none is free now: n1:0 in use (processes not started by NebulaGrid "
+        "hold 100 MB)",
         id="whole-none-free"),
     pytest.param(
         [gpu("n1", 0, unmanaged=20 * GB)], (1, 8 * GB),
-        "needs a GPU with ≥8 GB free; none is free now",
+        "needs a GPU with ≥8 GB free; none is free now: n1:0 with 4.0 GB free (processes not "
+        "started by NebulaGrid hold 20 GB)",
         id="slice-none-free"),
     pytest.param(
         [gpu("n1", 0, blocked="node n1 is drained")], (1, 8 * GB),
@@ -218,8 +235,9 @@ def _can_host(view: GpuView, gpu_mem_mb: int | None) -> bool:
     total = view.reading.memory_total_mb
     if view.blocked or not total:
         return False
-    if gpu_mem_mb is None or 2 * gpu_mem_mb > total:  # whole card
-        return not view.placements and view.unmanaged_used_mb + (gpu_mem_mb or total) <= total
+    nominal = -(-total // GB) * GB  # the size it is sold as: rounded up to a whole GB
+    if gpu_mem_mb is None or 2 * gpu_mem_mb > nominal:  # whole card
+        return not view.placements and view.unmanaged_used_mb + (gpu_mem_mb or nominal) <= nominal
     if any(p.exclusive for _, p in view.placements) or len(view.placements) >= 4:
         return False
     free = total - view.unmanaged_used_mb - sum(p.memory_mb for _, p in view.placements)

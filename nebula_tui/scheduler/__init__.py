@@ -4,10 +4,10 @@
 ``topology`` hold the pure helpers the head and the CLI call (weights, quotas, best sets).
 """
 
-from . import fairshare, topology
+from . import admission, fairshare, topology
 from .queue import order, schedule
 from .snapshot import (Decision, Fail, PendingJob, RunningJob, SchedulerConfig, Snapshot, Start,
                        UserShare, Wait)
 
 __all__ = ["Decision", "Fail", "PendingJob", "RunningJob", "SchedulerConfig", "Snapshot", "Start",
-           "UserShare", "Wait", "fairshare", "order", "schedule", "topology"]
+           "UserShare", "Wait", "admission", "fairshare", "order", "schedule", "topology"]

@@ -1,7 +1,9 @@
 """R6 fair share and R7 quotas: pure arithmetic the engine feeds from the store.
 
 A user's weight grows with what they used: 1.0 + 0.1 per finished job + 0.02 per GPU-hour
-(a slice counts its fraction of the card's memory). The queue runs the lowest weight first.
+(a slice counts its fraction of the card's memory). Only jobs that ran count: one
+cancelled while it waited, or failed because its ``--after`` job failed, used nothing
+(the store hands over only jobs that held GPUs). The queue runs the lowest weight first.
 With a half-life, each finished job's contribution halves every ``half_life_s`` seconds, so
 old usage is forgiven; hours held by jobs still running count in full.
 """
@@ -47,9 +49,20 @@ def user_weight(finished: Sequence[tuple[float, float]], held_gpu_hours: float, 
     return weight
 
 
-def _hours(value: float) -> str:
-    text = f"{value:.1f}"
-    return text[:-2] if text.endswith(".0") else text
+def hours_text(value: float) -> str:
+    """GPU-hours with enough precision to be true: one decimal from 100 h up (2012.5),
+    three significant digits below (12.3, 0.25, 0.01, 0.00417), no trailing zeros; a value
+    that is not zero never reads "0"."""
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        text = f"{value:.1f}"
+    else:
+        digits = max(0, 2 - math.floor(math.log10(abs(value))))
+        text = f"{value:.{digits}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
 
 
 def quota_refusal(user: str, month_gpu_hours: float, quota_gpu_hours: float,
@@ -60,7 +73,7 @@ def quota_refusal(user: str, month_gpu_hours: float, quota_gpu_hours: float,
     # Suggest the next round thousand above both the quota and the usage.
     raise_to = (math.floor(max(month_gpu_hours, quota_gpu_hours) / 1000) + 1) * 1000
     who = f"an admin ({', '.join(admins)})" if admins else "an admin"
-    return (f"{user} has used {_hours(month_gpu_hours)} of {_hours(quota_gpu_hours)} GPU-hours "
+    return (f"{user} has used {hours_text(month_gpu_hours)} of {hours_text(quota_gpu_hours)} GPU-hours "
             f"this month; {who} can raise the quota with `nebula quota {user} {raise_to}`")
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from math import comb
 
-from ..model import GpuView, Placement
+from ..model import MAX_ALLOCATIONS_PER_GPU, GpuView, Placement
 from .filters import Filter, parse_version
 from .slices import fit
 from .snapshot import SchedulerConfig
@@ -31,7 +31,8 @@ class Card:
 
     __slots__ = ("uuid", "node", "index", "order", "total", "unmanaged", "blocked", "health",
                  "model", "vendor", "capability", "cuda", "thermal", "allocs", "reserved",
-                 "exclusive", "service", "hw", "bit", "spot", "base", "state")
+                 "exclusive", "service", "hw", "bit", "spot", "base", "state", "foreign", "first",
+                 "over_by", "owners", "watts", "draw", "services")
 
     def __init__(self, view: GpuView, order: int, services: frozenset[int],
                  config: SchedulerConfig, memo: dict | None = None) -> None:
@@ -41,7 +42,15 @@ class Card:
         self.index = reading.index
         self.order = order
         self.total = reading.memory_total_mb
-        self.unmanaged = max(0, view.unmanaged_used_mb)
+        #: memory held by processes we did not start, and (over_by) by our jobs beyond
+        #: their reservations; ``unmanaged`` is both: what fits look at (the memory guard)
+        self.foreign = max(0, view.unmanaged_used_mb)
+        self.over_by = tuple((job, mb) for job, mb in view.overuse if mb > 0)
+        self.unmanaged = self.foreign + sum(mb for _, mb in self.over_by)
+        self.owners = view.unmanaged_procs  # (pid, user, MiB), for the reasons
+        #: R27: what a busy card counts against its node's power budget, and what it draws now
+        self.watts = reading.power_limit_w or view.power_peak_w or 0.0
+        self.draw = reading.power_w or 0.0
         self.blocked = view.blocked or ("GPU in maintenance" if view.maintenance else None)
         self.health = 1.0 if view.health_score is None else view.health_score
         self.model = reading.name
@@ -57,16 +66,20 @@ class Card:
             thermal = thermal_penalty(reading.utilization_pct, reading.temperature_c, config)
             # what the filters and an empty card's fit depend on: cards alike answer alike
             hw = (vendor, capability, cuda, self.total)
-            # the score's terms of this card that no start changes (see World._solo)
+            # the score's terms of this card that no start changes (see World.solo_score)
             base = thermal + config.w_health * (1.0 - self.health)
             known = memo[facts] = (vendor, capability, cuda, thermal, hw, base)
         self.vendor, self.capability, self.cuda, self.thermal, self.hw, self.base = known
         self.allocs: list[tuple[int, Placement]] = list(view.placements)
         self.reserved, self.exclusive, self.service = 0, False, False
+        self.services: tuple[int, ...] = ()  # the services it holds (their spare, R14)
         for job, placement in self.allocs:
             self.reserved += placement.memory_mb
             self.exclusive = self.exclusive or placement.exclusive
-            self.service = self.service or job in services
+            if job in services:
+                self.service = True
+                self.services += (job,)
+        self.first = self.state_key()  # its state when the pass began
         self.bit = 0  # this card's bit among its node's cards (set by World)
         self.spot = -1  # its place among its node's takers, -1 if it takes no work (World)
         self.state = -1  # what its fit depends on, as a small number (set by World)
@@ -92,12 +105,22 @@ class Card:
         self.allocs.append((job_id, placement))
         self.reserved += placement.memory_mb
         self.exclusive = self.exclusive or placement.exclusive
-        self.service = self.service or service
+        if service:
+            self.service = True
+            self.services += (job_id,)
 
     def drop(self, job_ids: set[int]) -> None:
         self.allocs = [(j, p) for j, p in self.allocs if j not in job_ids]
         self.reserved = sum(p.memory_mb for _, p in self.allocs)
         self.exclusive = any(p.exclusive for _, p in self.allocs)
+        self.over_by = tuple((j, mb) for j, mb in self.over_by if j not in job_ids)
+        self.unmanaged = self.foreign + sum(mb for _, mb in self.over_by)
+
+    def extra_watts(self) -> float:
+        """What a start here adds to its node's power draw as the budget counts it (R27):
+        a card that holds none of our jobs counts at its draw now, one that does at its
+        power limit (or its peak)."""
+        return 0.0 if self.allocs else max(0.0, self.watts - self.draw)
 
 
 def thermal_penalty(util_pct: float | None, temp_c: float | None, config: SchedulerConfig) -> float:
@@ -272,10 +295,17 @@ class World:
     """
 
     def __init__(self, cards: list[Card], ranks: Mapping[str, Mapping[tuple[int, int], int]],
-                 config: SchedulerConfig, states: dict[tuple, int] | None = None) -> None:
+                 config: SchedulerConfig, states: dict[tuple, int] | None = None,
+                 budgets: Mapping[str, float] | None = None, packing: bool = False) -> None:
         self.cards = cards
         self.ranks = ranks
         self.config = config
+        #: whether slices fill shared cards first (whole cards are scarce) or go to the
+        #: coolest, least shared card (see :meth:`set_packing`)
+        self.packing = packing
+        #: R27: per node with a power budget, (budget W, W counted now); see Card.extra_watts
+        self.budgets = dict(budgets or {})
+        self.power: dict[str, list[float]] = {}
         self.by_node: dict[str, list[Card]] = {}
         for card in cards:
             self.by_node.setdefault(card.node, []).append(card)
@@ -314,7 +344,14 @@ class World:
             for card in node_cards:
                 classes[card.hw] = classes.get(card.hw, 0) + 1
             self.node_hw[node] = classes
+        for node, budget in self.budgets.items():
+            if node in self.by_node:
+                self.power[node] = [budget, sum(c.watts if c.allocs else c.draw for c in self.by_node[node])]
+        #: cards that take new work and are wholly free (no job of ours, nobody's memory)
+        self.whole_free = sum(1 for takers in self.takers.values() for c in takers
+                              if not c.allocs and not c.unmanaged)
         self._changes: list[str] = []  # nodes changed by starts, in order
+        self.touched: set[str] = set()  # cards changed by starts (their uuids)
         self._eligible: dict[tuple, Eligibility] = {}
         self._by_classes: dict[frozenset, Eligibility] = {}  # accepted hardware classes
         self._by_shape: dict[int, tuple[Shape, Eligibility]] = {}
@@ -332,11 +369,25 @@ class World:
 
     @classmethod
     def build(cls, views: Sequence[GpuView], topologies: Mapping[str, Mapping], services: Iterable[int],
-              config: SchedulerConfig) -> World:
+              config: SchedulerConfig, budgets: Mapping[str, float] | None = None) -> World:
         services = frozenset(services)
         memo: dict = {}
         cards = [Card(v, i, services, config, memo) for i, v in enumerate(views)]
-        return cls(cards, LazyRanks(topologies), config)
+        return cls(cards, LazyRanks(topologies), config, budgets=budgets)
+
+    def set_packing(self, packing: bool) -> None:
+        """Slices fill shared cards first (``packing``) or spread to the coolest, least
+        shared cards. The pass decides before each search; scores kept for the other way
+        are dropped (it changes a few times a pass at most)."""
+        if packing == self.packing:
+            return
+        self.packing = packing
+        self._fits.clear()
+        for kept in self._node_fits.values():
+            kept.clear()
+        self._boards.clear()
+        self._best.clear()
+        self._answers.clear()
 
     def future(self, ended: set[int], nodes: Collection[str] | None = None) -> World:
         """This world once the jobs in ``ended`` have released their cards (no cache),
@@ -349,7 +400,7 @@ class World:
                 card = card.copy()  # cards nobody leaves are shared: a future world only reads
                 card.drop(ended)
             cards.append(card)
-        return type(self)(cards, self.ranks, self.config, self._states)
+        return type(self)(cards, self.ranks, self.config, self._states, self.budgets, self.packing)
 
     def _state_number(self, card: Card) -> int:
         key = card.state_key()
@@ -358,18 +409,32 @@ class World:
             number = self._states[key] = len(self._states)
         return number
 
+    def changes(self) -> int:
+        """How many cards starts have changed so far (a cheap version of the whole world)."""
+        return len(self._changes)
+
     def holders(self) -> set[int]:
         return {j for c in self.cards for j, _ in c.allocs}
 
     def apply(self, job_id: int, found: Found, service: bool) -> tuple[Placement, ...]:
         placements = found.placements()
         for card, placement in zip(found.cards, placements):
+            extra = card.extra_watts()
             if not card.allocs:
                 self.empty[card.node] -= 1
+                if not card.unmanaged and card.spot >= 0:
+                    self.whole_free -= 1
             card.add(job_id, placement, service)
             card.state = self._state_number(card)
-            for fits in self._node_fits[card.node]:
-                fits.dirty.append(card.spot)
+            self.touched.add(card.uuid)
+            power = self.power.get(card.node)
+            if power is not None and extra:
+                power[1] += extra  # every card of the node now has less headroom
+                for fits in self._node_fits[card.node]:
+                    fits.dirty = list(range(len(self.takers[card.node])))
+            else:
+                for fits in self._node_fits[card.node]:
+                    fits.dirty.append(card.spot)
             self.version[card.node] += 1
             self._changes.append(card.node)
         return placements
@@ -517,10 +582,8 @@ class World:
         changes = self._changes
         if board is None:
             cache = self._best.setdefault((mem, service, k), {})
-            config = self.config
             # the bound (see _entry) holds when no score term can be negative
-            lazy = k > 1 and min(config.w_hot, config.w_load, config.w_pack, config.w_health,
-                                 config.w_topology) >= 0
+            lazy = k > 1 and self._bounded()
             board = self._boards[(mem, service, k)] = _Board(len(changes), cache, lazy)
             empty = self.empty
             for node, takers in self.takers.items():
@@ -642,17 +705,23 @@ class World:
             answers = self._answers.get((gpu_mem_mb, service))
             if answers is None:
                 answers = self._answers[(gpu_mem_mb, service)] = {}
+            power = self.power.get(node)
             for spot in fits.dirty:
                 card = takers[spot]
                 known = answers.get(card.state)
                 if known is None:
                     known = answers[card.state] = self._answer(card, gpu_mem_mb, service)
                 got = known[0]
-                if got is None:
+                value = math.inf
+                if got is not None:
+                    value = card.base + known[1]
+                    if power is not None:  # the node's budget is the same for every state
+                        value = self._powered(value, power, card.extra_watts())
+                if value == math.inf:
                     pairs[spot], scores[spot] = None, math.inf
                     fits.mask &= ~card.bit
                 else:
-                    pairs[spot], scores[spot] = (card, got), card.base + known[1]
+                    pairs[spot], scores[spot] = (card, got), value
                     fits.mask |= card.bit
             fits.dirty = []
             fits.feasible = None
@@ -668,9 +737,33 @@ class World:
                   gpu_mem_mb, self.config.service_spare_mb if (card.service or service) else 0)
         if got is None:
             return None, 0.0
-        # _solo's packing term: fresh cards cost more, then the fuller card wins ties
+        return got, self.share_term(card, got)
+
+    def share_term(self, card: Card, got: tuple[int, bool]) -> float:
+        """A slice's term for one card (a set takes the mean over its cards).
+
+        Packing (the waiting whole-card jobs need every wholly free card): a card holding
+        none of our jobs costs ``w_pack`` more than the hottest, busiest card can, so any
+        shared card that fits comes first; then the fuller card wins ties. Otherwise each
+        of our jobs on the card counts a quarter of ``w_load`` (the utilisation read may
+        not show jobs placed since), then the emptier card wins ties: the coolest, least
+        shared card that fits.
+        """
         left = (card.total - card.reserved - card.unmanaged - got[0]) / card.total
-        return got, self.config.w_pack * (not card.allocs) + 1e-4 * left
+        if self.packing:
+            config = self.config
+            fresh = config.w_pack + max(0.0, config.w_hot) + max(0.0, config.w_load)
+            return fresh * (not card.allocs) + 1e-4 * left
+        return self.config.w_load * len(card.allocs) / MAX_ALLOCATIONS_PER_GPU + 1e-4 * (1.0 - left)
+
+    def _powered(self, value: float, power: list[float], extra: float) -> float:
+        """``value`` with R27's term for a start that adds ``extra`` W to a node whose
+        (budget, counted) is ``power``: inf past the budget, else ``w_power`` × the share
+        of the budget counted after it (nodes with headroom first)."""
+        budget, counted = power
+        if counted + extra > budget:
+            return math.inf
+        return value + self.config.w_power * (counted + extra) / budget if budget > 0 else value
 
     def _feasible(self, shape: Shape, node: str, allowed: int) -> list:
         """[(card, fit)] of the node's ``allowed`` cards that can take one share of ``shape``."""
@@ -697,6 +790,8 @@ class World:
         else:
             feasible = self._feasible(shape, node, allowed)
             found = self.best_on_node(shape, feasible, k) if len(feasible) >= k else None
+            if found is not None and found[0] == math.inf:
+                found = None  # no k of them within the node's power budget
         cache[slot] = (self.version[node], found)
         return found
 
@@ -722,7 +817,7 @@ class World:
                ends: Mapping[int, float | None]) -> float:
         allocs = card.allocs
         if mem is None:  # a whole card: every allocation gone, nobody else's memory
-            if card.unmanaged:
+            if card.foreign:
                 return math.inf
             latest = -math.inf
             for job, _ in allocs:
@@ -736,13 +831,22 @@ class World:
         keep = spare if (card.service or service) else 0
         for t in sorted({e for job, _ in allocs if (e := ends.get(job)) is not None}):
             left = [p for job, p in allocs if (e := ends.get(job)) is None or e > t]
-            if fit(card.total, card.unmanaged, sum(p.memory_mb for p in left), len(left),
+            # what the jobs still there hold beyond their reservations stays held
+            over = sum(mb for job, mb in card.over_by if (e := ends.get(job)) is None or e > t)
+            if fit(card.total, card.foreign + over, sum(p.memory_mb for p in left), len(left),
                    any(p.exclusive for p in left), mem, keep) is not None:
                 return t
         return math.inf
 
+    def _bounded(self) -> bool:
+        """Whether no score term can be negative: the searches' bounds hold only then."""
+        config = self.config
+        return min(config.w_hot, config.w_load, config.w_pack, config.w_health, config.w_topology,
+                   config.w_power) >= 0
+
     def best_on_node(self, shape: Shape, feasible: list, k: int) -> tuple[float, list]:
-        """(score, [(card, fit)…]) of the best k of one node's feasible cards."""
+        """(score, [(card, fit)…]) of the best k of one node's feasible cards; the score is
+        inf when no k of them fit the node's power budget together."""
         config = self.config
         if k == 1:
             best_score, best_i = math.inf, 0
@@ -757,7 +861,7 @@ class World:
             if all(c.node == node for c, _ in feasible):
                 if k == 2:
                     return self._best_pair(shape, feasible, node)
-                if min(config.w_hot, config.w_load, config.w_pack, config.w_health, config.w_topology) >= 0:
+                if self._bounded():
                     return self._best_pruned(shape, feasible, k)
         score = self._set_scorer(shape, feasible)
         combo = best_subset(len(feasible), k, score, config.max_combinations)
@@ -768,7 +872,7 @@ class World:
         pair in best_subset's order, scored with :meth:`_set_scorer`'s arithmetic on plain
         locals, the link term of each pair of the node's cards worked out once per pass."""
         config = self.config
-        w_health, w_pack = config.w_health, config.w_pack
+        w_health = config.w_health
         links = self._pair_links(node)
         cards = [c for c, _ in feasible]
         thermal = [c.thermal for c in cards]
@@ -776,8 +880,10 @@ class World:
         index = [c.index for c in cards]
         pack = shape.slice
         if pack:
-            fresh = [not c.allocs for c in cards]
-            left = [(c.total - c.reserved - c.unmanaged - f[0]) / c.total for c, f in feasible]
+            share = [self.share_term(c, f) for c, f in feasible]
+        power = self.power.get(node)
+        if power is not None:
+            extra = [c.extra_watts() for c in cards]
         n = len(cards)
         best, best_score = (0, 1), math.inf
         for a in range(n - 1):
@@ -787,7 +893,9 @@ class World:
                 value = t_a if t_a >= t_b else t_b  # max([t_a, t_b])
                 value += w_health * (1.0 - (h_a if h_a <= h_b else h_b))  # min([h_a, h_b])
                 if pack:
-                    value += w_pack * ((fresh[a] + fresh[b]) / 2) + 1e-4 * ((left[a] + left[b]) / 2)
+                    value += (share[a] + share[b]) / 2
+                if power is not None:
+                    value = self._powered(value, power, extra[a] + extra[b])
                 value += links[i_a, index[b]]
                 if value < best_score:
                     best, best_score = (a, b), value
@@ -798,19 +906,23 @@ class World:
         search, in its order, scored by :meth:`_set_scorer`, that drops every combination
         whose first cards already cannot beat the best so far. As cards join a set its
         hottest card only gets hotter and its least healthy only less healthy, and the
-        packing and topology terms are never negative (weights are not), so the first two
-        terms of a prefix bound every set that grows from it."""
+        packing, power and topology terms are never negative (weights are not), so the
+        first two terms of a prefix bound every set that grows from it; and a prefix that
+        already needs more power than its node has left grows into nothing."""
         w_health = self.config.w_health
         score = self._set_scorer(shape, feasible)
         thermal = [c.thermal for c, _ in feasible]
         health = [c.health for c, _ in feasible]
+        power = self.power.get(feasible[0][0].node)
+        budget, counted = (math.inf, 0.0) if power is None else power
+        extra = [c.extra_watts() for c, _ in feasible]
         n = len(feasible)
         best: list = [math.inf, None]
         combo: list[int] = []
 
-        def grow(start: int, hottest: float, frailest: float) -> None:
-            if hottest + w_health * (1.0 - frailest) >= best[0]:
-                return  # nothing grown from here beats the best: its first terms already do not
+        def grow(start: int, hottest: float, frailest: float, watts: float) -> None:
+            if hottest + w_health * (1.0 - frailest) >= best[0] or counted + watts > budget:
+                return  # nothing grown from here beats the best (or fits the budget)
             depth = len(combo)
             if depth == k:
                 value = score(tuple(combo))
@@ -821,10 +933,12 @@ class World:
                 combo.append(i)
                 t, h = thermal[i], health[i]
                 grow(i + 1, t if depth == 0 or t > hottest else hottest,
-                     h if depth == 0 or h < frailest else frailest)
+                     h if depth == 0 or h < frailest else frailest, watts + extra[i])
                 combo.pop()
 
-        grow(0, -math.inf, math.inf)
+        grow(0, -math.inf, math.inf, 0.0)
+        if best[1] is None:
+            return math.inf, []
         return best[0], [feasible[i] for i in best[1]]
 
     def _pair_links(self, node: str) -> dict[tuple[int, int], float]:
@@ -855,10 +969,9 @@ class World:
         cards = [c for c, _ in feasible]
         node = cards[0].node
         if any(c.node != node for c in cards):
-            ranks, config = self.ranks, self.config
-            return lambda combo: self.set_score(shape, [feasible[i] for i in combo], ranks, config)
+            return lambda combo: self.set_score(shape, [feasible[i] for i in combo])
         config = self.config
-        w_health, w_pack, w_topology = config.w_health, config.w_pack, config.w_topology
+        w_health, w_topology = config.w_health, config.w_topology
         thermal = [c.thermal for c in cards]
         health = [c.health for c in cards]
         index = [c.index for c in cards]
@@ -866,16 +979,18 @@ class World:
         table = self.ranks.get(node, {})
         pack = shape.slice
         if pack:
-            fresh = [not c.allocs for c in cards]
-            left = [(c.total - c.reserved - c.unmanaged - f[0]) / c.total for c, f in feasible]
+            share = [self.share_term(c, f) for c, f in feasible]
+        power = self.power.get(node)
+        extra = [c.extra_watts() for c in cards]
 
         def score(combo: tuple[int, ...]) -> float:
             value = max([thermal[i] for i in combo])
             value += w_health * (1.0 - min([health[i] for i in combo]))
             size = len(combo)
             if pack:
-                share = sum(1 for i in combo if fresh[i]) / size
-                value += w_pack * share + 1e-4 * (sum([left[i] for i in combo]) / size)
+                value += sum([share[i] for i in combo]) / size
+            if power is not None:
+                value = self._powered(value, power, sum([extra[i] for i in combo]))
             if size > 1:
                 weakest, total, pairs = BEST_RANK, 0, 0
                 for a, b in itertools.combinations(combo, 2):
@@ -892,30 +1007,29 @@ class World:
 
     def solo_score(self, shape: Shape, card: Card, got: tuple[int, bool]) -> float:
         """:meth:`set_score` of a one-card set, without building one."""
-        return self._solo(card, got, shape.gpu_mem_mb is not None)
-
-    def _solo(self, card: Card, got: tuple[int, bool], pack: bool) -> float:
         value = card.base  # thermal + w_health × (1 − health)
-        if pack:
-            config = self.config
-            left = (card.total - card.reserved - card.unmanaged - got[0]) / card.total
-            value += config.w_pack * (not card.allocs) + 1e-4 * left
+        if shape.gpu_mem_mb is not None:
+            value += self.share_term(card, got)
+        power = self.power.get(card.node)
+        if power is not None:
+            value = self._powered(value, power, card.extra_watts())
         return value
 
-    @staticmethod
-    def set_score(shape: Shape, chosen: list, ranks, config: SchedulerConfig) -> float:
-        """The R10 penalty of a set (lower is better); see :class:`SchedulerConfig`."""
+    def set_score(self, shape: Shape, chosen: list) -> float:
+        """The R10 penalty of a set (lower is better; inf past a node's power budget); see
+        :class:`SchedulerConfig`."""
+        config = self.config
         cards = [c for c, _ in chosen]
         value = max(c.thermal for c in cards)
         value += config.w_health * (1.0 - min(c.health for c in cards))
         if shape.slice:
-            fresh = sum(1 for c in cards if not c.allocs) / len(cards)
-            # Best fit breaks ties: the fuller card keeps the emptier one whole for later.
-            left = sum((c.total - c.reserved - c.unmanaged - f[0]) / c.total
-                       for c, f in chosen) / len(cards)
-            value += config.w_pack * fresh + 1e-4 * left
+            value += sum([self.share_term(c, f) for c, f in chosen]) / len(cards)
+        for node in dict.fromkeys(c.node for c in cards):
+            power = self.power.get(node)
+            if power is not None:
+                value = self._powered(value, power, sum([c.extra_watts() for c in cards if c.node == node]))
         if len(cards) > 1:
-            weakest, mean = set_links([(c.node, c.index) for c in cards], ranks)
+            weakest, mean = set_links([(c.node, c.index) for c in cards], self.ranks)
             mixed = len({c.model for c in cards}) > 1
             value += config.w_topology * topology_penalty(weakest, mixed, mean)
         return value
@@ -936,6 +1050,9 @@ class World:
             return None
         chosen = []
         for node, take in taken:
-            chosen += self.best_on_node(shape, per_node[node], take)[1]
-        score = self.set_score(shape, chosen, self.ranks, self.config)
+            score, part = self.best_on_node(shape, per_node[node], take)
+            if score == math.inf:
+                return None  # that node cannot power its part
+            chosen += part
+        score = self.set_score(shape, chosen)
         return Found([c for c, _ in chosen], [f for _, f in chosen], score)

@@ -6,21 +6,29 @@ in the order the jobs were considered. The engine applies them.
 The order (:func:`order`): admin priority (higher first), then fair-share weight (lower
 first), then submit time, then id. Walking it, each job is
 
-1. failed when it can never run: a bad ``--arch``/``--cuda``, or an ``--after`` job that
-   failed, was cancelled, does not exist, or will itself never run;
-2. kept waiting while an ``--after`` job is still pending or running, or while its user is
-   refused (the quota sentence from ``UserShare.refusal``);
+1. failed when it can never run: a bad ``--arch``/``--cuda``, or an ``--after`` condition
+   that can no longer come true (``ok``: the job failed, was cancelled, timed out, does
+   not exist or will itself never run; ``notok``: it succeeded; ``started``: it ended
+   without starting);
+2. kept waiting while an ``--after`` job has not reached its condition, while its user
+   is refused (the quota sentence from ``UserShare.refusal``), or while its array already
+   runs as many tasks as its ``%N`` allows;
 3. kept waiting, without holding anything, when no card in the cluster could ever serve it
    (no sm_120 anywhere, drivers too old, node drained…);
 4. started on the best set of cards free now — except cards reserved for an earlier job,
    which it may use only when its ``--time`` ends before that reservation starts;
-5. otherwise waiting; the first such job gets the reservation (R25): the cards it will get
-   earliest, estimated from running jobs' start + ``--time`` (a job without ``--time``
-   never ends, so a job waiting on one gets no reservation).
+5. otherwise waiting, with what blocks the cards nearest to fitting (a job ahead in this
+   pass, memory and who holds it, a service's spare, the 4-share limit, a power budget);
+   the first such job gets the reservation (R25): the cards it will get earliest,
+   estimated from running jobs' start + ``--time`` (a job without ``--time`` never ends,
+   so a job waiting on one gets no reservation).
 
-Every start is applied to the pass's view of the cards before the next job is considered.
-A request refused once stays refused for the rest of the pass (a start only takes cards),
-so a long queue of jobs that cannot start costs one dictionary look-up each.
+Before each slice is placed the pass decides how (``World.set_packing``): while the
+waiting whole-card jobs need every wholly free card there is, slices fill shared cards;
+otherwise they go to the coolest, least shared card. Every start is applied to the pass's
+view of the cards before the next job is considered. A request refused once stays refused
+for the rest of the pass (a start only takes cards), so a long queue of jobs that cannot
+start costs one dictionary look-up each.
 """
 
 from __future__ import annotations
@@ -28,16 +36,17 @@ from __future__ import annotations
 import gc
 import math
 from bisect import bisect_right
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
-from ..model import format_mb
+from . import admission
 from .fairshare import order_key
-from .filters import make_filter, sm_name, version_text
 from .placement import Found, Shape, World
-from .reasons import best_now, blocked_text, cards_text, in_time, join_ids, needs
-from .slices import fit
+from .reasons import (best_now, blocked_text, blocker, blocker_rank, blockers_text, cards_text, in_time,
+                      join_ids, memory_rank, needs)
+from .slices import whole
 from .snapshot import Decision, Fail, PendingJob, Snapshot, Start, Wait
 
 
@@ -88,6 +97,7 @@ def order(queue: Sequence[PendingJob], users=None) -> list[PendingJob]:
 _ID, _SUBMITTED = attrgetter("id"), attrgetter("submitted_at")
 
 
+
 @dataclass(frozen=True)
 class Reservation:
     """Cards held for the first blocked job from ``start`` (``math.inf``: unknown)."""
@@ -113,6 +123,19 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
 
 
 _UNKNOWN = object()
+_KEY = attrgetter("request_key")
+_FIRST = itemgetter(0)
+#: how many of the nearest blocked cards a waiting reason puts in words (cards blocked
+#: alike are named together, and two kinds of blocker are shown)
+_PHRASED = 8
+#: how many usable cards a waiting reason looks at, at most (every card of a lab of 3–20
+#: machines; a 1,000-card cluster's passes stay fast)
+_SCANNED = 256
+#: --after's words in reasons: (what the job waits for, the flag as written)
+_AFTER_WAIT = {"ok": "to finish", "any": "to end", "notok": "to end", "started": "to start"}
+_AFTER_FLAG = {"ok": "--after", "any": "--after any", "notok": "--after notok",
+               "started": "--after started"}
+_ENDED = {"cancelled": "was cancelled", "timeout": "ran out of time", "failed": "failed"}
 
 
 class _Request:
@@ -148,7 +171,8 @@ class _Pass:
         self.config = snapshot.config
         self.now = snapshot.now
         services = {r.id for r in snapshot.running if r.service}
-        self.world = self.world_class.build(snapshot.gpus, snapshot.topologies, services, self.config)
+        self.world = self.world_class.build(snapshot.gpus, snapshot.topologies, services, self.config,
+                                            snapshot.power_budgets)
         self.ends: dict[int, float | None] = {r.id: r.ends_at for r in snapshot.running}
         self.holding = self.world.holders()  # jobs holding cards, those started by the pass too
         self.running_ids = set(self.ends) | self.holding
@@ -160,6 +184,13 @@ class _Pass:
         self._pools: dict[tuple, object] = {}
         self.reservation: Reservation | None = None
         self.reservation_tried = False
+        self.ahead: set[int] = set()  # jobs this pass started, in the order it did
+        #: per array, how many of its tasks hold cards (those this pass started too)
+        self.array_running = Counter(r.array_id for r in snapshot.running if r.array_id is not None)
+        self._blockers: dict[tuple, str] = {}
+        self._ranks: dict[tuple, dict] = {}  # (memory, service) -> card state -> memory_rank
+        self.whole_keys: set[str] = set()
+        self.whole_demand = self._whole_demand()
 
     def run(self) -> list[Decision]:
         jobs = order(self.snap.queue, self.snap.users)
@@ -173,7 +204,7 @@ class _Pass:
             # The common cases first, inline: a job without --after whose request was already
             # refused in this pass (a start only takes cards) waits with the same sentence,
             # and so does one no card of the cluster could ever serve.
-            if not job.after and job.user not in refusing:
+            if not job.after and job.array_id is None and job.user not in refusing:
                 quick = req.quick
                 if quick is not None:
                     append(Wait(job.id, quick))
@@ -189,6 +220,24 @@ class _Pass:
             append(decide(job, req))
         return decisions
 
+    def _whole_demand(self) -> int:
+        """How many whole cards the waiting jobs that take cards whole ask for, all told
+        (those no card could ever serve left out): while they need every wholly free card
+        there is, slices pack onto shared cards."""
+        queue = self.snap.queue
+        counts = Counter(map(_KEY, queue))
+        demand = 0
+        for key, job in dict(zip(map(_KEY, queue), queue)).items():
+            shape = self.request(job).shape
+            if type(shape) is str or self.impossible(shape):
+                continue
+            mem = shape.gpu_mem_mb
+            if mem is not None and not any(whole(hw[3], mem) for hw in self._sized(shape)[0]):
+                continue
+            self.whole_keys.add(key)
+            demand += counts[key] * shape.gpu_count
+        return demand
+
     # ------------------------------------------------------------ one job
     def decide(self, job: PendingJob, req: _Request | None = None) -> Decision:
         if req is None:
@@ -197,7 +246,7 @@ class _Pass:
         if job.after:
             fate, why = self.fate(job.id)
             if fate == "fail":
-                return Fail(job.id, why)
+                return Fail(job.id, why + "; this job will not run")
             if fate == "wait":
                 return Wait(job.id, why)
         elif type(shape) is str:  # the fate of a job without --after: its request alone
@@ -205,6 +254,10 @@ class _Pass:
         share = self.snap.users.get(job.user)
         if share is not None and share.refusal:
             return Wait(job.id, share.refusal)
+        if job.array_id is not None and job.array_limit is not None \
+                and self.array_running[job.array_id] >= job.array_limit:
+            return Wait(job.id, f"array {job.array_id} runs at most {job.array_limit} tasks at once "
+                                f"(%{job.array_limit}); waits for one of them to end")
         impossible = req.impossible
         if impossible is _UNKNOWN:
             req.judged(self._impossible(shape))
@@ -219,6 +272,9 @@ class _Pass:
             reason = refused.get(may_use) or refused.get(True)
             if reason is not None:
                 return Wait(job.id, reason)
+        if shape.gpu_mem_mb is not None:
+            demand = self.whole_demand
+            self.world.set_packing(demand > 0 and self.world.whole_free <= demand)
         if may_use:
             found = self.world.search(shape)
         else:
@@ -226,46 +282,101 @@ class _Pass:
         if isinstance(found, Found):
             return self.start(job, found)
         if not may_use and isinstance(self.world.search(shape), Found):
-            reason = f"held for job {res.job_id} (reserved {res.text} from {self.when(res.start)})"
+            reason = f"held for job {res.job_id} ({res.text} reserved for it; {self.estimate(res.start)})"
             req.refuse(False, reason)
             return Wait(job.id, reason)
         reason = f"needs {needs(shape)}; {best_now(found.counts, shape, self.node_order)}"
+        why = self.blockers(shape, found.counts)
+        if why:
+            reason += f": {why}" if reason.endswith("none is free now") else f"; {why}"
         req.refuse(True, reason)
         if not self.reservation_tried:
             self.reservation_tried = True
             self.reservation = self.reserve(job, shape)
             if self.reservation and math.isfinite(self.reservation.start):
-                reason += (f"; {self.reservation.text} reserved for it from "
-                           f"{self.when(self.reservation.start)}")
+                reason += (f"; {self.reservation.text} reserved for it, "
+                           f"{self.estimate(self.reservation.start)}")
         return Wait(job.id, reason)
 
     def start(self, job: PendingJob, found: Found) -> Start:
         placements = self.world.apply(job.id, found, job.service)
         self.running_ids.add(job.id)
         self.holding.add(job.id)
+        self.ahead.add(job.id)
+        if job.array_id is not None:
+            self.array_running[job.array_id] += 1
+        if job.request_key in self.whole_keys:
+            self.whole_demand = max(0, self.whole_demand - job.gpu_count)
         self.ends[job.id] = None if job.time_limit_s is None else self.now + job.time_limit_s
         return Start(job.id, placements)
 
-    def when(self, start: float) -> str:
+    def estimate(self, start: float) -> str:
+        """"estimated start in ~25 min" (or why there is none)."""
         if not math.isfinite(start):
-            return "when running jobs end (they have no --time)"
-        return in_time(max(0.0, start - self.now))
+            return "no estimated start: running jobs have no --time"
+        return f"estimated start {in_time(max(0.0, start - self.now))}"
+
+    def blockers(self, shape: Shape, counts) -> str:
+        """What blocks the cards nearest to fitting ``shape`` now: on the node that came
+        closest when some cards fit, else anywhere (:func:`reasons.blocker`).
+
+        Only the nearest few cards are put in words. How near a card came depends on its
+        state alone (Card.state) unless a job of this pass holds it or its node has a
+        power budget, so cards alike are ranked once per request class. A cluster of more
+        than ``_SCANNED`` usable cards is looked at in listing order up to that many: its
+        reasons name real blockers, not always the nearest.
+        """
+        best = [n for n, c in counts.items() if c]
+        node = None
+        if best:
+            order = self.node_order
+            node = min(best, key=lambda n: (-counts[n], order[n]))
+        world = self.world
+        key = (shape.gpu_mem_mb, shape.service, shape.filter, node, world.changes())
+        text = self._blockers.get(key)
+        if text is not None:
+            return text
+        eligible = world.eligible(shape)
+        pools = [eligible.get(node, [])] if node is not None else eligible.values()
+        spare, power, ahead, touched = self.config.service_spare_mb, world.power, self.ahead, world.touched
+        by_state = self._ranks.setdefault((shape.gpu_mem_mb, shape.service), {})
+        ranked = []
+        left = _SCANNED
+        for cards in pools:
+            if left <= 0:
+                break
+            if len(cards) > left:
+                cards = cards[:left]
+            left -= len(cards)
+            for card in cards:
+                if card.node in power:
+                    rank = blocker_rank(card, shape, spare, power[card.node])
+                else:  # what memory_rank says of a state, asked once per state
+                    rank = by_state.get(card.state, _UNKNOWN)
+                    if rank is _UNKNOWN:
+                        rank = by_state[card.state] = memory_rank(card.state_key(), shape, spare)
+                    if rank is not None:
+                        if card.uuid in touched:  # did jobs of this pass take what it had?
+                            before = by_state.get(card.first, _UNKNOWN)
+                            if before is _UNKNOWN:
+                                before = by_state[card.first] = memory_rank(card.first, shape, spare)
+                            if before is None:
+                                rank = (0, 0)
+                        rank = rank + (card.order,)
+                if rank is not None:
+                    ranked.append((rank, card))
+        ranked.sort(key=_FIRST)
+        found = [(card, blocker(card, shape, spare, power.get(card.node))[1])
+                 for _, card in ranked[:_PHRASED]]
+        text = self._blockers[key] = blockers_text(found, ahead)
+        return text
 
     # ------------------------------------------------------------ requests
     def request(self, job: PendingJob) -> _Request:
         key = job.request_key
         req = self.requests.get(key)
         if req is None:
-            if job.gpu_count < 1:
-                shape = f"asks for {job.gpu_count} GPUs; a job needs at least 1"
-            elif job.gpu_mem_mb is not None and job.gpu_mem_mb < 1:
-                shape = f"asks for {job.gpu_mem_mb} MiB per GPU"
-            else:
-                try:
-                    shape = Shape(job.gpu_count, job.gpu_mem_mb, job.service,
-                                  max(1, job.max_nodes), make_filter(job.vendor, job.arch, job.cuda))
-                except ValueError as err:
-                    shape = str(err)
+            shape = admission.shape_of(job)
             if isinstance(shape, Shape):
                 req = self.by_shape.get(shape)
                 if req is None:
@@ -280,13 +391,18 @@ class _Pass:
         return self.request(job).shape
 
     def fate(self, job_id: int, visiting: frozenset[int] = frozenset()) -> tuple[str, str]:
-        """("ok" | "wait" | "fail", why) from the job's own request and its --after chain."""
+        """("ok" | "wait" | "fail", why) from the job's own request and its --after chain;
+        ``why`` of a failure is the cause alone (decide adds what follows from it)."""
         if job_id in self.fates:
             return self.fates[job_id]
         job = self.queue[job_id]
         shape = self.shape(job)
+        kind = job.after_type
+        flag = _AFTER_FLAG.get(kind, "--after")
         if isinstance(shape, str):
             result = ("fail", shape)
+        elif kind not in _AFTER_WAIT:
+            result = ("fail", f"--after {kind}: is not a kind of dependency (ok, any, notok, started)")
         else:
             failed, waiting = [], []
             for dep in job.after:
@@ -294,28 +410,40 @@ class _Pass:
                 if dep == job_id or dep in visiting:
                     failed.append(f"--after job {dep} waits for this job (a cycle)")
                 elif state is not None:
-                    if state != "succeeded":
-                        done = "was cancelled" if state == "cancelled" else state
-                        failed.append(f"job {dep} (--after) {done}")
+                    why = self._ended(kind, state, dep not in self.snap.never_ran)
+                    if why:
+                        failed.append(f"job {dep} ({flag}) {why}")
                 elif dep in self.running_ids:
-                    waiting.append(dep)
+                    if kind != "started":
+                        waiting.append(dep)
                 elif dep in self.queue:
                     dep_fate, dep_why = self.fate(dep, visiting | {job_id})
-                    if dep_fate == "fail":
-                        failed.append(f"job {dep} (--after) cannot run: {dep_why}")
-                    else:
+                    if dep_fate == "fail" and kind in ("ok", "started"):
+                        failed.append(f"job {dep} ({flag}) cannot run: {dep_why}")
+                    else:  # it will start, or end (failing, for any and notok)
                         waiting.append(dep)
                 else:
-                    failed.append(f"job {dep} (--after) does not exist")
+                    failed.append(f"job {dep} ({flag}) does not exist")
             if failed:
-                result = ("fail", failed[0] + "; this job will not run")
+                result = ("fail", failed[0])
             elif waiting:
-                result = ("wait", f"waits for {join_ids(waiting)} (--after) to finish")
+                result = ("wait", f"waits for {join_ids(waiting)} ({flag}) {_AFTER_WAIT[kind]}")
             else:
                 result = ("ok", "")
         if not visiting or result[0] != "fail" or "cycle" not in result[1]:
             self.fates[job_id] = result
         return result
+
+    @staticmethod
+    def _ended(kind: str, state: str, ran: bool) -> str | None:
+        """Why an ended dependency's ``state`` fails a ``kind`` of --after (None: met)."""
+        if kind == "ok" and state != "succeeded":
+            return _ENDED.get(state, state)
+        if kind == "notok" and state == "succeeded":
+            return "succeeded"
+        if kind == "started" and not ran:
+            return f"{_ENDED.get(state, state)} without starting"
+        return None
 
     def impossible(self, shape: Shape) -> str | None:
         """Why no card of the cluster, as it is configured now, could ever serve ``shape``."""
@@ -335,35 +463,8 @@ class _Pass:
         key = ("filter", f)
         got = self._pools.get(key)
         if got is None:
-            got = self._pools[key] = self._judge_hardware(f)
+            got = self._pools[key] = admission.judge_hardware(f, self.world.classes)
         return got
-
-    def _judge_hardware(self, f):
-        pool = list(self.world.classes)  # (vendor, capability, cuda, total) per class
-        if not pool:
-            return ("what", "no GPU is registered yet (no node has answered)")
-        if f.vendor:
-            pool = [c for c in pool if c[0] == f.vendor]
-            if not pool:
-                return ("what", f"no {f.vendor} GPU in the cluster")
-        if f.arch:
-            kept = [c for c in pool if f.arch.accepts(c[1])]
-            if not kept:
-                here = sorted({c[1] for c in pool if c[1]})
-                listed = f" (here: {', '.join(sm_name(c) for c in here)})" if here else ""
-                return ("what", f"no GPU with {f.arch.text} in the cluster{listed}")
-            pool = kept
-        if f.cuda:
-            kept = [c for c in pool if c[2] is not None and c[2] >= f.cuda]
-            if not kept:
-                known = [c[2] for c in pool if c[2] is not None]
-                if not known:
-                    return ("plain", f"needs CUDA ≥{version_text(f.cuda)}; no driver here reported "
-                                     "its CUDA version")
-                return ("plain", f"needs CUDA ≥{version_text(f.cuda)}; drivers here support up to "
-                                 f"{version_text(max(known))}")
-            pool = kept
-        return frozenset(pool)
 
     def _sized(self, shape: Shape):
         """(classes, sorted node counts desc, total) of cards that pass the filters and could
@@ -378,12 +479,9 @@ class _Pass:
         classes = self._hardware(shape.filter)
         if isinstance(classes, tuple):
             return classes
-        spare = self.config.service_spare_mb if shape.service else 0
-        kept = frozenset(c for c in classes if fit(c[3], 0, 0, 0, False, shape.gpu_mem_mb, spare) is not None)
-        if not kept:
-            largest = max((c[3] or 0 for c in classes), default=0)
-            extra = f" (a service keeps {format_mb(spare)} spare)" if spare else ""
-            return ("what", f"the largest card here has {format_mb(largest)}{extra}")
+        kept = admission.judge_size(shape, classes, self.config.service_spare_mb)
+        if isinstance(kept, tuple):
+            return kept
         got = self._pools.get(kept)  # filters that keep the same classes count the same
         if got is None:
             counts = []
@@ -401,15 +499,10 @@ class _Pass:
             kind, text = sized
             return text if kind == "plain" else f"needs {needs(shape)}; {text}"
         kept, counts, total = sized
-        k, span = shape.gpu_count, shape.max_nodes
-        if sum(counts[:span]) < k:
-            what = needs(shape)
-            if span <= 1:
-                most = counts[0]
-                return (f"needs {what}; the largest node has {most} such GPU{'s' * (most != 1)}"
-                        + (" (--nodes lets a job span nodes)" if total >= k else ""))
-            top = sum(counts[:span])
-            return f"needs {what}; {span} nodes have at most {top} such GPUs together"
+        why = admission.judge_count(shape, counts)
+        if why:
+            return why
+        span, k = shape.max_nodes, shape.gpu_count
         usable = self.world.eligibility(shape)
         if sum(usable.sizes[:span]) >= k:
             return None
@@ -421,22 +514,32 @@ class _Pass:
     def reserve(self, job: PendingJob, shape: Shape) -> Reservation | None:
         """The cards ``job`` gets earliest, from running jobs' start + --time; None if never.
 
-        Feasibility only grows with time (ending jobs only free cards), so the earliest end
-        time at which the job fits is found by bisection. Each card's own earliest time is
-        computed once (:meth:`World.ready_times`), so a probe is a count per node; only the
-        answer builds that future world and searches it for the cards.
+        Feasibility only grows with time (ending jobs only free cards and power), so the
+        earliest end time at which the job fits is found by bisection. Each card's own
+        earliest time is computed once (:meth:`World.ready_times`), so a probe is a count
+        per node; only the answer builds that future world and searches it for the cards.
+        Power budgets are not in those counts: where a node has one, each probe of the
+        bisection searches that future world instead.
         """
         holders = self.holding
         ends = sorted({e for j in holders if (e := self.ends.get(j)) is not None})
         if not ends:
             return None
-        ready_by_node = self.world.ready_times(shape, self.ends)
-        ready = list(ready_by_node.values())
         k, span = shape.gpu_count, shape.max_nodes
 
-        def fits_by(t: float) -> bool:
-            counts = sorted((bisect_right(times, t) for times in ready), reverse=True)
-            return sum(counts[:span]) >= k
+        def ended_by(t: float) -> set[int]:
+            return {j for j in holders if (e := self.ends.get(j)) is not None and e <= t}
+
+        if self.world.power:
+            def fits_by(t: float) -> bool:
+                return isinstance(self.world.future(ended_by(t)).search(shape), Found)
+        else:
+            ready_by_node = self.world.ready_times(shape, self.ends)
+            ready = list(ready_by_node.values())
+
+            def fits_by(t: float) -> bool:
+                counts = sorted((bisect_right(times, t) for times in ready), reverse=True)
+                return sum(counts[:span]) >= k
 
         if not fits_by(ends[-1]):
             return None
@@ -448,16 +551,18 @@ class _Pass:
             else:
                 lo = mid + 1
         t = ends[lo]
-        ended = {j for j in holders if (e := self.ends.get(j)) is not None and e <= t}
-        # The future world needs only the nodes the search there can choose: those with k
-        # cards free by then, and for a job that may span nodes, the ones it would take
-        # (most such cards first, then listing order; see World._across_nodes).
-        counts = {node: bisect_right(times, t) for node, times in ready_by_node.items()}
-        nodes = {node for node, count in counts.items() if count >= k}
-        if span > 1 and not nodes:
-            order = self.node_order
-            nodes.update(sorted((n for n, c in counts.items() if c), key=lambda n: (-counts[n], order[n]))[:span])
-        found = self.world.future(ended, nodes).search(shape)
+        nodes = None
+        if not self.world.power:
+            # The future world needs only the nodes the search there can choose: those with k
+            # cards free by then, and for a job that may span nodes, the ones it would take
+            # (most such cards first, then listing order; see World._across_nodes).
+            counts = {node: bisect_right(times, t) for node, times in ready_by_node.items()}
+            nodes = {node for node, count in counts.items() if count >= k}
+            if span > 1 and not nodes:
+                order = self.node_order
+                nodes.update(sorted((n for n, c in counts.items() if c),
+                                    key=lambda n: (-counts[n], order[n]))[:span])
+        found = self.world.future(ended_by(t), nodes).search(shape)
         assert isinstance(found, Found)
-        return Reservation(job.id, max(self.now, ends[lo]), frozenset(c.uuid for c in found.cards),
+        return Reservation(job.id, max(self.now, t), frozenset(c.uuid for c in found.cards),
                            cards_text(found.cards))

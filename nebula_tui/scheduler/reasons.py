@@ -6,10 +6,11 @@ user reads the reason now, not at a wall-clock time in some other time zone.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
-from ..model import format_mb
+from ..model import MAX_ALLOCATIONS_PER_GPU, MIN_SLICE_MB, format_mb
 from .placement import Card, Shape
+from .slices import fit, whole
 
 
 def needs(shape: Shape) -> str:
@@ -32,6 +33,126 @@ def best_now(counts: Mapping[str, int], shape: Shape, order: Mapping[str, int]) 
         return f"best now: {ranked[0]} has {counts[ranked[0]]}"
     shown = ranked[:shape.max_nodes]
     return "best now: " + ", ".join(f"{n} has {counts[n]}" for n in shown)
+
+
+def blocker(card: Card, shape: Shape, spare_mb: int, power: list[float] | None) -> tuple[tuple, str] | None:
+    """What keeps ``card`` from taking one share of ``shape`` now: (how near it came, what
+    blocks it, as "held by job 4" follows "node01:0"), or None when nothing does (it fits).
+
+    Nearest first are cards taken by jobs ahead of this one in the pass, then those short
+    of memory (by how much) or held by others, then of power, then full of shares, then
+    held whole. :func:`blocker_rank` is the first part alone, without the words."""
+    rank = blocker_rank(card, shape, spare_mb, power)
+    if rank is None:
+        return None
+    kind = rank[0]
+    mem = shape.gpu_mem_mb
+    jobs = [job for job, _ in card.allocs]
+    if kind == 0:  # blockers_text names the jobs of every such card together
+        return rank, BEHIND
+    if kind == 1:
+        if card.total and whole(card.total, mem):
+            if jobs:
+                return rank, f"held by {join_ids(sorted(jobs))}"
+            what = "in use" if mem is None else f"with {format_mb(card.total - card.unmanaged)} free"
+            return rank, f"{what} ({_held_text(card)})"
+        free = max(0, card.total - card.reserved - card.unmanaged)
+        if free < max(mem, MIN_SLICE_MB):
+            return rank, f"with {format_mb(free)} free ({_held_text(card)})"
+        beside = f"the service of {join_ids(list(card.services))}" if card.services else "a service"
+        return rank, f"with {format_mb(free)} free, {format_mb(spare_mb)} of it kept spare beside {beside}"
+    if kind == 2:
+        budget, counted = power
+        return rank, (f"needing {card.watts:.0f} W with {max(0.0, budget - counted):.0f} W of "
+                      f"{card.node}'s {budget:.0f} W power budget left")
+    if kind == 3:
+        return rank, f"at {MAX_ALLOCATIONS_PER_GPU} jobs, the most a card shares"
+    return rank, f"whole to {join_ids(jobs)}"
+
+
+def blocker_rank(card: Card, shape: Shape, spare_mb: int, power: list[float] | None) -> tuple | None:
+    """(kind, shortfall, listing order) of what blocks ``card`` (see :func:`blocker`):
+    kind 0 taken by jobs ahead in the pass, 1 memory, 2 power, 3 shares, 4 held whole."""
+    got = memory_rank(card.state_key(), shape, spare_mb)
+    if got is not None:
+        # the jobs this pass started took what it had at the start of the pass?
+        if card.first != card.state_key() and memory_rank(card.first, shape, spare_mb) is None:
+            return (0, 0, card.order)
+        return got + (card.order,)
+    if power is not None:
+        budget, counted = power
+        extra = card.extra_watts()
+        if counted + extra > budget:
+            return (2, counted + extra - budget, card.order)
+    return None
+
+
+def memory_rank(state: tuple, shape: Shape, spare_mb: int) -> tuple[int, float] | None:
+    """(kind, shortfall) of what blocks a card in ``state`` (Card.state_key) for ``shape``
+    on its memory and shares alone, or None when they let it."""
+    total, held, reserved, allocations, exclusive, service = state
+    mem = shape.gpu_mem_mb
+    if not total:
+        return None
+    if whole(total, mem):
+        if allocations:
+            return (1, allocations)
+        if held and (mem is None or fit(total, held, 0, 0, False, mem) is None):
+            return (1, held)
+        return None
+    if exclusive:
+        return (4, 0)
+    if allocations >= MAX_ALLOCATIONS_PER_GPU:
+        return (3, 0)
+    ask = max(mem, MIN_SLICE_MB)
+    free = max(0, total - reserved - held)
+    if free < ask:
+        return (1, ask - free)
+    keep = spare_mb if (service or shape.service) else 0
+    if free - keep < ask:
+        return (1, ask - (free - keep))
+    return None
+
+
+def _held_text(card: Card) -> str:
+    """Who holds a card's memory: "job 4 reserves 8 GB, job 7 holds 12 GB more than it
+    reserved, pid 4242 of alice holds 2 GB"."""
+    parts = []
+    reserving = [job for job, p in card.allocs]
+    if reserving:
+        verb = "reserves" if len(reserving) == 1 else "reserve"
+        parts.append(f"{join_ids(reserving)} {verb} {format_mb(card.reserved)}")
+    parts += [f"job {job} holds {format_mb(mb)} more than it reserved" for job, mb in card.over_by]
+    named = 0
+    for pid, user, mb in sorted(card.owners, key=lambda o: -o[2])[:2]:
+        parts.append(f"pid {pid}{f' of {user}' if user else ''} holds {format_mb(mb)}")
+        named += mb
+    if card.foreign > named:
+        rest = card.foreign - named
+        parts.append(f"{'others' if named else 'processes'} not started by NebulaGrid hold {format_mb(rest)}")
+    return ", ".join(parts) if parts else "nothing of ours"
+
+
+#: what blocker() says of a card that jobs ahead in the pass took
+BEHIND = "behind"
+
+
+def blockers_text(found: list[tuple[Card, str]], ahead: Collection[int], shown: int = 2) -> str:
+    """The nearest blockers (``found`` nearest first), cards blocked alike together:
+    "behind job 3 in fair-share order, which took node01:0-1; node02:1 with 2 GB free
+    (job 5 reserves 20 GB); …"."""
+    groups: dict[str, list[Card]] = {}
+    for card, what in found:
+        groups.setdefault(what, []).append(card)
+    parts = []
+    for what, cards in list(groups.items())[:shown]:
+        where = cards_text(cards)
+        if what == BEHIND:
+            jobs = sorted({job for card in cards for job, _ in card.allocs if job in ahead})
+            parts.append(f"behind {join_ids(jobs)} in fair-share order, which took {where}")
+        else:
+            parts.append(f"{where} {what}")
+    return "; ".join(parts) + ("; …" if len(groups) > shown else "")
 
 
 def in_time(seconds: float) -> str:

@@ -3,15 +3,23 @@
 Slices are reservations, not partitions: compute is shared, memory is promised. A request
 for more than half a card takes the whole card; nothing under ``MIN_SLICE_MB`` is handed
 out; at most ``MAX_ALLOCATIONS_PER_GPU`` jobs share one card; a card holding an inference
-service keeps ``service_spare_mb`` free and is never taken whole by anyone else (R14). Memory that processes we did
-not start really hold counts as used, so "free" is what is really free.
+service keeps ``service_spare_mb`` free and is never taken whole by anyone else (R14).
+
+"Half a card" and "the whole card" are measured against the card's *nominal* size, its
+memory rounded up to a whole GB (:func:`nominal_mb`): a 4090 reports 24564 MiB and is sold
+as 24 GB, so ``--gpu-mem 24G`` takes it whole and ``--gpu-mem 12G`` is half of it. Slices
+are fitted against the memory really there: two 12 GB slices do not fit on a 4090.
+
+"Free" is what is really free *and* not promised (the memory guard): the card's memory less
+our reservations, less what processes we did not start hold, less what our jobs hold beyond
+their reservations.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model import MAX_ALLOCATIONS_PER_GPU, MIN_SLICE_MB, GpuView
+from ..model import MAX_ALLOCATIONS_PER_GPU, MIB_PER_GIB, MIN_SLICE_MB, GpuView
 
 
 @dataclass(frozen=True)
@@ -22,13 +30,26 @@ class Ask:
     exclusive: bool
 
 
+def nominal_mb(total_mb: int) -> int:
+    """The size a card is sold as: its memory rounded up to a whole GB (24564 MiB -> 24 GB,
+    81559 MiB -> 80 GB, 8188 MiB -> 8 GB). Drivers keep a little for themselves, so the
+    memory a card reports is a few MiB to most of a GB under the size on its box."""
+    return -(-total_mb // MIB_PER_GIB) * MIB_PER_GIB
+
+
+def whole(total_mb: int, gpu_mem_mb: int | None) -> bool:
+    """Whether a request takes a card of ``total_mb`` whole: no size given, or more than
+    half of the card's nominal size (R3)."""
+    return gpu_mem_mb is None or gpu_mem_mb * 2 > nominal_mb(total_mb)
+
+
 def ask_for(total_mb: int, gpu_mem_mb: int | None) -> Ask:
     """The reservation a request turns into on a card of ``total_mb``.
 
     No memory given, or more than half the card, means the whole card (R3); smaller
     requests are rounded up to the 4 GB minimum slice.
     """
-    if gpu_mem_mb is None or gpu_mem_mb * 2 > total_mb:
+    if whole(total_mb, gpu_mem_mb):
         return Ask(total_mb, True)
     return Ask(max(gpu_mem_mb, MIN_SLICE_MB), False)
 
@@ -37,10 +58,17 @@ def reserved_mb(gpu: GpuView) -> int:
     return sum(p.memory_mb for _, p in gpu.placements)
 
 
+def held_mb(gpu: GpuView) -> int:
+    """Memory held on the card beyond our reservations: others' processes, and our jobs'
+    use above what they reserved."""
+    return gpu.unmanaged_used_mb + sum(mb for _, mb in gpu.overuse if mb > 0)
+
+
 def free_mb(gpu: GpuView) -> int:
-    """Memory nobody holds: total less our reservations less what others really use."""
+    """Memory nobody holds or was promised: total less our reservations less what is
+    really held beyond them."""
     total = gpu.reading.memory_total_mb or 0
-    return max(0, total - reserved_mb(gpu) - gpu.unmanaged_used_mb)
+    return max(0, total - reserved_mb(gpu) - held_mb(gpu))
 
 
 def offered_mb(gpu: GpuView, keep_mb: int = 0) -> int:
@@ -61,33 +89,30 @@ def fits(gpu: GpuView, gpu_mem_mb: int | None) -> Ask | None:
     total = gpu.reading.memory_total_mb
     if not total or gpu.blocked:
         return None
-    ask = ask_for(total, gpu_mem_mb)
-    if ask.exclusive:
-        if gpu.placements:
-            return None
-        # A whole card with no size asked must really be empty; with a size, that much free.
-        # The reservation is what is really there: others' processes keep what they hold.
-        available = total - gpu.unmanaged_used_mb
-        needed = gpu_mem_mb if gpu_mem_mb is not None else total
-        return Ask(available, True) if available >= needed else None
-    return ask if offered_mb(gpu) >= ask.memory_mb else None
+    got = fit(total, held_mb(gpu), reserved_mb(gpu), len(gpu.placements),
+              any(p.exclusive for _, p in gpu.placements), gpu_mem_mb)
+    return None if got is None else Ask(*got)
 
 
 def fit(total_mb: int | None, unmanaged_mb: int, reserved: int, allocations: int,
         exclusive_held: bool, gpu_mem_mb: int | None, keep_mb: int = 0) -> tuple[int, bool] | None:
     """The core R3/R14 rule on plain numbers: (reserved MiB, exclusive) or None.
 
-    ``keep_mb`` is the service spare when the card holds, or would hold, a service.
-    The whole-card reservation is what is really there (others' processes keep theirs).
+    ``unmanaged_mb`` is what is held beyond our reservations (:func:`held_mb`); ``keep_mb``
+    the service spare when the card holds, or would hold, a service. A whole card with no
+    size asked must be empty; with a size, it fits when the size is at most the card's
+    nominal size less what others hold (a 24 GB request fits an idle 4090). The whole-card
+    reservation is what is really there: others' processes keep what they hold.
     """
     if not total_mb:
         return None
-    if gpu_mem_mb is None or gpu_mem_mb * 2 > total_mb:
+    if gpu_mem_mb is None or gpu_mem_mb * 2 > nominal_mb(total_mb):
         if allocations:
             return None
         available = total_mb - unmanaged_mb
-        needed = gpu_mem_mb if gpu_mem_mb is not None else total_mb
-        return (available, True) if available >= needed else None
+        if gpu_mem_mb is None:
+            return (available, True) if not unmanaged_mb else None
+        return (available, True) if gpu_mem_mb <= nominal_mb(total_mb) - unmanaged_mb else None
     if exclusive_held or allocations >= MAX_ALLOCATIONS_PER_GPU:
         return None
     ask = max(gpu_mem_mb, MIN_SLICE_MB)

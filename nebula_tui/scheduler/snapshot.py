@@ -31,9 +31,16 @@ class PendingJob:
     vendor: str | None = None  # "nvidia" / "intel" / "ascend"; None: any
     max_nodes: int = 1  # --nodes: how many nodes the gang may span (R8)
     priority: int = 0  # admin-set; higher runs before any fair-share order (R6)
-    after: tuple[int, ...] = ()  # --after: start only once all these jobs succeeded (R25)
+    after: tuple[int, ...] = ()  # --after: start only once all these jobs … (R25)
+    #: … succeeded ("ok"), ended in any state ("any"), ended without succeeding ("notok"),
+    #: or started ("started"); see AFTER_TYPES
+    after_type: str = "ok"
     time_limit_s: float | None = None  # --time; None: unbounded, so it never backfills (R25)
     service: bool = False  # --service: its cards keep SchedulerConfig.service_spare_mb (R14)
+    #: a task of an array (``--array 0-99%8``): the array's id, and how many of its tasks
+    #: may run at once (None: no limit)
+    array_id: int | None = None
+    array_limit: int | None = None
     #: the fields that make its request, as one string: jobs asking alike share one key,
     #: and a string keeps its hash, so a pass finds a job's request in one quick look-up
     request_key: str = field(init=False, repr=False, compare=False)
@@ -54,6 +61,7 @@ class RunningJob:
     started_at: float
     time_limit_s: float | None = None  # None: nobody knows when it ends
     service: bool = False
+    array_id: int | None = None  # the array it is a task of, if any
 
     @property
     def ends_at(self) -> float | None:
@@ -81,10 +89,17 @@ class SchedulerConfig:
     * ``w_load`` × the busiest card's load, load being the larger of its utilisation
       (in ``util_step_pct`` steps so reading noise never decides) and how far it is from
       ``warm_c`` towards ``hot_c`` (0…1);
-    * ``w_pack`` × the share of cards in the set that hold none of our slices yet, for slice
-      requests only: R3 exists to fill the 16 GB an 8 GB job leaves idle, so a slice goes
-      to a card already shared before it opens a fresh one (whole cards stay whole);
+    * for slice requests only, one of two terms (the mean over the set's cards). While
+      the queue's whole-card jobs need every wholly free card there is (the pass decides
+      before each start), (``w_pack`` + ``w_hot`` + ``w_load``) × the share of cards that
+      hold none of our slices yet: a slice fills a card already shared, however hot, before
+      it opens a fresh one, so whole cards stay whole for the jobs that need them. Otherwise ``w_load`` × a quarter per job of ours on the card: the
+      slice goes to the coolest, least shared card (a reading may predate jobs placed
+      since, so three small jobs of one pass do not stack on one card);
     * ``w_health`` × (1 − the lowest node health score in the set) (R19);
+    * ``w_power`` × the share of its node's power budget counted after the start, on
+      nodes with a budget (R27): nodes with headroom first; a start past the budget is
+      not possible at all;
     * ``w_topology`` × the topology penalty (0…1): the weakest link of the set first, then
       mixed models, then the mean link (R9). Several nodes are only tried when one node
       cannot hold the gang, and then as few as possible (R8).
@@ -97,6 +112,7 @@ class SchedulerConfig:
     w_load: float = 4.0
     w_pack: float = 3.0
     w_health: float = 2.0
+    w_power: float = 0.5
     w_topology: float = 1.0
     #: nodes whose health score is below this take no new work (R10/R19)
     min_health_score: float = 0.25
@@ -115,8 +131,12 @@ class Snapshot:
     now: float = 0.0
     running: tuple[RunningJob, ...] = ()
     users: Mapping[str, UserShare] = field(default_factory=_empty)  # missing user: weight 1.0
-    #: final state ("succeeded" / "failed" / "cancelled") of jobs some --after names
+    #: final state ("succeeded" / "failed" / "cancelled" / "timeout") of jobs some --after names
     finished: Mapping[int, str] = field(default_factory=_empty)
+    #: those of them that ended without ever starting (cancelled while waiting…)
+    never_ran: frozenset[int] = frozenset()
+    #: R27: node -> its power budget in W (nodes without one are not limited)
+    power_budgets: Mapping[str, float] = field(default_factory=_empty)
     #: node -> ``parse_topo(...)["links"]`` ({"GPU0": {"GPU1": "NV4"}})
     topologies: Mapping[str, Mapping[str, Mapping[str, str]]] = field(default_factory=_empty)
     config: SchedulerConfig = SchedulerConfig()
@@ -149,3 +169,6 @@ class Fail:
 
 
 Decision = Start | Wait | Fail
+
+#: the kinds of --after (Slurm's afterok, afterany, afternotok and after)
+AFTER_TYPES = ("ok", "any", "notok", "started")
