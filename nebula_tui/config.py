@@ -101,7 +101,8 @@ _CLUSTER_KEYS = (
     "run_as",
     "node_lease",
 )
-_NODE_KEYS = ("name", "host", "port", "user", "identity", "known_hosts", "env", "drained")
+_NODE_KEYS = ("name", "host", "port", "user", "identity", "known_hosts", "env", "drained",
+              "power_budget_w")
 
 _TAG = "tag:yaml.org,2002:"
 _KIND = {
@@ -135,6 +136,9 @@ class NodeConfig:
     env: tuple[tuple[str, str], ...]
     #: Start drained: no new jobs are placed here until ``nebula node resume``.
     drained: bool
+    #: R27: the most power its GPUs may draw together, as the scheduler counts it (a busy
+    #: card at its power limit); None = no budget
+    power_budget_w: int | None = None
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -606,6 +610,7 @@ def _node(ctx: _Ctx, item: Node, number: int, defaults: dict[str, Any]) -> NodeC
     identity = ctx.path(get("identity"), f"{where}: identity")
     known_hosts = ctx.path(get("known_hosts"), f"{where}: known_hosts")
     drained = ctx.boolean(get("drained"), f"{where}: drained")
+    budget = ctx.integer(get("power_budget_w"), f"{where}: power_budget_w", 1, 1_000_000)
     return NodeConfig(
         name=name,
         host=host,
@@ -615,6 +620,7 @@ def _node(ctx: _Ctx, item: Node, number: int, defaults: dict[str, Any]) -> NodeC
         known_hosts=known_hosts or defaults["known_hosts"],
         env=_env(ctx, get("env"), where),
         drained=bool(drained),
+        power_budget_w=budget,
     )
 
 

@@ -29,6 +29,7 @@ def test_example_loads() -> None:
     assert len(cfg.nodes) == 4
     assert len({n.name for n in cfg.nodes}) == 4
     assert any(n.drained for n in cfg.nodes)
+    assert {n.name: n.power_budget_w for n in cfg.nodes if n.power_budget_w} == {"node01": 1400}
     assert any("PATH" in n.env_dict for n in cfg.nodes)
     assert cfg.run_as in ("login", "submitter")
     for node in cfg.nodes:
@@ -241,6 +242,12 @@ ERRORS = [
         "nodes:\n  - {name: a, host: h, drained: maybe}\n",
         2,
         ["true or false", "'maybe'"],
+    ),
+    (
+        "power budget not a number",
+        "nodes:\n  - {name: a, host: h, power_budget_w: lots}\n",
+        2,
+        ["power_budget_w"],
     ),
     ("bad node name", "nodes:\n  - name: Node_1\n    host: h\n", 2, ["'Node_1'", "lowercase"]),
     ("node name too long", f"nodes:\n  - name: {'a' * 64}\n    host: h\n", 2, ["at most 63"]),

@@ -58,11 +58,15 @@ def test_a_gang_across_two_nodes_gets_the_torchrun_environment(head):
         head.run("cancel", str(single))
 
 
-def test_after_waits_for_success_and_fails_when_the_dependency_fails(head):
-    first = submit(head, "--gpu-mem", "4G", "--", "sleep", "2")
+def test_after_waits_for_success_and_fails_when_the_dependency_fails(head, tmp_path):
+    # the first job runs until the test lets it end: a busy machine's slow CLI never
+    # lets it finish before the second is submitted
+    go = tmp_path / "go"
+    first = submit(head, "--gpu-mem", "4G", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.1; done")
     second = submit(head, "--gpu-mem", "4G", "--after", str(first), "--", "true")
     assert "waits for job" in wait_for(lambda: head.job(second)["reason"], 10, what="a reason")
     assert head.job(second)["state"] == "pending"
+    go.touch()
     assert head.wait_job(first)["state"] == "succeeded"
     assert head.wait_job(second)["state"] == "succeeded"
 

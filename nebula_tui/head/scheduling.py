@@ -143,6 +143,8 @@ class Scheduling:
             finished=finished,
             topologies={name: view.topo.get("links", {}) for name, view in state.nodes.items()},
             config=state.settings.config,
+            power_budgets={n.name: float(n.power_budget_w) for n in state.config.nodes
+                           if n.power_budget_w},
         )
 
     def _pending_queue(self, pending: list[Job]) -> tuple[scheduler.PendingJob, ...]:
