@@ -104,7 +104,7 @@ CASES = [
         id="whole-card-needs-no-unmanaged-memory"),
     pytest.param(  # unmanaged memory counts as used: 24564 - 6000 - 10240 = 8324 < 10240
         [gpu("n1", 0, unmanaged=6000), gpu("n1", 1)], jobs(*[(1, 10 * GB)] * 4),
-        [[("n1", 1, 10 * GB, False)], [("n1", 0, 10 * GB, False)], [("n1", 1, 10 * GB, False)], []],
+        [[("n1", 0, 10 * GB, False)], [("n1", 1, 10 * GB, False)], [("n1", 1, 10 * GB, False)], []],
         id="unmanaged-memory-counts-as-used"),
     pytest.param(  # 24564 - 20564 = 4000 MiB left: a fragment under 4 GB offers nothing
         [gpu("n1", 0, unmanaged=20564)], jobs((1, 1 * GB)),

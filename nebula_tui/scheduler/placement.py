@@ -744,17 +744,17 @@ class World:
 
         Packing (the waiting whole-card jobs need every wholly free card): a card holding
         none of our jobs costs ``w_pack`` more than the hottest, busiest card can, so any
-        shared card that fits comes first; then the fuller card wins ties. Otherwise each
-        of our jobs on the card counts a quarter of ``w_load`` (the utilisation read may
-        not show jobs placed since), then the emptier card wins ties: the coolest, least
-        shared card that fits.
+        shared card that fits comes first. Otherwise each of our jobs on the card counts a
+        quarter of ``w_load`` (the utilisation read may not show jobs placed since): the
+        coolest, least shared card that fits. Either way the card the request fills best
+        wins ties, so a 13 GB job takes a 24 GB card whole before it opens an 80 GB one.
         """
         left = (card.total - card.reserved - card.unmanaged - got[0]) / card.total
+        config = self.config
         if self.packing:
-            config = self.config
             fresh = config.w_pack + max(0.0, config.w_hot) + max(0.0, config.w_load)
             return fresh * (not card.allocs) + 1e-4 * left
-        return self.config.w_load * len(card.allocs) / MAX_ALLOCATIONS_PER_GPU + 1e-4 * (1.0 - left)
+        return config.w_load * len(card.allocs) / MAX_ALLOCATIONS_PER_GPU + 1e-4 * left
 
     def _powered(self, value: float, power: list[float], extra: float) -> float:
         """``value`` with R27's term for a start that adds ``extra`` W to a node whose
