@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import cli_health
+from . import cli_health, environments
 from .api import ARCH_RE, CUDA_RE, ApiError
 from .model import FINISHED_STATES, ConfigError, fmt, parse_size_mb
 from .service import Home, ServiceUnavailable
@@ -69,6 +69,51 @@ def _job_id(text: str) -> int:
     return int(text)
 
 
+def _checked(check):
+    """An argparse type from an ``environments`` check: its sentence is the usage error."""
+    def convert(text: str) -> str:
+        try:
+            return check(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err).split(": ", 1)[-1]) from None
+    return convert
+
+
+def add_world_flags(p: argparse.ArgumentParser) -> None:
+    """What the job runs in: a container, a conda env or a venv (R24), and warm-up (R27)."""
+    p.add_argument("--image", type=_checked(environments.image_reference), default=None,
+                   help="run in this container image (podman, docker or apptainer on the node)")
+    p.add_argument("--runtime", choices=environments.RUNTIMES, default=None,
+                   help="with --image: this container runtime (default: the node's)")
+    p.add_argument("--data-mount", dest="data_mounts", action="append", default=[],
+                   type=_checked(environments.data_mount), metavar="SRC:DST[:ro]",
+                   help="with --image: mount the node's SRC at DST (repeatable)")
+    p.add_argument("--conda", type=_checked(environments.conda_env), default=None,
+                   help="activate this conda env (name or path) on the node first")
+    p.add_argument("--venv", type=os.path.abspath, default=None,
+                   help="activate this Python venv on the node first")
+    p.add_argument("--warmup", action="store_true",
+                   help="wake the cards from their idle state before the command starts")
+
+
+def world_request(args) -> dict:
+    """The submit fields of ``add_world_flags``, plus where this was submitted from; a
+    combination that cannot work is a usage error here."""
+    try:
+        environments.combination(args.image, args.conda, args.venv, tuple(args.data_mounts),
+                                 args.runtime)
+    except ValueError as err:
+        print(f"nebula submit: {err}", file=sys.stderr)
+        raise SystemExit(USAGE_ERROR) from None
+    try:
+        submit_dir = os.getcwd()
+    except OSError:  # the directory was removed under the shell
+        submit_dir = None
+    return {"image": args.image, "runtime": args.runtime, "data_mounts": args.data_mounts,
+            "conda": args.conda, "venv": args.venv, "submit_dir": submit_dir,
+            "warmup": args.warmup}
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--home", default=argparse.SUPPRESS,
@@ -91,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-count", type=_count, default=1, help="GPUs the job needs (default 1)")
     p.add_argument("--gpu-mem", type=_size, default=None,
                    help="memory per GPU, e.g. 8G (default: whole cards)")
-    p.add_argument("--workdir", default=None, help="directory on the node (default: home)")
+    p.add_argument("--workdir", default=None,
+                   help="directory on the node (default: this directory where the node has "
+                        "it, else the home)")
     p.add_argument("--command", dest="shell_command", default=None,
                    help="a shell command line instead of `-- cmd args…`")
     p.add_argument("--arch", type=_pattern(ARCH_RE, "sm_89 or '>=sm_80'"), default=None,
@@ -109,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a long-running inference service: its card keeps 2 GB spare")
     p.add_argument("--no-requeue", action="store_true",
                    help="fail instead of restarting elsewhere when its GPU is isolated")
+    add_world_flags(p)
     p.add_argument("--wait", action="store_true", help="wait for the end; exit with its code")
 
     command("status", "the cluster overview (R1)").add_argument("--json", action="store_true")
@@ -219,7 +267,7 @@ def cmd_submit(args, home, config) -> int:
         "workdir": os.path.abspath(args.workdir) if args.workdir else None,
         "arch": args.arch, "cuda": args.cuda, "vendor": args.vendor, "nodes": args.nodes,
         "priority": args.priority, "after": args.after, "time_limit_s": args.time_limit,
-        "service": args.service, "no_requeue": args.no_requeue,
+        "service": args.service, "no_requeue": args.no_requeue, **world_request(args),
     }
     with _client(home, config) as client:
         job = client.call("submit", **request)["job"]

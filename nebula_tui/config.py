@@ -29,6 +29,8 @@ Format (every key but ``nodes[].name`` and ``nodes[].host`` is optional)::
         known_hosts: ...                # overrides cluster.known_hosts
         env: {PATH: /usr/local/nvidia/bin:/usr/bin:/bin}
         drained: false
+        runtime: podman                 # --image jobs use this one (default: the first found)
+        warmup: false                   # wake each job's cards before its command starts
 
 Relative paths are taken from the config file's directory and ``~`` is expanded, so the
 objects built here hold absolute paths only. An explicitly empty value (``identity:``)
@@ -50,6 +52,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from .environments import RUNTIMES
 from .model import ConfigError  # defined beside the plain data so clients need no yaml
 
 __all__ = [
@@ -102,7 +105,7 @@ _CLUSTER_KEYS = (
     "node_lease",
 )
 _NODE_KEYS = ("name", "host", "port", "user", "identity", "known_hosts", "env", "drained",
-              "power_budget_w")
+              "power_budget_w", "runtime", "warmup")
 
 _TAG = "tag:yaml.org,2002:"
 _KIND = {
@@ -139,6 +142,10 @@ class NodeConfig:
     #: R27: the most power its GPUs may draw together, as the scheduler counts it (a busy
     #: card at its power limit); None = no budget
     power_budget_w: int | None = None
+    #: The container runtime ``--image`` jobs use here (None: the first the node has).
+    runtime: str | None = None
+    #: Wake every job's cards from their idle P-state before its command starts (R27).
+    warmup: bool = False
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -611,6 +618,10 @@ def _node(ctx: _Ctx, item: Node, number: int, defaults: dict[str, Any]) -> NodeC
     known_hosts = ctx.path(get("known_hosts"), f"{where}: known_hosts")
     drained = ctx.boolean(get("drained"), f"{where}: drained")
     budget = ctx.integer(get("power_budget_w"), f"{where}: power_budget_w", 1, 1_000_000)
+    runtime = ctx.text(get("runtime"), f"{where}: runtime")
+    if runtime is not None and runtime not in RUNTIMES:
+        raise ctx.error(get("runtime"), f"{where}: runtime {runtime!r} is not a container "
+                        f"runtime; use one of {', '.join(RUNTIMES)}")
     return NodeConfig(
         name=name,
         host=host,
@@ -621,6 +632,8 @@ def _node(ctx: _Ctx, item: Node, number: int, defaults: dict[str, Any]) -> NodeC
         env=_env(ctx, get("env"), where),
         drained=bool(drained),
         power_budget_w=budget,
+        runtime=runtime,
+        warmup=bool(ctx.boolean(get("warmup"), f"{where}: warmup")),
     )
 
 

@@ -146,6 +146,16 @@ class JobSpec:
     time_limit_s: float | None = None  # --time: ends by then; lets it backfill (R25)
     service: bool = False  # --service: long-running inference service (R14)
     no_requeue: bool = False  # --no-requeue: fail instead of restarting when its GPU is isolated
+    # What the job runs in (R24; checked by environments.py): a container image, the runtime
+    # asked for, SRC:DST[:ro] mounts into it, or a conda env / venv activated on the node.
+    image: str | None = None
+    runtime: str | None = None
+    data_mounts: tuple[str, ...] = ()
+    conda: str | None = None
+    venv: str | None = None
+    #: where it was submitted from: its workdir when the node has that path and no --workdir
+    submit_dir: str | None = None
+    warmup: bool = False  # --warmup: wake the cards from their idle P-state first (R27)
 
 
 @dataclass(frozen=True)
@@ -196,11 +206,13 @@ class Launching(_HoldsGpus):
 
 @dataclass(frozen=True)
 class Running(_HoldsGpus):
-    """Its sessions run on ``placements``' nodes since ``started_at``."""
+    """Its sessions run on ``placements``' nodes since ``started_at``. ``doing``: what it
+    does before its command, as its node says (pulling an image), else empty."""
 
     placements: tuple[Placement, ...]
     started_at: float
     exits: Exits = ()  # the parts of a gang that ended so far
+    doing: str = ""
     state: ClassVar[JobState] = JobState.RUNNING
 
 
@@ -291,6 +303,8 @@ class Job:
     submitted_at: float
     status: Status = Pending()
     attempt: int = 0  # how many times it was requeued; each launch of it is a new attempt
+    #: where its command runs on the node, as the node chose it (None: not started yet)
+    workdir_used: str | None = None
     state: JobState = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -300,8 +314,11 @@ class Job:
 
     @property
     def reason(self) -> str:
-        """Why it waits (pending) or why it ended; empty while it holds GPUs."""
-        return self.status.reason if isinstance(self.status, (Pending, Ended)) else ""
+        """Why it waits (pending) or why it ended; while it runs, what it does before its
+        command (pulling an image), else empty."""
+        if isinstance(self.status, (Pending, Ended)):
+            return self.status.reason
+        return self.status.doing if isinstance(self.status, Running) else ""
 
     @property
     def held_by(self) -> str | None:

@@ -131,6 +131,7 @@ class Store:
         ("gpus", "status_reason", str, None),
         ("nodes", "drained", int, 0),
         ("nodes", "drain_reason", str, None),
+        ("jobs", "workdir_used", str, None),
     )
 
     def _add_missing_columns(self) -> None:
@@ -278,6 +279,10 @@ class Store:
             gpus = ", ".join(f"{p.node}:{p.gpu_index}" for p in placements)
             self._event(t, "place", f"job {job_id} placed on {gpus}", job_id=job_id, node=node)
 
+    def set_workdir_used(self, job_id: int, workdir: str) -> None:
+        with self.transaction():
+            self.db.execute("UPDATE jobs SET workdir_used = ? WHERE id = ?", [workdir, job_id])
+
     def mark_running(self, job_id: int, t: float) -> None:
         with self.transaction():
             changed = self.db.execute(
@@ -379,12 +384,13 @@ class Store:
         spec_fields = json.loads(row["spec"])
         spec_fields["command"] = tuple(spec_fields["command"])
         spec_fields["after"] = tuple(spec_fields.get("after", ()))
+        spec_fields["data_mounts"] = tuple(spec_fields.get("data_mounts", ()))
         if placements is None:
             placements = tuple(p for _, p in self._placements(
                 "job_id = ? AND released_at IS NULL", [row["id"]]))
         return Job(id=row["id"], user=row["user"], spec=JobSpec(**spec_fields),
                    submitted_at=row["submitted_at"], status=_status(row, placements),
-                   attempt=row.get("attempt") or 0)
+                   attempt=row.get("attempt") or 0, workdir_used=row.get("workdir_used"))
 
     # -------------------------------------------------------------- telemetry
     TELEMETRY_FIELDS = ("temperature_c", "utilization_pct", "memory_used_mb", "power_w",

@@ -7,6 +7,7 @@ files it leaves (output.log, exit_code, started) are what the head later reads.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import shutil
@@ -115,12 +116,14 @@ def test_missing_command_is_127(tmp_path):
     assert exit_code(jobdir) == 127
 
 
-def test_missing_workdir_is_127_with_a_message(tmp_path):
+def test_missing_workdir_fails_at_once_saying_so(tmp_path):
     missing = tmp_path / "gone"
     jobdir, _ = launch(tmp_path, make_job(ECHO_ARGV, workdir=missing))
     assert exit_code(jobdir) == 127
-    assert f"nebula: cannot enter workdir {missing}" in log(jobdir)
-    assert (jobdir / "started").exists()
+    why = f"--workdir {missing} does not exist on node01 (or {getpass.getuser()} cannot enter it)"
+    assert (jobdir / "reason").read_text() == why + "\n"  # the job's reason, for the head
+    assert log(jobdir) == f"nebula: {why}\n"  # and the only line of its log: nothing ran
+    assert not (jobdir / "started").exists()
 
 
 def test_shell_command_line(tmp_path):
@@ -150,7 +153,7 @@ def test_missing_workdir_message_is_literal(tmp_path):
     missing = tmp_path / "run\\c-v2"
     jobdir, _ = launch(tmp_path, make_job(ECHO_ARGV, workdir=missing))
     assert exit_code(jobdir) == 127
-    assert f"nebula: cannot enter workdir {missing}\n" in log(jobdir)
+    assert f"--workdir {missing} does not exist" in (jobdir / "reason").read_text()
 
 
 # ------------------------------------------------------------------ properties

@@ -19,14 +19,16 @@ import pytest
 
 from conftest import wait_for
 
-NODELET = Path(__file__).resolve().parents[1] / "nebula_tui" / "remote" / "probes" / "nodelet.py"
+from nebula_tui.remote.ssh import nodelet_source
 
 
 @pytest.fixture
 def nodelets(tmp_path):
+    script = tmp_path / "nodelet.py"  # what the head ships to a node
+    script.write_bytes(nodelet_source())
     env = dict(os.environ, NEBULA_NODE_DIR=str(tmp_path / "node"), TMUX_TMPDIR=str(tmp_path))
     config = json.dumps({"interval": 60, "tmux_socket": "launch-test"})
-    procs = [subprocess.Popen([sys.executable, "-S", str(NODELET), config], env=env, text=True,
+    procs = [subprocess.Popen([sys.executable, "-S", str(script), config], env=env, text=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
              for _ in range(2)]
     for proc in procs:

@@ -39,6 +39,9 @@ class JobTransitions:
         self.shares = shares
         self.access = access
         self._acks: dict[str, list[int]] = {}
+        #: why a part could not start, as its node said (the first one): the job's reason
+        #: when it ends failed; nodes say it again after a restart (their exits are unacked)
+        self._exit_reasons: dict[int, str] = {}
         self._finished_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
 
     def load(self) -> None:
@@ -54,9 +57,29 @@ class JobTransitions:
 
     # ---------------------------------------------------------------- node reports
     def on_started(self, node: str, message: dict) -> None:
+        """Its checks passed: running, in the workdir the node chose (given, where it was
+        submitted, or the home), which ``nebula job`` shows."""
         job = self._job_from_node(node, message)
-        if job and job.state == JobState.LAUNCHING:
+        if job is None:
+            return
+        workdir = message.get("workdir")
+        if isinstance(workdir, str) and workdir and workdir != job.workdir_used:
+            self.state.store.set_workdir_used(job.id, workdir)
+            job = replace(job, workdir_used=workdir)
+            self.state.jobs[job.id] = job
+            if job.state != JobState.LAUNCHING:
+                self.stream.publish_job(job)
+        if job.state == JobState.LAUNCHING:
             self.mark_running(job)
+
+    def on_phase(self, node: str, message: dict) -> None:
+        """What a running job does before its command (an image pull), shown as its reason
+        until done; not stored (a restarted head hears the next change)."""
+        job = self._job_from_node(node, message)
+        text = message.get("text")
+        running = holding(job.status) if job is not None else None
+        if isinstance(running, Running) and isinstance(text, str) and text[:200] != running.doing:
+            self._set(replace(job, status=with_holding(job.status, replace(running, doing=text[:200]))))
 
     def on_exit(self, node: str, message: dict) -> None:
         job = self._job_from_node(node, message)
@@ -71,6 +94,8 @@ class JobTransitions:
         if isinstance(job.status, Evicting):
             self._evicted_exit(job, code)
             return
+        if message.get("reason"):  # its part could not start: the node said why
+            self._exit_reasons.setdefault(job.id, str(message["reason"])[:500])
         held = holding(job.status).with_exit(node, code)
         exits = dict(held.exits)
         if set(exits) < set(job_nodes(job)):
@@ -85,7 +110,7 @@ class JobTransitions:
         elif code is None:
             state, reason = JobState.FAILED, "its tmux session ended without an exit code (killed?)"
         else:
-            state, reason = JobState.FAILED, ""
+            state, reason = JobState.FAILED, self._exit_reasons.get(job.id, "")
         self.finish(job, state, code, reason)
 
     def _job_from_node(self, node: str, message: dict) -> Job | None:
@@ -155,7 +180,12 @@ class JobTransitions:
             master = config.node(nodes[0])
             extra = launcher.gang_environment(job, node, master.host, nodes,
                                               config.node(node).env_dict.get("NCCL_SOCKET_IFNAME"))
-        script = launcher.run_script(job, mine, self._run_as(job, node), extra)
+        node_config = config.node(node)
+        facts = launcher.node_facts(node, self.state.nodes[node].hello, node_config.runtime,
+                                    node_config.warmup)
+        devices = launcher.job_devices(mine, {p.gpu_uuid: self.state.gpus[p.gpu_uuid].reading
+                                              for p in mine if p.gpu_uuid in self.state.gpus})
+        script = launcher.run_script(job, mine, self._run_as(job, node), extra, facts, devices)
         try:
             reply = await self.state.links[node].request("launch", job=job.id,
                                                          token=self.state.token(job), script=script)
@@ -192,6 +222,7 @@ class JobTransitions:
         now = self.state.clock()
         self.state.store.finish_job(job.id, state, now, exit_code=code, reason=reason)
         self.state.jobs.pop(job.id, None)
+        self._exit_reasons.pop(job.id, None)
         self.shares.forget()  # its hours now count towards its user's weight
         done = replace(job, status=Ended(state, now, code, reason, job.started_at, job.node,
                                          job.placements))
@@ -207,6 +238,7 @@ class JobTransitions:
         """Put a job that held GPUs back in the queue (its allocation released), as a new
         attempt: one transition, whatever it was doing."""
         self.state.store.requeue(job.id, reason, self.state.clock())
+        self._exit_reasons.pop(job.id, None)
         self._set(replace(job, status=Pending(reason), attempt=job.attempt + 1))
         for node in job_nodes(job):
             self.stream.publish_gpus(node)

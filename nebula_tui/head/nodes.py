@@ -107,6 +107,7 @@ class Fleet:
     def on_node_message(self, node: str, message: dict) -> None:
         handler = {"hello": self._on_hello, "probe": self._on_probe,
                    "started": self.transitions.on_started, "exit": self.transitions.on_exit,
+                   "phase": self.transitions.on_phase,
                    "kmsg": self.health.on_kernel_message}.get(message.get("type"))
         if handler is None:
             return

@@ -20,7 +20,7 @@ import socket
 import struct
 from pathlib import Path
 
-from .. import views
+from .. import environments, views
 from ..api import ARCH_RE, CUDA_RE, MAX_GPU_COUNT, MAX_LINE
 from ..model import JobSpec, RequestError
 from .engine import Engine
@@ -85,7 +85,30 @@ def spec_from_request(req: dict) -> JobSpec:
                    gpu_mem_mb=gpu_mem, workdir=workdir, shell=shell, nodes=nodes,
                    priority=priority, after=tuple(after), time_limit_s=time_limit,
                    service=bool(req.get("service")), no_requeue=bool(req.get("no_requeue")),
-                   **texts)
+                   **texts, **_world_fields(req))
+
+
+def _world_fields(req: dict) -> dict:
+    """What the job runs in (image, mounts, conda/venv, submit dir), each checked by
+    ``environments``; a bad value is refused with its sentence."""
+    checks = {"image": environments.image_reference, "runtime": environments.runtime_name,
+              "conda": environments.conda_env, "venv": environments.venv_path,
+              "submit_dir": lambda d: environments.absolute(d, "the submit directory")}
+    fields: dict = {}
+    try:
+        for key, check in checks.items():
+            if req.get(key) is not None:
+                fields[key] = check(req[key])
+        mounts = req.get("data_mounts") or []
+        if not isinstance(mounts, list):
+            raise ValueError("--data-mount: give SRC:DST or SRC:DST:ro, once per mount")
+        fields["data_mounts"] = tuple(environments.data_mount(m) for m in mounts)
+        environments.combination(fields.get("image"), fields.get("conda"), fields.get("venv"),
+                                 fields["data_mounts"], fields.get("runtime"))
+    except ValueError as err:
+        raise RequestError(str(err)) from None
+    fields["warmup"] = bool(req.get("warmup"))
+    return fields
 
 
 _VENDOR = re.compile(r"^(nvidia|intel|ascend|amd)$")

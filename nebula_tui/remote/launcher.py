@@ -9,8 +9,16 @@ written to ``$NEBULA_NODE_DIR/jobs/<id>/run.sh`` by the node's nodelet and run a
 from __future__ import annotations
 
 import shlex
+from importlib import resources
+from dataclasses import dataclass
 
-from ..model import Job, Placement
+from .. import environments
+from ..model import GpuReading, Job, Placement
+from . import containers, preflight
+from .backends import nvidia
+
+#: The node-side warm-up (R27), run by the wrapper with the node's python3.
+WARMUP_SOURCE = (resources.files(__package__) / "probes" / "warmup.py").read_text()
 
 
 def job_environment(job: Job, placements: tuple[Placement, ...]) -> dict[str, str]:
@@ -31,12 +39,12 @@ def job_environment(job: Job, placements: tuple[Placement, ...]) -> dict[str, st
     return env
 
 
-# Runs as the job's user: enter the workdir (default: that user's home), then exec the
-# command given as arguments. Nothing user-given is inside this text; it all comes as
-# quoted arguments and environment values.
+# Runs as the job's user: enter the workdir (default: that user's home), activate the
+# conda env or venv, then exec the command given as arguments. Nothing user-given is
+# inside this text; it all comes as quoted arguments and environment values.
 _ENTER_AND_EXEC = ('cd -- "${NEBULA_WORKDIR:-$HOME}" || { '
                    'printf "%s\\n" "nebula: cannot enter workdir ${NEBULA_WORKDIR:-$HOME}" >&2; '
-                   'exit 127; }; exec "$@"')
+                   'exit 127; }\n' + preflight.ACTIVATE + 'exec "$@"')
 
 
 def gang_environment(job: Job, node: str, master_host: str, nodes: list[str],
@@ -55,6 +63,44 @@ def gang_environment(job: Job, node: str, master_host: str, nodes: list[str],
     return env
 
 
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the launcher knows of the node a part runs on (nodes.yaml and its hello)."""
+
+    name: str
+    runtimes: tuple[str, ...] = ()  # the container runtimes its login can use
+    runtime: str | None = None  # the one nodes.yaml pins, if any
+    root: bool = False  # the login user is root: rootful podman, runuser
+    warmup: bool = False  # nodes.yaml's warmup: every job's cards are woken first (R27)
+    #: indexes of NVIDIA cards whose driver runs without persistence mode
+    no_persistence: tuple[int, ...] = ()
+
+
+def node_facts(name: str, hello: dict, runtime: str | None = None,
+               warmup: bool = False) -> NodeFacts:
+    """A node's facts from its nodes.yaml entry (``runtime``, ``warmup``) and its hello."""
+    table = nvidia.parse_plain_table(hello.get("smi_table") or "")
+    return NodeFacts(
+        name=name, runtimes=tuple(r for r in environments.RUNTIMES if r in (hello.get("runtimes") or {})),
+        runtime=runtime, root=hello.get("uid") == 0, warmup=warmup,
+        no_persistence=tuple(g["index"] for g in table["gpus"] if g.get("persistence_mode") == "Off"))
+
+
+def job_devices(placements: tuple[Placement, ...],
+                readings: dict[str, GpuReading]) -> tuple[containers.Device, ...]:
+    """The allocated cards with what a container needs of each (vendor, PCI address)."""
+    devices = []
+    for p in placements:
+        r = readings.get(p.gpu_uuid)
+        devices.append(containers.Device(p.gpu_uuid, p.gpu_index, r.vendor if r else "nvidia",
+                                         r.pci_bus_id if r else None))
+    return tuple(devices)
+
+
+def _env_words(env: dict[str, str]) -> list[str]:
+    return [f"{k}={v}" for k, v in env.items()]
+
+
 def user_argv(job: Job, placements: tuple[Placement, ...],
               run_as: tuple[str, ...] = (), extra_env: dict[str, str] | None = None) -> list[str]:
     """The argv that runs the user's command with its R12 environment and workdir.
@@ -66,32 +112,138 @@ def user_argv(job: Job, placements: tuple[Placement, ...],
     env = {**job_environment(job, placements), **(extra_env or {})}
     if job.spec.workdir:
         env["NEBULA_WORKDIR"] = job.spec.workdir
-    command = ["sh", "-c", job.spec.command[0]] if job.spec.shell else list(job.spec.command)
-    return [*run_as, "env", *(f"{k}={v}" for k, v in env.items()),
-            "sh", "-c", _ENTER_AND_EXEC, "nebula-job", *command]
+    if job.spec.conda:
+        env["NEBULA_CONDA"] = job.spec.conda
+    if job.spec.venv:
+        env["NEBULA_VENV"] = job.spec.venv
+    return [*run_as, "env", *_env_words(env), "sh", "-c", _ENTER_AND_EXEC, "nebula-job",
+            *_command(job)]
+
+
+def _command(job: Job) -> list[str]:
+    return ["sh", "-c", job.spec.command[0]] if job.spec.shell else list(job.spec.command)
+
+
+# The wrapper's own helpers (fixed text). `fail` ends the job before its command: the
+# sentence becomes its reason (written before the exit code, which the nodelet waits for);
+# `phase` tells what it is doing meanwhile (pulling an image).
+_WRAPPER_HELPERS = r"""fail() {
+  printf '%s\n' "$1" > "$jobdir/reason.tmp" && mv -f "$jobdir/reason.tmp" "$jobdir/reason"
+  printf 'nebula: %s\n' "$1"
+  echo 127 > "$jobdir/exit_code"
+  exit 127
+}
+phase() {
+  if [ -n "$1" ]; then
+    printf '%s\n' "$1" > "$jobdir/phase.tmp" && mv -f "$jobdir/phase.tmp" "$jobdir/phase"
+    printf 'nebula: %s\n' "$1"
+  else
+    rm -f "$jobdir/phase"
+  fi
+}
+fact() { printf '%s\n' "$facts" | sed -n "s/^$1=//p" | head -n 1; }
+"""
 
 
 def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, ...] = (),
-               extra_env: dict[str, str] | None = None) -> str:
+               extra_env: dict[str, str] | None = None, node: NodeFacts | None = None,
+               devices: tuple[containers.Device, ...] | None = None) -> str:
     """The wrapper the tmux session runs: log, start and exit markers around the command.
 
-    The wrapper itself runs as the node's login user (it owns the job directory); only the
-    command runs as ``run_as``. Output goes both to the pane (for ``nebula attach``) and to
-    ``output.log``; the exit code lands in ``exit_code`` in one write.
+    The wrapper itself runs as the node's login user (it owns the job directory); the
+    checks and the command run as ``run_as``. Output goes both to the pane (for ``nebula
+    attach``) and to ``output.log``; the exit code lands in ``exit_code`` in one write.
+    In order: the checks (a missing workdir, env, tool or mount source ends the job with a
+    sentence in ``reason``), ``started``, the image pull (``phase``), the warm-up, the
+    command. ``devices`` are the allocated cards as a container needs them (default: NVIDIA
+    cards by their placements).
     """
+    spec = job.spec
+    node = node or NodeFacts(placements[0].node if placements else "its node")
+    devices = devices or tuple(containers.Device(p.gpu_uuid, p.gpu_index) for p in placements)
+    boxed = spec.image is not None
+    checks = preflight.check_env(node.name, None if boxed else spec.workdir,
+                                 None if boxed else spec.submit_dir, spec.conda, spec.venv)
+    sources = [environments.split_mount(m)[0] for m in spec.data_mounts]
+    check_argv = [*run_as, "env", *_env_words(checks), "sh", "-c", preflight.CHECKS,
+                  "nebula-check", *sources]
+    body = [
+        # The sentence is the last line (before it: what a tool or sudo printed).
+        f"if ! facts=$({_q(check_argv)} 2>&1); then fail \"$(printf '%s\\n' \"$facts\" | tail -n 1)\"; fi",
+        'printf "%s" "$(fact workdir)" > "$jobdir/workdir"',
+        ': > "$jobdir/started"  # its mtime is the start time',
+        *_warmup_lines(job, node, devices, placements),
+    ]
+    if boxed:
+        body += _container_lines(job, placements, run_as, extra_env, node, devices)
+    else:
+        argv = user_argv(job, placements, run_as, extra_env)
+        cut = argv.index("env") + 1  # the facts the checks found join the environment
+        body.append(f"{_q(argv[:cut])} \"NEBULA_WORKDIR=$(fact workdir)\" "
+                    f"\"NEBULA_CONDA_TOOL=$(fact conda)\" {_q(argv[cut:])}")
+    # One short write: a reader sees an empty file or the whole number, and the nodelet
+    # waits for a non-empty one.
+    body.append('echo $? > "$jobdir/exit_code"')
     lines = [
         "#!/bin/sh",
         # No user-given text on comment lines: a newline in it would end the comment.
         f"# NebulaGrid job {job.id}: generated by the head; do not edit.",
         'jobdir="$1"  # given by the nodelet: the directory this script lives in',
+        f"job={int(job.id)}",
         'log="$jobdir/output.log"',
         ': > "$log"',
-        ': > "$jobdir/started"  # its mtime is the start time',
-        "{",
-        f"  {' '.join(shlex.quote(word) for word in user_argv(job, placements, run_as, extra_env))}",
-        # One short write: a reader sees an empty file or the whole number, and the
-        # nodelet waits for a non-empty one.
-        '  echo $? > "$jobdir/exit_code"',
+        'rm -f "$jobdir/reason" "$jobdir/phase" "$jobdir/container"',
+        _WRAPPER_HELPERS + containers.HELPERS + "{",
+        *body,  # never re-indented: a quoted word may span lines
         '} 2>&1 | tee -a "$log"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def _warmup_lines(job: Job, node: NodeFacts, devices: tuple[containers.Device, ...],
+                  placements: tuple[Placement, ...]) -> list[str]:
+    """R27: wake the job's NVIDIA cards on the host before its command (in a container
+    too: the driver is the host's), and say when a card runs without persistence mode."""
+    if not (job.spec.warmup or node.warmup):
+        return []
+    lines = []
+    for index in sorted(set(node.no_persistence) & {p.gpu_index for p in placements}):
+        warning = (f"nebula: warning: GPU {index} of {node.name} runs without persistence mode, "
+                   "so its driver starts afresh for each job; fix: `sudo nvidia-smi -pm 1` on "
+                   f"{node.name} (or enable the nvidia-persistenced service)")
+        lines.append(f"printf '%s\\n' {shlex.quote(warning)}")
+    nvidia = [d for d in devices if d.vendor == "nvidia"]
+    if not nvidia:
+        return [*lines, "echo 'nebula: warm-up skipped: it is for NVIDIA cards'"]
+    visible = ",".join(str(d.index) for d in nvidia)
+    return [*lines, f"CUDA_VISIBLE_DEVICES={visible} python3 -c {shlex.quote(WARMUP_SOURCE)} "
+                    f"{shlex.quote(node.name)} || true"]
+
+
+def _q(words) -> str:
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _container_lines(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, ...],
+                     extra_env: dict[str, str] | None, node: NodeFacts,
+                     devices: tuple[containers.Device, ...]) -> list[str]:
+    spec = job.spec
+    assert spec.image is not None
+    try:
+        runtime = containers.choose_runtime(node.name, spec.image, node.runtimes, spec.runtime,
+                                            node.runtime)
+    except containers.NoRuntime as why:
+        return [f"fail {shlex.quote(str(why))}"]
+    env = {**job_environment(job, placements), **(extra_env or {})}
+    if runtime in environments.FILE_RUNTIMES:
+        lines = containers.apptainer_lines(runtime, spec.image, env, devices, node.name,
+                                           spec.workdir, spec.data_mounts, run_as)
+    else:
+        # A rootful runtime starts the container and runs the command by the job's user's
+        # uid; rootless podman runs as that user itself and maps its own uid in.
+        rootless = runtime == "podman" and not node.root
+        lines = containers.podman_lines(
+            runtime, spec.image, env, devices, node.name, spec.workdir, spec.data_mounts,
+            job.user if run_as else None, run_as if rootless else (), rootless,
+            interactive=False)
+    return [*lines, f"{containers.ADD} {_q(_command(job))}", '"$@"']

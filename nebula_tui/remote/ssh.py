@@ -24,6 +24,7 @@ import asyncssh
 
 from ..config import ClusterConfig, NodeConfig
 from ..model import NodeState
+from . import preflight
 from .backends import nvidia
 
 log = logging.getLogger(__name__)
@@ -38,9 +39,11 @@ class NodeUnavailable(Exception):
 
 
 def nodelet_source() -> bytes:
-    """The script the node runs: the kernel-log cursor, then the nodelet that uses it."""
+    """The script the node runs: the kernel-log cursor and the container helpers, then the
+    nodelet that uses them."""
     probes = resources.files("nebula_tui.remote.probes")
-    return probes.joinpath("kmsg_cursor.py").read_bytes() + b"\n\n" + probes.joinpath("nodelet.py").read_bytes()
+    return b"\n\n".join(probes.joinpath(name).read_bytes()
+                         for name in ("kmsg_cursor.py", "node_containers.py", "nodelet.py"))
 
 
 def describe_connect_error(node: NodeConfig, err: BaseException) -> str:
@@ -128,7 +131,7 @@ class NodeLink:
             asyncssh.connect(node.host, node.port, **options), cluster.connect_timeout)
         source = nodelet_source()
         settings = {"interval": cluster.probe_interval, "gpu_argv": nvidia.query_gpu_argv(),
-                    "apps_argv": nvidia.query_apps_argv()}
+                    "apps_argv": nvidia.query_apps_argv(), "conda_lookup": preflight.CONDA_LOOKUP}
         boot = f"import sys;exec(compile(sys.stdin.buffer.read({len(source)}),'nebula-nodelet','exec'))"
         env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in node.env)
         command = (f"{'env ' + env_prefix + ' ' if env_prefix else ''}exec python3 -u -c "

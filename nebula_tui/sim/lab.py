@@ -55,6 +55,8 @@ from typing import Any
 import asyncssh
 import yaml
 
+from nebula_tui.sim import containers as sim_containers
+
 SSH_KINDS = ("asyncssh", "openssh")
 _SIM_PKG = Path(__file__).resolve().parent
 
@@ -540,6 +542,7 @@ class Lab:
             "NEBULA_SIM_DIR": str(nd),
             "NEBULA_NODE_DIR": str(nd / "node"),
             "TMUX_TMPDIR": str(nd / "tmux"),
+            "NEBULA_CONTAINER_PASSENV": sim_containers.PASSENV,
             # bash reads ~/.bashrc for ssh sessions only at shell level 1; starting at 2
             # keeps a developer's rc (pyenv init takes a lock and can stall for a minute
             # under concurrent logins) out of the simulated nodes.
@@ -588,6 +591,9 @@ class Lab:
             self._write_sshd_config(name)
         self.known_hosts_path.write_text("".join(known))
         self._write_config()
+        if sim_containers.available():  # podman jobs get these cards as CDI devices
+            sim_containers.register([g for s in specs for g in s["gpus"]
+                                     if g.get("vendor", "nvidia") == "nvidia"])
 
     def _write_wrapper(self, path: Path, node_dir: Path, script: Path) -> None:
         path.write_text(

@@ -6,8 +6,10 @@ running. It speaks JSON lines both ways (stdlib only, Python 3.6+):
 node -> head
   {"type": "hello", ...}                       once, with host facts and `nvidia-smi topo -m`
   {"type": "probe", "t", "gpu_csv", "apps_csv", "pid_jobs", "error"}   every interval (R15)
-  {"type": "started", "job", "t"}              a job's wrapper began (first line of its log)
-  {"type": "exit", "job", "code", "t"}         a job ended (code null: it vanished)
+  {"type": "started", "job", "t", "workdir"}   a job's checks passed; where its command runs
+  {"type": "exit", "job", "code", "t", "reason"}  a job ended (code null: it vanished;
+                                               reason: why it could not start, if so)
+  {"type": "phase", "job", "text", "t"}        what a job does before its command ("" done)
   {"type": "kmsg", "lines", "pid_jobs", "t"}  kernel log lines logged since the last probe
   {"type": "reply", "id", "ok", ...}           the answer to one request
 head -> node
@@ -46,6 +48,7 @@ NODE_DIR = os.path.expanduser(os.environ.get("NEBULA_NODE_DIR") or "~/.nebula-no
 JOBS_DIR = os.path.join(NODE_DIR, "jobs")
 LOCKS_DIR = os.path.join(NODE_DIR, "locks")  # one file per job launched here (see op_launch)
 WATCH_EVERY = 0.02  # seconds between looks for started/ended jobs: ends are reported at once
+PHASE_EVERY = 0.25  # seconds between looks at what starting jobs are doing (for display)
 KMSG_CURSOR = os.path.join(NODE_DIR, "kmsg-cursor.json")
 SELFTEST_TIMEOUT = 600  # dcgmi diag -r 1 takes about a minute; a configured test may take more
 
@@ -233,6 +236,8 @@ class Watcher:
         self.ended = set()
         self.reported = {}  # job -> the token of the attempt whose exit was reported
         self.last_session_check = 0.0
+        self.phases = {}  # job -> what its wrapper said it is doing (an image pull)
+        self.last_phase_check = 0.0
 
     def loop(self):
         while True:
@@ -245,6 +250,9 @@ class Watcher:
         except OSError:
             return
         sessions = None
+        phases = time.time() - self.last_phase_check > PHASE_EVERY
+        if phases:
+            self.last_phase_check = time.time()
         if time.time() - self.last_session_check > INTERVAL:
             # Listed before the directories are read: a job launched after this moment
             # is judged at the next check, never as "vanished" by a stale list.
@@ -260,13 +268,19 @@ class Watcher:
             if job not in self.started and os.path.exists(os.path.join(d, "started")):
                 self.started.add(job)
                 emit({"type": "started", "job": job, "token": read_text(os.path.join(d, "token")),
-                      "t": _mtime(os.path.join(d, "started"))})
+                      "t": _mtime(os.path.join(d, "started")),
+                      "workdir": read_text(os.path.join(d, "workdir")) or None})
             code_text = read_text(os.path.join(d, "exit_code"))
             if code_text is not None and code_text.strip():
                 self.ended.add(job)
+                self.phases.pop(job, None)
                 token = self.reported[job] = read_text(os.path.join(d, "token"))
                 emit({"type": "exit", "job": job, "code": _int(code_text), "token": token,
-                      "t": _mtime(os.path.join(d, "exit_code"))})
+                      "t": _mtime(os.path.join(d, "exit_code")),
+                      "reason": (read_text(os.path.join(d, "reason")) or "").strip()[:500]})
+                continue
+            if phases and job in self.started:
+                self.look_phase(job, d)
             elif sessions is not None and _launched_before(d, self.last_session_check):
                 # The session is gone but left no exit code: killed, or the node rebooted.
                 if session_name(job) not in sessions and read_text(os.path.join(d, "exit_code")) is None:
@@ -275,9 +289,18 @@ class Watcher:
                     emit({"type": "exit", "job": job, "code": None, "token": token,
                           "t": time.time()})
 
+    def look_phase(self, job, d):
+        """Report what the wrapper says it is doing before the command ("pulling image …")."""
+        text = (read_text(os.path.join(d, "phase")) or "").strip()[:200]
+        if text != self.phases.get(job, ""):
+            self.phases[job] = text
+            emit({"type": "phase", "job": job, "token": read_text(os.path.join(d, "token")),
+                  "text": text, "t": time.time()})
+
     def forget(self, job):
         self.started.discard(job)
         self.ended.discard(job)
+        self.phases.pop(job, None)
 
 
 def _mtime(path):
@@ -337,6 +360,7 @@ def _launch(req, job):
             # number: the head decided it is stale, so its session goes and its files are
             # kept aside.
             run(TMUX + ["kill-session", "-t", exact(name)])
+            container_remove(d)
             os.rename(d, "%s.old-%d" % (d, int(time.time() * 1000)))
     os.makedirs(d, mode=0o700, exist_ok=True)
     WATCHER.forget(job)
@@ -366,13 +390,18 @@ def session_pids(job):
 def op_cancel(req):
     job = str(int(req["job"]))
     grace = float(req.get("grace", 10))
-    for pid in session_pids(job):
-        _signal_group(pid, signal.SIGTERM)
+    # A container is stopped by its runtime (SIGTERM, SIGKILL after the grace); its client
+    # in the session then ends with its exit code. Else, or when it is not up yet (pulling):
+    # the session's processes get SIGTERM.
+    if not container_stop(job_dir(job), grace):
+        for pid in session_pids(job):
+            _signal_group(pid, signal.SIGTERM)
     deadline = time.time() + grace
     while time.time() < deadline and session_name(job) in tmux_sessions():
         time.sleep(0.1)
     if session_name(job) in tmux_sessions():
         run(TMUX + ["kill-session", "-t", exact(session_name(job))])
+        container_remove(job_dir(job))
     return {"ok": True}
 
 
@@ -498,11 +527,14 @@ def op_signal(req):
             except OSError:
                 pass
         run(TMUX + ["kill-session", "-t", exact(session_name(job))])
+        container_remove(job_dir(job))
         # The head ends or requeues this attempt itself: its exit is not reported, so no
         # late report (and ack) can meet a relaunch of the job in the same directory.
         if os.path.isdir(job_dir(job)):
             write_atomic(os.path.join(job_dir(job), "acked"), str(time.time()))
         WATCHER.ended.add(job)
+    elif container_signal(job_dir(job), name):
+        pids = []  # the container's main process got it (its init passes it on)
     else:
         pids = job_processes(job)
         for pid in pids:
@@ -601,6 +633,8 @@ def hello():
             "python": sys.version.split()[0], "uid": os.getuid(), "node_dir": NODE_DIR,
             "topo": topo if topo_code == 0 else "", "smi_table": table if table_code == 0 else "",
             "clocks_csv": clocks,  # a lost GPU makes it exit 15, the other rows still count
+            # What jobs may run in here: container runtimes, conda tools (node_containers.py).
+            "runtimes": container_runtimes(), "conda": conda_tools(CONFIG.get("conda_lookup")),
             "t": time.time()}
 
 

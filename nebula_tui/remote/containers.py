@@ -1,0 +1,221 @@
+"""The shell lines of a run script that run a job in a container (R24).
+
+Pure text building for ``launcher.run_script``: which runtime a node uses for an image,
+the pull (shown as the job's phase; a failure ends the job with the runtime's own words),
+and the ``podman run`` / ``docker run`` / ``apptainer exec`` argv with only the allocated
+devices, passed the vendor's way. Every user-given word (image, paths, environment values)
+is quoted with ``shlex.quote``; the few values only the node knows (a user's uid, a card's
+render node, which driver files exist) are found by fixed shell code at launch.
+
+The container is named ``nebula-<job>-<token>`` (the token of this launch, from the job's
+directory), and its name and the runtime's argv are written to ``$jobdir/container`` (one
+word a line, the name first), so the nodelet can signal and stop it by name: its processes
+are children of the runtime's monitor, not of the tmux session.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from .. import environments
+
+#: /dev/shm in the container: Docker's 64 MB default breaks PyTorch's DataLoader workers.
+SHM_SIZE = "8g"
+#: The variables that name the visible cards. Inside a container that holds only the
+#: allocated cards these are renumbered: CUDA takes the cards' UUIDs (in allocation order),
+#: the others their order in the container, 0…k-1.
+VISIBILITY_VARIABLES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                        "ZE_AFFINITY_MASK", "ASCEND_RT_VISIBLE_DEVICES")
+#: Ascend: the manager devices every card needs, and the driver files a container needs.
+ASCEND_DEVICES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
+ASCEND_MOUNTS = ("/usr/local/Ascend/driver", "/usr/local/dcmi", "/usr/local/bin/npu-smi",
+                 "/etc/ascend_install.info")
+_PCI = re.compile(r"^(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One allocated card, as a container needs it: NVIDIA by UUID, Ascend by index, AMD
+    and Intel by the render node of the card at ``pci_bus_id``."""
+
+    uuid: str
+    index: int
+    vendor: str = "nvidia"
+    pci_bus_id: str | None = None
+
+
+class NoRuntime(Exception):
+    """The node cannot run this image; ``str()`` is the sentence the job fails with."""
+
+
+def choose_runtime(node: str, image: str, have: tuple[str, ...], asked: str | None,
+                   pinned: str | None) -> str:
+    """The runtime for ``image`` on ``node``: the job's ``--runtime``, else the node's
+    pinned one (nodes.yaml), else the first the node has that can run it."""
+    fits = environments.FILE_RUNTIMES if environments.needs_file_runtime(image) \
+        else environments.RUNTIMES
+    has = f"it has {', '.join(have)}" if have else "it has none"
+    for wanted, why in ((asked, "--runtime"), (pinned, f"nodes.yaml's runtime for {node}")):
+        if wanted is None:
+            continue
+        if wanted not in have:
+            raise NoRuntime(f"{node} has no {wanted} ({why}); {has}")
+        if wanted not in fits:
+            raise NoRuntime(f"{wanted} cannot run {image} on {node}: an image file or "
+                            f"library:// reference needs apptainer or singularity")
+        return wanted
+    for name in environments.RUNTIMES:
+        if name in have and name in fits:
+            return name
+    raise NoRuntime(f"{node} has no container runtime that can run {image} "
+                    f"({' or '.join(fits)}); {has}")
+
+
+def sysfs_pci(pci_bus_id: str) -> str:
+    """nvidia-smi's ``00000000:03:00.0`` as sysfs names it: ``0000:03:00.0``."""
+    if not _PCI.match(pci_bus_id):
+        raise ValueError(f"not a PCI address: {pci_bus_id!r}")
+    parts = pci_bus_id.lower().split(":")
+    domain = parts[0][-4:] if len(parts) == 3 else "0000"
+    return f"{domain}:{parts[-2]}:{parts[-1]}"
+
+
+def container_env(env: dict[str, str], devices: tuple[Device, ...]) -> dict[str, str]:
+    """The job's variables as seen inside a container that holds only its cards."""
+    inside = dict(env)
+    for name in VISIBILITY_VARIABLES:
+        if name in inside:
+            inside[name] = (",".join(d.uuid for d in devices) if name == "CUDA_VISIBLE_DEVICES"
+                            else ",".join(str(i) for i in range(len(devices))))
+    return inside
+
+
+def q(words) -> str:
+    return " ".join(shlex.quote(str(w)) for w in words)
+
+
+# `ADD words` appends to the argv built in "$@" (a function cannot: it has its own "$@").
+ADD = 'set -- "$@"'
+# Shell helpers the lines below use (fixed text, no user-given word): `render_of PCI`
+# prints the card's render node.
+HELPERS = r"""dev_root=${NEBULA_DEV_ROOT:-}  # a tree standing in for / (the simulated lab's devices)
+render_of() {
+  for n in "$dev_root/sys/bus/pci/devices/$1/drm/"renderD*; do
+    [ -e "$n" ] && { echo "/dev/dri/${n##*/}"; return 0; }
+  done
+  return 1
+}
+"""
+
+
+def podman_lines(runtime: str, image: str, env: dict[str, str], devices: tuple[Device, ...],
+                 node: str, workdir: str | None, mounts: tuple[str, ...], user: str | None,
+                 prefix: tuple[str, ...], rootless: bool, interactive: bool) -> list[str]:
+    """podman or docker: pull if missing, then ``run`` named after the job.
+
+    ``user``: the node user whose uid and gid the command runs as (None: the login user);
+    ``rootless``: podman runs as ``prefix``'s user and maps its own uid in instead.
+    """
+    ref = environments.oci_name(image)
+    tool = q([*prefix, runtime])
+    exists = (f"{tool} image exists {shlex.quote(ref)}" if runtime == "podman" else
+              f"{tool} image inspect {shlex.quote(ref)} >/dev/null 2>&1")
+    lines = [
+        f"if ! {exists}; then",
+        f"  phase {shlex.quote(f'pulling image {ref}')}",
+        f"  if ! pulled=$({tool} pull {shlex.quote(ref)} 2>&1); then",
+        '    printf "%s\\n" "$pulled"',
+        "    why=$(printf '%s\\n' \"$pulled\" | sed -n '/./h; ${x;s/^Error: //;p;}')",
+        f"    fail {shlex.quote(f'pulling {ref} on {node} failed: ')}\"$why\"",
+        "  fi",
+        "  phase ''",
+        "fi",
+        'name="nebula-$job-$(tr -c "A-Za-z0-9_.-" _ < "$jobdir/token")"',
+        f"printf '%s\\n' \"$name\" {q([*prefix, runtime])} > \"$jobdir/container\"",
+        f"set -- {tool} run --rm --name \"$name\" --init --network host --shm-size {SHM_SIZE} "
+        "--log-driver none --pull never",
+    ]
+    if interactive:
+        lines.append(f"{ADD} -i -t")
+    if rootless and runtime == "podman":
+        lines.append(f"{ADD} --userns keep-id")
+    else:  # the job's user (None: the login user's own) by uid and gid
+        who = f" {shlex.quote(user)}" if user else ""
+        lines.append(f"{ADD} --user \"$(id -u{who}):$(id -g{who})\"")
+    for name, value in container_env(env, devices).items():
+        lines.append(f"{ADD} -e {shlex.quote(f'{name}={value}')}")
+    # Variables the node's own environment names for every container (an admin's proxy;
+    # the simulated lab's node directory), passed from the runtime's environment.
+    lines.append('for v in $(printf "%s" "${NEBULA_CONTAINER_PASSENV:-}" | tr : " "); do '
+                 f'{ADD} -e "$v"; done')
+    if workdir:
+        lines.append(f"{ADD} -w {shlex.quote(workdir)}")
+    for mount in mounts:
+        src, dst, ro = environments.split_mount(mount)
+        lines.append(f"{ADD} -v {shlex.quote(f'{src}:{dst}' + (':ro' if ro else ''))}")
+    lines += device_lines(runtime, devices, node)
+    lines.append(f"{ADD} {shlex.quote(ref)}")
+    return lines
+
+
+def device_lines(runtime: str, devices: tuple[Device, ...], node: str) -> list[str]:
+    """The allocated cards, and only those, the vendor's way for podman or docker."""
+    lines: list[str] = []
+    nvidia = [d for d in devices if d.vendor == "nvidia"]
+    if nvidia and runtime == "docker":
+        # Docker's --gpus reads a CSV list: several devices need the inner quotes.
+        lines.append(f"{ADD} --gpus {shlex.quote(chr(34) + 'device=' + ','.join(d.uuid for d in nvidia) + chr(34))}")
+    elif nvidia:
+        lines += [f"{ADD} --device {shlex.quote(f'nvidia.com/gpu={d.uuid}')}" for d in nvidia]
+    if any(d.vendor == "amd" for d in devices):
+        lines.append(f'{ADD} --device "$dev_root/dev/kfd:/dev/kfd" '
+                     '--group-add "$(stat -c %g "$dev_root/dev/kfd")"')
+    for d in devices:
+        if d.vendor in ("amd", "intel"):
+            if not d.pci_bus_id:
+                lines.append(f"fail {shlex.quote(f'{node} did not report the PCI address of GPU {d.index}, so its render device is unknown')}")
+                continue
+            pci = sysfs_pci(d.pci_bus_id)
+            missing = f"{node} has no render device for GPU {d.index} (no /sys/bus/pci/devices/{pci}/drm/renderD*)"
+            lines += [f"r=$(render_of {shlex.quote(pci)}) || fail {shlex.quote(missing)}",
+                      f'{ADD} --device "$dev_root$r:$r" --group-add "$(stat -c %g "$dev_root$r")"']
+        elif d.vendor == "ascend":
+            lines.append(f"{ADD} --device \"$dev_root/dev/davinci{int(d.index)}:/dev/davinci{int(d.index)}\"")
+    if any(d.vendor == "ascend" for d in devices):
+        for path in ASCEND_DEVICES:
+            lines.append(f"{ADD} --device \"$dev_root{path}:{path}\"")
+        for path in ASCEND_MOUNTS:
+            lines.append(f"[ -e \"$dev_root{path}\" ] && {ADD} -v \"$dev_root{path}:{path}:ro\"")
+    return lines
+
+
+def apptainer_lines(runtime: str, image: str, env: dict[str, str], devices: tuple[Device, ...],
+                    node: str, workdir: str | None, mounts: tuple[str, ...],
+                    prefix: tuple[str, ...]) -> list[str]:
+    """apptainer/singularity ``exec``: as the job's user, with a clean environment plus the
+    job's. The cards come in by ``--nv``/``--rocm`` (which bind the vendor's devices and
+    libraries); the job's visibility variables, with the node's numbering, pick its own."""
+    lines = []
+    if image.startswith("/"):
+        lines.append(f"[ -e {shlex.quote(image)} ] || fail "
+                     f"{shlex.quote(f'{node} has no image file {image}')}")
+    lines.append(f"set -- {q([*prefix, runtime])} exec --cleanenv")
+    vendors = {d.vendor for d in devices}
+    if "nvidia" in vendors:
+        lines.append(f"{ADD} --nv")
+    if "amd" in vendors:
+        lines.append(f"{ADD} --rocm")
+    if "ascend" in vendors:
+        for path in ASCEND_MOUNTS:
+            lines.append(f"[ -e {path} ] && {ADD} --bind {path}:{path}:ro")
+    for name, value in env.items():
+        lines.append(f"{ADD} --env {shlex.quote(f'{name}={value}')}")
+    if workdir:
+        lines.append(f"{ADD} --pwd {shlex.quote(workdir)}")
+    for mount in mounts:
+        src, dst, ro = environments.split_mount(mount)
+        lines.append(f"{ADD} --bind {shlex.quote(f'{src}:{dst}' + (':ro' if ro else ''))}")
+    lines.append(f"{ADD} {shlex.quote(image)}")
+    return lines

@@ -1,0 +1,197 @@
+"""Container jobs run for real with podman on the simulated lab (real sshd, tmux, podman).
+
+The image is ``localhost/nebula-busybox``, made offline by ``scripts/podman-setup.sh`` (run
+by ``scripts/setup.sh`` as root) from Debian's busybox-static. The lab's cards reach
+containers as CDI devices (``sim/containers.py``), so a job sees exactly its own
+``/dev/nvidia<N>``. Skipped, with podman's own words, where podman cannot run a container.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import wait_for
+from nebula_tui.sim.harness import HeadProcess
+
+IMAGE = "localhost/nebula-busybox"
+GRACE_S = 3
+
+
+def _podman_problem() -> str | None:
+    if os.getuid() != 0:
+        return "container jobs are tested as root (rootful podman); run the tests as root"
+    if shutil.which("podman") is None:
+        return "podman is not installed; scripts/setup.sh installs it as root"
+    try:
+        done = subprocess.run(["podman", "run", "--rm", IMAGE, "true"], capture_output=True,
+                              text=True, timeout=120, cwd="/")
+    except subprocess.TimeoutExpired:
+        return "podman run did not finish in 120 s"
+    if done.returncode != 0:
+        words = (done.stderr or done.stdout).strip().splitlines()
+        return f"podman cannot run a container here: {words[-1] if words else done.returncode}" \
+               " (scripts/setup.sh as root imports the image and configures podman)"
+    return None
+
+
+PROBLEM = _podman_problem()
+pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
+
+
+def _config(lab) -> Path:
+    """The lab's cluster file with a short isolation grace, beside it (`nebula sim` looks
+    for the lab there)."""
+    config = yaml.safe_load(lab.config_path.read_text())
+    config["health"] = {"isolation_grace": f"{GRACE_S}s"}
+    path = lab.root / "nodes-containers.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def head(openssh_lab, tmp_path_factory):
+    h = HeadProcess(tmp_path_factory.mktemp("container-home"), openssh_lab,
+                    config=_config(openssh_lab))
+    h.start()
+    try:
+        yield h
+    finally:
+        for job in h.call("queue")["jobs"]:
+            if job["state"] in ("running", "launching", "pending"):
+                h.call("cancel", job=job["id"])
+        h.stop()
+
+
+def submit(head, *args) -> int:
+    done = head.run("submit", "--image", IMAGE, *args, check=True)
+    return int(done.stdout.split()[2])
+
+
+def running(head, job_id: int) -> dict:
+    return wait_for(lambda: (j := head.job(job_id))["state"] == "running" and j, 30,
+                    what=f"job {job_id} to run")
+
+
+def log(head, job_id: int) -> str:
+    return head.run("logs", str(job_id), check=True).stdout
+
+
+def containers_of(job_id: int) -> list[str]:
+    names = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True,
+                           text=True, timeout=60, cwd="/").stdout.split()
+    return [n for n in names if n.startswith(f"nebula-{job_id}-")]
+
+
+def test_a_job_sees_its_cards_variables_and_data_and_keeps_its_exit_code(head, tmp_path):
+    data = tmp_path / "llama-dataset"
+    data.mkdir()
+    (data / "shard-0.txt").write_text("tokens\n")
+    job_id = submit(head, "--name", "llama-ft-001", "--gpu-count", "2", "--gpu-mem", "24G",
+                    "--workdir", "/workspace", "--data-mount", f"{data}:/workspace/data:ro",
+                    "--command", "pwd; ls /dev | grep nvidia; env; cat data/shard-0.txt; "
+                                 "touch data/x 2>/dev/null || echo read-only; exit 3")
+    job = head.wait_job(job_id, 60)
+    assert (job["state"], job["exit_code"], job["reason"]) == ("failed", 3, "")
+    out = log(head, job_id).splitlines()
+    assert out[0] == "/workspace"
+    env = dict(line.split("=", 1) for line in out if "=" in line)
+    given = env["NEBULA_GPU_LIST"].split(",")
+    indexes = sorted(g["index"] for g in head.call("gpus")["gpus"]
+                     if g["uuid"] in given and g["node"] == job["node"])
+    # Exactly its two cards (plus the control device), whatever the node has.
+    assert [line for line in out if line.startswith("nvidia")] == \
+        [f"nvidia{i}" for i in indexes] + ["nvidiactl"]
+    assert env["NEBULA_JOB_ID"] == str(job_id) and env["NEBULA_JOB_NAME"] == "llama-ft-001"
+    assert env["CUDA_VISIBLE_DEVICES"] == env["NEBULA_GPU_LIST"]  # UUIDs, in allocation order
+    assert env["NEBULA_GPU_MEM_MB"] == "24576"
+    assert "tokens" in out and "read-only" in out
+    assert containers_of(job_id) == []  # --rm: nothing left behind
+
+
+def test_its_memory_shows_on_its_cards_while_it_runs(head):
+    job_id = submit(head, "--gpu-mem", "6G", "--", "sleep", "30")
+    job = running(head, job_id)
+    card = job["gpus"][0]
+
+    def used():
+        gpu = next(g for g in head.call("gpus")["gpus"] if g["uuid"] == card["uuid"])
+        return gpu["memory_used_mb"] >= 6 * 1024 and gpu
+    wait_for(used, 20, what="the container's process on its card")
+    head.call("cancel", job=job_id)
+    assert head.wait_job(job_id, 40)["state"] == "cancelled"
+
+
+def test_sigusr1_reaches_the_command_inside_the_container(head, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    job_id = submit(head, "--no-requeue", "--data-mount", f"{ckpt}:/ckpt",
+                    "--command", "trap 'echo saved > /ckpt/step-100; exit 0' USR1; "
+                                 "while :; do sleep 0.2; done")
+    job = running(head, job_id)
+    wait_for(lambda: containers_of(job_id), 20, what="the container to be up")
+    card = job["gpus"][0]
+    done = head.run("sim", "inject", "xid", "95", "--node", card["node"], "--gpu", str(card["index"]))
+    assert done.returncode == 0, done.stderr
+    ended = head.wait_job(job_id, 30)
+    assert ended["state"] == "failed" and "was isolated (Xid 95" in ended["reason"]
+    assert (ckpt / "step-100").read_text() == "saved\n"
+    wait_for(lambda: any("back in service" in e["message"]
+                         for e in head.call("events", limit=200)["events"]), 30,
+             what="the card back in service")
+
+
+def test_cancel_stops_the_container(head):
+    job_id = submit(head, "--command", "trap 'echo bye; exit 0' TERM; while :; do sleep 0.2; done")
+    running(head, job_id)
+    wait_for(lambda: containers_of(job_id), 20, what="the container to be up")
+    head.call("cancel", job=job_id)
+    assert head.wait_job(job_id, 40)["state"] == "cancelled"
+    assert "bye" in log(head, job_id)  # SIGTERM reached the command: a clean stop
+    wait_for(lambda: containers_of(job_id) == [], 20, what="the container to be gone")
+
+
+def test_a_failed_pull_fails_the_job_with_the_runtimes_words_and_frees_the_card(head):
+    done = head.run("submit", "--image", "127.0.0.1:1/lab/none:1", "--", "true", check=True)
+    job = head.wait_job(int(done.stdout.split()[2]), 60)
+    assert job["state"] == "failed"
+    assert job["reason"].startswith("pulling 127.0.0.1:1/lab/none:1 on node0")
+    assert "connection refused" in job["reason"]
+    assert not any(job["id"] in g["jobs"] for g in head.call("gpus")["gpus"])
+
+
+def test_a_mount_source_missing_on_the_node_fails_the_job_at_once(head, tmp_path):
+    gone = tmp_path / "not-here"
+    done = head.run("submit", "--image", IMAGE, "--data-mount", f"{gone}:/data", "--", "true",
+                    check=True)
+    job = head.wait_job(int(done.stdout.split()[2]), 30)
+    assert job["state"] == "failed"
+    assert job["reason"] == f"--data-mount's source {gone} does not exist on {job['node']} " \
+                            f"(or root cannot reach it)"
+    assert log(head, job["id"]) == f"nebula: {job['reason']}\n"
+
+
+def test_the_head_killed_mid_run_readopts_the_container(openssh_lab, tmp_path):
+    head = HeadProcess(tmp_path / "home", openssh_lab)
+    head.start()
+    flag = tmp_path / "flag"
+    flag.mkdir()
+    try:
+        job_id = submit(head, "--data-mount", f"{flag}:/flag", "--command",
+                        "echo started; while [ ! -e /flag/go ]; do sleep 0.2; done; echo done; exit 4")
+        running(head, job_id)
+        wait_for(lambda: containers_of(job_id), 20, what="the container to be up")
+        head.kill()
+        head.start()
+        assert head.job(job_id)["state"] == "running"
+        (flag / "go").touch()
+        job = head.wait_job(job_id, 30)
+        assert (job["state"], job["exit_code"], job["attempt"]) == ("failed", 4, 0)
+        assert log(head, job_id).split() == ["started", "done"]  # one run, never two
+    finally:
+        head.stop()
