@@ -8,9 +8,12 @@ containers as CDI devices (``sim/containers.py``), so a job sees exactly its own
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -163,6 +166,43 @@ def test_a_failed_pull_fails_the_job_with_the_runtimes_words_and_frees_the_card(
     assert job["reason"].startswith("pulling 127.0.0.1:1/lab/none:1 on node0")
     assert "connection refused" in job["reason"]
     assert not any(job["id"] in g["jobs"] for g in head.call("gpus")["gpus"])
+
+
+def test_a_pull_shows_as_the_jobs_state_until_it_fails(head):
+    """A registry on loopback that takes the connection and never answers: the pull hangs
+    (shown as the running job's reason), then fails with podman's words when it goes."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    port = server.getsockname()[1]
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(server.accept()[0])
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        done = head.run("submit", "--image", f"127.0.0.1:{port}/lab/slow:1", "--", "true", check=True)
+        job_id = int(done.stdout.split()[2])
+        pulling = wait_for(lambda: (j := head.job(job_id))["reason"].startswith("pulling image")
+                           and j, 30, what="the pull to show")
+        assert pulling["state"] == "running"
+        assert pulling["reason"] == f"pulling image 127.0.0.1:{port}/lab/slow:1"
+        queue = head.run("queue", check=True).stdout
+        assert f"pulling image 127.0.0.1:{port}/lab/slow:1" in queue
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+    job = head.wait_job(job_id, 60)
+    assert job["state"] == "failed" and job["reason"].startswith(
+        f"pulling 127.0.0.1:{port}/lab/slow:1 on {job['node']} failed: ")
 
 
 def test_a_mount_source_missing_on_the_node_fails_the_job_at_once(head, tmp_path):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from nebula_tui.api import spec_from_request
+from nebula_tui.head.server import spec_from_request
 from nebula_tui.model import RequestError
 
 
@@ -106,14 +106,14 @@ def test_without_workdir_it_runs_where_it_was_submitted_when_the_node_has_it(hea
     here.mkdir()
     job = submit(head, "--", "pwd", cwd=here)
     assert log(head, job["id"]).strip() == str(here)
-    assert job["submit_dir"] == str(here)
+    assert (job["submit_dir"], job["workdir_used"]) == (str(here), str(here))  # `nebula job`
 
 
 def test_else_in_the_home(head, tmp_path):
     # Submitted from a directory the node does not have (another machine's, or removed).
     job = head.call("submit", command=["pwd"], submit_dir=str(tmp_path / "elsewhere"))["job"]
     job = head.wait_job(job["id"], 60)
-    assert log(head, job["id"]).strip() == head.lab.home
+    assert log(head, job["id"]).strip() == job["workdir_used"] == head.lab.home
 
 
 def test_warmup_says_what_it_did_and_warns_without_persistence_mode(head):
