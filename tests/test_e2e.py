@@ -127,7 +127,8 @@ def test_missing_workdir_fails_clearly(head):
     done = head.run("submit", "--gpu-mem", "4G", "--workdir", "/no/such/dir", "--wait", "--", "true")
     assert done.returncode == 127
     job_id = int(done.stdout.split()[2])
-    assert "cannot enter workdir /no/such/dir" in head.run("logs", str(job_id)).stdout
+    assert head.job(job_id)["reason"].startswith("--workdir /no/such/dir does not exist on node0")
+    assert head.run("logs", str(job_id)).stdout == f"nebula: {head.job(job_id)['reason']}\n"
 
 
 def test_logs_follow_streams_until_the_end(head):
