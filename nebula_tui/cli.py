@@ -167,9 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in (("wait", "wait for a job to end; exit with its code"),
                             ("cancel", "cancel a job"), ("job", "one job as JSON"),
                             ("hold", "keep a waiting job from starting"),
-                            ("release", "let a held job start again"),
-                            ("attach", "attach this terminal to a running job's tmux session")):
+                            ("release", "let a held job start again")):
         command(name, help_text).add_argument("job", type=_job_id)
+    p = command("attach", "attach this terminal to a running job's tmux session "
+                          "(detach: Ctrl-b d; the job runs on)")
+    p.add_argument("job", type=_job_id)
+    p.add_argument("--rank", type=int, default=0, help="which node of a multi-node job (0 first)")
     p = command("node", "node administration (admins)")
     node_sub = p.add_subparsers(dest="node_command", required=True, parser_class=OneLineParser)
     p = node_sub.add_parser("drain", help="no new jobs on this node; running ones go on")
@@ -351,9 +354,11 @@ def cmd_release(args, home, config) -> int:
 
 
 def cmd_attach(args, home, config) -> int:
-    with _client(home, config) as client:
-        argv = client.call("attach_info", job=args.job)["argv"]
-    os.execvp(argv[0], argv)
+    from .attach_client import attach
+
+    with _client(home, config) as client:  # finds (or starts) the service
+        path = client.path
+    return attach(path, args.job, args.rank)
 
 
 def cmd_node(args, home, config) -> int:

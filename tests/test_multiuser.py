@@ -32,35 +32,44 @@ def _sh(*argv: str) -> None:
     subprocess.run(argv, check=False, capture_output=True)
 
 
-@pytest.fixture(scope="module")
-def users():
-    _sh("groupadd", GROUP)
-    for name in (ALICE, BOB):
-        _sh("useradd", "-m", "-G", GROUP, name)
-    _sh("useradd", "-m", STRANGER)  # not in the lab's group
+def lab_users(group: str, members: tuple[str, ...], outsiders: tuple[str, ...]):
+    """Create a group with ``members`` and users outside it; remove them all afterwards."""
+    _sh("groupadd", group)
+    for name in members:
+        _sh("useradd", "-m", "-G", group, name)
+        # A user left by an earlier run (userdel refuses while its processes linger) is
+        # still put in this run's group, which is new.
+        _sh("usermod", "-a", "-G", group, name)
+    for name in outsiders:
+        _sh("useradd", "-m", name)
     try:
         yield
     finally:
-        for name in (ALICE, BOB, STRANGER):
+        for name in (*members, *outsiders):
             _sh("userdel", "-r", name)
-        _sh("groupdel", GROUP)
+        _sh("groupdel", group)
 
 
 @pytest.fixture(scope="module")
-def shared(openssh_lab, users, tmp_path_factory):
-    """A head as root in shared-box mode; clients run as other users from a copy of the
-    package they can read (the checkout may sit in a directory only root can enter)."""
+def users():
+    yield from lab_users(GROUP, (ALICE, BOB), (STRANGER,))
+
+
+def shared_head(lab, tmp_path_factory, group: str):
+    """A head as root in shared-box mode for ``group``; clients run as other users from a
+    copy of the package they can read (the checkout may sit in a directory only root can
+    enter)."""
     public = Path(tempfile.mkdtemp(prefix="nebula-shared-"))
     public.chmod(0o755)
     shutil.copytree(REPO / "nebula_tui", public / "nebula_tui",
                     ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(["chmod", "-R", "a+rX", str(public / "nebula_tui")], check=True)
-    config = yaml.safe_load(openssh_lab.config_path.read_text())
+    config = yaml.safe_load(lab.config_path.read_text())
     config["cluster"]["run_as"] = "submitter"
     home = tmp_path_factory.mktemp("sharedhome")
     (home / "nodes.yaml").write_text(yaml.safe_dump(config))
-    head = HeadProcess(home, openssh_lab, config=home / "nodes.yaml",
-                       socket=public / "run" / "nebula.sock", serve_args=("--shared-group", GROUP))
+    head = HeadProcess(home, lab, config=home / "nodes.yaml",
+                       socket=public / "run" / "nebula.sock", serve_args=("--shared-group", group))
     head.start()
     head.public = public
     try:
@@ -68,6 +77,11 @@ def shared(openssh_lab, users, tmp_path_factory):
     finally:
         head.stop()
         shutil.rmtree(public, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def shared(openssh_lab, users, tmp_path_factory):
+    yield from shared_head(openssh_lab, tmp_path_factory, GROUP)
 
 
 def as_user(head, user: str, *args: str) -> subprocess.CompletedProcess:

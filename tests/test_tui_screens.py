@@ -297,8 +297,7 @@ async def test_submit_form_then_queue_then_job_log(head, jobs):
         # Attach: headless Pilot cannot hand the terminal over; the TUI says what to run.
         await pilot.press("a")
         if has_op(head, "attach_info", job=job_id):
-            await until(pilot, lambda: f"nebula-{job_id}" in toasts(app), what="attach command")
-            assert "tmux -L nebula attach" in toasts(app)
+            await until(pilot, lambda: f"nebula attach {job_id}" in toasts(app), what="attach command")
         else:
             await until(pilot, lambda: "not available" in toasts(app), what="no attach_info")
         assert app.is_running

@@ -10,6 +10,7 @@ The rooms, each importing only those before it (``tests/test_architecture.py`` c
   ``scheduling``  the loop: when a pass runs, what it sees, what its decisions do
   ``health``      Xid policies, isolation, throttling
   ``nodes``       node links and messages, reconcile, drain/add/remove/reload
+  ``attach``      a job's tmux session relayed over the socket
   ``engine``      this module; ``server`` answers the socket with it, ``serve`` runs it
 
 A request is refused with ``RequestError`` (one line, said to the client as it is).
@@ -26,6 +27,7 @@ from ..model import Job, JobSpec, JobState, Pending, RequestError
 from ..remote.ssh import NodeUnavailable
 from ..store import Store
 from .access import Access
+from .attach import Attach
 from .health import HealthMonitor
 from .jobs import JobTransitions
 from .nodes import Fleet
@@ -45,6 +47,7 @@ class Engine:
         self.scheduling = Scheduling(self.state, self.stream, self.shares, self.transitions)
         self.health = HealthMonitor(self.state, self.stream, self.transitions, self.access)
         self.fleet = Fleet(self.state, self.stream, self.transitions, self.health, self.access)
+        self.attach = Attach(self.state, self.access)
         # What the node links call, what the server and tests read:
         self.on_node_message = self.fleet.on_node_message
         self.on_node_state = self.fleet.on_node_state
@@ -124,17 +127,10 @@ class Engine:
         return job
 
     def attach_argv(self, user: str, job_id: int) -> list[str]:
-        """The ssh command that attaches a terminal to the job's tmux session (R13)."""
-        job = self.job(job_id)
-        self.access.check_may_manage(user, job, "attach to")
-        if not job.state.holds_gpus or not job.node:
-            raise RequestError(f"job {job_id} is {job.state.value}; only a running job has a session")
-        node = self.state.config.node(job.node)
-        argv = ["ssh", "-t", "-p", str(node.port), "-o", f"UserKnownHostsFile={node.known_hosts}",
-                "-o", "StrictHostKeyChecking=yes"]
-        if node.identity:
-            argv += ["-i", node.identity]
-        return argv + [f"{node.user}@{node.host}", f"tmux -L nebula attach -t =nebula-{job.id}"]
+        """The command that attaches a terminal to the job's session through this service
+        (R13): refused here as the attach itself would be."""
+        self.attach.target(user, job_id, 0)
+        return ["nebula", "attach", str(job_id)]
 
     def history(self, gpu: str, since_s: float) -> list[dict]:
         if gpu not in self.state.gpus:

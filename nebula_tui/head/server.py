@@ -177,6 +177,9 @@ class ApiServer:
                 except ValueError:
                     await self._send(writer, {"ok": False, "error": "request is not a JSON object"})
                     continue
+                if req.get("op") == "attach":  # the connection becomes the terminal's
+                    await self.engine.attach.relay(user, req, reader, writer)
+                    break
                 await self._handle(user, req, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass

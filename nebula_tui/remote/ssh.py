@@ -133,11 +133,26 @@ class NodeLink:
         settings = {"interval": cluster.probe_interval, "gpu_argv": nvidia.query_gpu_argv(),
                     "apps_argv": nvidia.query_apps_argv(), "conda_lookup": preflight.CONDA_LOOKUP}
         boot = f"import sys;exec(compile(sys.stdin.buffer.read({len(source)}),'nebula-nodelet','exec'))"
-        env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in node.env)
-        command = (f"{'env ' + env_prefix + ' ' if env_prefix else ''}exec python3 -u -c "
-                   f"{shlex.quote(boot)} {shlex.quote(json.dumps(settings))}")
+        command = self._with_env(f"python3 -u -c {shlex.quote(boot)} "
+                                 f"{shlex.quote(json.dumps(settings))}")
         self._process = await self._conn.create_process(command, encoding=None)
         self._process.stdin.write(source)
+
+    def _with_env(self, command: str) -> str:
+        """``command`` run in place of the login shell, with the node's ``env`` from
+        nodes.yaml (``exec env K=V cmd``: env cannot run the shell's own ``exec``)."""
+        env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.node.env)
+        return f"exec env {env_prefix} {command}" if env_prefix else f"exec {command}"
+
+    async def open_terminal(self, argv: list[str], term_type: str,
+                            size: tuple[int, int]) -> asyncssh.SSHClientProcess:
+        """A process with a terminal on this node's own connection (``nebula attach``):
+        bytes both ways; ``change_terminal_size`` follows the user's window. Raises
+        NodeUnavailable when the node is not connected."""
+        if self._conn is None or self.state != NodeState.UP:
+            raise NodeUnavailable(f"{self.node.name} is {self.state.value}")
+        return await self._conn.create_process(
+            self._with_env(shlex.join(argv)), term_type=term_type, term_size=size, encoding=None)
 
     async def _serve(self) -> None:
         assert self._process is not None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 import subprocess
+import sys
 
 from rich.text import Text
 from textual import on, work
@@ -208,7 +209,12 @@ class JobScreen(ClusterScreen):
         try:
             with self.app.suspend():
                 # The TUI is suspended: the terminal belongs to tmux until the user detaches.
-                subprocess.run(message.argv)
+                # `nebula attach` is this program, through this TUI's own service.
+                argv = message.argv
+                if argv[:1] == ["nebula"]:
+                    argv = [sys.executable, "-m", "nebula_tui", "--socket",
+                            str(self.app.client.path), *argv[1:]]
+                subprocess.run(argv)
         except SuspendNotSupported:
             self.notify(f"Attach needs a real terminal; run: {shlex.join(message.argv)}",
                         title="Cannot attach here", severity="warning", timeout=15)

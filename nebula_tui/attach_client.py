@@ -1,0 +1,106 @@
+"""``nebula attach``'s side of the relay: this terminal, raw, joined to a job's tmux session
+through the head service (see ``head/attach.py`` for the wire). Stdlib only, like the CLI.
+
+The terminal is put in raw mode (keys go to tmux as typed, Ctrl-C included) and restored
+however the session ends; a window resize (SIGWINCH) is sent on. tmux's own detach
+(prefix, then ``d``) ends it and leaves the job running.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import termios
+import tty
+from pathlib import Path
+
+from .api import ApiError
+
+
+def _size() -> tuple[int, int]:
+    """The terminal's own size (not $COLUMNS/$LINES, which a shell may have left stale)."""
+    try:
+        size = os.get_terminal_size(sys.stdin.fileno())
+    except OSError:
+        return 80, 24
+    return size.columns, size.lines
+
+
+def _send(sock: socket.socket, event: dict) -> None:
+    sock.sendall(json.dumps(event).encode() + b"\n")
+
+
+def attach(path: Path, job: int, rank: int = 0) -> int:
+    """Relay until the session detaches or ends; raises ApiError when refused."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError as err:
+        sock.close()
+        raise ApiError(f"cannot reach the head service at {path}: {err.strerror}") from None
+    cols, rows = _size()
+    _send(sock, {"op": "attach", "job": job, "rank": rank, "cols": cols, "rows": rows,
+                 "term": os.environ.get("TERM", "xterm-256color")})
+    buffered = b""
+    while b"\n" not in buffered:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ApiError("the head service closed the connection")
+        buffered += chunk
+    line, rest = buffered.split(b"\n", 1)
+    reply = json.loads(line)
+    if not reply.get("ok"):
+        sock.close()
+        raise ApiError(reply.get("error", "attach refused"))
+    if not sys.stdin.isatty():  # asked after the head's answer: a refusal says why first
+        sock.close()
+        raise ApiError("attach needs a terminal (run it in one, or read the output with "
+                       f"`nebula logs {job} -f`)")
+    return _relay(sock, rest)
+
+
+def _relay(sock: socket.socket, first: bytes) -> int:
+    stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
+    saved = termios.tcgetattr(stdin)
+    resized = os.pipe()  # the SIGWINCH handler only writes a byte: the loop sends the size
+    os.set_blocking(resized[1], False)
+    old_handler = signal.signal(signal.SIGWINCH, lambda *_: _poke(resized[1]))
+    try:
+        tty.setraw(stdin)
+        if first:
+            os.write(stdout, first)
+        while True:
+            ready, _, _ = select.select([stdin, sock, resized[0]], [], [])
+            if sock in ready:
+                data = sock.recv(65536)
+                if not data:
+                    return 0  # detached, or the session ended
+                os.write(stdout, data)
+            if stdin in ready:
+                keys = os.read(stdin, 4096)
+                if not keys:
+                    return 0
+                _send(sock, {"data": base64.b64encode(keys).decode()})
+            if resized[0] in ready:
+                os.read(resized[0], 64)
+                _send(sock, {"resize": list(_size())})
+    except (BrokenPipeError, ConnectionError):
+        return 0
+    finally:
+        termios.tcsetattr(stdin, termios.TCSAFLUSH, saved)
+        signal.signal(signal.SIGWINCH, old_handler)
+        for fd in resized:
+            os.close(fd)
+        sock.close()
+
+
+def _poke(fd: int) -> None:
+    try:
+        os.write(fd, b"!")
+    except OSError:
+        pass

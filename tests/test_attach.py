@@ -1,0 +1,96 @@
+"""Attach for everyone, in a real terminal: ``nebula attach`` as a lab member on a shared-group
+service relays the job's tmux session through the head (no node key needed), follows window
+resizes, detaches cleanly and leaves the job running; anyone else is refused.
+
+The terminal is a pane of a tmux server of the test's own, driven with ``send-keys`` and read
+with ``capture-pane``; the users are real (created by ``test_multiuser``'s fixtures, as root).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import wait_for
+from test_multiuser import as_user, lab_users, shared_head, submit_as
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None or shutil.which("setpriv") is None,
+                                reason="needs tmux and setpriv")
+
+TMUX = ["tmux", "-L", "nebula-attach-test"]
+# Users of their own: test_multiuser's may be created and removed meanwhile by another run.
+GROUP, ALICE, BOB = "nebattlab", "nebattann", "nebattbob"
+
+
+@pytest.fixture(scope="module")
+def members():
+    yield from lab_users(GROUP, (ALICE, BOB), ())
+
+
+@pytest.fixture(scope="module")
+def shared(openssh_lab, members, tmp_path_factory):
+    yield from shared_head(openssh_lab, tmp_path_factory, GROUP)
+
+# Prints its window's size twice a second and echoes what it is sent.
+JOB = ["bash", "-c", 'while :; do stty size; if read -t 0.5 line; then echo "got:$line"; fi; done']
+
+
+@pytest.fixture
+def terminal():
+    """open(command): a 100x30 terminal (a pane of our own tmux server) running ``command``
+    under ``sh``; screen(): what it shows."""
+    subprocess.run([*TMUX, "kill-server"], capture_output=True)
+
+    def open_(command: str) -> None:
+        subprocess.run([*TMUX, "-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", "100",
+                        "-y", "30", "sh", "-c", command + "; sleep 600"], check=True)
+
+    def screen() -> str:
+        return subprocess.run([*TMUX, "capture-pane", "-p", "-t", "t"], capture_output=True,
+                              text=True).stdout
+    screen.open = open_
+    yield screen
+    subprocess.run([*TMUX, "kill-server"], capture_output=True)
+
+
+def attach_line(head, user: str, job: int) -> str:
+    env = (f"PATH=/usr/bin:/bin PYTHONPATH={head.public} LANG=C.UTF-8 TERM=screen "
+           f"NEBULA_SOCKET={head.socket} NEBULA_HOME=/tmp/{user}-nebula")
+    # setpriv, not runuser: runuser -c starts a new session, away from the terminal (so no
+    # SIGWINCH); a user typing `nebula attach` in their own shell keeps theirs.
+    return (f"setpriv --reuid={user} --regid={user} --init-groups env {env} HOME=/home/{user} "
+            f"/usr/bin/python3 -m nebula_tui attach {job}; "
+            "echo attach-exit=$?; stty -a | grep -o -- ' -\\?icanon' | head -n 1")
+
+
+def test_the_owner_attaches_types_resizes_and_detaches_and_the_job_runs_on(shared, terminal):
+    job = submit_as(shared, ALICE, "--gpu-mem", "4G", "--", *JOB)
+    wait_for(lambda: shared.job(job)["state"] == "running", 20, what="alice's job running")
+    terminal.open(attach_line(shared, ALICE, job))
+    # The job's window takes the attached terminal's size (tmux's status line takes one row).
+    wait_for(lambda: "29 100" in terminal(), 30, what="the job's output at 100x30")
+    subprocess.run([*TMUX, "send-keys", "-t", "t", "hello-from-alice", "Enter"], check=True)
+    wait_for(lambda: "got:hello-from-alice" in terminal(), 20, what="keys reaching the job")
+    subprocess.run([*TMUX, "resize-window", "-t", "t", "-x", "120", "-y", "40"], check=True)
+    wait_for(lambda: "39 120" in terminal(), 20, what="the job's window following the resize")
+    subprocess.run([*TMUX, "send-keys", "-t", "t", "C-b", "d"], check=True)
+    screen = wait_for(lambda: "attach-exit=0" in (s := terminal()) and "icanon" in s and s, 20,
+                      what="a clean detach")
+    assert "[detached (from session nebula-" in screen
+    assert " icanon" in screen and "-icanon" not in screen  # the terminal is cooked again
+    assert shared.job(job)["state"] == "running"  # detaching leaves it running
+    refused = as_user(shared, BOB, "attach", str(job))
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1
+    assert f"job {job} belongs to {ALICE}; only they or an admin" in refused.stderr
+    assert shared.run("cancel", str(job)).returncode == 0
+    assert shared.wait_job(job)["state"] == "cancelled"
+
+
+def test_attach_to_a_job_that_is_not_running_says_so(shared):
+    job = submit_as(shared, ALICE, "--gpu-mem", "4G", "--", "true")
+    shared.wait_job(job)
+    done = as_user(shared, ALICE, "attach", str(job))
+    assert done.returncode == 1
+    assert f"job {job} is succeeded; only a running job has a session" in done.stderr
