@@ -103,7 +103,7 @@ def world_request(args) -> dict:
         environments.combination(args.image, args.conda, args.venv, tuple(args.data_mounts),
                                  args.runtime)
     except ValueError as err:
-        print(f"nebula submit: {err}", file=sys.stderr)
+        print(f"nebula {args.command}: {err}", file=sys.stderr)
         raise SystemExit(USAGE_ERROR) from None
     try:
         submit_dir = os.getcwd()
@@ -114,24 +114,8 @@ def world_request(args) -> dict:
             "warmup": args.warmup}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--home", default=argparse.SUPPRESS,
-                        help="state directory (default $NEBULA_HOME or ~/.nebula)")
-    common.add_argument("--config", default=argparse.SUPPRESS,
-                        help="cluster file nodes.yaml (default $NEBULA_CONFIG)")
-    common.add_argument("--socket", default=argparse.SUPPRESS,
-                        help="the head service's socket (default $NEBULA_SOCKET, then the "
-                             "one under the home, then /run/nebula/nebula.sock)")
-    parser = OneLineParser(prog="nebula", parents=[common],
-                           description="NebulaGrid: GPU cluster manager for labs. "
-                                       "Without a command, opens the TUI.")
-    sub = parser.add_subparsers(dest="command", parser_class=OneLineParser)
-
-    def command(name: str, help_text: str, **kw) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help_text, parents=[common], **kw)
-
-    p = command("submit", "submit a job: nebula submit [options] -- cmd args…")
+def add_submit_flags(p: argparse.ArgumentParser) -> None:
+    """What a job asks for: `nebula submit` and `nebula run` take the same."""
     p.add_argument("--name", default="")
     p.add_argument("--gpu-count", type=_count, default=1, help="GPUs the job needs (default 1)")
     p.add_argument("--gpu-mem", type=_size, default=None,
@@ -157,9 +141,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-requeue", action="store_true",
                    help="fail instead of restarting elsewhere when its GPU is isolated")
     add_world_flags(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--home", default=argparse.SUPPRESS,
+                        help="state directory (default $NEBULA_HOME or ~/.nebula)")
+    common.add_argument("--config", default=argparse.SUPPRESS,
+                        help="cluster file nodes.yaml (default $NEBULA_CONFIG)")
+    common.add_argument("--socket", default=argparse.SUPPRESS,
+                        help="the head service's socket (default $NEBULA_SOCKET, then the "
+                             "one under the home, then /run/nebula/nebula.sock)")
+    parser = OneLineParser(prog="nebula", parents=[common],
+                           description="NebulaGrid: GPU cluster manager for labs. "
+                                       "Without a command, opens the TUI.")
+    sub = parser.add_subparsers(dest="command", parser_class=OneLineParser)
+
+    def command(name: str, help_text: str, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_text, parents=[common], **kw)
+
+    p = command("submit", "submit a job: nebula submit [options] -- cmd args…")
+    add_submit_flags(p)
     p.add_argument("--wait", action="store_true", help="wait for the end; exit with its code")
+    p = command("run", "run a command on a terminal once it has its GPUs, like srun --pty: "
+                       "nebula run [submit options] -- bash")
+    add_submit_flags(p)
 
     command("status", "the cluster overview (R1)").add_argument("--json", action="store_true")
+
     p = command("queue", "running and waiting jobs")
     p.add_argument("--json", action="store_true")
     p = command("gpus", "every GPU with its descriptor")
@@ -231,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.trailing = trailing
-    if trailing and args.command != "submit":
-        parser.error("`--` is only for `nebula submit`")
+    if trailing and args.command not in ("submit", "run"):
+        parser.error("`--` is only for `nebula submit` and `nebula run`")
     home = Home.resolve(getattr(args, "home", None), getattr(args, "socket", None))
     config = getattr(args, "config", None)
     try:
@@ -254,16 +263,16 @@ def _client(home: Home, config: str | None):
 
 
 # ------------------------------------------------------------------ commands
-def cmd_submit(args, home, config) -> int:
+def submit_request(args) -> dict | None:
+    """The submit request of `nebula submit`/`run`'s flags; None after a usage error."""
+    prog = f"nebula {args.command}"
     if args.shell_command is not None and args.trailing:
-        print("nebula submit: give either --command \"…\" or `-- cmd args…`, not both",
-              file=sys.stderr)
-        return USAGE_ERROR
+        print(f"{prog}: give either --command \"…\" or `-- cmd args…`, not both", file=sys.stderr)
+        return None
     if args.shell_command is None and not args.trailing:
-        print("nebula submit: nothing to run; add `-- cmd args…` or --command \"…\"",
-              file=sys.stderr)
-        return USAGE_ERROR
-    request = {
+        print(f"{prog}: nothing to run; add `-- cmd args…` or --command \"…\"", file=sys.stderr)
+        return None
+    return {
         "command": [args.shell_command] if args.shell_command is not None else args.trailing,
         "shell": args.shell_command is not None, "name": args.name,
         "gpu_count": args.gpu_count, "gpu_mem_mb": args.gpu_mem,
@@ -272,10 +281,47 @@ def cmd_submit(args, home, config) -> int:
         "priority": args.priority, "after": args.after, "time_limit_s": args.time_limit,
         "service": args.service, "no_requeue": args.no_requeue, **world_request(args),
     }
+
+
+def cmd_submit(args, home, config) -> int:
+    request = submit_request(args)
+    if request is None:
+        return USAGE_ERROR
     with _client(home, config) as client:
         job = client.call("submit", **request)["job"]
         print(f"Submitted job {job['id']}", flush=True)
         if not args.wait:
+            return 0
+        return _wait(client, job["id"])
+
+
+def cmd_run(args, home, config) -> int:
+    """Submit an interactive job, wait for its GPUs, attach this terminal to it (R33)."""
+    from .attach_client import attach
+
+    if not sys.stdin.isatty():
+        print("nebula run: needs a terminal; without one use `nebula submit`", file=sys.stderr)
+        return USAGE_ERROR
+    request = submit_request(args)
+    if request is None:
+        return USAGE_ERROR
+    with _client(home, config) as client:
+        job = client.call("submit", interactive=True, **request)["job"]
+        print(f"Submitted job {job['id']}", file=sys.stderr, flush=True)
+        said = None
+        while job["state"] in ("pending", "launching"):
+            if job["reason"] and job["reason"] != said:
+                said = job["reason"]
+                print(f"Waiting: {said}", file=sys.stderr, flush=True)
+            time.sleep(0.2)
+            job = client.call("job", job=job["id"])["job"]
+        path = client.path
+    if job["state"] == "running":
+        attach(path, job["id"])
+    with _client(home, config) as client:
+        job = client.call("job", job=job["id"])["job"]
+        if job["state"] == "running":
+            print(f"Detached; job {job['id']} runs on: `nebula attach {job['id']}`", file=sys.stderr)
             return 0
         return _wait(client, job["id"])
 
@@ -533,7 +579,7 @@ def cmd_tui(args, home, config) -> int:
 
 
 COMMANDS = {
-    "submit": cmd_submit, "wait": cmd_wait, "status": cmd_status, "queue": cmd_queue,
+    "submit": cmd_submit, "run": cmd_run, "wait": cmd_wait, "status": cmd_status, "queue": cmd_queue,
     "gpus": cmd_gpus, "job": cmd_job, "cancel": cmd_cancel, "logs": cmd_logs,
     "parse": cmd_parse, "serve": cmd_serve, "demo": cmd_demo, "tui": cmd_tui,
     "hold": cmd_hold, "release": cmd_release, "attach": cmd_attach, "node": cmd_node,

@@ -156,6 +156,7 @@ class JobSpec:
     #: where it was submitted from: its workdir when the node has that path and no --workdir
     submit_dir: str | None = None
     warmup: bool = False  # --warmup: wake the cards from their idle P-state first (R27)
+    interactive: bool = False  # `nebula run`: the command gets a terminal; it ends the job (R33)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def job_json(job: Job) -> dict:
         "image": job.spec.image, "runtime": job.spec.runtime,
         "data_mounts": list(job.spec.data_mounts), "conda": job.spec.conda,
         "venv": job.spec.venv, "submit_dir": job.spec.submit_dir, "warmup": job.spec.warmup,
-        "workdir_used": job.workdir_used,
+        "workdir_used": job.workdir_used, "interactive": job.spec.interactive,
         "gpus": [{"uuid": p.gpu_uuid, "node": p.node, "index": p.gpu_index,
                   "memory_mb": p.memory_mb, "exclusive": p.exclusive} for p in job.placements],
     }

@@ -8,6 +8,7 @@ with ``capture-pane``; the users are real (created by ``test_multiuser``'s fixtu
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 
@@ -55,20 +56,22 @@ def terminal():
     subprocess.run([*TMUX, "kill-server"], capture_output=True)
 
 
-def attach_line(head, user: str, job: int) -> str:
+def as_user_in_terminal(head, user: str, *args: str) -> str:
+    """The shell line that runs `nebula ARGS` as ``user`` in the terminal, then prints its
+    exit code and whether the terminal is cooked again."""
     env = (f"PATH=/usr/bin:/bin PYTHONPATH={head.public} LANG=C.UTF-8 TERM=screen "
            f"NEBULA_SOCKET={head.socket} NEBULA_HOME=/tmp/{user}-nebula")
     # setpriv, not runuser: runuser -c starts a new session, away from the terminal (so no
     # SIGWINCH); a user typing `nebula attach` in their own shell keeps theirs.
     return (f"setpriv --reuid={user} --regid={user} --init-groups env {env} HOME=/home/{user} "
-            f"/usr/bin/python3 -m nebula_tui attach {job}; "
-            "echo attach-exit=$?; stty -a | grep -o -- ' -\\?icanon' | head -n 1")
+            f"/usr/bin/python3 -m nebula_tui {shlex.join(args)}; "
+            f"echo {args[0]}-exit=$?; stty -a | grep -o -- ' -\\?icanon' | head -n 1")
 
 
 def test_the_owner_attaches_types_resizes_and_detaches_and_the_job_runs_on(shared, terminal):
     job = submit_as(shared, ALICE, "--gpu-mem", "4G", "--", *JOB)
     wait_for(lambda: shared.job(job)["state"] == "running", 20, what="alice's job running")
-    terminal.open(attach_line(shared, ALICE, job))
+    terminal.open(as_user_in_terminal(shared, ALICE, "attach", str(job)))
     # The job's window takes the attached terminal's size (tmux's status line takes one row).
     wait_for(lambda: "29 100" in terminal(), 30, what="the job's output at 100x30")
     subprocess.run([*TMUX, "send-keys", "-t", "t", "hello-from-alice", "Enter"], check=True)
@@ -94,3 +97,24 @@ def test_attach_to_a_job_that_is_not_running_says_so(shared):
     done = as_user(shared, ALICE, "attach", str(job))
     assert done.returncode == 1
     assert f"job {job} is succeeded; only a running job has a session" in done.stderr
+
+
+def test_nebula_run_gives_a_shell_once_it_has_its_gpus_and_ends_with_it(shared, terminal):
+    terminal.open(as_user_in_terminal(shared, ALICE, "run", "--gpu-mem", "4G", "--",
+                                      "bash", "--norc", "--noprofile"))
+    job = wait_for(lambda: next((j for j in shared.call("queue")["jobs"] if j["interactive"]
+                                 and j["user"] == ALICE and j["state"] == "running"), None),
+                   30, what="the interactive job in the queue")  # the queue shows it as any job
+    wait_for(lambda: "bash-" in terminal(), 30, what="the shell's prompt")
+    subprocess.run([*TMUX, "send-keys", "-t", "t", 'echo "in-job-$NEBULA_JOB_ID"; tty', "Enter"],
+                   check=True)
+    screen = wait_for(lambda: f"in-job-{job['id']}" in (s := terminal()) and "/dev/pts/" in s and s,
+                      20, what="the shell answering")
+    assert "not a tty" not in screen  # the shell has a terminal of its own
+    subprocess.run([*TMUX, "send-keys", "-t", "t", "exit 3", "Enter"], check=True)
+    screen = wait_for(lambda: "run-exit=3" in (s := terminal()) and "icanon" in s and s, 30,
+                      what="the shell's exit ending `nebula run`")
+    assert f"Job {job['id']} failed with exit code 3" in screen and " icanon" in screen
+    ended = shared.wait_job(job["id"])
+    assert (ended["state"], ended["exit_code"]) == ("failed", 3)
+    assert f"in-job-{job['id']}" in as_user(shared, ALICE, "logs", str(job["id"])).stdout

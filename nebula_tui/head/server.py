@@ -108,6 +108,7 @@ def _world_fields(req: dict) -> dict:
     except ValueError as err:
         raise RequestError(str(err)) from None
     fields["warmup"] = bool(req.get("warmup"))
+    fields["interactive"] = bool(req.get("interactive"))
     return fields
 
 

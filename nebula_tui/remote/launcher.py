@@ -121,7 +121,12 @@ def user_argv(job: Job, placements: tuple[Placement, ...],
 
 
 def _command(job: Job) -> list[str]:
-    return ["sh", "-c", job.spec.command[0]] if job.spec.shell else list(job.spec.command)
+    command = ["sh", "-c", job.spec.command[0]] if job.spec.shell else list(job.spec.command)
+    if job.spec.interactive and job.spec.image is None:
+        # `nebula run`: the command needs a terminal of its own (its output is the log's
+        # through the wrapper's tee); script gives it one and returns its exit code.
+        return ["script", "-q", "-e", "-f", "-c", shlex.join(command), "/dev/null"]
+    return command
 
 
 # The wrapper's own helpers (fixed text). `fail` ends the job before its command: the
@@ -163,7 +168,8 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
     devices = devices or tuple(containers.Device(p.gpu_uuid, p.gpu_index) for p in placements)
     boxed = spec.image is not None
     checks = preflight.check_env(node.name, None if boxed else spec.workdir,
-                                 None if boxed else spec.submit_dir, spec.conda, spec.venv)
+                                 None if boxed else spec.submit_dir, spec.conda, spec.venv,
+                                 spec.interactive and not boxed)
     sources = [environments.split_mount(m)[0] for m in spec.data_mounts]
     check_argv = [*run_as, "env", *_env_words(checks), "sh", "-c", preflight.CHECKS,
                   "nebula-check", *sources]
@@ -245,5 +251,5 @@ def _container_lines(job: Job, placements: tuple[Placement, ...], run_as: tuple[
         lines = containers.podman_lines(
             runtime, spec.image, env, devices, node.name, spec.workdir, spec.data_mounts,
             job.user if run_as else None, run_as if rootless else (), rootless,
-            interactive=False)
+            interactive=spec.interactive)
     return [*lines, f"{containers.ADD} {_q(_command(job))}", '"$@"']

@@ -40,6 +40,9 @@ elif [ -n "${NEBULA_SUBMIT_DIR:-}" ] && cd -- "$NEBULA_SUBMIT_DIR" 2>/dev/null; 
 elif [ -n "${NEBULA_SUBMIT_DIR+set}" ]; then
   printf 'workdir=%s\n' "$HOME"
 fi
+if [ -n "${NEBULA_TERMINAL:-}" ] && ! command -v script >/dev/null 2>&1; then
+  say "$node has no script (util-linux), which gives an interactive job its terminal"; exit 1
+fi
 for src in "$@"; do
   [ -e "$src" ] || {
     say "--data-mount's source $src does not exist on $node (or $me cannot reach it)"; exit 1; }
@@ -90,9 +93,12 @@ fi
 
 
 def check_env(node: str, workdir: str | None, submit_dir: str | None, conda: str | None,
-              venv: str | None) -> dict[str, str]:
-    """The inputs of ``CHECKS`` (empty ones left out)."""
+              venv: str | None, terminal: bool = False) -> dict[str, str]:
+    """The inputs of ``CHECKS`` (empty ones left out); ``terminal``: the command gets one
+    through ``script`` (an interactive job)."""
     env = {"NEBULA_NODE_NAME": node}
+    if terminal:
+        env["NEBULA_TERMINAL"] = "1"
     if workdir:
         env["NEBULA_WORKDIR"] = workdir
     elif submit_dir is not None:
