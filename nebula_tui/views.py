@@ -155,7 +155,8 @@ def queue_text(jobs: list[dict]) -> str:
     for j in jobs:
         where = ", ".join(f"{g['node']}:{g['index']}" for g in j["gpus"]) or (
             f"{j['gpu_count']}x{format_mb(j['gpu_mem_mb']) if j['gpu_mem_mb'] else 'whole'}")
-        detail = j["reason"] if j["state"] == "pending" else " ".join(j["command"])
+        # A running job's reason is what it does before its command (pulling an image).
+        detail = j["reason"] if j["state"] == "pending" or j["reason"] else " ".join(j["command"])
         lines.append(f"{j['id']:>5}  {j['user'][:10]:<10} {(j['name'] or '-')[:16]:<16} "
                      f"{j['state']:<10} {where[:22]:<22} {detail}")
     return "\n".join(lines)
