@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nebula_tui.model import Job, JobSpec, JobState, Placement
+from nebula_tui.model import Job, JobSpec, Launching, Placement
 from nebula_tui.remote.containers import Device
 from nebula_tui.remote.launcher import NodeFacts, run_script
 
@@ -48,7 +48,7 @@ HEAD = ["run", "--rm", "--name", "nebula-7-ab12.0", "--init", "--network", "host
 def make_job(image="pytorch/pytorch:2.1.0-cuda12.1-cudnn8", **spec):
     spec = JobSpec(command=("python", "train.py", "--lr", "3e-4; rm -rf /"), name="llama",
                    gpu_count=2, gpu_mem_mb=8192, image=image, **spec)
-    return Job(id=7, user="alice", spec=spec, state=JobState.LAUNCHING, submitted_at=1.0)
+    return Job(id=7, user="alice", spec=spec, submitted_at=1.0, status=Launching(PLACEMENTS))
 
 
 @pytest.fixture
