@@ -211,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("logs", "a job's output")
     p.add_argument("job", type=_job_id)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.add_argument("--rank", type=int, default=None,
+                   help="one node of a multi-node job (0 first); default: every node's, "
+                        "each line prefixed with its rank")
     p = command("parse", "print what NebulaGrid understands from a saved tool output")
     p.add_argument("kind", help="smi-csv, smi-apps, smi-plain, topo, xid")
     p.add_argument("file", help="the saved output ('-' for stdin)")
@@ -497,18 +500,48 @@ def cmd_users(args, home, config) -> int:
 
 
 def cmd_logs(args, home, config) -> int:
-    offset = 0
+    """One node's output as it is; a multi-node job's every rank, a prefix on each line."""
+    if args.rank is not None:
+        with _client(home, config) as client:
+            return _follow_one(client, args)
+    offsets: list[int] = []
+    pending: dict[int, str] = {}
     with _client(home, config) as client:
         while True:
-            reply = client.call("logs", job=args.job, offset=offset)
-            sys.stdout.write(reply["data"])
+            reply = client.call("logs", job=args.job, offset=0, offsets=offsets)
+            parts = reply.get("parts") or [{"rank": 0, "node": "", **reply}]
+            offsets = [p["offset"] for p in parts]
+            for part in parts:
+                if len(parts) == 1:
+                    sys.stdout.write(part["data"])
+                    continue
+                lines = (pending.pop(part["rank"], "") + part["data"]).split("\n")
+                pending[part["rank"]] = lines.pop()  # an unfinished line waits for its end
+                for line in lines:
+                    sys.stdout.write(f"[{part['rank']} {part['node']}] {line}\n")
             sys.stdout.flush()
-            offset = reply["offset"]
-            finished = reply["state"] in FINISHED_STATES
-            if not args.follow or (finished and not reply["data"]):
+            got = any(p["data"] for p in parts)
+            if not args.follow or (reply["state"] in FINISHED_STATES and not got):
+                for rank, rest in pending.items():
+                    if rest:
+                        sys.stdout.write(f"[{rank}] {rest}\n")
                 return 0
-            if not reply["data"]:
+            if not got:
                 time.sleep(0.3)
+
+
+def _follow_one(client, args) -> int:
+    offset = 0
+    while True:
+        reply = client.call("logs", job=args.job, offset=offset, rank=args.rank)
+        sys.stdout.write(reply["data"])
+        sys.stdout.flush()
+        offset = reply["offset"]
+        finished = reply["state"] in FINISHED_STATES
+        if not args.follow or (finished and not reply["data"]):
+            return 0
+        if not reply["data"]:
+            time.sleep(0.3)
 
 
 def cmd_parse(args, home, config) -> int:

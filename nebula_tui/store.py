@@ -376,6 +376,15 @@ class Store:
         ).fetchall()
         return [(r[0], Placement(r[1], r[2], r[3], r[4], bool(r[5]))) for r in rows]
 
+    def last_nodes(self, job_id: int) -> list[str]:
+        """The nodes of the job's last launch (its allocations written together), rank 0
+        first: where its logs are once it ended."""
+        rows = self.db.execute(
+            "SELECT node FROM allocations WHERE job_id = ? AND created_at = "
+            "(SELECT MAX(created_at) FROM allocations WHERE job_id = ?) ORDER BY id",
+            [job_id, job_id]).fetchall()
+        return list(dict.fromkeys(r[0] for r in rows))
+
     def active_placements(self) -> list[tuple[int, Placement]]:
         """Every (job id, placement) not yet released."""
         return self._placements("released_at IS NULL", [])

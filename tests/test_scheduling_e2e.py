@@ -47,9 +47,16 @@ def test_a_gang_across_two_nodes_gets_the_torchrun_environment(head):
     done = head.wait_job(job, 30)
     assert done["state"] == "succeeded", done["reason"]
     nodes = {g["node"] for g in head.call("job", job=job)["job"]["gpus"]} or None
-    log = head.run("logs", str(job), check=True).stdout.split()
+    log = head.run("logs", "--rank", "0", str(job), check=True).stdout.split()
     assert log[0] == "2" and log[1] == "0" and log[2] == "127.0.0.1" and int(log[3]) >= 29500
     assert nodes is None or len(nodes) == 2
+    # Every rank's output, each line prefixed with its rank and node; or one rank's alone.
+    every = sorted(head.run("logs", str(job), check=True).stdout.splitlines())
+    assert [line.split()[0] for line in every] == ["[0", "[1"]
+    assert every[0].split()[2:4] == ["2", "0"] and every[1].split()[2:4] == ["2", "1"]
+    assert head.run("logs", "--rank", "1", str(job), check=True).stdout.split()[:2] == ["2", "1"]
+    beyond = head.run("logs", "--rank", "2", str(job))
+    assert beyond.returncode == 1 and "ran on 2 node(s): --rank goes from 0 to 1" in beyond.stderr
     # Without --nodes the same request waits instead.
     single = submit(head, "--gpu-count", "5", "--gpu-mem", "20G", "--", "true")
     try:

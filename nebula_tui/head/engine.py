@@ -33,7 +33,7 @@ from .jobs import JobTransitions
 from .nodes import Fleet
 from .scheduling import Scheduling
 from .shares import Shares
-from .state import HeadState
+from .state import HeadState, job_nodes
 from .stream import Stream
 
 
@@ -137,14 +137,27 @@ class Engine:
             raise RequestError(f"no GPU {gpu}; `nebula gpus` lists them (uuid, or node:index)")
         return self.state.store.telemetry(gpu, self.state.clock() - since_s)
 
-    async def read_log(self, user: str, job_id: int, offset: int) -> dict:
+    async def read_log(self, user: str, job_id: int, offset: int, rank: int | None = None,
+                       offsets: list[int] | None = None) -> dict:
+        """Part of the job's output from ``offset``: rank 0's (or ``rank``'s); with
+        ``offsets`` (one per rank), every rank's, as ``parts``."""
         job = self.job(job_id)
         self.access.check_may_manage(user, job, "read the log of")
-        if not job.node:
-            return {"data": "", "offset": offset, "state": job.state.value}
-        try:
-            reply = await self.state.links[job.node].request("log", job=job.id, offset=offset)
-        except (NodeUnavailable, asyncio.TimeoutError) as err:
-            raise RequestError(f"cannot read the log of job {job_id}: {err}") from None
-        return {"data": reply.get("data", ""), "offset": reply.get("offset", offset),
+        nodes = job_nodes(job) or self.state.store.last_nodes(job.id) or \
+            ([job.node] if job.node else [])
+        if rank is not None and not 0 <= rank < max(1, len(nodes)):
+            raise RequestError(f"job {job_id} ran on {len(nodes)} node(s): --rank goes from 0 "
+                               f"to {max(0, len(nodes) - 1)}")
+        ranks = list(range(len(nodes))) if offsets is not None else [rank or 0][:len(nodes)]
+        starts = list(offsets) if offsets is not None else [offset]
+        parts = []
+        for i, position in zip(ranks, starts + [0] * len(ranks)):
+            try:
+                reply = await self.state.links[nodes[i]].request("log", job=job.id, offset=position)
+            except (NodeUnavailable, asyncio.TimeoutError, KeyError) as err:
+                raise RequestError(f"cannot read the log of job {job_id} on {nodes[i]}: {err}") from None
+            parts.append({"rank": i, "node": nodes[i], "data": reply.get("data", ""),
+                          "offset": reply.get("offset", position)})
+        first = parts[0] if parts else {"data": "", "offset": offset}
+        return {"data": first["data"], "offset": first["offset"], "parts": parts,
                 "state": self.job(job_id).state.value}

@@ -306,7 +306,13 @@ class ApiServer:
         offset = req.get("offset", 0)
         if not isinstance(offset, int) or offset < 0:
             raise RequestError("offset must be a byte position >= 0")
-        return await self.engine.read_log(user, _job_id(req), offset)
+        rank, offsets = req.get("rank"), req.get("offsets")
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
+            raise RequestError("--rank must be a node's rank, 0 or more")
+        if offsets is not None and (not isinstance(offsets, list) or len(offsets) > MAX_GPU_COUNT
+                                    or not all(isinstance(o, int) and o >= 0 for o in offsets)):
+            raise RequestError("offsets must be byte positions >= 0, one per rank")
+        return await self.engine.read_log(user, _job_id(req), offset, rank, offsets)
 
     async def op_shutdown(self, user, req):
         if not self.engine.is_admin(user):
