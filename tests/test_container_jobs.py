@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -235,3 +237,28 @@ def test_the_head_killed_mid_run_readopts_the_container(openssh_lab, tmp_path):
         assert log(head, job_id).split() == ["started", "done"]  # one run, never two
     finally:
         head.stop()
+
+
+def test_nebula_run_with_an_image_is_a_shell_in_the_container(head):
+    """`nebula run --image … -- sh` in a real terminal (a pane of a tmux server of our own)."""
+    tmux = ["tmux", "-L", "nebula-run-image-test"]
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in head.env.items()
+                   if k.startswith("NEBULA") or k == "PATH")
+    subprocess.run([*tmux, "kill-server"], capture_output=True)
+    subprocess.run([*tmux, "-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", "100", "-y", "30",
+                    "sh", "-c", f"env {env} TERM=screen {shlex.quote(sys.executable)} -m nebula_tui "
+                    f"run --image {IMAGE} --gpu-mem 4G -- sh; echo run-exit=$?; sleep 600"], check=True)
+
+    def screen() -> str:
+        return subprocess.run([*tmux, "capture-pane", "-p", "-t", "t"], capture_output=True,
+                              text=True).stdout
+    try:
+        wait_for(lambda: "\n/ #" in screen(), 60, what="the container's shell prompt")
+        subprocess.run([*tmux, "send-keys", "-t", "t", "tty; ls /dev | grep -c '^nvidia[0-9]'",
+                        "Enter"], check=True)
+        shown = wait_for(lambda: "/dev/pts/" in (s := screen()) and s, 20, what="its terminal")
+        assert "\n1\n" in shown  # one card: the one it asked for
+        subprocess.run([*tmux, "send-keys", "-t", "t", "exit 5", "Enter"], check=True)
+        wait_for(lambda: "run-exit=5" in screen(), 30, what="the shell's exit ending the job")
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
