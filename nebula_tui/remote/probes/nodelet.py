@@ -281,7 +281,7 @@ class Watcher:
                 continue
             if phases and job in self.started:
                 self.look_phase(job, d)
-            elif sessions is not None and _launched_before(d, self.last_session_check):
+            if sessions is not None and _launched_before(d, self.last_session_check):
                 # The session is gone but left no exit code: killed, or the node rebooted.
                 if session_name(job) not in sessions and read_text(os.path.join(d, "exit_code")) is None:
                     self.ended.add(job)
