@@ -319,11 +319,10 @@ def cmd_run(args, home, config) -> int:
             time.sleep(0.2)
             job = client.call("job", job=job["id"])["job"]
         path = client.path
-    if job["state"] == "running":
-        attach(path, job["id"])
+    ended = job["state"] != "running" or attach(path, job["id"])
     with _client(home, config) as client:
         job = client.call("job", job=job["id"])["job"]
-        if job["state"] == "running":
+        if job["state"] == "running" and not ended:  # a detach: the job runs on
             print(f"Detached; job {job['id']} runs on: `nebula attach {job['id']}`", file=sys.stderr)
             return 0
         return _wait(client, job["id"])
@@ -407,7 +406,8 @@ def cmd_attach(args, home, config) -> int:
 
     with _client(home, config) as client:  # finds (or starts) the service
         path = client.path
-    return attach(path, args.job, args.rank)
+    attach(path, args.job, args.rank)
+    return 0
 
 
 def cmd_node(args, home, config) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -282,9 +283,13 @@ def test_nebula_run_with_an_image_is_a_shell_in_the_container(head):
         wait_for(lambda: "\n/ #" in screen(), 60, what="the container's shell prompt")
         subprocess.run([*tmux, "send-keys", "-t", "t", "tty; ls /dev | grep -c '^nvidia[0-9]'",
                         "Enter"], check=True)
-        shown = wait_for(lambda: "/dev/pts/" in (s := screen()) and s, 20, what="its terminal")
-        assert "\n1\n" in shown  # one card: the one it asked for
+        shown = wait_for(lambda: re.search(r"/dev/pts/\d+\n(\d+)\n", screen()), 20,
+                         what="its terminal and its cards")
+        assert shown.group(1) == "1"  # one card: the one it asked for
         subprocess.run([*tmux, "send-keys", "-t", "t", "exit 5", "Enter"], check=True)
-        wait_for(lambda: "run-exit=5" in screen(), 30, what="the shell's exit ending the job")
+        try:
+            wait_for(lambda: "run-exit=5" in screen(), 30, what="the shell's exit ending the job")
+        except AssertionError as err:
+            raise AssertionError(f"{err}; the terminal showed:\n{screen()}") from None
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
