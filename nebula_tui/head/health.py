@@ -84,7 +84,7 @@ class HealthMonitor:
                job_id: int | None = None) -> None:
         if gpu and not node and gpu in self.state.gpus:
             node = self.state.gpus[gpu].node
-        self.stream.event(kind, message, node=node, gpu=gpu, job_id=job_id)
+        self.state.record(kind, message, node=node, gpu=gpu, job_id=job_id)
 
     # ------------------------------------------------------------- kernel log (R16)
     def on_kernel_message(self, node: str, message: dict) -> None:

@@ -144,6 +144,7 @@ class JobTransitions:
         except StaleDecision:
             return  # the job changed since the snapshot (cancelled): nothing to launch
         job = self._set(replace(job, status=Launching(placements)))
+        self.shares.changed(job.user)  # one more job running
         for node in job_nodes(job):
             self.stream.publish_gpus(node)
         self.state.spawn(self.launch(job), f"launch-{job.id}")
@@ -224,6 +225,7 @@ class JobTransitions:
         self.state.jobs.pop(job.id, None)
         self._exit_reasons.pop(job.id, None)
         self.shares.forget()  # its hours now count towards its user's weight
+        self.shares.changed(job.user)
         done = replace(job, status=Ended(state, now, code, reason, job.started_at, job.node,
                                          job.placements))
         self.stream.publish_job(done)
@@ -240,6 +242,7 @@ class JobTransitions:
         self.state.store.requeue(job.id, reason, self.state.clock())
         self._exit_reasons.pop(job.id, None)
         self._set(replace(job, status=Pending(reason), attempt=job.attempt + 1))
+        self.shares.changed(job.user)  # charged for what it held
         for node in job_nodes(job):
             self.stream.publish_gpus(node)
         self.state.wake()
@@ -261,8 +264,8 @@ class JobTransitions:
             raise RequestError(f"job {job.id} already {job.state.value}")
         if job.state == JobState.PENDING:
             if user != job.user:
-                self.state.store.add_event("admin", f"{user} cancelled job {job.id} of {job.user}",
-                                           job_id=job.id, user=user)
+                self.state.record("admin", f"{user} cancelled job {job.id} of {job.user}",
+                                  job_id=job.id, user=user)
             self.finish(job, JobState.CANCELLED, None, f"cancelled by {user}")
             return
         now = self.state.clock()
@@ -303,7 +306,7 @@ class JobTransitions:
         if job.status.stopping:
             return  # another node's part of the same gang, being killed
         detail = f"exit code {code}" if code is not None else "no exit code"
-        self.stream.event("health", f"job {job.id} ended after SIGUSR1 ({detail})", job_id=job.id)
+        self.state.record("health", f"job {job.id} ended after SIGUSR1 ({detail})", job_id=job.id)
         # A gang's other parts are stopped before it is requeued.
         self.state.spawn(self.put_back(job.id, kill=len(job_nodes(job)) > 1), f"put-back-{job.id}")
 

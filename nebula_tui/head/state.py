@@ -177,6 +177,11 @@ class HeadState:
         for task in list(self._tasks):
             task.cancel()
 
+    def record(self, kind: str, message: str, **refs) -> None:
+        """A line of the events log, at the head's time, for a change that writes nothing
+        else (the store hands it to the stream once committed, like every other line)."""
+        self.store.add_event(self.clock(), kind, message, **refs)
+
     # ----------------------------------------------------------------- jobs' tokens
     def token(self, job: Job) -> str:
         """Names one launch of one job: this head's store, and the attempt (requeues)."""

@@ -89,13 +89,10 @@ class Stream:
         for queue in list(self.subscribers):
             queue.put_nowait(event)
 
-    def event(self, kind: str, message: str, job_id: int | None = None, node: str | None = None,
-              gpu: str | None = None) -> None:
-        """A line of the events log: recorded in the store and sent to subscribers."""
-        self.state.store.add_event(kind, message, node=node, gpu=gpu, job_id=job_id)
-        self.publish({"type": "event", "event": {"t": self.state.clock(), "kind": kind,
-                                                 "message": message, "node": node, "gpu": gpu,
-                                                 "job_id": job_id}})
+    def publish_event(self, event: dict) -> None:
+        """A line of the events log the store committed (``Store.on_event``), as it is."""
+        if self.subscribers:
+            self.publish({"type": "event", "event": event})
 
     def publish_job(self, job: Job) -> None:
         if self.subscribers:
