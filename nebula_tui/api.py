@@ -14,6 +14,11 @@ as the ``users`` request's rows), then one line per event, each with a ``type``:
 * ``event``: ``{"event": {"t", "kind", "message", "job_id", "node", "gpu", "user"}}``, a
   line of the events log exactly as the store recorded it (``events`` returns the same
   lines): every change has one, written where it happens, at the head's time;
+* ``queue``: ``{"order": [job id, …]}``, the waiting jobs in the order the scheduler
+  considers them (priority, fair share, submit time), after a pass changed it (at most
+  every 0.5 s); the snapshot has it as ``"queue"``. ``queue`` and ``job`` requests give
+  each waiting job's ``queue_pos`` (its 1-based place; null before its first pass), and
+  ``job`` also its ``environment`` once placed (node -> the variables its command gets);
 * ``user``: ``{"user": …}``, one user's row as the ``users`` request returns it, after
   their figures moved (a job of theirs submitted, started, charged or ended; their quota);
 * ``gpus``: ``{"node": N, "gpus": {uuid: fields}, "gone": [uuid, …]}``, after each probe

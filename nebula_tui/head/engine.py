@@ -22,6 +22,7 @@ import asyncio
 import time
 from dataclasses import replace
 
+from .. import views
 from ..config import ClusterConfig
 from ..model import Job, JobSpec, JobState, Pending, RequestError
 from ..remote.ssh import NodeUnavailable
@@ -105,6 +106,14 @@ class Engine:
         self.shares.changed(user)
         state.wake(capacity=False)
         return job
+
+    def job_detail(self, job_id: int) -> dict:
+        """A job as ``views.job_json`` has it, with what the head computes for it: its place
+        in the queue (``queue_pos``) and, once placed, the environment each of its nodes
+        gives its command (``environment``: node -> variables)."""
+        job = self.job(job_id)
+        return {**views.job_json(job), "queue_pos": self.state.queue_place.get(job.id),
+                "environment": self.transitions.environments(job) if job.placements else {}}
 
     def job(self, job_id: int) -> Job:
         job = self.state.jobs.get(job_id) or self.state.store.job(job_id)

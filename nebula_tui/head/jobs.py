@@ -32,6 +32,10 @@ ACK_BATCH_S = 0.1
 CANCEL_GRACE_S = 10.0
 
 
+def _placements_on(job: Job, node: str) -> tuple[Placement, ...]:
+    return tuple(p for p in job.placements if p.node == node)
+
+
 class JobTransitions:
     def __init__(self, state: HeadState, stream: Stream, shares: Shares, access: Access):
         self.state = state
@@ -156,7 +160,7 @@ class JobTransitions:
         intent in the store, and reconcile launches its part when it is back.
         """
         nodes = job_nodes(job)
-        replies = await asyncio.gather(*(self._launch_on(job, node, nodes) for node in nodes
+        replies = await asyncio.gather(*(self._launch_on(job, node) for node in nodes
                                          if only is None or node == only), return_exceptions=True)
         current = self.state.jobs.get(job.id)
         if current is None or current.state != JobState.LAUNCHING:
@@ -173,20 +177,31 @@ class JobTransitions:
             launching = replace(launching, confirmed=confirmed)
             self._set(replace(current, status=with_holding(current.status, launching)))
 
-    async def _launch_on(self, job: Job, node: str, nodes: list[str]) -> dict | None:
+    def _gang_environment(self, job: Job, node: str) -> dict[str, str] | None:
+        """What a gang's part on ``node`` needs to find the others (None: not a gang)."""
+        nodes = job_nodes(job)
+        if len(nodes) < 2:
+            return None
         config = self.state.config
-        mine = tuple(p for p in job.placements if p.node == node)
-        extra = None
-        if len(nodes) > 1:
-            master = config.node(nodes[0])
-            extra = launcher.gang_environment(job, node, master.host, nodes,
-                                              config.node(node).env_dict.get("NCCL_SOCKET_IFNAME"))
-        node_config = config.node(node)
+        return launcher.gang_environment(job, node, config.node(nodes[0]).host, nodes,
+                                         config.node(node).env_dict.get("NCCL_SOCKET_IFNAME"))
+
+    def environments(self, job: Job) -> dict[str, dict[str, str]]:
+        """Each of the job's nodes -> the environment the head gives its command there:
+        the very function and inputs ``launch`` builds the node's script from."""
+        return {node: launcher.launch_environment(job, _placements_on(job, node),
+                                                  self._gang_environment(job, node))
+                for node in job_nodes(job)}
+
+    async def _launch_on(self, job: Job, node: str) -> dict | None:
+        mine = _placements_on(job, node)
+        node_config = self.state.config.node(node)
         facts = launcher.node_facts(node, self.state.nodes[node].hello, node_config.runtime,
                                     node_config.warmup)
         devices = launcher.job_devices(mine, {p.gpu_uuid: self.state.gpus[p.gpu_uuid].reading
                                               for p in mine if p.gpu_uuid in self.state.gpus})
-        script = launcher.run_script(job, mine, self._run_as(job, node), extra, facts, devices)
+        script = launcher.run_script(job, mine, self._run_as(job, node),
+                                     self._gang_environment(job, node), facts, devices)
         try:
             reply = await self.state.links[node].request("launch", job=job.id,
                                                          token=self.state.token(job), script=script)

@@ -144,6 +144,10 @@ class HeadState:
         self.gpus: dict[str, GpuLive] = {}
         self.jobs = JobTable()  # every job not yet finished
         self.links: dict[str, NodeLink] = {}
+        #: the waiting jobs in the order the last scheduling pass considered them (priority,
+        #: fair share, submit time), and each one's 1-based place in it
+        self.queue_order: list[int] = []
+        self.queue_place: dict[int, int] = {}
         #: something may let a job start since the scheduling loop last looked (``wake``)
         self.capacity_changed = True
         self._wake = asyncio.Event()
@@ -181,6 +185,14 @@ class HeadState:
         """A line of the events log, at the head's time, for a change that writes nothing
         else (the store hands it to the stream once committed, like every other line)."""
         self.store.add_event(self.clock(), kind, message, **refs)
+
+    def set_queue_order(self, order: list[int]) -> bool:
+        """The scheduler's order of the waiting jobs; False when it did not change."""
+        if order == self.queue_order:
+            return False
+        self.queue_order = order
+        self.queue_place = {job_id: n for n, job_id in enumerate(order, start=1)}
+        return True
 
     # ----------------------------------------------------------------- jobs' tokens
     def token(self, job: Job) -> str:

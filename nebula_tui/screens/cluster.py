@@ -29,6 +29,7 @@ class Cluster:
         self.finished: dict[int, dict] = {}  # jobs seen finishing while we watched
         self.events: deque[dict] = deque(maxlen=EVENTS_KEPT)
         self.users: dict[str, dict] = {}  # user name -> their row of the ``users`` request
+        self.queue_order: list[int] = []  # waiting jobs, as the scheduler orders them
         self.by_node: dict[str, dict[str, dict]] = {}  # node -> uuid -> GPU (same dicts)
         self.placed: dict[str, set[int]] = {}  # GPU uuid -> live jobs placed there
         self.util_trend: dict[str, deque] = {}  # GPU uuid -> recent utilisation readings
@@ -43,6 +44,7 @@ class Cluster:
         self.jobs = {j["id"]: j for j in snap.get("jobs", []) if j["state"] not in FINISHED}
         self.events = deque(snap.get("events", []), maxlen=EVENTS_KEPT)
         self.users = {u["name"]: u for u in snap.get("users", [])}
+        self.queue_order = list(snap.get("queue", []))
         self.by_node = {}
         for uuid, gpu in self.gpus.items():
             self.by_node.setdefault(gpu["node"], {})[uuid] = gpu
@@ -134,6 +136,10 @@ class Cluster:
         self.events.append(event)
         self.version += 1
 
+    def apply_queue(self, order: list[int]) -> None:
+        self.queue_order = list(order)
+        self.version += 1
+
     def apply_user(self, row: dict) -> None:
         """A user's row (weight, GPU-hours, quota, jobs) as the ``users`` request has it."""
         self.users[row["name"]] = row
@@ -159,13 +165,6 @@ class Cluster:
 
     def job_events(self, job_id: int) -> list[dict]:
         return [e for e in self.events if e.get("job_id") == job_id]
-
-
-def fair_share_order(jobs: list[dict], weights: dict[str, float]) -> list[dict]:
-    """Waiting jobs in the order R6 runs them: lowest user weight first, then submit time.
-    Held jobs are not in the order. Users we have no weight for count as new (1.0)."""
-    waiting = [j for j in jobs if j["state"] == "pending" and not j.get("held")]
-    return sorted(waiting, key=lambda j: (weights.get(j["user"], 1.0), j["submitted_at"], j["id"]))
 
 
 def user_weight(row: dict) -> float:
