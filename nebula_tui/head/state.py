@@ -20,7 +20,6 @@ from ..config import ClusterConfig
 from ..model import GpuProcess, GpuReading, GpuView, Job, NodeState, Placement, RequestError
 from ..remote.ssh import NodeLink
 from ..scheduler.health import health_score
-from ..settings import SchedulerSettings
 from ..store import Store
 
 
@@ -135,7 +134,7 @@ class HeadState:
     def __init__(self, config: ClusterConfig, store: Store, clock: Callable[[], float]):
         self.config = config
         #: the ``scheduler:`` section as the head started with it (a reload keeps it)
-        self.settings = config.scheduler or SchedulerSettings()
+        self.settings = config.scheduler
         self.store = store
         self.clock = clock
         self.owner = pwd.getpwuid(os.getuid()).pw_name  # the account the service runs as
