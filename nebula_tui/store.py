@@ -1,4 +1,5 @@
 """The store: the only module that speaks SQL. SQLite in WAL mode through sqlite-utils.
+(Longer than most modules for that reason: every query of the project is here.)
 
 Every state change is one ``BEGIN IMMEDIATE`` transaction; a submit is committed with
 ``synchronous=FULL`` so an acknowledged job id survives even a crash of the machine. Only the head
