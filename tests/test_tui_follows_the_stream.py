@@ -94,6 +94,8 @@ async def test_the_queue_shows_the_schedulers_order_priority_first(engine, serve
     urgent = engine.submit("root", JobSpec(command=("true",), gpu_count=64, priority=10))
     engine.scheduling.schedule_pass()
     assert engine.state.queue_order == [urgent.id, first.id]
+    assert [(j["id"], j["queue_pos"]) for j in engine.queue_json()] == [(urgent.id, 1), (first.id, 2)]
+    assert engine.job_detail(urgent.id)["queue_pos"] == 1
     app = make_app(served)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.cluster.connected, what="the snapshot")

@@ -112,7 +112,7 @@ class Engine:
         in the queue (``queue_pos``) and, once placed, the environment each of its nodes
         gives its command (``environment``: node -> variables)."""
         job = self.job(job_id)
-        return {**views.job_json(job), "queue_pos": self.state.queue_place.get(job.id),
+        return {**views.job_json(job), "queue_pos": self.state.queue_pos(job),
                 "environment": self.transitions.environments(job) if job.placements else {}}
 
     def job(self, job_id: int) -> Job:

@@ -17,7 +17,8 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 
 from ..config import ClusterConfig
-from ..model import GpuProcess, GpuReading, GpuView, Job, NodeState, Placement, RequestError
+from ..model import (GpuProcess, GpuReading, GpuView, Job, JobState, NodeState, Placement,
+                     RequestError)
 from ..remote.ssh import NodeLink
 from ..scheduler.health import health_score
 from ..store import Store
@@ -184,6 +185,10 @@ class HeadState:
         """A line of the events log, at the head's time, for a change that writes nothing
         else (the store hands it to the stream once committed, like every other line)."""
         self.store.add_event(self.clock(), kind, message, **refs)
+
+    def queue_pos(self, job: Job) -> int | None:
+        """A waiting job's place in the queue (None: not waiting, or not ordered yet)."""
+        return self.queue_place.get(job.id) if job.state == JobState.PENDING else None
 
     def set_queue_order(self, order: list[int]) -> bool:
         """The scheduler's order of the waiting jobs; False when it did not change."""

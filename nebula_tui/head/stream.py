@@ -91,7 +91,7 @@ class Stream:
             if job.held_by:
                 return (2, 0, job.submitted_at, job.id)
             return (1, place.get(job.id, unplaced), job.submitted_at, job.id)
-        return [{**views.job_json(j), "queue_pos": place.get(j.id)}
+        return [{**views.job_json(j), "queue_pos": self.state.queue_pos(j)}
                 for j in sorted(self.state.jobs.values(), key=rank)]
 
     def publish_queue_order(self) -> None:
