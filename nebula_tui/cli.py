@@ -14,7 +14,8 @@ from pathlib import Path
 
 from . import cli_health, environments
 from .api import ARCH_RE, CUDA_RE, ApiError
-from .model import FINISHED_STATES, ConfigError, fmt, parse_size_mb
+from .model import FINISHED_STATES, ConfigError, fmt
+from .units import parse_duration_s, parse_size_mb
 from .service import Home, ServiceUnavailable
 
 USAGE_ERROR = 2
@@ -50,17 +51,10 @@ def _pattern(regex, example: str):
 
 
 def _duration(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    number, unit = text[:-1], text[-1:]
-    if unit.isdigit():
-        number, unit = text, "s"
     try:
-        value = float(number) * units[unit.lower()]
-    except (KeyError, ValueError):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a duration; write it like 90s, 30m, 6h or 2d") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"'{text}' must be longer than zero")
-    return value
+        return parse_duration_s(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _job_id(text: str) -> int:

@@ -1,8 +1,13 @@
 """The store: the only module that speaks SQL. SQLite in WAL mode through sqlite-utils.
+(Longer than most modules for that reason: every query of the project is here.)
 
 Every state change is one ``BEGIN IMMEDIATE`` transaction; a submit is committed with
 ``synchronous=FULL`` so an acknowledged job id survives even a crash of the machine. Only the head
 service (``nebula serve``) opens the store for writing.
+
+A change writes its line of the events log in the same transaction, at the time the caller
+gives (the head's clock); once committed, each line goes to ``on_event`` (the head's
+stream publishes it), so what subscribers see and what ``events`` returns are the same.
 """
 
 from __future__ import annotations
@@ -10,9 +15,8 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -40,6 +44,9 @@ class Store:
         self.db.execute("PRAGMA busy_timeout=30000")
         self.db.execute("PRAGMA foreign_keys=ON")
         self._columns: list[str] | None = None
+        #: told every events-log line once its transaction committed (the head publishes them)
+        self.on_event: Callable[[dict], None] | None = None
+        self._written: list[dict] = []  # lines of the transaction under way
         self._create_schema()
 
     def close(self) -> None:
@@ -61,11 +68,16 @@ class Store:
                 yield self.db
             except BaseException:
                 self.db.execute("ROLLBACK")
+                self._written = []
                 raise
             self.db.execute("COMMIT")
         finally:
             if durable:
                 self.db.execute("PRAGMA synchronous=NORMAL")
+        written, self._written = self._written, []
+        if self.on_event is not None:
+            for event in written:
+                self.on_event(event)
 
     # ----------------------------------------------------------------- schema
     def _create_schema(self) -> None:
@@ -473,23 +485,25 @@ class Store:
         return found
 
     # ----------------------------------------------------------------- events
-    def add_event(self, kind: str, message: str, **refs) -> None:
+    EVENT_FIELDS = ("t", "kind", "message", "job_id", "node", "gpu", "user")
+
+    def add_event(self, t: float, kind: str, message: str, **refs) -> None:
+        """A line of the events log on its own (a change with no other row to write)."""
         with self.transaction():
-            self._event(time.time(), kind, message, **refs)
+            self._event(t, kind, message, **refs)
 
     def _event(self, t: float, kind: str, message: str, job_id: int | None = None,
                node: str | None = None, gpu: str | None = None, user: str | None = None) -> None:
-        self.db.execute(
-            "INSERT INTO events (t, kind, message, job_id, node, gpu, user) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)", [t, kind, message, job_id, node, gpu, user])
+        row = (t, kind, message, job_id, node, gpu, user)
+        self.db.execute(f"INSERT INTO events ({', '.join(self.EVENT_FIELDS)}) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)", row)
+        self._written.append(dict(zip(self.EVENT_FIELDS, row)))
 
     def events(self, limit: int = 50) -> list[dict]:
         rows = self.db.execute(
-            "SELECT t, kind, message, job_id, node, gpu, user FROM events "
-            "ORDER BY id DESC LIMIT ?", [limit],
+            f"SELECT {', '.join(self.EVENT_FIELDS)} FROM events ORDER BY id DESC LIMIT ?", [limit],
         ).fetchall()
-        keys = ("t", "kind", "message", "job_id", "node", "gpu", "user")
-        return [dict(zip(keys, r)) for r in reversed(rows)]
+        return [dict(zip(self.EVENT_FIELDS, r)) for r in reversed(rows)]
 
 
 def _status(row: dict, placements: tuple[Placement, ...]):

@@ -14,7 +14,6 @@ import re
 from conftest import until
 
 from nebula_tui.screens.app import make_app
-from nebula_tui.screens.cluster import fair_share_order
 from nebula_tui.screens.gpus import SORTS, GpusScreen
 from nebula_tui.screens.messages import GpusChanged, SnapshotArrived
 from nebula_tui.screens.nodecards import NodeCards
@@ -87,11 +86,12 @@ async def test_queue_holds_every_job_in_order_and_scrolls_to_the_last():
         await until(pilot, lambda: isinstance(app.screen, QueueScreen), what="the queue")
         table = app.screen.query_one("#queue-table", RowTable)
         await until(pilot, lambda: table.row_count == JOBS, what="10,000 rows")
-        # Running first (oldest start first), then waiting in fair-share order (no weights
-        # from a service: equal weights, so submit order).
+        # Running first (oldest start first), then waiting in the head's order (none in
+        # this snapshot: submit order, as the scheduler has it for equal weights).
         running = sorted((j for j in snap["jobs"] if j["state"] == "running"),
                          key=lambda j: (j["started_at"], j["id"]))
-        waiting = fair_share_order(snap["jobs"], {})
+        waiting = sorted((j for j in snap["jobs"] if j["state"] == "pending" and not j.get("held")),
+                         key=lambda j: (j["submitted_at"], j["id"]))
         assert table.row_keys == [str(j["id"]) for j in running + waiting]
 
         await pilot.press("end")

@@ -22,6 +22,7 @@ import asyncio
 import time
 from dataclasses import replace
 
+from .. import views
 from ..config import ClusterConfig
 from ..model import Job, JobSpec, JobState, Pending, RequestError
 from ..remote.ssh import NodeUnavailable
@@ -42,16 +43,17 @@ class Engine:
         self.state = HeadState(config, store, clock)
         self.access = Access(self.state)
         self.stream = Stream(self.state)
-        self.shares = Shares(self.state, self.access)
+        self.shares = Shares(self.state, self.access, self.stream)
         self.transitions = JobTransitions(self.state, self.stream, self.shares, self.access)
         self.scheduling = Scheduling(self.state, self.stream, self.shares, self.transitions)
         self.health = HealthMonitor(self.state, self.stream, self.transitions, self.access)
+        store.on_event = self.stream.publish_event  # every events-log line, once committed
         self.fleet = Fleet(self.state, self.stream, self.transitions, self.health, self.access)
         self.attach = Attach(self.state, self.access)
         # What the node links call, what the server and tests read:
         self.on_node_message = self.fleet.on_node_message
         self.on_node_state = self.fleet.on_node_state
-        self.subscribe, self.unsubscribe = self.stream.subscribe, self.stream.unsubscribe
+        self.unsubscribe = self.stream.unsubscribe
         self.snapshot, self.gpus_json = self.stream.snapshot, self.stream.gpus_json
         self.queue_json, self.users_json = self.stream.queue_json, self.shares.users_json
         self.is_admin, self.resolve_gpu = self.access.is_admin, self.state.resolve_gpu
@@ -70,6 +72,10 @@ class Engine:
     jobs = property(lambda self: self.state.jobs)
     links = property(lambda self: self.state.links)
 
+    def subscribe(self, queue: asyncio.Queue) -> dict:
+        """A new subscriber: the stream's snapshot, with every user's row (``users``)."""
+        return {**self.stream.subscribe(queue), "users": self.shares.users_json()}
+
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self.transitions.load()
@@ -77,6 +83,7 @@ class Engine:
         self.scheduling.start()
 
     async def stop(self) -> None:
+        self.state.store.on_event = None
         self.scheduling.stop()
         self.state.cancel_tasks()
         await self.fleet.close()
@@ -96,8 +103,17 @@ class Engine:
         job = state.store.add_job(user, spec, state.clock())
         state.jobs[job.id] = job
         self.stream.publish_job(job)
+        self.shares.changed(user)
         state.wake(capacity=False)
         return job
+
+    def job_detail(self, job_id: int) -> dict:
+        """A job as ``views.job_json`` has it, with what the head computes for it: its place
+        in the queue (``queue_pos``) and, once placed, the environment each of its nodes
+        gives its command (``environment``: node -> variables)."""
+        job = self.job(job_id)
+        return {**views.job_json(job), "queue_pos": self.state.queue_pos(job),
+                "environment": self.transitions.environments(job) if job.placements else {}}
 
     def job(self, job_id: int) -> Job:
         job = self.state.jobs.get(job_id) or self.state.store.job(job_id)

@@ -38,7 +38,6 @@ from ..remote.backends import xid
 from ..remote.ssh import NodeUnavailable
 from ..scheduler.health import (BUS_FALL_CODE, Action, decide, forget_before, is_throttling,
                                 judge_selftest)
-from ..settings import HealthSettings
 from .access import Access
 from .jobs import JobTransitions
 from .state import HeadState, Maintenance, job_nodes
@@ -68,7 +67,7 @@ class HealthMonitor:
         self.stream = stream
         self.transitions = jobs
         self.access = access
-        settings = state.config.health or HealthSettings()
+        settings = state.config.health
         self.policies = settings.policies
         self.grace_s = settings.isolation_grace_s
         self.selftest_command = settings.selftest_command
@@ -84,7 +83,7 @@ class HealthMonitor:
                job_id: int | None = None) -> None:
         if gpu and not node and gpu in self.state.gpus:
             node = self.state.gpus[gpu].node
-        self.stream.event(kind, message, node=node, gpu=gpu, job_id=job_id)
+        self.state.record(kind, message, node=node, gpu=gpu, job_id=job_id)
 
     # ------------------------------------------------------------- kernel log (R16)
     def on_kernel_message(self, node: str, message: dict) -> None:

@@ -32,6 +32,10 @@ ACK_BATCH_S = 0.1
 CANCEL_GRACE_S = 10.0
 
 
+def _placements_on(job: Job, node: str) -> tuple[Placement, ...]:
+    return tuple(p for p in job.placements if p.node == node)
+
+
 class JobTransitions:
     def __init__(self, state: HeadState, stream: Stream, shares: Shares, access: Access):
         self.state = state
@@ -144,6 +148,7 @@ class JobTransitions:
         except StaleDecision:
             return  # the job changed since the snapshot (cancelled): nothing to launch
         job = self._set(replace(job, status=Launching(placements)))
+        self.shares.changed(job.user)  # one more job running
         for node in job_nodes(job):
             self.stream.publish_gpus(node)
         self.state.spawn(self.launch(job), f"launch-{job.id}")
@@ -155,7 +160,7 @@ class JobTransitions:
         intent in the store, and reconcile launches its part when it is back.
         """
         nodes = job_nodes(job)
-        replies = await asyncio.gather(*(self._launch_on(job, node, nodes) for node in nodes
+        replies = await asyncio.gather(*(self._launch_on(job, node) for node in nodes
                                          if only is None or node == only), return_exceptions=True)
         current = self.state.jobs.get(job.id)
         if current is None or current.state != JobState.LAUNCHING:
@@ -172,20 +177,31 @@ class JobTransitions:
             launching = replace(launching, confirmed=confirmed)
             self._set(replace(current, status=with_holding(current.status, launching)))
 
-    async def _launch_on(self, job: Job, node: str, nodes: list[str]) -> dict | None:
+    def _gang_environment(self, job: Job, node: str) -> dict[str, str] | None:
+        """What a gang's part on ``node`` needs to find the others (None: not a gang)."""
+        nodes = job_nodes(job)
+        if len(nodes) < 2:
+            return None
         config = self.state.config
-        mine = tuple(p for p in job.placements if p.node == node)
-        extra = None
-        if len(nodes) > 1:
-            master = config.node(nodes[0])
-            extra = launcher.gang_environment(job, node, master.host, nodes,
-                                              config.node(node).env_dict.get("NCCL_SOCKET_IFNAME"))
-        node_config = config.node(node)
+        return launcher.gang_environment(job, node, config.node(nodes[0]).host, nodes,
+                                         config.node(node).env_dict.get("NCCL_SOCKET_IFNAME"))
+
+    def environments(self, job: Job) -> dict[str, dict[str, str]]:
+        """Each of the job's nodes -> the environment the head gives its command there:
+        the very function and inputs ``launch`` builds the node's script from."""
+        return {node: launcher.launch_environment(job, _placements_on(job, node),
+                                                  self._gang_environment(job, node))
+                for node in job_nodes(job)}
+
+    async def _launch_on(self, job: Job, node: str) -> dict | None:
+        mine = _placements_on(job, node)
+        node_config = self.state.config.node(node)
         facts = launcher.node_facts(node, self.state.nodes[node].hello, node_config.runtime,
                                     node_config.warmup)
         devices = launcher.job_devices(mine, {p.gpu_uuid: self.state.gpus[p.gpu_uuid].reading
                                               for p in mine if p.gpu_uuid in self.state.gpus})
-        script = launcher.run_script(job, mine, self._run_as(job, node), extra, facts, devices)
+        script = launcher.run_script(job, mine, self._run_as(job, node),
+                                     self._gang_environment(job, node), facts, devices)
         try:
             reply = await self.state.links[node].request("launch", job=job.id,
                                                          token=self.state.token(job), script=script)
@@ -224,6 +240,7 @@ class JobTransitions:
         self.state.jobs.pop(job.id, None)
         self._exit_reasons.pop(job.id, None)
         self.shares.forget()  # its hours now count towards its user's weight
+        self.shares.changed(job.user)
         done = replace(job, status=Ended(state, now, code, reason, job.started_at, job.node,
                                          job.placements))
         self.stream.publish_job(done)
@@ -240,6 +257,7 @@ class JobTransitions:
         self.state.store.requeue(job.id, reason, self.state.clock())
         self._exit_reasons.pop(job.id, None)
         self._set(replace(job, status=Pending(reason), attempt=job.attempt + 1))
+        self.shares.changed(job.user)  # charged for what it held
         for node in job_nodes(job):
             self.stream.publish_gpus(node)
         self.state.wake()
@@ -261,8 +279,8 @@ class JobTransitions:
             raise RequestError(f"job {job.id} already {job.state.value}")
         if job.state == JobState.PENDING:
             if user != job.user:
-                self.state.store.add_event("admin", f"{user} cancelled job {job.id} of {job.user}",
-                                           job_id=job.id, user=user)
+                self.state.record("admin", f"{user} cancelled job {job.id} of {job.user}",
+                                  job_id=job.id, user=user)
             self.finish(job, JobState.CANCELLED, None, f"cancelled by {user}")
             return
         now = self.state.clock()
@@ -303,7 +321,7 @@ class JobTransitions:
         if job.status.stopping:
             return  # another node's part of the same gang, being killed
         detail = f"exit code {code}" if code is not None else "no exit code"
-        self.stream.event("health", f"job {job.id} ended after SIGUSR1 ({detail})", job_id=job.id)
+        self.state.record("health", f"job {job.id} ended after SIGUSR1 ({detail})", job_id=job.id)
         # A gang's other parts are stopped before it is requeued.
         self.state.spawn(self.put_back(job.id, kill=len(job_nodes(job)) > 1), f"put-back-{job.id}")
 

@@ -96,8 +96,8 @@ class Fleet:
         view.state, view.reason = state, reason
         store = self.state.store
         store.upsert_node(node, view.host, view.port, state.value, reason, view.last_seen)
-        store.add_event("node", f"{node} is {state.value}" + (f": {reason}" if reason else ""),
-                        node=node)
+        self.state.record("node", f"{node} is {state.value}" + (f": {reason}" if reason else ""),
+                          node=node)
         self.stream.publish_node(view)
         self.stream.publish_gpus(node)
         if state == NodeState.UP:
@@ -128,7 +128,7 @@ class Fleet:
     def _on_probe(self, node: str, message: dict) -> None:
         state = self.state
         view = state.nodes[node]
-        view.last_seen = message.get("t") or state.clock()
+        view.last_seen = state.clock()  # the head's time, like every other time it shows
         problem = f"probe: {message['error']}" if message.get("error") else ""
         try:
             readings = nvidia.parse_query_gpu(message.get("gpu_csv", ""), nvidia.QUERY_GPU_FIELDS)
@@ -214,8 +214,8 @@ class Fleet:
                     and (current is None or node not in job_nodes(current)
                          or info.get("token") != state.token(current))):
                 log.warning("stopping stale session of job %s on %s", job_id, node)
-                state.store.add_event("reconcile", f"stopped a stale copy of job {job_id} on {node}",
-                                      job_id=job_id, node=node)
+                state.record("reconcile", f"stopped a stale copy of job {job_id} on {node}",
+                             job_id=job_id, node=node)
                 state.spawn(self._stop_stale(node, job_id), f"stale-{job_id}")
 
     async def _stop_stale(self, node: str, job_id: int) -> None:
@@ -301,13 +301,12 @@ class Fleet:
             for uuid in [u for u, live in state.gpus.items() if live.node == name]:
                 del state.gpus[uuid]
             self.stream.publish_gpus(name)  # its GPUs are gone from subscribers' views too
-            state.store.add_event("admin", f"node {name} removed by {user}", node=name, user=user)
+            state.record("admin", f"node {name} removed by {user}", node=name, user=user)
         added = [n for n in new.nodes if n.name not in state.nodes]
         for node in added:
             state.nodes[node.name] = NodeView(node.name, node.host, node.port, drained=node.drained)
             state.store.upsert_node(node.name, node.host, node.port, NodeState.CONNECTING.value)
-            state.store.add_event("admin", f"node {node.name} added by {user}", node=node.name,
-                                  user=user)
+            state.record("admin", f"node {node.name} added by {user}", node=node.name, user=user)
             self._open_link(node)
         for name in removed + [n.name for n in added]:
             self.stream.publish({"type": "node", "node": state.nodes[name].json()

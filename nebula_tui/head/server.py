@@ -226,7 +226,7 @@ class ApiServer:
         return {"gpus": self.engine.gpus_json()}
 
     async def op_job(self, user, req):
-        return {"job": views.job_json(self.engine.job(_job_id(req)))}
+        return {"job": self.engine.job_detail(_job_id(req))}
 
     async def op_cancel(self, user, req):
         job = await self.engine.cancel(user, _job_id(req))

@@ -101,6 +101,21 @@ def _env_words(env: dict[str, str]) -> list[str]:
     return [f"{k}={v}" for k, v in env.items()]
 
 
+def launch_environment(job: Job, placements: tuple[Placement, ...],
+                       extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """Every variable the head gives the job's command on the node holding ``placements``:
+    R12's, a gang's ``extra_env``, and outside a container the workdir, conda env and venv
+    asked for. What the head shows as the job's environment (the node adds only what it
+    alone knows: the workdir it settled on, the conda tool it found)."""
+    env = {**job_environment(job, placements), **(extra_env or {})}
+    if job.spec.image is None:
+        for key, value in (("NEBULA_WORKDIR", job.spec.workdir), ("NEBULA_CONDA", job.spec.conda),
+                           ("NEBULA_VENV", job.spec.venv)):
+            if value:
+                env[key] = value
+    return env
+
+
 def user_argv(job: Job, placements: tuple[Placement, ...],
               run_as: tuple[str, ...] = (), extra_env: dict[str, str] | None = None) -> list[str]:
     """The argv that runs the user's command with its R12 environment and workdir.
@@ -109,13 +124,7 @@ def user_argv(job: Job, placements: tuple[Placement, ...],
     alice --`` or ``sudo -n -u alice --``); the environment is passed through ``env`` so it
     survives that switch.
     """
-    env = {**job_environment(job, placements), **(extra_env or {})}
-    if job.spec.workdir:
-        env["NEBULA_WORKDIR"] = job.spec.workdir
-    if job.spec.conda:
-        env["NEBULA_CONDA"] = job.spec.conda
-    if job.spec.venv:
-        env["NEBULA_VENV"] = job.spec.venv
+    env = launch_environment(job, placements, extra_env)
     return [*run_as, "env", *_env_words(env), "sh", "-c", _ENTER_AND_EXEC, "nebula-job",
             *_command(job)]
 
@@ -240,7 +249,7 @@ def _container_lines(job: Job, placements: tuple[Placement, ...], run_as: tuple[
                                             node.runtime)
     except containers.NoRuntime as why:
         return [f"fail {shlex.quote(str(why))}"]
-    env = {**job_environment(job, placements), **(extra_env or {})}
+    env = launch_environment(job, placements, extra_env)
     if runtime in environments.FILE_RUNTIMES:
         lines = containers.apptainer_lines(runtime, spec.image, env, devices, node.name,
                                            spec.workdir, spec.data_mounts, run_as)

@@ -29,8 +29,8 @@ from .cluster import Cluster
 from .gpus import GpusScreen
 from .job import JobScreen
 from .keys import GLOBAL_KEYS, HELP_KEYS, Key, bindings, help_lines
-from .messages import (EventLogged, GpusChanged, JobChanged, NodeChanged, SnapshotArrived,
-                       StreamLost)
+from .messages import (EventLogged, GpusChanged, JobChanged, NodeChanged, QueueOrdered,
+                       SnapshotArrived, StreamLost, UserChanged)
 from .nodes import NodesScreen
 from .overview import OverviewScreen
 from .queue import QueueScreen
@@ -191,6 +191,10 @@ class NebulaApp(App):
                         self.post_message(NodeChanged(event["node"]))
                     elif kind == "event":
                         self.post_message(EventLogged(event["event"]))
+                    elif kind == "user":
+                        self.post_message(UserChanged(event["user"]))
+                    elif kind == "queue":
+                        self.post_message(QueueOrdered(event["order"]))
                     elif event.get("ok") is False:
                         raise ApiError(event.get("error", "subscription refused"))
                 reason = "the head service closed the event stream"
@@ -270,6 +274,16 @@ class NebulaApp(App):
     def _event(self, message: EventLogged) -> None:
         self.cluster.apply_event(message.event)
         self._changed("event")
+
+    @on(UserChanged)
+    def _user(self, message: UserChanged) -> None:
+        self.cluster.apply_user(message.user)
+        self._changed("user", message.user["name"])
+
+    @on(QueueOrdered)
+    def _queue(self, message: QueueOrdered) -> None:
+        self.cluster.apply_queue(message.order)
+        self._changed("queue")
 
     @on(StreamLost)
     def _lost(self, message: StreamLost) -> None:

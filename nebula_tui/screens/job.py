@@ -8,6 +8,7 @@ the attach command; the handler suspends the TUI and runs it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shlex
 import subprocess
 import sys
@@ -20,8 +21,7 @@ from textual.message import Message
 from textual.widgets import Log, Static
 
 from ..api import ApiError
-from ..model import Job, JobSpec, Launching, Placement, format_mb
-from ..remote.launcher import job_environment
+from ..model import format_mb
 from .base import ClusterScreen, OpMissing
 from .cluster import FINISHED
 from .keys import JOB_KEYS
@@ -59,21 +59,6 @@ class AttachReady(Message):
         self.argv = argv
 
 
-def environment(job: dict) -> dict[str, str]:
-    """R12: the variables the launcher sets for this job (empty until it is placed)."""
-    if not job.get("gpus"):
-        return {}
-    placements = tuple(Placement(gpu_uuid=g["uuid"], node=g["node"], gpu_index=g["index"],
-                                 memory_mb=g["memory_mb"], exclusive=g["exclusive"])
-                       for g in job["gpus"])
-    model = Job(id=job["id"], user=job["user"], submitted_at=job["submitted_at"],
-                status=Launching(placements),
-                spec=JobSpec(command=tuple(job["command"]), name=job.get("name") or "",
-                             gpu_count=job["gpu_count"], gpu_mem_mb=job.get("gpu_mem_mb"),
-                             workdir=job.get("workdir"), shell=job.get("shell", False)))
-    return job_environment(model, placements)
-
-
 def spec_text(job: dict) -> Text:
     state = job_state(job)
     command = job["command"][0] if job.get("shell") else shlex.join(job["command"])
@@ -100,11 +85,21 @@ def spec_text(job: dict) -> Text:
     return Text("\n").join(lines)
 
 
-def env_text(job: dict) -> Text:
-    env = environment(job)
-    if not env:
+def env_text(environment: dict[str, dict[str, str]]) -> Text:
+    """What the head says each of the job's nodes gives its command (R12)."""
+    if not environment:
         return Text("Set when the job is placed.", style="dim")
-    return Text("\n").join(Text.assemble((k, "bold"), "=", v) for k, v in env.items())
+    lines = []
+    for rank, (node, env) in enumerate(environment.items()):
+        if len(environment) > 1:
+            lines.append(Text(f"{node} (rank {rank})", style="underline"))
+        lines += [Text.assemble((k, "bold"), "=", v) for k, v in env.items()]
+    return Text("\n").join(lines)
+
+
+def placement_of(job: dict | None) -> tuple:
+    """The GPUs a job holds, as a key: its environment changes only with them."""
+    return tuple((g["uuid"], g["memory_mb"]) for g in (job or {}).get("gpus", ()))
 
 
 class JobScreen(ClusterScreen):
@@ -115,6 +110,8 @@ class JobScreen(ClusterScreen):
         super().__init__()
         self.job_id = job_id
         self.job: dict | None = None
+        self.environment: dict[str, dict[str, str]] = {}  # node -> its variables (the head's)
+        self._environment_for: tuple | None = None  # the placement it was computed for
         self.history: list[dict] = []  # events log lines of this job
         self.follow = True
         self.log_offset = 0
@@ -186,8 +183,21 @@ class JobScreen(ClusterScreen):
         self.post_message(AttachReady(argv))
 
     # ------------------------------------------------------------------ handlers
+    @work(exclusive=True, group="job-environment")
+    async def load_environment(self) -> None:
+        """The ``job-environment`` group: the job's environment, once per placement."""
+        with contextlib.suppress(ApiError):
+            job = (await self.app.call("job", job=self.job_id))["job"]
+            self._show_environment(job)
+
+    def _show_environment(self, job: dict) -> None:
+        self.environment = job.get("environment") or {}
+        self._environment_for = placement_of(job)
+        self.query_one("#job-env", Static).update(env_text(self.environment))
+
     @on(JobLoaded)
     def show_loaded(self, message: JobLoaded) -> None:
+        self._show_environment(message.job)
         self.job = self.cluster.job(self.job_id) or message.job
         newest = message.events[-1]["t"] if message.events else 0
         # The stream's own lines for this job that the events log did not have yet.
@@ -224,6 +234,9 @@ class JobScreen(ClusterScreen):
     def cluster_changed(self, change: str, key: object = None) -> None:
         if change == "job" and key == self.job_id:
             self.job = self.cluster.job(self.job_id) or self.job
+            if self._environment_for is not None and placement_of(self.job) not in (
+                    self._environment_for, ()):
+                self.load_environment()  # placed (again): the head has its environment
             last = self.cluster.events[-1] if self.cluster.events else None
             if last and last.get("job_id") == self.job_id and last not in self.history:
                 self.history.append(last)
@@ -236,7 +249,6 @@ class JobScreen(ClusterScreen):
         if self.job is None:
             return
         self.query_one("#job-spec", Static).update(spec_text(self.job))
-        self.query_one("#job-env", Static).update(env_text(self.job))
         lines = [Text.assemble((clock(e.get("t")) + " ", "dim"), e.get("message", ""))
                  for e in self.history[-12:]]
         self.query_one("#job-history", Static).update(

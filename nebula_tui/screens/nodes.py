@@ -1,8 +1,9 @@
 """Nodes and the events log, for admins: drain (with a reason), resume, add a node.
 
-The node table renders from the app's ``Cluster``; the events log comes from the ``events``
-request (worker group ``events-log``), reloaded while shown. Drain/resume are requests in
-the ``node-actions`` group; the head's answer arrives as a node event too.
+The node table renders from the app's ``Cluster``; the events log is the head's: its older
+lines from one ``events`` request when the screen is first shown (worker group
+``events-log``), every later one from the stream. Drain/resume are requests in the
+``node-actions`` group; the head's answer arrives as a node event and a log line too.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ NODE_COLUMNS = (("name", "Node"), ("host", "Host"), ("state", "State"), ("gpus",
                 ("free", "Free VRAM"), ("seen", "Seen"), ("reason", "Reason"))
 EVENT_COLUMNS = (("t", "Time"), ("kind", "Kind"), ("message", "Event"))
 EVENTS_SHOWN = 300
-EVENTS_RELOAD_S = 5.0
 
 
 class ReasonPrompt(ModalScreen[str | None]):
@@ -131,6 +131,7 @@ class NodesScreen(ClusterScreen):
         super().__init__()
         self._shown_nodes: dict[Hashable, tuple] = {}
         self._shown_events: dict[Hashable, tuple] = {}
+        self._log: list[dict] = []  # the log's lines from before the stream's, oldest first
 
     def compose_body(self) -> ComposeResult:
         with Vertical(id="body"):
@@ -140,33 +141,37 @@ class NodesScreen(ClusterScreen):
     def on_mount(self) -> None:
         set_columns(self.query_one("#events-table", DataTable), EVENT_COLUMNS, "Events log")
         set_columns(self.query_one("#nodes-table", DataTable), NODE_COLUMNS, "Nodes").focus()
-        self.set_interval(EVENTS_RELOAD_S, self.reload)
-
-    def on_screen_resume(self) -> None:
         self.reload()
 
     def cluster_changed(self, change: str, key: object = None) -> None:
         if change == "gpus":  # free memory moves with every node's readings: once a second
             self.later(TELEMETRY_EVERY_S)
-        elif change in ("all", "node"):
+        elif change in ("all", "node", "event"):
             self.later()
 
     def render_all(self) -> None:
         rows = {name: node_cells(n, self.cluster.node_gpus(name))
                 for name, n in sorted(self.cluster.nodes.items())}
         sync_table(self.query_one("#nodes-table", DataTable), self._shown_nodes, rows)
+        self._render_log()
 
     @work(exclusive=True, group="events-log")
     async def reload(self) -> None:
-        """The ``events-log`` group: the head's events log, newest first."""
-        table = self.query_one("#events-table", DataTable)
+        """The ``events-log`` group: the log's older lines (the stream brings new ones)."""
         try:
-            events = (await self.app.call("events", limit=EVENTS_SHOWN))["events"]
+            self._log = (await self.app.call("events", limit=EVENTS_SHOWN))["events"]
         except ApiError as err:
-            table.border_subtitle = f"cannot load: {err}"
+            self.query_one("#events-table", DataTable).border_subtitle = f"cannot load: {err}"
             return
+        self._render_log()
+
+    def _render_log(self) -> None:
+        """The log newest first: the lines loaded, then the stream's newer ones."""
+        table = self.query_one("#events-table", DataTable)
+        newest = self._log[-1]["t"] if self._log else 0
+        events = (self._log + [e for e in self.cluster.events if e.get("t", 0) > newest])
         rows = {f"{e['t']}-{n}": (clock(e["t"]), e.get("kind") or "", e.get("message") or "")
-                for n, e in enumerate(events)}
+                for n, e in enumerate(events[-EVENTS_SHOWN:])}
         rows = dict(reversed(list(rows.items())))
         first = not self._shown_events
         if list(rows) != list(self._shown_events):
@@ -192,7 +197,6 @@ class NodesScreen(ClusterScreen):
             self.app.cluster.apply_node(reply["node"])
             self.render_all()
         self.notify(f"{node} {'drained' if op == 'drain' else 'resumed'}")
-        self.reload()
 
     def _selected(self) -> str | None:
         name = selected_key(self.query_one("#nodes-table", DataTable))

@@ -1,10 +1,10 @@
-"""Running and waiting jobs: each waiting job with its reason (R5) and its place in
-fair-share order (R6); "mine" filter; cancel / hold / release.
+"""Running and waiting jobs: each waiting job with its reason (R5) and its place in the
+scheduler's order (R6, priority included); "mine" filter; cancel / hold / release.
 
 Every live job is a row (a ``RowTable``: only the rows on screen are computed and painted),
-keyed by job id. The order is computed once per batch of job changes; once a second the
-visible rows are recomputed (their age moves) and the lines that changed are repainted.
-Fair-share weights come from the ``users`` request (worker group ``weights``).
+keyed by job id. The order is the head's own (the stream's ``queue`` events), applied once
+per batch of job changes; once a second the visible rows are recomputed (their age moves)
+and the lines that changed are repainted.
 """
 
 from __future__ import annotations
@@ -12,14 +12,12 @@ from __future__ import annotations
 import time
 
 from rich.text import Text
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from ..api import ApiError
 from .base import TELEMETRY_EVERY_S, ClusterScreen
-from .cluster import fair_share_order, user_weight
 from .keys import QUEUE_KEYS
 from .render import ago, job_size, job_state, job_where, status_cell
 from .rowtable import RowTable
@@ -27,16 +25,16 @@ from .rowtable import RowTable
 QUEUE_COLUMNS = (("id", "ID"), ("user", "User"), ("name", "Name"), ("state", "State"),
                  ("pos", "Pos"), ("size", "Asks"), ("age", "Age"), ("where", "GPUs / reason"))
 
-#: How often fair-share weights are reloaded (they move when jobs finish).
-WEIGHTS_RELOAD_S = 10.0
 
-
-def queue_order(jobs: list[dict], weights: dict[str, float]) -> tuple[list[dict], dict[int, int]]:
-    """Running first (oldest start first), then waiting jobs in fair-share order, then held
-    ones; and each waiting job's 1-based place in the fair-share order."""
+def queue_order(jobs: list[dict], order: list[int]) -> tuple[list[dict], dict[int, int]]:
+    """Running first (oldest start first), then the waiting jobs in the head's ``order``
+    (those it has not ordered yet, submitted since its last pass, after them by submit
+    time), then held ones; and each waiting job's 1-based place in that line."""
     running = sorted((j for j in jobs if j["state"] in ("running", "launching")),
                      key=lambda j: (j.get("started_at") or j["submitted_at"], j["id"]))
-    waiting = fair_share_order(jobs, weights)
+    waiting_by_id = {j["id"]: j for j in jobs if j["state"] == "pending" and not j.get("held")}
+    waiting = [waiting_by_id.pop(job_id) for job_id in order if job_id in waiting_by_id]
+    waiting += sorted(waiting_by_id.values(), key=lambda j: (j["submitted_at"], j["id"]))
     held = sorted((j for j in jobs if j["state"] == "pending" and j.get("held")),
                   key=lambda j: (j["submitted_at"], j["id"]))
     place = {j["id"]: n for n, j in enumerate(waiting, start=1)}
@@ -59,10 +57,9 @@ class QueueScreen(ClusterScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.weights: dict[str, float] = {}
         self.mine = False
         self._ordered: list[dict] = []  # every live job in queue order
-        self._place: dict[int, int] = {}  # waiting job id -> its place in the fair-share line
+        self._place: dict[int, int] = {}  # waiting job id -> its place in the line
 
     def compose_body(self) -> ComposeResult:
         with Vertical(id="body"):
@@ -71,24 +68,10 @@ class QueueScreen(ClusterScreen):
 
     def on_mount(self) -> None:
         self.query_one("#queue-table", RowTable).focus()
-        self.load_weights()
-        self.set_interval(WEIGHTS_RELOAD_S, self.load_weights)
         self.set_interval(TELEMETRY_EVERY_S, self._tick)
 
-    @work(exclusive=True, group="weights")
-    async def load_weights(self) -> None:
-        """The ``weights`` group: users' fair-share weights for the Pos column."""
-        try:
-            users = (await self.app.call("users"))["users"]
-        except ApiError:
-            return  # positions fall back to submit order among equals
-        weights = {u["name"]: user_weight(u) for u in users}
-        if weights != self.weights:
-            self.weights = weights
-            self.later()
-
     def cluster_changed(self, change: str, key: object = None) -> None:
-        if change in ("all", "job"):
+        if change in ("all", "job", "queue"):
             self.later()
 
     def _tick(self) -> None:
@@ -101,14 +84,15 @@ class QueueScreen(ClusterScreen):
         return queue_cells(job, self._place.get(job["id"]), time.time()) if job else GONE
 
     def catch_up(self, missed: set[str]) -> None:
-        if missed & {"all", "job"}:
+        if missed & {"all", "job", "queue"}:
             self.render_all()
         else:  # readings, nodes, events: the order stands (sorting 10,000 jobs is dear),
             self._tick()  # but the ages on screen moved
 
     def render_all(self) -> None:
         """Order every job (once per batch of changes), then show them."""
-        self._ordered, self._place = queue_order(list(self.cluster.jobs.values()), self.weights)
+        self._ordered, self._place = queue_order(list(self.cluster.jobs.values()),
+                                                 self.cluster.queue_order)
         self._show()
 
     def _show(self) -> None:

@@ -16,7 +16,8 @@ from textual.timer import Timer
 from textual.widgets import Button, Input, Label, Static
 
 from ..api import MAX_GPU_COUNT, ApiError
-from ..model import format_mb, parse_size_mb
+from ..model import format_mb
+from ..units import parse_size_mb
 from .base import ClusterScreen, OpMissing
 from .keys import SUBMIT_KEYS
 

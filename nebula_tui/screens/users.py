@@ -1,20 +1,18 @@
 """Users and fair share: each user's weight (R6), GPU-hours against the quota (R7), running
-and waiting jobs. From the ``users`` request (worker group ``users``), reloaded every few
-seconds while shown and whenever a job ends."""
+and waiting jobs. Each user's row comes from the stream (the snapshot's ``users``, then a
+``user`` event whenever their figures move); waiting jobs are counted from the queue."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable
 
 from rich.text import Text
-from textual import work
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from ..api import ApiError
 from .base import ClusterScreen
-from .cluster import FINISHED, user_weight
+from .cluster import user_weight
 from .keys import USERS_KEYS
 from .render import bar, load_style, set_columns, sync_table
 
@@ -23,7 +21,6 @@ USER_COLUMNS = (("name", "User"), ("weight", "Weight"), ("hours", "GPU-hours / q
 
 #: R7's default monthly quota, used when the service does not say.
 DEFAULT_QUOTA_H = 2000.0
-USERS_RELOAD_S = 5.0
 
 
 def user_cells(row: dict, waiting: int) -> tuple:
@@ -42,7 +39,6 @@ class UsersScreen(ClusterScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.users: list[dict] = []
         self._shown: dict[Hashable, tuple] = {}
 
     def compose_body(self) -> ComposeResult:
@@ -53,27 +49,10 @@ class UsersScreen(ClusterScreen):
 
     def on_mount(self) -> None:
         set_columns(self.query_one("#users-table", DataTable), USER_COLUMNS, "Users").focus()
-        self.set_interval(USERS_RELOAD_S, self.reload)
-
-    def on_screen_resume(self) -> None:
-        self.reload()
-
-    @work(exclusive=True, group="users")
-    async def reload(self) -> None:
-        """The ``users`` group: one ``users`` request at a time."""
-        try:
-            self.users = (await self.app.call("users"))["users"]
-        except ApiError as err:
-            self.query_one("#users-table", DataTable).border_subtitle = f"cannot load: {err}"
-            return
-        self.render_all()
 
     def cluster_changed(self, change: str, key: object = None) -> None:
-        job = self.cluster.job(key) if change == "job" else None
-        if job and job["state"] in FINISHED:
-            self.reload()  # finishing moves weights and hours
-        elif change in ("all", "job"):
-            self.render_all()
+        if change in ("all", "job", "user"):
+            self.later()
 
     def render_all(self) -> None:
         waiting: dict[str, int] = {}
@@ -81,8 +60,8 @@ class UsersScreen(ClusterScreen):
             if j["state"] == "pending":
                 waiting[j["user"]] = waiting.get(j["user"], 0) + 1
         rows = {u["name"]: user_cells(u, waiting.get(u["name"], 0))
-                for u in sorted(self.users, key=lambda u: (user_weight(u), u["name"]))}
+                for u in sorted(self.cluster.users.values(), key=lambda u: (user_weight(u), u["name"]))}
         sync_table(self.query_one("#users-table", DataTable), self._shown, rows)
 
     def action_reload(self) -> None:
-        self.reload()
+        self.app.stream_events()  # a fresh snapshot: every row as the head has it now

@@ -59,7 +59,7 @@ import os
 import time
 from pathlib import Path
 
-from nebula_tui.sim import fake_smi
+from . import fake_smi
 
 #: How hot a throttled card runs (R19 calls > 75 °C hot).
 THROTTLE_TEMP_C = 88

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 
-from nebula_tui.model import GpuProcess, GpuReading
+from ...model import GpuProcess, GpuReading
 
 #: What the probe asks ``--query-gpu`` for, in this order (noheader output relies on it).
 QUERY_GPU_FIELDS: tuple[str, ...] = (
