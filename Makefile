@@ -2,7 +2,7 @@
 # Both run in the project's own virtual environment, which `setup` makes.
 PYTHON ?= .venv/bin/python
 
-.PHONY: demo test setup bench
+.PHONY: demo test setup bench bench-slurm
 
 setup:
 	@sh scripts/setup.sh
@@ -15,3 +15,7 @@ test: setup
 
 bench: setup
 	$(PYTHON) bench/submit_latency.py && $(PYTHON) bench/throughput.py
+
+# NebulaGrid and real Slurm (installed with apt when missing; needs root) in one run.
+bench-slurm: setup
+	$(PYTHON) bench/vs_slurm.py
