@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import json
 import os
 import random
 import shutil
@@ -147,33 +146,25 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
 
 def measure(nodes: int, args) -> dict:
     from nebula_tui.sim.presets import uniform_nodes
+    from nebula_tui.sim.swarm import SwarmProcess
 
     root = Path(tempfile.mkdtemp(prefix=f"nebula-scale-{nodes}-"))
     specs = uniform_nodes(nodes, args.gpus)
-    procs: list[subprocess.Popen] = []
+    stoppers = []
     try:
         began = time.monotonic()
         running = prefill(root / "home", specs, args.pending)
-        (root / "running.json").write_text(json.dumps(running))
         filled = time.monotonic() - began
-        with open(root / "swarm.log", "wb") as log:
-            swarm = subprocess.Popen(
-                [sys.executable, "-m", "nebula_tui.sim.swarm", "--dir", str(root / "lab"),
-                 "--nodes", str(nodes), "--gpus", str(args.gpus), "--probe-interval", "5",
-                 "--jobs", str(root / "running.json")], stdout=log, stderr=log,
-                stdin=subprocess.DEVNULL)
-        procs.append(swarm)
-        wait_until(lambda: (root / "lab" / "ready").exists() or swarm.poll() is not None, 300,
-                   "the swarm to listen")
-        if swarm.poll() is not None:
-            raise SystemExit(f"scale: the swarm exited: {(root / 'swarm.log').read_text()[-800:]}")
+        swarm = SwarmProcess(root, nodes, args.gpus, 5.0, running)
+        stoppers.append(swarm.stop)
+        swarm.start()
         socket = root / "home" / "nebula.sock"
         env = dict(os.environ, NEBULA_HOME=str(root / "home"), NEBULA_SOCKET=str(socket))
         with open(root / "head.log", "wb") as log:
             head = subprocess.Popen([sys.executable, __file__, "--head", str(root / "home"),
-                                     str(root / "lab" / "nodes.yaml")], env=env,
+                                     str(swarm.config_path)], env=env,
                                     stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        procs.append(head)
+        stoppers.append(lambda: stop_process(head))
         started = time.monotonic()
 
         def call(op: str, **fields) -> dict:
@@ -188,11 +179,11 @@ def measure(nodes: int, args) -> dict:
         time.sleep(5)  # the connect burst's tail: every node's first probes
 
         seen = len(passes.read_text().splitlines())
-        head_cpu, swarm_cpu, t = cpu_seconds(head.pid), cpu_seconds(swarm.pid), time.monotonic()
+        head_cpu, swarm_cpu, t = cpu_seconds(head.pid), cpu_seconds(swarm.process.pid), time.monotonic()
         time.sleep(args.window)
         elapsed = time.monotonic() - t
         head_share = (cpu_seconds(head.pid) - head_cpu) / elapsed
-        swarm_share = (cpu_seconds(swarm.pid) - swarm_cpu) / elapsed
+        swarm_share = (cpu_seconds(swarm.process.pid) - swarm_cpu) / elapsed
         rss, peak = memory_mb(head.pid)
         window = [float(line.split()[0]) for line in passes.read_text().splitlines()[seen:]]
 
@@ -210,18 +201,22 @@ def measure(nodes: int, args) -> dict:
                 "submit_p50": percentile(submits, 50) * 1000,
                 "submit_p90": percentile(submits, 90) * 1000}
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        for stop in reversed(stoppers):
+            stop()
         if args.keep:
             print(f"kept: {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def main() -> int:

@@ -4,39 +4,27 @@ its process shows on its GPU, a cancel ends it, and jobs given at start are seen
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import sys
-from types import SimpleNamespace
-
 import pytest
 
 from conftest import wait_for
 from nebula_tui.sim.harness import HeadProcess
 from nebula_tui.sim.presets import uniform_nodes
+from nebula_tui.sim.swarm import SwarmProcess
 
 
 @pytest.fixture
 def swarm(tmp_path):
-    running = tmp_path / "running.json"
-    running.write_text(json.dumps({"node002": {"900": [1]}}))
-    proc = subprocess.Popen([sys.executable, "-m", "nebula_tui.sim.swarm", "--dir",
-                             str(tmp_path / "lab"), "--nodes", "2", "--gpus", "2",
-                             "--probe-interval", "1", "--jobs", str(running)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    swarm = SwarmProcess(tmp_path / "swarm", nodes=2, gpus=2, probe_interval=1,
+                         running={"node002": {900: [1]}})
+    swarm.start(timeout=30)
     try:
-        wait_for(lambda: (tmp_path / "lab" / "ready").exists() or proc.poll() is not None, 30,
-                 what="the swarm to listen")
-        assert proc.poll() is None, proc.stdout.read().decode()
-        yield tmp_path / "lab"
+        yield swarm
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
+        swarm.stop()
 
 
 def test_the_head_runs_and_cancels_a_job_on_the_swarm(swarm, tmp_path):
-    head = HeadProcess(tmp_path / "home", SimpleNamespace(config_path=swarm / "nodes.yaml"))
+    head = HeadProcess(tmp_path / "home", swarm)
     head.start(wait_nodes=False)
     try:
         wait_for(lambda: [n["state"] for n in head.call("status")["nodes"]] == ["up", "up"], 30,

@@ -35,6 +35,7 @@ import random
 import re
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -183,6 +184,51 @@ class FakeNodelet:
 def _query(argv: list[str] | None, prefix: str) -> str:
     """The field list of an nvidia-smi query argv ("" when the head asks none)."""
     return next((a[len(prefix):] for a in argv or () if a.startswith(prefix)), "")
+
+
+class SwarmProcess:
+    """A swarm in a process of its own (``python -m nebula_tui.sim.swarm``), for benches and
+    tests: ``start()`` returns once every node listens; ``config_path`` is its nodes.yaml."""
+
+    def __init__(self, root: Path, nodes: int, gpus: int = 8, probe_interval: float = 5.0,
+                 running: dict[str, dict[int, list[int]]] | None = None):
+        self.root = Path(root)
+        self.argv = [sys.executable, "-m", "nebula_tui.sim.swarm", "--dir", str(self.root / "lab"),
+                     "--nodes", str(nodes), "--gpus", str(gpus), "--probe-interval", str(probe_interval)]
+        self.running = running
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / "lab" / "nodes.yaml"
+
+    def start(self, timeout: float = 300) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        argv = list(self.argv)
+        if self.running:
+            jobs = self.root / "running.json"
+            jobs.write_text(json.dumps(self.running))
+            argv += ["--jobs", str(jobs)]
+        log_path = self.root / "swarm.log"
+        with open(log_path, "wb") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        ready = self.root / "lab" / "ready"
+        deadline = time.monotonic() + timeout
+        while not ready.exists():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the swarm exited: {log_path.read_text()[-800:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the swarm did not listen within {timeout:.0f}s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
 
 
 async def run_swarm(root: Path, nodes: int, gpus: int, probe_interval: float,
