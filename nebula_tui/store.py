@@ -22,8 +22,8 @@ from pathlib import Path
 
 import sqlite_utils
 
-from .model import (Cancelling, Ended, Job, JobSpec, JobState, Launching, Pending, Placement,
-                    Running)
+from .model import (WAITING_FOR_SCHEDULER, Cancelling, Ended, Job, JobSpec, JobState, Launching,
+                    Pending, Placement, Running)
 
 FINISHED_SQL = ", ".join(f"'{s.value}'" for s in JobState if s.finished)
 
@@ -213,11 +213,13 @@ class Store:
             # Plain SQL on the hot paths: sqlite-utils' insert inspects the table each call.
             job_id = self.db.execute(
                 "INSERT INTO jobs (user, name, spec, state, reason, submitted_at) "
-                "VALUES (?, ?, ?, 'pending', 'waiting for the scheduler', ?)",
-                [user, spec.name, json.dumps(asdict(spec)), t],
+                "VALUES (?, ?, ?, 'pending', ?, ?)",
+                [user, spec.name, json.dumps(asdict(spec)), WAITING_FOR_SCHEDULER, t],
             ).lastrowid
             self._event(t, "submit", f"job {job_id} submitted by {user}", job_id=job_id, user=user)
-        return self.job(job_id)
+        # What was written, without reading it back (a submit's second query): a new job
+        # is pending, attempt 0, exactly as ``job`` would read it.
+        return Job(id=job_id, user=user, spec=spec, submitted_at=t, status=Pending(WAITING_FOR_SCHEDULER))
 
     def _ensure_user(self, user: str, t: float) -> None:
         self.db.execute(

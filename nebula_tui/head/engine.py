@@ -55,6 +55,7 @@ class Engine:
         self.on_node_state = self.fleet.on_node_state
         self.unsubscribe = self.stream.unsubscribe
         self.snapshot, self.gpus_json = self.stream.snapshot, self.stream.gpus_json
+        self.status = self.stream.status
         self.queue_json, self.users_json = self.stream.queue_json, self.shares.users_json
         self.is_admin, self.resolve_gpu = self.access.is_admin, self.state.resolve_gpu
         self.set_drained, self.set_quota = self.fleet.set_drained, self.shares.set_quota

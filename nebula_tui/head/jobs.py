@@ -47,6 +47,8 @@ class JobTransitions:
         #: when it ends failed; nodes say it again after a restart (their exits are unacked)
         self._exit_reasons: dict[int, str] = {}
         self._finished_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
+        #: per node: the hello and config its launcher facts were read from, and the facts
+        self._facts: dict[str, tuple[dict, tuple, launcher.NodeFacts]] = {}
 
     def load(self) -> None:
         """The unfinished jobs of the store become the live table (the head starts)."""
@@ -195,9 +197,7 @@ class JobTransitions:
 
     async def _launch_on(self, job: Job, node: str) -> dict | None:
         mine = _placements_on(job, node)
-        node_config = self.state.config.node(node)
-        facts = launcher.node_facts(node, self.state.nodes[node].hello, node_config.runtime,
-                                    node_config.warmup)
+        facts = self._node_facts(node)
         devices = launcher.job_devices(mine, {p.gpu_uuid: self.state.gpus[p.gpu_uuid].reading
                                               for p in mine if p.gpu_uuid in self.state.gpus})
         script = launcher.run_script(job, mine, self._run_as(job, node),
@@ -209,6 +209,18 @@ class JobTransitions:
             log.warning("launch of job %s on %s deferred: %s", job.id, node, err)
             return None
         return {**reply, "node": node}
+
+    def _node_facts(self, node: str) -> launcher.NodeFacts:
+        """The launcher's facts of ``node``, worked out once per hello and config: reading
+        them parses the node's nvidia-smi table, which was a quarter of the head's CPU
+        when every launch did it."""
+        hello, node_config = self.state.nodes[node].hello, self.state.config.node(node)
+        key = (node_config.runtime, node_config.warmup)
+        known = self._facts.get(node)
+        if known is None or known[0] is not hello or known[1] != key:
+            facts = launcher.node_facts(node, hello, *key)
+            known = self._facts[node] = (hello, key, facts)
+        return known[2]
 
     def _run_as(self, job: Job, node_name: str) -> tuple[str, ...]:
         """With ``run_as: submitter``, the prefix that runs the job as its owner on the node.

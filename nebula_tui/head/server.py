@@ -216,8 +216,8 @@ class ApiServer:
         return {"job": views.job_json(job)}
 
     async def op_status(self, user, req):
-        snap = self.engine.snapshot()
-        return {"summary": snap["summary"], "nodes": snap["nodes"]}
+        status = self.engine.status()
+        return {"summary": status["summary"], "nodes": status["nodes"]}
 
     async def op_queue(self, user, req):
         return {"jobs": self.engine.queue_json()}

@@ -57,11 +57,16 @@ class Stream:
     def snapshot(self) -> dict:
         """The whole state a subscriber starts from (GPUs without the raw probe reading,
         like the stream's: `nebula gpus` has it, no subscriber shows it)."""
+        status = self.status()
+        return {**status, "jobs": self.queue_json(), "queue": self.state.queue_order,
+                "events": self.state.store.events(30)}
+
+    def status(self) -> dict:
+        """Nodes, GPUs and their R1 summary: what `nebula status` shows, without the
+        10,000 jobs of a busy queue that a snapshot also carries."""
         nodes = [n.json() for n in self.state.nodes.values()]
         gpus = self.gpus_json(raw=False)
-        return {"nodes": nodes, "gpus": gpus, "jobs": self.queue_json(),
-                "queue": self.state.queue_order, "summary": views.status_summary(nodes, gpus),
-                "events": self.state.store.events(30)}
+        return {"nodes": nodes, "gpus": gpus, "summary": views.status_summary(nodes, gpus)}
 
     # ---------------------------------------------------------------- JSON views
     def gpus_json(self, node: str | None = None, raw: bool = True) -> list[dict]:

@@ -155,7 +155,14 @@ phase() {
     rm -f "$jobdir/phase"
   fi
 }
-fact() { printf '%s\n' "$facts" | sed -n "s/^$1=//p" | head -n 1; }
+fact() {  # the first "$1=" line of the facts, in the shell itself: a job starts no sed for it
+  _fact="
+$facts"
+  case $_fact in *"
+$1="*) _fact=${_fact#*"
+$1="}; printf '%s\n' "${_fact%%"
+"*}" ;; esac
+}
 """
 
 
@@ -207,7 +214,8 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
         f"job={int(job.id)}",
         'log="$jobdir/output.log"',
         ': > "$log"',
-        'rm -f "$jobdir/reason" "$jobdir/phase" "$jobdir/container"',
+        # (rm only when there is something to remove: a process less for every job)
+        'for mark in reason phase container; do [ ! -e "$jobdir/$mark" ] || rm -f "$jobdir/$mark"; done',
         _WRAPPER_HELPERS + containers.HELPERS + "{",
         *body,  # never re-indented: a quoted word may span lines
         '} 2>&1 | tee -a "$log"',

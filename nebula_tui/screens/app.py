@@ -128,6 +128,42 @@ class NebulaApp(App):
         self.sub_title = "connecting…"
         self.stream_events()
         self.who_am_i()
+        self.call_after_refresh(self._warm_up)
+
+    def _warm_up(self) -> None:
+        """Mount every main screen once, unseen, while the first one waits for the head's
+        snapshot. Textual's first show of a screen parses every stylesheet again, composes,
+        mounts and styles the screen's widgets: two thirds of a first visit, which then
+        costs what a switch back costs. The switches are batched: nothing is painted."""
+        if not self.is_running:  # the app is closing already
+            return
+        home = self.current_mode
+        cold = [mode for mode in self.MODES if mode != home and not self._mounted_mode(mode)]
+        # One synchronous step, so no key meets a screen switched to only for this.
+        with self.batch_update():
+            mounting = [self.switch_mode(mode) for mode in cold]
+            self.switch_mode(home)
+        self._styled_when_mounted(cold, mounting)
+
+    @work(group="warm-up", exit_on_error=False)
+    async def _styled_when_mounted(self, modes: list[str], mounting: list) -> None:
+        """Textual restyles a screen at its first show unless it was styled for the app's
+        current CSS (its CSS update count), which it notes only for a screen shown and
+        mounted; a warmed-up screen's widgets were styled as they mounted: say so."""
+        styled_for = self._css_update_count
+        for mounted in mounting:
+            await mounted
+        if self._css_update_count != styled_for:  # the theme changed meanwhile: restyle
+            return
+        for mode in modes:
+            for screen in self.get_screen_stack(mode):
+                screen._css_update_count = styled_for
+
+    def _mounted_mode(self, mode: str) -> bool:
+        try:
+            return bool(self.get_screen_stack(mode))
+        except KeyError:  # a mode not shown yet
+            return False
 
     def on_unmount(self) -> None:
         gc.unfreeze()  # what _snapshot froze is the collector's again
@@ -304,11 +340,7 @@ class NebulaApp(App):
             raise SkipAction()  # (a priority key) help and prompts keep the screen under them
         if self.current_mode == mode:
             return
-        try:
-            shown_before = bool(self.get_screen_stack(mode))
-        except KeyError:
-            shown_before = False
-        self._quick_switch = shown_before
+        self._quick_switch = self._mounted_mode(mode)
         try:
             self.switch_mode(mode)
         finally:

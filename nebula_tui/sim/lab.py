@@ -338,6 +338,8 @@ class _AsyncNode:
             return
         # The channel (or connection) went away first: the session's processes go too.
         outputs.cancel()
+        # Its CancelledError is expected; retrieved so asyncio does not log it as lost.
+        outputs.add_done_callback(lambda f: f.cancelled() or f.exception())
         stdin_task.cancel()
         closed.cancel()
         self._kill_group(child.pid)

@@ -76,6 +76,14 @@ def _four_by_four() -> list[dict]:
 _LAYOUTS = {"demo": _demo, "4x4": _four_by_four}
 
 
+def uniform_nodes(count: int, gpus: int = 8, model: str = "a100") -> list[dict]:
+    """``count`` alike nodes (node001, node002, …) of ``gpus`` NVLinked cards each: the
+    benches' big labs."""
+    # Bus numbers only need to differ within a node; n % 31 keeps them within one byte.
+    return [_node(f"node{n:03d}", n % 31, [model] * gpus, lambda i, j: "NV12", cpus="0-63")
+            for n in range(1, count + 1)]
+
+
 def node_specs(layout: str) -> list[dict]:
     """node.json dicts for a lab layout ("demo" or "4x4"). Raises ValueError for others."""
     try:
