@@ -49,7 +49,8 @@ def test_rocm_smi_json_mi100():
     gpus = doc["gpus"]
     assert [g["pci_bus_id"] for g in gpus] == ["0000:83:00.0", "0000:A3:00.0", "0000:C3:00.0",
                                                "0000:E3:00.0"]
-    assert gpus[0]["uuid"] == "AMD-0x79ccd55167a2124a"
+    assert gpus[0]["uuid"] == "AMD-0000:83:00.0"  # as amd-smi's view would name it
+    assert gpus[0]["unique_id"] == "0x79ccd55167a2124a"
     assert len({g["uuid"] for g in gpus}) == 4
     assert {g["name"] for g in gpus} == {"AMD Instinct MI100"}
     assert {(g["memory_total_mb"], g["memory_used_mb"]) for g in gpus} == {

@@ -123,10 +123,25 @@ def _csv_probe(message: dict) -> ProbeView:
                      [p for p in map(gpu_process, processes) if p is not None], problem)
 
 
+#: Without a base clock from the driver, R19 compares with this share of the max SM clock
+#: (base clocks sit between about 65 % and 90 % of the max).
+BASE_CLOCK_OF_MAX = 0.8
+
+
+def base_sm_clock(reading: GpuReading) -> float | None:
+    """The SM clock R19 calls the card's base: the driver's default application clock, or
+    a share of its max clock; None when the backend reads neither."""
+    if reading.base_sm_clock_mhz:
+        return reading.base_sm_clock_mhz
+    if reading.max_sm_clock_mhz:
+        return reading.max_sm_clock_mhz * BASE_CLOCK_OF_MAX
+    return None
+
+
 # --- hello -------------------------------------------------------------------------------
 
 
-def cuda_version(hello: dict) -> str | None:
+def hello_cuda_version(hello: dict) -> str | None:
     """The highest CUDA version the node's driver supports ("12.4"), or None."""
     if hello.get("cuda_version"):
         return str(hello["cuda_version"])
@@ -134,7 +149,7 @@ def cuda_version(hello: dict) -> str | None:
     return match.group(1) if match else None
 
 
-def topology(hello: dict) -> dict | None:
+def hello_topology(hello: dict) -> dict | None:
     """The node's link matrix, ``{"gpus": [...], "links": {"GPU0": {"GPU1": code}}}``, by
     node device index, or None when the node sent none.
 

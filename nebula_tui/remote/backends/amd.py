@@ -224,12 +224,13 @@ def rocm_json_reading(name, card, driver_version=None):
     device_id = (_first(card, "Device ID") or "").lower() or None
     gen, width = _pcie(_first(card, "pcie clock level", "PCIe clock level"))
     bus = _first(card, "PCI Bus")
-    uuid = _first(card, "Unique ID", "GUID")
     total_b = _first(card, "VRAM Total Memory (B)")
     used_b = _first(card, "VRAM Total Used Memory (B)")
     return rd.new_reading(
         "amd", index,
-        uuid=("AMD-" + uuid.lower()) if uuid and not uuid.startswith("AMD-") else (uuid or pci_uuid(bus)),
+        # By bus, as amd-smi's view (which shows no id) is named: one card keeps one id
+        # whichever tool reads it; rocm-smi's own id is kept beside.
+        uuid=pci_uuid(bus), unique_id=_first(card, "Unique ID"),
         name=_first(card, "Device Name") or _model(_first(card, "Card series", "Card Series"))
         or "AMD GPU",
         pci_bus_id=bus,
