@@ -52,11 +52,15 @@ def test_presets_are_deterministic_and_distinct():
     first, again = presets.node_specs("demo"), presets.node_specs("demo")
     assert first == again
     for layout in (first, presets.node_specs("4x4")):
-        gpus = [g for node in layout for g in node["gpus"]]
+        gpus = [g for node in layout for g in node["gpus"] + node["devices"]]
         assert len({g["uuid"] for g in gpus}) == len(gpus)
     for node in first:
-        assert len({g["pci_bus_id"] for g in node["gpus"]}) == len(node["gpus"])
-    assert [len(n["gpus"]) for n in first] == [3, 4, 2]
+        devices = node["gpus"] + node["devices"]
+        assert len({g["pci_bus_id"] for g in devices}) == len(devices)
+    assert [len(n["gpus"]) for n in first] == [3, 4, 2, 0, 0, 0]
+    assert [[d["vendor"] for d in n["devices"]] for n in first[3:]] == [
+        ["intel"], ["ascend", "ascend"], ["amd", "amd"]]
+    assert presets.node_specs("core") == first[:3]
     assert first[2]["topo"]["GPU0"]["GPU1"] == "NV4"
     with pytest.raises(ValueError, match="unknown lab layout"):
         presets.node_specs("nope")

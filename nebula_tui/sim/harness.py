@@ -65,8 +65,8 @@ class HeadProcess:
             return False
 
     def _all_gpus_reported(self) -> bool:
-        expected = sum(len(json.loads((self.lab.node_dir(n) / "node.json").read_text())["gpus"])
-                       for n in self.lab.nodes)
+        specs = [json.loads((self.lab.node_dir(n) / "node.json").read_text()) for n in self.lab.nodes]
+        expected = sum(len(s["gpus"]) + len(s.get("devices", [])) for s in specs)
         nodes = self.call("status")["nodes"]
         return len(self.call("gpus")["gpus"]) == expected and all(n["state"] == "up" for n in nodes)
 
