@@ -125,7 +125,7 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
                         "it, else the home)")
     p.add_argument("--command", dest="shell_command", default=None,
                    help="a shell command line instead of `-- cmd args…`")
-    p.add_argument("--arch", type=_pattern(ARCH_RE, "sm_89 or '>=sm_80'"), default=None,
+    p.add_argument("--arch", type=_pattern(ARCH_RE, "sm_89, '>=sm_80' or gfx90a"), default=None,
                    help="compute capability: sm_89 exactly, or '>=sm_80'")
     p.add_argument("--cuda", type=_pattern(CUDA_RE, "12.1"), default=None,
                    help="the driver must support at least this CUDA, e.g. 12.1")
@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shared box: members of this Unix group may use the service")
     p = command("demo", "start the simulated lab and open the TUI on it")
     p.add_argument("--headless", action="store_true", help="no TUI: keep the lab up until Ctrl-C")
-    p.add_argument("--layout", default="demo", choices=("demo", "4x4"))
+    p.add_argument("--layout", default="demo", choices=("demo", "core", "4x4", "mixed"))
     p.add_argument("--shared-group", default=None,
                    help="let members of this Unix group use the demo's service")
     command("tui", "open the TUI (the default)")
