@@ -121,7 +121,7 @@ def headless_demo(tmp_path):
         client_env = {**os.environ, **dict(kv.split("=", 1) for kv in export.split()[1:])}
         run = lambda *a: subprocess.run([sys.executable, "-m", "nebula_tui", *a],  # noqa: E731
                                         env=client_env, capture_output=True, text=True)
-        wait_for(lambda: "GPUs: 9 (9 idle" in run("status").stdout, 30, interval=0.3,
+        wait_for(lambda: "GPUs: 14 (14 idle" in run("status").stdout, 30, interval=0.3,
                  what="the lab's GPUs")
         yield home, client_env, run
     finally:
