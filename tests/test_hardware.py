@@ -363,3 +363,25 @@ def test_an_impossible_reading_is_clamped_and_told_once_per_episode(lab_of, node
     assert first["devices"][0]["utilization_pct"] == 100
     again = node.next("probe")
     assert again["clamped"] == [] and again["devices"][0]["utilization_pct"] == 100
+
+
+@needs_cc
+def test_mig_instances_are_devices_of_their_own(lab_of, nodelets):
+    spec = presets.node_specs("core")[1]
+    a100 = dict(spec["gpus"][0], mig=[
+        {"uuid": "MIG-11111111-2222-3333-4444-555555555555", "profile": "3g.40gb", "memory_total_mb": 40192},
+        {"uuid": "MIG-66666666-7777-8888-9999-000000000000", "profile": "3g.40gb", "memory_total_mb": 40192}])
+    lab = lab_of([dict(spec, name="mig01", gpus=[a100], topo={})])
+    job = hold_memory(lab, "mig01", "CUDA_VISIBLE_DEVICES", "MIG-66666666-7777-8888-9999-000000000000", 8192)
+    try:
+        node = nodelets(lab, "mig01")
+        probe = node.probe_until(lambda p: len(p["devices"]) == 3 and p["devices"][2]["memory_used_mb"] == 8192)
+        card, first, second = probe["devices"]
+        assert card["mig_mode"] == "Enabled" and card["memory_used_mb"] == 8192  # it holds its instances' work
+        assert [(d["index"], d["parent_uuid"], d["memory_total_mb"], d["visible_id"]) for d in (first, second)] == [
+            (1, card["uuid"], 40192, "MIG-11111111-2222-3333-4444-555555555555"),
+            (2, card["uuid"], 40192, "MIG-66666666-7777-8888-9999-000000000000")]
+        assert second["name"] == "NVIDIA A100-SXM4-80GB MIG 3g.40gb"
+        assert [(p["gpu_uuid"], p["used_memory_mb"]) for p in probe["processes"]] == [(second["uuid"], 8192)]
+    finally:
+        job.kill()

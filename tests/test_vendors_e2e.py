@@ -32,10 +32,22 @@ except Exception as err:  # noqa: BLE001
     pytest.skip(str(err), allow_module_level=True)
 
 
+MIG_UUIDS = ("MIG-11111111-2222-3333-4444-555555555555", "MIG-66666666-7777-8888-9999-000000000000")
+
+
+def mig_node() -> dict:
+    """node07: one A100 split into two 3g.40gb MIG instances (seen through NVML)."""
+    spec = presets.node_specs("core")[1]
+    a100 = dict(spec["gpus"][0], mig=[{"uuid": u, "profile": "3g.40gb", "memory_total_mb": 40192}
+                                      for u in MIG_UUIDS])
+    return dict(spec, name="node07", gpus=[a100], topo={})
+
+
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
-    """node03 (two RTX 3090) and the demo's node04–node06, on real sshd, with a head."""
-    specs = [presets.node_specs("demo")[2]] + presets.node_specs("demo")[3:]
+    """node03 (two RTX 3090), the demo's node04–node06 and a MIG node, on real sshd, with a
+    head."""
+    specs = [presets.node_specs("demo")[2]] + presets.node_specs("demo")[3:] + [mig_node()]
     lab = Lab(tmp_path_factory.mktemp("vendorlab"), specs=specs, ssh="openssh", probe_interval=1.0)
     lab.prepare()
     lab.start()
@@ -87,6 +99,19 @@ def test_vendor_jobs_see_their_own_devices(mixed):
     assert amd["CUDA_VISIBLE_DEVICES"] is None  # HIP reads it too: left alone
     nvidia = devices_seen(head, submit(head, "--vendor", "nvidia", "--", sys.executable, "-c", PRINT_DEVICES))
     assert nvidia["CUDA_VISIBLE_DEVICES"] in ("0", "1") and nvidia["ZE_AFFINITY_MASK"] is None
+
+
+def test_a_mig_instance_is_a_device_a_job_is_given(mixed):
+    lab, head = mixed
+    if not (lab.node_dir("node07") / "lib" / "libnvidia-ml.so.1").exists():
+        pytest.skip("no C compiler: the simulated NVML (which lists MIG instances) was not built")
+    gpus = [g for g in head.call("gpus")["gpus"] if g["node"] == "node07"]
+    card = next(g for g in gpus if g["uuid"].startswith("GPU-"))
+    assert card["blocked"] == "MIG mode is on: jobs get its MIG instances"
+    assert sorted(g["uuid"] for g in gpus if g["uuid"].startswith("MIG-")) == sorted(MIG_UUIDS)
+    seen = devices_seen(head, submit(head, "--arch", "sm_80", "--gpu-mem", "8G", "--",
+                                     sys.executable, "-c", PRINT_DEVICES))
+    assert seen["CUDA_VISIBLE_DEVICES"] in MIG_UUIDS and seen["NEBULA_GPU_LIST"] == seen["CUDA_VISIBLE_DEVICES"]
 
 
 def test_a_job_on_an_ascend_chip_holds_its_memory_as_on_nvidia(mixed):

@@ -49,7 +49,8 @@ def build(variant: str = "current") -> Path | None:
 
 
 def gpu_table(spec: dict) -> str:
-    """node.json's NVIDIA GPUs as ``nvml.tsv``: a driver line, then one line per GPU."""
+    """node.json's NVIDIA GPUs as ``nvml.tsv``: a driver line, then one line per GPU and one
+    per MIG instance a GPU's ``mig`` lists (``{"uuid", "profile", "memory_total_mb"}``)."""
     from .fake_smi import base_sm_clock, has_ecc
 
     major, _, minor = spec.get("cuda_version", "12.4").partition(".")
@@ -64,6 +65,11 @@ def gpu_table(spec: dict) -> str:
                   g.get("pcie_width", 16), cc_major, cc_minor or 0,
                   int(g.get("has_fan", True)), int(has_ecc(g))]
         lines.append("\t".join(str(f) for f in fields))
+    for g in spec.get("gpus", []):  # MIG instances, devices of their own, after every card
+        for slot, mig in enumerate(g.get("mig", [])):
+            lines.append("\t".join(str(f) for f in ("mig", g["index"], mig["uuid"],
+                                                      f"{g['name']} MIG {mig['profile']}",
+                                                      mig["memory_total_mb"], slot)))
     return "\n".join(lines) + "\n"
 
 

@@ -8,8 +8,8 @@
  *   $NEBULA_SIM_DIR/faults.tsv   per-GPU faults (written with faults.json)
  *   $NEBULA_SIM_DIR/nvml_events.tsv  "index<TAB>xid" lines: critical Xids for event sets
  *   /proc/<pid>/environ          processes on this node's GPUs (CUDA_VISIBLE_DEVICES)
- * The dynamic state is read again when it is older than REFRESH_NS, so one probe's dozens
- * of calls cost one look at /proc.
+ * The dynamic state is read again when it is older than REFRESH_NS (or
+ * $NEBULA_SIM_NVML_REFRESH_MS), so one probe's dozens of calls cost one look at /proc.
  *
  * Built with -DSIM_OLD_DRIVER it lacks the calls drivers before R460/R510 lack
  * (remapped rows, clock-event reasons under their new name, max PCIe generation).
@@ -50,6 +50,7 @@ enum {
 
 typedef struct {
     unsigned index;
+    int parent;  /* a MIG instance: the slot of its GPU in gpus[]; a GPU: -1 */
     char uuid[96], name[96], pci[32];
     unsigned long long total_mb;
     double power_limit_w, idle_power_w, base_temp;
@@ -84,8 +85,10 @@ static char sim_node[128];
 static char driver[80] = "550.54.15";
 static int cuda_version = 12040;
 static sim_gpu gpus[MAX_GPUS];
-static unsigned gpu_count = 0;
+static unsigned gpu_count = 0;     /* the cards: gpus[0 .. gpu_count) */
+static unsigned device_count = 0;  /* and their MIG instances after them */
 static long long refreshed_at = 0;
+static long long refresh_ns = REFRESH_NS;  /* $NEBULA_SIM_NVML_REFRESH_MS (bench/probe.py) */
 
 static long long now_ns(void) {
     struct timespec ts;
@@ -108,7 +111,7 @@ static int load_gpus(void) {
     path_of(path, sizeof path, "nvml.tsv");
     FILE *f = fopen(path, "r");
     if (!f) return 0;
-    gpu_count = 0;
+    gpu_count = device_count = 0;
     while (fgets(line, sizeof line, f)) {
         line[strcspn(line, "\n")] = 0;
         char *fields[24];
@@ -123,9 +126,24 @@ static int load_gpus(void) {
         if (n >= 4 && strcmp(fields[0], "driver") == 0) {
             copy(driver, sizeof driver, fields[1]);
             cuda_version = atoi(fields[3]);
-        } else if (n >= 18 && strcmp(fields[0], "gpu") == 0 && gpu_count < MAX_GPUS) {
+        } else if (n >= 6 && strcmp(fields[0], "mig") == 0 && device_count < MAX_GPUS) {
+            /* mig  parent-index  uuid  name  memory-MiB  slot */
+            for (unsigned p = 0; p < gpu_count; p++) {
+                if (gpus[p].index != (unsigned)atoi(fields[1])) continue;
+                sim_gpu *m = &gpus[device_count++];
+                *m = gpus[p];
+                m->parent = (int)p;
+                m->index = (unsigned)atoi(fields[5]);
+                copy(m->uuid, sizeof m->uuid, fields[2]);
+                copy(m->name, sizeof m->name, fields[3]);
+                m->total_mb = strtoull(fields[4], NULL, 10);
+            }
+        } else if (n >= 18 && strcmp(fields[0], "gpu") == 0 && gpu_count < MAX_GPUS
+                   && device_count == gpu_count) {  /* every card comes before any instance */
             sim_gpu *g = &gpus[gpu_count++];
+            device_count = gpu_count;
             memset(g, 0, sizeof *g);
+            g->parent = -1;
             g->index = (unsigned)atoi(fields[1]);
             copy(g->uuid, sizeof g->uuid, fields[2]);
             copy(g->name, sizeof g->name, fields[3]);
@@ -146,6 +164,7 @@ static int load_gpus(void) {
         }
     }
     fclose(f);
+    if (device_count < gpu_count) device_count = gpu_count;
     return gpu_count > 0;
 }
 
@@ -214,6 +233,7 @@ static int read_env(unsigned pid, proc_env *out) {
 
 static int on_this_node(const proc_env *p) {
     if (sim_dir[0] && p->sim_dir) {
+        if (strcmp(p->sim_dir, sim_dir) == 0) return 1;  /* the usual case, without a stat */
         char a[PATH_MAX], b[PATH_MAX];
         if (!realpath(p->sim_dir, a) || !realpath(sim_dir, b)) return 0;
         return strcmp(a, b) == 0;
@@ -240,7 +260,8 @@ static long long size_mb(const char *text) {
     return (long long)(value * scale + 0.5);
 }
 
-/* CUDA_VISIBLE_DEVICES -> GPU slots; like CUDA, stop at the first unknown entry. */
+/* CUDA_VISIBLE_DEVICES -> device slots (a card by index or GPU- UUID, a MIG instance by its
+ * MIG- UUID); like CUDA, stop at the first unknown entry. */
 static int visible(const char *value, int *slots) {
     int n = 0;
     char copy_of[1024];
@@ -248,11 +269,13 @@ static int visible(const char *value, int *slots) {
     for (char *entry = strtok(copy_of, ","); entry; entry = strtok(NULL, ",")) {
         while (*entry == ' ') entry++;
         int found = -1, matches = 0;
-        for (unsigned g = 0; g < gpu_count; g++) {
+        for (unsigned g = 0; g < device_count; g++) {
             char number[16];
             snprintf(number, sizeof number, "%u", gpus[g].index);
-            if (strcmp(entry, number) == 0 ||
-                (strncmp(entry, "GPU-", 4) == 0 && strncmp(gpus[g].uuid, entry, strlen(entry)) == 0)) {
+            int card = gpus[g].parent < 0;
+            if ((card && strcmp(entry, number) == 0) ||
+                ((strncmp(entry, "GPU-", 4) == 0 || strncmp(entry, "MIG-", 4) == 0)
+                 && strncmp(gpus[g].uuid, entry, strlen(entry)) == 0)) {
                 found = (int)g;
                 matches++;
             }
@@ -350,18 +373,22 @@ static long round_half_even(double x) {  /* Python's round(), so both emulators 
 
 static void refresh(void) {
     long long now = now_ns();
-    if (refreshed_at && now - refreshed_at < REFRESH_NS) return;
-    refreshed_at = now;
-    for (unsigned g = 0; g < gpu_count; g++) {
+    if (refreshed_at && now - refreshed_at < refresh_ns) return;
+    for (unsigned g = 0; g < device_count; g++) {
         sim_gpu *gpu = &gpus[g];
         gpu->nprocs = 0;
         gpu->used_mb = 0;
         gpu->util = 0;
     }
     scan_processes();
-    for (unsigned g = 0; g < gpu_count; g++) {
+    for (unsigned g = gpu_count; g < device_count; g++) {  /* a card holds its instances' work */
+        sim_gpu *parent = &gpus[gpus[g].parent];
+        parent->used_mb += gpus[g].used_mb;
+        parent->util += gpus[g].util;
+    }
+    for (unsigned g = 0; g < device_count; g++) {
         sim_gpu *gpu = &gpus[g];
-        int busy_any = gpu->nprocs > 0;
+        int busy_any = gpu->nprocs > 0 || gpu->used_mb > 0;  /* a card busy through its instances */
         if (gpu->util > 100) gpu->util = 100;
         double busy = gpu->util / 100.0;
         gpu->used_mb = busy_any ? (gpu->used_mb > gpu->total_mb ? gpu->total_mb : gpu->used_mb)
@@ -377,6 +404,7 @@ static void refresh(void) {
         gpu->ecc_uncorrected = 0;
     }
     apply_faults();
+    refreshed_at = now_ns();  /* from the end: a slow scan on a loaded node is not redone at once */
 }
 
 /* --- the API ---------------------------------------------------------------------------------- */
@@ -412,6 +440,8 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     pthread_mutex_lock(&lock);
     copy(sim_dir, sizeof sim_dir, dir);
     copy(sim_node, sizeof sim_node, node ? node : "");
+    const char *refresh_ms = getenv("NEBULA_SIM_NVML_REFRESH_MS");
+    refresh_ns = refresh_ms ? atoll(refresh_ms) * 1000000LL : REFRESH_NS;
     int ok = load_gpus();
     if (ok) {
         initialized = 1;
@@ -617,12 +647,30 @@ static unsigned long long reasons_of(const sim_gpu *g) {
 #ifndef SIM_OLD_DRIVER
 #endif
 
+static int instances_of(const sim_gpu *g) {
+    int n = 0;
+    for (unsigned m = gpu_count; m < device_count; m++) n += gpus[m].parent == g - gpus;
+    return n;
+}
+
 nvmlReturn_t nvmlDeviceGetMigMode(void *device, unsigned int *current, unsigned int *pending) {
     DEVICE(device)
     if (strstr(g->name, "A100") == NULL && strstr(g->name, "H100") == NULL) return NVML_ERROR_NOT_SUPPORTED;
-    *current = 0;
-    *pending = 0;
+    *current = *pending = instances_of(g) > 0;
     return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(void *device, unsigned int *count) {
+    DEVICE(device)
+    *count = instances_of(g) > 0 ? 7 : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(void *device, unsigned int index, void **mig) {
+    DEVICE(device)
+    for (unsigned m = gpu_count; m < device_count; m++)
+        if (gpus[m].parent == g - gpus && gpus[m].index == index) { *mig = &gpus[m]; return NVML_SUCCESS; }
+    return NVML_ERROR_NOT_FOUND;
 }
 
 GETTER(nvmlDeviceGetCurrentClocksThrottleReasons, unsigned long long, reasons_of(g))

@@ -159,7 +159,9 @@ def start_hardware():
     except ImportError:
         return NoHardware()
     hardware.TOOL_TIMEOUT_S = float(CONFIG.get("tool_timeout", hardware.TOOL_TIMEOUT_S))
-    found = hardware.Hardware(interval=INTERVAL, init_wait=float(CONFIG.get("init_wait", 8.0)))
+    skip = set(CONFIG.get("skip_backends") or ())  # e.g. ["nvml"]: read with nvidia-smi instead
+    found = hardware.Hardware(interval=INTERVAL, init_wait=float(CONFIG.get("init_wait", 8.0)),
+                              backends=[b for b in hardware.registry() if b[0] not in skip])
     found.start()
     return found
 
