@@ -385,3 +385,34 @@ def test_mig_instances_are_devices_of_their_own(lab_of, nodelets):
         assert [(p["gpu_uuid"], p["used_memory_mb"]) for p in probe["processes"]] == [(second["uuid"], 8192)]
     finally:
         job.kill()
+
+
+def _python36() -> str | None:
+    import glob
+    import shutil
+
+    found = shutil.which("python3.6") and subprocess.run(
+        ["python3.6", "-c", "print(1)"], capture_output=True).returncode == 0
+    if found:
+        return shutil.which("python3.6")
+    candidates = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.6*/bin/python3.6")))
+    return candidates[0] if candidates else None
+
+
+PYTHON36 = _python36()
+
+
+@pytest.mark.skipif(PYTHON36 is None, reason="no Python 3.6 here to run the nodelet with")
+def test_the_nodelet_runs_on_python_3_6_with_every_backend(lab_of, nodelets):
+    """The oldest python3 a node may have (as the README promises) runs the shipped
+    nodelet, pynvml included."""
+    lab = lab_of(presets.node_specs("mixed") + [presets.node_specs("demo")[4]])
+    for name in lab.nodes:
+        os.symlink(PYTHON36, lab.node_dir(name) / "bin" / "python3")  # first on the node's PATH
+    mixed, ascend = nodelets(lab, "node01"), nodelets(lab, "node05")
+    assert mixed.hello["python"].startswith("3.6") and ascend.hello["python"].startswith("3.6")
+    assert {b["vendor"] for b in mixed.hello["backends"]} == {"nvidia", "intel"}
+    if HAVE_CC:
+        assert mixed.hello["backends"][0]["name"] == "nvml"
+    assert [d["vendor"] for d in mixed.next("probe")["devices"]] == ["nvidia", "intel"]
+    assert len(ascend.next("probe")["devices"]) == 2
