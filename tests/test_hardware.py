@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from nebula_tui.remote import shipping
-from nebula_tui.remote.probes import hardware
+from nebula_tui.remote.probes import registry
 from nebula_tui.sim import faults, fake_smi, nvml, presets
 from nebula_tui.sim.lab import Lab
 
@@ -68,7 +68,7 @@ def test_the_payload_carries_pynvml_and_runs_its_modules_under_their_names():
 
 
 def test_the_registry_lists_each_vendors_backends_preferred_first():
-    entries = hardware.registry()
+    entries = registry.REGISTRY
     assert [(name, vendor) for name, vendor, _, _ in entries] == [
         ("nvml", "nvidia"), ("nvidia-smi", "nvidia"), ("amd-smi", "amd"), ("rocm-smi", "amd"),
         ("xpu-smi", "intel"), ("npu-smi", "ascend")]
@@ -329,10 +329,23 @@ def test_a_tool_that_hangs_from_the_start_leaves_the_hello_on_time(lab_of, nodel
     lab = lab_of(presets.node_specs("mixed"))
     faults.set_tool_fault(lab.node_dir("node01"), "xpu-smi", "hang")
     started = time.monotonic()
-    node = nodelets(lab, "node01", init_wait=2.0, tool_timeout=10.0)
-    assert time.monotonic() - started < 8
+    node = nodelets(lab, "node01", init_wait=6.0, tool_timeout=60.0)
+    assert time.monotonic() - started < 40  # the hello waited init_wait, not the tool's 60 s
     assert [b["vendor"] for b in node.hello["backends"]] == ["nvidia"]
+    assert node.hello["problems"] == ["xpu-smi did not answer within 6s"]
+
+
+def test_a_backend_slower_than_the_hello_joins_later(lab_of, nodelets):
+    """xpu-smi takes longer to start than the hello waits (a loaded node): its device comes
+    a little later, with the next index, and the problem goes."""
+    lab = lab_of(presets.node_specs("mixed"))
+    faults.set_tool_fault(lab.node_dir("node01"), "xpu-smi", "slow")  # 5 s a call
+    node = nodelets(lab, "node01", init_wait=2.0, tool_timeout=20.0)
+    assert [d["vendor"] for d in node.hello["devices"]] == ["nvidia"]
     assert node.hello["problems"] == ["xpu-smi did not answer within 2s"]
+    faults.set_tool_fault(lab.node_dir("node01"), "xpu-smi", None)
+    joined = node.probe_until(lambda p: len(p["devices"]) == 2 and not p["problems"], 60)
+    assert [(d["index"], d["vendor"]) for d in joined["devices"]] == [(0, "nvidia"), (1, "intel")]
 
 
 def test_a_node_with_no_gpu_tool_is_up_with_no_devices_and_says_why(lab_of, nodelets):

@@ -39,7 +39,7 @@ def test_demo_renders_in_a_real_terminal_and_shows_a_job(demo_terminal):
     home = demo_terminal
     text = wait_for(lambda: "node03" in (s := screen()) and "RTX 3090" in s and s, 60,
                     interval=0.3, what="the demo's overview")
-    assert "Cluster Overview:" in text and "GPUs: 9 (9 idle, 0 busy, 0 maintenance)" in text
+    assert "Cluster Overview:" in text and "GPUs: 14 (14 idle, 0 busy, 0 maintenance)" in text
     assert "A100-SXM4-80GB" in text and "RTX 4060 Laptop" in text
 
     env = {**os.environ, "NEBULA_HOME": str(home), "NEBULA_CONFIG": str(home / "lab" / "nodes.yaml")}

@@ -31,6 +31,7 @@ SHIPPED_MODULES = (
     "nebula_tui.remote.probes.vendor_amd",
     "nebula_tui.remote.probes.vendor_intel",
     "nebula_tui.remote.probes.vendor_ascend",
+    "nebula_tui.remote.probes.registry",
 )
 #: Their packages, shipped empty: the head's ``__init__`` files import head-only code.
 SHIPPED_PACKAGES = ("nebula_tui", "nebula_tui.remote", "nebula_tui.remote.backends",

@@ -616,10 +616,14 @@ def misbehaviour(sim_dir: str, tool: str) -> str:
 
 def act_up(tool: str, how: str) -> tuple[str, int] | None:
     """(stdout, exit code) of a misbehaving tool, or None to behave. ``hang`` never returns;
-    ``fail`` exits 1 with an error, ``garbage`` prints noise, ``newer`` another layout."""
+    ``slow`` behaves after 5 s (a loaded node); ``fail`` exits 1 with an error, ``garbage``
+    prints noise, ``newer`` another layout."""
     if how == "hang":
         while True:
             time.sleep(3600)
+    if how == "slow":
+        time.sleep(5)
+        return None
     if how == "fail":
         sys.stderr.write(f"{tool}: failed to initialize the driver (code 0xdead)\n")
         return "", 1

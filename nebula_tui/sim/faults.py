@@ -264,12 +264,13 @@ def set_throttle(node_dir: Path, gpu_index: int | str, on: bool) -> None:
 
 
 #: How a vendor tool can misbehave (``fake_smi.act_up``).
-TOOL_FAULTS = ("hang", "fail", "garbage", "newer")
+TOOL_FAULTS = ("hang", "slow", "fail", "garbage", "newer")
 
 
 def set_tool_fault(node_dir: Path, tool: str, how: str | None) -> None:
-    """Make ``tool`` (``nvidia-smi``, ``xpu-smi`` …) of the node hang, fail, print garbage
-    or a newer layout; ``how`` None: behave again. Raises ValueError for another ``how``."""
+    """Make ``tool`` (``nvidia-smi``, ``xpu-smi`` …) of the node hang, answer slowly, fail,
+    print garbage or a newer layout; ``how`` None: behave again. Raises ValueError for
+    another ``how``."""
     if how is not None and how not in TOOL_FAULTS:
         raise ValueError(f"'{how}' is not a tool fault; choose one of {', '.join(TOOL_FAULTS)}")
     path = Path(node_dir) / "tool_faults.json"

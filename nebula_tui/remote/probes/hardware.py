@@ -13,12 +13,12 @@ Backends may also offer ``facts()`` (driver and CUDA versions, the link matrix a
 ``initialize``, and ``watch(report)`` (a thread that calls ``report(device, code)`` for each
 critical Xid the library signals).
 
-The :data:`REGISTRY` lists (name, vendor, detector, loader), preferred first per vendor:
+``registry.REGISTRY`` lists (name, vendor, detector, loader), preferred first per vendor:
 a detector is a cheap look (is the tool on PATH?), the loader makes the backend. For each
 vendor the first backend that initializes serves it; a node may have several vendors (an
 NVIDIA card and an Intel iGPU). :class:`Hardware` keeps one reader thread per backend, so
 a tool that hangs or fails costs its own devices only, and gives every device an index
-unique on the node.
+unique on the node; a backend slower to start than the hello may wait joins later.
 
 Travels to the nodes with the nodelet: stdlib only, Python 3.6 syntax, no annotations.
 """
@@ -167,30 +167,6 @@ def links_from(argv, parse):
         return {}
 
 
-def _registry():
-    # Imported here: each vendor module imports this one for Backend and run_tool.
-    from . import vendor_amd, vendor_ascend, vendor_intel, vendor_nvidia
-    return (
-        ("nvml", "nvidia", vendor_nvidia.nvml_detected, vendor_nvidia.NvmlBackend),
-        ("nvidia-smi", "nvidia", on_path("nvidia-smi"), vendor_nvidia.NvidiaSmiBackend),
-        ("amd-smi", "amd", on_path("amd-smi"), vendor_amd.AmdSmiBackend),
-        ("rocm-smi", "amd", on_path("rocm-smi"), vendor_amd.RocmSmiBackend),
-        ("xpu-smi", "intel", on_path("xpu-smi"), vendor_intel.XpuSmiBackend),
-        ("npu-smi", "ascend", on_path("npu-smi"), vendor_ascend.NpuSmiBackend),
-    )
-
-
-REGISTRY = None  # filled on first use by registry()
-
-
-def registry():
-    """(name, vendor, detector, loader) for every backend, preferred first per vendor."""
-    global REGISTRY
-    if REGISTRY is None:
-        REGISTRY = _registry()
-    return REGISTRY
-
-
 class _Reader(object):
     """One backend's devices, read in a thread of their own every interval."""
 
@@ -266,11 +242,12 @@ class Hardware(object):
     the vendors listed before it, MIG instances the numbers after every card.
     """
 
-    def __init__(self, interval=5.0, init_wait=8.0, backends=None):
+    def __init__(self, backends, interval=5.0, init_wait=8.0):
         self.interval = interval
         self.init_wait = init_wait
-        self._candidates = backends  # [(name, vendor, detector, loader)], default the registry
+        self._candidates = list(backends)  # [(name, vendor, detector, loader)]
         self.readers = []
+        self._lock = threading.Lock()  # readers, notes and indices change when one joins late
         self.notes = []  # why a preferred backend is not used ("nvml: …; using nvidia-smi")
         self._unused = []  # why the vendors without a backend have none
         self._index = {}  # uuid -> node index
@@ -280,9 +257,11 @@ class Hardware(object):
 
     # -------------------------------------------------------------- detection
     def start(self):
-        candidates = self._candidates if self._candidates is not None else registry()
+        """Detect and initialize every vendor's backend, each in a thread of its own; return
+        once all are done or ``init_wait`` has passed. A vendor still starting then says so
+        and joins when it is ready (its links miss the hello; its devices do not)."""
         by_vendor = []
-        for name, vendor, detector, loader in candidates:
+        for name, vendor, detector, loader in self._candidates:
             if not by_vendor or by_vendor[-1][0] != vendor:
                 by_vendor.append((vendor, []))
             by_vendor[-1][1].append((name, detector, loader))
@@ -293,22 +272,47 @@ class Hardware(object):
                                       name="init-%s" % vendor)
             thread.daemon = True
             thread.start()
-            threads.append(thread)
+            threads.append((vendor, options, thread))
         deadline = time.time() + self.init_wait
-        for thread in threads:
+        for _, _, thread in threads:
             thread.join(max(0.0, deadline - time.time()))
-        for vendor, options in by_vendor:
-            chosen, notes = results.get(vendor, (None, [
-                "%s did not answer within %gs" % (options[0][0], self.init_wait)]))
-            (self.notes if chosen is not None else self._unused).extend(notes)
-            if chosen is not None:
-                reader = _Reader(chosen, self.interval)
-                reader.read_once()
-                self.readers.append(reader)
-                self._facts[chosen.name] = _safe_facts(chosen)
+        late = []
+        for vendor, options, thread in threads:
+            if thread.is_alive():
+                waiting = "%s did not answer within %gs" % (options[0][0], self.init_wait)
+                self._unused.append(waiting)
+                late.append((vendor, thread, waiting))
+            else:
+                self._join(vendor, results, start=False)
         for reader in self.readers:
             reader.start()
-        self._assign_bases()
+        if late:
+            joiner = threading.Thread(target=self._join_late, args=(late, results), name="init-late")
+            joiner.daemon = True
+            joiner.start()
+
+    def _join(self, vendor, results, start=True):
+        chosen, notes = results.get(vendor, (None, []))
+        reader = None
+        if chosen is not None:
+            reader = _Reader(chosen, self.interval)
+            reader.read_once()
+            facts = _safe_facts(chosen)
+        with self._lock:
+            (self.notes if chosen is not None else self._unused).extend(notes)
+            if reader is not None:
+                self._facts[chosen.name] = facts
+                self._bases[vendor] = self._cards_end()
+                self.readers.append(reader)
+        if reader is not None and start:
+            reader.start()
+
+    def _join_late(self, late, results):
+        for vendor, thread, waiting in late:
+            thread.join()
+            with self._lock:
+                self._unused.remove(waiting)
+            self._join(vendor, results)
 
     @staticmethod
     def _choose(vendor, options, results):
@@ -336,13 +340,6 @@ class Hardware(object):
             return
         results[vendor] = (None, notes)
 
-    def _assign_bases(self):
-        base = 0
-        for reader in self.readers:
-            vendor = reader.backend.vendor
-            self._bases[vendor] = base
-            base += len([d for d in reader.devices if not d.get("parent_uuid")])
-
     def backends(self):
         """[{"name", "vendor"}] of the backends in use, for the hello."""
         return [{"name": r.backend.name, "vendor": r.backend.vendor} for r in self.readers]
@@ -351,7 +348,7 @@ class Hardware(object):
         """The node's reason when no backend serves it (up, with 0 GPUs)."""
         if self._unused:
             return "no GPU tool answered: %s" % "; ".join(self._unused)
-        looked = ", ".join(name for name, _, _, _ in (self._candidates or registry()))
+        looked = ", ".join(name for name, _, _, _ in self._candidates)
         return "no GPU tool found (looked for %s)" % looked.replace("nvml", "libnvidia-ml")
 
     # -------------------------------------------------------------- reading
@@ -375,6 +372,10 @@ class Hardware(object):
 
     def snapshot(self):
         """What one probe sends: devices (node indices), processes, problems, clamped."""
+        with self._lock:
+            return self._snapshot()
+
+    def _snapshot(self):
         devices, processes, problems, clamped = [], [], [], []
         seen = set()
         for reader in self.readers:
@@ -403,6 +404,10 @@ class Hardware(object):
 
     def facts(self):
         """Driver/CUDA versions and the links by node index, for the hello."""
+        with self._lock:
+            return self._merged_facts()
+
+    def _merged_facts(self):
         merged = {"links": {}}
         for reader in self.readers:
             facts = self._facts.get(reader.backend.name) or {}

@@ -155,13 +155,13 @@ class NoHardware(object):
 def start_hardware():
     """Every vendor's backend this node has, started (one reader thread each)."""
     try:
-        from nebula_tui.remote.probes import hardware
+        from nebula_tui.remote.probes import hardware, registry
     except ImportError:
         return NoHardware()
     hardware.TOOL_TIMEOUT_S = float(CONFIG.get("tool_timeout", hardware.TOOL_TIMEOUT_S))
     skip = set(CONFIG.get("skip_backends") or ())  # e.g. ["nvml"]: read with nvidia-smi instead
-    found = hardware.Hardware(interval=INTERVAL, init_wait=float(CONFIG.get("init_wait", 8.0)),
-                              backends=[b for b in hardware.registry() if b[0] not in skip])
+    found = hardware.Hardware([b for b in registry.REGISTRY if b[0] not in skip],
+                              interval=INTERVAL, init_wait=float(CONFIG.get("init_wait", 8.0)))
     found.start()
     return found
 
