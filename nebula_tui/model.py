@@ -96,6 +96,7 @@ class GpuReading:
     remapped_rows_failure: bool | None = None
     throttle_reasons: tuple[str, ...] | None = None  # active clock-event reasons; () none
     mig_mode: str | None = None
+    persistence_mode: str | None = None  # "Enabled"/"Disabled" (NVIDIA)
     parent_uuid: str | None = None  # a MIG instance's GPU (R3: instances are devices)
     health: str | None = None  # the vendor's own verdict where it gives one (Ascend "OK")
     visible_env: str | None = None  # the variable that hands it to a job (CUDA_VISIBLE_DEVICES…)

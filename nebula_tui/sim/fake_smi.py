@@ -301,6 +301,7 @@ GPU_FIELDS = {
     "pcie.link.width.max": ("", lambda g, n, nu: _num(g.get("pcie_width"), "", nu)),
     "mig.mode.current": ("", lambda g, n, nu: "Disabled" if "A100" in g["name"] or "H100" in g["name"]
                          else "[N/A]"),
+    "persistence_mode": ("", lambda g, n, nu: "Enabled" if g.get("persistence") else "Disabled"),
     "clocks.default_applications.graphics": ("MHz", lambda g, n, nu: _num(base_sm_clock(g), "MHz", nu)),
     "clocks_event_reasons.hw_thermal_slowdown": ("", lambda g, n, nu: _thermal(g)),
     "ecc.errors.uncorrected.volatile.total": ("", lambda g, n, nu: _ecc(g, nu)),

@@ -63,7 +63,7 @@ def gpu_table(spec: dict) -> str:
                   g.get("base_temp_c", 30), g.get("max_sm_clock_mhz", 1800),
                   g.get("max_mem_clock_mhz", 5000), base_sm_clock(g), g.get("pcie_gen", 4),
                   g.get("pcie_width", 16), cc_major, cc_minor or 0,
-                  int(g.get("has_fan", True)), int(has_ecc(g))]
+                  int(g.get("has_fan", True)), int(has_ecc(g)), int(bool(g.get("persistence")))]
         lines.append("\t".join(str(f) for f in fields))
     for g in spec.get("gpus", []):  # MIG instances, devices of their own, after every card
         for slot, mig in enumerate(g.get("mig", [])):

@@ -55,7 +55,7 @@ typedef struct {
     unsigned long long total_mb;
     double power_limit_w, idle_power_w, base_temp;
     unsigned max_sm, max_mem, base_sm, pcie_gen, pcie_width;
-    int cc_major, cc_minor, has_fan, ecc;
+    int cc_major, cc_minor, has_fan, ecc, persistence;
     /* dynamic */
     unsigned long long used_mb;
     double util, temp, power;
@@ -161,6 +161,7 @@ static int load_gpus(void) {
             g->cc_minor = atoi(fields[15]);
             g->has_fan = atoi(fields[16]);
             g->ecc = atoi(fields[17]);
+            g->persistence = n > 18 ? atoi(fields[18]) : 0;
         }
     }
     fclose(f);
@@ -522,6 +523,7 @@ GETTER(nvmlDeviceGetIndex, unsigned int, g->index)
 GETTER(nvmlDeviceGetPowerUsage, unsigned int, g->power * 1000.0 + 0.5)  /* mW */
 GETTER(nvmlDeviceGetEnforcedPowerLimit, unsigned int, g->power_limit_w * 1000.0 + 0.5)
 GETTER(nvmlDeviceGetPerformanceState, int, g->pstate)
+GETTER(nvmlDeviceGetPersistenceMode, int, g->persistence)
 GETTER(nvmlDeviceGetCurrPcieLinkGeneration, unsigned int, g->pcie_gen)
 GETTER(nvmlDeviceGetCurrPcieLinkWidth, unsigned int, g->pcie_width)
 GETTER(nvmlDeviceGetMaxPcieLinkWidth, unsigned int, g->pcie_width)

@@ -26,6 +26,7 @@ QUERY_GPU_EXTRA_FIELDS = (
     "pcie.link.gen.current", "pcie.link.width.current", "pcie.link.gen.max",
     "pcie.link.width.max", "ecc.errors.uncorrected.volatile.total",
     "ecc.errors.corrected.volatile.total", "clocks_event_reasons.active", "mig.mode.current",
+    "persistence_mode",
 )
 #: What the probe asks ``--query-compute-apps`` for, in this order.
 QUERY_APPS_FIELDS = ("gpu_uuid", "pid", "process_name", "used_gpu_memory")
@@ -127,6 +128,7 @@ GPU_FIELD_MAP = {
     "clocks_event_reasons.active": ("throttle_reasons", _reasons),
     "clocks_throttle_reasons.active": ("throttle_reasons", _reasons),
     "mig.mode.current": ("mig_mode", rd.text),
+    "persistence_mode": ("persistence_mode", rd.text),
     "pstate": ("pstate", rd.text),
     "driver_version": ("driver_version", rd.text),
     "compute_cap": ("compute_cap", rd.text),
@@ -447,6 +449,7 @@ def plain_table_readings(table):
     for gpu in table["gpus"]:
         readings.append(rd.new_reading(
             "nvidia", gpu["index"], uuid="", driver_version=table["driver_version"],
+            persistence_mode={"On": "Enabled", "Off": "Disabled"}.get(gpu.get("persistence_mode")),
             **{key: gpu.get(key) for key in _TABLE_READING_KEYS}))
     by_index = dict((r["index"], r) for r in readings)
     for mig in table["mig_devices"]:
@@ -623,6 +626,7 @@ def parse_q(text):
             remapped_rows_pending=rd.flag(remap.get("Pending")),
             remapped_rows_failure=rd.flag(remap.get("Remapping Failure Occurred")),
             driver_version=facts["driver_version"],
+            persistence_mode=rd.text(section.get("Persistence Mode")),
             throttle_reasons=_active_reasons(reasons, _Q_REASONS),
             mig_mode=rd.text(_get(section, "MIG Mode", "Current")),
         )
@@ -721,6 +725,7 @@ def parse_xml(text):
             driver_version=facts["driver_version"],
             throttle_reasons=_xml_reasons(gpu),
             mig_mode=_x(gpu, "mig_mode/current_mig"),
+            persistence_mode=_x(gpu, "persistence_mode"),
         )
         readings.append(reading)
         for mig in gpu.findall("mig_devices/mig_device"):

@@ -32,6 +32,7 @@ FIELDS = (
     "compute_cap",       # "8.9" (NVIDIA), "gfx90a" (AMD); None where the vendor has none
     "throttle_reasons",  # names of active clock-event reasons, [] when none, None unknown
     "mig_mode",          # "Enabled"/"Disabled" on MIG-capable cards
+    "persistence_mode",  # "Enabled"/"Disabled": whether the driver stays loaded between jobs
     "parent_uuid",       # a MIG instance's GPU
     "health",            # the vendor's own verdict where it gives one ("OK", "Warning")
     "visible_env",       # the variable that hands this device to a job

@@ -189,6 +189,7 @@ class NvmlBackend(Backend):
         limit = q("nvmlDeviceGetEnforcedPowerLimit", handle)
         pstate = q("nvmlDeviceGetPerformanceState", handle)
         remapped = q("nvmlDeviceGetRemappedRows", handle)
+        persistence = q("nvmlDeviceGetPersistenceMode", handle)
         reasons = q("nvmlDeviceGetCurrentClocksEventReasons", handle)
         if reasons is None:
             reasons = q("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
@@ -210,6 +211,7 @@ class NvmlBackend(Backend):
             ecc_corrected=q("nvmlDeviceGetTotalEccErrors", handle,
                             nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC),
             throttle_reasons=nvidia_smi.throttle_names(reasons),
+            persistence_mode=None if persistence is None else ("Enabled" if persistence else "Disabled"),
         )
         if remapped is not None:
             reading.update(remapped_rows_correctable=remapped[0],
