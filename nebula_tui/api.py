@@ -49,7 +49,8 @@ from pathlib import Path
 #: The longest request line the server reads, and a tenth of the longest reply line.
 MAX_LINE = 1 << 20
 MAX_GPU_COUNT = 64
-ARCH_RE = re.compile(r"^(>=)?sm_\d{2,3}$")
+# NVIDIA's sm_89, or AMD's gfx90a (the LLVM target rocm-smi reports).
+ARCH_RE = re.compile(r"^(>=)?(sm_\d{2,3}|gfx\d{1,2}[0-9a-f]{2})$")
 CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}$")
 
 

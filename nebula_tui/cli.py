@@ -119,7 +119,7 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
                         "it, else the home)")
     p.add_argument("--command", dest="shell_command", default=None,
                    help="a shell command line instead of `-- cmd args…`")
-    p.add_argument("--arch", type=_pattern(ARCH_RE, "sm_89 or '>=sm_80'"), default=None,
+    p.add_argument("--arch", type=_pattern(ARCH_RE, "sm_89, '>=sm_80' or gfx90a"), default=None,
                    help="compute capability: sm_89 exactly, or '>=sm_80'")
     p.add_argument("--cuda", type=_pattern(CUDA_RE, "12.1"), default=None,
                    help="the driver must support at least this CUDA, e.g. 12.1")
@@ -209,8 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one node of a multi-node job (0 first); default: every node's, "
                         "each line prefixed with its rank")
     p = command("parse", "print what NebulaGrid understands from a saved tool output")
-    p.add_argument("kind", help="smi-csv, smi-apps, smi-plain, topo, xid")
+    p.add_argument("kind", help="smi-csv, smi-apps, smi-plain, smi-q, smi-xml, amd-smi, "
+                   "rocm-smi, xpu-smi, npu-smi, topo, xid")
     p.add_argument("file", help="the saved output ('-' for stdin)")
+    p.add_argument("--fields", default=None,
+                   help="smi-csv/smi-apps without a header: the query's fields, comma-separated")
     p.add_argument("--best", type=_count, default=None,
                    help="with topo: the K GPUs a K-GPU job would get on that machine")
     p = command("quota", "set a user's GPU-hours per month (admins)")
@@ -221,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shared box: members of this Unix group may use the service")
     p = command("demo", "start the simulated lab and open the TUI on it")
     p.add_argument("--headless", action="store_true", help="no TUI: keep the lab up until Ctrl-C")
-    p.add_argument("--layout", default="demo", choices=("demo", "4x4"))
+    p.add_argument("--layout", default="demo", choices=("demo", "core", "4x4", "mixed"))
     p.add_argument("--shared-group", default=None,
                    help="let members of this Unix group use the demo's service")
     command("tui", "open the TUI (the default)")
@@ -539,31 +542,47 @@ def _follow_one(client, args) -> int:
 
 
 def cmd_parse(args, home, config) -> int:
-    from .remote.backends import PARSERS
+    from .remote import documents
 
-    parse = PARSERS.get(args.kind)
-    if parse is None:
-        print(f"nebula parse: unknown kind '{args.kind}'; known: {', '.join(sorted(PARSERS))}",
+    kind = documents.KINDS.get(args.kind)
+    if kind is None:
+        print(f"nebula parse: unknown kind '{args.kind}'; known: {', '.join(documents.KINDS)}",
+              file=sys.stderr)
+        return USAGE_ERROR
+    if args.best is not None and args.kind != "topo":
+        print("nebula parse: --best goes with the topo kind", file=sys.stderr)
+        return USAGE_ERROR
+    fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
+    if fields and not kind.takes_fields:
+        print(f"nebula parse: --fields goes with the smi-csv and smi-apps kinds, not {args.kind}",
               file=sys.stderr)
         return USAGE_ERROR
     try:
-        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(errors="replace")
+        stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
     except OSError as err:
         print(f"nebula parse: cannot read {args.file}: {err.strerror}", file=sys.stderr)
         return USAGE_ERROR
     try:
-        result = parse(text)
+        with stream:
+            result = documents.parse_stream(args.kind, stream, fields)
         if args.best is not None:
-            if args.kind != "topo":
-                print("nebula parse: --best goes with the topo kind", file=sys.stderr)
-                return USAGE_ERROR
             from .scheduler.topology import best_set
 
             result["best"] = best_set(result["links"], args.best, result["gpus"])
+    except documents.InputTooLarge as err:
+        mib = err.limit // (1024 * 1024)
+        what = "the input" if args.file == "-" else args.file
+        print(f"nebula parse: {what} is larger than {mib} MiB, more than a saved {args.kind} "
+              f"output should be; parse a part of it (e.g. tail -c {mib // 2}M FILE > part)",
+              file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(f"nebula parse: cannot read {args.file}: {err.strerror}", file=sys.stderr)
+        return USAGE_ERROR
     except ValueError as err:
         print(f"nebula parse: {args.file}: {err}", file=sys.stderr)
         return 1
-    print(json.dumps(result, indent=2, default=str))
+    print(documents.to_json(result))
     return 0
 
 

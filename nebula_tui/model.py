@@ -78,8 +78,29 @@ class GpuReading:
     mem_clock_mhz: float | None = None
     pstate: str | None = None
     driver_version: str | None = None
-    compute_cap: str | None = None  # as the tool prints it: "8.9"
+    compute_cap: str | None = None  # as the tool prints it: "8.9" (NVIDIA), "gfx90a" (AMD)
     vendor: str = "nvidia"
+    # The rest of the vendor-neutral reading (remote/backends/reading.py says what each is).
+    base_sm_clock_mhz: float | None = None
+    max_sm_clock_mhz: float | None = None
+    max_mem_clock_mhz: float | None = None
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_max: int | None = None
+    ecc_uncorrected: int | None = None
+    ecc_corrected: int | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    throttle_reasons: tuple[str, ...] | None = None  # active clock-event reasons; () none
+    mig_mode: str | None = None
+    persistence_mode: str | None = None  # "Enabled"/"Disabled" (NVIDIA)
+    parent_uuid: str | None = None  # a MIG instance's GPU (R3: instances are devices)
+    health: str | None = None  # the vendor's own verdict where it gives one (Ascend "OK")
+    visible_env: str | None = None  # the variable that hands it to a job (CUDA_VISIBLE_DEVICES…)
+    visible_id: str | None = None  # what that variable takes for it ("0", "MIG-…")
 
 
 @dataclass(frozen=True)

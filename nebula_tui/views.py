@@ -87,16 +87,19 @@ def compute_capability(cc: str | None) -> str | None:
     """nvidia-smi's "8.9" as the sm_89 name users pass to ``--arch``."""
     if not cc:
         return None
+    if cc.startswith("gfx"):  # AMD's target is already the name --arch takes
+        return cc
     major, _, minor = cc.partition(".")
     return f"sm_{major}{minor}" if major.isdigit() else None
 
 
 def short_model(name: str) -> str:
-    """"NVIDIA GeForce RTX 4060 Laptop GPU" -> "RTX 4060 Laptop", as people say it."""
-    for prefix in ("NVIDIA ", "GeForce ", "Intel(R) ", "Intel "):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-    return name.removesuffix(" GPU").strip()
+    """"NVIDIA GeForce RTX 4060 Laptop GPU" -> "RTX 4060 Laptop", "Intel(R) Arc(TM) A770
+    Graphics" -> "Intel Arc A770", as people say them (R1)."""
+    name = name.replace("(R)", "").replace("(TM)", "")
+    for prefix in ("NVIDIA ", "GeForce "):
+        name = name.removeprefix(prefix)
+    return name.removesuffix(" GPU").removesuffix(" Graphics").strip()
 
 
 def status_summary(nodes: list[dict], gpus: list[dict]) -> dict:
@@ -143,6 +146,8 @@ def status_text(summary: dict) -> str:
         models = ", ".join(f"{m} x{n}" for m, n in node["models"].items()) or "no GPUs"
         load = f"load {node['load_pct']}%" if node["load_pct"] is not None else "load N/A"
         state = "" if node["state"] == "up" else f" [{node['state']}: {node['reason']}]" if node["reason"] else f" [{node['state']}]"
+        if node["state"] == "up" and node["reason"]:  # up, but a vendor tool said something
+            state = f" ({node['reason']})"
         lines.append(f"  {node['name']}: {models}, {load}{state}")
     return "\n".join(lines)
 

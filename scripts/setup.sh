@@ -9,6 +9,8 @@ need_apt=""
 command -v tmux >/dev/null 2>&1 || need_apt="$need_apt tmux"
 [ -x /usr/sbin/sshd ] || command -v sshd >/dev/null 2>&1 || need_apt="$need_apt openssh-server"
 command -v ssh-keygen >/dev/null 2>&1 || need_apt="$need_apt openssh-client"
+# A C compiler builds the simulated lab's NVML (optional: without it the lab uses nvidia-smi).
+command -v cc >/dev/null 2>&1 || [ "$(id -u)" != 0 ] || need_apt="$need_apt gcc libc6-dev"
 if [ -n "$need_apt" ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need_apt >/dev/null
@@ -34,5 +36,7 @@ fi
 stamp="$VENV/.nebula-setup"
 if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+    # The deprecated "pynvml" distribution (nvidia-ml-py's old wrapper) warns on import.
+    "$VENV/bin/python" -m pip uninstall -q -y pynvml >/dev/null 2>&1 || true
     cp pyproject.toml "$stamp"
 fi

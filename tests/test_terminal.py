@@ -39,16 +39,18 @@ def test_demo_renders_in_a_real_terminal_and_shows_a_job(demo_terminal):
     home = demo_terminal
     text = wait_for(lambda: "node03" in (s := screen()) and "RTX 3090" in s and s, 60,
                     interval=0.3, what="the demo's overview")
-    assert "Cluster Overview:" in text and "GPUs: 9 (9 idle, 0 busy, 0 maintenance)" in text
+    assert "Cluster Overview:" in text and "GPUs: 14 (14 idle, 0 busy, 0 maintenance)" in text
     assert "A100-SXM4-80GB" in text and "RTX 4060 Laptop" in text
 
     env = {**os.environ, "NEBULA_HOME": str(home), "NEBULA_CONFIG": str(home / "lab" / "nodes.yaml")}
     subprocess.run([sys.executable, "-m", "nebula_tui", "submit", "--name", "from-cli",
-                    "--gpu-mem", "6G", "--", "sleep", "30"], env=env, check=True, cwd=REPO,
+                    "--vendor", "nvidia", "--gpu-mem", "10G", "--", "sleep", "30"], env=env, check=True, cwd=REPO,
                    capture_output=True)
     wait_for(lambda: "from-cli" in (s := screen()) and "running" in s, 30, interval=0.3,
              what="the job in the queue")
-    wait_for(lambda: re.search(r"6 GB / [\d.]+ GB", screen()), 15, interval=0.3, what="6 GB used on its card")
+    # An NVIDIA card too big for the laptop's: one of node01's first two, shown on screen.
+    wait_for(lambda: re.search(r"10 GB / [\d.]+ GB", screen()), 15, interval=0.3,
+             what="10 GB used on its card")
 
     subprocess.run(TMUX + ["send-keys", "-t", "demo", "q"], check=True)
     wait_for(lambda: "DEMO-EXITED 0" in screen(), 30, interval=0.3, what="the demo to quit")
@@ -121,7 +123,7 @@ def headless_demo(tmp_path):
         client_env = {**os.environ, **dict(kv.split("=", 1) for kv in export.split()[1:])}
         run = lambda *a: subprocess.run([sys.executable, "-m", "nebula_tui", *a],  # noqa: E731
                                         env=client_env, capture_output=True, text=True)
-        wait_for(lambda: "GPUs: 9 (9 idle" in run("status").stdout, 30, interval=0.3,
+        wait_for(lambda: "GPUs: 14 (14 idle" in run("status").stdout, 30, interval=0.3,
                  what="the lab's GPUs")
         yield home, client_env, run
     finally:

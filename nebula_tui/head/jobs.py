@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from ..model import (Cancelling, Ended, Evicting, Job, JobState, Launching, Pending, Placement,
                      RequestError, Running, holding, with_holding)
-from ..remote import launcher
+from ..remote import containers, launcher
 from ..remote.ssh import NodeUnavailable
 from ..store import StaleDecision
 from .access import Access
@@ -191,15 +191,20 @@ class JobTransitions:
     def environments(self, job: Job) -> dict[str, dict[str, str]]:
         """Each of the job's nodes -> the environment the head gives its command there:
         the very function and inputs ``launch`` builds the node's script from."""
-        return {node: launcher.launch_environment(job, _placements_on(job, node),
-                                                  self._gang_environment(job, node))
+        return {node: launcher.launch_environment(job, (mine := _placements_on(job, node)),
+                                                  self._gang_environment(job, node),
+                                                  self._devices(mine))
                 for node in job_nodes(job)}
+
+    def _devices(self, mine: tuple[Placement, ...]) -> tuple[containers.Device, ...]:
+        """The cards of ``mine`` with what their vendor's variables and devices need."""
+        return launcher.job_devices(mine, {p.gpu_uuid: self.state.gpus[p.gpu_uuid].reading
+                                           for p in mine if p.gpu_uuid in self.state.gpus})
 
     async def _launch_on(self, job: Job, node: str) -> dict | None:
         mine = _placements_on(job, node)
         facts = self._node_facts(node)
-        devices = launcher.job_devices(mine, {p.gpu_uuid: self.state.gpus[p.gpu_uuid].reading
-                                              for p in mine if p.gpu_uuid in self.state.gpus})
+        devices = self._devices(mine)
         script = launcher.run_script(job, mine, self._run_as(job, node),
                                      self._gang_environment(job, node), facts, devices)
         try:

@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 
 from .. import node_admin
 from ..config import load_config
 from ..model import Cancelling, ConfigError, GpuReading, JobState, NodeState, RequestError
-from ..remote.backends import nvidia, topo
+from ..remote.readings import hello_cuda_version, hello_topology, read_probe
 from ..remote.ssh import NodeLink, NodeUnavailable
 from .access import Access
 from .health import HealthMonitor
@@ -29,7 +28,6 @@ log = logging.getLogger(__name__)
 
 TELEMETRY_EVERY_S = 30.0
 TELEMETRY_COMPACT_EVERY_S = 3600.0
-_CUDA_VERSION = re.compile(r"CUDA Version:\s*([\d.]+)")
 
 
 class Fleet:
@@ -119,24 +117,17 @@ class Fleet:
     def _on_hello(self, node: str, message: dict) -> None:
         view = self.state.nodes[node]
         view.hello = message
-        match = _CUDA_VERSION.search(message.get("smi_table") or "")
-        view.cuda_version = match.group(1) if match else None
-        if message.get("topo"):
-            with contextlib.suppress(ValueError):
-                view.topo = topo.parse_topo(message["topo"])
+        view.cuda_version = hello_cuda_version(message)
+        view.topo = hello_topology(message) or view.topo
 
     def _on_probe(self, node: str, message: dict) -> None:
         state = self.state
         view = state.nodes[node]
         view.last_seen = state.clock()  # the head's time, like every other time it shows
-        problem = f"probe: {message['error']}" if message.get("error") else ""
-        try:
-            readings = nvidia.parse_query_gpu(message.get("gpu_csv", ""), nvidia.QUERY_GPU_FIELDS)
-            processes = nvidia.parse_query_apps(message.get("apps_csv", ""),
-                                                nvidia.QUERY_APPS_FIELDS)
-        except ValueError as err:
-            readings, processes = [], []
-            problem = f"probe output not understood: {err}"
+        probe = read_probe(node, message)  # every vendor's devices, as GpuReadings
+        readings, processes, problem = probe.readings, probe.processes, probe.problem
+        for note in probe.notes:  # impossible readings the node clamped (R20)
+            state.record("hardware", note, node=node)
         if problem != view.reason:  # shown until a good probe clears it
             view.reason = problem
             self.stream.publish_node(view)

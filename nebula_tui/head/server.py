@@ -113,7 +113,8 @@ def _world_fields(req: dict) -> dict:
 
 
 _VENDOR = re.compile(r"^(nvidia|intel|ascend|amd)$")
-_EXAMPLES = {"arch": "sm_89 or '>=sm_80'", "cuda": "12.1", "vendor": "nvidia, intel or ascend"}
+_EXAMPLES = {"arch": "sm_89, '>=sm_80' or gfx90a", "cuda": "12.1",
+             "vendor": "nvidia, amd, intel or ascend"}
 
 
 def _text(req: dict, field: str) -> str:

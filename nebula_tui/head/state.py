@@ -229,6 +229,8 @@ class HeadState:
         if live.maintenance is not None:
             why = live.maintenance.reason
             return f"GPU in maintenance: {why}" if why else "GPU in maintenance"
+        if live.reading.mig_mode == "Enabled":  # R3: its MIG instances are the devices
+            return "MIG mode is on: jobs get its MIG instances"
         return None
 
     def health_score(self, node: str) -> float:

@@ -19,15 +19,13 @@ import os
 import shlex
 import time
 from collections.abc import Callable
-from importlib import resources
 
 import asyncssh
 from asyncssh.encryption import get_default_encryption_algs
 
 from ..config import ClusterConfig, NodeConfig
 from ..model import NodeState
-from . import preflight
-from .backends import nvidia
+from . import preflight, shipping
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +40,9 @@ class NodeUnavailable(Exception):
 
 @functools.cache
 def nodelet_source() -> bytes:
-    """The script the node runs: the kernel-log cursor and the container helpers, then the
-    nodelet that uses them."""
-    probes = resources.files("nebula_tui.remote.probes")
-    return b"\n\n".join(probes.joinpath(name).read_bytes()
-                         for name in ("kmsg_cursor.py", "node_containers.py", "nodelet.py"))
+    """The script the node runs: the shipped modules (hardware layer, parsers, pynvml), the
+    kernel-log cursor, then the nodelet that uses them (see remote/shipping.py)."""
+    return shipping.script().encode("utf-8")
 
 
 _known_hosts: dict[str, tuple[tuple[int, int], asyncssh.SSHKnownHosts]] = {}
@@ -167,12 +163,9 @@ class NodeLink:
             options["client_keys"] = [node.identity]
         self._conn = await asyncio.wait_for(
             asyncssh.connect(node.host, node.port, **options), cluster.connect_timeout)
-        source = nodelet_source()
-        settings = {"interval": cluster.probe_interval, "gpu_argv": nvidia.query_gpu_argv(),
-                    "apps_argv": nvidia.query_apps_argv(), "conda_lookup": preflight.CONDA_LOOKUP}
-        boot = f"import sys;exec(compile(sys.stdin.buffer.read({len(source)}),'nebula-nodelet','exec'))"
-        command = self._with_env(f"python3 -u -c {shlex.quote(boot)} "
-                                 f"{shlex.quote(json.dumps(settings))}")
+        source = shipping.payload()
+        settings = {"interval": cluster.probe_interval, "conda_lookup": preflight.CONDA_LOOKUP}
+        command = self._with_env(shipping.boot_command(len(source), settings))
         self._process = await self._conn.create_process(command, encoding=None)
         self._process.stdin.write(source)
 

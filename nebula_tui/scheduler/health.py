@@ -223,12 +223,24 @@ LOW_UTIL_PCT = 30.0
 #: … and clocks its SMs below their base clock is throttling for heat, not working hard.
 
 
+#: The driver's own clock-event reasons (NVML) that mean "slowed down for heat".
+THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
+
+
+def thermal_slowdown(reading: GpuReading) -> bool:
+    """Whether the driver itself says the card is slowed down for heat (NVML's reasons)."""
+    return bool(THERMAL_REASONS.intersection(reading.throttle_reasons or ()))
+
+
 def is_throttling(reading: GpuReading, base_sm_clock_mhz: float | None,
                   hot_c: float = HOT_C, low_util_pct: float = LOW_UTIL_PCT) -> bool:
-    """R19: hot, little work, SM clock below base. A missing reading is never throttling.
+    """R19: the driver reports a thermal slowdown, or (where it does not say) the card is
+    hot, has little work and clocks below its base. A missing reading is never throttling.
 
     One episode is one event: count it when this turns true for a GPU, not every probe.
     """
+    if thermal_slowdown(reading):
+        return True
     temp, util, clock = reading.temperature_c, reading.utilization_pct, reading.sm_clock_mhz
     if temp is None or util is None or clock is None or base_sm_clock_mhz is None:
         return False
