@@ -1,8 +1,10 @@
 """One job: its spec, allocation, R12 environment, state history, live log tail, attach.
 
-Workers: ``job-load`` (the job and its past events, once), ``log`` (follow mode: ``logs``
-requests from the last offset, one chunk message per answer), ``attach`` (asks the head for
-the attach command; the handler suspends the TUI and runs it).
+Workers: ``job-load`` (the job and its lines of the head's events log, again whenever the
+job changes state), ``log`` (follow mode: ``logs`` requests from the last offset, one chunk
+message per answer; once the job has ended and its log is read to the end, a last line says
+how it ended), ``attach`` (asks the head for the attach command; the handler suspends the
+TUI and runs it).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ..remote.launcher import job_environment
 from .base import ClusterScreen, OpMissing
 from .cluster import FINISHED
 from .keys import JOB_KEYS
-from .render import STATUS_STYLE, ago, clock, job_size, job_state
+from .render import ago, clock, duration, job_size, job_state, run_seconds, state_text
 
 #: How often the log is polled while following (seconds).
 LOG_POLL_S = 0.5
@@ -74,12 +76,25 @@ def environment(job: dict) -> dict[str, str]:
     return job_environment(model, placements)
 
 
+def end_line(job: dict) -> str:
+    """The log's last line once the job has ended: how, when, after how long."""
+    code = job.get("exit_code")
+    how = job["state"] + (f", exit code {code}" if code is not None else "")
+    if job.get("reason") and job["reason"] != job["state"]:
+        how += f": {job['reason']}"
+    when = f" at {clock(job['ended_at'])}" if job.get("ended_at") else ""
+    ran = run_seconds(job)
+    after = f" after {duration(ran)}" if ran is not None else ""
+    return f"── job {job['id']} ended{when}{after}: {how} ──"
+
+
 def spec_text(job: dict) -> Text:
     state = job_state(job)
     command = job["command"][0] if job.get("shell") else shlex.join(job["command"])
+    reason = job.get("reason") or ""
     lines = [
-        Text.assemble(("State     ", "bold"), (state, STATUS_STYLE.get(state, "")),
-                      (f" — {job['reason']}" if job.get("reason") else "", "")),
+        Text.assemble(("State     ", "bold"), state_text(state),
+                      (f" — {reason}" if reason and reason != job["state"] else "", "")),
         Text.assemble(("User      ", "bold"), job["user"]),
         Text.assemble(("Name      ", "bold"), job.get("name") or "-"),
         Text.assemble(("Command   ", "bold"), command),
@@ -119,6 +134,13 @@ class JobScreen(ClusterScreen):
         self.follow = True
         self.log_offset = 0
         self.log_lines = 0
+        self.log_ended = False  # the end line is written
+        self._log_done = False  # the log of the ended job is read to its end
+        self._history_state: str | None = None  # the state the history was loaded for
+
+    def crumb(self) -> str:
+        name = (self.job or {}).get("name")
+        return f"Job {self.job_id}" + (f" · {name}" if name else "")
 
     def compose_body(self) -> ComposeResult:
         with Vertical(id="job-body"):
@@ -131,7 +153,7 @@ class JobScreen(ClusterScreen):
 
     def on_mount(self) -> None:
         self.query_one("#job-spec").border_title = f"Job {self.job_id}"
-        self.query_one("#job-env").border_title = "Environment (R12)"
+        self.query_one("#job-env").border_title = "Environment"
         self.query_one("#job-history").border_title = "State history"
         self.query_one("#job-log").border_title = "Log (following)"
         self.job = self.cluster.job(self.job_id)
@@ -151,7 +173,9 @@ class JobScreen(ClusterScreen):
             events = (await self.app.call("events", limit=2000))["events"]
         except ApiError:
             events = []
-        self.post_message(JobLoaded(job, [e for e in events if e.get("job_id") == self.job_id]))
+        mine = sorted((e for e in events if e.get("job_id") == self.job_id),
+                      key=lambda e: e.get("t") or 0)  # (stable: same-second lines keep their order)
+        self.post_message(JobLoaded(job, mine))
 
     @work(exclusive=True, group="log")
     async def tail_log(self) -> None:
@@ -189,11 +213,13 @@ class JobScreen(ClusterScreen):
     @on(JobLoaded)
     def show_loaded(self, message: JobLoaded) -> None:
         self.job = self.cluster.job(self.job_id) or message.job
-        newest = message.events[-1]["t"] if message.events else 0
-        # The stream's own lines for this job that the events log did not have yet.
-        self.history = message.events + [e for e in self.cluster.job_events(self.job_id)
-                                         if e.get("t", 0) > newest]
+        self._history_state = message.job["state"]
+        # The head's own lines, in the order it wrote them: nothing made up beside them.
+        self.history = message.events
+        if self._log_done:
+            self._write_end()
         self.render_all()
+        self.show_bar()  # the crumb names the job
 
     @on(LogChunk)
     def show_log_chunk(self, message: LogChunk) -> None:
@@ -203,6 +229,20 @@ class JobScreen(ClusterScreen):
             self.log_lines = log.line_count
         if message.state in FINISHED:
             log.border_title = f"Log (job {message.state})"
+            if not message.data:  # read to the end
+                self._log_done = True
+                self._write_end()
+
+    def _write_end(self) -> None:
+        """The log's last line says how the job ended (once its end is known)."""
+        job = self.job
+        if self.log_ended or job is None or job["state"] not in FINISHED:
+            return
+        log = self.query_one("#job-log", Log)
+        if log.lines and log.lines[-1]:
+            log.write("\n")  # the job's last line had no newline: the mark goes under it
+        log.write_line(end_line(job), scroll_end=self.follow)
+        self.log_ended = True
 
     @on(AttachReady)
     def run_attach(self, message: AttachReady) -> None:
@@ -222,14 +262,13 @@ class JobScreen(ClusterScreen):
             self.notify(str(err), title="Cannot attach", severity="error")
 
     def cluster_changed(self, change: str, key: object = None) -> None:
-        if change == "job" and key == self.job_id:
+        if change in ("job", "all") and (change == "all" or key == self.job_id):
             self.job = self.cluster.job(self.job_id) or self.job
-            last = self.cluster.events[-1] if self.cluster.events else None
-            if last and last.get("job_id") == self.job_id and last not in self.history:
-                self.history.append(last)
-            self.render_all()
-        elif change == "all":
-            self.job = self.cluster.job(self.job_id) or self.job
+            if self.job and self.job["state"] != self._history_state and self._history_state:
+                self._history_state = self.job["state"]
+                self.load_job()  # the head wrote what happened: read it
+            if self._log_done:
+                self._write_end()
             self.render_all()
 
     def render_all(self) -> None:
@@ -258,7 +297,7 @@ class JobScreen(ClusterScreen):
         self.fetch_attach()
 
     def action_cancel_job(self) -> None:
-        self.app.job_action("cancel", self.job_id)
+        self.app.ask_cancel(self.job_id)
 
     def action_hold_job(self) -> None:
         self.app.job_action("hold", self.job_id)
