@@ -136,6 +136,7 @@ class JobScreen(ClusterScreen):
         self.log_lines = 0
         self.log_ended = False  # the end line is written
         self._log_done = False  # the log of the ended job is read to its end
+        self._open_line = False  # the log's last line has no newline yet
         self._history_state: str | None = None  # the state the history was loaded for
 
     def crumb(self) -> str:
@@ -226,6 +227,7 @@ class JobScreen(ClusterScreen):
         log = self.query_one("#job-log", Log)
         if message.data:
             log.write(message.data, scroll_end=self.follow)
+            self._open_line = not message.data.endswith("\n")
             self.log_lines = log.line_count
         if message.state in FINISHED:
             log.border_title = f"Log (job {message.state})"
@@ -239,9 +241,8 @@ class JobScreen(ClusterScreen):
         if self.log_ended or job is None or job["state"] not in FINISHED:
             return
         log = self.query_one("#job-log", Log)
-        if log.lines and log.lines[-1]:
-            log.write("\n")  # the job's last line had no newline: the mark goes under it
-        log.write_line(end_line(job), scroll_end=self.follow)
+        # Under the job's last line, which may lack its newline.
+        log.write(("\n" if self._open_line else "") + end_line(job) + "\n", scroll_end=self.follow)
         self.log_ended = True
 
     @on(AttachReady)
@@ -263,13 +264,22 @@ class JobScreen(ClusterScreen):
 
     def cluster_changed(self, change: str, key: object = None) -> None:
         if change in ("job", "all") and (change == "all" or key == self.job_id):
-            self.job = self.cluster.job(self.job_id) or self.job
-            if self.job and self.job["state"] != self._history_state and self._history_state:
-                self._history_state = self.job["state"]
-                self.load_job()  # the head wrote what happened: read it
-            if self._log_done:
-                self._write_end()
-            self.render_all()
+            self._follow_job()
+
+    def catch_up(self, missed: set[str]) -> None:
+        # Shown again (after a question asked over it, say): the job may have ended meanwhile.
+        self._follow_job()
+
+    def _follow_job(self) -> None:
+        """Show the job as the cluster has it now; a new state reloads its history, and an
+        ended job whose log is read to the end gets its end line."""
+        self.job = self.cluster.job(self.job_id) or self.job
+        if self.job and self.job["state"] != self._history_state and self._history_state:
+            self._history_state = self.job["state"]
+            self.load_job()  # the head wrote what happened: read it
+        if self._log_done:
+            self._write_end()
+        self.render_all()
 
     def render_all(self) -> None:
         if self.job is None:
