@@ -96,7 +96,7 @@ async def test_overview_summary_cards_and_ticker(head):
         # R1's numbers in one line, and the bar: where we are, whether the nodes answer.
         await until(pilot, lambda: "3/3 nodes up" in bar(pilot), what="every node up in the bar")
         assert re.search(r"3 nodes · 9 GPUs: \d+ idle, \d+ busy", summary(pilot))
-        assert "VRAM 424 GB" in summary(pilot)
+        assert "of 424 GB free" in summary(pilot)
         assert "NebulaGrid · lab" in bar(pilot) and "1 Overview" in bar(pilot)
         assert "lab" in app.title and app.sub_title == "connected"
         # One card per node, one line per GPU in index order, with its memory.

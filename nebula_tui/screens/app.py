@@ -630,11 +630,13 @@ class NebulaApp(App):
             return
         if isinstance(self.screen, ChoiceScreen):
             return
-        body = Text(f"{len(running)} job{'s' if len(running) > 1 else ''} run on the demo's lab:\n"
-                    + self._jobs_lines(running) + "\n")
-        body.append("Leave it running: `nebula demo` opens it again later.", style="dim")
-        choices = (Choice("s", "Stop the lab and its jobs", STOP_LAB, danger=True),
-                   Choice("l", "Leave it running", LEAVE_LAB),
+        many = len(running) > 1
+        body = Text(f"{len(running)} job{'s' if many else ''} {'run' if many else 'runs'} on "
+                    f"the demo's lab:\n" + self._jobs_lines(running) + "\n")
+        body.append("Stopping the lab stops them. Left running, `nebula demo` opens it again.",
+                    style="dim")
+        choices = (Choice("s", "Stop lab, jobs", STOP_LAB, danger=True),
+                   Choice("l", "Leave running", LEAVE_LAB),
                    Choice("c", "Stay", None))
 
         def answered(choice: str | None) -> None:

@@ -72,10 +72,13 @@ BAR_NAME_MIN_WIDTH = 110
 REACHABLE = frozenset({"up", "drained"})
 
 
-def reach_text(nodes: dict[str, dict], connected: bool) -> Text:
-    """What the bar says of the cluster: every node up, some unreachable, or none."""
+def reach_text(nodes: dict[str, dict], connected: bool, lost: bool = False) -> Text:
+    """What the bar says of the cluster: every node up, some unreachable, or none (or
+    that the head itself is not reached)."""
+    if lost:
+        return Text("✖ head not reached", style=LOOK.role("bad"))
     if not connected:
-        return Text("✖ head not connected", style=LOOK.role("bad"))
+        return Text("connecting…", style="dim")
     if not nodes:
         return Text("no nodes yet", style="dim")
     reached = [n for n in nodes.values() if n.get("state") in REACHABLE]
@@ -206,7 +209,8 @@ class ClusterScreen(Screen):
         if bars:
             app = self.app
             bars.first().show(self.MODE or app.current_mode, self.crumb(),
-                              reach_text(self.cluster.nodes, self.cluster.connected),
+                              reach_text(self.cluster.nodes, self.cluster.connected,
+                                         app.connection[1]),
                               getattr(app, "bar_name", "NebulaGrid"))
 
     # ------------------------------------------------------------------ filter box

@@ -33,7 +33,7 @@ COMMANDS: tuple[Spec, ...] = (
     Spec("job", "ID", "open a job (running, waiting or ended)"),
     Spec("gpu", "NODE:INDEX", "open a GPU, e.g. :gpu node02:1"),
     Spec("user", "NAME", "a user's share and jobs"),
-    Spec("node", "NAME", "a node's GPUs"),
+    Spec("node", "NODE", "a node's GPUs"),
     Spec("cancel", "ID", "cancel a job (asks first)"),
     Spec("hold", "ID", "hold a waiting job"),
     Spec("release", "ID", "release a held job"),
@@ -96,7 +96,8 @@ def parse(text: str) -> Command:
     if spec.name == "gpu" and not _GPU.match(args[0]):
         raise CommandError(f"'{args[0]}' is not a GPU; give NODE:INDEX (e.g. node02:1) or its UUID")
     if takes and takes[0] in ("NODE", "NAME") and not _NAME.match(args[0]):
-        raise CommandError(f"'{args[0]}' is not a {takes[0].lower()} name; {usage}")
+        what = "node" if takes[0] == "NODE" else "user"
+        raise CommandError(f"'{args[0]}' is not a {what} name; {usage}")
     if spec.name == "drain" and len(args) > 1:
         args = (args[0], " ".join(args[1:]))
     return Command(spec.name, args)

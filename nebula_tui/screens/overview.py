@@ -33,16 +33,16 @@ TICKER_LINES = 8
 def summary_text(counts: dict, jobs: list[dict]) -> Text:
     """The cluster in one line: nodes, GPUs by state, memory, jobs."""
     text = Text(f" {counts['nodes']} nodes · {counts['gpus']} GPUs: ")
-    parts = [(f"{counts['idle']} idle", "free"), (f"{counts['busy']} busy", "info"),
-             (f"{counts['maintenance']} maintenance", "warn" if counts["maintenance"] else "muted")]
-    if counts.get("unreachable"):
-        parts.append((f"{counts['unreachable']} unreachable", "warn"))
+    parts = [(f"{counts['idle']} idle", "free"), (f"{counts['busy']} busy", "info")]
+    for state in ("maintenance", "unreachable"):  # said when there are some
+        if counts.get(state):
+            parts.append((f"{counts[state]} {state}", "warn"))
     for n, (words, role) in enumerate(parts):
         if n:
             text.append(", ")
         text.append(words, style=LOOK.role(role))
     total, free = counts["total_vram_mb"] / MIB_PER_GIB, counts["free_vram_mb"] / MIB_PER_GIB
-    text.append(f" · VRAM {total:.0f} GB, {free:.0f} GB free")
+    text.append(f" · {free:.0f} of {total:.0f} GB free")
     running = sum(1 for j in jobs if j["state"] in ("running", "launching"))
     waiting = sum(1 for j in jobs if j["state"] == "pending")
     text.append(" · ")
