@@ -47,7 +47,7 @@ CELLS_REMEMBERED = 20_000
 #: A flex column is never narrower than this, and less important columns are left out
 #: until it has this share of the table's width (or all it needs).
 FLEX_MIN = 12
-FLEX_SHARE = 0.4
+FLEX_SHARE = 0.33
 #: The header's mark of the sort column: ascending, descending.
 ARROWS = ("▲", "▼")
 
@@ -523,6 +523,8 @@ class RowTable(ScrollView, can_focus=True):
         if segments is None:
             text = cell.copy()
             text.truncate(width, overflow="ellipsis", pad=True)
+            if text.style:  # Text.render draws only spans: a cell's own colour becomes one
+                text.stylize(text.style, 0, cell.cell_len)
             segments = list(text.render(self.app.console))
             if len(self._cell_segments) >= CELLS_REMEMBERED:
                 self._cell_segments.clear()
