@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import until
+from conftest import has_op, palette_pick, until
 from textual import events
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Log, Static
@@ -49,24 +49,6 @@ def text(pilot: Pilot, selector: str) -> str:
 
 def toasts(app) -> str:
     return "\n".join(str(t.render()) for t in app.screen.query("Toast"))
-
-
-def palette_options(app) -> str:
-    """The command palette's current entries, as text."""
-    found = app.screen.query("CommandList")
-    if not found:
-        return ""
-    options = found.first()
-    return "\n".join(str(options.get_option_at_index(i).prompt) for i in range(options.option_count))
-
-
-def has_op(head, op: str, **fields) -> bool:
-    """Whether the service knows ``op`` (any answer but "unknown request" means yes)."""
-    try:
-        head.call(op, **fields)
-    except ApiError as err:
-        return not str(err).startswith("unknown request")
-    return True
 
 
 def needs(head, op: str, **fields) -> None:
@@ -401,11 +383,7 @@ async def test_palette_help_and_theme_read_the_same_keys(head):
         await pilot.press("t")
         await until(pilot, lambda: app.current_theme.dark == dark, what="theme back")
 
-        await pilot.press("ctrl+p")
-        await until(pilot, lambda: app.screen.query("CommandInput"), what="palette")
-        await pilot.press(*"Nodes")
-        await until(pilot, lambda: "Nodes" in palette_options(app), what="the palette's hit")
-        await pilot.press("enter")
+        await palette_pick(pilot, "Nodes", "Nodes")
         await until(pilot, lambda: isinstance(app.screen, NodesScreen), what="nodes via palette")
 
 
