@@ -9,6 +9,7 @@ The app only knows the head service's socket; everything it shows arrives over t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -61,6 +62,9 @@ TELEMETRY_BATCH_S = 0.25
 DONE_VERB = {"cancel": "cancelled", "hold": "held", "release": "released"}
 #: What a node action says when it worked.
 NODE_DONE = {"drain": "drained", "resume": "resumed", "node_remove": "removed"}
+
+#: How long a command that goes to a screen waits for its first drawing (seconds).
+SCREEN_DRAWN_S = 5.0
 
 #: The TUI's own preferences (the theme), in the user's NebulaGrid home.
 PREFS_FILE = "tui.json"
@@ -412,7 +416,11 @@ class NebulaApp(App):
         """Show ``mode``, then call ``then`` with its screen once it is mounted."""
         async def go() -> None:
             await self.show(mode)
-            then(self.screen)
+            screen = self.screen
+            if isinstance(screen, ClusterScreen):  # a first visit: once its rows are there
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(screen.drawn.wait(), SCREEN_DRAWN_S)
+            then(screen)
 
         self.run_worker(go(), group="navigate", exclusive=True)
 

@@ -5,6 +5,8 @@ screen renders it, a hidden one notes what it missed and catches up when shown a
 
 from __future__ import annotations
 
+import asyncio
+
 from rich.markup import escape
 from rich.text import Text
 from textual import events, on
@@ -188,6 +190,7 @@ class ClusterScreen(Screen):
     def __init__(self) -> None:
         super().__init__()
         self._missed: set[Change] = {"all"}  # kinds of change not rendered yet
+        self.drawn = asyncio.Event()  # set once the screen has been shown with its data
 
     #: The main screen (mode) a screen belongs to for the bar; None: the app's current one.
     MODE: str | None = None
@@ -266,6 +269,7 @@ class ClusterScreen(Screen):
             missed, self._missed = self._missed, set()
             if missed:
                 self.catch_up(missed)
+            self.drawn.set()
 
     def cluster_changed(self, change: Change, key: object = None) -> None:
         """The app folded an event into the cluster; re-render what depends on it."""

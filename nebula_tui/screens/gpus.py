@@ -23,7 +23,7 @@ from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from ..api import ApiError
-from ..model import format_mb
+from ..model import MIB_PER_GIB, format_mb
 from ..views import short_model
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .keys import GPU_DETAIL_KEYS, GPUS_KEYS
@@ -198,24 +198,36 @@ class GpusScreen(ClusterScreen):
 PLOTS = (
     ("temperature_c", "Temperature", "°C"),
     ("utilization_pct", "Utilisation", "%"),
-    ("memory_used_mb", "Memory used", "MB"),
+    ("memory_used_mb", "Memory used", "GB"),
     ("power_w", "Power", "W"),
 )
+
+#: Below this many columns the GPU page stacks its panels.
+NARROW_WIDTH = 110
 
 #: How far back the plots reach, and how often they reload (R18 samples every 30 s).
 HISTORY_SPAN_S = 3 * 3600
 HISTORY_RELOAD_S = 30.0
 
 
+#: The GPU page's small tables sort like every other.
+SLICE_SORTS = {"id": Sort(lambda s: s["id"]), "mem": Sort(lambda s: s["memory_mb"], True),
+               "state": Sort(lambda s: s["state"]), "job": Sort(lambda s: s.get("job") or 0)}
+PROC_SORTS = {"pid": Sort(lambda p: p["pid"]), "mem": Sort(lambda p: p.get("used_memory_mb") or 0, True),
+              "owner": Sort(lambda p: (p.get("job_id") is None, p.get("job_id") or 0)),
+              "name": Sort(lambda p: p.get("name") or "")}
+
+
 def plot_range(field: str, gpu: dict, values: list[float], hot_c: float) -> tuple[float, float]:
-    """The y-axis of one plot, fixed by what the value can be rather than by the values
-    seen, so a constant reading is a flat line where it belongs (1 MB of 24 GB at the
-    bottom, not a full bar)."""
+    """The y-axis of one plot (in the plotted unit), fixed by what the value can be rather
+    than by the values seen, so a constant reading is a flat line where it belongs (1 MB
+    of 24 GB at the bottom, not a full bar)."""
     top = max(values, default=0)
     if field == "utilization_pct":
         return 0, 100
-    if field == "memory_used_mb":
-        return 0, float(gpu.get("total_memory_mb") or max(top, 1))
+    if field == "memory_used_mb":  # (drawn in GB)
+        total = gpu.get("total_memory_mb")
+        return 0, total / MIB_PER_GIB if total else max(top, 1)
     if field == "temperature_c":
         return 0, max(hot_c + 15, top + 5)
     limit = gpu.get("power_limit_w")
@@ -285,6 +297,10 @@ class GpuDetailScreen(ClusterScreen):
         gpu = self.cluster.gpus.get(self.uuid)
         return f"GPU {gpu_label(gpu)}" if gpu else "GPU"
 
+    def on_resize(self, event) -> None:
+        # At 80 columns the descriptor and the card's tables go one above the other.
+        self.set_class(self.size.width < NARROW_WIDTH, "narrow")
+
     def compose_body(self) -> ComposeResult:
         with VerticalScroll(id="gpu-detail"):
             with Horizontal(id="gpu-top"):
@@ -293,18 +309,16 @@ class GpuDetailScreen(ClusterScreen):
                     yield Static("", id="gpu-live")
                     yield RowTable((Column("id", "Slice"), Column("mem", "Memory"),
                                     Column("state", "State"), Column("job", "Held by", flex=True)),
-                                   self._slice_cells, id="gpu-slices")
+                                   self._slice_cells, sorts=SLICE_SORTS, sort="id", id="gpu-slices")
                     yield RowTable((Column("pid", "PID"), Column("mem", "Memory"),
                                     Column("owner", "Owner"), Column("name", "Process", flex=True)),
-                                   self._proc_cells, id="gpu-procs")
+                                   self._proc_cells, sorts=PROC_SORTS, sort="mem", id="gpu-procs")
             yield Static("Loading history…", id="gpu-history-note")
             with Grid(id="gpu-plots"):
                 for field, title, unit in PLOTS:
                     yield PlotextPlot(id=f"plot-{field}", classes="gpu-plot")
 
     def on_mount(self) -> None:
-        self.query_one("#gpu-slices", RowTable).border_title = "Slices"
-        self.query_one("#gpu-procs", RowTable).border_title = "Processes"
         self.query_one("#gpu-history-note").border_title = "History"
         self.load_history()
         self.set_interval(HISTORY_RELOAD_S, self.load_history)
@@ -354,14 +368,22 @@ class GpuDetailScreen(ClusterScreen):
         live.border_title = "Now"
         live.update(live_text(gpu, holders, LOOK.hot_c))
         slices = self.query_one("#gpu-slices", RowTable)
-        slices.show([str(s["id"]) for s in gpu.get("slices", [])])
+        slices.show(slices.arrange(gpu.get("slices", []), lambda s: str(s["id"]),
+                                   lambda s: " ".join(map(str, self._slice_cells(str(s["id"]))))))
         slices.refresh_rows()
         procs = self.query_one("#gpu-procs", RowTable)
-        procs.show([str(p["pid"]) for p in gpu.get("processes", [])])
+        procs.show(procs.arrange(gpu.get("processes", []), lambda p: str(p["pid"]),
+                                 lambda p: " ".join(map(str, self._proc_cells(str(p["pid"]))))))
         procs.refresh_rows()
+        slices.set_title("Slices", slices.row_count, len(gpu.get("slices", [])))
+        procs.set_title("Processes", procs.row_count, len(gpu.get("processes", [])))
         unmanaged = gpu.get("unmanaged_used_mb") or 0
         procs.border_subtitle = (f"unmanaged: {format_mb(unmanaged)}" if unmanaged
                                  else "no unmanaged memory")
+
+    @on(RowTable.Arranged)
+    def _arranged(self) -> None:
+        self.render_all()
 
     @work(exclusive=True, group="history")
     async def load_history(self) -> None:
@@ -380,7 +402,10 @@ class GpuDetailScreen(ClusterScreen):
         self.draw_history()
 
     def draw_history(self) -> None:
-        note = self.query_one("#gpu-history-note", Static)
+        notes = self.query("#gpu-history-note")
+        if not notes:  # the page is closing under the answer
+            return
+        note = notes.first(Static)
         samples = [s for s in self.samples if s.get("t") is not None]
         if not samples:
             note.update(Text("No samples recorded yet (the head records one every 30 s).",
@@ -392,9 +417,13 @@ class GpuDetailScreen(ClusterScreen):
         gpu = self._gpu()
         span = max(last - first, 60.0)
         ticks = [first + span * n / 3 for n in range(4)]
+        plots = {plot.id: plot for plot in self.query(PlotextPlot)}
         for field, title, unit in PLOTS:
-            points = [(s["t"], s[field]) for s in samples if s.get(field) is not None]
-            plot = self.query_one(f"#plot-{field}", PlotextPlot)
+            scale = 1 / MIB_PER_GIB if field == "memory_used_mb" else 1
+            points = [(s["t"], s[field] * scale) for s in samples if s.get(field) is not None]
+            plot = plots.get(f"plot-{field}")
+            if plot is None:  # the page is closing under the answer
+                return
             plt = plot.plt
             plt.clear_data()
             plt.clear_figure()

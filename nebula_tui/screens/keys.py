@@ -45,8 +45,8 @@ SCREENS: tuple[tuple[str, str, str], ...] = (
 #: text field still gets its digits and ":": Textual leaves it the keys it takes).
 GLOBAL_KEYS: tuple[Key, ...] = (
     *(Key(key, f"app.show('{mode}')", title, False, priority=True) for key, mode, title in SCREENS),
-    Key("colon", "app.command_line", "Command line (:job 7, :gpu node02:1, :drain node01, :user alice)",
-        True, ":", priority=True, short="Command"),
+    Key("colon", "app.command_line", "Command line (the commands are under the keys)", True, ":",
+        priority=True, short="Command"),
     Key("n", "app.submit_form", "Submit a job", True, short="Submit"),
     Key("t", "app.toggle_theme", "Light / dark theme", False),
     Key("r", "app.reconnect", "Reconnect to the head", False),
@@ -112,15 +112,19 @@ JOB_KEYS: tuple[Key, ...] = (
     Key("u", "release_job", "Release job", False),
 )
 
-#: The submit form (typing goes to the fields, so only control keys here). Tab is a
-#: priority key: the focus moves as it arrives, so what is typed right after lands in the
-#: next field, however fast.
-SUBMIT_KEYS: tuple[Key, ...] = (
-    Key("ctrl+s", "submit", "Submit", True, "^s"),
-    Key("escape", "app.back", "Back", True, "esc"),
+#: Every form with several fields. Tab is a priority key: the focus moves as it arrives,
+#: so what is typed right after lands in the next field, however fast.
+FORM_KEYS: tuple[Key, ...] = (
     Key("tab", "app.focus_next", "Next field", False, "tab", palette=False, priority=True),
     Key("shift+tab", "app.focus_previous", "Previous field", False, "⇧tab", palette=False,
         priority=True),
+)
+
+#: The submit form (typing goes to the fields, so only control keys here).
+SUBMIT_KEYS: tuple[Key, ...] = (
+    Key("ctrl+s", "submit", "Submit", True, "^s"),
+    Key("escape", "app.back", "Back", True, "esc"),
+    *FORM_KEYS,
 )
 
 #: Users and fair share.

@@ -18,7 +18,7 @@ from textual.widgets import Input, Static
 from ..api import ApiError
 from ..model import format_mb
 from .base import TELEMETRY_EVERY_S, ClusterScreen
-from .keys import HELP_KEYS, NODES_KEYS, bindings
+from .keys import FORM_KEYS, HELP_KEYS, NODES_KEYS, bindings
 from .render import ago, day_clock, free_slice_mb, state_text
 from .rowtable import Column, RowTable, Sort
 
@@ -62,7 +62,7 @@ class AddNodePrompt(ModalScreen[None]):
     the fingerprint is shown, and only a second Enter (after comparing it with the node's
     own) trusts it and adds the node. Esc cancels at any point, changing nothing."""
 
-    BINDINGS = bindings(HELP_KEYS[:1])
+    BINDINGS = bindings(HELP_KEYS[:1] + FORM_KEYS)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="prompt"):
@@ -208,8 +208,8 @@ class NodesScreen(ClusterScreen):
 
     def _show_events(self) -> None:
         table = self.query_one("#events-table", RowTable)
-        shown = table.arrange(self.events.items(), lambda kv: kv[0], lambda kv: " ".join(
-            str(kv[1].get(k) or "") for k in ("kind", "message", "node", "user")))
+        shown = table.arrange(self.events.values(), lambda e: e["key"], lambda e: " ".join(
+            str(e.get(k) or "") for k in ("kind", "message", "node", "user")))
         table.show(shown)
         table.refresh_rows()
         table.set_title("Events log", len(shown), len(self.events))
@@ -223,7 +223,8 @@ class NodesScreen(ClusterScreen):
         except ApiError as err:
             table.border_subtitle = f"cannot load: {err}"
             return
-        self.events = {f"{e['t']}-{n}": e for n, e in reversed(list(enumerate(events)))}
+        keyed = ({**e, "key": f"{e['t']}-{n}"} for n, e in reversed(list(enumerate(events))))
+        self.events = {e["key"]: e for e in keyed}
         self._show_events()
 
     def _selected(self) -> str | None:

@@ -28,6 +28,9 @@ QUEUE_COLUMNS = (Column("id", "ID"), Column("user", "User"), Column("name", "Nam
 
 #: Lines the ticker keeps (the newest at the bottom); it shows what fits.
 TICKER_LINES = 8
+#: Below this many terminal lines the ticker gives its room to the cards and the queue
+#: (the events log is on the Nodes screen).
+TICKER_MIN_HEIGHT = 30
 
 
 def summary_text(counts: dict, jobs: list[dict]) -> Text:
@@ -83,6 +86,9 @@ class OverviewScreen(ClusterScreen):
         self.query_one("#ticker").border_title = "Events"
         self.query_one("#cards", NodeCards).border_title = "Nodes"
         self.set_interval(TELEMETRY_EVERY_S, self._tick)
+
+    def on_resize(self, event) -> None:
+        self.set_class(self.size.height < TICKER_MIN_HEIGHT, "short")
 
     def _tick(self) -> None:
         """Telemetry, at most once a second: the summary and the cards on screen."""

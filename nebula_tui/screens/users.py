@@ -23,6 +23,11 @@ USER_COLUMNS = (Column("name", "User"), Column("weight", "Weight"),
 USER_JOB_COLUMNS = (Column("id", "ID"), Column("name", "Name", 2), Column("state", "State"),
                     Column("time", "Time", 1), Column("where", "GPUs / reason", flex=True))
 
+#: How the user's jobs sort.
+JOB_SORTS = {"id": Sort(lambda j: j["id"]), "name": Sort(lambda j: j.get("name") or ""),
+             "state": Sort(job_state), "time": Sort(lambda j: j["submitted_at"]),
+             "where": Sort(job_where)}
+
 #: R7's default monthly quota, used when the service does not say.
 DEFAULT_QUOTA_H = 2000.0
 USERS_RELOAD_S = 5.0
@@ -65,7 +70,8 @@ class UsersScreen(ClusterScreen):
                               "+ 0.02 per GPU-hour.", style="dim"), id="users-note")
             yield RowTable(USER_COLUMNS, self._cells, sorts=sorts, natural="fair-share order",
                            id="users-table")
-            yield RowTable(USER_JOB_COLUMNS, self._job_cells, id="user-jobs")
+            yield RowTable(USER_JOB_COLUMNS, self._job_cells, sorts=JOB_SORTS,
+                           natural="running first", id="user-jobs")
 
     def on_mount(self) -> None:
         self.query_one("#users-table", RowTable).focus()
