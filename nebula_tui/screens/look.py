@@ -27,6 +27,7 @@ STATE_ROLE: dict[str, str] = {
     # jobs
     "pending": "warn", "held": "muted", "launching": "info", "running": "ok",
     "succeeded": "ok", "failed": "bad", "cancelled": "muted", "timeout": "bad",
+    "cancelling": "warn", "evicting": "warn",
     # GPUs and slices
     "idle": "free", "free": "free", "busy": "info", "allocated": "info",
     "maintenance": "warn", "unreachable": "warn",

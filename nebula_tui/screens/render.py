@@ -228,7 +228,12 @@ def node_card(node: dict, gpus: list[dict], holders: Callable[[dict], str]) -> T
 
 # ------------------------------------------------------------------------- jobs
 def job_state(job: dict) -> str:
-    return "held" if job.get("held") and job["state"] == "pending" else job["state"]
+    """The job's state in one word as people see it: held, cancelling and evicting too."""
+    if job.get("held") and job["state"] == "pending":
+        return "held"
+    if job.get("phase") in ("cancelling", "evicting"):
+        return job["phase"]
+    return job["state"]
 
 
 def job_where(job: dict) -> str:
