@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import cli_health, environments
 from .api import ARCH_RE, CUDA_RE, ApiError
-from .model import FINISHED_STATES, ConfigError, fmt
+from .model import FINISHED_STATES, ConfigError, fmt, format_mb
 from .units import parse_duration_s, parse_size_mb
 from .service import Home, ServiceUnavailable
 
@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "nebula run [submit options] -- bash")
     add_submit_flags(p)
 
-    command("status", "the cluster overview (R1)").add_argument("--json", action="store_true")
+    command("status", "the cluster overview").add_argument("--json", action="store_true")
 
     p = command("queue", "running and waiting jobs")
     p.add_argument("--json", action="store_true")
@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     node_sub.add_parser("remove", help="remove a node from nodes.yaml").add_argument("node")
     p = command("gpu", "one GPU")
     gpu_sub = p.add_subparsers(dest="gpu_command", required=True, parser_class=OneLineParser)
-    p = gpu_sub.add_parser("history", help="telemetry samples (R18)")
+    p = gpu_sub.add_parser("history", help="a GPU's recorded temperature, load, memory and power")
     p.add_argument("gpu", help="uuid or node:index")
     p.add_argument("--since", type=_duration, default=3600, help="how far back, e.g. 30m, 6h, 2d")
     p.add_argument("--json", action="store_true")
@@ -365,7 +365,7 @@ def cmd_gpus(args, home, config) -> int:
         print(json.dumps(gpus, indent=2))
         return 0
     for g in gpus:
-        used = f"{g['memory_used_mb']}/{g['total_memory_mb']} MiB"
+        used = f"{format_mb(g['memory_used_mb'])} / {format_mb(g['total_memory_mb'])}"
         print(f"{g['node']}:{g['index']}  {g['model']:<36} {used:>18}  {g['status']:<11} "
               f"jobs {','.join(map(str, g['jobs'])) or '-'}")
     return 0

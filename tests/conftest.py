@@ -31,6 +31,35 @@ async def until(pilot, predicate, timeout: float = 30.0, what: str = "condition"
 
 
 
+def palette_options(app) -> str:
+    """The command palette's current entries, as text."""
+    found = app.screen.query("CommandList")
+    if not found:
+        return ""
+    options = found.first()
+    return "\n".join(str(options.get_option_at_index(i).prompt) for i in range(options.option_count))
+
+
+async def palette_pick(pilot, typed: str, entry: str) -> None:
+    """Open the command palette, type ``typed``, and choose once ``entry`` is offered."""
+    await pilot.press("ctrl+p")
+    await until(pilot, lambda: pilot.app.screen.query("CommandInput"), what="the palette")
+    await pilot.press(*typed)
+    await until(pilot, lambda: entry in palette_options(pilot.app), what=f"the palette's {entry!r}")
+    await pilot.press("enter")
+
+
+def has_op(head, op: str, **fields) -> bool:
+    """Whether the service knows ``op`` (any answer but "unknown request" means yes)."""
+    from nebula_tui.api import ApiError
+
+    try:
+        head.call(op, **fields)
+    except ApiError as err:
+        return not str(err).startswith("unknown request")
+    return True
+
+
 @pytest.fixture(scope="module")
 def head(openssh_lab, tmp_path_factory):
     """A fresh head service (own store and socket) on the session's OpenSSH lab."""

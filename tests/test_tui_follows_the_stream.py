@@ -70,7 +70,7 @@ async def test_a_drain_a_quota_change_and_a_requeue_appear_without_any_poll(engi
                     [str(running.id)] + [str(j.id) for j in waiting], what="the head's order")
         engine.transitions.requeue(engine.jobs[running.id], "lost with node node01; requeued")
         await until(pilot, lambda: cells(app, "queue-table")[str(running.id)][3] == "pending"
-                    and "lost with node node01" in cells(app, "queue-table")[str(running.id)][7],
+                    and "lost with node node01" in cells(app, "queue-table")[str(running.id)][-1],
                     what="the requeued job waiting, with why")
 
         await pilot.press("4")
@@ -82,7 +82,7 @@ async def test_a_drain_a_quota_change_and_a_requeue_appear_without_any_poll(engi
         await pilot.press("5")
         await until(pilot, lambda: isinstance(app.screen, NodesScreen), what="the nodes")
         engine.set_drained("root", "node02", True, "new fans")
-        await until(pilot, lambda: cells(app, "nodes-table")["node02"][2] == "drained",
+        await until(pilot, lambda: cells(app, "nodes-table")["node02"][1] == "drained",
                     what="node02 drained")
         await until(pilot, lambda: any("node02 drained" in row[2] for row in
                                        cells(app, "events-table").values()), what="its log line")

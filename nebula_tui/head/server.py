@@ -185,6 +185,11 @@ class ApiServer:
                 await self._handle(user, req, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # The service is stopping (asyncio.run cancels every connection's task). Ending
+            # quietly is the end of this task anyway; raised, asyncio's stream callback logs
+            # it as a traceback (Python 3.11), one per connected client on every clean quit.
+            pass
         finally:
             with contextlib.suppress(Exception):
                 writer.close()

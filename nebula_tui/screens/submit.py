@@ -204,7 +204,10 @@ class SubmitScreen(ClusterScreen):
 
     @on(Button.Pressed, "#back")
     def _back_pressed(self) -> None:
-        self.app.pop_screen()
+        self.app.action_back()
+
+    def crumb(self) -> str:
+        return "Submit a job"
 
     @on(Input.Submitted)
     def _enter(self, event: Input.Submitted) -> None:

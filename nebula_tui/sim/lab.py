@@ -338,6 +338,9 @@ class _AsyncNode:
         outputs = asyncio.gather(
             pump_out(child.stdout, process.stdout), pump_out(child.stderr, process.stderr)
         )
+        # Cancelled with the session (or the lab stopping), the gather ends "with" a
+        # CancelledError nobody reads: asyncio would print it as a traceback on every quit.
+        outputs.add_done_callback(_retrieve)
         closed = asyncio.create_task(process.wait_closed())
         done, _ = await asyncio.wait({outputs, closed}, return_when=asyncio.FIRST_COMPLETED)
         if outputs in done and outputs.exception() is None:
@@ -439,6 +442,12 @@ class _AsyncNode:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    """Mark a finished future's outcome as read (see where it is used)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _set_window(fd: int, size) -> None:
