@@ -3,12 +3,21 @@
 Every state change is one ``BEGIN IMMEDIATE`` transaction; a submit is committed with
 ``synchronous=FULL`` so an acknowledged job id survives even a crash of the machine. Only the head
 service (``nebula serve``) opens the store for writing.
+
+Job ids are never handed out twice, even when the database goes back in time (restored from
+a backup, or its WAL deleted after a crash): besides the database, the highest id ever
+handed out is kept in a file of its own next to it (``job-ids``, written and fsync'd before
+a submit commits), and new ids continue above both. Ids stay short numbers users can type;
+a job's launches are told apart on the nodes by a launch token that also holds a random
+nonce (``launch_token``), so even a collision there is refused, never adopted.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import secrets
 import sqlite3
 import time
 import uuid
@@ -28,11 +37,58 @@ class StaleDecision(Exception):
     """A scheduling decision about a job that changed meanwhile (e.g. cancelled)."""
 
 
+class IdFloor:
+    """The highest job id ever handed out, in a small file beside the database.
+
+    Each submit rewrites it in place before its commit (one short write, no new disk blocks:
+    a full disk cannot stop it once it exists), so it is never behind what a client was
+    told. A crash of the head leaves that write in the kernel's cache; a crash of the machine
+    may not, so every ``BLOCK`` ids a reservation above them is also forced to the disk, and
+    a file last written before the machine's latest boot is read as that reservation.
+    Backups of the database should leave this file out.
+    """
+
+    BLOCK = 64
+
+    def __init__(self, path: Path):
+        self.path = path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._file = os.fdopen(fd, "r+b", buffering=0)
+        self._boot = _boot_id()
+        fields = self._file.read(200).decode("ascii", "replace").split()
+        exact, reserved = (int(f) if f.isdigit() else 0 for f in (fields + ["", ""])[:2])
+        same_boot = self._boot and fields[2:3] == [self._boot]
+        self.value = exact if same_boot else max(exact, reserved)
+        self._reserved = max(exact, reserved)
+        self.write(self.value)
+
+    def write(self, value: int) -> None:
+        sync = value >= self._reserved
+        if sync:
+            self._reserved = value + self.BLOCK
+        line = f"{value} {self._reserved} {self._boot or '-'}"
+        os.pwrite(self._file.fileno(), f"{line:<120}\n".encode(), 0)
+        if sync:
+            os.fdatasync(self._file.fileno())
+        self.value = value
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 class Store:
     """Durable state of the cluster: nodes, GPUs, jobs, allocations, users, events."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.ids = IdFloor(self.path.with_name("job-ids"))
         conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
         self.db = sqlite_utils.Database(conn)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -41,9 +97,38 @@ class Store:
         self.db.execute("PRAGMA foreign_keys=ON")
         self._columns: list[str] | None = None
         self._create_schema()
+        self._next_id = self._first_free_id()
 
     def close(self) -> None:
         self.db.close()
+        self.ids.close()
+
+    def _first_free_id(self) -> int:
+        """Above every id the database, its own record and the id file know of. When the
+        file is ahead of the database, the database lost jobs (restored from a backup, or
+        its WAL deleted): that is said in the events, and ``lost_ids`` names them."""
+        newest = self.db.execute("SELECT MAX(id) FROM jobs").fetchone()[0] or 0
+        recorded = max(newest, int(self._meta("job_id_floor") or 0))
+        self.lost_ids = range(recorded + 1, self.ids.value + 1)
+        if self.lost_ids:
+            self.add_event("store", f"the database knows jobs up to {recorded}, but ids up to "
+                           f"{self.ids.value} were handed out (restored from a backup, or its "
+                           f"WAL lost?); new jobs start at {self.ids.value + 1}")
+        return max(recorded, self.ids.value) + 1
+
+    def raise_id_floor(self, job_id: int) -> None:
+        """A node reports a job of this store with this id (a whole home restored, id file
+        and all): never hand it out again."""
+        if job_id >= self._next_id:
+            with self.transaction():
+                self._set_meta("job_id_floor", str(job_id))
+                self.ids.write(max(self.ids.value, job_id))
+                self._event(time.time(), "store", f"a node knows job {job_id} of this store, "
+                            f"which the database does not; new jobs start at {job_id + 1}")
+            self._next_id = job_id + 1
+
+    def _set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", [key, value])
 
     @contextlib.contextmanager
     def transaction(self, durable: bool = False) -> Iterator[sqlite_utils.Database]:
@@ -105,6 +190,11 @@ class Store:
                  "node": str, "gpu": str, "user": str},
                 pk="id", if_not_exists=True,
             )
+            # Every launch token this store ever issued: a session or exit with another token
+            # is not this store's to stop or to record (another head's copy of this store,
+            # or a launch made after the backup this database was restored from).
+            db["launches"].create({"token": str, "job_id": int, "attempt": int, "t": float},
+                                  pk="token", if_not_exists=True)
             db["telemetry"].create(
                 {"gpu": str, "t": float, "temperature_c": float, "utilization_pct": float,
                  "memory_used_mb": float, "power_w": float, "fan_pct": float,
@@ -132,6 +222,8 @@ class Store:
         ("nodes", "drained", int, 0),
         ("nodes", "drain_reason", str, None),
         ("jobs", "workdir_used", str, None),
+        # ``<head>.<attempt>.<nonce>``: names one launch on the nodes; NULL while pending
+        ("jobs", "launch_token", str, None),
     )
 
     def _add_missing_columns(self) -> None:
@@ -196,15 +288,18 @@ class Store:
     # ------------------------------------------------------------------- jobs
     def add_job(self, user: str, spec: JobSpec, t: float) -> Job:
         """Store a submitted job as pending; the id is durable once this returns."""
+        job_id = self._next_id
         with self.transaction(durable=True):
             self._ensure_user(user, t)
             # Plain SQL on the hot paths: sqlite-utils' insert inspects the table each call.
-            job_id = self.db.execute(
-                "INSERT INTO jobs (user, name, spec, state, reason, submitted_at) "
-                "VALUES (?, ?, ?, 'pending', 'waiting for the scheduler', ?)",
-                [user, spec.name, json.dumps(asdict(spec)), t],
-            ).lastrowid
+            self.db.execute(
+                "INSERT INTO jobs (id, user, name, spec, state, reason, submitted_at) "
+                "VALUES (?, ?, ?, ?, 'pending', 'waiting for the scheduler', ?)",
+                [job_id, user, spec.name, json.dumps(asdict(spec)), t])
+            self._set_meta("job_id_floor", str(job_id))
             self._event(t, "submit", f"job {job_id} submitted by {user}", job_id=job_id, user=user)
+            self.ids.write(job_id)  # last: a failed commit leaves a gap, never a reuse
+        self._next_id = job_id + 1
         return self.job(job_id)
 
     def _ensure_user(self, user: str, t: float) -> None:
@@ -243,7 +338,7 @@ class Store:
                 [t, job_id])
             self.db.execute(
                 "UPDATE jobs SET state = 'pending', node = NULL, started_at = NULL, reason = ?, "
-                "cancel_by = NULL, cancel_at = NULL, attempt = attempt + 1 "
+                "cancel_by = NULL, cancel_at = NULL, attempt = attempt + 1, launch_token = NULL "
                 "WHERE id = ? AND state IN ('launching', 'running')",
                 [reason, job_id])
             self._event(t, "requeue", f"job {job_id} {reason}", job_id=job_id)
@@ -258,16 +353,21 @@ class Store:
                 [(reason, job_id) for job_id, reason in reasons.items()],
             )
 
-    def start_launching(self, job_id: int, placements: tuple[Placement, ...], t: float) -> None:
-        """Write a job's allocation and mark it launching, in one transaction.
+    def start_launching(self, job_id: int, placements: tuple[Placement, ...], t: float) -> str:
+        """Write a job's allocation and mark it launching, in one transaction; returns the
+        launch's token.
 
         This is the launch intent: after a crash the head finds it and either adopts the
-        tmux session it created or creates it, never twice.
+        tmux session it created or creates it, never twice. The token's nonce is new for
+        every launch, so no other launch (another store, a store restored from a backup
+        that hands out this id again) can ever be taken for this one.
         """
         with self.transaction():
             still_pending = self.db.execute(
-                "UPDATE jobs SET state = 'launching', node = ?, reason = '' "
-                "WHERE id = ? AND state = 'pending'", [placements[0].node, job_id]).rowcount
+                "UPDATE jobs SET state = 'launching', node = ?, reason = '', "
+                "launch_token = ? || '.' || attempt || '.' || ? "
+                "WHERE id = ? AND state = 'pending'",
+                [placements[0].node, self.head_token, secrets.token_hex(8), job_id]).rowcount
             if not still_pending:
                 raise StaleDecision(f"job {job_id} is no longer pending")
             self.db.conn.executemany(
@@ -278,6 +378,16 @@ class Store:
             node = placements[0].node
             gpus = ", ".join(f"{p.node}:{p.gpu_index}" for p in placements)
             self._event(t, "place", f"job {job_id} placed on {gpus}", job_id=job_id, node=node)
+            token, attempt = self.db.execute(
+                "SELECT launch_token, attempt FROM jobs WHERE id = ?", [job_id]).fetchone()
+            self.db.execute("INSERT INTO launches (token, job_id, attempt, t) VALUES (?, ?, ?, ?)",
+                            [token, job_id, attempt, t])
+            return token
+
+    def issued(self, token: object) -> bool:
+        """Whether this store issued this launch token (see ``start_launching``)."""
+        return isinstance(token, str) and self.db.execute(
+            "SELECT 1 FROM launches WHERE token = ?", [token]).fetchone() is not None
 
     def set_workdir_used(self, job_id: int, workdir: str) -> None:
         with self.transaction():
@@ -500,8 +610,9 @@ def _status(row: dict, placements: tuple[Placement, ...]):
     if state.finished:
         return Ended(state, row["ended_at"], row["exit_code"], row["reason"] or "",
                      row["started_at"], row["node"], placements)
-    held = (Launching(placements) if state == JobState.LAUNCHING
-            else Running(placements, row["started_at"]))
+    token = row.get("launch_token") or ""
+    held = (Launching(placements, token=token) if state == JobState.LAUNCHING
+            else Running(placements, row["started_at"], token=token))
     if row.get("cancel_by"):
         return Cancelling(held, row["cancel_by"], row.get("cancel_at") or row["submitted_at"])
     return held
