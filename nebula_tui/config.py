@@ -20,6 +20,7 @@ Format (every key but ``nodes[].name`` and ``nodes[].host`` is optional)::
       admin_group: gpuadmins            # members of this Unix group are admins too
       run_as: login                     # or "submitter"
       node_lease: 600                   # seconds a silent node keeps its jobs before they are requeued
+      job_dir_retention: 604800         # seconds a node keeps an ended job's directory (log, exit code)
     nodes:
       - name: node01
         host: 10.0.0.11
@@ -74,6 +75,7 @@ CONFIG_ENV = "NEBULA_CONFIG"
 DEFAULT_NAME = "lab"
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_NODE_LEASE = 600.0
+DEFAULT_JOB_DIR_RETENTION = 7 * 86400.0
 DEFAULT_PORT = 22
 DEFAULT_PROBE_INTERVAL = 5.0
 DEFAULT_MISSED_PROBES = 3
@@ -103,6 +105,7 @@ _CLUSTER_KEYS = (
     "admin_group",
     "run_as",
     "node_lease",
+    "job_dir_retention",
 )
 _NODE_KEYS = ("name", "host", "port", "user", "identity", "known_hosts", "env", "drained",
               "power_budget_w", "runtime", "warmup")
@@ -174,6 +177,9 @@ class ClusterConfig:
     #: seconds a node may stay silent before its running jobs are declared lost and
     #: requeued (a short drop never costs anyone their job)
     node_lease: float = DEFAULT_NODE_LEASE
+    #: seconds a node keeps the directory (run script, log, exit code) of a job attempt
+    #: after the head recorded its end; a restored store learns from it what ran meanwhile
+    job_dir_retention: float = DEFAULT_JOB_DIR_RETENTION
     #: the ``scheduler:`` section (settings.SchedulerSettings); None = defaults
     scheduler: Any = field(default=None, hash=False, compare=False)
     #: the ``health:`` section (settings.HealthSettings); None = defaults
@@ -517,6 +523,8 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
         scheduler=scheduler,
         health=health,
         node_lease=pick(ctx.seconds(get(c, "node_lease"), "cluster.node_lease"), DEFAULT_NODE_LEASE),
+        job_dir_retention=pick(ctx.seconds(get(c, "job_dir_retention"), "cluster.job_dir_retention"),
+                               DEFAULT_JOB_DIR_RETENTION),
     )
 
 

@@ -87,9 +87,9 @@ class JobTransitions:
             if self.state.ours(message.get("token")):
                 # Ours but already finished (the head crashed before its ack): ack it now.
                 with contextlib.suppress(TypeError, ValueError):
-                    self._ack_soon(node, int(message.get("job")))
+                    self._ack_soon(node, int(message.get("job")), message["token"])
             return
-        self._ack_soon(node, job.id)
+        self._ack_soon(node, job.id, message["token"])
         code = message.get("code")
         if isinstance(job.status, Evicting):
             self._evicted_exit(job, code)
@@ -122,10 +122,11 @@ class JobTransitions:
             return None  # another head's job directory, or an earlier attempt of this job
         return job if node in job_nodes(job) and job.state.holds_gpus else None
 
-    def _ack_soon(self, node: str, job_id: int) -> None:
-        """Tell the node its job's exit is recorded; acks of one moment go as one request."""
+    def _ack_soon(self, node: str, job_id: int, token: str) -> None:
+        """Tell the node its job's exit is recorded; acks of one moment go as one request,
+        each naming the launch (token), so a late ack never silences a relaunch."""
         batch = self._acks.setdefault(node, [])
-        batch.append(job_id)
+        batch.append([job_id, token])
         if len(batch) == 1:
             self.state.spawn(self._send_acks(node), f"ack-{node}")
 
@@ -140,10 +141,10 @@ class JobTransitions:
     def begin_launch(self, job: Job, placements: tuple[Placement, ...]) -> None:
         """The scheduler's Start: write the intent, then ask the nodes."""
         try:
-            self.state.store.start_launching(job.id, placements, self.state.clock())
+            token = self.state.store.start_launching(job.id, placements, self.state.clock())
         except StaleDecision:
             return  # the job changed since the snapshot (cancelled): nothing to launch
-        job = self._set(replace(job, status=Launching(placements)))
+        job = self._set(replace(job, status=Launching(placements, token=token)))
         for node in job_nodes(job):
             self.stream.publish_gpus(node)
         self.state.spawn(self.launch(job), f"launch-{job.id}")
@@ -185,10 +186,12 @@ class JobTransitions:
                                     node_config.warmup)
         devices = launcher.job_devices(mine, {p.gpu_uuid: self.state.gpus[p.gpu_uuid].reading
                                               for p in mine if p.gpu_uuid in self.state.gpus})
-        script = launcher.run_script(job, mine, self._run_as(job, node), extra, facts, devices)
+        run_as = self._run_as(job, node)
+        script = launcher.run_script(job, mine, run_as, extra, facts, devices)
         try:
-            reply = await self.state.links[node].request("launch", job=job.id,
-                                                         token=self.state.token(job), script=script)
+            reply = await self.state.links[node].request(
+                "launch", job=job.id, token=self.state.token(job), script=script,
+                user=job.user if run_as else None)
         except (NodeUnavailable, asyncio.TimeoutError) as err:
             log.warning("launch of job %s on %s deferred: %s", job.id, node, err)
             return None
@@ -213,7 +216,7 @@ class JobTransitions:
         now = self.state.clock()
         self.state.store.mark_running(job.id, now)
         launching = holding(job.status)
-        running = Running(launching.placements, now, launching.exits)
+        running = Running(launching.placements, now, launching.exits, token=launching.token)
         self._set(replace(job, status=with_holding(job.status, running)))
 
     # --------------------------------------------------------------------- the end

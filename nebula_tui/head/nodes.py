@@ -32,6 +32,12 @@ TELEMETRY_COMPACT_EVERY_S = 3600.0
 _CUDA_VERSION = re.compile(r"CUDA Version:\s*([\d.]+)")
 
 
+def _int_or_zero(value: object) -> int:
+    """A job number from a node's message; anything else (a node is not trusted) is 0."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**62
+    return value if ok else 0
+
+
 class Fleet:
     def __init__(self, state: HeadState, stream: Stream, jobs: JobTransitions,
                  health: HealthMonitor, access: Access):
@@ -58,7 +64,8 @@ class Fleet:
             self._open_link(node)
 
     def _open_link(self, node) -> None:
-        link = NodeLink(node, self.state.config, self.on_node_message, self.on_node_state)
+        link = NodeLink(node, self.state.config, self.on_node_message, self.on_node_state,
+                        head=self.state.store.head_token)
         self.state.links[node.name] = link
         link.start()
 
@@ -119,6 +126,8 @@ class Fleet:
     def _on_hello(self, node: str, message: dict) -> None:
         view = self.state.nodes[node]
         view.hello = message
+        # The highest job number the node holds of this store: never handed out again.
+        self.state.store.raise_id_floor(_int_or_zero(message.get("max_job")))
         match = _CUDA_VERSION.search(message.get("smi_table") or "")
         view.cuda_version = match.group(1) if match else None
         if message.get("topo"):
@@ -216,12 +225,13 @@ class Fleet:
                 log.warning("stopping stale session of job %s on %s", job_id, node)
                 state.store.add_event("reconcile", f"stopped a stale copy of job {job_id} on {node}",
                                       job_id=job_id, node=node)
-                state.spawn(self._stop_stale(node, job_id), f"stale-{job_id}")
+                state.spawn(self._stop_stale(node, job_id, info["token"]), f"stale-{job_id}")
 
-    async def _stop_stale(self, node: str, job_id: int) -> None:
+    async def _stop_stale(self, node: str, job_id: int, token: str) -> None:
+        # With its token: a relaunch that took the session's place meanwhile is left alone.
         with contextlib.suppress(NodeUnavailable, asyncio.TimeoutError):
             await self.state.links[node].request("cancel", timeout=CANCEL_GRACE_S + 30, job=job_id,
-                                                 grace=CANCEL_GRACE_S)
+                                                 grace=CANCEL_GRACE_S, token=token)
 
     # --------------------------------------------------------------- admins' changes
     def set_drained(self, user: str, node: str, drained: bool, reason: str = "") -> NodeView:

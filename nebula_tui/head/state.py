@@ -178,12 +178,15 @@ class HeadState:
             task.cancel()
 
     # ----------------------------------------------------------------- jobs' tokens
-    def token(self, job: Job) -> str:
-        """Names one launch of one job: this head's store, and the attempt (requeues)."""
-        return f"{self.store.head_token}.{job.attempt}"
+    def token(self, job: Job) -> str | None:
+        """Names one launch of one job: this head's store, the attempt and a nonce."""
+        return job.launch_token
 
     def ours(self, token: object) -> bool:
-        return isinstance(token, str) and token.split(".")[0] == self.store.head_token
+        """Whether this store issued the launch token: only then is a session ours to stop
+        or an exit ours to acknowledge (never another copy's, or a launch made after the
+        backup this store was restored from)."""
+        return self.store.issued(token)
 
     # ------------------------------------------------------------------------ GPUs
     def gpu_views(self, node: str | None = None) -> list[GpuView]:

@@ -26,6 +26,7 @@ from ..config import ClusterConfig, NodeConfig
 from ..model import NodeState
 from . import preflight
 from .backends import nvidia
+from .launcher import tmux_socket
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +71,16 @@ class NodeLink:
 
     ``on_message(node, message)`` gets every message the nodelet sends except replies;
     ``on_state(node, state, reason)`` gets every change of the node's reachability.
+    ``head`` names the head's store on the node: its job directories and tmux server are
+    that head's alone (``launcher.tmux_socket``).
     """
 
     def __init__(self, node: NodeConfig, cluster: ClusterConfig,
                  on_message: Callable[[str, dict], None],
-                 on_state: Callable[[str, NodeState, str], None]):
+                 on_state: Callable[[str, NodeState, str], None], head: str = "local"):
         self.node = node
         self.cluster = cluster
+        self.head = head
         self.on_message = on_message
         self.on_state = on_state
         self.state = NodeState.CONNECTING
@@ -131,7 +135,9 @@ class NodeLink:
             asyncssh.connect(node.host, node.port, **options), cluster.connect_timeout)
         source = nodelet_source()
         settings = {"interval": cluster.probe_interval, "gpu_argv": nvidia.query_gpu_argv(),
-                    "apps_argv": nvidia.query_apps_argv(), "conda_lookup": preflight.CONDA_LOOKUP}
+                    "apps_argv": nvidia.query_apps_argv(), "conda_lookup": preflight.CONDA_LOOKUP,
+                    "head": self.head, "tmux_socket": tmux_socket(self.head),
+                    "retention_s": cluster.job_dir_retention}
         boot = f"import sys;exec(compile(sys.stdin.buffer.read({len(source)}),'nebula-nodelet','exec'))"
         command = self._with_env(f"python3 -u -c {shlex.quote(boot)} "
                                  f"{shlex.quote(json.dumps(settings))}")
