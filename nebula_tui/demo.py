@@ -35,6 +35,8 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
         signal.signal(sig, _exit_cleanly)
     try:
         config = lab_dir / "nodes.yaml"
+        if shared_group:
+            config = shared_config(config)
         supervisor = ServiceSupervisor(home, config, shared_group)
         supervisor.start()
         if headless:
@@ -52,6 +54,17 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
         lab.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             lab.wait(10)
+
+
+def shared_config(config: Path) -> Path:
+    """The lab's nodes.yaml with each job run as its owner, which a shared head needs."""
+    import yaml
+
+    data = yaml.safe_load(config.read_text())
+    data.setdefault("cluster", {})["run_as"] = "submitter"
+    shared = config.with_name("nodes-shared.yaml")
+    shared.write_text(yaml.safe_dump(data))
+    return shared
 
 
 def _exit_cleanly(signum: int, _frame) -> None:

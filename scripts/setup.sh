@@ -9,6 +9,11 @@ need_apt=""
 command -v tmux >/dev/null 2>&1 || need_apt="$need_apt tmux"
 [ -x /usr/sbin/sshd ] || command -v sshd >/dev/null 2>&1 || need_apt="$need_apt openssh-server"
 command -v ssh-keygen >/dev/null 2>&1 || need_apt="$need_apt openssh-client"
+# Optional (installed as root, else the tests that need it skip): libfaketime, with which
+# the reliability tests step the head's wall clock alone.
+if [ "$(id -u)" = 0 ] && ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
+    need_apt="$need_apt libfaketime"
+fi
 if [ -n "$need_apt" ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need_apt >/dev/null

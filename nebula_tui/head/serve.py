@@ -46,6 +46,16 @@ def share_socket_dir(home: Home, group: str) -> None:
             os.chmod(home.root, 0o711)
 
 
+def shared_mode_refusal(config: ClusterConfig) -> str | None:
+    """Why the lab's users may not share a head with this config, or None."""
+    if config.run_as != "submitter":
+        return ("--shared-group needs `run_as: submitter` in the cluster: section of "
+                f"{config.path or 'nodes.yaml'}: with run_as: {config.run_as} every user's job "
+                "runs as the nodes' login account, so one user's job could read another's "
+                "log, forge its exit code and read that account's SSH keys")
+    return None
+
+
 def serve(home: Home, config_path: Path | None, shared_group: str | None = None) -> int:
     """Run the head service in the foreground until SIGTERM/SIGINT. Returns an exit code."""
     os.umask(0o077)  # the store, its WAL and the logs: the service account's alone
@@ -64,6 +74,9 @@ def serve(home: Home, config_path: Path | None, shared_group: str | None = None)
         config = load_config(config_path)
     except ConfigError as err:
         print(f"nebula serve: {err}", file=sys.stderr)
+        return 2
+    if shared_group and (refusal := shared_mode_refusal(config)):
+        print(f"nebula serve: {refusal}", file=sys.stderr)
         return 2
     lock_file = open(home.lock, "w")
     try:
