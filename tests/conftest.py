@@ -18,6 +18,12 @@ from labfixtures import asyncssh_lab, openssh_lab  # noqa: E402,F401  (fixtures)
 
 from nebula_tui.sim.harness import HeadProcess, wait_for  # noqa: E402,F401
 
+#: real tool outputs captured on real machines (the steering repo's shared/samples; a
+#: worktree under /work/wt has it at /work/shared)
+SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
+if not SAMPLES.is_dir():
+    SAMPLES = Path("/work/shared/samples")
+
 
 async def until(pilot, predicate, timeout: float = 30.0, what: str = "condition"):
     """Let the app run (events, renders) until ``predicate()`` is truthy."""

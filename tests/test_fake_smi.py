@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SAMPLES
+
 from nebula_tui.remote.backends.nvidia import (
     QUERY_APPS_FIELDS,
     QUERY_GPU_FIELDS,
@@ -26,7 +28,6 @@ from nebula_tui.sim import presets
 SIM = Path(__file__).resolve().parents[1] / "nebula_tui" / "sim"
 FAKE_SMI = SIM / "fake_smi.py"
 FAKE_DMESG = SIM / "fake_dmesg.py"
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 
 
 @pytest.fixture

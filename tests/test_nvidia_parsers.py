@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SAMPLES
+
 from nebula_tui.remote.backends.nvidia import (
     PARSERS,
     QUERY_GPU_FIELDS,
@@ -18,9 +20,6 @@ from nebula_tui.remote.backends.nvidia import (
     query_gpu_argv,
 )
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
-if not SAMPLES.is_dir():
-    SAMPLES = Path("/work/shared/samples")
 CSV = SAMPLES / "smi_csv"
 PLAIN = SAMPLES / "smi_plain"
 
