@@ -196,10 +196,25 @@ class ClusterConfig:
 # ---------------------------------------------------------------------------- public API
 
 
+#: libyaml's parser where PyYAML has it: ten times faster on a big file, same nodes and marks
+_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+#: A cluster file is at most this big (a few thousand nodes fit in a tenth of it); bigger
+#: ones are refused before they are parsed, which would take the head minutes.
+MAX_CONFIG_BYTES = 1 << 20
+#: nested mappings and lists, at most (the format itself needs four)
+MAX_CONFIG_DEPTH = 20
+#: values the file stands for once its aliases (``*name``) are expanded, at most
+MAX_CONFIG_VALUES = 200_000
+
+
 def load_config(path: str | Path) -> ClusterConfig:
     """Read and validate the file at ``path``; raises :class:`ConfigError`."""
     shown = str(path)
     try:
+        size = Path(path).expanduser().stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"cannot read: the file is {size / (1 << 20):.1f} MB; a cluster "
+                              f"file holds at most {MAX_CONFIG_BYTES >> 20} MB", shown)
         text = Path(path).expanduser().read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(
@@ -225,12 +240,50 @@ def parse_config(text: str, path: str | Path = "<string>") -> ClusterConfig:
     base = Path(path).expanduser().absolute().parent if real else Path.cwd()
     ctx = _Ctx(shown, base)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        raise _syntax_error(exc, shown) from None
-    except yaml.YAMLError as exc:  # e.g. ReaderError: a control character in the text
-        raise ConfigError("YAML error: " + " ".join(str(exc).split()), shown) from None
+        _check_shape(text, shown)
+        root = yaml.compose(text, Loader=_FAST_LOADER)
+    except yaml.YAMLError:
+        # PyYAML's own parser says more about a mistake (and hints follow its words).
+        try:
+            _check_shape(text, shown, yaml.SafeLoader)
+            root = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.MarkedYAMLError as exc:
+            raise _syntax_error(exc, shown) from None
+        except yaml.YAMLError as exc:  # e.g. ReaderError: a control character in the text
+            raise ConfigError("YAML error: " + " ".join(str(exc).split()), shown) from None
     return _build(ctx, root, Path(path).expanduser().absolute() if real else None)
+
+
+def _check_shape(text: str, shown: str, loader=_FAST_LOADER) -> None:
+    """Refuse, before anything is built, a file nested too deep (PyYAML's composer would
+    recurse until Python gives up) or whose aliases stand for too many values (a few
+    lines of ``*name`` can stand for billions)."""
+    depth, values = 0, 0
+    sizes: dict[str, int] = {}  # anchor -> values it stands for
+    open_anchors: list[tuple[str | None, int]] = []
+    for event in yaml.parse(text, Loader=loader):
+        if isinstance(event, yaml.AliasEvent):
+            values += sizes.get(event.anchor, 1)
+        elif isinstance(event, (yaml.ScalarEvent, yaml.CollectionStartEvent)):
+            values += 1
+            if isinstance(event, yaml.ScalarEvent):
+                if event.anchor:
+                    sizes[event.anchor] = 1
+            else:
+                depth += 1
+                open_anchors.append((event.anchor, values))
+                if depth > MAX_CONFIG_DEPTH:
+                    raise ConfigError(f"nested deeper than {MAX_CONFIG_DEPTH} levels; a cluster "
+                                      "file needs four", shown, event.start_mark.line + 1)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+            anchor, first = open_anchors.pop()
+            if anchor:
+                sizes[anchor] = values - first + 1
+        if values > MAX_CONFIG_VALUES:
+            raise ConfigError(f"the file stands for more than {MAX_CONFIG_VALUES} values "
+                              "(aliases expanded); a cluster file needs far fewer", shown,
+                              event.start_mark.line + 1)
 
 
 def find_config(explicit: str | None, home: Path) -> Path | None:
