@@ -37,6 +37,22 @@ class StaleDecision(Exception):
     """A scheduling decision about a job that changed meanwhile (e.g. cancelled)."""
 
 
+class StoreUnavailable(Exception):
+    """A change could not be written (the disk is full, or failing): nothing of it was.
+    ``str()`` is one sentence for users, naming the database and what is wrong."""
+
+
+def _why(err: BaseException) -> str:
+    text = str(err)
+    if "full" in text or getattr(err, "errno", None) == 28:
+        return "the disk is full"
+    if "I/O" in text or isinstance(err, OSError):
+        return f"the disk failed ({text})"
+    if "locked" in text or "busy" in text:
+        return "it is locked by another program"
+    return text
+
+
 class IdFloor:
     """The highest job id ever handed out, in a small file beside the database.
 
@@ -138,19 +154,27 @@ class Store:
         waits for the disk (fsync), so it survives a crash of the machine: used for what a
         client was told (a submit's job id), not for the many transitions after it.
         """
-        if durable:
-            self.db.execute("PRAGMA synchronous=FULL")
         try:
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self.db
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
-            self.db.execute("COMMIT")
-        finally:
             if durable:
-                self.db.execute("PRAGMA synchronous=NORMAL")
+                self.db.execute("PRAGMA synchronous=FULL")
+            try:
+                self.db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self.db
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        self.db.execute("ROLLBACK")
+                    raise
+                self.db.execute("COMMIT")
+            finally:
+                if durable:
+                    self.db.execute("PRAGMA synchronous=NORMAL")
+        except (sqlite3.OperationalError, OSError) as err:
+            with contextlib.suppress(sqlite3.Error):
+                if self.db.conn.in_transaction:  # a failed COMMIT leaves it open
+                    self.db.execute("ROLLBACK")
+            raise StoreUnavailable(f"the head could not write its database ({self.path}): "
+                                   f"{_why(err)}; nothing of this change was kept") from err
 
     # ----------------------------------------------------------------- schema
     def _create_schema(self) -> None:
@@ -592,6 +616,25 @@ class Store:
         self.db.execute(
             "INSERT INTO events (t, kind, message, job_id, node, gpu, user) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)", [t, kind, message, job_id, node, gpu, user])
+
+    #: the events log keeps this long, and at most this many rows (the newest)
+    EVENTS_KEEP_S = 90 * 86400.0
+    EVENTS_KEEP_ROWS = 1_000_000
+
+    def trim_events(self, now: float) -> int:
+        """Retention of the events log: older than EVENTS_KEEP_S, or beyond the newest
+        EVENTS_KEEP_ROWS, goes. Returns how many rows went."""
+        with self.transaction():
+            # Rows are added in time order: the scan from the oldest stops at the first to keep.
+            first_kept = self.db.execute(
+                "SELECT id FROM events WHERE t >= ? ORDER BY id LIMIT 1",
+                [now - self.EVENTS_KEEP_S]).fetchone()
+            gone = self.db.execute("DELETE FROM events WHERE id < ?",
+                                   [first_kept[0] if first_kept else 1 << 62]).rowcount
+            newest = self.db.execute("SELECT MAX(id) FROM events").fetchone()[0] or 0
+            gone += self.db.execute("DELETE FROM events WHERE id <= ?",
+                                    [newest - self.EVENTS_KEEP_ROWS]).rowcount
+        return gone
 
     def events(self, limit: int = 50) -> list[dict]:
         rows = self.db.execute(

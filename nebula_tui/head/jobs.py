@@ -5,7 +5,9 @@ A job's ``status`` carries exactly the data of its state (``model.Pending``, ``L
 transition: one store transaction, then the new status in the live job table, then its
 events out. A launch writes the intent (allocation + ``launching``) before any node is
 asked; a gang is running once every node confirmed and ends when every node's part
-ended. Exits are acked to the node in batches once recorded.
+ended. An exit is acked to its node only once its job's end is committed (a gang's parts
+once the whole gang's is), in batches; one the store could not take (a full disk) is kept
+and tried again, so no exit is ever lost while the node holds it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ..model import (Cancelling, Ended, Evicting, Job, JobState, Launching, Pend
                      RequestError, Running, holding, with_holding)
 from ..remote import launcher
 from ..remote.ssh import NodeUnavailable
-from ..store import StaleDecision
+from ..store import StaleDecision, StoreUnavailable
 from .access import Access
 from .shares import Shares
 from .state import HeadState, JobTable, job_nodes
@@ -42,6 +44,8 @@ class JobTransitions:
         #: why a part could not start, as its node said (the first one): the job's reason
         #: when it ends failed; nodes say it again after a restart (their exits are unacked)
         self._exit_reasons: dict[int, str] = {}
+        #: exits the store could not take yet, per (node, job): tried again (retry_exits)
+        self._unrecorded: dict[tuple[str, str], dict] = {}
         self._finished_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
 
     def load(self) -> None:
@@ -82,17 +86,35 @@ class JobTransitions:
             self._set(replace(job, status=with_holding(job.status, replace(running, doing=text[:200]))))
 
     def on_exit(self, node: str, message: dict) -> None:
+        """A node reports an attempt's end. Acked once recorded; kept for a retry when the
+        store cannot take it now."""
+        key = (node, str(message.get("job")))
+        try:
+            self._record_exit(node, message)
+            self._unrecorded.pop(key, None)
+        except StoreUnavailable as err:
+            if key not in self._unrecorded:
+                log.warning("exit of job %s on %s not recorded yet: %s", key[1], node, err)
+            self._unrecorded[key] = message
+
+    def retry_exits(self) -> None:
+        """Exits the store could not take before: try them again (a loop phase)."""
+        for (node, _), message in list(self._unrecorded.items()):
+            self.on_exit(node, message)
+
+    def _record_exit(self, node: str, message: dict) -> None:
+        token = message.get("token")
         job = self._job_from_node(node, message)
         if job is None:
-            if self.state.ours(message.get("token")):
+            if self.state.ours(token):
                 # Ours but already finished (the head crashed before its ack): ack it now.
                 with contextlib.suppress(TypeError, ValueError):
-                    self._ack_soon(node, int(message.get("job")), message["token"])
+                    self._ack_soon(node, int(message.get("job")), token)
             return
-        self._ack_soon(node, job.id, message["token"])
         code = message.get("code")
         if isinstance(job.status, Evicting):
             self._evicted_exit(job, code)
+            self._ack_soon(node, job.id, token)  # the eviction's requeue is its own record
             return
         if message.get("reason"):  # its part could not start: the node said why
             self._exit_reasons.setdefault(job.id, str(message["reason"])[:500])
@@ -100,7 +122,7 @@ class JobTransitions:
         exits = dict(held.exits)
         if set(exits) < set(job_nodes(job)):
             self._set(replace(job, status=with_holding(job.status, held)))
-            return  # a gang ends when every node's part has ended
+            return  # a gang ends when every node's part has ended (each part acked then)
         codes = [exits[n] for n in job_nodes(job)]
         code = next((c for c in codes if c != 0), 0)
         if isinstance(job.status, Cancelling):
@@ -111,7 +133,9 @@ class JobTransitions:
             state, reason = JobState.FAILED, "its tmux session ended without an exit code (killed?)"
         else:
             state, reason = JobState.FAILED, self._exit_reasons.get(job.id, "")
-        self.finish(job, state, code, reason)
+        self.finish(job, state, code, reason)  # raises StoreUnavailable: nothing acked
+        for part in exits:  # a gang's parts share its token
+            self._ack_soon(part, job.id, token)
 
     def _job_from_node(self, node: str, message: dict) -> Job | None:
         try:

@@ -19,6 +19,7 @@ from ..config import load_config
 from ..model import Cancelling, ConfigError, GpuReading, JobState, NodeState, RequestError
 from ..remote.backends import nvidia, topo
 from ..remote.ssh import NodeLink, NodeUnavailable
+from ..store import StoreUnavailable
 from .access import Access
 from .health import HealthMonitor
 from .jobs import CANCEL_GRACE_S, JobTransitions
@@ -99,12 +100,15 @@ class Fleet:
         if state == NodeState.UP:
             view.silent_since = None
         elif view.silent_since is None:
-            view.silent_since = self.state.clock()
+            view.silent_since = self.state.monotonic()
         view.state, view.reason = state, reason
         store = self.state.store
-        store.upsert_node(node, view.host, view.port, state.value, reason, view.last_seen)
-        store.add_event("node", f"{node} is {state.value}" + (f": {reason}" if reason else ""),
-                        node=node)
+        try:  # the store only keeps it for the record: the live view goes on without it
+            store.upsert_node(node, view.host, view.port, state.value, reason, view.last_seen)
+            store.add_event("node", f"{node} is {state.value}" + (f": {reason}" if reason else ""),
+                            node=node)
+        except StoreUnavailable as err:
+            log.warning("%s is %s; not recorded: %s", node, state.value, err)
         self.stream.publish_node(view)
         self.stream.publish_gpus(node)
         if state == NodeState.UP:
@@ -168,10 +172,13 @@ class Fleet:
                                                message.get("pid_jobs", {}))
             if changed:
                 state.wake()
-        if new_gpus:
-            state.store.register_gpus(node, [self._descriptor(node, r) for r in new_gpus],
-                                      state.clock())
-        self._record_telemetry(node, readings)
+        try:  # records only: the readings themselves are live already
+            if new_gpus:
+                state.store.register_gpus(node, [self._descriptor(node, r) for r in new_gpus],
+                                          state.clock())
+            self._record_telemetry(node, readings)
+        except StoreUnavailable as err:
+            log.warning("%s's readings not recorded: %s", node, err)
         self.health.on_probe(node, readings, message.get("pid_jobs", {}))
         self.stream.publish_gpus(node)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 
@@ -34,7 +35,9 @@ class NodeView:
     drained: bool = False
     drain_reason: str = ""
     last_seen: float | None = None
-    silent_since: float | None = None  # when it stopped answering (for the node lease)
+    #: when it stopped answering, on the monotonic clock (the node lease): a step of the
+    #: wall clock (NTP, an admin's date) must never make a short silence look long
+    silent_since: float | None = None
     cuda_version: str | None = None
     topo: dict = field(default_factory=dict)
     hello: dict = field(default_factory=dict)
@@ -132,12 +135,15 @@ def job_nodes(job: Job) -> list[str]:
 class HeadState:
     """The live view every room shares (see the module docstring)."""
 
-    def __init__(self, config: ClusterConfig, store: Store, clock: Callable[[], float]):
+    def __init__(self, config: ClusterConfig, store: Store, clock: Callable[[], float],
+                 monotonic: Callable[[], float] = time.monotonic):
         self.config = config
         #: the ``scheduler:`` section as the head started with it (a reload keeps it)
         self.settings = config.scheduler or SchedulerSettings()
         self.store = store
         self.clock = clock
+        #: for durations the head acts on (leases); ``clock`` is for what it records
+        self.monotonic = monotonic
         self.owner = pwd.getpwuid(os.getuid()).pw_name  # the account the service runs as
         self.nodes = {n.name: NodeView(n.name, n.host, n.port, drained=n.drained)
                       for n in config.nodes}

@@ -199,7 +199,7 @@ class NodeLink:
             return
         if kind in ("hello", "probe") and self.state != NodeState.UP:
             self._set_state(NodeState.UP, "")
-        self.on_message(self.node.name, message)
+        self._call(self.on_message, self.node.name, message)
 
     async def _watch_heartbeat(self) -> None:
         """R15: ``missed_probes`` intervals of silence make the node ``unknown``."""
@@ -213,7 +213,15 @@ class NodeLink:
 
     def _set_state(self, state: NodeState, reason: str) -> None:
         self.state = state
-        self.on_state(self.node.name, state, reason)
+        self._call(self.on_state, self.node.name, state, reason)
+
+    def _call(self, callback, *args) -> None:
+        """A callback's failure (the head's store refused a write) is the head's to report:
+        it must never end this link, which would leave the node unknown until a restart."""
+        try:
+            callback(*args)
+        except Exception:
+            log.exception("%s: the head could not take in what the node said", self.node.name)
 
     def _drop(self) -> None:
         for future in self._pending.values():

@@ -52,7 +52,7 @@ class HeadProcess:
     def __init__(self, home: Path, lab, config: Path | None = None, socket: Path | None = None,
                  serve_args: tuple[str, ...] = (), own_clock: bool = False):
         self.home = Path(home)
-        self.home.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.lab = lab
         self.socket = Path(socket) if socket else self.home / "nebula.sock"
         self.serve_args = serve_args
@@ -65,10 +65,10 @@ class HeadProcess:
             if library is None:
                 raise RuntimeError("libfaketime is not installed (apt-get install libfaketime)")
             self.clock_file.write_text("+0\n")
-            # Only the realtime clock moves, as when NTP steps it; its cache is off so a
-            # step is seen at once (a wall-clock read costs a file read, fine for tests).
+            # Only the realtime clock moves, as when NTP steps it; the file is read again
+            # at most once a second, so a step is seen within a second.
             self.serve_env.update(LD_PRELOAD=library, FAKETIME_TIMESTAMP_FILE=str(self.clock_file),
-                                  FAKETIME_NO_CACHE="1", FAKETIME_DONT_FAKE_MONOTONIC="1")
+                                  FAKETIME_CACHE_DURATION="1", FAKETIME_DONT_FAKE_MONOTONIC="1")
         self.process: subprocess.Popen | None = None
 
     def step_clock(self, seconds: float) -> None:
