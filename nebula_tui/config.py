@@ -21,6 +21,7 @@ Format (every key but ``nodes[].name`` and ``nodes[].host`` is optional)::
       run_as: login                     # or "submitter"
       node_lease: 600                   # seconds a silent node keeps its jobs before they are requeued
       job_dir_retention: 604800         # seconds a node keeps an ended job's directory (log, exit code)
+      commands_visible_to: owner        # or "everyone": who sees a job's command line (admins always)
     nodes:
       - name: node01
         host: 10.0.0.11
@@ -82,6 +83,7 @@ DEFAULT_MISSED_PROBES = 3
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_COMMAND_TIMEOUT = 30.0
 RUN_AS_CHOICES = ("login", "submitter")
+COMMANDS_VISIBLE_CHOICES = ("owner", "everyone")
 
 _NODE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")
 _NODE_NAME_MAX = 63
@@ -106,6 +108,7 @@ _CLUSTER_KEYS = (
     "run_as",
     "node_lease",
     "job_dir_retention",
+    "commands_visible_to",
 )
 _NODE_KEYS = ("name", "host", "port", "user", "identity", "known_hosts", "env", "drained",
               "power_budget_w", "runtime", "warmup")
@@ -180,6 +183,9 @@ class ClusterConfig:
     #: seconds a node keeps the directory (run script, log, exit code) of a job attempt
     #: after the head recorded its end; a restored store learns from it what ran meanwhile
     job_dir_retention: float = DEFAULT_JOB_DIR_RETENTION
+    #: who sees a job's command line besides admins: its "owner", or "everyone" (a command
+    #: line can hold a password or a token)
+    commands_visible_to: str = "owner"
     #: the ``scheduler:`` section (settings.SchedulerSettings); None = defaults
     scheduler: Any = field(default=None, hash=False, compare=False)
     #: the ``health:`` section (settings.HealthSettings); None = defaults
@@ -533,6 +539,10 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
             get(c, "run_as"),
             f"cluster.run_as must be one of {', '.join(RUN_AS_CHOICES)}, found {run_as!r}",
         )
+    visible = ctx.text(get(c, "commands_visible_to"), "cluster.commands_visible_to")
+    if visible is not None and visible not in COMMANDS_VISIBLE_CHOICES:
+        raise ctx.error(get(c, "commands_visible_to"), "cluster.commands_visible_to must be one of "
+                        f"{', '.join(COMMANDS_VISIBLE_CHOICES)}, found {visible!r}")
     known_hosts = ctx.path(get(c, "known_hosts"), "cluster.known_hosts")
     if known_hosts is None:
         known_hosts = os.path.expanduser(DEFAULT_KNOWN_HOSTS)
@@ -578,6 +588,7 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
         node_lease=pick(ctx.seconds(get(c, "node_lease"), "cluster.node_lease"), DEFAULT_NODE_LEASE),
         job_dir_retention=pick(ctx.seconds(get(c, "job_dir_retention"), "cluster.job_dir_retention"),
                                DEFAULT_JOB_DIR_RETENTION),
+        commands_visible_to=pick(visible, "owner"),
     )
 
 

@@ -3,8 +3,12 @@ traceback, a dropped connection or minutes of work."""
 
 from __future__ import annotations
 
+import json
+import socket
+
 import pytest
 
+from nebula_tui.api import ApiError
 from nebula_tui.config import ConfigError, load_config, parse_config
 
 
@@ -35,3 +39,67 @@ def test_a_cluster_of_thousands_of_nodes_still_loads(tmp_path):
     path = tmp_path / "nodes.yaml"
     path.write_text(f"cluster: {{known_hosts: {tmp_path}/known_hosts}}\nnodes:\n{nodes}")
     assert len(load_config(path).nodes) == 5000
+
+
+# ------------------------------------------------------------------ requests to a head
+def ask(head, raw: bytes) -> dict:
+    """Send one raw request line on a fresh connection; the reply, as JSON."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(30)
+        s.connect(str(head.socket))
+        s.sendall(raw + b"\n")
+        return json.loads(s.makefile("rb").readline())
+
+
+def test_hostile_requests_get_one_line_each_on_a_connection_that_stays(head):
+    hostile = [
+        (b'{"op": "job", "job": "\\ud800"}', "lone surrogate"),
+        (b'{"op": "submit", "command": ["echo", "\\udfff"]}', "lone surrogate"),
+        (b'{"op": "job", "job": 9223372036854775808}', "is not a job id"),
+        (b'{"op": "cancel", "job": 18446744073709551616}', "is not a job id"),
+        (b'{"op": "job", "job": true}', "is not a job id"),
+        (b'[' * 100_000 + b']' * 100_000, "nested deeper than 32 levels"),
+        (b'{"op": "submit", "command": ["true"], "x": ' + b'[' * 5000 + b']' * 5000 + b'}', "nested deeper"),
+        (b'{"op": "submit", "command": ["true"], "gpu_mem_mb": 1000000000000000000000000000000}', "--gpu-mem"),
+        (b'{"op": "submit", "command": ["true"], "gpu_mem_mb": true}', "--gpu-mem"),
+        (b'{"op": "submit", "command": ["true"], "time_limit_s": NaN}', "--time"),
+        (b'{"op": "submit", "command": ["true"], "time_limit_s": Infinity}', "--time"),
+        (b'{"op": "submit", "command": ["true"], "after": [true]}', "--after"),
+        (b'{"op": "submit", "command": ["true"], "workdir": "/tmp/a\\u0000b"}', "--workdir"),
+        (b'{"op": "submit", "command": ["true", "' + b"x" * 200_000 + b'"]}', "at most 64 KB each"),
+        (b'{"op": 7}', "unknown request"),
+        (b'"just a string"', "not a JSON object"),
+    ]
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(30)
+        s.connect(str(head.socket))
+        lines = s.makefile("rb")
+        for raw, expected in hostile:
+            s.sendall(raw + b"\n")
+            reply = json.loads(lines.readline())
+            assert reply["ok"] is False and expected in reply["error"], (raw[:60], reply)
+            assert "\n" not in reply["error"]
+        s.sendall(b'{"op": "ping"}\n')  # the same connection still answers
+        assert json.loads(lines.readline())["ok"]
+    log = (head.home / "serve.out").read_text()
+    assert "Traceback" not in log
+
+
+def test_a_request_line_over_the_limit_is_refused_in_one_line(head):
+    reply = ask(head, b'{"op": "ping", "pad": "' + b"x" * (2 << 20) + b'"}')
+    assert reply == {"ok": False, "error": "request longer than 1 MB; put long input in a file"}
+    assert ask(head, b'{"op": "ping"}')["ok"]
+
+
+def test_hold_and_release_toggles_are_rate_limited(head):
+    job = int(head.run("submit", "--gpu-count", "64", "--", "true", check=True).stdout.split()[2])
+    refused = 0
+    with head.client() as client:
+        for n in range(400):
+            try:
+                client.call("hold" if n % 2 == 0 else "release", job=job)
+            except ApiError as err:
+                assert "at most 10 a second" in str(err)
+                refused += 1
+    assert refused > 200
+    head.run("cancel", str(job))

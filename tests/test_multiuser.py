@@ -206,3 +206,26 @@ def test_a_shared_head_refuses_to_run_jobs_as_the_login_account(openssh_lab, use
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "needs `run_as: submitter`" in done.stderr and "read another's log" in done.stderr
     assert not head.socket.exists()
+
+
+def test_other_users_see_neither_escapes_nor_command_lines(shared):
+    """The review's terminal injection: a job name and arguments with ESC, BEL, CR and
+    newlines printed fake lines and retitled other users' terminals; and everyone read
+    everyone's command line (one held TOKEN=hunter2)."""
+    name = "x\x1b]0;pwned\x07\r"
+    done = as_user(shared, BOB, "submit", "--name", "t\x1b]0;title\x07", "--gpu-count", "64", "--", "sh", "-c",
+                   "TOKEN=hunter2 true", f"{name}\n  999  alice  fake  running  node01:0  rm -rf ~")
+    assert done.returncode == 0, done.stderr
+    job = int(done.stdout.split()[2])
+    try:
+        seen = as_user(shared, ALICE, "queue").stdout
+        assert "\x1b" not in seen and "\x07" not in seen and "\r" not in seen
+        assert "hunter2" not in seen and f"only {BOB} and admins see it" in seen
+        assert not any(line.lstrip().startswith("999") for line in seen.splitlines())
+        own = as_user(shared, BOB, "queue").stdout
+        assert "hunter2" in own and "\\x1b]0;pwned\\x07\\r\\n" in own
+        assert "hunter2" in shared.run("queue").stdout  # root is an admin
+        other = as_user(shared, ALICE, "job", str(job)).stdout
+        assert "hunter2" not in other
+    finally:
+        shared.run("cancel", str(job))
