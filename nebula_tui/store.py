@@ -127,9 +127,12 @@ class Store:
         recorded = max(newest, int(self._meta("job_id_floor") or 0))
         self.lost_ids = range(recorded + 1, self.ids.value + 1)
         if self.lost_ids:
-            self.add_event("store", f"the database knows jobs up to {recorded}, but ids up to "
-                           f"{self.ids.value} were handed out (restored from a backup, or its "
-                           f"WAL lost?); new jobs start at {self.ids.value + 1}")
+            with self.transaction():
+                self._set_meta("restore_pending", "1")
+                self._event(time.time(), "store", f"the database knows jobs up to {recorded}, but "
+                            f"ids up to {self.ids.value} were handed out (restored from a backup, "
+                            f"or its WAL lost?); new jobs start at {self.ids.value + 1}, and "
+                            "nothing is scheduled until every node has told what ran meanwhile")
         return max(recorded, self.ids.value) + 1
 
     def raise_id_floor(self, job_id: int) -> None:
@@ -408,6 +411,50 @@ class Store:
                             [token, job_id, attempt, t])
             return token
 
+    def adopt_launch(self, job: Job, node: str, t: float) -> None:
+        """A launch a node ran that this store does not know: it was restored from an
+        older backup (``job`` is what the launch's record on the node says, running, with
+        its token and placements). The job (again, when its id was lost with the backup),
+        its allocation and its token are written, in one transaction."""
+        token, placements = job.launch_token, job.placements
+        with self.transaction():
+            self._ensure_user(job.user, t)
+            self.db.execute(
+                "INSERT OR IGNORE INTO jobs (id, user, name, spec, state, reason, submitted_at) "
+                "VALUES (?, ?, ?, ?, 'pending', '', ?)",
+                [job.id, job.user, job.spec.name, json.dumps(asdict(job.spec)), job.submitted_at])
+            self.db.execute("UPDATE allocations SET released_at = ? WHERE job_id = ? "
+                            "AND released_at IS NULL", [t, job.id])
+            self.db.execute(
+                "UPDATE jobs SET state = 'running', node = ?, reason = '', started_at = ?, "
+                "attempt = ?, launch_token = ?, cancel_by = NULL, cancel_at = NULL WHERE id = ?",
+                [placements[0].node, job.started_at, job.attempt, token, job.id])
+            self.db.conn.executemany(
+                "INSERT INTO allocations (job_id, gpu_uuid, node, gpu_index, memory_mb, "
+                "exclusive, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(job.id, p.gpu_uuid, p.node, p.gpu_index, p.memory_mb, int(p.exclusive), t)
+                 for p in placements])
+            self.db.execute("INSERT OR IGNORE INTO launches (token, job_id, attempt, t) "
+                            "VALUES (?, ?, ?, ?)", [token, job.id, job.attempt, t])
+            self._event(t, "reconcile", f"job {job.id} ran on {node} after the backup this "
+                        "database was restored from: taken in again", job_id=job.id, node=node)
+            if job.id >= self._next_id:
+                self._set_meta("job_id_floor", str(job.id))
+                self.ids.write(max(self.ids.value, job.id))
+        self._next_id = max(self._next_id, job.id + 1)
+
+    @property
+    def restore_pending(self) -> bool:
+        """The database was found older than its id file, and not every node has yet told
+        what ran since (``restore_done`` clears it): the head schedules nothing till then."""
+        return self._meta("restore_pending") == "1"
+
+    def restore_done(self) -> None:
+        with self.transaction():
+            self.db.execute("DELETE FROM meta WHERE key = 'restore_pending'")
+            self._event(time.time(), "store", "every node has told what ran since the backup; "
+                        "scheduling goes on")
+
     def issued(self, token: object) -> bool:
         """Whether this store issued this launch token (see ``start_launching``)."""
         return isinstance(token, str) and self.db.execute(
@@ -524,14 +571,10 @@ class Store:
         return self._placements("released_at IS NULL", [])
 
     def _job_from_row(self, row: dict, placements: tuple[Placement, ...] | None = None) -> Job:
-        spec_fields = json.loads(row["spec"])
-        spec_fields["command"] = tuple(spec_fields["command"])
-        spec_fields["after"] = tuple(spec_fields.get("after", ()))
-        spec_fields["data_mounts"] = tuple(spec_fields.get("data_mounts", ()))
         if placements is None:
             placements = tuple(p for _, p in self._placements(
                 "job_id = ? AND released_at IS NULL", [row["id"]]))
-        return Job(id=row["id"], user=row["user"], spec=JobSpec(**spec_fields),
+        return Job(id=row["id"], user=row["user"], spec=spec_of(json.loads(row["spec"])),
                    submitted_at=row["submitted_at"], status=_status(row, placements),
                    attempt=row.get("attempt") or 0, workdir_used=row.get("workdir_used"))
 
@@ -643,6 +686,15 @@ class Store:
         ).fetchall()
         keys = ("t", "kind", "message", "job_id", "node", "gpu", "user")
         return [dict(zip(keys, r)) for r in reversed(rows)]
+
+
+def spec_of(fields: dict) -> JobSpec:
+    """A JobSpec from its JSON form (as stored, and as a launch record keeps it)."""
+    fields = dict(fields)
+    fields["command"] = tuple(fields["command"])
+    fields["after"] = tuple(fields.get("after", ()))
+    fields["data_mounts"] = tuple(fields.get("data_mounts", ()))
+    return JobSpec(**fields)
 
 
 def _status(row: dict, placements: tuple[Placement, ...]):

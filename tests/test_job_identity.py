@@ -107,13 +107,18 @@ def test_a_restored_backup_never_hands_out_an_id_again(openssh_lab, tmp_path):
         assert "brand-new" in log and "late-" not in log
         events = " ".join(e["message"] for e in head.call("events", limit=500)["events"])
         assert f"ids up to {max(late)} were handed out" in events
-        # The jobs the restored store does not know are not its to stop.
+        # The jobs that reached a node after the backup are taken in again, running where
+        # they run, and end as they end: none of them runs twice.
         for job, node in late_nodes.items():
+            adopted = head.job(job)
+            assert (adopted["state"], adopted["node"]) == ("running", node), adopted
             assert session_alive(head, node, job)
+            assert head.run("cancel", str(job)).returncode == 0
+            assert head.wait_job(job)["state"] == "cancelled"
+        assert "after the backup this database was restored from" in " ".join(
+            e["message"] for e in head.call("events", limit=500)["events"])
     finally:
         head.stop()
-        for job, node in locals().get("late_nodes", {}).items():
-            head.tmux(node, "kill-session", "-t", f"=nebula-{job}")
 
 
 def test_a_lost_wal_never_hands_out_an_id_again(openssh_lab, tmp_path):
@@ -191,12 +196,13 @@ def nodelet(tmp_path):
 
 def wrapped(command: str) -> str:
     """The run script the head would send for a job running ``command``."""
-    from nebula_tui.model import Job, JobSpec, JobState, Placement
+    from nebula_tui.model import Job, JobSpec, Launching, Placement
     from nebula_tui.remote.launcher import run_script
 
+    card = (Placement("GPU-x", "n", 0, 4096, False),)
     job = Job(id=4, user="root", spec=JobSpec(command=(command,), shell=True),
-              state=JobState.LAUNCHING, submitted_at=0.0)
-    return run_script(job, (Placement("GPU-x", "n", 0, 4096, False),))
+              submitted_at=0.0, status=Launching(card))
+    return run_script(job, card)
 
 
 def test_a_launch_never_takes_another_launchs_directory_or_session(nodelet, tmp_path):
@@ -246,3 +252,21 @@ def test_acknowledged_directories_go_after_the_retention(nodelet, tmp_path):
     nodelet("cccc", retention_s=1)  # a nodelet cleans when it starts, then hourly
     wait_for(lambda: not (jobs / "9").exists(), 10, what="the acknowledged job's directory to go")
     assert (jobs / "8" / "0" / "exit_code").exists(), "an exit nobody recorded is kept"
+
+
+def test_a_running_job_its_node_has_no_record_of_ends_at_the_next_reconcile(openssh_lab, tmp_path):
+    head = HeadProcess(tmp_path / "home", openssh_lab)
+    head.start()
+    try:
+        job = submit(head, "--gpu-mem", "4G", "--", "sleep", "120")
+        node = running(head, job)["node"]
+        head.kill()
+        head.tmux(node, "kill-session", "-t", f"=nebula-{job}")
+        shutil.rmtree(openssh_lab.node_dir(node) / "node" / "heads" / head.head_id / "jobs" / str(job))
+        head.start()
+        ended = head.wait_job(job)
+        assert ended["state"] == "failed" and f"{node} has no record of its launch" in ended["reason"]
+        assert not any(g for g in head.call("gpus")["gpus"]
+                       if any(s.get("job") == job for s in g["slices"]))
+    finally:
+        head.stop()

@@ -16,13 +16,13 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from ..model import (Cancelling, Ended, Evicting, Job, JobState, Launching, Pending, Placement,
                      RequestError, Running, holding, with_holding)
 from ..remote import launcher
 from ..remote.ssh import NodeUnavailable
-from ..store import StaleDecision, StoreUnavailable
+from ..store import StaleDecision, StoreUnavailable, spec_of
 from .access import Access
 from .shares import Shares
 from .state import HeadState, JobTable, job_nodes
@@ -32,6 +32,24 @@ log = logging.getLogger(__name__)
 
 ACK_BATCH_S = 0.1
 CANCEL_GRACE_S = 10.0
+
+
+def launch_record(job: Job) -> dict:
+    """What a launch leaves on its node besides the run script: enough for a store restored
+    from an older backup to take the job in again (``JobTransitions.adopt``)."""
+    return {"user": job.user, "spec": asdict(job.spec), "submitted_at": job.submitted_at,
+            "attempt": job.attempt,
+            "placements": [[p.gpu_uuid, p.node, p.gpu_index, p.memory_mb, p.exclusive]
+                           for p in job.placements]}
+
+
+def job_from_record(job_id: int, record: dict, token: str, started_at: float) -> Job:
+    """The running job a launch record describes; ValueError/KeyError/TypeError when it is
+    not one (a node is not trusted to be well-formed)."""
+    placements = tuple(Placement(str(u), str(n), int(i), int(m), bool(e))
+                       for u, n, i, m, e in record["placements"])
+    return Job(job_id, str(record["user"]), spec_of(record["spec"]), float(record["submitted_at"]),
+               status=Running(placements, started_at, token=token), attempt=int(record["attempt"]))
 
 
 class JobTransitions:
@@ -161,6 +179,20 @@ class JobTransitions:
         with contextlib.suppress(NodeUnavailable, asyncio.TimeoutError):
             await self.state.links[node].request("ack", jobs=jobs)
 
+    def adopt(self, node: str, job: Job, exit_code: int | None, alive: bool) -> None:
+        """A launch the store did not know (restored from an older backup) ran on ``node``:
+        the job is taken in as it is there, running, or ended with what its end left."""
+        self.state.store.adopt_launch(job, node, self.state.clock())
+        job = self._set(job)
+        if alive:
+            return
+        if exit_code is not None:
+            state = JobState.SUCCEEDED if exit_code == 0 else JobState.FAILED
+            self.finish(job, state, exit_code, "")
+        else:
+            self.finish(job, JobState.FAILED, None,
+                        "its tmux session ended without an exit code (killed?)")
+
     # ---------------------------------------------------------------------- launch
     def begin_launch(self, job: Job, placements: tuple[Placement, ...]) -> None:
         """The scheduler's Start: write the intent, then ask the nodes."""
@@ -215,7 +247,7 @@ class JobTransitions:
         try:
             reply = await self.state.links[node].request(
                 "launch", job=job.id, token=self.state.token(job), script=script,
-                user=job.user if run_as else None)
+                user=job.user if run_as else None, record=launch_record(job))
         except (NodeUnavailable, asyncio.TimeoutError) as err:
             log.warning("launch of job %s on %s deferred: %s", job.id, node, err)
             return None

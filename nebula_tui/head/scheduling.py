@@ -7,7 +7,9 @@ One turn of the loop (``run``), each phase one function:
   2. ``JobTransitions.retry_exits``: exits the store could not take (a full disk) are
      recorded now if it can; ``expire_leases``: the jobs of a node silent for longer than
      its lease (on the monotonic clock) are requeued.
-  3. ``pass_is_pointless``: only submits since the last pass and no GPU free: no pass.
+  3. ``HeadState.holding_for_restore``: after a restore of the store, no pass until every
+     node told what ran since the backup; ``pass_is_pointless``: only submits since the
+     last pass and no GPU free: no pass.
   4. ``schedule_pass``: the pure scheduler decides over ``snapshot_for`` the waiting jobs;
      a ``Start`` is launched (``JobTransitions.begin_launch``), a ``Fail`` ends the job,
      a ``Wait`` keeps its (new) reason.
@@ -74,7 +76,7 @@ class Scheduling:
             try:
                 self.transitions.retry_exits()
                 self.expire_leases()
-                if not self.pass_is_pointless():
+                if not self.state.holding_for_restore() and not self.pass_is_pointless():
                     self.state.capacity_changed = False
                     self.schedule_pass()
                 self.housekeeping()

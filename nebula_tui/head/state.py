@@ -154,6 +154,10 @@ class HeadState:
         self.capacity_changed = True
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
+        #: after a restore of the store: the nodes that have not yet told what ran since
+        #: the backup (nothing is scheduled till they have, or till ``_restore_until``)
+        self.unreconciled: set[str] = set()
+        self._restore_until = 0.0
 
     # ------------------------------------------------------------ getting work done
     def wake(self, capacity: bool = True) -> None:
@@ -178,6 +182,26 @@ class HeadState:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    def await_nodes_after_restore(self) -> None:
+        """The store is older than what the nodes ran: hold scheduling until every node has
+        been reconciled, or a node lease went by (a node away that long is lost anyway)."""
+        self.unreconciled = set(self.nodes)
+        self._restore_until = self.monotonic() + self.config.node_lease
+
+    def holding_for_restore(self) -> bool:
+        """Whether scheduling waits for nodes to tell what ran since a restored backup."""
+        if self.unreconciled and self.monotonic() > self._restore_until:
+            self.reconciled_after_restore(*self.unreconciled)
+        return bool(self.unreconciled)
+
+    def reconciled_after_restore(self, *nodes: str) -> None:
+        if not self.unreconciled:
+            return
+        self.unreconciled.difference_update(nodes)
+        if not self.unreconciled:
+            self.store.restore_done()
+            self.wake()
 
     def cancel_tasks(self) -> None:
         for task in list(self._tasks):

@@ -512,6 +512,10 @@ def _launch(req, job, attempt):
     _make_private_dir(d)
     WATCHER.forget(job, attempt)
     write_atomic(os.path.join(d, "token"), token)
+    if isinstance(req.get("record"), dict):
+        # What the head knew of the job at its launch: a store restored from an older
+        # backup learns from it what ran meanwhile (op_list with "records").
+        write_atomic(os.path.join(d, "launch.json"), json.dumps(req["record"]))
     _prepare_log(os.path.join(d, "output.log"), req.get("user"))
     script = os.path.join(d, "run.sh")
     write_atomic(script, req["script"], 0o700)
@@ -626,28 +630,37 @@ def op_log(req):
             "offset": offset + len(data)}
 
 
-def _attempt_info(d):
-    return {
+def _attempt_info(d, with_record=False):
+    info = {
         "token": read_text(os.path.join(d, "token")),
         "launched": os.path.exists(os.path.join(d, "launched")),
         "started": os.path.exists(os.path.join(d, "started")),
+        "started_at": _mtime(os.path.join(d, "started")) if os.path.exists(os.path.join(d, "started")) else None,
         "exit_code": _int(read_text(os.path.join(d, "exit_code")) or "x"),
         "acked": os.path.exists(os.path.join(d, "acked")),
     }
+    if with_record:
+        try:
+            info["record"] = json.loads(read_text(os.path.join(d, "launch.json")) or "null")
+        except ValueError:
+            info["record"] = None
+    return info
 
 
 def op_list(req):
     """This head's jobs here: ``jobs`` holds each job's latest attempt (the one its session,
     if any, belongs to), ``attempts`` every attempt; ``sessions`` the live sessions and
-    ``session_tokens`` the launch each belongs to."""
+    ``session_tokens`` the launch each belongs to. With ``records``, each attempt also
+    carries the record its launch left (``launch.json``)."""
     jobs, every = {}, {}
+    with_records = bool(req.get("records"))
     for job in _listdir(JOBS_DIR):
         if not job.isdigit():
             continue
         found = attempts(job)
         if not found:
             continue
-        every[job] = {str(a): _attempt_info(attempt_dir(job, a)) for a in found}
+        every[job] = {str(a): _attempt_info(attempt_dir(job, a), with_records) for a in found}
         jobs[job] = dict(every[job][str(found[-1])], attempt=found[-1])
     sessions = tmux_sessions()
     return {"ok": True, "jobs": jobs, "attempts": every, "sessions": sorted(sessions),
