@@ -10,6 +10,7 @@ import pytest
 
 from nebula_tui.api import ApiError
 from nebula_tui.config import ConfigError, load_config, parse_config
+from nebula_tui.sim.harness import HeadProcess
 
 
 def test_deeply_nested_yaml_is_one_line_not_a_recursion_error():
@@ -103,3 +104,20 @@ def test_hold_and_release_toggles_are_rate_limited(head):
                 refused += 1
     assert refused > 200
     head.run("cancel", str(job))
+
+
+def test_a_hostile_cluster_file_on_reload_is_one_line_and_the_head_goes_on(openssh_lab, tmp_path):
+    config = tmp_path / "nodes.yaml"
+    config.write_text(openssh_lab.config_path.read_text())
+    head = HeadProcess(tmp_path / "home", openssh_lab, config=config)
+    head.start()
+    try:
+        config.write_text(config.read_text() + "extra: " + "[" * 100_000 + "]" * 100_000 + "\n")
+        with head.client() as client:
+            with pytest.raises(ApiError) as refused:
+                client.call("reload")
+            assert "nested deeper than 20 levels" in str(refused.value)
+            assert client.call("ping")["ok"]  # the same connection
+        assert len(head.call("status")["nodes"]) == len(openssh_lab.nodes)
+    finally:
+        head.stop()

@@ -362,8 +362,8 @@ class Fleet:
         self.access.check_admin(user, "reload the cluster file")
         if state.config.path is None:
             raise RequestError("this service was started without a cluster file")
-        try:
-            new = load_config(state.config.path)
+        try:  # in a thread: a big or hostile file must not stop the head answering
+            new = await asyncio.to_thread(load_config, state.config.path)
         except ConfigError as err:
             raise RequestError(str(err)) from None
         names = {n.name for n in new.nodes}
