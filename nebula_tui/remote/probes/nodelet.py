@@ -322,6 +322,7 @@ class Watcher:
     def __init__(self):
         self.started = set()  # (job, attempt) whose start was reported
         self.ended = set()    # (job, attempt) whose exit was reported (or that need none)
+        self.finished = set()  # jobs whose every attempt here ended: not looked at again
         self.last_session_check = 0.0
         self.last_clean = 0.0
         self.phases = {}  # (job, attempt) -> what its wrapper said it is doing (an image pull)
@@ -350,11 +351,13 @@ class Watcher:
             self.last_session_check = time.time()
             sessions = tmux_sessions()
         for job in names:
-            if not job.isdigit():
+            if job in self.finished or not job.isdigit():
                 continue
             found = attempts(job)
             for attempt in found:
                 self.look_at(job, attempt, attempt == found[-1], sessions, phases)
+            if found and all((job, a) in self.ended for a in found):
+                self.finished.add(job)  # a relaunch here takes it out again (forget)
 
     def look_at(self, job, attempt, latest, sessions, phases):
         key = (job, attempt)
@@ -401,6 +404,7 @@ class Watcher:
         self.started.discard((job, attempt))
         self.ended.discard((job, attempt))
         self.phases.pop((job, attempt), None)
+        self.finished.discard(job)
 
 
 def clean_old_attempts(now):
