@@ -128,3 +128,26 @@ def test_stalled_subscribers_cost_the_head_a_bounded_amount(head):
             for queued in client.call("queue")["jobs"]:
                 if queued["name"].startswith("burst"):
                     client.call("cancel", job=queued["id"])
+
+
+def test_a_repeated_log_line_is_written_a_few_times_then_counted():
+    """asyncio's accept retry once wrote 13.6 MB of log in 18 s."""
+    import io
+    import logging
+
+    from nebula_tui.head.serve import RepeatFilter
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(RepeatFilter())
+    log = logging.getLogger("test.repeat")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        for n in range(10_000):
+            log.error("socket.accept() out of system resource (%d)", n)
+        log.error("another kind of line")
+        assert out.getvalue().count("out of system resource") == RepeatFilter.BURST
+        assert "another kind of line" in out.getvalue()
+    finally:
+        log.removeHandler(handler)
