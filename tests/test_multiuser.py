@@ -220,12 +220,13 @@ def test_other_users_see_neither_escapes_nor_command_lines(shared):
     try:
         seen = as_user(shared, ALICE, "queue").stdout
         assert "\x1b" not in seen and "\x07" not in seen and "\r" not in seen
-        assert "hunter2" not in seen and f"only {BOB} and admins see it" in seen
+        assert "hunter2" not in seen and "t\\x1b]0;title" in seen
         assert not any(line.lstrip().startswith("999") for line in seen.splitlines())
-        own = as_user(shared, BOB, "queue").stdout
-        assert "hunter2" in own and "\\x1b]0;pwned\\x07\\r\\n" in own
-        assert "hunter2" in shared.run("queue").stdout  # root is an admin
-        other = as_user(shared, ALICE, "job", str(job)).stdout
-        assert "hunter2" not in other
+        other = json.loads(as_user(shared, ALICE, "job", str(job)).stdout)
+        assert other["command"] == [f"(hidden: only {BOB} and admins see it)"]
+        own = json.loads(as_user(shared, BOB, "job", str(job)).stdout)
+        assert "TOKEN=hunter2 true" in own["command"]
+        assert "\x1b]0;pwned\x07\r\n" in own["command"][-1]
+        assert "TOKEN=hunter2 true" in shared.call("job", job=job)["job"]["command"]  # root: an admin
     finally:
         shared.run("cancel", str(job))

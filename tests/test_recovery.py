@@ -25,7 +25,7 @@ def node_of(head, name: str) -> dict:
 
 
 def session_alive(head, node: str, job: int) -> bool:
-    return head.tmux(node, "has-session", "-t", f"=nebula-{job}").returncode == 0
+    return head.tmux(node, "has-session", "-t", f"={head.session(job)}").returncode == 0
 
 
 def never_overcommitted(db_path) -> None:

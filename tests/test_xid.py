@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SAMPLES as SHARED_SAMPLES
 from nebula_tui.remote.backends import xid
 from nebula_tui.remote.backends.xid import new_lines, parse_xid, pci_key, pci_matches
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "xid"
+SAMPLES = SHARED_SAMPLES / "xid"
 
 # file -> [(code, pci, pid)] in order, as a person reads them off the file.
 EXPECTED = {

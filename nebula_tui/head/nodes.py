@@ -238,8 +238,8 @@ class Fleet:
 
     def _stop_the_stale(self, node: str, sessions: dict) -> None:
         state = self.state
-        for name, token in sessions.items():
-            job_id = _int_or_zero(int(name[7:]) if name[7:].isdigit() else 0)
+        for name, token in sessions.items():  # job -> the token of its live session
+            job_id = _int_or_zero(int(name) if name.isdigit() else 0)
             current = state.jobs.get(job_id)
             if (job_id and state.ours(token)
                     and (current is None or node not in job_nodes(current)
@@ -285,7 +285,7 @@ class Fleet:
                 if not job_id or (known is not None and known.state != JobState.PENDING
                                   and not later):
                     continue  # what the store knows of it later than that stands
-                alive = sessions.get(f"nebula-{job_id}") == token
+                alive = sessions.get(str(job_id)) == token
                 try:
                     job = job_from_record(job_id, record, token,
                                           info.get("started_at") or state.clock())

@@ -3,7 +3,7 @@
 Every string from a user (command, arguments, workdir, names) is quoted with
 ``shlex.quote`` before it reaches the node's shell, so it runs literally. The script is
 written to ``$NEBULA_NODE_DIR/heads/<head>/jobs/<id>/<attempt>/run.sh`` by the node's
-nodelet and run as ``tmux -L nebula-<head> new-session -d -s nebula-<id>``; the session and
+nodelet and run as ``tmux -L nebula new-session -d -s nebula-<id>-<head>``; the session and
 its launch token are the idempotency key (R23).
 """
 
@@ -22,14 +22,16 @@ from .backends import nvidia
 WARMUP_SOURCE = (resources.files(__package__) / "probes" / "warmup.py").read_text()
 
 
-def tmux_socket(head: str) -> str:
-    """The tmux server (``tmux -L``) of one head's jobs on every node."""
-    return f"nebula-{head}"
+#: the tmux server (``tmux -L``) of jobs on every node. One for every head: a socket of
+#: each head's own would make its path longer, and a Unix socket's path has at most 107
+#: bytes (tmux puts it in ``$TMUX_TMPDIR/tmux-UID/``); the sessions' names keep heads apart.
+TMUX_SOCKET = "nebula"
 
 
-def attach_command(head: str, job_id: int) -> str:
-    """What to run on the job's node to attach a terminal to its session."""
-    return f"tmux -L {tmux_socket(head)} attach -t =nebula-{job_id}"
+def session_name(head: str, job_id: int) -> str:
+    """The tmux session of one head's job on its node: ``nebula-<job>-<head>``, eight
+    characters of the store's id telling heads apart (the nodelet names it the same way)."""
+    return f"nebula-{job_id}-{head[:8]}"
 
 
 def job_environment(job: Job, placements: tuple[Placement, ...]) -> dict[str, str]:

@@ -26,7 +26,7 @@ from ..config import ClusterConfig, NodeConfig
 from ..model import NodeState
 from . import preflight
 from .backends import nvidia
-from .launcher import tmux_socket
+from .launcher import TMUX_SOCKET
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,8 @@ class NodeLink:
 
     ``on_message(node, message)`` gets every message the nodelet sends except replies;
     ``on_state(node, state, reason)`` gets every change of the node's reachability.
-    ``head`` names the head's store on the node: its job directories and tmux server are
-    that head's alone (``launcher.tmux_socket``).
+    ``head`` names the head's store on the node: its job directories and tmux sessions are
+    that head's alone (``launcher.session_name``).
     """
 
     def __init__(self, node: NodeConfig, cluster: ClusterConfig,
@@ -136,7 +136,7 @@ class NodeLink:
         source = nodelet_source()
         settings = {"interval": cluster.probe_interval, "gpu_argv": nvidia.query_gpu_argv(),
                     "apps_argv": nvidia.query_apps_argv(), "conda_lookup": preflight.CONDA_LOOKUP,
-                    "head": self.head, "tmux_socket": tmux_socket(self.head),
+                    "head": self.head, "tmux_socket": TMUX_SOCKET,
                     "retention_s": cluster.job_dir_retention}
         boot = f"import sys;exec(compile(sys.stdin.buffer.read({len(source)}),'nebula-nodelet','exec'))"
         command = self._with_env(f"python3 -u -c {shlex.quote(boot)} "

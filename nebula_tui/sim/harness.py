@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..api import ApiError, Client
+from ..remote.launcher import TMUX_SOCKET, session_name
 from ..model import FINISHED_STATES
 
 FINISHED = FINISHED_STATES
@@ -136,10 +137,14 @@ class HeadProcess:
         finally:
             db.close()
 
+    def session(self, job: int) -> str:
+        """The tmux session of this head's job ``job`` on its node."""
+        return session_name(self.head_id, job)
+
     def tmux(self, node: str, *args: str) -> subprocess.CompletedProcess:
-        """Run tmux against this head's tmux server on ``node`` of the lab."""
+        """Run tmux against the jobs' tmux server on ``node`` of the lab."""
         env = {**os.environ, "TMUX_TMPDIR": str(self.lab.node_dir(node) / "tmux")}
-        return subprocess.run(["tmux", "-L", f"nebula-{self.head_id}", *args], env=env,
+        return subprocess.run(["tmux", "-L", TMUX_SOCKET, *args], env=env,
                               capture_output=True, text=True)
 
     def job(self, job_id: int) -> dict:

@@ -58,9 +58,10 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 #   NODE_DIR/heads/<head>/jobs/<job>/<attempt>/   token, run.sh, output.log, launched,
 #                                                 started, exit_code, acked
 #   NODE_DIR/heads/<head>/locks/<job>             held while a launch of the job is decided
-# and its tmux sessions live on a tmux server of its own, ``-L nebula-<head>``, one session
-# ``nebula-<job>`` per job. Two heads on the same nodes (another home, a copied store) never
-# see, relaunch or stop each other's jobs; within one head, the token
+# and its tmux sessions are named for it, ``nebula-<job>-<head>`` on the node's ``-L nebula``
+# server (the head's first 8 characters: a socket's path must stay short, so the server is
+# shared). Two heads on the same nodes (another home) never see, relaunch or stop each
+# other's jobs; within one head, the token
 # ``<head>.<attempt>.<nonce>`` names exactly one launch, so a job id handed out again
 # (a store restored from a backup) can never be taken for an earlier job.
 HEAD = str(CONFIG.get("head") or "local")
@@ -69,7 +70,10 @@ if not _NAME.match(HEAD):
 HEADS_DIR = os.path.join(NODE_DIR, "heads")
 JOBS_DIR = os.path.join(HEADS_DIR, HEAD, "jobs")
 LOCKS_DIR = os.path.join(HEADS_DIR, HEAD, "locks")  # one file per job launched here (op_launch)
-TMUX = ["tmux", "-L", CONFIG.get("tmux_socket") or "nebula-%s" % HEAD]
+TMUX = ["tmux", "-L", CONFIG.get("tmux_socket") or "nebula"]
+#: this head's sessions on the node's tmux server end so: ``nebula-<job>-<head>``
+#: (launcher.session_name)
+SESSION_SUFFIX = "-" + HEAD[:8]
 #: acknowledged attempts' directories are removed this long after their ack
 RETENTION_S = float(CONFIG.get("retention_s", 7 * 86400))
 CLEAN_EVERY_S = 3600.0
@@ -99,7 +103,14 @@ def run(argv, timeout=20):
 
 
 def session_name(job):
-    return "nebula-%s" % job
+    return "nebula-%s%s" % (job, SESSION_SUFFIX)
+
+
+def job_of_session(name):
+    """The job of one of this head's sessions, or None (another head's, or not a job's)."""
+    job = name[len("nebula-"):-len(SESSION_SUFFIX)]
+    ok = name.startswith("nebula-") and name.endswith(SESSION_SUFFIX) and job.isdigit()
+    return job if ok else None
 
 
 def exact(name):
@@ -167,15 +178,16 @@ def write_atomic(path, text, mode=0o600):
 
 
 def tmux_sessions():
-    """{session name: the launch token it was created with} of this head's tmux server."""
+    """{job: the launch token its session was created with} of this head's sessions."""
     code, out, _ = run(TMUX + ["list-sessions", "-F", "#{session_name} #{@nebula_token}"])
     if code != 0:  # no server running means no sessions
         return {}
     found = {}
     for line in out.splitlines():
         name, _, token = line.partition(" ")
-        if name:
-            found[name] = token.strip()
+        job = job_of_session(name)
+        if job:
+            found[job] = token.strip()
     return found
 
 
@@ -201,8 +213,8 @@ def pane_jobs():
     found = {}
     for line in out.splitlines() if code == 0 else []:
         name, _, pid = line.partition(" ")
-        job = name[len("nebula-"):]
-        if name.startswith("nebula-") and job.isdigit() and pid.strip().isdigit():
+        job = job_of_session(name)
+        if job and pid.strip().isdigit():
             found[int(pid)] = job
     return found
 
@@ -384,7 +396,7 @@ class Watcher:
         if phases and key in self.started:
             self.look_phase(key, d, token)
         if sessions is not None and _launched_before(d, self.last_session_check) and (
-                not latest or session_name(job) not in sessions):
+                not latest or job not in sessions):
             # The session is gone (an older attempt's was stopped for its relaunch) but left
             # no exit code: killed, or the node rebooted.
             if read_text(os.path.join(d, "exit_code")) is None:
@@ -502,7 +514,7 @@ def _launch(req, job, attempt):
             # session created but not yet started is caught below as a duplicate.
             write_atomic(os.path.join(d, "launched"), str(time.time()))
             return {"ok": True, "already": True}
-    session = tmux_sessions().get(name)
+    session = tmux_sessions().get(job)
     if session is not None and session != token:
         theirs = parse_token(session)
         if theirs is None or theirs[1] >= attempt:
@@ -531,7 +543,7 @@ def _launch(req, job, attempt):
         keep_tmux_server()  # someone killed the server meanwhile: start it again, once
         code, _, err = run(argv)
     if code != 0:
-        if "duplicate session" in err and tmux_sessions().get(name) in (token, ""):
+        if "duplicate session" in err and tmux_sessions().get(job) in (token, ""):
             # the session is the idempotency key: this launch happened already
             write_atomic(os.path.join(d, "launched"), str(time.time()))
             return {"ok": True, "already": True}
@@ -569,7 +581,7 @@ def session_pids(job):
 
 def _session_is(job, token):
     """Whether the job's session exists and (when ``token`` is given) is that launch's."""
-    session = tmux_sessions().get(session_name(job))
+    session = tmux_sessions().get(job)
     return session is not None and (token is None or session in (token, ""))
 
 
@@ -653,7 +665,7 @@ def _attempt_info(d, with_record=False):
 
 def op_list(req):
     """This head's jobs here: ``jobs`` holds each job's latest attempt (the one its session,
-    if any, belongs to), ``attempts`` every attempt; ``sessions`` the live sessions and
+    if any, belongs to), ``attempts`` every attempt; ``sessions`` the jobs with a live session and
     ``session_tokens`` the launch each belongs to. With ``records``, each attempt also
     carries the record its launch left (``launch.json``)."""
     jobs, every = {}, {}
@@ -667,7 +679,7 @@ def op_list(req):
         every[job] = {str(a): _attempt_info(attempt_dir(job, a), with_records) for a in found}
         jobs[job] = dict(every[job][str(found[-1])], attempt=found[-1])
     sessions = tmux_sessions()
-    return {"ok": True, "jobs": jobs, "attempts": every, "sessions": sorted(sessions),
+    return {"ok": True, "jobs": jobs, "attempts": every, "sessions": sorted(sessions, key=int),
             "session_tokens": sessions}
 
 
@@ -750,7 +762,7 @@ def op_signal(req):
                 os.kill(pid, _SIGNALS[name])
             except OSError:
                 pass
-    return {"ok": True, "pids": pids, "alive": session_name(job) in tmux_sessions()}
+    return {"ok": True, "pids": pids, "alive": job in tmux_sessions()}
 
 
 def _smi():
