@@ -20,9 +20,8 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
+from nebula_tui.remote.ssh import nodelet_source
 from nebula_tui.sim.harness import HeadProcess
-
-NODELET = Path(__file__).resolve().parents[1] / "nebula_tui" / "remote" / "probes" / "nodelet.py"
 
 
 def submit(head, *args: str) -> int:
@@ -167,10 +166,12 @@ def test_the_id_file_is_private_and_survives_a_full_store(tmp_path):
 def nodelet(tmp_path):
     """Start nodelets for heads on one node directory; each is (process, ask)."""
     env = dict(os.environ, NEBULA_NODE_DIR=str(tmp_path / "node"), TMUX_TMPDIR=str(tmp_path))
+    script = tmp_path / "nodelet.py"  # what the head ships to a node
+    script.write_bytes(nodelet_source())
     started = []
 
     def start(head: str, **settings):
-        proc = subprocess.Popen([sys.executable, "-S", str(NODELET), json.dumps(
+        proc = subprocess.Popen([sys.executable, "-S", str(script), json.dumps(
             {"interval": 60, "head": head, **settings})], env=env, text=True, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         started.append((proc, head))
