@@ -127,3 +127,21 @@ def test_a_hostile_cluster_file_on_reload_is_one_line_and_the_head_goes_on(opens
         assert len(head.call("status")["nodes"]) == len(openssh_lab.nodes)
     finally:
         head.stop()
+
+
+def test_the_events_log_keeps_90_days_and_a_million_rows_at_most(tmp_path, monkeypatch):
+    from nebula_tui.store import Store
+
+    store = Store(tmp_path / "state.db")
+    now = 1_000_000_000.0
+    for n in range(30):
+        store.add_event("hold", f"old {n}")
+    store.db.execute("UPDATE events SET t = ?", [now - 91 * 86400])
+    for n in range(20):
+        store.add_event("hold", f"new {n}")
+    store.db.execute("UPDATE events SET t = ? WHERE message LIKE 'new%'", [now])
+    assert store.trim_events(now) == 30
+    monkeypatch.setattr(Store, "EVENTS_KEEP_ROWS", 5)
+    assert store.trim_events(now) == 15
+    assert [e["message"] for e in store.events(100)] == [f"new {n}" for n in range(15, 20)]
+    store.close()
