@@ -85,7 +85,10 @@ class Client:
     def call(self, op: str, timeout: float | None = 30, **fields) -> dict:
         """One request; raises ApiError with the service's reason when it refuses."""
         self.sock.settimeout(timeout)
-        self.sock.sendall(json.dumps({"op": op, **fields}).encode() + b"\n")
+        try:
+            self.sock.sendall(json.dumps({"op": op, **fields}).encode() + b"\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before it was read whole (too long): the reply says why
         reply = self._read()
         if not reply.get("ok"):
             raise ApiError(reply.get("error", "request failed"))

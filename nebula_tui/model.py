@@ -223,6 +223,9 @@ class Launching(_HoldsGpus):
     placements: tuple[Placement, ...]
     confirmed: frozenset[str] = frozenset()  # nodes whose session exists
     exits: Exits = ()  # a quick job may end before its launch is confirmed
+    #: names this launch on its nodes (``<store>.<attempt>.<nonce>``, Store.start_launching);
+    #: empty only for a launch written down before tokens had nonces
+    token: str = ""
     state: ClassVar[JobState] = JobState.LAUNCHING
 
 
@@ -235,6 +238,7 @@ class Running(_HoldsGpus):
     started_at: float
     exits: Exits = ()  # the parts of a gang that ended so far
     doing: str = ""
+    token: str = ""  # the launch that runs (as Launching's)
     state: ClassVar[JobState] = JobState.RUNNING
 
 
@@ -371,6 +375,12 @@ class Job:
     @property
     def ended_at(self) -> float | None:
         return self.status.ended_at if isinstance(self.status, Ended) else None
+
+    @property
+    def launch_token(self) -> str | None:
+        """The token of the launch that holds its GPUs (None while pending or ended)."""
+        held = holding(self.status)
+        return held.token or None if held is not None else None
 
     @property
     def exit_code(self) -> int | None:

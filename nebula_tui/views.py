@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from .model import MIB_PER_GIB, Cancelling, Evicting, GpuView, Job, format_mb
+from .printable import printable
 from .scheduler.slices import offered_mb
 
 
@@ -144,12 +145,13 @@ def status_text(summary: dict) -> str:
         "Node Details:",
     ]
     for node in summary["node_details"]:
-        models = ", ".join(f"{m} x{n}" for m, n in node["models"].items()) or "no GPUs"
+        models = ", ".join(f"{printable(m)} x{n}" for m, n in node["models"].items()) or "no GPUs"
         load = f"load {node['load_pct']}%" if node["load_pct"] is not None else "load N/A"
-        state = "" if node["state"] == "up" else f" [{node['state']}: {node['reason']}]" if node["reason"] else f" [{node['state']}]"
-        if node["state"] == "up" and node["reason"]:  # up, but a vendor tool said something
-            state = f" ({node['reason']})"
-        lines.append(f"  {node['name']}: {models}, {load}{state}")
+        reason = printable(node["reason"])
+        state = "" if node["state"] == "up" else f" [{node['state']}: {reason}]" if reason else f" [{node['state']}]"
+        if node["state"] == "up" and reason:  # up, but a vendor tool said something
+            state = f" ({reason})"
+        lines.append(f"  {printable(node['name'])}: {models}, {load}{state}")
     return "\n".join(lines)
 
 
@@ -163,6 +165,6 @@ def queue_text(jobs: list[dict]) -> str:
             f"{j['gpu_count']}x{format_mb(j['gpu_mem_mb']) if j['gpu_mem_mb'] else 'whole'}")
         # A running job's reason is what it does before its command (pulling an image).
         detail = j["reason"] if j["state"] == "pending" or j["reason"] else " ".join(j["command"])
-        lines.append(f"{j['id']:>5}  {j['user'][:10]:<10} {(j['name'] or '-')[:16]:<16} "
-                     f"{j['state']:<10} {where[:22]:<22} {detail}")
+        lines.append(f"{j['id']:>5}  {printable(j['user'])[:10]:<10} {printable(j['name'] or '-')[:16]:<16} "
+                     f"{j['state']:<10} {where[:22]:<22} {printable(detail)}")
     return "\n".join(lines)
