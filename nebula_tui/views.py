@@ -6,9 +6,10 @@ and the TUI render them. Nothing here does I/O.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict
 
-from .model import MIB_PER_GIB, Cancelling, Evicting, GpuView, Job, format_mb
+from .model import MIB_PER_GIB, Cancelling, Evicting, GpuView, Job, fmt, format_mb
 from .scheduler.slices import offered_mb
 
 
@@ -147,16 +148,48 @@ def status_text(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def table(header: Sequence[str], rows: Iterable[Sequence[object]], right: Collection[int] = ()) -> str:
+    """Plain columns, each as wide as its widest cell: nothing is ever cut, and the lines
+    stay easy to read in a terminal and to split in a script. ``right``: column numbers
+    aligned to the right (numbers)."""
+    cells = [list(header)] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                  for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+        for row in cells)
+
+
+def gpu_list(gpus: list[dict]) -> str:
+    """A job's cards, node by node: "node01:0,1 node02:3"."""
+    by_node: dict[str, list[str]] = {}
+    for g in gpus:
+        by_node.setdefault(g["node"], []).append(str(g["index"]))
+    return " ".join(f"{node}:{','.join(indices)}" for node, indices in by_node.items())
+
+
 def queue_text(jobs: list[dict]) -> str:
     """`nebula queue`: running jobs first, then waiting ones with their reasons."""
     if not jobs:
         return "No jobs in the queue."
-    lines = [f"{'ID':>5}  {'USER':<10} {'NAME':<16} {'STATE':<10} {'GPUS':<22} REASON / COMMAND"]
+    rows = []
     for j in jobs:
-        where = ", ".join(f"{g['node']}:{g['index']}" for g in j["gpus"]) or (
+        where = gpu_list(j["gpus"]) or (
             f"{j['gpu_count']}x{format_mb(j['gpu_mem_mb']) if j['gpu_mem_mb'] else 'whole'}")
         # A running job's reason is what it does before its command (pulling an image).
         detail = j["reason"] if j["state"] == "pending" or j["reason"] else " ".join(j["command"])
-        lines.append(f"{j['id']:>5}  {j['user'][:10]:<10} {(j['name'] or '-')[:16]:<16} "
-                     f"{j['state']:<10} {where[:22]:<22} {detail}")
-    return "\n".join(lines)
+        rows.append((j["id"], j["user"], j["name"] or "-", j["state"], where, detail))
+    return table(("ID", "USER", "NAME", "STATE", "GPUS", "REASON / COMMAND"), rows, right={0})
+
+
+def gpus_text(gpus: list[dict]) -> str:
+    """`nebula gpus`: one card a line, with what it holds and how it runs."""
+    if not gpus:
+        return "No GPUs reported yet."
+    rows = [(f"{g['node']}:{g['index']}", short_model(g["model"]),
+             f"{fmt(g['memory_used_mb'])}/{fmt(g['total_memory_mb'])}",
+             fmt(g["utilization_pct"], "%"), fmt(g["temperature_c"], "C"), fmt(g["power_w"], "W"),
+             g["status"], ",".join(map(str, g["jobs"])) or "-")
+            for g in gpus]
+    return table(("GPU", "MODEL", "MEM MiB", "UTIL", "TEMP", "POWER", "STATUS", "JOBS"), rows,
+                 right={2, 3, 4, 5})
