@@ -123,6 +123,8 @@ def _duration(text: str) -> float:
 
 STATES = tuple(s.value for s in JobState)
 FINISHED_STATES = tuple(s.value for s in JobState if s.finished)
+#: The tables of ``nebula report`` (``--csv`` prints one).
+REPORT_TABLES = ("users", "nodes", "days")
 #: The hidden first word with which completion scripts ask for job ids and node names.
 COMPLETE_COMMAND = "__complete"
 
@@ -135,6 +137,31 @@ def _states(text: str) -> tuple[str, ...]:
                 f"'{state}' is not a state{_did_you_mean(state, list(STATES))}; "
                 f"states: {', '.join(STATES)}")
     return states
+
+
+def _ended_states(text: str) -> tuple[str, ...]:
+    states = _states(text)
+    for state in states:
+        if state not in FINISHED_STATES:
+            raise argparse.ArgumentTypeError(
+                f"'{state}' is not an end state; end states: {', '.join(FINISHED_STATES)}")
+    return states
+
+
+def _when(text: str) -> float:
+    """A moment: a date or date and time (local time), or a duration ago (7d, 6h)."""
+    for pattern in ("%Y-%m-%d", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S",
+                    "%Y-%m-%dT%H:%M:%S", "%Y-%m"):
+        try:
+            return time.mktime(time.strptime(text, pattern))
+        except ValueError:
+            continue
+    try:
+        return time.time() - _duration(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a time; write a date (2026-12-01, '2026-12-01 14:00') or a time "
+            "ago (90m, 6h, 7d)") from None
 
 
 def _job_id(text: str) -> int:
@@ -255,7 +282,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user", default=None, help="only this user's jobs")
     p.add_argument("--state", type=_states, default=None, metavar="STATE[,STATE]",
                    help=f"only jobs in these states ({', '.join(STATES)})")
+    p.add_argument("--all", action="store_true",
+                   help="ended jobs too (the newest --limit of them, as in `nebula history`)")
+    p.add_argument("--limit", type=_count, default=100, help="with --all: how many ended jobs")
     command("gpus", "every GPU: memory, utilisation, temperature, who holds it")
+    p = command("report", "GPU-hours, efficiency and waits per user and month; capacity and "
+                "utilisation per node and day")
+    p.add_argument("--since", type=_when, default=None, metavar="WHEN",
+                   help="from (a date or a time ago; default: the start of this month)")
+    p.add_argument("--until", type=_when, default=None, metavar="WHEN", help="until (default: now)")
+    p.add_argument("--months", type=_count, default=None, metavar="N",
+                   help="the last N calendar months, this one included")
+    p.add_argument("--csv", choices=REPORT_TABLES, default=None,
+                   help="print one of its tables as CSV instead")
+    p = command("history", "ended jobs: what each held, waited, ran, cost and did")
+    p.add_argument("--user", default=None, help="only this user's jobs")
+    p.add_argument("--since", type=_when, default=None, metavar="WHEN",
+                   help="ended since: a date (2026-12-01, '2026-12-01 14:00') or a time ago (7d, 6h)")
+    p.add_argument("--until", type=_when, default=None, metavar="WHEN", help="ended before")
+    p.add_argument("--state", type=_ended_states, default=None, metavar="STATE[,STATE]",
+                   help=f"only these end states ({', '.join(FINISHED_STATES)})")
+    p.add_argument("--node", default=None, help="only jobs that ran on this node")
+    p.add_argument("--limit", type=_count, default=100, help="the newest this many (default 100)")
     for name, help_text in (("wait", "wait for a job to end; exit with its code"),
                             ("cancel", "cancel a job"), ("job", "one job as JSON"),
                             ("hold", "keep a waiting job from starting"),
@@ -504,9 +552,53 @@ def cmd_queue(args, home, config) -> int:
 
     with _client(home, config) as client:
         jobs = client.call("queue")["jobs"]
+        if args.all:
+            ended = [s for s in (args.state or FINISHED_STATES) if s in FINISHED_STATES]
+            jobs = (client.call("job_history", user=args.user, state=ended, limit=args.limit)["jobs"]
+                    if ended else []) + jobs
     jobs = [j for j in jobs if (args.user is None or j["user"] == args.user)
             and (args.state is None or j["state"] in args.state)]
     return _show(args, jobs, queue_text)
+
+
+def cmd_report(args, home, config) -> int:
+    from .views import report_text
+
+    if args.months is not None and args.since is not None:
+        print("nebula report: give --since or --months, not both", file=sys.stderr)
+        return USAGE_ERROR
+    now = time.time()
+    since = args.since if args.since is not None else _month_start(now, back=(args.months or 1) - 1)
+    with _client(home, config) as client:
+        report = client.call("report", timeout=120, since=since,
+                             until=args.until if args.until is not None else now)["report"]
+    if args.csv:
+        import csv
+
+        rows = report[args.csv]
+        columns = list(rows[0]) if rows else []
+        writer = csv.DictWriter(sys.stdout, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return 0
+    return _show(args, report, report_text)
+
+
+def _month_start(now: float, back: int = 0) -> float:
+    """The first moment of the local calendar month ``back`` months before ``now``'s."""
+    t = time.localtime(now)
+    months = t.tm_year * 12 + t.tm_mon - 1 - back
+    return time.mktime((months // 12, months % 12 + 1, 1, 0, 0, 0, 0, 0, -1))
+
+
+def cmd_history(args, home, config) -> int:
+    from .views import history_text
+
+    with _client(home, config) as client:
+        jobs = client.call("job_history", user=args.user, since=args.since, until=args.until,
+                           state=list(args.state) if args.state else None, node=args.node,
+                           limit=args.limit)["jobs"]
+    return _show(args, jobs, history_text)
 
 
 def cmd_gpus(args, home, config) -> int:
@@ -787,7 +879,7 @@ def cmd_tui(args, home, config) -> int:
 
 COMMANDS = {
     "submit": cmd_submit, "run": cmd_run, "wait": cmd_wait, "status": cmd_status, "queue": cmd_queue,
-    "gpus": cmd_gpus, "job": cmd_job, "cancel": cmd_cancel, "logs": cmd_logs,
+    "gpus": cmd_gpus, "history": cmd_history, "report": cmd_report, "job": cmd_job, "cancel": cmd_cancel, "logs": cmd_logs,
     "parse": cmd_parse, "serve": cmd_serve, "demo": cmd_demo, "tui": cmd_tui,
     "hold": cmd_hold, "release": cmd_release, "attach": cmd_attach, "node": cmd_node,
     "gpu": cmd_gpu, "events": cmd_events, "users": cmd_users, "quota": cmd_quota,

@@ -89,7 +89,7 @@ _HOST_RE = re.compile(r"[A-Za-z0-9_.:%\[\]][A-Za-z0-9_.:%\[\]-]*\Z")
 _USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?\Z")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
-_TOP_KEYS = ("cluster", "nodes", "scheduler", "health")
+_TOP_KEYS = ("cluster", "nodes", "scheduler", "health", "accounting")
 _CLUSTER_KEYS = (
     "name",
     "known_hosts",
@@ -178,6 +178,8 @@ class ClusterConfig:
     scheduler: Any = field(default=None, hash=False, compare=False)
     #: the ``health:`` section (settings.HealthSettings); None = defaults
     health: Any = field(default=None, hash=False, compare=False)
+    #: the ``accounting:`` section (settings.AccountingSettings)
+    accounting: Any = field(default=None, hash=False, compare=False)
 
     def node(self, name: str) -> NodeConfig:
         """The node called ``name``; raises ``KeyError`` if there is none."""
@@ -484,6 +486,7 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
     nodes = _nodes(ctx, get(top, "nodes"), cluster_defaults)
     scheduler = _section(ctx, get(top, "scheduler"), "scheduler_settings")
     health = _section(ctx, get(top, "health"), "health_settings")
+    accounting = _section(ctx, get(top, "accounting"), "accounting_settings")
 
     def pick(value: Any, default: Any) -> Any:
         return default if value is None else value
@@ -516,12 +519,13 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
         admin_group=ctx.user(get(c, "admin_group"), "cluster.admin_group"),
         scheduler=scheduler,
         health=health,
+        accounting=accounting,
         node_lease=pick(ctx.seconds(get(c, "node_lease"), "cluster.node_lease"), DEFAULT_NODE_LEASE),
     )
 
 
 def _section(ctx: _Ctx, node: Node | None, builder: str) -> Any:
-    """``scheduler:`` or ``health:``, validated by its builder in settings.py."""
+    """``scheduler:``, ``health:`` or ``accounting:``, validated by its builder in settings.py."""
     from . import settings
 
     try:

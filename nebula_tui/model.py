@@ -256,8 +256,8 @@ class Evicting(_Stopping):
 @dataclass(frozen=True)
 class Ended:
     """Succeeded, failed, cancelled or timed out, at ``ended_at``. ``node`` is where it
-    ran (rank 0; its log is there), ``placements`` the GPUs it held at the end as the head
-    saw them (released now: a job read back from the store has none)."""
+    ran (rank 0; its log is there), ``placements`` the GPUs it held at its end (released
+    now; the store keeps which they were)."""
 
     state: JobState
     ended_at: float

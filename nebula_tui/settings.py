@@ -1,4 +1,5 @@
-"""The optional ``scheduler:`` and ``health:`` sections of nodes.yaml, validated.
+"""The optional ``scheduler:``, ``health:`` and ``accounting:`` sections of nodes.yaml,
+validated.
 
 Each builder takes the section as plain data (what YAML gave) and returns settings, or
 raises ValueError with a sentence naming the key; config.py adds the file and line.
@@ -107,3 +108,35 @@ def _duration(what: str, value: Any) -> float:
         return parse_duration_s(value)
     except ValueError as err:
         raise ValueError(f"{what}: {err}") from None
+
+
+#: Who sees whose ended jobs (``accounting.history``).
+HISTORY_VISIBILITY = ("open", "own")
+
+
+@dataclass(frozen=True)
+class AccountingSettings:
+    """``accounting:`` — who sees whose history, and how often GPU readings are kept.
+
+    ``history``: ``open`` (the default, as in most labs): everyone sees every ended job;
+    ``own``: users see their own, admins everyone's. ``telemetry_every_s``: one sample of
+    each GPU's readings this often (R18); history and reports are made of them.
+    """
+
+    history: str = "open"
+    telemetry_every_s: float = 30.0
+
+
+def accounting_settings(value: Any) -> AccountingSettings:
+    data = _mapping("accounting", value)
+    _known("accounting", data, ("history", "telemetry_every"))
+    settings = AccountingSettings()
+    if "history" in data:
+        if data["history"] not in HISTORY_VISIBILITY:
+            raise ValueError(f"accounting.history must be one of {', '.join(HISTORY_VISIBILITY)}, "
+                             f"found {data['history']!r}")
+        settings = replace(settings, history=data["history"])
+    if "telemetry_every" in data:
+        settings = replace(settings, telemetry_every_s=_duration("accounting.telemetry_every",
+                                                                 data["telemetry_every"]))
+    return settings

@@ -22,6 +22,15 @@ from .model import (Cancelling, Ended, Job, JobSpec, JobState, Launching, Pendin
                     Running)
 
 FINISHED_SQL = ", ".join(f"'{s.value}'" for s in JobState if s.finished)
+#: For accounting, a card below this utilisation is idle (its GPU-hours are "held idle").
+IDLE_UTIL_PCT = 5.0
+#: The seconds a telemetry row stands for when it does not say (rows from before ``span_s``).
+DEFAULT_SPAN_S = 30.0
+
+
+#: A job's allocations as ``Job.placements`` shows them: the cards it holds, or once it
+#: ended, the cards it held at its end (released in the same transaction that ended it).
+_HELD = "(a.released_at IS NULL OR a.released_at = (SELECT ended_at FROM jobs WHERE id = a.job_id))"
 
 
 class StaleDecision(Exception):
@@ -116,6 +125,7 @@ class Store:
             db["jobs"].create_index(["state"], if_not_exists=True)
             db["allocations"].create_index(["released_at"], if_not_exists=True)
             db["allocations"].create_index(["job_id"], if_not_exists=True)
+            db["jobs"].create_index(["ended_at"], if_not_exists=True)
             if not self._meta("head_token"):
                 db["meta"].insert({"key": "head_token", "value": uuid.uuid4().hex[:12]},
                                   replace=True)
@@ -132,6 +142,14 @@ class Store:
         ("nodes", "drained", int, 0),
         ("nodes", "drain_reason", str, None),
         ("jobs", "workdir_used", str, None),
+        # What a job's cards did while it held them (telemetry), summed over its runs:
+        # GPU-hours with samples, those busy (x utilisation) and those idle, memory used.
+        ("jobs", "sampled_gpu_hours", float, 0.0),
+        ("jobs", "busy_gpu_hours", float, 0.0),
+        ("jobs", "idle_gpu_hours", float, 0.0),
+        ("jobs", "mem_used_mb_mean", float, None),
+        ("jobs", "mem_used_mb_peak", float, None),
+        ("telemetry", "span_s", float, None),  # the seconds a row stands for (its weight)
     )
 
     def _add_missing_columns(self) -> None:
@@ -233,11 +251,9 @@ class Store:
         with self.transaction():
             row = self.db.execute("SELECT user, started_at FROM jobs WHERE id = ?", [job_id]).fetchone()
             if row is not None:  # the GPU time it held until now is still charged (R7)
-                held = self._gpu_hours(job_id, row[1], t)
+                held = self._charge_run(job_id, row[1], t)
                 self.db.execute("UPDATE users SET gpu_hours = gpu_hours + ? WHERE name = ?",
                                 [held, row[0]])
-                self.db.execute("UPDATE jobs SET gpu_hours = gpu_hours + ? WHERE id = ?",
-                                [held, job_id])
             self.db.execute(
                 "UPDATE allocations SET released_at = ? WHERE job_id = ? AND released_at IS NULL",
                 [t, job_id])
@@ -302,11 +318,10 @@ class Store:
             if row is None or JobState(row[2]).finished:
                 return
             user, started_at, _ = row
-            gpu_hours = self._gpu_hours(job_id, started_at, t)
+            gpu_hours = self._charge_run(job_id, started_at, t)
             self.db.execute(
-                "UPDATE jobs SET state = ?, ended_at = ?, exit_code = ?, reason = ?, "
-                "gpu_hours = gpu_hours + ? WHERE id = ?",
-                [state.value, t, exit_code, reason, gpu_hours, job_id],
+                "UPDATE jobs SET state = ?, ended_at = ?, exit_code = ?, reason = ? WHERE id = ?",
+                [state.value, t, exit_code, reason, job_id],
             )
             self.db.execute(
                 "UPDATE allocations SET released_at = ? WHERE job_id = ? AND released_at IS NULL",
@@ -319,6 +334,49 @@ class Store:
             detail = f" with exit code {exit_code}" if exit_code is not None else ""
             message = f"job {job_id} {state.value}{detail}" + (f": {reason}" if reason else "")
             self._event(t, "end", message, job_id=job_id, user=user)
+
+    def _charge_run(self, job_id: int, started_at: float | None, t: float) -> float:
+        """Charge the job's run that ends at ``t`` (a requeue ends one too) its GPU-hours,
+        and add what its cards did meanwhile, from telemetry; returns the GPU-hours."""
+        hours = self._gpu_hours(job_id, started_at, t)
+        usage = self._run_usage(job_id, started_at, t) if hours > 0 else None
+        if usage is None:
+            self.db.execute("UPDATE jobs SET gpu_hours = gpu_hours + ? WHERE id = ?", [hours, job_id])
+            return hours
+        busy, idle, mem_mean, mem_peak = usage
+        sampled, old_mean, old_peak = self.db.execute(
+            "SELECT sampled_gpu_hours, mem_used_mb_mean, mem_used_mb_peak FROM jobs WHERE id = ?",
+            [job_id]).fetchone()
+        if mem_mean is not None and old_mean is not None and sampled:
+            mem_mean = (old_mean * sampled + mem_mean * hours) / (sampled + hours)
+        peaks = [v for v in (old_peak, mem_peak) if v is not None]
+        self.db.execute(
+            "UPDATE jobs SET gpu_hours = gpu_hours + ?, sampled_gpu_hours = sampled_gpu_hours + ?, "
+            "busy_gpu_hours = busy_gpu_hours + ?, idle_gpu_hours = idle_gpu_hours + ?, "
+            "mem_used_mb_mean = ?, mem_used_mb_peak = ? WHERE id = ?",
+            [hours, hours, busy * hours, idle * hours, old_mean if mem_mean is None else mem_mean,
+             max(peaks) if peaks else None, job_id])
+        return hours
+
+    def _run_usage(self, job_id: int, started_at: float,
+                   t: float) -> tuple[float, float, float | None, float | None] | None:
+        """Telemetry of the cards a job holds now, between ``started_at`` and ``t``: the
+        busy fraction (mean utilisation), the idle fraction (time below IDLE_UTIL_PCT),
+        mean and peak memory used; each sample weighs the seconds it stands for (a
+        10-minute average weighs 20 samples of 30 s). None when no sample has a utilisation."""
+        weight = f"COALESCE(t.span_s, NULLIF(t.bucket_s, 0), {DEFAULT_SPAN_S})"
+        weighed, busy, idle, mem_weight, mem, peak = self.db.execute(
+            f"SELECT SUM(CASE WHEN t.utilization_pct IS NULL THEN 0 ELSE {weight} END), "
+            f"SUM({weight} * t.utilization_pct), "
+            f"SUM(CASE WHEN t.utilization_pct < ? THEN {weight} ELSE 0 END), "
+            f"SUM(CASE WHEN t.memory_used_mb IS NULL THEN 0 ELSE {weight} END), "
+            f"SUM({weight} * t.memory_used_mb), MAX(t.memory_used_mb) "
+            "FROM allocations a JOIN telemetry t ON t.gpu = a.gpu_uuid "
+            "WHERE a.job_id = ? AND a.released_at IS NULL AND t.t >= ? AND t.t <= ?",
+            [IDLE_UTIL_PCT, job_id, started_at, t]).fetchone()
+        if not weighed:
+            return None
+        return (busy / weighed / 100, idle / weighed, mem / mem_weight if mem_weight else None, peak)
 
     def _gpu_hours(self, job_id: int, started_at: float | None, t: float) -> float:
         """R7: whole-card hours; a slice counts its fraction of the card's memory."""
@@ -355,6 +413,36 @@ class Store:
         allocations = self._allocations_by_job([r["id"] for r in rows])
         return [self._job_from_row(r, allocations.get(r["id"], ())) for r in rows]
 
+    #: What accounting keeps of a job besides the job itself (see ``_charge_run``).
+    USAGE_COLUMNS = ("gpu_hours", "sampled_gpu_hours", "busy_gpu_hours", "idle_gpu_hours",
+                     "mem_used_mb_mean", "mem_used_mb_peak")
+
+    def ended_jobs(self, *, user: str | None = None, since: float | None = None,
+                   until: float | None = None, states: tuple[JobState, ...] = (),
+                   node: str | None = None, job_id: int | None = None,
+                   limit: int = 1000) -> list[tuple[Job, dict]]:
+        """Ended jobs that match (ended in [since, until), on ``node`` at their end), the
+        newest ``limit`` of them, oldest first; each with its USAGE_COLUMNS."""
+        finished = states or tuple(s for s in JobState if s.finished)
+        where = [f"state IN ({','.join('?' * len(finished))})"]
+        params: list = [s.value for s in finished]
+        for clause, value in (("user = ?", user), ("ended_at >= ?", since),
+                              ("ended_at < ?", until), ("id = ?", job_id),
+                              ("EXISTS (SELECT 1 FROM allocations a WHERE a.job_id = jobs.id "
+                               "AND a.node = ? AND a.released_at = jobs.ended_at)", node)):
+            if value is not None:
+                where.append(clause)
+                params.append(value)
+        rows = self.db.execute(
+            f"SELECT * FROM (SELECT * FROM jobs WHERE {' AND '.join(where)} "
+            f"ORDER BY ended_at DESC, id DESC LIMIT {int(limit)}) ORDER BY ended_at, id",
+            params).fetchall()
+        columns = self._job_columns()
+        rows = [dict(zip(columns, r)) for r in rows]
+        allocations = self._allocations_by_job([r["id"] for r in rows])
+        return [(self._job_from_row(r, allocations.get(r["id"], ())),
+                 {c: r.get(c) for c in self.USAGE_COLUMNS}) for r in rows]
+
     def _job_columns(self) -> list[str]:
         if self._columns is None:
             self._columns = [c.name for c in self.db["jobs"].columns]
@@ -364,7 +452,7 @@ class Store:
         found: dict[int, list[Placement]] = {}
         for chunk in _chunks(job_ids, 500):
             for job_id, p in self._placements(
-                f"job_id IN ({','.join('?' * len(chunk))}) AND released_at IS NULL", chunk
+                f"job_id IN ({','.join('?' * len(chunk))}) AND {_HELD}", chunk
             ):
                 found.setdefault(job_id, []).append(p)
         return {k: tuple(v) for k, v in found.items()}
@@ -372,7 +460,7 @@ class Store:
     def _placements(self, where: str, params: list) -> list[tuple[int, Placement]]:
         rows = self.db.execute(
             "SELECT job_id, gpu_uuid, node, gpu_index, memory_mb, exclusive "
-            f"FROM allocations WHERE {where} ORDER BY id", params,
+            f"FROM allocations a WHERE {where} ORDER BY id", params,
         ).fetchall()
         return [(r[0], Placement(r[1], r[2], r[3], r[4], bool(r[5]))) for r in rows]
 
@@ -395,8 +483,7 @@ class Store:
         spec_fields["after"] = tuple(spec_fields.get("after", ()))
         spec_fields["data_mounts"] = tuple(spec_fields.get("data_mounts", ()))
         if placements is None:
-            placements = tuple(p for _, p in self._placements(
-                "job_id = ? AND released_at IS NULL", [row["id"]]))
+            placements = tuple(p for _, p in self._placements(f"job_id = ? AND {_HELD}", [row["id"]]))
         return Job(id=row["id"], user=row["user"], spec=JobSpec(**spec_fields),
                    submitted_at=row["submitted_at"], status=_status(row, placements),
                    attempt=row.get("attempt") or 0, workdir_used=row.get("workdir_used"))
@@ -406,10 +493,11 @@ class Store:
                         "fan_pct", "sm_clock_mhz", "mem_clock_mhz")
 
     def record_telemetry(self, rows: list[dict]) -> None:
-        """R18: one sample per GPU (``gpu``, ``t`` and the TELEMETRY_FIELDS)."""
+        """R18: one sample per GPU (``gpu``, ``t``, the TELEMETRY_FIELDS and ``span_s``, the
+        seconds the sample stands for: what accounting weighs it by)."""
         if not rows:
             return
-        columns = ("gpu", "t", *self.TELEMETRY_FIELDS)
+        columns = ("gpu", "t", *self.TELEMETRY_FIELDS, "span_s")
         with self.transaction():
             self.db.conn.executemany(
                 f"INSERT INTO telemetry ({', '.join(columns)}, bucket_s) "
@@ -430,10 +518,11 @@ class Store:
         averages = ", ".join(f"AVG({f})" for f in self.TELEMETRY_FIELDS)
         with self.transaction():
             self.db.execute(
-                f"INSERT INTO telemetry (gpu, t, {', '.join(self.TELEMETRY_FIELDS)}, bucket_s) "
-                f"SELECT gpu, CAST(t / ? AS INTEGER) * ? + ? / 2, {averages}, ? "
+                f"INSERT INTO telemetry (gpu, t, {', '.join(self.TELEMETRY_FIELDS)}, bucket_s, span_s) "
+                f"SELECT gpu, CAST(t / ? AS INTEGER) * ? + ? / 2, {averages}, ?, "
+                "SUM(COALESCE(span_s, ?)) "
                 "FROM telemetry WHERE t < ? AND bucket_s = 0 GROUP BY gpu, CAST(t / ? AS INTEGER)",
-                [bucket_s, bucket_s, bucket_s, bucket_s, cutoff, bucket_s])
+                [bucket_s, bucket_s, bucket_s, bucket_s, DEFAULT_SPAN_S, cutoff, bucket_s])
             self.db.execute("DELETE FROM telemetry WHERE t < ? AND bucket_s = 0", [cutoff])
             self.db.execute("DELETE FROM telemetry WHERE t < ?", [now - keep_for_s])
 
@@ -447,6 +536,43 @@ class Store:
             self.db.execute("UPDATE users SET quota_gpu_hours = ? WHERE name = ?", [hours, user])
             self._event(t, "admin", f"quota of {user} set to {hours:g} GPU-hours a month by {by}",
                         user=by)
+
+    # ------------------------------------------------------------- accounting
+    def user_months(self, since: float, until: float) -> list[dict]:
+        """Per user and calendar month (local time) of the jobs that ended in [since,
+        until): how many, GPU-hours charged, sampled, busy and idle GPU-hours, and the
+        sum and count of the waits of those that started."""
+        rows = self.db.execute(
+            "SELECT user, strftime('%Y-%m', ended_at, 'unixepoch', 'localtime') AS month, "
+            "COUNT(*), SUM(gpu_hours), SUM(sampled_gpu_hours), SUM(busy_gpu_hours), "
+            "SUM(idle_gpu_hours), SUM(started_at - submitted_at), COUNT(started_at) "
+            "FROM jobs WHERE ended_at >= ? AND ended_at < ? GROUP BY user, month "
+            "ORDER BY month, user", [since, until]).fetchall()
+        keys = ("user", "month", "jobs", "gpu_hours", "sampled_gpu_hours", "busy_gpu_hours",
+                "idle_gpu_hours", "wait_s_sum", "started")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def held_between(self, since: float, until: float) -> list[tuple[str, float, float | None, float]]:
+        """(node, from, to or None while held, share of a card) of every allocation held
+        at some time in [since, until); a slice counts its share of the card (R7)."""
+        return self.db.execute(
+            "SELECT a.node, a.created_at, a.released_at, "
+            "CASE WHEN a.exclusive OR g.total_mb IS NULL OR g.total_mb = 0 THEN 1.0 "
+            "ELSE MIN(1.0, CAST(a.memory_mb AS REAL) / g.total_mb) END "
+            "FROM allocations a LEFT JOIN gpus g ON g.uuid = a.gpu_uuid "
+            "WHERE a.created_at < ? AND (a.released_at IS NULL OR a.released_at >= ?)",
+            [until, since]).fetchall()
+
+    def utilisation_by_day(self, since: float, until: float) -> list[tuple[str, str, float, float]]:
+        """(node, day, seconds sampled, busy seconds) of every node's cards per local
+        calendar day in [since, until), from telemetry (a sample weighs its span)."""
+        weight = f"COALESCE(t.span_s, NULLIF(t.bucket_s, 0), {DEFAULT_SPAN_S})"
+        return self.db.execute(
+            f"SELECT g.node, strftime('%Y-%m-%d', t.t, 'unixepoch', 'localtime') AS day, "
+            f"SUM({weight}), SUM({weight} * t.utilization_pct / 100.0) "
+            "FROM telemetry t JOIN gpus g ON g.uuid = t.gpu "
+            "WHERE t.t >= ? AND t.t < ? AND t.utilization_pct IS NOT NULL "
+            "GROUP BY g.node, day ORDER BY day, g.node", [since, until]).fetchall()
 
     def usage_since(self, since: float) -> dict[str, float]:
         """GPU-hours per user charged to jobs that ended since ``since`` or still hold or
@@ -493,7 +619,7 @@ class Store:
 
 
 def _status(row: dict, placements: tuple[Placement, ...]):
-    """A job's status from its row and its unreleased allocations."""
+    """A job's status from its row and its allocations (held now, or held at its end)."""
     state = JobState(row["state"])
     if state == JobState.PENDING:
         return Pending(row["reason"] or "", row.get("held_by"))

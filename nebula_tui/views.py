@@ -6,6 +6,7 @@ and the TUI render them. Nothing here does I/O.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict
 
@@ -44,6 +45,29 @@ def job_json(job: Job) -> dict:
         "gpus": [{"uuid": p.gpu_uuid, "node": p.node, "index": p.gpu_index,
                   "memory_mb": p.memory_mb, "exclusive": p.exclusive} for p in job.placements],
     }
+
+
+def history_json(job: Job, usage: dict) -> dict:
+    """An ended job as ``job_history`` answers: ``job_json`` plus its wait and run time
+    (of its last run, when it was requeued), the GPU-hours charged (all runs), and what
+    its cards did while it held them (telemetry; None without samples): mean utilisation,
+    GPU-hours held while its cards idled, mean and peak memory used per card."""
+    started = job.started_at
+    sampled = usage.get("sampled_gpu_hours") or 0.0
+    return {
+        **job_json(job),
+        "wait_s": round((started if started is not None else job.ended_at) - job.submitted_at, 3),
+        "run_s": round(job.ended_at - started, 3) if started is not None else 0.0,
+        "gpu_hours": round(usage.get("gpu_hours") or 0.0, 9),
+        "mean_util_pct": round(100 * usage["busy_gpu_hours"] / sampled, 1) if sampled else None,
+        "idle_gpu_hours": round(usage.get("idle_gpu_hours") or 0.0, 9) if sampled else None,
+        "mem_used_mb_mean": _rounded(usage.get("mem_used_mb_mean")),
+        "mem_used_mb_peak": _rounded(usage.get("mem_used_mb_peak")),
+    }
+
+
+def _rounded(value: float | None) -> int | None:
+    return None if value is None else round(value)
 
 
 def gpu_status(gpu: GpuView, node_up: bool) -> str:
@@ -193,3 +217,64 @@ def gpus_text(gpus: list[dict]) -> str:
             for g in gpus]
     return table(("GPU", "MODEL", "MEM MiB", "UTIL", "TEMP", "POWER", "STATUS", "JOBS"), rows,
                  right={2, 3, 4, 5})
+
+
+def format_duration(seconds: float | None) -> str:
+    """4s, 3m12s, 2h05m, 3d04h: a duration as people read it in a table."""
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def history_text(jobs: list[dict]) -> str:
+    """`nebula history`: one ended job a line, oldest first."""
+    if not jobs:
+        return "No ended jobs match."
+    rows = [(j["id"], j["user"], j["name"] or "-", j["state"], fmt(j["exit_code"]),
+             gpu_list(j["gpus"]) or "-", format_duration(j["wait_s"]), format_duration(j["run_s"]),
+             f"{j['gpu_hours']:.3f}", fmt(j["mean_util_pct"], "%"),
+             f"{format_mb(j['mem_used_mb_mean'])}/{format_mb(j['mem_used_mb_peak'])}"
+             if j["mem_used_mb_peak"] is not None else "N/A",
+             time.strftime("%Y-%m-%d %H:%M", time.localtime(j["ended_at"])))
+            for j in jobs]
+    return table(("ID", "USER", "NAME", "STATE", "EXIT", "GPUS", "WAIT", "RUN", "GPU-H", "UTIL",
+                  "MEM MEAN/PEAK", "ENDED"), rows, right={0, 4, 6, 7, 8, 9})
+
+
+def _pct(value: float | None) -> str:
+    return "N/A" if value is None else f"{value:.0f}%"
+
+
+def report_text(report: dict) -> str:
+    """`nebula report`: per user and month, then capacity per node and month, then the
+    cluster day by day."""
+    since = time.strftime("%Y-%m-%d %H:%M", time.localtime(report["since"]))
+    until = time.strftime("%Y-%m-%d %H:%M", time.localtime(report["until"]))
+    users = table(("MONTH", "USER", "JOBS", "GPU-H", "EFFICIENCY", "IDLE GPU-H", "MEAN WAIT"),
+                  [(u["month"], u["user"], u["jobs"], f"{u['gpu_hours']:.3f}",
+                    _pct(u["efficiency_pct"]), f"{u['idle_gpu_hours']:.3f}",
+                    format_duration(u["mean_wait_s"])) for u in report["users"]],
+                  right={2, 3, 4, 5, 6}) if report["users"] else "(no job ended in this period)"
+    capacity = ("PERIOD", "NODE", "GPUS", "AVAILABLE GPU-H", "ALLOCATED GPU-H", "ALLOCATED", "UTILISATION")
+
+    def rows(items):
+        return [(r["period"], r["node"], r["gpus"], f"{r['available_gpu_hours']:.3f}",
+                 f"{r['allocated_gpu_hours']:.3f}", _pct(r["allocated_pct"]), _pct(r["util_pct"]))
+                for r in items]
+
+    days = [r for r in report["days"] if r["node"] == "cluster"]
+    return "\n".join([
+        f"Report {since} to {until}", "",
+        "Users (jobs that ended; efficiency: utilisation of their cards while they held them)",
+        users, "",
+        "Nodes (GPU-hours their cards had, held by jobs, and how busy the cards really were)",
+        table(capacity, rows(report["nodes"]), right={2, 3, 4, 5, 6}), "",
+        "Cluster by day",
+        table(capacity, rows(days), right={2, 3, 4, 5, 6})])

@@ -4,6 +4,7 @@ The rooms, each importing only those before it (``tests/test_architecture.py`` c
 
   ``state``       the live view (nodes, GPUs, jobs, links), ``wake`` and ``spawn``
   ``access``      who may do what
+  ``accounting``  what ended jobs cost and did: history, reports
   ``stream``      the snapshot and the events subscribers get
   ``shares``      fair-share weights, quotas, each user's figures
   ``jobs``        a job's transitions: launch, running, exit, finish, requeue, cancel
@@ -27,6 +28,7 @@ from ..model import Job, JobSpec, JobState, Pending, RequestError
 from ..remote.ssh import NodeUnavailable
 from ..store import Store
 from .access import Access
+from .accounting import Accounting
 from .attach import Attach
 from .health import HealthMonitor
 from .jobs import JobTransitions
@@ -41,8 +43,9 @@ class Engine:
     def __init__(self, config: ClusterConfig, store: Store, clock=time.time):
         self.state = HeadState(config, store, clock)
         self.access = Access(self.state)
+        self.accounting = Accounting(self.state, self.access)
         self.stream = Stream(self.state)
-        self.shares = Shares(self.state, self.access)
+        self.shares = Shares(self.state, self.access, self.accounting)
         self.transitions = JobTransitions(self.state, self.stream, self.shares, self.access)
         self.scheduling = Scheduling(self.state, self.stream, self.shares, self.transitions)
         self.health = HealthMonitor(self.state, self.stream, self.transitions, self.access)

@@ -27,7 +27,6 @@ from .stream import Stream
 
 log = logging.getLogger(__name__)
 
-TELEMETRY_EVERY_S = 30.0
 TELEMETRY_COMPACT_EVERY_S = 3600.0
 _CUDA_VERSION = re.compile(r"CUDA Version:\s*([\d.]+)")
 
@@ -167,16 +166,21 @@ class Fleet:
         self.stream.publish_gpus(node)
 
     def _record_telemetry(self, node: str, readings: list[GpuReading]) -> None:
-        """R18: at most one sample per GPU every TELEMETRY_EVERY_S, whatever the probe rate."""
+        """R18: at most one sample per GPU every ``accounting.telemetry_every`` (30 s),
+        whatever the probe rate; each stands for the time since the node's previous one
+        (at most twice the interval: a node that was away has no say about that time)."""
         now = self.state.clock()
-        if now - self._telemetry_at.get(node, 0.0) < TELEMETRY_EVERY_S:
+        every = self.state.accounting.telemetry_every_s
+        last = self._telemetry_at.get(node)
+        if last is not None and now - last < every:
             return
         self._telemetry_at[node] = now
+        span = every if last is None else min(now - last, 2 * every)
         self.state.store.record_telemetry([
             {"gpu": r.uuid, "t": now, "temperature_c": r.temperature_c,
              "utilization_pct": r.utilization_pct, "memory_used_mb": r.memory_used_mb,
              "power_w": r.power_w, "fan_pct": r.fan_pct, "sm_clock_mhz": r.sm_clock_mhz,
-             "mem_clock_mhz": r.mem_clock_mhz} for r in readings if r.uuid])
+             "mem_clock_mhz": r.mem_clock_mhz, "span_s": span} for r in readings if r.uuid])
         if now - self._compacted_at > TELEMETRY_COMPACT_EVERY_S:
             self._compacted_at = now
             self.state.store.compact_telemetry(now)

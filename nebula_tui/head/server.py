@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .. import environments, views
 from ..api import ARCH_RE, CUDA_RE, MAX_GPU_COUNT, MAX_LINE
-from ..model import JobSpec, RequestError
+from ..model import JobSpec, JobState, RequestError
 from .engine import Engine
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 #: meanwhile goes in the same write, so 125 nodes reporting once a second wake the client
 #: ~10 times, not 125. Any other event is written at once, with what is waiting (seconds).
 STREAM_GATHER_S = 0.1
+#: The longest period one report may cover (a bound on its work).
+MAX_REPORT_S = 400 * 86400
 
 def peer_user(sock: socket.socket) -> str:
     """The Unix user on the other end of a connected Unix socket, as the kernel says."""
@@ -130,6 +132,15 @@ def _port(req: dict) -> int:
     return port
 
 
+def _ended_states(value) -> tuple[JobState, ...]:
+    """``state`` of ``job_history``: None (every ended state), one, or a list of them."""
+    names = [] if value is None else [value] if isinstance(value, str) else value
+    ended = {s.value: s for s in JobState if s.finished}
+    if not isinstance(names, list) or not all(isinstance(n, str) and n in ended for n in names):
+        raise RequestError(f"state must be one or more of {', '.join(ended)}")
+    return tuple(ended[n] for n in names)
+
+
 def _job_id(req: dict) -> int:
     try:
         return int(req["job"])
@@ -226,7 +237,45 @@ class ApiServer:
         return {"gpus": self.engine.gpus_json()}
 
     async def op_job(self, user, req):
-        return {"job": views.job_json(self.engine.job(_job_id(req)))}
+        job = self.engine.job(_job_id(req))
+        if job.state.finished:
+            return {"job": self.engine.accounting.ended_job(user, job)}
+        return {"job": views.job_json(job)}
+
+    async def op_report(self, user, req):
+        """GPU-hours, efficiency and waits per user and month; capacity and utilisation
+        per node and cluster, per month and day, over [since, until) (Unix seconds)."""
+        since, until = req.get("since"), req.get("until")
+        for key, value in (("since", since), ("until", until)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise RequestError(f"{key} must be a time in Unix seconds")
+        if until - since > MAX_REPORT_S:
+            raise RequestError(f"a report covers at most {MAX_REPORT_S // 86400} days; "
+                               "ask for a shorter period")
+        return {"report": self.engine.accounting.report(user, float(since), float(until))}
+
+    async def op_job_history(self, user, req):
+        """Ended jobs: ``{"jobs": [views.history_json …]}``, filtered by ``user``,
+        ``since``/``until`` (Unix seconds), ``state`` (one or a list), ``node``, ``limit``."""
+        texts = {}
+        for key in ("user", "node"):
+            value = req.get(key)
+            if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 64):
+                raise RequestError(f"{key} must be a name of at most 64 characters")
+            texts[key] = value
+        bounds = {}
+        for key in ("since", "until"):
+            value = req.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise RequestError(f"{key} must be a time in Unix seconds")
+            bounds[key] = value
+        limit = req.get("limit", 1000)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100000:
+            raise RequestError("limit must be a number from 1 to 100000")
+        jobs = self.engine.accounting.history(user, who=texts["user"], node=texts["node"],
+                                              states=_ended_states(req.get("state")),
+                                              limit=limit, **bounds)
+        return {"jobs": jobs}
 
     async def op_cancel(self, user, req):
         job = await self.engine.cancel(user, _job_id(req))

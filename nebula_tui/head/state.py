@@ -20,7 +20,7 @@ from ..config import ClusterConfig
 from ..model import GpuProcess, GpuReading, GpuView, Job, NodeState, Placement, RequestError
 from ..remote.ssh import NodeLink
 from ..scheduler.health import health_score
-from ..settings import SchedulerSettings
+from ..settings import AccountingSettings, SchedulerSettings
 from ..store import Store
 
 
@@ -136,6 +136,8 @@ class HeadState:
         self.config = config
         #: the ``scheduler:`` section as the head started with it (a reload keeps it)
         self.settings = config.scheduler or SchedulerSettings()
+        #: the ``accounting:`` section (history's visibility, how often telemetry is kept)
+        self.accounting = config.accounting or AccountingSettings()
         self.store = store
         self.clock = clock
         self.owner = pwd.getpwuid(os.getuid()).pw_name  # the account the service runs as
