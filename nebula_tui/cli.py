@@ -164,6 +164,15 @@ def _when(text: str) -> float:
             "ago (90m, 6h, 7d)") from None
 
 
+def _address(text: str) -> tuple[str, int]:
+    """HOST:PORT ([::1]:9400 for IPv6) of a listening socket."""
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"'{text}' is not HOST:PORT; write it like 127.0.0.1:9400")
+    return host, int(port)
+
+
 def _job_id(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"'{text}' is not a job id (a number, as `nebula queue` shows)")
@@ -363,11 +372,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("serve", "run the head service in the foreground", prints=False)
     p.add_argument("--shared-group", default=None,
                    help="shared box: members of this Unix group may use the service")
+    p.add_argument("--metrics", type=_address, default=None, metavar="HOST:PORT",
+                   help="serve Prometheus metrics there, e.g. 127.0.0.1:9400 (off by default)")
     p = command("demo", "start the simulated lab and open the TUI on it", prints=False)
     p.add_argument("--headless", action="store_true", help="no TUI: keep the lab up until Ctrl-C")
     p.add_argument("--layout", default="demo", choices=("demo", "4x4"))
     p.add_argument("--shared-group", default=None,
                    help="let members of this Unix group use the demo's service")
+    p.add_argument("--metrics", type=_address, default=None, metavar="HOST:PORT",
+                   help="the demo's service serves Prometheus metrics there, e.g. 127.0.0.1:9400")
     command("tui", "open the TUI (the default)", prints=False)
     p = command("completion", "print the shell completion script: "
                 "eval \"$(nebula completion bash)\"", prints=False)
@@ -848,7 +861,7 @@ def cmd_serve(args, home, config) -> int:
     except ConfigError as err:
         print(f"nebula serve: {err}", file=sys.stderr)
         return USAGE_ERROR
-    return serve(home, path, shared_group=args.shared_group)
+    return serve(home, path, shared_group=args.shared_group, metrics=args.metrics)
 
 
 def cmd_demo(args, home, config) -> int:
@@ -856,7 +869,9 @@ def cmd_demo(args, home, config) -> int:
 
     if not (getattr(args, "home", None) or os.environ.get("NEBULA_HOME")):
         home = Home.resolve("~/.nebula/demo", getattr(args, "socket", None))
-    return run_demo(home, args.layout, headless=args.headless, shared_group=args.shared_group)
+    metrics = f"{args.metrics[0]}:{args.metrics[1]}" if args.metrics else None
+    return run_demo(home, args.layout, headless=args.headless, shared_group=args.shared_group,
+                    metrics=metrics)
 
 
 def cmd_tui(args, home, config) -> int:

@@ -23,7 +23,8 @@ RESTART_CHECK_S = 0.5
 DEMO_PROBE_INTERVAL_S = 2.0
 
 
-def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None = None) -> int:
+def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None = None,
+             metrics: str | None = None) -> int:
     home.ensure()
     lab_dir = home.root / "lab"
     stop_service(home)  # one left by an earlier demo points at ports that are gone
@@ -35,7 +36,7 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
         signal.signal(sig, _exit_cleanly)
     try:
         config = lab_dir / "nodes.yaml"
-        supervisor = ServiceSupervisor(home, config, shared_group)
+        supervisor = ServiceSupervisor(home, config, shared_group, metrics)
         supervisor.start()
         if headless:
             return _wait_headless(home, config)
@@ -65,22 +66,24 @@ class ServiceSupervisor:
     simulated nodes and their jobs running, and the restarted service re-adopts them.
     """
 
-    def __init__(self, home: Home, config: Path, shared_group: str | None):
+    def __init__(self, home: Home, config: Path, shared_group: str | None,
+                 metrics: str | None = None):
         self.home, self.config, self.shared_group = home, config, shared_group
+        self.metrics = metrics  # HOST:PORT of the service's Prometheus metrics, or None
         self.restarts = 0
         self._stopping = threading.Event()
         self._process: subprocess.Popen | None = None
         self._thread = threading.Thread(target=self._watch, name="service-supervisor", daemon=True)
 
     def start(self) -> None:
-        self._process = start_background(self.home, self.config, self.shared_group)
+        self._process = start_background(self.home, self.config, self.shared_group, self.metrics)
         self._thread.start()
 
     def _watch(self) -> None:
         while not self._stopping.wait(RESTART_CHECK_S):
             if self._process is not None and self._process.poll() is not None:
                 with contextlib.suppress(ServiceUnavailable):
-                    self._process = start_background(self.home, self.config, self.shared_group)
+                    self._process = start_background(self.home, self.config, self.shared_group, self.metrics)
                     self.restarts += 1
 
     def stop(self) -> None:

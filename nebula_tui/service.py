@@ -100,8 +100,10 @@ def connect(home: Home, config_arg: str | None, autostart: bool = True) -> Clien
     return Client(home.socket)
 
 
-def start_background(home: Home, config_path: Path, shared_group: str | None = None) -> subprocess.Popen:
-    """Start ``nebula serve`` detached (like tmux starts its server) and wait until it answers."""
+def start_background(home: Home, config_path: Path, shared_group: str | None = None,
+                     metrics: str | None = None) -> subprocess.Popen:
+    """Start ``nebula serve`` detached (like tmux starts its server) and wait until it answers.
+    ``shared_group`` and ``metrics`` (HOST:PORT) are its ``--shared-group`` and ``--metrics``."""
     home.ensure()
     argv = [sys.executable, "-m", "nebula_tui", "serve", "--home", str(home.root),
             "--config", str(config_path)]
@@ -109,6 +111,8 @@ def start_background(home: Home, config_path: Path, shared_group: str | None = N
         argv += ["--socket", str(home.socket_override)]
     if shared_group:
         argv += ["--shared-group", shared_group]
+    if metrics:
+        argv += ["--metrics", metrics]
     with open(home.log, "ab") as out:
         process = subprocess.Popen(
             argv,

@@ -574,6 +574,13 @@ class Store:
             "WHERE t.t >= ? AND t.t < ? AND t.utilization_pct IS NOT NULL "
             "GROUP BY g.node, day ORDER BY day, g.node", [since, until]).fetchall()
 
+    def ended_counts(self) -> dict[str, int]:
+        """How many jobs ended in each end state, ever."""
+        finished = [s.value for s in JobState if s.finished]
+        return dict(self.db.execute(
+            f"SELECT state, COUNT(*) FROM jobs WHERE state IN ({','.join('?' * len(finished))}) "
+            "GROUP BY state", finished).fetchall())
+
     def usage_since(self, since: float) -> dict[str, float]:
         """GPU-hours per user charged to jobs that ended since ``since`` or still hold or
         wait (a requeued job keeps what it was charged)."""

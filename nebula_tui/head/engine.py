@@ -12,6 +12,7 @@ The rooms, each importing only those before it (``tests/test_architecture.py`` c
   ``health``      Xid policies, isolation, throttling
   ``nodes``       node links and messages, reconcile, drain/add/remove/reload
   ``attach``      a job's tmux session relayed over the socket
+  ``metrics``     Prometheus metrics (``nebula serve --metrics``)
   ``engine``      this module; ``server`` answers the socket with it, ``serve`` runs it
 
 A request is refused with ``RequestError`` (one line, said to the client as it is).
@@ -32,6 +33,7 @@ from .accounting import Accounting
 from .attach import Attach
 from .health import HealthMonitor
 from .jobs import JobTransitions
+from .metrics import Metrics
 from .nodes import Fleet
 from .scheduling import Scheduling
 from .shares import Shares
@@ -51,6 +53,9 @@ class Engine:
         self.health = HealthMonitor(self.state, self.stream, self.transitions, self.access)
         self.fleet = Fleet(self.state, self.stream, self.transitions, self.health, self.access)
         self.attach = Attach(self.state, self.access)
+        self.metrics = Metrics(self.state)  # served only with --metrics (head/serve.py)
+        self.transitions.on_running = self.metrics.job_started
+        self.scheduling.on_pass = self.metrics.pass_done
         # What the node links call, what the server and tests read:
         self.on_node_message = self.fleet.on_node_message
         self.on_node_state = self.fleet.on_node_state

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 
 from ..model import (Cancelling, Ended, Evicting, Job, JobState, Launching, Pending, Placement,
@@ -38,6 +39,8 @@ class JobTransitions:
         self.stream = stream
         self.shares = shares
         self.access = access
+        #: told of each job that starts running (the metrics' queue waits)
+        self.on_running: Callable[[Job], None] = lambda job: None
         self._acks: dict[str, list[int]] = {}
         #: why a part could not start, as its node said (the first one): the job's reason
         #: when it ends failed; nodes say it again after a restart (their exits are unacked)
@@ -214,7 +217,7 @@ class JobTransitions:
         self.state.store.mark_running(job.id, now)
         launching = holding(job.status)
         running = Running(launching.placements, now, launching.exits)
-        self._set(replace(job, status=with_holding(job.status, running)))
+        self.on_running(self._set(replace(job, status=with_holding(job.status, running))))
 
     # --------------------------------------------------------------------- the end
     def finish(self, job: Job, state: JobState, code: int | None, reason: str) -> None:

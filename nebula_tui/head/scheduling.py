@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from .. import scheduler
@@ -54,6 +55,8 @@ class Scheduling:
         #: the scheduler's view of each waiting job, kept while its spec is the same object
         self.pending_views: dict[int, tuple[JobSpec, scheduler.PendingJob]] = {}
         self._task: asyncio.Task | None = None
+        #: told how long each pass took, in seconds (the metrics)
+        self.on_pass: Callable[[float], None] = lambda seconds: None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run(), name="scheduler")
@@ -72,6 +75,7 @@ class Scheduling:
                     continue
                 self.state.capacity_changed = False
                 self.schedule_pass()
+                self.on_pass(time.perf_counter() - started)
             except Exception:
                 log.exception("scheduling pass failed")
             await self.pause_after(started)

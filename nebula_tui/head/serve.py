@@ -46,8 +46,10 @@ def share_socket_dir(home: Home, group: str) -> None:
             os.chmod(home.root, 0o711)
 
 
-def serve(home: Home, config_path: Path | None, shared_group: str | None = None) -> int:
-    """Run the head service in the foreground until SIGTERM/SIGINT. Returns an exit code."""
+def serve(home: Home, config_path: Path | None, shared_group: str | None = None,
+          metrics: tuple[str, int] | None = None) -> int:
+    """Run the head service in the foreground until SIGTERM/SIGINT. Returns an exit code.
+    ``metrics``: (host, port) to serve Prometheus metrics on."""
     os.umask(0o077)  # the store, its WAL and the logs: the service account's alone
     home.ensure()
     if shared_group:
@@ -75,11 +77,11 @@ def serve(home: Home, config_path: Path | None, shared_group: str | None = None)
     lock_file.flush()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("asyncssh").setLevel(logging.WARNING)  # one line per channel otherwise
-    asyncio.run(_serve(home, config, shared_group))
-    return 0
+    return asyncio.run(_serve(home, config, shared_group, metrics))
 
 
-async def _serve(home: Home, config: ClusterConfig, shared_group: str | None) -> None:
+async def _serve(home: Home, config: ClusterConfig, shared_group: str | None,
+                 metrics: tuple[str, int] | None) -> int:
     store = Store(home.db)
     engine = Engine(config, store)
     stop = asyncio.Event()
@@ -87,12 +89,22 @@ async def _serve(home: Home, config: ClusterConfig, shared_group: str | None) ->
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if metrics:
+        try:
+            engine.metrics.serve_http(*metrics)
+        except OSError as err:
+            print(f"nebula serve: cannot serve metrics on {metrics[0]}:{metrics[1]}: "
+                  f"{err.strerror or err}", file=sys.stderr)
+            store.close()
+            return 2
     await engine.start()
     await server.start()
     log.info("serving %d nodes from %s on %s", len(config.nodes), config.path, home.socket)
     try:
         await stop.wait()
     finally:
+        engine.metrics.close()
         await server.close()
         await engine.stop()
         store.close()
+    return 0
