@@ -282,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("submit", "submit a job: nebula submit [options] -- cmd args…")
     add_submit_flags(p)
     p.add_argument("--wait", action="store_true", help="wait for the end; exit with its code")
+    p.add_argument("--notify", action="store_true",
+                   help="mail you (and the lab's job webhooks) when it ends or is requeued")
     p = command("run", "run a command on a terminal once it has its GPUs, like srun --pty: "
                        "nebula run [submit options] -- bash", prints=False)
     add_submit_flags(p)
@@ -486,7 +488,8 @@ def submit_request(args) -> dict | None:
         "workdir": os.path.abspath(args.workdir) if args.workdir else None,
         "arch": args.arch, "cuda": args.cuda, "vendor": args.vendor, "nodes": args.nodes,
         "priority": args.priority, "after": args.after, "time_limit_s": args.time_limit,
-        "service": args.service, "no_requeue": args.no_requeue, **world_request(args),
+        "service": args.service, "no_requeue": args.no_requeue,
+        "notify": getattr(args, "notify", False), **world_request(args),
     }
 
 

@@ -89,7 +89,7 @@ _HOST_RE = re.compile(r"[A-Za-z0-9_.:%\[\]][A-Za-z0-9_.:%\[\]-]*\Z")
 _USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?\Z")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
-_TOP_KEYS = ("cluster", "nodes", "scheduler", "health", "accounting")
+_TOP_KEYS = ("cluster", "nodes", "scheduler", "health", "accounting", "notify")
 _CLUSTER_KEYS = (
     "name",
     "known_hosts",
@@ -180,6 +180,8 @@ class ClusterConfig:
     health: Any = field(default=None, hash=False, compare=False)
     #: the ``accounting:`` section (settings.AccountingSettings)
     accounting: Any = field(default=None, hash=False, compare=False)
+    #: the ``notify:`` section (settings.NotifySettings)
+    notify: Any = field(default=None, hash=False, compare=False)
 
     def node(self, name: str) -> NodeConfig:
         """The node called ``name``; raises ``KeyError`` if there is none."""
@@ -487,6 +489,7 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
     scheduler = _section(ctx, get(top, "scheduler"), "scheduler_settings")
     health = _section(ctx, get(top, "health"), "health_settings")
     accounting = _section(ctx, get(top, "accounting"), "accounting_settings")
+    notify = _section(ctx, get(top, "notify"), "notify_settings")
 
     def pick(value: Any, default: Any) -> Any:
         return default if value is None else value
@@ -520,12 +523,14 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
         scheduler=scheduler,
         health=health,
         accounting=accounting,
+        notify=notify,
         node_lease=pick(ctx.seconds(get(c, "node_lease"), "cluster.node_lease"), DEFAULT_NODE_LEASE),
     )
 
 
 def _section(ctx: _Ctx, node: Node | None, builder: str) -> Any:
-    """``scheduler:``, ``health:`` or ``accounting:``, validated by its builder in settings.py."""
+    """``scheduler:``, ``health:``, ``accounting:`` or ``notify:``, validated by its builder
+    in settings.py."""
     from . import settings
 
     try:

@@ -157,6 +157,7 @@ class JobSpec:
     submit_dir: str | None = None
     warmup: bool = False  # --warmup: wake the cards from their idle P-state first (R27)
     interactive: bool = False  # `nebula run`: the command gets a terminal; it ends the job (R33)
+    notify: bool = False  # --notify: tell the owner when it ends or is requeued (mail, webhooks)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ command -v tmux >/dev/null 2>&1 || need_apt="$need_apt tmux"
 [ -x /usr/sbin/sshd ] || command -v sshd >/dev/null 2>&1 || need_apt="$need_apt openssh-server"
 command -v ssh-keygen >/dev/null 2>&1 || need_apt="$need_apt openssh-client"
 command -v zsh >/dev/null 2>&1 || need_apt="$need_apt zsh"  # the completion tests load it
+[ -e /usr/sbin/sendmail ] || need_apt="$need_apt msmtp-mta"  # a sendmail for the mail tests
 if [ -n "$need_apt" ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need_apt >/dev/null

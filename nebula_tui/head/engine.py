@@ -13,6 +13,7 @@ The rooms, each importing only those before it (``tests/test_architecture.py`` c
   ``nodes``       node links and messages, reconcile, drain/add/remove/reload
   ``attach``      a job's tmux session relayed over the socket
   ``metrics``     Prometheus metrics (``nebula serve --metrics``)
+  ``notify``      webhooks and mail when jobs end or GPUs are isolated
   ``engine``      this module; ``server`` answers the socket with it, ``serve`` runs it
 
 A request is refused with ``RequestError`` (one line, said to the client as it is).
@@ -34,6 +35,7 @@ from .attach import Attach
 from .health import HealthMonitor
 from .jobs import JobTransitions
 from .metrics import Metrics
+from .notify import Notifier
 from .nodes import Fleet
 from .scheduling import Scheduling
 from .shares import Shares
@@ -56,6 +58,10 @@ class Engine:
         self.metrics = Metrics(self.state)  # served only with --metrics (head/serve.py)
         self.transitions.on_running = self.metrics.job_started
         self.scheduling.on_pass = self.metrics.pass_done
+        self.notifier = Notifier(self.state)
+        self.transitions.on_ended = self.notifier.job_ended
+        self.transitions.on_requeued = self.notifier.job_requeued
+        self.health.on_isolated = self.notifier.gpu_isolated
         # What the node links call, what the server and tests read:
         self.on_node_message = self.fleet.on_node_message
         self.on_node_state = self.fleet.on_node_state

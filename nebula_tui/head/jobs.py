@@ -41,6 +41,9 @@ class JobTransitions:
         self.access = access
         #: told of each job that starts running (the metrics' queue waits)
         self.on_running: Callable[[Job], None] = lambda job: None
+        #: told of each job that ended, and of each requeue with its reason (notifications)
+        self.on_ended: Callable[[Job], None] = lambda job: None
+        self.on_requeued: Callable[[Job, str], None] = lambda job, reason: None
         self._acks: dict[str, list[int]] = {}
         #: why a part could not start, as its node said (the first one): the job's reason
         #: when it ends failed; nodes say it again after a restart (their exits are unacked)
@@ -235,6 +238,7 @@ class JobTransitions:
         for waiter in self._finished_waiters.pop(job.id, []):
             if not waiter.done():
                 waiter.set_result(done)
+        self.on_ended(done)
         self.state.wake()
 
     def requeue(self, job: Job, reason: str) -> None:
@@ -242,6 +246,7 @@ class JobTransitions:
         attempt: one transition, whatever it was doing."""
         self.state.store.requeue(job.id, reason, self.state.clock())
         self._exit_reasons.pop(job.id, None)
+        self.on_requeued(job, reason)
         self._set(replace(job, status=Pending(reason), attempt=job.attempt + 1))
         for node in job_nodes(job):
             self.stream.publish_gpus(node)
