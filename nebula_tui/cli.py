@@ -343,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust", default=None, metavar="SHA256:…",
                    help="trust the host key only if it has this fingerprint (no question asked)")
     node_command("remove", "remove a node from nodes.yaml").add_argument("node")
+    node_command("show", "one node in full: why it is in its state, its GPUs, jobs and "
+                 "latest events").add_argument("node")
     p = command("gpu", "one GPU", prints=False)
     gpu_sub = p.add_subparsers(dest="gpu_command", required=True, parser_class=OneLineParser)
     p = gpu_sub.add_parser("history", help="telemetry samples", parents=[printing])
@@ -353,7 +355,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("gpu", help="uuid or node:index")
     cli_health.add_sim_commands(sub, lambda name, text: command(name, text, prints=False))
     p = command("events", "what happened, newest last")
-    p.add_argument("--limit", type=_count, default=50)
+    p.add_argument("--limit", type=_count, default=50, help="the newest this many (default 50)")
+    p.add_argument("--kind", default=None,
+                   help="only this kind (submit, place, start, end, requeue, node, health, xid, admin …)")
+    p.add_argument("--node", default=None, help="only this node's")
+    p.add_argument("--job", type=_job_id, default=None, help="only this job's")
+    p.add_argument("--user", default=None, help="only those of this user")
+    p.add_argument("--since", type=_when, default=None, metavar="WHEN",
+                   help="only since then (a date or a time ago: 6h, 2d)")
     command("users", "fair-share weights and usage per user")
     p = command("logs", "a job's output", prints=False)
     p.add_argument("job", type=_job_id)
@@ -661,6 +670,11 @@ def cmd_attach(args, home, config) -> int:
 def cmd_node(args, home, config) -> int:
     if args.node_command in ("add", "remove"):
         return _edit_nodes(args, home, config)
+    if args.node_command == "show":
+        from .views import node_text
+
+        with _client(home, config) as client:
+            return _show(args, client.call("node_show", node=args.node)["node"], node_text)
     with _client(home, config) as client:
         if args.node_command == "drain":
             node = client.call("drain", node=args.node, reason=args.reason)["node"]
@@ -721,10 +735,14 @@ def _gpu_history_text(reply: dict) -> str:
 
 
 def cmd_events(args, home, config) -> int:
+    from .views import one_line
+
     with _client(home, config) as client:
-        events = client.call("events", limit=args.limit)["events"]
+        events = client.call("events", limit=args.limit, kind=args.kind, node=args.node,
+                             job=args.job, user=args.user, since=args.since)["events"]
     return _show(args, events, lambda events: "\n".join(
-        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['t']))}  {e['kind']:<7} {e['message']}"
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['t']))}  {e['kind']:<7} "
+        f"{one_line(e['message'], limit=1000)}"
         for e in events))
 
 

@@ -616,10 +616,20 @@ class Store:
             "INSERT INTO events (t, kind, message, job_id, node, gpu, user) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)", [t, kind, message, job_id, node, gpu, user])
 
-    def events(self, limit: int = 50) -> list[dict]:
+    def events(self, limit: int = 50, *, kind: str | None = None, node: str | None = None,
+               job_id: int | None = None, user: str | None = None,
+               since: float | None = None) -> list[dict]:
+        """The newest ``limit`` events that match, oldest first."""
+        where, params = [], []
+        for clause, value in (("kind = ?", kind), ("node = ?", node), ("job_id = ?", job_id),
+                              ("user = ?", user), ("t >= ?", since)):
+            if value is not None:
+                where.append(clause)
+                params.append(value)
         rows = self.db.execute(
             "SELECT t, kind, message, job_id, node, gpu, user FROM events "
-            "ORDER BY id DESC LIMIT ?", [limit],
+            f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY id DESC LIMIT ?",
+            [*params, limit],
         ).fetchall()
         keys = ("t", "kind", "message", "job_id", "node", "gpu", "user")
         return [dict(zip(keys, r)) for r in reversed(rows)]

@@ -219,6 +219,46 @@ def gpus_text(gpus: list[dict]) -> str:
                  right={2, 3, 4, 5})
 
 
+#: The longest reason a node, GPU or job shows (a card of the TUI, a line of `nebula events`).
+REASON_MAX = 160
+
+
+def one_line(text: str, limit: int = REASON_MAX) -> str:
+    """``text`` as one line of at most ``limit`` characters: line breaks, tabs and other
+    control characters become spaces, runs of blanks one space, and a longer text is cut
+    at a word with "…" (the whole of it belongs in a detail view)."""
+    flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    if len(flat) <= limit:
+        return flat
+    cut = flat[:limit - 1]
+    if " " in cut[limit // 2:]:
+        cut = cut[:cut.rindex(" ")]
+    return cut + "…"
+
+
+def node_text(node: dict) -> str:
+    """`nebula node show`: the node, the whole of why it is in its state, its cards, jobs
+    and latest events."""
+    facts = node.get("facts") or {}
+    lines = [f"{node['name']}  {node['host']}:{node['port']}  {node['state']}"
+             + (f" (drained: {node['drain_reason']})" if node.get("drained") and node.get("drain_reason") else ""),
+             f"  host: {facts.get('hostname') or 'N/A'}, python {facts.get('python') or 'N/A'}, "
+             f"CUDA {node.get('cuda_version') or 'N/A'}, health score {node['health_score']:g}"]
+    if node["state"] not in ("up", "drained") or node.get("detail"):
+        lines.append(f"  why: {node['detail'] or 'N/A'}" if "\n" not in (node["detail"] or "")
+                     else "  why:\n" + "\n".join(f"    {l}" for l in node["detail"].splitlines()))
+    if node.get("failed_attempts"):
+        lines.append(f"  failed connection attempts since it was last up: {node['failed_attempts']}")
+    lines.append(f"  jobs: {', '.join(map(str, node['jobs'])) or 'none'}")
+    if node["gpus"]:
+        lines += ["", gpus_text(node["gpus"])]
+    if node["events"]:
+        lines += ["", "Latest events:"] + [
+            f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['t']))}  {e['message']}"
+            for e in node["events"]]
+    return "\n".join(lines)
+
+
 def format_duration(seconds: float | None) -> str:
     """4s, 3m12s, 2h05m, 3d04h: a duration as people read it in a table."""
     if seconds is None:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import re
 
-from .. import node_admin
+from .. import node_admin, views
 from ..config import load_config
 from ..model import Cancelling, ConfigError, GpuReading, JobState, NodeState, RequestError
 from ..remote.backends import nvidia, topo
@@ -28,6 +28,10 @@ from .stream import Stream
 log = logging.getLogger(__name__)
 
 TELEMETRY_COMPACT_EVERY_S = 3600.0
+#: A node that stays away is summed up in the events log this often (its retries are not).
+DOWN_SUMMARY_EVERY_S = 3600.0
+#: The most of a reason's full text kept for `nebula node show`.
+DETAIL_MAX = 4096
 _CUDA_VERSION = re.compile(r"CUDA Version:\s*([\d.]+)")
 
 
@@ -87,21 +91,48 @@ class Fleet:
 
     # ------------------------------------------------------------ what nodes report
     def on_node_state(self, node: str, state: NodeState, reason: str) -> None:
+        """The link's word on the node's reachability. A change of state is one event; a
+        link retrying a node that stays away says so again at each attempt, which only
+        counts (``failed_attempts``), summed up in the log at most once an hour and when
+        the node is back. The reason shown is one line; the whole text is ``detail``."""
         view = self.state.nodes[node]
+        now = self.state.clock()
+        changed = state != view.state
+        line = views.one_line(reason)
+        store = self.state.store
+        if changed:
+            store.add_event("node", self._change_text(view, state, line), node=node)
+            view.summarised_at = now
         if state == NodeState.UP:
             view.silent_since = None
         elif view.silent_since is None:
-            view.silent_since = self.state.clock()
-        view.state, view.reason = state, reason
-        store = self.state.store
-        store.upsert_node(node, view.host, view.port, state.value, reason, view.last_seen)
-        store.add_event("node", f"{node} is {state.value}" + (f": {reason}" if reason else ""),
-                        node=node)
+            view.silent_since = now
+        elif state != NodeState.UP and now - (view.summarised_at or now) >= DOWN_SUMMARY_EVERY_S:
+            store.add_event("node", f"{node} still {state.value} after {view.failed_attempts} "
+                                    f"attempts in {views.format_duration(now - view.silent_since)}"
+                                    + (f": {line}" if line else ""), node=node)
+            view.summarised_at = now
+        view.failed_attempts = 0 if state == NodeState.UP else view.failed_attempts + 1
+        if not changed and (line, reason) == (view.reason, view.detail):
+            return  # the same word again: nothing to store, publish or wake
+        view.state, view.reason = state, line
+        view.detail = reason[:DETAIL_MAX] if reason != line else ""
+        store.upsert_node(node, view.host, view.port, state.value, line, view.last_seen)
         self.stream.publish_node(view)
+        if not changed:
+            return
         self.stream.publish_gpus(node)
         if state == NodeState.UP:
             self.state.spawn(self.reconcile(node), f"reconcile-{node}")
         self.state.wake()
+
+    def _change_text(self, view: NodeView, state: NodeState, line: str) -> str:
+        text = f"{view.name} is {state.value}" + (f": {line}" if line else "")
+        if state == NodeState.UP and view.failed_attempts:
+            away = self.state.clock() - view.silent_since if view.silent_since else None
+            text += (f" (after {view.failed_attempts} failed attempts"
+                     + (f" in {views.format_duration(away)})" if away else ")"))
+        return text
 
     def on_node_message(self, node: str, message: dict) -> None:
         handler = {"hello": self._on_hello, "probe": self._on_probe,
@@ -136,8 +167,12 @@ class Fleet:
         except ValueError as err:
             readings, processes = [], []
             problem = f"probe output not understood: {err}"
-        if problem != view.reason:  # shown until a good probe clears it
-            view.reason = problem
+        full = problem[:DETAIL_MAX]
+        if full != (view.detail or view.reason):  # shown until a good probe clears it
+            # One line on the card (a tool's raw output can be 500 characters of CSV);
+            # the whole of it in `nebula node show`.
+            line = views.one_line(problem)
+            view.reason, view.detail = line, full if full != line else ""
             self.stream.publish_node(view)
         if not readings:
             return
@@ -226,6 +261,22 @@ class Fleet:
         with contextlib.suppress(NodeUnavailable, asyncio.TimeoutError):
             await self.state.links[node].request("cancel", timeout=CANCEL_GRACE_S + 30, job=job_id,
                                                  grace=CANCEL_GRACE_S)
+
+    def show(self, name: str) -> dict:
+        """`nebula node show`: the node with the whole of its reason (a tool's output, an
+        error's text), its retries, host facts, GPUs, jobs and latest events."""
+        view = self.state.nodes.get(name)
+        if view is None:
+            raise RequestError(f"no node {name}; known: {', '.join(self.state.nodes)}")
+        state = self.state
+        return {**view.json(), "detail": view.detail or view.reason,
+                "drain_reason": view.drain_reason, "failed_attempts": view.failed_attempts,
+                "silent_since": view.silent_since, "health_score": round(state.health_score(name), 3),
+                "cuda_version": view.cuda_version,
+                "facts": {k: view.hello.get(k) for k in ("hostname", "python", "uid", "node_dir")},
+                "gpus": self.stream.gpus_json(name, raw=False),
+                "jobs": sorted(j.id for j in state.jobs.values() if name in job_nodes(j)),
+                "events": state.store.events(20, node=name)}
 
     # --------------------------------------------------------------- admins' changes
     def set_drained(self, user: str, node: str, drained: bool, reason: str = "") -> NodeView:

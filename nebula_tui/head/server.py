@@ -293,7 +293,7 @@ class ApiServer:
 
     async def op_drain(self, user, req):
         reason = req.get("reason") or ""
-        if not isinstance(reason, str) or len(reason) > 200:
+        if not isinstance(reason, str) or len(reason) > 200 or not reason.isprintable():
             raise RequestError("reason must be one line of at most 200 characters")
         return {"node": self.engine.set_drained(user, _text(req, "node"), True, reason).json()}
 
@@ -346,10 +346,25 @@ class ApiServer:
         return {"users": self.engine.users_json()}
 
     async def op_events(self, user, req):
+        """The newest ``limit`` events, filtered by ``kind``, ``node``, ``job``, ``user``,
+        ``since`` (Unix seconds)."""
         limit = req.get("limit", 100)
         if not isinstance(limit, int) or not 1 <= limit <= 10000:
             raise RequestError("limit must be a number from 1 to 10000")
-        return {"events": self.engine.store.events(limit)}
+        names = {}
+        for key in ("kind", "node", "user"):
+            value = req.get(key)
+            if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 64):
+                raise RequestError(f"{key} must be a name of at most 64 characters")
+            names[key] = value
+        since = req.get("since")
+        if since is not None and (isinstance(since, bool) or not isinstance(since, (int, float))):
+            raise RequestError("since must be a time in Unix seconds")
+        job = _job_id(req) if req.get("job") is not None else None
+        return {"events": self.engine.store.events(limit, job_id=job, since=since, **names)}
+
+    async def op_node_show(self, user, req):
+        return {"node": self.engine.fleet.show(_text(req, "node"))}
 
     async def op_logs(self, user, req):
         offset = req.get("offset", 0)
