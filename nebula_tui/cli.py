@@ -342,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--identity", default=None, help="client key (default: the cluster's)")
     p.add_argument("--trust", default=None, metavar="SHA256:…",
                    help="trust the host key only if it has this fingerprint (no question asked)")
+    p.add_argument("--no-smoke", action="store_true",
+                   help="skip the smoke test (a 4 GB job of the vendor's tool on the new node)")
     node_command("remove", "remove a node from nodes.yaml").add_argument("node")
     node_command("show", "one node in full: why it is in its state, its GPUs, jobs and "
                  "latest events").add_argument("node")
@@ -706,8 +708,44 @@ def _edit_nodes(args, home, config) -> int:
             trust = fingerprint
         client.call("node_add", timeout=60, node=args.node, host=args.host, port=args.port,
                     user=args.user, identity=args.identity, trust=trust)
-    added = {"node": args.node, "host": args.host, "port": args.port, "fingerprint": fingerprint}
-    return _show(args, added, f"Added {args.node} ({args.host}:{args.port}, host key {fingerprint})")
+        added = {"node": args.node, "host": args.host, "port": args.port, "fingerprint": fingerprint}
+        if not args.json:
+            print(f"Added {args.node} ({args.host}:{args.port}, host key {fingerprint})", flush=True)
+        if args.no_smoke:
+            return _show(args, added, "") if args.json else 0
+        if not args.json:
+            print(f"Smoke test: a 4 GB job of the vendor's tool on {args.node} …", flush=True)
+        try:
+            smoke = client.call("node_smoke", timeout=180, node=args.node)
+        except ApiError as err:
+            smoke = {"error": str(err)}
+    return _smoke_result(args, {**added, "smoke": smoke})
+
+
+def _smoke_result(args, added: dict) -> int:
+    """The smoke test's verdict, and the job's output: exit 0 only when it succeeded."""
+    smoke, node = added["smoke"], added["node"]
+    ok = smoke.get("ended") and smoke["job"]["state"] == "succeeded"
+    if args.json:
+        print(json.dumps(added, indent=2))
+        return 0 if ok else 1
+    if "error" in smoke:
+        print(f"nebula node: {node} was added, but its smoke test could not run: {smoke['error']}",
+              file=sys.stderr)
+        return 1
+    job = smoke["job"]
+    where = f"job {job['id']} ({' '.join(job['command'])}) on {smoke['gpu']} ({smoke['model']})"
+    if not smoke["ended"]:
+        print(f"nebula node: the smoke test, {where}, has not ended yet; `nebula logs {job['id']} -f` "
+              "follows it", file=sys.stderr)
+        return 1
+    print(f"Smoke test: {where} {job['state']}"
+          + (f" with exit code {job['exit_code']}" if job["exit_code"] not in (None, 0) else ""))
+    sys.stdout.write("".join(f"  | {line}\n" for line in smoke["output"].splitlines()))
+    if not ok:
+        print(f"nebula node: {node} failed its smoke test; it stays in the cluster: drain it "
+              f"(nebula node drain {node}) until it is fixed", file=sys.stderr)
+    return 0 if ok else 1
 
 
 def cmd_gpu(args, home, config) -> int:

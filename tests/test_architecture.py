@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nebula_tui"
 HEAD = "nebula_tui.head"
 #: The head's rooms, lowest first: each may import only rooms before it.
 ROOMS = ("state", "access", "accounting", "stream", "shares", "jobs", "scheduling", "health",
-         "nodes", "attach", "metrics", "notify", "engine", "server", "serve")
+         "nodes", "attach", "smoke", "metrics", "notify", "engine", "server", "serve")
 MAX_ROOM_LINES = 500
 
 

@@ -12,6 +12,7 @@ The rooms, each importing only those before it (``tests/test_architecture.py`` c
   ``health``      Xid policies, isolation, throttling
   ``nodes``       node links and messages, reconcile, drain/add/remove/reload
   ``attach``      a job's tmux session relayed over the socket
+  ``smoke``       a new node's first job (``nebula node add``)
   ``metrics``     Prometheus metrics (``nebula serve --metrics``)
   ``notify``      webhooks and mail when jobs end or GPUs are isolated
   ``engine``      this module; ``server`` answers the socket with it, ``serve`` runs it
@@ -39,6 +40,7 @@ from .notify import Notifier
 from .nodes import Fleet
 from .scheduling import Scheduling
 from .shares import Shares
+from .smoke import SmokeTest
 from .state import HeadState, job_nodes
 from .stream import Stream
 
@@ -55,6 +57,7 @@ class Engine:
         self.health = HealthMonitor(self.state, self.stream, self.transitions, self.access)
         self.fleet = Fleet(self.state, self.stream, self.transitions, self.health, self.access)
         self.attach = Attach(self.state, self.access)
+        self.smoke = SmokeTest(self.state, self.stream, self.transitions, self.access)
         self.metrics = Metrics(self.state)  # served only with --metrics (head/serve.py)
         self.transitions.on_running = self.metrics.job_started
         self.scheduling.on_pass = self.metrics.pass_done

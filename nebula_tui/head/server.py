@@ -327,6 +327,10 @@ class ApiServer:
         return await self.engine.add_node(user, _text(req, "node"), _text(req, "host"), _port(req),
                                           login, identity, _text(req, "trust"))
 
+    async def op_node_smoke(self, user, req):
+        """The smoke job on a node (just added): ``{"job", "gpu", "model", "output", "ended"}``."""
+        return await self.engine.smoke.run(user, _text(req, "node"))
+
     async def op_node_remove(self, user, req):
         return await self.engine.remove_node(user, _text(req, "node"))
 
