@@ -792,15 +792,18 @@ def cmd_quota(args, home, config) -> int:
 
 
 def cmd_users(args, home, config) -> int:
-    from .views import table
+    from .views import format_duration, table
 
     with _client(home, config) as client:
         users = client.call("users")["users"]
     return _show(args, users, lambda users: table(
-        ("USER", "WEIGHT", "FINISHED", "RUNNING", "GPU-H MONTH", "QUOTA"),
+        ("USER", "WEIGHT", "FINISHED", "RUNNING", "GPU-H MONTH", "QUOTA", "JOBS MONTH",
+         "EFFICIENCY", "IDLE GPU-H", "MEAN WAIT"),
         [(u["name"], f"{u['weight']:.3f}", u["jobs_finished"], u["running_jobs"],
-          f"{u['month_gpu_hours']:.2f}", f"{u['quota_gpu_hours']:g}") for u in users],
-        right=range(1, 6)))
+          f"{u['month_gpu_hours']:.2f}", f"{u['quota_gpu_hours']:g}", u.get("month_jobs", 0),
+          fmt(u.get("month_efficiency_pct"), "%"), f"{u.get('month_idle_gpu_hours') or 0:.2f}",
+          format_duration(u.get("month_mean_wait_s"))) for u in users],
+        right=range(1, 10)))
 
 
 def cmd_logs(args, home, config) -> int:

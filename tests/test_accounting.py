@@ -221,6 +221,10 @@ def test_report_per_user_per_node_and_for_the_cluster(head, ended):
     users = {u["name"]: u for u in json.loads(head.run("users", "--json", check=True).stdout)}
     assert users["root"]["month_jobs"] == me["jobs"]
     assert users["root"]["month_efficiency_pct"] == me["efficiency_pct"]
+    header, *rows = head.run("users", check=True).stdout.splitlines()
+    assert "EFFICIENCY" in header and "MEAN WAIT" in header
+    root = next(r for r in rows if r.split()[0] == "root")
+    assert f"{me['efficiency_pct']:.0f}%" in root.split()
     text = head.run("report", check=True).stdout
     assert "EFFICIENCY" in text and "ALLOCATED GPU-H" in text and "cluster" in text
 
