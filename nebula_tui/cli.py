@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="nebula", parents=[common],
                            description="NebulaGrid: GPU cluster manager for labs. "
                                        "Without a command, opens the TUI.")
-    parser.add_argument("--version", action="version", version=f"nebula {_version()}")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", parser_class=OneLineParser)
 
     def command(name: str, help_text: str, prints: bool = True, **kw) -> argparse.ArgumentParser:
@@ -401,13 +401,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+class _Version(argparse.Action):
+    """``--version``: looked up only when asked (every command builds the parser)."""
 
-    try:
-        return version("nebula-tui")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("nebula-tui")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            found = "unknown"
+        print(f"nebula {found}")
+        parser.exit()
 
 
 def main(argv: list[str] | None = None) -> int:
