@@ -40,15 +40,23 @@ class StaleDecision(Exception):
 class Store:
     """Durable state of the cluster: nodes, GPUs, jobs, allocations, users, events."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, readonly: bool = False):
+        """``readonly``: a second connection that only reads (WAL lets it read while the
+        head writes), for long queries the head runs in a thread of their own."""
         self.path = Path(path)
-        conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+        if readonly:
+            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30,
+                                   isolation_level=None)
+        else:
+            conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
         self.db = sqlite_utils.Database(conn)
+        self.db.execute("PRAGMA busy_timeout=30000")
+        self._columns: list[str] | None = None
+        if readonly:
+            return
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("PRAGMA busy_timeout=30000")
         self.db.execute("PRAGMA foreign_keys=ON")
-        self._columns: list[str] | None = None
         self._create_schema()
 
     def close(self) -> None:
@@ -424,7 +432,8 @@ class Store:
         """Ended jobs that match (ended in [since, until), on ``node`` at their end), the
         newest ``limit`` of them, oldest first; each with its USAGE_COLUMNS."""
         finished = states or tuple(s for s in JobState if s.finished)
-        where = [f"state IN ({','.join('?' * len(finished))})"]
+        # "+state": walk the ended_at index newest first, not every ended job by state
+        where = ["ended_at IS NOT NULL", f"+state IN ({','.join('?' * len(finished))})"]
         params: list = [s.value for s in finished]
         for clause, value in (("user = ?", user), ("ended_at >= ?", since),
                               ("ended_at < ?", until), ("id = ?", job_id),
@@ -563,16 +572,20 @@ class Store:
             "WHERE a.created_at < ? AND (a.released_at IS NULL OR a.released_at >= ?)",
             [until, since]).fetchall()
 
-    def utilisation_by_day(self, since: float, until: float) -> list[tuple[str, str, float, float]]:
-        """(node, day, seconds sampled, busy seconds) of every node's cards per local
-        calendar day in [since, until), from telemetry (a sample weighs its span)."""
+    #: Telemetry is summed per quarter hour (every time zone's offset is a multiple of it),
+    #: and the caller puts each quarter in its local day: cheaper than a date per sample.
+    QUARTER_S = 900
+
+    def utilisation_by_quarter(self, since: float, until: float) -> list[tuple[str, float, float, float]]:
+        """(node, start of the quarter hour, seconds sampled, busy seconds) of every node's
+        cards in [since, until), from telemetry (a sample weighs its span)."""
         weight = f"COALESCE(t.span_s, NULLIF(t.bucket_s, 0), {DEFAULT_SPAN_S})"
         return self.db.execute(
-            f"SELECT g.node, strftime('%Y-%m-%d', t.t, 'unixepoch', 'localtime') AS day, "
+            f"SELECT g.node, CAST(t.t / {self.QUARTER_S} AS INTEGER) * {self.QUARTER_S} AS q, "
             f"SUM({weight}), SUM({weight} * t.utilization_pct / 100.0) "
             "FROM telemetry t JOIN gpus g ON g.uuid = t.gpu "
             "WHERE t.t >= ? AND t.t < ? AND t.utilization_pct IS NOT NULL "
-            "GROUP BY g.node, day ORDER BY day, g.node", [since, until]).fetchall()
+            "GROUP BY g.node, q", [since, until]).fetchall()
 
     def ended_counts(self) -> dict[str, int]:
         """How many jobs ended in each end state, ever."""

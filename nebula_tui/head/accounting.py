@@ -11,10 +11,12 @@ Whether users see each other's ended jobs is ``accounting.history`` (open by def
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from .. import views
 from ..model import Job, JobState, RequestError
+from ..store import Store
 from .access import Access
 from .state import HeadState
 
@@ -24,15 +26,27 @@ class Accounting:
         self.state = state
         self.access = access
 
+    async def _read(self, query):
+        """``query(store)`` on a read-only connection of its own, in a thread: a month of
+        telemetry is millions of rows, and the head's loop must not wait for them."""
+        def run():
+            store = Store(self.state.store.path, readonly=True)
+            try:
+                return query(store)
+            finally:
+                store.close()
+
+        return await asyncio.to_thread(run)
+
     # ------------------------------------------------------------------ history
-    def history(self, user: str, *, who: str | None = None, since: float | None = None,
-                until: float | None = None, states: tuple[JobState, ...] = (),
-                node: str | None = None, limit: int = 1000) -> list[dict]:
+    async def history(self, user: str, *, who: str | None = None, since: float | None = None,
+                      until: float | None = None, states: tuple[JobState, ...] = (),
+                      node: str | None = None, limit: int = 1000) -> list[dict]:
         """Ended jobs (``views.history_json``), oldest first: the newest ``limit`` that
         ended in [since, until), of ``who``, in ``states``, on ``node``."""
         who = self._visible_owner(user, who)
-        rows = self.state.store.ended_jobs(user=who, since=since, until=until, states=states,
-                                           node=node, limit=limit)
+        rows = await self._read(lambda store: store.ended_jobs(
+            user=who, since=since, until=until, states=states, node=node, limit=limit))
         return [views.history_json(job, usage) for job, usage in rows]
 
     def ended_job(self, user: str, job: Job) -> dict:
@@ -57,36 +71,41 @@ class Accounting:
                 for row in self.state.store.user_months(since, self.state.clock() + 1)}
 
     # ------------------------------------------------------------------- report
-    def report(self, user: str, since: float, until: float) -> dict:
+    async def report(self, user: str, since: float, until: float) -> dict:
         """The report of [since, until) (until at most now; see ``api.py`` for its shape):
         per user and month, the ended jobs' figures; per node and month, and for the
         cluster per month and per day, the GPU-hours its cards had, those held by jobs,
         and the utilisation the cards showed."""
-        state = self.state
-        now = state.clock()
+        now = self.state.clock()
         until = min(until, now)
         if until <= since:
             raise RequestError("the report's period is empty: --since must be before --until and now")
         who = self._visible_owner(user, None)
-        users = [_user_row(row) for row in state.store.user_months(since, until)
-                 if who is None or row["user"] == who]
-        cards = {}  # node -> [(registered, card)] of the cards each node has had
-        for gpu in state.store.gpus():
-            cards.setdefault(gpu["node"], []).append(gpu["registered_at"] or since)
-        months, days = _periods(since, until, "month"), _periods(since, until, "day")
-        held: dict[str, list[tuple[float, float | None, float]]] = {}
-        for node, t0, t1, share in state.store.held_between(since, until):
-            held.setdefault(node, []).append((t0, t1, share))
-        busy: dict[tuple[str, str], list[float]] = {}  # (node, day or month) -> [sampled, busy]
-        for node, day, sampled, used in state.store.utilisation_by_day(since, until):
-            for period in (day, day[:7]):
-                totals = busy.setdefault((node, period), [0.0, 0.0])
-                totals[0] += sampled
-                totals[1] += used
-        return {"since": since, "until": until,
-                "users": users,
-                "nodes": _node_rows(months, cards, held, busy, now),
-                "days": _node_rows(days, cards, held, busy, now)}
+        return await self._read(lambda store: _report(store, who, since, until, now))
+
+
+def _report(store: Store, who: str | None, since: float, until: float, now: float) -> dict:
+    users = [_user_row(row) for row in store.user_months(since, until)
+             if who is None or row["user"] == who]
+    cards: dict[str, list[float]] = {}  # node -> when each of its cards was first seen
+    for gpu in store.gpus():
+        cards.setdefault(gpu["node"], []).append(gpu["registered_at"] or since)
+    held: dict[str, list[tuple[float, float | None, float]]] = {}
+    for node, t0, t1, share in store.held_between(since, until):
+        held.setdefault(node, []).append((t0, t1, share))
+    busy: dict[tuple[str, str], list[float]] = {}  # (node, day or month) -> [sampled, busy]
+    days: dict[float, str] = {}  # quarter hour -> its local day
+    for node, quarter, sampled, used in store.utilisation_by_quarter(since, until):
+        day = days.get(quarter)
+        if day is None:
+            day = days[quarter] = time.strftime("%Y-%m-%d", time.localtime(quarter))
+        for period in (day, day[:7]):
+            totals = busy.setdefault((node, period), [0.0, 0.0])
+            totals[0] += sampled
+            totals[1] += used
+    return {"since": since, "until": until, "users": users,
+            "nodes": _node_rows(_periods(since, until, "month"), cards, held, busy, now),
+            "days": _node_rows(_periods(since, until, "day"), cards, held, busy, now)}
 
 
 def _user_row(row: dict) -> dict:

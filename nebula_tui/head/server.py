@@ -252,7 +252,7 @@ class ApiServer:
         if until - since > MAX_REPORT_S:
             raise RequestError(f"a report covers at most {MAX_REPORT_S // 86400} days; "
                                "ask for a shorter period")
-        return {"report": self.engine.accounting.report(user, float(since), float(until))}
+        return {"report": await self.engine.accounting.report(user, float(since), float(until))}
 
     async def op_job_history(self, user, req):
         """Ended jobs: ``{"jobs": [views.history_json …]}``, filtered by ``user``,
@@ -272,7 +272,7 @@ class ApiServer:
         limit = req.get("limit", 1000)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100000:
             raise RequestError("limit must be a number from 1 to 100000")
-        jobs = self.engine.accounting.history(user, who=texts["user"], node=texts["node"],
+        jobs = await self.engine.accounting.history(user, who=texts["user"], node=texts["node"],
                                               states=_ended_states(req.get("state")),
                                               limit=limit, **bounds)
         return {"jobs": jobs}
