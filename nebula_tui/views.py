@@ -219,8 +219,12 @@ def gpus_text(gpus: list[dict]) -> str:
                  right={2, 3, 4, 5})
 
 
-#: The longest reason a node, GPU or job shows (a card of the TUI, a line of `nebula events`).
+#: The most of a tool's output a reason shows (a card of the TUI, a line of `nebula events`);
+#: the whole of it stays in the detail view.
 REASON_MAX = 160
+#: The head's own sentences (a host key's fix names two paths) are only flattened to one
+#: line, and cut only when absurdly long.
+SENTENCE_MAX = 600
 
 
 def one_line(text: str, limit: int = REASON_MAX) -> str:

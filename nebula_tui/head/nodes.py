@@ -98,7 +98,7 @@ class Fleet:
         view = self.state.nodes[node]
         now = self.state.clock()
         changed = state != view.state
-        line = views.one_line(reason)
+        line = views.one_line(reason, limit=views.SENTENCE_MAX)  # the link's own words
         store = self.state.store
         if changed:
             store.add_event("node", self._change_text(view, state, line), node=node)
