@@ -2,7 +2,7 @@
 # Both run in the project's own virtual environment, which `setup` makes.
 PYTHON ?= .venv/bin/python
 
-.PHONY: demo test setup bench
+.PHONY: demo test setup bench bench-slurm bench-recovery bench-scale
 
 setup:
 	@sh scripts/setup.sh
@@ -15,3 +15,15 @@ test: setup
 
 bench: setup
 	$(PYTHON) bench/submit_latency.py && $(PYTHON) bench/throughput.py
+
+# NebulaGrid and real Slurm (installed with apt when missing; needs root) in one run.
+bench-slurm: setup
+	$(PYTHON) bench/vs_slurm.py
+
+# The head killed with SIGKILL under 100 nodes and 400 jobs, and restarted.
+bench-recovery: setup
+	$(PYTHON) bench/recovery.py
+
+# The head against 100, 250 and 500 simulated nodes with 10,000 jobs waiting.
+bench-scale: setup
+	$(PYTHON) bench/scale.py

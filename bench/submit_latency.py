@@ -39,13 +39,17 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def nebula_latencies(head: HeadProcess, jobs: int, gap: float) -> list[float]:
+def nebula_latencies(head: HeadProcess, jobs: int, gap: float, jitter: float | None = None,
+                     gpu_mem_mb: int | None = 4096) -> list[float]:
+    """``jobs`` samples, each after ``gap`` + up to ``jitter`` (default: ``gap``) idle
+    seconds; ``gpu_mem_mb`` None asks for a whole card."""
     samples = []
+    memory = {"gpu_mem_mb": gpu_mem_mb} if gpu_mem_mb else {}
     with head.client() as client:
         for _ in range(jobs):
-            time.sleep(gap + random.random() * gap)
+            time.sleep(gap + random.random() * (gap if jitter is None else jitter))
             sent = time.time()
-            job = client.call("submit", command=["date", "+%s.%N"], gpu_mem_mb=4096)["job"]
+            job = client.call("submit", command=["date", "+%s.%N"], **memory)["job"]
             done = client.call("wait", timeout=60, job=job["id"])["job"]
             first_line = client.call("logs", job=done["id"], offset=0)["data"].split()[0]
             samples.append(float(first_line) - sent)

@@ -19,12 +19,21 @@ per user and month of the jobs that ended then (``month``, ``user``, ``jobs``,
 ``allocated_gpu_hours``, ``allocated_pct``, ``util_pct``).
 
 The subscription: first ``{"ok": true, "type": "snapshot", "nodes", "gpus", "jobs",
-"summary", "events"}`` (GPUs as ``views.gpu_json`` without the raw reading), then one line
-per event, each with a ``type``:
+"summary", "events", "users"}`` (GPUs as ``views.gpu_json`` without the raw reading, users
+as the ``users`` request's rows), then one line per event, each with a ``type``:
 
 * ``job``: ``{"job": …}``, a job as ``views.job_json`` (whole, after each change);
 * ``node``: ``{"node": …}``, a node (whole; ``"state": "removed"`` when it left);
-* ``event``: ``{"event": …}``, a line of the events log;
+* ``event``: ``{"event": {"t", "kind", "message", "job_id", "node", "gpu", "user"}}``, a
+  line of the events log exactly as the store recorded it (``events`` returns the same
+  lines): every change has one, written where it happens, at the head's time;
+* ``queue``: ``{"order": [job id, …]}``, the waiting jobs in the order the scheduler
+  considers them (priority, fair share, submit time), after a pass changed it (at most
+  every 0.5 s); the snapshot has it as ``"queue"``. ``queue`` and ``job`` requests give
+  each waiting job's ``queue_pos`` (its 1-based place; null before its first pass), and
+  ``job`` also its ``environment`` once placed (node -> the variables its command gets);
+* ``user``: ``{"user": …}``, one user's row as the ``users`` request returns it, after
+  their figures moved (a job of theirs submitted, started, charged or ended; their quota);
 * ``gpus``: ``{"node": N, "gpus": {uuid: fields}, "gone": [uuid, …]}``, after each probe
   of node N and each change to what its GPUs show: only what changed since the
   subscriber's previous state of N's GPUs (the snapshot, then every ``gpus`` event of N
@@ -53,7 +62,8 @@ from pathlib import Path
 #: The longest request line the server reads, and a tenth of the longest reply line.
 MAX_LINE = 1 << 20
 MAX_GPU_COUNT = 64
-ARCH_RE = re.compile(r"^(>=)?sm_\d{2,3}$")
+# NVIDIA's sm_89, or AMD's gfx90a (the LLVM target rocm-smi reports).
+ARCH_RE = re.compile(r"^(>=)?(sm_\d{2,3}|gfx\d{1,2}[0-9a-f]{2})$")
 CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}$")
 
 

@@ -35,8 +35,9 @@ def _send(sock: socket.socket, event: dict) -> None:
     sock.sendall(json.dumps(event).encode() + b"\n")
 
 
-def attach(path: Path, job: int, rank: int = 0) -> int:
-    """Relay until the session detaches or ends; raises ApiError when refused."""
+def attach(path: Path, job: int, rank: int = 0) -> bool:
+    """Relay until the session detaches or ends; True when it ended (its command exited),
+    False on a detach. Raises ApiError when refused."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(str(path))
@@ -64,7 +65,12 @@ def attach(path: Path, job: int, rank: int = 0) -> int:
     return _relay(sock, rest)
 
 
-def _relay(sock: socket.socket, first: bytes) -> int:
+# What tmux's client prints as it leaves when the session itself is gone (a detach prints
+# "[detached (from session …)]").
+SESSION_GONE = b"[exited]"
+
+
+def _relay(sock: socket.socket, first: bytes) -> bool:
     stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
     saved = termios.tcgetattr(stdin)
     resized = os.pipe()  # the SIGWINCH handler only writes a byte: the loop sends the size
@@ -74,23 +80,25 @@ def _relay(sock: socket.socket, first: bytes) -> int:
         tty.setraw(stdin)
         if first:
             os.write(stdout, first)
+        tail = first[-64:]
         while True:
             ready, _, _ = select.select([stdin, sock, resized[0]], [], [])
             if sock in ready:
                 data = sock.recv(65536)
-                if not data:
-                    return 0  # detached, or the session ended
+                if not data:  # detached, or the session ended
+                    return SESSION_GONE in tail
                 os.write(stdout, data)
+                tail = (tail + data)[-64:]
             if stdin in ready:
                 keys = os.read(stdin, 4096)
                 if not keys:
-                    return 0
+                    return False
                 _send(sock, {"data": base64.b64encode(keys).decode()})
             if resized[0] in ready:
                 os.read(resized[0], 64)
                 _send(sock, {"resize": list(_size())})
     except (BrokenPipeError, ConnectionError):
-        return 0
+        return False
     finally:
         termios.tcsetattr(stdin, termios.TCSAFLUSH, saved)
         signal.signal(signal.SIGWINCH, old_handler)

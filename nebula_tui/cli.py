@@ -19,12 +19,12 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 from . import cli_health, environments
 from .api import ARCH_RE, CUDA_RE, ApiError
-from .model import ConfigError, JobState, fmt, parse_size_mb
+from .model import ConfigError, JobState, fmt
 from .service import Home, ServiceUnavailable
+from .units import parse_duration_s, parse_size_mb
 
 USAGE_ERROR = 2
 
@@ -108,17 +108,10 @@ def _pattern(regex, example: str):
 
 
 def _duration(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    number, unit = text[:-1], text[-1:]
-    if unit.isdigit():
-        number, unit = text, "s"
     try:
-        value = float(number) * units[unit.lower()]
-    except (KeyError, ValueError):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a duration; write it like 90s, 30m, 6h or 2d") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"'{text}' must be longer than zero")
-    return value
+        return parse_duration_s(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 STATES = tuple(s.value for s in JobState)
@@ -235,7 +228,7 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
                         "it, else the home)")
     p.add_argument("--command", dest="shell_command", default=None,
                    help="a shell command line instead of `-- cmd args…`")
-    p.add_argument("--arch", type=_pattern(ARCH_RE, "sm_89 or '>=sm_80'"), default=None,
+    p.add_argument("--arch", type=_pattern(ARCH_RE, "sm_89, '>=sm_80' or gfx90a"), default=None,
                    help="compute capability: sm_89 exactly, or '>=sm_80'")
     p.add_argument("--cuda", type=_pattern(CUDA_RE, "12.1"), default=None,
                    help="the driver must support at least this CUDA, e.g. 12.1")
@@ -349,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
                  "latest events").add_argument("node")
     p = command("gpu", "one GPU", prints=False)
     gpu_sub = p.add_subparsers(dest="gpu_command", required=True, parser_class=OneLineParser)
-    p = gpu_sub.add_parser("history", help="telemetry samples", parents=[printing])
+    p = gpu_sub.add_parser("history", help="a GPU's recorded temperature, load, memory and power",
+                           parents=[printing])
     p.add_argument("gpu", help="uuid or node:index")
     p.add_argument("--since", type=_duration, default=3600, help="how far back, e.g. 30m, 6h, 2d")
     p = gpu_sub.add_parser("resume", help="put a GPU in maintenance back in service (admins)",
@@ -375,8 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--tail", type=_count, default=None, metavar="N",
                    help="only the last N lines (with -f: then follow)")
     p = command("parse", "print what NebulaGrid understands from a saved tool output", prints=False)
-    p.add_argument("kind", help="smi-csv, smi-apps, smi-plain, topo, xid")
+    p.add_argument("kind", help="smi-csv, smi-apps, smi-plain, smi-q, smi-xml, amd-smi, "
+                   "rocm-smi, xpu-smi, npu-smi, topo, xid")
     p.add_argument("file", help="the saved output ('-' for stdin)")
+    p.add_argument("--fields", default=None,
+                   help="smi-csv/smi-apps without a header: the query's fields, comma-separated")
     p.add_argument("--best", type=_count, default=None,
                    help="with topo: the K GPUs a K-GPU job would get on that machine")
     p = command("quota", "set a user's GPU-hours per month (admins)")
@@ -389,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve Prometheus metrics there, e.g. 127.0.0.1:9400 (off by default)")
     p = command("demo", "start the simulated lab and open the TUI on it", prints=False)
     p.add_argument("--headless", action="store_true", help="no TUI: keep the lab up until Ctrl-C")
-    p.add_argument("--layout", default="demo", choices=("demo", "4x4"))
+    p.add_argument("--layout", default="demo", choices=("demo", "core", "4x4", "mixed"))
     p.add_argument("--shared-group", default=None,
                    help="let members of this Unix group use the demo's service")
     p.add_argument("--metrics", type=_address, default=None, metavar="HOST:PORT",
@@ -546,11 +543,10 @@ def cmd_run(args, home, config) -> int:
             time.sleep(0.2)
             job = client.call("job", job=job["id"])["job"]
         path = client.path
-    if job["state"] == "running":
-        attach(path, job["id"])
+    ended = job["state"] != "running" or attach(path, job["id"])
     with _client(home, config) as client:
         job = client.call("job", job=job["id"])["job"]
-        if job["state"] == "running":
+        if job["state"] == "running" and not ended:  # a detach: the job runs on
             print(f"Detached; job {job['id']} runs on: `nebula attach {job['id']}`", file=sys.stderr)
             return 0
         return _wait(client, job["id"])
@@ -674,7 +670,8 @@ def cmd_attach(args, home, config) -> int:
 
     with _client(home, config) as client:  # finds (or starts) the service
         path = client.path
-    return attach(path, args.job, args.rank)
+    attach(path, args.job, args.rank)
+    return 0
 
 
 def cmd_node(args, home, config) -> int:
@@ -887,31 +884,47 @@ def _print_tail(client, job_id: int, lines: int, rank: int) -> int:
 
 
 def cmd_parse(args, home, config) -> int:
-    from .remote.backends import PARSERS
+    from .remote import documents
 
-    parse = PARSERS.get(args.kind)
-    if parse is None:
-        print(f"nebula parse: unknown kind '{args.kind}'; known: {', '.join(sorted(PARSERS))}",
+    kind = documents.KINDS.get(args.kind)
+    if kind is None:
+        print(f"nebula parse: unknown kind '{args.kind}'; known: {', '.join(documents.KINDS)}",
+              file=sys.stderr)
+        return USAGE_ERROR
+    if args.best is not None and args.kind != "topo":
+        print("nebula parse: --best goes with the topo kind", file=sys.stderr)
+        return USAGE_ERROR
+    fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
+    if fields and not kind.takes_fields:
+        print(f"nebula parse: --fields goes with the smi-csv and smi-apps kinds, not {args.kind}",
               file=sys.stderr)
         return USAGE_ERROR
     try:
-        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(errors="replace")
+        stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
     except OSError as err:
         print(f"nebula parse: cannot read {args.file}: {err.strerror}", file=sys.stderr)
         return USAGE_ERROR
     try:
-        result = parse(text)
+        with stream:
+            result = documents.parse_stream(args.kind, stream, fields)
         if args.best is not None:
-            if args.kind != "topo":
-                print("nebula parse: --best goes with the topo kind", file=sys.stderr)
-                return USAGE_ERROR
             from .scheduler.topology import best_set
 
             result["best"] = best_set(result["links"], args.best, result["gpus"])
+    except documents.InputTooLarge as err:
+        mib = err.limit // (1024 * 1024)
+        what = "the input" if args.file == "-" else args.file
+        print(f"nebula parse: {what} is larger than {mib} MiB, more than a saved {args.kind} "
+              f"output should be; parse a part of it (e.g. tail -c {mib // 2}M FILE > part)",
+              file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(f"nebula parse: cannot read {args.file}: {err.strerror}", file=sys.stderr)
+        return USAGE_ERROR
     except ValueError as err:
         print(f"nebula parse: {args.file}: {err}", file=sys.stderr)
         return 1
-    print(json.dumps(result, indent=2, default=str))
+    print(documents.to_json(result))
     return 0
 
 

@@ -12,14 +12,18 @@ Format (every key but ``nodes[].name`` and ``nodes[].host`` is optional)::
       known_hosts: ~/.ssh/known_hosts   # host keys are verified against this (R22)
       identity: ~/.ssh/id_ed25519       # default: the SSH client's own defaults
       user: nebula                      # default: the current Unix user
-      probe_interval: 5                 # seconds, > 0
+      probe_interval: 5                 # a duration > 0: 5, 5s, 1m … (as on the command line)
       missed_probes: 3                  # int >= 1
-      connect_timeout: 10               # seconds, > 0
-      command_timeout: 30               # seconds, > 0
+      connect_timeout: 10               # a duration > 0
+      command_timeout: 30s              # a duration > 0
       admins: [alice]
       admin_group: gpuadmins            # members of this Unix group are admins too
       run_as: login                     # or "submitter"
-      node_lease: 600                   # seconds a silent node keeps its jobs before they are requeued
+      node_lease: 10m                   # how long a silent node keeps its jobs before they are requeued
+    scheduler: …                        # typed by settings.py (weights, quota, half_life)
+    health: …                           # typed by settings.py (xid_policies, isolation_grace)
+    accounting: …                       # typed by settings.py (history, telemetry_every)
+    notify: …                           # typed by settings.py (webhooks, admins, mail_domain …)
     nodes:
       - name: node01
         host: 10.0.0.11
@@ -34,26 +38,33 @@ Format (every key but ``nodes[].name`` and ``nodes[].host`` is optional)::
 
 Relative paths are taken from the config file's directory and ``~`` is expanded, so the
 objects built here hold absolute paths only. An explicitly empty value (``identity:``)
-means "use the default".
+means "use the default". Durations and sizes are read by ``units.py``, the CLI's parsers.
+
+Longer than most modules because it is one cohesive thing: every rule of the file, each
+with the line and the fix it names, is here and nowhere else.
 """
 
 from __future__ import annotations
 
 import difflib
 import getpass
-import math
 import os
 import pwd
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from .environments import RUNTIMES
 from .model import ConfigError  # defined beside the plain data so clients need no yaml
+from .settings import (AccountingSettings, HealthSettings, NotifySettings, SchedulerSettings,
+                       SettingError, accounting_settings, health_settings, notify_settings,
+                       scheduler_settings)
+from .units import DURATION_EXAMPLES, parse_duration_s
 
 __all__ = [
     "ClusterConfig",
@@ -80,6 +91,8 @@ DEFAULT_MISSED_PROBES = 3
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_COMMAND_TIMEOUT = 30.0
 RUN_AS_CHOICES = ("login", "submitter")
+Settings = TypeVar("Settings", SchedulerSettings, HealthSettings, AccountingSettings,
+                   NotifySettings)
 
 _NODE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")
 _NODE_NAME_MAX = 63
@@ -174,14 +187,16 @@ class ClusterConfig:
     #: seconds a node may stay silent before its running jobs are declared lost and
     #: requeued (a short drop never costs anyone their job)
     node_lease: float = DEFAULT_NODE_LEASE
-    #: the ``scheduler:`` section (settings.SchedulerSettings); None = defaults
-    scheduler: Any = field(default=None, hash=False, compare=False)
-    #: the ``health:`` section (settings.HealthSettings); None = defaults
-    health: Any = field(default=None, hash=False, compare=False)
-    #: the ``accounting:`` section (settings.AccountingSettings)
-    accounting: Any = field(default=None, hash=False, compare=False)
-    #: the ``notify:`` section (settings.NotifySettings)
-    notify: Any = field(default=None, hash=False, compare=False)
+    #: the ``scheduler:`` section: scoring weights, quota, fair-share decay
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings, hash=False,
+                                         compare=False)
+    #: the ``health:`` section: Xid policies, isolation grace, the self-test command
+    health: HealthSettings = field(default_factory=HealthSettings, hash=False, compare=False)
+    #: the ``accounting:`` section: who sees whose history, how often GPUs are sampled
+    accounting: AccountingSettings = field(default_factory=AccountingSettings, hash=False,
+                                           compare=False)
+    #: the ``notify:`` section: webhooks and mail told of jobs' ends and GPUs' isolation
+    notify: NotifySettings = field(default_factory=NotifySettings, hash=False, compare=False)
 
     def node(self, name: str) -> NodeConfig:
         """The node called ``name``; raises ``KeyError`` if there is none."""
@@ -408,16 +423,15 @@ class _Ctx:
         return value
 
     def seconds(self, node: Node | None, what: str) -> float | None:
+        """A duration, written as the CLI takes one: 600 (seconds), 90s, 10m, 1h, 7d."""
         if node is None or _is(node, "null"):
             return None
-        if not (_is(node, "int") or _is(node, "float")):
-            raise self.error(
-                node, f"{what} must be a number of seconds > 0, found {_describe(node)}"
-            )
-        value = float(self.construct(node))
-        if not math.isfinite(value) or value <= 0:
-            raise self.error(node, f"{what} must be a number of seconds > 0, found {node.value}")
-        return value
+        value = self.construct(node) if isinstance(node, ScalarNode) else None
+        try:
+            return parse_duration_s(value)
+        except ValueError:
+            raise self.error(node, f"{what} must be a duration > 0 such as {DURATION_EXAMPLES}, "
+                                   f"found {_describe(node)}") from None
 
     def boolean(self, node: Node | None, what: str) -> bool | None:
         if node is None or _is(node, "null"):
@@ -486,10 +500,10 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
 
     cluster_defaults = {"user": user, "identity": identity, "known_hosts": known_hosts}
     nodes = _nodes(ctx, get(top, "nodes"), cluster_defaults)
-    scheduler = _section(ctx, get(top, "scheduler"), "scheduler_settings")
-    health = _section(ctx, get(top, "health"), "health_settings")
-    accounting = _section(ctx, get(top, "accounting"), "accounting_settings")
-    notify = _section(ctx, get(top, "notify"), "notify_settings")
+    scheduler = _section(ctx, get(top, "scheduler"), scheduler_settings)
+    health = _section(ctx, get(top, "health"), health_settings)
+    accounting = _section(ctx, get(top, "accounting"), accounting_settings)
+    notify = _section(ctx, get(top, "notify"), notify_settings)
 
     def pick(value: Any, default: Any) -> Any:
         return default if value is None else value
@@ -528,15 +542,27 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
     )
 
 
-def _section(ctx: _Ctx, node: Node | None, builder: str) -> Any:
+def _section(ctx: _Ctx, node: Node | None, build: Callable[[Any], Settings]) -> Settings:
     """``scheduler:``, ``health:``, ``accounting:`` or ``notify:``, validated by its builder
-    in settings.py."""
-    from . import settings
-
+    in settings.py; an error points at the line of the key it names."""
     try:
-        return getattr(settings, builder)(None if node is None else ctx.construct(node))
+        return build(None if node is None else ctx.construct(node))
+    except SettingError as err:
+        raise ctx.error(_node_at(node, err.keys), str(err)) from None
     except ValueError as err:
         raise ctx.error(node, str(err)) from None
+
+
+def _node_at(node: Node, keys: tuple) -> Node:
+    """The YAML node under ``node`` at the path ``keys`` (as far as it goes)."""
+    for key in keys:
+        if not isinstance(node, MappingNode):
+            break
+        found = [value for k, value in node.value if isinstance(k, ScalarNode) and k.value == str(key)]
+        if not found:
+            break
+        node = found[0]
+    return node
 
 
 def _admins(ctx: _Ctx, node: Node | None) -> tuple[str, ...]:

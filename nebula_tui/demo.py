@@ -3,11 +3,21 @@
 The lab runs as its own process (in-process asyncssh servers: no root, no system sshd),
 the head service as another, exactly as in production; the demo only starts and stops
 them.
+
+One demo per home, and nothing of it is lost by accident:
+
+* the demo that started a home's lab owns it (it holds ``demo.lock``); a second ``nebula
+  demo`` on the same home opens the TUI on that lab and leaves it alone when it quits;
+* quitting a demo whose lab runs jobs asks whether to stop the lab with them or to leave
+  it running in the background (its lab's pid stays in ``lab/pid``); the next ``nebula
+  demo`` finds it, owns it again, and asks again when it quits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import signal
 import subprocess
 import sys
@@ -21,49 +31,109 @@ from .service import Home, ServiceUnavailable, start_background
 LAB_START_TIMEOUT_S = 30.0
 RESTART_CHECK_S = 0.5
 DEMO_PROBE_INTERVAL_S = 2.0
+#: The lock the demo owning a home's lab holds while it runs (its pid inside).
+DEMO_LOCK = "demo.lock"
+#: Where a running lab's pid is kept (in the lab's directory).
+LAB_PID = "pid"
+#: What identifies a lab process in its command line (a pid may be reused).
+LAB_MODULE = "nebula_tui.sim.lab"
 
 
 def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None = None,
              metrics: str | None = None) -> int:
     home.ensure()
+    lock = _own(home)
+    if lock is None:
+        return _join(home, headless)
     lab_dir = home.root / "lab"
-    stop_service(home)  # one left by an earlier demo points at ports that are gone
-    lab = start_lab(lab_dir, layout, home.root / "lab.log")
+    config = lab_dir / "nodes.yaml"
     supervisor = None
+    leave_running = False
     # A closed terminal (SIGHUP) or a plain kill (SIGTERM) would end the process at once and
     # leave the lab and the service running: end it through the clean-up below instead.
     for sig in (signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, _exit_cleanly)
+    lab: Lab | None = None
     try:
-        config = lab_dir / "nodes.yaml"
+        lab = Lab.running(lab_dir)  # one an earlier demo left running in the background
+        if lab is None:
+            stop_service(home)  # one left by an earlier demo points at ports that are gone
+            lab = Lab.start(lab_dir, layout, home.root / "lab.log")
         supervisor = ServiceSupervisor(home, config, shared_group, metrics)
         supervisor.start()
         if headless:
             return _wait_headless(home, config)
-        from .screens.app import run_tui
+        from .screens.app import LEAVE_LAB, open_tui
 
-        return run_tui(home, str(config))
+        app = open_tui(home, str(config), demo_lab=True)
+        leave_running = app.return_value == LEAVE_LAB
+        if leave_running:
+            print(f"The demo's lab keeps running in the background ({home.root}).\n"
+                  f"`nebula demo` opens it again; quitting that one can stop it.", flush=True)
+        return app.return_code or 0
     except (ServiceUnavailable, LabUnavailable) as err:
         print(f"nebula demo: {err}", file=sys.stderr)
         return 1
     finally:
         if supervisor:
             supervisor.stop()
-        stop_service(home)
-        lab.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            lab.wait(10)
+        if not leave_running:
+            stop_service(home)
+            if lab is not None:
+                lab.stop()
+        lock.close()  # the next demo on this home may own the lab now
 
 
 def _exit_cleanly(signum: int, _frame) -> None:
     raise SystemExit(128 + signum)
 
 
+def _own(home: Home):
+    """Become the demo that owns this home's lab: the held lock file, or None when another
+    demo process holds it."""
+    lock = open(home.root / DEMO_LOCK, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+def _owner(home: Home) -> str:
+    with contextlib.suppress(OSError):
+        return (home.root / DEMO_LOCK).read_text().strip() or "?"
+    return "?"
+
+
+def _join(home: Home, headless: bool) -> int:
+    """Another demo owns this home's lab: look at it, never stop or rewrite it."""
+    config = home.root / "lab" / "nodes.yaml"
+    if headless:
+        print(f"nebula demo: a demo already runs for {home.root} (process {_owner(home)}); "
+              f"point other commands at it:\n  export NEBULA_HOME={home.root} NEBULA_CONFIG={config}",
+              file=sys.stderr)
+        return 1
+    try:
+        Client(home.socket, timeout=5).close()
+    except ApiError:
+        print(f"nebula demo: a demo is starting for {home.root} (process {_owner(home)}); "
+              f"try again in a moment", file=sys.stderr)
+        return 1
+    from .screens.app import open_tui
+
+    return open_tui(home, str(config)).return_code or 0
+
+
 class ServiceSupervisor:
     """Keeps the demo's head service up, as systemd does with ``Restart=always``.
 
     The service is a process of its own, as in production: killing it leaves the
-    simulated nodes and their jobs running, and the restarted service re-adopts them.
+    simulated nodes and their jobs running, and the restarted service re-adopts them. One
+    found running (left by an earlier demo) is watched through its socket.
     """
 
     def __init__(self, home: Home, config: Path, shared_group: str | None,
@@ -76,14 +146,29 @@ class ServiceSupervisor:
         self._thread = threading.Thread(target=self._watch, name="service-supervisor", daemon=True)
 
     def start(self) -> None:
-        self._process = start_background(self.home, self.config, self.shared_group, self.metrics)
+        if not self._answers():
+            self._process = start_background(self.home, self.config, self.shared_group,
+                                             self.metrics)
         self._thread.start()
+
+    def _answers(self) -> bool:
+        try:
+            Client(self.home.socket, timeout=2).close()
+        except ApiError:
+            return False
+        return True
+
+    def _alive(self) -> bool:
+        if self._process is not None:
+            return self._process.poll() is None
+        return self._answers()
 
     def _watch(self) -> None:
         while not self._stopping.wait(RESTART_CHECK_S):
-            if self._process is not None and self._process.poll() is not None:
+            if not self._alive() and not self._stopping.is_set():
                 with contextlib.suppress(ServiceUnavailable):
-                    self._process = start_background(self.home, self.config, self.shared_group, self.metrics)
+                    self._process = start_background(self.home, self.config,
+                                                     self.shared_group, self.metrics)
                     self.restarts += 1
 
     def stop(self) -> None:
@@ -94,12 +179,53 @@ class LabUnavailable(Exception):
     """The simulated lab did not come up; str() says why."""
 
 
+class Lab:
+    """The simulated lab's process: one this demo started, or one found running."""
+
+    def __init__(self, pid: int, lab_dir: Path, process: subprocess.Popen | None = None) -> None:
+        self.pid = pid
+        self.lab_dir = lab_dir
+        self.process = process
+
+    @classmethod
+    def start(cls, lab_dir: Path, layout: str, log_path: Path) -> Lab:
+        process = start_lab(lab_dir, layout, log_path)
+        (lab_dir / LAB_PID).write_text(f"{process.pid}\n")
+        return cls(process.pid, lab_dir, process)
+
+    @classmethod
+    def running(cls, lab_dir: Path) -> Lab | None:
+        """The lab an earlier demo of this directory left running, if it still runs."""
+        try:
+            pid = int((lab_dir / LAB_PID).read_text())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            return None
+        if LAB_MODULE not in cmdline or str(lab_dir) not in cmdline:
+            return None  # the pid went to another process since
+        return cls(pid, lab_dir) if (lab_dir / "ready").exists() else None
+
+    def alive(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        return Path(f"/proc/{self.pid}").exists()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not self.alive():
+            (self.lab_dir / LAB_PID).unlink(missing_ok=True)
+
+
 def start_lab(lab_dir: Path, layout: str, log_path: Path) -> subprocess.Popen:
     ready = lab_dir / "ready"
     ready.unlink(missing_ok=True)
     with open(log_path, "ab") as log:
         lab = subprocess.Popen(
-            [sys.executable, "-m", "nebula_tui.sim.lab", "--dir", str(lab_dir), "--layout", layout,
+            [sys.executable, "-m", LAB_MODULE, "--dir", str(lab_dir), "--layout", layout,
              "--ssh", "asyncssh", "--probe-interval", str(DEMO_PROBE_INTERVAL_S)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
         )

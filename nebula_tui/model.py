@@ -9,11 +9,11 @@ by :func:`fmt`; one missing field never loses the whole GPU.
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-MIB_PER_GIB = 1024
+from .units import MIB_PER_GIB
+
 #: R3: no slice smaller than this is ever handed out or offered.
 MIN_SLICE_MB = 4 * MIB_PER_GIB
 #: R3: at most this many allocations live on one GPU at once.
@@ -78,8 +78,29 @@ class GpuReading:
     mem_clock_mhz: float | None = None
     pstate: str | None = None
     driver_version: str | None = None
-    compute_cap: str | None = None  # as the tool prints it: "8.9"
+    compute_cap: str | None = None  # as the tool prints it: "8.9" (NVIDIA), "gfx90a" (AMD)
     vendor: str = "nvidia"
+    # The rest of the vendor-neutral reading (remote/backends/reading.py says what each is).
+    base_sm_clock_mhz: float | None = None
+    max_sm_clock_mhz: float | None = None
+    max_mem_clock_mhz: float | None = None
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_max: int | None = None
+    ecc_uncorrected: int | None = None
+    ecc_corrected: int | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    throttle_reasons: tuple[str, ...] | None = None  # active clock-event reasons; () none
+    mig_mode: str | None = None
+    persistence_mode: str | None = None  # "Enabled"/"Disabled" (NVIDIA)
+    parent_uuid: str | None = None  # a MIG instance's GPU (R3: instances are devices)
+    health: str | None = None  # the vendor's own verdict where it gives one (Ascend "OK")
+    visible_env: str | None = None  # the variable that hands it to a job (CUDA_VISIBLE_DEVICES…)
+    visible_id: str | None = None  # what that variable takes for it ("0", "MIG-…")
 
 
 @dataclass(frozen=True)
@@ -383,30 +404,6 @@ class GpuView:
     @property
     def uuid(self) -> str:
         return self.reading.uuid
-
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-_UNIT_MB = {"": None, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
-
-
-def parse_size_mb(text: str) -> int:
-    """Parse a memory size as users write it: 8G, 8GB, 8GiB, 8192M, 0.5T -> MiB.
-
-    G, GB and GiB all mean 1024 MiB, the way nvidia-smi counts. A bare number is taken as
-    GiB when small (<= 1024, "8" = 8 GiB) — nobody asks for 8 MiB of a GPU. Raises
-    ValueError with a sentence naming what is wrong.
-    """
-    match = _SIZE_RE.match(str(text))
-    if not match:
-        raise ValueError(f"'{text}' is not a size; write it like 8G, 8GB, 8GiB or 8192M")
-    number, unit, _ = match.groups()
-    scale = _UNIT_MB[unit.lower()]
-    if scale is None:
-        scale = 1024 if float(number) <= 1024 else 1
-    mb = float(number) * scale
-    if mb < 1:
-        raise ValueError(f"'{text}' is smaller than 1 MiB")
-    return int(round(mb))
 
 
 def format_mb(mb: int | None) -> str:

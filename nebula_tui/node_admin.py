@@ -20,9 +20,6 @@ import yaml
 from .config import ClusterConfig, load_config
 from .model import ConfigError
 
-NAME_KEYS = ("name",)
-
-
 class NodeAdminError(Exception):
     """An add or remove that cannot be done; str() says why and what to do."""
 

@@ -1,8 +1,9 @@
 """The optional ``scheduler:``, ``health:``, ``accounting:`` and ``notify:`` sections of
-nodes.yaml, validated.
+nodes.yaml, validated and typed.
 
-Each builder takes the section as plain data (what YAML gave) and returns settings, or
-raises ValueError with a sentence naming the key; config.py adds the file and line.
+Each builder takes the section as plain data (what YAML gave) and returns its settings,
+or raises :class:`SettingError`: a sentence naming the key, and the key's path in the
+section (config.py turns that into the file and line of the key).
 """
 
 from __future__ import annotations
@@ -11,13 +12,23 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .model import parse_size_mb
 from .scheduler import fairshare
-from .scheduler.health import DEFAULT_POLICIES, Policy, parse_duration_s, policies_from_config
+from .scheduler.health import DEFAULT_POLICIES, Policy, policies_from_config
 from .scheduler.snapshot import SchedulerConfig
+from .units import parse_duration_s, parse_size_mb
 
 _WEIGHTS = {"hot": "w_hot", "load": "w_load", "pack": "w_pack", "health": "w_health",
             "power": "w_power", "topology": "w_topology"}
+DEFAULT_ISOLATION_GRACE_S = 15.0
+
+
+class SettingError(ValueError):
+    """A bad value in a section; ``keys`` is where it is under the section, e.g.
+    ``("weights", "hot")`` for ``scheduler.weights.hot``."""
+
+    def __init__(self, message: str, *keys: str) -> None:
+        super().__init__(message)
+        self.keys = keys
 
 
 @dataclass(frozen=True)
@@ -34,55 +45,64 @@ class HealthSettings:
     """``health:`` — XID policies (R16), isolation grace (R17), the self-test command."""
 
     policies: dict[int, Policy] = field(default_factory=lambda: dict(DEFAULT_POLICIES))
-    isolation_grace_s: float = 15.0
+    isolation_grace_s: float = DEFAULT_ISOLATION_GRACE_S
     selftest_command: str | None = None
 
 
-def _number(section: str, key: str, value: Any, minimum: float = 0) -> float:
+def _number(section: str, keys: tuple[str, ...], value: Any, minimum: float = 0) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-        raise ValueError(f"{section}.{key} must be a number ≥ {minimum:g}, found {value!r}")
+        raise SettingError(f"{'.'.join((section, *keys))} must be a number ≥ {minimum:g}, "
+                           f"found {value!r}", *keys)
     return float(value)
 
 
-def _mapping(section: str, value: Any) -> dict:
+def _mapping(what: str, value: Any, *keys: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ValueError(f"{section} must be a mapping of 'key: value' lines")
+        raise SettingError(f"{what} must be a mapping of 'key: value' lines", *keys)
     return value
 
 
-def _known(section: str, data: dict, known: tuple[str, ...]) -> None:
+def _known(what: str, data: dict, known: tuple[str, ...], *keys: str) -> None:
     for key in data:
         if key not in known:
-            raise ValueError(f"{section}: unknown key {key!r}; known keys: {', '.join(known)}")
+            raise SettingError(f"{what}: unknown key {key!r}; known keys: {', '.join(known)}",
+                               *keys, str(key))
+
+
+def _duration(section: str, key: str, value: Any) -> float:
+    try:
+        return parse_duration_s(value)
+    except ValueError as err:
+        raise SettingError(f"{section}.{key}: {err}", key) from None
 
 
 def scheduler_settings(value: Any) -> SchedulerSettings:
     data = _mapping("scheduler", value)
     _known("scheduler", data, ("weights", "hot_c", "min_health_score", "service_spare",
                                "quota_gpu_hours", "half_life"))
-    config = SchedulerConfig()
-    weights = _mapping("scheduler.weights", data.get("weights"))
-    _known("scheduler.weights", weights, tuple(_WEIGHTS))
-    config = replace(config, **{_WEIGHTS[k]: _number("scheduler.weights", k, v) for k, v in weights.items()})
+    weights = _mapping("scheduler.weights", data.get("weights"), "weights")
+    _known("scheduler.weights", weights, tuple(_WEIGHTS), "weights")
+    config = replace(SchedulerConfig(), **{_WEIGHTS[k]: _number("scheduler", ("weights", k), v)
+                                           for k, v in weights.items()})
     if "hot_c" in data:
-        config = replace(config, hot_c=_number("scheduler", "hot_c", data["hot_c"]))
+        config = replace(config, hot_c=_number("scheduler", ("hot_c",), data["hot_c"]))
     if "min_health_score" in data:
-        config = replace(config, min_health_score=_number("scheduler", "min_health_score",
+        config = replace(config, min_health_score=_number("scheduler", ("min_health_score",),
                                                           data["min_health_score"]))
     if "service_spare" in data:
         try:
             config = replace(config, service_spare_mb=parse_size_mb(str(data["service_spare"])))
         except ValueError as err:
-            raise ValueError(f"scheduler.service_spare: {err}") from None
+            raise SettingError(f"scheduler.service_spare: {err}", "service_spare") from None
     settings = SchedulerSettings(config=config)
     if "quota_gpu_hours" in data:
-        settings = replace(settings, quota_gpu_hours=_number("scheduler", "quota_gpu_hours",
+        settings = replace(settings, quota_gpu_hours=_number("scheduler", ("quota_gpu_hours",),
                                                              data["quota_gpu_hours"]))
     if "half_life" in data:
         half_life = data["half_life"]
-        seconds = None if half_life in (0, "0", None, "never") else _duration("scheduler.half_life", half_life)
+        seconds = None if half_life in (0, "0", None, "never") else _duration("scheduler", "half_life", half_life)
         settings = replace(settings, half_life_s=seconds)
     return settings
 
@@ -92,23 +112,20 @@ def health_settings(value: Any) -> HealthSettings:
     _known("health", data, ("xid_policies", "isolation_grace", "selftest_command"))
     settings = HealthSettings()
     if "xid_policies" in data:
-        settings = replace(settings, policies=policies_from_config(_mapping("health.xid_policies",
-                                                                             data["xid_policies"])))
+        policies = _mapping("health.xid_policies", data["xid_policies"], "xid_policies")
+        try:
+            settings = replace(settings, policies=policies_from_config(policies))
+        except ValueError as err:
+            raise SettingError(str(err), "xid_policies") from None
     if "isolation_grace" in data:
-        settings = replace(settings, isolation_grace_s=_duration("health.isolation_grace",
+        settings = replace(settings, isolation_grace_s=_duration("health", "isolation_grace",
                                                                  data["isolation_grace"]))
     if data.get("selftest_command") is not None:
         if not isinstance(data["selftest_command"], str):
-            raise ValueError("health.selftest_command must be a command line (text)")
+            raise SettingError("health.selftest_command must be a command line (text)",
+                               "selftest_command")
         settings = replace(settings, selftest_command=data["selftest_command"])
     return settings
-
-
-def _duration(what: str, value: Any) -> float:
-    try:
-        return parse_duration_s(value)
-    except ValueError as err:
-        raise ValueError(f"{what}: {err}") from None
 
 
 #: Who sees whose ended jobs (``accounting.history``).
@@ -134,11 +151,12 @@ def accounting_settings(value: Any) -> AccountingSettings:
     settings = AccountingSettings()
     if "history" in data:
         if data["history"] not in HISTORY_VISIBILITY:
-            raise ValueError(f"accounting.history must be one of {', '.join(HISTORY_VISIBILITY)}, "
-                             f"found {data['history']!r}")
+            raise SettingError(f"accounting.history must be one of "
+                               f"{', '.join(HISTORY_VISIBILITY)}, found {data['history']!r}",
+                               "history")
         settings = replace(settings, history=data["history"])
     if "telemetry_every" in data:
-        settings = replace(settings, telemetry_every_s=_duration("accounting.telemetry_every",
+        settings = replace(settings, telemetry_every_s=_duration("accounting", "telemetry_every",
                                                                  data["telemetry_every"]))
     return settings
 
@@ -165,12 +183,13 @@ class NotifySettings:
 def notify_settings(value: Any) -> NotifySettings:
     data = _mapping("notify", value)
     _known("notify", data, ("webhooks", "admins", "mail_domain", "sendmail", "from"))
-    admins = _mapping("notify.admins", data.get("admins"))
-    _known("notify.admins", admins, ("webhooks", "mail"))
+    admins = _mapping("notify.admins", data.get("admins"), "admins")
+    _known("notify.admins", admins, ("webhooks", "mail"), "admins")
     texts = {key: _text("notify", key, data.get(key)) for key in ("mail_domain", "sendmail", "from")}
     for key in ("mail_domain", "from"):
         if texts[key] is not None and not _MAIL_RE.match(texts[key].split("@")[-1]):
-            raise ValueError(f"notify.{key}: {texts[key]!r} is not a mail domain or address")
+            raise SettingError(f"notify.{key}: {texts[key]!r} is not a mail domain or address",
+                               key)
     return NotifySettings(webhooks=_urls("notify.webhooks", data.get("webhooks")),
                           admin_webhooks=_urls("notify.admins.webhooks", admins.get("webhooks")),
                           admin_mail=_addresses("notify.admins.mail", admins.get("mail")),
@@ -186,8 +205,13 @@ def _text(section: str, key: str, value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value or "\n" in value:
-        raise ValueError(f"{section}.{key} must be one line of text, found {value!r}")
+        raise SettingError(f"{section}.{key} must be one line of text, found {value!r}", key)
     return value
+
+
+def _keys(what: str) -> tuple[str, ...]:
+    """Where ``what`` (e.g. ``notify.admins.mail``) is under its section."""
+    return tuple(what.split(".")[1:])
 
 
 def _list(what: str, value: Any) -> list:
@@ -196,7 +220,8 @@ def _list(what: str, value: Any) -> list:
     if isinstance(value, str):
         return [value]
     if not isinstance(value, list):
-        raise ValueError(f"{what} must be a list, e.g. [https://chat.example.org/hooks/…]")
+        raise SettingError(f"{what} must be a list, e.g. [https://chat.example.org/hooks/…]",
+                           *_keys(what))
     return value
 
 
@@ -204,7 +229,7 @@ def _urls(what: str, value: Any) -> tuple[str, ...]:
     urls = _list(what, value)
     for url in urls:
         if not isinstance(url, str) or not re.match(r"^https?://[^\s]+$", url):
-            raise ValueError(f"{what}: {url!r} is not an http(s):// URL")
+            raise SettingError(f"{what}: {url!r} is not an http(s):// URL", *_keys(what))
     return tuple(urls)
 
 
@@ -212,5 +237,5 @@ def _addresses(what: str, value: Any) -> tuple[str, ...]:
     addresses = _list(what, value)
     for address in addresses:
         if not isinstance(address, str) or not _ADDRESS_RE.match(address):
-            raise ValueError(f"{what}: {address!r} is not a mail address")
+            raise SettingError(f"{what}: {address!r} is not a mail address", *_keys(what))
     return tuple(addresses)

@@ -1,8 +1,13 @@
 """The store: the only module that speaks SQL. SQLite in WAL mode through sqlite-utils.
+(Longer than most modules for that reason: every query of the project is here.)
 
 Every state change is one ``BEGIN IMMEDIATE`` transaction; a submit is committed with
 ``synchronous=FULL`` so an acknowledged job id survives even a crash of the machine. Only the head
 service (``nebula serve``) opens the store for writing.
+
+A change writes its line of the events log in the same transaction, at the time the caller
+gives (the head's clock); once committed, each line goes to ``on_event`` (the head's
+stream publishes it), so what subscribers see and what ``events`` returns are the same.
 """
 
 from __future__ import annotations
@@ -10,16 +15,15 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 import sqlite_utils
 
-from .model import (Cancelling, Ended, Job, JobSpec, JobState, Launching, Pending, Placement,
-                    Running)
+from .model import (WAITING_FOR_SCHEDULER, Cancelling, Ended, Job, JobSpec, JobState, Launching,
+                    Pending, Placement, Running)
 
 FINISHED_SQL = ", ".join(f"'{s.value}'" for s in JobState if s.finished)
 #: For accounting, a card below this utilisation is idle (its GPU-hours are "held idle").
@@ -52,6 +56,9 @@ class Store:
         self.db = sqlite_utils.Database(conn)
         self.db.execute("PRAGMA busy_timeout=30000")
         self._columns: list[str] | None = None
+        #: told every events-log line once its transaction committed (the head publishes them)
+        self.on_event: Callable[[dict], None] | None = None
+        self._written: list[dict] = []  # lines of the transaction under way
         if readonly:
             return
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -78,11 +85,16 @@ class Store:
                 yield self.db
             except BaseException:
                 self.db.execute("ROLLBACK")
+                self._written = []
                 raise
             self.db.execute("COMMIT")
         finally:
             if durable:
                 self.db.execute("PRAGMA synchronous=NORMAL")
+        written, self._written = self._written, []
+        if self.on_event is not None:
+            for event in written:
+                self.on_event(event)
 
     # ----------------------------------------------------------------- schema
     def _create_schema(self) -> None:
@@ -227,11 +239,13 @@ class Store:
             # Plain SQL on the hot paths: sqlite-utils' insert inspects the table each call.
             job_id = self.db.execute(
                 "INSERT INTO jobs (user, name, spec, state, reason, submitted_at) "
-                "VALUES (?, ?, ?, 'pending', 'waiting for the scheduler', ?)",
-                [user, spec.name, json.dumps(asdict(spec)), t],
+                "VALUES (?, ?, ?, 'pending', ?, ?)",
+                [user, spec.name, json.dumps(asdict(spec)), WAITING_FOR_SCHEDULER, t],
             ).lastrowid
             self._event(t, "submit", f"job {job_id} submitted by {user}", job_id=job_id, user=user)
-        return self.job(job_id)
+        # What was written, without reading it back (a submit's second query): a new job
+        # is pending, attempt 0, exactly as ``job`` would read it.
+        return Job(id=job_id, user=user, spec=spec, submitted_at=t, status=Pending(WAITING_FOR_SCHEDULER))
 
     def _ensure_user(self, user: str, t: float) -> None:
         self.db.execute(
@@ -433,15 +447,12 @@ class Store:
         newest ``limit`` of them, oldest first; each with its USAGE_COLUMNS."""
         finished = states or tuple(s for s in JobState if s.finished)
         # "+state": walk the ended_at index newest first, not every ended job by state
-        where = ["ended_at IS NOT NULL", f"+state IN ({','.join('?' * len(finished))})"]
-        params: list = [s.value for s in finished]
-        for clause, value in (("user = ?", user), ("ended_at >= ?", since),
-                              ("ended_at < ?", until), ("id = ?", job_id),
-                              ("EXISTS (SELECT 1 FROM allocations a WHERE a.job_id = jobs.id "
-                               "AND a.node = ? AND a.released_at = jobs.ended_at)", node)):
-            if value is not None:
-                where.append(clause)
-                params.append(value)
+        where, params = _filters((("user = ?", user), ("ended_at >= ?", since),
+                                  ("ended_at < ?", until), ("id = ?", job_id),
+                                  ("EXISTS (SELECT 1 FROM allocations a WHERE a.job_id = jobs.id "
+                                   "AND a.node = ? AND a.released_at = jobs.ended_at)", node)))
+        where += ["ended_at IS NOT NULL", f"+state IN ({','.join('?' * len(finished))})"]
+        params += [s.value for s in finished]
         rows = self.db.execute(
             f"SELECT * FROM (SELECT * FROM jobs WHERE {' AND '.join(where)} "
             f"ORDER BY ended_at DESC, id DESC LIMIT {int(limit)}) ORDER BY ended_at, id",
@@ -619,33 +630,39 @@ class Store:
         return found
 
     # ----------------------------------------------------------------- events
-    def add_event(self, kind: str, message: str, **refs) -> None:
+    EVENT_FIELDS = ("t", "kind", "message", "job_id", "node", "gpu", "user")
+
+    def add_event(self, t: float, kind: str, message: str, **refs) -> None:
+        """A line of the events log on its own (a change with no other row to write)."""
         with self.transaction():
-            self._event(time.time(), kind, message, **refs)
+            self._event(t, kind, message, **refs)
 
     def _event(self, t: float, kind: str, message: str, job_id: int | None = None,
                node: str | None = None, gpu: str | None = None, user: str | None = None) -> None:
-        self.db.execute(
-            "INSERT INTO events (t, kind, message, job_id, node, gpu, user) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)", [t, kind, message, job_id, node, gpu, user])
+        row = (t, kind, message, job_id, node, gpu, user)
+        self.db.execute(f"INSERT INTO events ({', '.join(self.EVENT_FIELDS)}) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)", row)
+        self._written.append(dict(zip(self.EVENT_FIELDS, row)))
 
     def events(self, limit: int = 50, *, kind: str | None = None, node: str | None = None,
                job_id: int | None = None, user: str | None = None,
                since: float | None = None) -> list[dict]:
         """The newest ``limit`` events that match, oldest first."""
-        where, params = [], []
-        for clause, value in (("kind = ?", kind), ("node = ?", node), ("job_id = ?", job_id),
-                              ("user = ?", user), ("t >= ?", since)):
-            if value is not None:
-                where.append(clause)
-                params.append(value)
+        where, params = _filters((("kind = ?", kind), ("node = ?", node), ("job_id = ?", job_id),
+                                  ("user = ?", user), ("t >= ?", since)))
         rows = self.db.execute(
-            "SELECT t, kind, message, job_id, node, gpu, user FROM events "
+            f"SELECT {', '.join(self.EVENT_FIELDS)} FROM events "
             f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY id DESC LIMIT ?",
             [*params, limit],
         ).fetchall()
-        keys = ("t", "kind", "message", "job_id", "node", "gpu", "user")
-        return [dict(zip(keys, r)) for r in reversed(rows)]
+        return [dict(zip(self.EVENT_FIELDS, r)) for r in reversed(rows)]
+
+
+def _filters(pairs) -> tuple[list[str], list]:
+    """The clauses of the (clause, value) ``pairs`` whose value is given, and those values
+    (a filter left out, None, matches everything)."""
+    given = [(clause, value) for clause, value in pairs if value is not None]
+    return [clause for clause, _ in given], [value for _, value in given]
 
 
 def _status(row: dict, placements: tuple[Placement, ...]):

@@ -99,6 +99,7 @@ def gpu_json(gpu: GpuView, *, node_up: bool, cuda_version: str | None,
         "jobs": sorted({job_id for job_id, _ in gpu.placements}),
         "memory_used_mb": r.memory_used_mb, "utilization_pct": r.utilization_pct,
         "temperature_c": r.temperature_c, "power_w": r.power_w,
+        "power_limit_w": r.power_limit_w,
         "unmanaged_used_mb": gpu.unmanaged_used_mb,
         "health_score": round(gpu.health_score, 3),
         "processes": processes,
@@ -112,16 +113,19 @@ def compute_capability(cc: str | None) -> str | None:
     """nvidia-smi's "8.9" as the sm_89 name users pass to ``--arch``."""
     if not cc:
         return None
+    if cc.startswith("gfx"):  # AMD's target is already the name --arch takes
+        return cc
     major, _, minor = cc.partition(".")
     return f"sm_{major}{minor}" if major.isdigit() else None
 
 
 def short_model(name: str) -> str:
-    """"NVIDIA GeForce RTX 4060 Laptop GPU" -> "RTX 4060 Laptop", as people say it."""
-    for prefix in ("NVIDIA ", "GeForce ", "Intel(R) ", "Intel "):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-    return name.removesuffix(" GPU").strip()
+    """"NVIDIA GeForce RTX 4060 Laptop GPU" -> "RTX 4060 Laptop", "Intel(R) Arc(TM) A770
+    Graphics" -> "Intel Arc A770", as people say them (R1)."""
+    name = name.replace("(R)", "").replace("(TM)", "")
+    for prefix in ("NVIDIA ", "GeForce "):
+        name = name.removeprefix(prefix)
+    return name.removesuffix(" GPU").removesuffix(" Graphics").strip()
 
 
 def status_summary(nodes: list[dict], gpus: list[dict]) -> dict:
@@ -168,6 +172,8 @@ def status_text(summary: dict) -> str:
         models = ", ".join(f"{m} x{n}" for m, n in node["models"].items()) or "no GPUs"
         load = f"load {node['load_pct']}%" if node["load_pct"] is not None else "load N/A"
         state = "" if node["state"] == "up" else f" [{node['state']}: {node['reason']}]" if node["reason"] else f" [{node['state']}]"
+        if node["state"] == "up" and node["reason"]:  # up, but a vendor tool said something
+            state = f" ({node['reason']})"
         lines.append(f"  {node['name']}: {models}, {load}{state}")
     return "\n".join(lines)
 
@@ -211,11 +217,11 @@ def gpus_text(gpus: list[dict]) -> str:
     if not gpus:
         return "No GPUs reported yet."
     rows = [(f"{g['node']}:{g['index']}", short_model(g["model"]),
-             f"{fmt(g['memory_used_mb'])}/{fmt(g['total_memory_mb'])}",
+             f"{format_mb(g['memory_used_mb'])} / {format_mb(g['total_memory_mb'])}",
              fmt(g["utilization_pct"], "%"), fmt(g["temperature_c"], "C"), fmt(g["power_w"], "W"),
              g["status"], ",".join(map(str, g["jobs"])) or "-")
             for g in gpus]
-    return table(("GPU", "MODEL", "MEM MiB", "UTIL", "TEMP", "POWER", "STATUS", "JOBS"), rows,
+    return table(("GPU", "MODEL", "MEMORY", "UTIL", "TEMP", "POWER", "STATUS", "JOBS"), rows,
                  right={2, 3, 4, 5})
 
 

@@ -11,6 +11,8 @@ command -v tmux >/dev/null 2>&1 || need_apt="$need_apt tmux"
 command -v ssh-keygen >/dev/null 2>&1 || need_apt="$need_apt openssh-client"
 command -v zsh >/dev/null 2>&1 || need_apt="$need_apt zsh"  # the completion tests load it
 [ -e /usr/sbin/sendmail ] || need_apt="$need_apt msmtp-mta"  # a sendmail for the mail tests
+# A C compiler builds the simulated lab's NVML (optional: without it the lab uses nvidia-smi).
+command -v cc >/dev/null 2>&1 || [ "$(id -u)" != 0 ] || need_apt="$need_apt gcc libc6-dev"
 if [ -n "$need_apt" ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need_apt >/dev/null
@@ -36,5 +38,7 @@ fi
 stamp="$VENV/.nebula-setup"
 if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+    # The deprecated "pynvml" distribution (nvidia-ml-py's old wrapper) warns on import.
+    "$VENV/bin/python" -m pip uninstall -q -y pynvml >/dev/null 2>&1 || true
     cp pyproject.toml "$stamp"
 fi

@@ -73,3 +73,14 @@ def drain(queue: asyncio.Queue) -> list[dict]:
     while not queue.empty():
         events.append(json.loads(json.dumps(queue.get_nowait())))
     return events
+
+
+@pytest.fixture
+async def served(engine, tmp_path):
+    """``engine`` answering on a real Unix socket (the head's own ``ApiServer``): its path."""
+    from nebula_tui.head.server import ApiServer
+
+    server = ApiServer(engine, tmp_path / "nebula.sock")
+    await server.start()
+    yield server.path
+    await server.close()

@@ -1,6 +1,6 @@
 """Session-wide simulated labs for the test suite (imported by conftest.py).
 
-``openssh_lab``  three "demo" nodes, each a real OpenSSH sshd on 127.0.0.1.
+``openssh_lab``  the three NVIDIA nodes of the demo ("core"), each a real OpenSSH sshd on 127.0.0.1.
 ``asyncssh_lab`` the same three nodes served by in-process asyncssh servers
                  (their event loop runs in a background thread of the test process).
 
@@ -27,7 +27,7 @@ _LABS: dict[str, list] = {}
 def _shared(tmp_path_factory, ssh: str):
     entry = _LABS.get(ssh)
     if entry is None:
-        lab = Lab(tmp_path_factory.mktemp(ssh[0] + "lab"), layout="demo", ssh=ssh,
+        lab = Lab(tmp_path_factory.mktemp(ssh[0] + "lab"), layout="core", ssh=ssh,
                   probe_interval=1.0)
         lab.prepare()
         lab.start()

@@ -114,7 +114,8 @@ def test_version(head):
 def test_every_command_that_prints_data_takes_json(head, jobs):
     """Walk the parser: each command is either known not to print data or has --json, and
     the JSON of each is what the README documents at its top level."""
-    no_data = {"attach", "logs", "parse", "serve", "demo", "tui", "completion", "sim", "node", "gpu"}
+    no_data = {"attach", "run", "logs", "parse", "serve", "demo", "tui", "completion", "sim",
+               "node", "gpu"}
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     for name, command in sub.choices.items():
@@ -170,7 +171,7 @@ def test_queue_text_never_cuts_a_word(head, jobs):
 
 def test_gpus_is_a_table_with_temperature_and_utilisation(head, jobs):
     lines = head.run("gpus", check=True).stdout.splitlines()
-    assert lines[0].split() == ["GPU", "MODEL", "MEM", "MiB", "UTIL", "TEMP", "POWER", "STATUS", "JOBS"]
+    assert lines[0].split() == ["GPU", "MODEL", "MEMORY", "UTIL", "TEMP", "POWER", "STATUS", "JOBS"]
     assert len(lines) == 10
     gpus = {f"{g['node']}:{g['index']}": g for g in json.loads(head.run("gpus", "--json").stdout)}
     busy = [line for line in lines[1:] if str(jobs["running"]) in line.split()[-1].split(",")]

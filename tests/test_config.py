@@ -18,6 +18,7 @@ from nebula_tui.config import (
     load_config,
     parse_config,
 )
+from nebula_tui.settings import HealthSettings, SchedulerSettings
 
 REPO = Path(__file__).resolve().parent.parent
 HOME = os.path.expanduser("~")
@@ -218,10 +219,10 @@ ERRORS = [
     ),
     ("zero timeout", "cluster:\n  connect_timeout: 0\n", 2, ["connect_timeout", "> 0"]),
     (
-        "timeout as text",
-        "cluster:\n  command_timeout: 30s\n",
+        "timeout not a duration",
+        "cluster:\n  command_timeout: 30x\n",
         2,
-        ["number of seconds", "string '30s'"],
+        ["command_timeout must be a duration", "10m", "string '30x'"],
     ),
     (
         "missed_probes float",
@@ -355,3 +356,23 @@ def test_find_config_missing_explicit_or_env_is_an_error(places, monkeypatch) ->
     monkeypatch.setenv("NEBULA_CONFIG", str(places["env"]))
     with pytest.raises(ConfigError, match="NEBULA_CONFIG"):
         find_config(None, places["home"].parent)
+
+
+def test_every_duration_is_written_the_same_way_as_on_the_command_line() -> None:
+    cfg = parse_config("cluster:\n  node_lease: 10m\n  probe_interval: 2.5\n"
+                       "  command_timeout: 90s\nhealth:\n  isolation_grace: 10m\n")
+    assert cfg.node_lease == cfg.health.isolation_grace_s == 600.0
+    assert (cfg.probe_interval, cfg.command_timeout) == (2.5, 90.0)
+
+
+def test_the_scheduler_and_health_sections_are_typed_with_their_defaults() -> None:
+    cfg = parse_config("cluster:\n  name: t\n")
+    assert isinstance(cfg.scheduler, SchedulerSettings) and isinstance(cfg.health, HealthSettings)
+    assert cfg.scheduler == SchedulerSettings() and cfg.health.isolation_grace_s == 15.0
+
+
+def test_a_bad_value_deep_in_a_section_names_its_own_line() -> None:
+    text = "scheduler:\n  quota_gpu_hours: 10\n  weights:\n    load: 1\n    hot: lots\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "nodes.yaml")
+    assert str(info.value).startswith("nodes.yaml:5: scheduler.weights.hot must be a number")

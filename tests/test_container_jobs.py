@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -87,10 +88,36 @@ def log(head, job_id: int) -> str:
     return head.run("logs", str(job_id), check=True).stdout
 
 
-def containers_of(job_id: int) -> list[str]:
-    names = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True,
-                           text=True, timeout=60, cwd="/").stdout.split()
-    return [n for n in names if n.startswith(f"nebula-{job_id}-")]
+def _sim_dirs() -> dict[str, str]:
+    """Every nebula container on this machine, by name: the lab directory it was started for."""
+    names = subprocess.run(["podman", "ps", "-a", "--filter", "name=^nebula-", "--format",
+                            "{{.Names}}"], capture_output=True, text=True, timeout=60,
+                           cwd="/").stdout.split()
+    found = {}
+    for name in names:
+        env = subprocess.run(["podman", "inspect", "--format",
+                              "{{range .Config.Env}}{{println .}}{{end}}", name],
+                             capture_output=True, text=True, timeout=60, cwd="/").stdout
+        found[name] = next((line.split("=", 1)[1] for line in env.splitlines()
+                            if line.startswith("NEBULA_SIM_DIR=")), "")
+    return found
+
+
+def containers_of(head, job_id: int) -> list[str]:
+    """The containers of this lab's job ``job_id`` (another run's lab may have its own job
+    of that number on this machine)."""
+    lab = str(head.lab.root)
+    return [name for name, sim_dir in _sim_dirs().items()
+            if name.startswith(f"nebula-{job_id}-") and sim_dir.startswith(lab + "/")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_stale_containers():
+    """Containers left by a test run that was killed, whose lab is gone, are removed first:
+    they would hold their names and the machine's memory."""
+    stale = [name for name, sim_dir in _sim_dirs().items() if sim_dir and not os.path.isdir(sim_dir)]
+    if stale:
+        subprocess.run(["podman", "rm", "-f", *stale], capture_output=True, timeout=120, cwd="/")
 
 
 def test_a_job_sees_its_cards_variables_and_data_and_keeps_its_exit_code(head, tmp_path):
@@ -116,7 +143,7 @@ def test_a_job_sees_its_cards_variables_and_data_and_keeps_its_exit_code(head, t
     assert env["CUDA_VISIBLE_DEVICES"] == env["NEBULA_GPU_LIST"]  # UUIDs, in allocation order
     assert env["NEBULA_GPU_MEM_MB"] == "24576"
     assert "tokens" in out and "read-only" in out
-    assert containers_of(job_id) == []  # --rm: nothing left behind
+    assert containers_of(head, job_id) == []  # --rm: nothing left behind
 
 
 def test_its_memory_shows_on_its_cards_while_it_runs(head):
@@ -139,7 +166,7 @@ def test_sigusr1_reaches_the_command_inside_the_container(head, tmp_path):
                     "--command", "trap 'echo saved > /ckpt/step-100; exit 0' USR1; "
                                  "while :; do sleep 0.2; done")
     job = running(head, job_id)
-    wait_for(lambda: containers_of(job_id), 20, what="the container to be up")
+    wait_for(lambda: containers_of(head, job_id), 20, what="the container to be up")
     card = job["gpus"][0]
     done = head.run("sim", "inject", "xid", "95", "--node", card["node"], "--gpu", str(card["index"]))
     assert done.returncode == 0, done.stderr
@@ -154,11 +181,11 @@ def test_sigusr1_reaches_the_command_inside_the_container(head, tmp_path):
 def test_cancel_stops_the_container(head):
     job_id = submit(head, "--command", "trap 'echo bye; exit 0' TERM; while :; do sleep 0.2; done")
     running(head, job_id)
-    wait_for(lambda: containers_of(job_id), 20, what="the container to be up")
+    wait_for(lambda: containers_of(head, job_id), 20, what="the container to be up")
     head.call("cancel", job=job_id)
     assert head.wait_job(job_id, 40)["state"] == "cancelled"
     assert "bye" in log(head, job_id)  # SIGTERM reached the command: a clean stop
-    wait_for(lambda: containers_of(job_id) == [], 20, what="the container to be gone")
+    wait_for(lambda: containers_of(head, job_id) == [], 20, what="the container to be gone")
 
 
 def test_a_failed_pull_fails_the_job_with_the_runtimes_words_and_frees_the_card(head):
@@ -227,7 +254,7 @@ def test_the_head_killed_mid_run_readopts_the_container(openssh_lab, tmp_path):
         job_id = submit(head, "--data-mount", f"{flag}:/flag", "--command",
                         "echo started; while [ ! -e /flag/go ]; do sleep 0.2; done; echo done; exit 4")
         running(head, job_id)
-        wait_for(lambda: containers_of(job_id), 20, what="the container to be up")
+        wait_for(lambda: containers_of(head, job_id), 20, what="the container to be up")
         head.kill()
         head.start()
         assert head.job(job_id)["state"] == "running"
@@ -256,9 +283,13 @@ def test_nebula_run_with_an_image_is_a_shell_in_the_container(head):
         wait_for(lambda: "\n/ #" in screen(), 60, what="the container's shell prompt")
         subprocess.run([*tmux, "send-keys", "-t", "t", "tty; ls /dev | grep -c '^nvidia[0-9]'",
                         "Enter"], check=True)
-        shown = wait_for(lambda: "/dev/pts/" in (s := screen()) and s, 20, what="its terminal")
-        assert "\n1\n" in shown  # one card: the one it asked for
+        shown = wait_for(lambda: re.search(r"/dev/pts/\d+\n(\d+)\n", screen()), 20,
+                         what="its terminal and its cards")
+        assert shown.group(1) == "1"  # one card: the one it asked for
         subprocess.run([*tmux, "send-keys", "-t", "t", "exit 5", "Enter"], check=True)
-        wait_for(lambda: "run-exit=5" in screen(), 30, what="the shell's exit ending the job")
+        try:
+            wait_for(lambda: "run-exit=5" in screen(), 30, what="the shell's exit ending the job")
+        except AssertionError as err:
+            raise AssertionError(f"{err}; the terminal showed:\n{screen()}") from None
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)

@@ -23,7 +23,7 @@ def running(head, job_id: int) -> dict:
                     what=f"job {job_id} to run")
 
 
-def test_smoke_test_of_the_seed_runs_nvidia_smi_on_a_slice(head):
+def test_a_job_on_a_slice_runs_nvidia_smi_and_frees_the_slice(head):
     done = head.run("submit", "--gpu-mem", "4G", "--wait", "--", "nvidia-smi")
     assert done.returncode == 0, done.stderr
     job_id = int(done.stdout.split()[2])

@@ -1,6 +1,6 @@
 """Events that say each thing once: a node that stays away is one event and a summary, not
 one line per reconnect attempt; a reason is one line however much a tool printed, and the
-whole of it is in `nebula node show`. Real sshd nodes are stopped and a card is lost on
+whole of it is in `nebula node show`. Real sshd nodes are stopped and a tool is broken on
 the simulated lab (both undone at the end: the lab is the session's)."""
 
 from __future__ import annotations
@@ -41,25 +41,47 @@ def test_a_node_away_is_one_event_and_its_retries_are_summed_up(head, openssh_la
     assert events[1].startswith("node03 is up (after ") and "failed attempts in " in events[1]
 
 
-def test_a_reason_is_one_line_and_the_whole_of_it_is_in_node_show(head, openssh_lab):
-    node_dir = openssh_lab.node_dir("node02")
-    faults.set_fault(node_dir, 1, lost=True)  # nvidia-smi prints its CSV rows and exits 15
+def test_a_broken_tool_is_one_line_on_its_node_and_in_node_show(head, openssh_lab):
+    """node03 is read through nvidia-smi (its NVML does not load); a tool that prints noise
+    (control characters included) is one readable line on the node's card, in status and
+    in `nebula node show` (the node flattens its tools' words before they travel)."""
+    node_dir = openssh_lab.node_dir("node03")
+    faults.set_tool_fault(node_dir, "nvidia-smi", "garbage")
     try:
-        shown = wait_for(lambda: (n := head.call("node_show", node="node02")["node"])["detail"]
-                         and "\n" in n["detail"] and n, 30, interval=0.5,
-                         what="node02's probe to fail with the tool's whole output")
-        assert "\n" not in shown["reason"] and len(shown["reason"]) <= REASON_MAX
-        assert shown["reason"].startswith("probe")
-        assert shown["reason"] == one_line(shown["detail"])
+        shown = wait_for(lambda: (n := head.call("node_show", node="node03")["node"])["reason"]
+                         .startswith("nvidia-smi") and n, 30, interval=0.5,
+                         what="node03's probe to fail with the tool's output")
+        assert shown["reason"].isprintable() and len(shown["reason"]) <= REASON_MAX
         status = json.loads(head.run("status", "--json", check=True).stdout)
-        (card,) = [n for n in status["node_details"] if n["name"] == "node02"]
-        assert "\n" not in card["reason"]
-        text = head.run("node", "show", "node02", check=True).stdout
-        assert "why:\n" in text and shown["detail"].splitlines()[1].strip() in text
+        (card,) = [n for n in status["node_details"] if n["name"] == "node03"]
+        assert card["reason"] == shown["reason"]
+        text = head.run("node", "show", "node03", check=True).stdout
+        assert f"  why: {shown['detail']}" in text.splitlines()
     finally:
-        faults.clear_gpu_faults(node_dir, 1)
-    wait_for(lambda: head.call("node_show", node="node02")["node"]["detail"] == "", 30,
+        faults.set_tool_fault(node_dir, "nvidia-smi", None)
+    wait_for(lambda: head.call("node_show", node="node03")["node"]["detail"] == "", 30,
              interval=0.5, what="a good probe to clear the reason")
+
+
+def test_a_long_problem_is_one_line_and_the_whole_of_it_is_kept(openssh_lab, tmp_path):
+    """Whatever a node says (a nodelet of another version may send a tool's whole output:
+    500 characters of CSV once garbled a card), the head shows one line of it and keeps
+    the whole for `nebula node show`; a good probe clears both."""
+    from nebula_tui.config import load_config
+    from nebula_tui.head.engine import Engine
+    from nebula_tui.store import Store
+
+    store = Store(tmp_path / "state.db")
+    engine = Engine(load_config(openssh_lab.config_path), store)
+    raw = "nvidia-smi exited with 3:\n" + "\n".join(f"{i}, GPU-{i:04d}, [Unknown Error]"
+                                                     for i in range(40))
+    engine.on_node_message("node01", {"type": "probe", "devices": [], "problems": [raw]})
+    shown = engine.fleet.show("node01")
+    assert shown["detail"] == raw
+    assert shown["reason"] == one_line(raw) and len(shown["reason"]) <= REASON_MAX
+    engine.on_node_message("node01", {"type": "probe", "devices": [], "problems": []})
+    assert engine.fleet.show("node01")["detail"] == ""
+    store.close()
 
 
 def test_one_line():

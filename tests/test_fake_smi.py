@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from samples import SAMPLES
+
 from nebula_tui.remote.backends.nvidia import (
     QUERY_APPS_FIELDS,
     QUERY_GPU_FIELDS,
@@ -26,7 +28,6 @@ from nebula_tui.sim import presets
 SIM = Path(__file__).resolve().parents[1] / "nebula_tui" / "sim"
 FAKE_SMI = SIM / "fake_smi.py"
 FAKE_DMESG = SIM / "fake_dmesg.py"
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 
 
 @pytest.fixture
@@ -51,11 +52,15 @@ def test_presets_are_deterministic_and_distinct():
     first, again = presets.node_specs("demo"), presets.node_specs("demo")
     assert first == again
     for layout in (first, presets.node_specs("4x4")):
-        gpus = [g for node in layout for g in node["gpus"]]
+        gpus = [g for node in layout for g in node["gpus"] + node["devices"]]
         assert len({g["uuid"] for g in gpus}) == len(gpus)
     for node in first:
-        assert len({g["pci_bus_id"] for g in node["gpus"]}) == len(node["gpus"])
-    assert [len(n["gpus"]) for n in first] == [3, 4, 2]
+        devices = node["gpus"] + node["devices"]
+        assert len({g["pci_bus_id"] for g in devices}) == len(devices)
+    assert [len(n["gpus"]) for n in first] == [3, 4, 2, 0, 0, 0]
+    assert [[d["vendor"] for d in n["devices"]] for n in first[3:]] == [
+        ["intel"], ["ascend", "ascend"], ["amd", "amd"]]
+    assert presets.node_specs("core") == first[:3]
     assert first[2]["topo"]["GPU0"]["GPU1"] == "NV4"
     with pytest.raises(ValueError, match="unknown lab layout"):
         presets.node_specs("nope")

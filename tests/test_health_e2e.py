@@ -1,4 +1,4 @@
-"""GPU health end to end (issue 5, R15–R17, R19) on the simulated lab with real sshd.
+"""GPU health end to end (R15–R17, R19) on the simulated lab with real sshd.
 
 A head of its own (home, store, socket) runs on the session's OpenSSH lab with a 3 s
 isolation grace; faults are injected with the real CLI (``nebula sim …``), which writes

@@ -38,8 +38,10 @@ PLACEMENTS = (  # allocation order on purpose not index order
 )
 
 # Python runs with -S (no site) to keep each example fast.
-# Text a user may type; NUL cannot be in argv, a path or the environment.
-TEXT = st.text(st.characters(blacklist_characters="\x00"), max_size=30)
+# Text a user may type; NUL cannot be in argv, a path or the environment, and a lone
+# surrogate (category Cs) is no character a user can type or UTF-8 can carry.
+TEXT = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)),
+               max_size=30)
 NASTY = st.sampled_from([";", "$(touch pwned)", "`touch pwned`", "'", '"', "\n", "*", "-n",
                          "--", "\\", "$HOME", "~", "a b", "é中🚀", "'\"'\"'", "\\c", "%s"])
 HYPO = settings(max_examples=30, deadline=None,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -17,17 +16,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import wait_for
+from conftest import free_port, wait_for
 from nebula_tui.sim.harness import HeadProcess
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_LABELS = {"node", "index", "uuid", "model", "vendor"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> dict:
@@ -44,7 +37,7 @@ def samples(families: dict, name: str, sample: str | None = None) -> list:
 
 @pytest.fixture(scope="module")
 def metered(openssh_lab, tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     head = HeadProcess(tmp_path_factory.mktemp("metrics"), openssh_lab,
                        serve_args=("--metrics", f"127.0.0.1:{port}"))
     head.start()
@@ -140,19 +133,26 @@ def test_a_bad_or_taken_metrics_address_is_refused_in_one_line(metered, tmp_path
 
 
 def test_the_demo_serves_metrics_too(tmp_path):
-    port = _free_port()
+    """Every card of the demo's lab, whatever its vendor, is a series."""
+    from nebula_tui.sim import presets
+
+    specs = presets.node_specs("demo")
+    devices = sum(len(s.get("gpus") or ()) + len(s.get("devices") or ()) for s in specs)
+    port = free_port()
     home = tmp_path / "demo"
     demo = subprocess.Popen([sys.executable, "-m", "nebula_tui", "demo", "--headless", "--metrics",
                              f"127.0.0.1:{port}"], env={**_env(), "NEBULA_HOME": str(home)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        def nine_gpus():
+        def every_card():
             try:
-                return len(samples(scrape(port), "nebula_gpu_utilization_percent")) == 9
+                cards = samples(scrape(port), "nebula_gpu_maintenance")
             except OSError:
-                return False
+                return None
+            return cards if len(cards) == devices else None
 
-        wait_for(nine_gpus, 120, interval=1, what="the demo's metrics with its 9 GPUs")
+        cards = wait_for(every_card, 120, interval=1, what=f"the demo's metrics with its {devices} cards")
+        assert {c.labels["vendor"] for c in cards} == {"nvidia", "intel", "ascend", "amd"}
     finally:
         demo.terminate()
         demo.wait(60)

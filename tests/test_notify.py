@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import wait_for
+from conftest import free_port, wait_for
 from nebula_tui.sim import faults
 from nebula_tui.sim.harness import HeadProcess
 
@@ -69,17 +69,11 @@ class Mailbox:
                 messages.append((envelope.rcpt_tos, message_from_bytes(envelope.content)))
                 return "250 OK"
 
-        self.controller = Controller(Handler(), hostname="127.0.0.1", port=_free_port())
+        self.controller = Controller(Handler(), hostname="127.0.0.1", port=free_port())
         self.controller.start()
 
     def to(self, address: str) -> list:
         return [m for rcpts, m in self.messages if address in rcpts]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +83,7 @@ def lab_with_notices(openssh_lab, tmp_path_factory):
     silent = socket.socket()  # accepts connections (the kernel does), never answers
     silent.bind(("127.0.0.1", 0))
     silent.listen(64)
-    dead = f"http://127.0.0.1:{_free_port()}/hook"  # nothing listens there
+    dead = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens there
     home = tmp_path_factory.mktemp("notify")
     rc = home / "msmtprc"
     rc.write_text(f"account default\nhost 127.0.0.1\nport {mailbox.controller.port}\n"

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from samples import SAMPLES
+
 from nebula_tui.remote.backends.nvidia import (
-    PARSERS,
     QUERY_GPU_FIELDS,
     ParseError,
     parse_plain_table,
@@ -17,10 +18,8 @@ from nebula_tui.remote.backends.nvidia import (
     query_apps_argv,
     query_gpu_argv,
 )
+from nebula_tui.remote.documents import parse_text
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
-if not SAMPLES.is_dir():
-    SAMPLES = Path("/work/shared/samples")
 CSV = SAMPLES / "smi_csv"
 PLAIN = SAMPLES / "smi_plain"
 
@@ -36,14 +35,14 @@ PLAIN_FILES = sorted(PLAIN.glob("*.txt"))
 @pytest.mark.parametrize("path", CSV_FILES, ids=lambda p: p.name)
 def test_every_csv_sample_parses_to_json(path):
     kind = "smi-apps" if _is_apps(path) else "smi-csv"
-    result = PARSERS[kind](path.read_text())
+    result = parse_text(kind, path.read_text())
     json.dumps(result)
     assert "warnings" in result
 
 
 @pytest.mark.parametrize("path", PLAIN_FILES, ids=lambda p: p.name)
 def test_every_plain_sample_parses_to_json(path):
-    result = PARSERS["smi-plain"](path.read_text())
+    result = parse_text("smi-plain", path.read_text())
     json.dumps(result)
     assert result["gpus"]
 
@@ -78,18 +77,30 @@ def test_gb10_memory_na_keeps_power_and_temperature():
     assert gpu.power_w == 11.17 and gpu.temperature_c == 35 and gpu.utilization_pct == 0
 
 
-def test_timestamp_loop_rows_keep_their_values():
+def test_lms_loop_is_one_reading_per_gpu_the_latest_sample_kept():
+    # Four A10s (the post's machine): rows 1-4 are one sample, 4-5 ms apart; row 5, 105 ms
+    # later, is GPU 0 again (21 MiB used, 25 C, as in row 1) in the next sample.
     gpus = parse_query_gpu((CSV / "a10_lms_loop_timestamp_pstate_mem.csv").read_text())
-    assert len(gpus) == 5
-    assert gpus[0].memory_total_mb == 23028 and gpus[0].memory_used_mb == 21
+    assert [g.index for g in gpus] == [0, 1, 2, 3]
+    assert [g.memory_used_mb for g in gpus] == [21, 7, 7, 7]
+    assert [g.temperature_c for g in gpus] == [25, 24, 23, 26]
+    assert {g.memory_total_mb for g in gpus} == {23028}
     assert gpus[0].pstate == "P8" and gpus[0].utilization_pct == 0
+
+
+def test_loop_grouped_by_uuid_keeps_the_last_row_of_each_gpu():
+    header = "timestamp, index, uuid, memory.used [MiB]\n"
+    rows = ["2024/01/16 14:44:1%d.000, %d, GPU-%d, %d MiB\n" % (second, gpu, gpu, 100 * second + gpu)
+            for second in range(3) for gpu in range(2)]
+    gpus = parse_query_gpu(header + "".join(rows) + header + rows[0])
+    assert [(g.uuid, g.memory_used_mb) for g in gpus] == [("GPU-0", 0), ("GPU-1", 201)]
 
 
 def test_noheader_with_unknown_layout_raises_but_document_parser_warns():
     text = (CSV / "rtx3080_noheader_many_na_zabbix.csv").read_text()
     with pytest.raises(ParseError, match="27 values but 16 fields"):
         parse_query_gpu(text)
-    result = PARSERS["smi-csv"](text)
+    result = parse_text("smi-csv", text)
     assert result["gpus"] == [] and len(result["rows"]) == 1
     assert result["rows"][0][2] == "NVIDIA GeForce RTX 3080" and result["rows"][0][4] is None
     assert result["warnings"]

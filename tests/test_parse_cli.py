@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from samples import SAMPLES
+
 REPO = Path(__file__).resolve().parents[1]
-SAMPLES = REPO.parent / "shared" / "samples"
 
 if not SAMPLES.is_dir():
     pytest.skip(f"no samples folder at {SAMPLES}", allow_module_level=True)
@@ -37,8 +38,18 @@ def samples(folder: str) -> list[Path]:
     return sorted(p for p in (SAMPLES / folder).iterdir() if p.is_file() and p.suffix != ".md")
 
 
+def vendor_kind(path: Path) -> str:
+    """other_vendors/ files are named after their tool: amd_smi_…, rocm_smi_…, xpu_smi_…"""
+    return path.name.split("_smi")[0] + "-smi"
+
+
 CASES = ([pytest.param(csv_kind(p), p, id=f"smi_csv/{p.name}") for p in samples("smi_csv")]
          + [pytest.param("smi-plain", p, id=f"smi_plain/{p.name}") for p in samples("smi_plain")]
+         + [pytest.param("smi-q", p, id=f"smi_q/{p.name}") for p in samples("smi_q")]
+         + [pytest.param("smi-xml", p, id=f"smi_xml/{p.name}") for p in samples("smi_xml")]
+         + [pytest.param(vendor_kind(p), p, id=f"other_vendors/{p.name}")
+            for p in samples("other_vendors")]
+         + [pytest.param("xid", p, id=f"xid/{p.name}") for p in samples("xid")]
          + [pytest.param("topo", p, id=f"topo/{p.name}") for p in samples("topo")])
 
 
@@ -58,16 +69,26 @@ def parsed(kind: str, path: Path):
 @pytest.mark.parametrize(("kind", "path"), CASES)
 def test_every_sample_parses(kind, path):
     result = parsed(kind, path)
-    assert isinstance(result, dict)
+    assert isinstance(result, list if kind == "xid" else dict)
     if kind == "smi-apps":
         assert isinstance(result["processes"], list)
-    elif kind in ("smi-csv", "smi-plain"):
-        assert isinstance(result["gpus"], list)
+    elif kind == "xid":
+        assert result and all(isinstance(e["text"], str) for e in result)
+    elif kind != "topo":
+        assert isinstance(result["gpus"], list) and isinstance(result["processes"], list)
+        # The same shape as smi-csv for every vendor: one reading per device, nothing lost.
+        for gpu in result["gpus"]:
+            assert {"index", "uuid", "name", "vendor", "pci_bus_id", "memory_total_mb",
+                    "memory_used_mb", "utilization_pct", "visible_env"} <= set(gpu)
 
 
 def test_there_are_samples_of_every_kind():
     kinds = [c.values[0] for c in CASES]
-    assert {"smi-csv", "smi-apps", "smi-plain", "topo"} <= set(kinds)
+    assert {"smi-csv", "smi-apps", "smi-plain", "smi-q", "smi-xml", "amd-smi", "rocm-smi",
+            "xpu-smi", "npu-smi", "xid", "topo"} <= set(kinds)
+    covered = {c.values[1] for c in CASES}
+    every = {p for folder in SAMPLES.iterdir() if folder.is_dir() for p in samples(folder.name)}
+    assert every == covered, "a sample no kind reads"
     assert kinds.count("topo") >= 8
 
 
@@ -171,13 +192,14 @@ def test_smi_plain_gpu_counts(name, gpus):
 
 # ------------------------------------------------------------------ errors
 def test_unknown_kind_is_a_usage_error_naming_the_kinds():
-    done = nebula_parse("smi-xml", str(TOPO["rtx3090_2gpu_nv4_bridge.txt"]))
+    done = nebula_parse("smi-yaml", str(TOPO["rtx3090_2gpu_nv4_bridge.txt"]))
     assert done.returncode == 2
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1
-    assert "smi-xml" in lines[0]
-    for kind in ("smi-csv", "smi-apps", "smi-plain", "topo"):
+    assert "smi-yaml" in lines[0]
+    for kind in ("smi-csv", "smi-apps", "smi-plain", "smi-q", "smi-xml", "amd-smi", "rocm-smi",
+                 "xpu-smi", "npu-smi", "topo", "xid"):
         assert kind in lines[0]
 
 
@@ -197,3 +219,50 @@ def test_stdin_dash(tmp_path):
                           input=text, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["links"]["GPU0"]["GPU1"] == "NV4"
+
+
+# ------------------------------------------------------------------ input bounds
+def test_a_file_past_the_bound_is_one_line_without_reading_it(tmp_path):
+    big = tmp_path / "loop.csv"
+    with open(big, "wb") as handle:
+        handle.truncate(300 * 1024 * 1024)  # sparse: no disk, no time
+    done = nebula_parse("smi-csv", str(big))
+    assert done.returncode == 1 and done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert str(big) in line and "256 MiB" in line and "Traceback" not in done.stderr
+
+
+def test_stdin_past_the_bound_is_one_line():
+    done = subprocess.run([sys.executable, "-m", "nebula_tui", "parse", "smi-q", "-"], cwd=REPO,
+                          input=b"x" * (17 * 1024 * 1024), capture_output=True, timeout=60)
+    assert done.returncode == 1
+    (line,) = done.stderr.decode().strip().splitlines()
+    assert "the input is larger than 16 MiB" in line
+
+
+def test_a_long_loop_is_read_in_constant_memory(tmp_path):
+    """A 10 MB -l loop of 8 GPUs: one reading per GPU, and the process grows no more than a
+    few MB past what one sample costs (it read the whole file into lists before: 5.8 GB
+    for 300 MB, so about 200 MB for this one)."""
+    header = "timestamp, index, uuid, utilization.gpu [%], memory.used [MiB]\n"
+    sample = "".join(f"2024/01/16 14:44:16.977, {i}, GPU-{i}, 50 %, 1234 MiB\n" for i in range(8))
+    # The child's own peak: a forked child's high-water mark starts at its parent's (pytest),
+    # so it is reset first (clear_refs 5) and read from VmHWM after.
+    probe = ("import runpy, sys; sys.argv = ['nebula', 'parse', 'smi-csv', sys.argv[1]]\n"
+             "open('/proc/self/clear_refs', 'w').write('5')\n"
+             "try:\n    runpy.run_module('nebula_tui', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
+             "print(hwm.split()[1], file=sys.stderr)")
+
+    def peak_mb(samples: int) -> float:
+        path = tmp_path / f"loop{samples}.csv"
+        with open(path, "w") as handle:
+            handle.write(header + sample * samples)
+        done = subprocess.run([sys.executable, "-c", probe, str(path)], cwd=REPO,
+                              capture_output=True, text=True, timeout=240)
+        assert len(json.loads(done.stdout)["gpus"]) == 8
+        return int(done.stderr.strip().splitlines()[-1]) / 1024
+
+    one, many = peak_mb(1), peak_mb(10 * 1024 * 1024 // len(sample))
+    assert many - one < 20, f"peak {many:.0f} MB for a 10 MB file, {one:.0f} MB for one sample"

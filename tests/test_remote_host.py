@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from conftest import free_port, wait_for
 from nebula_tui.sim.lab import find_sshd, port_open
 from test_multiuser import ALICE, BOB, shared, users  # noqa: F401  (fixtures)
 
@@ -33,12 +32,6 @@ pytestmark = pytest.mark.skipif(
 def _keygen(path: Path) -> str:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
     return path.with_suffix(".pub").read_text().strip()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +49,7 @@ def box(shared):
     agent_key = _keygen(laptop / "agent_only_key")  # not named in the config: the agent has it
     (root / "authorized_keys").write_text(f"{login_key}\n{agent_key}\n")
     (root / "authorized_keys").chmod(0o644)
-    port = _free_port()
+    port = free_port()
     (root / "sshd_config").write_text(textwrap.dedent(f"""\
         Port {port}
         ListenAddress 127.0.0.1
@@ -183,7 +176,7 @@ def test_the_tui_runs_over_ssh(box, shared, tmp_path):
         return subprocess.run(tmux + ["capture-pane", "-p"], capture_output=True, text=True).stdout
 
     try:
-        wait_for(lambda: "Cluster Overview" in (s := screen()) and "node03" in s, 90,
+        wait_for(lambda: "1 Overview" in (s := screen()) and "node03" in s, 90,
                  interval=0.5, what="the TUI's overview over SSH")
         subprocess.run(tmux + ["send-keys", "q"], check=True)
         wait_for(lambda: "TUI-EXITED 0" in screen(), 30, interval=0.3, what="the TUI to quit")

@@ -1,6 +1,6 @@
 """The fast scheduler pass decides exactly what a straightforward one decides (hypothesis).
 
-The pass (issue 3's bench: 10k pending jobs ≤ 100 ms) shares work between requests and
+The pass (10k pending jobs in ≤ 100 ms, as bench/scheduler.py measures) shares work between requests and
 between starts: hardware classes instead of cards, per-node and per-card caches kept until
 a start changes them, heaps of node bests shared by filters that select the same cards, a
 reservation found from each card's earliest free time, a sort one field at a time.

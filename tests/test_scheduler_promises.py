@@ -190,7 +190,7 @@ def test_failure_chains_say_once_that_the_job_will_not_run():
     got = run([card("n", 0)], [job(1, after=(2,)), job(2, after=(3,)), job(3, arch="bogus")])
     assert got[1].reason.count("this job will not run") == 1
     assert got[1] == Fail(1, "job 2 (--after) cannot run: job 3 (--after) cannot run: --arch 'bogus' "
-                             "is not an architecture like sm_89 or '>=sm_80'; this job will not run")
+                             "is not an architecture like sm_89, '>=sm_80' or gfx90a; this job will not run")
 
 
 # ------------------------------------------------------------------ --after kinds (R25)
@@ -353,7 +353,7 @@ LAB = [card("node01", 0), card("node01", 1), card("node02", 0, LAPTOP_MB, cap="8
     (dict(arch="sm_80"), None),
     (dict(cuda="13.0"), "this job could never start here: needs CUDA ≥13.0; drivers here support up "
                         "to 12.4"),
-    (dict(arch="ampere"), "--arch 'ampere' is not an architecture like sm_89 or '>=sm_80'"),
+    (dict(arch="ampere"), "--arch 'ampere' is not an architecture like sm_89, '>=sm_80' or gfx90a"),
 ])
 def test_refusal_at_submit(ask, refusal):
     mem = ask.pop("mem", None)

@@ -188,7 +188,7 @@ def test_filters_say_what_is_missing(flags, reason):
 
 
 @pytest.mark.parametrize(("flags", "reason"), [
-    (dict(arch="ampere"), "--arch 'ampere' is not an architecture like sm_89 or '>=sm_80'"),
+    (dict(arch="ampere"), "--arch 'ampere' is not an architecture like sm_89, '>=sm_80' or gfx90a"),
     (dict(cuda="twelve"), "--cuda 'twelve' is not a version like 12.1"),
 ])
 def test_bad_requests_fail(flags, reason):

@@ -1,5 +1,5 @@
 """The scheduler's rules through the whole system: filters, gangs across nodes,
-dependencies, quota and the topology preview (issue 3, on real sshd nodes)."""
+dependencies, quota and the topology preview, on real sshd nodes."""
 
 from __future__ import annotations
 

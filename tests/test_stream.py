@@ -205,7 +205,8 @@ async def test_only_the_rows_of_changed_gpus_are_recomputed():
         app.post_message(GpusChanged([
             {"type": "gpus", "node": "node01", "gpus": {"GPU-node01-1": {"temperature_c": 81.0}}},
             {"type": "gpus", "node": "node02", "gpus": {}}]))
-        await until(pilot, lambda: "81°C" in str(table.get_row("GPU-node01-1")[4]),
+        temp = table.column_keys.index("temp")
+        await until(pilot, lambda: "81°C" in str(table.get_row("GPU-node01-1")[temp]),
                     what="the new reading in its row")
         assert computed and set(computed) <= {"GPU-node01-0", "GPU-node01-1"}
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,39 +24,128 @@ def screen(target: str = "demo") -> str:
     return done.stdout
 
 
+def open_demo(home: Path, session: str, size: tuple[int, int] = (100, 32)) -> None:
+    """``nebula demo`` on ``home`` in a new tmux session (a terminal of its own)."""
+    command = (f"cd {shlex.quote(str(REPO))} && NEBULA_HOME={shlex.quote(str(home))} "
+               f"{shlex.quote(sys.executable)} -m nebula_tui demo; echo DEMO-EXITED $?; sleep 60")
+    first = subprocess.run(TMUX + ["has-session"], capture_output=True).returncode != 0
+    subprocess.run(TMUX + ["new-session", "-d", "-s", session, "-x", str(size[0]),
+                           "-y", str(size[1]), command], check=True)
+    if first:  # Esc then a key must not read as Alt+key
+        subprocess.run(TMUX + ["set", "-g", "escape-time", "50"], check=True)
+
+
+def keys(session: str, *typed: str) -> None:
+    subprocess.run(TMUX + ["send-keys", "-t", session, *typed], check=True)
+
+
 @pytest.fixture
 def demo_terminal(tmp_path):
     home = tmp_path / "home"
-    command = (f"cd {shlex.quote(str(REPO))} && NEBULA_HOME={shlex.quote(str(home))} "
-               f"{shlex.quote(sys.executable)} -m nebula_tui demo; echo DEMO-EXITED $?; sleep 60")
-    subprocess.run(TMUX + ["new-session", "-d", "-s", "demo", "-x", "100", "-y", "32", command],
-                   check=True)
+    open_demo(home, "demo")
     try:
         yield home
     finally:
         subprocess.run(TMUX + ["kill-server"], capture_output=True)
+        # A test that failed after leaving the lab running in the background: stop what
+        # this test's demos started (their lab and service, by pid).
+        for pid in _demo_processes(home):
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGTERM)
 
 
 def test_demo_renders_in_a_real_terminal_and_shows_a_job(demo_terminal):
     home = demo_terminal
     text = wait_for(lambda: "node03" in (s := screen()) and "RTX 3090" in s and s, 60,
                     interval=0.3, what="the demo's overview")
-    assert "Cluster Overview:" in text and "GPUs: 9 (9 idle, 0 busy, 0 maintenance)" in text
+    assert "14 GPUs: 14 idle, 0 busy" in text and "6/6 nodes up" in text
     assert "A100-SXM4-80GB" in text and "RTX 4060 Laptop" in text
 
     env = {**os.environ, "NEBULA_HOME": str(home), "NEBULA_CONFIG": str(home / "lab" / "nodes.yaml")}
     subprocess.run([sys.executable, "-m", "nebula_tui", "submit", "--name", "from-cli",
-                    "--gpu-mem", "6G", "--", "sleep", "30"], env=env, check=True, cwd=REPO,
+                    "--vendor", "nvidia", "--gpu-mem", "10G", "--", "sleep", "30"], env=env, check=True, cwd=REPO,
                    capture_output=True)
     wait_for(lambda: "from-cli" in (s := screen()) and "running" in s, 30, interval=0.3,
              what="the job in the queue")
-    wait_for(lambda: re.search(r"6 GB / [\d.]+ GB", screen()), 15, interval=0.3, what="6 GB used on its card")
+    # An NVIDIA card too big for the laptop's: one of node01's first two, shown on screen.
+    wait_for(lambda: re.search(r"10 GB / [\d.]+ GB", screen()), 15, interval=0.3,
+             what="10 GB used on its card")
 
-    subprocess.run(TMUX + ["send-keys", "-t", "demo", "q"], check=True)
+    keys("demo", "q")  # its job runs: the demo asks whether to stop the lab with it
+    wait_for(lambda: "Quit the demo?" in screen(), 15, interval=0.3, what="the question")
+    keys("demo", "s")
     wait_for(lambda: "DEMO-EXITED 0" in screen(), 30, interval=0.3, what="the demo to quit")
-    # Quitting the demo stops its lab and service: nothing of it keeps running.
+    # Stopping the demo stops its lab and service: nothing of it keeps running, and a
+    # clean quit writes no traceback (the TUI's subscription was open until the end).
     assert not (home / "nebula.sock").exists()
     assert _demo_processes(home) == []
+    for log in ("serve.log", "lab.log"):
+        assert "Traceback" not in (home / log).read_text(), log
+
+
+def cli(home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NEBULA_HOME": str(home), "NEBULA_CONFIG": str(home / "lab" / "nodes.yaml")}
+    return subprocess.run([sys.executable, "-m", "nebula_tui", *args], env=env, cwd=REPO,
+                          capture_output=True, text=True)
+
+
+def test_a_second_demo_opens_the_running_one(demo_terminal):
+    """A second `nebula demo` on the same home shows the running lab instead of stopping
+    its service and rewriting it; quitting it leaves the first one as it was."""
+    home = demo_terminal
+    wait_for(lambda: "node03" in screen(), 60, interval=0.3, what="the first demo's overview")
+    job = cli(home, "submit", "--name", "keep-me", "--gpu-mem", "4G", "--", "sleep", "120").stdout.split()[2]
+    wait_for(lambda: "keep-me" in screen(), 30, interval=0.3, what="the job in the first demo")
+    before = sorted(_demo_processes(home))
+    open_demo(home, "second")
+    text = wait_for(lambda: "keep-me" in (s := screen("second")) and s, 60, interval=0.3,
+                    what="the second demo showing the first one's job")
+    assert "6/6 nodes up" in text
+    assert sorted(_demo_processes(home)) == before  # nothing restarted, nothing rewritten
+    keys("second", "q")  # it does not own the lab: it quits without a question
+    wait_for(lambda: "DEMO-EXITED 0" in screen("second"), 30, interval=0.3, what="the second to quit")
+    assert sorted(_demo_processes(home)) == before
+    assert '"running"' in cli(home, "job", job).stdout
+    assert "already runs" not in (home / "serve.log").read_text()  # no two supervisors
+    assert "keep-me" in screen()
+    keys("demo", "q")
+    wait_for(lambda: "Quit the demo?" in screen(), 15, interval=0.3, what="the owner asks")
+    keys("demo", "s")
+    wait_for(lambda: "DEMO-EXITED 0" in screen(), 30, interval=0.3, what="the demo to quit")
+    wait_for(lambda: not _demo_processes(home), 30, interval=0.3, what="lab and service stopped")
+
+
+def test_quitting_with_running_jobs_asks_and_can_leave_the_lab_running(demo_terminal):
+    """q with jobs running asks: stay, leave the lab running in the background (the next
+    `nebula demo` opens it again, jobs and all), or stop it and its jobs."""
+    home = demo_terminal
+    wait_for(lambda: "node03" in screen(), 60, interval=0.3, what="the demo's overview")
+    job = cli(home, "submit", "--name", "long-run", "--gpu-mem", "4G", "--", "sleep", "300").stdout.split()[2]
+    wait_for(lambda: "long-run" in screen() and "1 running" in screen(), 30, interval=0.3,
+             what="the job running")
+    keys("demo", "q")
+    text = wait_for(lambda: "Quit the demo?" in (s := screen()) and s, 15, interval=0.3,
+                    what="the question")
+    assert "long-run" in text and "of " in text  # the job, named with its owner
+    keys("demo", "c")  # stay
+    wait_for(lambda: "Quit the demo?" not in screen(), 15, interval=0.3, what="the question gone")
+    assert "DEMO-EXITED" not in screen()
+    keys("demo", "q")
+    wait_for(lambda: "Quit the demo?" in screen(), 15, interval=0.3, what="asked again")
+    keys("demo", "l")  # leave it running
+    wait_for(lambda: "DEMO-EXITED 0" in screen(), 30, interval=0.3, what="the TUI to quit")
+    assert "keeps running in the background" in screen()
+    assert _demo_processes(home) and (home / "nebula.sock").exists()
+    assert '"running"' in cli(home, "job", job).stdout
+
+    open_demo(home, "again")  # the lab left running is found, owned, and shown
+    wait_for(lambda: "long-run" in screen("again"), 60, interval=0.3, what="the job again")
+    keys("again", "q")
+    wait_for(lambda: "Quit the demo?" in screen("again"), 15, interval=0.3, what="the owner asks")
+    keys("again", "s")  # stop the lab and its jobs
+    wait_for(lambda: "DEMO-EXITED 0" in screen("again"), 30, interval=0.3, what="the demo to quit")
+    wait_for(lambda: not _demo_processes(home), 30, interval=0.3, what="lab and service stopped")
+    assert not (home / "nebula.sock").exists()
 
 
 def _demo_processes(home: Path) -> list[str]:
@@ -85,21 +176,22 @@ def test_tui_attach_suspends_the_tui_for_the_jobs_session(demo_terminal):
                            "--gpu-mem", "4G", "--command", "echo TUI-ATTACH-MARK; sleep 120"],
                           env=env, check=True, cwd=REPO, capture_output=True, text=True)
     job = done.stdout.split()[2]
-    keys = lambda *k: subprocess.run(TMUX + ["send-keys", "-t", "demo", *k], check=True)  # noqa: E731
-    keys("3")
+    keys("demo", "3")
     wait_for(lambda: "to-attach" in (s := screen()) and "running" in s, 30, interval=0.3,
              what="the job running in the queue")
-    keys("Enter")
+    keys("demo", "Enter")
     wait_for(lambda: f"Job {job}" in screen(), 15, interval=0.3, what="the job screen")
-    keys("a")
+    keys("demo", "a")
     # tmux's own status line ("[nebula-N] …") and the job's output, without the TUI's frame
     # (the TUI's log tail shows the output too, so the mark alone proves nothing)
     text = wait_for(lambda: f"[nebula-{job}]" in (s := screen()) and "NebulaGrid" not in s and s,
                     30, interval=0.3, what="the job's tmux session instead of the TUI")
     assert "TUI-ATTACH-MARK" in text
-    keys("C-b", "d")
+    keys("demo", "C-b", "d")
     wait_for(lambda: f"Job {job}" in screen(), 20, interval=0.3, what="the TUI back")
-    keys("q")
+    keys("demo", "q")
+    wait_for(lambda: "Quit the demo?" in screen(), 15, interval=0.3, what="the question")
+    keys("demo", "s")
     wait_for(lambda: "DEMO-EXITED 0" in screen(), 30, interval=0.3, what="the demo to quit")
 
 
@@ -121,7 +213,7 @@ def headless_demo(tmp_path):
         client_env = {**os.environ, **dict(kv.split("=", 1) for kv in export.split()[1:])}
         run = lambda *a: subprocess.run([sys.executable, "-m", "nebula_tui", *a],  # noqa: E731
                                         env=client_env, capture_output=True, text=True)
-        wait_for(lambda: "GPUs: 9 (9 idle" in run("status").stdout, 30, interval=0.3,
+        wait_for(lambda: "GPUs: 14 (14 idle" in run("status").stdout, 30, interval=0.3,
                  what="the lab's GPUs")
         yield home, client_env, run
     finally:

@@ -14,6 +14,7 @@ from textual.pilot import Pilot
 from textual.widgets import Static
 
 from nebula_tui.screens.app import HelpScreen, make_app
+from nebula_tui.screens.dialogs import ChoiceScreen
 from nebula_tui.screens.gpus import GpusScreen
 from nebula_tui.screens.nodecards import NodeCards
 from nebula_tui.screens.rowtable import RowTable
@@ -29,8 +30,13 @@ def table(pilot: Pilot, ident: str) -> RowTable:
     return pilot.app.screen.query_one(f"#{ident}", RowTable)
 
 
-def overview(pilot: Pilot) -> str:
-    return str(pilot.app.screen.query_one("#overview", Static).content)
+def summary(pilot: Pilot) -> str:
+    return str(pilot.app.screen.query_one("#summary", Static).content)
+
+
+def bar(pilot: Pilot) -> str:
+    """The screen bar: the five screens and the cluster's reachability."""
+    return " ".join(str(w.content) for w in pilot.app.screen.query("ScreenBar Static"))
 
 
 def static_text(pilot: Pilot, selector: str) -> str:
@@ -87,11 +93,11 @@ async def test_overview_summary_cards_and_ticker(head):
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: gpu_count(pilot) == 9 and "node03" in cards(pilot),
                     what="9 GPUs and a card for each node")
-        text = overview(pilot)
-        assert text.startswith("Cluster Overview:")
-        assert "  Nodes: 3" in text
-        assert re.search(r"  GPUs: 9 \(\d+ idle, \d+ busy, \d+ maintenance", text)
-        assert "node02: A100-SXM4-80GB x4" in text
+        # R1's numbers in one line, and the bar: where we are, whether the nodes answer.
+        await until(pilot, lambda: "3/3 nodes up" in bar(pilot), what="every node up in the bar")
+        assert re.search(r"3 nodes · 9 GPUs: \d+ idle, \d+ busy", summary(pilot))
+        assert "of 424 GB free" in summary(pilot)
+        assert "NebulaGrid · lab" in bar(pilot) and "1 Overview" in bar(pilot)
         assert "lab" in app.title and app.sub_title == "connected"
         # One card per node, one line per GPU in index order, with its memory.
         shown = cards(pilot)
@@ -124,8 +130,8 @@ async def test_job_appears_and_cancel_removes_it(head, jobs):
         assert len(placed) == 1
         where = f"{placed[0]['node']}:{placed[0]['index']}"
         assert rows(pilot, "queue")[key][4] == where
-        await until(pilot, lambda: f"jobs {job_id}" in cards(pilot),
-                    what=f"job {job_id} on its node's card")
+        await until(pilot, lambda: f":{job_id}" in cards(pilot),
+                    what=f"job {job_id} (user:job) on its node's card")
         await until(pilot, lambda: f"job {job_id}" in static_text(pilot, "#ticker"),
                     what="the job in the events ticker")
 
@@ -133,11 +139,14 @@ async def test_job_appears_and_cancel_removes_it(head, jobs):
         queue.focus()
         queue.move_cursor(row=queue.get_row_index(key))
         await pilot.pause()
-        await pilot.press("c")
+        await pilot.press("c")  # asks first, naming the job
+        await until(pilot, lambda: isinstance(app.screen, ChoiceScreen), what="the question")
+        assert f"Cancel job {job_id}?" in static_text(pilot, "#dialog-title")
+        await pilot.press("y")
         await until(pilot, lambda: key not in rows(pilot, "queue"),
                     what=f"job {job_id} to leave the queue")
         assert head.wait_job(job_id)["state"] == "cancelled"
-        await until(pilot, lambda: f"jobs {job_id}" not in cards(pilot),
+        await until(pilot, lambda: f":{job_id}" not in cards(pilot),
                     what=f"job {job_id} to leave its card")
 
 
@@ -163,11 +172,13 @@ async def test_small_terminal_and_help(head):
         await until(pilot, lambda: gpu_count(pilot) == 9 and "node03" in cards(pilot),
                     what="9 GPUs")
         await pilot.pause()
-        text = overview(pilot)
-        assert "Cluster Overview:" in text and "GPUs: 9 (" in text
-        ov = app.screen.query_one("#overview")
-        assert ov.region.width <= 80 and ov.region.height >= 5
-        for ident in ("cards", "queue", "ticker"):
+        assert "9 GPUs:" in summary(pilot)
+        line = app.screen.query_one("#summary")
+        assert line.region.width <= 80 and line.region.height == 1
+        # Every node's card fits: three nodes of 3, 4 and 2 GPUs on 24 lines.
+        assert app.screen.query_one("#cards").region.height >= 3 + 3 + 4 + 2
+        assert not app.screen.query_one("#ticker").display  # its room goes to the rest
+        for ident in ("cards", "queue"):
             region = app.screen.query_one(f"#{ident}").region
             assert region.height >= 3 and region.right <= 80, ident
         await pilot.press("question_mark")
@@ -206,7 +217,7 @@ async def test_stream_break_then_reconnect(head, jobs):
         await until(pilot, lambda: app.sub_title == "connected", timeout=60, what="reconnected")
         job_id = submit(head, "--gpu-mem", "6G", "--", "sleep", "30")
         jobs.append(job_id)
-        await until(pilot, lambda: any(str(job_id) in cells[5].split(",")
+        await until(pilot, lambda: any(f":{job_id}" in cells[-1]
                                        for cells in rows(pilot, "gpu-table").values()),
                     what="job after reconnect on the GPU screen")
         assert len(rows(pilot, "gpu-table")) == 9

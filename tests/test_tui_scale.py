@@ -14,7 +14,6 @@ import re
 from conftest import until
 
 from nebula_tui.screens.app import make_app
-from nebula_tui.screens.cluster import fair_share_order
 from nebula_tui.screens.gpus import SORTS, GpusScreen
 from nebula_tui.screens.messages import GpusChanged, SnapshotArrived
 from nebula_tui.screens.nodecards import NodeCards
@@ -87,11 +86,12 @@ async def test_queue_holds_every_job_in_order_and_scrolls_to_the_last():
         await until(pilot, lambda: isinstance(app.screen, QueueScreen), what="the queue")
         table = app.screen.query_one("#queue-table", RowTable)
         await until(pilot, lambda: table.row_count == JOBS, what="10,000 rows")
-        # Running first (oldest start first), then waiting in fair-share order (no weights
-        # from a service: equal weights, so submit order).
+        # Running first (oldest start first), then waiting in the head's order (none in
+        # this snapshot: submit order, as the scheduler has it for equal weights).
         running = sorted((j for j in snap["jobs"] if j["state"] == "running"),
                          key=lambda j: (j["started_at"], j["id"]))
-        waiting = fair_share_order(snap["jobs"], {})
+        waiting = sorted((j for j in snap["jobs"] if j["state"] == "pending" and not j.get("held")),
+                         key=lambda j: (j["submitted_at"], j["id"]))
         assert table.row_keys == [str(j["id"]) for j in running + waiting]
 
         await pilot.press("end")
@@ -122,13 +122,28 @@ async def test_gpu_table_sorts_every_row_and_follows_telemetry():
         await until(pilot, lambda: isinstance(app.screen, GpusScreen), what="the GPU screen")
         table = app.screen.query_one("#gpu-table", RowTable)
         await until(pilot, lambda: table.row_count == NODES * PER_NODE, what="1,000 rows")
-        for index, (name, order) in enumerate(SORTS):
-            if index:
-                await pilot.press("s")
-            expected = [g["uuid"] for g in sorted(app.cluster.gpus.values(), key=order)]
-            await until(pilot, lambda: table.row_keys == expected, what=f"sorted by {name}")
-            assert f"sorted by {name}" in screen_text(app)
-        await pilot.press("s")  # back to node order
+        # Every sortable column in turn (s), each both ways (S), across all 1,000 rows.
+        by_gpu = sorted(app.cluster.gpus.values(), key=SORTS["gpu"].key)
+        seen = []
+        while True:
+            column = table.sort_column
+            seen.append(column)
+            for reverse in (False, True):
+                sort = SORTS[column]
+                expected = [g["uuid"] for g in sorted(by_gpu, key=sort.key,
+                                                      reverse=sort.descending != reverse)]
+                await until(pilot, lambda: table.row_keys == expected,
+                            what=f"sorted by {column}{' reversed' if reverse else ''}")
+                label = table.columns[table.column_keys.index(column)]
+                arrow = "▼" if sort.descending != reverse else "▲"
+                assert f"by {label} {arrow}" in table.border_title
+                assert f"{label} {arrow}" in screen_text(app)  # the header shows it too
+                await pilot.press("S")
+            await pilot.press("s")
+            await until(pilot, lambda: table.sort_column != column, what="the next column")
+            if table.sort_column == "gpu":
+                break
+        assert set(seen) == set(SORTS) & set(table.shown_columns)
         await until(pilot, lambda: table.row_keys[0] == "GPU-000-0", what="node order")
 
         # The idle card is the last row; filtering finds it among 1,000.
@@ -143,9 +158,9 @@ async def test_gpu_table_sorts_every_row_and_follows_telemetry():
         fresh = {g["uuid"]: {"utilization_pct": 42.0, "temperature_c": 77.0}
                  for g in app.cluster.node_gpus("node000")}
         app.post_message(GpusChanged([{"type": "gpus", "node": "node000", "gpus": fresh}]))
-        await until(pilot, lambda: "77°C" in table.get_row("GPU-000-0")[4]
+        await until(pilot, lambda: "77°C" in table.get_row("GPU-000-0")[5]
                     and "77°C" in screen_text(app), what="the new reading on screen")
-        assert "42%" in table.get_row("GPU-000-0")[3]
+        assert "42%" in table.get_row("GPU-000-0")[4]
 
 
 async def test_overview_shows_a_card_per_node_and_scrolls_to_the_last():
@@ -157,8 +172,8 @@ async def test_overview_shows_a_card_per_node_and_scrolls_to_the_last():
         texts = cards.texts()
         assert [t.split()[0] for t in texts] == [f"node{n:03d}" for n in range(NODES)]
         assert all(len(t.splitlines()) == 1 + PER_NODE for t in texts)
-        summary = str(app.screen.query_one("#overview").content)
-        assert "GPUs: 1000 (1 idle, 999 busy" in summary and "more nodes" in summary
+        summary = str(app.screen.query_one("#summary").content)
+        assert "125 nodes · 1000 GPUs: 1 idle, 999 busy" in summary
         assert "node124" not in screen_text(app)
         cards.scroll_end(animate=False)
         await until(pilot, lambda: "node124  up" in screen_text(app), what="the last card on screen")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import until
+from conftest import has_op, palette_pick, until
 from textual import events
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Log, Static
@@ -20,7 +20,8 @@ from nebula_tui.model import format_mb
 from nebula_tui.screens.app import HelpScreen, make_app
 from nebula_tui.screens.gpus import GpuDetailScreen, GpusScreen
 from nebula_tui.screens.job import JobScreen
-from nebula_tui.screens.nodes import NodesScreen, ReasonPrompt
+from nebula_tui.screens.dialogs import ChoiceScreen
+from nebula_tui.screens.nodes import DrainPrompt, NodesScreen
 from nebula_tui.screens.overview import OverviewScreen
 from nebula_tui.screens.queue import QueueScreen
 from nebula_tui.screens.rowtable import RowTable
@@ -48,24 +49,6 @@ def text(pilot: Pilot, selector: str) -> str:
 
 def toasts(app) -> str:
     return "\n".join(str(t.render()) for t in app.screen.query("Toast"))
-
-
-def palette_options(app) -> str:
-    """The command palette's current entries, as text."""
-    found = app.screen.query("CommandList")
-    if not found:
-        return ""
-    options = found.first()
-    return "\n".join(str(options.get_option_at_index(i).prompt) for i in range(options.option_count))
-
-
-def has_op(head, op: str, **fields) -> bool:
-    """Whether the service knows ``op`` (any answer but "unknown request" means yes)."""
-    try:
-        head.call(op, **fields)
-    except ApiError as err:
-        return not str(err).startswith("unknown request")
-    return True
 
 
 def needs(head, op: str, **fields) -> None:
@@ -121,13 +104,15 @@ async def test_gpus_table_sorts_filters_and_opens_a_gpu(head):
         await until(pilot, lambda: len(rows(pilot, "gpu-table")) == 9, what="9 GPU rows")
         first = list(rows(pilot, "gpu-table").values())
         assert [c[0] for c in first[:3]] == ["node01:0", "node01:1", "node01:2"]
-        assert "B / 24 GB" in first[0][2] and "%" in first[0][3] and "°C" in first[0][4]
+        # GPU, model, free memory, memory used of total, utilisation, temperature, power
+        assert first[0][2] == "24 GB" and "B / 24 GB" in first[0][3] and "%" in first[0][4]
+        assert "°C" in first[0][5] and re.match(r"\d+/450 W", first[0][6])
         # Keyed by uuid, as the head publishes them.
         assert set(rows(pilot, "gpu-table")) == {g["uuid"] for g in head.call("gpus")["gpus"]}
 
-        await pilot.press("s")  # by free memory: the 80 GB cards first
-        await until(pilot, lambda: "free memory" in app.screen.query_one("#gpu-table").border_title,
-                    what="sorted by free memory")
+        await pilot.press("s", "s")  # by GPU, then model, then free memory: the 80 GB cards first
+        await until(pilot, lambda: "by Free ▼" in app.screen.query_one("#gpu-table").border_title,
+                    what="sorted by free memory, largest first")
         ordered = [c[1] for c in rows(pilot, "gpu-table").values()]
         assert ordered[:4] == ["A100-SXM4-80GB"] * 4 and ordered[-1] == "RTX 4060 Laptop"
 
@@ -152,10 +137,10 @@ async def test_gpus_table_sorts_filters_and_opens_a_gpu(head):
             assert value in desc
         assert rows(pilot, "gpu-slices"), "a free GPU still lists its free slice"
         assert any("free" in cells[2] for cells in rows(pilot, "gpu-slices").values())
-        await until(pilot, lambda: "Loading" not in text(pilot, "#gpu-history"), what="history")
-        history = text(pilot, "#gpu-history")
+        await until(pilot, lambda: "Loading" not in text(pilot, "#gpu-history-note"), what="history")
+        history = text(pilot, "#gpu-history-note")
         if has_op(head, "history", gpu=uuid, since=60):
-            assert "Temperature" in history or "No samples" in history
+            assert "samples" in history
         else:
             assert "not available on this service" in history
         await pilot.press("escape")
@@ -172,9 +157,9 @@ async def test_gpu_detail_shows_the_slice_holder(head, jobs):
                     what="job running")
         uuid = app.cluster.jobs[job_id]["gpus"][0]["uuid"]
         app.push_screen(GpuDetailScreen(uuid))
-        await until(pilot, lambda: any(f"job {job_id}" in c[3] for c in rows(pilot, "gpu-slices").values()),
+        await until(pilot, lambda: any(f":{job_id}" in c[3] for c in rows(pilot, "gpu-slices").values()),
                     what="the job's slice")
-        held = next(c for c in rows(pilot, "gpu-slices").values() if f"job {job_id}" in c[3])
+        held = next(c for c in rows(pilot, "gpu-slices").values() if f":{job_id}" in c[3])
         placed = head.job(job_id)["gpus"][0]
         size = format_mb(placed["memory_mb"]) + (" (whole)" if placed["exclusive"] else "")
         assert held[1] == size and "allocated" in held[2] and "slice-holder" in held[3]
@@ -192,14 +177,14 @@ async def test_queue_reasons_positions_hold_release_cancel(head, jobs):
         await go(pilot, "3", QueueScreen)
         await until(pilot, lambda: rows(pilot, "queue-table").get(str(runner), [""] * 4)[3] == "running",
                     what="runner running")
-        await until(pilot, lambda: rows(pilot, "queue-table").get(str(waiter), [""] * 8)[7] not in ("", "5x 70 GB"),
+        await until(pilot, lambda: rows(pilot, "queue-table").get(str(waiter), [""] * 9)[8] not in ("", "5x 70 GB"),
                     what="waiter's reason")
         table = rows(pilot, "queue-table")
         assert list(table)[:2] == [str(runner), str(waiter)]  # running first
         assert table[str(waiter)][3] == "pending" and table[str(waiter)][4] == "1"
         assert table[str(waiter)][5] == "5x 70 GB"
-        assert re.search(r"GPU|node|need", table[str(waiter)][7]), table[str(waiter)][7]
-        assert table[str(runner)][4] == "-" and re.match(r"node0\d:\d", table[str(runner)][7])
+        assert re.search(r"GPU|node|need", table[str(waiter)][8]), table[str(waiter)][8]
+        assert table[str(runner)][4] == "-" and re.match(r"node0\d:\d", table[str(runner)][8])
         assert "1 running · 1 waiting" in text(pilot, "#queue-summary")
 
         if has_op(head, "hold", job=10**9):
@@ -226,6 +211,8 @@ async def test_queue_reasons_positions_hold_release_cancel(head, jobs):
 
         select_row(pilot, "queue-table", str(runner))
         await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, ChoiceScreen), what="asked first")
+        await pilot.press("y")
         await until(pilot, lambda: str(runner) not in rows(pilot, "queue-table"),
                     what="runner cancelled")
         assert head.wait_job(runner)["state"] == "cancelled"
@@ -308,6 +295,8 @@ async def test_submit_form_then_queue_then_job_log(head, jobs):
         await pilot.press("f")
         assert "following" in app.screen.query_one(Log).border_title
         await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, ChoiceScreen), what="asked first")
+        await pilot.press("y")
         await until(pilot, lambda: "cancelled" in text(pilot, "#job-spec"), what="cancelled")
         assert head.wait_job(job_id)["state"] == "cancelled"
 
@@ -334,7 +323,7 @@ async def test_users_screen_shows_weights_and_hours(head, jobs):
         await until(pilot, lambda: me in rows(pilot, "users-table"), what="our user")
         cells = rows(pilot, "users-table")[me]
         row = next(u for u in head.call("users")["users"] if u["name"] == me)
-        assert int(cells[3]) == row["jobs_finished"] >= 1
+        assert int(cells[5]) == row["jobs_finished"] >= 1
         assert float(cells[1]) >= 1.1  # 1.0 + 0.1 per finished job
         assert "/ 2000 h" in cells[2] or " h" in cells[2]
 
@@ -346,26 +335,26 @@ async def test_nodes_drain_resume_and_events_log(head):
         await started(pilot)
         await go(pilot, "5", NodesScreen)
         await until(pilot, lambda: len(rows(pilot, "nodes-table")) == 3, what="3 nodes")
-        assert all("up" == c[2] for c in rows(pilot, "nodes-table").values())
+        assert all("up" == c[1] for c in rows(pilot, "nodes-table").values())
         await until(pilot, lambda: rows(pilot, "events-table"), what="events log")
         assert any("is up" in c[2] for c in rows(pilot, "events-table").values())
 
         select_row(pilot, "nodes-table", "node03")
         await pilot.press("d")
-        await until(pilot, lambda: isinstance(app.screen, ReasonPrompt), what="reason prompt")
+        await until(pilot, lambda: isinstance(app.screen, DrainPrompt), what="drain prompt")
         await pilot.press(*"fan swap")
         await pilot.press("enter")
         if not has_op(head, "resume", node="nope"):
             await until(pilot, lambda: "not available" in toasts(app), what="no drain op")
             return
         try:
-            await until(pilot, lambda: rows(pilot, "nodes-table")["node03"][2] == "drained",
+            await until(pilot, lambda: rows(pilot, "nodes-table")["node03"][1] == "drained",
                         what="node03 drained")
             await until(pilot, lambda: any("drain" in c[2] for c in rows(pilot, "events-table").values()),
                         timeout=15, what="drain in the events log")
             select_row(pilot, "nodes-table", "node03")
             await pilot.press("u")
-            await until(pilot, lambda: rows(pilot, "nodes-table")["node03"][2] == "up",
+            await until(pilot, lambda: rows(pilot, "nodes-table")["node03"][1] == "up",
                         what="node03 resumed")
         finally:
             try:
@@ -394,11 +383,7 @@ async def test_palette_help_and_theme_read_the_same_keys(head):
         await pilot.press("t")
         await until(pilot, lambda: app.current_theme.dark == dark, what="theme back")
 
-        await pilot.press("ctrl+p")
-        await until(pilot, lambda: app.screen.query("CommandInput"), what="palette")
-        await pilot.press(*"Nodes / adm")
-        await until(pilot, lambda: "Nodes / admin" in palette_options(app), what="the palette's hit")
-        await pilot.press("enter")
+        await palette_pick(pilot, "Nodes", "Nodes")
         await until(pilot, lambda: isinstance(app.screen, NodesScreen), what="nodes via palette")
 
 
@@ -426,6 +411,6 @@ async def test_screen_keys_typed_quickly_act_in_the_order_typed(head):
         assert isinstance(app.screen, HelpScreen) and app.current_mode == "gpus"
         await pilot.press("escape")
         await pilot.press("slash", "1", "2")  # digits typed into the filter stay there
-        await until(pilot, lambda: app.screen.query_one("#gpu-filter", Input).value == "12",
+        await until(pilot, lambda: app.screen.query_one("#filter", Input).value == "12",
                     what="digits in the filter")
         assert app.current_mode == "gpus"

@@ -1,9 +1,11 @@
-"""Named screenshots of the main screens at 80x24 and 160x48, against the real head.
+"""Snapshots of every main screen at 80x24 and 160x48, in the dark and the light theme.
 
-Not pixel snapshots (pytest-textual-snapshot is not a dependency): each screen is exported
-as Textual's SVG and the test asserts on the text in it, so a layout that hides the key
-facts at either size fails. With NEBULA_SAVE_SCREENSHOTS=1 the SVGs are also written to
-docs/screenshots/ for the README.
+Pixel snapshots (pytest-textual-snapshot, files in ``__snapshots__/``): each screen is drawn
+from ``fixedhead.FixedHead`` (fixed data behind a real socket, read by the real client) at a
+fixed clock in UTC, so a snapshot changes only when the screen's look does. After a change
+of look that is meant, ``pytest tests/test_tui_snapshots.py --snapshot-update`` writes the
+new ones (look at the report first). With NEBULA_SAVE_SCREENSHOTS=1 the README's
+screenshots (docs/screenshots/) are written too, from the same fixed lab.
 """
 
 from __future__ import annotations
@@ -15,33 +17,50 @@ import time
 from pathlib import Path
 
 import pytest
-from textual.pilot import Pilot
+from conftest import until
+from fixedhead import NOW, FixedHead
 
-from nebula_tui.api import ApiError
+from nebula_tui.screens import render
 from nebula_tui.screens.app import make_app
+from nebula_tui.screens.gpus import GpuDetailScreen, GpusScreen
 from nebula_tui.screens.job import JobScreen
-from nebula_tui.screens.submit import SubmitScreen
+from nebula_tui.screens.nodes import NodesScreen
+from nebula_tui.screens.overview import OverviewScreen
+from nebula_tui.screens.queue import QueueScreen
+from nebula_tui.screens.users import UsersScreen
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 SIZES = [(80, 24), (160, 48)]
+THEMES = ["textual-dark", "textual-light"]
 
-#: Screen (key to reach it) -> text that must be visible at every size.
-EXPECTED = {
-    "overview": ("1", ["Cluster Overview:", "GPUs: 9", "node01", "Events", "Queue", "shot-job"]),
-    "gpus": ("2", ["node01:0", "RTX 4090", "sorted by node", "°C"]),
-    "queue": ("3", ["shot-job", "running", "1 running"]),
-    "users": ("4", ["Weight", "GPU-hours"]),
-    "nodes": ("5", ["node01", "node03", "Events log"]),
+#: Screen -> (key to reach it, its class, a word it shows once its data is drawn).
+SCREENS = {
+    "overview": ("1", OverviewScreen, "bert-finetune"),
+    "gpus": ("2", GpusScreen, "node02:3"),
+    "queue": ("3", QueueScreen, "tokenize"),
+    "users": ("4", UsersScreen, "carol"),
+    "nodes": ("5", NodesScreen, "isolated"),
 }
 
 
-async def until(pilot: Pilot, predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+@pytest.fixture
+def fixed_head(tmp_path):
+    """The fixed lab on a socket, the clock stopped at ``NOW``, times in UTC."""
+    head = FixedHead(tmp_path / "fixed.sock").start()
+    tz = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    render.set_clock(lambda: NOW)
+    try:
+        yield head
+    finally:
+        render.set_clock(None)
+        if tz is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = tz
+        time.tzset()
+        head.stop()
 
 
 def svg_text(svg: str) -> str:
@@ -49,56 +68,123 @@ def svg_text(svg: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", svg)).replace("\xa0", " ")
 
 
-def keep(name: str, svg: str, tmp_path: Path) -> None:
-    (tmp_path / f"{name}.svg").write_text(svg)
+async def settle(pilot) -> None:
+    """Until two screenshots a moment apart agree (timers have drawn what they draw)."""
+    before = None
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        await pilot.pause(0.4)
+        now = pilot.app.export_screenshot()
+        if now == before:
+            return
+        before = now
+    raise AssertionError("the screen kept changing")
+
+
+async def show(pilot, screen: str) -> None:
+    app = pilot.app
+    key, cls, word = SCREENS[screen]
+    await until(pilot, lambda: len(app.cluster.gpus) == 9 and app.user, what="the fixed lab")
+    await pilot.press(key)
+    await until(pilot, lambda: isinstance(app.screen, cls)
+                and word in svg_text(app.export_screenshot()), what=f"{screen} drawn")
+    await settle(pilot)
+
+
+@pytest.mark.parametrize("theme", THEMES, ids=["dark", "light"])
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("screen", list(SCREENS))
+def test_main_screen_snapshot(snap_compare, fixed_head, screen, size, theme):
+    app = make_app(fixed_head.socket, cluster_name="gpulab")
+    app.theme = theme
+
+    async def run_before(pilot) -> None:
+        await show(pilot, screen)
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+#: What must be readable on each screen at both sizes (the facts a newcomer looks for).
+KEY_FACTS = {
+    "overview": ["1 Overview", "2/3 reachable", "9 GPUs:", "node01", "free", "bert-finetune"],
+    "gpus": ["node01:1", "Free", "Temp", "Status", "maintenance", "unreachable"],
+    "queue": ["bert-finetune", "running", "pending", "held"],
+    "users": ["carol", "GPU-hours", "Weight"],
+    "nodes": ["node03", "unknown", "Events log"],
+}
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_key_facts_fit_at_both_sizes_and_readme_screenshots(fixed_head, size, tmp_path):
+    """Each screen shows what a newcomer looks for at 80x24 as at 160x48 (and the job and
+    GPU pages); with NEBULA_SAVE_SCREENSHOTS=1 they become the README's screenshots."""
+    width, height = size
+    app = make_app(fixed_head.socket, cluster_name="gpulab")
+    async with app.run_test(size=size) as pilot:
+        for screen, words in KEY_FACTS.items():
+            await show(pilot, screen)
+            shown = svg_text(app.export_screenshot())
+            for word in words:
+                assert word in shown, (screen, size, word)
+            keep(f"{screen}-{width}x{height}", app.export_screenshot())
+        await pilot.press("3")
+        app.open_job(12)
+        await until(pilot, lambda: isinstance(app.screen, JobScreen)
+                    and "loss" in svg_text(app.export_screenshot()), what="the job page")
+        await settle(pilot)
+        shown = svg_text(app.export_screenshot())
+        assert "bert-finetune" in shown and "Environment" in shown and "Job 12" in shown
+        keep(f"job-{width}x{height}", app.export_screenshot())
+        uuid = next(g["uuid"] for g in app.cluster.gpus.values() if g["node"] == "node01" and g["index"] == 0)
+        app.open_gpu(uuid)
+        await until(pilot, lambda: isinstance(app.screen, GpuDetailScreen) and app.screen.samples,
+                    what="the GPU page and its history")
+        await settle(pilot)
+        shown = svg_text(app.export_screenshot())
+        assert "alice:12" in shown and "bob:14" in shown and "Fits" in shown
+        keep(f"gpu-{width}x{height}", app.export_screenshot())
+
+
+def keep(name: str, svg: str) -> None:
     if os.environ.get("NEBULA_SAVE_SCREENSHOTS") == "1":
         DOCS.mkdir(parents=True, exist_ok=True)
         (DOCS / f"{name}.svg").write_text(svg)
 
 
-@pytest.fixture
-def running_job(head):
-    done = head.run("submit", "--name", "shot-job", "--gpu-mem", "4G", "--command",
-                    "echo epoch 1 loss 0.93; echo epoch 2 loss 0.71; sleep 120", check=True)
-    job_id = int(re.search(r"Submitted job (\d+)", done.stdout).group(1))
-    yield job_id
-    try:
-        head.call("cancel", job=job_id)
-    except ApiError:
-        pass
-    head.wait_job(job_id)
+def _style_of(table, key: str, column: str, app) -> str:
+    """The colour a table cell is painted in (its first styled segment)."""
+    cell = table.get_row(key)[table.column_keys.index(column)]
+    segments = table._segments(cell, cell.cell_len)
+    return str(next(s.style.color.name for s in segments if s.style and s.style.color))
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-async def test_main_screens_at_both_sizes(head, running_job, size, tmp_path):
-    width, height = size
-    app = make_app(head.socket, cluster_name="demo-lab")
-    async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: len(app.cluster.gpus) == 9
-                    and (app.cluster.jobs.get(running_job) or {}).get("state") == "running",
-                    what="snapshot with the job running")
-        for name, (key, words) in EXPECTED.items():
-            await pilot.press(key)
-            await pilot.pause(0.5)
-            await until(pilot, lambda: all(w in svg_text(app.export_screenshot()) for w in words),
-                        timeout=15, what=f"{name} at {width}x{height}: {words}")
-            keep(f"{name}-{width}x{height}", app.export_screenshot(), tmp_path)
+@pytest.mark.parametrize("theme", THEMES, ids=["dark", "light"])
+async def test_one_colour_per_meaning_on_every_screen(fixed_head, theme):
+    """A state is one colour wherever it shows, and 78 °C is hot (the health policy's
+    hot_c) on the GPU table as on the overview's card; maintenance and unreachable are
+    drawn in the warning colour."""
+    from nebula_tui.screens.look import LOOK
+    from nebula_tui.screens.rowtable import RowTable
 
-        await pilot.press("3")
-        app.push_screen(JobScreen(running_job))
-        await until(pilot, lambda: isinstance(app.screen, JobScreen), what="job screen")
-        await until(pilot, lambda: all(w in svg_text(app.export_screenshot())
-                                       for w in ("epoch 2 loss", "shot-job", "Environment")),
-                    what="the job's spec and log on screen")
-        keep(f"job-{width}x{height}", app.export_screenshot(), tmp_path)
-        await pilot.press("escape")
-
-        await pilot.press("n")
-        await until(pilot, lambda: isinstance(app.screen, SubmitScreen), what="submit form")
-        await pilot.press(*"train")
-        await pilot.press("tab", "tab", *"8G", "tab", "tab", *"python train.py")
-        await until(pilot, lambda: "Would" in svg_text(app.export_screenshot())
-                    or "not available" in svg_text(app.export_screenshot()), what="preview")
-        shown = svg_text(app.export_screenshot())
-        assert "GPU memory" in shown and "Command" in shown and "Submit" in shown
-        keep(f"submit-{width}x{height}", app.export_screenshot(), tmp_path)
+    app = make_app(fixed_head.socket, cluster_name="gpulab")
+    app.theme = theme
+    async with app.run_test(size=(160, 48)) as pilot:
+        await show(pilot, "overview")
+        role = lambda name: LOOK.styles[name].split()[-1].lower()  # noqa: E731
+        queue = app.screen.query_one("#queue", RowTable)
+        assert _style_of(queue, "12", "state", app) == role("ok")  # running
+        assert _style_of(queue, "16", "state", app) == role("warn")  # pending
+        card = app.screen.query_one("#cards").card_text("node02")
+        hot = next(s for s in card.spans if card.plain[s.start:s.end] == "78°C")
+        assert str(hot.style).split()[-1].lower() == role("bad")
+        await show(pilot, "gpus")
+        gpus = app.screen.query_one("#gpu-table", RowTable)
+        by_label = {str(gpus.get_row(k)[0]): k for k in gpus.row_keys}
+        assert _style_of(gpus, by_label["node02:0"], "temp", app) == role("bad")
+        assert _style_of(gpus, by_label["node02:3"], "status", app) == role("warn")
+        assert _style_of(gpus, by_label["node03:0"], "status", app) == role("warn")
+        assert _style_of(gpus, by_label["node01:1"], "status", app) == role("ok")  # a free card
+        await show(pilot, "queue")
+        jobs = app.screen.query_one("#queue-table", RowTable)
+        assert _style_of(jobs, "12", "state", app) == role("ok")
+        assert _style_of(jobs, "16", "state", app) == role("warn")

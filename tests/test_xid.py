@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from samples import SAMPLES as ALL_SAMPLES
+
 from nebula_tui.remote.backends import xid
 from nebula_tui.remote.backends.xid import new_lines, parse_xid, pci_key, pci_matches
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "xid"
+SAMPLES = ALL_SAMPLES / "xid"
 
 # file -> [(code, pci, pid)] in order, as a person reads them off the file.
 EXPECTED = {
@@ -166,10 +168,24 @@ def test_bus_fall_of_another_gpu_is_its_own_event():
         (79, "0000:01:00"), (None, "0000:02:00.0"), (None, "0000:01:00.0")]
 
 
+def test_an_unreadable_or_redacted_address_keeps_the_code():
+    # Addresses are redacted when logs are posted; the code is what the policies act on.
+    cases = {"NVRM: Xid (PCI:zz:zz): 79, broken": (79, "zz:zz", None),
+             "[  99.1] NVRM: Xid (PCI:xxxx:xx:xx): 31, pid=42, name=python3, Ch 0000003b": (
+                 31, "xxxx:xx:xx", 42),
+             "kernel: NVRM: Xid (<redacted>): 48, An uncorrectable double bit error": (
+                 48, "<redacted>", None),
+             "NVRM: Xid (PCI:0000:01:00.0 GPU-<uuid redacted>): 13, Graphics Exception": (
+                 13, "0000:01:00.0", None)}
+    for line, expected in cases.items():
+        (event,) = parse_xid(line + "\n")
+        assert (event["code"], event["pci"], event["pid"]) == expected, line
+    assert not pci_matches("zz:zz", "00000000:01:00.0")
+
+
 def test_not_events():
     assert parse_xid("") == []
     assert parse_xid("random words\n[  1.0] usb 1-1: new device\nkernel: NVRM: loading driver\n") == []
-    assert parse_xid("NVRM: Xid (PCI:zz:zz): 79, broken\n") == []
 
 
 @pytest.mark.parametrize("kernel, smi, same", [

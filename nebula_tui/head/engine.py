@@ -26,6 +26,7 @@ import asyncio
 import time
 from dataclasses import replace
 
+from .. import views
 from ..config import ClusterConfig
 from ..model import Job, JobSpec, JobState, Pending, RequestError
 from ..remote.ssh import NodeUnavailable
@@ -51,10 +52,11 @@ class Engine:
         self.access = Access(self.state)
         self.accounting = Accounting(self.state, self.access)
         self.stream = Stream(self.state)
-        self.shares = Shares(self.state, self.access, self.accounting)
+        self.shares = Shares(self.state, self.access, self.stream, self.accounting)
         self.transitions = JobTransitions(self.state, self.stream, self.shares, self.access)
         self.scheduling = Scheduling(self.state, self.stream, self.shares, self.transitions)
         self.health = HealthMonitor(self.state, self.stream, self.transitions, self.access)
+        store.on_event = self.stream.publish_event  # every events-log line, once committed
         self.fleet = Fleet(self.state, self.stream, self.transitions, self.health, self.access)
         self.attach = Attach(self.state, self.access)
         self.smoke = SmokeTest(self.state, self.stream, self.transitions, self.access)
@@ -68,8 +70,9 @@ class Engine:
         # What the node links call, what the server and tests read:
         self.on_node_message = self.fleet.on_node_message
         self.on_node_state = self.fleet.on_node_state
-        self.subscribe, self.unsubscribe = self.stream.subscribe, self.stream.unsubscribe
+        self.unsubscribe = self.stream.unsubscribe
         self.snapshot, self.gpus_json = self.stream.snapshot, self.stream.gpus_json
+        self.status = self.stream.status
         self.queue_json, self.users_json = self.stream.queue_json, self.shares.users_json
         self.is_admin, self.resolve_gpu = self.access.is_admin, self.state.resolve_gpu
         self.set_drained, self.set_quota = self.fleet.set_drained, self.shares.set_quota
@@ -87,6 +90,10 @@ class Engine:
     jobs = property(lambda self: self.state.jobs)
     links = property(lambda self: self.state.links)
 
+    def subscribe(self, queue: asyncio.Queue) -> dict:
+        """A new subscriber: the stream's snapshot, with every user's row (``users``)."""
+        return {**self.stream.subscribe(queue), "users": self.shares.users_json()}
+
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self.transitions.load()
@@ -94,6 +101,7 @@ class Engine:
         self.scheduling.start()
 
     async def stop(self) -> None:
+        self.state.store.on_event = None
         self.scheduling.stop()
         self.state.cancel_tasks()
         await self.fleet.close()
@@ -113,8 +121,20 @@ class Engine:
         job = state.store.add_job(user, spec, state.clock())
         state.jobs[job.id] = job
         self.stream.publish_job(job)
+        self.shares.changed(user)
         state.wake(capacity=False)
         return job
+
+    def job_detail(self, job_id: int, user: str | None = None) -> dict:
+        """A job as ``views.job_json`` has it (one that ended as its history shows it, to
+        ``user``: GPU-hours, waits, what its cards did), with what the head computes for
+        it: its place in the queue (``queue_pos``) and, once placed, the environment each
+        of its nodes gives its command (``environment``: node -> variables)."""
+        job = self.job(job_id)
+        shown = (self.accounting.ended_job(user or self.state.owner, job) if job.state.finished
+                 else views.job_json(job))
+        return {**shown, "queue_pos": self.state.queue_pos(job),
+                "environment": self.transitions.environments(job) if job.placements else {}}
 
     def job(self, job_id: int) -> Job:
         job = self.state.jobs.get(job_id) or self.state.store.job(job_id)

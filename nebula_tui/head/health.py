@@ -28,7 +28,6 @@ throttling events.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -36,10 +35,10 @@ from collections.abc import Callable
 
 from ..model import Evicting, GpuReading, Job, JobState, RequestError
 from ..remote.backends import xid
+from ..remote.readings import base_sm_clock
 from ..remote.ssh import NodeUnavailable
 from ..scheduler.health import (BUS_FALL_CODE, Action, decide, forget_before, is_throttling,
-                                judge_selftest)
-from ..settings import HealthSettings
+                                judge_selftest, thermal_slowdown)
 from .access import Access
 from .jobs import JobTransitions
 from .state import HeadState, Maintenance, job_nodes
@@ -55,9 +54,6 @@ RESET_TIMEOUT_S = 150.0
 EVICT_POLL_S = 0.2
 #: Xid history older than this is dropped (longer than any sensible repeat window).
 XID_HISTORY_S = 86400.0
-#: Without a base clock from the driver, R19 compares with this share of the max SM clock
-#: (base clocks sit between about 65 % and 90 % of the max).
-BASE_CLOCK_OF_MAX = 0.8
 
 
 class HealthMonitor:
@@ -69,7 +65,7 @@ class HealthMonitor:
         self.stream = stream
         self.transitions = jobs
         self.access = access
-        settings = state.config.health or HealthSettings()
+        settings = state.config.health
         self.policies = settings.policies
         self.grace_s = settings.isolation_grace_s
         self.selftest_command = settings.selftest_command
@@ -77,7 +73,6 @@ class HealthMonitor:
         self._xids: dict[str, list[tuple[float, int | None]]] = defaultdict(list)
         self._tasks: dict[str, tuple[str, asyncio.Task]] = {}  # gpu -> (kind, pipeline)
         self._pid_jobs: dict[str, dict[str, str]] = {}  # node -> pid -> job id (last probe)
-        self._base_clocks: dict[str, tuple[int, dict[str, float]]] = {}  # node -> (hello id, …)
         self._throttling: set[str] = set()  # GPUs in a throttling episode now
         self._kmsg_errors: dict[str, str] = {}
         #: told of each GPU isolated, with why (notifications)
@@ -87,7 +82,7 @@ class HealthMonitor:
                job_id: int | None = None) -> None:
         if gpu and not node and gpu in self.state.gpus:
             node = self.state.gpus[gpu].node
-        self.stream.event(kind, message, node=node, gpu=gpu, job_id=job_id)
+        self.state.record(kind, message, node=node, gpu=gpu, job_id=job_id)
 
     # ------------------------------------------------------------- kernel log (R16)
     def on_kernel_message(self, node: str, message: dict) -> None:
@@ -316,7 +311,6 @@ class HealthMonitor:
         """A probe's readings: throttling episodes start and end; the pid -> job map is kept
         for Xid messages that name a pid."""
         self._pid_jobs[node] = dict(pid_jobs or {})
-        base = self._base_clock_map(node)
         now = self.state.clock()
         events = self.state.nodes[node].throttle_events
         changed = False
@@ -324,15 +318,14 @@ class HealthMonitor:
             gpu = reading.uuid
             if not gpu:
                 continue
-            hot = is_throttling(reading, base.get(gpu))
+            base = base_sm_clock(reading)
+            hot = is_throttling(reading, base)
             if hot and gpu not in self._throttling:
                 self._throttling.add(gpu)
                 events.append(now)
                 changed = True
                 self._event("health", f"{node}:{reading.index}: suspected thermal throttling "
-                            f"({reading.temperature_c:.0f} °C at {reading.utilization_pct:.0f} % "
-                            f"utilisation, SM clock {reading.sm_clock_mhz:.0f} MHz below its base "
-                            f"{base[gpu]:.0f} MHz); {node}'s health score is now "
+                            f"({_throttle_detail(reading, base)}); {node}'s health score is now "
                             f"{self.state.health_score(node):.2f}", gpu=gpu, node=node)
             elif not hot and gpu in self._throttling:
                 self._throttling.discard(gpu)
@@ -345,27 +338,13 @@ class HealthMonitor:
         if changed:
             self.state.wake()
 
-    def _base_clock_map(self, node: str) -> dict[str, float]:
-        """uuid -> base SM clock (MHz), from the hello's clocks query (once per hello)."""
-        hello = self.state.nodes[node].hello
-        cached = self._base_clocks.get(node)
-        if cached and cached[0] == id(hello):
-            return cached[1]
-        clocks: dict[str, float] = {}
-        for line in (hello.get("clocks_csv") or "").splitlines():
-            cells = [c.strip() for c in line.split(",")]
-            if len(cells) != 3 or not cells[0].startswith("GPU-"):
-                continue
-            base, top = _mhz(cells[1]), _mhz(cells[2])
-            if base is None and top is not None:
-                base = top * BASE_CLOCK_OF_MAX
-            if base is not None:
-                clocks[cells[0]] = base
-        self._base_clocks[node] = (id(hello), clocks)
-        return clocks
 
-
-def _mhz(text: str) -> float | None:
-    with contextlib.suppress(ValueError, IndexError):
-        return float(text.split()[0])
-    return None  # [N/A], [Not Supported]
+def _throttle_detail(reading: GpuReading, base: float | None) -> str:
+    """What made it look like throttling, in words: the driver's reason, or the readings."""
+    said = "the driver reports a thermal slowdown" if thermal_slowdown(reading) else ""
+    numbers = ", ".join(part for part in (
+        f"{reading.temperature_c:.0f} °C" if reading.temperature_c is not None else "",
+        f"{reading.utilization_pct:.0f} % utilisation" if reading.utilization_pct is not None else "",
+        f"SM clock {reading.sm_clock_mhz:.0f} MHz" + (f" below its base {base:.0f} MHz" if base else "")
+        if reading.sm_clock_mhz is not None else "") if part)
+    return "; ".join(part for part in (said, numbers) if part)

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from ..model import (Cancelling, Ended, Evicting, Job, JobState, Launching, Pending, Placement,
                      RequestError, Running, holding, with_holding)
-from ..remote import launcher
+from ..remote import containers, launcher
 from ..remote.ssh import NodeUnavailable
 from ..store import StaleDecision
 from .access import Access
@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 
 ACK_BATCH_S = 0.1
 CANCEL_GRACE_S = 10.0
+
+
+def _placements_on(job: Job, node: str) -> tuple[Placement, ...]:
+    return tuple(p for p in job.placements if p.node == node)
 
 
 class JobTransitions:
@@ -49,6 +53,8 @@ class JobTransitions:
         #: when it ends failed; nodes say it again after a restart (their exits are unacked)
         self._exit_reasons: dict[int, str] = {}
         self._finished_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
+        #: per node: the hello and config its launcher facts were read from, and the facts
+        self._facts: dict[str, tuple[dict, tuple, launcher.NodeFacts]] = {}
 
     def load(self) -> None:
         """The unfinished jobs of the store become the live table (the head starts)."""
@@ -150,6 +156,7 @@ class JobTransitions:
         except StaleDecision:
             return  # the job changed since the snapshot (cancelled): nothing to launch
         job = self._set(replace(job, status=Launching(placements)))
+        self.shares.changed(job.user)  # one more job running
         for node in job_nodes(job):
             self.stream.publish_gpus(node)
         self.state.spawn(self.launch(job), f"launch-{job.id}")
@@ -161,7 +168,7 @@ class JobTransitions:
         intent in the store, and reconcile launches its part when it is back.
         """
         nodes = job_nodes(job)
-        replies = await asyncio.gather(*(self._launch_on(job, node, nodes) for node in nodes
+        replies = await asyncio.gather(*(self._launch_on(job, node) for node in nodes
                                          if only is None or node == only), return_exceptions=True)
         current = self.state.jobs.get(job.id)
         if current is None or current.state != JobState.LAUNCHING:
@@ -178,20 +185,34 @@ class JobTransitions:
             launching = replace(launching, confirmed=confirmed)
             self._set(replace(current, status=with_holding(current.status, launching)))
 
-    async def _launch_on(self, job: Job, node: str, nodes: list[str]) -> dict | None:
+    def _gang_environment(self, job: Job, node: str) -> dict[str, str] | None:
+        """What a gang's part on ``node`` needs to find the others (None: not a gang)."""
+        nodes = job_nodes(job)
+        if len(nodes) < 2:
+            return None
         config = self.state.config
-        mine = tuple(p for p in job.placements if p.node == node)
-        extra = None
-        if len(nodes) > 1:
-            master = config.node(nodes[0])
-            extra = launcher.gang_environment(job, node, master.host, nodes,
-                                              config.node(node).env_dict.get("NCCL_SOCKET_IFNAME"))
-        node_config = config.node(node)
-        facts = launcher.node_facts(node, self.state.nodes[node].hello, node_config.runtime,
-                                    node_config.warmup)
-        devices = launcher.job_devices(mine, {p.gpu_uuid: self.state.gpus[p.gpu_uuid].reading
-                                              for p in mine if p.gpu_uuid in self.state.gpus})
-        script = launcher.run_script(job, mine, self._run_as(job, node), extra, facts, devices)
+        return launcher.gang_environment(job, node, config.node(nodes[0]).host, nodes,
+                                         config.node(node).env_dict.get("NCCL_SOCKET_IFNAME"))
+
+    def environments(self, job: Job) -> dict[str, dict[str, str]]:
+        """Each of the job's nodes -> the environment the head gives its command there:
+        the very function and inputs ``launch`` builds the node's script from."""
+        return {node: launcher.launch_environment(job, (mine := _placements_on(job, node)),
+                                                  self._gang_environment(job, node),
+                                                  self._devices(mine))
+                for node in job_nodes(job)}
+
+    def _devices(self, mine: tuple[Placement, ...]) -> tuple[containers.Device, ...]:
+        """The cards of ``mine`` with what their vendor's variables and devices need."""
+        return launcher.job_devices(mine, {p.gpu_uuid: self.state.gpus[p.gpu_uuid].reading
+                                           for p in mine if p.gpu_uuid in self.state.gpus})
+
+    async def _launch_on(self, job: Job, node: str) -> dict | None:
+        mine = _placements_on(job, node)
+        facts = self._node_facts(node)
+        devices = self._devices(mine)
+        script = launcher.run_script(job, mine, self._run_as(job, node),
+                                     self._gang_environment(job, node), facts, devices)
         try:
             reply = await self.state.links[node].request("launch", job=job.id,
                                                          token=self.state.token(job), script=script)
@@ -199,6 +220,18 @@ class JobTransitions:
             log.warning("launch of job %s on %s deferred: %s", job.id, node, err)
             return None
         return {**reply, "node": node}
+
+    def _node_facts(self, node: str) -> launcher.NodeFacts:
+        """The launcher's facts of ``node``, worked out once per hello and config: reading
+        them parses the node's nvidia-smi table, which was a quarter of the head's CPU
+        when every launch did it."""
+        hello, node_config = self.state.nodes[node].hello, self.state.config.node(node)
+        key = (node_config.runtime, node_config.warmup)
+        known = self._facts.get(node)
+        if known is None or known[0] is not hello or known[1] != key:
+            facts = launcher.node_facts(node, hello, *key)
+            known = self._facts[node] = (hello, key, facts)
+        return known[2]
 
     def _run_as(self, job: Job, node_name: str) -> tuple[str, ...]:
         """With ``run_as: submitter``, the prefix that runs the job as its owner on the node.
@@ -230,6 +263,7 @@ class JobTransitions:
         self.state.jobs.pop(job.id, None)
         self._exit_reasons.pop(job.id, None)
         self.shares.forget()  # its hours now count towards its user's weight
+        self.shares.changed(job.user)
         done = replace(job, status=Ended(state, now, code, reason, job.started_at, job.node,
                                          job.placements))
         self.stream.publish_job(done)
@@ -248,6 +282,7 @@ class JobTransitions:
         self._exit_reasons.pop(job.id, None)
         self.on_requeued(job, reason)
         self._set(replace(job, status=Pending(reason), attempt=job.attempt + 1))
+        self.shares.changed(job.user)  # charged for what it held
         for node in job_nodes(job):
             self.stream.publish_gpus(node)
         self.state.wake()
@@ -269,8 +304,8 @@ class JobTransitions:
             raise RequestError(f"job {job.id} already {job.state.value}")
         if job.state == JobState.PENDING:
             if user != job.user:
-                self.state.store.add_event("admin", f"{user} cancelled job {job.id} of {job.user}",
-                                           job_id=job.id, user=user)
+                self.state.record("admin", f"{user} cancelled job {job.id} of {job.user}",
+                                  job_id=job.id, user=user)
             self.finish(job, JobState.CANCELLED, None, f"cancelled by {user}")
             return
         now = self.state.clock()
@@ -311,7 +346,7 @@ class JobTransitions:
         if job.status.stopping:
             return  # another node's part of the same gang, being killed
         detail = f"exit code {code}" if code is not None else "no exit code"
-        self.stream.event("health", f"job {job.id} ended after SIGUSR1 ({detail})", job_id=job.id)
+        self.state.record("health", f"job {job.id} ended after SIGUSR1 ({detail})", job_id=job.id)
         # A gang's other parts are stopped before it is requeued.
         self.state.spawn(self.put_back(job.id, kill=len(job_nodes(job)) > 1), f"put-back-{job.id}")
 

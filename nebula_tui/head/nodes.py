@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 
 from .. import node_admin, views
 from ..config import load_config
 from ..model import Cancelling, ConfigError, GpuReading, JobState, NodeState, RequestError
-from ..remote.backends import nvidia, topo
+from ..remote.readings import hello_cuda_version, hello_topology, read_probe
 from ..remote.ssh import NodeLink, NodeUnavailable
 from .access import Access
 from .health import HealthMonitor
@@ -32,7 +31,6 @@ TELEMETRY_COMPACT_EVERY_S = 3600.0
 DOWN_SUMMARY_EVERY_S = 3600.0
 #: The most of a reason's full text kept for `nebula node show`.
 DETAIL_MAX = 4096
-_CUDA_VERSION = re.compile(r"CUDA Version:\s*([\d.]+)")
 
 
 class Fleet:
@@ -99,25 +97,24 @@ class Fleet:
         now = self.state.clock()
         changed = state != view.state
         line = views.one_line(reason, limit=views.SENTENCE_MAX)  # the link's own words
-        store = self.state.store
         if changed:
-            store.add_event("node", self._change_text(view, state, line), node=node)
+            self.state.record("node", self._change_text(view, state, line), node=node)
             view.summarised_at = now
         if state == NodeState.UP:
             view.silent_since = None
         elif view.silent_since is None:
             view.silent_since = now
         elif state != NodeState.UP and now - (view.summarised_at or now) >= DOWN_SUMMARY_EVERY_S:
-            store.add_event("node", f"{node} still {state.value} after {view.failed_attempts} "
-                                    f"attempts in {views.format_duration(now - view.silent_since)}"
-                                    + (f": {line}" if line else ""), node=node)
+            self.state.record("node", f"{node} still {state.value} after {view.failed_attempts} "
+                                      f"attempts in {views.format_duration(now - view.silent_since)}"
+                                      + (f": {line}" if line else ""), node=node)
             view.summarised_at = now
         view.failed_attempts = 0 if state == NodeState.UP else view.failed_attempts + 1
-        if not changed and (line, reason) == (view.reason, view.detail):
+        detail = reason[:DETAIL_MAX] if reason != line else ""
+        if not changed and (line, detail) == (view.reason, view.detail):
             return  # the same word again: nothing to store, publish or wake
-        view.state, view.reason = state, line
-        view.detail = reason[:DETAIL_MAX] if reason != line else ""
-        store.upsert_node(node, view.host, view.port, state.value, line, view.last_seen)
+        view.state, view.reason, view.detail = state, line, detail
+        self.state.store.upsert_node(node, view.host, view.port, state.value, line, view.last_seen)
         self.stream.publish_node(view)
         if not changed:
             return
@@ -149,24 +146,17 @@ class Fleet:
     def _on_hello(self, node: str, message: dict) -> None:
         view = self.state.nodes[node]
         view.hello = message
-        match = _CUDA_VERSION.search(message.get("smi_table") or "")
-        view.cuda_version = match.group(1) if match else None
-        if message.get("topo"):
-            with contextlib.suppress(ValueError):
-                view.topo = topo.parse_topo(message["topo"])
+        view.cuda_version = hello_cuda_version(message)
+        view.topo = hello_topology(message) or view.topo
 
     def _on_probe(self, node: str, message: dict) -> None:
         state = self.state
         view = state.nodes[node]
-        view.last_seen = message.get("t") or state.clock()
-        problem = f"probe: {message['error']}" if message.get("error") else ""
-        try:
-            readings = nvidia.parse_query_gpu(message.get("gpu_csv", ""), nvidia.QUERY_GPU_FIELDS)
-            processes = nvidia.parse_query_apps(message.get("apps_csv", ""),
-                                                nvidia.QUERY_APPS_FIELDS)
-        except ValueError as err:
-            readings, processes = [], []
-            problem = f"probe output not understood: {err}"
+        view.last_seen = state.clock()  # the head's time, like every other time it shows
+        probe = read_probe(node, message)  # every vendor's devices, as GpuReadings
+        readings, processes, problem = probe.readings, probe.processes, probe.problem
+        for note in probe.notes:  # impossible readings the node clamped (R20)
+            state.record("hardware", note, node=node)
         full = problem[:DETAIL_MAX]
         if full != (view.detail or view.reason):  # shown until a good probe clears it
             # One line on the card (a tool's raw output can be 500 characters of CSV);
@@ -253,8 +243,8 @@ class Fleet:
                     and (current is None or node not in job_nodes(current)
                          or info.get("token") != state.token(current))):
                 log.warning("stopping stale session of job %s on %s", job_id, node)
-                state.store.add_event("reconcile", f"stopped a stale copy of job {job_id} on {node}",
-                                      job_id=job_id, node=node)
+                state.record("reconcile", f"stopped a stale copy of job {job_id} on {node}",
+                             job_id=job_id, node=node)
                 state.spawn(self._stop_stale(node, job_id), f"stale-{job_id}")
 
     async def _stop_stale(self, node: str, job_id: int) -> None:
@@ -356,13 +346,12 @@ class Fleet:
             for uuid in [u for u, live in state.gpus.items() if live.node == name]:
                 del state.gpus[uuid]
             self.stream.publish_gpus(name)  # its GPUs are gone from subscribers' views too
-            state.store.add_event("admin", f"node {name} removed by {user}", node=name, user=user)
+            state.record("admin", f"node {name} removed by {user}", node=name, user=user)
         added = [n for n in new.nodes if n.name not in state.nodes]
         for node in added:
             state.nodes[node.name] = NodeView(node.name, node.host, node.port, drained=node.drained)
             state.store.upsert_node(node.name, node.host, node.port, NodeState.CONNECTING.value)
-            state.store.add_event("admin", f"node {node.name} added by {user}", node=node.name,
-                                  user=user)
+            state.record("admin", f"node {node.name} added by {user}", node=node.name, user=user)
             self._open_link(node)
         for name in removed + [n.name for n in added]:
             self.stream.publish({"type": "node", "node": state.nodes[name].json()

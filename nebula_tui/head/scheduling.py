@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 PERIODIC_PASS_S = 3.0
 MAX_PASS_PAUSE_S = 0.2
+#: A new order of the queue goes to subscribers at most this often (seconds): it is every
+#: waiting job's id, and a busy head has a new one after nearly every pass.
+QUEUE_ORDER_EVERY_S = 0.5
 
 
 def pending_job(job: Job) -> scheduler.PendingJob:
@@ -55,6 +58,7 @@ class Scheduling:
         #: the scheduler's view of each waiting job, kept while its spec is the same object
         self.pending_views: dict[int, tuple[JobSpec, scheduler.PendingJob]] = {}
         self._task: asyncio.Task | None = None
+        self._order_due = False  # a "queue" event is on its way
         #: told how long each pass took, in seconds (the metrics)
         self.on_pass: Callable[[float], None] = lambda seconds: None
 
@@ -114,11 +118,16 @@ class Scheduling:
         return [j for j in self.state.jobs.values() if j.state == JobState.PENDING and not j.held_by]
 
     def schedule_pass(self) -> None:
+        """Decide for every waiting job; the Wait decisions, in the order they come, are
+        the queue's order (``HeadState.queue_order``)."""
         pending = self.waiting()
         if not pending:
+            self._new_order([])
             return
         reasons: dict[int, str] = {}
-        for decision in scheduler.schedule(self.snapshot_for(pending)):
+        decisions = scheduler.schedule(self.snapshot_for(pending))
+        self._new_order([d.job_id for d in decisions if isinstance(d, scheduler.Wait)])
+        for decision in decisions:
             job = self.state.jobs[decision.job_id]
             if isinstance(decision, scheduler.Start):
                 self.transitions.begin_launch(job, decision.placements)
@@ -130,6 +139,16 @@ class Scheduling:
                 self.state.jobs[job.id] = replace(job, status=waiting)
                 self.stream.publish_job(self.state.jobs[job.id])
         self.state.store.set_reasons(reasons)
+
+    def _new_order(self, order: list[int]) -> None:
+        if self.state.set_queue_order(order) and self.stream.subscribers and not self._order_due:
+            self._order_due = True
+            self.state.spawn(self._publish_order(), "queue-order")
+
+    async def _publish_order(self) -> None:
+        await asyncio.sleep(QUEUE_ORDER_EVERY_S)
+        self._order_due = False
+        self.stream.publish_queue_order()
 
     def snapshot_for(self, pending: list[Job]) -> scheduler.Snapshot:
         """Everything a pass looks at, from memory (the store only for old dependencies)."""

@@ -115,7 +115,8 @@ def _world_fields(req: dict) -> dict:
 
 
 _VENDOR = re.compile(r"^(nvidia|intel|ascend|amd)$")
-_EXAMPLES = {"arch": "sm_89 or '>=sm_80'", "cuda": "12.1", "vendor": "nvidia, intel or ascend"}
+_EXAMPLES = {"arch": "sm_89, '>=sm_80' or gfx90a", "cuda": "12.1",
+             "vendor": "nvidia, amd, intel or ascend"}
 
 
 def _text(req: dict, field: str) -> str:
@@ -195,6 +196,11 @@ class ApiServer:
                 await self._handle(user, req, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # The service is stopping (asyncio.run cancels every connection's task). Ending
+            # quietly is the end of this task anyway; raised, asyncio's stream callback logs
+            # it as a traceback (Python 3.11), one per connected client on every clean quit.
+            pass
         finally:
             with contextlib.suppress(Exception):
                 writer.close()
@@ -227,8 +233,8 @@ class ApiServer:
         return {"job": views.job_json(job)}
 
     async def op_status(self, user, req):
-        snap = self.engine.snapshot()
-        return {"summary": snap["summary"], "nodes": snap["nodes"]}
+        status = self.engine.status()
+        return {"summary": status["summary"], "nodes": status["nodes"]}
 
     async def op_queue(self, user, req):
         return {"jobs": self.engine.queue_json()}
@@ -237,10 +243,7 @@ class ApiServer:
         return {"gpus": self.engine.gpus_json()}
 
     async def op_job(self, user, req):
-        job = self.engine.job(_job_id(req))
-        if job.state.finished:
-            return {"job": self.engine.accounting.ended_job(user, job)}
-        return {"job": views.job_json(job)}
+        return {"job": self.engine.job_detail(_job_id(req), user)}
 
     async def op_report(self, user, req):
         """GPU-hours, efficiency and waits per user and month; capacity and utilisation
@@ -273,8 +276,8 @@ class ApiServer:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100000:
             raise RequestError("limit must be a number from 1 to 100000")
         jobs = await self.engine.accounting.history(user, who=texts["user"], node=texts["node"],
-                                              states=_ended_states(req.get("state")),
-                                              limit=limit, **bounds)
+                                                    states=_ended_states(req.get("state")),
+                                                    limit=limit, **bounds)
         return {"jobs": jobs}
 
     async def op_cancel(self, user, req):

@@ -2,11 +2,14 @@
 
 The weights the scheduler reads are recomputed when a job ends (``forget``) and at most
 once a minute otherwise, so a pass costs no SQL. ``users_json`` is the row of each user
-that the ``users`` request returns.
+that the ``users`` request returns; when a user's figures move (``changed``: a job of
+theirs was submitted, started, charged or ended, their quota was set) subscribers get that
+row as a ``user`` event, the changes of one moment together.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import defaultdict
 
@@ -15,8 +18,11 @@ from ..scheduler import fairshare
 from .access import Access
 from .accounting import Accounting
 from .state import HeadState
+from .stream import Stream
 
 SHARES_TTL_S = 60.0
+#: The ``user`` events of changes this close together go out together (seconds).
+USERS_EVERY_S = 0.2
 
 
 def month_start(now: float) -> float:
@@ -26,12 +32,14 @@ def month_start(now: float) -> float:
 
 
 class Shares:
-    def __init__(self, state: HeadState, access: Access, accounting: Accounting):
+    def __init__(self, state: HeadState, access: Access, stream: Stream, accounting: Accounting):
         self.state = state
         self.access = access
+        self.stream = stream
         self.accounting = accounting
         self._shares: dict[str, scheduler.UserShare] | None = None
         self._shares_at = 0.0
+        self._changed: set[str] = set()  # users whose row goes out with the next batch
 
     def forget(self) -> None:
         """Usage changed (a job ended, a quota was set): recompute at the next look."""
@@ -79,7 +87,23 @@ class Shares:
         self.access.check_admin(user, "set quotas")
         self.state.store.set_quota(name, hours, user, self.state.clock())
         self.forget()
+        self.changed(name)
         self.state.wake()
+
+    def changed(self, user: str) -> None:
+        """``user``'s figures moved: their row goes to subscribers within USERS_EVERY_S."""
+        if not self.stream.subscribers:
+            return  # a new subscriber's snapshot has every row as it is then
+        self._changed.add(user)
+        if len(self._changed) == 1:
+            self.state.spawn(self._publish_changed(), "user-rows")
+
+    async def _publish_changed(self) -> None:
+        await asyncio.sleep(USERS_EVERY_S)
+        names, self._changed = self._changed, set()
+        for row in self.users_json():
+            if row["name"] in names:
+                self.stream.publish({"type": "user", "user": row})
 
     def users_json(self) -> list[dict]:
         running: dict[str, int] = defaultdict(int)

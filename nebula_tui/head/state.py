@@ -17,10 +17,10 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 
 from ..config import ClusterConfig
-from ..model import GpuProcess, GpuReading, GpuView, Job, NodeState, Placement, RequestError
+from ..model import (GpuProcess, GpuReading, GpuView, Job, JobState, NodeState, Placement,
+                     RequestError)
 from ..remote.ssh import NodeLink
 from ..scheduler.health import health_score
-from ..settings import AccountingSettings, SchedulerSettings
 from ..store import Store
 
 
@@ -141,9 +141,9 @@ class HeadState:
     def __init__(self, config: ClusterConfig, store: Store, clock: Callable[[], float]):
         self.config = config
         #: the ``scheduler:`` section as the head started with it (a reload keeps it)
-        self.settings = config.scheduler or SchedulerSettings()
+        self.settings = config.scheduler
         #: the ``accounting:`` section (history's visibility, how often telemetry is kept)
-        self.accounting = config.accounting or AccountingSettings()
+        self.accounting = config.accounting
         self.store = store
         self.clock = clock
         self.owner = pwd.getpwuid(os.getuid()).pw_name  # the account the service runs as
@@ -152,6 +152,10 @@ class HeadState:
         self.gpus: dict[str, GpuLive] = {}
         self.jobs = JobTable()  # every job not yet finished
         self.links: dict[str, NodeLink] = {}
+        #: the waiting jobs in the order the last scheduling pass considered them (priority,
+        #: fair share, submit time), and each one's 1-based place in it
+        self.queue_order: list[int] = []
+        self.queue_place: dict[int, int] = {}
         #: something may let a job start since the scheduling loop last looked (``wake``)
         self.capacity_changed = True
         self._wake = asyncio.Event()
@@ -185,6 +189,23 @@ class HeadState:
         for task in list(self._tasks):
             task.cancel()
 
+    def record(self, kind: str, message: str, **refs) -> None:
+        """A line of the events log, at the head's time, for a change that writes nothing
+        else (the store hands it to the stream once committed, like every other line)."""
+        self.store.add_event(self.clock(), kind, message, **refs)
+
+    def queue_pos(self, job: Job) -> int | None:
+        """A waiting job's place in the queue (None: not waiting, or not ordered yet)."""
+        return self.queue_place.get(job.id) if job.state == JobState.PENDING else None
+
+    def set_queue_order(self, order: list[int]) -> bool:
+        """The scheduler's order of the waiting jobs; False when it did not change."""
+        if order == self.queue_order:
+            return False
+        self.queue_order = order
+        self.queue_place = {job_id: n for n, job_id in enumerate(order, start=1)}
+        return True
+
     # ----------------------------------------------------------------- jobs' tokens
     def token(self, job: Job) -> str:
         """Names one launch of one job: this head's store, and the attempt (requeues)."""
@@ -216,6 +237,8 @@ class HeadState:
         if live.maintenance is not None:
             why = live.maintenance.reason
             return f"GPU in maintenance: {why}" if why else "GPU in maintenance"
+        if live.reading.mig_mode == "Enabled":  # R3: its MIG instances are the devices
+            return "MIG mode is on: jobs get its MIG instances"
         return None
 
     def health_score(self, node: str) -> float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from .. import views
-from ..model import GpuView, Job, JobState, NodeState
+from ..model import GpuView, Job, NodeState
 from ..remote.backends import topo
 from .state import HeadState, NodeView
 
@@ -57,11 +57,16 @@ class Stream:
     def snapshot(self) -> dict:
         """The whole state a subscriber starts from (GPUs without the raw probe reading,
         like the stream's: `nebula gpus` has it, no subscriber shows it)."""
+        status = self.status()
+        return {**status, "jobs": self.queue_json(), "queue": self.state.queue_order,
+                "events": self.state.store.events(30)}
+
+    def status(self) -> dict:
+        """Nodes, GPUs and their R1 summary: what `nebula status` shows, without the
+        10,000 jobs of a busy queue that a snapshot also carries."""
         nodes = [n.json() for n in self.state.nodes.values()]
         gpus = self.gpus_json(raw=False)
-        return {"nodes": nodes, "gpus": gpus, "jobs": self.queue_json(),
-                "summary": views.status_summary(nodes, gpus),
-                "events": self.state.store.events(30)}
+        return {"nodes": nodes, "gpus": gpus, "summary": views.status_summary(nodes, gpus)}
 
     # ---------------------------------------------------------------- JSON views
     def gpus_json(self, node: str | None = None, raw: bool = True) -> list[dict]:
@@ -79,23 +84,34 @@ class Stream:
                               processes=processes, raw=raw)
 
     def queue_json(self) -> list[dict]:
-        order = {JobState.RUNNING: 0, JobState.LAUNCHING: 0, JobState.PENDING: 1}
-        jobs = sorted(self.state.jobs.values(),
-                      key=lambda j: (order.get(j.state, 2), j.submitted_at, j.id))
-        return [views.job_json(j) for j in jobs]
+        """Every live job as the queue shows it: those holding GPUs first, then the waiting
+        ones in the scheduler's order (``queue_pos``: the place in it), then any not
+        considered yet (submitted since the last pass), then held ones."""
+        place = self.state.queue_place
+        unplaced = len(place) + 1
+
+        def rank(job: Job) -> tuple:
+            if job.state.holds_gpus:
+                return (0, 0, job.submitted_at, job.id)
+            if job.held_by:
+                return (2, 0, job.submitted_at, job.id)
+            return (1, place.get(job.id, unplaced), job.submitted_at, job.id)
+        return [{**views.job_json(j), "queue_pos": self.state.queue_pos(j)}
+                for j in sorted(self.state.jobs.values(), key=rank)]
+
+    def publish_queue_order(self) -> None:
+        if self.subscribers:
+            self.publish({"type": "queue", "order": self.state.queue_order})
 
     # ------------------------------------------------------------------ publishing
     def publish(self, event: dict) -> None:
         for queue in list(self.subscribers):
             queue.put_nowait(event)
 
-    def event(self, kind: str, message: str, job_id: int | None = None, node: str | None = None,
-              gpu: str | None = None) -> None:
-        """A line of the events log: recorded in the store and sent to subscribers."""
-        self.state.store.add_event(kind, message, node=node, gpu=gpu, job_id=job_id)
-        self.publish({"type": "event", "event": {"t": self.state.clock(), "kind": kind,
-                                                 "message": message, "node": node, "gpu": gpu,
-                                                 "job_id": job_id}})
+    def publish_event(self, event: dict) -> None:
+        """A line of the events log the store committed (``Store.on_event``), as it is."""
+        if self.subscribers:
+            self.publish({"type": "event", "event": event})
 
     def publish_job(self, job: Job) -> None:
         if self.subscribers:

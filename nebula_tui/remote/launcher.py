@@ -15,21 +15,48 @@ from dataclasses import dataclass
 from .. import environments
 from ..model import GpuReading, Job, Placement
 from . import containers, preflight
-from .backends import nvidia
 
 #: The node-side warm-up (R27), run by the wrapper with the node's python3.
 WARMUP_SOURCE = (resources.files(__package__) / "probes" / "warmup.py").read_text()
 
 
-def job_environment(job: Job, placements: tuple[Placement, ...]) -> dict[str, str]:
-    """R12: what the job's process sees, in allocation order."""
+def visible_devices(placements: tuple[Placement, ...],
+                    devices: tuple[containers.Device, ...] | None = None) -> dict[str, str]:
+    """R12: each vendor's device variables for the job's devices, in allocation order.
+
+    ``devices`` (see :func:`job_devices`) say each card's vendor and its own number; without
+    them every card is NVIDIA, known by its index. A MIG instance is named by its UUID. A
+    job with no NVIDIA device gets an empty ``CUDA_VISIBLE_DEVICES``, so it never grabs the
+    node's NVIDIA cards — unless it has AMD ones, which HIP would then hide too.
+    """
+    devices = devices or tuple(containers.Device(p.gpu_uuid, p.gpu_index) for p in placements)
+    ids: dict[str, list[str]] = {}
+    for d in devices:
+        ids.setdefault(d.vendor, []).append(d.uuid if d.uuid.startswith("MIG-") else str(d.index))
+    env = {}
+    if "nvidia" in ids or "amd" not in ids:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids.get("nvidia", []))
+    if "amd" in ids:
+        env["ROCR_VISIBLE_DEVICES"] = env["HIP_VISIBLE_DEVICES"] = ",".join(ids["amd"])
+    if "intel" in ids:
+        env["ZE_AFFINITY_MASK"] = ",".join(ids["intel"])
+        env["ONEAPI_DEVICE_SELECTOR"] = "level_zero:" + ",".join(ids["intel"])
+    if "ascend" in ids:
+        env["ASCEND_RT_VISIBLE_DEVICES"] = ",".join(ids["ascend"])
+    return env
+
+
+def job_environment(job: Job, placements: tuple[Placement, ...],
+                    devices: tuple[containers.Device, ...] | None = None) -> dict[str, str]:
+    """R12: what the job's process sees, in allocation order (``devices``: see
+    :func:`visible_devices`)."""
     env = {
         "NEBULA_JOB_ID": str(job.id),
         "NEBULA_JOB_NAME": job.spec.name,
         "NEBULA_USER": job.user,
         "NEBULA_GPU_LIST": ",".join(p.gpu_uuid for p in placements),
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        "CUDA_VISIBLE_DEVICES": ",".join(str(p.gpu_index) for p in placements),
+        **visible_devices(placements, devices),
         # What the job asked for per GPU (else its reservation); frameworks can cap their
         # allocator with it. A whole card given to a small request still says the request.
         "NEBULA_GPU_MEM_MB": str(job.spec.gpu_mem_mb or min(p.memory_mb for p in placements)),
@@ -79,20 +106,23 @@ class NodeFacts:
 def node_facts(name: str, hello: dict, runtime: str | None = None,
                warmup: bool = False) -> NodeFacts:
     """A node's facts from its nodes.yaml entry (``runtime``, ``warmup``) and its hello."""
-    table = nvidia.parse_plain_table(hello.get("smi_table") or "")
+    off = [d["index"] for d in hello.get("devices") or [] if isinstance(d, dict)
+           and d.get("vendor") == "nvidia" and d.get("persistence_mode") == "Disabled"]
     return NodeFacts(
         name=name, runtimes=tuple(r for r in environments.RUNTIMES if r in (hello.get("runtimes") or {})),
-        runtime=runtime, root=hello.get("uid") == 0, warmup=warmup,
-        no_persistence=tuple(g["index"] for g in table["gpus"] if g.get("persistence_mode") == "Off"))
+        runtime=runtime, root=hello.get("uid") == 0, warmup=warmup, no_persistence=tuple(off))
 
 
 def job_devices(placements: tuple[Placement, ...],
                 readings: dict[str, GpuReading]) -> tuple[containers.Device, ...]:
-    """The allocated cards with what a container needs of each (vendor, PCI address)."""
+    """The allocated cards with what a container and the device variables need of each:
+    vendor, the vendor's own number for it (on a node of two vendors the node's index is
+    not the Intel card's Level Zero number), PCI address."""
     devices = []
     for p in placements:
         r = readings.get(p.gpu_uuid)
-        devices.append(containers.Device(p.gpu_uuid, p.gpu_index, r.vendor if r else "nvidia",
+        own = int(r.visible_id) if r and r.visible_id and r.visible_id.isdigit() else p.gpu_index
+        devices.append(containers.Device(p.gpu_uuid, own, r.vendor if r else "nvidia",
                                          r.pci_bus_id if r else None))
     return tuple(devices)
 
@@ -101,21 +131,32 @@ def _env_words(env: dict[str, str]) -> list[str]:
     return [f"{k}={v}" for k, v in env.items()]
 
 
+def launch_environment(job: Job, placements: tuple[Placement, ...],
+                       extra_env: dict[str, str] | None = None,
+                       devices: tuple[containers.Device, ...] | None = None) -> dict[str, str]:
+    """Every variable the head gives the job's command on the node holding ``placements``:
+    R12's, a gang's ``extra_env``, and outside a container the workdir, conda env and venv
+    asked for. What the head shows as the job's environment (the node adds only what it
+    alone knows: the workdir it settled on, the conda tool it found)."""
+    env = {**job_environment(job, placements, devices), **(extra_env or {})}
+    if job.spec.image is None:
+        for key, value in (("NEBULA_WORKDIR", job.spec.workdir), ("NEBULA_CONDA", job.spec.conda),
+                           ("NEBULA_VENV", job.spec.venv)):
+            if value:
+                env[key] = value
+    return env
+
+
 def user_argv(job: Job, placements: tuple[Placement, ...],
-              run_as: tuple[str, ...] = (), extra_env: dict[str, str] | None = None) -> list[str]:
+              run_as: tuple[str, ...] = (), extra_env: dict[str, str] | None = None,
+              devices: tuple[containers.Device, ...] | None = None) -> list[str]:
     """The argv that runs the user's command with its R12 environment and workdir.
 
     ``run_as`` is a prefix that switches to the submitting user on the node (``runuser -u
     alice --`` or ``sudo -n -u alice --``); the environment is passed through ``env`` so it
     survives that switch.
     """
-    env = {**job_environment(job, placements), **(extra_env or {})}
-    if job.spec.workdir:
-        env["NEBULA_WORKDIR"] = job.spec.workdir
-    if job.spec.conda:
-        env["NEBULA_CONDA"] = job.spec.conda
-    if job.spec.venv:
-        env["NEBULA_VENV"] = job.spec.venv
+    env = launch_environment(job, placements, extra_env, devices)
     return [*run_as, "env", *_env_words(env), "sh", "-c", _ENTER_AND_EXEC, "nebula-job",
             *_command(job)]
 
@@ -146,7 +187,14 @@ phase() {
     rm -f "$jobdir/phase"
   fi
 }
-fact() { printf '%s\n' "$facts" | sed -n "s/^$1=//p" | head -n 1; }
+fact() {  # the first "$1=" line of the facts, in the shell itself: a job starts no sed for it
+  _fact="
+$facts"
+  case $_fact in *"
+$1="*) _fact=${_fact#*"
+$1="}; printf '%s\n' "${_fact%%"
+"*}" ;; esac
+}
 """
 
 
@@ -183,7 +231,7 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
     if boxed:
         body += _container_lines(job, placements, run_as, extra_env, node, devices)
     else:
-        argv = user_argv(job, placements, run_as, extra_env)
+        argv = user_argv(job, placements, run_as, extra_env, devices)
         cut = argv.index("env") + 1  # the facts the checks found join the environment
         body.append(f"{_q(argv[:cut])} \"NEBULA_WORKDIR=$(fact workdir)\" "
                     f"\"NEBULA_CONDA_TOOL=$(fact conda)\" {_q(argv[cut:])}")
@@ -198,7 +246,8 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
         f"job={int(job.id)}",
         'log="$jobdir/output.log"',
         ': > "$log"',
-        'rm -f "$jobdir/reason" "$jobdir/phase" "$jobdir/container"',
+        # (rm only when there is something to remove: a process less for every job)
+        'for mark in reason phase container; do [ ! -e "$jobdir/$mark" ] || rm -f "$jobdir/$mark"; done',
         _WRAPPER_HELPERS + containers.HELPERS + "{",
         *body,  # never re-indented: a quoted word may span lines
         '} 2>&1 | tee -a "$log"',
@@ -240,7 +289,7 @@ def _container_lines(job: Job, placements: tuple[Placement, ...], run_as: tuple[
                                             node.runtime)
     except containers.NoRuntime as why:
         return [f"fail {shlex.quote(str(why))}"]
-    env = {**job_environment(job, placements), **(extra_env or {})}
+    env = launch_environment(job, placements, extra_env, devices)
     if runtime in environments.FILE_RUNTIMES:
         lines = containers.apptainer_lines(runtime, spec.image, env, devices, node.name,
                                            spec.workdir, spec.data_mounts, run_as)

@@ -30,10 +30,10 @@ exit 0"""
 
 CHECKS = r"""say() { printf '%s\n' "$*"; }  # echo would read backslashes in paths
 node=$NEBULA_NODE_NAME
-me=$(id -un 2>/dev/null || say "uid $(id -u)")
+me() { id -un 2>/dev/null || say "uid $(id -u)"; }  # for a refusal only: no id run per job
 if [ -n "${NEBULA_WORKDIR:-}" ]; then
   cd -- "$NEBULA_WORKDIR" 2>/dev/null || {
-    say "--workdir $NEBULA_WORKDIR does not exist on $node (or $me cannot enter it)"; exit 1; }
+    say "--workdir $NEBULA_WORKDIR does not exist on $node (or $(me) cannot enter it)"; exit 1; }
   printf 'workdir=%s\n' "$NEBULA_WORKDIR"
 elif [ -n "${NEBULA_SUBMIT_DIR:-}" ] && cd -- "$NEBULA_SUBMIT_DIR" 2>/dev/null; then
   printf 'workdir=%s\n' "$NEBULA_SUBMIT_DIR"
@@ -45,17 +45,17 @@ if [ -n "${NEBULA_TERMINAL:-}" ] && ! command -v script >/dev/null 2>&1; then
 fi
 for src in "$@"; do
   [ -e "$src" ] || {
-    say "--data-mount's source $src does not exist on $node (or $me cannot reach it)"; exit 1; }
+    say "--data-mount's source $src does not exist on $node (or $(me) cannot reach it)"; exit 1; }
 done
 if [ -n "${NEBULA_VENV:-}" ] && [ ! -f "$NEBULA_VENV/bin/activate" ]; then
-  say "$node has no venv at $NEBULA_VENV (no bin/activate there for $me); make it with" \
+  say "$node has no venv at $NEBULA_VENV (no bin/activate there for $(me)); make it with" \
        "python3 -m venv $NEBULA_VENV"
   exit 1
 fi
 [ -n "${NEBULA_CONDA:-}" ] || exit 0
 tool=$(sh -c "$NEBULA_CONDA_LOOKUP" | head -n 1)
 if [ -z "$tool" ]; then
-  say "$node has no conda, mamba or micromamba for $me (looked on PATH and in" \
+  say "$node has no conda, mamba or micromamba for $(me) (looked on PATH and in" \
        "$NEBULA_CONDA_DIRS); install one there, or use --venv or --image"
   exit 1
 fi
@@ -68,7 +68,7 @@ case $NEBULA_CONDA in
      for e in $envs; do [ "${e##*/}" = "$NEBULA_CONDA" ] && found=$e; done
      if [ -z "$found" ]; then
        names=$(for e in $envs; do case $e in */envs/*) printf '%s ' "${e##*/}" ;; esac; done)
-       say "$node has no conda env $NEBULA_CONDA for $me; its $tool has: base" \
+       say "$node has no conda env $NEBULA_CONDA for $(me); its $tool has: base" \
             "${names:+$(printf '%s' "$names" | sed 's/ $//; s/ /, /g')}"
        exit 1
      fi ;;

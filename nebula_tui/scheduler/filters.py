@@ -2,7 +2,9 @@
 
 Architecture and CUDA requests are parsed once per distinct request; a card's compute
 capability ("8.9") and driver CUDA version ("12.4") are compared as integer tuples, so
-"12.10" is newer than "12.9".
+"12.10" is newer than "12.9". AMD's architectures (``gfx90a``, ``gfx942``) are
+capabilities of a family of their own — a tuple led by ``GFX_FAMILY`` — so ``>=sm_80``
+never selects an AMD card and ``>=gfx90a`` never an NVIDIA one.
 """
 
 from __future__ import annotations
@@ -11,13 +13,28 @@ import re
 from dataclasses import dataclass
 
 _ARCH = re.compile(r"^\s*(>=)?\s*sm_?(\d+)[a-z]?\s*$", re.IGNORECASE)
+_GFX = re.compile(r"^\s*(>=)?\s*gfx(\d{1,2})([0-9a-f])([0-9a-f])\s*$", re.IGNORECASE)
 _VERSION = re.compile(r"^\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?\s*$")
+#: The first element of an AMD capability: below any CUDA major version.
+GFX_FAMILY = -1
+
+
+def gfx_capability(text: str) -> tuple[int, ...] | None:
+    """"gfx90a" -> (GFX_FAMILY, 9, 0, 10) (major, minor, stepping); else None."""
+    match = _GFX.match(str(text))
+    if not match:
+        return None
+    return (GFX_FAMILY, int(match.group(2)), int(match.group(3), 16), int(match.group(4), 16))
 
 
 def parse_version(text: str | None) -> tuple[int, ...] | None:
-    """"12.4" -> (12, 4); "12" -> (12, 0); None or junk -> None."""
+    """"12.4" -> (12, 4); "12" -> (12, 0); an AMD target "gfx90a" -> its capability
+    (see :func:`gfx_capability`); None or junk -> None."""
     if text is None:
         return None
+    gfx = gfx_capability(text)
+    if gfx is not None:
+        return gfx
     match = _VERSION.match(str(text))
     if not match:
         return None
@@ -31,35 +48,43 @@ def version_text(version: tuple[int, ...]) -> str:
 
 @dataclass(frozen=True)
 class ArchRequest:
-    """``--arch sm_89`` (exactly 8.9) or ``--arch '>=sm_80'`` (8.0 or newer)."""
+    """``--arch sm_89`` (exactly 8.9), ``--arch '>=sm_80'`` (8.0 or newer), or AMD's
+    ``--arch gfx90a`` / ``'>=gfx90a'``."""
 
-    capability: tuple[int, int]
+    capability: tuple[int, ...]
     minimum: bool
 
     @property
     def text(self) -> str:
-        sm = f"sm_{self.capability[0]}{self.capability[1]}"
-        return f"{sm} or newer" if self.minimum else sm
+        name = sm_name(self.capability)
+        return f"{name} or newer" if self.minimum else name
 
     def accepts(self, capability: tuple[int, ...] | None) -> bool:
-        if capability is None:
-            return False
+        if capability is None or (capability[0] == GFX_FAMILY) != (self.capability[0] == GFX_FAMILY):
+            return False  # another vendor's family is neither older nor newer
         return capability >= self.capability if self.minimum else capability == self.capability
 
 
 def parse_arch(text: str) -> ArchRequest:
-    """``sm_89`` -> 8.9 exact; ``>=sm_80`` -> 8.0 minimum; ``sm_120`` -> 12.0.
+    """``sm_89`` -> 8.9 exact; ``>=sm_80`` -> 8.0 minimum; ``sm_120`` -> 12.0; ``gfx90a``.
 
     Raises ValueError with a sentence when the text is no architecture.
     """
+    gfx = gfx_capability(text.lstrip(">= "))
+    if gfx is not None:
+        return ArchRequest(gfx, text.strip().startswith(">="))
     match = _ARCH.match(text)
     if not match:
-        raise ValueError(f"--arch '{text}' is not an architecture like sm_89 or '>=sm_80'")
+        raise ValueError(f"--arch '{text}' is not an architecture like sm_89, '>=sm_80' or gfx90a")
     number = int(match.group(2))
     return ArchRequest((number // 10, number % 10), match.group(1) is not None)
 
 
 def sm_name(capability: tuple[int, ...]) -> str:
+    """(8, 9) -> "sm_89"; an AMD capability -> its "gfx90a" name."""
+    if capability[0] == GFX_FAMILY:
+        major, minor, stepping = (list(capability[1:]) + [0, 0])[:3]
+        return f"gfx{major}{minor:x}{stepping:x}"
     return f"sm_{capability[0]}{capability[1] if len(capability) > 1 else 0}"
 
 

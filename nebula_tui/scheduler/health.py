@@ -17,11 +17,11 @@ What the engine does with an :class:`Action`:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from nebula_tui.model import GpuReading
+from ..model import GpuReading
+from ..units import parse_duration_s
 
 ACTIONS = ("isolate", "isolate_on_repeat", "reset", "selftest", "fail_job", "record")
 #: Xid 79 (fell off the bus) stands in for a bus-fall message that carried no Xid code.
@@ -91,24 +91,6 @@ def _meaning(code: int) -> str:
 
 # --- configuration -----------------------------------------------------------------------------
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
-_UNIT_S = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration_s(value: object) -> float:
-    """``600``, ``"600s"``, ``"10m"``, ``"1h"`` -> seconds. Raises ValueError (a sentence)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a duration; write it like 600s, 10m, 1h or 7d")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        match = _DURATION.match(str(value))
-        if not match:
-            raise ValueError(f"'{value}' is not a duration; write it like 600s, 10m, 1h or 7d")
-        seconds = float(match.group(1)) * _UNIT_S[(match.group(2) or "").lower() or None]
-    if seconds <= 0:
-        raise ValueError(f"'{value}' must be longer than 0 s")
-    return seconds
 
 
 def policies_from_config(mapping: Mapping | None) -> dict[int, Policy]:
@@ -241,12 +223,24 @@ LOW_UTIL_PCT = 30.0
 #: … and clocks its SMs below their base clock is throttling for heat, not working hard.
 
 
+#: The driver's own clock-event reasons (NVML) that mean "slowed down for heat".
+THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
+
+
+def thermal_slowdown(reading: GpuReading) -> bool:
+    """Whether the driver itself says the card is slowed down for heat (NVML's reasons)."""
+    return bool(THERMAL_REASONS.intersection(reading.throttle_reasons or ()))
+
+
 def is_throttling(reading: GpuReading, base_sm_clock_mhz: float | None,
                   hot_c: float = HOT_C, low_util_pct: float = LOW_UTIL_PCT) -> bool:
-    """R19: hot, little work, SM clock below base. A missing reading is never throttling.
+    """R19: the driver reports a thermal slowdown, or (where it does not say) the card is
+    hot, has little work and clocks below its base. A missing reading is never throttling.
 
     One episode is one event: count it when this turns true for a GPU, not every probe.
     """
+    if thermal_slowdown(reading):
+        return True
     temp, util, clock = reading.temperature_c, reading.utilization_pct, reading.sm_clock_mhz
     if temp is None or util is None or clock is None or base_sm_clock_mhz is None:
         return False

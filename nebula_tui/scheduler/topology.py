@@ -2,7 +2,10 @@
 
 Link codes are those of ``nvidia-smi topo -m``. Their order, best first:
 ``NV#`` (more bonded NVLinks better) > ``PIX`` > ``PXB`` > ``PHB`` > ``NODE`` > ``SYS``
-(the old ``SOC`` legend is ``SYS``) > anything unknown > two different nodes.
+(the old ``SOC`` legend is ``SYS``) > anything unknown > two different nodes. AMD's
+``XGMI`` (Infinity Fabric, from ``rocm-smi --showtopo``) ranks with a 4-link NVLink bridge.
+A PCIe code may carry the pair's slower end as ``PHB/g4x8`` (generation 4, 8 lanes): a
+narrower or older link ranks lower on the same path, never below the next path's rank.
 A set runs at its slowest link, so a set is judged by its weakest link first, then by
 whether it mixes card models, then by its mean link.
 """
@@ -10,6 +13,7 @@ whether it mixes card models, then by its mean link.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from math import comb
@@ -23,14 +27,38 @@ BEST_RANK = _PCIE["PIX"] + _MAX_NV
 _SPAN = BEST_RANK - CROSS_NODE_RANK + 1
 
 
-def link_rank(code: str | None) -> int:
-    """NV18 (23) … NV1 (6) > PIX 5 > PXB 4 > PHB 3 > NODE 2 > SYS/SOC 1 > unknown 0."""
+_XGMI_AS_NV = 4
+_LINK = re.compile(r"^(?P<path>[A-Z]+)/G(?P<gen>\d+)X(?P<width>\d+)$")
+#: GB/s per lane and direction, by PCIe generation (after line coding).
+_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+#: The link a slower one is compared with: gen 5 x16, today's widest GPU slot.
+_FULL_GBPS = 16 * _LANE_GBPS[5]
+
+
+def pcie_gbps(gen: int, width: int) -> float:
+    """A PCIe link's bandwidth in GB/s per direction (unknown generations as gen 1)."""
+    return _LANE_GBPS.get(gen, _LANE_GBPS[1]) * width
+
+
+def link_rank(code: str | None) -> float:
+    """NV18 (23) … NV1 (6) > PIX 5 > PXB 4 > PHB 3 > NODE 2 > SYS/SOC 1 > unknown 0;
+    XGMI 9. ``PHB/g4x8``: PHB less up to 0.9 for a link slower than gen 5 x16 (0.15 per
+    halving of the bandwidth), so a path's order holds whatever the lanes."""
     if not code:
         return UNKNOWN_RANK
     code = code.strip().upper()
     match = _NV.match(code)
     if match:
         return _PCIE["PIX"] + max(1, min(int(match.group(1)), _MAX_NV))
+    if code == "XGMI":
+        return _PCIE["PIX"] + _XGMI_AS_NV
+    link = _LINK.match(code)
+    if link:
+        path = _PCIE.get(link.group("path"))
+        if path is None:
+            return UNKNOWN_RANK
+        speed = pcie_gbps(int(link.group("gen")), max(1, int(link.group("width"))))
+        return path - min(0.9, 0.15 * max(0.0, math.log2(_FULL_GBPS / speed)))
     return _PCIE.get(code, UNKNOWN_RANK)
 
 
@@ -39,14 +67,14 @@ def gpu_number(name: str) -> int | None:
     return int(name[3:]) if name.startswith("GPU") and name[3:].isdigit() else None
 
 
-def rank_table(links: Mapping[str, Mapping[str, str]]) -> dict[tuple[int, int], int]:
+def rank_table(links: Mapping[str, Mapping[str, str]]) -> dict[tuple[int, int], float]:
     """``parse_topo`` links -> {(i, j): rank} for both directions, by GPU index.
 
     A matrix is symmetric; where a row disagrees with its column, the weaker reading wins.
     """
-    ranks: dict[str | None, int] = {}  # a matrix repeats a few codes: rank each once
+    ranks: dict[str | None, float] = {}  # a matrix repeats a few codes: rank each once
     numbers: dict[str, int | None] = {}
-    weakest: dict[tuple[int, int], int] = {}  # per unordered pair (low, high)
+    weakest: dict[tuple[int, int], float] = {}  # per unordered pair (low, high)
     for row, cells in links.items():
         i = gpu_number(row)
         if i is None:
@@ -64,7 +92,7 @@ def rank_table(links: Mapping[str, Mapping[str, str]]) -> dict[tuple[int, int], 
             known = weakest.get(pair)
             if known is None or rank < known:
                 weakest[pair] = rank
-    table: dict[tuple[int, int], int] = {}
+    table: dict[tuple[int, int], float] = {}
     for (i, j), rank in weakest.items():
         table[(i, j)] = rank
         table[(j, i)] = rank

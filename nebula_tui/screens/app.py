@@ -9,31 +9,43 @@ The app only knows the head service's socket; everything it shows arrives over t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import json
+import os
 import sys
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 
+from rich.text import Text
 from textual import on, work
 from textual.actions import SkipAction
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Vertical
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
 from ..api import ApiError, AsyncClient
 from ..service import Home, ServiceUnavailable, connect
+from . import commandline
 from .base import ClusterScreen, OpMissing
 from .cluster import Cluster
-from .gpus import GpusScreen
+from .commandline import Command, CommandLine
+from .dialogs import Choice, ChoiceScreen, confirm
+from .gpus import GpuDetailScreen, GpusScreen
 from .job import JobScreen
-from .keys import GLOBAL_KEYS, HELP_KEYS, Key, bindings, help_lines
-from .messages import (EventLogged, GpusChanged, JobChanged, NodeChanged, SnapshotArrived,
-                       StreamLost)
-from .nodes import NodesScreen
+from .keys import (GLOBAL_KEYS, HELP_KEYS, SCREEN_KEYS, SCREENS, TABLE_KEYS, Key, bindings,
+                   help_lines)
+from .look import LOOK
+from .messages import (EventLogged, GpusChanged, JobChanged, NodeChanged, QueueOrdered,
+                       SnapshotArrived, StreamLost, UserChanged)
+from .nodes import DrainPrompt, NodesScreen
 from .overview import OverviewScreen
 from .queue import QueueScreen
+from .render import job_summary
+from .rowtable import RowTable
 from .submit import SubmitScreen
 from .users import UsersScreen
 
@@ -48,15 +60,31 @@ TELEMETRY_BATCH_S = 0.25
 
 #: What a job action says when it worked.
 DONE_VERB = {"cancel": "cancelled", "hold": "held", "release": "released"}
+#: What a node action says when it worked.
+NODE_DONE = {"drain": "drained", "resume": "resumed", "node_remove": "removed"}
+
+#: How long a command that goes to a screen waits for its first drawing (seconds).
+SCREEN_DRAWN_S = 5.0
+
+#: The TUI's own preferences (the theme), in the user's NebulaGrid home.
+PREFS_FILE = "tui.json"
+
+#: How quitting a demo ended: its lab stopped, or left running in the background.
+STOP_LAB, LEAVE_LAB = "stop", "leave"
+
+#: Pages opened over a main screen; one replaces another instead of piling up.
+DETAIL_SCREENS = (JobScreen, GpuDetailScreen, SubmitScreen)
 
 
 def screen_keys(screen) -> tuple[Key, ...]:
-    """The keys that work on ``screen``: its own, then the global ones."""
-    return tuple(getattr(screen, "KEYS", ())) + GLOBAL_KEYS
+    """The keys that work on ``screen``: its own, its tables', then the global ones."""
+    own = tuple(getattr(screen, "KEYS", ()))
+    tables = TABLE_KEYS if isinstance(screen, Screen) and screen.query(RowTable) else ()
+    return own + tables + GLOBAL_KEYS
 
 
 class HelpScreen(ModalScreen[None]):
-    """The keys of the screen it was opened over, then the global ones."""
+    """The keys of the screen it was opened over, then the global ones, then the commands."""
 
     BINDINGS = bindings(HELP_KEYS)
 
@@ -67,40 +95,65 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         lines = help_lines(self.key_rows)
+        commands = commandline.help_lines()
         width = max(len(k) for k, _ in lines)
         text = "\n".join(f"{k:>{width}}  {d}" for k, d in lines)
+        cwidth = max(len(c) for c, _ in commands)
+        ctext = "\n".join(f"{c:<{cwidth}}  {d}" for c, d in commands)
         with Vertical(id="help"):
             yield Static(f"Keys — {self.title_text}", id="help-title")
             yield Static(text, id="help-keys")
-            yield Static("esc closes this help · ctrl+p searches these", id="help-hint")
+            yield Static("Commands (type : first)", id="help-commands-title")
+            yield Static(ctext, id="help-commands")
+            yield Static("esc closes this help · ctrl+p searches every action", id="help-hint")
 
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)
 
 
 class KeyCommands(Provider):
-    """The command palette's entries: the same rows as the keys of the current screen."""
+    """The command palette's entries: every action of every screen. The current screen's
+    keys run where they are; another main screen's are shown as "Nodes: Drain node" and
+    switch to that screen first."""
 
-    def _keys(self) -> list[Key]:
-        return [k for k in screen_keys(self.screen) if k.palette]
-
-    def _run(self, key: Key) -> None:
-        self.app.call_later(self.app.run_action, key.action, self.screen)
+    def _entries(self) -> list[tuple[str, Key, Callable[[], None]]]:
+        app, screen = self.app, self.screen
+        entries = [(k.description, k, partial(app.run_key, k, screen)) for k in screen_keys(screen)
+                   if k.palette]
+        here = {type(screen)}
+        for key, mode, title in SCREENS:
+            cls = app.MODES[mode]
+            if cls in here:
+                continue
+            for k in SCREEN_KEYS[mode]:
+                if k.palette:
+                    entries.append((f"{title}: {k.description}", k, partial(app.run_key_on, mode, k)))
+        return entries
 
     def _help(self, key: Key) -> str:
-        return f"key {key.display or key.key}"
+        return f"key {key.shown_key}"
 
     async def discover(self) -> Hits:
-        for key in self._keys():
-            yield DiscoveryHit(key.description, partial(self._run, key), help=self._help(key))
+        for label, key, run in self._entries():
+            yield DiscoveryHit(label, run, help=self._help(key))
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
-        for key in self._keys():
-            score = matcher.match(key.description)
+        for label, key, run in self._entries():
+            score = matcher.match(label)
             if score > 0:
-                yield Hit(score, matcher.highlight(key.description), partial(self._run, key),
-                          help=self._help(key))
+                yield Hit(score, matcher.highlight(label), run, help=self._help(key))
+
+
+def screenshot_dir(home: Path | None) -> Path:
+    """Where a screenshot goes: ~/Downloads where there is one, else the current directory
+    when it can be written, else the NebulaGrid home."""
+    downloads = Path("~/Downloads").expanduser()
+    if downloads.is_dir() and os.access(downloads, os.W_OK):
+        return downloads
+    if os.access(".", os.W_OK) or home is None:
+        return Path.cwd()
+    return home
 
 
 class NebulaApp(App):
@@ -114,23 +167,101 @@ class NebulaApp(App):
              "users": UsersScreen, "nodes": NodesScreen}
     DEFAULT_MODE = "overview"
 
-    def __init__(self, client: AsyncClient, cluster_name: str | None = None) -> None:
+    def __init__(self, client: AsyncClient, cluster_name: str | None = None, *,
+                 hot_c: float | None = None, home: Path | None = None,
+                 demo_lab: bool = False) -> None:
+        """``home``: the user's NebulaGrid home (preferences, screenshots); ``demo_lab``:
+        quitting may stop the demo's lab, so it asks first while jobs run."""
         super().__init__()
         self.client = client
         self.cluster = Cluster()
         self.connection: tuple[str, bool] = ("connecting…", False)
         self.user: str | None = None  # who the head says we are (for "mine")
         self._gpu_events: list[dict] = []  # telemetry batch: "gpus" events, in stream order
+        self.home = home
+        self.demo_lab = demo_lab
+        self.hot_c = hot_c
+        self.bar_name = f"NebulaGrid · {cluster_name}" if cluster_name else "NebulaGrid"
         if cluster_name:
             self.title = f"NebulaGrid — {cluster_name}"
+        theme = self._prefs().get("theme")
+        if theme in self.available_themes:
+            self.theme = theme
+        LOOK.use_theme(self.current_theme, hot_c)
 
     def on_mount(self) -> None:
         self.sub_title = "connecting…"
+        self.theme_changed_signal.subscribe(self, self._theme_changed)
         self.stream_events()
         self.who_am_i()
+        self.call_after_refresh(self._warm_up)
+
+    def _warm_up(self) -> None:
+        """Mount every main screen once, unseen, while the first one waits for the head's
+        snapshot. Textual's first show of a screen parses every stylesheet again, composes,
+        mounts and styles the screen's widgets: two thirds of a first visit, which then
+        costs what a switch back costs. The switches are batched: nothing is painted."""
+        if not self.is_running:  # the app is closing already
+            return
+        home = self.current_mode
+        cold = [mode for mode in self.MODES if mode != home and not self._mounted_mode(mode)]
+        # One synchronous step, so no key meets a screen switched to only for this.
+        with self.batch_update():
+            mounting = [self.switch_mode(mode) for mode in cold]
+            self.switch_mode(home)
+        self._styled_when_mounted(cold, mounting)
+
+    @work(group="warm-up", exit_on_error=False)
+    async def _styled_when_mounted(self, modes: list[str], mounting: list) -> None:
+        """Textual restyles a screen at its first show unless it was styled for the app's
+        current CSS (its CSS update count), which it notes only for a screen shown and
+        mounted; a warmed-up screen's widgets were styled as they mounted: say so."""
+        styled_for = self._css_update_count
+        for mounted in mounting:
+            await mounted
+        if self._css_update_count != styled_for:  # the theme changed meanwhile: restyle
+            return
+        for mode in modes:
+            for screen in self.get_screen_stack(mode):
+                screen._css_update_count = styled_for
+
+    def _mounted_mode(self, mode: str) -> bool:
+        try:
+            return bool(self.get_screen_stack(mode))
+        except KeyError:  # a mode not shown yet
+            return False
 
     def on_unmount(self) -> None:
         gc.unfreeze()  # what _snapshot froze is the collector's again
+
+    # ------------------------------------------------------------------ preferences
+    def _prefs_path(self) -> Path | None:
+        return self.home / PREFS_FILE if self.home else None
+
+    def _prefs(self) -> dict:
+        path = self._prefs_path()
+        try:
+            prefs = json.loads(path.read_text()) if path else {}
+        except (OSError, ValueError):
+            return {}  # none yet, or unreadable: the defaults
+        return prefs if isinstance(prefs, dict) else {}
+
+    def _save_prefs(self, **changes) -> None:
+        path = self._prefs_path()
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({**self._prefs(), **changes}) + "\n")
+        except OSError as err:
+            self.notify(f"cannot remember the theme: {err}", severity="warning")
+
+    def _theme_changed(self, theme) -> None:
+        LOOK.use_theme(theme)
+        self._save_prefs(theme=theme.name)
+        shown = self._visible()
+        for screen in self._cluster_screens():
+            screen.restyle(shown=screen is shown)
 
     # ------------------------------------------------------------------ requests
     async def call(self, op: str, **fields) -> dict:
@@ -191,6 +322,10 @@ class NebulaApp(App):
                         self.post_message(NodeChanged(event["node"]))
                     elif kind == "event":
                         self.post_message(EventLogged(event["event"]))
+                    elif kind == "user":
+                        self.post_message(UserChanged(event["user"]))
+                    elif kind == "queue":
+                        self.post_message(QueueOrdered(event["order"]))
                     elif event.get("ok") is False:
                         raise ApiError(event.get("error", "subscription refused"))
                 reason = "the head service closed the event stream"
@@ -219,6 +354,8 @@ class NebulaApp(App):
         shown = self._visible()
         if shown is not None:
             shown.cluster_changed(change, key)
+            if change in ("all", "node"):
+                shown.show_bar()  # the cluster's reachability
         for screen in self._cluster_screens():  # the others catch up when shown
             if screen is not shown:
                 screen.missed(change)
@@ -271,6 +408,16 @@ class NebulaApp(App):
         self.cluster.apply_event(message.event)
         self._changed("event")
 
+    @on(UserChanged)
+    def _user(self, message: UserChanged) -> None:
+        self.cluster.apply_user(message.user)
+        self._changed("user", message.user["name"])
+
+    @on(QueueOrdered)
+    def _queue(self, message: QueueOrdered) -> None:
+        self.cluster.apply_queue(message.order)
+        self._changed("queue")
+
     @on(StreamLost)
     def _lost(self, message: StreamLost) -> None:
         self.cluster.connected = False
@@ -283,22 +430,25 @@ class NebulaApp(App):
         if screen := self._visible():
             screen.show_connection()
 
-    # ------------------------------------------------------------------ actions
-    def action_show(self, mode: str) -> None:
-        # Pushed screens (a job, a GPU, the form) stay on their mode's stack.
-        if isinstance(self.screen, ModalScreen):
-            raise SkipAction()  # (a priority key) help and prompts keep the screen under them
+    # ------------------------------------------------------------------ navigation
+    def show(self, mode: str):
+        """Show main screen ``mode`` itself: a detail page open on it or on the screen left
+        is closed (``1``–``5`` always land on the screen they name). Returns an awaitable
+        that is done once the screen is mounted."""
+        while len(self.screen_stack) > 1 and isinstance(self.screen, DETAIL_SCREENS):
+            self.pop_screen()
         if self.current_mode == mode:
-            return
+            return self.switch_mode(mode)  # (done at once: nothing to switch)
+        self._quick_switch = self._mounted_mode(mode)
         try:
-            shown_before = bool(self.get_screen_stack(mode))
-        except KeyError:
-            shown_before = False
-        self._quick_switch = shown_before
-        try:
-            self.switch_mode(mode)
+            return self.switch_mode(mode)
         finally:
             self._quick_switch = False
+
+    def action_show(self, mode: str) -> None:
+        if isinstance(self.screen, ModalScreen):
+            raise SkipAction()  # (a priority key) help and prompts keep the screen under them
+        self.show(mode)
 
     _quick_switch = False  # switching to a screen that is already mounted
 
@@ -308,13 +458,196 @@ class NebulaApp(App):
         if not self._quick_switch:
             super().delay_update(delay)
 
+    def on_mode(self, mode: str, then: Callable[[Screen], object]) -> None:
+        """Show ``mode``, then call ``then`` with its screen once it is mounted."""
+        async def go() -> None:
+            await self.show(mode)
+            screen = self.screen
+            if isinstance(screen, ClusterScreen):  # a first visit: once its rows are there
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(screen.drawn.wait(), SCREEN_DRAWN_S)
+            then(screen)
+
+        self.run_worker(go(), group="navigate", exclusive=True)
+
+    def open_detail(self, screen: Screen) -> None:
+        """A detail page replaces the one shown (Esc always goes back to the main screen)."""
+        if isinstance(self.screen, DETAIL_SCREENS) and len(self.screen_stack) > 1:
+            self.switch_screen(screen)
+        else:
+            self.push_screen(screen)
+
+    def action_back(self) -> None:
+        if len(self.screen_stack) > 1:
+            self.pop_screen()
+
     def action_submit_form(self) -> None:
         if not isinstance(self.screen, SubmitScreen):
-            self.push_screen(SubmitScreen())
+            self.open_detail(SubmitScreen())
 
     def open_job(self, job_id: int) -> None:
-        self.push_screen(JobScreen(job_id))
+        self.open_detail(JobScreen(job_id))
 
+    def open_gpu(self, uuid: str) -> None:
+        self.open_detail(GpuDetailScreen(uuid))
+
+    def run_key(self, key: Key, screen: Screen) -> None:
+        """Run a key's action as if pressed on ``screen`` (a table key on its table)."""
+        target = screen
+        if key in TABLE_KEYS:
+            focused = screen.focused
+            target = focused if isinstance(focused, RowTable) else screen.query(RowTable).first()
+        self.call_later(self.run_action, key.action, target)
+
+    def run_key_on(self, mode: str, key: Key) -> None:
+        """Run a main screen's key from anywhere: show that screen first."""
+        self.on_mode(mode, lambda screen: self.run_key(key, screen))
+
+    # ------------------------------------------------------------------ command line
+    def action_command_line(self) -> None:
+        if isinstance(self.screen, ModalScreen):
+            raise SkipAction()
+        cluster = self.cluster
+        suggestions = commandline.completions(
+            list(cluster.jobs) + list(cluster.finished), cluster.nodes,
+            [f"{g['node']}:{g['index']}" for g in cluster.gpus.values()],
+            {j["user"] for j in cluster.jobs.values()} | ({self.user} if self.user else set()))
+
+        def done(command: Command | None) -> None:
+            if command is not None:
+                self.run_command(command)
+
+        self.push_screen(CommandLine(suggestions), done)
+
+    def run_command(self, command: Command) -> None:
+        """Carry out a parsed ``:`` command (see ``commandline.COMMANDS``)."""
+        name, args = command
+        if name in ("overview", "gpus", "queue", "users", "nodes"):
+            self.show(name)
+        elif name == "history":
+            self.on_mode("queue", lambda screen: screen.show_all(True))
+        elif name == "job":
+            self.open_job(int(args[0]))
+        elif name == "gpu":
+            uuid = self.find_gpu(args[0])
+            if uuid:
+                self.open_gpu(uuid)
+        elif name == "user":
+            self.on_mode("users", lambda screen: screen.select_user(args[0]))
+        elif name == "node":
+            if self.known_node(args[0]):
+                self.on_mode("gpus", lambda screen: screen.filter_to(f"{args[0]}:"))
+        elif name == "cancel":
+            self.ask_cancel(int(args[0]))
+        elif name in ("hold", "release"):
+            self.job_action(name, int(args[0]))
+        elif name == "drain":
+            if self.known_node(args[0]):
+                self.ask_drain(args[0], args[1] if len(args) > 1 else None)
+        elif name == "resume":
+            if self.known_node(args[0]):
+                self.node_action("resume", args[0])
+        elif name == "remove":
+            if self.known_node(args[0]):
+                self.ask_remove(args[0])
+        elif name == "submit":
+            self.action_submit_form()
+        elif name == "help":
+            self.action_help()
+        elif name == "quit":
+            self.call_later(self.action_quit)
+
+    def find_gpu(self, name: str) -> str | None:
+        """The uuid of a GPU given as node:index or uuid (None, said, when there is none)."""
+        for uuid, gpu in self.cluster.gpus.items():
+            if name in (uuid, f"{gpu['node']}:{gpu['index']}"):
+                return uuid
+        self.notify(f"no GPU '{name}' on this cluster; the GPU screen (2) lists them",
+                    severity="warning")
+        return None
+
+    def known_node(self, name: str) -> bool:
+        if name in self.cluster.nodes:
+            return True
+        known = ", ".join(sorted(self.cluster.nodes)) or "none yet"
+        self.notify(f"no node '{name}'; the nodes are: {known}", severity="warning")
+        return False
+
+    # ------------------------------------------------------------------ asking first
+    @work(group="ask")
+    async def ask_cancel(self, job_id: int) -> None:
+        """The ``ask`` group: cancel a job once its owner said yes, naming the job."""
+        job = self.cluster.jobs.get(job_id)
+        if job is None:
+            try:
+                job = (await self.call("job", job=job_id))["job"]
+            except ApiError as err:
+                self.notify(str(err), title=f"Cannot cancel job {job_id}", severity="error")
+                return
+        if job["state"] in ("succeeded", "failed", "cancelled", "timeout"):
+            self.notify(f"job {job_id} has already ended ({job['state']})", severity="warning")
+            return
+        body = Text(job_summary(job).capitalize() + ".\n")
+        command = job["command"][0] if job.get("shell") else " ".join(job["command"])
+        body.append(f"Command: {command}\n", style="dim")
+        body.append("Its processes are stopped; its log stays readable.")
+        if await self.push_screen_wait(confirm(f"Cancel job {job_id}?", body, "Cancel the job")):
+            self.job_action("cancel", job_id)
+
+    def running_on(self, node: str) -> list[dict]:
+        return sorted((j for j in self.cluster.jobs.values()
+                       if j["state"] in ("running", "launching")
+                       and any(g["node"] == node for g in j["gpus"])), key=lambda j: j["id"])
+
+    def _jobs_lines(self, jobs: list[dict]) -> str:
+        lines = [f"  {job_summary(j)}" for j in jobs[:6]]
+        if len(jobs) > 6:
+            lines.append(f"  … and {len(jobs) - 6} more")
+        return "\n".join(lines)
+
+    def ask_drain(self, node: str, reason: str | None = None) -> None:
+        """Drain once the admin gave a reason (Esc refuses), naming the node's running jobs."""
+        running = self.running_on(node)
+        if running:
+            body = (f"No new jobs start on {node}. Its {len(running)} running "
+                    f"job{'s' if len(running) > 1 else ''} go on:\n{self._jobs_lines(running)}")
+        else:
+            body = f"No new jobs start on {node}; no job runs there now."
+
+        def answered(given: str | None) -> None:
+            if given is not None:
+                self.node_action("drain", node, given or "drained from the TUI")
+
+        self.push_screen(DrainPrompt(f"Drain {node}?", body, reason or ""), answered)
+
+    @work(group="ask")
+    async def ask_remove(self, node: str) -> None:
+        running = self.running_on(node)
+        body = (f"{node} leaves nodes.yaml and the cluster."
+                + (f"\nIts {len(running)} running job{'s' if len(running) > 1 else ''}:\n"
+                   f"{self._jobs_lines(running)}" if running else "\nNo job runs there now."))
+        if await self.push_screen_wait(confirm(f"Remove {node}?", body, "Remove the node")):
+            self.node_action("node_remove", node)
+
+    @work(group="node-actions")
+    async def node_action(self, op: str, node: str, reason: str = "") -> None:
+        """The ``node-actions`` group: drain, resume or remove; a refusal becomes a
+        notification. The head's answer is folded in at once (its node event follows)."""
+        fields = {"node": node, **({"reason": reason} if op == "drain" else {})}
+        try:
+            reply = await self.call(op, **fields)
+        except OpMissing as err:
+            self.notify(str(err), title=f"Cannot {op.replace('node_', '')} {node}", severity="warning")
+            return
+        except ApiError as err:
+            self.notify(str(err), title=f"Cannot {op.replace('node_', '')} {node}", severity="error")
+            return
+        if isinstance(reply.get("node"), dict):
+            self.cluster.apply_node(reply["node"])
+            self._changed("node", node)
+        self.notify(f"{node} {NODE_DONE.get(op, op)}")
+
+    # ------------------------------------------------------------------ actions
     def action_toggle_theme(self) -> None:
         self.theme = "textual-light" if self.current_theme.dark else "textual-dark"
 
@@ -327,21 +660,77 @@ class NebulaApp(App):
             name = getattr(self.screen, "SCREEN_TITLE", type(self.screen).__name__)
             self.push_screen(HelpScreen(screen_keys(self.screen), name))
 
+    def action_save_screenshot(self) -> None:
+        folder = screenshot_dir(self.home)
+        try:
+            path = self.save_screenshot(path=str(folder))
+        except OSError as err:
+            self.notify(f"cannot save a screenshot in {folder}: {err}", severity="error")
+            return
+        self.notify(f"Screenshot saved: {path}")
 
-def make_app(socket_path: Path, cluster_name: str | None = None) -> NebulaApp:
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        for command in super().get_system_commands(screen):
+            if command.title == "Screenshot":  # Textual's wants ~/Downloads; ours does not
+                command = SystemCommand(command.title, command.help,
+                                        lambda: self.set_timer(0.1, self.action_save_screenshot))
+            yield command
+
+    async def action_quit(self) -> None:
+        """Quit; a demo whose lab runs jobs asks whether to stop them with it."""
+        running = [j for j in self.cluster.jobs.values() if j["state"] in ("running", "launching")]
+        if not (self.demo_lab and running):
+            self.exit(STOP_LAB)
+            return
+        if isinstance(self.screen, ChoiceScreen):
+            return
+        many = len(running) > 1
+        body = Text(f"{len(running)} job{'s' if many else ''} {'run' if many else 'runs'} on "
+                    f"the demo's lab:\n" + self._jobs_lines(running) + "\n")
+        body.append("Stopping the lab stops them. Left running, `nebula demo` opens it again.",
+                    style="dim")
+        choices = (Choice("s", "Stop lab, jobs", STOP_LAB, danger=True),
+                   Choice("l", "Leave running", LEAVE_LAB),
+                   Choice("c", "Stay", None))
+
+        def answered(choice: str | None) -> None:
+            if choice is not None:
+                self.exit(choice)
+
+        self.push_screen(ChoiceScreen("Quit the demo?", body, choices, safe=1), answered)
+
+
+def make_app(socket_path: Path, cluster_name: str | None = None, *, hot_c: float | None = None,
+             home: Path | None = None, demo_lab: bool = False) -> NebulaApp:
     """The app, talking to the head service listening on ``socket_path``."""
-    return NebulaApp(AsyncClient(Path(socket_path)), cluster_name)
+    return NebulaApp(AsyncClient(Path(socket_path)), cluster_name, hot_c=hot_c, home=home,
+                     demo_lab=demo_lab)
 
 
-def _cluster_name(home: Home, config: str | None) -> str | None:
-    """The cluster's name from nodes.yaml, for the header; None when it cannot be read."""
+def _cluster_facts(home: Home, config: str | None) -> tuple[str | None, float | None]:
+    """The cluster's name and its health policy's hot threshold from nodes.yaml, for the
+    bar and the temperature colours; None for what cannot be read."""
     from ..config import ConfigError, find_config, load_config
 
     try:
         path = find_config(config, home.root)
-        return load_config(path).name if path else None
+        cluster = load_config(path) if path else None
     except (ConfigError, OSError):
-        return None
+        return None, None
+    if cluster is None:
+        return None, None
+    hot_c = getattr(cluster.scheduler, "hot_c", None)
+    return cluster.name, float(hot_c) if isinstance(hot_c, (int, float)) else None
+
+
+def open_tui(home: Home, config: str | None, *, demo_lab: bool = False) -> NebulaApp:
+    """Run the TUI on the home's service until the user quits; returns the app, whose
+    ``return_value`` says how (``LEAVE_LAB`` when a demo's user chose to leave its lab
+    running) and ``return_code`` whether it failed."""
+    name, hot_c = _cluster_facts(home, config)
+    app = make_app(home.socket, name, hot_c=hot_c, home=home.root, demo_lab=demo_lab)
+    app.run()
+    return app
 
 
 def run_tui(home: Home, config: str | None) -> int:
@@ -351,6 +740,4 @@ def run_tui(home: Home, config: str | None) -> int:
     except (ServiceUnavailable, ApiError) as err:
         print(f"nebula: {err}", file=sys.stderr)
         return 1
-    app = make_app(home.socket, _cluster_name(home, config))
-    app.run()
-    return app.return_code or 0
+    return open_tui(home, config).return_code or 0

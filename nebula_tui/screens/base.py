@@ -1,16 +1,25 @@
-"""What every screen of live cluster data shares: header, connection banner, footer, and
-the hooks through which the app tells screens what changed: the visible screen renders it,
-a hidden one notes what it missed and catches up when shown again."""
+"""What every screen of live cluster data shares: the screen bar (where you are, and
+whether the cluster is reachable), the connection banner, the filter box of its tables,
+the footer, and the hooks through which the app tells screens what changed: the visible
+screen renders it, a hidden one notes what it missed and catches up when shown again."""
 
 from __future__ import annotations
 
-from textual import events
+import asyncio
+
+from rich.markup import escape
+from rich.text import Text
+from textual import events, on
 from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.content import Content
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Footer, Input, Static
 
 from ..api import ApiError
-from .keys import Key, bindings
+from .keys import SCREENS, Key, bindings
+from .look import LOOK
+from .rowtable import RowTable
 
 
 class OpMissing(ApiError):
@@ -41,12 +50,117 @@ class KeyFooter(Footer):
 
     _shown_keys: tuple | None = None
 
+    def on_resize(self) -> None:
+        # At 80 columns the keys need every cell: the palette has its key in the help.
+        wide = self.size.width >= PALETTE_MIN_WIDTH
+        if wide != self.show_command_palette:
+            self.show_command_palette = wide
+            self.call_after_refresh(self.recompose)
+
     def bindings_changed(self, screen: Screen) -> None:
         keys = tuple((key, b.action, b.description, b.show, enabled, tooltip)
                      for key, (_, b, enabled, tooltip) in screen.active_bindings.items())
         if keys != self._shown_keys:
             self._shown_keys = keys
             super().bindings_changed(screen)
+
+
+#: Below this many columns the footer leaves out the command palette's entry.
+PALETTE_MIN_WIDTH = 110
+#: Below this many columns the bar leaves out the program's and the cluster's name.
+BAR_NAME_MIN_WIDTH = 110
+
+#: Node states in which the head reaches the node.
+REACHABLE = frozenset({"up", "drained"})
+
+
+def reach_text(nodes: dict[str, dict], connected: bool, lost: bool = False) -> Text:
+    """What the bar says of the cluster: every node up, some unreachable, or none (or
+    that the head itself is not reached)."""
+    if lost:
+        return Text("✖ head not reached", style=LOOK.role("bad"))
+    if not connected:
+        return Text("connecting…", style="dim")
+    if not nodes:
+        return Text("no nodes yet", style="dim")
+    reached = [n for n in nodes.values() if n.get("state") in REACHABLE]
+    total = len(nodes)
+    if len(reached) == total:
+        return Text(f"● {total}/{total} nodes up", style=LOOK.role("ok"))
+    if not reached:
+        return Text(f"✖ no node reachable (0/{total})", style=LOOK.role("bad"))
+    lost = sorted(name for name, n in nodes.items() if n.get("state") not in REACHABLE)
+    names = ", ".join(lost[:2]) + ("…" if len(lost) > 2 else "")
+    return Text(f"▲ {len(reached)}/{total} reachable · {names} not", style=LOOK.role("warn"))
+
+
+class ScreenBar(Horizontal):
+    """The top line: the five screens (the current one marked, each clickable), where in
+    it a detail page is, and on the right the cluster's real reachability."""
+
+    DEFAULT_CSS = """
+    ScreenBar {
+        height: 1;
+        dock: top;
+        background: $panel;
+        & > #bar-tabs { width: 1fr; height: 1; }
+        & > #bar-state { width: auto; height: 1; padding: 0 1; }
+    }
+    """
+
+    _shown: tuple | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="bar-tabs")
+        yield Static("", id="bar-state")
+
+    def show(self, mode: str | None, crumb: str, state: Text, name: str) -> None:
+        wide = self.app.size.width >= BAR_NAME_MIN_WIDTH
+        shown = (mode, crumb, state.plain, state.style, name if wide else "", LOOK.dark)
+        if shown == self._shown:
+            return
+        self._shown = shown
+        tabs = []
+        for key, tab_mode, title in SCREENS:
+            style = "reverse bold" if tab_mode == mode else ""
+            label = f" {key} {title} " if wide else f"{key} {title}" + (" " if key != "5" else "")
+            tabs.append(f"[@click=app.show('{tab_mode}')][{style}]{label}[/][/]" if style else
+                        f"[@click=app.show('{tab_mode}')]{label}[/]")
+        markup = "".join(tabs)
+        if crumb:
+            markup += f" › [b]{escape(crumb)}[/b]"
+        self.query_one("#bar-tabs", Static).update(Content.from_markup(markup))
+        right = Text()
+        if wide and name:
+            right.append(f"{name}  ", style="bold")
+        right.append_text(state)
+        self.query_one("#bar-state", Static).update(right)
+
+    def on_resize(self) -> None:
+        self._shown = None
+        screen = self.screen
+        if isinstance(screen, ClusterScreen):
+            screen.show_bar()
+
+
+class FilterBox(Input):
+    """The filter of the table that asked for it (``/``): typing filters at once, enter
+    goes back to the table keeping the filter, esc clears it."""
+
+    BINDINGS = [("escape", "clear", "Clear the filter")]
+
+    table: RowTable | None = None
+
+    def action_clear(self) -> None:
+        self.value = ""
+        self.close()
+
+    def close(self) -> None:
+        self.remove_class("shown")
+        if self.table is not None:
+            self.table.set_filter(self.value)
+            if self.table.is_mounted:
+                self.table.focus()
 
 
 class ClusterScreen(Screen):
@@ -76,12 +190,52 @@ class ClusterScreen(Screen):
     def __init__(self) -> None:
         super().__init__()
         self._missed: set[Change] = {"all"}  # kinds of change not rendered yet
+        self.drawn = asyncio.Event()  # set once the screen has been shown with its data
+
+    #: The main screen (mode) a screen belongs to for the bar; None: the app's current one.
+    MODE: str | None = None
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield ScreenBar()
         yield Static("", id="connection")
         yield from self.compose_body()
+        yield FilterBox(placeholder="filter: type to narrow the rows · enter keeps it · esc clears",
+                        id="filter")
         yield KeyFooter()
+
+    def crumb(self) -> str:
+        """Where in its main screen this one is ("Job 7 · train"); "" for a main screen."""
+        return ""
+
+    def show_bar(self) -> None:
+        bars = self.query(ScreenBar)
+        if bars:
+            app = self.app
+            bars.first().show(self.MODE or app.current_mode, self.crumb(),
+                              reach_text(self.cluster.nodes, self.cluster.connected,
+                                         app.connection[1]),
+                              getattr(app, "bar_name", "NebulaGrid"))
+
+    # ------------------------------------------------------------------ filter box
+    @on(RowTable.FilterAsked)
+    def _filter_asked(self, message: RowTable.FilterAsked) -> None:
+        box = self.query_one("#filter", FilterBox)
+        box.table = message.table
+        box.value = message.table.needle
+        box.add_class("shown")
+        box.focus()
+
+    @on(Input.Changed, "#filter")
+    def _filter_typed(self, event: Input.Changed) -> None:
+        box = self.query_one("#filter", FilterBox)
+        if box.table is not None:
+            box.table.set_filter(event.value)
+        event.stop()
+
+    @on(Input.Submitted, "#filter")
+    def _filter_kept(self, event: Input.Submitted) -> None:
+        self.query_one("#filter", FilterBox).close()
+        event.stop()
 
     def compose_body(self) -> ComposeResult:
         yield from ()
@@ -115,6 +269,7 @@ class ClusterScreen(Screen):
             missed, self._missed = self._missed, set()
             if missed:
                 self.catch_up(missed)
+            self.drawn.set()
 
     def cluster_changed(self, change: Change, key: object = None) -> None:
         """The app folded an event into the cluster; re-render what depends on it."""
@@ -133,6 +288,17 @@ class ClusterScreen(Screen):
     def render_all(self) -> None:
         """Show the cluster as it is now (rows updated in place)."""
 
+    def restyle(self, *, shown: bool) -> None:
+        """The theme changed: what was drawn in the old colours is drawn again (now when
+        ``shown``, else when shown next)."""
+        for table in self.query(RowTable):
+            table.forget_cells()
+        if shown:
+            self.catch_up({"all"})
+            self.show_bar()
+        else:
+            self.missed("all")
+
     def later(self, delay: float = CHANGES_EVERY_S) -> None:
         """Render everything within ``delay`` seconds, once, however often this is called
         meanwhile; skipped when the screen is hidden by then (it renders on resume)."""
@@ -147,6 +313,7 @@ class ClusterScreen(Screen):
             self.missed("all")
 
     def show_connection(self) -> None:
+        self.show_bar()
         if self.app.connection == self._connection:
             return  # (an update lays the whole screen out again: not on every switch)
         self._connection = state, lost = self.app.connection

@@ -7,7 +7,6 @@ can update just that.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 
 from ..model import FINISHED_STATES
@@ -29,6 +28,8 @@ class Cluster:
         self.jobs: dict[int, dict] = {}  # live jobs only (pending, launching, running)
         self.finished: dict[int, dict] = {}  # jobs seen finishing while we watched
         self.events: deque[dict] = deque(maxlen=EVENTS_KEPT)
+        self.users: dict[str, dict] = {}  # user name -> their row of the ``users`` request
+        self.queue_order: list[int] = []  # waiting jobs, as the scheduler orders them
         self.by_node: dict[str, dict[str, dict]] = {}  # node -> uuid -> GPU (same dicts)
         self.placed: dict[str, set[int]] = {}  # GPU uuid -> live jobs placed there
         self.util_trend: dict[str, deque] = {}  # GPU uuid -> recent utilisation readings
@@ -42,6 +43,8 @@ class Cluster:
         self.gpus = {g["uuid"]: g for g in snap.get("gpus", [])}
         self.jobs = {j["id"]: j for j in snap.get("jobs", []) if j["state"] not in FINISHED}
         self.events = deque(snap.get("events", []), maxlen=EVENTS_KEPT)
+        self.users = {u["name"]: u for u in snap.get("users", [])}
+        self.queue_order = list(snap.get("queue", []))
         self.by_node = {}
         for uuid, gpu in self.gpus.items():
             self.by_node.setdefault(gpu["node"], {})[uuid] = gpu
@@ -63,8 +66,6 @@ class Cluster:
         else:
             self.jobs[job["id"]] = job
             self._place(job, add=True)
-        if before is None or before["state"] != job["state"] or before.get("held") != job.get("held"):
-            self.events.append(job_event(job))
         self.version += 1
         return before
 
@@ -127,17 +128,21 @@ class Cluster:
         return changed
 
     def apply_node(self, node: dict) -> None:
-        before = self.nodes.get(node["name"])
         self.nodes[node["name"]] = node
-        if before is None or before.get("state") != node.get("state"):
-            why = f": {node['reason']}" if node.get("reason") else ""
-            self.events.append({"t": time.time(), "kind": "node", "node": node["name"],
-                                "message": f"{node['name']} is {node['state']}{why}",
-                                "job_id": None, "gpu": None, "user": None})
         self.version += 1
 
     def apply_event(self, event: dict) -> None:
+        """A line of the head's events log (every change has its own, at the head's time)."""
         self.events.append(event)
+        self.version += 1
+
+    def apply_queue(self, order: list[int]) -> None:
+        self.queue_order = list(order)
+        self.version += 1
+
+    def apply_user(self, row: dict) -> None:
+        """A user's row (weight, GPU-hours, quota, jobs) as the ``users`` request has it."""
+        self.users[row["name"]] = row
         self.version += 1
 
     # ------------------------------------------------------------------ views
@@ -160,27 +165,6 @@ class Cluster:
 
     def job_events(self, job_id: int) -> list[dict]:
         return [e for e in self.events if e.get("job_id") == job_id]
-
-
-def job_event(job: dict) -> dict:
-    """An events-log line for a job's new state, as the ticker shows it."""
-    state = "held" if job.get("held") and job["state"] == "pending" else job["state"]
-    where = ", ".join(f"{g['node']}:{g['index']}" for g in job["gpus"])
-    detail = {"running": f" on {where}" if where else "",
-              "launching": f" on {where}" if where else "",
-              "pending": f" ({job['reason']})" if job.get("reason") else "",
-              "failed": f" ({job['reason'] or 'exit ' + str(job.get('exit_code'))})",
-              "cancelled": f" ({job['reason']})" if job.get("reason") else ""}.get(state, "")
-    name = f" {job['name']}" if job.get("name") else ""
-    return {"t": time.time(), "kind": state, "job_id": job["id"], "node": job.get("node"),
-            "gpu": None, "user": job.get("user"), "message": f"job {job['id']}{name} {state}{detail}"}
-
-
-def fair_share_order(jobs: list[dict], weights: dict[str, float]) -> list[dict]:
-    """Waiting jobs in the order R6 runs them: lowest user weight first, then submit time.
-    Held jobs are not in the order. Users we have no weight for count as new (1.0)."""
-    waiting = [j for j in jobs if j["state"] == "pending" and not j.get("held")]
-    return sorted(waiting, key=lambda j: (weights.get(j["user"], 1.0), j["submitted_at"], j["id"]))
 
 
 def user_weight(row: dict) -> float:

@@ -1,13 +1,16 @@
 """One job: its spec, allocation, R12 environment, state history, live log tail, attach.
 
-Workers: ``job-load`` (the job and its past events, once), ``log`` (follow mode: ``logs``
-requests from the last offset, one chunk message per answer), ``attach`` (asks the head for
-the attach command; the handler suspends the TUI and runs it).
+Workers: ``job-load`` (the job and its lines of the head's events log, again whenever the
+job changes state), ``log`` (follow mode: ``logs`` requests from the last offset, one chunk
+message per answer; once the job has ended and its log is read to the end, a last line says
+how it ended), ``attach`` (asks the head for the attach command; the handler suspends the
+TUI and runs it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shlex
 import subprocess
 import sys
@@ -20,12 +23,11 @@ from textual.message import Message
 from textual.widgets import Log, Static
 
 from ..api import ApiError
-from ..model import Job, JobSpec, Launching, Placement, format_mb
-from ..remote.launcher import job_environment
+from ..model import format_mb
 from .base import ClusterScreen, OpMissing
 from .cluster import FINISHED
 from .keys import JOB_KEYS
-from .render import STATUS_STYLE, ago, clock, job_size, job_state
+from .render import ago, clock, duration, job_size, job_state, run_seconds, state_text
 
 #: How often the log is polled while following (seconds).
 LOG_POLL_S = 0.5
@@ -59,27 +61,25 @@ class AttachReady(Message):
         self.argv = argv
 
 
-def environment(job: dict) -> dict[str, str]:
-    """R12: the variables the launcher sets for this job (empty until it is placed)."""
-    if not job.get("gpus"):
-        return {}
-    placements = tuple(Placement(gpu_uuid=g["uuid"], node=g["node"], gpu_index=g["index"],
-                                 memory_mb=g["memory_mb"], exclusive=g["exclusive"])
-                       for g in job["gpus"])
-    model = Job(id=job["id"], user=job["user"], submitted_at=job["submitted_at"],
-                status=Launching(placements),
-                spec=JobSpec(command=tuple(job["command"]), name=job.get("name") or "",
-                             gpu_count=job["gpu_count"], gpu_mem_mb=job.get("gpu_mem_mb"),
-                             workdir=job.get("workdir"), shell=job.get("shell", False)))
-    return job_environment(model, placements)
+def end_line(job: dict) -> str:
+    """The log's last line once the job has ended: how, when, after how long."""
+    code = job.get("exit_code")
+    how = job["state"] + (f", exit code {code}" if code is not None else "")
+    if job.get("reason") and job["reason"] != job["state"]:
+        how += f": {job['reason']}"
+    when = f" at {clock(job['ended_at'])}" if job.get("ended_at") else ""
+    ran = run_seconds(job)
+    after = f" after {duration(ran)}" if ran is not None else ""
+    return f"── job {job['id']} ended{when}{after}: {how} ──"
 
 
 def spec_text(job: dict) -> Text:
     state = job_state(job)
     command = job["command"][0] if job.get("shell") else shlex.join(job["command"])
+    reason = job.get("reason") or ""
     lines = [
-        Text.assemble(("State     ", "bold"), (state, STATUS_STYLE.get(state, "")),
-                      (f" — {job['reason']}" if job.get("reason") else "", "")),
+        Text.assemble(("State     ", "bold"), state_text(state),
+                      (f" — {reason}" if reason and reason != job["state"] else "", "")),
         Text.assemble(("User      ", "bold"), job["user"]),
         Text.assemble(("Name      ", "bold"), job.get("name") or "-"),
         Text.assemble(("Command   ", "bold"), command),
@@ -100,11 +100,21 @@ def spec_text(job: dict) -> Text:
     return Text("\n").join(lines)
 
 
-def env_text(job: dict) -> Text:
-    env = environment(job)
-    if not env:
+def env_text(environment: dict[str, dict[str, str]]) -> Text:
+    """What the head says each of the job's nodes gives its command (R12)."""
+    if not environment:
         return Text("Set when the job is placed.", style="dim")
-    return Text("\n").join(Text.assemble((k, "bold"), "=", v) for k, v in env.items())
+    lines = []
+    for rank, (node, env) in enumerate(environment.items()):
+        if len(environment) > 1:
+            lines.append(Text(f"{node} (rank {rank})", style="underline"))
+        lines += [Text.assemble((k, "bold"), "=", v) for k, v in env.items()]
+    return Text("\n").join(lines)
+
+
+def placement_of(job: dict | None) -> tuple:
+    """The GPUs a job holds, as a key: its environment changes only with them."""
+    return tuple((g["uuid"], g["memory_mb"]) for g in (job or {}).get("gpus", ()))
 
 
 class JobScreen(ClusterScreen):
@@ -115,10 +125,20 @@ class JobScreen(ClusterScreen):
         super().__init__()
         self.job_id = job_id
         self.job: dict | None = None
+        self.environment: dict[str, dict[str, str]] = {}  # node -> its variables (the head's)
+        self._environment_for: tuple | None = None  # the placement it was computed for
         self.history: list[dict] = []  # events log lines of this job
         self.follow = True
         self.log_offset = 0
         self.log_lines = 0
+        self.log_ended = False  # the end line is written
+        self._log_done = False  # the log of the ended job is read to its end
+        self._open_line = False  # the log's last line has no newline yet
+        self._history_state: str | None = None  # the state the history was loaded for
+
+    def crumb(self) -> str:
+        name = (self.job or {}).get("name")
+        return f"Job {self.job_id}" + (f" · {name}" if name else "")
 
     def compose_body(self) -> ComposeResult:
         with Vertical(id="job-body"):
@@ -131,7 +151,7 @@ class JobScreen(ClusterScreen):
 
     def on_mount(self) -> None:
         self.query_one("#job-spec").border_title = f"Job {self.job_id}"
-        self.query_one("#job-env").border_title = "Environment (R12)"
+        self.query_one("#job-env").border_title = "Environment"
         self.query_one("#job-history").border_title = "State history"
         self.query_one("#job-log").border_title = "Log (following)"
         self.job = self.cluster.job(self.job_id)
@@ -151,7 +171,9 @@ class JobScreen(ClusterScreen):
             events = (await self.app.call("events", limit=2000))["events"]
         except ApiError:
             events = []
-        self.post_message(JobLoaded(job, [e for e in events if e.get("job_id") == self.job_id]))
+        mine = sorted((e for e in events if e.get("job_id") == self.job_id),
+                      key=lambda e: e.get("t") or 0)  # (stable: same-second lines keep their order)
+        self.post_message(JobLoaded(job, mine))
 
     @work(exclusive=True, group="log")
     async def tail_log(self) -> None:
@@ -186,23 +208,52 @@ class JobScreen(ClusterScreen):
         self.post_message(AttachReady(argv))
 
     # ------------------------------------------------------------------ handlers
+    @work(exclusive=True, group="job-environment")
+    async def load_environment(self) -> None:
+        """The ``job-environment`` group: the job's environment, once per placement."""
+        with contextlib.suppress(ApiError):
+            job = (await self.app.call("job", job=self.job_id))["job"]
+            self._show_environment(job)
+
+    def _show_environment(self, job: dict) -> None:
+        self.environment = job.get("environment") or {}
+        self._environment_for = placement_of(job)
+        self.query_one("#job-env", Static).update(env_text(self.environment))
+
     @on(JobLoaded)
     def show_loaded(self, message: JobLoaded) -> None:
+        self._show_environment(message.job)
         self.job = self.cluster.job(self.job_id) or message.job
-        newest = message.events[-1]["t"] if message.events else 0
-        # The stream's own lines for this job that the events log did not have yet.
-        self.history = message.events + [e for e in self.cluster.job_events(self.job_id)
-                                         if e.get("t", 0) > newest]
+        self._history_state = message.job["state"]
+        # The head's own lines, in the order it wrote them: nothing made up beside them.
+        self.history = message.events
+        if self._log_done:
+            self._write_end()
         self.render_all()
+        self.show_bar()  # the crumb names the job
 
     @on(LogChunk)
     def show_log_chunk(self, message: LogChunk) -> None:
         log = self.query_one("#job-log", Log)
         if message.data:
             log.write(message.data, scroll_end=self.follow)
+            self._open_line = not message.data.endswith("\n")
             self.log_lines = log.line_count
         if message.state in FINISHED:
             log.border_title = f"Log (job {message.state})"
+            if not message.data:  # read to the end
+                self._log_done = True
+                self._write_end()
+
+    def _write_end(self) -> None:
+        """The log's last line says how the job ended (once its end is known)."""
+        job = self.job
+        if self.log_ended or job is None or job["state"] not in FINISHED:
+            return
+        log = self.query_one("#job-log", Log)
+        # Under the job's last line, which may lack its newline.
+        log.write(("\n" if self._open_line else "") + end_line(job) + "\n", scroll_end=self.follow)
+        self.log_ended = True
 
     @on(AttachReady)
     def run_attach(self, message: AttachReady) -> None:
@@ -222,21 +273,35 @@ class JobScreen(ClusterScreen):
             self.notify(str(err), title="Cannot attach", severity="error")
 
     def cluster_changed(self, change: str, key: object = None) -> None:
-        if change == "job" and key == self.job_id:
-            self.job = self.cluster.job(self.job_id) or self.job
-            last = self.cluster.events[-1] if self.cluster.events else None
-            if last and last.get("job_id") == self.job_id and last not in self.history:
-                self.history.append(last)
-            self.render_all()
-        elif change == "all":
-            self.job = self.cluster.job(self.job_id) or self.job
-            self.render_all()
+        if change in ("job", "all") and (change == "all" or key == self.job_id):
+            self._follow_job()
+
+    def catch_up(self, missed: set[str]) -> None:
+        # Shown again (after a question asked over it, say): the job may have ended meanwhile.
+        self._follow_job()
+
+    def _follow_job(self) -> None:
+        """Show the job as the cluster has it now: placed again, the head has its new
+        environment; the stream's lines for it join its history; an ended job whose log is
+        read to the end gets its end line."""
+        self.job = self.cluster.job(self.job_id) or self.job
+        if self.job and self._environment_for is not None and placement_of(self.job) not in (
+                self._environment_for, ()):
+            self.load_environment()
+        last = self.cluster.events[-1] if self.cluster.events else None
+        if last and last.get("job_id") == self.job_id and last not in self.history:
+            self.history.append(last)
+        if self.job and self.job["state"] != self._history_state and self._history_state:
+            self._history_state = self.job["state"]
+            self.load_job()  # the head wrote what happened: read it
+        if self._log_done:
+            self._write_end()
+        self.render_all()
 
     def render_all(self) -> None:
         if self.job is None:
             return
         self.query_one("#job-spec", Static).update(spec_text(self.job))
-        self.query_one("#job-env", Static).update(env_text(self.job))
         lines = [Text.assemble((clock(e.get("t")) + " ", "dim"), e.get("message", ""))
                  for e in self.history[-12:]]
         self.query_one("#job-history", Static).update(
@@ -258,7 +323,7 @@ class JobScreen(ClusterScreen):
         self.fetch_attach()
 
     def action_cancel_job(self) -> None:
-        self.app.job_action("cancel", self.job_id)
+        self.app.ask_cancel(self.job_id)
 
     def action_hold_job(self) -> None:
         self.app.job_action("hold", self.job_id)

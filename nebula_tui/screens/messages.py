@@ -49,11 +49,27 @@ class NodeChanged(Message):
 
 
 class EventLogged(Message):
-    """A line of the head's events log (for services that stream them)."""
+    """A line of the head's events log, as the head recorded it."""
 
     def __init__(self, event: dict) -> None:
         super().__init__()
         self.event = event
+
+
+class UserChanged(Message):
+    """One user's figures moved: their row, as the ``users`` request has it."""
+
+    def __init__(self, user: dict) -> None:
+        super().__init__()
+        self.user = user
+
+
+class QueueOrdered(Message):
+    """The scheduler's new order of the waiting jobs (their ids)."""
+
+    def __init__(self, order: list[int]) -> None:
+        super().__init__()
+        self.order = order
 
 
 class StreamLost(Message):

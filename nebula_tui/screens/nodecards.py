@@ -24,11 +24,13 @@ CARD_WIDTH = 72
 MAX_COLUMNS = 3
 #: Blank columns between cards side by side.
 GUTTER = 2
+#: Blank lines under each row of cards (none: a card's bold title line starts it).
+ROW_GAP = 0
 
 
 class NodeCards(ScrollView):
-    """Cards (multi-line text, one per name) in rows of up to three, a blank line under
-    each row; scrolls vertically."""
+    """Cards (multi-line text, one per name) in rows of up to three; as tall as the cards
+    (height auto) or scrolling vertically."""
 
     def __init__(self, card_of: Callable[[str], Text], *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -91,9 +93,11 @@ class NodeCards(ScrollView):
             row = self._names[start:start + self._columns]
             self._row_tops.append(y)
             self._row_names.append(row)
-            y += max(_height(self._text_for_layout(n)) for n in row) + 1
+            y += max(_height(self._text_for_layout(n)) for n in row) + ROW_GAP
+        before = self.virtual_size.height
         self.virtual_size = Size(width, y)
-        self.refresh()
+        self.refresh(layout=before != y and self.styles.height is not None
+                     and self.styles.height.is_auto)  # cards as tall as their GPUs
 
     def _text_for_layout(self, name: str) -> Text:
         # A stale card keeps its height until it is recomputed (heights change only when a

@@ -1,46 +1,54 @@
-"""Nodes and the events log, for admins: drain (with a reason), resume, add a node.
+"""Nodes and the events log, for admins: drain (with a reason), resume, add or remove a
+node.
 
-The node table renders from the app's ``Cluster``; the events log comes from the ``events``
-request (worker group ``events-log``), reloaded while shown. Drain/resume are requests in
-the ``node-actions`` group; the head's answer arrives as a node event too.
+The node table renders from the app's ``Cluster``; the events log is the head's: its older
+lines from one ``events`` request when the screen is first shown (worker group
+``events-log``), every later one from the stream. Drain, resume and remove ask first and
+are the app's (``NebulaApp.ask_drain``…), so ``:drain node01`` works anywhere; the head's
+answer arrives as a node event and a log line too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
+from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Input, Static
+from textual.widgets import Input, Static
 
 from ..api import ApiError
 from ..model import format_mb
-from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
-from .keys import HELP_KEYS, NODES_KEYS, bindings
-from .render import ago, clock, selected_key, set_columns, status_cell, sync_table
+from .base import TELEMETRY_EVERY_S, ClusterScreen
+from .keys import FORM_KEYS, HELP_KEYS, NODES_KEYS, bindings
+from .render import ago, day_clock, free_slice_mb, state_text
+from .rowtable import Column, RowTable, Sort
 
-NODE_COLUMNS = (("name", "Node"), ("host", "Host"), ("state", "State"), ("gpus", "GPUs"),
-                ("free", "Free VRAM"), ("seen", "Seen"), ("reason", "Reason"))
-EVENT_COLUMNS = (("t", "Time"), ("kind", "Kind"), ("message", "Event"))
+NODE_COLUMNS = (Column("name", "Node"), Column("state", "State"), Column("gpus", "GPUs"),
+                Column("free", "Free VRAM"), Column("jobs", "Jobs", 1), Column("seen", "Seen", 3),
+                Column("host", "Host", 2), Column("reason", "Reason", flex=True))
+EVENT_COLUMNS = (Column("t", "Time"), Column("kind", "Kind", 1), Column("message", "Event", flex=True))
 EVENTS_SHOWN = 300
-EVENTS_RELOAD_S = 5.0
 
 
-class ReasonPrompt(ModalScreen[str | None]):
-    """Asks for one line of text (why a node is drained); esc cancels."""
+class DrainPrompt(ModalScreen[str | None]):
+    """Drain a node: says what it means (its running jobs go on) and asks why; enter
+    drains, esc refuses."""
 
     BINDINGS = bindings(HELP_KEYS[:1])
 
-    def __init__(self, question: str) -> None:
+    def __init__(self, question: str, body: str, reason: str = "") -> None:
         super().__init__()
         self.question = question
+        self.body = body
+        self.reason = reason
 
     def compose(self) -> ComposeResult:
         with Vertical(id="prompt"):
-            yield Static(self.question, id="prompt-question")
-            yield Input(placeholder="reason (enter to confirm, esc to cancel)", id="prompt-input")
+            yield Static(Text(self.question, style="bold"), id="prompt-question")
+            yield Static(self.body, id="prompt-body")
+            yield Input(value=self.reason, id="prompt-input",
+                        placeholder="why (shown to users) · enter drains · esc does nothing")
 
     @on(Input.Submitted)
     def _done(self, event: Input.Submitted) -> None:
@@ -55,7 +63,7 @@ class AddNodePrompt(ModalScreen[None]):
     the fingerprint is shown, and only a second Enter (after comparing it with the node's
     own) trusts it and adds the node. Esc cancels at any point, changing nothing."""
 
-    BINDINGS = bindings(HELP_KEYS[:1])
+    BINDINGS = bindings(HELP_KEYS[:1] + FORM_KEYS)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="prompt"):
@@ -117,10 +125,20 @@ class AddNodePrompt(ModalScreen[None]):
         self.dismiss(None)
 
 
-def node_cells(node: dict, gpus: list[dict]) -> tuple:
-    free = sum(s["memory_mb"] for g in gpus for s in g.get("slices", []) if s["state"] == "free")
-    return (node["name"], f"{node.get('host')}:{node.get('port')}", status_cell(node["state"]),
-            str(len(gpus)), format_mb(free), ago(node.get("last_seen")), node.get("reason") or "")
+def node_free_mb(gpus: list[dict]) -> int:
+    return sum(free_slice_mb(g) for g in gpus)
+
+
+def node_cells(node: dict, gpus: list[dict], running: int) -> tuple:
+    return (node["name"], state_text(node["state"]), str(len(gpus)),
+            format_mb(node_free_mb(gpus)), str(running), ago(node.get("last_seen")),
+            f"{node.get('host')}:{node.get('port')}", node.get("reason") or "")
+
+
+def event_cells(event: dict) -> tuple:
+    kind = event.get("kind") or ""
+    return (day_clock(event.get("t")), state_text(kind) if kind in ("failed", "cancelled") else kind,
+            event.get("message") or "")
 
 
 class NodesScreen(ClusterScreen):
@@ -129,92 +147,106 @@ class NodesScreen(ClusterScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._shown_nodes: dict[Hashable, tuple] = {}
-        self._shown_events: dict[Hashable, tuple] = {}
+        self._log: list[dict] = []  # the log's lines from before the stream's, oldest first
+        self.events: dict[str, dict] = {}  # row key -> events log line, newest first
 
     def compose_body(self) -> ComposeResult:
+        node_sorts = {"name": Sort(lambda n: n["name"]), "state": Sort(lambda n: n["state"]),
+                      "gpus": Sort(lambda n: len(self.cluster.node_gpus(n["name"])), True),
+                      "free": Sort(lambda n: node_free_mb(self.cluster.node_gpus(n["name"])), True),
+                      "jobs": Sort(lambda n: self._jobs_on(n["name"]), True),
+                      "seen": Sort(lambda n: -(n.get("last_seen") or 0)),
+                      "host": Sort(lambda n: (n.get("host") or "", n.get("port") or 0))}
+        event_sorts = {"t": Sort(lambda e: e.get("t") or 0, True),
+                       "kind": Sort(lambda e: e.get("kind") or "")}
         with Vertical(id="body"):
-            yield DataTable(id="nodes-table", cursor_type="row", zebra_stripes=True)
-            yield DataTable(id="events-table", cursor_type="row", zebra_stripes=True)
+            yield RowTable(NODE_COLUMNS, self._node_cells, sorts=node_sorts, sort="name",
+                           id="nodes-table")
+            yield RowTable(EVENT_COLUMNS, self._event_cells, sorts=event_sorts,
+                           natural="newest first", id="events-table")
 
     def on_mount(self) -> None:
-        set_columns(self.query_one("#events-table", DataTable), EVENT_COLUMNS, "Events log")
-        set_columns(self.query_one("#nodes-table", DataTable), NODE_COLUMNS, "Nodes").focus()
-        self.set_interval(EVENTS_RELOAD_S, self.reload)
-
-    def on_screen_resume(self) -> None:
+        self.query_one("#nodes-table", RowTable).focus()
         self.reload()
+
+    def _jobs_on(self, name: str) -> int:
+        return len(self.app.running_on(name))
+
+    def _node_cells(self, name: str) -> tuple:
+        node = self.cluster.nodes.get(name)
+        if node is None:
+            return ("-",) * len(NODE_COLUMNS)
+        return node_cells(node, self.cluster.node_gpus(name), self._jobs_on(name))
+
+    def _event_cells(self, key: str) -> tuple:
+        event = self.events.get(key)
+        return event_cells(event) if event else ("-",) * len(EVENT_COLUMNS)
+
+    @on(RowTable.Arranged, "#nodes-table")
+    def _nodes_arranged(self) -> None:
+        self.render_all()
+
+    @on(RowTable.Arranged, "#events-table")
+    def _events_arranged(self) -> None:
+        self._show_events()
 
     def cluster_changed(self, change: str, key: object = None) -> None:
         if change == "gpus":  # free memory moves with every node's readings: once a second
             self.later(TELEMETRY_EVERY_S)
-        elif change in ("all", "node"):
+        elif change in ("all", "node", "event"):
             self.later()
 
     def render_all(self) -> None:
-        rows = {name: node_cells(n, self.cluster.node_gpus(name))
-                for name, n in sorted(self.cluster.nodes.items())}
-        sync_table(self.query_one("#nodes-table", DataTable), self._shown_nodes, rows)
+        table = self.query_one("#nodes-table", RowTable)
+        nodes = [self.cluster.nodes[name] for name in sorted(self.cluster.nodes)]
+        shown = table.arrange(nodes, lambda n: n["name"], lambda n: " ".join(
+            str(n.get(k) or "") for k in ("name", "state", "host", "reason")))
+        table.show(shown)
+        table.refresh_rows()
+        table.set_title("Nodes", len(shown), len(nodes))
+        self._show_events()
+
+    def _show_events(self) -> None:
+        """The log newest first: the lines loaded, then the stream's newer ones."""
+        newest = self._log[-1]["t"] if self._log else 0
+        events = (self._log + [e for e in self.cluster.events if e.get("t", 0) > newest])
+        keyed = ({**e, "key": f"{e['t']}-{n}"}
+                 for n, e in reversed(list(enumerate(events[-EVENTS_SHOWN:]))))
+        self.events = {e["key"]: e for e in keyed}
+        table = self.query_one("#events-table", RowTable)
+        shown = table.arrange(self.events.values(), lambda e: e["key"], lambda e: " ".join(
+            str(e.get(k) or "") for k in ("kind", "message", "node", "user")))
+        table.show(shown)
+        table.refresh_rows()
+        table.set_title("Events log", len(shown), len(self.events))
 
     @work(exclusive=True, group="events-log")
     async def reload(self) -> None:
-        """The ``events-log`` group: the head's events log, newest first."""
-        table = self.query_one("#events-table", DataTable)
+        """The ``events-log`` group: the log's older lines (the stream brings new ones)."""
         try:
-            events = (await self.app.call("events", limit=EVENTS_SHOWN))["events"]
+            self._log = (await self.app.call("events", limit=EVENTS_SHOWN))["events"]
         except ApiError as err:
-            table.border_subtitle = f"cannot load: {err}"
+            self.query_one("#events-table", RowTable).border_subtitle = f"cannot load: {err}"
             return
-        rows = {f"{e['t']}-{n}": (clock(e["t"]), e.get("kind") or "", e.get("message") or "")
-                for n, e in enumerate(events)}
-        rows = dict(reversed(list(rows.items())))
-        first = not self._shown_events
-        if list(rows) != list(self._shown_events):
-            table.clear()
-            self._shown_events.clear()
-            sync_table(table, self._shown_events, rows)
-        if first:
-            table.move_cursor(row=0)
-
-    @work(group="node-actions")
-    async def node_action(self, op: str, node: str, reason: str = "") -> None:
-        """The ``node-actions`` group: drain or resume; a refusal becomes a notification."""
-        fields = {"node": node, **({"reason": reason} if op == "drain" else {})}
-        try:
-            reply = await self.app.call(op, **fields)
-        except OpMissing as err:
-            self.notify(str(err), title=f"Cannot {op} {node}", severity="warning")
-            return
-        except ApiError as err:
-            self.notify(str(err), title=f"Cannot {op} {node}", severity="error")
-            return
-        if "node" in reply:
-            self.app.cluster.apply_node(reply["node"])
-            self.render_all()
-        self.notify(f"{node} {'drained' if op == 'drain' else 'resumed'}")
-        self.reload()
+        self._show_events()
 
     def _selected(self) -> str | None:
-        name = selected_key(self.query_one("#nodes-table", DataTable))
+        name = self.query_one("#nodes-table", RowTable).cursor_key
         if name is None:
             self.notify("No node selected", severity="warning")
         return name
 
     def action_drain_node(self) -> None:
-        name = self._selected()
-        if name is None:
-            return
-
-        def answered(reason: str | None) -> None:
-            if reason is not None:
-                self.node_action("drain", name, reason or "drained from the TUI")
-
-        self.app.push_screen(ReasonPrompt(f"Drain {name}: no new jobs start there. Why?"), answered)
+        if (name := self._selected()) is not None:
+            self.app.ask_drain(name)
 
     def action_resume_node(self) -> None:
-        name = self._selected()
-        if name is not None:
-            self.node_action("resume", name)
+        if (name := self._selected()) is not None:
+            self.app.node_action("resume", name)
+
+    def action_remove_node(self) -> None:
+        if (name := self._selected()) is not None:
+            self.app.ask_remove(name)
 
     def action_reload(self) -> None:
         self.reload()

@@ -1,4 +1,5 @@
-"""The first screen: the R1 summary, one card per node, an events ticker and the queue.
+"""The first screen: one summary line (R1's numbers), one card per node, the queue and an
+events ticker — each as large as what it holds.
 
 Renders from the app's ``Cluster``. Telemetry reaches the screen at most once a second,
 and then only the cards on screen are recomputed (``NodeCards``: one widget for all of
@@ -10,28 +11,52 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Vertical
 from textual.widgets import Static
 
-from ..views import status_summary, status_text
+from ..model import MIB_PER_GIB
+from ..views import status_summary
 from .base import TELEMETRY_EVERY_S, ClusterScreen
 from .keys import OVERVIEW_KEYS
+from .look import LOOK
 from .nodecards import NodeCards
-from .render import clock, job_cells_overview, node_card
-from .rowtable import RowTable
+from .render import clock, holders_text, job_state, job_where, node_card, state_text
+from .rowtable import Column, RowTable, Sort
 
-QUEUE_COLUMNS = (("id", "ID"), ("user", "User"), ("name", "Name"), ("state", "State"),
-                 ("where", "GPUs / reason"))
+QUEUE_COLUMNS = (Column("id", "ID"), Column("user", "User"), Column("name", "Name", 2),
+                 Column("state", "State"), Column("where", "GPUs / reason", flex=True))
 
-#: Lines the ticker keeps on screen (the newest at the bottom).
+#: Lines the ticker keeps (the newest at the bottom); it shows what fits.
 TICKER_LINES = 8
-#: Node lines the R1 summary box shows at most (it is 12 lines high); at 125 nodes the
-#: rest would be cut off anyway, and every node has its card.
-SUMMARY_NODES = 7
+#: Below this many terminal lines the ticker gives its room to the cards and the queue
+#: (the events log is on the Nodes screen).
+TICKER_MIN_HEIGHT = 30
+
+
+def summary_text(counts: dict, jobs: list[dict]) -> Text:
+    """The cluster in one line: nodes, GPUs by state, memory, jobs."""
+    text = Text(f" {counts['nodes']} nodes · {counts['gpus']} GPUs: ")
+    parts = [(f"{counts['idle']} idle", "free"), (f"{counts['busy']} busy", "info")]
+    for state in ("maintenance", "unreachable"):  # said when there are some
+        if counts.get(state):
+            parts.append((f"{counts[state]} {state}", "warn"))
+    for n, (words, role) in enumerate(parts):
+        if n:
+            text.append(", ")
+        text.append(words, style=LOOK.role(role))
+    total, free = counts["total_vram_mb"] / MIB_PER_GIB, counts["free_vram_mb"] / MIB_PER_GIB
+    text.append(f" · {free:.0f} of {total:.0f} GB free")
+    running = sum(1 for j in jobs if j["state"] in ("running", "launching"))
+    waiting = sum(1 for j in jobs if j["state"] == "pending")
+    text.append(" · ")
+    text.append(f"{running} running", style=LOOK.state("running"))
+    text.append(", ")
+    text.append(f"{waiting} waiting", style=LOOK.state("pending"))
+    return text
 
 
 class OverviewScreen(ClusterScreen):
-    """R1 overview, node cards, events ticker and the queue, live from the head."""
+    """Summary line, node cards, the queue and the events ticker, live from the head."""
 
     SCREEN_TITLE = "Overview"
     KEYS = OVERVIEW_KEYS
@@ -39,18 +64,20 @@ class OverviewScreen(ClusterScreen):
     def __init__(self) -> None:
         super().__init__()
         self._summary_dirty = False
-        self._summary_text = ""
-        self._summary_shape = (0, 0)
+        self._summary_text: Text | None = None
         self._counts: tuple[int, dict] = (-1, {})  # (cluster.counts_version, R1 counts)
         self._dirty_cards: set[str] = set()  # nodes whose card is behind the cluster
 
     def compose_body(self) -> ComposeResult:
+        sorts = {"id": Sort(lambda j: j["id"]), "user": Sort(lambda j: j["user"]),
+                 "name": Sort(lambda j: j.get("name") or ""), "state": Sort(job_state),
+                 "where": Sort(job_where)}
         with Vertical(id="body"):
-            with Horizontal(id="top"):
-                yield Static("Connecting to the head service…", id="overview")
-                yield Static("", id="ticker")
+            yield Static("Connecting to the head service…", id="summary")
             yield NodeCards(self._card, id="cards")
-            yield RowTable(QUEUE_COLUMNS, self._job_cells, id="queue")
+            yield RowTable(QUEUE_COLUMNS, self._job_cells, sorts=sorts, natural="running first",
+                           id="queue")
+            yield Static("", id="ticker")
 
     def on_mount(self) -> None:
         queue = self.query_one("#queue", RowTable)
@@ -60,13 +87,16 @@ class OverviewScreen(ClusterScreen):
         self.query_one("#cards", NodeCards).border_title = "Nodes"
         self.set_interval(TELEMETRY_EVERY_S, self._tick)
 
+    def on_resize(self, event) -> None:
+        self.set_class(self.size.height < TICKER_MIN_HEIGHT, "short")
+
     def _tick(self) -> None:
         """Telemetry, at most once a second: the summary and the cards on screen."""
         if not self.is_current:
             return
         if self._summary_dirty:
             self._summary_dirty = False
-            self._render_overview()
+            self._render_summary()
         self._render_cards()
         self.query_one("#queue", RowTable).refresh_rows()
 
@@ -78,6 +108,7 @@ class OverviewScreen(ClusterScreen):
         elif change == "job":
             job = self.cluster.job(key)
             self._dirty_cards.update(g["node"] for g in (job or {}).get("gpus", []))
+            self._summary_dirty = True
             self.later()
         elif change == "node":
             self._summary_dirty = True
@@ -101,7 +132,7 @@ class OverviewScreen(ClusterScreen):
     def _show_cluster(self, *, reorder: bool) -> None:
         if not self.cluster.connected and not self.cluster.nodes:
             return
-        self._render_overview()
+        self._render_summary()
         self._summary_dirty = False
         self._dirty_cards.update(self.cluster.nodes)  # events missed while hidden
         self._render_cards()
@@ -111,35 +142,23 @@ class OverviewScreen(ClusterScreen):
             self.query_one("#queue", RowTable).refresh_rows()
         self._render_ticker()
 
-    def _render_overview(self) -> None:
+    def _render_summary(self) -> None:
         cluster = self.cluster
-        nodes = [cluster.nodes[name] for name in sorted(cluster.nodes)]
-        # The box shows a few nodes' details (every node has its card): only theirs are
-        # worked out each time. The counts are over every GPU, worked out again only when
-        # what they count changed (not for readings: 1,000 GPUs took ~10 ms a second).
-        more = len(nodes) - SUMMARY_NODES + 1 if len(nodes) > SUMMARY_NODES else 0
-        shown = nodes[:len(nodes) - more]
+        # The counts are over every GPU, worked out again only when what they count
+        # changed (not for readings: 1,000 GPUs took ~10 ms a second).
         if self._counts[0] != cluster.counts_version:
             self._counts = (cluster.counts_version,
                             status_summary([], list(cluster.gpus.values())))
-        details = status_summary(shown, [g for n in shown for g in cluster.node_gpus(n["name"])])
-        summary = {**self._counts[1], "nodes": len(nodes), "node_details": details["node_details"]}
-        text = status_text(summary)
-        if more:
-            text += f"\n  … {more} more nodes: see their cards below"
-        if text == self._summary_text:
-            return
-        lines = text.splitlines()
-        shape = (len(lines), max(map(len, lines)))
-        box = self.query_one("#overview", Static)
-        # The box sizes itself to the text: lay out again only when its size changes.
-        box.update(text, layout=shape != self._summary_shape)
-        self._summary_text, self._summary_shape = text, shape
+        counts = {**self._counts[1], "nodes": len(cluster.nodes)}
+        text = summary_text(counts, list(cluster.jobs.values()))
+        if text != self._summary_text:
+            self._summary_text = text
+            self.query_one("#summary", Static).update(text, layout=False)  # always one line
 
     def _card(self, name: str) -> Text:
-        gpus = self.cluster.node_gpus(name)
-        return node_card(self.cluster.nodes[name], gpus,
-                         {g["uuid"]: self.cluster.holders_of(g["uuid"]) for g in gpus})
+        jobs = self.cluster.jobs
+        return node_card(self.cluster.nodes[name], self.cluster.node_gpus(name),
+                         lambda g: holders_text(g, jobs, self.cluster.holders_of(g["uuid"])))
 
     def _render_cards(self) -> None:
         """Recompute the out-of-date cards on screen (the others when scrolled to)."""
@@ -150,14 +169,26 @@ class OverviewScreen(ClusterScreen):
 
     def _job_cells(self, key: str) -> tuple:
         job = self.cluster.job(int(key))
-        return job_cells_overview(job) if job else ("-",) * len(QUEUE_COLUMNS)
+        if job is None:
+            return ("-",) * len(QUEUE_COLUMNS)
+        return (str(job["id"]), job["user"], job["name"] or "-", state_text(job_state(job)),
+                job_where(job))
 
     def _render_queue(self) -> None:
         jobs = sorted(self.cluster.jobs.values(),
                       key=lambda j: (j["state"] == "pending", j["submitted_at"], j["id"]))
         table = self.query_one("#queue", RowTable)
-        table.show([str(j["id"]) for j in jobs])
+        if table.needle or table.sort_column or table.sort_reverse:
+            shown = table.arrange(jobs, lambda j: str(j["id"]), lambda j: " ".join(
+                (str(j["id"]), j["user"], j.get("name") or "", job_state(j), job_where(j))))
+        else:
+            shown = [str(j["id"]) for j in jobs]
+        table.show(shown)
         table.refresh_rows()
+        table.set_title("Queue", len(shown), len(jobs))
+
+    def on_row_table_arranged(self, event: RowTable.Arranged) -> None:
+        self._render_queue()
 
     def _render_ticker(self) -> None:
         lines = list(self.cluster.events)[-TICKER_LINES:]
@@ -173,7 +204,7 @@ class OverviewScreen(ClusterScreen):
         if key is None:
             self.notify("No job selected: the queue is empty", severity="warning")
             return
-        self.app.job_action("cancel", int(key))
+        self.app.ask_cancel(int(key))
 
     def action_open_job(self) -> None:
         key = self.query_one("#queue", RowTable).cursor_key

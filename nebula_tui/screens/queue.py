@@ -1,15 +1,17 @@
-"""Running and waiting jobs: each waiting job with its reason (R5) and its place in
-fair-share order (R6); "mine" filter; cancel / hold / release.
+"""Running and waiting jobs: each waiting job with its reason (R5) and its place in the
+scheduler's order (R6, priority included); "mine" filter; cancel / hold / release; and
+(``a``) every job, ended ones too, with exit code and run time (the ``job_history``
+request, R31).
 
-Every live job is a row (a ``RowTable``: only the rows on screen are computed and painted),
-keyed by job id. The order is computed once per batch of job changes; once a second the
-visible rows are recomputed (their age moves) and the lines that changed are repainted.
-Fair-share weights come from the ``users`` request (worker group ``weights``).
+Every job shown is a row (a ``RowTable``: only the rows on screen are computed and
+painted), keyed by job id. The order is the head's own (the stream's ``queue`` events),
+applied once per batch of job changes; once a second the visible rows are recomputed
+(their time moves) and the lines that changed are repainted. Ended jobs come from
+``job_history`` (worker group ``job-history``). Under the table, the job under the cursor
+says in full why it waits, or how it ended.
 """
 
 from __future__ import annotations
-
-import time
 
 from rich.text import Text
 from textual import on, work
@@ -18,25 +20,36 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from ..api import ApiError
-from .base import TELEMETRY_EVERY_S, ClusterScreen
-from .cluster import fair_share_order, user_weight
+from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
+from .cluster import FINISHED
 from .keys import QUEUE_KEYS
-from .render import ago, job_size, job_state, job_where, status_cell
-from .rowtable import RowTable
+from .look import LOOK
+from .render import (duration, elapsed_text, exit_text, job_size, job_state, job_where,
+                     now, run_seconds, state_text)
+from .rowtable import Column, RowTable, Sort
 
-QUEUE_COLUMNS = (("id", "ID"), ("user", "User"), ("name", "Name"), ("state", "State"),
-                 ("pos", "Pos"), ("size", "Asks"), ("age", "Age"), ("where", "GPUs / reason"))
+QUEUE_COLUMNS = (Column("id", "ID"), Column("user", "User"), Column("name", "Name", 3),
+                 Column("state", "State"), Column("pos", "Pos", 4), Column("size", "Asks", 5),
+                 Column("time", "Time", 2), Column("exit", "Exit", 1),
+                 Column("where", "GPUs / reason", flex=True))
 
-#: How often fair-share weights are reloaded (they move when jobs finish).
-WEIGHTS_RELOAD_S = 10.0
+#: Ended jobs the "all jobs" view asks the head for (newest first).
+HISTORY_LIMIT = 2000
+#: Lines the cursor job's reason may take under the table.
+DETAIL_LINES = 3
+
+ACTIVE_STATES = ("running", "launching")
 
 
-def queue_order(jobs: list[dict], weights: dict[str, float]) -> tuple[list[dict], dict[int, int]]:
-    """Running first (oldest start first), then waiting jobs in fair-share order, then held
-    ones; and each waiting job's 1-based place in the fair-share order."""
-    running = sorted((j for j in jobs if j["state"] in ("running", "launching")),
+def queue_order(jobs: list[dict], order: list[int]) -> tuple[list[dict], dict[int, int]]:
+    """Running first (oldest start first), then the waiting jobs in the head's ``order``
+    (those it has not ordered yet, submitted since its last pass, after them by submit
+    time), then held ones; and each waiting job's 1-based place in that line."""
+    running = sorted((j for j in jobs if j["state"] in ACTIVE_STATES),
                      key=lambda j: (j.get("started_at") or j["submitted_at"], j["id"]))
-    waiting = fair_share_order(jobs, weights)
+    waiting_by_id = {j["id"]: j for j in jobs if j["state"] == "pending" and not j.get("held")}
+    waiting = [waiting_by_id.pop(job_id) for job_id in order if job_id in waiting_by_id]
+    waiting += sorted(waiting_by_id.values(), key=lambda j: (j["submitted_at"], j["id"]))
     held = sorted((j for j in jobs if j["state"] == "pending" and j.get("held")),
                   key=lambda j: (j["submitted_at"], j["id"]))
     place = {j["id"]: n for n, j in enumerate(waiting, start=1)}
@@ -47,10 +60,41 @@ def queue_order(jobs: list[dict], weights: dict[str, float]) -> tuple[list[dict]
 GONE = ("-",) * len(QUEUE_COLUMNS)
 
 
-def queue_cells(job: dict, place: int | None, now: float) -> tuple:
-    since = job.get("started_at") if job["state"] == "running" else job["submitted_at"]
-    return (str(job["id"]), job["user"], job["name"] or "-", status_cell(job_state(job)),
-            str(place) if place else "-", job_size(job), ago(since, now), job_where(job))
+def queue_cells(job: dict, place: int | None, at: float) -> tuple:
+    return (str(job["id"]), job["user"], job["name"] or "-", state_text(job_state(job)),
+            str(place) if place else "-", job_size(job), elapsed_text(job, at), exit_text(job),
+            job_where(job))
+
+
+def ended_where(job: dict) -> str:
+    """Where an ended job ran, or what ended it before it ran."""
+    where = ", ".join(f"{g['node']}:{g['index']}" for g in job.get("gpus") or ())
+    reason = job.get("reason") or ""
+    if reason and reason != job["state"]:
+        return f"{where} · {reason}" if where else reason
+    return where or job_size(job)
+
+
+def job_detail(job: dict, at: float) -> Text:
+    """The cursor job in one or two sentences: why it waits, where it runs, how it ended."""
+    state = job_state(job)
+    text = Text(f"Job {job['id']} ", style="bold")
+    text.append(state, style=LOOK.state(state))
+    if state == "pending" and job.get("reason"):
+        text.append(f": {job['reason']}")
+    elif state == "held":
+        text.append(f" by {job.get('held_by') or 'someone'}; u releases it")
+    elif state in ACTIVE_STATES:
+        text.append(f" on {job_where(job)} for {elapsed_text(job, at)}")
+    elif job["state"] in FINISHED:
+        code = job.get("exit_code")
+        text.append(f" after {duration(run_seconds(job, at))}" if job.get("started_at") else
+                    " before it started")
+        if code is not None:
+            text.append(f", exit code {code}")
+        if job.get("reason") and job["reason"] != job["state"]:
+            text.append(f": {job['reason']}")
+    return text
 
 
 class QueueScreen(ClusterScreen):
@@ -59,75 +103,135 @@ class QueueScreen(ClusterScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.weights: dict[str, float] = {}
         self.mine = False
+        self.all_jobs = False  # the ended jobs too (history)
+        self.history: dict[int, dict] = {}  # ended jobs from the head, newest first
+        self.history_note = ""
         self._ordered: list[dict] = []  # every live job in queue order
-        self._place: dict[int, int] = {}  # waiting job id -> its place in the fair-share line
+        self._place: dict[int, int] = {}  # waiting job id -> its place in the line
 
     def compose_body(self) -> ComposeResult:
+        sorts = {"id": Sort(lambda j: j["id"]), "user": Sort(lambda j: j["user"]),
+                 "name": Sort(lambda j: j.get("name") or ""),
+                 "state": Sort(lambda j: job_state(j)),
+                 "pos": Sort(lambda j: self._place.get(j["id"], 1 << 30)),
+                 "size": Sort(lambda j: (j["gpu_count"], j.get("gpu_mem_mb") or 1 << 30), True),
+                 "time": Sort(self._seconds, True),
+                 "exit": Sort(lambda j: (j.get("exit_code") is None, j.get("exit_code") or 0)),
+                 "where": Sort(job_where)}
         with Vertical(id="body"):
             yield Static("", id="queue-summary")
-            yield RowTable(QUEUE_COLUMNS, self._cells, id="queue-table")
+            yield RowTable(QUEUE_COLUMNS, self._cells, sorts=sorts, natural="queue order",
+                           id="queue-table")
+            yield Static("", id="queue-detail")
 
     def on_mount(self) -> None:
-        self.query_one("#queue-table", RowTable).focus()
-        self.load_weights()
-        self.set_interval(WEIGHTS_RELOAD_S, self.load_weights)
+        table = self.query_one("#queue-table", RowTable)
+        table.hide_columns({"exit"})
+        table.focus()
         self.set_interval(TELEMETRY_EVERY_S, self._tick)
 
-    @work(exclusive=True, group="weights")
-    async def load_weights(self) -> None:
-        """The ``weights`` group: users' fair-share weights for the Pos column."""
+    def _seconds(self, job: dict) -> float:
+        ran = run_seconds(job)
+        return ran if ran is not None else (job.get("ended_at") or now()) - job["submitted_at"]
+
+    @work(exclusive=True, group="job-history")
+    async def load_history(self) -> None:
+        """The ``job-history`` group: the ended jobs (newest first) for the "all" view."""
         try:
-            users = (await self.app.call("users"))["users"]
-        except ApiError:
-            return  # positions fall back to submit order among equals
-        weights = {u["name"]: user_weight(u) for u in users}
-        if weights != self.weights:
-            self.weights = weights
-            self.later()
+            reply = await self.app.call("job_history", limit=HISTORY_LIMIT)
+        except OpMissing:
+            self.history_note = "this service keeps no history: ended jobs seen since the TUI started"
+        except ApiError as err:
+            self.history_note = f"cannot load the history: {err}"
+        else:
+            self.history = {j["id"]: j for j in reply.get("jobs", [])}
+            self.history_note = ""
+        if self.all_jobs:
+            self._show()
 
     def cluster_changed(self, change: str, key: object = None) -> None:
-        if change in ("all", "job"):
+        if change in ("all", "job", "queue"):
             self.later()
 
     def _tick(self) -> None:
-        """Once a second: the visible rows' ages move."""
+        """Once a second: the visible rows' times move."""
         if self.is_current:
             self.query_one("#queue-table", RowTable).refresh_rows()
+            self._show_detail()
 
     def _cells(self, key: str) -> tuple:
-        job = self.cluster.job(int(key))
-        return queue_cells(job, self._place.get(job["id"]), time.time()) if job else GONE
+        job = self.cluster.job(int(key)) or self.history.get(int(key))
+        if job is None:
+            return GONE
+        if job["state"] in FINISHED:
+            return (*queue_cells(job, None, now())[:-1], ended_where(job))
+        return queue_cells(job, self._place.get(job["id"]), now())
 
     def catch_up(self, missed: set[str]) -> None:
-        if missed & {"all", "job"}:
+        if missed & {"all", "job", "queue"}:
             self.render_all()
         else:  # readings, nodes, events: the order stands (sorting 10,000 jobs is dear),
-            self._tick()  # but the ages on screen moved
+            self._tick()  # but the times on screen moved
 
     def render_all(self) -> None:
         """Order every job (once per batch of changes), then show them."""
-        self._ordered, self._place = queue_order(list(self.cluster.jobs.values()), self.weights)
+        self._ordered, self._place = queue_order(list(self.cluster.jobs.values()),
+                                                 self.cluster.queue_order)
         self._show()
+
+    def _ended(self) -> list[dict]:
+        """Ended jobs, newest end first: the head's history and those seen ending since."""
+        ended = {**self.history, **self.cluster.finished}
+        return sorted(ended.values(), key=lambda j: (-(j.get("ended_at") or 0), -j["id"]))
 
     def _show(self) -> None:
         """The ordered jobs, or only mine: a filter of the order, not a new one, so a
         waiting job's Pos is its place in the whole line either way."""
         me = self.app.user
-        jobs = [j for j in self._ordered if not self.mine or j["user"] == me]
+        live = self._ordered + (self._ended() if self.all_jobs else [])
+        jobs = [j for j in live if not self.mine or j["user"] == me]
         table = self.query_one("#queue-table", RowTable)
-        table.show([str(j["id"]) for j in jobs])
+        table.hide_columns(() if self.all_jobs else {"exit"})
+        shown = table.arrange(jobs, lambda j: str(j["id"]), self._text) if (
+            table.needle or table.sort_column or table.sort_reverse) else [str(j["id"]) for j in jobs]
+        table.show(shown)
         table.refresh_rows()
-        running = sum(1 for j in jobs if j["state"] in ("running", "launching"))
+        running = sum(1 for j in jobs if j["state"] in ACTIVE_STATES)
         held = sum(1 for j in jobs if j.get("held") and j["state"] == "pending")
-        waiting = len(jobs) - running - held
+        ended = sum(1 for j in jobs if j["state"] in FINISHED)
+        waiting = len(jobs) - running - held - ended
         who = f"{me}'s jobs" if self.mine else "all users"
-        summary = Text.assemble((f" {running} running", "green"), " · ",
-                                (f"{waiting} waiting", "yellow"), " · ", (f"{held} held", "dim"),
-                                f" · {who}  (m: only mine)")
+        summary = Text.assemble((f" {running} running", LOOK.state("running")), " · ",
+                                (f"{waiting} waiting", LOOK.state("pending")), " · ",
+                                (f"{held} held", "dim"))
+        if self.all_jobs:
+            summary.append(f" · {ended} ended", style="dim")
+        summary.append(f" · {who}  (m: only mine · a: {'active only' if self.all_jobs else 'all jobs'})")
+        if self.all_jobs and self.history_note:
+            summary.append(f" · {self.history_note}", style=LOOK.role("warn"))
         self.query_one("#queue-summary", Static).update(summary, layout=False)  # one line, always
-        table.border_title = f"Queue — {len(jobs)} jobs"
+        table.set_title("All jobs" if self.all_jobs else "Queue", len(shown), len(jobs))
+        self._show_detail()
+
+    @staticmethod
+    def _text(job: dict) -> str:
+        return " ".join((str(job["id"]), job["user"], job.get("name") or "", job_state(job),
+                         job_where(job)))
+
+    def _show_detail(self) -> None:
+        key = self.query_one("#queue-table", RowTable).cursor_key
+        job = (self.cluster.job(int(key)) or self.history.get(int(key))) if key else None
+        text = job_detail(job, now()) if job else Text("")
+        self.query_one("#queue-detail", Static).update(text)
+
+    @on(RowTable.Highlighted, "#queue-table")
+    def _moved(self) -> None:
+        self._show_detail()
+
+    @on(RowTable.Arranged, "#queue-table")
+    def _arranged(self) -> None:
+        self._show()
 
     # ------------------------------------------------------------------ actions
     def _selected(self) -> int | None:
@@ -139,7 +243,7 @@ class QueueScreen(ClusterScreen):
 
     def action_cancel_job(self) -> None:
         if (job_id := self._selected()) is not None:
-            self.app.job_action("cancel", job_id)
+            self.app.ask_cancel(job_id)
 
     def action_hold_job(self) -> None:
         if (job_id := self._selected()) is not None:
@@ -151,6 +255,16 @@ class QueueScreen(ClusterScreen):
 
     def action_toggle_mine(self) -> None:
         self.mine = not self.mine
+        self._show()
+
+    def action_toggle_all(self) -> None:
+        self.show_all(not self.all_jobs)
+
+    def show_all(self, everything: bool) -> None:
+        """Every job, ended ones too (``everything``), or only the active ones."""
+        self.all_jobs = everything
+        if everything:
+            self.load_history()
         self._show()
 
     def action_open_job(self) -> None:

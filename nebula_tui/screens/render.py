@@ -1,28 +1,39 @@
-"""How data looks on screen: bars, temperature colours, table cells, in-place table sync.
+"""How data looks on screen: bars, states, temperatures, node cards, job and GPU facts.
 
-Pure functions from the head's plain dicts to Rich ``Text`` and cell tuples; no I/O and no
-widgets, except ``sync_table`` which rewrites a DataTable's changed cells only.
+Pure functions from the head's plain dicts to Rich ``Text`` and strings; colours come from
+``look.LOOK`` (roles such as ok or warn, never colour names), so one state is one colour on
+every screen and in both themes. No I/O and no widgets. ``now()`` is the clock every "ago"
+and "elapsed" reads (snapshot tests fix it with ``set_clock``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Iterable
 
 from rich.text import Text
-from textual.widgets import DataTable
 
-from ..model import format_mb
+from ..model import MAX_ALLOCATIONS_PER_GPU, MIB_PER_GIB, MIN_SLICE_MB, format_mb
 from ..views import short_model
+from .look import LOOK
 
 _EIGHTHS = " ▏▎▍▌▋▊▉"
-
-#: Temperature thresholds (°C): below COOL green, below HOT yellow, from HOT red (R19: >75 is hot).
-TEMP_COOL_C = 60
-TEMP_HOT_C = 75
+_clock: Callable[[], float] = time.time
 
 
-def bar(fraction: float | None, width: int, style: str = "green") -> Text:
+def now() -> float:
+    """The time every relative time on screen is measured from."""
+    return _clock()
+
+
+def set_clock(clock: Callable[[], float] | None) -> None:
+    """Measure from ``clock`` instead of the wall clock (None: the wall clock again)."""
+    global _clock
+    _clock = clock or time.time
+
+
+# ------------------------------------------------------------------------- bars
+def bar(fraction: float | None, width: int, style: str) -> Text:
     """A horizontal bar ``width`` cells wide filled to ``fraction`` (eighth-cell steps);
     an unknown fraction is a dim row of dots."""
     if fraction is None:
@@ -36,27 +47,22 @@ def bar(fraction: float | None, width: int, style: str = "green") -> Text:
     return text
 
 
-def load_style(fraction: float | None) -> str:
-    """Bar colour by how full: green, then yellow above 70%, red above 90%."""
-    if fraction is None or fraction < 0.7:
-        return "green"
-    return "yellow" if fraction < 0.9 else "red"
+def fill_bar(fraction: float | None, width: int) -> Text:
+    """A bar coloured by how full it is (memory, quota): the same on every screen."""
+    return bar(fraction, width, LOOK.fill(fraction))
 
 
-def temp_style(temp_c: float | None) -> str:
-    if temp_c is None:
-        return "dim"
-    if temp_c < TEMP_COOL_C:
-        return "green"
-    return "yellow" if temp_c < TEMP_HOT_C else "bold red"
+def state_text(state: str | None) -> Text:
+    """A job, GPU, node or slice state in its role's colour."""
+    return Text(state or "N/A", style=LOOK.state(state))
 
 
-def temp_text(temp_c: float | None) -> Text:
-    return Text("N/A" if temp_c is None else f"{temp_c:.0f}°C", style=temp_style(temp_c))
+status_cell = state_text
 
 
+# ------------------------------------------------------------------------- GPUs
 def memory_text(gpu: dict) -> str:
-    """"6 GB / 24 GB": used of total, as nvidia-smi would say it."""
+    """"6 GB / 24 GB": used of total, as nvidia-smi would say it ("N/A" for no reading)."""
     return f"{format_mb(gpu.get('memory_used_mb'))} / {format_mb(gpu.get('total_memory_mb'))}"
 
 
@@ -73,28 +79,77 @@ def util_fraction(gpu: dict) -> float | None:
 
 
 def memory_cell(gpu: dict, width: int = 10) -> Text:
-    frac = memory_fraction(gpu)
-    text = bar(frac, width, load_style(frac))
+    text = fill_bar(memory_fraction(gpu), width)
     text.append(f" {memory_text(gpu)}")
     return text
 
 
 def util_cell(gpu: dict, width: int = 6) -> Text:
     frac = util_fraction(gpu)
-    text = bar(frac, width, "cyan")
+    text = bar(frac, width, LOOK.role("info"))
     text.append(" N/A" if frac is None else f" {frac * 100:3.0f}%")
     return text
 
 
-STATUS_STYLE = {"idle": "green", "busy": "yellow", "maintenance": "bold red",
-                "unreachable": "red", "up": "green", "drained": "yellow", "unknown": "red",
-                "down": "bold red", "connecting": "dim",
-                "running": "green", "launching": "cyan", "pending": "yellow",
-                "succeeded": "green", "failed": "red", "cancelled": "dim", "timeout": "red"}
+def temp_text(temp_c: float | None) -> Text:
+    return Text("N/A" if temp_c is None else f"{temp_c:.0f}°C", style=LOOK.temperature(temp_c))
 
 
-def status_cell(status: str) -> Text:
-    return Text(status, style=STATUS_STYLE.get(status, ""))
+def power_text(gpu: dict) -> str:
+    """"62/400 W": the draw against the card's limit (the draw alone when no limit is known)."""
+    power, limit = gpu.get("power_w"), gpu.get("power_limit_w")
+    if power is None:
+        return "N/A"
+    return f"{power:.0f}/{limit:.0f} W" if limit else f"{power:.0f} W"
+
+
+def free_slice_mb(gpu: dict) -> int:
+    """What the card can still give a new job (its free slice; 0 when taken or blocked)."""
+    return sum(s["memory_mb"] for s in gpu.get("slices", ()) if s["state"] == "free")
+
+
+def is_free(gpu: dict) -> bool:
+    """Nothing of ours on it, nobody else's memory, in service: a whole card to take."""
+    return gpu.get("status") == "idle" and not gpu.get("jobs") and free_slice_mb(gpu) > 0
+
+
+#: The slice sizes people ask for most (GB): the GPU views say how many more of each fit.
+COMMON_SLICES_GB = (4, 8, 16)
+
+
+def slices_that_fit(gpu: dict, size_mb: int) -> int:
+    """How many more jobs asking ``size_mb`` each this card could take now (R3: at most 4
+    per card, a request over half the card takes it whole, nothing under 4 GB)."""
+    total = gpu.get("total_memory_mb")
+    if not total or gpu.get("status") in ("maintenance", "unreachable"):
+        return 0
+    held = len(gpu.get("jobs") or ())
+    if size_mb * 2 > total:  # a whole-card request
+        available = total - (gpu.get("unmanaged_used_mb") or 0)
+        return 1 if not held and available >= size_mb else 0
+    return max(0, min(MAX_ALLOCATIONS_PER_GPU - held, free_slice_mb(gpu) // max(size_mb, MIN_SLICE_MB)))
+
+
+def fits_text(gpu: dict) -> str:
+    """"4G×4 8G×2 16G×1": how many more slices of the common sizes fit ("-": none)."""
+    parts = [f"{gb}G×{n}" for gb in COMMON_SLICES_GB
+             if (n := slices_that_fit(gpu, gb * MIB_PER_GIB))]
+    return " ".join(parts) or "-"
+
+
+def holders_text(gpu: dict, jobs: dict[int, dict], ids: Iterable[int] | None = None) -> str:
+    """Who holds the card: "alice:7 bob:9" (user:job), then memory others hold
+    ("+1.2 GB unmanaged"); "-" when nobody."""
+    ids = list(gpu.get("jobs") or ()) if ids is None else list(ids)
+    parts = [f"{jobs[j]['user']}:{j}" if j in jobs else f"job {j}" for j in ids]
+    unmanaged = gpu.get("unmanaged_used_mb") or 0
+    if unmanaged:
+        parts.append(f"+{format_mb(unmanaged)} unmanaged")
+    return " ".join(parts) or "-"
+
+
+def gpu_label(gpu: dict) -> str:
+    return f"{gpu['node']}:{gpu['index']}"
 
 
 # ------------------------------------------------------------------------- sparklines
@@ -103,18 +158,21 @@ _SPARKS = "▁▂▃▄▅▆▇█"
 
 def sparkline(values: Iterable[float | None], width: int, lo: float | None = None,
               hi: float | None = None) -> str:
-    """The last ``width`` values as one line of block characters (gaps as spaces)."""
+    """The last ``width`` values as one line of block characters (gaps as spaces). With no
+    fixed range the values' own range is used, and a flat line is drawn flat (lowest step)."""
     tail = list(values)[-width:]
     known = [v for v in tail if v is not None]
     if not known:
         return " " * width
     lo = min(known) if lo is None else lo
     hi = max(known) if hi is None else hi
-    span = (hi - lo) or 1.0
+    span = hi - lo
     out = []
     for v in tail:
         if v is None:
             out.append(" ")
+        elif span <= 0:
+            out.append(_SPARKS[0])
         else:
             step = int((min(max(v, lo), hi) - lo) / span * (len(_SPARKS) - 1) + 0.5)
             out.append(_SPARKS[step])
@@ -122,39 +180,62 @@ def sparkline(values: Iterable[float | None], width: int, lo: float | None = Non
 
 
 # ------------------------------------------------------------------------- node cards
-def node_card(node: dict, gpus: list[dict], holders: dict[str, list[int]]) -> Text:
-    """One node's card: a title line, then one line per GPU with memory and utilisation
-    bars and a coloured temperature."""
+#: Cells of a node card's model column.
+CARD_MODEL = 15
+
+
+def gpu_line(gpu: dict, holders: str) -> Text:
+    """One GPU of a node card: index, model, memory bar, utilisation, temperature, and who
+    holds it, or "free" (a card to take), or its state when out of service."""
+    line = Text(f"{gpu['index']:>2} ")
+    line.append(f"{short_model(gpu['model'])[:CARD_MODEL]:<{CARD_MODEL}} ")
+    line.append_text(fill_bar(memory_fraction(gpu), 6))
+    line.append(f" {memory_text(gpu):<15}")
+    util = gpu.get("utilization_pct")
+    line.append("N/A " if util is None else f"{min(max(util, 0), 100):3.0f}%", style=LOOK.role("info"))
+    line.append(" ")
+    line.append_text(temp_text(gpu.get("temperature_c")))
+    status = gpu.get("status")
+    if status not in ("idle", "busy"):
+        line.append(f"  {status}", style=LOOK.state(status))
+    elif is_free(gpu):
+        line.append("  free", style=LOOK.role("free"))
+    elif holders != "-":
+        line.append(f"  {holders}", style=LOOK.role("info"))
+    return line
+
+
+def node_card(node: dict, gpus: list[dict], holders: Callable[[dict], str]) -> Text:
+    """One node's card: a title line (state, free cards, health), then one line per GPU."""
     state = node.get("state", "unknown")
     title = Text(node["name"], style="bold")
     title.append("  ")
-    title.append(state, style=STATUS_STYLE.get(state, ""))
-    if node.get("reason"):
-        title.append(f" ({node['reason']})", style="dim")
+    title.append(state, style=LOOK.state(state))
+    free = sum(1 for g in gpus if is_free(g))
+    if gpus:
+        title.append(f"  {free}/{len(gpus)} free", style=LOOK.role("free") if free else "dim")
     health = next((g.get("health_score") for g in gpus if g.get("health_score") is not None), None)
-    if health is not None:
-        title.append(f"  health {health:.2f}", style="green" if health >= 0.8 else "yellow")
+    if health is not None and health < 1:
+        title.append(f"  health {health:.2f}", style=LOOK.role("ok" if health >= 0.8 else "warn"))
+    if node.get("reason"):
+        title.append(f"  {node['reason']}", style="dim")
     lines = [title]
-    for gpu in sorted(gpus, key=lambda g: g["index"]):
-        line = Text(f" {gpu['index']} ")
-        line.append(f"{short_model(gpu['model'])[:15]:<15} ")
-        line.append_text(memory_cell(gpu, 8))
-        line.append("  ")
-        line.append_text(util_cell(gpu, 5))
-        line.append("  ")
-        line.append_text(temp_text(gpu.get("temperature_c")))
-        jobs = holders.get(gpu["uuid"], [])
-        if jobs:
-            line.append("  jobs " + ",".join(map(str, jobs)), style="cyan")
-        elif gpu.get("status") not in ("idle", "busy"):
-            line.append(f"  {gpu.get('status')}", style=STATUS_STYLE.get(gpu.get("status"), ""))
-        lines.append(line)
+    lines += [gpu_line(g, holders(g)) for g in sorted(gpus, key=lambda g: g["index"])]
     if not gpus:
         lines.append(Text(" no GPUs reported", style="dim"))
     return Text("\n").join(lines)
 
 
 # ------------------------------------------------------------------------- jobs
+def job_state(job: dict) -> str:
+    """The job's state in one word as people see it: held, cancelling and evicting too."""
+    if job.get("held") and job["state"] == "pending":
+        return "held"
+    if job.get("phase") in ("cancelling", "evicting"):
+        return job["phase"]
+    return job["state"]
+
+
 def job_where(job: dict) -> str:
     """Where a job runs (node:index, …), or for a waiting job why it waits."""
     if job["gpus"]:
@@ -166,93 +247,77 @@ def job_where(job: dict) -> str:
     return job_size(job)
 
 
-def job_cells_overview(job: dict) -> tuple:
-    """One row of the overview's queue: id, user, name, state, where (or why it waits)."""
-    return (str(job["id"]), job["user"], job["name"] or "-", job_state(job), job_where(job))
-
-
 def job_size(job: dict) -> str:
     size = format_mb(job["gpu_mem_mb"]) if job.get("gpu_mem_mb") else "whole"
     return f"{job['gpu_count']}x {size}"
 
 
-def job_state(job: dict) -> str:
-    return "held" if job.get("held") and job["state"] == "pending" else job["state"]
+def duration(seconds: float | None) -> str:
+    """"45s", "12m", "3h05m", "2d4h": how long, to the unit that matters."""
+    if seconds is None:
+        return "-"
+    s = int(max(0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s" if s < 600 else f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600}h"
 
 
-def ago(t: float | None, now: float | None = None) -> str:
+def ago(t: float | None, at: float | None = None) -> str:
     """"12s", "5m", "3h", "2d" since ``t``."""
     if t is None:
         return "-"
-    s = max(0, (now or time.time()) - t)
+    s = max(0, (at or now()) - t)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if s >= size:
             return f"{s // size:.0f}{unit}"
     return f"{s:.0f}s"
 
 
+def run_seconds(job: dict, at: float | None = None) -> float | None:
+    """How long the job has run (to its end, or to now while it runs); None before it starts."""
+    start = job.get("started_at")
+    if start is None:
+        return None
+    return (job.get("ended_at") or at or now()) - start
+
+
+def elapsed_text(job: dict, at: float | None = None) -> str:
+    """What a row says of a job's time: its run time once started, else how long it waited."""
+    ran = run_seconds(job, at)
+    if ran is not None:
+        return duration(ran)
+    return duration((job.get("ended_at") or at or now()) - job["submitted_at"])
+
+
+def exit_text(job: dict) -> str:
+    code = job.get("exit_code")
+    return "-" if code is None else str(code)
+
+
+def job_summary(job: dict, at: float | None = None) -> str:
+    """"job 7 “train” of alice, running for 12m on node01:0": a job named for a question."""
+    name = f" “{job['name']}”" if job.get("name") else ""
+    state = job_state(job)
+    if state == "running" and job.get("started_at"):
+        how = f"running for {duration(run_seconds(job, at))} on {job_where(job)}"
+    elif state == "pending":
+        how = f"waiting for {duration((at or now()) - job['submitted_at'])}"
+    else:
+        how = state
+    return f"job {job['id']}{name} of {job['user']}, {how}"
+
+
 def clock(t: float | None) -> str:
     return "-" if t is None else time.strftime("%H:%M:%S", time.localtime(t))
 
 
-# ------------------------------------------------------------------------- tables
-#: Above this many rows to drop at once, a table is cleared and refilled instead.
-BULK_REMOVE = 50
-
-
-def set_columns(table: DataTable, columns, title: str) -> DataTable:
-    """Give a fresh table its (key, label) columns and its border title."""
-    for key, label in columns:
-        table.add_column(label, key=key)
-    table.border_title = title
-    return table
-
-
-def sync_table(table: DataTable, shown: dict[Hashable, tuple], rows: dict[str, tuple]) -> bool:
-    """Make ``table`` show ``rows`` (key -> cells): add new rows, drop gone ones, and rewrite
-    only the cells that changed. ``shown`` is what the table holds now; it is updated.
-    Returns whether rows were added or removed (the caller may need to re-sort)."""
-    changed = False
-    gone = [k for k in shown if k not in rows]
-    if len(gone) > BULK_REMOVE:
-        # DataTable.remove_row re-indexes every row: thousands of removals one by one cost
-        # minutes, a clear and re-add costs milliseconds.
-        table.clear()
-        shown.clear()
-        gone = []
-    for key in gone:
-        table.remove_row(key)
-        del shown[key]
-        changed = True
-    columns = list(table.columns)
-    for key, cells in rows.items():
-        old = shown.get(key)
-        if old is None:
-            table.add_row(*cells, key=key)
-            changed = True
-        elif old != cells:
-            update_cells(table, key, columns, old, cells)
-        shown[key] = cells
-    return changed
-
-
-def _width(cell) -> int:
-    return cell.cell_len if isinstance(cell, Text) else len(str(cell))
-
-
-def update_cells(table: DataTable, key: str, columns: list, old: tuple, new: tuple) -> None:
-    """Rewrite the cells of one row that changed; columns are re-measured only when a cell
-    grew (re-measuring costs a pass over every row)."""
-    for column, before, after in zip(columns, old, new):
-        if before != after:
-            table.update_cell(key, column, after, update_width=_width(after) > _width(before))
-
-
-def selected_key(table: DataTable) -> str | None:
-    """The row key under the table's cursor, or None for an empty table."""
-    if table.row_count == 0:
-        return None
-    try:
-        return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-    except Exception:  # cursor out of range after rows went away
-        return None
+def day_clock(t: float | None, at: float | None = None) -> str:
+    """The time of day for today, with the date before it for older times."""
+    if t is None:
+        return "-"
+    same_day = time.localtime(t)[:3] == time.localtime(at or now())[:3]
+    return time.strftime("%H:%M:%S" if same_day else "%m-%d %H:%M", time.localtime(t))

@@ -9,29 +9,67 @@ Textual's DataTable, by contrast, holds and measures every row it is given (abou
 row: seconds for 10,000 jobs).
 
 Column widths start at the header and grow to the widest cell painted so far; they never
-shrink, so columns do not jump while scrolling.
+shrink, so columns do not jump while scrolling. When the columns do not fit, those of least
+importance (highest ``Column.priority``) are left out first, and a ``flex`` column (a
+reason, a message) takes what width is left rather than pushing the others off.
+
+Every table behaves the same (``keys.TABLE_KEYS``): arrows and ``j/k/g/G``, ``/`` filters
+(the screen shows the filter box: ``FilterAsked``), ``s`` sorts by the next column and
+``S`` reverses (or a click on a header), the sort column's header shows its direction, and
+``set_title`` writes the row count, the sort and the filter into the border title. The
+table keeps the sort and filter; the screen, which owns the data, lists the rows in that
+order (``arrange``) whenever it is told (``Arranged``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual import events
-from textual.binding import Binding
+from textual.actions import SkipAction
 from textual.geometry import Region, Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+
+from .keys import TABLE_KEYS, bindings
 
 #: Blank columns either side of every cell.
 PAD = 1
 _PAD = Segment(" " * PAD)
 #: Rendered cells kept for reuse (see ``RowTable._segments``); all dropped when full.
 CELLS_REMEMBERED = 20_000
+#: A flex column is never narrower than this, and less important columns are left out
+#: until it has this share of the table's width (or all it needs).
+FLEX_MIN = 12
+FLEX_SHARE = 0.33
+#: The header's mark of the sort column: ascending, descending.
+ARROWS = ("▲", "▼")
+
+T = TypeVar("T")
+
+
+class Column(NamedTuple):
+    """One column: its key, header, importance (0 always shown; higher numbers are left out
+    first when the table is narrow) and whether it takes the width left (``flex``)."""
+
+    key: str
+    label: str
+    priority: int = 0
+    flex: bool = False
+
+
+class Sort(NamedTuple):
+    """How rows sort by one column: ``key`` on the screen's item; ``descending`` first
+    (largest first, for columns where more is what one looks for: free memory, heat)."""
+
+    key: Callable[[Any], Any]
+    descending: bool = False
 
 
 def _fit(text: str, width: int) -> str:
@@ -49,17 +87,7 @@ class RowTable(ScrollView, can_focus=True):
     (or a click on the cursor row).
     """
 
-    BINDINGS = [
-        Binding("up", "cursor(-1)", "Up", show=False),
-        Binding("down", "cursor(1)", "Down", show=False),
-        Binding("pageup", "page(-1)", "Page up", show=False),
-        Binding("pagedown", "page(1)", "Page down", show=False),
-        Binding("home", "jump(0)", "First row", show=False),
-        Binding("end", "jump(-1)", "Last row", show=False),
-        Binding("left", "scroll_left", "Left", show=False),
-        Binding("right", "scroll_right", "Right", show=False),
-        Binding("enter", "select", "Select", show=False),
-    ]
+    BINDINGS = bindings(TABLE_KEYS)
 
     COMPONENT_CLASSES = {"rowtable--header", "rowtable--cursor", "rowtable--even-row"}
 
@@ -109,16 +137,48 @@ class RowTable(ScrollView, can_focus=True):
     class Selected(Highlighted):
         """The row ``key`` was chosen (enter, or a click on the cursor row)."""
 
-    def __init__(self, columns: Sequence[tuple[str, str]], cells: Callable[[str], tuple], *,
-                 zebra_stripes: bool = True, id: str | None = None, classes: str | None = None) -> None:
+    class TableMessage(Message):
+        """Something happened to ``table`` itself (not to a row)."""
+
+        def __init__(self, table: RowTable) -> None:
+            super().__init__()
+            self.table = table
+
+        @property
+        def control(self) -> RowTable:
+            return self.table
+
+    class Arranged(TableMessage):
+        """The sort or the filter changed: the screen lists the rows again (``arrange``)."""
+
+    class FilterAsked(TableMessage):
+        """``/`` was pressed: the screen shows its filter box for this table."""
+
+    def __init__(self, columns: Sequence[tuple[str, str] | Column], cells: Callable[[str], tuple], *,
+                 sorts: dict[str, Sort] | None = None, sort: str | None = None,
+                 natural: str | None = None, zebra_stripes: bool = True, id: str | None = None,
+                 classes: str | None = None) -> None:
+        """``sorts``: the columns rows can be sorted by; ``sort``: the one they are sorted by
+        at first; ``natural``: the name of the order the screen lists rows in when no column
+        is chosen (None: a column is always chosen)."""
         super().__init__(id=id, classes=classes)
-        self.columns = tuple(label for _, label in columns)
-        self.column_keys = tuple(key for key, _ in columns)
+        self.column_specs = tuple(c if isinstance(c, Column) else Column(*c) for c in columns)
+        self.columns = tuple(c.label for c in self.column_specs)
+        self.column_keys = tuple(c.key for c in self.column_specs)
         self.cells_of = cells
+        self.sorts = dict(sorts or {})
+        self.natural = natural
+        self.sort_column: str | None = sort
+        self.sort_reverse = False
+        self.needle = ""
         self.zebra_stripes = zebra_stripes
         self._keys: list[str] = []
         self._index: dict[str, int] | None = {}
-        self._widths = [len(label) for label in self.columns]
+        # Room for the sort arrow in every sortable header, so sorting never moves columns.
+        self._widths = [len(c.label) + (2 if c.key in self.sorts else 0) for c in self.column_specs]
+        self._shown_columns: list[int] = list(range(len(self.column_specs)))
+        self._hidden: frozenset[str] = frozenset()  # columns the screen leaves out
+        self._flex_width: int | None = None  # the flex column's width, when it is cut
         self._cells: dict[str, tuple] = {}  # rows computed since the data last changed
         self._lines: dict[str, list[Segment]] = {}  # painted rows at the current widths
         self._cell_segments: dict[tuple, list[Segment]] = {}  # see ``_segments``
@@ -200,6 +260,14 @@ class RowTable(ScrollView, can_focus=True):
         keep = set(self._keys[first:last])
         self._lines = {k: s for k, s in self._lines.items() if k in keep}
 
+    def forget_cells(self) -> None:
+        """Drop every computed cell and painted line (their colours changed): rows are
+        computed again as they are painted."""
+        self._cells.clear()
+        self._lines.clear()
+        self._cell_segments.clear()
+        self.refresh()
+
     def _row_cells(self, key: str) -> tuple:
         cells = self._cells.get(key)
         if cells is None:
@@ -221,8 +289,140 @@ class RowTable(ScrollView, can_focus=True):
         self.refresh()
 
     def _resize_virtual(self) -> None:
-        width = sum(self._widths) + 2 * PAD * len(self._widths)
+        self._fit_columns()
+        width = sum(self._width_of(n) + 2 * PAD for n in self._shown_columns)
+        before = self.virtual_size.height
         self.virtual_size = Size(width, len(self._keys) + 1)
+        if before != self.virtual_size.height and self.styles.height is not None \
+                and self.styles.height.is_auto:
+            self.refresh(layout=True)  # a table as tall as its rows grows or shrinks
+
+    def _fit_columns(self) -> None:
+        """Choose the columns shown at this width: leave out the least important ones until
+        the rest fit, a flex column taking what is left (at least ``FLEX_MIN``)."""
+        room = self.scrollable_content_region.width
+        specs = self.column_specs
+        shown = [n for n, c in enumerate(specs) if c.key not in self._hidden]
+
+        # A flex column asks for a fair share of the room before others are left out.
+        flex_wants = max(FLEX_MIN, int(room * FLEX_SHARE))
+
+        def needed(columns: list[int]) -> int:
+            return sum((min(self._widths[n], flex_wants) if specs[n].flex else self._widths[n])
+                       + 2 * PAD for n in columns)
+
+        if room > 0:
+            for n in sorted(shown, key=lambda n: -specs[n].priority):
+                if needed(shown) <= room or not specs[n].priority:
+                    break
+                shown.remove(n)
+        flex = next((n for n in shown if specs[n].flex), None)
+        self._flex_width = None
+        if flex is not None and room > 0:
+            others = sum(self._widths[n] + 2 * PAD for n in shown if n != flex)
+            left = room - others - 2 * PAD
+            if left < self._widths[flex]:
+                self._flex_width = max(min(FLEX_MIN, self._widths[flex]), left)
+        if shown != self._shown_columns:
+            self._shown_columns = shown
+            self._lines.clear()
+
+    def _width_of(self, n: int) -> int:
+        if self._flex_width is not None and self.column_specs[n].flex:
+            return self._flex_width
+        return self._widths[n]
+
+    def on_resize(self, event: events.Resize) -> None:
+        before = (self._shown_columns, self._flex_width)
+        self._resize_virtual()
+        if (self._shown_columns, self._flex_width) != before:
+            self._lines.clear()
+            self.refresh()
+
+    def hide_columns(self, keys: Collection[str]) -> None:
+        """Leave these columns out whatever the width (e.g. the exit code of live jobs)."""
+        hidden = frozenset(keys)
+        if hidden != self._hidden:
+            self._hidden = hidden
+            self._grown()
+
+    @property
+    def shown_columns(self) -> list[str]:
+        """The keys of the columns shown at the table's width."""
+        return [self.column_keys[n] for n in self._shown_columns]
+
+    # ------------------------------------------------------------------ sort and filter
+    def arrange(self, items: Iterable[T], key_of: Callable[[T], str],
+                text_of: Callable[[T], str] | None = None) -> list[str]:
+        """The keys of ``items`` (in the screen's natural order) as this table shows them:
+        only those whose ``text_of`` holds the filter, sorted by the chosen column."""
+        if self.needle and text_of is not None:
+            needle = self.needle.lower()
+            items = [i for i in items if needle in text_of(i).lower()]
+        sort = self.sorts.get(self.sort_column) if self.sort_column else None
+        if sort is not None:
+            items = sorted(items, key=sort.key, reverse=sort.descending != self.sort_reverse)
+        elif self.sort_reverse:
+            items = list(items)[::-1]
+        return [key_of(i) for i in items]
+
+    def sort_by(self, column: str | None, reverse: bool = False) -> None:
+        """Sort by ``column`` (None: the natural order), ``reverse`` of its usual direction."""
+        if column is not None and column not in self.sorts:
+            raise KeyError(column)
+        if (column, reverse) != (self.sort_column, self.sort_reverse):
+            self.sort_column, self.sort_reverse = column, reverse
+            self._lines.clear()
+            self.refresh()
+            self.post_message(self.Arranged(self))
+
+    def set_filter(self, needle: str) -> None:
+        needle = needle.strip()
+        if needle != self.needle:
+            self.needle = needle
+            self.post_message(self.Arranged(self))
+
+    @property
+    def sort_label(self) -> str:
+        """"Free ▼", or the natural order's name."""
+        if self.sort_column is None:
+            return (self.natural or "") + (" (reversed)" if self.sort_reverse else "")
+        return f"{self.columns[self.column_keys.index(self.sort_column)]} {self._arrow()}"
+
+    def _arrow(self) -> str:
+        sort = self.sorts[self.sort_column]
+        return ARROWS[sort.descending != self.sort_reverse]
+
+    def set_title(self, name: str, shown: int, total: int | None = None) -> None:
+        """The border title: "Queue 12/40 · by Age ▼ · filter “alice”"."""
+        count = f"{shown}" if total is None or total == shown and not self.needle else f"{shown}/{total}"
+        title = f"{name} {count}"
+        if self.sort_label:
+            title += f" · by {self.sort_label}"
+        if self.needle:
+            title += f" · filter “{self.needle}”"
+        self.border_title = title
+
+    def action_sort_next(self) -> None:
+        """The next sortable column shown (then the natural order, if there is one)."""
+        order: list[str | None] = [k for k in self.shown_columns if k in self.sorts]
+        if self.natural is not None:
+            order.insert(0, None)
+        if not order:
+            return
+        at = order.index(self.sort_column) if self.sort_column in order else -1
+        self.sort_by(order[(at + 1) % len(order)])
+
+    def action_sort_reverse(self) -> None:
+        self.sort_by(self.sort_column, not self.sort_reverse)
+
+    def action_filter(self) -> None:
+        self.post_message(self.FilterAsked(self))
+
+    def action_clear_filter(self) -> None:
+        if not self.needle:
+            raise SkipAction()  # esc then means what the screen says (back)
+        self.set_filter("")
 
     # ------------------------------------------------------------------ cursor
     def _page(self) -> int:
@@ -269,7 +469,12 @@ class RowTable(ScrollView, can_focus=True):
 
     def on_click(self, event: events.Click) -> None:
         offset = event.get_content_offset(self)
-        if offset is None or offset.y < 1:
+        if offset is None:
+            return
+        if offset.y < 1:  # a header: sort by it, again to reverse
+            column = self._column_at(offset.x + round(self.scroll_x))
+            if column in self.sorts:
+                self.sort_by(column, not self.sort_reverse if column == self.sort_column else False)
             return
         row = round(self.scroll_y) + offset.y - 1
         if row >= len(self._keys):
@@ -278,6 +483,13 @@ class RowTable(ScrollView, can_focus=True):
             self.action_select()
         else:
             self.move_cursor(row)
+
+    def _column_at(self, x: int) -> str | None:
+        for n in self._shown_columns:
+            x -= self._width_of(n) + 2 * PAD
+            if x < 0:
+                return self.column_keys[n]
+        return None
 
     def on_focus(self, event: events.Focus) -> None:
         self._styles.clear()
@@ -311,6 +523,8 @@ class RowTable(ScrollView, can_focus=True):
         if segments is None:
             text = cell.copy()
             text.truncate(width, overflow="ellipsis", pad=True)
+            if text.style:  # Text.render draws only spans: a cell's own colour becomes one
+                text.stylize(text.style, 0, cell.cell_len)
             segments = list(text.render(self.app.console))
             if len(self._cell_segments) >= CELLS_REMEMBERED:
                 self._cell_segments.clear()
@@ -319,11 +533,18 @@ class RowTable(ScrollView, can_focus=True):
 
     def _line(self, cells: tuple) -> list[Segment]:
         line: list[Segment] = []
-        for cell, width in zip(cells, self._widths):
+        for n in self._shown_columns:
             line.append(_PAD)
-            line.extend(self._segments(cell, width))
+            line.extend(self._segments(cells[n], self._width_of(n)))
             line.append(_PAD)
         return line
+
+    def _header(self) -> tuple:
+        if self.sort_column is None:
+            return self.columns
+        at = self.column_keys.index(self.sort_column)
+        return tuple(f"{label} {self._arrow()}" if n == at else label
+                     for n, label in enumerate(self.columns))
 
     def _row_line(self, row: int) -> list[Segment]:
         key = self._keys[row]
@@ -339,7 +560,7 @@ class RowTable(ScrollView, can_focus=True):
         width = self.scrollable_content_region.width
         if y == 0:
             style = self._style("rowtable--header")
-            line = self._line(self.columns)
+            line = self._line(self._header())
         else:
             row = round(self.scroll_y) + y - 1
             if row >= len(self._keys):

@@ -16,7 +16,8 @@ from textual.timer import Timer
 from textual.widgets import Button, Input, Label, Static
 
 from ..api import MAX_GPU_COUNT, ApiError
-from ..model import format_mb, parse_size_mb
+from ..model import format_mb
+from ..units import parse_size_mb
 from .base import ClusterScreen, OpMissing
 from .keys import SUBMIT_KEYS
 
@@ -203,7 +204,10 @@ class SubmitScreen(ClusterScreen):
 
     @on(Button.Pressed, "#back")
     def _back_pressed(self) -> None:
-        self.app.pop_screen()
+        self.app.action_back()
+
+    def crumb(self) -> str:
+        return "Submit a job"
 
     @on(Input.Submitted)
     def _enter(self, event: Input.Submitted) -> None:

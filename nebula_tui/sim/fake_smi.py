@@ -10,7 +10,8 @@ names this node (``NEBULA_SIM_DIR``, else ``NEBULA_SIM_NODE``). Output mimics 55
 Exit codes follow the real tool: 2 bad argument or field, 6 no such device, 9 no node
 state (driver not loaded), 15 a GPU fell off the bus, 255 other errors (a reset refused).
 
-Faults (``faults.json``, written by ``nebula_tui.sim.faults``) are per GPU index and override
+Faults (``faults.json``, written by ``nebula_tui.sim.faults``; ``faults.tsv`` is the same for
+the simulated NVML, ``nvml_shim.c``) are per GPU index and override
 the live readings: ``lost`` (fell off the bus: every query names it and exits 15),
 ``temp_c``/``util``/``sm_clock_mhz`` (a throttling card), ``ecc_uncorrected`` (volatile
 double-bit ECC count), ``reset_fails`` (``-r`` cannot reset it). ``-r -i ID`` resets a GPU:
@@ -38,8 +39,7 @@ IDLE_SM_CLOCK_MHZ = 210
 IDLE_MEM_CLOCK_MHZ = 405
 DEFAULT_PROCESS_MB = 1024
 DEFAULT_PROCESS_UTIL = 60.0
-_TRACKED_ENV = ("NEBULA_SIM_NODE", "CUDA_VISIBLE_DEVICES", "NEBULA_SIM_GPU_MEM",
-                "NEBULA_GPU_MEM_MB", "NEBULA_SIM_GPU_UTIL")
+_TRACKED_ENV = ("NEBULA_SIM_NODE", "NEBULA_SIM_GPU_MEM", "NEBULA_GPU_MEM_MB", "NEBULA_SIM_GPU_UTIL")
 
 
 class SmiError(Exception):
@@ -127,11 +127,13 @@ def parse_size_mb(text: str) -> int | None:
 
 
 def visible_indices(value: str, gpus: list[dict]) -> list[int]:
-    """CUDA_VISIBLE_DEVICES -> GPU indices; like CUDA, stop at the first unknown entry."""
+    """CUDA_VISIBLE_DEVICES (or another vendor's variable) -> device indices; like CUDA,
+    stop at the first unknown entry. ``0.1`` (Level Zero's device.sub-device) is device 0."""
     indices = []
     for entry in (item.strip() for item in value.split(",")):
+        device = entry.split(".", 1)[0] if entry[:1].isdigit() else entry
         found = [g["index"] for g in gpus
-                 if entry == str(g["index"]) or (entry.startswith("GPU-") and g["uuid"].startswith(entry))]
+                 if device == str(g["index"]) or (len(entry) > 4 and g["uuid"].startswith(entry))]
         if len(found) != 1:
             break
         indices.append(found[0])
@@ -161,27 +163,30 @@ def _on_this_node(env: dict[str, str], name: str) -> bool:
     return env.get("NEBULA_SIM_NODE") == name
 
 
-def scan_processes(node: dict) -> list[dict]:
-    """Root processes of every tree running on this node's GPUs, one dict per process.
+def scan_processes(node: dict, variable: str = "CUDA_VISIBLE_DEVICES",
+                   gpus: list[dict] | None = None) -> list[dict]:
+    """Root processes of every tree running on this node's devices, one dict per process:
+    NVIDIA's GPUs by default, another vendor's ``gpus`` through its ``variable``.
 
     A process whose parent carries the same GPU variables is part of its parent's job (the
     job's shell and its children), so each tree counts once, under its root.
     """
-    gpus = node["gpus"]
+    gpus = node["gpus"] if gpus is None else gpus
+    tracked = _TRACKED_ENV + (variable,)
     excluded = _ancestors(str(os.getpid()))
     envs: dict[str, dict[str, str]] = {}
     for pid in (entry for entry in os.listdir("/proc") if entry.isdigit()):
         if pid in excluded:
             continue
         env = _read_environ(pid)
-        if env and "CUDA_VISIBLE_DEVICES" in env and _on_this_node(env, node["name"]):
+        if env and variable in env and _on_this_node(env, node["name"]):
             envs[pid] = env
     processes = []
     for pid, env in envs.items():
         parent_env = envs.get(_parent(pid) or "")
-        if parent_env is not None and all(parent_env.get(k) == env.get(k) for k in _TRACKED_ENV):
+        if parent_env is not None and all(parent_env.get(k) == env.get(k) for k in tracked):
             continue
-        indices = visible_indices(env["CUDA_VISIBLE_DEVICES"], gpus)
+        indices = visible_indices(env[variable], gpus)
         if not indices:
             continue
         mem, util = _process_usage(env)
@@ -249,6 +254,11 @@ def _thermal(g: dict) -> str:
     return "Active" if g.get("throttle") else "Not Active"
 
 
+def _reasons(g: dict) -> int:
+    """NVML's clocks-event bits: idle when nothing runs, HW slowdown + thermal when throttled."""
+    return (0 if g["processes"] else 0x1) | (0x48 if g.get("throttle") else 0)
+
+
 def _lost_message(gpu: dict) -> str:
     # Real drivers print the 4-digit-domain address right after "GPU".
     return f"Unable to determine the device handle for GPU{gpu['pci_bus_id'][4:]}: Unknown Error"
@@ -284,6 +294,14 @@ GPU_FIELDS = {
     "clocks.sm": ("MHz", lambda g, n, nu: _num(g["sm_clock_mhz"], "MHz", nu)),
     "clocks.mem": ("MHz", lambda g, n, nu: _num(g["mem_clock_mhz"], "MHz", nu)),
     "clocks.max.sm": ("MHz", lambda g, n, nu: _num(g.get("max_sm_clock_mhz"), "MHz", nu)),
+    "clocks.max.mem": ("MHz", lambda g, n, nu: _num(g.get("max_mem_clock_mhz"), "MHz", nu)),
+    "clocks_event_reasons.active": ("", lambda g, n, nu: "0x%016X" % _reasons(g)),
+    "ecc.errors.corrected.volatile.total": ("", lambda g, n, nu: "0" if has_ecc(g) else "[N/A]"),
+    "pcie.link.gen.max": ("", lambda g, n, nu: _num(g.get("pcie_gen"), "", nu)),
+    "pcie.link.width.max": ("", lambda g, n, nu: _num(g.get("pcie_width"), "", nu)),
+    "mig.mode.current": ("", lambda g, n, nu: "Disabled" if "A100" in g["name"] or "H100" in g["name"]
+                         else "[N/A]"),
+    "persistence_mode": ("", lambda g, n, nu: "Enabled" if g.get("persistence") else "Disabled"),
     "clocks.default_applications.graphics": ("MHz", lambda g, n, nu: _num(base_sm_clock(g), "MHz", nu)),
     "clocks_event_reasons.hw_thermal_slowdown": ("", lambda g, n, nu: _thermal(g)),
     "ecc.errors.uncorrected.volatile.total": ("", lambda g, n, nu: _ecc(g, nu)),
@@ -296,7 +314,9 @@ GPU_FIELDS = {
 _GPU_ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
                 "clocks.current.sm": "clocks.sm", "clocks.current.memory": "clocks.mem",
                 "clocks.default_applications.gr": "clocks.default_applications.graphics",
-                "clocks_throttle_reasons.hw_thermal_slowdown": "clocks_event_reasons.hw_thermal_slowdown"}
+                "clocks_throttle_reasons.hw_thermal_slowdown": "clocks_event_reasons.hw_thermal_slowdown",
+                "clocks_throttle_reasons.active": "clocks_event_reasons.active",
+                "clocks.max.memory": "clocks.max.mem"}
 
 # Apps field -> (unit in the header, value of (gpu state, process) as text given nounits).
 APPS_FIELDS = {
@@ -534,6 +554,13 @@ def update_faults(sim_dir: str, change) -> dict:
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump(doc, handle, indent=2, sort_keys=True)
         os.replace(tmp, path)
+        # The same faults flat, for the simulated NVML (a C library reads them).
+        with open(tmp, "w", encoding="utf-8") as handle:
+            for index, fields in sorted(gpus.items()):
+                for key, value in sorted(fields.items()):
+                    text = str(value).lower() if isinstance(value, bool) else str(value)
+                    handle.write(f"{index}\t{key}\t{text}\n")
+        os.replace(tmp, os.path.join(sim_dir, "faults.tsv"))
     return doc
 
 
@@ -567,6 +594,47 @@ def reset(sim_dir: str, states: list[dict]) -> tuple[str, int]:
     return "".join(out), code
 
 
+# --- a sick node's tools ---------------------------------------------------------------------
+
+#: What a tool of a release the parsers do not know prints (``tool_faults.json``: "newer").
+NEWER = {
+    "amd-smi": '{"gpu_data": [{"gpu": 0, "asic": {"market_name": "AMD Instinct MI210"}}]}\n',
+    "rocm-smi": "ROCm SMI 9.0: the concise table is retired; use amd-smi\n",
+    "xpu-smi": "| DeviceId | Name | Usage |\n| 0 | Arc | 10 |\n",
+    "npu-smi": '{"npu": [{"id": 0, "chips": [{"hbm_usage": "1/2"}]}]}\n',
+    "nvidia-smi": "index;uuid;name\n0;GPU-0;NVIDIA Future GPU\n",
+}
+
+
+def misbehaviour(sim_dir: str, tool: str) -> str:
+    """How ``$NEBULA_SIM_DIR/tool_faults.json`` (``{"xpu-smi": "hang"}``) says ``tool`` acts up."""
+    try:
+        with open(os.path.join(sim_dir, "tool_faults.json"), encoding="utf-8") as handle:
+            return str(json.load(handle).get(tool) or "")
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def act_up(tool: str, how: str) -> tuple[str, int] | None:
+    """(stdout, exit code) of a misbehaving tool, or None to behave. ``hang`` never returns;
+    ``slow`` behaves after 5 s (a loaded node); ``fail`` exits 1 with an error, ``garbage``
+    prints noise, ``newer`` another layout."""
+    if how == "hang":
+        while True:
+            time.sleep(3600)
+    if how == "slow":
+        time.sleep(5)
+        return None
+    if how == "fail":
+        sys.stderr.write(f"{tool}: failed to initialize the driver (code 0xdead)\n")
+        return "", 1
+    if how == "garbage":
+        return "\x00\x13\x7f garbled #### %%%% ~~~~\n" * 3, 0
+    if how == "newer":
+        return NEWER.get(tool, "version 99\n"), 0
+    return None
+
+
 def run(argv: list[str]) -> tuple[str, int]:
     """Everything but printing: argv -> (stdout text, exit code). Raises SmiError."""
     args = parse_args(argv)
@@ -592,6 +660,10 @@ def run(argv: list[str]) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    acted = act_up("nvidia-smi", misbehaviour(os.environ.get("NEBULA_SIM_DIR", "."), "nvidia-smi"))
+    if acted is not None:
+        sys.stdout.write(acted[0])
+        return acted[1]
     try:
         text, code = run(sys.argv[1:] if argv is None else argv)
     except SmiError as exc:

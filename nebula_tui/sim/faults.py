@@ -59,7 +59,7 @@ import os
 import time
 from pathlib import Path
 
-from nebula_tui.sim import fake_smi
+from . import fake_smi
 
 #: How hot a throttled card runs (R19 calls > 75 °C hot).
 THROTTLE_TEMP_C = 88
@@ -162,6 +162,12 @@ def _append_kmsg(node_dir: Path, lines: list[str]) -> None:
         handle.write("".join(line + "\n" for line in lines))
 
 
+def _append_nvml_event(node_dir: Path, gpu_index: int, code: int) -> None:
+    """What the simulated NVML's event sets report: a critical Xid of this GPU."""
+    with open(Path(node_dir) / "nvml_events.tsv", "a", encoding="utf-8") as handle:
+        handle.write(f"{gpu_index}\t{code}\n")
+
+
 def _change_faults(node_dir: Path, change) -> dict:
     return fake_smi.update_faults(str(node_dir), change)
 
@@ -223,6 +229,7 @@ def inject_xid(node_dir: Path, gpu_index: int | str, code: int, pid: int | None 
     first = f"GPU at PCI:{kernel_pci(gpu['pci_bus_id'])}:" not in logged
     lines = xid_lines(gpu, code, pid, now - boot_time(node_dir), first)
     _append_kmsg(node_dir, lines)
+    _append_nvml_event(node_dir, gpu["index"], code)  # NVML tells its event sets at once
     index = str(gpu["index"])
     if code == 79:
         _change_faults(node_dir, lambda gpus: gpus.setdefault(index, {}).update(lost=True))
@@ -254,6 +261,28 @@ def set_throttle(node_dir: Path, gpu_index: int | str, on: bool) -> None:
                          throttle=True, pstate="P2")
 
     _change_faults(node_dir, change)
+
+
+#: How a vendor tool can misbehave (``fake_smi.act_up``).
+TOOL_FAULTS = ("hang", "slow", "fail", "garbage", "newer")
+
+
+def set_tool_fault(node_dir: Path, tool: str, how: str | None) -> None:
+    """Make ``tool`` (``nvidia-smi``, ``xpu-smi`` …) of the node hang, answer slowly, fail,
+    print garbage or a newer layout; ``how`` None: behave again. Raises ValueError for
+    another ``how``."""
+    if how is not None and how not in TOOL_FAULTS:
+        raise ValueError(f"'{how}' is not a tool fault; choose one of {', '.join(TOOL_FAULTS)}")
+    path = Path(node_dir) / "tool_faults.json"
+    try:
+        faults = json.loads(path.read_text())
+    except (OSError, ValueError):
+        faults = {}
+    if how is None:
+        faults.pop(tool, None)
+    else:
+        faults[tool] = how
+    _write_atomic(path, json.dumps(faults))
 
 
 def set_fault(node_dir: Path, gpu_index: int | str, **fields) -> None:

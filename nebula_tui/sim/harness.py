@@ -65,8 +65,12 @@ class HeadProcess:
             return False
 
     def _all_gpus_reported(self) -> bool:
-        expected = sum(len(json.loads((self.lab.node_dir(n) / "node.json").read_text())["gpus"])
-                       for n in self.lab.nodes)
+        expected = 0
+        for name in self.lab.nodes:
+            spec = json.loads((self.lab.node_dir(name) / "node.json").read_text())
+            expected += len(spec["gpus"]) + len(spec.get("devices", []))
+            if (self.lab.node_dir(name) / "lib" / "libnvidia-ml.so.1").exists():
+                expected += sum(len(g.get("mig", [])) for g in spec["gpus"])  # NVML lists them
         nodes = self.call("status")["nodes"]
         return len(self.call("gpus")["gpus"]) == expected and all(n["state"] == "up" for n in nodes)
 

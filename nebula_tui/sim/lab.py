@@ -56,6 +56,7 @@ import asyncssh
 import yaml
 
 from nebula_tui.sim import containers as sim_containers
+from nebula_tui.sim import nvml, presets
 
 SSH_KINDS = ("asyncssh", "openssh")
 _SIM_PKG = Path(__file__).resolve().parent
@@ -63,6 +64,21 @@ _SIM_PKG = Path(__file__).resolve().parent
 # What sshd puts in PATH before the user's shell runs (OpenSSH's _PATH_STDPATH defaults).
 _ROOT_STDPATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _USER_STDPATH = "/usr/local/bin:/usr/bin:/bin:/usr/games"
+
+
+def _node_tools(spec: dict) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(tool, emulator script, its first arguments) for each tool this node has: a vendor's
+    tools where it has that vendor's devices, less those its spec's ``omit_tools`` names."""
+    vendors = {d.get("vendor") for d in spec.get("devices", [])}
+    tools = [("dmesg", "fake_dmesg.py", ())]
+    if spec.get("gpus"):
+        tools.append(("nvidia-smi", "fake_smi.py", ()))
+    for vendor, names in (("amd", ("amd-smi", "rocm-smi")), ("intel", ("xpu-smi",)),
+                          ("ascend", ("npu-smi",))):
+        if vendor in vendors:
+            tools += [(name, "fake_vendors.py", (name,)) for name in names]
+    omitted = set(spec.get("omit_tools", ()))
+    return [tool for tool in tools if tool[0] not in omitted]
 
 
 class LabError(RuntimeError):
@@ -322,6 +338,9 @@ class _AsyncNode:
         outputs = asyncio.gather(
             pump_out(child.stdout, process.stdout), pump_out(child.stderr, process.stderr)
         )
+        # Cancelled with the session (or the lab stopping), the gather ends "with" a
+        # CancelledError nobody reads: asyncio would print it as a traceback on every quit.
+        outputs.add_done_callback(_retrieve)
         closed = asyncio.create_task(process.wait_closed())
         done, _ = await asyncio.wait({outputs, closed}, return_when=asyncio.FIRST_COMPLETED)
         if outputs in done and outputs.exception() is None:
@@ -338,6 +357,8 @@ class _AsyncNode:
             return
         # The channel (or connection) went away first: the session's processes go too.
         outputs.cancel()
+        # Its CancelledError is expected; retrieved so asyncio does not log it as lost.
+        outputs.add_done_callback(lambda f: f.cancelled() or f.exception())
         stdin_task.cancel()
         closed.cancel()
         self._kill_group(child.pid)
@@ -421,6 +442,12 @@ class _AsyncNode:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    """Mark a finished future's outcome as read (see where it is used)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _set_window(fd: int, size) -> None:
@@ -538,6 +565,8 @@ class Lab:
             path += f":{pydir}"
         return {
             "PATH": path,
+            # The simulated NVML, when the node has one (sim/nvml.py); real pynvml loads it.
+            "LD_LIBRARY_PATH": str(nd / "lib"),
             "NEBULA_SIM_NODE": name,
             "NEBULA_SIM_DIR": str(nd),
             "NEBULA_NODE_DIR": str(nd / "node"),
@@ -553,9 +582,7 @@ class Lab:
     def _node_specs(self) -> list[dict]:
         if self._specs is not None:
             return [dict(s) for s in self._specs]
-        from nebula_tui.sim.presets import node_specs
-
-        return node_specs(self.layout)
+        return presets.node_specs(self.layout)
 
     def prepare(self) -> None:
         """Write the whole lab directory and choose free ports (regenerated each time)."""
@@ -586,8 +613,9 @@ class Lab:
             spec = dict(spec, boot_time=spec.get("boot_time", boot))
             (nd / "node.json").write_text(json.dumps(spec, indent=2) + "\n")
             (nd / "kmsg.log").write_text("")
-            for tool, script in (("nvidia-smi", "fake_smi.py"), ("dmesg", "fake_dmesg.py")):
-                self._write_wrapper(nd / "bin" / tool, nd, _SIM_PKG / script)
+            for tool, script, args in _node_tools(spec):
+                self._write_wrapper(nd / "bin" / tool, nd, _SIM_PKG / script, args)
+            nvml.install(nd, spec)
             self._write_sshd_config(name)
         self.known_hosts_path.write_text("".join(known))
         self._write_config()
@@ -595,13 +623,14 @@ class Lab:
             sim_containers.register([g for s in specs for g in s["gpus"]
                                      if g.get("vendor", "nvidia") == "nvidia"])
 
-    def _write_wrapper(self, path: Path, node_dir: Path, script: Path) -> None:
+    def _write_wrapper(self, path: Path, node_dir: Path, script: Path, args: tuple = ()) -> None:
         path.write_text(
             "#!/bin/sh\n"
             f"NEBULA_SIM_DIR={shlex.quote(str(node_dir))}; export NEBULA_SIM_DIR\n"
             # -S: the emulators are stdlib-only; site-packages' .pth hooks would double
             # the start-up of every probe call.
-            f'exec {shlex.quote(sys.executable)} -S {shlex.quote(str(script))} "$@"\n'
+            f'exec {shlex.quote(sys.executable)} -S {shlex.quote(str(script))}'
+            f'{"".join(" " + shlex.quote(a) for a in args)} "$@"\n'
         )
         path.chmod(0o755)
 
@@ -842,7 +871,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nebula_tui.sim.lab",
                                      description="Run a simulated GPU lab in the foreground.")
     parser.add_argument("--dir", required=True, type=Path, help="lab directory")
-    parser.add_argument("--layout", default="demo", choices=("demo", "4x4"))
+    parser.add_argument("--layout", default="demo", choices=presets.LAYOUTS)
     parser.add_argument("--ssh", default="asyncssh", choices=SSH_KINDS)
     parser.add_argument("--probe-interval", type=float, default=5.0)
     args = parser.parse_args(argv)

@@ -1,11 +1,9 @@
-"""Vendor backends: parse what each vendor's tool printed into the shared model.
+"""Parsers of vendor tool output: each tool's text as vendor-neutral readings.
 
-``PARSERS`` maps a kind name (as ``nebula parse KIND FILE`` takes it) to a function from
-the tool's saved output to JSON-serialisable data.
+``reading`` holds the shape every parser yields; one module per tool family (``nvidia_smi``,
+``amd``, ``intel``, ``ascend``, ``topo``) is pure, stdlib only and travels to the nodes with
+the nodelet (``remote/shipping.py``). ``nvidia`` and ``xid`` are the head's (model values,
+the kernel log). ``remote/documents.py`` maps ``nebula parse`` kinds onto them.
+
+Nothing is imported here: the nodes load these modules one by one, without the head's.
 """
-
-from __future__ import annotations
-
-from . import nvidia, topo, xid
-
-PARSERS = {**nvidia.PARSERS, "topo": topo.parse_topo, "xid": xid.parse_xid}

@@ -2,17 +2,16 @@
 
 Cells are separated by tabs on current drivers and by runs of spaces on older ones; rows
 may end with trailing tabs or empty affinity cells. Only the ``GPUn`` columns are read, by
-position, so extra columns (NICs, CPU/NUMA affinity) never shift the links.
+position, so extra columns (NICs, CPU/NUMA affinity) never shift the links. Travels to the
+nodes with the nodelet (stdlib only, Python 3.6 syntax, no annotations).
 """
-
-from __future__ import annotations
 
 import re
 
 _GPU = re.compile(r"^GPU\d+$")
 
 
-def parse_topo(text: str) -> dict:
+def parse_topo(text):
     """``{"gpus": ["GPU0", …], "links": {"GPU0": {"GPU1": "NV4", …}, …}}``.
 
     Raises ValueError when no matrix header (a line naming GPU0) is found.
@@ -24,7 +23,7 @@ def parse_topo(text: str) -> dict:
     columns = _cells(lines[header_at])
     gpu_columns = [(pos, name) for pos, name in enumerate(columns) if _GPU.match(name)]
     gpus = [name for _, name in gpu_columns]
-    links: dict[str, dict[str, str]] = {}
+    links = {}
     for line in lines[header_at + 1:]:
         cells = _cells(line)
         if not cells:
@@ -41,7 +40,7 @@ def parse_topo(text: str) -> dict:
     return {"gpus": gpus, "links": links}
 
 
-def _cells(line: str) -> list[str]:
+def _cells(line):
     """Split a matrix line: tabs when present (cells may hold spaces), else whitespace."""
     if "\t" in line:
         parts = [c.strip() for c in line.split("\t")]
@@ -51,7 +50,7 @@ def _cells(line: str) -> list[str]:
     return line.split()
 
 
-def nvlink_peers(topo: dict, gpu_index: int) -> list[dict]:
+def nvlink_peers(topo, gpu_index):
     """R2 ``nvlink``: the GPUs this one reaches over NVLink, with the link as written."""
     links = topo.get("links", {}).get(f"GPU{gpu_index}", {})
     return [{"gpu": int(peer[3:]), "link": link} for peer, link in sorted(links.items())

@@ -173,8 +173,10 @@ def _split(line: str) -> _Line:
 
 # --- messages ----------------------------------------------------------------------------------
 
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
-                  r"(?:\.[0-7])?)[^)]*\): (?P<code>\d+)(?P<rest>.*)$", re.DOTALL)
+# The address inside the parentheses is read apart from the code: one redacted when posted
+# (``PCI:xxxx:xx:xx``, ``<redacted>``) or written oddly still gives its code.
+_XID = re.compile(r"NVRM: Xid \((?P<inner>[^)]*)\):\s*(?P<code>\d+)(?P<rest>.*)$", re.DOTALL)
+_XID_PCI = re.compile(r"(?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)")
 _XID_REST = re.compile(r"^(?:,\s*pid=(?P<pid>'[^']*'|[^,]*))?(?:,\s*name=(?P<name>'[^']*'|[^,]*))?"
                        r"(?:,\s*(?P<detail>.*))?$", re.DOTALL)
 _BANNER = re.compile(r"NVRM: GPU at PCI:(?P<pci>[0-9a-fA-F:.]+): "
@@ -272,7 +274,9 @@ def parse_xid(text: str) -> list[dict]:
             pid_text = _unquote(rest.group("pid")) if rest else None
             pid = int(pid_text) if pid_text and pid_text.isdigit() else None
             detail = (rest.group("detail") or "").strip() if rest else xid.group("rest").strip(", ")
-            event = _event(message, int(xid.group("code")), xid.group("pci"), pid,
+            address = _XID_PCI.search(xid.group("inner"))
+            pci = address.group(1) if address else xid.group("inner").strip().removeprefix("PCI:")
+            event = _event(message, int(xid.group("code")), pci, pid,
                            _unquote(rest.group("name")) if rest else None, detail)
             event["uuid"] = next((u for p, u in uuids.items() if pci_matches(p, event["pci"])), None)
             events.append(event)

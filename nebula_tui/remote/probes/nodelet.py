@@ -4,8 +4,12 @@ The head starts one of these per node over its persistent SSH connection and kee
 running. It speaks JSON lines both ways (stdlib only, Python 3.6+):
 
 node -> head
-  {"type": "hello", ...}                       once, with host facts and `nvidia-smi topo -m`
-  {"type": "probe", "t", "gpu_csv", "apps_csv", "pid_jobs", "error"}   every interval (R15)
+  {"type": "hello", ...}                       once: host facts, the hardware's backends,
+                                               devices, driver/CUDA versions and links,
+                                               container runtimes and conda tools
+  {"type": "probe", "t", "devices", "processes", "problems", "clamped", "pid_jobs", "error"}
+                                               every interval (R15): one vendor-neutral
+                                               reading per device (probes/hardware.py)
   {"type": "started", "job", "t", "workdir"}   a job's checks passed; where its command runs
   {"type": "exit", "job", "code", "t", "reason"}  a job ended (code null: it vanished;
                                                reason: why it could not start, if so)
@@ -24,7 +28,9 @@ head -> node
   {"id", "op": "reset", "gpu"}                 nvidia-smi -r -i UUID; "reset" true when it worked
 
 No user string is ever given to a shell here: the run script was quoted by the head, and
-every command below runs from an argv list.
+every command below runs from an argv list. The hardware layer (``nebula_tui.remote.probes
+.hardware`` and the parsers) comes with this script (remote/shipping.py); run from its file
+alone, the nodelet still launches jobs and says it has no hardware layer.
 """
 
 import fcntl
@@ -41,8 +47,6 @@ import time
 
 CONFIG = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
 INTERVAL = float(CONFIG.get("interval", 5.0))
-GPU_ARGV = CONFIG.get("gpu_argv") or []
-APPS_ARGV = CONFIG.get("apps_argv") or []
 TMUX = ["tmux", "-L", CONFIG.get("tmux_socket", "nebula")]
 NODE_DIR = os.path.expanduser(os.environ.get("NEBULA_NODE_DIR") or "~/.nebula-node")
 JOBS_DIR = os.path.join(NODE_DIR, "jobs")
@@ -128,32 +132,51 @@ def pids_to_jobs(pids):
     return found
 
 
-def pids_in_apps_csv(text):
-    pids = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) > 1 and parts[1].isdigit():
-            pids.append(int(parts[1]))
-    return pids
-
-
 # ------------------------------------------------------------------------ probe
+class NoHardware(object):
+    """Stands in for the hardware layer when this script runs without it."""
+
+    def snapshot(self):
+        return {"devices": [], "processes": [], "clamped": [],
+                "problems": ["the nodelet came without its hardware layer"]}
+
+    def facts(self):
+        return {"links": {}}
+
+    def backends(self):
+        return []
+
+    notes = []
+
+    def watch(self, report):
+        pass
+
+
+def start_hardware():
+    """Every vendor's backend this node has, started (one reader thread each)."""
+    try:
+        from nebula_tui.remote.probes import hardware, registry
+    except ImportError:
+        return NoHardware()
+    hardware.TOOL_TIMEOUT_S = float(CONFIG.get("tool_timeout", hardware.TOOL_TIMEOUT_S))
+    skip = set(CONFIG.get("skip_backends") or ())  # e.g. ["nvml"]: read with nvidia-smi instead
+    found = hardware.Hardware([b for b in registry.REGISTRY if b[0] not in skip],
+                              interval=INTERVAL, init_wait=float(CONFIG.get("init_wait", 8.0)))
+    found.start()
+    return found
+
+
+HARDWARE = None  # set by main() before the hello
+
+
 def probe_once():
-    message = {"type": "probe", "t": time.time(), "error": ""}
-    if GPU_ARGV:
-        code, out, err = run(GPU_ARGV)
-        message["gpu_csv"] = out
-        if code != 0:
-            message["error"] = (err or out).strip()[:500] or "exit code %d" % code
-    if APPS_ARGV:
-        code, out, _ = run(APPS_ARGV)
-        message["apps_csv"] = out if code == 0 else ""
-        message["pid_jobs"] = pids_to_jobs(pids_in_apps_csv(message["apps_csv"]))
+    message = dict(HARDWARE.snapshot(), type="probe", t=time.time(), error="")
+    pids = [p["pid"] for p in message["processes"] if isinstance(p.get("pid"), int)]
+    message["pid_jobs"] = pids_to_jobs(pids)
     return message
 
 
-def probe_loop():
-    kernel = KernelLog()
+def probe_loop(kernel):
     while True:
         started = time.time()
         emit(probe_once())
@@ -196,8 +219,40 @@ def read_kernel_log():
         "exit code %d" % jcode)
 
 
+_XID_IN_LINE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})"
+                          r"[^)]*\):\s*(\d+)")
+#: A kernel line repeats an Xid NVML already reported when it comes within this many seconds.
+SAME_XID_S = 60.0
+
+
+def _xid_key(domain, bus, device, code):
+    return (int(domain, 16), int(bus, 16), int(device, 16), int(code))
+
+
+def _take(pending, key):
+    """Pair with one pending report of ``key``; whether there was one."""
+    times = pending.get(key)
+    if not times:
+        return False
+    times.pop(0)
+    if not times:
+        del pending[key]
+    return True
+
+
+def _forget_before(pending, moment):
+    for key in list(pending):
+        pending[key] = [t for t in pending[key] if t >= moment]
+        if not pending[key]:
+            del pending[key]
+
+
 class KernelLog:
-    """Reads the lines logged since the last look (R16); the cursor survives restarts."""
+    """Reads the lines logged since the last look (R16); the cursor survives restarts.
+
+    NVML's critical-Xid events (``from_nvml``) are told at once, in the kernel's words, and
+    the kernel's own line for the same Xid is then not told again; the kernel's line wins
+    when it is already there (it names the process)."""
 
     def __init__(self):
         text = read_text(KMSG_CURSOR)
@@ -206,16 +261,39 @@ class KernelLog:
         except ValueError:
             self.cursor = None
         self.error = ""
+        self.lock = threading.Lock()
+        # (domain, bus, device, code) -> times, for Xids one source told and the other has
+        # not yet: NVML's events, and the kernel's own lines. Each pairs with one of the other.
+        self.told = {}
+        self.logged = {}
 
     def look(self):
+        with self.lock:
+            return self._look()
+
+    def _look(self):
+        """Emit the new lines, less the Xids NVML told already."""
         text, error = read_kernel_log()
         if text is None:
             if error != self.error:  # said once, not every probe
                 self.error = error
                 emit({"type": "kmsg", "lines": [], "error": error, "t": time.time()})
-            return
+            return set()
         self.error = ""
         lines, cursor = new_lines(text, self.cursor, current_boot_id())
+        now = time.time()
+        _forget_before(self.told, now - SAME_XID_S)
+        _forget_before(self.logged, now - SAME_XID_S)
+        kept = []
+        for line in lines:
+            match = _XID_IN_LINE.search(line)
+            key = _xid_key(*match.groups()) if match else None
+            if key is not None:
+                if _take(self.told, key):
+                    continue  # NVML told it already: once is enough
+                self.logged.setdefault(key, []).append(now)
+            kept.append(line)
+        lines = kept
         if lines:
             pids = set(int(p) for p in _PID_IN_XID.findall("\n".join(lines)))
             emit({"type": "kmsg", "lines": lines, "pid_jobs": pids_to_jobs(pids), "t": time.time()})
@@ -225,6 +303,24 @@ class KernelLog:
                 write_atomic(KMSG_CURSOR, json.dumps(cursor))
             except OSError:
                 pass  # kept in memory; a restart then takes the log as history again
+
+    def from_nvml(self, device, code):
+        """NVML signalled Xid ``code`` on ``device`` (a reading): tell it within this poll."""
+        with self.lock:
+            bus = device.get("pci_bus_id") or ""
+            parts = bus.replace(".", ":").split(":")
+            if len(parts) < 3:
+                return
+            key = _xid_key(parts[0][-4:], parts[1], parts[2], code)
+            self._look()
+            if _take(self.logged, key):
+                return  # the kernel's line came first (it names the process): once is enough
+            self.told.setdefault(key, []).append(time.time())
+            pci = "%04x:%s:%s" % (key[0], parts[1].lower(), parts[2].lower())
+            emit({"type": "kmsg", "pid_jobs": {}, "t": time.time(), "source": "nvml",
+                  "lines": ["NVRM: GPU at PCI:%s: %s" % (pci, device.get("uuid")),
+                            "NVRM: Xid (PCI:%s): %d, pid='<unknown>', name=<unknown>, "
+                            "reported by NVML's event set" % (pci, code)]})
 
 
 # ---------------------------------------------------------------------- watcher
@@ -546,7 +642,7 @@ def op_signal(req):
 
 
 def _smi():
-    return (GPU_ARGV[:1] or ["nvidia-smi"])[0]
+    return "nvidia-smi"
 
 
 def _number(text):
@@ -622,19 +718,18 @@ def handle(req):
 
 
 def hello():
-    tool = GPU_ARGV[:1]
-    topo_code, topo, _ = run(tool + ["topo", "-m"]) if tool else (127, "", "")
-    table_code, table, _ = run(tool) if tool else (127, "", "")
-    # R19 compares the SM clock with the base clock; asked once, it never changes.
-    _, clocks, _ = run(tool + ["--query-gpu=uuid,clocks.default_applications.graphics,"
-                               "clocks.max.sm", "--format=csv,noheader,nounits"]) \
-        if tool else (127, "", "")
+    facts = HARDWARE.facts()
+    first = HARDWARE.snapshot()
     return {"type": "hello", "hostname": socket.gethostname(), "pid": os.getpid(),
             "python": sys.version.split()[0], "uid": os.getuid(), "node_dir": NODE_DIR,
-            "topo": topo if topo_code == 0 else "", "smi_table": table if table_code == 0 else "",
-            "clocks_csv": clocks,  # a lost GPU makes it exit 15, the other rows still count
             # What jobs may run in here: container runtimes, conda tools (node_containers.py).
             "runtimes": container_runtimes(), "conda": conda_tools(CONFIG.get("conda_lookup")),
+            # The hardware: what serves it, its devices (static facts such as the base
+            # clock R19 compares with, and PCIe links R9 weighs), versions and links.
+            "backends": HARDWARE.backends(), "hardware_notes": list(HARDWARE.notes),
+            "devices": first["devices"], "problems": first["problems"],
+            "driver_version": facts.get("driver_version"),
+            "cuda_version": facts.get("cuda_version"), "links": facts.get("links") or {},
             "t": time.time()}
 
 
@@ -650,11 +745,15 @@ def keep_tmux_server():
 
 
 def main():
+    global HARDWARE
     os.makedirs(JOBS_DIR, mode=0o700, exist_ok=True)
     keep_tmux_server()
+    HARDWARE = start_hardware()
     emit(hello())
-    for target in (probe_loop, WATCHER.loop):
-        threading.Thread(target=target, daemon=True).start()
+    kernel = KernelLog()
+    HARDWARE.watch(kernel.from_nvml)
+    threading.Thread(target=probe_loop, args=(kernel,), daemon=True).start()
+    threading.Thread(target=WATCHER.loop, daemon=True).start()
     for line in sys.stdin:
         line = line.strip()
         if not line:

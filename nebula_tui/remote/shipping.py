@@ -1,0 +1,112 @@
+"""What the head sends a node to run: the nodelet and every module it imports, in one payload.
+
+Nodes stay agentless: nothing is installed. The node's ``python3 -c`` reads one compressed
+script from stdin. That script first puts an importer in front of ``sys.meta_path`` that
+serves the shipped modules under their own names (``nebula_tui.remote.backends.reading``,
+``nebula_tui.remote.probes.hardware``, …, and ``pynvml`` from the head's ``nvidia-ml-py``),
+so their relative imports work as on the head and a node's own installed copies never
+shadow them; then it runs the kernel-log cursor, the container helpers and the nodelet as
+the main script.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+import zlib
+from importlib import resources
+
+#: The modules the nodelet imports, by their names on the head. Each is stdlib only and
+#: Python 3.6 syntax (tests/test_shipping.py checks both).
+SHIPPED_MODULES = (
+    "nebula_tui.remote.backends.reading",
+    "nebula_tui.remote.backends.nvidia_smi",
+    "nebula_tui.remote.backends.amd",
+    "nebula_tui.remote.backends.intel",
+    "nebula_tui.remote.backends.ascend",
+    "nebula_tui.remote.backends.topo",
+    "nebula_tui.remote.probes.hardware",
+    "nebula_tui.remote.probes.vendor_nvidia",
+    "nebula_tui.remote.probes.vendor_amd",
+    "nebula_tui.remote.probes.vendor_intel",
+    "nebula_tui.remote.probes.vendor_ascend",
+    "nebula_tui.remote.probes.registry",
+)
+#: Their packages, shipped empty: the head's ``__init__`` files import head-only code.
+SHIPPED_PACKAGES = ("nebula_tui", "nebula_tui.remote", "nebula_tui.remote.backends",
+                    "nebula_tui.remote.probes")
+#: Shipped when the head has it (the ``nvidia-ml-py`` distribution's single module).
+THIRD_PARTY = ("pynvml",)
+#: The main script, in this order: the kernel-log cursor and the container helpers the
+#: nodelet calls by name, then the nodelet.
+MAIN_SCRIPT = ("kmsg_cursor.py", "node_containers.py", "nodelet.py")
+
+_IMPORTER = '''\
+import sys as _sys
+
+
+class _ShippedModules(object):
+    """Serves the modules the head shipped with this script (never installed here)."""
+
+    def __init__(self, sources, packages):
+        self.sources = sources
+        self.packages = packages
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.sources and name not in self.packages:
+            return None
+        import importlib.util
+        return importlib.util.spec_from_loader(name, self, is_package=name in self.packages)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        name = module.__name__
+        code = compile(self.sources.get(name, ""), "<shipped>/" + name.replace(".", "/") + ".py",
+                       "exec")
+        exec(code, module.__dict__)
+
+
+_sys.meta_path.insert(0, _ShippedModules(_SHIPPED_SOURCES, _SHIPPED_PACKAGES))
+'''
+
+
+def _source(module: str) -> str | None:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    with open(spec.origin, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def script() -> str:
+    """The whole script the node runs, uncompressed (tests read it)."""
+    sources = {}
+    for module in SHIPPED_MODULES:
+        text = _source(module)
+        if text is None:
+            raise RuntimeError(f"cannot ship {module}: its source is not installed with the head")
+        sources[module] = text
+    for module in THIRD_PARTY:
+        text = _source(module)
+        if text is not None:  # without it, NVIDIA nodes fall back to nvidia-smi and say why
+            sources[module] = text
+    probes = resources.files("nebula_tui.remote.probes")
+    main = "\n\n".join(probes.joinpath(name).read_text(encoding="utf-8") for name in MAIN_SCRIPT)
+    return (f"_SHIPPED_SOURCES = {sources!r}\n_SHIPPED_PACKAGES = {SHIPPED_PACKAGES!r}\n"
+            + _IMPORTER + "\n\n" + main)
+
+
+def payload() -> bytes:
+    """:func:`script`, compressed (about a quarter of its size), as sent on stdin."""
+    return zlib.compress(script().encode("utf-8"), 6)
+
+
+def boot_command(payload_size: int, settings: dict) -> str:
+    """The ``python3 -c`` that reads ``payload_size`` bytes of stdin and runs them; quoted
+    for the node's login shell (callers put ``exec`` and the node's env before it)."""
+    boot = ("import sys,zlib;exec(compile(zlib.decompress(sys.stdin.buffer.read(%d)),"
+            "'nebula-nodelet','exec'))" % payload_size)
+    return f"python3 -u -c {shlex.quote(boot)} {shlex.quote(json.dumps(settings))}"

@@ -1,0 +1,56 @@
+"""Sizes and durations as people write them: one parser each, for the CLI, the TUI's form
+and nodes.yaml alike (``--gpu-mem 8G``, ``--time 2h``, ``node_lease: 10m``,
+``isolation_grace: 15s``). Pure: each raises ValueError with a sentence saying how to
+write it."""
+
+from __future__ import annotations
+
+import math
+import re
+
+MIB_PER_GIB = 1024
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_UNIT_MB = {"": None, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
+_UNIT_S = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+DURATION_EXAMPLES = "600, 90s, 10m, 1h or 7d"
+
+
+def parse_size_mb(text: str) -> int:
+    """Parse a memory size as users write it: 8G, 8GB, 8GiB, 8192M, 0.5T -> MiB.
+
+    G, GB and GiB all mean 1024 MiB, the way nvidia-smi counts. A bare number is taken as
+    GiB when small (<= 1024, "8" = 8 GiB) — nobody asks for 8 MiB of a GPU. Raises
+    ValueError with a sentence naming what is wrong.
+    """
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise ValueError(f"'{text}' is not a size; write it like 8G, 8GB, 8GiB or 8192M")
+    number, unit, _ = match.groups()
+    scale = _UNIT_MB[unit.lower()]
+    if scale is None:
+        scale = MIB_PER_GIB if float(number) <= 1024 else 1
+    mb = float(number) * scale
+    if mb < 1:
+        raise ValueError(f"'{text}' is smaller than 1 MiB")
+    return int(round(mb))
+
+
+def parse_duration_s(value: object) -> float:
+    """``600``, ``"600s"``, ``"10m"``, ``"1h"``, ``"7d"`` -> seconds (a bare number is
+    seconds). Raises ValueError (a sentence) for anything else, and for 0 or less."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration; write it like {DURATION_EXAMPLES}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        match = _DURATION_RE.match(str(value))
+        if not match:
+            raise ValueError(f"'{value}' is not a duration; write it like {DURATION_EXAMPLES}")
+        seconds = float(match.group(1)) * _UNIT_S[(match.group(2) or "").lower() or None]
+    if not math.isfinite(seconds):
+        raise ValueError(f"'{value}' is not a duration; write it like {DURATION_EXAMPLES}")
+    if seconds <= 0:
+        raise ValueError(f"'{value}' must be longer than 0 s")
+    return seconds

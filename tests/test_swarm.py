@@ -1,0 +1,51 @@
+"""The swarm (many simulated nodes in one process, for the scale bench) speaks the nodelet's
+protocol well enough for the real head: nodes come up with their GPUs, a job launches,
+its process shows on its GPU, a cancel ends it, and jobs given at start are seen running."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import wait_for
+from nebula_tui.sim.harness import HeadProcess
+from nebula_tui.sim.presets import uniform_nodes
+from nebula_tui.sim.swarm import SwarmProcess
+
+
+@pytest.fixture
+def swarm(tmp_path):
+    swarm = SwarmProcess(tmp_path / "swarm", nodes=2, gpus=2, probe_interval=1,
+                         running={"node002": {900: [1]}})
+    swarm.start(timeout=30)
+    try:
+        yield swarm
+    finally:
+        swarm.stop()
+
+
+def test_the_head_runs_and_cancels_a_job_on_the_swarm(swarm, tmp_path):
+    head = HeadProcess(tmp_path / "home", swarm)
+    head.start(wait_nodes=False)
+    try:
+        wait_for(lambda: [n["state"] for n in head.call("status")["nodes"]] == ["up", "up"], 30,
+                 what="both nodes up")
+        gpus = wait_for(lambda: len(g := head.call("gpus")["gpus"]) == 4 and g, 10,
+                        what="every GPU reported")
+        assert {g["uuid"] for g in gpus} == {g["uuid"] for s in uniform_nodes(2, 2) for g in s["gpus"]}
+        # The job the swarm was told runs already: its process on node002's GPU 1, ours
+        # by the probe's pid map (so its memory is not counted as someone else's).
+        busy = next(g for g in gpus if g["node"] == "node002" and g["index"] == 1)
+        assert [p["job_id"] for p in busy["processes"]] == [900]
+
+        job = head.call("submit", command=["sleep", "600"])["job"]["id"]
+        placed = wait_for(lambda: (j := head.job(job))["state"] == "running" and j, 10,
+                          what="the job to run")
+
+        def on_its_gpu():
+            return any(p["job_id"] == job for g in head.call("gpus")["gpus"]
+                       if g["node"] == placed["node"] for p in g["processes"])
+        wait_for(on_its_gpu, 10, what="the job's process in a probe")
+        head.call("cancel", job=job)
+        assert head.wait_job(job, 10)["state"] == "cancelled"
+    finally:
+        head.stop()

@@ -1,0 +1,123 @@
+"""The Queue, Nodes and Users screens follow the head's stream: a drain, a quota change and
+a requeue appear on them with no request for them, and the queue's order and each job's
+environment are the head's own.
+
+The head is the real ``Engine`` and ``ApiServer`` on a real socket in this test's loop
+(``inprocess``); the TUI is the real app under Pilot. Every request the app makes is
+recorded: none may ask for what the stream brings.
+"""
+
+from __future__ import annotations
+
+import getpass
+
+from conftest import until
+from inprocess import engine, served  # noqa: F401  (the fixtures)
+from textual.widgets import DataTable
+
+from nebula_tui.model import JobSpec, Placement
+from nebula_tui.screens.app import make_app
+from nebula_tui.screens.nodes import NodesScreen
+from nebula_tui.screens.queue import QueueScreen
+from nebula_tui.screens.rowtable import RowTable
+from nebula_tui.screens.users import UsersScreen
+
+ME = getpass.getuser()
+SIZE = (140, 44)
+#: What the app may ask for once, itself: who it is, and the Nodes log's older lines.
+ONE_OFF = {"ping", "events"}
+
+
+def recording(app) -> list[str]:
+    """The ops of every request the app makes from now on."""
+    calls: list[str] = []
+    call = app.client.call
+    app.client.call = lambda op, **fields: (calls.append(op), call(op, **fields))[1]
+    return calls
+
+
+def cells(app, ident: str) -> dict[str, list[str]]:
+    table = app.screen.query_one(f"#{ident}")
+    if isinstance(table, RowTable):
+        return {key: [str(c) for c in table.get_row(key)] for key in table.row_keys}
+    assert isinstance(table, DataTable)
+    return {row.key.value: [str(c) for c in table.get_row(row.key)] for row in table.ordered_rows}
+
+
+def text(app, selector: str) -> str:
+    return "\n".join(str(w.content) for w in app.screen.query(selector))
+
+
+def start(engine, job_id: int, node: str = "node01") -> None:
+    """Place a job on ``node``'s GPU 0 and let it run (as a pass and the nodelet would)."""
+    engine.transitions.begin_launch(engine.jobs[job_id], (Placement(f"GPU-{node}-0", node, 0, 81920, True),))
+    engine.transitions.mark_running(engine.jobs[job_id])
+
+
+async def test_a_drain_a_quota_change_and_a_requeue_appear_without_any_poll(engine, served):
+    running = engine.submit(ME, JobSpec(command=("sleep", "600")))
+    start(engine, running.id)
+    waiting = [engine.submit("root", JobSpec(command=("true",), gpu_count=64)) for _ in range(2)]
+    engine.scheduling.schedule_pass()
+    app = make_app(served)
+    calls = recording(app)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.cluster.connected, what="the snapshot")
+
+        await pilot.press("3")
+        await until(pilot, lambda: isinstance(app.screen, QueueScreen), what="the queue")
+        await until(pilot, lambda: list(cells(app, "queue-table")) ==
+                    [str(running.id)] + [str(j.id) for j in waiting], what="the head's order")
+        engine.transitions.requeue(engine.jobs[running.id], "lost with node node01; requeued")
+        await until(pilot, lambda: cells(app, "queue-table")[str(running.id)][3] == "pending"
+                    and "lost with node node01" in cells(app, "queue-table")[str(running.id)][-1],
+                    what="the requeued job waiting, with why")
+
+        await pilot.press("4")
+        await until(pilot, lambda: isinstance(app.screen, UsersScreen), what="the users")
+        await until(pilot, lambda: ME in cells(app, "users-table"), what="our row")
+        engine.set_quota("root", ME, 77)
+        await until(pilot, lambda: "/ 77 h" in cells(app, "users-table")[ME][2], what="the new quota")
+
+        await pilot.press("5")
+        await until(pilot, lambda: isinstance(app.screen, NodesScreen), what="the nodes")
+        engine.set_drained("root", "node02", True, "new fans")
+        await until(pilot, lambda: cells(app, "nodes-table")["node02"][1] == "drained",
+                    what="node02 drained")
+        await until(pilot, lambda: any("node02 drained" in row[2] for row in
+                                       cells(app, "events-table").values()), what="its log line")
+    assert set(calls) <= ONE_OFF and calls.count("events") <= 1, calls
+
+
+async def test_the_queue_shows_the_schedulers_order_priority_first(engine, served):
+    first = engine.submit(ME, JobSpec(command=("true",), gpu_count=64))
+    urgent = engine.submit("root", JobSpec(command=("true",), gpu_count=64, priority=10))
+    engine.scheduling.schedule_pass()
+    assert engine.state.queue_order == [urgent.id, first.id]
+    assert [(j["id"], j["queue_pos"]) for j in engine.queue_json()] == [(urgent.id, 1), (first.id, 2)]
+    assert engine.job_detail(urgent.id)["queue_pos"] == 1
+    app = make_app(served)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.cluster.connected, what="the snapshot")
+        await pilot.press("3")
+        await until(pilot, lambda: isinstance(app.screen, QueueScreen), what="the queue")
+        await until(pilot, lambda: list(cells(app, "queue-table")) == [str(urgent.id), str(first.id)],
+                    what="priority first, as the scheduler orders")
+        assert [row[4] for row in cells(app, "queue-table").values()] == ["1", "2"]
+
+
+async def test_a_gang_jobs_page_shows_each_nodes_environment_from_the_head(engine, served):
+    job = engine.submit(ME, JobSpec(command=("true",), gpu_count=2, nodes=2))
+    engine.transitions.begin_launch(engine.jobs[job.id], (
+        Placement("GPU-node01-0", "node01", 0, 81920, True),
+        Placement("GPU-node02-1", "node02", 1, 81920, True)))
+    app = make_app(served)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.cluster.connected, what="the snapshot")
+        app.open_job(job.id)
+        env = await until(pilot, lambda: "NODE_RANK" in (shown := text(app, "#job-env")) and shown,
+                          what="the environment")
+    for rank, (node, variables) in enumerate(engine.transitions.environments(engine.jobs[job.id]).items()):
+        assert f"{node} (rank {rank})" in env
+        assert variables["NODE_RANK"] == str(rank)
+        assert all(f"{k}={v}" in env for k, v in variables.items())
