@@ -86,6 +86,7 @@ def spec_from_request(req: dict) -> JobSpec:
                    gpu_mem_mb=gpu_mem, workdir=workdir, shell=shell, nodes=nodes,
                    priority=priority, after=tuple(after), time_limit_s=time_limit,
                    service=bool(req.get("service")), no_requeue=bool(req.get("no_requeue")),
+                   notify=bool(req.get("notify")),
                    **texts, **_world_fields(req))
 
 
