@@ -265,9 +265,13 @@ class Fleet:
                     await transitions.launch(job, only=node)
                 if node in job_nodes(job) and isinstance(job.status, Cancelling):
                     state.spawn(transitions.cancel_on_node(job, only=node), f"cancel-{job.id}")
+            # Only launches the node had answered before it was asked for its list can be
+            # missing from the list: one that starts while the list is on its way is not.
+            running = {j.id: state.token(j) for j in state.jobs.values()
+                       if j.state == JobState.RUNNING and node in job_nodes(j)}
             listing = await state.links[node].request("list")
             self._stop_the_stale(node, listing.get("session_tokens") or {})
-            self._end_the_unrecorded(node, listing.get("attempts") or {})
+            self._end_the_unrecorded(node, listing.get("attempts") or {}, running)
         except (NodeUnavailable, asyncio.TimeoutError):
             return  # the next connection reconciles again
         except StoreUnavailable as err:
@@ -286,13 +290,15 @@ class Fleet:
                              job_id=job_id, node=node)
                 state.spawn(self._stop_stale(node, job_id, token), f"stale-{job_id}")
 
-    def _end_the_unrecorded(self, node: str, attempts: dict) -> None:
+    def _end_the_unrecorded(self, node: str, attempts: dict, running: dict[int, str]) -> None:
         """Running jobs of this node the node itself says are over: it has no record of
         their launch (its job directory went), or it has their end, acknowledged, which the
-        store lost (a restore). Unacknowledged ends it reports by itself."""
-        for job in [j for j in self.state.jobs.values()
-                    if j.state == JobState.RUNNING and node in job_nodes(j)]:
-            token = self.state.token(job)
+        store lost (a restore). Unacknowledged ends it reports by itself. ``running``: the
+        jobs (id -> token) that ran here before the node was asked for ``attempts``."""
+        for job_id, token in running.items():
+            job = self.state.jobs.get(job_id)
+            if job is None or job.state != JobState.RUNNING or self.state.token(job) != token:
+                continue  # ended or launched again meanwhile: the list says nothing of it
             found = next((a for a in (attempts.get(str(job.id)) or {}).values()
                           if isinstance(a, dict) and a.get("token") == token), None)
             if found is None and token:

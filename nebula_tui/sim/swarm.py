@@ -42,6 +42,7 @@ from pathlib import Path
 
 import asyncssh
 
+from ..remote.backends import nvidia_smi
 from . import fake_smi
 from .lab import Lab, _AsyncNode
 from .presets import uniform_nodes
@@ -84,8 +85,10 @@ class FakeNodelet:
             self.settings = {}
         found = _READ_LENGTH.search(command)
         self.source_length = int(found.group(1)) if found else 0
-        self.gpu_fields = _query(self.settings.get("gpu_argv"), "--query-gpu=")
-        self.apps_fields = _query(self.settings.get("apps_argv"), "--query-compute-apps=")
+        # nvidia-smi's fixed field lists as CSV, a probe the head still reads (the head no
+        # longer sends them: the real nodelet reports vendor-neutral devices).
+        self.gpu_fields = ",".join(nvidia_smi.QUERY_GPU_FIELDS)
+        self.apps_fields = ",".join(nvidia_smi.QUERY_APPS_FIELDS)
         self.tick = 0
 
     def emit(self, message: dict) -> None:
@@ -181,9 +184,6 @@ class FakeNodelet:
                        "t": time.time()})
 
 
-def _query(argv: list[str] | None, prefix: str) -> str:
-    """The field list of an nvidia-smi query argv ("" when the head asks none)."""
-    return next((a[len(prefix):] for a in argv or () if a.startswith(prefix)), "")
 
 
 class SwarmProcess:
