@@ -59,8 +59,8 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from .environments import RUNTIMES
 from .model import ConfigError  # defined beside the plain data so clients need no yaml
-from .settings import (HealthSettings, SchedulerSettings, SettingError, health_settings,
-                       scheduler_settings)
+from .settings import (HealthSettings, LimitsSettings, SchedulerSettings, SettingError,
+                       health_settings, limits_settings, scheduler_settings)
 from .units import DURATION_EXAMPLES, parse_duration_s
 
 __all__ = [
@@ -88,7 +88,7 @@ DEFAULT_MISSED_PROBES = 3
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_COMMAND_TIMEOUT = 30.0
 RUN_AS_CHOICES = ("login", "submitter")
-Settings = TypeVar("Settings", SchedulerSettings, HealthSettings)
+Settings = TypeVar("Settings", SchedulerSettings, HealthSettings, LimitsSettings)
 
 _NODE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")
 _NODE_NAME_MAX = 63
@@ -98,7 +98,7 @@ _HOST_RE = re.compile(r"[A-Za-z0-9_.:%\[\]][A-Za-z0-9_.:%\[\]-]*\Z")
 _USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?\Z")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
-_TOP_KEYS = ("cluster", "nodes", "scheduler", "health")
+_TOP_KEYS = ("cluster", "nodes", "scheduler", "health", "limits")
 _CLUSTER_KEYS = (
     "name",
     "known_hosts",
@@ -188,6 +188,8 @@ class ClusterConfig:
                                          compare=False)
     #: the ``health:`` section: Xid policies, isolation grace, the self-test command
     health: HealthSettings = field(default_factory=HealthSettings, hash=False, compare=False)
+    #: the ``limits:`` section: time limits, the memory guard, idle cards
+    limits: LimitsSettings = field(default_factory=LimitsSettings, hash=False, compare=False)
 
     def node(self, name: str) -> NodeConfig:
         """The node called ``name``; raises ``KeyError`` if there is none."""
@@ -493,6 +495,7 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
     nodes = _nodes(ctx, get(top, "nodes"), cluster_defaults)
     scheduler = _section(ctx, get(top, "scheduler"), scheduler_settings)
     health = _section(ctx, get(top, "health"), health_settings)
+    limits = _section(ctx, get(top, "limits"), limits_settings)
 
     def pick(value: Any, default: Any) -> Any:
         return default if value is None else value
@@ -525,12 +528,13 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
         admin_group=ctx.user(get(c, "admin_group"), "cluster.admin_group"),
         scheduler=scheduler,
         health=health,
+        limits=limits,
         node_lease=pick(ctx.seconds(get(c, "node_lease"), "cluster.node_lease"), DEFAULT_NODE_LEASE),
     )
 
 
 def _section(ctx: _Ctx, node: Node | None, build: Callable[[Any], Settings]) -> Settings:
-    """``scheduler:`` or ``health:``, validated by its builder in settings.py; an error
+    """``scheduler:``, ``health:`` or ``limits:``, validated by its builder in settings.py; an error
     points at the line of the key it names."""
     try:
         return build(None if node is None else ctx.construct(node))

@@ -13,7 +13,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "nebula_tui"
 HEAD = "nebula_tui.head"
 #: The head's rooms, lowest first: each may import only rooms before it.
-ROOMS = ("state", "access", "stream", "shares", "jobs", "scheduling", "health", "nodes",
+ROOMS = ("state", "access", "stream", "shares", "jobs", "limits", "scheduling", "health", "nodes",
          "attach", "engine", "server", "serve")
 MAX_ROOM_LINES = 500
 

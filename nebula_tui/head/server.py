@@ -22,7 +22,9 @@ from pathlib import Path
 
 from .. import environments, views
 from ..api import ARCH_RE, CUDA_RE, MAX_GPU_COUNT, MAX_LINE
-from ..model import JobSpec, RequestError
+from ..model import JobSpec, RequestError, UnfitRequest
+from ..scheduler.snapshot import AFTER_TYPES
+from ..units import parse_array
 from .engine import Engine
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,17 @@ def spec_from_request(req: dict) -> JobSpec:
     after = req.get("after") or []
     if not isinstance(after, list) or not all(isinstance(a, int) and a > 0 for a in after):
         raise RequestError("--after takes job ids (numbers)")
+    after_type = req.get("after_type") or "ok"
+    if after_type not in AFTER_TYPES:
+        raise RequestError(f"--after {after_type!r}: the kinds are {', '.join(AFTER_TYPES)} (e.g. any:12)")
+    array = req.get("array")
+    if array is not None:
+        if not isinstance(array, str) or len(array) > 200:
+            raise RequestError("--array takes task numbers like 0-99 or 0-99%8")
+        try:
+            parse_array(array)
+        except ValueError as err:
+            raise RequestError(str(err)) from None
     time_limit = req.get("time_limit_s")
     if time_limit is not None and (not isinstance(time_limit, (int, float)) or time_limit <= 0):
         raise RequestError("--time must be a duration such as 30m or 2h")
@@ -83,7 +96,8 @@ def spec_from_request(req: dict) -> JobSpec:
         texts[key] = value
     return JobSpec(command=tuple(command), name=name, gpu_count=gpu_count,
                    gpu_mem_mb=gpu_mem, workdir=workdir, shell=shell, nodes=nodes,
-                   priority=priority, after=tuple(after), time_limit_s=time_limit,
+                   priority=priority, after=tuple(after), after_type=after_type, array=array,
+                   time_limit_s=time_limit,
                    service=bool(req.get("service")), no_requeue=bool(req.get("no_requeue")),
                    **texts, **_world_fields(req))
 
@@ -211,7 +225,9 @@ class ApiServer:
             reply = await handler(user, req)
             await self._send(writer, {"ok": True, **reply})
         except RequestError as err:
-            await self._send(writer, {"ok": False, "error": str(err)})
+            # a request no part of this cluster could serve is the client's to fix: exit 2
+            await self._send(writer, {"ok": False, "error": str(err),
+                                      "usage": isinstance(err, UnfitRequest)})
 
     # ----------------------------------------------------------------- ops
     async def op_ping(self, user, req):
@@ -219,7 +235,11 @@ class ApiServer:
 
     async def op_submit(self, user, req):
         job = self.engine.submit(user, spec_from_request(req))
-        return {"job": views.job_json(job)}
+        tasks = len(parse_array(job.spec.array)[0]) if job.spec.array else 1
+        return {"job": views.job_json(job), "tasks": tasks}
+
+    async def op_requeue(self, user, req):
+        return {"job": views.job_json(self.engine.requeue(user, _job_id(req)))}
 
     async def op_status(self, user, req):
         status = self.engine.status()
