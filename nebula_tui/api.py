@@ -5,7 +5,7 @@ reply ``{"ok": true, …}`` or ``{"ok": false, "error": "…", "usage": bool}`` 
 request this cluster could never serve as asked — no such card, a --time past max_time —
 which a client treats like a usage error); ``wait`` replies when the job ends,
 ``subscribe`` replies with a snapshot and then streams events until the client goes.
-``submit`` takes the fields of ``head.server.spec_from_request`` (``after_type``: ok, any,
+``submit`` takes the fields of ``head.requests.spec_from_request`` (``after_type``: ok, any,
 notok or started; ``array``: "0-99%8") and answers ``{"job", "tasks"}`` (an array's
 first task, and how many it has); ``cancel`` of an array's id cancels every task;
 ``requeue`` stops a running job and puts it back in the queue.
@@ -96,7 +96,10 @@ class Client:
     def call(self, op: str, timeout: float | None = 30, **fields) -> dict:
         """One request; raises ApiError with the service's reason when it refuses."""
         self.sock.settimeout(timeout)
-        self.sock.sendall(json.dumps({"op": op, **fields}).encode() + b"\n")
+        try:
+            self.sock.sendall(json.dumps({"op": op, **fields}).encode() + b"\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before it was read whole (too long): the reply says why
         reply = self._read()
         if not reply.get("ok"):
             raise ApiError(reply.get("error", "request failed"), usage=bool(reply.get("usage")))

@@ -16,6 +16,7 @@ from . import cli_health, environments
 from .api import ARCH_RE, CUDA_RE, ApiError
 from .model import FINISHED_STATES, ConfigError, fmt, format_mb
 from .units import parse_array, parse_duration_s, parse_size_mb
+from .printable import printable, printable_log
 from .service import Home, ServiceUnavailable
 
 USAGE_ERROR = 2
@@ -271,10 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS.get(args.command or "tui")(args, home, config)
     except (ApiError, ServiceUnavailable) as err:
-        print(f"nebula: {err}", file=sys.stderr)
+        print(f"nebula: {printable(err)}", file=sys.stderr)  # may quote another user's text
         return USAGE_ERROR if getattr(err, "usage", False) else 1
     except ConfigError as err:
-        print(f"nebula: {err}", file=sys.stderr)
+        print(f"nebula: {printable(err)}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
         return 130
@@ -362,7 +363,7 @@ def cmd_run(args, home, config) -> int:
 def _wait(client, job_id: int) -> int:
     job = client.call("wait", timeout=None, job=job_id)["job"]
     detail = f" with exit code {job['exit_code']}" if job["exit_code"] is not None else ""
-    reason = f": {job['reason']}" if job["reason"] else ""
+    reason = f": {printable(job['reason'])}" if job["reason"] else ""
     print(f"Job {job_id} {job['state']}{detail}{reason}", file=sys.stderr)
     if job["exit_code"] is not None:
         return job["exit_code"]
@@ -400,7 +401,7 @@ def cmd_gpus(args, home, config) -> int:
         return 0
     for g in gpus:
         used = f"{format_mb(g['memory_used_mb'])} / {format_mb(g['total_memory_mb'])}"
-        print(f"{g['node']}:{g['index']}  {g['model']:<36} {used:>18}  {g['status']:<11} "
+        print(f"{printable(g['node'])}:{g['index']}  {printable(g['model']):<36} {used:>18}  {g['status']:<11} "
               f"jobs {','.join(map(str, g['jobs'])) or '-'}")
     return 0
 
@@ -418,25 +419,26 @@ def cmd_cancel(args, home, config) -> int:
     return 0
 
 
-def cmd_requeue(args, home, config) -> int:
+def _on_job(home, config, op: str, job: int, done: str) -> int:
+    """A request about one job whose answer is only that it was done: say ``done``."""
     with _client(home, config) as client:
-        client.call("requeue", job=args.job)
-    print(f"Requeueing job {args.job}: SIGUSR1 now, then back in the queue")
+        client.call(op, job=job)
+    print(done)
     return 0
+
+
+def cmd_requeue(args, home, config) -> int:
+    return _on_job(home, config, "requeue", args.job,
+                   f"Requeueing job {args.job}: SIGUSR1 now, then back in the queue")
 
 
 def cmd_hold(args, home, config) -> int:
-    with _client(home, config) as client:
-        client.call("hold", job=args.job)
-    print(f"Held job {args.job}; `nebula release {args.job}` lets it run")
-    return 0
+    return _on_job(home, config, "hold", args.job,
+                   f"Held job {args.job}; `nebula release {args.job}` lets it run")
 
 
 def cmd_release(args, home, config) -> int:
-    with _client(home, config) as client:
-        client.call("release", job=args.job)
-    print(f"Released job {args.job}")
-    return 0
+    return _on_job(home, config, "release", args.job, f"Released job {args.job}")
 
 
 def cmd_attach(args, home, config) -> int:
@@ -513,7 +515,8 @@ def cmd_events(args, home, config) -> int:
     with _client(home, config) as client:
         events = client.call("events", limit=args.limit)["events"]
     for e in events:
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['t']))}  {e['kind']:<7} {e['message']}")
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['t']))}  {e['kind']:<7} "
+              f"{printable(e['message'])}")
     return 0
 
 
@@ -532,7 +535,7 @@ def cmd_users(args, home, config) -> int:
         return 0
     print(f"{'USER':<16} {'WEIGHT':>7} {'FINISHED':>8} {'RUNNING':>8} {'GPU-H MONTH':>12} {'QUOTA':>8}")
     for u in users:
-        print(f"{u['name']:<16} {u['weight']:>7.3f} {u['jobs_finished']:>8} {u['running_jobs']:>8} "
+        print(f"{printable(u['name']):<16} {u['weight']:>7.3f} {u['jobs_finished']:>8} {u['running_jobs']:>8} "
               f"{u['month_gpu_hours']:>12.2f} {u['quota_gpu_hours']:>8g}")
     return 0
 
@@ -549,14 +552,17 @@ def cmd_logs(args, home, config) -> int:
             reply = client.call("logs", job=args.job, offset=0, offsets=offsets)
             parts = reply.get("parts") or [{"rank": 0, "node": "", **reply}]
             offsets = [p["offset"] for p in parts]
+            # To a terminal, a job's output cannot retitle it or fake the prompt; to a pipe
+            # or a file it goes exactly as the job wrote it.
+            shown = printable_log if sys.stdout.isatty() else str
             for part in parts:
                 if len(parts) == 1:
-                    sys.stdout.write(part["data"])
+                    sys.stdout.write(shown(part["data"]))
                     continue
                 lines = (pending.pop(part["rank"], "") + part["data"]).split("\n")
                 pending[part["rank"]] = lines.pop()  # an unfinished line waits for its end
                 for line in lines:
-                    sys.stdout.write(f"[{part['rank']} {part['node']}] {line}\n")
+                    sys.stdout.write(f"[{part['rank']} {part['node']}] {shown(line)}\n")
             sys.stdout.flush()
             got = any(p["data"] for p in parts)
             if not args.follow or (reply["state"] in FINISHED_STATES and not got):

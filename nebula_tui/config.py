@@ -20,6 +20,8 @@ Format (every key but ``nodes[].name`` and ``nodes[].host`` is optional)::
       admin_group: gpuadmins            # members of this Unix group are admins too
       run_as: login                     # or "submitter"
       node_lease: 10m                   # how long a silent node keeps its jobs before they are requeued
+      job_dir_retention: 7d             # how long a node keeps an ended job's directory (log, exit code)
+      commands_visible_to: owner        # or "everyone": who sees a job's command line (admins always)
     scheduler: …                        # typed by settings.py (weights, quota, half_life)
     health: …                           # typed by settings.py (xid_policies, isolation_grace)
     nodes:
@@ -82,6 +84,7 @@ CONFIG_ENV = "NEBULA_CONFIG"
 DEFAULT_NAME = "lab"
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_NODE_LEASE = 600.0
+DEFAULT_JOB_DIR_RETENTION = 7 * 86400.0
 DEFAULT_PORT = 22
 DEFAULT_PROBE_INTERVAL = 5.0
 DEFAULT_MISSED_PROBES = 3
@@ -89,6 +92,7 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_COMMAND_TIMEOUT = 30.0
 RUN_AS_CHOICES = ("login", "submitter")
 Settings = TypeVar("Settings", SchedulerSettings, HealthSettings, LimitsSettings)
+COMMANDS_VISIBLE_CHOICES = ("owner", "everyone")
 
 _NODE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")
 _NODE_NAME_MAX = 63
@@ -112,6 +116,8 @@ _CLUSTER_KEYS = (
     "admin_group",
     "run_as",
     "node_lease",
+    "job_dir_retention",
+    "commands_visible_to",
 )
 _NODE_KEYS = ("name", "host", "port", "user", "identity", "known_hosts", "env", "drained",
               "power_budget_w", "runtime", "warmup")
@@ -190,6 +196,12 @@ class ClusterConfig:
     health: HealthSettings = field(default_factory=HealthSettings, hash=False, compare=False)
     #: the ``limits:`` section: time limits, the memory guard, idle cards
     limits: LimitsSettings = field(default_factory=LimitsSettings, hash=False, compare=False)
+    #: seconds a node keeps the directory (run script, log, exit code) of a job attempt
+    #: after the head recorded its end; a restored store learns from it what ran meanwhile
+    job_dir_retention: float = DEFAULT_JOB_DIR_RETENTION
+    #: who sees a job's command line besides admins: its "owner", or "everyone" (a command
+    #: line can hold a password or a token)
+    commands_visible_to: str = "owner"
 
     def node(self, name: str) -> NodeConfig:
         """The node called ``name``; raises ``KeyError`` if there is none."""
@@ -202,10 +214,25 @@ class ClusterConfig:
 # ---------------------------------------------------------------------------- public API
 
 
+#: libyaml's parser where PyYAML has it: ten times faster on a big file, same nodes and marks
+_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+#: A cluster file is at most this big (a few thousand nodes fit in a tenth of it); bigger
+#: ones are refused before they are parsed, which would take the head minutes.
+MAX_CONFIG_BYTES = 1 << 20
+#: nested mappings and lists, at most (the format itself needs four)
+MAX_CONFIG_DEPTH = 20
+#: values the file stands for once its aliases (``*name``) are expanded, at most
+MAX_CONFIG_VALUES = 200_000
+
+
 def load_config(path: str | Path) -> ClusterConfig:
     """Read and validate the file at ``path``; raises :class:`ConfigError`."""
     shown = str(path)
     try:
+        size = Path(path).expanduser().stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"cannot read: the file is {size / (1 << 20):.1f} MB; a cluster "
+                              f"file holds at most {MAX_CONFIG_BYTES >> 20} MB", shown)
         text = Path(path).expanduser().read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(
@@ -231,12 +258,50 @@ def parse_config(text: str, path: str | Path = "<string>") -> ClusterConfig:
     base = Path(path).expanduser().absolute().parent if real else Path.cwd()
     ctx = _Ctx(shown, base)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        raise _syntax_error(exc, shown) from None
-    except yaml.YAMLError as exc:  # e.g. ReaderError: a control character in the text
-        raise ConfigError("YAML error: " + " ".join(str(exc).split()), shown) from None
+        _check_shape(text, shown)
+        root = yaml.compose(text, Loader=_FAST_LOADER)
+    except yaml.YAMLError:
+        # PyYAML's own parser says more about a mistake (and hints follow its words).
+        try:
+            _check_shape(text, shown, yaml.SafeLoader)
+            root = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.MarkedYAMLError as exc:
+            raise _syntax_error(exc, shown) from None
+        except yaml.YAMLError as exc:  # e.g. ReaderError: a control character in the text
+            raise ConfigError("YAML error: " + " ".join(str(exc).split()), shown) from None
     return _build(ctx, root, Path(path).expanduser().absolute() if real else None)
+
+
+def _check_shape(text: str, shown: str, loader=_FAST_LOADER) -> None:
+    """Refuse, before anything is built, a file nested too deep (PyYAML's composer would
+    recurse until Python gives up) or whose aliases stand for too many values (a few
+    lines of ``*name`` can stand for billions)."""
+    depth, values = 0, 0
+    sizes: dict[str, int] = {}  # anchor -> values it stands for
+    open_anchors: list[tuple[str | None, int]] = []
+    for event in yaml.parse(text, Loader=loader):
+        if isinstance(event, yaml.AliasEvent):
+            values += sizes.get(event.anchor, 1)
+        elif isinstance(event, (yaml.ScalarEvent, yaml.CollectionStartEvent)):
+            values += 1
+            if isinstance(event, yaml.ScalarEvent):
+                if event.anchor:
+                    sizes[event.anchor] = 1
+            else:
+                depth += 1
+                open_anchors.append((event.anchor, values))
+                if depth > MAX_CONFIG_DEPTH:
+                    raise ConfigError(f"nested deeper than {MAX_CONFIG_DEPTH} levels; a cluster "
+                                      "file needs four", shown, event.start_mark.line + 1)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+            anchor, first = open_anchors.pop()
+            if anchor:
+                sizes[anchor] = values - first + 1
+        if values > MAX_CONFIG_VALUES:
+            raise ConfigError(f"the file stands for more than {MAX_CONFIG_VALUES} values "
+                              "(aliases expanded); a cluster file needs far fewer", shown,
+                              event.start_mark.line + 1)
 
 
 def find_config(explicit: str | None, home: Path) -> Path | None:
@@ -485,6 +550,10 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
             get(c, "run_as"),
             f"cluster.run_as must be one of {', '.join(RUN_AS_CHOICES)}, found {run_as!r}",
         )
+    visible = ctx.text(get(c, "commands_visible_to"), "cluster.commands_visible_to")
+    if visible is not None and visible not in COMMANDS_VISIBLE_CHOICES:
+        raise ctx.error(get(c, "commands_visible_to"), "cluster.commands_visible_to must be one of "
+                        f"{', '.join(COMMANDS_VISIBLE_CHOICES)}, found {visible!r}")
     known_hosts = ctx.path(get(c, "known_hosts"), "cluster.known_hosts")
     if known_hosts is None:
         known_hosts = os.path.expanduser(DEFAULT_KNOWN_HOSTS)
@@ -530,6 +599,9 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
         health=health,
         limits=limits,
         node_lease=pick(ctx.seconds(get(c, "node_lease"), "cluster.node_lease"), DEFAULT_NODE_LEASE),
+        job_dir_retention=pick(ctx.seconds(get(c, "job_dir_retention"), "cluster.job_dir_retention"),
+                               DEFAULT_JOB_DIR_RETENTION),
+        commands_visible_to=pick(visible, "owner"),
     )
 
 

@@ -58,6 +58,8 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
         if lab is None:
             stop_service(home)  # one left by an earlier demo points at ports that are gone
             lab = Lab.start(lab_dir, layout, home.root / "lab.log")
+        if shared_group:
+            config = shared_config(config)
         supervisor = ServiceSupervisor(home, config, shared_group)
         supervisor.start()
         if headless:
@@ -81,6 +83,17 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
             if lab is not None:
                 lab.stop()
         lock.close()  # the next demo on this home may own the lab now
+
+
+def shared_config(config: Path) -> Path:
+    """The lab's nodes.yaml with each job run as its owner, which a shared head needs."""
+    import yaml
+
+    data = yaml.safe_load(config.read_text())
+    data.setdefault("cluster", {})["run_as"] = "submitter"
+    shared = config.with_name("nodes-shared.yaml")
+    shared.write_text(yaml.safe_dump(data))
+    return shared
 
 
 def _exit_cleanly(signum: int, _frame) -> None:

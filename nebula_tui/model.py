@@ -237,6 +237,9 @@ class Launching(_HoldsGpus):
     placements: tuple[Placement, ...]
     confirmed: frozenset[str] = frozenset()  # nodes whose session exists
     exits: Exits = ()  # a quick job may end before its launch is confirmed
+    #: names this launch on its nodes (``<store>.<attempt>.<nonce>``, Store.start_launching);
+    #: empty only for a launch written down before tokens had nonces
+    token: str = ""
     state: ClassVar[JobState] = JobState.LAUNCHING
 
 
@@ -244,13 +247,14 @@ class Launching(_HoldsGpus):
 class Running(_HoldsGpus):
     """Its sessions run on ``placements``' nodes since ``started_at``. ``doing``: what it
     does before its command, as its node says (pulling an image), else empty.
-    ``idle_since``: its GPUs have read ~0% since then, for longer than the cluster's
-    ``idle_after`` (R30)."""
+    ``idle_since``: since when its GPUs have all read ~0% (marked by head/limits.py, R30;
+    None while they are in use)."""
 
     placements: tuple[Placement, ...]
     started_at: float
     exits: Exits = ()  # the parts of a gang that ended so far
     doing: str = ""
+    token: str = ""  # the launch that runs (as Launching's)
     idle_since: float | None = None
     state: ClassVar[JobState] = JobState.RUNNING
 
@@ -400,6 +404,12 @@ class Job:
     @property
     def ended_at(self) -> float | None:
         return self.status.ended_at if isinstance(self.status, Ended) else None
+
+    @property
+    def launch_token(self) -> str | None:
+        """The token of the launch that holds its GPUs (None while pending or ended)."""
+        held = holding(self.status)
+        return held.token or None if held is not None else None
 
     @property
     def exit_code(self) -> int | None:

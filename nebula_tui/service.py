@@ -21,6 +21,8 @@ from .api import ApiError, Client
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 20.0
+#: how long a client waits for the shared service to come back before it says so
+SHARED_WAIT_S = 10.0
 
 
 #: Where the shipped systemd unit (deploy/nebula.service) puts the shared service's socket.
@@ -67,7 +69,14 @@ class Home:
         return self.root / "serve.lock"
 
     def ensure(self) -> None:
+        """Make the home, or tighten an existing one others could read or write (it holds
+        the store and the service's log), saying so in one line."""
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        mode = self.root.stat().st_mode & 0o777
+        if mode & 0o066 and self.root.stat().st_uid == os.getuid():
+            os.chmod(self.root, 0o700)  # a shared head makes it traversable again (0711)
+            print(f"nebula: {self.root} was open to other users ({mode:04o}); it is now 0700",
+                  file=sys.stderr)
 
 
 class ServiceUnavailable(Exception):
@@ -88,9 +97,13 @@ def connect(home: Home, config_arg: str | None, autostart: bool = True) -> Clien
             raise ServiceUnavailable(f"{err}; ask an admin to add you to the lab's group") from None
         if not autostart:
             raise ServiceUnavailable(f"no head service is running for {home.root}") from None
-    from .config import find_config, load_config
+    from .config import SYSTEM_CONFIG, find_config, load_config
 
     config_path = find_config(config_arg, home.root)
+    if not home.socket_override and (SYSTEM_SOCKET.parent.is_dir() or config_path == SYSTEM_CONFIG):
+        # This box has the lab's shared head (perhaps restarting under systemd this very
+        # moment): a private head started here would drive the lab's nodes beside it.
+        return _wait_for_shared()
     if config_path is None:
         raise ServiceUnavailable(
             "no cluster configured and no service running: start the simulated lab with "
@@ -98,6 +111,22 @@ def connect(home: Home, config_arg: str | None, autostart: bool = True) -> Clien
     load_config(config_path)  # a broken file is the user's to fix: say so here, in one line
     start_background(home, config_path)
     return Client(home.socket)
+
+
+def _wait_for_shared() -> Client:
+    deadline = time.monotonic() + SHARED_WAIT_S
+    while True:
+        try:
+            return Client(SYSTEM_SOCKET)
+        except ApiError as err:
+            if "Permission denied" in str(err):
+                raise ServiceUnavailable(f"{err}; ask an admin to add you to the lab's group") from None
+            if time.monotonic() > deadline:
+                raise ServiceUnavailable(
+                    f"the lab's head service does not answer on {SYSTEM_SOCKET}; try again in a "
+                    "moment, or ask an admin to look (systemctl status nebula); a head of your own "
+                    "needs a socket of its own (--socket PATH)") from None
+        time.sleep(0.2)
 
 
 def start_background(home: Home, config_path: Path, shared_group: str | None = None) -> subprocess.Popen:
@@ -109,7 +138,7 @@ def start_background(home: Home, config_path: Path, shared_group: str | None = N
         argv += ["--socket", str(home.socket_override)]
     if shared_group:
         argv += ["--shared-group", shared_group]
-    with open(home.log, "ab") as out:
+    with open_private_log(home.log) as out:
         process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
@@ -125,6 +154,14 @@ def start_background(home: Home, config_path: Path, shared_group: str | None = N
                                      f"nebula serve exited with code {process.returncode}")
         time.sleep(0.05)
     raise ServiceUnavailable(f"nebula serve did not start within {START_TIMEOUT_S:.0f}s; see {home.log}")
+
+
+def open_private_log(path: Path):
+    """The service's log for appending, readable by its owner alone (it names jobs, users
+    and nodes), an older one tightened too."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def _last_error_line(path: Path) -> str:

@@ -8,13 +8,23 @@ service (``nebula serve``) opens the store for writing.
 A change writes its line of the events log in the same transaction, at the time the caller
 gives (the head's clock); once committed, each line goes to ``on_event`` (the head's
 stream publishes it), so what subscribers see and what ``events`` returns are the same.
+
+Job ids are never handed out twice, even when the database goes back in time (restored from
+a backup, or its WAL deleted after a crash): besides the database, the highest id ever
+handed out is kept in a file of its own next to it (``job-ids``, written and fsync'd before
+a submit commits), and new ids continue above both. Ids stay short numbers users can type;
+a job's launches are told apart on the nodes by a launch token that also holds a random
+nonce (``launch_token``), so even a collision there is refused, never adopted.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import secrets
 import sqlite3
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
@@ -32,11 +42,74 @@ class StaleDecision(Exception):
     """A scheduling decision about a job that changed meanwhile (e.g. cancelled)."""
 
 
+class StoreUnavailable(Exception):
+    """A change could not be written (the disk is full, or failing): nothing of it was.
+    ``str()`` is one sentence for users, naming the database and what is wrong."""
+
+
+def _why(err: BaseException) -> str:
+    text = str(err)
+    if "full" in text or getattr(err, "errno", None) == 28:
+        return "the disk is full"
+    if "I/O" in text or isinstance(err, OSError):
+        return f"the disk failed ({text})"
+    if "locked" in text or "busy" in text:
+        return "it is locked by another program"
+    return text
+
+
+class IdFloor:
+    """The highest job id ever handed out, in a small file beside the database.
+
+    Each submit rewrites it in place before its commit (one short write, no new disk blocks:
+    a full disk cannot stop it once it exists), so it is never behind what a client was
+    told. A crash of the head leaves that write in the kernel's cache; a crash of the machine
+    may not, so every ``BLOCK`` ids a reservation above them is also forced to the disk, and
+    a file last written before the machine's latest boot is read as that reservation.
+    Backups of the database should leave this file out.
+    """
+
+    BLOCK = 64
+
+    def __init__(self, path: Path):
+        self.path = path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._file = os.fdopen(fd, "r+b", buffering=0)
+        self._boot = _boot_id()
+        fields = self._file.read(200).decode("ascii", "replace").split()
+        exact, reserved = (int(f) if f.isdigit() else 0 for f in (fields + ["", ""])[:2])
+        same_boot = self._boot and fields[2:3] == [self._boot]
+        self.value = exact if same_boot else max(exact, reserved)
+        self._reserved = max(exact, reserved)
+        self.write(self.value)
+
+    def write(self, value: int) -> None:
+        sync = value >= self._reserved
+        if sync:
+            self._reserved = value + self.BLOCK
+        line = f"{value} {self._reserved} {self._boot or '-'}"
+        os.pwrite(self._file.fileno(), f"{line:<120}\n".encode(), 0)
+        if sync:
+            os.fdatasync(self._file.fileno())
+        self.value = value
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 class Store:
     """Durable state of the cluster: nodes, GPUs, jobs, allocations, users, events."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.ids = IdFloor(self.path.with_name("job-ids"))
         conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
         self.db = sqlite_utils.Database(conn)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -48,9 +121,41 @@ class Store:
         self.on_event: Callable[[dict], None] | None = None
         self._written: list[dict] = []  # lines of the transaction under way
         self._create_schema()
+        self._next_id = self._first_free_id()
 
     def close(self) -> None:
         self.db.close()
+        self.ids.close()
+
+    def _first_free_id(self) -> int:
+        """Above every id the database, its own record and the id file know of. When the
+        file is ahead of the database, the database lost jobs (restored from a backup, or
+        its WAL deleted): that is said in the events, and ``lost_ids`` names them."""
+        newest = self.db.execute("SELECT MAX(id) FROM jobs").fetchone()[0] or 0
+        recorded = max(newest, int(self._meta("job_id_floor") or 0))
+        self.lost_ids = range(recorded + 1, self.ids.value + 1)
+        if self.lost_ids:
+            with self.transaction():
+                self._set_meta("restore_pending", "1")
+                self._event(time.time(), "store", f"the database knows jobs up to {recorded}, but "
+                            f"ids up to {self.ids.value} were handed out (restored from a backup, "
+                            f"or its WAL lost?); new jobs start at {self.ids.value + 1}, and "
+                            "nothing is scheduled until every node has told what ran meanwhile")
+        return max(recorded, self.ids.value) + 1
+
+    def raise_id_floor(self, job_id: int) -> None:
+        """A node reports a job of this store with this id (a whole home restored, id file
+        and all): never hand it out again."""
+        if job_id >= self._next_id:
+            with self.transaction():
+                self._set_meta("job_id_floor", str(job_id))
+                self.ids.write(max(self.ids.value, job_id))
+                self._event(time.time(), "store", f"a node knows job {job_id} of this store, "
+                            f"which the database does not; new jobs start at {job_id + 1}")
+            self._next_id = job_id + 1
+
+    def _set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", [key, value])
 
     @contextlib.contextmanager
     def transaction(self, durable: bool = False) -> Iterator[sqlite_utils.Database]:
@@ -60,20 +165,31 @@ class Store:
         waits for the disk (fsync), so it survives a crash of the machine: used for what a
         client was told (a submit's job id), not for the many transitions after it.
         """
-        if durable:
-            self.db.execute("PRAGMA synchronous=FULL")
         try:
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self.db
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                self._written = []
-                raise
-            self.db.execute("COMMIT")
-        finally:
             if durable:
-                self.db.execute("PRAGMA synchronous=NORMAL")
+                self.db.execute("PRAGMA synchronous=FULL")
+            try:
+                self.db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self.db
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        self.db.execute("ROLLBACK")
+                    raise
+                self.db.execute("COMMIT")
+            finally:
+                if durable:
+                    self.db.execute("PRAGMA synchronous=NORMAL")
+        except (sqlite3.OperationalError, OSError) as err:
+            self._written = []
+            with contextlib.suppress(sqlite3.Error):
+                if self.db.conn.in_transaction:  # a failed COMMIT leaves it open
+                    self.db.execute("ROLLBACK")
+            raise StoreUnavailable(f"the head could not write its database ({self.path}): "
+                                   f"{_why(err)}; nothing of this change was kept") from err
+        except BaseException:
+            self._written = []  # rolled back: none of its lines happened
+            raise
         written, self._written = self._written, []
         if self.on_event is not None:
             for event in written:
@@ -117,6 +233,11 @@ class Store:
                  "node": str, "gpu": str, "user": str},
                 pk="id", if_not_exists=True,
             )
+            # Every launch token this store ever issued: a session or exit with another token
+            # is not this store's to stop or to record (another head's copy of this store,
+            # or a launch made after the backup this database was restored from).
+            db["launches"].create({"token": str, "job_id": int, "attempt": int, "t": float},
+                                  pk="token", if_not_exists=True)
             db["telemetry"].create(
                 {"gpu": str, "t": float, "temperature_c": float, "utilization_pct": float,
                  "memory_used_mb": float, "power_w": float, "fan_pct": float,
@@ -144,6 +265,8 @@ class Store:
         ("nodes", "drained", int, 0),
         ("nodes", "drain_reason", str, None),
         ("jobs", "workdir_used", str, None),
+        # ``<head>.<attempt>.<nonce>``: names one launch on the nodes; NULL while pending
+        ("jobs", "launch_token", str, None),
     )
 
     def _add_missing_columns(self) -> None:
@@ -208,40 +331,37 @@ class Store:
     # ------------------------------------------------------------------- jobs
     def add_job(self, user: str, spec: JobSpec, t: float) -> Job:
         """Store a submitted job as pending; the id is durable once this returns."""
-        with self.transaction(durable=True):
-            self._ensure_user(user, t)
-            job_id = self._insert_job(user, spec, t)
-            self._event(t, "submit", f"job {job_id} submitted by {user}", job_id=job_id, user=user)
-        return self._new_job(job_id, user, spec, t)
+        return self._add_jobs(user, [spec], t, f"job {self._next_id} submitted by {user}")[0]
 
     def add_array(self, user: str, spec: JobSpec, indices: tuple[int, ...], limit: int | None,
                   t: float) -> list[Job]:
         """Store an array's tasks as pending jobs in one transaction: each task is a job of
-        its own whose spec names its array (the first task's id), its index and the limit
-        of tasks running at once."""
+        its own (ids one after the other) whose spec names its array (the first task's id),
+        its index and the limit of tasks running at once."""
+        first = self._next_id
+        tasks = [replace(spec, array_id=first, array_index=i, array_limit=limit) for i in indices]
+        return self._add_jobs(user, tasks, t, f"array job {first} ({len(tasks)} tasks, {spec.array}) "
+                                              f"submitted by {user}")
+
+    def _add_jobs(self, user: str, specs: list[JobSpec], t: float, message: str) -> list[Job]:
+        """Pending jobs with the next free ids, and their submit line, in one durable transaction."""
+        ids = range(self._next_id, self._next_id + len(specs))
         with self.transaction(durable=True):
             self._ensure_user(user, t)
-            first = self._insert_job(user, spec, t)
-            tasks = [replace(spec, array_id=first, array_index=i, array_limit=limit) for i in indices]
-            self.db.execute("UPDATE jobs SET spec = ? WHERE id = ?", [json.dumps(asdict(tasks[0])), first])
-            ids = [first] + [self._insert_job(user, task, t) for task in tasks[1:]]
-            self._event(t, "submit", f"array job {first} ({len(ids)} tasks, {spec.array}) submitted by "
-                                     f"{user}", job_id=first, user=user)
-        return [self._new_job(job_id, user, task, t) for job_id, task in zip(ids, tasks)]
-
-    def _insert_job(self, user: str, spec: JobSpec, t: float) -> int:
-        # Plain SQL on the hot paths: sqlite-utils' insert inspects the table each call.
-        return self.db.execute(
-            "INSERT INTO jobs (user, name, spec, state, reason, submitted_at) "
-            "VALUES (?, ?, ?, 'pending', ?, ?)",
-            [user, spec.name, json.dumps(asdict(spec)), WAITING_FOR_SCHEDULER, t],
-        ).lastrowid
-
-    @staticmethod
-    def _new_job(job_id: int, user: str, spec: JobSpec, t: float) -> Job:
+            # Plain SQL on the hot paths: sqlite-utils' insert inspects the table each call.
+            self.db.conn.executemany(
+                "INSERT INTO jobs (id, user, name, spec, state, reason, submitted_at) "
+                "VALUES (?, ?, ?, ?, 'pending', ?, ?)",
+                [[job_id, user, spec.name, json.dumps(asdict(spec)), WAITING_FOR_SCHEDULER, t]
+                 for job_id, spec in zip(ids, specs)])
+            self._set_meta("job_id_floor", str(ids[-1]))
+            self._event(t, "submit", message, job_id=ids[0], user=user)
+            self.ids.write(ids[-1])  # last: a failed commit leaves a gap, never a reuse
+        self._next_id = ids[-1] + 1
         # What was written, without reading it back (a submit's second query): a new job
         # is pending, attempt 0, exactly as ``job`` would read it.
-        return Job(id=job_id, user=user, spec=spec, submitted_at=t, status=Pending(WAITING_FOR_SCHEDULER))
+        return [Job(id=job_id, user=user, spec=spec, submitted_at=t, status=Pending(WAITING_FOR_SCHEDULER))
+                for job_id, spec in zip(ids, specs)]
 
     def _ensure_user(self, user: str, t: float) -> None:
         self.db.execute(
@@ -279,7 +399,7 @@ class Store:
                 [t, job_id])
             self.db.execute(
                 "UPDATE jobs SET state = 'pending', node = NULL, started_at = NULL, reason = ?, "
-                "cancel_by = NULL, cancel_at = NULL, attempt = attempt + 1 "
+                "cancel_by = NULL, cancel_at = NULL, attempt = attempt + 1, launch_token = NULL "
                 "WHERE id = ? AND state IN ('launching', 'running')",
                 [reason, job_id])
             self._event(t, "requeue", f"job {job_id} {reason}", job_id=job_id)
@@ -294,16 +414,21 @@ class Store:
                 [(reason, job_id) for job_id, reason in reasons.items()],
             )
 
-    def start_launching(self, job_id: int, placements: tuple[Placement, ...], t: float) -> None:
-        """Write a job's allocation and mark it launching, in one transaction.
+    def start_launching(self, job_id: int, placements: tuple[Placement, ...], t: float) -> str:
+        """Write a job's allocation and mark it launching, in one transaction; returns the
+        launch's token.
 
         This is the launch intent: after a crash the head finds it and either adopts the
-        tmux session it created or creates it, never twice.
+        tmux session it created or creates it, never twice. The token's nonce is new for
+        every launch, so no other launch (another store, a store restored from a backup
+        that hands out this id again) can ever be taken for this one.
         """
         with self.transaction():
             still_pending = self.db.execute(
-                "UPDATE jobs SET state = 'launching', node = ?, reason = '' "
-                "WHERE id = ? AND state = 'pending'", [placements[0].node, job_id]).rowcount
+                "UPDATE jobs SET state = 'launching', node = ?, reason = '', "
+                "launch_token = ? || '.' || attempt || '.' || ? "
+                "WHERE id = ? AND state = 'pending'",
+                [placements[0].node, self.head_token, secrets.token_hex(8), job_id]).rowcount
             if not still_pending:
                 raise StaleDecision(f"job {job_id} is no longer pending")
             self.db.conn.executemany(
@@ -314,6 +439,60 @@ class Store:
             node = placements[0].node
             gpus = ", ".join(f"{p.node}:{p.gpu_index}" for p in placements)
             self._event(t, "place", f"job {job_id} placed on {gpus}", job_id=job_id, node=node)
+            token, attempt = self.db.execute(
+                "SELECT launch_token, attempt FROM jobs WHERE id = ?", [job_id]).fetchone()
+            self.db.execute("INSERT INTO launches (token, job_id, attempt, t) VALUES (?, ?, ?, ?)",
+                            [token, job_id, attempt, t])
+            return token
+
+    def adopt_launch(self, job: Job, node: str, t: float) -> None:
+        """A launch a node ran that this store does not know: it was restored from an
+        older backup (``job`` is what the launch's record on the node says, running, with
+        its token and placements). The job (again, when its id was lost with the backup),
+        its allocation and its token are written, in one transaction."""
+        token, placements = job.launch_token, job.placements
+        with self.transaction():
+            self._ensure_user(job.user, t)
+            self.db.execute(
+                "INSERT OR IGNORE INTO jobs (id, user, name, spec, state, reason, submitted_at) "
+                "VALUES (?, ?, ?, ?, 'pending', '', ?)",
+                [job.id, job.user, job.spec.name, json.dumps(asdict(job.spec)), job.submitted_at])
+            self.db.execute("UPDATE allocations SET released_at = ? WHERE job_id = ? "
+                            "AND released_at IS NULL", [t, job.id])
+            self.db.execute(
+                "UPDATE jobs SET state = 'running', node = ?, reason = '', started_at = ?, "
+                "attempt = ?, launch_token = ?, cancel_by = NULL, cancel_at = NULL WHERE id = ?",
+                [placements[0].node, job.started_at, job.attempt, token, job.id])
+            self.db.conn.executemany(
+                "INSERT INTO allocations (job_id, gpu_uuid, node, gpu_index, memory_mb, "
+                "exclusive, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(job.id, p.gpu_uuid, p.node, p.gpu_index, p.memory_mb, int(p.exclusive), t)
+                 for p in placements])
+            self.db.execute("INSERT OR IGNORE INTO launches (token, job_id, attempt, t) "
+                            "VALUES (?, ?, ?, ?)", [token, job.id, job.attempt, t])
+            self._event(t, "reconcile", f"job {job.id} ran on {node} after the backup this "
+                        "database was restored from: taken in again", job_id=job.id, node=node)
+            if job.id >= self._next_id:
+                self._set_meta("job_id_floor", str(job.id))
+                self.ids.write(max(self.ids.value, job.id))
+        self._next_id = max(self._next_id, job.id + 1)
+
+    @property
+    def restore_pending(self) -> bool:
+        """The database was found older than its id file, and not every node has yet told
+        what ran since (``restore_done`` clears it): the head schedules nothing till then."""
+        return self._meta("restore_pending") == "1"
+
+    def restore_done(self) -> None:
+        with self.transaction():
+            self.db.execute("DELETE FROM meta WHERE key = 'restore_pending'")
+            self._event(time.time(), "store", "every node has told what ran since the backup; "
+                        "scheduling goes on")
+
+    def issued(self, token: object) -> bool:
+        """Whether this store issued this launch token (see ``start_launching``)."""
+        return isinstance(token, str) and self.db.execute(
+            "SELECT 1 FROM launches WHERE token = ?", [token]).fetchone() is not None
 
     def set_workdir_used(self, job_id: int, workdir: str) -> None:
         with self.transaction():
@@ -428,14 +607,10 @@ class Store:
         return self._placements("released_at IS NULL", [])
 
     def _job_from_row(self, row: dict, placements: tuple[Placement, ...] | None = None) -> Job:
-        spec_fields = json.loads(row["spec"])
-        spec_fields["command"] = tuple(spec_fields["command"])
-        spec_fields["after"] = tuple(spec_fields.get("after", ()))
-        spec_fields["data_mounts"] = tuple(spec_fields.get("data_mounts", ()))
         if placements is None:
             placements = tuple(p for _, p in self._placements(
                 "job_id = ? AND released_at IS NULL", [row["id"]]))
-        return Job(id=row["id"], user=row["user"], spec=JobSpec(**spec_fields),
+        return Job(id=row["id"], user=row["user"], spec=spec_of(json.loads(row["spec"])),
                    submitted_at=row["submitted_at"], status=_status(row, placements),
                    attempt=row.get("attempt") or 0, workdir_used=row.get("workdir_used"))
 
@@ -538,11 +713,39 @@ class Store:
                         "VALUES (?, ?, ?, ?, ?, ?, ?)", row)
         self._written.append(dict(zip(self.EVENT_FIELDS, row)))
 
+    #: the events log keeps this long, and at most this many rows (the newest)
+    EVENTS_KEEP_S = 90 * 86400.0
+    EVENTS_KEEP_ROWS = 1_000_000
+
+    def trim_events(self, now: float) -> int:
+        """Retention of the events log: older than EVENTS_KEEP_S, or beyond the newest
+        EVENTS_KEEP_ROWS, goes. Returns how many rows went."""
+        with self.transaction():
+            # Rows are added in time order: the scan from the oldest stops at the first to keep.
+            first_kept = self.db.execute(
+                "SELECT id FROM events WHERE t >= ? ORDER BY id LIMIT 1",
+                [now - self.EVENTS_KEEP_S]).fetchone()
+            gone = self.db.execute("DELETE FROM events WHERE id < ?",
+                                   [first_kept[0] if first_kept else 1 << 62]).rowcount
+            newest = self.db.execute("SELECT MAX(id) FROM events").fetchone()[0] or 0
+            gone += self.db.execute("DELETE FROM events WHERE id <= ?",
+                                    [newest - self.EVENTS_KEEP_ROWS]).rowcount
+        return gone
+
     def events(self, limit: int = 50) -> list[dict]:
         rows = self.db.execute(
             f"SELECT {', '.join(self.EVENT_FIELDS)} FROM events ORDER BY id DESC LIMIT ?", [limit],
         ).fetchall()
         return [dict(zip(self.EVENT_FIELDS, r)) for r in reversed(rows)]
+
+
+def spec_of(fields: dict) -> JobSpec:
+    """A JobSpec from its JSON form (as stored, and as a launch record keeps it)."""
+    fields = dict(fields)
+    fields["command"] = tuple(fields["command"])
+    fields["after"] = tuple(fields.get("after", ()))
+    fields["data_mounts"] = tuple(fields.get("data_mounts", ()))
+    return JobSpec(**fields)
 
 
 def _status(row: dict, placements: tuple[Placement, ...]):
@@ -553,8 +756,9 @@ def _status(row: dict, placements: tuple[Placement, ...]):
     if state.finished:
         return Ended(state, row["ended_at"], row["exit_code"], row["reason"] or "",
                      row["started_at"], row["node"], placements)
-    held = (Launching(placements) if state == JobState.LAUNCHING
-            else Running(placements, row["started_at"]))
+    token = row.get("launch_token") or ""
+    held = (Launching(placements, token=token) if state == JobState.LAUNCHING
+            else Running(placements, row["started_at"], token=token))
     if row.get("cancel_by"):
         return Cancelling(held, row["cancel_by"], row.get("cancel_at") or row["submitted_at"])
     return held

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from .model import MIB_PER_GIB, Cancelling, Evicting, GpuView, Job, Stopping, format_mb, holding
+from .printable import printable
 from .scheduler.slices import offered_mb
 from .units import duration_text
 
@@ -153,12 +154,13 @@ def status_text(summary: dict) -> str:
         "Node Details:",
     ]
     for node in summary["node_details"]:
-        models = ", ".join(f"{m} x{n}" for m, n in node["models"].items()) or "no GPUs"
+        models = ", ".join(f"{printable(m)} x{n}" for m, n in node["models"].items()) or "no GPUs"
         load = f"load {node['load_pct']}%" if node["load_pct"] is not None else "load N/A"
-        state = "" if node["state"] == "up" else f" [{node['state']}: {node['reason']}]" if node["reason"] else f" [{node['state']}]"
-        if node["state"] == "up" and node["reason"]:  # up, but a vendor tool said something
-            state = f" ({node['reason']})"
-        lines.append(f"  {node['name']}: {models}, {load}{state}")
+        reason = printable(node["reason"])
+        state = "" if node["state"] == "up" else f" [{node['state']}: {reason}]" if reason else f" [{node['state']}]"
+        if node["state"] == "up" and reason:  # up, but a vendor tool said something
+            state = f" ({reason})"
+        lines.append(f"  {printable(node['name'])}: {models}, {load}{state}")
     return "\n".join(lines)
 
 
@@ -188,8 +190,9 @@ def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False)
             running = sum(1 for t in tasks if t["state"] in ("running", "launching"))
             detail = (f"array of {len(tasks)} tasks left ({tasks[0].get('array') or ''}): {running} running, "
                       f"{len(tasks) - running} waiting; `nebula queue --expand` lists them")
-            lines.append(f"{str(array) + '_*':>5}  {j['user'][:10]:<10} {(j['name'] or '-')[:16]:<16} "
-                         f"{'array':<10} {f'{running} running'[:22]:<22} {detail}")
+            lines.append(f"{str(array) + '_*':>5}  {printable(j['user'])[:10]:<10} "
+                         f"{printable(j['name'] or '-')[:16]:<16} {'array':<10} "
+                         f"{f'{running} running'[:22]:<22} {printable(detail)}")
             continue
         where = ", ".join(f"{g['node']}:{g['index']}" for g in j["gpus"]) or (
             f"{j['gpu_count']}x{format_mb(j['gpu_mem_mb']) if j['gpu_mem_mb'] else 'whole'}")
@@ -198,6 +201,6 @@ def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False)
         if now is not None and j.get("idle_since") is not None:
             detail = f"{idle_text(max(0.0, now - j['idle_since']), len(j['gpus']))} · {detail}"
         ident = str(j["id"]) if j.get("array_id") is None else f"{j['array_id']}_{j['array_index']}"
-        lines.append(f"{ident:>5}  {j['user'][:10]:<10} {(j['name'] or '-')[:16]:<16} "
-                     f"{j['state']:<10} {where[:22]:<22} {detail}")
+        lines.append(f"{ident:>5}  {printable(j['user'])[:10]:<10} {printable(j['name'] or '-')[:16]:<16} "
+                     f"{j['state']:<10} {where[:22]:<22} {printable(detail)}")
     return "\n".join(lines)

@@ -11,6 +11,11 @@ command -v tmux >/dev/null 2>&1 || need_apt="$need_apt tmux"
 command -v ssh-keygen >/dev/null 2>&1 || need_apt="$need_apt openssh-client"
 # A C compiler builds the simulated lab's NVML (optional: without it the lab uses nvidia-smi).
 command -v cc >/dev/null 2>&1 || [ "$(id -u)" != 0 ] || need_apt="$need_apt gcc libc6-dev"
+# Optional (installed as root, else the tests that need it skip): libfaketime, with which
+# the reliability tests step the head's wall clock alone.
+if [ "$(id -u)" = 0 ] && ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
+    need_apt="$need_apt libfaketime"
+fi
 if [ -n "$need_apt" ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need_apt >/dev/null

@@ -19,6 +19,7 @@ from labfixtures import asyncssh_lab, openssh_lab  # noqa: E402,F401  (fixtures)
 from nebula_tui.sim.harness import HeadProcess, wait_for  # noqa: E402,F401
 
 
+
 async def until(pilot, predicate, timeout: float = 30.0, what: str = "condition"):
     """Let the app run (events, renders) until ``predicate()`` is truthy."""
     deadline = time.monotonic() + timeout

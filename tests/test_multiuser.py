@@ -9,7 +9,9 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -167,3 +169,67 @@ def test_the_socket_peer_is_the_kernels_word(shared):
         s.connect(str(shared.socket))
         s.sendall(b'{"op": "ping"}\n')
         assert json.loads(s.makefile().readline())["user"] == "root"
+
+
+def test_one_users_job_cannot_reach_anothers_files_on_its_node(shared, openssh_lab):
+    """The attacks of the review, as bob's job on the node where alice's job runs: read her
+    log, write 0 into her exit-code file (her job would "succeed" while it runs), read the
+    head's SSH private key."""
+    victim = submit_as(shared, ALICE, "--gpu-mem", "4G", "--", "sh", "-c", "echo alice-secret; sleep 60")
+    node = wait_for(lambda: (j := shared.job(victim))["state"] == "running" and j["node"], 20,
+                    what="alice's job running")
+    jobdir = openssh_lab.node_dir(node) / "node" / "heads" / shared.head_id / "jobs" / str(victim) / "0"
+    assert (jobdir / "output.log").exists()
+    attack = (f"cat {jobdir}/output.log; echo 0 > {jobdir}/exit_code; "
+              f"cat {openssh_lab.identity_path}; echo attack-over")
+    done = as_user(shared, BOB, "submit", "--gpu-mem", "4G", "--wait", "--", "sh", "-c", attack)
+    job = int(done.stdout.split()[2])
+    log = as_user(shared, BOB, "logs", str(job)).stdout
+    assert "attack-over" in log and log.count("Permission denied") == 3, log
+    assert "alice-secret" not in log and "PRIVATE KEY" not in log
+    assert not (jobdir / "exit_code").exists()
+    time.sleep(1)
+    assert shared.job(victim)["state"] == "running"
+    assert shared.run("cancel", str(victim)).returncode == 0
+    shared.wait_job(victim)
+
+
+def test_a_shared_head_refuses_to_run_jobs_as_the_login_account(openssh_lab, users, tmp_path):
+    config = yaml.safe_load(openssh_lab.config_path.read_text())
+    config["cluster"]["run_as"] = "login"
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "home").mkdir(mode=0o700)
+    head = HeadProcess(tmp_path / "home", openssh_lab, config=tmp_path / "nodes.yaml",
+                       serve_args=("--shared-group", GROUP))
+    done = subprocess.run([sys.executable, "-m", "nebula_tui", "serve", "--shared-group", GROUP],
+                          env=head.env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "needs `run_as: submitter`" in done.stderr and "read another's log" in done.stderr
+    assert not head.socket.exists()
+
+
+def test_other_users_see_neither_escapes_nor_command_lines(shared):
+    """The review's terminal injection: a job name and arguments with ESC, BEL, CR and
+    newlines printed fake lines and retitled other users' terminals; and everyone read
+    everyone's command line (one held TOKEN=hunter2)."""
+    name = "x\x1b]0;pwned\x07\r"
+    # It waits for a running job of Bob's (a request no card could serve is refused at submit).
+    blocker = int(as_user(shared, BOB, "submit", "--gpu-mem", "4G", "--", "sleep", "600").stdout.split()[2])
+    done = as_user(shared, BOB, "submit", "--name", "t\x1b]0;title\x07", "--after", str(blocker), "--", "sh", "-c",
+                   "TOKEN=hunter2 true", f"{name}\n  999  alice  fake  running  node01:0  rm -rf ~")
+    assert done.returncode == 0, done.stderr
+    job = int(done.stdout.split()[2])
+    try:
+        seen = as_user(shared, ALICE, "queue").stdout
+        assert "\x1b" not in seen and "\x07" not in seen and "\r" not in seen
+        assert "hunter2" not in seen and "t\\x1b]0;title" in seen
+        assert not any(line.lstrip().startswith("999") for line in seen.splitlines())
+        other = json.loads(as_user(shared, ALICE, "job", str(job)).stdout)
+        assert other["command"] == [f"(hidden: only {BOB} and admins see it)"]
+        own = json.loads(as_user(shared, BOB, "job", str(job)).stdout)
+        assert "TOKEN=hunter2 true" in own["command"]
+        assert "\x1b]0;pwned\x07\r\n" in own["command"][-1]
+        assert "TOKEN=hunter2 true" in shared.call("job", job=job)["job"]["command"]  # root: an admin
+    finally:
+        shared.run("cancel", str(job))
+        shared.run("cancel", str(blocker))

@@ -27,7 +27,7 @@ def nodelets(tmp_path):
     script = tmp_path / "nodelet.py"  # what the head ships to a node
     script.write_bytes(nodelet_source())
     env = dict(os.environ, NEBULA_NODE_DIR=str(tmp_path / "node"), TMUX_TMPDIR=str(tmp_path))
-    config = json.dumps({"interval": 60, "tmux_socket": "launch-test"})
+    config = json.dumps({"interval": 60, "tmux_socket": "launch-test", "head": "7"})
     procs = [subprocess.Popen([sys.executable, "-S", str(script), config], env=env, text=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
              for _ in range(2)]
@@ -44,7 +44,7 @@ def test_the_same_launch_from_two_nodelets_runs_once(nodelets, tmp_path):
     ran = tmp_path / "ran.txt"
     jobs = range(1, 31)
     for job in jobs:
-        request = json.dumps({"id": job, "op": "launch", "job": job, "token": f"7.{job}.0",
+        request = json.dumps({"id": job, "op": "launch", "job": job, "token": f"7.0.n{job}",
                               "script": f"echo {job} >> {ran}\n"}) + "\n"
         start = threading.Barrier(2)
 

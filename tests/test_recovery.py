@@ -24,10 +24,8 @@ def node_of(head, name: str) -> dict:
     return next(n for n in head.call("status")["nodes"] if n["name"] == name)
 
 
-def session_alive(lab, node: str, job: int) -> bool:
-    env = {**os.environ, "TMUX_TMPDIR": str(lab.node_dir(node) / "tmux")}
-    return subprocess.run(["tmux", "-L", "nebula", "has-session", "-t", f"=nebula-{job}"],
-                          env=env, capture_output=True).returncode == 0
+def session_alive(head, node: str, job: int) -> bool:
+    return head.tmux(node, "has-session", "-t", f"={head.session(job)}").returncode == 0
 
 
 def never_overcommitted(db_path) -> None:
@@ -98,7 +96,7 @@ def test_node_sshd_stopped_30s_while_its_job_runs(head, openssh_lab):
             assert time.monotonic() - stopped < 16
             time.sleep(max(0.0, 30 - (time.monotonic() - stopped)))
             assert head.job(job)["state"] == "running", "a short drop costs nobody their job"
-            assert session_alive(openssh_lab, node, job)
+            assert session_alive(head, node, job)
         finally:
             openssh_lab.start_node(node)
         wait_for(lambda: node_of(head, node)["state"] == "up", 30, what="node back up")
@@ -127,9 +125,9 @@ def test_a_node_silent_past_its_lease_has_its_jobs_requeued(openssh_lab, tmp_pat
         finally:
             openssh_lab.start_node(first["node"])
         # The old copy must not keep running: reconcile stops it when the node is back.
-        wait_for(lambda: not session_alive(openssh_lab, first["node"], job), 40,
+        wait_for(lambda: not session_alive(head, first["node"], job), 40,
                  what="the stale copy stopped")
-        assert session_alive(openssh_lab, moved["node"], job)
+        assert session_alive(head, moved["node"], job)
         head.run("cancel", str(job))
         assert head.wait_job(job, 30)["state"] == "cancelled"
         never_overcommitted(head.home / "state.db")

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from samples import SAMPLES as SHARED_SAMPLES
 from nebula_tui.remote.backends.topo import parse_topo
 from nebula_tui.scheduler.topology import best_set, link_rank
 
 _HERE = Path(__file__).resolve()
-SAMPLES = _HERE.parents[2] / "shared" / "samples" / "topo"
-if not SAMPLES.is_dir():
-    SAMPLES = Path("/work/shared/samples/topo")
+SAMPLES = SHARED_SAMPLES / "topo"
 TABLE = json.loads((_HERE.parent / "data" / "topo_best.json").read_text())
 FILES = sorted(p.name for p in SAMPLES.glob("*.txt"))
 _CODE = re.compile(r"(?<!\S)(X|NV\d+|SYS|SOC|NODE|PHB|PXB|PIX)(?!\S)")

@@ -4,13 +4,9 @@ dependencies, quota and the topology preview, on real sshd nodes."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from conftest import wait_for
-
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
-if not SAMPLES.is_dir():
-    SAMPLES = Path("/work/shared/samples")
+from samples import SAMPLES
 
 
 def submit(head, *args: str) -> int:

@@ -182,9 +182,10 @@ def test_tui_attach_suspends_the_tui_for_the_jobs_session(demo_terminal):
     keys("demo", "Enter")
     wait_for(lambda: f"Job {job}" in screen(), 15, interval=0.3, what="the job screen")
     keys("demo", "a")
-    # tmux's own status line ("[nebula-N] …") and the job's output, without the TUI's frame
-    # (the TUI's log tail shows the output too, so the mark alone proves nothing)
-    text = wait_for(lambda: f"[nebula-{job}]" in (s := screen()) and "NebulaGrid" not in s and s,
+    # tmux's own status line ("[nebula-N-…", the session's name cut at 10 characters) and
+    # the job's output, without the TUI's frame (the TUI's log tail shows the output too,
+    # so the mark alone proves nothing)
+    text = wait_for(lambda: f"[nebula-{job}" in (s := screen()) and "NebulaGrid" not in s and s,
                     30, interval=0.3, what="the job's tmux session instead of the TUI")
     assert "TUI-ATTACH-MARK" in text
     keys("demo", "C-b", "d")

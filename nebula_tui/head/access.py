@@ -34,6 +34,10 @@ class Access:
             return True
         return bool(config.admin_group) and user in group_members(config.admin_group)
 
+    def sees_commands_of_all(self, user: str) -> bool:
+        """Whether ``user`` sees every job's command line, not only their own jobs'."""
+        return self.state.config.commands_visible_to == "everyone" or self.is_admin(user)
+
     def may_manage(self, user: str, job: Job) -> bool:
         return user == job.user or self.is_admin(user)
 

@@ -21,6 +21,7 @@ import json
 import logging
 
 from ..model import RequestError
+from ..remote import launcher
 from ..remote.ssh import NodeUnavailable
 from .access import Access
 from .state import HeadState, job_nodes
@@ -50,7 +51,7 @@ class Attach:
         if not 0 <= rank < len(nodes):
             raise RequestError(f"job {job_id} runs on {len(nodes)} node(s): --rank goes from 0 "
                                f"to {len(nodes) - 1}")
-        return nodes[rank], f"nebula-{job.id}"
+        return nodes[rank], launcher.session_name(self.state.store.head_token, job.id)
 
     async def relay(self, user: str, req: dict, reader: asyncio.StreamReader,
                     writer: asyncio.StreamWriter) -> None:
@@ -65,7 +66,7 @@ class Attach:
         try:
             node, session = self.target(user, job_id, rank)
             process = await self.state.links[node].open_terminal(
-                ["tmux", "-L", "nebula", "attach-session", "-t", f"={session}"], term,
+                ["tmux", "-L", launcher.TMUX_SOCKET, "attach-session", "-t", f"={session}"], term,
                 (_side(cols), _side(rows)))
         except RequestError as err:
             await _reply(writer, {"ok": False, "error": str(err)})

@@ -85,6 +85,8 @@ class Engine:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        if self.state.store.restore_pending:
+            self.state.await_nodes_after_restore()
         self.transitions.load()
         self.fleet.start()
         self.scheduling.start()

@@ -5,7 +5,9 @@ A job's ``status`` carries exactly the data of its state (``model.Pending``, ``L
 transition: one store transaction, then the new status in the live job table, then its
 events out. A launch writes the intent (allocation + ``launching``) before any node is
 asked; a gang is running once every node confirmed and ends when every node's part
-ended. Exits are acked to the node in batches once recorded.
+ended. An exit is acked to its node only once its job's end is committed (a gang's parts
+once the whole gang's is), in batches; one the store could not take (a full disk) is kept
+and tried again, so no exit is ever lost while the node holds it.
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from ..model import (Cancelling, Ended, Evicting, Job, JobState, Launching, Pending, Placement,
                      RequestError, Running, Stopping, holding, with_holding)
 from ..remote import containers, launcher
 from ..remote.ssh import NodeUnavailable
-from ..store import StaleDecision
+from ..store import StaleDecision, StoreUnavailable, spec_of
 from .access import Access
 from .shares import Shares
 from .state import HeadState, JobTable, job_nodes
@@ -38,6 +40,24 @@ def _placements_on(job: Job, node: str) -> tuple[Placement, ...]:
     return tuple(p for p in job.placements if p.node == node)
 
 
+def launch_record(job: Job) -> dict:
+    """What a launch leaves on its node besides the run script: enough for a store restored
+    from an older backup to take the job in again (``JobTransitions.adopt``)."""
+    return {"user": job.user, "spec": asdict(job.spec), "submitted_at": job.submitted_at,
+            "attempt": job.attempt,
+            "placements": [[p.gpu_uuid, p.node, p.gpu_index, p.memory_mb, p.exclusive]
+                           for p in job.placements]}
+
+
+def job_from_record(job_id: int, record: dict, token: str, started_at: float) -> Job:
+    """The running job a launch record describes; ValueError/KeyError/TypeError when it is
+    not one (a node is not trusted to be well-formed)."""
+    placements = tuple(Placement(str(u), str(n), int(i), int(m), bool(e))
+                       for u, n, i, m, e in record["placements"])
+    return Job(job_id, str(record["user"]), spec_of(record["spec"]), float(record["submitted_at"]),
+               status=Running(placements, started_at, token=token), attempt=int(record["attempt"]))
+
+
 class JobTransitions:
     def __init__(self, state: HeadState, stream: Stream, shares: Shares, access: Access):
         self.state = state
@@ -48,6 +68,8 @@ class JobTransitions:
         #: why a part could not start, as its node said (the first one): the job's reason
         #: when it ends failed; nodes say it again after a restart (their exits are unacked)
         self._exit_reasons: dict[int, str] = {}
+        #: exits the store could not take yet, per (node, job): tried again (retry_exits)
+        self._unrecorded: dict[tuple[str, str], dict] = {}
         self._finished_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
         #: per node: the hello and config its launcher facts were read from, and the facts
         self._facts: dict[str, tuple[dict, tuple, launcher.NodeFacts]] = {}
@@ -90,17 +112,35 @@ class JobTransitions:
             self._set(replace(job, status=with_holding(job.status, replace(running, doing=text[:200]))))
 
     def on_exit(self, node: str, message: dict) -> None:
+        """A node reports an attempt's end. Acked once recorded; kept for a retry when the
+        store cannot take it now."""
+        key = (node, str(message.get("job")))
+        try:
+            self._record_exit(node, message)
+            self._unrecorded.pop(key, None)
+        except StoreUnavailable as err:
+            if key not in self._unrecorded:
+                log.warning("exit of job %s on %s not recorded yet: %s", key[1], node, err)
+            self._unrecorded[key] = message
+
+    def retry_exits(self) -> None:
+        """Exits the store could not take before: try them again (a loop phase)."""
+        for (node, _), message in list(self._unrecorded.items()):
+            self.on_exit(node, message)
+
+    def _record_exit(self, node: str, message: dict) -> None:
+        token = message.get("token")
         job = self._job_from_node(node, message)
         if job is None:
-            if self.state.ours(message.get("token")):
+            if self.state.ours(token):
                 # Ours but already finished (the head crashed before its ack): ack it now.
                 with contextlib.suppress(TypeError, ValueError):
-                    self._ack_soon(node, int(message.get("job")))
+                    self._ack_soon(node, int(message.get("job")), token)
             return
-        self._ack_soon(node, job.id)
         code = message.get("code")
         if isinstance(job.status, Evicting):
             self._evicted_exit(job, code)
+            self._ack_soon(node, job.id, token)  # the eviction's requeue is its own record
             return
         if message.get("reason"):  # its part could not start: the node said why
             self._exit_reasons.setdefault(job.id, str(message["reason"])[:500])
@@ -108,7 +148,7 @@ class JobTransitions:
         exits = dict(held.exits)
         if set(exits) < set(job_nodes(job)):
             self._set(replace(job, status=with_holding(job.status, held)))
-            return  # a gang ends when every node's part has ended
+            return  # a gang ends when every node's part has ended (each part acked then)
         codes = [exits[n] for n in job_nodes(job)]
         code = next((c for c in codes if c != 0), 0)
         if isinstance(job.status, Cancelling):
@@ -124,7 +164,9 @@ class JobTransitions:
             state, reason = JobState.FAILED, "its tmux session ended without an exit code (killed?)"
         else:
             state, reason = JobState.FAILED, self._exit_reasons.get(job.id, "")
-        self.finish(job, state, code, reason)
+        self.finish(job, state, code, reason)  # raises StoreUnavailable: nothing acked
+        for part in exits:  # a gang's parts share its token
+            self._ack_soon(part, job.id, token)
 
     def _job_from_node(self, node: str, message: dict) -> Job | None:
         try:
@@ -135,10 +177,11 @@ class JobTransitions:
             return None  # another head's job directory, or an earlier attempt of this job
         return job if node in job_nodes(job) and job.state.holds_gpus else None
 
-    def _ack_soon(self, node: str, job_id: int) -> None:
-        """Tell the node its job's exit is recorded; acks of one moment go as one request."""
+    def _ack_soon(self, node: str, job_id: int, token: str) -> None:
+        """Tell the node its job's exit is recorded; acks of one moment go as one request,
+        each naming the launch (token), so a late ack never silences a relaunch."""
         batch = self._acks.setdefault(node, [])
-        batch.append(job_id)
+        batch.append([job_id, token])
         if len(batch) == 1:
             self.state.spawn(self._send_acks(node), f"ack-{node}")
 
@@ -149,14 +192,28 @@ class JobTransitions:
         with contextlib.suppress(NodeUnavailable, asyncio.TimeoutError):
             await self.state.links[node].request("ack", jobs=jobs)
 
+    def adopt(self, node: str, job: Job, exit_code: int | None, alive: bool) -> None:
+        """A launch the store did not know (restored from an older backup) ran on ``node``:
+        the job is taken in as it is there, running, or ended with what its end left."""
+        self.state.store.adopt_launch(job, node, self.state.clock())
+        job = self._set(job)
+        if alive:
+            return
+        if exit_code is not None:
+            state = JobState.SUCCEEDED if exit_code == 0 else JobState.FAILED
+            self.finish(job, state, exit_code, "")
+        else:
+            self.finish(job, JobState.FAILED, None,
+                        "its tmux session ended without an exit code (killed?)")
+
     # ---------------------------------------------------------------------- launch
     def begin_launch(self, job: Job, placements: tuple[Placement, ...]) -> None:
         """The scheduler's Start: write the intent, then ask the nodes."""
         try:
-            self.state.store.start_launching(job.id, placements, self.state.clock())
+            token = self.state.store.start_launching(job.id, placements, self.state.clock())
         except StaleDecision:
             return  # the job changed since the snapshot (cancelled): nothing to launch
-        job = self._set(replace(job, status=Launching(placements)))
+        job = self._set(replace(job, status=Launching(placements, token=token)))
         self.shares.changed(job.user)  # one more job running
         for node in job_nodes(job):
             self.stream.publish_gpus(node)
@@ -216,11 +273,13 @@ class JobTransitions:
         mine = _placements_on(job, node)
         facts = self._node_facts(node)
         devices = self._devices(mine)
-        script = launcher.run_script(job, mine, self._run_as(job, node),
-                                     self._extra_environment(job, node), facts, devices)
+        run_as = self._run_as(job, node)
+        script = launcher.run_script(job, mine, run_as, self._extra_environment(job, node), facts,
+                                     devices)
         try:
-            reply = await self.state.links[node].request("launch", job=job.id,
-                                                         token=self.state.token(job), script=script)
+            reply = await self.state.links[node].request(
+                "launch", job=job.id, token=self.state.token(job), script=script,
+                user=job.user if run_as else None, record=launch_record(job))
         except (NodeUnavailable, asyncio.TimeoutError) as err:
             log.warning("launch of job %s on %s deferred: %s", job.id, node, err)
             return None
@@ -257,7 +316,7 @@ class JobTransitions:
         now = self.state.clock()
         self.state.store.mark_running(job.id, now)
         launching = holding(job.status)
-        running = Running(launching.placements, now, launching.exits)
+        running = Running(launching.placements, now, launching.exits, token=launching.token)
         self._set(replace(job, status=with_holding(job.status, running)))
 
     # --------------------------------------------------------------------- the end

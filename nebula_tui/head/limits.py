@@ -16,9 +16,11 @@ Each is one check over the running jobs, run at every turn of the scheduling loo
   ``limits.idle_action`` runs (``warn``: nothing more; ``cancel``: stopped, it ends
   ``cancelled``). ``--service`` jobs are exempt unless ``limits.idle_services``.
 
-Stops go through ``JobTransitions.stop``. Nothing here is kept in the store: after a
-restart the guard's and idleness's clocks start again, and a job past its time limit is
-stopped at the first turn.
+Stops go through ``JobTransitions.stop``. How long a job has run is its run time when
+this room first saw it running (wall clock: its start may predate this head) plus the
+monotonic time since, so a step of the wall clock (NTP, ``date -s``) stops nobody early.
+Nothing here is kept in the store: after a restart the guard's and idleness's clocks start
+again, and a job past its time limit is stopped at the first turn.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class Limits:
         self.grace_s = state.config.health.isolation_grace_s
         self.over: dict[int, Overuse] = {}
         self.idle_warned: dict[int, float] = {}  # job -> when it was told it is idle
+        #: job -> (attempt, its run time when first seen running, the monotonic clock then)
+        self._seen_running: dict[int, tuple[int, float, float]] = {}
 
     def running(self) -> list[Job]:
         return [j for j in self.state.jobs.values() if isinstance(j.status, Running)]
@@ -70,15 +74,25 @@ class Limits:
         running = self.running()
         for job in running:
             limit = job.spec.time_limit_s
-            if limit and now >= job.status.started_at + limit:
+            if limit and self.run_time(job) >= limit:
                 self._time_out(job, limit)
+        ids = {job.id for job in running}
+        for job_id in [j for j in self._seen_running if j not in ids]:
+            del self._seen_running[job_id]
         self._memory_actions(now)
         self._idle_actions(now, running)
 
+    def run_time(self, job: Job) -> float:
+        """How long a running job has run, immune to steps of the wall clock."""
+        seen = self._seen_running.get(job.id)
+        if seen is None or seen[0] != job.attempt:
+            seen = self._seen_running[job.id] = (job.attempt, max(0.0, self.state.clock() - job.status.started_at),
+                                                 self.state.monotonic())
+        return seen[1] + self.state.monotonic() - seen[2]
+
     def next_due(self) -> float | None:
         """Seconds until the next running job reaches its time limit (None: none has one)."""
-        now = self.state.clock()
-        due = [j.status.started_at + j.spec.time_limit_s - now for j in self.running() if j.spec.time_limit_s]
+        due = [j.spec.time_limit_s - self.run_time(j) for j in self.running() if j.spec.time_limit_s]
         return max(0.0, min(due)) if due else None
 
     def _time_out(self, job: Job, limit: float) -> None:

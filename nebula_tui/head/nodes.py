@@ -19,9 +19,10 @@ from ..config import load_config
 from ..model import Cancelling, ConfigError, GpuReading, JobState, NodeState, RequestError
 from ..remote.readings import hello_cuda_version, hello_topology, read_probe
 from ..remote.ssh import NodeLink, NodeUnavailable
+from ..store import StoreUnavailable
 from .access import Access
 from .health import HealthMonitor
-from .jobs import CANCEL_GRACE_S, JobTransitions
+from .jobs import CANCEL_GRACE_S, JobTransitions, job_from_record
 from .state import GpuLive, HeadState, Maintenance, NodeView, job_nodes
 from .stream import Stream
 
@@ -29,6 +30,12 @@ log = logging.getLogger(__name__)
 
 TELEMETRY_EVERY_S = 30.0
 TELEMETRY_COMPACT_EVERY_S = 3600.0
+
+
+def _int_or_zero(value: object) -> int:
+    """A job number from a node's message; anything else (a node is not trusted) is 0."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**62
+    return value if ok else 0
 
 
 class Fleet:
@@ -60,7 +67,8 @@ class Fleet:
             self._open_link(node)
 
     def _open_link(self, node) -> None:
-        link = NodeLink(node, self.state.config, self.on_node_message, self.on_node_state)
+        link = NodeLink(node, self.state.config, self.on_node_message, self.on_node_state,
+                        head=self.state.store.head_token)
         self.state.links[node.name] = link
         link.start()
 
@@ -94,12 +102,15 @@ class Fleet:
         if state == NodeState.UP:
             view.silent_since = None
         elif view.silent_since is None:
-            view.silent_since = self.state.clock()
+            view.silent_since = self.state.monotonic()
         view.state, view.reason = state, reason
         store = self.state.store
-        store.upsert_node(node, view.host, view.port, state.value, reason, view.last_seen)
-        self.state.record("node", f"{node} is {state.value}" + (f": {reason}" if reason else ""),
-                          node=node)
+        try:  # the store only keeps it for the record: the live view goes on without it
+            store.upsert_node(node, view.host, view.port, state.value, reason, view.last_seen)
+            self.state.record("node", f"{node} is {state.value}" + (f": {reason}" if reason else ""),
+                              node=node)
+        except StoreUnavailable as err:
+            log.warning("%s is %s; not recorded: %s", node, state.value, err)
         self.stream.publish_node(view)
         self.stream.publish_gpus(node)
         if state == NodeState.UP:
@@ -121,6 +132,8 @@ class Fleet:
     def _on_hello(self, node: str, message: dict) -> None:
         view = self.state.nodes[node]
         view.hello = message
+        # The highest job number the node holds of this store: never handed out again.
+        self.state.store.raise_id_floor(_int_or_zero(message.get("max_job")))
         view.cuda_version = hello_cuda_version(message)
         view.topo = hello_topology(message) or view.topo
 
@@ -159,10 +172,13 @@ class Fleet:
                                                job_used, owners)
             if changed:
                 state.wake()
-        if new_gpus:
-            state.store.register_gpus(node, [self._descriptor(node, r) for r in new_gpus],
-                                      state.clock())
-        self._record_telemetry(node, readings)
+        try:  # records only: the readings themselves are live already
+            if new_gpus:
+                state.store.register_gpus(node, [self._descriptor(node, r) for r in new_gpus],
+                                          state.clock())
+            self._record_telemetry(node, readings)
+        except StoreUnavailable as err:
+            log.warning("%s's readings not recorded: %s", node, err)
         self.health.on_probe(node, readings, message.get("pid_jobs", {}))
         self.probed(node, [r.uuid for r in readings if r.uuid])
         self.stream.publish_gpus(node)
@@ -209,37 +225,99 @@ class Fleet:
     async def reconcile(self, node: str) -> None:
         """After (re)connecting, make the node and the store agree (R23).
 
-        Launch intents the node never saw are carried out (the session name makes that
-        idempotent); cancels it missed are sent again; sessions of ours whose job is no
-        longer this node's (declared lost and requeued meanwhile) are stopped, so no job
-        runs twice. Exits the node recorded while we were away arrive as exit messages.
+        Launch intents the node never saw are carried out (the launch token makes that
+        idempotent); cancels it missed are sent again; sessions of launches this store
+        issued whose job is no longer this node's (declared lost and requeued meanwhile) are
+        stopped, so no job runs twice. Exits the node recorded while we were away arrive as
+        exit messages; a job running here by the store that the node has no record of, or
+        whose end the node has and the store lost, is ended (no job "runs" without a
+        process). After a restore of the store, launches it does not know are taken in
+        (``adopt_unknown``) before anything is scheduled.
         """
         state, transitions = self.state, self.transitions
-        for job in list(state.jobs.values()):
-            if node in job_nodes(job) and job.state == JobState.LAUNCHING:
-                await transitions.launch(job, only=node)
-            if node in job_nodes(job) and isinstance(job.status, Cancelling):
-                state.spawn(transitions.cancel_on_node(job, only=node), f"cancel-{job.id}")
         try:
+            if node in state.unreconciled:  # first: before any relaunch of an older attempt
+                listing = await state.links[node].request("list", records=True)
+                self.adopt_unknown(node, listing.get("attempts") or {},
+                                   listing.get("session_tokens") or {})
+                state.reconciled_after_restore(node)
+            for job in list(state.jobs.values()):
+                if node in job_nodes(job) and job.state == JobState.LAUNCHING:
+                    await transitions.launch(job, only=node)
+                if node in job_nodes(job) and isinstance(job.status, Cancelling):
+                    state.spawn(transitions.cancel_on_node(job, only=node), f"cancel-{job.id}")
             listing = await state.links[node].request("list")
+            self._stop_the_stale(node, listing.get("session_tokens") or {})
+            self._end_the_unrecorded(node, listing.get("attempts") or {})
         except (NodeUnavailable, asyncio.TimeoutError):
-            return
-        sessions = set(listing.get("sessions", []))
-        for name, info in listing.get("jobs", {}).items():
-            job_id = int(name)
+            return  # the next connection reconciles again
+        except StoreUnavailable as err:
+            log.warning("reconcile of %s stopped: %s", node, err)
+
+    def _stop_the_stale(self, node: str, sessions: dict) -> None:
+        state = self.state
+        for name, token in sessions.items():  # job -> the token of its live session
+            job_id = _int_or_zero(int(name) if name.isdigit() else 0)
             current = state.jobs.get(job_id)
-            if (state.ours(info.get("token")) and f"nebula-{job_id}" in sessions
+            if (job_id and state.ours(token)
                     and (current is None or node not in job_nodes(current)
-                         or info.get("token") != state.token(current))):
+                         or token != state.token(current))):
                 log.warning("stopping stale session of job %s on %s", job_id, node)
                 state.record("reconcile", f"stopped a stale copy of job {job_id} on {node}",
                              job_id=job_id, node=node)
-                state.spawn(self._stop_stale(node, job_id), f"stale-{job_id}")
+                state.spawn(self._stop_stale(node, job_id, token), f"stale-{job_id}")
 
-    async def _stop_stale(self, node: str, job_id: int) -> None:
+    def _end_the_unrecorded(self, node: str, attempts: dict) -> None:
+        """Running jobs of this node the node itself says are over: it has no record of
+        their launch (its job directory went), or it has their end, acknowledged, which the
+        store lost (a restore). Unacknowledged ends it reports by itself."""
+        for job in [j for j in self.state.jobs.values()
+                    if j.state == JobState.RUNNING and node in job_nodes(j)]:
+            token = self.state.token(job)
+            found = next((a for a in (attempts.get(str(job.id)) or {}).values()
+                          if isinstance(a, dict) and a.get("token") == token), None)
+            if found is None and token:
+                self.transitions.finish(job, JobState.FAILED, None, f"{node} has no record of "
+                                        "its launch (its job directory was removed?)")
+            elif found is not None and found.get("acked") and isinstance(found.get("exit_code"), int):
+                self.transitions.on_exit(node, {"job": job.id, "token": token,
+                                                "code": found["exit_code"]})
+
+    def adopt_unknown(self, node: str, attempts: dict, sessions: dict) -> None:
+        """After a restore: launches on this node the store does not know, of jobs it has
+        only as waiting (or not at all: their ids were lost with the backup), are taken in
+        as they are, running or ended, so none of them runs a second time."""
+        state = self.state
+        for name, found in attempts.items():
+            latest_first = sorted(((int(a), info) for a, info in (found or {}).items() if a.isdigit()),
+                                  key=lambda pair: -pair[0])
+            for attempt, info in latest_first:
+                token = info.get("token") if isinstance(info, dict) else None
+                record = info.get("record") if token else None
+                if not isinstance(record, dict) or state.ours(token):
+                    continue
+                job_id = _int_or_zero(int(name) if name.isdigit() else 0)
+                known = state.jobs.get(job_id) or state.store.job(job_id)
+                later = known is not None and known.state == JobState.LAUNCHING \
+                    and attempt > known.attempt  # requeued after the backup
+                if not job_id or (known is not None and known.state != JobState.PENDING
+                                  and not later):
+                    continue  # what the store knows of it later than that stands
+                alive = sessions.get(str(job_id)) == token
+                try:
+                    job = job_from_record(job_id, record, token,
+                                          info.get("started_at") or state.clock())
+                except (KeyError, TypeError, ValueError) as err:
+                    log.warning("%s: the record of job %s is not understood: %s", node, job_id, err)
+                    continue
+                log.warning("%s ran job %s after the store's backup: taken in again", node, job_id)
+                self.transitions.adopt(node, job, info.get("exit_code"), alive)
+
+    async def _stop_stale(self, node: str, job_id: int, token: str) -> None:
+        # With its token: a relaunch that took the session's place meanwhile is left alone.
         with contextlib.suppress(NodeUnavailable, asyncio.TimeoutError):
             await self.state.links[node].request("cancel", timeout=CANCEL_GRACE_S + 30, job=job_id,
-                                                 grace=CANCEL_GRACE_S)
+                                                 grace=CANCEL_GRACE_S, token=token)
 
     # --------------------------------------------------------------- admins' changes
     def set_drained(self, user: str, node: str, drained: bool, reason: str = "") -> NodeView:
@@ -302,8 +380,8 @@ class Fleet:
         self.access.check_admin(user, "reload the cluster file")
         if state.config.path is None:
             raise RequestError("this service was started without a cluster file")
-        try:
-            new = load_config(state.config.path)
+        try:  # in a thread: a big or hostile file must not stop the head answering
+            new = await asyncio.to_thread(load_config, state.config.path)
         except ConfigError as err:
             raise RequestError(str(err)) from None
         names = {n.name for n in new.nodes}

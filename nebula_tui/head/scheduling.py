@@ -4,14 +4,19 @@ One turn of the loop (``run``), each phase one function:
 
   1. ``HeadState.wait_for_wake``: until a change asks for a pass (a submit, an exit, a
      probe that freed memory …) or ``PERIODIC_PASS_S`` went by.
-  2. ``expire_leases``: the jobs of a node silent for longer than its lease are requeued;
-     ``Limits.check``: jobs past their time limit are stopped, the memory guard's and
-     idleness's actions run. The wait of phase 1 ends by the next time limit.
-  3. ``pass_is_pointless``: only submits since the last pass and no GPU free: no pass.
+  2. ``JobTransitions.retry_exits``: exits the store could not take (a full disk) are
+     recorded now if it can; ``expire_leases``: the jobs of a node silent for longer than
+     its lease (on the monotonic clock) are requeued; ``Limits.check``: jobs past their
+     time limit are stopped, the memory guard's and idleness's actions run. The wait of
+     phase 1 ends by the next time limit.
+  3. ``HeadState.holding_for_restore``: after a restore of the store, no pass until every
+     node told what ran since the backup; ``pass_is_pointless``: only submits since the
+     last pass and no GPU free: no pass.
   4. ``schedule_pass``: the pure scheduler decides over ``snapshot_for`` the waiting jobs;
      a ``Start`` is launched (``JobTransitions.begin_launch``), a ``Fail`` ends the job,
      a ``Wait`` keeps its (new) reason.
-  5. ``pause_after``: as long as the pass took (at most ``MAX_PASS_PAUSE_S``), so events
+  5. ``housekeeping``: once an hour, the events log's retention (``Store.trim_events``).
+  6. ``pause_after``: as long as the pass took (at most ``MAX_PASS_PAUSE_S``), so events
      of a busy head arrive in batches instead of each paying for a pass of its own.
 
 ``plan`` runs the same pass for a job not yet submitted (the submit form's preview).
@@ -40,6 +45,7 @@ MAX_PASS_PAUSE_S = 0.2
 #: A new order of the queue goes to subscribers at most this often (seconds): it is every
 #: waiting job's id, and a busy head has a new one after nearly every pass.
 QUEUE_ORDER_EVERY_S = 0.5
+HOUSEKEEPING_EVERY_S = 3600.0
 
 
 def pending_job(job: Job) -> scheduler.PendingJob:
@@ -64,6 +70,7 @@ class Scheduling:
         self.pending_views: dict[int, tuple[JobSpec, scheduler.PendingJob]] = {}
         self._task: asyncio.Task | None = None
         self._order_due = False  # a "queue" event is on its way
+        self._housekept_at: float | None = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run(), name="scheduler")
@@ -78,15 +85,25 @@ class Scheduling:
             await self.state.wait_for_wake(PERIODIC_PASS_S if due is None else min(PERIODIC_PASS_S, due + 0.05))
             started = time.perf_counter()
             try:
+                self.transitions.retry_exits()
                 self.expire_leases()
                 self.limits.check()
-                if self.pass_is_pointless():
-                    continue
-                self.state.capacity_changed = False
-                self.schedule_pass()
+                if not self.state.holding_for_restore() and not self.pass_is_pointless():
+                    self.state.capacity_changed = False
+                    self.schedule_pass()
+                self.housekeeping()
             except Exception:
                 log.exception("scheduling pass failed")
             await self.pause_after(started)
+
+    def housekeeping(self) -> None:
+        now = self.state.monotonic()
+        if self._housekept_at is not None and now - self._housekept_at < HOUSEKEEPING_EVERY_S:
+            return
+        self._housekept_at = now
+        gone = self.state.store.trim_events(self.state.clock())
+        if gone:
+            log.info("events log: %d rows past their retention removed", gone)
 
     @staticmethod
     async def pause_after(started: float) -> None:
@@ -100,7 +117,7 @@ class Scheduling:
         A short drop costs nobody their job (the node is only ``unknown``); when the node
         comes back after the lease, reconcile stops the stale copies.
         """
-        now = self.state.clock()
+        now = self.state.monotonic()
         for view in self.state.nodes.values():
             if view.silent_since is None or now - view.silent_since < self.state.config.node_lease:
                 continue

@@ -13,13 +13,14 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from ..config import ClusterConfig, ConfigError, load_config
 from ..service import Home
 from ..store import Store
 from .engine import Engine
-from .server import ApiServer
+from .server import ApiServer, SocketTaken, socket_answers
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,21 @@ def share_socket_dir(home: Home, group: str) -> None:
             os.chmod(home.root, 0o711)
 
 
+def shared_mode_refusal(config: ClusterConfig) -> str | None:
+    """Why the lab's users may not share a head with this config, or None."""
+    if config.run_as != "submitter":
+        return ("--shared-group needs `run_as: submitter` in the cluster: section of "
+                f"{config.path or 'nodes.yaml'}: with run_as: {config.run_as} every user's job "
+                "runs as the nodes' login account, so one user's job could read another's "
+                "log, forge its exit code and read that account's SSH keys")
+    return None
+
+
 def serve(home: Home, config_path: Path | None, shared_group: str | None = None) -> int:
     """Run the head service in the foreground until SIGTERM/SIGINT. Returns an exit code."""
+    if socket_answers(home.socket):
+        print(f"nebula serve: {SocketTaken.at(home.socket)}", file=sys.stderr)
+        return 1
     os.umask(0o077)  # the store, its WAL and the logs: the service account's alone
     home.ensure()
     if shared_group:
@@ -65,6 +79,9 @@ def serve(home: Home, config_path: Path | None, shared_group: str | None = None)
     except ConfigError as err:
         print(f"nebula serve: {err}", file=sys.stderr)
         return 2
+    if shared_group and (refusal := shared_mode_refusal(config)):
+        print(f"nebula serve: {refusal}", file=sys.stderr)
+        return 2
     lock_file = open(home.lock, "w")
     try:
         fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -75,8 +92,39 @@ def serve(home: Home, config_path: Path | None, shared_group: str | None = None)
     lock_file.flush()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("asyncssh").setLevel(logging.WARNING)  # one line per channel otherwise
-    asyncio.run(_serve(home, config, shared_group))
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RepeatFilter())
+    try:
+        asyncio.run(_serve(home, config, shared_group))
+    except SocketTaken as err:  # another head took the path between the look and the bind
+        print(f"nebula serve: {err}", file=sys.stderr)
+        return 1
     return 0
+
+
+class RepeatFilter(logging.Filter):
+    """At most BURST lines of one kind (logger and first line of the message) per WINDOW_S;
+    the next one let through says how many were left out. The log lives on the disk the
+    store does: asyncio's accept retry once wrote 13.6 MB of it in 18 s."""
+
+    WINDOW_S = 10.0
+    BURST = 5
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._kinds: dict[tuple[str, str], list] = {}  # kind -> [window start, lines]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = (record.name, str(record.msg).split("\n", 1)[0][:200])
+        now = time.monotonic()
+        window = self._kinds.setdefault(kind, [now, 0])
+        if now - window[0] > self.WINDOW_S:
+            left_out = window[1] - self.BURST
+            window[:] = [now, 0]
+            if left_out > 0 and isinstance(record.args, tuple):
+                record.msg = f"{record.msg} (and {left_out} more like this in {self.WINDOW_S:.0f} s, left out)"
+        window[1] += 1
+        return window[1] <= self.BURST
 
 
 async def _serve(home: Home, config: ClusterConfig, shared_group: str | None) -> None:

@@ -4,6 +4,14 @@
 the kernel (``SO_PEERCRED``), validates every request field by field (``spec_from_request``
 and the ``op_*`` methods: a bad field is a one-line refusal naming it) and answers with
 the engine. The protocol itself is written down in ``api.py``'s docstring.
+
+Bounds: a user holds at most ``MAX_CONNECTIONS_PER_USER`` connections (admins too: a
+runaway script of theirs must not take the head's descriptors either); a connection that
+sends no request for ``IDLE_TIMEOUT_S`` is closed; a request line is at most ``MAX_LINE``
+bytes and nested at most ``requests.MAX_JSON_DEPTH`` deep. A subscriber that falls
+``MAX_BACKLOG`` events behind is sent a fresh snapshot instead (``stream.Stream``), and one
+that reads nothing for ``STALL_S`` is dropped. Every refusal, and every failure while
+answering (a full disk), is a one-line reply; the connection stays open.
 """
 
 from __future__ import annotations
@@ -15,17 +23,21 @@ import json
 import logging
 import os
 import pwd
-import re
 import socket
+import stat
 import struct
+import time
+from collections import Counter
 from pathlib import Path
 
-from .. import environments, views
-from ..api import ARCH_RE, CUDA_RE, MAX_GPU_COUNT, MAX_LINE
-from ..model import JobSpec, RequestError, UnfitRequest
-from ..scheduler.snapshot import AFTER_TYPES
+from .. import views
+from ..api import MAX_GPU_COUNT, MAX_LINE
+from ..model import RequestError, UnfitRequest
+from ..store import StoreUnavailable
 from ..units import parse_array
 from .engine import Engine
+from .requests import job_id, parse_request, port_field, spec_from_request, text_field
+from .stream import RESYNC
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +45,54 @@ log = logging.getLogger(__name__)
 #: meanwhile goes in the same write, so 125 nodes reporting once a second wake the client
 #: ~10 times, not 125. Any other event is written at once, with what is waiting (seconds).
 STREAM_GATHER_S = 0.1
+MAX_CONNECTIONS_PER_USER = 64
+IDLE_TIMEOUT_S = 600.0
+STALL_S = 60.0
+#: events a subscriber may fall behind before it is resynchronised with a fresh snapshot
+MAX_BACKLOG = 2000
+
+TOGGLES_PER_S = 10.0
+TOGGLE_BURST = 100
+
+
+class RateLimit:
+    """A token bucket per user: ``burst`` at once, then ``per_s`` a second."""
+
+    def __init__(self, per_s: float, burst: int):
+        self.per_s, self.burst = per_s, burst
+        self._buckets: dict[str, tuple[float, float]] = {}  # user -> (tokens, when)
+
+    def check(self, user: str, what: str) -> None:
+        now = time.monotonic()
+        tokens, when = self._buckets.get(user, (float(self.burst), now))
+        tokens = min(self.burst, tokens + (now - when) * self.per_s)
+        if tokens < 1:
+            raise RequestError(f"too many requests to {what} from {user}: at most "
+                               f"{self.per_s:g} a second; try again in a moment")
+        self._buckets[user] = (tokens - 1, now)
+
+
+class SocketTaken(Exception):
+    """Another head answers on the socket path; str() says so in one line."""
+
+    @classmethod
+    def at(cls, path: Path) -> "SocketTaken":
+        return cls(f"another head service answers on {path}; stop it first, or give this "
+                   "one a socket of its own (--socket PATH)")
+
+
+def socket_answers(path: Path) -> bool:
+    """Whether something accepts connections on the Unix socket ``path`` now."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
 
 def peer_user(sock: socket.socket) -> str:
     """The Unix user on the other end of a connected Unix socket, as the kernel says."""
@@ -44,114 +104,6 @@ def peer_user(sock: socket.socket) -> str:
         return f"uid{uid}"
 
 
-def spec_from_request(req: dict) -> JobSpec:
-    """Validate a submit request field by field; raise RequestError naming the field."""
-    command = req.get("command")
-    if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
-        raise RequestError("command: give the program to run after `--`, or --command \"…\"")
-    shell = bool(req.get("shell"))
-    if shell and len(command) != 1:
-        raise RequestError("command: --command takes one shell command line")
-    gpu_count = req.get("gpu_count", 1)
-    if not isinstance(gpu_count, int) or isinstance(gpu_count, bool) or not 1 <= gpu_count <= MAX_GPU_COUNT:
-        raise RequestError(f"--gpu-count must be a whole number from 1 to {MAX_GPU_COUNT}")
-    gpu_mem = req.get("gpu_mem_mb")
-    if gpu_mem is not None and (not isinstance(gpu_mem, int) or gpu_mem < 1):
-        raise RequestError("--gpu-mem must be a positive size such as 8G")
-    name = req.get("name") or ""
-    if not isinstance(name, str) or len(name) > 128 or "\n" in name:
-        raise RequestError("--name must be one line of at most 128 characters")
-    workdir = req.get("workdir")
-    if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
-        raise RequestError("--workdir must be an absolute path on the node")
-    after = req.get("after") or []
-    if not isinstance(after, list) or not all(isinstance(a, int) and a > 0 for a in after):
-        raise RequestError("--after takes job ids (numbers)")
-    after_type = req.get("after_type") or "ok"
-    if after_type not in AFTER_TYPES:
-        raise RequestError(f"--after {after_type!r}: the kinds are {', '.join(AFTER_TYPES)} (e.g. any:12)")
-    array = req.get("array")
-    if array is not None:
-        if not isinstance(array, str) or len(array) > 200:
-            raise RequestError("--array takes task numbers like 0-99 or 0-99%8")
-        try:
-            parse_array(array)
-        except ValueError as err:
-            raise RequestError(str(err)) from None
-    time_limit = req.get("time_limit_s")
-    if time_limit is not None and (not isinstance(time_limit, (int, float)) or time_limit <= 0):
-        raise RequestError("--time must be a duration such as 30m or 2h")
-    nodes = req.get("nodes", 1)
-    if not isinstance(nodes, int) or isinstance(nodes, bool) or not 1 <= nodes <= MAX_GPU_COUNT:
-        raise RequestError(f"--nodes must be a whole number from 1 to {MAX_GPU_COUNT}")
-    priority = req.get("priority", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > 1000:
-        raise RequestError("--priority must be a whole number from -1000 to 1000")
-    texts = {}
-    for key, flag, pattern in (("arch", "--arch", ARCH_RE), ("cuda", "--cuda", CUDA_RE),
-                               ("vendor", "--vendor", _VENDOR)):
-        value = req.get(key)
-        if value is not None and (not isinstance(value, str) or not pattern.match(value)):
-            raise RequestError(f"{flag}: {value!r} is not valid; e.g. {_EXAMPLES[key]}")
-        texts[key] = value
-    return JobSpec(command=tuple(command), name=name, gpu_count=gpu_count,
-                   gpu_mem_mb=gpu_mem, workdir=workdir, shell=shell, nodes=nodes,
-                   priority=priority, after=tuple(after), after_type=after_type, array=array,
-                   time_limit_s=time_limit,
-                   service=bool(req.get("service")), no_requeue=bool(req.get("no_requeue")),
-                   **texts, **_world_fields(req))
-
-
-def _world_fields(req: dict) -> dict:
-    """What the job runs in (image, mounts, conda/venv, submit dir), each checked by
-    ``environments``; a bad value is refused with its sentence."""
-    checks = {"image": environments.image_reference, "runtime": environments.runtime_name,
-              "conda": environments.conda_env, "venv": environments.venv_path,
-              "submit_dir": lambda d: environments.absolute(d, "the submit directory")}
-    fields: dict = {}
-    try:
-        for key, check in checks.items():
-            if req.get(key) is not None:
-                fields[key] = check(req[key])
-        mounts = req.get("data_mounts") or []
-        if not isinstance(mounts, list):
-            raise ValueError("--data-mount: give SRC:DST or SRC:DST:ro, once per mount")
-        fields["data_mounts"] = tuple(environments.data_mount(m) for m in mounts)
-        environments.combination(fields.get("image"), fields.get("conda"), fields.get("venv"),
-                                 fields["data_mounts"], fields.get("runtime"))
-    except ValueError as err:
-        raise RequestError(str(err)) from None
-    fields["warmup"] = bool(req.get("warmup"))
-    fields["interactive"] = bool(req.get("interactive"))
-    return fields
-
-
-_VENDOR = re.compile(r"^(nvidia|intel|ascend|amd)$")
-_EXAMPLES = {"arch": "sm_89, '>=sm_80' or gfx90a", "cuda": "12.1",
-             "vendor": "nvidia, amd, intel or ascend"}
-
-
-def _text(req: dict, field: str) -> str:
-    value = req.get(field)
-    if not isinstance(value, str) or not value:
-        raise RequestError(f"{field}: give a name")
-    return value
-
-
-def _port(req: dict) -> int:
-    port = req.get("port", 22)
-    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-        raise RequestError("port must be a number from 1 to 65535")
-    return port
-
-
-def _job_id(req: dict) -> int:
-    try:
-        return int(req["job"])
-    except (KeyError, TypeError, ValueError):
-        raise RequestError(f"'{req.get('job')}' is not a job id (a number, as `nebula queue` shows)") from None
-
-
 class ApiServer:
     """Serves one engine on a Unix socket."""
 
@@ -161,16 +113,29 @@ class ApiServer:
         self.on_shutdown = on_shutdown
         self.group = group  # shared-box mode: this Unix group's members may connect
         self._server: asyncio.AbstractServer | None = None
+        self._bound: tuple[int, int] | None = None  # (device, inode) of the socket we made
+        self._connections: Counter[str] = Counter()  # per user
+        #: hold and release toggles per user (each writes an event): 1,500 a second once
+        self._toggles = RateLimit(TOGGLES_PER_S, TOGGLE_BURST)
 
     async def start(self) -> None:
+        """Take the socket path, only when nothing answers there (raises SocketTaken):
+        a live head's socket is never unlinked."""
+        if socket_answers(self.path):
+            raise SocketTaken.at(self.path)
         with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+            if not stat.S_ISSOCK(self.path.lstat().st_mode):
+                raise SocketTaken(f"{self.path} exists and is not a socket; give the service "
+                                  "another path (--socket PATH)")
+            self.path.unlink()  # a stale socket: its head is gone
         old_umask = os.umask(0o077)  # never a moment when others could connect
         try:
             self._server = await asyncio.start_unix_server(self._serve, str(self.path),
                                                            limit=MAX_LINE)
         finally:
             os.umask(old_umask)
+        made = self.path.stat()
+        self._bound = (made.st_dev, made.st_ino)
         if self.group:
             # Who may connect is the socket's business; who is asking, the kernel's.
             os.chown(self.path, -1, grp.getgrnam(self.group).gr_gid)
@@ -179,25 +144,26 @@ class ApiServer:
     async def close(self) -> None:
         if self._server:
             self._server.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        with contextlib.suppress(OSError):
+            now = self.path.stat()
+            if (now.st_dev, now.st_ino) == self._bound:  # ours still: not a successor's
+                self.path.unlink()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         user = peer_user(writer.get_extra_info("socket"))
         try:
-            while line := await reader.readline():
-                try:
-                    req = json.loads(line)
-                    if not isinstance(req, dict):
-                        raise ValueError
-                except ValueError:
-                    await self._send(writer, {"ok": False, "error": "request is not a JSON object"})
-                    continue
-                if req.get("op") == "attach":  # the connection becomes the terminal's
-                    await self.engine.attach.relay(user, req, reader, writer)
-                    break
-                await self._handle(user, req, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
+            if self._connections[user] >= MAX_CONNECTIONS_PER_USER:
+                await self._send(writer, {"ok": False, "error": (
+                    f"{user} has {MAX_CONNECTIONS_PER_USER} connections to the head service "
+                    "already, the most one user may hold; close some (each command holds one, "
+                    "a TUI two)")})
+                return
+            self._connections[user] += 1
+            try:
+                await self._requests(user, reader, writer)
+            finally:
+                self._connections[user] -= 1
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
             pass
         except asyncio.CancelledError:
             # The service is stopping (asyncio.run cancels every connection's task). Ending
@@ -208,26 +174,68 @@ class ApiServer:
             with contextlib.suppress(Exception):
                 writer.close()
 
+    async def _requests(self, user: str, reader: asyncio.StreamReader,
+                        writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                line = await asyncio.wait_for(reader.readline(), IDLE_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                return  # idle: a client that asks nothing holds no descriptor
+            except ValueError:  # asyncio's LimitOverrunError: no end of line within MAX_LINE
+                await self._send(writer, {"ok": False, "error": (
+                    f"request longer than {MAX_LINE >> 20} MB; put long input in a file")})
+                return
+            if not line:
+                return
+            try:
+                req = parse_request(line)
+            except RequestError as err:
+                await self._send(writer, {"ok": False, "error": str(err)})
+                continue
+            if req.get("op") == "attach":  # the connection becomes the terminal's
+                await self.engine.attach.relay(user, req, reader, writer)
+                return
+            await self._handle(user, req, writer)
+
     async def _send(self, writer: asyncio.StreamWriter, *messages: dict) -> None:
-        """Write ``messages``, a line each, in one write."""
+        """Write ``messages``, a line each, in one write; a client that reads nothing for
+        STALL_S is dropped (asyncio.TimeoutError), so its replies cannot pile up here."""
         writer.write(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
-        await writer.drain()
+        transport = writer.transport
+        if transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[1]:
+            return await writer.drain()  # nothing waits: at once
+        # A slow reader is waited for as long as it reads; one that stopped is dropped.
+        drain = asyncio.ensure_future(writer.drain())
+        loop = asyncio.get_running_loop()
+        left, moved_at = transport.get_write_buffer_size(), loop.time()
+        while not (await asyncio.wait({drain}, timeout=1.0))[0]:
+            if transport.get_write_buffer_size() < left:
+                left, moved_at = transport.get_write_buffer_size(), loop.time()
+            elif loop.time() - moved_at > STALL_S:
+                drain.cancel()
+                raise asyncio.TimeoutError
+        drain.result()
 
     async def _handle(self, user: str, req: dict, writer: asyncio.StreamWriter) -> None:
         op = req.get("op")
+        if op == "subscribe":  # outside the try: a subscriber that stalls is dropped
+            await self._subscribe(user, writer)
+            return
         try:
-            if op == "subscribe":
-                await self._subscribe(writer)
-                return
             handler = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
             if handler is None:
-                raise RequestError(f"unknown request {op!r}")
+                raise RequestError(f"unknown request {str(op)[:40]!r}")
             reply = await handler(user, req)
-            await self._send(writer, {"ok": True, **reply})
-        except RequestError as err:
+        except (RequestError, StoreUnavailable) as err:
             # a request no part of this cluster could serve is the client's to fix: exit 2
-            await self._send(writer, {"ok": False, "error": str(err),
-                                      "usage": isinstance(err, UnfitRequest)})
+            reply = {"ok": False, "error": str(err), "usage": isinstance(err, UnfitRequest)}
+        except Exception as err:  # a bug must cost one request, never the connection
+            log.exception("%s request of %s failed", str(op)[:40], user)
+            reply = {"ok": False, "error": f"the head service failed on this {str(op)[:40]} "
+                     f"request ({type(err).__name__}: {str(err)[:200]}); see its log"}
+        else:
+            reply = {"ok": True, **reply}
+        await self._send(writer, reply)
 
     # ----------------------------------------------------------------- ops
     async def op_ping(self, user, req):
@@ -239,84 +247,100 @@ class ApiServer:
         return {"job": views.job_json(job), "tasks": tasks}
 
     async def op_requeue(self, user, req):
-        return {"job": views.job_json(self.engine.requeue(user, _job_id(req)))}
+        return {"job": views.job_json(self.engine.requeue(user, job_id(req)))}
 
     async def op_status(self, user, req):
         status = self.engine.status()
         return {"summary": status["summary"], "nodes": status["nodes"]}
 
     async def op_queue(self, user, req):
-        return {"jobs": self.engine.queue_json()}
+        seen = self._seen_by(user)
+        return {"jobs": [seen(job) for job in self.engine.queue_json()]}
 
     async def op_gpus(self, user, req):
         return {"gpus": self.engine.gpus_json()}
 
     async def op_job(self, user, req):
-        return {"job": self.engine.job_detail(_job_id(req))}
+        return {"job": self._seen_by(user)(self.engine.job_detail(job_id(req)))}
 
     async def op_cancel(self, user, req):
-        job = await self.engine.cancel(user, _job_id(req))
+        job = await self.engine.cancel(user, job_id(req))
         return {"job": views.job_json(job)}
 
     async def op_wait(self, user, req):
-        job = await self.engine.wait_finished(_job_id(req))
-        return {"job": views.job_json(job)}
+        job = await self.engine.wait_finished(job_id(req))
+        return {"job": self._seen_by(user)(views.job_json(job))}
+
+    def _seen_by(self, user: str):
+        """What ``user`` sees of a job (as views.job_json): another user's command line only
+        as an admin, or with ``cluster.commands_visible_to: everyone`` (it can hold a
+        password, as ``TOKEN=hunter2`` once did)."""
+        if self.engine.access.sees_commands_of_all(user):
+            return lambda job: job
+
+        def seen(job: dict) -> dict:
+            if job.get("user") == user:
+                return job
+            return {**job, "command": [f"(hidden: only {job.get('user')} and admins see it)"]}
+        return seen
 
     async def op_hold(self, user, req):
-        return {"job": views.job_json(self.engine.set_held(user, _job_id(req), True))}
+        self._toggles.check(user, "hold or release")
+        return {"job": views.job_json(self.engine.set_held(user, job_id(req), True))}
 
     async def op_release(self, user, req):
-        return {"job": views.job_json(self.engine.set_held(user, _job_id(req), False))}
+        self._toggles.check(user, "hold or release")
+        return {"job": views.job_json(self.engine.set_held(user, job_id(req), False))}
 
     async def op_drain(self, user, req):
         reason = req.get("reason") or ""
         if not isinstance(reason, str) or len(reason) > 200:
             raise RequestError("reason must be one line of at most 200 characters")
-        return {"node": self.engine.set_drained(user, _text(req, "node"), True, reason).json()}
+        return {"node": self.engine.set_drained(user, text_field(req, "node"), True, reason).json()}
 
     async def op_resume(self, user, req):
-        return {"node": self.engine.set_drained(user, _text(req, "node"), False).json()}
+        return {"node": self.engine.set_drained(user, text_field(req, "node"), False).json()}
 
     async def op_plan(self, user, req):
         return self.engine.plan(user, spec_from_request(req))
 
     async def op_attach_info(self, user, req):
-        return {"argv": self.engine.attach_argv(user, _job_id(req))}
+        return {"argv": self.engine.attach_argv(user, job_id(req))}
 
     async def op_history(self, user, req):
         since = req.get("since", 3600)
         if not isinstance(since, (int, float)) or since <= 0:
             raise RequestError("since must be a number of seconds > 0")
-        gpu = self.engine.resolve_gpu(_text(req, "gpu"))
+        gpu = self.engine.resolve_gpu(text_field(req, "gpu"))
         return {"gpu": gpu, "samples": self.engine.history(gpu, float(since))}
 
     async def op_reload(self, user, req):
         return await self.engine.reload(user)
 
     async def op_node_key(self, user, req):
-        return {"fingerprint": await self.engine.node_key(user, _text(req, "host"), _port(req))}
+        return {"fingerprint": await self.engine.node_key(user, text_field(req, "host"), port_field(req))}
 
     async def op_node_add(self, user, req):
         login, identity = req.get("user"), req.get("identity")
         for value, what in ((login, "user"), (identity, "identity")):
             if value is not None and not isinstance(value, str):
                 raise RequestError(f"{what} must be text")
-        return await self.engine.add_node(user, _text(req, "node"), _text(req, "host"), _port(req),
-                                          login, identity, _text(req, "trust"))
+        return await self.engine.add_node(user, text_field(req, "node"), text_field(req, "host"), port_field(req),
+                                          login, identity, text_field(req, "trust"))
 
     async def op_node_remove(self, user, req):
-        return await self.engine.remove_node(user, _text(req, "node"))
+        return await self.engine.remove_node(user, text_field(req, "node"))
 
     async def op_quota(self, user, req):
         hours = req.get("hours")
         if not isinstance(hours, (int, float)) or isinstance(hours, bool) or hours < 0:
             raise RequestError("the quota is a number of GPU-hours per month, e.g. 3000")
-        self.engine.set_quota(user, _text(req, "user"), float(hours))
+        self.engine.set_quota(user, text_field(req, "user"), float(hours))
         return {}
 
     async def op_gpu_resume(self, user, req):
         """An admin brings a GPU in maintenance back into service (R16/R17)."""
-        gpu = self.engine.health.resume(user, _text(req, "gpu"))
+        gpu = self.engine.health.resume(user, text_field(req, "gpu"))
         return {"gpu": next(g for g in self.engine.gpus_json() if g["uuid"] == gpu)}
 
     async def op_users(self, user, req):
@@ -338,7 +362,7 @@ class ApiServer:
         if offsets is not None and (not isinstance(offsets, list) or len(offsets) > MAX_GPU_COUNT
                                     or not all(isinstance(o, int) and o >= 0 for o in offsets)):
             raise RequestError("offsets must be byte positions >= 0, one per rank")
-        return await self.engine.read_log(user, _job_id(req), offset, rank, offsets)
+        return await self.engine.read_log(user, job_id(req), offset, rank, offsets)
 
     async def op_shutdown(self, user, req):
         if not self.engine.is_admin(user):
@@ -347,13 +371,24 @@ class ApiServer:
             asyncio.get_running_loop().call_soon(self.on_shutdown)
         return {}
 
-    async def _subscribe(self, writer: asyncio.StreamWriter) -> None:
-        queue: asyncio.Queue = asyncio.Queue()
-        snapshot = self.engine.subscribe(queue)
+    async def _subscribe(self, user: str, writer: asyncio.StreamWriter) -> None:
+        """The snapshot, then every event. The queue is bounded: a subscriber that falls
+        MAX_BACKLOG events behind gets a fresh snapshot in place of its backlog
+        (``Stream.publish``), and one that reads nothing for STALL_S is dropped."""
+        queue: asyncio.Queue = asyncio.Queue(MAX_BACKLOG)
+        seen = self._seen_by(user)
+
+        def snapshot() -> dict:
+            snap = self.engine.subscribe(queue)
+            return {"ok": True, "type": "snapshot", **snap, "jobs": [seen(j) for j in snap["jobs"]]}
         try:
-            await self._send(writer, {"ok": True, "type": "snapshot", **snapshot})
+            await self._send(writer, snapshot())
             while True:
-                await self._send(writer, *await gather_events(queue))
+                events = await gather_events(queue)
+                if any(event is RESYNC for event in events):
+                    events = [snapshot()]
+                await self._send(writer, *(
+                    {**e, "job": seen(e["job"])} if e.get("type") == "job" else e for e in events))
         finally:
             self.engine.unsubscribe(queue)
 

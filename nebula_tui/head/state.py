@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 
@@ -34,7 +35,9 @@ class NodeView:
     drained: bool = False
     drain_reason: str = ""
     last_seen: float | None = None
-    silent_since: float | None = None  # when it stopped answering (for the node lease)
+    #: when it stopped answering, on the monotonic clock (the node lease): a step of the
+    #: wall clock (NTP, an admin's date) must never make a short silence look long
+    silent_since: float | None = None
     cuda_version: str | None = None
     topo: dict = field(default_factory=dict)
     hello: dict = field(default_factory=dict)
@@ -150,12 +153,15 @@ def job_nodes(job: Job) -> list[str]:
 class HeadState:
     """The live view every room shares (see the module docstring)."""
 
-    def __init__(self, config: ClusterConfig, store: Store, clock: Callable[[], float]):
+    def __init__(self, config: ClusterConfig, store: Store, clock: Callable[[], float],
+                 monotonic: Callable[[], float] = time.monotonic):
         self.config = config
         #: the ``scheduler:`` section as the head started with it (a reload keeps it)
         self.settings = config.scheduler
         self.store = store
         self.clock = clock
+        #: for durations the head acts on (leases); ``clock`` is for what it records
+        self.monotonic = monotonic
         self.owner = pwd.getpwuid(os.getuid()).pw_name  # the account the service runs as
         self.nodes = {n.name: NodeView(n.name, n.host, n.port, drained=n.drained,
                                        power_budget_w=n.power_budget_w)
@@ -171,6 +177,10 @@ class HeadState:
         self.capacity_changed = True
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
+        #: after a restore of the store: the nodes that have not yet told what ran since
+        #: the backup (nothing is scheduled till they have, or till ``_restore_until``)
+        self.unreconciled: set[str] = set()
+        self._restore_until = 0.0
 
     # ------------------------------------------------------------ getting work done
     def wake(self, capacity: bool = True) -> None:
@@ -196,6 +206,26 @@ class HeadState:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def await_nodes_after_restore(self) -> None:
+        """The store is older than what the nodes ran: hold scheduling until every node has
+        been reconciled, or a node lease went by (a node away that long is lost anyway)."""
+        self.unreconciled = set(self.nodes)
+        self._restore_until = self.monotonic() + self.config.node_lease
+
+    def holding_for_restore(self) -> bool:
+        """Whether scheduling waits for nodes to tell what ran since a restored backup."""
+        if self.unreconciled and self.monotonic() > self._restore_until:
+            self.reconciled_after_restore(*self.unreconciled)
+        return bool(self.unreconciled)
+
+    def reconciled_after_restore(self, *nodes: str) -> None:
+        if not self.unreconciled:
+            return
+        self.unreconciled.difference_update(nodes)
+        if not self.unreconciled:
+            self.store.restore_done()
+            self.wake()
+
     def cancel_tasks(self) -> None:
         for task in list(self._tasks):
             task.cancel()
@@ -218,12 +248,15 @@ class HeadState:
         return True
 
     # ----------------------------------------------------------------- jobs' tokens
-    def token(self, job: Job) -> str:
-        """Names one launch of one job: this head's store, and the attempt (requeues)."""
-        return f"{self.store.head_token}.{job.attempt}"
+    def token(self, job: Job) -> str | None:
+        """Names one launch of one job: this head's store, the attempt and a nonce."""
+        return job.launch_token
 
     def ours(self, token: object) -> bool:
-        return isinstance(token, str) and token.split(".")[0] == self.store.head_token
+        """Whether this store issued the launch token: only then is a session ours to stop
+        or an exit ours to acknowledge (never another copy's, or a launch made after the
+        backup this store was restored from)."""
+        return self.store.issued(token)
 
     # ------------------------------------------------------------------------ GPUs
     def gpu_views(self, node: str | None = None) -> list[GpuView]:

@@ -16,6 +16,10 @@ from ..model import GpuView, Job, NodeState
 from ..remote.backends import topo
 from .state import HeadState, NodeView
 
+#: Put in place of a subscriber's backlog when its (bounded) queue is full: the server then
+#: sends it a fresh snapshot, and events flow again from there.
+RESYNC = {"type": "resync"}
+
 
 def _int_or_none(text: str | None) -> int | None:
     return int(text) if text and text.isdigit() else None
@@ -106,7 +110,19 @@ class Stream:
     # ------------------------------------------------------------------ publishing
     def publish(self, event: dict) -> None:
         for queue in list(self.subscribers):
-            queue.put_nowait(event)
+            try:
+                queue.put_nowait(event)
+            except asyncio.QueueFull:
+                self._fell_behind(queue)
+
+    def _fell_behind(self, queue: asyncio.Queue) -> None:
+        """A subscriber that cannot keep up: its backlog goes (so a stalled client costs the
+        head at most one queue), RESYNC takes its place, and it gets no more events until it
+        subscribes again with a fresh snapshot (the server does that on RESYNC)."""
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(RESYNC)
+        self.subscribers.discard(queue)
 
     def publish_event(self, event: dict) -> None:
         """A line of the events log the store committed (``Store.on_event``), as it is."""

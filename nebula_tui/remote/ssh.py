@@ -26,6 +26,7 @@ from asyncssh.encryption import get_default_encryption_algs
 from ..config import ClusterConfig, NodeConfig
 from ..model import NodeState
 from . import preflight, shipping
+from .launcher import TMUX_SOCKET
 
 log = logging.getLogger(__name__)
 
@@ -103,13 +104,16 @@ class NodeLink:
 
     ``on_message(node, message)`` gets every message the nodelet sends except replies;
     ``on_state(node, state, reason)`` gets every change of the node's reachability.
+    ``head`` names the head's store on the node: its job directories and tmux sessions are
+    that head's alone (``launcher.session_name``).
     """
 
     def __init__(self, node: NodeConfig, cluster: ClusterConfig,
                  on_message: Callable[[str, dict], None],
-                 on_state: Callable[[str, NodeState, str], None]):
+                 on_state: Callable[[str, NodeState, str], None], head: str = "local"):
         self.node = node
         self.cluster = cluster
+        self.head = head
         self.on_message = on_message
         self.on_state = on_state
         self.state = NodeState.CONNECTING
@@ -164,7 +168,9 @@ class NodeLink:
         self._conn = await asyncio.wait_for(
             asyncssh.connect(node.host, node.port, **options), cluster.connect_timeout)
         source = shipping.payload()
-        settings = {"interval": cluster.probe_interval, "conda_lookup": preflight.CONDA_LOOKUP}
+        settings = {"interval": cluster.probe_interval, "conda_lookup": preflight.CONDA_LOOKUP,
+                    "head": self.head, "tmux_socket": TMUX_SOCKET,
+                    "retention_s": cluster.job_dir_retention}
         command = self._with_env(shipping.boot_command(len(source), settings))
         self._process = await self._conn.create_process(command, encoding=None)
         self._process.stdin.write(source)
@@ -224,7 +230,7 @@ class NodeLink:
             return
         if kind in ("hello", "probe") and self.state != NodeState.UP:
             self._set_state(NodeState.UP, "")
-        self.on_message(self.node.name, message)
+        self._call(self.on_message, self.node.name, message)
 
     async def _watch_heartbeat(self) -> None:
         """R15: ``missed_probes`` intervals of silence make the node ``unknown``."""
@@ -238,7 +244,15 @@ class NodeLink:
 
     def _set_state(self, state: NodeState, reason: str) -> None:
         self.state = state
-        self.on_state(self.node.name, state, reason)
+        self._call(self.on_state, self.node.name, state, reason)
+
+    def _call(self, callback, *args) -> None:
+        """A callback's failure (the head's store refused a write) is the head's to report:
+        it must never end this link, which would leave the node unknown until a restart."""
+        try:
+            callback(*args)
+        except Exception:
+            log.exception("%s: the head could not take in what the node said", self.node.name)
 
     def _drop(self) -> None:
         for future in self._pending.values():

@@ -28,6 +28,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
 from ..api import ApiError, AsyncClient
+from ..printable import printable, printable_tree
 from ..service import Home, ServiceUnavailable, connect
 from . import commandline
 from .base import ClusterScreen, OpMissing
@@ -265,13 +266,14 @@ class NebulaApp(App):
 
     # ------------------------------------------------------------------ requests
     async def call(self, op: str, **fields) -> dict:
-        """One request to the head; raises ApiError (OpMissing for an op it lacks)."""
+        """One request to the head; raises ApiError (OpMissing for an op it lacks). Every
+        string in the reply is made printable (other users' names and commands)."""
         try:
-            return await self.client.call(op, **fields)
+            return printable_tree(await self.client.call(op, **fields))
         except ApiError as err:
             if str(err).startswith("unknown request"):
                 raise OpMissing(f"'{op}' is not available on this service") from None
-            raise
+            raise ApiError(printable(err)) from None
 
     @work(group="whoami")
     async def who_am_i(self) -> None:
@@ -307,6 +309,7 @@ class NebulaApp(App):
         while True:
             try:
                 async for event in self.client.events():
+                    event = printable_tree(event)  # names, commands, reasons of anyone
                     kind = event.get("type")
                     if kind == "snapshot":
                         delay = RETRY_FIRST_S

@@ -8,8 +8,10 @@ or the real CLI.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -18,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..api import ApiError, Client
+from ..remote.launcher import TMUX_SOCKET, session_name
 from ..model import FINISHED_STATES
 
 FINISHED = FINISHED_STATES
@@ -34,24 +37,49 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, what: str
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def libfaketime() -> str | None:
+    """The path of libfaketime's library (Debian's ``libfaketime``), or None."""
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    return found[0] if found else None
+
+
 class HeadProcess:
-    """A running ``nebula serve`` for ``lab`` and the CLI pointed at it."""
+    """A running ``nebula serve`` for ``lab`` and the CLI pointed at it.
+
+    ``own_clock``: the service's wall clock can be stepped (``step_clock``) while every other
+    process's, and its own monotonic clock, run on (libfaketime; see ``libfaketime``).
+    """
 
     def __init__(self, home: Path, lab, config: Path | None = None, socket: Path | None = None,
-                 serve_args: tuple[str, ...] = ()):
+                 serve_args: tuple[str, ...] = (), own_clock: bool = False):
         self.home = Path(home)
-        self.home.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.lab = lab
         self.socket = Path(socket) if socket else self.home / "nebula.sock"
         self.serve_args = serve_args
         self.env = {**os.environ, "NEBULA_HOME": str(self.home),
                     "NEBULA_CONFIG": str(config or lab.config_path), "NEBULA_SOCKET": str(self.socket)}
+        self.serve_env = dict(self.env)
+        self.clock_file = self.home.parent / f"{self.home.name}.clock"
+        if own_clock:
+            library = libfaketime()
+            if library is None:
+                raise RuntimeError("libfaketime is not installed (apt-get install libfaketime)")
+            self.clock_file.write_text("+0\n")
+            # Only the realtime clock moves, as when NTP steps it; the file is read again
+            # at most once a second, so a step is seen within a second.
+            self.serve_env.update(LD_PRELOAD=library, FAKETIME_TIMESTAMP_FILE=str(self.clock_file),
+                                  FAKETIME_CACHE_DURATION="1", FAKETIME_DONT_FAKE_MONOTONIC="1")
         self.process: subprocess.Popen | None = None
+
+    def step_clock(self, seconds: float) -> None:
+        """Step the service's wall clock to ``seconds`` from the real one (own_clock)."""
+        self.clock_file.write_text(f"{seconds:+.0f}\n")
 
     def start(self, timeout: float = 30, wait_nodes: bool = True) -> None:
         with open(self.home / "serve.out", "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "nebula_tui", "serve", *self.serve_args], env=self.env,
+                [sys.executable, "-m", "nebula_tui", "serve", *self.serve_args], env=self.serve_env,
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         wait_for(self._answers, timeout, what="nebula serve to answer")
         if wait_nodes:
@@ -102,6 +130,26 @@ class HeadProcess:
         if check and done.returncode != 0:
             raise AssertionError(f"nebula {' '.join(args)} exited {done.returncode}: {done.stderr}")
         return done
+
+    @property
+    def head_id(self) -> str:
+        """The id of this head's store, which names its job directories and tmux server on
+        the nodes (read from the store itself, as a node sees it in launch tokens)."""
+        db = sqlite3.connect(f"file:{self.home / 'state.db'}?mode=ro", uri=True)
+        try:
+            return db.execute("SELECT value FROM meta WHERE key = 'head_token'").fetchone()[0]
+        finally:
+            db.close()
+
+    def session(self, job: int) -> str:
+        """The tmux session of this head's job ``job`` on its node."""
+        return session_name(self.head_id, job)
+
+    def tmux(self, node: str, *args: str) -> subprocess.CompletedProcess:
+        """Run tmux against the jobs' tmux server on ``node`` of the lab."""
+        env = {**os.environ, "TMUX_TMPDIR": str(self.lab.node_dir(node) / "tmux")}
+        return subprocess.run(["tmux", "-L", TMUX_SOCKET, *args], env=env,
+                              capture_output=True, text=True)
 
     def job(self, job_id: int) -> dict:
         return self.call("job", job=job_id)["job"]

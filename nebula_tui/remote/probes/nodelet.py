@@ -36,12 +36,14 @@ every command below runs from an argv list. The hardware layer (``nebula_tui.rem
 alone, the nodelet still launches jobs and says it has no hardware layer.
 """
 
+import contextlib
 import fcntl
 import json
 import os
 import pwd
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -51,14 +53,39 @@ import time
 
 CONFIG = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
 INTERVAL = float(CONFIG.get("interval", 5.0))
-TMUX = ["tmux", "-L", CONFIG.get("tmux_socket", "nebula")]
 NODE_DIR = os.path.expanduser(os.environ.get("NEBULA_NODE_DIR") or "~/.nebula-node")
-JOBS_DIR = os.path.join(NODE_DIR, "jobs")
-LOCKS_DIR = os.path.join(NODE_DIR, "locks")  # one file per job launched here (see op_launch)
 WATCH_EVERY = 0.02  # seconds between looks for started/ended jobs: ends are reported at once
 PHASE_EVERY = 0.25  # seconds between looks at what starting jobs are doing (for display)
 KMSG_CURSOR = os.path.join(NODE_DIR, "kmsg-cursor.json")
 SELFTEST_TIMEOUT = 600  # dcgmi diag -r 1 takes about a minute; a configured test may take more
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+# The job-directory layout: everything of one head (one store) lives apart from every other
+# head's, and every launch of a job (an attempt) has a directory of its own:
+#   NODE_DIR/heads/<head>/jobs/<job>/<attempt>/   token, run.sh, output.log, launched,
+#                                                 started, exit_code, acked
+#   NODE_DIR/heads/<head>/locks/<job>             held while a launch of the job is decided
+# and its tmux sessions are named for it, ``nebula-<job>-<head>`` on the node's ``-L nebula``
+# server (the head's first 8 characters: a socket's path must stay short, so the server is
+# shared). Two heads on the same nodes (another home) never see, relaunch or stop each
+# other's jobs; within one head, the token
+# ``<head>.<attempt>.<nonce>`` names exactly one launch, so a job id handed out again
+# (a store restored from a backup) can never be taken for an earlier job.
+HEAD = str(CONFIG.get("head") or "local")
+if not _NAME.match(HEAD):
+    raise SystemExit("nodelet: bad head id %r" % HEAD)
+HEADS_DIR = os.path.join(NODE_DIR, "heads")
+JOBS_DIR = os.path.join(HEADS_DIR, HEAD, "jobs")
+LOCKS_DIR = os.path.join(HEADS_DIR, HEAD, "locks")  # one file per job launched here (op_launch)
+TMUX = ["tmux", "-L", CONFIG.get("tmux_socket") or "nebula"]
+#: this head's sessions on the node's tmux server end so: ``nebula-<job>-<head>``
+#: (launcher.session_name)
+SESSION_SUFFIX = "-" + HEAD[:8]
+#: acknowledged attempts' directories are removed this long after their ack
+RETENTION_S = float(CONFIG.get("retention_s", 7 * 86400))
+CLEAN_EVERY_S = 3600.0
+MAX_LOG_READ = 1 << 20  # bytes one log request returns at most
+MAX_JOB_ID = (1 << 63) - 1
 
 _out_lock = threading.Lock()
 
@@ -83,7 +110,14 @@ def run(argv, timeout=20):
 
 
 def session_name(job):
-    return "nebula-%s" % job
+    return "nebula-%s%s" % (job, SESSION_SUFFIX)
+
+
+def job_of_session(name):
+    """The job of one of this head's sessions, or None (another head's, or not a job's)."""
+    job = name[len("nebula-"):-len(SESSION_SUFFIX)]
+    ok = name.startswith("nebula-") and name.endswith(SESSION_SUFFIX) and job.isdigit()
+    return job if ok else None
 
 
 def exact(name):
@@ -92,8 +126,46 @@ def exact(name):
     return "=" + name
 
 
-def job_dir(job):
-    return os.path.join(JOBS_DIR, str(job))
+def parse_token(token):
+    """(head, attempt, nonce) of a launch token ``<head>.<attempt>.<nonce>``, or None."""
+    parts = token.split(".") if isinstance(token, str) else []
+    if len(parts) != 3 or not _NAME.match(parts[0]) or not parts[1].isdigit() \
+            or not _NAME.match(parts[2]) or len(parts[1]) > 9:
+        return None
+    return parts[0], int(parts[1]), parts[2]
+
+
+def job_id(value):
+    """A job number from a request, as the directory name; ValueError when it is not one."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError("job must be a number")
+    number = int(value)
+    if not 1 <= number <= MAX_JOB_ID or str(number) != str(value).strip():
+        raise ValueError("job must be a number from 1 to 2^63-1")
+    return str(number)
+
+
+def job_root(job):
+    return os.path.join(JOBS_DIR, job)
+
+
+def attempt_dir(job, attempt):
+    return os.path.join(JOBS_DIR, job, str(attempt))
+
+
+def attempts(job):
+    """The attempts of ``job`` that have a directory here, oldest first."""
+    try:
+        names = os.listdir(job_root(job))
+    except OSError:
+        return []
+    return sorted(int(n) for n in names if n.isdigit())
+
+
+def latest_dir(job):
+    """The directory of the job's latest attempt here (its session is that attempt's), or None."""
+    found = attempts(job)
+    return attempt_dir(job, found[-1]) if found else None
 
 
 def read_text(path):
@@ -113,27 +185,54 @@ def write_atomic(path, text, mode=0o600):
 
 
 def tmux_sessions():
-    code, out, _ = run(TMUX + ["list-sessions", "-F", "#{session_name}"])
+    """{job: the launch token its session was created with} of this head's sessions."""
+    code, out, _ = run(TMUX + ["list-sessions", "-F", "#{session_name} #{@nebula_token}"])
     if code != 0:  # no server running means no sessions
-        return set()
-    return set(out.split())
+        return {}
+    found = {}
+    for line in out.splitlines():
+        name, _, token = line.partition(" ")
+        job = job_of_session(name)
+        if job:
+            found[job] = token.strip()
+    return found
 
 
 def pids_to_jobs(pids):
-    """Which of these pids belong to a NebulaGrid job (from their environment)."""
+    """Which of these pids belong to one of this head's jobs: those descended from a job
+    session's pane on this head's tmux server. /proc tells the parents whatever user a job
+    runs as; an environment (NEBULA_JOB_ID) anyone can set is never taken for a job."""
+    panes = pane_jobs() if pids else {}
     found = {}
     for pid in pids:
-        data = None
-        try:
-            with open("/proc/%d/environ" % pid, "rb") as f:
-                data = f.read()
-        except (OSError, ValueError):
-            continue
-        for item in data.split(b"\0"):
-            if item.startswith(b"NEBULA_JOB_ID="):
-                found[str(pid)] = item.split(b"=", 1)[1].decode("ascii", "replace")
+        ancestor, steps = pid, 0
+        while ancestor > 1 and steps < 100:
+            if ancestor in panes:
+                found[str(pid)] = panes[ancestor]
                 break
+            ancestor, steps = _ppid(ancestor), steps + 1
     return found
+
+
+def pane_jobs():
+    """{pane pid: job} of every job session of this head."""
+    code, out, _ = run(TMUX + ["list-panes", "-a", "-F", "#{session_name} #{pane_pid}"])
+    found = {}
+    for line in out.splitlines() if code == 0 else []:
+        name, _, pid = line.partition(" ")
+        job = job_of_session(name)
+        if job and pid.strip().isdigit():
+            found[int(pid)] = job
+    return found
+
+
+def _ppid(pid):
+    stat = read_text("/proc/%d/stat" % pid)
+    try:
+        # The command name may hold spaces and parentheses: fields resume after the last ')'.
+        return int(stat.rsplit(")", 1)[1].split()[1])
+    except (AttributeError, IndexError, ValueError):
+        return 0
 
 
 # ------------------------------------------------------------------------ probe
@@ -343,19 +442,23 @@ class KernelLog:
 
 # ---------------------------------------------------------------------- watcher
 class Watcher:
-    """Reports each job's start and exit once, as soon as its marker file appears."""
+    """Reports each attempt's start and exit once, as soon as its marker file appears."""
 
     def __init__(self):
-        self.started = set()
-        self.ended = set()
-        self.reported = {}  # job -> the token of the attempt whose exit was reported
+        self.started = set()  # (job, attempt) whose start was reported
+        self.ended = set()    # (job, attempt) whose exit was reported (or that need none)
+        self.finished = set()  # jobs whose every attempt here ended: not looked at again
         self.last_session_check = 0.0
-        self.phases = {}  # job -> what its wrapper said it is doing (an image pull)
+        self.last_clean = 0.0
+        self.phases = {}  # (job, attempt) -> what its wrapper said it is doing (an image pull)
         self.last_phase_check = 0.0
 
     def loop(self):
         while True:
             self.look()
+            if time.time() - self.last_clean > CLEAN_EVERY_S:
+                self.last_clean = time.time()
+                clean_old_attempts(time.time())
             time.sleep(WATCH_EVERY)
 
     def look(self):
@@ -373,48 +476,89 @@ class Watcher:
             self.last_session_check = time.time()
             sessions = tmux_sessions()
         for job in names:
-            if job in self.ended:
+            if job in self.finished or not job.isdigit():
                 continue
-            d = job_dir(job)
-            if os.path.exists(os.path.join(d, "acked")):
-                self.ended.add(job)
-                continue
-            if job not in self.started and os.path.exists(os.path.join(d, "started")):
-                self.started.add(job)
-                emit({"type": "started", "job": job, "token": read_text(os.path.join(d, "token")),
-                      "t": _mtime(os.path.join(d, "started")),
-                      "workdir": read_text(os.path.join(d, "workdir")) or None})
-            code_text = read_text(os.path.join(d, "exit_code"))
-            if code_text is not None and code_text.strip():
-                self.ended.add(job)
-                self.phases.pop(job, None)
-                token = self.reported[job] = read_text(os.path.join(d, "token"))
-                emit({"type": "exit", "job": job, "code": _int(code_text), "token": token,
-                      "t": _mtime(os.path.join(d, "exit_code")),
-                      "reason": (read_text(os.path.join(d, "reason")) or "").strip()[:500]})
-                continue
-            if phases and job in self.started:
-                self.look_phase(job, d)
-            if sessions is not None and _launched_before(d, self.last_session_check):
-                # The session is gone but left no exit code: killed, or the node rebooted.
-                if session_name(job) not in sessions and read_text(os.path.join(d, "exit_code")) is None:
-                    self.ended.add(job)
-                    token = self.reported[job] = read_text(os.path.join(d, "token"))
-                    emit({"type": "exit", "job": job, "code": None, "token": token,
-                          "t": time.time()})
+            found = attempts(job)
+            for attempt in found:
+                self.look_at(job, attempt, attempt == found[-1], sessions, phases)
+            if found and all((job, a) in self.ended for a in found):
+                self.finished.add(job)  # a relaunch here takes it out again (forget)
 
-    def look_phase(self, job, d):
+    def look_at(self, job, attempt, latest, sessions, phases):
+        key = (job, attempt)
+        if key in self.ended:
+            return
+        d = attempt_dir(job, attempt)
+        if os.path.exists(os.path.join(d, "acked")):
+            self.ended.add(key)
+            return
+        token = read_text(os.path.join(d, "token"))
+        if key not in self.started and os.path.exists(os.path.join(d, "started")):
+            self.started.add(key)
+            emit({"type": "started", "job": job, "attempt": attempt, "token": token,
+                  "t": _mtime(os.path.join(d, "started")),
+                  "workdir": read_text(os.path.join(d, "workdir")) or None})
+        code_text = read_text(os.path.join(d, "exit_code"))
+        if code_text is not None and code_text.strip():
+            self.ended.add(key)
+            self.phases.pop(key, None)
+            emit({"type": "exit", "job": job, "attempt": attempt, "code": _int(code_text),
+                  "token": token, "t": _mtime(os.path.join(d, "exit_code")),
+                  "reason": (read_text(os.path.join(d, "reason")) or "").strip()[:500]})
+            return
+        if phases and key in self.started:
+            self.look_phase(key, d, token)
+        if sessions is not None and _launched_before(d, self.last_session_check) and (
+                not latest or job not in sessions):
+            # The session is gone (an older attempt's was stopped for its relaunch) but left
+            # no exit code: killed, or the node rebooted.
+            if read_text(os.path.join(d, "exit_code")) is None:
+                self.ended.add(key)
+                emit({"type": "exit", "job": job, "attempt": attempt, "code": None,
+                      "token": token, "t": time.time()})
+
+    def look_phase(self, key, d, token):
         """Report what the wrapper says it is doing before the command ("pulling image …")."""
         text = (read_text(os.path.join(d, "phase")) or "").strip()[:200]
-        if text != self.phases.get(job, ""):
-            self.phases[job] = text
-            emit({"type": "phase", "job": job, "token": read_text(os.path.join(d, "token")),
+        if text != self.phases.get(key, ""):
+            self.phases[key] = text
+            emit({"type": "phase", "job": key[0], "attempt": key[1], "token": token,
                   "text": text, "t": time.time()})
 
-    def forget(self, job):
-        self.started.discard(job)
-        self.ended.discard(job)
-        self.phases.pop(job, None)
+    def forget(self, job, attempt):
+        self.started.discard((job, attempt))
+        self.ended.discard((job, attempt))
+        self.phases.pop((job, attempt), None)
+        self.finished.discard(job)
+
+
+def clean_old_attempts(now):
+    """Remove the directories of attempts acknowledged more than RETENTION_S ago, of every
+    head (an ack means that head has recorded the exit), and their jobs' empty directories."""
+    for head in _listdir(HEADS_DIR):
+        jobs = os.path.join(HEADS_DIR, head, "jobs")
+        for job in _listdir(jobs):
+            root = os.path.join(jobs, job)
+            for attempt in _listdir(root):
+                d = os.path.join(root, attempt)
+                try:
+                    old = now - os.stat(os.path.join(d, "acked")).st_mtime > RETENTION_S
+                except OSError:
+                    continue
+                if old:
+                    shutil.rmtree(d, ignore_errors=True)
+            if not _listdir(root):
+                with contextlib.suppress(OSError):
+                    os.rmdir(root)
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(HEADS_DIR, head, "locks", job))
+
+
+def _listdir(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def _mtime(path):
@@ -443,52 +587,77 @@ WATCHER = Watcher()
 
 # --------------------------------------------------------------------- requests
 def op_launch(req):
-    """Launch a job once. Two nodelets can be asked for the same launch at once (a head
-    killed mid-launch leaves its nodelet finishing while the next head's relaunches), so
-    the look for an earlier launch and the launch are one step under a lock per job:
-    else a job quick enough to end between the two steps of one runs a second time."""
-    job = str(int(req["job"]))
+    """Launch one attempt of a job once. Two nodelets can be asked for the same launch at
+    once (a head killed mid-launch leaves its nodelet finishing while the next head's
+    relaunches), so the look for an earlier launch and the launch are one step under a lock
+    per job: else a job quick enough to end between the two steps of one runs a second time."""
+    job = job_id(req["job"])
+    parsed = parse_token(req["token"])
+    if parsed is None or parsed[0] != HEAD:
+        return {"ok": False, "error": "bad launch token %r for head %s" % (req["token"], HEAD)}
     os.makedirs(LOCKS_DIR, mode=0o700, exist_ok=True)
     lock = os.open(os.path.join(LOCKS_DIR, job), os.O_CREAT | os.O_RDWR, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when this process dies
-        return _launch(req, job)
+        return _launch(req, job, parsed[1])
     finally:
         os.close(lock)
 
 
-def _launch(req, job):
-    d = job_dir(job)
+def _launch(req, job, attempt):
+    token = req["token"]
+    d = attempt_dir(job, attempt)
     name = session_name(job)
-    token_file = os.path.join(d, "token")
+    later = [a for a in attempts(job) if a > attempt]
+    if later:
+        # Never stop or shadow a later launch: the head asking is behind the node.
+        return {"ok": False, "error": "job %s already has attempt %d on this node, after the "
+                "attempt %d asked for; the head's store is older than the node's record "
+                "(restored from a backup?)" % (job, later[-1], attempt)}
     if os.path.isdir(d):
-        if read_text(token_file) == req["token"] and any(
-                os.path.exists(os.path.join(d, marker)) for marker in ("launched", "started", "exit_code")):
+        if read_text(os.path.join(d, "token")) != token:
+            # The same job number and attempt from another launch: a store that handed the
+            # number out again, or a copy of this store. Neither may adopt nor stop it.
+            return {"ok": False, "error": "job %s attempt %d on this node is another launch "
+                    "(token %s, asked for %s); nothing was started" % (
+                        job, attempt, read_text(os.path.join(d, "token")), token)}
+        if any(os.path.exists(os.path.join(d, m)) for m in ("launched", "started", "exit_code")):
             # This very launch happened before (its wrapper left its marks), perhaps by a
             # nodelet that died before it could say so: never run it a second time. A
             # session created but not yet started is caught below as a duplicate.
             write_atomic(os.path.join(d, "launched"), str(time.time()))
             return {"ok": True, "already": True}
-        if read_text(token_file) != req["token"]:
-            # An earlier attempt of this job (requeued) or another head's job with the same
-            # number: the head decided it is stale, so its session goes and its files are
-            # kept aside.
-            run(TMUX + ["kill-session", "-t", exact(name)])
-            container_remove(d)
-            os.rename(d, "%s.old-%d" % (d, int(time.time() * 1000)))
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    WATCHER.forget(job)
-    write_atomic(token_file, req["token"])
+    session = tmux_sessions().get(job)
+    if session is not None and session != token:
+        theirs = parse_token(session)
+        if theirs is None or theirs[1] >= attempt:
+            return {"ok": False, "error": "tmux session %s on this node belongs to another "
+                    "launch (%s); nothing was started" % (name, session or "no token")}
+        # An earlier attempt of this job, requeued by its head meanwhile: the relaunch
+        # supersedes it, so its session and container go (its directory and log stay).
+        run(TMUX + ["kill-session", "-t", exact(name)])
+        container_remove(attempt_dir(job, theirs[1]))
+    _make_private_dir(job_root(job))
+    _make_private_dir(d)
+    WATCHER.forget(job, attempt)
+    write_atomic(os.path.join(d, "token"), token)
+    if isinstance(req.get("record"), dict):
+        # What the head knew of the job at its launch: a store restored from an older
+        # backup learns from it what ran meanwhile (op_list with "records").
+        write_atomic(os.path.join(d, "launch.json"), json.dumps(req["record"]))
+    _prepare_log(os.path.join(d, "output.log"), req.get("user"))
     script = os.path.join(d, "run.sh")
     write_atomic(script, req["script"], 0o700)
     argv = TMUX + ["new-session", "-d", "-s", name, "-x", "200", "-y", "50",
-                   "exec sh %s %s" % (shlex.quote(script), shlex.quote(d))]
+                   "exec sh %s %s" % (shlex.quote(script), shlex.quote(d)),
+                   ";", "set-option", "@nebula_token", token]
     code, _, err = run(argv)
     if code != 0 and "server exited unexpectedly" in err:
         keep_tmux_server()  # someone killed the server meanwhile: start it again, once
         code, _, err = run(argv)
     if code != 0:
-        if "duplicate session" in err:  # the session is the idempotency key: launched already
+        if "duplicate session" in err and tmux_sessions().get(job) in (token, ""):
+            # the session is the idempotency key: this launch happened already
             write_atomic(os.path.join(d, "launched"), str(time.time()))
             return {"ok": True, "already": True}
         return {"ok": False, "error": "tmux new-session failed: %s" % err.strip()}
@@ -496,26 +665,60 @@ def _launch(req, job):
     return {"ok": True, "already": False}
 
 
+def _make_private_dir(path):
+    """A directory only this node's login account can enter (the jobs of the lab's users run
+    as themselves and must not read each other's logs or write each other's exit codes)."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def _prepare_log(path, user):
+    """Create the job's log for its wrapper: readable by the job's own user alone (chowned
+    to them where this nodelet may), never by the other users' jobs."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        if user and os.getuid() == 0:
+            try:
+                entry = pwd.getpwnam(user)
+                os.fchown(fd, entry.pw_uid, entry.pw_gid)
+            except KeyError:
+                pass  # the launch's own run as that user will say the user is unknown
+    finally:
+        os.close(fd)
+
+
 def session_pids(job):
     code, out, _ = run(TMUX + ["list-panes", "-s", "-t", exact(session_name(job)), "-F", "#{pane_pid}"])
     return [int(p) for p in out.split() if p.isdigit()] if code == 0 else []
 
 
+def _session_is(job, token):
+    """Whether the job's session exists and (when ``token`` is given) is that launch's."""
+    session = tmux_sessions().get(job)
+    return session is not None and (token is None or session in (token, ""))
+
+
 def op_cancel(req):
-    job = str(int(req["job"]))
+    """SIGTERM the job's processes, kill its session after ``grace``. With ``token``, only
+    that launch's session: a newer attempt in its place is left alone."""
+    job = job_id(req["job"])
+    token = req.get("token")
     grace = float(req.get("grace", 10))
+    if not _session_is(job, token):
+        return {"ok": True, "alive": False}
+    d = latest_dir(job) or ""
     # A container is stopped by its runtime (SIGTERM, SIGKILL after the grace); its client
     # in the session then ends with its exit code. Else, or when it is not up yet (pulling):
     # the session's processes get SIGTERM.
-    if not container_stop(job_dir(job), grace):
+    if not container_stop(d, grace):
         for pid in session_pids(job):
             _signal_group(pid, signal.SIGTERM)
     deadline = time.time() + grace
-    while time.time() < deadline and session_name(job) in tmux_sessions():
+    while time.time() < deadline and _session_is(job, token):
         time.sleep(0.1)
-    if session_name(job) in tmux_sessions():
+    if _session_is(job, token):
         run(TMUX + ["kill-session", "-t", exact(session_name(job))])
-        container_remove(job_dir(job))
+        container_remove(d)
     return {"ok": True}
 
 
@@ -527,25 +730,27 @@ def _signal_group(pid, sig):
 
 
 def op_ack(req):
-    for job in req["jobs"]:
-        job = str(int(job))
-        d = job_dir(job)
-        reported = WATCHER.reported.get(job)
-        if reported is not None and read_text(os.path.join(d, "token")) != reported:
-            # The ack is for an earlier attempt whose exit we reported; the directory now
-            # holds its relaunch (requeued onto this node again), which must not be silenced.
+    """The head recorded these exits: ``jobs`` is a list of [job, token] (each names one
+    attempt), so a late ack can never silence a relaunch of the same job."""
+    for job, token in req["jobs"]:
+        parsed = parse_token(token)
+        if parsed is None or parsed[0] != HEAD:
             continue
-        if os.path.isdir(d):
+        d = attempt_dir(job_id(job), parsed[1])
+        if read_text(os.path.join(d, "token")) == token:
             write_atomic(os.path.join(d, "acked"), str(time.time()))
     return {"ok": True}
 
 
 def op_log(req):
-    path = os.path.join(job_dir(str(int(req["job"]))), "output.log")
-    offset = int(req.get("offset", 0))
-    limit = int(req.get("limit", 65536))
+    """Part of a job's output log: its latest attempt here, or ``attempt``."""
+    job = job_id(req["job"])
+    attempt = req.get("attempt")
+    d = latest_dir(job) if attempt is None else attempt_dir(job, int(attempt))
+    offset = max(0, int(req.get("offset", 0)))
+    limit = min(MAX_LOG_READ, max(0, int(req.get("limit", 65536))))
     try:
-        with open(path, "rb") as f:
+        with open(os.path.join(d or "", "output.log"), "rb") as f:
             f.seek(offset)
             data = f.read(limit)
     except OSError:
@@ -554,12 +759,33 @@ def op_log(req):
             "offset": offset + len(data)}
 
 
+def _attempt_info(d, with_record=False):
+    info = {
+        "token": read_text(os.path.join(d, "token")),
+        "launched": os.path.exists(os.path.join(d, "launched")),
+        "started": os.path.exists(os.path.join(d, "started")),
+        "started_at": _mtime(os.path.join(d, "started")) if os.path.exists(os.path.join(d, "started")) else None,
+        "exit_code": _int(read_text(os.path.join(d, "exit_code")) or "x"),
+        "acked": os.path.exists(os.path.join(d, "acked")),
+    }
+    if with_record:
+        try:
+            info["record"] = json.loads(read_text(os.path.join(d, "launch.json")) or "null")
+        except ValueError:
+            info["record"] = None
+    return info
+
+
 def op_note(req):
-    """One line in the job's log, from the head (why it was warned or stopped)."""
-    path = os.path.join(job_dir(str(int(req["job"]))), "output.log")
-    text = str(req.get("text", "")).replace("\n", " ")[:1000]
-    try:
-        with open(path, "a") as f:
+    """One line of the head's in the job's log (why it was warned or stopped): the log of
+    its latest attempt here, the one running."""
+    d = latest_dir(job_id(req["job"]))
+    if d is None:
+        return {"ok": False, "error": "no such job here"}
+    text = "".join(c if c.isprintable() else " " for c in str(req.get("text", "")))[:1000]
+    try:  # appended to the log the wrapper made, never through a link put in its place
+        fd = os.open(os.path.join(d, "output.log"), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        with os.fdopen(fd, "w") as f:
             f.write(text + "\n")
     except OSError as err:
         return {"ok": False, "error": str(err)}
@@ -567,23 +793,23 @@ def op_note(req):
 
 
 def op_list(req):
-    jobs = {}
-    try:
-        names = os.listdir(JOBS_DIR)
-    except OSError:
-        names = []
-    for job in names:
+    """This head's jobs here: ``jobs`` holds each job's latest attempt (the one its session,
+    if any, belongs to), ``attempts`` every attempt; ``sessions`` the jobs with a live session and
+    ``session_tokens`` the launch each belongs to. With ``records``, each attempt also
+    carries the record its launch left (``launch.json``)."""
+    jobs, every = {}, {}
+    with_records = bool(req.get("records"))
+    for job in _listdir(JOBS_DIR):
         if not job.isdigit():
             continue
-        d = job_dir(job)
-        jobs[job] = {
-            "token": read_text(os.path.join(d, "token")),
-            "launched": os.path.exists(os.path.join(d, "launched")),
-            "started": os.path.exists(os.path.join(d, "started")),
-            "exit_code": _int(read_text(os.path.join(d, "exit_code")) or "x"),
-            "acked": os.path.exists(os.path.join(d, "acked")),
-        }
-    return {"ok": True, "jobs": jobs, "sessions": sorted(tmux_sessions())}
+        found = attempts(job)
+        if not found:
+            continue
+        every[job] = {str(a): _attempt_info(attempt_dir(job, a), with_records) for a in found}
+        jobs[job] = dict(every[job][str(found[-1])], attempt=found[-1])
+    sessions = tmux_sessions()
+    return {"ok": True, "jobs": jobs, "attempts": every, "sessions": sorted(sessions, key=int),
+            "session_tokens": sessions}
 
 
 _SIGNALS = {"USR1": signal.SIGUSR1, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
@@ -593,12 +819,8 @@ def _children():
     """ppid -> [pid] from /proc."""
     tree = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        stat = read_text("/proc/%s/stat" % name)
-        if stat:
-            # The command name may hold spaces and parentheses: fields resume after the last ')'.
-            tree.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(name))
+        if name.isdigit():
+            tree.setdefault(_ppid(int(name)), []).append(int(name))
     return tree
 
 
@@ -640,7 +862,7 @@ def job_processes(job):
 def op_signal(req):
     """USR1 (checkpoint now) or TERM to the job's processes; KILL ends everything of the
     job, its tmux session included. ``alive``: whether the session is still there."""
-    job = str(int(req["job"]))
+    job = job_id(req["job"])
     name = str(req.get("signal", "")).upper().replace("SIG", "")
     if name not in _SIGNALS:
         return {"ok": False, "error": "signal must be one of %s" % ", ".join(sorted(_SIGNALS))}
@@ -653,13 +875,14 @@ def op_signal(req):
             except OSError:
                 pass
         run(TMUX + ["kill-session", "-t", exact(session_name(job))])
-        container_remove(job_dir(job))
         # The head ends or requeues this attempt itself: its exit is not reported, so no
         # late report (and ack) can meet a relaunch of the job in the same directory.
-        if os.path.isdir(job_dir(job)):
-            write_atomic(os.path.join(job_dir(job), "acked"), str(time.time()))
-        WATCHER.ended.add(job)
-    elif container_signal(job_dir(job), name):
+        d = latest_dir(job)
+        if d is not None:
+            container_remove(d)
+            write_atomic(os.path.join(d, "acked"), str(time.time()))
+            WATCHER.ended.add((job, int(os.path.basename(d))))
+    elif container_signal(latest_dir(job) or "", name):
         pids = []  # the container's main process got it (its init passes it on)
     else:
         pids = job_processes(job)
@@ -668,7 +891,7 @@ def op_signal(req):
                 os.kill(pid, _SIGNALS[name])
             except OSError:
                 pass
-    return {"ok": True, "pids": pids, "alive": session_name(job) in tmux_sessions()}
+    return {"ok": True, "pids": pids, "alive": job in tmux_sessions()}
 
 
 def _smi():
@@ -752,6 +975,7 @@ def hello():
     first = HARDWARE.snapshot()
     return {"type": "hello", "hostname": socket.gethostname(), "pid": os.getpid(),
             "python": sys.version.split()[0], "uid": os.getuid(), "node_dir": NODE_DIR,
+            "head": HEAD, "max_job": max([int(j) for j in _listdir(JOBS_DIR) if j.isdigit()] or [0]),
             # What jobs may run in here: container runtimes, conda tools (node_containers.py).
             "runtimes": container_runtimes(), "conda": conda_tools(CONFIG.get("conda_lookup")),
             # The hardware: what serves it, its devices (static facts such as the base
@@ -776,7 +1000,8 @@ def keep_tmux_server():
 
 def main():
     global HARDWARE
-    os.makedirs(JOBS_DIR, mode=0o700, exist_ok=True)
+    for path in (NODE_DIR, HEADS_DIR, os.path.dirname(JOBS_DIR), JOBS_DIR):
+        _make_private_dir(path)  # makedirs gives its mode to the last directory only
     keep_tmux_server()
     HARDWARE = start_hardware()
     emit(hello())

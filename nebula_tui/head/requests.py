@@ -1,0 +1,216 @@
+"""What a request may hold: each request line parsed and checked, field by field.
+
+``parse_request`` turns a line into a JSON object or refuses it in one line (not JSON,
+nested deeper than ``MAX_JSON_DEPTH``, text that is not Unicode); ``spec_from_request``
+checks a submit's fields, each against its bounds (sizes, counts, NUL, numbers that are
+whole and finite). Every refusal is a ``RequestError`` that names the field and says how
+to fix it. The server (``head/server.py``) answers what passes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from .. import environments
+from ..api import ARCH_RE, CUDA_RE, MAX_GPU_COUNT
+from ..model import JobSpec, RequestError
+from ..scheduler.snapshot import AFTER_TYPES
+from ..units import parse_array
+
+MAX_JSON_DEPTH = 32
+
+#: one argument of a command, and the whole command (the kernel refuses an argument over
+#: 128 KiB at exec: refused here, at submit, instead of failing on the node)
+MAX_ARG_BYTES = 64 * 1024
+MAX_COMMAND_BYTES = 256 * 1024
+MAX_ARGS = 4096
+MAX_JOB_ID = (1 << 63) - 1  # SQLite's integers
+MAX_GPU_MEM_MB = 16 << 20   # 16 TB, far above any card
+MAX_TIME_LIMIT_S = 366 * 86400.0
+
+
+def whole(value: object, low: int, high: int) -> bool:
+    """A JSON number that is a whole number in [low, high] (true and false are not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def spec_from_request(req: dict) -> JobSpec:
+    """Validate a submit request field by field; raise RequestError naming the field."""
+    command = req.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
+        raise RequestError("command: give the program to run after `--`, or --command \"…\"")
+    sizes = [len(a.encode()) for a in command]
+    if len(command) > MAX_ARGS or max(sizes) > MAX_ARG_BYTES or sum(sizes) > MAX_COMMAND_BYTES:
+        raise RequestError(f"command: at most {MAX_ARGS} arguments of at most {MAX_ARG_BYTES // 1024} KB "
+                           f"each, {MAX_COMMAND_BYTES // 1024} KB in all (this one: "
+                           f"{len(command)} arguments, the longest {max(sizes) // 1024} KB); "
+                           "put long input in a file the job reads")
+    if any("\0" in a for a in command):
+        raise RequestError("command: an argument holds a NUL character, which no program can be given")
+    shell = bool(req.get("shell"))
+    if shell and len(command) != 1:
+        raise RequestError("command: --command takes one shell command line")
+    gpu_count = req.get("gpu_count", 1)
+    if not whole(gpu_count, 1, MAX_GPU_COUNT):
+        raise RequestError(f"--gpu-count must be a whole number from 1 to {MAX_GPU_COUNT}")
+    gpu_mem = req.get("gpu_mem_mb")
+    if gpu_mem is not None and not whole(gpu_mem, 1, MAX_GPU_MEM_MB):
+        raise RequestError("--gpu-mem must be a positive size such as 8G (at most 16 TB)")
+    name = req.get("name") or ""
+    if not isinstance(name, str) or len(name) > 128 or "\n" in name or "\0" in name:
+        raise RequestError("--name must be one line of at most 128 characters")
+    workdir = req.get("workdir")
+    if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")
+                                or "\0" in workdir or len(workdir) > 4096):
+        raise RequestError("--workdir must be an absolute path on the node (no NUL, at most 4096 characters)")
+    after = req.get("after") or []
+    if not isinstance(after, list) or len(after) > 1000 or not all(whole(a, 1, MAX_JOB_ID) for a in after):
+        raise RequestError("--after takes job ids (numbers)")
+    after_type = req.get("after_type") or "ok"
+    if after_type not in AFTER_TYPES:
+        raise RequestError(f"--after {str(after_type)[:40]!r}: the kinds are {', '.join(AFTER_TYPES)} "
+                           "(e.g. any:12)")
+    array = req.get("array")
+    if array is not None:
+        if not isinstance(array, str) or len(array) > 200:
+            raise RequestError("--array takes task numbers like 0-99 or 0-99%8")
+        try:
+            parse_array(array)
+        except ValueError as err:
+            raise RequestError(str(err)) from None
+    time_limit = req.get("time_limit_s")
+    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
+                                   or not 0 < time_limit <= MAX_TIME_LIMIT_S):
+        raise RequestError("--time must be a duration such as 30m or 2h (at most a year)")
+    nodes = req.get("nodes", 1)
+    if not whole(nodes, 1, MAX_GPU_COUNT):
+        raise RequestError(f"--nodes must be a whole number from 1 to {MAX_GPU_COUNT}")
+    priority = req.get("priority", 0)
+    if not whole(priority, -1000, 1000):
+        raise RequestError("--priority must be a whole number from -1000 to 1000")
+    texts = {}
+    for key, flag, pattern in (("arch", "--arch", ARCH_RE), ("cuda", "--cuda", CUDA_RE),
+                               ("vendor", "--vendor", _VENDOR)):
+        value = req.get(key)
+        if value is not None and (not isinstance(value, str) or not pattern.match(value)):
+            raise RequestError(f"{flag}: {value!r} is not valid; e.g. {_EXAMPLES[key]}")
+        texts[key] = value
+    return JobSpec(command=tuple(command), name=name, gpu_count=gpu_count,
+                   gpu_mem_mb=gpu_mem, workdir=workdir, shell=shell, nodes=nodes,
+                   priority=priority, after=tuple(after), after_type=after_type, array=array,
+                   time_limit_s=time_limit,
+                   service=bool(req.get("service")), no_requeue=bool(req.get("no_requeue")),
+                   **texts, **_world_fields(req))
+
+
+def _world_fields(req: dict) -> dict:
+    """What the job runs in (image, mounts, conda/venv, submit dir), each checked by
+    ``environments``; a bad value is refused with its sentence."""
+    checks = {"image": environments.image_reference, "runtime": environments.runtime_name,
+              "conda": environments.conda_env, "venv": environments.venv_path,
+              "submit_dir": lambda d: environments.absolute(d, "the submit directory")}
+    fields: dict = {}
+    try:
+        for key, check in checks.items():
+            if req.get(key) is not None:
+                fields[key] = check(req[key])
+        mounts = req.get("data_mounts") or []
+        if not isinstance(mounts, list):
+            raise ValueError("--data-mount: give SRC:DST or SRC:DST:ro, once per mount")
+        fields["data_mounts"] = tuple(environments.data_mount(m) for m in mounts)
+        environments.combination(fields.get("image"), fields.get("conda"), fields.get("venv"),
+                                 fields["data_mounts"], fields.get("runtime"))
+    except ValueError as err:
+        raise RequestError(str(err)) from None
+    fields["warmup"] = bool(req.get("warmup"))
+    fields["interactive"] = bool(req.get("interactive"))
+    return fields
+
+
+
+_VENDOR = re.compile(r"^(nvidia|intel|ascend|amd)$")
+_EXAMPLES = {"arch": "sm_89, '>=sm_80' or gfx90a", "cuda": "12.1",
+             "vendor": "nvidia, amd, intel or ascend"}
+
+
+def text_field(req: dict, field: str) -> str:
+    value = req.get(field)
+    if not isinstance(value, str) or not value:
+        raise RequestError(f"{field}: give a name")
+    return value
+
+
+def port_field(req: dict) -> int:
+    port = req.get("port", 22)
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise RequestError("port must be a number from 1 to 65535")
+    return port
+
+
+def job_id(req: dict) -> int:
+    value = req.get("job")
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if not whole(value, 1, MAX_JOB_ID):
+        shown = repr(value)[:40]
+        raise RequestError(f"{shown} is not a job id (a number, as `nebula queue` shows)")
+    return value
+
+
+def parse_request(line: bytes) -> dict:
+    """A request line as a JSON object; RequestError (one line) for anything else: not
+    JSON, nested deeper than MAX_JSON_DEPTH (which would exhaust Python's recursion), or
+    text that is not Unicode (a lone surrogate, which no store or terminal can take)."""
+    if line.count(b"[") + line.count(b"{") > MAX_JSON_DEPTH and _depth(line) > MAX_JSON_DEPTH:
+        raise RequestError(f"the request is nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        req = json.loads(line)
+    except (ValueError, RecursionError):
+        raise RequestError("request is not a JSON object") from None
+    if not isinstance(req, dict):
+        raise RequestError("request is not a JSON object")
+    _check_text(req, "request")
+    return req
+
+
+def _depth(line: bytes) -> int:
+    """How deep brackets nest in a JSON text, strings skipped."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+def _check_text(value: object, where: str) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError(f"{where}: text holds a lone surrogate (\\u{ord(value[_bad(value)]):04x}), "
+                               "which is not Unicode") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, where)
+            _check_text(item, f"{key}" if where == "request" else where)
+    elif isinstance(value, list):
+        for item in value:
+            _check_text(item, where)
+
+
+def _bad(text: str) -> int:
+    return next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)

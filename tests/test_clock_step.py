@@ -1,0 +1,61 @@
+"""A step of the head's wall clock (NTP, an admin's `date -s`) is not time that passed: a
+node silent for 8 s while the clock jumps 700 s keeps its jobs (the review's job was
+requeued and ran twice)."""
+
+from __future__ import annotations
+
+import time
+
+from conftest import wait_for
+from reliability import needs_own_clock
+from nebula_tui.sim.harness import HeadProcess
+
+
+def node_state(head, name: str) -> str:
+    return next(n for n in head.call("status")["nodes"] if n["name"] == name)["state"]
+
+
+def test_a_wall_clock_step_during_a_short_silence_requeues_nothing(openssh_lab, tmp_path):
+    needs_own_clock()
+    head = HeadProcess(tmp_path / "home", openssh_lab, own_clock=True)  # lease: 600 s
+    head.start()
+    try:
+        job = int(head.run("submit", "--gpu-mem", "4G", "--", "sleep", "120", check=True).stdout.split()[2])
+        node = wait_for(lambda: (j := head.job(job))["state"] == "running" and j["node"], 20,
+                        what="the job running")
+        openssh_lab.stop_node(node)
+        silent = time.monotonic()
+        try:
+            wait_for(lambda: node_state(head, node) == "unknown", 20, what="the node unknown")
+            head.step_clock(+700)
+            time.sleep(max(0.0, 8 - (time.monotonic() - silent)))
+            assert head.job(job)["state"] == "running"
+        finally:
+            openssh_lab.start_node(node)
+        wait_for(lambda: node_state(head, node) == "up", 30, what="the node back")
+        time.sleep(2)  # a pass or two, and the reconcile
+        after = head.job(job)
+        assert (after["state"], after["node"], after["attempt"]) == ("running", node, 0)
+        events = " ".join(e["message"] for e in head.call("events", limit=300)["events"])
+        assert "lost with node" not in events and "stale copy" not in events
+        assert head.run("cancel", str(job)).returncode == 0
+        assert head.wait_job(job)["state"] == "cancelled"
+    finally:
+        head.stop()
+
+
+def test_a_wall_clock_step_stops_no_job_before_its_time_limit(openssh_lab, tmp_path):
+    needs_own_clock()
+    head = HeadProcess(tmp_path / "home", openssh_lab, own_clock=True)
+    head.start()
+    try:
+        job = int(head.run("submit", "--time", "1h", "--gpu-mem", "4G", "--", "sleep", "120",
+                           check=True).stdout.split()[2])
+        wait_for(lambda: head.job(job)["state"] == "running", 20, what="the job running")
+        head.step_clock(+7200)  # two hours on the wall clock, a moment of its run
+        time.sleep(4)  # a periodic pass or two
+        assert head.job(job)["state"] == "running"
+        assert head.run("cancel", str(job)).returncode == 0
+        assert head.wait_job(job)["state"] == "cancelled"
+    finally:
+        head.stop()

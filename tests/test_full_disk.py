@@ -1,0 +1,71 @@
+"""A full disk under the head's home: refused with what it is, nothing stored is lost, and
+nothing is handed out twice once there is room again."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import wait_for
+from reliability import fill, small_disk
+from nebula_tui.sim.harness import HeadProcess
+from nebula_tui.model import JobSpec
+from nebula_tui.store import Store, StoreUnavailable
+
+
+def test_a_submit_on_a_full_disk_fails_and_loses_nothing(tmp_path):
+    with small_disk(tmp_path / "home", mb=8) as home:
+        store = Store(home / "state.db")
+        kept = [store.add_job("alice", JobSpec(command=("true",)), float(t)).id for t in range(20)]
+        filler = fill(home)
+        with pytest.raises(StoreUnavailable, match="the disk is full; nothing of this change was kept"):
+            for t in range(2000):  # the WAL's free pages take a few
+                store.add_job("alice", JobSpec(command=("x" * 4000,)), 100.0 + t)
+        filler.unlink()
+        after = store.add_job("alice", JobSpec(command=("true",)), 9999.0).id
+        assert [j.id for j in store.jobs()][:20] == kept
+        assert after not in {j.id for j in store.jobs()[:-1]}
+        store.close()
+        reopened = Store(home / "state.db")
+        assert reopened.add_job("alice", JobSpec(command=("true",)), 10000.0).id == after + 1
+        reopened.close()
+
+
+def node_state(head, name: str) -> str:
+    return next(n for n in head.call("status")["nodes"] if n["name"] == name)["state"]
+
+
+def test_a_full_disk_loses_no_exit_and_says_what_it_is(openssh_lab, tmp_path):
+    with small_disk(tmp_path / "home", mb=24) as home:
+        head = HeadProcess(home, openssh_lab)
+        head.start()
+        try:
+            job = int(head.run("submit", "--gpu-mem", "4G", "--", "sleep", "4", check=True).stdout.split()[2])
+            node = wait_for(lambda: (j := head.job(job))["state"] == "running" and j["node"], 20,
+                            what="the job running")
+            attempt = (openssh_lab.node_dir(node) / "node" / "heads" / head.head_id / "jobs"
+                       / str(job) / "0")
+            filler = fill(home)
+            refused = head.run("submit", "--gpu-mem", "4G", "--", "true")
+            assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+            assert "the disk is full" in refused.stderr and "closed the connection" not in refused.stderr
+            # The job ends while nothing can be written: its exit is kept, never acknowledged.
+            wait_for(lambda: (attempt / "exit_code").exists(), 20, what="the job's end on its node")
+            time.sleep(2)
+            assert head.job(job)["state"] == "running" and not (attempt / "acked").exists()
+            # A node that reconnects meanwhile keeps its link.
+            other = next(n for n in openssh_lab.nodes if n != node)
+            openssh_lab.stop_node(other)
+            wait_for(lambda: node_state(head, other) == "unknown", 20, what=f"{other} unknown")
+            openssh_lab.start_node(other)
+            wait_for(lambda: node_state(head, other) == "up", 30, what=f"{other} back while the disk is full")
+            filler.unlink()
+            done = head.wait_job(job, timeout=20)
+            assert (done["state"], done["exit_code"]) == ("succeeded", 0)
+            wait_for(lambda: (attempt / "acked").exists(), 10, what="the exit acknowledged")
+            after = int(head.run("submit", "--gpu-mem", "4G", "--", "true", check=True).stdout.split()[2])
+            assert after > job and head.wait_job(after)["state"] == "succeeded"
+            assert node_state(head, other) == "up"
+        finally:
+            head.stop()

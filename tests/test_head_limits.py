@@ -1,0 +1,156 @@
+"""The head's own resources against a hostile or careless client: its socket, its file
+descriptors, its memory and its log."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from conftest import wait_for
+from nebula_tui.sim.harness import HeadProcess
+
+
+def rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def connect(path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(str(path))
+    return s
+
+
+def test_a_second_head_never_takes_a_live_heads_socket(head, tmp_path):
+    other = HeadProcess(tmp_path / "other", head.lab, socket=head.socket)
+    done = subprocess.run([sys.executable, "-m", "nebula_tui", "serve"], env=other.env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert f"another head service answers on {head.socket}" in done.stderr
+    assert head.socket.exists() and head.call("ping")["pid"] == head.process.pid
+
+
+def test_a_stale_socket_is_taken_and_left_alone_when_a_successor_holds_it(openssh_lab, tmp_path):
+    path = tmp_path / "run" / "nebula.sock"
+    path.parent.mkdir()
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))  # a socket file nothing listens on: its head died
+    stale.close()
+    first = HeadProcess(tmp_path / "first", openssh_lab, socket=path)
+    first.start(wait_nodes=False)
+    try:
+        assert first.call("ping")["pid"] == first.process.pid
+        # An admin moves the path to a new head while the old one still runs (a restart
+        # by hand): the old one must not delete the new one's socket when it stops.
+        os.rename(path, tmp_path / "run" / "old.sock")
+        second = HeadProcess(tmp_path / "second", openssh_lab, socket=path)
+        second.start(wait_nodes=False)
+        first.stop()
+        assert path.exists() and second.call("ping")["pid"] == second.process.pid
+        second.stop()
+        assert not path.exists()
+    finally:
+        first.stop()
+
+
+def test_one_user_cannot_take_every_connection(head):
+    held = []
+    try:
+        for _ in range(64):
+            held.append(connect(head.socket))
+            held[-1].sendall(b'{"op": "ping"}\n')
+            assert json.loads(held[-1].makefile("rb").readline())["ok"]
+        extra = connect(head.socket)
+        reply = json.loads(extra.makefile("rb").readline())
+        assert not reply["ok"] and "64 connections to the head service already" in reply["error"]
+        assert extra.recv(1) == b""  # and closed
+        extra.close()
+    finally:
+        for s in held:
+            s.close()
+    wait_for(lambda: head.call("ping")["ok"], 10, what="a connection again once some closed")
+
+
+def test_stalled_subscribers_cost_the_head_a_bounded_amount(head):
+    """Five subscriptions that never read while thousands of events flow (the review saw
+    the head grow from 60 MB to 763 MB), and one that reads a line now and then: it falls
+    more than the bound behind, is not dropped (it reads), and is brought back with a fresh
+    snapshot in place of its backlog."""
+    stalled = []
+    for _ in range(5):
+        s = connect(head.socket)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.sendall(b'{"op": "subscribe"}\n')
+        stalled.append(s)
+    slow = connect(head.socket)
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.settimeout(60)
+    slow.sendall(b'{"op": "subscribe"}\n')
+    lines = slow.makefile("rb")
+    assert json.loads(lines.readline())["type"] == "snapshot"
+    before = rss_mb(head.process.pid)
+
+    # The burst waits for a running job (a request no card could serve is refused at submit).
+    blocker = head.call("submit", command=["sleep", "600"], gpu_mem_mb=4096, name="blocker")["job"]["id"]
+
+    def burst(n: int):
+        with head.client() as client:
+            for k in range(300):  # each submit is two events: the job, then its reason
+                client.call("submit", command=["true"], after=[blocker], name=f"burst{n}-{k}")
+
+    senders = [threading.Thread(target=burst, args=(n,)) for n in range(4)]
+    try:
+        for sender in senders:
+            sender.start()
+        kinds = []
+        while any(sender.is_alive() for sender in senders):
+            assert rss_mb(head.process.pid) - before < 150
+            kinds.append(json.loads(lines.readline()).get("type", "error"))
+            time.sleep(2)
+        while "snapshot" not in kinds:
+            line = lines.readline()
+            assert line, f"dropped before its fresh snapshot: {kinds[-5:]}"
+            kinds.append(json.loads(line).get("type", "error"))
+        assert "resync" not in kinds and "error" not in kinds
+        grown = rss_mb(head.process.pid) - before
+        assert grown < 150, f"the head grew {grown:.0f} MB"
+        assert head.call("ping")["ok"]
+    finally:
+        for s in stalled + [slow]:
+            s.close()
+        with head.client() as client:
+            for queued in client.call("queue")["jobs"]:
+                if queued["name"].startswith("burst"):
+                    client.call("cancel", job=queued["id"])
+            client.call("cancel", job=blocker)
+
+
+def test_a_repeated_log_line_is_written_a_few_times_then_counted():
+    """asyncio's accept retry once wrote 13.6 MB of log in 18 s."""
+    import io
+    import logging
+
+    from nebula_tui.head.serve import RepeatFilter
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(RepeatFilter())
+    log = logging.getLogger("test.repeat")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        for n in range(10_000):
+            log.error("socket.accept() out of system resource (%d)", n)
+        log.error("another kind of line")
+        assert out.getvalue().count("out of system resource") == RepeatFilter.BURST
+        assert "another kind of line" in out.getvalue()
+    finally:
+        log.removeHandler(handler)

@@ -1,0 +1,63 @@
+"""The client and service side of the head's home: a private home and log, and no private
+head started beside a box's shared one (not even while systemd restarts it)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from nebula_tui import service
+from nebula_tui.demo import stop_service
+from nebula_tui.service import Home, ServiceUnavailable, connect, start_background
+from nebula_tui.sim.harness import HeadProcess
+
+
+def test_a_loose_home_is_tightened_and_the_log_is_private(openssh_lab, tmp_path, capsys):
+    home = Home(tmp_path / "home")
+    home.root.mkdir(mode=0o755)
+    home.root.chmod(0o755)
+    (home.root / "serve.log").write_text("an older log\n")
+    (home.root / "serve.log").chmod(0o644)
+    try:
+        start_background(home, openssh_lab.config_path)
+        assert home.root.stat().st_mode & 0o777 == 0o700
+        assert home.log.stat().st_mode & 0o777 == 0o600
+        said = capsys.readouterr().err
+        assert said.count("\n") == 1 and "was open to other users (0755); it is now 0700" in said
+        home.ensure()  # tight already: nothing to say
+        assert capsys.readouterr().err == ""
+    finally:
+        stop_service(home)
+
+
+@pytest.fixture
+def shared_box(tmp_path, monkeypatch):
+    """This box has a shared head's socket directory (as /run/nebula under systemd)."""
+    (tmp_path / "run").mkdir()
+    monkeypatch.setattr(service, "SYSTEM_SOCKET", tmp_path / "run" / "nebula.sock")
+    monkeypatch.delenv("NEBULA_SOCKET", raising=False)
+    return tmp_path / "run" / "nebula.sock"
+
+
+def test_no_private_head_while_the_shared_one_is_away(openssh_lab, shared_box, tmp_path, monkeypatch):
+    monkeypatch.setattr(service, "SHARED_WAIT_S", 1.0)
+    user_home = Home(tmp_path / "alice")
+    with pytest.raises(ServiceUnavailable) as refused:
+        connect(user_home, str(openssh_lab.config_path))
+    assert "does not answer on" in str(refused.value) and "\n" not in str(refused.value)
+    assert not (user_home.root / "nebula.sock").exists() and not user_home.log.exists()
+
+
+def test_a_client_waits_for_the_shared_head_to_come_back(openssh_lab, shared_box, tmp_path):
+    shared = HeadProcess(tmp_path / "shared", openssh_lab, socket=shared_box)
+    later = threading.Thread(target=lambda: (time.sleep(1.0), shared.start(wait_nodes=False)))
+    later.start()
+    try:
+        with connect(Home(tmp_path / "alice"), str(openssh_lab.config_path)) as client:
+            assert client.call("ping")["pid"] == shared.process.pid
+        assert not (tmp_path / "alice" / "serve.log").exists()
+    finally:
+        later.join()
+        shared.stop()
