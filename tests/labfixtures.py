@@ -81,7 +81,9 @@ def serving(lab: Lab, home: Path, config: Path) -> Iterator[HeadProcess]:
     try:
         yield head
     finally:
-        for job in head.call("queue")["jobs"]:
-            with contextlib.suppress(ApiError):
-                head.call("cancel", job=job["id"])
-        head.stop()
+        try:
+            for job in head.call("queue")["jobs"]:
+                with contextlib.suppress(ApiError):
+                    head.call("cancel", job=job["id"])
+        finally:  # a head that stopped answering is stopped all the same
+            head.stop()
