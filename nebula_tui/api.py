@@ -11,6 +11,19 @@ first task, and how many it has); ``cancel`` of an array's id cancels every task
 ``requeue`` stops a running job and puts it back in the queue.
 The server learns who is asking from the kernel (``SO_PEERCRED``), never from the request.
 
+Accounting: ``job_history`` (fields ``user``, ``since``, ``until`` — Unix seconds, ``state``
+— one ended state or a list, ``node``, ``limit``) replies ``{"jobs": [...]}``, the newest
+``limit`` (1000) ended jobs that match, oldest first, each as ``views.history_json``:
+``views.job_json`` plus ``wait_s``, ``run_s``, ``gpu_hours``, ``mean_util_pct``,
+``idle_gpu_hours``, ``mem_used_mb_mean``, ``mem_used_mb_peak``. ``job`` answers an ended
+job in that shape too. ``report`` (``since``, ``until``: Unix seconds, at most 400 days
+apart) replies ``{"report": {"since", "until", "users", "nodes", "days"}}``: ``users`` a row
+per user and month of the jobs that ended then (``month``, ``user``, ``jobs``,
+``gpu_hours``, ``efficiency_pct`` — utilisation of its cards while held, ``idle_gpu_hours``,
+``mean_wait_s``); ``nodes`` per month and ``days`` per day a row per node and one with
+``"node": "cluster"`` (``period``, ``node``, ``gpus``, ``available_gpu_hours``,
+``allocated_gpu_hours``, ``allocated_pct``, ``util_pct``).
+
 The subscription: first ``{"ok": true, "type": "snapshot", "nodes", "gpus", "jobs",
 "summary", "events", "users"}`` (GPUs as ``views.gpu_json`` without the raw reading, users
 as the ``users`` request's rows), then one line per event, each with a ``type``:

@@ -1,33 +1,90 @@
 """Argument parsing for every ``nebula`` sub-command. Thin: each command calls the service.
 
-Errors are one line on stderr: usage errors exit 2, refusals by the service exit 1.
+Conventions every command follows:
+
+* errors are one line on stderr: usage errors exit 2 and name the sub-command's own
+  ``--help`` (with "did you mean …?" for a mistyped command, choice or flag), refusals by
+  the service exit 1;
+* every command that prints data takes ``--json`` (shapes: README, "JSON output");
+* output may go to a pipe that closes early (``| head``): the command stops quietly;
+* ``--host BOX`` (or ``NEBULA_HOST``) runs the command against the service on another
+  machine, over SSH (``tunnel.py``); only then is asyncssh imported.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
 import time
-from pathlib import Path
 
 from . import cli_health, environments
 from .api import ARCH_RE, CUDA_RE, ApiError
-from .model import FINISHED_STATES, ConfigError, fmt, format_mb
-from .units import parse_array, parse_duration_s, parse_size_mb
-from .printable import printable, printable_log
+from .model import ConfigError, JobState, fmt
+from .printable import printable, printable_log, printable_tree
 from .service import Home, ServiceUnavailable
+from .units import parse_array, parse_duration_s, parse_size_mb
 
 USAGE_ERROR = 2
 
 
+#: Exit code of a command whose output pipe closed early, as if SIGPIPE had ended it.
+BROKEN_PIPE = 128 + 13
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line naming the flag, not a usage dump."""
+    """argparse, but a usage error is one line naming the flag and this (sub-)command's own
+    ``--help``, not a usage dump; a mistyped choice gets "did you mean …?"."""
 
     def error(self, message: str) -> None:
         print(f"{self.prog}: {message} (see `{self.prog} --help`)", file=sys.stderr)
         raise SystemExit(USAGE_ERROR)
+
+    def _check_value(self, action, value):
+        # argparse's own check of a choice (a sub-command is a choice too), plus a suggestion.
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError:
+            choices = [str(c) for c in action.choices]
+            what = "command" if isinstance(action, argparse._SubParsersAction) else "choice"
+            message = f"unknown {what} '{value}'" + _did_you_mean(str(value), choices)
+            if not _close(str(value), choices):
+                message += f"; choose from {', '.join(choices)}"
+            # A sub-command's error needs no "argument command:" in front of it.
+            raise argparse.ArgumentError(None if what == "command" else action, message) from None
+
+    def unrecognized(self, extras: list[str]) -> None:
+        """Words this (sub-)command does not know: the error names them and, for a
+        mistyped flag, the closest one it has."""
+        message = f"unrecognized arguments: {' '.join(extras)}"
+        flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        first_flag = next((e.split("=")[0] for e in extras if e.startswith("-")), None)
+        if first_flag:
+            message += _did_you_mean(first_flag, flags)
+        elif self.prog == "nebula submit":
+            message += "; the command to run goes after `--`"
+        self.error(message)
+
+
+def _close(word: str, choices: list[str]) -> list[str]:
+    return difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    match = _close(word, choices)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def _leaf_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+    """The innermost sub-command parser that ``args`` went through (``nebula node drain``)."""
+    while True:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, sub.dest, None) if sub else None
+        if name is None:
+            return parser
+        parser = sub.choices[name]
 
 
 def _size(text: str) -> int:
@@ -56,6 +113,58 @@ def _duration(text: str) -> float:
         return parse_duration_s(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+STATES = tuple(s.value for s in JobState)
+FINISHED_STATES = tuple(s.value for s in JobState if s.finished)
+#: The tables of ``nebula report`` (``--csv`` prints one).
+REPORT_TABLES = ("users", "nodes", "days")
+#: The hidden first word with which completion scripts ask for job ids and node names.
+COMPLETE_COMMAND = "__complete"
+
+
+def _states(text: str) -> tuple[str, ...]:
+    states = tuple(s.strip() for s in text.split(",") if s.strip())
+    for state in states:
+        if state not in STATES:
+            raise argparse.ArgumentTypeError(
+                f"'{state}' is not a state{_did_you_mean(state, list(STATES))}; "
+                f"states: {', '.join(STATES)}")
+    return states
+
+
+def _ended_states(text: str) -> tuple[str, ...]:
+    states = _states(text)
+    for state in states:
+        if state not in FINISHED_STATES:
+            raise argparse.ArgumentTypeError(
+                f"'{state}' is not an end state; end states: {', '.join(FINISHED_STATES)}")
+    return states
+
+
+def _when(text: str) -> float:
+    """A moment: a date or date and time (local time), or a duration ago (7d, 6h)."""
+    for pattern in ("%Y-%m-%d", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S",
+                    "%Y-%m-%dT%H:%M:%S", "%Y-%m"):
+        try:
+            return time.mktime(time.strptime(text, pattern))
+        except ValueError:
+            continue
+    try:
+        return time.time() - _duration(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a time; write a date (2026-12-01, '2026-12-01 14:00') or a time "
+            "ago (90m, 6h, 7d)") from None
+
+
+def _address(text: str) -> tuple[str, int]:
+    """HOST:PORT ([::1]:9400 for IPv6) of a listening socket."""
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"'{text}' is not HOST:PORT; write it like 127.0.0.1:9400")
+    return host, int(port)
 
 
 def _job_id(text: str) -> int:
@@ -166,31 +275,63 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cluster file nodes.yaml (default $NEBULA_CONFIG)")
     common.add_argument("--socket", default=argparse.SUPPRESS,
                         help="the head service's socket (default $NEBULA_SOCKET, then the "
-                             "one under the home, then /run/nebula/nebula.sock)")
+                             "one under the home, then /run/nebula/nebula.sock); with --host, "
+                             "the socket on that machine")
+    common.add_argument("--host", dest="remote_host", default=argparse.SUPPRESS, metavar="[USER@]BOX",
+                        help="use the service on another machine, over SSH with your own login "
+                             "there (default $NEBULA_HOST; ~/.ssh/config applies)")
+    printing = argparse.ArgumentParser(add_help=False)
+    printing.add_argument("--json", action="store_true",
+                          help="print JSON instead of text (shapes: README, \"JSON output\")")
     parser = OneLineParser(prog="nebula", parents=[common],
                            description="NebulaGrid: GPU cluster manager for labs. "
                                        "Without a command, opens the TUI.")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", parser_class=OneLineParser)
 
-    def command(name: str, help_text: str, **kw) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help_text, parents=[common], **kw)
+    def command(name: str, help_text: str, prints: bool = True, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_text,
+                              parents=[common, printing] if prints else [common], **kw)
 
     p = command("submit", "submit a job: nebula submit [options] -- cmd args…")
     add_submit_flags(p)
     p.add_argument("--array", type=_array, default=None,
                    help="run it as tasks 0-99 (NEBULA_ARRAY_TASK_ID), at most 8 at once with 0-99%%8")
     p.add_argument("--wait", action="store_true", help="wait for the end; exit with its code")
+    p.add_argument("--notify", action="store_true",
+                   help="mail you (and the lab's job webhooks) when it ends or is requeued")
     p = command("run", "run a command on a terminal once it has its GPUs, like srun --pty: "
-                       "nebula run [submit options] -- bash")
+                       "nebula run [submit options] -- bash", prints=False)
     add_submit_flags(p)
 
-    command("status", "the cluster overview").add_argument("--json", action="store_true")
-
+    command("status", "the cluster overview")
     p = command("queue", "running and waiting jobs")
-    p.add_argument("--json", action="store_true")
     p.add_argument("--expand", action="store_true", help="one line per task of an array")
-    p = command("gpus", "every GPU with its descriptor")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--user", default=None, help="only this user's jobs")
+    p.add_argument("--state", type=_states, default=None, metavar="STATE[,STATE]",
+                   help=f"only jobs in these states ({', '.join(STATES)})")
+    p.add_argument("--all", action="store_true",
+                   help="ended jobs too (the newest --limit of them, as in `nebula history`)")
+    p.add_argument("--limit", type=_count, default=100, help="with --all: how many ended jobs")
+    command("gpus", "every GPU: memory, utilisation, temperature, who holds it")
+    p = command("report", "GPU-hours, efficiency and waits per user and month; capacity and "
+                "utilisation per node and day")
+    p.add_argument("--since", type=_when, default=None, metavar="WHEN",
+                   help="from (a date or a time ago; default: the start of this month)")
+    p.add_argument("--until", type=_when, default=None, metavar="WHEN", help="until (default: now)")
+    p.add_argument("--months", type=_count, default=None, metavar="N",
+                   help="the last N calendar months, this one included")
+    p.add_argument("--csv", choices=REPORT_TABLES, default=None,
+                   help="print one of its tables as CSV instead")
+    p = command("history", "ended jobs: what each held, waited, ran, cost and did")
+    p.add_argument("--user", default=None, help="only this user's jobs")
+    p.add_argument("--since", type=_when, default=None, metavar="WHEN",
+                   help="ended since: a date (2026-12-01, '2026-12-01 14:00') or a time ago (7d, 6h)")
+    p.add_argument("--until", type=_when, default=None, metavar="WHEN", help="ended before")
+    p.add_argument("--state", type=_ended_states, default=None, metavar="STATE[,STATE]",
+                   help=f"only these end states ({', '.join(FINISHED_STATES)})")
+    p.add_argument("--node", default=None, help="only jobs that ran on this node")
+    p.add_argument("--limit", type=_count, default=100, help="the newest this many (default 100)")
     for name, help_text in (("wait", "wait for a job to end; exit with its code"),
                             ("cancel", "cancel a job"), ("job", "one job as JSON"),
                             ("hold", "keep a waiting job from starting"),
@@ -198,16 +339,20 @@ def build_parser() -> argparse.ArgumentParser:
                             ("release", "let a held job start again")):
         command(name, help_text).add_argument("job", type=_job_id)
     p = command("attach", "attach this terminal to a running job's tmux session "
-                          "(detach: Ctrl-b d; the job runs on)")
+                          "(detach: Ctrl-b d; the job runs on)", prints=False)
     p.add_argument("job", type=_job_id)
     p.add_argument("--rank", type=int, default=0, help="which node of a multi-node job (0 first)")
-    p = command("node", "node administration (admins)")
+    p = command("node", "node administration (admins)", prints=False)
     node_sub = p.add_subparsers(dest="node_command", required=True, parser_class=OneLineParser)
-    p = node_sub.add_parser("drain", help="no new jobs on this node; running ones go on")
+
+    def node_command(name: str, help_text: str) -> argparse.ArgumentParser:
+        return node_sub.add_parser(name, help=help_text, parents=[printing])
+
+    p = node_command("drain", "no new jobs on this node; running ones go on")
     p.add_argument("node")
     p.add_argument("--reason", default="")
-    node_sub.add_parser("resume", help="take new jobs again").add_argument("node")
-    p = node_sub.add_parser("add", help="add a node to nodes.yaml, trusting its host key")
+    node_command("resume", "take new jobs again").add_argument("node")
+    p = node_command("add", "add a node to nodes.yaml, trusting its host key")
     p.add_argument("node")
     p.add_argument("host")
     p.add_argument("--port", type=_count, default=22)
@@ -215,25 +360,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--identity", default=None, help="client key (default: the cluster's)")
     p.add_argument("--trust", default=None, metavar="SHA256:…",
                    help="trust the host key only if it has this fingerprint (no question asked)")
-    node_sub.add_parser("remove", help="remove a node from nodes.yaml").add_argument("node")
-    p = command("gpu", "one GPU")
+    p.add_argument("--no-smoke", action="store_true",
+                   help="skip the smoke test (a 4 GB job of the vendor's tool on the new node)")
+    node_command("remove", "remove a node from nodes.yaml").add_argument("node")
+    node_command("show", "one node in full: why it is in its state, its GPUs, jobs and "
+                 "latest events").add_argument("node")
+    p = command("gpu", "one GPU", prints=False)
     gpu_sub = p.add_subparsers(dest="gpu_command", required=True, parser_class=OneLineParser)
-    p = gpu_sub.add_parser("history", help="a GPU's recorded temperature, load, memory and power")
+    p = gpu_sub.add_parser("history", help="a GPU's recorded temperature, load, memory and power",
+                           parents=[printing])
     p.add_argument("gpu", help="uuid or node:index")
     p.add_argument("--since", type=_duration, default=3600, help="how far back, e.g. 30m, 6h, 2d")
-    p.add_argument("--json", action="store_true")
-    cli_health.add_gpu_commands(gpu_sub)  # gpu resume
-    cli_health.add_sim_commands(sub, command)  # sim inject|node|throttle
+    p = gpu_sub.add_parser("resume", help="put a GPU in maintenance back in service (admins)",
+                           parents=[printing])
+    p.add_argument("gpu", help="uuid or node:index")
+    cli_health.add_sim_commands(sub, lambda name, text: command(name, text, prints=False))
     p = command("events", "what happened, newest last")
-    p.add_argument("--limit", type=_count, default=50)
-    command("users", "fair-share weights and usage per user").add_argument("--json", action="store_true")
-    p = command("logs", "a job's output")
+    p.add_argument("--limit", type=_count, default=50, help="the newest this many (default 50)")
+    p.add_argument("--kind", default=None,
+                   help="only this kind (submit, place, start, end, requeue, node, health, xid, admin …)")
+    p.add_argument("--node", default=None, help="only this node's")
+    p.add_argument("--job", type=_job_id, default=None, help="only this job's")
+    p.add_argument("--user", default=None, help="only those of this user")
+    p.add_argument("--since", type=_when, default=None, metavar="WHEN",
+                   help="only since then (a date or a time ago: 6h, 2d)")
+    command("users", "fair-share weights and usage per user")
+    p = command("logs", "a job's output", prints=False)
     p.add_argument("job", type=_job_id)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     p.add_argument("--rank", type=int, default=None,
                    help="one node of a multi-node job (0 first); default: every node's, "
                         "each line prefixed with its rank")
-    p = command("parse", "print what NebulaGrid understands from a saved tool output")
+    p.add_argument("-n", "--tail", type=_count, default=None, metavar="N",
+                   help="only the last N lines (with -f: then follow)")
+    p = command("parse", "print what NebulaGrid understands from a saved tool output", prints=False)
     p.add_argument("kind", help="smi-csv, smi-apps, smi-plain, smi-q, smi-xml, amd-smi, "
                    "rocm-smi, xpu-smi, npu-smi, topo, xid")
     p.add_argument("file", help="the saved output ('-' for stdin)")
@@ -244,33 +404,88 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("quota", "set a user's GPU-hours per month (admins)")
     p.add_argument("user")
     p.add_argument("hours", type=float)
-    p = command("serve", "run the head service in the foreground")
+    p = command("serve", "run the head service in the foreground", prints=False)
     p.add_argument("--shared-group", default=None,
                    help="shared box: members of this Unix group may use the service")
-    p = command("demo", "start the simulated lab and open the TUI on it")
+    p.add_argument("--metrics", type=_address, default=None, metavar="HOST:PORT",
+                   help="serve Prometheus metrics there, e.g. 127.0.0.1:9400 (off by default)")
+    p = command("demo", "start the simulated lab and open the TUI on it", prints=False)
     p.add_argument("--headless", action="store_true", help="no TUI: keep the lab up until Ctrl-C")
     p.add_argument("--layout", default="demo", choices=("demo", "core", "4x4", "mixed"))
     p.add_argument("--shared-group", default=None,
                    help="let members of this Unix group use the demo's service")
-    command("tui", "open the TUI (the default)")
+    p.add_argument("--metrics", type=_address, default=None, metavar="HOST:PORT",
+                   help="the demo's service serves Prometheus metrics there, e.g. 127.0.0.1:9400")
+    command("tui", "open the TUI (the default)", prints=False)
+    p = command("completion", "print the shell completion script: "
+                "eval \"$(nebula completion bash)\"", prints=False)
+    p.add_argument("shell", choices=("bash", "zsh"))
     return parser
 
 
+class _Version(argparse.Action):
+    """``--version``: looked up only when asked (every command builds the parser)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("nebula-tui")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            found = "unknown"
+        print(f"nebula {found}")
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Run one command. A pipe that closes early (``nebula queue | head``) ends it quietly:
+    handled here, once, for every command."""
+    try:
+        try:
+            return _main(list(sys.argv[1:] if argv is None else argv))
+        finally:  # a closed pipe may show only at the last flush (also after --help): here
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # Nothing more can be said on stdout; keep Python's exit-time flush from saying it.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE
+
+
+def _main(argv: list[str]) -> int:
+    if argv[:1] == [COMPLETE_COMMAND]:  # the shell asks for job ids or node names
+        from .completion import complete_words
+
+        return complete_words(argv[1:])
     trailing: list[str] = []
     if "--" in argv:  # everything after `--` is the job's command, never our flags
         cut = argv.index("--")
         argv, trailing = argv[:cut], argv[cut + 1:]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _leaf_parser(parser, args).unrecognized(extras)
     args.trailing = trailing
     if trailing and args.command not in ("submit", "run"):
         parser.error("`--` is only for `nebula submit` and `nebula run`")
-    home = Home.resolve(getattr(args, "home", None), getattr(args, "socket", None))
-    config = getattr(args, "config", None)
+    command = args.command or "tui"
+    host = getattr(args, "remote_host", None) or os.environ.get("NEBULA_HOST")
     try:
-        return COMMANDS.get(args.command or "tui")(args, home, config)
+        if host and command not in LOCAL_COMMANDS:
+            from .tunnel import open_tunnel
+
+            with open_tunnel(host, getattr(args, "socket", None) or os.environ.get("NEBULA_SOCKET")) as tunnel:
+                args.tunnel = tunnel
+                home = Home.resolve(getattr(args, "home", None), str(tunnel.local_socket))
+                return COMMANDS[command](args, home, getattr(args, "config", None))
+        if host and command in ("serve", "demo"):
+            print(f"nebula {command}: runs on the machine itself; drop --host (or NEBULA_HOST)",
+                  file=sys.stderr)
+            return USAGE_ERROR
+        home = Home.resolve(getattr(args, "home", None), getattr(args, "socket", None))
+        return COMMANDS[command](args, home, getattr(args, "config", None))
     except (ApiError, ServiceUnavailable) as err:
         print(f"nebula: {printable(err)}", file=sys.stderr)  # may quote another user's text
         return USAGE_ERROR if getattr(err, "usage", False) else 1
@@ -288,6 +503,17 @@ def _client(home: Home, config: str | None):
 
 
 # ------------------------------------------------------------------ commands
+def _show(args, data, text) -> int:
+    """Print ``data`` as JSON with ``--json``, else ``text`` (a string, or a function of
+    ``data`` giving one)."""
+    if getattr(args, "json", False):
+        print(json.dumps(data, indent=2))
+    else:
+        # Every string in it may be another user's or a node's: shown as what it is.
+        print(text(printable_tree(data)) if callable(text) else text)
+    return 0
+
+
 def submit_request(args) -> dict | None:
     """The submit request of `nebula submit`/`run`'s flags; None after a usage error."""
     prog = f"nebula {args.command}"
@@ -308,7 +534,8 @@ def submit_request(args) -> dict | None:
         "workdir": os.path.abspath(args.workdir) if args.workdir else None,
         "arch": args.arch, "cuda": args.cuda, "vendor": args.vendor, "nodes": args.nodes,
         "priority": args.priority, "time_limit_s": args.time_limit,
-        "service": args.service, "no_requeue": args.no_requeue, **world_request(args),
+        "service": args.service, "no_requeue": args.no_requeue,
+        "notify": getattr(args, "notify", False), **world_request(args),
         "after": [job for _, ids in args.after for job in ids],
         "after_type": kinds.pop() if kinds else "ok", "array": getattr(args, "array", None),
     }
@@ -321,13 +548,13 @@ def cmd_submit(args, home, config) -> int:
     with _client(home, config) as client:
         reply = client.call("submit", **request)
         job = reply["job"]
-        if args.array:
-            print(f"Submitted array job {job['id']} ({reply.get('tasks', 1)} tasks)", flush=True)
-        else:
-            print(f"Submitted job {job['id']}", flush=True)
+        said = (f"Submitted array job {job['id']} ({reply.get('tasks', 1)} tasks)" if args.array
+                else f"Submitted job {job['id']}")
         if not args.wait:
-            return 0
-        return _wait(client, job["id"])
+            return _show(args, job, said)
+        if not args.json:  # the id at once; with --json, one document: the ended job
+            print(said, flush=True)
+        return _wait(client, job["id"], args.json)
 
 
 def cmd_run(args, home, config) -> int:
@@ -360,11 +587,14 @@ def cmd_run(args, home, config) -> int:
         return _wait(client, job["id"])
 
 
-def _wait(client, job_id: int) -> int:
+def _wait(client, job_id: int, as_json: bool = False) -> int:
     job = client.call("wait", timeout=None, job=job_id)["job"]
     detail = f" with exit code {job['exit_code']}" if job["exit_code"] is not None else ""
     reason = f": {printable(job['reason'])}" if job["reason"] else ""
-    print(f"Job {job_id} {job['state']}{detail}{reason}", file=sys.stderr)
+    if as_json:
+        print(json.dumps(job, indent=2))
+    else:
+        print(f"Job {job_id} {job['state']}{detail}{reason}", file=sys.stderr)
     if job["exit_code"] is not None:
         return job["exit_code"]
     return 0 if job["state"] == "succeeded" else 1
@@ -372,7 +602,7 @@ def _wait(client, job_id: int) -> int:
 
 def cmd_wait(args, home, config) -> int:
     with _client(home, config) as client:
-        return _wait(client, args.job)
+        return _wait(client, args.job, args.json)
 
 
 def cmd_status(args, home, config) -> int:
@@ -380,8 +610,7 @@ def cmd_status(args, home, config) -> int:
 
     with _client(home, config) as client:
         reply = client.call("status")
-    print(json.dumps(reply["summary"], indent=2) if args.json else status_text(reply["summary"]))
-    return 0
+    return _show(args, reply["summary"], status_text)
 
 
 def cmd_queue(args, home, config) -> int:
@@ -389,21 +618,61 @@ def cmd_queue(args, home, config) -> int:
 
     with _client(home, config) as client:
         jobs = client.call("queue")["jobs"]
-    print(json.dumps(jobs, indent=2) if args.json else queue_text(jobs, time.time(), args.expand))
-    return 0
+        if args.all:
+            ended = [s for s in (args.state or FINISHED_STATES) if s in FINISHED_STATES]
+            jobs = (client.call("job_history", user=args.user, state=ended, limit=args.limit)["jobs"]
+                    if ended else []) + jobs
+    jobs = [j for j in jobs if (args.user is None or j["user"] == args.user)
+            and (args.state is None or j["state"] in args.state)]
+    return _show(args, jobs, lambda shown: queue_text(shown, time.time(), args.expand))
+
+
+def cmd_report(args, home, config) -> int:
+    from .views import report_text
+
+    if args.months is not None and args.since is not None:
+        print("nebula report: give --since or --months, not both", file=sys.stderr)
+        return USAGE_ERROR
+    now = time.time()
+    since = args.since if args.since is not None else _month_start(now, back=(args.months or 1) - 1)
+    with _client(home, config) as client:
+        report = client.call("report", timeout=120, since=since,
+                             until=args.until if args.until is not None else now)["report"]
+    if args.csv:
+        import csv
+
+        rows = report[args.csv]
+        columns = list(rows[0]) if rows else []
+        writer = csv.DictWriter(sys.stdout, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return 0
+    return _show(args, report, report_text)
+
+
+def _month_start(now: float, back: int = 0) -> float:
+    """The first moment of the local calendar month ``back`` months before ``now``'s."""
+    t = time.localtime(now)
+    months = t.tm_year * 12 + t.tm_mon - 1 - back
+    return time.mktime((months // 12, months % 12 + 1, 1, 0, 0, 0, 0, 0, -1))
+
+
+def cmd_history(args, home, config) -> int:
+    from .views import history_text
+
+    with _client(home, config) as client:
+        jobs = client.call("job_history", user=args.user, since=args.since, until=args.until,
+                           state=list(args.state) if args.state else None, node=args.node,
+                           limit=args.limit)["jobs"]
+    return _show(args, jobs, history_text)
 
 
 def cmd_gpus(args, home, config) -> int:
+    from .views import gpus_text
+
     with _client(home, config) as client:
         gpus = client.call("gpus")["gpus"]
-    if args.json:
-        print(json.dumps(gpus, indent=2))
-        return 0
-    for g in gpus:
-        used = f"{format_mb(g['memory_used_mb'])} / {format_mb(g['total_memory_mb'])}"
-        print(f"{printable(g['node'])}:{g['index']}  {printable(g['model']):<36} {used:>18}  {g['status']:<11} "
-              f"jobs {','.join(map(str, g['jobs'])) or '-'}")
-    return 0
+    return _show(args, gpus, gpus_text)
 
 
 def cmd_job(args, home, config) -> int:
@@ -415,30 +684,29 @@ def cmd_job(args, home, config) -> int:
 def cmd_cancel(args, home, config) -> int:
     with _client(home, config) as client:
         job = client.call("cancel", job=args.job)["job"]
-    print(f"Cancelling job {job['id']}" if job["state"] != "cancelled" else f"Cancelled job {job['id']}")
-    return 0
+    return _show(args, job, f"Cancelling job {job['id']}" if job["state"] != "cancelled"
+                 else f"Cancelled job {job['id']}")
 
 
-def _on_job(home, config, op: str, job: int, done: str) -> int:
-    """A request about one job whose answer is only that it was done: say ``done``."""
+def _on_job(args, home, config, op: str, done: str) -> int:
+    """A request about one job whose answer is the job: ``done`` (or it, with --json)."""
     with _client(home, config) as client:
-        client.call(op, job=job)
-    print(done)
-    return 0
+        job = client.call(op, job=args.job)["job"]
+    return _show(args, job, done)
 
 
 def cmd_requeue(args, home, config) -> int:
-    return _on_job(home, config, "requeue", args.job,
+    return _on_job(args, home, config, "requeue",
                    f"Requeueing job {args.job}: SIGUSR1 now, then back in the queue")
 
 
 def cmd_hold(args, home, config) -> int:
-    return _on_job(home, config, "hold", args.job,
+    return _on_job(args, home, config, "hold",
                    f"Held job {args.job}; `nebula release {args.job}` lets it run")
 
 
 def cmd_release(args, home, config) -> int:
-    return _on_job(home, config, "release", args.job, f"Released job {args.job}")
+    return _on_job(args, home, config, "release", f"Released job {args.job}")
 
 
 def cmd_attach(args, home, config) -> int:
@@ -453,14 +721,17 @@ def cmd_attach(args, home, config) -> int:
 def cmd_node(args, home, config) -> int:
     if args.node_command in ("add", "remove"):
         return _edit_nodes(args, home, config)
+    if args.node_command == "show":
+        from .views import node_text
+
+        with _client(home, config) as client:
+            return _show(args, client.call("node_show", node=args.node)["node"], node_text)
     with _client(home, config) as client:
         if args.node_command == "drain":
-            client.call("drain", node=args.node, reason=args.reason)
-            print(f"Drained {args.node}: running jobs go on, no new ones start there")
-        else:
-            client.call("resume", node=args.node)
-            print(f"Resumed {args.node}")
-    return 0
+            node = client.call("drain", node=args.node, reason=args.reason)["node"]
+            return _show(args, node, f"Drained {args.node}: running jobs go on, no new ones start there")
+        node = client.call("resume", node=args.node)["node"]
+    return _show(args, node, f"Resumed {args.node}")
 
 
 def _edit_nodes(args, home, config) -> int:
@@ -468,8 +739,7 @@ def _edit_nodes(args, home, config) -> int:
     with _client(home, config) as client:
         if args.node_command == "remove":
             client.call("node_remove", node=args.node)
-            print(f"Removed {args.node}")
-            return 0
+            return _show(args, {"node": args.node, "removed": True}, f"Removed {args.node}")
         fingerprint = client.call("node_key", host=args.host, port=args.port)["fingerprint"]
         trust = args.trust
         if trust is None:
@@ -487,64 +757,114 @@ def _edit_nodes(args, home, config) -> int:
             trust = fingerprint
         client.call("node_add", timeout=60, node=args.node, host=args.host, port=args.port,
                     user=args.user, identity=args.identity, trust=trust)
-    print(f"Added {args.node} ({args.host}:{args.port}, host key {fingerprint})")
-    return 0
+        added = {"node": args.node, "host": args.host, "port": args.port, "fingerprint": fingerprint}
+        if not args.json:
+            print(f"Added {args.node} ({args.host}:{args.port}, host key {fingerprint})", flush=True)
+        if args.no_smoke:
+            return _show(args, added, "") if args.json else 0
+        if not args.json:
+            print(f"Smoke test: a 4 GB job of the vendor's tool on {args.node} …", flush=True)
+        try:
+            smoke = client.call("node_smoke", timeout=180, node=args.node)
+        except ApiError as err:
+            smoke = {"error": str(err)}
+    return _smoke_result(args, {**added, "smoke": smoke})
+
+
+def _smoke_result(args, added: dict) -> int:
+    """The smoke test's verdict, and the job's output: exit 0 only when it succeeded."""
+    smoke, node = added["smoke"], added["node"]
+    ok = smoke.get("ended") and smoke["job"]["state"] == "succeeded"
+    if args.json:
+        print(json.dumps(added, indent=2))
+        return 0 if ok else 1
+    if "error" in smoke:
+        print(f"nebula node: {node} was added, but its smoke test could not run: {smoke['error']}",
+              file=sys.stderr)
+        return 1
+    job = smoke["job"]
+    where = f"job {job['id']} ({' '.join(job['command'])}) on {smoke['gpu']} ({smoke['model']})"
+    if not smoke["ended"]:
+        print(f"nebula node: the smoke test, {where}, has not ended yet; `nebula logs {job['id']} -f` "
+              "follows it", file=sys.stderr)
+        return 1
+    print(f"Smoke test: {where} {job['state']}"
+          + (f" with exit code {job['exit_code']}" if job["exit_code"] not in (None, 0) else ""))
+    sys.stdout.write("".join(f"  | {line}\n" for line in smoke["output"].splitlines()))
+    if not ok:
+        print(f"nebula node: {node} failed its smoke test; it stays in the cluster: drain it "
+              f"(nebula node drain {node}) until it is fixed", file=sys.stderr)
+    return 0 if ok else 1
 
 
 def cmd_gpu(args, home, config) -> int:
     if args.gpu_command == "resume":
-        return cli_health.cmd_gpu_resume(args, home, config)
+        with _client(home, config) as client:
+            gpu = client.call("gpu_resume", gpu=args.gpu)["gpu"]
+        return _show(args, gpu, f"Resumed {gpu['node']}:{gpu['index']} ({gpu['uuid']}): "
+                                "it takes new jobs again")
     with _client(home, config) as client:
         reply = client.call("history", gpu=args.gpu, since=args.since)
-    if args.json:
-        print(json.dumps(reply, indent=2))
-        return 0
-    print(f"GPU {reply['gpu']}")
-    print(f"{'TIME':<20} {'TEMP':>5} {'UTIL':>5} {'MEM MiB':>8} {'POWER':>6} {'FAN':>4} {'SM MHz':>7} {'MEM MHz':>8}")
-    for s in reply["samples"]:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["t"]))
-        print(f"{when:<20} {fmt(s['temperature_c'], 'C'):>5} {fmt(s['utilization_pct'], '%'):>5} "
-              f"{fmt(s['memory_used_mb']):>8} {fmt(s['power_w'], 'W'):>6} {fmt(s['fan_pct'], '%'):>4} "
-              f"{fmt(s['sm_clock_mhz']):>7} {fmt(s['mem_clock_mhz']):>8}")
-    if not reply["samples"]:
-        print("(no samples yet: one is taken every 30 s)")
-    return 0
+    return _show(args, reply, _gpu_history_text)
+
+
+def _gpu_history_text(reply: dict) -> str:
+    from .views import table
+
+    rows = [(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["t"])),
+             fmt(s["temperature_c"], "C"), fmt(s["utilization_pct"], "%"), fmt(s["memory_used_mb"]),
+             fmt(s["power_w"], "W"), fmt(s["fan_pct"], "%"), fmt(s["sm_clock_mhz"]),
+             fmt(s["mem_clock_mhz"])) for s in reply["samples"]]
+    text = f"GPU {reply['gpu']}\n" + table(
+        ("TIME", "TEMP", "UTIL", "MEM MiB", "POWER", "FAN", "SM MHz", "MEM MHz"), rows,
+        right=range(1, 8))
+    return text if rows else text + "\n(no samples yet: one is taken every 30 s)"
 
 
 def cmd_events(args, home, config) -> int:
+    from .views import one_line
+
     with _client(home, config) as client:
-        events = client.call("events", limit=args.limit)["events"]
-    for e in events:
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['t']))}  {e['kind']:<7} "
-              f"{printable(e['message'])}")
-    return 0
+        events = client.call("events", limit=args.limit, kind=args.kind, node=args.node,
+                             job=args.job, user=args.user, since=args.since)["events"]
+    return _show(args, events, lambda events: "\n".join(
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['t']))}  {e['kind']:<7} "
+        f"{one_line(e['message'], limit=1000)}"
+        for e in events))
 
 
 def cmd_quota(args, home, config) -> int:
     with _client(home, config) as client:
         client.call("quota", user=args.user, hours=args.hours)
-    print(f"Quota of {args.user}: {args.hours:g} GPU-hours a month")
-    return 0
+    return _show(args, {"user": args.user, "quota_gpu_hours": args.hours},
+                 f"Quota of {args.user}: {args.hours:g} GPU-hours a month")
 
 
 def cmd_users(args, home, config) -> int:
+    from .views import format_duration, table
+
     with _client(home, config) as client:
         users = client.call("users")["users"]
-    if args.json:
-        print(json.dumps(users, indent=2))
-        return 0
-    print(f"{'USER':<16} {'WEIGHT':>7} {'FINISHED':>8} {'RUNNING':>8} {'GPU-H MONTH':>12} {'QUOTA':>8}")
-    for u in users:
-        print(f"{printable(u['name']):<16} {u['weight']:>7.3f} {u['jobs_finished']:>8} {u['running_jobs']:>8} "
-              f"{u['month_gpu_hours']:>12.2f} {u['quota_gpu_hours']:>8g}")
-    return 0
+    return _show(args, users, lambda users: table(
+        ("USER", "WEIGHT", "FINISHED", "RUNNING", "GPU-H MONTH", "QUOTA", "JOBS MONTH",
+         "EFFICIENCY", "IDLE GPU-H", "MEAN WAIT"),
+        [(u["name"], f"{u['weight']:.3f}", u["jobs_finished"], u["running_jobs"],
+          f"{u['month_gpu_hours']:.2f}", f"{u['quota_gpu_hours']:g}", u.get("month_jobs", 0),
+          fmt(u.get("month_efficiency_pct"), "%"), f"{u.get('month_idle_gpu_hours') or 0:.2f}",
+          format_duration(u.get("month_mean_wait_s"))) for u in users],
+        right=range(1, 10)))
 
 
 def cmd_logs(args, home, config) -> int:
     """One node's output as it is; a multi-node job's every rank, a prefix on each line."""
-    if args.rank is not None:
+    if args.rank is not None or args.tail is not None:
         with _client(home, config) as client:
-            return _follow_one(client, args)
+            offset = 0
+            if args.tail is not None:  # the last lines of one node's log (rank 0 by default)
+                offset = _print_tail(client, args.job, args.tail, args.rank or 0)
+                if not args.follow:
+                    return 0
+            return _follow_one(client, args, offset)
     offsets: list[int] = []
     pending: dict[int, str] = {}
     with _client(home, config) as client:
@@ -574,8 +894,7 @@ def cmd_logs(args, home, config) -> int:
                 time.sleep(0.3)
 
 
-def _follow_one(client, args) -> int:
-    offset = 0
+def _follow_one(client, args, offset: int = 0) -> int:
     while True:
         reply = client.call("logs", job=args.job, offset=offset, rank=args.rank)
         sys.stdout.write(reply["data"])
@@ -586,6 +905,29 @@ def _follow_one(client, args) -> int:
             return 0
         if not reply["data"]:
             time.sleep(0.3)
+
+
+def _print_tail(client, job_id: int, lines: int, rank: int) -> int:
+    """Print the last ``lines`` lines of one node's log of the job as it is now (``rank``:
+    which node of a multi-node job, 0 first); returns the offset
+    where it ends. The log is read through (the node sends it in pieces); only the tail is
+    kept, so a long log costs time, never memory."""
+    from collections import deque
+
+    kept: deque[str] = deque(maxlen=lines + 1)  # +1: the unfinished last line, if any
+    offset, partial = 0, ""
+    while True:
+        reply = client.call("logs", job=job_id, offset=offset, rank=rank)
+        if not reply["data"]:
+            break
+        offset = reply["offset"]
+        *complete, partial = (partial + reply["data"]).split("\n")
+        kept.extend(line + "\n" for line in complete)
+    if partial:
+        kept.append(partial)
+    tail = list(kept)[-lines:]
+    sys.stdout.write("".join(tail))
+    return offset
 
 
 def cmd_parse(args, home, config) -> int:
@@ -633,6 +975,13 @@ def cmd_parse(args, home, config) -> int:
     return 0
 
 
+def cmd_completion(args, home, config) -> int:
+    from .completion import script
+
+    sys.stdout.write(script(build_parser(), args.shell))
+    return 0
+
+
 def cmd_serve(args, home, config) -> int:
     from .config import ConfigError, find_config
     from .head.serve import serve
@@ -642,7 +991,7 @@ def cmd_serve(args, home, config) -> int:
     except ConfigError as err:
         print(f"nebula serve: {err}", file=sys.stderr)
         return USAGE_ERROR
-    return serve(home, path, shared_group=args.shared_group)
+    return serve(home, path, shared_group=args.shared_group, metrics=args.metrics)
 
 
 def cmd_demo(args, home, config) -> int:
@@ -650,7 +999,9 @@ def cmd_demo(args, home, config) -> int:
 
     if not (getattr(args, "home", None) or os.environ.get("NEBULA_HOME")):
         home = Home.resolve("~/.nebula/demo", getattr(args, "socket", None))
-    return run_demo(home, args.layout, headless=args.headless, shared_group=args.shared_group)
+    metrics = f"{args.metrics[0]}:{args.metrics[1]}" if args.metrics else None
+    return run_demo(home, args.layout, headless=args.headless, shared_group=args.shared_group,
+                    metrics=metrics)
 
 
 def cmd_tui(args, home, config) -> int:
@@ -673,9 +1024,11 @@ def cmd_tui(args, home, config) -> int:
 
 COMMANDS = {
     "submit": cmd_submit, "run": cmd_run, "wait": cmd_wait, "status": cmd_status, "queue": cmd_queue,
-    "gpus": cmd_gpus, "job": cmd_job, "cancel": cmd_cancel, "logs": cmd_logs,
+    "gpus": cmd_gpus, "history": cmd_history, "report": cmd_report, "job": cmd_job, "cancel": cmd_cancel, "logs": cmd_logs,
     "parse": cmd_parse, "serve": cmd_serve, "demo": cmd_demo, "tui": cmd_tui,
     "hold": cmd_hold, "release": cmd_release, "requeue": cmd_requeue, "attach": cmd_attach, "node": cmd_node,
     "gpu": cmd_gpu, "events": cmd_events, "users": cmd_users, "quota": cmd_quota,
-    "sim": cli_health.cmd_sim,
+    "sim": cli_health.cmd_sim, "completion": cmd_completion,
 }
+#: Commands that never talk to a service, so ``--host`` does not apply to them.
+LOCAL_COMMANDS = ("parse", "serve", "demo", "sim", "completion")

@@ -1,12 +1,9 @@
-"""The commands ``nebula gpu resume`` and ``nebula sim …`` (faults for the simulated lab).
+"""The simulated lab's fault injection (``nebula sim …``).
 
-cli.py owns the parser; it hands its ``gpu`` sub-parsers to :func:`add_gpu_commands` and
-its top-level sub-parsers to :func:`add_sim_commands`, and dispatches ``gpu resume`` to
-:func:`cmd_gpu_resume` and ``sim`` to :func:`cmd_sim`. ``nebula sim`` works on the lab whose
-cluster file it is given (``--config``, ``$NEBULA_CONFIG``, as every command); what it does
-to the lab is ``sim/control.py``'s. Like the rest of the CLI this imports neither asyncssh
-nor textual.
-"""
+cli.py owns the parser; it hands its top-level sub-parsers to :func:`add_sim_commands` and
+dispatches ``sim`` to :func:`cmd_sim`. ``nebula sim`` works on the lab whose cluster file it
+is given (``--config``, ``$NEBULA_CONFIG``, as every command); what it does to the lab is
+``sim/control.py``'s. Like the rest of the CLI this imports neither asyncssh nor textual."""
 
 from __future__ import annotations
 
@@ -15,12 +12,6 @@ import sys
 
 
 # ----------------------------------------------------------------------------- parsers
-def add_gpu_commands(gpu_sub) -> None:
-    """``nebula gpu resume GPU`` under cli.py's ``gpu`` sub-parsers."""
-    p = gpu_sub.add_parser("resume", help="put a GPU in maintenance back in service (admins)")
-    p.add_argument("gpu", help="uuid or node:index")
-
-
 def _code(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"'{text}' is not an Xid code (a number such as 79)")
@@ -52,15 +43,6 @@ def add_sim_commands(sub, command) -> None:
 
 
 # ---------------------------------------------------------------------------- commands
-def cmd_gpu_resume(args, home, config) -> int:
-    from .service import connect
-
-    with connect(home, config) as client:
-        gpu = client.call("gpu_resume", gpu=args.gpu)["gpu"]
-    print(f"Resumed {gpu['node']}:{gpu['index']} ({gpu['uuid']}): it takes new jobs again")
-    return 0
-
-
 def cmd_sim(args, home, config) -> int:
     from .config import find_config
     from .sim import control, faults

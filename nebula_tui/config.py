@@ -24,6 +24,8 @@ Format (every key but ``nodes[].name`` and ``nodes[].host`` is optional)::
       commands_visible_to: owner        # or "everyone": who sees a job's command line (admins always)
     scheduler: …                        # typed by settings.py (weights, quota, half_life)
     health: …                           # typed by settings.py (xid_policies, isolation_grace)
+    accounting: …                       # typed by settings.py (history, telemetry_every)
+    notify: …                           # typed by settings.py (webhooks, admins, mail_domain …)
     nodes:
       - name: node01
         host: 10.0.0.11
@@ -61,8 +63,9 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from .environments import RUNTIMES
 from .model import ConfigError  # defined beside the plain data so clients need no yaml
-from .settings import (HealthSettings, LimitsSettings, SchedulerSettings, SettingError,
-                       health_settings, limits_settings, scheduler_settings)
+from .settings import (AccountingSettings, HealthSettings, LimitsSettings, NotifySettings,
+                       SchedulerSettings, SettingError, accounting_settings, health_settings,
+                       limits_settings, notify_settings, scheduler_settings)
 from .units import DURATION_EXAMPLES, parse_duration_s
 
 __all__ = [
@@ -91,7 +94,8 @@ DEFAULT_MISSED_PROBES = 3
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_COMMAND_TIMEOUT = 30.0
 RUN_AS_CHOICES = ("login", "submitter")
-Settings = TypeVar("Settings", SchedulerSettings, HealthSettings, LimitsSettings)
+Settings = TypeVar("Settings", SchedulerSettings, HealthSettings, LimitsSettings,
+                   AccountingSettings, NotifySettings)
 COMMANDS_VISIBLE_CHOICES = ("owner", "everyone")
 
 _NODE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")
@@ -102,7 +106,7 @@ _HOST_RE = re.compile(r"[A-Za-z0-9_.:%\[\]][A-Za-z0-9_.:%\[\]-]*\Z")
 _USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?\Z")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
-_TOP_KEYS = ("cluster", "nodes", "scheduler", "health", "limits")
+_TOP_KEYS = ("cluster", "nodes", "scheduler", "health", "limits", "accounting", "notify")
 _CLUSTER_KEYS = (
     "name",
     "known_hosts",
@@ -202,6 +206,11 @@ class ClusterConfig:
     #: who sees a job's command line besides admins: its "owner", or "everyone" (a command
     #: line can hold a password or a token)
     commands_visible_to: str = "owner"
+    #: the ``accounting:`` section: who sees whose history, how often GPUs are sampled
+    accounting: AccountingSettings = field(default_factory=AccountingSettings, hash=False,
+                                           compare=False)
+    #: the ``notify:`` section: webhooks and mail told of jobs' ends and GPUs' isolation
+    notify: NotifySettings = field(default_factory=NotifySettings, hash=False, compare=False)
 
     def node(self, name: str) -> NodeConfig:
         """The node called ``name``; raises ``KeyError`` if there is none."""
@@ -565,6 +574,8 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
     scheduler = _section(ctx, get(top, "scheduler"), scheduler_settings)
     health = _section(ctx, get(top, "health"), health_settings)
     limits = _section(ctx, get(top, "limits"), limits_settings)
+    accounting = _section(ctx, get(top, "accounting"), accounting_settings)
+    notify = _section(ctx, get(top, "notify"), notify_settings)
 
     def pick(value: Any, default: Any) -> Any:
         return default if value is None else value
@@ -598,6 +609,8 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
         scheduler=scheduler,
         health=health,
         limits=limits,
+        accounting=accounting,
+        notify=notify,
         node_lease=pick(ctx.seconds(get(c, "node_lease"), "cluster.node_lease"), DEFAULT_NODE_LEASE),
         job_dir_retention=pick(ctx.seconds(get(c, "job_dir_retention"), "cluster.job_dir_retention"),
                                DEFAULT_JOB_DIR_RETENTION),
@@ -606,8 +619,8 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
 
 
 def _section(ctx: _Ctx, node: Node | None, build: Callable[[Any], Settings]) -> Settings:
-    """``scheduler:``, ``health:`` or ``limits:``, validated by its builder in settings.py; an error
-    points at the line of the key it names."""
+    """``scheduler:``, ``health:``, ``limits:``, ``accounting:`` or ``notify:``, validated by
+    its builder in settings.py; an error points at the line of the key it names."""
     try:
         return build(None if node is None else ctx.construct(node))
     except SettingError as err:

@@ -39,7 +39,8 @@ LAB_PID = "pid"
 LAB_MODULE = "nebula_tui.sim.lab"
 
 
-def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None = None) -> int:
+def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None = None,
+             metrics: str | None = None) -> int:
     home.ensure()
     lock = _own(home)
     if lock is None:
@@ -60,7 +61,7 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
             lab = Lab.start(lab_dir, layout, home.root / "lab.log")
         if shared_group:
             config = shared_config(config)
-        supervisor = ServiceSupervisor(home, config, shared_group)
+        supervisor = ServiceSupervisor(home, config, shared_group, metrics)
         supervisor.start()
         if headless:
             return _wait_headless(home, config)
@@ -148,8 +149,10 @@ class ServiceSupervisor:
     found running (left by an earlier demo) is watched through its socket.
     """
 
-    def __init__(self, home: Home, config: Path, shared_group: str | None):
+    def __init__(self, home: Home, config: Path, shared_group: str | None,
+                 metrics: str | None = None):
         self.home, self.config, self.shared_group = home, config, shared_group
+        self.metrics = metrics  # HOST:PORT of the service's Prometheus metrics, or None
         self.restarts = 0
         self._stopping = threading.Event()
         self._process: subprocess.Popen | None = None
@@ -157,7 +160,8 @@ class ServiceSupervisor:
 
     def start(self) -> None:
         if not self._answers():
-            self._process = start_background(self.home, self.config, self.shared_group)
+            self._process = start_background(self.home, self.config, self.shared_group,
+                                             self.metrics)
         self._thread.start()
 
     def _answers(self) -> bool:
@@ -176,7 +180,8 @@ class ServiceSupervisor:
         while not self._stopping.wait(RESTART_CHECK_S):
             if not self._alive() and not self._stopping.is_set():
                 with contextlib.suppress(ServiceUnavailable):
-                    self._process = start_background(self.home, self.config, self.shared_group)
+                    self._process = start_background(self.home, self.config,
+                                                     self.shared_group, self.metrics)
                     self.restarts += 1
 
     def stop(self) -> None:

@@ -183,6 +183,7 @@ class JobSpec:
     submit_dir: str | None = None
     warmup: bool = False  # --warmup: wake the cards from their idle P-state first (R27)
     interactive: bool = False  # `nebula run`: the command gets a terminal; it ends the job (R33)
+    notify: bool = False  # --notify: tell the owner when it ends or is requeued (mail, webhooks)
     #: what --after waits for: "ok" (success), "any" (an end), "notok" (an end without
     #: success), "started" (a start) of every job it names
     after_type: str = "ok"
@@ -310,8 +311,8 @@ class Stopping(_Stopping):
 @dataclass(frozen=True)
 class Ended:
     """Succeeded, failed, cancelled or timed out, at ``ended_at``. ``node`` is where it
-    ran (rank 0; its log is there), ``placements`` the GPUs it held at the end as the head
-    saw them (released now: a job read back from the store has none)."""
+    ran (rank 0; its log is there), ``placements`` the GPUs it held at its end (released
+    now; the store keeps which they were)."""
 
     state: JobState
     ended_at: float

@@ -129,8 +129,10 @@ def _wait_for_shared() -> Client:
         time.sleep(0.2)
 
 
-def start_background(home: Home, config_path: Path, shared_group: str | None = None) -> subprocess.Popen:
-    """Start ``nebula serve`` detached (like tmux starts its server) and wait until it answers."""
+def start_background(home: Home, config_path: Path, shared_group: str | None = None,
+                     metrics: str | None = None) -> subprocess.Popen:
+    """Start ``nebula serve`` detached (like tmux starts its server) and wait until it answers.
+    ``shared_group`` and ``metrics`` (HOST:PORT) are its ``--shared-group`` and ``--metrics``."""
     home.ensure()
     argv = [sys.executable, "-m", "nebula_tui", "serve", "--home", str(home.root),
             "--config", str(config_path)]
@@ -138,6 +140,8 @@ def start_background(home: Home, config_path: Path, shared_group: str | None = N
         argv += ["--socket", str(home.socket_override)]
     if shared_group:
         argv += ["--shared-group", shared_group]
+    if metrics:
+        argv += ["--metrics", metrics]
     with open_private_log(home.log) as out:
         process = subprocess.Popen(
             argv,

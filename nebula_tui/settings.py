@@ -1,5 +1,5 @@
-"""The optional ``scheduler:``, ``health:`` and ``limits:`` sections of nodes.yaml,
-validated and typed.
+"""The optional ``scheduler:``, ``health:``, ``limits:``, ``accounting:`` and ``notify:``
+sections of nodes.yaml, validated and typed.
 
 Each builder takes the section as plain data (what YAML gave) and returns its settings,
 or raises :class:`SettingError`: a sentence naming the key, and the key's path in the
@@ -8,6 +8,7 @@ section (config.py turns that into the file and line of the key).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -182,3 +183,115 @@ def limits_settings(value: Any) -> LimitsSettings:
                            "default_time")
     return settings
 
+
+#: Who sees whose ended jobs (``accounting.history``).
+HISTORY_VISIBILITY = ("open", "own")
+
+
+@dataclass(frozen=True)
+class AccountingSettings:
+    """``accounting:`` — who sees whose history, and how often GPU readings are kept.
+
+    ``history``: ``open`` (the default, as in most labs): everyone sees every ended job;
+    ``own``: users see their own, admins everyone's. ``telemetry_every_s``: one sample of
+    each GPU's readings this often (R18); history and reports are made of them.
+    """
+
+    history: str = "open"
+    telemetry_every_s: float = 30.0
+
+
+def accounting_settings(value: Any) -> AccountingSettings:
+    data = _mapping("accounting", value)
+    _known("accounting", data, ("history", "telemetry_every"))
+    settings = AccountingSettings()
+    if "history" in data:
+        if data["history"] not in HISTORY_VISIBILITY:
+            raise SettingError(f"accounting.history must be one of "
+                               f"{', '.join(HISTORY_VISIBILITY)}, found {data['history']!r}",
+                               "history")
+        settings = replace(settings, history=data["history"])
+    if "telemetry_every" in data:
+        settings = replace(settings, telemetry_every_s=_duration("accounting", "telemetry_every",
+                                                                 data["telemetry_every"]))
+    return settings
+
+
+@dataclass(frozen=True)
+class NotifySettings:
+    """``notify:`` — who is told when a job ends or a GPU is isolated, and how.
+
+    ``webhooks``: URLs told of the events of jobs submitted with ``--notify`` (naming the
+    owner); ``admin_webhooks`` and ``admin_mail``: told of every job's failure, time-out and
+    requeue, and of every GPU isolated. Owners of ``--notify`` jobs get mail at
+    ``USER@mail_domain`` (just ``USER``, local delivery, without one) through ``sendmail``,
+    a command line (found on PATH or in /usr/sbin when not given; no mail where there is none).
+    """
+
+    webhooks: tuple[str, ...] = ()
+    admin_webhooks: tuple[str, ...] = ()
+    admin_mail: tuple[str, ...] = ()
+    mail_domain: str | None = None
+    sendmail: str | None = None
+    mail_from: str | None = None
+
+
+def notify_settings(value: Any) -> NotifySettings:
+    data = _mapping("notify", value)
+    _known("notify", data, ("webhooks", "admins", "mail_domain", "sendmail", "from"))
+    admins = _mapping("notify.admins", data.get("admins"), "admins")
+    _known("notify.admins", admins, ("webhooks", "mail"), "admins")
+    texts = {key: _text("notify", key, data.get(key)) for key in ("mail_domain", "sendmail", "from")}
+    for key in ("mail_domain", "from"):
+        if texts[key] is not None and not _MAIL_RE.match(texts[key].split("@")[-1]):
+            raise SettingError(f"notify.{key}: {texts[key]!r} is not a mail domain or address",
+                               key)
+    return NotifySettings(webhooks=_urls("notify.webhooks", data.get("webhooks")),
+                          admin_webhooks=_urls("notify.admins.webhooks", admins.get("webhooks")),
+                          admin_mail=_addresses("notify.admins.mail", admins.get("mail")),
+                          mail_domain=texts["mail_domain"], sendmail=texts["sendmail"],
+                          mail_from=texts["from"])
+
+
+_MAIL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
+_ADDRESS_RE = re.compile(r"^[A-Za-z0-9_.+-]+(@[A-Za-z0-9][A-Za-z0-9.-]*)?$")
+
+
+def _text(section: str, key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or "\n" in value:
+        raise SettingError(f"{section}.{key} must be one line of text, found {value!r}", key)
+    return value
+
+
+def _keys(what: str) -> tuple[str, ...]:
+    """Where ``what`` (e.g. ``notify.admins.mail``) is under its section."""
+    return tuple(what.split(".")[1:])
+
+
+def _list(what: str, value: Any) -> list:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise SettingError(f"{what} must be a list, e.g. [https://chat.example.org/hooks/…]",
+                           *_keys(what))
+    return value
+
+
+def _urls(what: str, value: Any) -> tuple[str, ...]:
+    urls = _list(what, value)
+    for url in urls:
+        if not isinstance(url, str) or not re.match(r"^https?://[^\s]+$", url):
+            raise SettingError(f"{what}: {url!r} is not an http(s):// URL", *_keys(what))
+    return tuple(urls)
+
+
+def _addresses(what: str, value: Any) -> tuple[str, ...]:
+    addresses = _list(what, value)
+    for address in addresses:
+        if not isinstance(address, str) or not _ADDRESS_RE.match(address):
+            raise SettingError(f"{what}: {address!r} is not a mail address", *_keys(what))
+    return tuple(addresses)

@@ -36,6 +36,15 @@ from .model import (WAITING_FOR_SCHEDULER, Cancelling, Ended, Job, JobSpec, JobS
                     Pending, Placement, Running)
 
 FINISHED_SQL = ", ".join(f"'{s.value}'" for s in JobState if s.finished)
+#: For accounting, a card below this utilisation is idle (its GPU-hours are "held idle").
+IDLE_UTIL_PCT = 5.0
+#: The seconds a telemetry row stands for when it does not say (rows from before ``span_s``).
+DEFAULT_SPAN_S = 30.0
+
+
+#: A job's allocations as ``Job.placements`` shows them: the cards it holds, or once it
+#: ended, the cards it held at its end (released in the same transaction that ended it).
+_HELD = "(a.released_at IS NULL OR a.released_at = (SELECT ended_at FROM jobs WHERE id = a.job_id))"
 
 
 class StaleDecision(Exception):
@@ -107,25 +116,35 @@ def _boot_id() -> str:
 class Store:
     """Durable state of the cluster: nodes, GPUs, jobs, allocations, users, events."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, readonly: bool = False):
+        """``readonly``: a second connection that only reads (WAL lets it read while the
+        head writes), for long queries the head runs in a thread of their own."""
         self.path = Path(path)
-        self.ids = IdFloor(self.path.with_name("job-ids"))
-        conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+        # The id file is the writer's alone (a reader never hands out an id).
+        self.ids = None if readonly else IdFloor(self.path.with_name("job-ids"))
+        if readonly:
+            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30,
+                                   isolation_level=None)
+        else:
+            conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
         self.db = sqlite_utils.Database(conn)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA busy_timeout=30000")
-        self.db.execute("PRAGMA foreign_keys=ON")
         self._columns: list[str] | None = None
         #: told every events-log line once its transaction committed (the head publishes them)
         self.on_event: Callable[[dict], None] | None = None
         self._written: list[dict] = []  # lines of the transaction under way
+        if readonly:
+            return
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA foreign_keys=ON")
         self._create_schema()
         self._next_id = self._first_free_id()
 
     def close(self) -> None:
         self.db.close()
-        self.ids.close()
+        if self.ids is not None:
+            self.ids.close()
 
     def _first_free_id(self) -> int:
         """Above every id the database, its own record and the id file know of. When the
@@ -249,6 +268,7 @@ class Store:
             db["jobs"].create_index(["state"], if_not_exists=True)
             db["allocations"].create_index(["released_at"], if_not_exists=True)
             db["allocations"].create_index(["job_id"], if_not_exists=True)
+            db["jobs"].create_index(["ended_at"], if_not_exists=True)
             if not self._meta("head_token"):
                 db["meta"].insert({"key": "head_token", "value": uuid.uuid4().hex[:12]},
                                   replace=True)
@@ -267,6 +287,14 @@ class Store:
         ("jobs", "workdir_used", str, None),
         # ``<head>.<attempt>.<nonce>``: names one launch on the nodes; NULL while pending
         ("jobs", "launch_token", str, None),
+        # What a job's cards did while it held them (telemetry), summed over its runs:
+        # GPU-hours with samples, those busy (x utilisation) and those idle, memory used.
+        ("jobs", "sampled_gpu_hours", float, 0.0),
+        ("jobs", "busy_gpu_hours", float, 0.0),
+        ("jobs", "idle_gpu_hours", float, 0.0),
+        ("jobs", "mem_used_mb_mean", float, None),
+        ("jobs", "mem_used_mb_peak", float, None),
+        ("telemetry", "span_s", float, None),  # the seconds a row stands for (its weight)
     )
 
     def _add_missing_columns(self) -> None:
@@ -389,11 +417,9 @@ class Store:
         with self.transaction():
             row = self.db.execute("SELECT user, started_at FROM jobs WHERE id = ?", [job_id]).fetchone()
             if row is not None:  # the GPU time it held until now is still charged (R7)
-                held = self._gpu_hours(job_id, row[1], t)
+                held = self._charge_run(job_id, row[1], t)
                 self.db.execute("UPDATE users SET gpu_hours = gpu_hours + ? WHERE name = ?",
                                 [held, row[0]])
-                self.db.execute("UPDATE jobs SET gpu_hours = gpu_hours + ? WHERE id = ?",
-                                [held, job_id])
             self.db.execute(
                 "UPDATE allocations SET released_at = ? WHERE job_id = ? AND released_at IS NULL",
                 [t, job_id])
@@ -517,13 +543,12 @@ class Store:
             if row is None or JobState(row[2]).finished:
                 return
             user, started_at, _ = row
-            gpu_hours = self._gpu_hours(job_id, started_at, t)
+            gpu_hours = self._charge_run(job_id, started_at, t)
             ran = started_at is not None or bool(self.db.execute(
                 "SELECT gpu_hours > 0 FROM jobs WHERE id = ?", [job_id]).fetchone()[0])
             self.db.execute(
-                "UPDATE jobs SET state = ?, ended_at = ?, exit_code = ?, reason = ?, "
-                "gpu_hours = gpu_hours + ? WHERE id = ?",
-                [state.value, t, exit_code, reason, gpu_hours, job_id],
+                "UPDATE jobs SET state = ?, ended_at = ?, exit_code = ?, reason = ? WHERE id = ?",
+                [state.value, t, exit_code, reason, job_id],
             )
             self.db.execute(
                 "UPDATE allocations SET released_at = ? WHERE job_id = ? AND released_at IS NULL",
@@ -536,6 +561,49 @@ class Store:
             detail = f" with exit code {exit_code}" if exit_code is not None else ""
             message = f"job {job_id} {state.value}{detail}" + (f": {reason}" if reason else "")
             self._event(t, "end", message, job_id=job_id, user=user)
+
+    def _charge_run(self, job_id: int, started_at: float | None, t: float) -> float:
+        """Charge the job's run that ends at ``t`` (a requeue ends one too) its GPU-hours,
+        and add what its cards did meanwhile, from telemetry; returns the GPU-hours."""
+        hours = self._gpu_hours(job_id, started_at, t)
+        usage = self._run_usage(job_id, started_at, t) if hours > 0 else None
+        if usage is None:
+            self.db.execute("UPDATE jobs SET gpu_hours = gpu_hours + ? WHERE id = ?", [hours, job_id])
+            return hours
+        busy, idle, mem_mean, mem_peak = usage
+        sampled, old_mean, old_peak = self.db.execute(
+            "SELECT sampled_gpu_hours, mem_used_mb_mean, mem_used_mb_peak FROM jobs WHERE id = ?",
+            [job_id]).fetchone()
+        if mem_mean is not None and old_mean is not None and sampled:
+            mem_mean = (old_mean * sampled + mem_mean * hours) / (sampled + hours)
+        peaks = [v for v in (old_peak, mem_peak) if v is not None]
+        self.db.execute(
+            "UPDATE jobs SET gpu_hours = gpu_hours + ?, sampled_gpu_hours = sampled_gpu_hours + ?, "
+            "busy_gpu_hours = busy_gpu_hours + ?, idle_gpu_hours = idle_gpu_hours + ?, "
+            "mem_used_mb_mean = ?, mem_used_mb_peak = ? WHERE id = ?",
+            [hours, hours, busy * hours, idle * hours, old_mean if mem_mean is None else mem_mean,
+             max(peaks) if peaks else None, job_id])
+        return hours
+
+    def _run_usage(self, job_id: int, started_at: float,
+                   t: float) -> tuple[float, float, float | None, float | None] | None:
+        """Telemetry of the cards a job holds now, between ``started_at`` and ``t``: the
+        busy fraction (mean utilisation), the idle fraction (time below IDLE_UTIL_PCT),
+        mean and peak memory used; each sample weighs the seconds it stands for (a
+        10-minute average weighs 20 samples of 30 s). None when no sample has a utilisation."""
+        weight = f"COALESCE(t.span_s, NULLIF(t.bucket_s, 0), {DEFAULT_SPAN_S})"
+        weighed, busy, idle, mem_weight, mem, peak = self.db.execute(
+            f"SELECT SUM(CASE WHEN t.utilization_pct IS NULL THEN 0 ELSE {weight} END), "
+            f"SUM({weight} * t.utilization_pct), "
+            f"SUM(CASE WHEN t.utilization_pct < ? THEN {weight} ELSE 0 END), "
+            f"SUM(CASE WHEN t.memory_used_mb IS NULL THEN 0 ELSE {weight} END), "
+            f"SUM({weight} * t.memory_used_mb), MAX(t.memory_used_mb) "
+            "FROM allocations a JOIN telemetry t ON t.gpu = a.gpu_uuid "
+            "WHERE a.job_id = ? AND a.released_at IS NULL AND t.t >= ? AND t.t <= ?",
+            [IDLE_UTIL_PCT, job_id, started_at, t]).fetchone()
+        if not weighed:
+            return None
+        return (busy / weighed / 100, idle / weighed, mem / mem_weight if mem_weight else None, peak)
 
     def _gpu_hours(self, job_id: int, started_at: float | None, t: float) -> float:
         """R7: whole-card hours; a slice counts its fraction of the card's memory."""
@@ -572,6 +640,34 @@ class Store:
         allocations = self._allocations_by_job([r["id"] for r in rows])
         return [self._job_from_row(r, allocations.get(r["id"], ())) for r in rows]
 
+    #: What accounting keeps of a job besides the job itself (see ``_charge_run``).
+    USAGE_COLUMNS = ("gpu_hours", "sampled_gpu_hours", "busy_gpu_hours", "idle_gpu_hours",
+                     "mem_used_mb_mean", "mem_used_mb_peak")
+
+    def ended_jobs(self, *, user: str | None = None, since: float | None = None,
+                   until: float | None = None, states: tuple[JobState, ...] = (),
+                   node: str | None = None, job_id: int | None = None,
+                   limit: int = 1000) -> list[tuple[Job, dict]]:
+        """Ended jobs that match (ended in [since, until), on ``node`` at their end), the
+        newest ``limit`` of them, oldest first; each with its USAGE_COLUMNS."""
+        finished = states or tuple(s for s in JobState if s.finished)
+        # "+state": walk the ended_at index newest first, not every ended job by state
+        where, params = _filters((("user = ?", user), ("ended_at >= ?", since),
+                                  ("ended_at < ?", until), ("id = ?", job_id),
+                                  ("EXISTS (SELECT 1 FROM allocations a WHERE a.job_id = jobs.id "
+                                   "AND a.node = ? AND a.released_at = jobs.ended_at)", node)))
+        where += ["ended_at IS NOT NULL", f"+state IN ({','.join('?' * len(finished))})"]
+        params += [s.value for s in finished]
+        rows = self.db.execute(
+            f"SELECT * FROM (SELECT * FROM jobs WHERE {' AND '.join(where)} "
+            f"ORDER BY ended_at DESC, id DESC LIMIT {int(limit)}) ORDER BY ended_at, id",
+            params).fetchall()
+        columns = self._job_columns()
+        rows = [dict(zip(columns, r)) for r in rows]
+        allocations = self._allocations_by_job([r["id"] for r in rows])
+        return [(self._job_from_row(r, allocations.get(r["id"], ())),
+                 {c: r.get(c) for c in self.USAGE_COLUMNS}) for r in rows]
+
     def _job_columns(self) -> list[str]:
         if self._columns is None:
             self._columns = [c.name for c in self.db["jobs"].columns]
@@ -581,7 +677,7 @@ class Store:
         found: dict[int, list[Placement]] = {}
         for chunk in _chunks(job_ids, 500):
             for job_id, p in self._placements(
-                f"job_id IN ({','.join('?' * len(chunk))}) AND released_at IS NULL", chunk
+                f"job_id IN ({','.join('?' * len(chunk))}) AND {_HELD}", chunk
             ):
                 found.setdefault(job_id, []).append(p)
         return {k: tuple(v) for k, v in found.items()}
@@ -589,7 +685,7 @@ class Store:
     def _placements(self, where: str, params: list) -> list[tuple[int, Placement]]:
         rows = self.db.execute(
             "SELECT job_id, gpu_uuid, node, gpu_index, memory_mb, exclusive "
-            f"FROM allocations WHERE {where} ORDER BY id", params,
+            f"FROM allocations a WHERE {where} ORDER BY id", params,
         ).fetchall()
         return [(r[0], Placement(r[1], r[2], r[3], r[4], bool(r[5]))) for r in rows]
 
@@ -608,8 +704,7 @@ class Store:
 
     def _job_from_row(self, row: dict, placements: tuple[Placement, ...] | None = None) -> Job:
         if placements is None:
-            placements = tuple(p for _, p in self._placements(
-                "job_id = ? AND released_at IS NULL", [row["id"]]))
+            placements = tuple(p for _, p in self._placements(f"job_id = ? AND {_HELD}", [row["id"]]))
         return Job(id=row["id"], user=row["user"], spec=spec_of(json.loads(row["spec"])),
                    submitted_at=row["submitted_at"], status=_status(row, placements),
                    attempt=row.get("attempt") or 0, workdir_used=row.get("workdir_used"))
@@ -619,10 +714,11 @@ class Store:
                         "fan_pct", "sm_clock_mhz", "mem_clock_mhz")
 
     def record_telemetry(self, rows: list[dict]) -> None:
-        """R18: one sample per GPU (``gpu``, ``t`` and the TELEMETRY_FIELDS)."""
+        """R18: one sample per GPU (``gpu``, ``t``, the TELEMETRY_FIELDS and ``span_s``, the
+        seconds the sample stands for: what accounting weighs it by)."""
         if not rows:
             return
-        columns = ("gpu", "t", *self.TELEMETRY_FIELDS)
+        columns = ("gpu", "t", *self.TELEMETRY_FIELDS, "span_s")
         with self.transaction():
             self.db.conn.executemany(
                 f"INSERT INTO telemetry ({', '.join(columns)}, bucket_s) "
@@ -643,10 +739,11 @@ class Store:
         averages = ", ".join(f"AVG({f})" for f in self.TELEMETRY_FIELDS)
         with self.transaction():
             self.db.execute(
-                f"INSERT INTO telemetry (gpu, t, {', '.join(self.TELEMETRY_FIELDS)}, bucket_s) "
-                f"SELECT gpu, CAST(t / ? AS INTEGER) * ? + ? / 2, {averages}, ? "
+                f"INSERT INTO telemetry (gpu, t, {', '.join(self.TELEMETRY_FIELDS)}, bucket_s, span_s) "
+                f"SELECT gpu, CAST(t / ? AS INTEGER) * ? + ? / 2, {averages}, ?, "
+                "SUM(COALESCE(span_s, ?)) "
                 "FROM telemetry WHERE t < ? AND bucket_s = 0 GROUP BY gpu, CAST(t / ? AS INTEGER)",
-                [bucket_s, bucket_s, bucket_s, bucket_s, cutoff, bucket_s])
+                [bucket_s, bucket_s, bucket_s, bucket_s, DEFAULT_SPAN_S, cutoff, bucket_s])
             self.db.execute("DELETE FROM telemetry WHERE t < ? AND bucket_s = 0", [cutoff])
             self.db.execute("DELETE FROM telemetry WHERE t < ?", [now - keep_for_s])
 
@@ -660,6 +757,54 @@ class Store:
             self.db.execute("UPDATE users SET quota_gpu_hours = ? WHERE name = ?", [hours, user])
             self._event(t, "admin", f"quota of {user} set to {hours:g} GPU-hours a month by {by}",
                         user=by)
+
+    # ------------------------------------------------------------- accounting
+    def user_months(self, since: float, until: float) -> list[dict]:
+        """Per user and calendar month (local time) of the jobs that ended in [since,
+        until): how many, GPU-hours charged, sampled, busy and idle GPU-hours, and the
+        sum and count of the waits of those that started."""
+        rows = self.db.execute(
+            "SELECT user, strftime('%Y-%m', ended_at, 'unixepoch', 'localtime') AS month, "
+            "COUNT(*), SUM(gpu_hours), SUM(sampled_gpu_hours), SUM(busy_gpu_hours), "
+            "SUM(idle_gpu_hours), SUM(started_at - submitted_at), COUNT(started_at) "
+            "FROM jobs WHERE ended_at >= ? AND ended_at < ? GROUP BY user, month "
+            "ORDER BY month, user", [since, until]).fetchall()
+        keys = ("user", "month", "jobs", "gpu_hours", "sampled_gpu_hours", "busy_gpu_hours",
+                "idle_gpu_hours", "wait_s_sum", "started")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def held_between(self, since: float, until: float) -> list[tuple[str, float, float | None, float]]:
+        """(node, from, to or None while held, share of a card) of every allocation held
+        at some time in [since, until); a slice counts its share of the card (R7)."""
+        return self.db.execute(
+            "SELECT a.node, a.created_at, a.released_at, "
+            "CASE WHEN a.exclusive OR g.total_mb IS NULL OR g.total_mb = 0 THEN 1.0 "
+            "ELSE MIN(1.0, CAST(a.memory_mb AS REAL) / g.total_mb) END "
+            "FROM allocations a LEFT JOIN gpus g ON g.uuid = a.gpu_uuid "
+            "WHERE a.created_at < ? AND (a.released_at IS NULL OR a.released_at >= ?)",
+            [until, since]).fetchall()
+
+    #: Telemetry is summed per quarter hour (every time zone's offset is a multiple of it),
+    #: and the caller puts each quarter in its local day: cheaper than a date per sample.
+    QUARTER_S = 900
+
+    def utilisation_by_quarter(self, since: float, until: float) -> list[tuple[str, float, float, float]]:
+        """(node, start of the quarter hour, seconds sampled, busy seconds) of every node's
+        cards in [since, until), from telemetry (a sample weighs its span)."""
+        weight = f"COALESCE(t.span_s, NULLIF(t.bucket_s, 0), {DEFAULT_SPAN_S})"
+        return self.db.execute(
+            f"SELECT g.node, CAST(t.t / {self.QUARTER_S} AS INTEGER) * {self.QUARTER_S} AS q, "
+            f"SUM({weight}), SUM({weight} * t.utilization_pct / 100.0) "
+            "FROM telemetry t JOIN gpus g ON g.uuid = t.gpu "
+            "WHERE t.t >= ? AND t.t < ? AND t.utilization_pct IS NOT NULL "
+            "GROUP BY g.node, q", [since, until]).fetchall()
+
+    def ended_counts(self) -> dict[str, int]:
+        """How many jobs ended in each end state, ever."""
+        finished = [s.value for s in JobState if s.finished]
+        return dict(self.db.execute(
+            f"SELECT state, COUNT(*) FROM jobs WHERE state IN ({','.join('?' * len(finished))}) "
+            "GROUP BY state", finished).fetchall())
 
     def usage_since(self, since: float) -> dict[str, float]:
         """GPU-hours per user charged to jobs that ended since ``since`` or still hold or
@@ -732,9 +877,16 @@ class Store:
                                     [newest - self.EVENTS_KEEP_ROWS]).rowcount
         return gone
 
-    def events(self, limit: int = 50) -> list[dict]:
+    def events(self, limit: int = 50, *, kind: str | None = None, node: str | None = None,
+               job_id: int | None = None, user: str | None = None,
+               since: float | None = None) -> list[dict]:
+        """The newest ``limit`` events that match, oldest first."""
+        where, params = _filters((("kind = ?", kind), ("node = ?", node), ("job_id = ?", job_id),
+                                  ("user = ?", user), ("t >= ?", since)))
         rows = self.db.execute(
-            f"SELECT {', '.join(self.EVENT_FIELDS)} FROM events ORDER BY id DESC LIMIT ?", [limit],
+            f"SELECT {', '.join(self.EVENT_FIELDS)} FROM events "
+            f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY id DESC LIMIT ?",
+            [*params, limit],
         ).fetchall()
         return [dict(zip(self.EVENT_FIELDS, r)) for r in reversed(rows)]
 
@@ -748,8 +900,15 @@ def spec_of(fields: dict) -> JobSpec:
     return JobSpec(**fields)
 
 
+def _filters(pairs) -> tuple[list[str], list]:
+    """The clauses of the (clause, value) ``pairs`` whose value is given, and those values
+    (a filter left out, None, matches everything)."""
+    given = [(clause, value) for clause, value in pairs if value is not None]
+    return [clause for clause, _ in given], [value for _, value in given]
+
+
 def _status(row: dict, placements: tuple[Placement, ...]):
-    """A job's status from its row and its unreleased allocations."""
+    """A job's status from its row and its allocations (held now, or held at its end)."""
     state = JobState(row["state"])
     if state == JobState.PENDING:
         return Pending(row["reason"] or "", row.get("held_by"))

@@ -6,9 +6,12 @@ and the TUI render them. Nothing here does I/O.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict
 
-from .model import MIB_PER_GIB, Cancelling, Evicting, GpuView, Job, Stopping, format_mb, holding
+from .model import (MIB_PER_GIB, Cancelling, Evicting, GpuView, Job, Stopping, fmt, format_mb,
+                    holding)
 from .printable import printable
 from .scheduler.slices import offered_mb
 from .units import duration_text
@@ -53,6 +56,29 @@ def job_json(job: Job) -> dict:
         "gpus": [{"uuid": p.gpu_uuid, "node": p.node, "index": p.gpu_index,
                   "memory_mb": p.memory_mb, "exclusive": p.exclusive} for p in job.placements],
     }
+
+
+def history_json(job: Job, usage: dict) -> dict:
+    """An ended job as ``job_history`` answers: ``job_json`` plus its wait and run time
+    (of its last run, when it was requeued), the GPU-hours charged (all runs), and what
+    its cards did while it held them (telemetry; None without samples): mean utilisation,
+    GPU-hours held while its cards idled, mean and peak memory used per card."""
+    started = job.started_at
+    sampled = usage.get("sampled_gpu_hours") or 0.0
+    return {
+        **job_json(job),
+        "wait_s": round((started if started is not None else job.ended_at) - job.submitted_at, 3),
+        "run_s": round(job.ended_at - started, 3) if started is not None else 0.0,
+        "gpu_hours": round(usage.get("gpu_hours") or 0.0, 9),
+        "mean_util_pct": round(100 * usage["busy_gpu_hours"] / sampled, 1) if sampled else None,
+        "idle_gpu_hours": round(usage.get("idle_gpu_hours") or 0.0, 9) if sampled else None,
+        "mem_used_mb_mean": _rounded(usage.get("mem_used_mb_mean")),
+        "mem_used_mb_peak": _rounded(usage.get("mem_used_mb_peak")),
+    }
+
+
+def _rounded(value: float | None) -> int | None:
+    return None if value is None else round(value)
 
 
 def gpu_status(gpu: GpuView, node_up: bool) -> str:
@@ -164,6 +190,26 @@ def status_text(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def table(header: Sequence[str], rows: Iterable[Sequence[object]], right: Collection[int] = ()) -> str:
+    """Plain columns, each as wide as its widest cell: nothing is ever cut, and the lines
+    stay easy to read in a terminal and to split in a script. ``right``: column numbers
+    aligned to the right (numbers)."""
+    cells = [list(header)] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                  for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+        for row in cells)
+
+
+def gpu_list(gpus: list[dict]) -> str:
+    """A job's cards, node by node: "node01:0,1 node02:3"."""
+    by_node: dict[str, list[str]] = {}
+    for g in gpus:
+        by_node.setdefault(g["node"], []).append(str(g["index"]))
+    return " ".join(f"{node}:{','.join(indices)}" for node, indices in by_node.items())
+
+
 def idle_text(seconds: float, gpus: int) -> str:
     """"idle 3 h on 2 GPUs": a running job whose GPUs read ~0% that long (head/limits.py)."""
     return f"idle {duration_text(seconds)} on {gpus} GPU{'s' * (gpus != 1)}"
@@ -174,33 +220,147 @@ def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False)
     job its GPUs left idle says so. An array's tasks are one line unless ``expand``."""
     if not jobs:
         return "No jobs in the queue."
-    lines = [f"{'ID':>5}  {'USER':<10} {'NAME':<16} {'STATE':<10} {'GPUS':<22} REASON / COMMAND"]
     arrays: dict[int, list[dict]] = {}
     for j in jobs:
         if j.get("array_id") is not None and not expand:
             arrays.setdefault(j["array_id"], []).append(j)
-    shown: set[int] = set()
+    rows = []
     for j in jobs:
-        array = j.get("array_id") if not expand else None
+        array = None if expand else j.get("array_id")
         if array is not None:
-            if array in shown:
+            tasks = arrays.pop(array, None)
+            if tasks is None:  # its line is there already
                 continue
-            shown.add(array)
-            tasks = arrays[array]
             running = sum(1 for t in tasks if t["state"] in ("running", "launching"))
-            detail = (f"array of {len(tasks)} tasks left ({tasks[0].get('array') or ''}): {running} running, "
-                      f"{len(tasks) - running} waiting; `nebula queue --expand` lists them")
-            lines.append(f"{str(array) + '_*':>5}  {printable(j['user'])[:10]:<10} "
-                         f"{printable(j['name'] or '-')[:16]:<16} {'array':<10} "
-                         f"{f'{running} running'[:22]:<22} {printable(detail)}")
+            rows.append((f"{array}_*", j["user"], j["name"] or "-", "array", f"{running} running",
+                         f"array of {len(tasks)} tasks left ({tasks[0].get('array') or ''}): "
+                         f"{running} running, {len(tasks) - running} waiting; "
+                         "`nebula queue --expand` lists them"))
             continue
-        where = ", ".join(f"{g['node']}:{g['index']}" for g in j["gpus"]) or (
+        where = gpu_list(j["gpus"]) or (
             f"{j['gpu_count']}x{format_mb(j['gpu_mem_mb']) if j['gpu_mem_mb'] else 'whole'}")
         # A running job's reason is what it does before its command (pulling an image).
         detail = j["reason"] if j["state"] == "pending" or j["reason"] else " ".join(j["command"])
         if now is not None and j.get("idle_since") is not None:
             detail = f"{idle_text(max(0.0, now - j['idle_since']), len(j['gpus']))} · {detail}"
         ident = str(j["id"]) if j.get("array_id") is None else f"{j['array_id']}_{j['array_index']}"
-        lines.append(f"{ident:>5}  {printable(j['user'])[:10]:<10} {printable(j['name'] or '-')[:16]:<16} "
-                     f"{j['state']:<10} {where[:22]:<22} {printable(detail)}")
+        rows.append((ident, j["user"], j["name"] or "-", j["state"], where, detail))
+    return table(("ID", "USER", "NAME", "STATE", "GPUS", "REASON / COMMAND"), rows, right={0})
+
+
+def gpus_text(gpus: list[dict]) -> str:
+    """`nebula gpus`: one card a line, with what it holds and how it runs."""
+    if not gpus:
+        return "No GPUs reported yet."
+    rows = [(f"{g['node']}:{g['index']}", short_model(g["model"]),
+             f"{format_mb(g['memory_used_mb'])} / {format_mb(g['total_memory_mb'])}",
+             fmt(g["utilization_pct"], "%"), fmt(g["temperature_c"], "C"), fmt(g["power_w"], "W"),
+             g["status"], ",".join(map(str, g["jobs"])) or "-")
+            for g in gpus]
+    return table(("GPU", "MODEL", "MEMORY", "UTIL", "TEMP", "POWER", "STATUS", "JOBS"), rows,
+                 right={2, 3, 4, 5})
+
+
+#: The most of a tool's output a reason shows (a card of the TUI, a line of `nebula events`);
+#: the whole of it stays in the detail view.
+REASON_MAX = 160
+#: The head's own sentences (a host key's fix names two paths) are only flattened to one
+#: line, and cut only when absurdly long.
+SENTENCE_MAX = 600
+
+
+def one_line(text: str, limit: int = REASON_MAX) -> str:
+    """``text`` as one line of at most ``limit`` characters: line breaks, tabs and other
+    control characters become spaces, runs of blanks one space, and a longer text is cut
+    at a word with "…" (the whole of it belongs in a detail view)."""
+    flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    if len(flat) <= limit:
+        return flat
+    cut = flat[:limit - 1]
+    if " " in cut[limit // 2:]:
+        cut = cut[:cut.rindex(" ")]
+    return cut + "…"
+
+
+def node_text(node: dict) -> str:
+    """`nebula node show`: the node, the whole of why it is in its state, its cards, jobs
+    and latest events."""
+    facts = node.get("facts") or {}
+    lines = [f"{node['name']}  {node['host']}:{node['port']}  {node['state']}"
+             + (f" (drained: {node['drain_reason']})" if node.get("drained") and node.get("drain_reason") else ""),
+             f"  host: {facts.get('hostname') or 'N/A'}, python {facts.get('python') or 'N/A'}, "
+             f"CUDA {node.get('cuda_version') or 'N/A'}, health score {node['health_score']:g}"]
+    if node["state"] not in ("up", "drained") or node.get("detail"):
+        lines.append(f"  why: {node['detail'] or 'N/A'}" if "\n" not in (node["detail"] or "")
+                     else "  why:\n" + "\n".join(f"    {l}" for l in node["detail"].splitlines()))
+    if node.get("failed_attempts"):
+        lines.append(f"  failed connection attempts since it was last up: {node['failed_attempts']}")
+    lines.append(f"  jobs: {', '.join(map(str, node['jobs'])) or 'none'}")
+    if node["gpus"]:
+        lines += ["", gpus_text(node["gpus"])]
+    if node["events"]:
+        lines += ["", "Latest events:"] + [
+            f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['t']))}  {e['message']}"
+            for e in node["events"]]
     return "\n".join(lines)
+
+
+def format_duration(seconds: float | None) -> str:
+    """4s, 3m12s, 2h05m, 3d04h: a duration as people read it in a table."""
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def history_text(jobs: list[dict]) -> str:
+    """`nebula history`: one ended job a line, oldest first."""
+    if not jobs:
+        return "No ended jobs match."
+    rows = [(j["id"], j["user"], j["name"] or "-", j["state"], fmt(j["exit_code"]),
+             gpu_list(j["gpus"]) or "-", format_duration(j["wait_s"]), format_duration(j["run_s"]),
+             f"{j['gpu_hours']:.3f}", fmt(j["mean_util_pct"], "%"),
+             f"{format_mb(j['mem_used_mb_mean'])}/{format_mb(j['mem_used_mb_peak'])}"
+             if j["mem_used_mb_peak"] is not None else "N/A",
+             time.strftime("%Y-%m-%d %H:%M", time.localtime(j["ended_at"])))
+            for j in jobs]
+    return table(("ID", "USER", "NAME", "STATE", "EXIT", "GPUS", "WAIT", "RUN", "GPU-H", "UTIL",
+                  "MEM MEAN/PEAK", "ENDED"), rows, right={0, 4, 6, 7, 8, 9})
+
+
+def _pct(value: float | None) -> str:
+    return "N/A" if value is None else f"{value:.0f}%"
+
+
+def report_text(report: dict) -> str:
+    """`nebula report`: per user and month, then capacity per node and month, then the
+    cluster day by day."""
+    since = time.strftime("%Y-%m-%d %H:%M", time.localtime(report["since"]))
+    until = time.strftime("%Y-%m-%d %H:%M", time.localtime(report["until"]))
+    users = table(("MONTH", "USER", "JOBS", "GPU-H", "EFFICIENCY", "IDLE GPU-H", "MEAN WAIT"),
+                  [(u["month"], u["user"], u["jobs"], f"{u['gpu_hours']:.3f}",
+                    _pct(u["efficiency_pct"]), f"{u['idle_gpu_hours']:.3f}",
+                    format_duration(u["mean_wait_s"])) for u in report["users"]],
+                  right={2, 3, 4, 5, 6}) if report["users"] else "(no job ended in this period)"
+    capacity = ("PERIOD", "NODE", "GPUS", "AVAILABLE GPU-H", "ALLOCATED GPU-H", "ALLOCATED", "UTILISATION")
+
+    def rows(items):
+        return [(r["period"], r["node"], r["gpus"], f"{r['available_gpu_hours']:.3f}",
+                 f"{r['allocated_gpu_hours']:.3f}", _pct(r["allocated_pct"]), _pct(r["util_pct"]))
+                for r in items]
+
+    days = [r for r in report["days"] if r["node"] == "cluster"]
+    return "\n".join([
+        f"Report {since} to {until}", "",
+        "Users (jobs that ended; efficiency: utilisation of their cards while they held them)",
+        users, "",
+        "Nodes (GPU-hours their cards had, held by jobs, and how busy the cards really were)",
+        table(capacity, rows(report["nodes"]), right={2, 3, 4, 5, 6}), "",
+        "Cluster by day",
+        table(capacity, rows(days), right={2, 3, 4, 5, 6})])

@@ -9,6 +9,8 @@ need_apt=""
 command -v tmux >/dev/null 2>&1 || need_apt="$need_apt tmux"
 [ -x /usr/sbin/sshd ] || command -v sshd >/dev/null 2>&1 || need_apt="$need_apt openssh-server"
 command -v ssh-keygen >/dev/null 2>&1 || need_apt="$need_apt openssh-client"
+command -v zsh >/dev/null 2>&1 || need_apt="$need_apt zsh"  # the completion tests load it
+[ -e /usr/sbin/sendmail ] || need_apt="$need_apt msmtp-mta"  # a sendmail for the mail tests
 # A C compiler builds the simulated lab's NVML (optional: without it the lab uses nvidia-smi).
 command -v cc >/dev/null 2>&1 || [ "$(id -u)" != 0 ] || need_apt="$need_apt gcc libc6-dev"
 # Optional (installed as root, else the tests that need it skip): libfaketime, with which

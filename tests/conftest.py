@@ -6,6 +6,7 @@ fresh home (SQLite store, socket) per test module, and drives it through the rea
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,12 @@ from labfixtures import asyncssh_lab, openssh_lab  # noqa: E402,F401  (fixtures)
 
 from nebula_tui.sim.harness import HeadProcess, wait_for  # noqa: E402,F401
 
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now: nothing listens there until something binds it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 async def until(pilot, predicate, timeout: float = 30.0, what: str = "condition"):

@@ -27,7 +27,7 @@ def log(head, job_id: int) -> str:
 @pytest.mark.parametrize("flags, words", [
     (["--image", "Pytorch/Pytorch"], "is not an image reference (image names are lower case)"),
     (["--image", "a b"], "is not an image reference"),
-    (["--image", "x", "--runtime", "lxc"], "invalid choice: 'lxc'"),
+    (["--image", "x", "--runtime", "lxc"], "unknown choice 'lxc'; choose from podman"),
     (["--image", "x", "--data-mount", "data:/data"], "must be an absolute path, not 'data'"),
     (["--image", "x", "--data-mount", "/data/../etc:/data"], "must not contain '..'"),
     (["--image", "x", "--data-mount", "/data"], "is not SRC:DST or SRC:DST:ro"),

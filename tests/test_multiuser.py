@@ -57,10 +57,10 @@ def users():
     yield from lab_users(GROUP, (ALICE, BOB), (STRANGER,))
 
 
-def shared_head(lab, tmp_path_factory, group: str):
+def shared_head(lab, tmp_path_factory, group: str, sections: dict | None = None):
     """A head as root in shared-box mode for ``group``; clients run as other users from a
     copy of the package they can read (the checkout may sit in a directory only root can
-    enter)."""
+    enter). ``sections``: top-level sections of nodes.yaml to add (``{"accounting": …}``)."""
     public = Path(tempfile.mkdtemp(prefix="nebula-shared-"))
     public.chmod(0o755)
     shutil.copytree(REPO / "nebula_tui", public / "nebula_tui",
@@ -68,6 +68,7 @@ def shared_head(lab, tmp_path_factory, group: str):
     subprocess.run(["chmod", "-R", "a+rX", str(public / "nebula_tui")], check=True)
     config = yaml.safe_load(lab.config_path.read_text())
     config["cluster"]["run_as"] = "submitter"
+    config.update(sections or {})
     home = tmp_path_factory.mktemp("sharedhome")
     (home / "nodes.yaml").write_text(yaml.safe_dump(config))
     head = HeadProcess(home, lab, config=home / "nodes.yaml",

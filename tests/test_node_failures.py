@@ -4,7 +4,6 @@ cluster files that are broken. Each gets one clear line, and nothing else stops 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
@@ -12,14 +11,8 @@ import asyncssh
 import pytest
 import yaml
 
-from conftest import wait_for
+from conftest import free_port, wait_for
 from nebula_tui.sim.harness import HeadProcess
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +24,7 @@ def broken_cluster(openssh_lab, tmp_path_factory):
     wrong = root / "wrong_known_hosts"
     wrong.write_text(f"[127.0.0.1]:{openssh_lab.port('node01')} {impostor}\n")
     config["nodes"][0]["known_hosts"] = str(wrong)
-    config["nodes"].append({"name": "node04", "host": "127.0.0.1", "port": closed_port()})
+    config["nodes"].append({"name": "node04", "host": "127.0.0.1", "port": free_port()})
     path = root / "nodes.yaml"
     path.write_text(yaml.safe_dump(config))
     head = HeadProcess(root / "home", openssh_lab, config=path)

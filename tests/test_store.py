@@ -74,7 +74,7 @@ def test_round_trip(store):
     done = store.job(job.id)
     assert (done.state, done.exit_code, done.ended_at, done.reason) == (
         JobState.FAILED, 3, T0 + 100, "exit code 3")
-    assert done.placements == ()  # released
+    assert done.placements == SLICES  # the cards it held, no longer held by anyone
     assert store.active_placements() == []
     assert [e["kind"] for e in store.events() if e["job_id"] == job.id] == [
         "submit", "place", "start", "end"]

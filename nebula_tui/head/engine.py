@@ -4,6 +4,7 @@ The rooms, each importing only those before it (``tests/test_architecture.py`` c
 
   ``state``       the live view (nodes, GPUs, jobs, links), ``wake`` and ``spawn``
   ``access``      who may do what
+  ``accounting``  what ended jobs cost and did: history, reports
   ``stream``      the snapshot and the events subscribers get
   ``shares``      fair-share weights, quotas, each user's figures
   ``jobs``        a job's transitions: launch, running, exit, finish, requeue, cancel, stop
@@ -12,6 +13,9 @@ The rooms, each importing only those before it (``tests/test_architecture.py`` c
   ``health``      Xid policies, isolation, throttling
   ``nodes``       node links and messages, reconcile, drain/add/remove/reload
   ``attach``      a job's tmux session relayed over the socket
+  ``smoke``       a new node's first job (``nebula node add``)
+  ``metrics``     Prometheus metrics (``nebula serve --metrics``)
+  ``notify``      webhooks and mail when jobs end or GPUs are isolated
   ``engine``      this module; ``server`` answers the socket with it, ``serve`` runs it
 
 A request is refused with ``RequestError`` (one line, said to the client as it is).
@@ -31,13 +35,17 @@ from ..scheduler import admission
 from ..store import Store
 from ..units import parse_array
 from .access import Access
+from .accounting import Accounting
 from .attach import Attach
 from .health import HealthMonitor
 from .jobs import JobTransitions
 from .limits import Limits
+from .metrics import Metrics
+from .notify import Notifier
 from .nodes import Fleet
 from .scheduling import Scheduling, pending_job
 from .shares import Shares
+from .smoke import SmokeTest
 from .state import HeadState, job_nodes
 from .stream import Stream
 
@@ -46,8 +54,9 @@ class Engine:
     def __init__(self, config: ClusterConfig, store: Store, clock=time.time):
         self.state = HeadState(config, store, clock)
         self.access = Access(self.state)
+        self.accounting = Accounting(self.state, self.access)
         self.stream = Stream(self.state)
-        self.shares = Shares(self.state, self.access, self.stream)
+        self.shares = Shares(self.state, self.access, self.stream, self.accounting)
         self.transitions = JobTransitions(self.state, self.stream, self.shares, self.access)
         self.limits = Limits(self.state, self.transitions)
         self.scheduling = Scheduling(self.state, self.stream, self.shares, self.transitions, self.limits)
@@ -55,6 +64,14 @@ class Engine:
         store.on_event = self.stream.publish_event  # every events-log line, once committed
         self.fleet = Fleet(self.state, self.stream, self.transitions, self.health, self.access)
         self.attach = Attach(self.state, self.access)
+        self.smoke = SmokeTest(self.state, self.stream, self.transitions, self.access)
+        self.metrics = Metrics(self.state)  # served only with --metrics (head/serve.py)
+        self.transitions.on_running = self._job_started
+        self.scheduling.on_pass = self.metrics.pass_done
+        self.notifier = Notifier(self.state)
+        self.transitions.on_ended = self.notifier.job_ended
+        self.transitions.on_requeued = self.notifier.job_requeued
+        self.health.on_isolated = self.notifier.gpu_isolated
         self.fleet.probed = self.limits.on_probe  # the memory guard and idleness read each probe
         # What the node links call, what the server and tests read:
         self.on_node_message = self.fleet.on_node_message
@@ -68,6 +85,10 @@ class Engine:
         self.node_key, self.add_node = self.fleet.node_key, self.fleet.add_node
         self.remove_node, self.reload = self.fleet.remove_node, self.fleet.reload
         self.plan = self.scheduling.plan
+
+    def _job_started(self, job: Job) -> None:
+        self.metrics.job_started(job)
+        self.limits.job_started(job)  # its --time counts from now, on the monotonic clock
 
     # the live view, as the server and tests read it
     config = property(lambda self: self.state.config)
@@ -144,12 +165,15 @@ class Engine:
             raise UnfitRequest(refusal)
         return spec if time_limit == spec.time_limit_s else replace(spec, time_limit_s=time_limit)
 
-    def job_detail(self, job_id: int) -> dict:
-        """A job as ``views.job_json`` has it, with what the head computes for it: its place
-        in the queue (``queue_pos``) and, once placed, the environment each of its nodes
-        gives its command (``environment``: node -> variables)."""
+    def job_detail(self, job_id: int, user: str | None = None) -> dict:
+        """A job as ``views.job_json`` has it (one that ended as its history shows it, to
+        ``user``: GPU-hours, waits, what its cards did), with what the head computes for
+        it: its place in the queue (``queue_pos``) and, once placed, the environment each
+        of its nodes gives its command (``environment``: node -> variables)."""
         job = self.job(job_id)
-        return {**views.job_json(job), "queue_pos": self.state.queue_pos(job),
+        shown = (self.accounting.ended_job(user or self.state.owner, job) if job.state.finished
+                 else views.job_json(job))
+        return {**shown, "queue_pos": self.state.queue_pos(job),
                 "environment": self.transitions.environments(job) if job.placements else {}}
 
     def job(self, job_id: int) -> Job:

@@ -31,6 +31,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 from ..model import Evicting, GpuReading, Job, JobState, RequestError
 from ..remote.backends import xid
@@ -74,6 +75,8 @@ class HealthMonitor:
         self._pid_jobs: dict[str, dict[str, str]] = {}  # node -> pid -> job id (last probe)
         self._throttling: set[str] = set()  # GPUs in a throttling episode now
         self._kmsg_errors: dict[str, str] = {}
+        #: told of each GPU isolated, with why (notifications)
+        self.on_isolated: Callable[[str, str], None] = lambda gpu, reason: None
 
     def _event(self, kind: str, message: str, gpu: str | None = None, node: str | None = None,
                job_id: int | None = None) -> None:
@@ -196,6 +199,7 @@ class HealthMonitor:
         admin_only = action.admin_resume or self._maintenance(gpu).admin_only
         self._set_maintenance(gpu, Maintenance(action.reason, admin_only))
         self._event("health", f"{label} in maintenance: {action.reason}", gpu=gpu)
+        self.on_isolated(gpu, action.reason)
         # The cause alone ("Xid 48 (double-bit ECC error)"), for the requeued jobs' reason.
         await self._evict(gpu, f"GPU {label} was isolated ({action.reason.split(': ')[0]})")
         # A card that fell off the bus cannot be reset (and only a person can bring it back).

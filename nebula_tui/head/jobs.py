@@ -17,6 +17,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, replace
 
 from ..model import (Cancelling, Ended, Evicting, Job, JobState, Launching, Pending, Placement,
@@ -64,6 +65,11 @@ class JobTransitions:
         self.stream = stream
         self.shares = shares
         self.access = access
+        #: told of each job that starts running (the metrics' queue waits)
+        self.on_running: Callable[[Job], None] = lambda job: None
+        #: told of each job that ended, and of each requeue with its reason (notifications)
+        self.on_ended: Callable[[Job], None] = lambda job: None
+        self.on_requeued: Callable[[Job, str], None] = lambda job, reason: None
         self._acks: dict[str, list[int]] = {}
         #: why a part could not start, as its node said (the first one): the job's reason
         #: when it ends failed; nodes say it again after a restart (their exits are unacked)
@@ -317,7 +323,7 @@ class JobTransitions:
         self.state.store.mark_running(job.id, now)
         launching = holding(job.status)
         running = Running(launching.placements, now, launching.exits, token=launching.token)
-        self._set(replace(job, status=with_holding(job.status, running)))
+        self.on_running(self._set(replace(job, status=with_holding(job.status, running))))
 
     # --------------------------------------------------------------------- the end
     def finish(self, job: Job, state: JobState, code: int | None, reason: str) -> None:
@@ -336,6 +342,7 @@ class JobTransitions:
         for waiter in self._finished_waiters.pop(job.id, []):
             if not waiter.done():
                 waiter.set_result(done)
+        self.on_ended(done)
         self.state.wake()
 
     def requeue(self, job: Job, reason: str) -> None:
@@ -343,6 +350,7 @@ class JobTransitions:
         attempt: one transition, whatever it was doing."""
         self.state.store.requeue(job.id, reason, self.state.clock())
         self._exit_reasons.pop(job.id, None)
+        self.on_requeued(job, reason)
         self._set(replace(job, status=Pending(reason), attempt=job.attempt + 1))
         self.shares.changed(job.user)  # charged for what it held
         for node in job_nodes(job):

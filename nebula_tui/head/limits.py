@@ -16,9 +16,10 @@ Each is one check over the running jobs, run at every turn of the scheduling loo
   ``limits.idle_action`` runs (``warn``: nothing more; ``cancel``: stopped, it ends
   ``cancelled``). ``--service`` jobs are exempt unless ``limits.idle_services``.
 
-Stops go through ``JobTransitions.stop``. How long a job has run is its run time when
-this room first saw it running (wall clock: its start may predate this head) plus the
-monotonic time since, so a step of the wall clock (NTP, ``date -s``) stops nobody early.
+Stops go through ``JobTransitions.stop``. How long a job has run is counted on the
+monotonic clock from its start (``job_started``; a job running when this head started:
+from its recorded start, when first seen), so a step of the wall clock (NTP, ``date -s``)
+stops nobody early.
 Nothing here is kept in the store: after a restart the guard's and idleness's clocks start
 again, and a job past its time limit is stopped at the first turn.
 """
@@ -82,12 +83,20 @@ class Limits:
         self._memory_actions(now)
         self._idle_actions(now, running)
 
+    def job_started(self, job: Job) -> None:
+        """A job's run began (the engine wires this to ``JobTransitions.on_running``): its
+        run time counts on the monotonic clock from now."""
+        now = self.state.clock()
+        self._seen_running[job.id] = (job.attempt, max(0.0, now - (job.started_at or now)),
+                                      self.state.monotonic())
+
     def run_time(self, job: Job) -> float:
-        """How long a running job has run, immune to steps of the wall clock."""
+        """How long a running job has run, immune to steps of the wall clock (a job already
+        running when this head started counts from its recorded start, once)."""
         seen = self._seen_running.get(job.id)
         if seen is None or seen[0] != job.attempt:
-            seen = self._seen_running[job.id] = (job.attempt, max(0.0, self.state.clock() - job.status.started_at),
-                                                 self.state.monotonic())
+            self.job_started(job)
+            seen = self._seen_running[job.id]
         return seen[1] + self.state.monotonic() - seen[2]
 
     def next_due(self) -> float | None:

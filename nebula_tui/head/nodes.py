@@ -14,7 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from .. import node_admin
+from .. import node_admin, views
 from ..config import load_config
 from ..model import Cancelling, ConfigError, GpuReading, JobState, NodeState, RequestError
 from ..remote.readings import hello_cuda_version, hello_topology, read_probe
@@ -28,8 +28,11 @@ from .stream import Stream
 
 log = logging.getLogger(__name__)
 
-TELEMETRY_EVERY_S = 30.0
 TELEMETRY_COMPACT_EVERY_S = 3600.0
+#: A node that stays away is summed up in the events log this often (its retries are not).
+DOWN_SUMMARY_EVERY_S = 3600.0
+#: The most of a reason's full text kept for `nebula node show`.
+DETAIL_MAX = 4096
 
 
 def _int_or_zero(value: object) -> int:
@@ -98,24 +101,58 @@ class Fleet:
 
     # ------------------------------------------------------------ what nodes report
     def on_node_state(self, node: str, state: NodeState, reason: str) -> None:
+        """The link's word on the node's reachability. A change of state is one event; a
+        link retrying a node that stays away says so again at each attempt, which only
+        counts (``failed_attempts``), summed up in the log at most once an hour and when
+        the node is back. The reason shown is one line; the whole text is ``detail``."""
         view = self.state.nodes[node]
+        now = self.state.clock()
+        changed = state != view.state
+        line = views.one_line(reason, limit=views.SENTENCE_MAX)  # the link's own words
+        if changed:
+            self._record(node, self._change_text(view, state, line))
+            view.summarised_at = now
         if state == NodeState.UP:
             view.silent_since = None
         elif view.silent_since is None:
             view.silent_since = self.state.monotonic()
-        view.state, view.reason = state, reason
-        store = self.state.store
+        elif state != NodeState.UP and now - (view.summarised_at or now) >= DOWN_SUMMARY_EVERY_S:
+            away = self.state.monotonic() - view.silent_since
+            self._record(node, f"{node} still {state.value} after {view.failed_attempts} "
+                               f"attempts in {views.format_duration(away)}"
+                               + (f": {line}" if line else ""))
+            view.summarised_at = now
+        view.failed_attempts = 0 if state == NodeState.UP else view.failed_attempts + 1
+        detail = reason[:DETAIL_MAX] if reason != line else ""
+        if not changed and (line, detail) == (view.reason, view.detail):
+            return  # the same word again: nothing to store, publish or wake
+        view.state, view.reason, view.detail = state, line, detail
         try:  # the store only keeps it for the record: the live view goes on without it
-            store.upsert_node(node, view.host, view.port, state.value, reason, view.last_seen)
-            self.state.record("node", f"{node} is {state.value}" + (f": {reason}" if reason else ""),
-                              node=node)
+            self.state.store.upsert_node(node, view.host, view.port, state.value, line, view.last_seen)
         except StoreUnavailable as err:
             log.warning("%s is %s; not recorded: %s", node, state.value, err)
         self.stream.publish_node(view)
+        if not changed:
+            return
         self.stream.publish_gpus(node)
         if state == NodeState.UP:
             self.state.spawn(self.reconcile(node), f"reconcile-{node}")
         self.state.wake()
+
+    def _record(self, node: str, text: str) -> None:
+        """A node's line of the events log; a store that cannot write it costs the line only."""
+        try:
+            self.state.record("node", text, node=node)
+        except StoreUnavailable as err:
+            log.warning("%s; not recorded: %s", text, err)
+
+    def _change_text(self, view: NodeView, state: NodeState, line: str) -> str:
+        text = f"{view.name} is {state.value}" + (f": {line}" if line else "")
+        if state == NodeState.UP and view.failed_attempts:
+            away = self.state.monotonic() - view.silent_since if view.silent_since else None
+            text += (f" (after {view.failed_attempts} failed attempts"
+                     + (f" in {views.format_duration(away)})" if away else ")"))
+        return text
 
     def on_node_message(self, node: str, message: dict) -> None:
         handler = {"hello": self._on_hello, "probe": self._on_probe,
@@ -145,8 +182,12 @@ class Fleet:
         readings, processes, problem = probe.readings, probe.processes, probe.problem
         for note in probe.notes:  # impossible readings the node clamped (R20)
             state.record("hardware", note, node=node)
-        if problem != view.reason:  # shown until a good probe clears it
-            view.reason = problem
+        full = problem[:DETAIL_MAX]
+        if full != (view.detail or view.reason):  # shown until a good probe clears it
+            # One line on the card (a tool's raw output can be 500 characters of CSV);
+            # the whole of it in `nebula node show`.
+            line = views.one_line(problem)
+            view.reason, view.detail = line, full if full != line else ""
             self.stream.publish_node(view)
         if not readings:
             return
@@ -201,16 +242,21 @@ class Fleet:
         return job_used, tuple(owners)
 
     def _record_telemetry(self, node: str, readings: list[GpuReading]) -> None:
-        """R18: at most one sample per GPU every TELEMETRY_EVERY_S, whatever the probe rate."""
+        """R18: at most one sample per GPU every ``accounting.telemetry_every`` (30 s),
+        whatever the probe rate; each stands for the time since the node's previous one
+        (at most twice the interval: a node that was away has no say about that time)."""
         now = self.state.clock()
-        if now - self._telemetry_at.get(node, 0.0) < TELEMETRY_EVERY_S:
+        every = self.state.accounting.telemetry_every_s
+        last = self._telemetry_at.get(node)
+        if last is not None and now - last < every:
             return
         self._telemetry_at[node] = now
+        span = every if last is None else min(now - last, 2 * every)
         self.state.store.record_telemetry([
             {"gpu": r.uuid, "t": now, "temperature_c": r.temperature_c,
              "utilization_pct": r.utilization_pct, "memory_used_mb": r.memory_used_mb,
              "power_w": r.power_w, "fan_pct": r.fan_pct, "sm_clock_mhz": r.sm_clock_mhz,
-             "mem_clock_mhz": r.mem_clock_mhz} for r in readings if r.uuid])
+             "mem_clock_mhz": r.mem_clock_mhz, "span_s": span} for r in readings if r.uuid])
         if now - self._compacted_at > TELEMETRY_COMPACT_EVERY_S:
             self._compacted_at = now
             self.state.store.compact_telemetry(now)
@@ -318,6 +364,24 @@ class Fleet:
         with contextlib.suppress(NodeUnavailable, asyncio.TimeoutError):
             await self.state.links[node].request("cancel", timeout=CANCEL_GRACE_S + 30, job=job_id,
                                                  grace=CANCEL_GRACE_S, token=token)
+
+    def show(self, name: str) -> dict:
+        """`nebula node show`: the node with the whole of its reason (a tool's output, an
+        error's text), its retries, host facts, GPUs, jobs and latest events."""
+        view = self.state.nodes.get(name)
+        if view is None:
+            raise RequestError(f"no node {name}; known: {', '.join(self.state.nodes)}")
+        state = self.state
+        return {**view.json(), "detail": view.detail or view.reason,
+                "drain_reason": view.drain_reason, "failed_attempts": view.failed_attempts,
+                "silent_since": (None if view.silent_since is None  # a wall-clock time, as shown
+                                 else state.clock() - (state.monotonic() - view.silent_since)),
+                "health_score": round(state.health_score(name), 3),
+                "cuda_version": view.cuda_version,
+                "facts": {k: view.hello.get(k) for k in ("hostname", "python", "uid", "node_dir")},
+                "gpus": self.stream.gpus_json(name, raw=False),
+                "jobs": sorted(j.id for j in state.jobs.values() if name in job_nodes(j)),
+                "events": state.store.events(20, node=name)}
 
     # --------------------------------------------------------------- admins' changes
     def set_drained(self, user: str, node: str, drained: bool, reason: str = "") -> NodeView:

@@ -101,6 +101,7 @@ def spec_from_request(req: dict) -> JobSpec:
                    priority=priority, after=tuple(after), after_type=after_type, array=array,
                    time_limit_s=time_limit,
                    service=bool(req.get("service")), no_requeue=bool(req.get("no_requeue")),
+                   notify=bool(req.get("notify")),
                    **texts, **_world_fields(req))
 
 

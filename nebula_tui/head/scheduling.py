@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from .. import scheduler
@@ -71,6 +72,8 @@ class Scheduling:
         self._task: asyncio.Task | None = None
         self._order_due = False  # a "queue" event is on its way
         self._housekept_at: float | None = None
+        #: told how long each pass took, in seconds (the metrics)
+        self.on_pass: Callable[[float], None] = lambda seconds: None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run(), name="scheduler")
@@ -91,6 +94,7 @@ class Scheduling:
                 if not self.state.holding_for_restore() and not self.pass_is_pointless():
                     self.state.capacity_changed = False
                     self.schedule_pass()
+                    self.on_pass(time.perf_counter() - started)
                 self.housekeeping()
             except Exception:
                 log.exception("scheduling pass failed")

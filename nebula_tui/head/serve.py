@@ -57,8 +57,10 @@ def shared_mode_refusal(config: ClusterConfig) -> str | None:
     return None
 
 
-def serve(home: Home, config_path: Path | None, shared_group: str | None = None) -> int:
-    """Run the head service in the foreground until SIGTERM/SIGINT. Returns an exit code."""
+def serve(home: Home, config_path: Path | None, shared_group: str | None = None,
+          metrics: tuple[str, int] | None = None) -> int:
+    """Run the head service in the foreground until SIGTERM/SIGINT. Returns an exit code.
+    ``metrics``: (host, port) to serve Prometheus metrics on."""
     if socket_answers(home.socket):
         print(f"nebula serve: {SocketTaken.at(home.socket)}", file=sys.stderr)
         return 1
@@ -95,11 +97,10 @@ def serve(home: Home, config_path: Path | None, shared_group: str | None = None)
     for handler in logging.getLogger().handlers:
         handler.addFilter(RepeatFilter())
     try:
-        asyncio.run(_serve(home, config, shared_group))
+        return asyncio.run(_serve(home, config, shared_group, metrics))
     except SocketTaken as err:  # another head took the path between the look and the bind
         print(f"nebula serve: {err}", file=sys.stderr)
         return 1
-    return 0
 
 
 class RepeatFilter(logging.Filter):
@@ -127,7 +128,8 @@ class RepeatFilter(logging.Filter):
         return window[1] <= self.BURST
 
 
-async def _serve(home: Home, config: ClusterConfig, shared_group: str | None) -> None:
+async def _serve(home: Home, config: ClusterConfig, shared_group: str | None,
+                 metrics: tuple[str, int] | None) -> int:
     store = Store(home.db)
     engine = Engine(config, store)
     stop = asyncio.Event()
@@ -135,12 +137,22 @@ async def _serve(home: Home, config: ClusterConfig, shared_group: str | None) ->
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if metrics:
+        try:
+            engine.metrics.serve_http(*metrics)
+        except OSError as err:
+            print(f"nebula serve: cannot serve metrics on {metrics[0]}:{metrics[1]}: "
+                  f"{err.strerror or err}", file=sys.stderr)
+            store.close()
+            return 2
     await engine.start()
     await server.start()
     log.info("serving %d nodes from %s on %s", len(config.nodes), config.path, home.socket)
     try:
         await stop.wait()
     finally:
+        engine.metrics.close()
         await server.close()
         await engine.stop()
         store.close()
+    return 0

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .. import views
 from ..api import MAX_GPU_COUNT, MAX_LINE
-from ..model import RequestError, UnfitRequest
+from ..model import JobState, RequestError, UnfitRequest
 from ..store import StoreUnavailable
 from ..units import parse_array
 from .engine import Engine
@@ -93,6 +93,9 @@ def socket_answers(path: Path) -> bool:
     finally:
         probe.close()
 
+#: The longest period one report may cover (a bound on its work).
+MAX_REPORT_S = 400 * 86400
+
 
 def peer_user(sock: socket.socket) -> str:
     """The Unix user on the other end of a connected Unix socket, as the kernel says."""
@@ -102,6 +105,15 @@ def peer_user(sock: socket.socket) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid{uid}"
+
+
+def _ended_states(value) -> tuple[JobState, ...]:
+    """``state`` of ``job_history``: None (every ended state), one, or a list of them."""
+    names = [] if value is None else [value] if isinstance(value, str) else value
+    ended = {s.value: s for s in JobState if s.finished}
+    if not isinstance(names, list) or not all(isinstance(n, str) and n in ended for n in names):
+        raise RequestError(f"state must be one or more of {', '.join(ended)}")
+    return tuple(ended[n] for n in names)
 
 
 class ApiServer:
@@ -261,7 +273,43 @@ class ApiServer:
         return {"gpus": self.engine.gpus_json()}
 
     async def op_job(self, user, req):
-        return {"job": self._seen_by(user)(self.engine.job_detail(job_id(req)))}
+        return {"job": self._seen_by(user)(self.engine.job_detail(job_id(req), user))}
+
+    async def op_report(self, user, req):
+        """GPU-hours, efficiency and waits per user and month; capacity and utilisation
+        per node and cluster, per month and day, over [since, until) (Unix seconds)."""
+        since, until = req.get("since"), req.get("until")
+        for key, value in (("since", since), ("until", until)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise RequestError(f"{key} must be a time in Unix seconds")
+        if until - since > MAX_REPORT_S:
+            raise RequestError(f"a report covers at most {MAX_REPORT_S // 86400} days; "
+                               "ask for a shorter period")
+        return {"report": await self.engine.accounting.report(user, float(since), float(until))}
+
+    async def op_job_history(self, user, req):
+        """Ended jobs: ``{"jobs": [views.history_json …]}``, filtered by ``user``,
+        ``since``/``until`` (Unix seconds), ``state`` (one or a list), ``node``, ``limit``."""
+        texts = {}
+        for key in ("user", "node"):
+            value = req.get(key)
+            if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 64):
+                raise RequestError(f"{key} must be a name of at most 64 characters")
+            texts[key] = value
+        bounds = {}
+        for key in ("since", "until"):
+            value = req.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise RequestError(f"{key} must be a time in Unix seconds")
+            bounds[key] = value
+        limit = req.get("limit", 1000)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100000:
+            raise RequestError("limit must be a number from 1 to 100000")
+        jobs = await self.engine.accounting.history(user, who=texts["user"], node=texts["node"],
+                                                    states=_ended_states(req.get("state")),
+                                                    limit=limit, **bounds)
+        seen = self._seen_by(user)
+        return {"jobs": [seen(job) for job in jobs]}
 
     async def op_cancel(self, user, req):
         job = await self.engine.cancel(user, job_id(req))
@@ -294,7 +342,7 @@ class ApiServer:
 
     async def op_drain(self, user, req):
         reason = req.get("reason") or ""
-        if not isinstance(reason, str) or len(reason) > 200:
+        if not isinstance(reason, str) or len(reason) > 200 or not reason.isprintable():
             raise RequestError("reason must be one line of at most 200 characters")
         return {"node": self.engine.set_drained(user, text_field(req, "node"), True, reason).json()}
 
@@ -328,6 +376,10 @@ class ApiServer:
         return await self.engine.add_node(user, text_field(req, "node"), text_field(req, "host"), port_field(req),
                                           login, identity, text_field(req, "trust"))
 
+    async def op_node_smoke(self, user, req):
+        """The smoke job on a node (just added): ``{"job", "gpu", "model", "output", "ended"}``."""
+        return await self.engine.smoke.run(user, text_field(req, "node"))
+
     async def op_node_remove(self, user, req):
         return await self.engine.remove_node(user, text_field(req, "node"))
 
@@ -347,10 +399,25 @@ class ApiServer:
         return {"users": self.engine.users_json()}
 
     async def op_events(self, user, req):
+        """The newest ``limit`` events, filtered by ``kind``, ``node``, ``job``, ``user``,
+        ``since`` (Unix seconds)."""
         limit = req.get("limit", 100)
         if not isinstance(limit, int) or not 1 <= limit <= 10000:
             raise RequestError("limit must be a number from 1 to 10000")
-        return {"events": self.engine.store.events(limit)}
+        names = {}
+        for key in ("kind", "node", "user"):
+            value = req.get(key)
+            if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 64):
+                raise RequestError(f"{key} must be a name of at most 64 characters")
+            names[key] = value
+        since = req.get("since")
+        if since is not None and (isinstance(since, bool) or not isinstance(since, (int, float))):
+            raise RequestError("since must be a time in Unix seconds")
+        job = job_id(req) if req.get("job") is not None else None
+        return {"events": self.engine.store.events(limit, job_id=job, since=since, **names)}
+
+    async def op_node_show(self, user, req):
+        return {"node": self.engine.fleet.show(text_field(req, "node"))}
 
     async def op_logs(self, user, req):
         offset = req.get("offset", 0)

@@ -16,6 +16,7 @@ from collections import defaultdict
 from .. import scheduler
 from ..scheduler import fairshare
 from .access import Access
+from .accounting import Accounting
 from .state import HeadState
 from .stream import Stream
 
@@ -31,10 +32,11 @@ def month_start(now: float) -> float:
 
 
 class Shares:
-    def __init__(self, state: HeadState, access: Access, stream: Stream):
+    def __init__(self, state: HeadState, access: Access, stream: Stream, accounting: Accounting):
         self.state = state
         self.access = access
         self.stream = stream
+        self.accounting = accounting
         self._shares: dict[str, scheduler.UserShare] | None = None
         self._shares_at = 0.0
         self._changed: set[str] = set()  # users whose row goes out with the next batch
@@ -109,11 +111,19 @@ class Shares:
             if job.state.holds_gpus:
                 running[job.user] += 1
         shares = self.shares()
-        month = self.state.store.usage_since(month_start(self.state.clock()))
+        since = month_start(self.state.clock())
+        month = self.state.store.usage_since(since)
+        figures = self.accounting.month_figures(since)
         rows = []
         for row in self.state.store.users():
             name = row["name"]
+            ended = figures.get(name, {})
             rows.append({**row, "running_jobs": running.get(name, 0),
+                         # this month's ended jobs, as `nebula report` counts them
+                         "month_jobs": ended.get("jobs", 0),
+                         "month_efficiency_pct": ended.get("efficiency_pct"),
+                         "month_idle_gpu_hours": ended.get("idle_gpu_hours", 0.0),
+                         "month_mean_wait_s": ended.get("mean_wait_s"),
                          "weight": round(shares[name].weight, 4) if name in shares else 1.0,
                          "month_gpu_hours": round(month.get(name, 0.0), 4),
                          "quota_gpu_hours": self.state.settings.quota_gpu_hours

@@ -43,6 +43,12 @@ class NodeView:
     hello: dict = field(default_factory=dict)
     #: when its GPUs started throttling episodes (R19), recent ones only; lowers its score
     throttle_events: list[float] = field(default_factory=list)
+    #: what ``reason`` (one line) stands for, in full: a tool's output, an error's text
+    detail: str = ""
+    #: connection attempts that failed since it was last up, and when the last summary of
+    #: them went to the events log (retries are summarised, never one event each)
+    failed_attempts: int = 0
+    summarised_at: float | None = None
     #: R27: nodes.yaml's power_budget_w (clients sum its GPUs' power_w against it)
     power_budget_w: int | None = None
 
@@ -158,6 +164,8 @@ class HeadState:
         self.config = config
         #: the ``scheduler:`` section as the head started with it (a reload keeps it)
         self.settings = config.scheduler
+        #: the ``accounting:`` section (history's visibility, how often telemetry is kept)
+        self.accounting = config.accounting
         self.store = store
         self.clock = clock
         #: for durations the head acts on (leases); ``clock`` is for what it records

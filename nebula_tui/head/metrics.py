@@ -1,0 +1,209 @@
+"""Prometheus metrics of the head: ``nebula serve --metrics HOST:PORT`` (off by default).
+
+Per GPU (labels ``node``, ``index``, ``uuid``, ``model``, ``vendor``) the readings of its
+last probe, each metric's help naming the DCGM exporter field it matches, so dashboards
+made for the DCGM exporter adapt by a rename (the units here are Prometheus's: bytes,
+hertz); then jobs by state, queue waits, scheduling pass times, GPU-hours per user, and
+each node's reachability and health score.
+
+prometheus_client serves HTTP from a thread of its own; the head's state belongs to its
+event loop, so a scrape hands the gathering to the loop (``_gather``) and waits for it —
+nothing here reads the state from another thread. Waits and pass times are histograms
+observed as they happen (``job_started``, ``pass_done``, which the engine wires).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from ..model import Job, JobState, NodeState
+from .shares import month_start
+from .state import HeadState
+
+log = logging.getLogger(__name__)
+
+BYTES_PER_MIB = 1024 * 1024
+GPU_LABELS = ("node", "index", "uuid", "model", "vendor")
+#: (name, help, the reading's field, scale to the metric's unit): one gauge per GPU each.
+GPU_READINGS = (
+    ("nebula_gpu_utilization_percent", "GPU utilization in percent (DCGM_FI_DEV_GPU_UTIL)",
+     "utilization_pct", 1),
+    ("nebula_gpu_memory_used_bytes",
+     "Memory in use in bytes (DCGM_FI_DEV_FB_USED, which counts MiB)", "memory_used_mb", BYTES_PER_MIB),
+    ("nebula_gpu_memory_total_bytes",
+     "Memory of the card in bytes (DCGM_FI_DEV_FB_TOTAL, which counts MiB)", "memory_total_mb",
+     BYTES_PER_MIB),
+    ("nebula_gpu_temperature_celsius", "GPU temperature in degrees C (DCGM_FI_DEV_GPU_TEMP)",
+     "temperature_c", 1),
+    ("nebula_gpu_power_watts", "Power draw in W (DCGM_FI_DEV_POWER_USAGE)", "power_w", 1),
+    ("nebula_gpu_power_limit_watts", "Power management limit in W (DCGM_FI_DEV_POWER_MGMT_LIMIT)",
+     "power_limit_w", 1),
+    ("nebula_gpu_fan_speed_percent", "Fan speed in percent (DCGM_FI_DEV_FAN_SPEED)", "fan_pct", 1),
+    ("nebula_gpu_sm_clock_hertz", "SM clock in Hz (DCGM_FI_DEV_SM_CLOCK, which counts MHz)",
+     "sm_clock_mhz", 1e6),
+    ("nebula_gpu_memory_clock_hertz", "Memory clock in Hz (DCGM_FI_DEV_MEM_CLOCK, which counts MHz)",
+     "mem_clock_mhz", 1e6),
+)
+#: Queue waits: from a second to a day.
+WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400)
+#: Scheduling passes: from a millisecond to ten seconds.
+PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+#: How long a scrape waits for the head's loop.
+GATHER_TIMEOUT_S = 10.0
+
+
+class Metrics:
+    def __init__(self, state: HeadState):
+        self.state = state
+        self.registry = CollectorRegistry()
+        self.wait = Histogram("nebula_queue_wait_seconds",
+                              "Time from submit to start of the jobs that started (no DCGM field)",
+                              buckets=WAIT_BUCKETS, registry=self.registry)
+        self.passes = Histogram("nebula_scheduler_pass_seconds",
+                                "Duration of one scheduling pass (no DCGM field)",
+                                buckets=PASS_BUCKETS, registry=self.registry)
+        ProcessCollector(registry=self.registry)  # the head's own CPU, memory, open files
+        self.registry.register(_Gathered(self))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server = None
+
+    # ------------------------------------------------------------ what happens
+    def job_started(self, job: Job) -> None:
+        if job.started_at is not None:
+            self.wait.observe(max(0.0, job.started_at - job.submitted_at))
+
+    def pass_done(self, seconds: float) -> None:
+        self.passes.observe(seconds)
+
+    # ------------------------------------------------------------------ serving
+    def serve_http(self, host: str, port: int) -> None:
+        """Serve /metrics on host:port (a thread of prometheus_client's). Raises OSError
+        when the address cannot be bound."""
+        self._loop = asyncio.get_running_loop()
+        self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        log.info("metrics on http://%s:%d/metrics", host, port)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def gather_from_thread(self) -> list:
+        """The families of one scrape, gathered on the head's loop (called by the HTTP
+        thread); nothing when the loop does not answer in time."""
+        if self._loop is None:
+            return self.gather()
+        future = asyncio.run_coroutine_threadsafe(self._gather(), self._loop)
+        try:
+            return future.result(GATHER_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 — a scrape must never take the head down
+            log.exception("metrics: gathering failed")
+            future.cancel()
+            return []
+
+    async def _gather(self) -> list:
+        return self.gather()
+
+    # ----------------------------------------------------------------- families
+    def gather(self) -> list:
+        """Every family of this head's state now (on the loop: it reads live state)."""
+        return [*self._gpu_families(), *self._job_families(), *self._user_families(),
+                *self._node_families()]
+
+    def _gpu_families(self) -> list:
+        state = self.state
+        families = {name: GaugeMetricFamily(name, text, labels=GPU_LABELS)
+                    for name, text, _, _ in GPU_READINGS}
+        extra = {
+            "maintenance": GaugeMetricFamily(
+                "nebula_gpu_maintenance", "1 while the GPU is in maintenance (isolated after "
+                "errors; no DCGM field)", labels=GPU_LABELS),
+            "reserved": GaugeMetricFamily(
+                "nebula_gpu_reserved_bytes", "Memory promised to the jobs holding the GPU "
+                "(slices, or the whole card; no DCGM field)", labels=GPU_LABELS),
+            "jobs": GaugeMetricFamily("nebula_gpu_jobs", "Jobs holding the GPU (no DCGM field)",
+                                      labels=GPU_LABELS),
+        }
+        for uuid, live in sorted(state.gpus.items(), key=lambda kv: (kv[1].node, kv[1].reading.index)):
+            r = live.reading
+            labels = [live.node, str(r.index), uuid, r.name, r.vendor]
+            for name, _, field, scale in GPU_READINGS:
+                value = getattr(r, field)
+                if value is not None:
+                    families[name].add_metric(labels, value * scale)
+            held = state.jobs.held(uuid)
+            extra["maintenance"].add_metric(labels, 1 if live.maintenance else 0)
+            extra["reserved"].add_metric(labels, sum(p.memory_mb for _, p in held) * BYTES_PER_MIB)
+            extra["jobs"].add_metric(labels, len({job_id for job_id, _ in held}))
+        return [*families.values(), *extra.values()]
+
+    def _job_families(self) -> list:
+        state = self.state
+        live = GaugeMetricFamily("nebula_jobs", "Jobs not yet ended, by state (no DCGM field)",
+                                 labels=("state",))
+        counts = {s: 0 for s in JobState if not s.finished}
+        oldest = None
+        now = state.clock()
+        for job in state.jobs.values():
+            counts[job.state] = counts.get(job.state, 0) + 1
+            if job.state == JobState.PENDING and (oldest is None or job.submitted_at < oldest):
+                oldest = job.submitted_at
+        for s, n in counts.items():
+            live.add_metric([s.value], n)
+        ended = CounterMetricFamily("nebula_jobs_ended", "Jobs that ended, by end state "
+                                    "(no DCGM field)", labels=("state",))
+        for s, n in state.store.ended_counts().items():
+            ended.add_metric([s], n)
+        waiting = GaugeMetricFamily("nebula_queue_oldest_wait_seconds",
+                                    "How long the longest-waiting job has waited (no DCGM field)")
+        waiting.add_metric([], now - oldest if oldest is not None else 0.0)
+        return [live, ended, waiting]
+
+    def _user_families(self) -> list:
+        state = self.state
+        total = CounterMetricFamily("nebula_user_gpu_hours", "GPU-hours charged to each user, "
+                                    "a slice its share of the card (no DCGM field)", labels=("user",))
+        month = GaugeMetricFamily("nebula_user_month_gpu_hours", "GPU-hours charged to each user "
+                                  "this calendar month (no DCGM field)", labels=("user",))
+        this_month = state.store.usage_since(month_start(state.clock()))
+        for row in state.store.users():
+            total.add_metric([row["name"]], row["gpu_hours"] or 0.0)
+            month.add_metric([row["name"]], this_month.get(row["name"], 0.0))
+        return [total, month]
+
+    def _node_families(self) -> list:
+        state = self.state
+        up = GaugeMetricFamily("nebula_node_up", "1 while the head reaches the node "
+                               "(no DCGM field)", labels=("node",))
+        node_state = GaugeMetricFamily("nebula_node_state", "1 for the node's state: connecting, "
+                                       "up, unknown, down (no DCGM field)", labels=("node", "state"))
+        drained = GaugeMetricFamily("nebula_node_drained", "1 while the node takes no new jobs "
+                                    "(no DCGM field)", labels=("node",))
+        health = GaugeMetricFamily("nebula_node_health_score", "The node's health score, 1 "
+                                   "healthy, lower after throttling (no DCGM field)", labels=("node",))
+        for name, view in sorted(state.nodes.items()):
+            up.add_metric([name], 1 if view.state == NodeState.UP else 0)
+            for s in (NodeState.CONNECTING, NodeState.UP, NodeState.UNKNOWN, NodeState.DOWN):
+                node_state.add_metric([name, s.value], 1 if view.state == s else 0)
+            drained.add_metric([name], 1 if view.drained else 0)
+            health.add_metric([name], state.health_score(name))
+        return [up, node_state, drained, health]
+
+
+class _Gathered:
+    """The registry's collector of the head's live state (gathered on the loop)."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def collect(self):
+        return self.metrics.gather_from_thread()
+
+    def describe(self):
+        return []  # nothing known before the first scrape; registering must not gather
+
