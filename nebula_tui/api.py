@@ -1,8 +1,14 @@
 """The socket protocol between clients and the head service, and the clients' side of it.
 
 JSON lines over a Unix socket. A client sends one request ``{"op": …, …}`` and reads one
-reply ``{"ok": true, …}`` or ``{"ok": false, "error": "…"}``; ``wait`` replies when the job
-ends, ``subscribe`` replies with a snapshot and then streams events until the client goes.
+reply ``{"ok": true, …}`` or ``{"ok": false, "error": "…", "usage": bool}`` (``usage``: a
+request this cluster could never serve as asked — no such card, a --time past max_time —
+which a client treats like a usage error); ``wait`` replies when the job ends,
+``subscribe`` replies with a snapshot and then streams events until the client goes.
+``submit`` takes the fields of ``head.requests.spec_from_request`` (``after_type``: ok, any,
+notok or started; ``array``: "0-99%8") and answers ``{"job", "tasks"}`` (an array's
+first task, and how many it has); ``cancel`` of an array's id cancels every task;
+``requeue`` stops a running job and puts it back in the queue.
 The server learns who is asking from the kernel (``SO_PEERCRED``), never from the request.
 
 Accounting: ``job_history`` (fields ``user``, ``since``, ``until`` — Unix seconds, ``state``
@@ -68,7 +74,12 @@ CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}$")
 
 
 class ApiError(Exception):
-    """The service refused a request or could not be reached; str() is the one-line reason."""
+    """The service refused a request or could not be reached; str() is the one-line reason.
+    ``usage``: the request was one this cluster could never serve (a client exits 2)."""
+
+    def __init__(self, message: str, usage: bool = False) -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 class Client:
@@ -104,7 +115,7 @@ class Client:
             pass  # refused before it was read whole (too long): the reply says why
         reply = self._read()
         if not reply.get("ok"):
-            raise ApiError(reply.get("error", "request failed"))
+            raise ApiError(reply.get("error", "request failed"), usage=bool(reply.get("usage")))
         return reply
 
     def _read(self) -> dict:

@@ -25,7 +25,7 @@ from .api import ARCH_RE, CUDA_RE, ApiError
 from .model import ConfigError, JobState, fmt
 from .printable import printable, printable_log, printable_tree
 from .service import Home, ServiceUnavailable
-from .units import parse_duration_s, parse_size_mb
+from .units import parse_array, parse_duration_s, parse_size_mb
 
 USAGE_ERROR = 2
 
@@ -173,6 +173,24 @@ def _job_id(text: str) -> int:
     return int(text)
 
 
+def _after(text: str) -> tuple[str, list[int]]:
+    """``12``, ``12,13``, ``any:12``, ``notok:12,13``, ``started:12`` -> (kind, ids)."""
+    kind, _, ids = text.rpartition(":")
+    kind = kind or "ok"
+    if kind not in ("ok", "any", "notok", "started"):
+        raise argparse.ArgumentTypeError(f"'{text}': the kinds are ok, any, notok and started, "
+                                         "e.g. any:12")
+    return kind, [_job_id(part) for part in ids.split(",")]
+
+
+def _array(text: str) -> str:
+    try:
+        parse_array(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
 def _checked(check):
     """An argparse type from an ``environments`` check: its sentence is the usage error."""
     def convert(text: str) -> str:
@@ -236,10 +254,12 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vendor", default=None, choices=("nvidia", "intel", "ascend", "amd"))
     p.add_argument("--nodes", type=_count, default=1, help="how many nodes the GPUs may span (default 1)")
     p.add_argument("--priority", type=int, default=0, help="admins: higher runs first")
-    p.add_argument("--after", type=_job_id, action="append", default=[],
-                   help="start only once this job succeeded (repeatable)")
+    p.add_argument("--after", type=_after, action="append", default=[],
+                   help="start once these jobs succeeded (12,13), ended (any:12), failed "
+                        "(notok:12) or started (started:12); repeatable")
     p.add_argument("--time", dest="time_limit", type=_duration, default=None,
-                   help="it ends by then (e.g. 30m, 2h); lets it use reserved GPUs meanwhile")
+                   help="it is stopped then (SIGUSR1, SIGKILL after the grace), e.g. 30m, 2h; "
+                        "lets it use reserved GPUs meanwhile")
     p.add_argument("--service", action="store_true",
                    help="a long-running inference service: its card keeps 2 GB spare")
     p.add_argument("--no-requeue", action="store_true",
@@ -275,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("submit", "submit a job: nebula submit [options] -- cmd args…")
     add_submit_flags(p)
+    p.add_argument("--array", type=_array, default=None,
+                   help="run it as tasks 0-99 (NEBULA_ARRAY_TASK_ID), at most 8 at once with 0-99%%8")
     p.add_argument("--wait", action="store_true", help="wait for the end; exit with its code")
     p.add_argument("--notify", action="store_true",
                    help="mail you (and the lab's job webhooks) when it ends or is requeued")
@@ -284,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("status", "the cluster overview")
     p = command("queue", "running and waiting jobs")
+    p.add_argument("--expand", action="store_true", help="one line per task of an array")
     p.add_argument("--user", default=None, help="only this user's jobs")
     p.add_argument("--state", type=_states, default=None, metavar="STATE[,STATE]",
                    help=f"only jobs in these states ({', '.join(STATES)})")
@@ -312,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in (("wait", "wait for a job to end; exit with its code"),
                             ("cancel", "cancel a job"), ("job", "one job as JSON"),
                             ("hold", "keep a waiting job from starting"),
+                            ("requeue", "stop a running job and put it back in the queue"),
                             ("release", "let a held job start again")):
         command(name, help_text).add_argument("job", type=_job_id)
     p = command("attach", "attach this terminal to a running job's tmux session "
@@ -464,7 +488,7 @@ def _main(argv: list[str]) -> int:
         return COMMANDS[command](args, home, getattr(args, "config", None))
     except (ApiError, ServiceUnavailable) as err:
         print(f"nebula: {printable(err)}", file=sys.stderr)  # may quote another user's text
-        return 1
+        return USAGE_ERROR if getattr(err, "usage", False) else 1
     except ConfigError as err:
         print(f"nebula: {printable(err)}", file=sys.stderr)
         return USAGE_ERROR
@@ -499,15 +523,21 @@ def submit_request(args) -> dict | None:
     if args.shell_command is None and not args.trailing:
         print(f"{prog}: nothing to run; add `-- cmd args…` or --command \"…\"", file=sys.stderr)
         return None
+    kinds = {kind for kind, _ in args.after}
+    if len(kinds) > 1:
+        print(f"{prog}: --after: give one kind of dependency for all its jobs", file=sys.stderr)
+        return None
     return {
         "command": [args.shell_command] if args.shell_command is not None else args.trailing,
         "shell": args.shell_command is not None, "name": args.name,
         "gpu_count": args.gpu_count, "gpu_mem_mb": args.gpu_mem,
         "workdir": os.path.abspath(args.workdir) if args.workdir else None,
         "arch": args.arch, "cuda": args.cuda, "vendor": args.vendor, "nodes": args.nodes,
-        "priority": args.priority, "after": args.after, "time_limit_s": args.time_limit,
+        "priority": args.priority, "time_limit_s": args.time_limit,
         "service": args.service, "no_requeue": args.no_requeue,
         "notify": getattr(args, "notify", False), **world_request(args),
+        "after": [job for _, ids in args.after for job in ids],
+        "after_type": kinds.pop() if kinds else "ok", "array": getattr(args, "array", None),
     }
 
 
@@ -516,11 +546,14 @@ def cmd_submit(args, home, config) -> int:
     if request is None:
         return USAGE_ERROR
     with _client(home, config) as client:
-        job = client.call("submit", **request)["job"]
+        reply = client.call("submit", **request)
+        job = reply["job"]
+        said = (f"Submitted array job {job['id']} ({reply.get('tasks', 1)} tasks)" if args.array
+                else f"Submitted job {job['id']}")
         if not args.wait:
-            return _show(args, job, f"Submitted job {job['id']}")
+            return _show(args, job, said)
         if not args.json:  # the id at once; with --json, one document: the ended job
-            print(f"Submitted job {job['id']}", flush=True)
+            print(said, flush=True)
         return _wait(client, job["id"], args.json)
 
 
@@ -591,7 +624,7 @@ def cmd_queue(args, home, config) -> int:
                     if ended else []) + jobs
     jobs = [j for j in jobs if (args.user is None or j["user"] == args.user)
             and (args.state is None or j["state"] in args.state)]
-    return _show(args, jobs, queue_text)
+    return _show(args, jobs, lambda shown: queue_text(shown, time.time(), args.expand))
 
 
 def cmd_report(args, home, config) -> int:
@@ -655,16 +688,25 @@ def cmd_cancel(args, home, config) -> int:
                  else f"Cancelled job {job['id']}")
 
 
-def cmd_hold(args, home, config) -> int:
+def _on_job(args, home, config, op: str, done: str) -> int:
+    """A request about one job whose answer is the job: ``done`` (or it, with --json)."""
     with _client(home, config) as client:
-        job = client.call("hold", job=args.job)["job"]
-    return _show(args, job, f"Held job {args.job}; `nebula release {args.job}` lets it run")
+        job = client.call(op, job=args.job)["job"]
+    return _show(args, job, done)
+
+
+def cmd_requeue(args, home, config) -> int:
+    return _on_job(args, home, config, "requeue",
+                   f"Requeueing job {args.job}: SIGUSR1 now, then back in the queue")
+
+
+def cmd_hold(args, home, config) -> int:
+    return _on_job(args, home, config, "hold",
+                   f"Held job {args.job}; `nebula release {args.job}` lets it run")
 
 
 def cmd_release(args, home, config) -> int:
-    with _client(home, config) as client:
-        job = client.call("release", job=args.job)["job"]
-    return _show(args, job, f"Released job {args.job}")
+    return _on_job(args, home, config, "release", f"Released job {args.job}")
 
 
 def cmd_attach(args, home, config) -> int:
@@ -984,7 +1026,7 @@ COMMANDS = {
     "submit": cmd_submit, "run": cmd_run, "wait": cmd_wait, "status": cmd_status, "queue": cmd_queue,
     "gpus": cmd_gpus, "history": cmd_history, "report": cmd_report, "job": cmd_job, "cancel": cmd_cancel, "logs": cmd_logs,
     "parse": cmd_parse, "serve": cmd_serve, "demo": cmd_demo, "tui": cmd_tui,
-    "hold": cmd_hold, "release": cmd_release, "attach": cmd_attach, "node": cmd_node,
+    "hold": cmd_hold, "release": cmd_release, "requeue": cmd_requeue, "attach": cmd_attach, "node": cmd_node,
     "gpu": cmd_gpu, "events": cmd_events, "users": cmd_users, "quota": cmd_quota,
     "sim": cli_health.cmd_sim, "completion": cmd_completion,
 }

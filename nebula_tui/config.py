@@ -63,9 +63,9 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from .environments import RUNTIMES
 from .model import ConfigError  # defined beside the plain data so clients need no yaml
-from .settings import (AccountingSettings, HealthSettings, NotifySettings, SchedulerSettings,
-                       SettingError, accounting_settings, health_settings, notify_settings,
-                       scheduler_settings)
+from .settings import (AccountingSettings, HealthSettings, LimitsSettings, NotifySettings,
+                       SchedulerSettings, SettingError, accounting_settings, health_settings,
+                       limits_settings, notify_settings, scheduler_settings)
 from .units import DURATION_EXAMPLES, parse_duration_s
 
 __all__ = [
@@ -94,8 +94,8 @@ DEFAULT_MISSED_PROBES = 3
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_COMMAND_TIMEOUT = 30.0
 RUN_AS_CHOICES = ("login", "submitter")
-Settings = TypeVar("Settings", SchedulerSettings, HealthSettings, AccountingSettings,
-                   NotifySettings)
+Settings = TypeVar("Settings", SchedulerSettings, HealthSettings, LimitsSettings,
+                   AccountingSettings, NotifySettings)
 COMMANDS_VISIBLE_CHOICES = ("owner", "everyone")
 
 _NODE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")
@@ -106,7 +106,7 @@ _HOST_RE = re.compile(r"[A-Za-z0-9_.:%\[\]][A-Za-z0-9_.:%\[\]-]*\Z")
 _USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?\Z")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
-_TOP_KEYS = ("cluster", "nodes", "scheduler", "health", "accounting", "notify")
+_TOP_KEYS = ("cluster", "nodes", "scheduler", "health", "limits", "accounting", "notify")
 _CLUSTER_KEYS = (
     "name",
     "known_hosts",
@@ -198,6 +198,8 @@ class ClusterConfig:
                                          compare=False)
     #: the ``health:`` section: Xid policies, isolation grace, the self-test command
     health: HealthSettings = field(default_factory=HealthSettings, hash=False, compare=False)
+    #: the ``limits:`` section: time limits, the memory guard, idle cards
+    limits: LimitsSettings = field(default_factory=LimitsSettings, hash=False, compare=False)
     #: seconds a node keeps the directory (run script, log, exit code) of a job attempt
     #: after the head recorded its end; a restored store learns from it what ran meanwhile
     job_dir_retention: float = DEFAULT_JOB_DIR_RETENTION
@@ -571,6 +573,7 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
     nodes = _nodes(ctx, get(top, "nodes"), cluster_defaults)
     scheduler = _section(ctx, get(top, "scheduler"), scheduler_settings)
     health = _section(ctx, get(top, "health"), health_settings)
+    limits = _section(ctx, get(top, "limits"), limits_settings)
     accounting = _section(ctx, get(top, "accounting"), accounting_settings)
     notify = _section(ctx, get(top, "notify"), notify_settings)
 
@@ -605,6 +608,7 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
         admin_group=ctx.user(get(c, "admin_group"), "cluster.admin_group"),
         scheduler=scheduler,
         health=health,
+        limits=limits,
         accounting=accounting,
         notify=notify,
         node_lease=pick(ctx.seconds(get(c, "node_lease"), "cluster.node_lease"), DEFAULT_NODE_LEASE),
@@ -615,8 +619,8 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
 
 
 def _section(ctx: _Ctx, node: Node | None, build: Callable[[Any], Settings]) -> Settings:
-    """``scheduler:``, ``health:``, ``accounting:`` or ``notify:``, validated by its builder
-    in settings.py; an error points at the line of the key it names."""
+    """``scheduler:``, ``health:``, ``limits:``, ``accounting:`` or ``notify:``, validated by
+    its builder in settings.py; an error points at the line of the key it names."""
     try:
         return build(None if node is None else ctx.construct(node))
     except SettingError as err:

@@ -24,6 +24,11 @@ class RequestError(Exception):
     """A client asked for something that cannot be done; the message says why, in one line."""
 
 
+class UnfitRequest(RequestError):
+    """A request this cluster could never serve as asked (no such card, a --time past the
+    cluster's max_time): like a usage error, a client exits 2 on it."""
+
+
 class ConfigError(Exception):
     """A config file that cannot be used. ``str(err)`` is one line: ``path:LINE: message``.
 
@@ -179,6 +184,15 @@ class JobSpec:
     warmup: bool = False  # --warmup: wake the cards from their idle P-state first (R27)
     interactive: bool = False  # `nebula run`: the command gets a terminal; it ends the job (R33)
     notify: bool = False  # --notify: tell the owner when it ends or is requeued (mail, webhooks)
+    #: what --after waits for: "ok" (success), "any" (an end), "notok" (an end without
+    #: success), "started" (a start) of every job it names
+    after_type: str = "ok"
+    #: --array as written ("0-99%8"); a task also knows its array (the first task's job
+    #: id), its index (NEBULA_ARRAY_TASK_ID) and how many tasks may run at once
+    array: str | None = None
+    array_id: int | None = None
+    array_index: int | None = None
+    array_limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -233,13 +247,16 @@ class Launching(_HoldsGpus):
 @dataclass(frozen=True)
 class Running(_HoldsGpus):
     """Its sessions run on ``placements``' nodes since ``started_at``. ``doing``: what it
-    does before its command, as its node says (pulling an image), else empty."""
+    does before its command, as its node says (pulling an image), else empty.
+    ``idle_since``: since when its GPUs have all read ~0% (marked by head/limits.py, R30;
+    None while they are in use)."""
 
     placements: tuple[Placement, ...]
     started_at: float
     exits: Exits = ()  # the parts of a gang that ended so far
     doing: str = ""
     token: str = ""  # the launch that runs (as Launching's)
+    idle_since: float | None = None
     state: ClassVar[JobState] = JobState.RUNNING
 
 
@@ -247,8 +264,8 @@ Holding = Launching | Running
 
 
 class _Stopping:
-    """What a cancel and an eviction share: the launch or run they stop, whose state the
-    job keeps meanwhile."""
+    """What a cancel, an eviction and the head's own stop share: the launch or run they
+    stop, whose state the job keeps meanwhile."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.holding, (Launching, Running)):
@@ -280,6 +297,18 @@ class Evicting(_Stopping):
 
 
 @dataclass(frozen=True)
+class Stopping(_Stopping):
+    """The head stops it for a reason of its own — its time limit, the memory guard,
+    idleness, a requeue: it got SIGUSR1 (SIGKILL after the grace) and, once it exited,
+    ends as ``ends`` with ``why`` (``requeue``: goes back in the queue instead)."""
+
+    holding: Holding
+    ends: JobState
+    why: str
+    requeue: bool = False
+
+
+@dataclass(frozen=True)
 class Ended:
     """Succeeded, failed, cancelled or timed out, at ``ended_at``. ``node`` is where it
     ran (rank 0; its log is there), ``placements`` the GPUs it held at its end (released
@@ -299,22 +328,22 @@ class Ended:
                              f"not {self.state.value}")
 
 
-Status = Pending | Launching | Running | Cancelling | Evicting | Ended
+Status = Pending | Launching | Running | Cancelling | Evicting | Stopping | Ended
 
 
 def holding(status: Status) -> Holding | None:
-    """The launch or run a status holds GPUs for (also while cancelling or evicting)."""
+    """The launch or run a status holds GPUs for (also while cancelling, evicting or stopping)."""
     if isinstance(status, (Launching, Running)):
         return status
-    if isinstance(status, (Cancelling, Evicting)):
+    if isinstance(status, (Cancelling, Evicting, Stopping)):
         return status.holding
     return None
 
 
 def with_holding(status: Status, held: Holding) -> Status:
-    """``status`` with its launch or run replaced by ``held`` (a cancel or an eviction
-    stays what it is while the job starts or its parts end)."""
-    if isinstance(status, (Cancelling, Evicting)):
+    """``status`` with its launch or run replaced by ``held`` (a cancel, an eviction or a
+    stop stays what it is while the job starts or its parts end)."""
+    if isinstance(status, (Cancelling, Evicting, Stopping)):
         return replace(status, holding=held)
     return held
 
@@ -335,7 +364,7 @@ class Job:
     state: JobState = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.status, (Pending, Launching, Running, Cancelling, Evicting, Ended)):
+        if not isinstance(self.status, (Pending, Launching, Running, Cancelling, Evicting, Stopping, Ended)):
             raise TypeError(f"job {self.id}: {self.status!r} is not a job status")
         object.__setattr__(self, "state", self.status.state)  # read on every pass: kept
 

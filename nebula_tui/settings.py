@@ -1,5 +1,5 @@
-"""The optional ``scheduler:``, ``health:``, ``accounting:`` and ``notify:`` sections of
-nodes.yaml, validated and typed.
+"""The optional ``scheduler:``, ``health:``, ``limits:``, ``accounting:`` and ``notify:``
+sections of nodes.yaml, validated and typed.
 
 Each builder takes the section as plain data (what YAML gave) and returns its settings,
 or raises :class:`SettingError`: a sentence naming the key, and the key's path in the
@@ -47,6 +47,28 @@ class HealthSettings:
     policies: dict[int, Policy] = field(default_factory=lambda: dict(DEFAULT_POLICIES))
     isolation_grace_s: float = DEFAULT_ISOLATION_GRACE_S
     selftest_command: str | None = None
+
+
+@dataclass(frozen=True)
+class LimitsSettings:
+    """``limits:`` — what running jobs are held to: time limits (R29), the memory guard
+    (R28), idle cards (R30). Durations in seconds; None = off."""
+
+    #: a job submitted without --time gets this one; None: unbounded
+    default_time_s: float | None = None
+    #: a longer --time is refused at submit; None: any
+    max_time_s: float | None = None
+    #: what happens to a job holding more than its reservation on a shared card, once it
+    #: has for ``memory_grace_s``: "warn" (the event only), "kill", or "requeue"
+    memory_overuse: str = "kill"
+    memory_grace_s: float = 30.0
+    #: a job whose GPUs all read ~0% for this long is marked idle and warned
+    idle_after_s: float | None = 2 * 3600.0
+    #: then, ``idle_grace_s`` after the warning: "warn" (nothing more) or "cancel"
+    idle_action: str = "warn"
+    idle_grace_s: float = 1800.0
+    #: --service jobs are idle by nature (waiting for requests): exempt unless True
+    idle_services: bool = False
 
 
 def _number(section: str, keys: tuple[str, ...], value: Any, minimum: float = 0) -> float:
@@ -125,6 +147,40 @@ def health_settings(value: Any) -> HealthSettings:
             raise SettingError("health.selftest_command must be a command line (text)",
                                "selftest_command")
         settings = replace(settings, selftest_command=data["selftest_command"])
+    return settings
+
+
+_OVERUSE_ACTIONS = ("warn", "kill", "requeue")
+_IDLE_ACTIONS = ("warn", "cancel")
+
+
+def limits_settings(value: Any) -> LimitsSettings:
+    data = _mapping("limits", value)
+    _known("limits", data, ("default_time", "max_time", "memory_overuse", "memory_grace",
+                            "idle_after", "idle_action", "idle_grace", "idle_services"))
+    settings = LimitsSettings()
+    for key, attr in (("default_time", "default_time_s"), ("max_time", "max_time_s"),
+                      ("idle_after", "idle_after_s")):
+        if key in data:
+            off = data[key] in (None, 0, "0", "never", "off")
+            settings = replace(settings, **{attr: None if off else _duration("limits", key, data[key])})
+    for key, attr in (("memory_grace", "memory_grace_s"), ("idle_grace", "idle_grace_s")):
+        if key in data:
+            settings = replace(settings, **{attr: _duration("limits", key, data[key])})
+    for key, choices in (("memory_overuse", _OVERUSE_ACTIONS), ("idle_action", _IDLE_ACTIONS)):
+        if key in data:
+            if data[key] not in choices:
+                raise SettingError(f"limits.{key} must be one of {', '.join(choices)}, "
+                                   f"found {data[key]!r}", key)
+            settings = replace(settings, **{key: data[key]})
+    if "idle_services" in data:
+        if not isinstance(data["idle_services"], bool):
+            raise SettingError(f"limits.idle_services must be true or false, "
+                               f"found {data['idle_services']!r}", "idle_services")
+        settings = replace(settings, idle_services=data["idle_services"])
+    if settings.default_time_s and settings.max_time_s and settings.default_time_s > settings.max_time_s:
+        raise SettingError("limits.default_time is longer than limits.max_time; shorten it",
+                           "default_time")
     return settings
 
 

@@ -27,7 +27,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import sqlite_utils
@@ -359,21 +359,37 @@ class Store:
     # ------------------------------------------------------------------- jobs
     def add_job(self, user: str, spec: JobSpec, t: float) -> Job:
         """Store a submitted job as pending; the id is durable once this returns."""
-        job_id = self._next_id
+        return self._add_jobs(user, [spec], t, f"job {self._next_id} submitted by {user}")[0]
+
+    def add_array(self, user: str, spec: JobSpec, indices: tuple[int, ...], limit: int | None,
+                  t: float) -> list[Job]:
+        """Store an array's tasks as pending jobs in one transaction: each task is a job of
+        its own (ids one after the other) whose spec names its array (the first task's id),
+        its index and the limit of tasks running at once."""
+        first = self._next_id
+        tasks = [replace(spec, array_id=first, array_index=i, array_limit=limit) for i in indices]
+        return self._add_jobs(user, tasks, t, f"array job {first} ({len(tasks)} tasks, {spec.array}) "
+                                              f"submitted by {user}")
+
+    def _add_jobs(self, user: str, specs: list[JobSpec], t: float, message: str) -> list[Job]:
+        """Pending jobs with the next free ids, and their submit line, in one durable transaction."""
+        ids = range(self._next_id, self._next_id + len(specs))
         with self.transaction(durable=True):
             self._ensure_user(user, t)
             # Plain SQL on the hot paths: sqlite-utils' insert inspects the table each call.
-            self.db.execute(
+            self.db.conn.executemany(
                 "INSERT INTO jobs (id, user, name, spec, state, reason, submitted_at) "
                 "VALUES (?, ?, ?, ?, 'pending', ?, ?)",
-                [job_id, user, spec.name, json.dumps(asdict(spec)), WAITING_FOR_SCHEDULER, t])
-            self._set_meta("job_id_floor", str(job_id))
-            self._event(t, "submit", f"job {job_id} submitted by {user}", job_id=job_id, user=user)
-            self.ids.write(job_id)  # last: a failed commit leaves a gap, never a reuse
-        self._next_id = job_id + 1
+                [[job_id, user, spec.name, json.dumps(asdict(spec)), WAITING_FOR_SCHEDULER, t]
+                 for job_id, spec in zip(ids, specs)])
+            self._set_meta("job_id_floor", str(ids[-1]))
+            self._event(t, "submit", message, job_id=ids[0], user=user)
+            self.ids.write(ids[-1])  # last: a failed commit leaves a gap, never a reuse
+        self._next_id = ids[-1] + 1
         # What was written, without reading it back (a submit's second query): a new job
         # is pending, attempt 0, exactly as ``job`` would read it.
-        return Job(id=job_id, user=user, spec=spec, submitted_at=t, status=Pending(WAITING_FOR_SCHEDULER))
+        return [Job(id=job_id, user=user, spec=spec, submitted_at=t, status=Pending(WAITING_FOR_SCHEDULER))
+                for job_id, spec in zip(ids, specs)]
 
     def _ensure_user(self, user: str, t: float) -> None:
         self.db.execute(
@@ -528,6 +544,8 @@ class Store:
                 return
             user, started_at, _ = row
             gpu_hours = self._charge_run(job_id, started_at, t)
+            ran = started_at is not None or bool(self.db.execute(
+                "SELECT gpu_hours > 0 FROM jobs WHERE id = ?", [job_id]).fetchone()[0])
             self.db.execute(
                 "UPDATE jobs SET state = ?, ended_at = ?, exit_code = ?, reason = ? WHERE id = ?",
                 [state.value, t, exit_code, reason, job_id],
@@ -537,8 +555,8 @@ class Store:
                 [t, job_id],
             )
             self.db.execute(
-                "UPDATE users SET jobs_finished = jobs_finished + 1, gpu_hours = gpu_hours + ? "
-                "WHERE name = ?", [gpu_hours, user],
+                "UPDATE users SET jobs_finished = jobs_finished + ?, gpu_hours = gpu_hours + ? "
+                "WHERE name = ?", [int(ran), gpu_hours, user],
             )
             detail = f" with exit code {exit_code}" if exit_code is not None else ""
             message = f"job {job_id} {state.value}{detail}" + (f": {reason}" if reason else "")
@@ -797,12 +815,25 @@ class Store:
         return {user: hours or 0.0 for user, hours in rows}
 
     def finished_usage(self, since: float) -> dict[str, list[tuple[float, float]]]:
-        """(ended_at, gpu_hours) of every job each user finished since ``since`` (R6)."""
+        """(ended_at, gpu_hours) of every job each user finished since ``since`` after it
+        ran (R6): one cancelled while it waited, or failed because its --after job failed,
+        used nothing and counts nothing."""
         found: dict[str, list[tuple[float, float]]] = {}
         for user, ended_at, hours in self.db.execute(
                 "SELECT user, ended_at, gpu_hours FROM jobs WHERE ended_at >= ? "
-                f"AND state IN ({FINISHED_SQL}) ORDER BY ended_at", [since]):
+                f"AND state IN ({FINISHED_SQL}) AND (started_at IS NOT NULL OR gpu_hours > 0) "
+                "ORDER BY ended_at", [since]):
             found.setdefault(user, []).append((ended_at, hours or 0.0))
+        return found
+
+    def job_outcomes(self, job_ids: list[int]) -> dict[int, tuple[str, bool]]:
+        """(state, whether it ever ran) of each of these jobs, for --after."""
+        found: dict[int, tuple[str, bool]] = {}
+        for chunk in _chunks(job_ids, 500):
+            for job_id, state, ran in self.db.execute(
+                    f"SELECT id, state, started_at IS NOT NULL OR gpu_hours > 0 FROM jobs "
+                    f"WHERE id IN ({','.join('?' * len(chunk))})", chunk):
+                found[job_id] = (state, bool(ran))
         return found
 
     def job_states(self, job_ids: list[int]) -> dict[int, str]:

@@ -1,7 +1,7 @@
-"""Sizes and durations as people write them: one parser each, for the CLI, the TUI's form
-and nodes.yaml alike (``--gpu-mem 8G``, ``--time 2h``, ``node_lease: 10m``,
-``isolation_grace: 15s``). Pure: each raises ValueError with a sentence saying how to
-write it."""
+"""Sizes, durations and task ranges as people write them: one parser each, for the CLI,
+the TUI's form and nodes.yaml alike (``--gpu-mem 8G``, ``--time 2h``, ``node_lease: 10m``,
+``isolation_grace: 15s``, ``--array 0-99%8``). Pure: each raises ValueError with a
+sentence saying how to write it."""
 
 from __future__ import annotations
 
@@ -54,3 +54,43 @@ def parse_duration_s(value: object) -> float:
     if seconds <= 0:
         raise ValueError(f"'{value}' must be longer than 0 s")
     return seconds
+
+
+def duration_text(seconds: float) -> str:
+    """How long, for people: 45 -> "45 s", 1500 -> "25 min", 10800 -> "3 h", 3 days -> "3 days"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} days"
+
+
+_ARRAY_PART = re.compile(r"^(\d+)(?:-(\d+))?$")
+#: the most tasks one --array may have
+MAX_ARRAY_TASKS = 10_000
+
+
+def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
+    """``--array`` as users write it (Slurm's form): ``0-99%8`` -> (0 … 99, at most 8 at
+    once); ``1,3,5-7`` -> (1, 3, 5, 6, 7), no limit. Raises ValueError with a sentence."""
+    body, _, limit_text = str(text).strip().partition("%")
+    limit = None
+    if limit_text:
+        if not limit_text.strip().isdigit() or int(limit_text) < 1:
+            raise ValueError(f"--array '{text}': after % comes how many tasks may run at once, "
+                             "e.g. 0-99%8")
+        limit = int(limit_text)
+    indices: list[int] = []
+    for part in body.split(","):
+        match = _ARRAY_PART.match(part.strip())
+        if not match:
+            raise ValueError(f"--array '{text}' is not a list of task numbers like 0-99, 1,3,5-7 or 0-99%8")
+        first, last = int(match.group(1)), int(match.group(2) or match.group(1))
+        if last < first:
+            raise ValueError(f"--array '{text}': {first}-{last} runs backwards")
+        if last - first + 1 + len(indices) > MAX_ARRAY_TASKS:
+            raise ValueError(f"--array '{text}' has more than {MAX_ARRAY_TASKS} tasks")
+        indices.extend(range(first, last + 1))
+    return tuple(dict.fromkeys(indices)), limit

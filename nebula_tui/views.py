@@ -10,23 +10,28 @@ import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict
 
-from .model import MIB_PER_GIB, Cancelling, Evicting, GpuView, Job, fmt, format_mb
+from .model import (MIB_PER_GIB, Cancelling, Evicting, GpuView, Job, Stopping, fmt, format_mb,
+                    holding)
 from .printable import printable
 from .scheduler.slices import offered_mb
+from .units import duration_text
 
 
 def job_phase(job: Job) -> str:
-    """Its state in one word, a cancel or an eviction under way included."""
+    """Its state in one word, a cancel, an eviction or the head's own stop under way included."""
     if isinstance(job.status, Cancelling):
         return "cancelling"
     if isinstance(job.status, Evicting):
         return "evicting"
+    if isinstance(job.status, Stopping):
+        return "stopping"
     return job.state.value
 
 
 def job_json(job: Job) -> dict:
     """A job as clients see it. ``state`` is the stored state; ``phase`` says also
-    "cancelling" or "evicting", with ``cancel_by``/``cancel_since`` or ``evicting`` (why)."""
+    "cancelling", "evicting" or "stopping", with ``cancel_by``/``cancel_since``,
+    ``evicting`` or ``stopping`` (why)."""
     status = job.status
     return {
         "id": job.id, "user": job.user, "name": job.spec.name, "state": job.state.value,
@@ -43,6 +48,11 @@ def job_json(job: Job) -> dict:
         "data_mounts": list(job.spec.data_mounts), "conda": job.spec.conda,
         "venv": job.spec.venv, "submit_dir": job.spec.submit_dir, "warmup": job.spec.warmup,
         "workdir_used": job.workdir_used, "interactive": job.spec.interactive,
+        "stopping": status.why if isinstance(status, Stopping) else None,
+        "idle_since": getattr(holding(status), "idle_since", None),
+        "array_id": job.spec.array_id, "array_index": job.spec.array_index,
+        "array": job.spec.array, "after": list(job.spec.after), "after_type": job.spec.after_type,
+        "time_limit_s": job.spec.time_limit_s,
         "gpus": [{"uuid": p.gpu_uuid, "node": p.node, "index": p.gpu_index,
                   "memory_mb": p.memory_mb, "exclusive": p.exclusive} for p in job.placements],
     }
@@ -200,17 +210,41 @@ def gpu_list(gpus: list[dict]) -> str:
     return " ".join(f"{node}:{','.join(indices)}" for node, indices in by_node.items())
 
 
-def queue_text(jobs: list[dict]) -> str:
-    """`nebula queue`: running jobs first, then waiting ones with their reasons."""
+def idle_text(seconds: float, gpus: int) -> str:
+    """"idle 3 h on 2 GPUs": a running job whose GPUs read ~0% that long (head/limits.py)."""
+    return f"idle {duration_text(seconds)} on {gpus} GPU{'s' * (gpus != 1)}"
+
+
+def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False) -> str:
+    """`nebula queue`: running jobs first, then waiting ones with their reasons; a running
+    job its GPUs left idle says so. An array's tasks are one line unless ``expand``."""
     if not jobs:
         return "No jobs in the queue."
+    arrays: dict[int, list[dict]] = {}
+    for j in jobs:
+        if j.get("array_id") is not None and not expand:
+            arrays.setdefault(j["array_id"], []).append(j)
     rows = []
     for j in jobs:
+        array = None if expand else j.get("array_id")
+        if array is not None:
+            tasks = arrays.pop(array, None)
+            if tasks is None:  # its line is there already
+                continue
+            running = sum(1 for t in tasks if t["state"] in ("running", "launching"))
+            rows.append((f"{array}_*", j["user"], j["name"] or "-", "array", f"{running} running",
+                         f"array of {len(tasks)} tasks left ({tasks[0].get('array') or ''}): "
+                         f"{running} running, {len(tasks) - running} waiting; "
+                         "`nebula queue --expand` lists them"))
+            continue
         where = gpu_list(j["gpus"]) or (
             f"{j['gpu_count']}x{format_mb(j['gpu_mem_mb']) if j['gpu_mem_mb'] else 'whole'}")
         # A running job's reason is what it does before its command (pulling an image).
         detail = j["reason"] if j["state"] == "pending" or j["reason"] else " ".join(j["command"])
-        rows.append((j["id"], j["user"], j["name"] or "-", j["state"], where, detail))
+        if now is not None and j.get("idle_since") is not None:
+            detail = f"{idle_text(max(0.0, now - j['idle_since']), len(j['gpus']))} · {detail}"
+        ident = str(j["id"]) if j.get("array_id") is None else f"{j['array_id']}_{j['array_index']}"
+        rows.append((ident, j["user"], j["name"] or "-", j["state"], where, detail))
     return table(("ID", "USER", "NAME", "STATE", "GPUS", "REASON / COMMAND"), rows, right={0})
 
 

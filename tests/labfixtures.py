@@ -9,13 +9,22 @@ stop it (servers, sessions, per-node tmux servers) at the end of the session.  P
 head service at ``lab.config_path``; open a raw session with
 ``async with lab.connect("node01") as conn``.  A test that uses ``lab.stop_node`` or
 leaves tmux sessions behind must undo it (``start_node`` / ``kill_node_tmux``): the lab is
-shared by the whole session.
+shared by the whole session. ``lab_config`` writes the lab's cluster file with sections of
+a test's own (a head whose limits act within seconds, say), ``serving`` runs a head on it
+for a module's fixture.
 """
 
 from __future__ import annotations
 
-import pytest
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
+import yaml
+
+from nebula_tui.api import ApiError
+from nebula_tui.sim.harness import HeadProcess
 from nebula_tui.sim.lab import Lab
 
 
@@ -52,3 +61,29 @@ def openssh_lab(tmp_path_factory):
 def asyncssh_lab(tmp_path_factory):
     """A started three-node lab served by in-process asyncssh servers."""
     yield from _shared(tmp_path_factory, "asyncssh")
+
+
+def lab_config(lab: Lab, name: str, **sections: dict) -> Path:
+    """The lab's cluster file with ``sections`` (``health=…``, ``limits=…``) set, written as
+    ``nodes-<name>.yaml`` in the lab directory (where ``nebula sim`` finds the lab)."""
+    config = yaml.safe_load(lab.config_path.read_text())
+    config.update(sections)
+    path = lab.root / f"nodes-{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def serving(lab: Lab, home: Path, config: Path) -> Iterator[HeadProcess]:
+    """A started head on ``lab`` with cluster file ``config`` (for ``yield from`` in a
+    fixture); at the end the jobs a test left are cancelled and the head stopped."""
+    head = HeadProcess(home, lab, config=config)
+    head.start()
+    try:
+        yield head
+    finally:
+        try:
+            for job in head.call("queue")["jobs"]:
+                with contextlib.suppress(ApiError):
+                    head.call("cancel", job=job["id"])
+        finally:  # a head that stopped answering is stopped all the same
+            head.stop()

@@ -42,3 +42,20 @@ def test_a_wall_clock_step_during_a_short_silence_requeues_nothing(openssh_lab, 
         assert head.wait_job(job)["state"] == "cancelled"
     finally:
         head.stop()
+
+
+def test_a_wall_clock_step_stops_no_job_before_its_time_limit(openssh_lab, tmp_path):
+    needs_own_clock()
+    head = HeadProcess(tmp_path / "home", openssh_lab, own_clock=True)
+    head.start()
+    try:
+        job = int(head.run("submit", "--time", "1h", "--gpu-mem", "4G", "--", "sleep", "120",
+                           check=True).stdout.split()[2])
+        wait_for(lambda: head.job(job)["state"] == "running", 20, what="the job running")
+        head.step_clock(+7200)  # two hours on the wall clock, a moment of its run
+        time.sleep(4)  # a periodic pass or two
+        assert head.job(job)["state"] == "running"
+        assert head.run("cancel", str(job)).returncode == 0
+        assert head.wait_job(job)["state"] == "cancelled"
+    finally:
+        head.stop()

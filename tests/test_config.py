@@ -18,7 +18,7 @@ from nebula_tui.config import (
     load_config,
     parse_config,
 )
-from nebula_tui.settings import HealthSettings, SchedulerSettings
+from nebula_tui.settings import HealthSettings, LimitsSettings, SchedulerSettings
 
 REPO = Path(__file__).resolve().parent.parent
 HOME = os.path.expanduser("~")
@@ -245,6 +245,18 @@ ERRORS = [
         ["true or false", "'maybe'"],
     ),
     (
+        "limits action unknown",
+        "limits:\n  memory_overuse: nuke\n",
+        2,
+        ["limits.memory_overuse", "warn, kill, requeue", "'nuke'"],
+    ),
+    (
+        "limits default longer than max",
+        "limits: {default_time: 3d, max_time: 1d}\n",
+        1,
+        ["default_time is longer than limits.max_time"],
+    ),
+    (
         "power budget not a number",
         "nodes:\n  - {name: a, host: h, power_budget_w: lots}\n",
         2,
@@ -376,3 +388,19 @@ def test_a_bad_value_deep_in_a_section_names_its_own_line() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(text, "nodes.yaml")
     assert str(info.value).startswith("nodes.yaml:5: scheduler.weights.hot must be a number")
+
+
+def test_limits_section() -> None:
+    cfg = parse_config("limits:\n  default_time: 2h\n  max_time: 7d\n  memory_overuse: requeue\n"
+                       "  idle_after: 0\n  idle_action: cancel\n  idle_services: true\n", "nodes.yaml")
+    limits = cfg.limits
+    assert (limits.default_time_s, limits.max_time_s, limits.memory_overuse) == (7200.0, 7 * 86400.0, "requeue")
+    assert limits.idle_after_s is None and limits.idle_action == "cancel" and limits.idle_services
+    assert parse_config("", "nodes.yaml").limits.memory_overuse == "kill"
+    assert isinstance(parse_config("cluster:\n  name: t\n").limits, LimitsSettings)
+
+
+def test_a_bad_limits_value_names_its_line() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config("cluster:\n  name: t\nlimits:\n  max_time: 7d\n  idle_action: shout\n", "nodes.yaml")
+    assert str(info.value).startswith("nodes.yaml:5: limits.idle_action must be one of warn, cancel")

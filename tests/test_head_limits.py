@@ -98,10 +98,13 @@ def test_stalled_subscribers_cost_the_head_a_bounded_amount(head):
     assert json.loads(lines.readline())["type"] == "snapshot"
     before = rss_mb(head.process.pid)
 
+    # The burst waits for a running job (a request no card could serve is refused at submit).
+    blocker = head.call("submit", command=["sleep", "600"], gpu_mem_mb=4096, name="blocker")["job"]["id"]
+
     def burst(n: int):
         with head.client() as client:
             for k in range(300):  # each submit is two events: the job, then its reason
-                client.call("submit", command=["true"], gpu_count=64, name=f"burst{n}-{k}")
+                client.call("submit", command=["true"], after=[blocker], name=f"burst{n}-{k}")
 
     senders = [threading.Thread(target=burst, args=(n,)) for n in range(4)]
     try:
@@ -127,6 +130,7 @@ def test_stalled_subscribers_cost_the_head_a_bounded_amount(head):
             for queued in client.call("queue")["jobs"]:
                 if queued["name"].startswith("burst"):
                     client.call("cancel", job=queued["id"])
+            client.call("cancel", job=blocker)
 
 
 def test_a_repeated_log_line_is_written_a_few_times_then_counted():

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from conftest import wait_for
+from labfixtures import lab_config, serving
 from nebula_tui.sim import faults
 from nebula_tui.sim.harness import HeadProcess
 
@@ -34,21 +34,12 @@ CHECKPOINTS_AND_EXITS = ('trap \'echo saved > "{dir}/ckpt-$NEBULA_JOB_ID"; exit 
 def health(openssh_lab, tmp_path_factory):
     """A head with ``health.isolation_grace: 3s`` whose cluster file sits in the lab
     directory (``nebula sim`` finds the lab beside it)."""
-    config = yaml.safe_load(openssh_lab.config_path.read_text())
-    config["health"] = {"isolation_grace": f"{GRACE_S}s"}
-    path = openssh_lab.root / "nodes-health.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = lab_config(openssh_lab, "health", health={"isolation_grace": f"{GRACE_S}s"})
     for node in openssh_lab.nodes:  # a fresh kernel-log cursor: what is logged now is history
         (openssh_lab.node_dir(node) / "node" / "kmsg-cursor.json").unlink(missing_ok=True)
-    head = HeadProcess(tmp_path_factory.mktemp("health-home"), openssh_lab, config=path)
-    head.start()
     try:
-        yield head
+        yield from serving(openssh_lab, tmp_path_factory.mktemp("health-home"), path)
     finally:
-        for job in head.call("queue")["jobs"]:
-            if job["state"] in ("running", "launching", "pending"):
-                head.call("cancel", job=job["id"])
-        head.stop()
         for node in openssh_lab.nodes:
             for gpu in json.loads((openssh_lab.node_dir(node) / "node.json").read_text())["gpus"]:
                 faults.clear_gpu_faults(openssh_lab.node_dir(node), gpu["index"])

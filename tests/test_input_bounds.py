@@ -99,7 +99,9 @@ def test_a_request_line_over_the_limit_is_refused_in_one_line(head):
 
 
 def test_hold_and_release_toggles_are_rate_limited(head):
-    job = int(head.run("submit", "--gpu-count", "64", "--", "true", check=True).stdout.split()[2])
+    # It waits for a running job (a request no card could serve is refused at submit).
+    blocker = int(head.run("submit", "--gpu-mem", "4G", "--", "sleep", "600", check=True).stdout.split()[2])
+    job = int(head.run("submit", "--after", str(blocker), "--", "true", check=True).stdout.split()[2])
     refused = 0
     with head.client() as client:
         for n in range(400):
@@ -110,6 +112,7 @@ def test_hold_and_release_toggles_are_rate_limited(head):
                 refused += 1
     assert refused > 200
     head.run("cancel", str(job))
+    head.run("cancel", str(blocker))
 
 
 def test_a_hostile_cluster_file_on_reload_is_one_line_and_the_head_goes_on(openssh_lab, tmp_path):

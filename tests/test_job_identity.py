@@ -125,14 +125,17 @@ def test_a_lost_wal_never_hands_out_an_id_again(openssh_lab, tmp_path):
     head.start()
     db = head.home / "state.db"
     try:
-        submit(head, "--gpu-mem", "4G", "--", "true")
+        first = submit(head, "--gpu-mem", "4G", "--", "true")
         sqlite3.connect(db).execute("PRAGMA wal_checkpoint(TRUNCATE)").close()
-        ids = [submit(head, "--gpu-count", "64", "--", "true") for _ in range(5)]
+        # Jobs that never reach a node (their dependency did not fail: they end at the
+        # next pass); a request no card could serve would be refused at submit.
+        never = ("--after", f"notok:{first}", "--", "true")
+        ids = [submit(head, *never) for _ in range(5)]
         head.kill()
         Path(f"{db}-wal").unlink()  # what was written since the checkpoint is gone
         Path(f"{db}-shm").unlink(missing_ok=True)
         head.start()
-        assert submit(head, "--gpu-count", "64", "--", "true") == max(ids) + 1
+        assert submit(head, *never) == max(ids) + 1
     finally:
         head.stop()
 

@@ -214,7 +214,9 @@ def test_other_users_see_neither_escapes_nor_command_lines(shared):
     newlines printed fake lines and retitled other users' terminals; and everyone read
     everyone's command line (one held TOKEN=hunter2)."""
     name = "x\x1b]0;pwned\x07\r"
-    done = as_user(shared, BOB, "submit", "--name", "t\x1b]0;title\x07", "--gpu-count", "64", "--", "sh", "-c",
+    # It waits for a running job of Bob's (a request no card could serve is refused at submit).
+    blocker = int(as_user(shared, BOB, "submit", "--gpu-mem", "4G", "--", "sleep", "600").stdout.split()[2])
+    done = as_user(shared, BOB, "submit", "--name", "t\x1b]0;title\x07", "--after", str(blocker), "--", "sh", "-c",
                    "TOKEN=hunter2 true", f"{name}\n  999  alice  fake  running  node01:0  rm -rf ~")
     assert done.returncode == 0, done.stderr
     job = int(done.stdout.split()[2])
@@ -231,3 +233,4 @@ def test_other_users_see_neither_escapes_nor_command_lines(shared):
         assert "TOKEN=hunter2 true" in shared.call("job", job=job)["job"]["command"]  # root: an admin
     finally:
         shared.run("cancel", str(job))
+        shared.run("cancel", str(blocker))

@@ -136,12 +136,17 @@ def test_a_node_silent_past_its_lease_has_its_jobs_requeued(openssh_lab, tmp_pat
 
 
 def test_50_clients_submitting_at_once(head):
+    # Every flood job waits for one that runs meanwhile (a request no card could ever
+    # serve would be refused at submit).
+    with Client(head.socket) as c:
+        blocker = c.call("submit", command=["sleep", "600"], gpu_mem_mb=4096, name="blocker")["job"]["id"]
     script = ("import sys; from nebula_tui.api import Client\n"
               "with Client(sys.argv[1]) as c:\n"
               "    for _ in range(20):\n"
-              "        print(c.call('submit', command=['true'], gpu_count=64, name='flood')['job']['id'])\n")
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(head.socket)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(50)]
+              "        print(c.call('submit', command=['true'], after=[int(sys.argv[2])], "
+              "name='flood')['job']['id'])\n")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(head.socket), str(blocker)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(50)]
     outputs = [p.communicate(timeout=120) for p in procs]
     try:
         assert all(p.returncode == 0 for p in procs), [err for _, err in outputs if err][:3]
@@ -155,6 +160,7 @@ def test_50_clients_submitting_at_once(head):
             for job in c.call("queue")["jobs"]:
                 if job["name"] == "flood":
                     c.call("cancel", job=job["id"])
+            c.call("cancel", job=blocker)
 
 
 def test_garbage_from_a_node_tool_marks_the_node_and_nothing_crashes(head, openssh_lab):

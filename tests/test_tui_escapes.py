@@ -11,7 +11,9 @@ from nebula_tui.screens.queue import QueueScreen
 
 
 async def test_control_characters_in_a_job_show_as_escapes_in_the_queue(head):
-    job = head.call("submit", name="t\x1b]0;pwned\x07", gpu_count=64,
+    # It waits for a running job (a request no card could serve is refused at submit).
+    blocker = head.call("submit", command=["sleep", "600"], gpu_mem_mb=4096)["job"]["id"]
+    job = head.call("submit", name="t\x1b]0;pwned\x07", after=[blocker],
                     command=["echo", "\x1b[2J\nfake line"])["job"]["id"]
     try:
         app = make_app(head.socket)
@@ -24,3 +26,4 @@ async def test_control_characters_in_a_job_show_as_escapes_in_the_queue(head):
             assert not any(c in row for c in "\x1b\x07\n")
     finally:
         head.call("cancel", job=job)
+        head.call("cancel", job=blocker)

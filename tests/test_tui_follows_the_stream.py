@@ -57,7 +57,8 @@ def start(engine, job_id: int, node: str = "node01") -> None:
 async def test_a_drain_a_quota_change_and_a_requeue_appear_without_any_poll(engine, served):
     running = engine.submit(ME, JobSpec(command=("sleep", "600")))
     start(engine, running.id)
-    waiting = [engine.submit("root", JobSpec(command=("true",), gpu_count=64)) for _ in range(2)]
+    # They wait for it (a request no card here could ever serve would be refused at submit).
+    waiting = [engine.submit("root", JobSpec(command=("true",), after=(running.id,))) for _ in range(2)]
     engine.scheduling.schedule_pass()
     app = make_app(served)
     calls = recording(app)
@@ -90,20 +91,24 @@ async def test_a_drain_a_quota_change_and_a_requeue_appear_without_any_poll(engi
 
 
 async def test_the_queue_shows_the_schedulers_order_priority_first(engine, served):
-    first = engine.submit(ME, JobSpec(command=("true",), gpu_count=64))
-    urgent = engine.submit("root", JobSpec(command=("true",), gpu_count=64, priority=10))
+    blocker = engine.submit(ME, JobSpec(command=("sleep", "600")))
+    start(engine, blocker.id)
+    first = engine.submit(ME, JobSpec(command=("true",), after=(blocker.id,)))
+    urgent = engine.submit("root", JobSpec(command=("true",), after=(blocker.id,), priority=10))
     engine.scheduling.schedule_pass()
     assert engine.state.queue_order == [urgent.id, first.id]
-    assert [(j["id"], j["queue_pos"]) for j in engine.queue_json()] == [(urgent.id, 1), (first.id, 2)]
+    assert [(j["id"], j["queue_pos"]) for j in engine.queue_json() if j["state"] == "pending"] == \
+        [(urgent.id, 1), (first.id, 2)]
     assert engine.job_detail(urgent.id)["queue_pos"] == 1
     app = make_app(served)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.cluster.connected, what="the snapshot")
         await pilot.press("3")
         await until(pilot, lambda: isinstance(app.screen, QueueScreen), what="the queue")
-        await until(pilot, lambda: list(cells(app, "queue-table")) == [str(urgent.id), str(first.id)],
-                    what="priority first, as the scheduler orders")
-        assert [row[4] for row in cells(app, "queue-table").values()] == ["1", "2"]
+        await until(pilot, lambda: list(cells(app, "queue-table")) ==
+                    [str(blocker.id), str(urgent.id), str(first.id)],
+                    what="running, then priority first, as the scheduler orders")
+        assert [row[4] for row in cells(app, "queue-table").values()] == ["-", "1", "2"]
 
 
 async def test_a_gang_jobs_page_shows_each_nodes_environment_from_the_head(engine, served):

@@ -45,7 +45,8 @@ def submit(head, *args: str) -> int:
 def lab_jobs(head):
     """A running job, a waiting one and an ended one, shared by the module's tests."""
     runner = submit(head, "--name", "nav-runner", "--gpu-mem", "6G", "--", "sleep", "600")
-    waiter = submit(head, "--name", "nav-waiter", "--gpu-count", "5", "--gpu-mem", "70G", "--", "true")
+    # It waits for the runner (a request no card here could serve would be refused at submit).
+    waiter = submit(head, "--name", "nav-waiter", "--after", str(runner), "--", "true")
     ended = submit(head, "--name", "nav-ended", "--gpu-mem", "4G", "--", "true")
     head.wait_job(ended)
     yield {"runner": runner, "waiter": waiter, "ended": ended}

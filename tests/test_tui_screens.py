@@ -170,19 +170,22 @@ async def test_queue_reasons_positions_hold_release_cancel(head, jobs):
     app = make_app(head.socket)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await started(pilot)
-        runner = submit(head, "--name", "runner", "--gpu-mem", "6G", "--", "sleep", "60")
-        waiter = submit(head, "--name", "too-big", "--gpu-count", "5", "--gpu-mem", "70G",
-                        "--", "true")
+        # The runner takes an A100 whole (41 GB is over half of it, more than a 24 GB card
+        # has), so the waiter's four A100s are not free: it waits (a request no node could
+        # ever hold would be refused at submit), and runs on once the runner is cancelled.
+        runner = submit(head, "--name", "runner", "--gpu-mem", "41G", "--", "sleep", "60")
+        waiter = submit(head, "--name", "too-big", "--gpu-count", "4", "--gpu-mem", "70G",
+                        "--", "sleep", "60")
         jobs += [runner, waiter]
         await go(pilot, "3", QueueScreen)
         await until(pilot, lambda: rows(pilot, "queue-table").get(str(runner), [""] * 4)[3] == "running",
                     what="runner running")
-        await until(pilot, lambda: rows(pilot, "queue-table").get(str(waiter), [""] * 9)[8] not in ("", "5x 70 GB"),
+        await until(pilot, lambda: rows(pilot, "queue-table").get(str(waiter), [""] * 9)[8] not in ("", "4x 70 GB"),
                     what="waiter's reason")
         table = rows(pilot, "queue-table")
         assert list(table)[:2] == [str(runner), str(waiter)]  # running first
         assert table[str(waiter)][3] == "pending" and table[str(waiter)][4] == "1"
-        assert table[str(waiter)][5] == "5x 70 GB"
+        assert table[str(waiter)][5] == "4x 70 GB"
         assert re.search(r"GPU|node|need", table[str(waiter)][8]), table[str(waiter)][8]
         assert table[str(runner)][4] == "-" and re.match(r"node0\d:\d", table[str(runner)][8])
         assert "1 running · 1 waiting" in text(pilot, "#queue-summary")

@@ -7,7 +7,8 @@ The rooms, each importing only those before it (``tests/test_architecture.py`` c
   ``accounting``  what ended jobs cost and did: history, reports
   ``stream``      the snapshot and the events subscribers get
   ``shares``      fair-share weights, quotas, each user's figures
-  ``jobs``        a job's transitions: launch, running, exit, finish, requeue, cancel
+  ``jobs``        a job's transitions: launch, running, exit, finish, requeue, cancel, stop
+  ``limits``      what running jobs promised: time limits, the memory guard, idle cards
   ``scheduling``  the loop: when a pass runs, what it sees, what its decisions do
   ``health``      Xid policies, isolation, throttling
   ``nodes``       node links and messages, reconcile, drain/add/remove/reload
@@ -28,18 +29,21 @@ from dataclasses import replace
 
 from .. import views
 from ..config import ClusterConfig
-from ..model import Job, JobSpec, JobState, Pending, RequestError
+from ..model import Job, JobSpec, JobState, Pending, RequestError, UnfitRequest
 from ..remote.ssh import NodeUnavailable
+from ..scheduler import admission
 from ..store import Store
+from ..units import parse_array
 from .access import Access
 from .accounting import Accounting
 from .attach import Attach
 from .health import HealthMonitor
 from .jobs import JobTransitions
+from .limits import Limits
 from .metrics import Metrics
 from .notify import Notifier
 from .nodes import Fleet
-from .scheduling import Scheduling
+from .scheduling import Scheduling, pending_job
 from .shares import Shares
 from .smoke import SmokeTest
 from .state import HeadState, job_nodes
@@ -54,19 +58,21 @@ class Engine:
         self.stream = Stream(self.state)
         self.shares = Shares(self.state, self.access, self.stream, self.accounting)
         self.transitions = JobTransitions(self.state, self.stream, self.shares, self.access)
-        self.scheduling = Scheduling(self.state, self.stream, self.shares, self.transitions)
+        self.limits = Limits(self.state, self.transitions)
+        self.scheduling = Scheduling(self.state, self.stream, self.shares, self.transitions, self.limits)
         self.health = HealthMonitor(self.state, self.stream, self.transitions, self.access)
         store.on_event = self.stream.publish_event  # every events-log line, once committed
         self.fleet = Fleet(self.state, self.stream, self.transitions, self.health, self.access)
         self.attach = Attach(self.state, self.access)
         self.smoke = SmokeTest(self.state, self.stream, self.transitions, self.access)
         self.metrics = Metrics(self.state)  # served only with --metrics (head/serve.py)
-        self.transitions.on_running = self.metrics.job_started
+        self.transitions.on_running = self._job_started
         self.scheduling.on_pass = self.metrics.pass_done
         self.notifier = Notifier(self.state)
         self.transitions.on_ended = self.notifier.job_ended
         self.transitions.on_requeued = self.notifier.job_requeued
         self.health.on_isolated = self.notifier.gpu_isolated
+        self.fleet.probed = self.limits.on_probe  # the memory guard and idleness read each probe
         # What the node links call, what the server and tests read:
         self.on_node_message = self.fleet.on_node_message
         self.on_node_state = self.fleet.on_node_state
@@ -79,6 +85,10 @@ class Engine:
         self.node_key, self.add_node = self.fleet.node_key, self.fleet.add_node
         self.remove_node, self.reload = self.fleet.remove_node, self.fleet.reload
         self.plan = self.scheduling.plan
+
+    def _job_started(self, job: Job) -> None:
+        self.metrics.job_started(job)
+        self.limits.job_started(job)  # its --time counts from now, on the monotonic clock
 
     # the live view, as the server and tests read it
     config = property(lambda self: self.state.config)
@@ -110,7 +120,9 @@ class Engine:
 
     # ------------------------------------------------------------ client requests
     def submit(self, user: str, spec: JobSpec) -> Job:
-        """Accept a job, or refuse it in one sentence (quota, priority, dependencies)."""
+        """Accept a job (an array: all its tasks; the first is returned), or refuse it in
+        one sentence: quota, priority, dependencies, a request no card here could ever
+        serve or a --time past the cluster's max_time (``UnfitRequest``)."""
         state = self.state
         if spec.priority > 0 and not self.access.is_admin(user):
             raise RequestError(f"only an admin ({self.access.admins_text()}) may raise a job's priority")
@@ -120,12 +132,38 @@ class Engine:
         share = self.shares.shares().get(user)
         if share is not None and share.refusal:
             raise RequestError(share.refusal)
-        job = state.store.add_job(user, spec, state.clock())
-        state.jobs[job.id] = job
-        self.stream.publish_job(job)
+        spec = self._fit(user, spec)
+        if spec.array:
+            try:
+                indices, limit = parse_array(spec.array)
+            except ValueError as err:
+                raise RequestError(str(err)) from None
+            jobs = state.store.add_array(user, spec, indices, limit, state.clock())
+        else:
+            jobs = [state.store.add_job(user, spec, state.clock())]
+        for job in jobs:
+            state.jobs[job.id] = job
+            self.stream.publish_job(job)
         self.shares.changed(user)
         state.wake(capacity=False)
-        return job
+        return jobs[0]
+
+    def _fit(self, user: str, spec: JobSpec) -> JobSpec:
+        """The spec with the cluster's default --time, or ``UnfitRequest`` when it asks for
+        longer than max_time or for what no GPU known here (drained, unknown and unreachable
+        nodes' included) could ever give."""
+        limits = self.limits.settings
+        time_limit, refusal = admission.time_limit(spec.time_limit_s, limits.default_time_s,
+                                                   limits.max_time_s)
+        if refusal is None:
+            probe = pending_job(Job(id=0, user=user, spec=spec, submitted_at=0.0))
+            gpus = self.state.gpu_views()
+            known = {gpu.node for gpu in gpus}
+            partial = any(node.name not in known for node in self.state.config.nodes)
+            refusal = admission.refusal(probe, gpus, self.state.settings.config, partial=partial)
+        if refusal is not None:
+            raise UnfitRequest(refusal)
+        return spec if time_limit == spec.time_limit_s else replace(spec, time_limit_s=time_limit)
 
     def job_detail(self, job_id: int, user: str | None = None) -> dict:
         """A job as ``views.job_json`` has it (one that ended as its history shows it, to
@@ -145,7 +183,32 @@ class Engine:
         return job
 
     async def cancel(self, user: str, job_id: int) -> Job:
-        self.transitions.cancel(user, self.job(job_id))
+        """Cancel a job; an array's id (its first task's) cancels every task not ended."""
+        job = self.job(job_id)
+        tasks = [job]
+        if job.spec.array_id == job.id:
+            self.access.check_may_manage(user, job, "cancel")
+            tasks += sorted((j for j in self.state.jobs.values()
+                             if j.spec.array_id == job.id and j.id != job.id), key=lambda j: j.id)
+            tasks = [t for t in tasks if not t.state.finished]
+            if not tasks:
+                raise RequestError(f"array {job_id}: every task already ended")
+        for task in tasks:
+            self.transitions.cancel(user, self.job(task.id))
+        return self.job(job_id)
+
+    def requeue(self, user: str, job_id: int) -> Job:
+        """Stop a running job (SIGUSR1, then SIGKILL after the grace) and put it back in
+        the queue as its next attempt."""
+        job = self.job(job_id)
+        self.access.check_may_manage(user, job, "requeue")
+        if not job.state.holds_gpus:
+            raise RequestError(f"job {job_id} is {job.state.value}; only a launching or running job "
+                               "can be requeued (`nebula submit` runs an ended one again)")
+        if not self.transitions.stop(job, JobState.PENDING, f"requeued by {user}", self.limits.grace_s,
+                                     requeue=True):
+            raise RequestError(f"job {job_id} is already being stopped")
+        self.state.record("requeue", f"job {job_id} is requeued by {user}", job_id=job_id, node=job.node)
         return self.job(job_id)
 
     async def wait_finished(self, job_id: int) -> Job:

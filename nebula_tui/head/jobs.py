@@ -1,7 +1,7 @@
-"""A job's life on the head: launch, running, exit, finish, requeue, cancel, eviction, acks.
+"""A job's life on the head: launch, running, exit, finish, requeue, cancel, stop, eviction, acks.
 
 A job's ``status`` carries exactly the data of its state (``model.Pending``, ``Launching``,
-``Running``, ``Cancelling``, ``Evicting``, ``Ended``); every change here is one
+``Running``, ``Cancelling``, ``Evicting``, ``Stopping``, ``Ended``); every change here is one
 transition: one store transaction, then the new status in the live job table, then its
 events out. A launch writes the intent (allocation + ``launching``) before any node is
 asked; a gang is running once every node confirmed and ends when every node's part
@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, replace
 
 from ..model import (Cancelling, Ended, Evicting, Job, JobState, Launching, Pending, Placement,
-                     RequestError, Running, holding, with_holding)
+                     RequestError, Running, Stopping, holding, with_holding)
 from ..remote import containers, launcher
 from ..remote.ssh import NodeUnavailable
 from ..store import StaleDecision, StoreUnavailable, spec_of
@@ -32,6 +33,7 @@ from .stream import Stream
 log = logging.getLogger(__name__)
 
 ACK_BATCH_S = 0.1
+STOP_POLL_S = 0.2  # how often a stop looks whether the job ended within its grace
 CANCEL_GRACE_S = 10.0
 
 
@@ -157,6 +159,11 @@ class JobTransitions:
         code = next((c for c in codes if c != 0), 0)
         if isinstance(job.status, Cancelling):
             state, reason = JobState.CANCELLED, "cancelled"
+        elif isinstance(job.status, Stopping):
+            if job.status.requeue:
+                self.requeue(job, job.status.why)
+                return
+            state, reason = job.status.ends, job.status.why
         elif code == 0:
             state, reason = JobState.SUCCEEDED, ""
         elif code is None:
@@ -242,20 +249,24 @@ class JobTransitions:
             launching = replace(launching, confirmed=confirmed)
             self._set(replace(current, status=with_holding(current.status, launching)))
 
-    def _gang_environment(self, job: Job, node: str) -> dict[str, str] | None:
-        """What a gang's part on ``node`` needs to find the others (None: not a gang)."""
+    def _extra_environment(self, job: Job, node: str) -> dict[str, str] | None:
+        """What the part on ``node`` gets beyond R12's variables (None: nothing): a gang's
+        way to find the others, and on a slice the frameworks' caps on their allocators."""
         nodes = job_nodes(job)
-        if len(nodes) < 2:
-            return None
-        config = self.state.config
-        return launcher.gang_environment(job, node, config.node(nodes[0]).host, nodes,
-                                         config.node(node).env_dict.get("NCCL_SOCKET_IFNAME"))
+        extra = {}
+        if len(nodes) > 1:
+            config = self.state.config
+            extra = launcher.gang_environment(job, node, config.node(nodes[0]).host, nodes,
+                                              config.node(node).env_dict.get("NCCL_SOCKET_IFNAME"))
+        mine = _placements_on(job, node)
+        totals = {p.gpu_uuid: self.state.total_mb(p.gpu_uuid) for p in mine}
+        return {**extra, **launcher.slice_environment(mine, totals)} or None
 
     def environments(self, job: Job) -> dict[str, dict[str, str]]:
         """Each of the job's nodes -> the environment the head gives its command there:
         the very function and inputs ``launch`` builds the node's script from."""
         return {node: launcher.launch_environment(job, (mine := _placements_on(job, node)),
-                                                  self._gang_environment(job, node),
+                                                  self._extra_environment(job, node),
                                                   self._devices(mine))
                 for node in job_nodes(job)}
 
@@ -269,7 +280,7 @@ class JobTransitions:
         facts = self._node_facts(node)
         devices = self._devices(mine)
         run_as = self._run_as(job, node)
-        script = launcher.run_script(job, mine, run_as, self._gang_environment(job, node), facts,
+        script = launcher.run_script(job, mine, run_as, self._extra_environment(job, node), facts,
                                      devices)
         try:
             reply = await self.state.links[node].request(
@@ -381,6 +392,42 @@ class JobTransitions:
                                                      job=job.id, grace=CANCEL_GRACE_S)
             except (NodeUnavailable, asyncio.TimeoutError) as err:
                 log.warning("cancel of job %s on %s waits for the node: %s", job.id, node, err)
+
+    def mark_idle(self, job: Job, since: float | None) -> Job:
+        """A running job whose GPUs read idle since ``since`` (None: in use again)."""
+        if not isinstance(job.status, Running) or job.status.idle_since == since:
+            return job
+        return self._set(replace(job, status=replace(job.status, idle_since=since)))
+
+    # ---------------------------------------------------------------------- stop
+    def stop(self, job: Job, ends: JobState, why: str, grace_s: float, requeue: bool = False) -> bool:
+        """Stop a launched or running job for the head's own reason (its time limit, the
+        memory guard, idleness, a requeue): SIGUSR1 on each of its nodes (checkpoint
+        now), SIGKILL after ``grace_s`` if it still runs. Its exit then ends it as ``ends``
+        with ``why`` (``requeue``: back in the queue). False (nothing done) for a job
+        already cancelling, evicting or stopping, or no longer holding GPUs."""
+        if not isinstance(job.status, (Launching, Running)):
+            return False
+        job = self._set(replace(job, status=Stopping(job.status, ends, why, requeue)))
+        self.state.spawn(self._stop_on_nodes(job, grace_s), f"stop-{job.id}")
+        return True
+
+    async def _stop_on_nodes(self, job: Job, grace_s: float) -> None:
+        nodes = job_nodes(job)
+        replies = await asyncio.gather(*(self.signal(n, job.id, "USR1") for n in nodes))
+        if not any(r.get("ok") for r in replies):
+            # No node heard it (away): it runs on as it was, and is asked again later.
+            current = self.state.jobs.get(job.id)
+            if current is not None and current.attempt == job.attempt and isinstance(current.status, Stopping):
+                self._set(replace(current, status=current.status.holding))
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            current = self.state.jobs.get(job.id)
+            if current is None or current.attempt != job.attempt or not isinstance(current.status, Stopping):
+                return  # it ended (or was requeued, or cancelled) meanwhile
+            await asyncio.sleep(STOP_POLL_S)
+        await asyncio.gather(*(self.signal(n, job.id, "KILL") for n in nodes))
 
     # ------------------------------------------------------------------- eviction
     async def signal(self, node: str, job_id: int, name: str) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from .. import node_admin, views
 from ..config import load_config
@@ -48,6 +49,9 @@ class Fleet:
         self.transitions = jobs
         self.health = health
         self.access = access
+        #: told after each probe of a node (and its GPUs) was taken in: the engine wires
+        #: the limits' check
+        self.probed: Callable[[str, list[str]], None] = lambda node, uuids: None
         self._telemetry_at: dict[str, float] = {}
         self._compacted_at = 0.0
 
@@ -187,21 +191,26 @@ class Fleet:
             self.stream.publish_node(view)
         if not readings:
             return
-        ours = set(message.get("pid_jobs", {}))
+        pid_jobs = message.get("pid_jobs", {})
+        pid_users = message.get("pid_users", {})
+        # ours: jobs of this head that hold GPUs on this node (a NEBULA_JOB_ID of another
+        # head's, or of a store long gone, is someone else's process like any other)
+        here = {str(job) for r in readings for job in state.jobs.holding.get(r.uuid, ())}
         new_gpus = []
         for reading in readings:
             if not reading.uuid:
                 continue
             procs = [p for p in processes if p.gpu_uuid == reading.uuid]
-            unmanaged = sum(p.used_memory_mb or 0 for p in procs if str(p.pid) not in ours)
+            job_used, owners = self._attribute(procs, pid_jobs, pid_users, here)
+            unmanaged = sum(mb for _, _, mb in owners)
             live = state.gpus.get(reading.uuid)
             if live is None or live.reading.memory_total_mb != reading.memory_total_mb \
                     or live.node != node:
                 new_gpus.append(reading)
-            changed = live is None or live.unmanaged_used_mb != unmanaged
+            changed = live is None or live.unmanaged_used_mb != unmanaged or live.job_used != job_used
             state.gpus[reading.uuid] = GpuLive(node, reading, procs, unmanaged,
-                                               live.maintenance if live else None,
-                                               message.get("pid_jobs", {}))
+                                               live.maintenance if live else None, pid_jobs,
+                                               job_used, owners)
             if changed:
                 state.wake()
         try:  # records only: the readings themselves are live already
@@ -212,7 +221,25 @@ class Fleet:
         except StoreUnavailable as err:
             log.warning("%s's readings not recorded: %s", node, err)
         self.health.on_probe(node, readings, message.get("pid_jobs", {}))
+        self.probed(node, [r.uuid for r in readings if r.uuid])
         self.stream.publish_gpus(node)
+
+    @staticmethod
+    def _attribute(procs, pid_jobs: dict, pid_users: dict, ours: set[str]) -> tuple[dict[int, int], tuple]:
+        """Each GPU process to its job (the nodelet found NEBULA_JOB_ID in its environment,
+        which its whole process tree and container inherit; ``ours``: the ids that are this
+        head's jobs here) or to its Unix owner: (MiB per job, ((pid, user, MiB), …) of the
+        others)."""
+        job_used: dict[int, int] = {}
+        owners = []
+        for proc in procs:
+            mb = proc.used_memory_mb or 0
+            job = pid_jobs.get(str(proc.pid))
+            if job is not None and str(job) in ours:
+                job_used[int(job)] = job_used.get(int(job), 0) + mb
+            else:
+                owners.append((proc.pid, pid_users.get(str(proc.pid)), mb))
+        return job_used, tuple(owners)
 
     def _record_telemetry(self, node: str, readings: list[GpuReading]) -> None:
         """R18: at most one sample per GPU every ``accounting.telemetry_every`` (30 s),
@@ -443,7 +470,8 @@ class Fleet:
             state.record("admin", f"node {name} removed by {user}", node=name, user=user)
         added = [n for n in new.nodes if n.name not in state.nodes]
         for node in added:
-            state.nodes[node.name] = NodeView(node.name, node.host, node.port, drained=node.drained)
+            state.nodes[node.name] = NodeView(node.name, node.host, node.port, drained=node.drained,
+                                              power_budget_w=node.power_budget_w)
             state.store.upsert_node(node.name, node.host, node.port, NodeState.CONNECTING.value)
             state.record("admin", f"node {node.name} added by {user}", node=node.name, user=user)
             self._open_link(node)

@@ -15,6 +15,8 @@ import re
 from .. import environments
 from ..api import ARCH_RE, CUDA_RE, MAX_GPU_COUNT
 from ..model import JobSpec, RequestError
+from ..scheduler.snapshot import AFTER_TYPES
+from ..units import parse_array
 
 MAX_JSON_DEPTH = 32
 
@@ -65,6 +67,18 @@ def spec_from_request(req: dict) -> JobSpec:
     after = req.get("after") or []
     if not isinstance(after, list) or len(after) > 1000 or not all(whole(a, 1, MAX_JOB_ID) for a in after):
         raise RequestError("--after takes job ids (numbers)")
+    after_type = req.get("after_type") or "ok"
+    if after_type not in AFTER_TYPES:
+        raise RequestError(f"--after {str(after_type)[:40]!r}: the kinds are {', '.join(AFTER_TYPES)} "
+                           "(e.g. any:12)")
+    array = req.get("array")
+    if array is not None:
+        if not isinstance(array, str) or len(array) > 200:
+            raise RequestError("--array takes task numbers like 0-99 or 0-99%8")
+        try:
+            parse_array(array)
+        except ValueError as err:
+            raise RequestError(str(err)) from None
     time_limit = req.get("time_limit_s")
     if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
                                    or not 0 < time_limit <= MAX_TIME_LIMIT_S):
@@ -84,7 +98,8 @@ def spec_from_request(req: dict) -> JobSpec:
         texts[key] = value
     return JobSpec(command=tuple(command), name=name, gpu_count=gpu_count,
                    gpu_mem_mb=gpu_mem, workdir=workdir, shell=shell, nodes=nodes,
-                   priority=priority, after=tuple(after), time_limit_s=time_limit,
+                   priority=priority, after=tuple(after), after_type=after_type, array=array,
+                   time_limit_s=time_limit,
                    service=bool(req.get("service")), no_requeue=bool(req.get("no_requeue")),
                    notify=bool(req.get("notify")),
                    **texts, **_world_fields(req))

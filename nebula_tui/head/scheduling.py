@@ -6,7 +6,9 @@ One turn of the loop (``run``), each phase one function:
      probe that freed memory …) or ``PERIODIC_PASS_S`` went by.
   2. ``JobTransitions.retry_exits``: exits the store could not take (a full disk) are
      recorded now if it can; ``expire_leases``: the jobs of a node silent for longer than
-     its lease (on the monotonic clock) are requeued.
+     its lease (on the monotonic clock) are requeued; ``Limits.check``: jobs past their
+     time limit are stopped, the memory guard's and idleness's actions run. The wait of
+     phase 1 ends by the next time limit.
   3. ``HeadState.holding_for_restore``: after a restore of the store, no pass until every
      node told what ran since the backup; ``pass_is_pointless``: only submits since the
      last pass and no GPU free: no pass.
@@ -32,6 +34,7 @@ from .. import scheduler
 from ..model import Job, JobSpec, JobState
 from ..scheduler.slices import offered_mb
 from .jobs import JobTransitions
+from .limits import Limits
 from .shares import Shares
 from .state import HeadState, job_nodes
 from .stream import Stream
@@ -52,15 +55,18 @@ def pending_job(job: Job) -> scheduler.PendingJob:
     return scheduler.PendingJob(
         job.id, job.user, s.gpu_count, s.gpu_mem_mb, job.submitted_at, arch=s.arch, cuda=s.cuda,
         vendor=s.vendor, max_nodes=s.nodes, priority=s.priority, after=tuple(s.after),
-        time_limit_s=s.time_limit_s, service=s.service)
+        after_type=s.after_type, time_limit_s=s.time_limit_s, service=s.service,
+        array_id=s.array_id, array_limit=s.array_limit)
 
 
 class Scheduling:
-    def __init__(self, state: HeadState, stream: Stream, shares: Shares, jobs: JobTransitions):
+    def __init__(self, state: HeadState, stream: Stream, shares: Shares, jobs: JobTransitions,
+                 limits: Limits):
         self.state = state
         self.stream = stream
         self.shares = shares
         self.transitions = jobs
+        self.limits = limits
         #: the scheduler's view of each waiting job, kept while its spec is the same object
         self.pending_views: dict[int, tuple[JobSpec, scheduler.PendingJob]] = {}
         self._task: asyncio.Task | None = None
@@ -78,11 +84,13 @@ class Scheduling:
 
     async def run(self) -> None:
         while True:
-            await self.state.wait_for_wake(PERIODIC_PASS_S)
+            due = self.limits.next_due()
+            await self.state.wait_for_wake(PERIODIC_PASS_S if due is None else min(PERIODIC_PASS_S, due + 0.05))
             started = time.perf_counter()
             try:
                 self.transitions.retry_exits()
                 self.expire_leases()
+                self.limits.check()
                 if not self.state.holding_for_restore() and not self.pass_is_pointless():
                     self.state.capacity_changed = False
                     self.schedule_pass()
@@ -172,15 +180,17 @@ class Scheduling:
         state = self.state
         holding = [j for j in state.jobs.values() if j.state.holds_gpus]
         named = {dep for j in pending for dep in j.spec.after}
-        finished = state.store.job_states([d for d in named if d not in state.jobs]) if named else {}
+        ended = state.store.job_outcomes([d for d in named if d not in state.jobs]) if named else {}
         return scheduler.Snapshot(
             now=state.clock(),
             gpus=tuple(state.gpu_views()),
             queue=self._pending_queue(pending),
             running=tuple(scheduler.RunningJob(j.id, j.user, j.placements, j.started_at or j.submitted_at,
-                                               j.spec.time_limit_s, j.spec.service) for j in holding),
+                                               j.spec.time_limit_s, j.spec.service, j.spec.array_id)
+                          for j in holding),
             users=self.shares.shares(),
-            finished=finished,
+            finished={job: outcome for job, (outcome, _) in ended.items()},
+            never_ran=frozenset(job for job, (_, ran) in ended.items() if not ran),
             topologies={name: view.topo.get("links", {}) for name, view in state.nodes.items()},
             config=state.settings.config,
             power_budgets={n.name: float(n.power_budget_w) for n in state.config.nodes

@@ -32,8 +32,9 @@ from pathlib import Path
 
 from .. import views
 from ..api import MAX_GPU_COUNT, MAX_LINE
-from ..model import JobState, RequestError
+from ..model import JobState, RequestError, UnfitRequest
 from ..store import StoreUnavailable
+from ..units import parse_array
 from .engine import Engine
 from .requests import job_id, parse_request, port_field, spec_from_request, text_field
 from .stream import RESYNC
@@ -238,7 +239,8 @@ class ApiServer:
                 raise RequestError(f"unknown request {str(op)[:40]!r}")
             reply = await handler(user, req)
         except (RequestError, StoreUnavailable) as err:
-            reply = {"ok": False, "error": str(err)}
+            # a request no part of this cluster could serve is the client's to fix: exit 2
+            reply = {"ok": False, "error": str(err), "usage": isinstance(err, UnfitRequest)}
         except Exception as err:  # a bug must cost one request, never the connection
             log.exception("%s request of %s failed", str(op)[:40], user)
             reply = {"ok": False, "error": f"the head service failed on this {str(op)[:40]} "
@@ -253,7 +255,11 @@ class ApiServer:
 
     async def op_submit(self, user, req):
         job = self.engine.submit(user, spec_from_request(req))
-        return {"job": views.job_json(job)}
+        tasks = len(parse_array(job.spec.array)[0]) if job.spec.array else 1
+        return {"job": views.job_json(job), "tasks": tasks}
+
+    async def op_requeue(self, user, req):
+        return {"job": views.job_json(self.engine.requeue(user, job_id(req)))}
 
     async def op_status(self, user, req):
         status = self.engine.status()

@@ -49,6 +49,8 @@ class NodeView:
     #: them went to the events log (retries are summarised, never one event each)
     failed_attempts: int = 0
     summarised_at: float | None = None
+    #: R27: nodes.yaml's power_budget_w (clients sum its GPUs' power_w against it)
+    power_budget_w: int | None = None
 
     def json(self) -> dict:
         return {"name": self.name, "host": self.host, "port": self.port,
@@ -57,6 +59,7 @@ class NodeView:
                 "reason": self.drain_reason if self.drained and self.state == NodeState.UP
                 else self.reason,
                 "drained": self.drained, "last_seen": self.last_seen,
+                "power_budget_w": self.power_budget_w,
                 "hostname": self.hello.get("hostname")}
 
 
@@ -79,6 +82,21 @@ class GpuLive:
     #: the one place a GPU's maintenance lives in memory (the store keeps a copy for restarts)
     maintenance: Maintenance | None = None
     process_jobs: dict[str, str] = field(default_factory=dict)  # pid -> our job id
+    #: what each of our jobs' processes hold here (MiB), and the processes we did not
+    #: start as (pid, Unix user or None, MiB): the memory guard's facts
+    job_used: dict[int, int] = field(default_factory=dict)
+    owners: tuple[tuple[int, str | None, int], ...] = ()
+
+    def overuse(self, placements: tuple[tuple[int, Placement], ...]) -> tuple[tuple[int, int], ...]:
+        """(job, MiB) our jobs hold here beyond their reservations on this GPU (a job
+        holding it whole owns all of it; one without a reservation here reserved nothing)."""
+        reserved = {job: (p.memory_mb, p.exclusive) for job, p in placements}
+        over = []
+        for job, used in sorted(self.job_used.items()):
+            mb, exclusive = reserved.get(job, (0, False))
+            if not exclusive and used > mb:
+                over.append((job, used - mb))
+        return tuple(over)
 
 
 class JobTable(dict):
@@ -153,7 +171,8 @@ class HeadState:
         #: for durations the head acts on (leases); ``clock`` is for what it records
         self.monotonic = monotonic
         self.owner = pwd.getpwuid(os.getuid()).pw_name  # the account the service runs as
-        self.nodes = {n.name: NodeView(n.name, n.host, n.port, drained=n.drained)
+        self.nodes = {n.name: NodeView(n.name, n.host, n.port, drained=n.drained,
+                                       power_budget_w=n.power_budget_w)
                       for n in config.nodes}
         self.gpus: dict[str, GpuLive] = {}
         self.jobs = JobTable()  # every job not yet finished
@@ -252,14 +271,18 @@ class HeadState:
         """Every GPU (or only ``node``'s: one node's readings are published once per probe,
         and building all 1,000 views of a big cluster for each would cost the head a core;
         who holds each GPU comes from the jobs' index, not a walk over every job)."""
-        return [GpuView(node=live.node, reading=live.reading, blocked=self._blocked(live),
-                        maintenance=live.maintenance is not None, placements=self.jobs.held(uuid),
-                        unmanaged_used_mb=live.unmanaged_used_mb,
-                        cuda_version=self.nodes[live.node].cuda_version,
-                        health_score=self.health_score(live.node))
-                for uuid, live in sorted(((u, g) for u, g in self.gpus.items()
-                                          if node is None or g.node == node),
-                                         key=lambda kv: (kv[1].node, kv[1].reading.index))]
+        views = []
+        for uuid, live in sorted(((u, g) for u, g in self.gpus.items() if node is None or g.node == node),
+                                 key=lambda kv: (kv[1].node, kv[1].reading.index)):
+            placements = self.jobs.held(uuid)
+            views.append(GpuView(node=live.node, reading=live.reading, blocked=self._blocked(live),
+                                 maintenance=live.maintenance is not None, placements=placements,
+                                 unmanaged_used_mb=live.unmanaged_used_mb,
+                                 cuda_version=self.nodes[live.node].cuda_version,
+                                 health_score=self.health_score(live.node),
+                                 overuse=live.overuse(placements) if live.job_used else (),
+                                 unmanaged_procs=live.owners))
+        return views
 
     def _blocked(self, live: GpuLive) -> str | None:
         node = self.nodes[live.node]

@@ -76,7 +76,24 @@ def job_environment(job: Job, placements: tuple[Placement, ...],
         # Logs are read while the job runs; Python would otherwise buffer them for minutes.
         "PYTHONUNBUFFERED": "1",
     }
+    if job.spec.array_id is not None:  # a task of an array (--array)
+        env["NEBULA_ARRAY_JOB_ID"] = str(job.spec.array_id)
+        env["NEBULA_ARRAY_TASK_ID"] = str(job.spec.array_index)
     return env
+
+
+def slice_environment(placements: tuple[Placement, ...], totals: dict[str, int | None]) -> dict[str, str]:
+    """On a slice, tell the frameworks that take the whole card by default not to (the
+    memory guard stops a job holding more than its reservation): JAX preallocates a share
+    of the card (``XLA_PYTHON_CLIENT_MEM_FRACTION``, the slice's share of the smallest
+    card), TensorFlow everything unless it may grow (``TF_FORCE_GPU_ALLOW_GROWTH``); the
+    rest read ``NEBULA_GPU_MEM_MB``. Nothing on whole cards."""
+    shares = [p.memory_mb / total for p in placements if not p.exclusive and (total := totals.get(p.gpu_uuid))]
+    if not shares:
+        return {}
+    # a little under the share: the allocator's own bookkeeping must fit the slice too
+    fraction = max(0.01, min(shares) - 0.01)
+    return {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:.2f}", "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
 
 
 # Runs as the job's user: enter the workdir (default: that user's home), activate the

@@ -7,9 +7,11 @@ node -> head
   {"type": "hello", ...}                       once: host facts, the hardware's backends,
                                                devices, driver/CUDA versions and links,
                                                container runtimes and conda tools
-  {"type": "probe", "t", "devices", "processes", "problems", "clamped", "pid_jobs", "error"}
-                                               every interval (R15): one vendor-neutral
-                                               reading per device (probes/hardware.py)
+  {"type": "probe", "t", "devices", "processes", "problems", "clamped", "pid_jobs",
+   "pid_users", "error"}                       every interval (R15): one vendor-neutral
+                                               reading per device (probes/hardware.py);
+                                               pid_users: the Unix owner of each GPU
+                                               process that is no job of ours
   {"type": "started", "job", "t", "workdir"}   a job's checks passed; where its command runs
   {"type": "exit", "job", "code", "t", "reason"}  a job ended (code null: it vanished;
                                                reason: why it could not start, if so)
@@ -23,6 +25,7 @@ head -> node
   {"id", "op": "log", "job", "offset", "limit"}  read part of the job's output log
   {"id", "op": "list"}                         every job directory and tmux session (reconcile)
   {"id", "op": "signal", "job", "signal"}      USR1/TERM to the job's processes; KILL: its session
+  {"id", "op": "note", "job", "text"}          append one line of the head's to the job's log
   {"id", "op": "selftest", "gpu", "command"}   GPU self-test; the reply's "result" is what
                                                scheduler.health.judge_selftest reads (R17)
   {"id", "op": "reset", "gpu"}                 nvidia-smi -r -i UUID; "reset" true when it worked
@@ -273,7 +276,21 @@ def probe_once():
     message = dict(HARDWARE.snapshot(), type="probe", t=time.time(), error="")
     pids = [p["pid"] for p in message["processes"] if isinstance(p.get("pid"), int)]
     message["pid_jobs"] = pids_to_jobs(pids)
+    message["pid_users"] = pids_to_users([p for p in pids if str(p) not in message["pid_jobs"]])
     return message
+
+
+def pids_to_users(pids):
+    """The Unix user owning each of these pids (processes we did not start, for reasons
+    and the memory guard: "pid 4242 of alice holds 20 GB")."""
+    found = {}
+    for pid in pids:
+        try:
+            uid = os.stat("/proc/%d" % pid).st_uid
+            found[str(pid)] = pwd.getpwuid(uid).pw_name
+        except (OSError, KeyError):
+            continue
+    return found
 
 
 def probe_loop(kernel):
@@ -759,6 +776,22 @@ def _attempt_info(d, with_record=False):
     return info
 
 
+def op_note(req):
+    """One line of the head's in the job's log (why it was warned or stopped): the log of
+    its latest attempt here, the one running."""
+    d = latest_dir(job_id(req["job"]))
+    if d is None:
+        return {"ok": False, "error": "no such job here"}
+    text = "".join(c if c.isprintable() else " " for c in str(req.get("text", "")))[:1000]
+    try:  # appended to the log the wrapper made, never through a link put in its place
+        fd = os.open(os.path.join(d, "output.log"), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        with os.fdopen(fd, "w") as f:
+            f.write(text + "\n")
+    except OSError as err:
+        return {"ok": False, "error": str(err)}
+    return {"ok": True}
+
+
 def op_list(req):
     """This head's jobs here: ``jobs`` holds each job's latest attempt (the one its session,
     if any, belongs to), ``attempts`` every attempt; ``sessions`` the jobs with a live session and
@@ -923,7 +956,7 @@ def op_reset(req):
 
 
 OPS = {"launch": op_launch, "cancel": op_cancel, "ack": op_ack, "log": op_log, "list": op_list,
-       "signal": op_signal, "selftest": op_selftest, "reset": op_reset}
+       "signal": op_signal, "selftest": op_selftest, "reset": op_reset, "note": op_note}
 
 
 def handle(req):
