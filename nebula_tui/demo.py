@@ -77,6 +77,8 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
         print(f"nebula demo: {err}", file=sys.stderr)
         return 1
     finally:
+        for sig in (signal.SIGHUP, signal.SIGTERM):  # the clean-up itself is not cut short
+            signal.signal(sig, signal.SIG_IGN)
         if supervisor:
             supervisor.stop()
         if not leave_running:

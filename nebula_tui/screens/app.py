@@ -13,6 +13,7 @@ import contextlib
 import gc
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -196,6 +197,13 @@ class NebulaApp(App):
         self.stream_events()
         self.who_am_i()
         self.call_after_refresh(self._warm_up)
+        if self.demo_lab:
+            # A closed terminal (SIGHUP) or a kill (SIGTERM) ends the TUI through its own exit,
+            # and the demo then stops its lab. An exception raised by a Python signal handler
+            # can land inside Textual's writer queue and leave it locked: a demo hung so.
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGHUP, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.exit)
 
     def _warm_up(self) -> None:
         """Mount every main screen once, unseen, while the first one waits for the head's
