@@ -55,6 +55,10 @@ def lab_jobs(head):
             head.call("cancel", job=job_id)
         except ApiError:
             pass
+    # Ended before the head goes: a head stopped mid-cancel leaves its job running on the
+    # session's shared lab, holding a card the next module counts as free.
+    for job_id in (runner, waiter):
+        head.wait_job(job_id, 60)
 
 
 async def started(pilot: Pilot, lab_jobs: dict) -> None:

@@ -102,6 +102,10 @@ async def test_gpus_table_sorts_filters_and_opens_a_gpu(head):
         await started(pilot)
         await go(pilot, "2", GpusScreen)
         await until(pilot, lambda: len(rows(pilot, "gpu-table")) == 9, what="9 GPU rows")
+        # The lab is shared by the session's modules: a job an earlier one cancelled may
+        # still be leaving node01:0 (its grace), so wait for the card to be all free.
+        await until(pilot, lambda: list(rows(pilot, "gpu-table").values())[0][2] == "24 GB", 30,
+                    what="node01:0 all free")
         first = list(rows(pilot, "gpu-table").values())
         assert [c[0] for c in first[:3]] == ["node01:0", "node01:1", "node01:2"]
         # GPU, model, free memory, memory used of total, utilisation, temperature, power
