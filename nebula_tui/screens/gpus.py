@@ -151,11 +151,9 @@ class GpusScreen(ClusterScreen):
         table = self.query_one("#gpu-table", RowTable)
         gpus = list(self.cluster.gpus.values())
         listed = [g for g in gpus if free_slice_mb(g)] if self.free_only else gpus
-        shown = table.arrange(sorted(listed, key=SORTS["gpu"].key), lambda g: g["uuid"],
-                              lambda g: gpu_text(g, self._holders(g)))
-        table.show(shown)
-        table.refresh_rows()
-        table.set_title("GPUs with free memory" if self.free_only else "GPUs", len(shown), len(gpus))
+        table.present(sorted(listed, key=SORTS["gpu"].key), lambda g: g["uuid"],
+                      lambda g: gpu_text(g, self._holders(g)),
+                      "GPUs with free memory" if self.free_only else "GPUs", len(gpus))
         self._show_line()
 
     def _show_line(self) -> None:

@@ -199,11 +199,8 @@ class NodesScreen(ClusterScreen):
     def render_all(self) -> None:
         table = self.query_one("#nodes-table", RowTable)
         nodes = [self.cluster.nodes[name] for name in sorted(self.cluster.nodes)]
-        shown = table.arrange(nodes, lambda n: n["name"], lambda n: " ".join(
-            str(n.get(k) or "") for k in ("name", "state", "host", "reason")))
-        table.show(shown)
-        table.refresh_rows()
-        table.set_title("Nodes", len(shown), len(nodes))
+        table.present(nodes, lambda n: n["name"], lambda n: " ".join(
+            str(n.get(k) or "") for k in ("name", "state", "host", "reason")), "Nodes")
         self._show_events()
 
     def _show_events(self) -> None:
@@ -214,11 +211,8 @@ class NodesScreen(ClusterScreen):
                  for n, e in reversed(list(enumerate(events[-EVENTS_SHOWN:]))))
         self.events = {e["key"]: e for e in keyed}
         table = self.query_one("#events-table", RowTable)
-        shown = table.arrange(self.events.values(), lambda e: e["key"], lambda e: " ".join(
-            str(e.get(k) or "") for k in ("kind", "message", "node", "user")))
-        table.show(shown)
-        table.refresh_rows()
-        table.set_title("Events log", len(shown), len(self.events))
+        table.present(self.events.values(), lambda e: e["key"], lambda e: " ".join(
+            str(e.get(k) or "") for k in ("kind", "message", "node", "user")), "Events log")
 
     @work(exclusive=True, group="events-log")
     async def reload(self) -> None:

@@ -178,14 +178,8 @@ class OverviewScreen(ClusterScreen):
         jobs = sorted(self.cluster.jobs.values(),
                       key=lambda j: (j["state"] == "pending", j["submitted_at"], j["id"]))
         table = self.query_one("#queue", RowTable)
-        if table.needle or table.sort_column or table.sort_reverse:
-            shown = table.arrange(jobs, lambda j: str(j["id"]), lambda j: " ".join(
-                (str(j["id"]), j["user"], j.get("name") or "", job_state(j), job_where(j))))
-        else:
-            shown = [str(j["id"]) for j in jobs]
-        table.show(shown)
-        table.refresh_rows()
-        table.set_title("Queue", len(shown), len(jobs))
+        table.present(jobs, lambda j: str(j["id"]), lambda j: " ".join(
+            (str(j["id"]), j["user"], j.get("name") or "", job_state(j), job_where(j))), "Queue")
 
     def on_row_table_arranged(self, event: RowTable.Arranged) -> None:
         self._render_queue()

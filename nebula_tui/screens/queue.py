@@ -205,10 +205,7 @@ class QueueScreen(ClusterScreen):
         jobs = [j for j in live if not self.mine or j["user"] == me]
         table = self.query_one("#queue-table", RowTable)
         table.hide_columns(() if self.all_jobs else {"exit"})
-        shown = table.arrange(jobs, lambda j: str(j["id"]), self._text) if (
-            table.needle or table.sort_column or table.sort_reverse) else [str(j["id"]) for j in jobs]
-        table.show(shown)
-        table.refresh_rows()
+        shown = table.present(jobs, lambda j: str(j["id"]), self._text)
         running = sum(1 for j in jobs if j["state"] in ACTIVE_STATES)
         held = sum(1 for j in jobs if j.get("held") and j["state"] == "pending")
         ended = sum(1 for j in jobs if j["state"] in FINISHED)

@@ -366,6 +366,20 @@ class RowTable(ScrollView, can_focus=True):
             items = list(items)[::-1]
         return [key_of(i) for i in items]
 
+    def present(self, items: Iterable[T], key_of: Callable[[T], str],
+                text_of: Callable[[T], str] | None = None, title: str | None = None,
+                total: int | None = None) -> list[str]:
+        """``arrange`` the items, show them, repaint the lines that changed and, given a
+        ``title``, put the counts in the border (out of ``total``, by default every item).
+        Returns the keys shown."""
+        items = list(items)
+        shown = self.arrange(items, key_of, text_of)
+        self.show(shown)
+        self.refresh_rows()
+        if title is not None:
+            self.set_title(title, len(shown), len(items) if total is None else total)
+        return shown
+
     def sort_by(self, column: str | None, reverse: bool = False) -> None:
         """Sort by ``column`` (None: the natural order), ``reverse`` of its usual direction."""
         if column is not None and column not in self.sorts:

@@ -98,10 +98,7 @@ class UsersScreen(ClusterScreen):
         self._waiting = waiting
         table = self.query_one("#users-table", RowTable)
         ordered = sorted(self.cluster.users.values(), key=lambda u: (user_weight(u), u["name"]))
-        shown = table.arrange(ordered, lambda u: u["name"], lambda u: u["name"])
-        table.show(shown)
-        table.refresh_rows()
-        table.set_title("Users", len(shown), len(self.cluster.users))
+        shown = table.present(ordered, lambda u: u["name"], lambda u: u["name"], "Users")
         if self._wanted in shown:
             table.move_to_key(self._wanted)
             self._wanted = None
@@ -113,11 +110,9 @@ class UsersScreen(ClusterScreen):
         panel = self.query_one("#user-jobs", RowTable)
         jobs = sorted((j for j in self.cluster.jobs.values() if j["user"] == name),
                       key=lambda j: (j["state"] == "pending", j["id"]))
-        shown = panel.arrange(jobs, lambda j: str(j["id"]),
-                              lambda j: f"{j['id']} {j.get('name') or ''} {j['state']}")
-        panel.show(shown)
-        panel.refresh_rows()
-        panel.set_title(f"{name}'s jobs" if name else "Jobs", len(shown), len(jobs))
+        panel.present(jobs, lambda j: str(j["id"]),
+                      lambda j: f"{j['id']} {j.get('name') or ''} {j['state']}",
+                      f"{name}'s jobs" if name else "Jobs")
 
     @on(RowTable.Highlighted, "#users-table")
     def _user_moved(self) -> None:
