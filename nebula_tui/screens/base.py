@@ -316,7 +316,10 @@ class ClusterScreen(Screen):
         self.show_bar()
         if self.app.connection == self._connection:
             return  # (an update lays the whole screen out again: not on every switch)
+        banners = self.query("#connection")
+        if not banners:
+            return  # not composed yet (a snapshot came first): shown when it resumes
         self._connection = state, lost = self.app.connection
-        banner = self.query_one("#connection", Static)
+        banner = banners.first(Static)
         banner.update(state)
         banner.set_class(lost, "lost")
