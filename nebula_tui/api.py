@@ -62,6 +62,7 @@ import asyncio
 import json
 import re
 import socket
+import struct
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -99,6 +100,12 @@ class Client:
     def close(self) -> None:
         self._file.close()
         self.sock.close()
+
+    def peer(self) -> tuple[int, int]:
+        """(pid, uid) of the process serving this socket, as the kernel says."""
+        creds = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _gid = struct.unpack("3i", creds)
+        return pid, uid
 
     def __enter__(self):
         return self

@@ -30,6 +30,8 @@ from .service import Home, ServiceUnavailable, start_background
 
 LAB_START_TIMEOUT_S = 30.0
 RESTART_CHECK_S = 0.5
+#: how long a service asked to stop may take before it is terminated, then killed
+SHUTDOWN_GRACE_S = 10.0
 DEMO_PROBE_INTERVAL_S = 2.0
 #: The lock the demo owning a home's lab holds while it runs (its pid inside).
 DEMO_LOCK = "demo.lock"
@@ -255,16 +257,37 @@ def start_lab(lab_dir: Path, layout: str, log_path: Path) -> subprocess.Popen:
     return lab
 
 
-def stop_service(home: Home) -> None:
-    """Ask the home's service to stop, and wait until its socket is gone."""
+def stop_service(home: Home, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    """Ask the home's service to stop and wait until it has; one that is still there after
+    ``grace_s`` is terminated, then killed (the head recovers from a kill: nothing is lost)."""
     try:
-        with Client(home.socket, timeout=5) as client:
-            client.call("shutdown")
+        client = Client(home.socket, timeout=5)
     except ApiError:
-        return
-    deadline = time.monotonic() + 10
-    while home.socket.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+        return  # nobody serves this home
+    with client:
+        pid, uid = client.peer()
+        with contextlib.suppress(ApiError):  # one that does not answer is stopped below
+            client.call("shutdown", timeout=5)
+    if uid != os.getuid():
+        return  # not ours to terminate
+    for sig in (None, signal.SIGTERM, signal.SIGKILL):
+        if sig is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while _runs(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not _runs(pid):
+            return
+
+
+def _runs(pid: int) -> bool:
+    """Whether ``pid`` is still a process that has not ended (a zombie has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def _wait_headless(home: Home, config: Path) -> int:

@@ -61,3 +61,24 @@ def test_a_client_waits_for_the_shared_head_to_come_back(openssh_lab, shared_box
     finally:
         later.join()
         shared.stop()
+
+
+def test_a_service_that_does_not_stop_when_asked_is_terminated(openssh_lab, tmp_path):
+    """A demo's clean-up never leaves its service behind: one that cannot answer (here
+    stopped with SIGSTOP) is terminated, then killed, after the grace."""
+    import os
+    import signal
+
+    from nebula_tui.api import Client
+
+    home = Home(tmp_path / "home")
+    process = start_background(home, openssh_lab.config_path)
+    with Client(home.socket, timeout=5) as client:
+        assert client.peer() == (process.pid, os.getuid())
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        stop_service(home, grace_s=0.5)
+        assert process.wait(timeout=5) == -signal.SIGKILL  # SIGTERM waits behind SIGSTOP
+    finally:
+        if process.poll() is None:
+            process.kill()
