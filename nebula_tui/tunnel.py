@@ -10,13 +10,18 @@ On BOX the socket is opened by the SSH session of the user's own login, so the s
 peer credentials name that login: no token, nothing to leak, nothing to forge.
 
 The connection lives in a background thread with its own event loop for as long as the
-command (or the TUI) runs. Only ``nebula --host`` imports this module (and asyncssh).
+command (or the TUI) runs. A client ended by SIGHUP (its terminal closed) or SIGTERM
+removes that directory and closes the connection before it dies of the signal, as a
+``with`` block's end would; a signal the process ignores (``nohup``) stays ignored. Only
+``nebula --host`` imports this module (and asyncssh).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import tempfile
 import threading
 from pathlib import Path
@@ -27,6 +32,8 @@ from .service import SYSTEM_SOCKET, ServiceUnavailable
 
 #: How long logging in to the box (and finding its service) may take.
 CONNECT_TIMEOUT_S = 20.0
+#: The signals that end a client with no chance for its ``with`` block to unwind.
+ENDING_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
 
 
 def open_tunnel(host: str, remote_socket: str | None = None,
@@ -49,13 +56,15 @@ class Tunnel:
         self._user, self._box = user or None, box
         self._timeout = timeout
         self._conn: asyncssh.SSHClientConnection | None = None
-        self._dir = tempfile.mkdtemp(prefix="nebula-ssh-")  # 0700: nobody else may use our login
-        self.local_socket = Path(self._dir) / "nebula.sock"
         self.remote_socket = remote_socket
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="nebula-ssh",
                                         daemon=True)
         self._thread.start()
+        self._dir: str | None = None
+        self._previous = self._catch_ending_signals()
+        self._dir = tempfile.mkdtemp(prefix="nebula-ssh-")  # 0700: nobody else may use our login
+        self.local_socket = Path(self._dir) / "nebula.sock"
         try:
             self._run(self._open(), timeout + 5)
         except BaseException:
@@ -121,7 +130,40 @@ class Tunnel:
             self._thread.join(5)
         if not self._loop.is_running():
             self._loop.close()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        self._release_ending_signals()
+
+    # ------------------------------------------------------------------ signals
+    def _catch_ending_signals(self) -> dict[int, object]:
+        """Handle SIGHUP and SIGTERM (those not ignored) until ``close``; returns what was
+        there before. Only the main thread may; a tunnel opened elsewhere handles none."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {}
+        for signo in ENDING_SIGNALS:
+            handler = signal.getsignal(signo)
+            if handler is not signal.SIG_IGN:
+                previous[signo] = handler
+                signal.signal(signo, self._ended_by)
+        return previous
+
+    def _release_ending_signals(self) -> None:
+        previous, self._previous = self._previous, {}
+        for signo, handler in previous.items():
+            if signal.getsignal(signo) == self._ended_by:
+                signal.signal(signo, handler if handler is not None else signal.SIG_DFL)
+
+    def _ended_by(self, signo: int, frame) -> None:
+        """Clean up, then die of the signal as if it had never been caught (or let the
+        handler that was there before have it)."""
+        handler = self._previous.get(signo, signal.SIG_DFL)
+        self.close()
+        if callable(handler):
+            handler(signo, frame)
+        else:
+            signal.signal(signo, signal.SIG_DFL)
+            os.kill(os.getpid(), signo)
 
 
 async def _answers(conn: asyncssh.SSHClientConnection, path: str) -> bool:

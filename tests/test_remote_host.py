@@ -4,13 +4,16 @@ head's socket over stream-local forwarding. The head learns who asks from the ke
 sshd child of that login — so the user's jobs are charged to that user, with no token.
 
 The laptop user is root with a HOME of its own: ~/.ssh/config names the box (port, user,
-key, known_hosts), a ProxyJump host, and a host reached through an ssh-agent only."""
+key, known_hosts), a ProxyJump host, and a host reached through an ssh-agent only. The
+clients a test starts keep their forwarded sockets under that test's own TMPDIR, so what
+the test finds there (or misses) is theirs, never another session's."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -95,7 +98,8 @@ def box(shared):
     subprocess.run(["ssh-add", "-q", str(laptop / "agent_only_key")], env=env, check=True,
                    capture_output=True)
     try:
-        yield {"env": env, "socket": str(shared.socket), "laptop": laptop, "root": root}
+        yield {"env": env, "socket": str(shared.socket), "laptop": laptop, "root": root,
+               "port": port}
     finally:
         sshd.terminate()
         sshd.wait(10)
@@ -103,12 +107,35 @@ def box(shared):
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _argv(host: str | None, args) -> list[str]:
+    return [sys.executable, "-m", "nebula_tui"] + (["--host", host] if host else []) + list(args)
+
+
 def laptop(box, *args: str, host: str | None = "admin-box", timeout: float = 90,
            **env) -> subprocess.CompletedProcess:
     """The real CLI on the laptop (``--host`` when ``host``; the box's socket named)."""
-    argv = [sys.executable, "-m", "nebula_tui"] + (["--host", host] if host else []) + list(args)
-    return subprocess.run(argv, env={**box["env"], "NEBULA_SOCKET": box["socket"], **env},
+    return subprocess.run(_argv(host, args), env={**box["env"], "NEBULA_SOCKET": box["socket"], **env},
                           capture_output=True, text=True, timeout=timeout)
+
+
+def tunnel_dirs(tmp: Path) -> list[Path]:
+    """The forwarded sockets' directories of the clients whose TMPDIR is ``tmp``."""
+    return sorted(tmp.glob("nebula-ssh-*"))
+
+
+def forwarding(tmp: Path) -> bool:
+    return any((d / "nebula.sock").exists() for d in tunnel_dirs(tmp))
+
+
+def ssh_ports(box) -> set[int]:
+    """This machine's ports of the established TCP connections to the box's sshd."""
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, remote, state = line.split()[1:4]
+            if state == "01" and int(remote.rsplit(":", 1)[1], 16) == box["port"]:
+                ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
 
 
 def test_a_users_jobs_over_ssh_are_charged_to_that_user(box, shared):
@@ -128,7 +155,8 @@ def test_a_users_jobs_over_ssh_are_charged_to_that_user(box, shared):
     assert after[BOB]["jobs_finished"] == before.get(BOB, {}).get("jobs_finished", 0) + 1
 
 
-def test_every_kind_of_command_works_over_ssh_and_nebula_host_is_the_default(box, shared):
+def test_every_kind_of_command_works_over_ssh_and_nebula_host_is_the_default(box, shared, tmp_path):
+    box = {**box, "env": {**box["env"], "TMPDIR": str(tmp_path)}}  # its clients' sockets: here
     status = laptop(box, "status", host=None, NEBULA_HOST="admin-box")
     assert status.returncode == 0 and status.stdout.startswith("Cluster Overview:"), status.stderr
     assert "node03" in status.stdout
@@ -139,13 +167,53 @@ def test_every_kind_of_command_works_over_ssh_and_nebula_host_is_the_default(box
     assert laptop(box, "gpus").stdout.splitlines()[0].startswith("GPU")
     refused = laptop(box, "cancel", str(job["id"]), host="bob-box")
     assert refused.returncode == 1 and f"belongs to {ALICE}" in refused.stderr
-    cancelled = laptop(box, "cancel", str(job["id"]))
-    assert cancelled.returncode == 0, cancelled.stderr
-    assert shared.wait_job(job["id"])["state"] == "cancelled"
+    # A client that follows the log until the job ends, its socket under this test's TMPDIR.
+    follower = subprocess.Popen(_argv("admin-box", ["logs", "-f", str(job["id"])]),
+                                env={**box["env"], "NEBULA_SOCKET": box["socket"]},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: forwarding(tmp_path), 60, what="the follower's forwarded socket")
+        cancelled = laptop(box, "cancel", str(job["id"]))
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert shared.wait_job(job["id"])["state"] == "cancelled"
+        assert follower.wait(60) == 0, follower.stderr.read()
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
     words = laptop(box, "__complete", "nodes", host=None, NEBULA_HOST="admin-box")
     assert words.stdout.split() == ["node01", "node02", "node03"]
-    # Nothing was left behind on the laptop: the forwarded socket's directory is gone.
-    assert not list(Path(tempfile.gettempdir()).glob("nebula-ssh-*/nebula.sock"))
+    # Nothing was left behind on the laptop: every client's forwarded socket's directory is gone.
+    assert tunnel_dirs(tmp_path) == []
+
+
+@pytest.mark.parametrize("signo", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
+def test_a_client_ended_by_a_signal_removes_its_socket_and_says_goodbye(box, shared, tmp_path, signo):
+    """A closed terminal (SIGHUP) or a kill (SIGTERM) ends a client mid-command: its
+    forwarded socket's directory goes, and it disconnects from the box as a clean exit would."""
+    job = json.loads(laptop(box, "submit", "--gpu-mem", "4G", "--json", "--", "sleep", "600").stdout)
+    before = ssh_ports(box)
+    client = subprocess.Popen(_argv("admin-box", ["logs", "-f", str(job["id"])]),
+                              env={**box["env"], "NEBULA_SOCKET": box["socket"], "TMPDIR": str(tmp_path)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: forwarding(tmp_path) and ssh_ports(box) - before, 60,
+                 what="the client's SSH connection and forwarded socket")
+        ours = ssh_ports(box) - before
+        client.send_signal(signo)
+        assert client.wait(30) == -signo  # it still dies of the signal
+        assert "Traceback" not in client.stderr.read()
+        assert tunnel_dirs(tmp_path) == []
+        wait_for(lambda: not ssh_ports(box) & ours, 10, what="its SSH connection closed")
+        log = (box["root"] / "sshd.log").read_text()
+        for port in ours:  # an SSH disconnect, not a connection dropped by a dying process
+            assert f"Received disconnect from 127.0.0.1 port {port}:11" in log, log[-2000:]
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+        shared.call("cancel", job=job["id"])
+        shared.wait_job(job["id"])
 
 
 def test_failures_are_one_line_and_say_what_to_do(box):
