@@ -11,6 +11,9 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +121,32 @@ def test_nebula_run_gives_a_shell_once_it_has_its_gpus_and_ends_with_it(shared, 
     ended = shared.wait_job(job["id"])
     assert (ended["state"], ended["exit_code"]) == ("failed", 3)
     assert f"in-job-{job['id']}" in as_user(shared, ALICE, "logs", str(job["id"])).stdout
+
+
+def test_an_attached_owner_cannot_reach_tmux_and_the_login_account_behind_it(shared, terminal):
+    """The session is the node's login account's (root here); its jobs' commands run as
+    their owners. tmux's own keys (a new window, the command prompt, a split) would give the
+    owner a shell as that account: only the detach key is left to them."""
+    marks = Path(tempfile.mkdtemp(prefix="nebula-escape-"))
+    marks.chmod(0o777)
+    job = submit_as(shared, ALICE, "--gpu-mem", "4G", "--", *JOB)
+    wait_for(lambda: shared.job(job)["state"] == "running", 20, what="alice's job running")
+    terminal.open(as_user_in_terminal(shared, ALICE, "attach", str(job)))
+    wait_for(lambda: "29 100" in terminal(), 30, what="the job's output")
+    keys = [["C-b", "c"], ["C-b", '"'], ["C-b", "%"]]
+    for n, escape in enumerate(keys):
+        subprocess.run([*TMUX, "send-keys", "-t", "t", *escape], check=True)
+        subprocess.run([*TMUX, "send-keys", "-t", "t", f"id -un > {marks}/window-{n}", "Enter"],
+                       check=True)
+    subprocess.run([*TMUX, "send-keys", "-t", "t", "C-b", ":"], check=True)
+    subprocess.run([*TMUX, "send-keys", "-t", "t", f"run-shell 'id -un > {marks}/prompt'", "Enter"],
+                   check=True)
+    time.sleep(3)
+    assert {p.name: p.read_text().strip() for p in marks.iterdir()} == {}
+    subprocess.run([*TMUX, "send-keys", "-t", "t", "after-the-keys", "Enter"], check=True)
+    wait_for(lambda: "got:after-the-keys" in terminal(), 20, what="the job still reading its keys")
+    subprocess.run([*TMUX, "send-keys", "-t", "t", "C-b", "d"], check=True)  # detach still works
+    wait_for(lambda: "attach-exit=0" in terminal(), 20, what="a clean detach")
+    assert shared.job(job)["state"] == "running"
+    assert shared.run("cancel", str(job)).returncode == 0
+    shutil.rmtree(marks, ignore_errors=True)

@@ -81,6 +81,18 @@ TMUX = ["tmux", "-L", CONFIG.get("tmux_socket") or "nebula"]
 #: this head's sessions on the node's tmux server end so: ``nebula-<job>-<head>``
 #: (launcher.session_name)
 SESSION_SUFFIX = "-" + HEAD[:8]
+#: What a job's session lets an attached owner do: type to the job, and detach (Ctrl-b d;
+#: Ctrl-b Ctrl-b sends a Ctrl-b). The session belongs to the node's login account (root on
+#: a shared box) while the job runs as its owner: tmux's own keys (a new window, a split,
+#: the command prompt's run-shell) would be a shell as that account. The key tables are the
+#: server's, so they are bound again with each session (the same binding each time).
+SESSION_KEYS = ["nebula-job", "nebula-job-prefix"]
+LOCKED_SESSION = [
+    ";", "set-option", "prefix", "None", ";", "set-option", "prefix2", "None",
+    ";", "set-option", "mouse", "off", ";", "set-option", "key-table", SESSION_KEYS[0],
+    ";", "bind-key", "-T", SESSION_KEYS[0], "C-b", "switch-client", "-T", SESSION_KEYS[1],
+    ";", "bind-key", "-T", SESSION_KEYS[1], "d", "detach-client",
+    ";", "bind-key", "-T", SESSION_KEYS[1], "C-b", "send-keys", "C-b"]
 #: acknowledged attempts' directories are removed this long after their ack
 RETENTION_S = float(CONFIG.get("retention_s", 7 * 86400))
 CLEAN_EVERY_S = 3600.0
@@ -650,7 +662,7 @@ def _launch(req, job, attempt):
     write_atomic(script, req["script"], 0o700)
     argv = TMUX + ["new-session", "-d", "-s", name, "-x", "200", "-y", "50",
                    "exec sh %s %s" % (shlex.quote(script), shlex.quote(d)),
-                   ";", "set-option", "@nebula_token", token]
+                   ";", "set-option", "@nebula_token", token] + LOCKED_SESSION
     code, _, err = run(argv)
     if code != 0 and "server exited unexpectedly" in err:
         keep_tmux_server()  # someone killed the server meanwhile: start it again, once
