@@ -53,16 +53,12 @@ class Attach:
                                f"to {len(nodes) - 1}")
         return nodes[rank], launcher.session_name(self.state.store.head_token, job.id)
 
-    async def relay(self, user: str, req: dict, reader: asyncio.StreamReader,
-                    writer: asyncio.StreamWriter) -> None:
-        """Serve one attach on this connection until either side ends it."""
-        try:
-            job_id, rank = int(req.get("job")), int(req.get("rank") or 0)
-            cols, rows = int(req.get("cols") or 80), int(req.get("rows") or 24)
-        except (TypeError, ValueError):
-            await _reply(writer, {"ok": False, "error": "attach takes a job id, a rank and a size"})
-            return
-        term = req.get("term") if req.get("term") in TERM_TYPES else "xterm-256color"
+    async def relay(self, user: str, job_id: int, rank: int, size: tuple[int, int], term: object,
+                    reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve one attach on this connection until either side ends it (the request's
+        fields checked by ``requests.attach_fields``)."""
+        cols, rows = size
+        term = term if term in TERM_TYPES else "xterm-256color"
         try:
             node, session = self.target(user, job_id, rank)
             process = await self.state.links[node].open_terminal(
@@ -112,5 +108,5 @@ async def _from_client(reader: asyncio.StreamReader, process) -> None:
             elif "resize" in event:
                 cols, rows = event["resize"]
                 process.change_terminal_size(_side(int(cols)), _side(int(rows)))
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, OverflowError):
             continue  # one bad line from a client never ends the session

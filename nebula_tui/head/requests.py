@@ -30,9 +30,29 @@ MAX_GPU_MEM_MB = 16 << 20   # 16 TB, far above any card
 MAX_TIME_LIMIT_S = 366 * 86400.0
 
 
+#: the latest time a request may name (the end of year 9999), in Unix seconds
+MAX_UNIX_TIME = 253402300799.0
+
+
 def whole(value: object, low: int, high: int) -> bool:
     """A JSON number that is a whole number in [low, high] (true and false are not)."""
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def number(value: object, low: float, high: float) -> bool:
+    """A JSON number in [low, high] (true and false are not; NaN fails every comparison,
+    so finite bounds keep out NaN and the infinities too)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
+def unix_time(req: dict, key: str, required: bool = False) -> float | None:
+    """Field ``key`` as a time in Unix seconds (None when absent and not ``required``)."""
+    value = req.get(key)
+    if value is None and not required:
+        return None
+    if not number(value, 0, MAX_UNIX_TIME):
+        raise RequestError(f"{key} must be a time in Unix seconds")
+    return float(value)
 
 
 def spec_from_request(req: dict) -> JobSpec:
@@ -157,6 +177,14 @@ def job_id(req: dict) -> int:
         shown = repr(value)[:40]
         raise RequestError(f"{shown} is not a job id (a number, as `nebula queue` shows)")
     return value
+
+
+def attach_fields(req: dict) -> tuple[int, int, tuple[int, int]]:
+    """(job, rank, (columns, rows)) of an attach request."""
+    rank, size = req.get("rank") or 0, (req.get("cols") or 80, req.get("rows") or 24)
+    if not whole(rank, 0, MAX_GPU_COUNT) or not all(whole(side, 1, 1 << 16) for side in size):
+        raise RequestError("attach takes a job id, a rank and a terminal size (whole numbers)")
+    return job_id(req), rank, size
 
 
 def parse_request(line: bytes) -> dict:

@@ -36,7 +36,8 @@ from ..model import JobState, RequestError, UnfitRequest
 from ..store import StoreUnavailable
 from ..units import parse_array
 from .engine import Engine
-from .requests import job_id, parse_request, port_field, spec_from_request, text_field
+from .requests import (attach_fields, job_id, number, parse_request, port_field,
+                       spec_from_request, text_field, unix_time, whole)
 from .stream import RESYNC
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ def socket_answers(path: Path) -> bool:
 
 #: The longest period one report may cover (a bound on its work).
 MAX_REPORT_S = 400 * 86400
+MAX_OFFSET = (1 << 63) - 1  # a byte position in a log (what a node's seek takes)
 
 
 def peer_user(sock: socket.socket) -> str:
@@ -205,7 +207,12 @@ class ApiServer:
                 await self._send(writer, {"ok": False, "error": str(err)})
                 continue
             if req.get("op") == "attach":  # the connection becomes the terminal's
-                await self.engine.attach.relay(user, req, reader, writer)
+                try:
+                    job, rank, size = attach_fields(req)
+                except RequestError as err:
+                    await self._send(writer, {"ok": False, "error": str(err)})
+                    continue
+                await self.engine.attach.relay(user, job, rank, size, req.get("term"), reader, writer)
                 return
             await self._handle(user, req, writer)
 
@@ -278,14 +285,11 @@ class ApiServer:
     async def op_report(self, user, req):
         """GPU-hours, efficiency and waits per user and month; capacity and utilisation
         per node and cluster, per month and day, over [since, until) (Unix seconds)."""
-        since, until = req.get("since"), req.get("until")
-        for key, value in (("since", since), ("until", until)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise RequestError(f"{key} must be a time in Unix seconds")
+        since, until = unix_time(req, "since", required=True), unix_time(req, "until", required=True)
         if until - since > MAX_REPORT_S:
             raise RequestError(f"a report covers at most {MAX_REPORT_S // 86400} days; "
                                "ask for a shorter period")
-        return {"report": await self.engine.accounting.report(user, float(since), float(until))}
+        return {"report": await self.engine.accounting.report(user, since, until)}
 
     async def op_job_history(self, user, req):
         """Ended jobs: ``{"jobs": [views.history_json …]}``, filtered by ``user``,
@@ -296,14 +300,9 @@ class ApiServer:
             if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 64):
                 raise RequestError(f"{key} must be a name of at most 64 characters")
             texts[key] = value
-        bounds = {}
-        for key in ("since", "until"):
-            value = req.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise RequestError(f"{key} must be a time in Unix seconds")
-            bounds[key] = value
+        bounds = {key: unix_time(req, key) for key in ("since", "until")}
         limit = req.get("limit", 1000)
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100000:
+        if not whole(limit, 1, 100000):
             raise RequestError("limit must be a number from 1 to 100000")
         jobs = await self.engine.accounting.history(user, who=texts["user"], node=texts["node"],
                                                     states=_ended_states(req.get("state")),
@@ -357,8 +356,8 @@ class ApiServer:
 
     async def op_history(self, user, req):
         since = req.get("since", 3600)
-        if not isinstance(since, (int, float)) or since <= 0:
-            raise RequestError("since must be a number of seconds > 0")
+        if not number(since, 1, MAX_REPORT_S):
+            raise RequestError(f"since must be a number of seconds from 1 to {MAX_REPORT_S}")
         gpu = self.engine.resolve_gpu(text_field(req, "gpu"))
         return {"gpu": gpu, "samples": self.engine.history(gpu, float(since))}
 
@@ -385,7 +384,7 @@ class ApiServer:
 
     async def op_quota(self, user, req):
         hours = req.get("hours")
-        if not isinstance(hours, (int, float)) or isinstance(hours, bool) or hours < 0:
+        if not number(hours, 0, 1e9):
             raise RequestError("the quota is a number of GPU-hours per month, e.g. 3000")
         self.engine.set_quota(user, text_field(req, "user"), float(hours))
         return {}
@@ -402,7 +401,7 @@ class ApiServer:
         """The newest ``limit`` events, filtered by ``kind``, ``node``, ``job``, ``user``,
         ``since`` (Unix seconds)."""
         limit = req.get("limit", 100)
-        if not isinstance(limit, int) or not 1 <= limit <= 10000:
+        if not whole(limit, 1, 10000):
             raise RequestError("limit must be a number from 1 to 10000")
         names = {}
         for key in ("kind", "node", "user"):
@@ -410,9 +409,7 @@ class ApiServer:
             if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 64):
                 raise RequestError(f"{key} must be a name of at most 64 characters")
             names[key] = value
-        since = req.get("since")
-        if since is not None and (isinstance(since, bool) or not isinstance(since, (int, float))):
-            raise RequestError("since must be a time in Unix seconds")
+        since = unix_time(req, "since")
         job = job_id(req) if req.get("job") is not None else None
         return {"events": self.engine.store.events(limit, job_id=job, since=since, **names)}
 
@@ -421,13 +418,13 @@ class ApiServer:
 
     async def op_logs(self, user, req):
         offset = req.get("offset", 0)
-        if not isinstance(offset, int) or offset < 0:
+        if not whole(offset, 0, MAX_OFFSET):
             raise RequestError("offset must be a byte position >= 0")
         rank, offsets = req.get("rank"), req.get("offsets")
-        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
+        if rank is not None and not whole(rank, 0, MAX_GPU_COUNT):
             raise RequestError("--rank must be a node's rank, 0 or more")
         if offsets is not None and (not isinstance(offsets, list) or len(offsets) > MAX_GPU_COUNT
-                                    or not all(isinstance(o, int) and o >= 0 for o in offsets)):
+                                    or not all(whole(o, 0, MAX_OFFSET) for o in offsets)):
             raise RequestError("offsets must be byte positions >= 0, one per rank")
         return await self.engine.read_log(user, job_id(req), offset, rank, offsets)
 
