@@ -160,10 +160,10 @@ def test_the_heads_rooms_import_only_rooms_below_them():
 
 def test_no_module_outside_the_heads_rooms_imports_them_but_the_cli_entry():
     """Clients (CLI, TUI, sim) talk to the head over its socket; only `nebula serve`
-    (lazily, in cli.py) and the head's own rooms import it."""
+    (lazily, in cli/local.py) and the head's own rooms import it."""
     graph = import_graph(package_sources())
     importers = {m for m, deps in graph.items() if any(d.startswith(HEAD) for d in deps)}
-    assert {m for m in importers if not m.startswith(HEAD)} == {"nebula_tui.cli"}
+    assert {m for m in importers if not m.startswith(HEAD)} == {"nebula_tui.cli.local"}
 
 
 def test_no_module_uses_a_private_member_of_a_room_it_is_not():

@@ -1,6 +1,6 @@
 """The simulated lab's fault injection (``nebula sim …``).
 
-cli.py owns the parser; it hands its top-level sub-parsers to :func:`add_sim_commands` and
+``parser.py`` hands its top-level sub-parsers to :func:`add_sim_commands`; ``main.py``
 dispatches ``sim`` to :func:`cmd_sim`. ``nebula sim`` works on the lab whose cluster file it
 is given (``--config``, ``$NEBULA_CONFIG``, as every command); what it does to the lab is
 ``sim/control.py``'s. Like the rest of the CLI this imports neither asyncssh nor textual."""
@@ -19,7 +19,7 @@ def _code(text: str) -> int:
 
 
 def add_sim_commands(sub, command) -> None:
-    """``nebula sim inject|node|throttle`` (``command`` is cli.py's sub-parser factory)."""
+    """``nebula sim inject|node|throttle`` (``command`` is ``parser.py``'s sub-parser factory)."""
     p = command("sim", "faults for the simulated lab: Xid errors, silent nodes, throttling")
     sim_sub = p.add_subparsers(dest="sim_command", required=True, parser_class=type(p))
     inject = sim_sub.add_parser("inject", help="log a fault on a simulated node")
@@ -44,8 +44,8 @@ def add_sim_commands(sub, command) -> None:
 
 # ---------------------------------------------------------------------------- commands
 def cmd_sim(args, home, config) -> int:
-    from .config import find_config
-    from .sim import control, faults
+    from ..config import find_config
+    from ..sim import control, faults
 
     try:
         lab = control.lab_dir(find_config(config, home.root))

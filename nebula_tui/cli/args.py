@@ -1,0 +1,181 @@
+"""The CLI's argument types: a parser whose usage errors are one line (with "did you mean
+…?"), and the converters of flag values (sizes, durations, moments, states, job ids …),
+each refusing bad input with a sentence that says how to write it."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+import time
+
+from ..model import JobState
+from ..units import parse_array, parse_duration_s, parse_size_mb
+
+#: Exit code of a usage error (a bad flag or value), as argparse uses.
+USAGE_ERROR = 2
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the flag and this (sub-)command's own
+    ``--help``, not a usage dump; a mistyped choice gets "did you mean …?"."""
+
+    def error(self, message: str) -> None:
+        print(f"{self.prog}: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(USAGE_ERROR)
+
+    def _check_value(self, action, value):
+        # argparse's own check of a choice (a sub-command is a choice too), plus a suggestion.
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError:
+            choices = [str(c) for c in action.choices]
+            what = "command" if isinstance(action, argparse._SubParsersAction) else "choice"
+            message = f"unknown {what} '{value}'" + _did_you_mean(str(value), choices)
+            if not _close(str(value), choices):
+                message += f"; choose from {', '.join(choices)}"
+            # A sub-command's error needs no "argument command:" in front of it.
+            raise argparse.ArgumentError(None if what == "command" else action, message) from None
+
+    def unrecognized(self, extras: list[str]) -> None:
+        """Words this (sub-)command does not know: the error names them and, for a
+        mistyped flag, the closest one it has."""
+        message = f"unrecognized arguments: {' '.join(extras)}"
+        flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        first_flag = next((e.split("=")[0] for e in extras if e.startswith("-")), None)
+        if first_flag:
+            message += _did_you_mean(first_flag, flags)
+        elif self.prog == "nebula submit":
+            message += "; the command to run goes after `--`"
+        self.error(message)
+
+
+def _close(word: str, choices: list[str]) -> list[str]:
+    return difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    match = _close(word, choices)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def leaf_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+    """The innermost sub-command parser that ``args`` went through (``nebula node drain``)."""
+    while True:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, sub.dest, None) if sub else None
+        if name is None:
+            return parser
+        parser = sub.choices[name]
+
+
+def size_mb(text: str) -> int:
+    try:
+        return parse_size_mb(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more, not '{text}'")
+    return int(text)
+
+
+def pattern(regex, example: str):
+    def check(text: str) -> str:
+        if not regex.match(text):
+            raise argparse.ArgumentTypeError(f"'{text}' is not valid; write it like {example}")
+        return text
+    return check
+
+
+def duration(text: str) -> float:
+    try:
+        return parse_duration_s(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+STATES = tuple(s.value for s in JobState)
+FINISHED_STATES = tuple(s.value for s in JobState if s.finished)
+#: The tables of ``nebula report`` (``--csv`` prints one).
+REPORT_TABLES = ("users", "nodes", "days")
+
+
+def job_states(text: str) -> tuple[str, ...]:
+    states = tuple(s.strip() for s in text.split(",") if s.strip())
+    for state in states:
+        if state not in STATES:
+            raise argparse.ArgumentTypeError(
+                f"'{state}' is not a state{_did_you_mean(state, list(STATES))}; "
+                f"states: {', '.join(STATES)}")
+    return states
+
+
+def ended_states(text: str) -> tuple[str, ...]:
+    states = job_states(text)
+    for state in states:
+        if state not in FINISHED_STATES:
+            raise argparse.ArgumentTypeError(
+                f"'{state}' is not an end state; end states: {', '.join(FINISHED_STATES)}")
+    return states
+
+
+def when(text: str) -> float:
+    """A moment: a date or date and time (local time), or a duration ago (7d, 6h)."""
+    for pattern in ("%Y-%m-%d", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S",
+                    "%Y-%m-%dT%H:%M:%S", "%Y-%m"):
+        try:
+            return time.mktime(time.strptime(text, pattern))
+        except ValueError:
+            continue
+    try:
+        return time.time() - duration(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a time; write a date (2026-12-01, '2026-12-01 14:00') or a time "
+            "ago (90m, 6h, 7d)") from None
+
+
+def address(text: str) -> tuple[str, int]:
+    """HOST:PORT ([::1]:9400 for IPv6) of a listening socket."""
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"'{text}' is not HOST:PORT; write it like 127.0.0.1:9400")
+    return host, int(port)
+
+
+def job_id(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"'{text}' is not a job id (a number, as `nebula queue` shows)")
+    return int(text)
+
+
+def after(text: str) -> tuple[str, list[int]]:
+    """``12``, ``12,13``, ``any:12``, ``notok:12,13``, ``started:12`` -> (kind, ids)."""
+    kind, _, ids = text.rpartition(":")
+    kind = kind or "ok"
+    if kind not in ("ok", "any", "notok", "started"):
+        raise argparse.ArgumentTypeError(f"'{text}': the kinds are ok, any, notok and started, "
+                                         "e.g. any:12")
+    return kind, [job_id(part) for part in ids.split(",")]
+
+
+def array(text: str) -> str:
+    try:
+        parse_array(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def checked(check):
+    """An argparse type from an ``environments`` check: its sentence is the usage error."""
+    def convert(text: str) -> str:
+        try:
+            return check(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err).split(": ", 1)[-1]) from None
+    return convert

@@ -1,0 +1,100 @@
+"""The commands that run here rather than ask a service: parse, completion, and those
+that start one (serve, demo, and the TUI, which opens the demo lab when no cluster is
+given)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..service import Home
+from .args import USAGE_ERROR
+from .parser import build_parser
+
+
+def cmd_parse(args, home, config) -> int:
+    from ..remote import documents
+
+    kind = documents.KINDS.get(args.kind)
+    if kind is None:
+        print(f"nebula parse: unknown kind '{args.kind}'; known: {', '.join(documents.KINDS)}",
+              file=sys.stderr)
+        return USAGE_ERROR
+    if args.best is not None and args.kind != "topo":
+        print("nebula parse: --best goes with the topo kind", file=sys.stderr)
+        return USAGE_ERROR
+    fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
+    if fields and not kind.takes_fields:
+        print(f"nebula parse: --fields goes with the smi-csv and smi-apps kinds, not {args.kind}",
+              file=sys.stderr)
+        return USAGE_ERROR
+    try:
+        stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
+    except OSError as err:
+        print(f"nebula parse: cannot read {args.file}: {err.strerror}", file=sys.stderr)
+        return USAGE_ERROR
+    try:
+        with stream:
+            result = documents.parse_stream(args.kind, stream, fields)
+        if args.best is not None:
+            from ..scheduler.topology import best_set
+
+            result["best"] = best_set(result["links"], args.best, result["gpus"])
+    except documents.InputTooLarge as err:
+        mib = err.limit // (1024 * 1024)
+        what = "the input" if args.file == "-" else args.file
+        print(f"nebula parse: {what} is larger than {mib} MiB, more than a saved {args.kind} "
+              f"output should be; parse a part of it (e.g. tail -c {mib // 2}M FILE > part)",
+              file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(f"nebula parse: cannot read {args.file}: {err.strerror}", file=sys.stderr)
+        return USAGE_ERROR
+    except ValueError as err:
+        print(f"nebula parse: {args.file}: {err}", file=sys.stderr)
+        return 1
+    print(documents.to_json(result))
+    return 0
+
+
+def cmd_completion(args, home, config) -> int:
+    from ..completion import script
+
+    sys.stdout.write(script(build_parser(), args.shell))
+    return 0
+
+
+def cmd_serve(args, home, config) -> int:
+    from ..config import ConfigError, find_config
+    from ..head.serve import serve
+
+    try:
+        path = find_config(config, home.root)
+    except ConfigError as err:
+        print(f"nebula serve: {err}", file=sys.stderr)
+        return USAGE_ERROR
+    return serve(home, path, shared_group=args.shared_group, metrics=args.metrics)
+
+
+def cmd_demo(args, home, config) -> int:
+    from ..demo import run_demo
+
+    if not (getattr(args, "home", None) or os.environ.get("NEBULA_HOME")):
+        home = Home.resolve("~/.nebula/demo", getattr(args, "socket", None))
+    metrics = f"{args.metrics[0]}:{args.metrics[1]}" if args.metrics else None
+    return run_demo(home, args.layout, headless=args.headless, shared_group=args.shared_group,
+                    metrics=metrics)
+
+
+def cmd_tui(args, home, config) -> int:
+    from ..config import find_config
+
+    path = find_config(config, home.root)  # a ConfigError is main's one-line usage error
+    if path is None and not home.socket.exists():
+        # No cluster given: the TUI opens on the built-in simulated lab (R26).
+        from ..demo import run_demo
+
+        return run_demo(Home.resolve("~/.nebula/demo"), "demo", headless=False)
+    from ..screens.app import run_tui
+
+    return run_tui(home, config)

@@ -1,0 +1,85 @@
+"""``nebula logs``: a job's output, once or followed; a multi-node job's every rank."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from ..printable import printable_log
+from .args import FINISHED_STATES
+from .common import service_client
+
+
+def cmd_logs(args, home, config) -> int:
+    """One node's output as it is; a multi-node job's every rank, a prefix on each line."""
+    if args.rank is not None or args.tail is not None:
+        with service_client(home, config) as client:
+            offset = 0
+            if args.tail is not None:  # the last lines of one node's log (rank 0 by default)
+                offset = _print_tail(client, args.job, args.tail, args.rank or 0)
+                if not args.follow:
+                    return 0
+            return _follow_one(client, args, offset)
+    offsets: list[int] = []
+    pending: dict[int, str] = {}
+    with service_client(home, config) as client:
+        while True:
+            reply = client.call("logs", job=args.job, offset=0, offsets=offsets)
+            parts = reply.get("parts") or [{"rank": 0, "node": "", **reply}]
+            offsets = [p["offset"] for p in parts]
+            # To a terminal, a job's output cannot retitle it or fake the prompt; to a pipe
+            # or a file it goes exactly as the job wrote it.
+            shown = printable_log if sys.stdout.isatty() else str
+            for part in parts:
+                if len(parts) == 1:
+                    sys.stdout.write(shown(part["data"]))
+                    continue
+                lines = (pending.pop(part["rank"], "") + part["data"]).split("\n")
+                pending[part["rank"]] = lines.pop()  # an unfinished line waits for its end
+                for line in lines:
+                    sys.stdout.write(f"[{part['rank']} {part['node']}] {shown(line)}\n")
+            sys.stdout.flush()
+            got = any(p["data"] for p in parts)
+            if not args.follow or (reply["state"] in FINISHED_STATES and not got):
+                for rank, rest in pending.items():
+                    if rest:
+                        sys.stdout.write(f"[{rank}] {rest}\n")
+                return 0
+            if not got:
+                time.sleep(0.3)
+
+
+def _follow_one(client, args, offset: int = 0) -> int:
+    while True:
+        reply = client.call("logs", job=args.job, offset=offset, rank=args.rank)
+        sys.stdout.write(reply["data"])
+        sys.stdout.flush()
+        offset = reply["offset"]
+        finished = reply["state"] in FINISHED_STATES
+        if not args.follow or (finished and not reply["data"]):
+            return 0
+        if not reply["data"]:
+            time.sleep(0.3)
+
+
+def _print_tail(client, job_id: int, lines: int, rank: int) -> int:
+    """Print the last ``lines`` lines of one node's log of the job as it is now (``rank``:
+    which node of a multi-node job, 0 first); returns the offset
+    where it ends. The log is read through (the node sends it in pieces); only the tail is
+    kept, so a long log costs time, never memory."""
+    from collections import deque
+
+    kept: deque[str] = deque(maxlen=lines + 1)  # +1: the unfinished last line, if any
+    offset, partial = 0, ""
+    while True:
+        reply = client.call("logs", job=job_id, offset=offset, rank=rank)
+        if not reply["data"]:
+            break
+        offset = reply["offset"]
+        *complete, partial = (partial + reply["data"]).split("\n")
+        kept.extend(line + "\n" for line in complete)
+    if partial:
+        kept.append(partial)
+    tail = list(kept)[-lines:]
+    sys.stdout.write("".join(tail))
+    return offset

@@ -1,0 +1,236 @@
+"""The whole grammar of ``nebula``: every sub-command, its flags and their help, in one
+parser (help, completion and the did-you-mean all read it). What each command does is its
+family's module."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from .. import environments
+from ..api import ARCH_RE, CUDA_RE
+from . import sim
+from .args import (FINISHED_STATES, REPORT_TABLES, STATES, OneLineParser, address, after, array,
+                   checked, count, duration, ended_states, job_id, job_states, pattern, size_mb,
+                   when)
+
+
+def add_world_flags(p: argparse.ArgumentParser) -> None:
+    """What the job runs in: a container, a conda env or a venv (R24), and warm-up (R27)."""
+    p.add_argument("--image", type=checked(environments.image_reference), default=None,
+                   help="run in this container image (podman, docker or apptainer on the node)")
+    p.add_argument("--runtime", choices=environments.RUNTIMES, default=None,
+                   help="with --image: this container runtime (default: the node's)")
+    p.add_argument("--data-mount", dest="data_mounts", action="append", default=[],
+                   type=checked(environments.data_mount), metavar="SRC:DST[:ro]",
+                   help="with --image: mount the node's SRC at DST (repeatable)")
+    p.add_argument("--conda", type=checked(environments.conda_env), default=None,
+                   help="activate this conda env (name or path) on the node first")
+    p.add_argument("--venv", type=os.path.abspath, default=None,
+                   help="activate this Python venv on the node first")
+    p.add_argument("--warmup", action="store_true",
+                   help="wake the cards from their idle state before the command starts")
+
+
+def add_submit_flags(p: argparse.ArgumentParser) -> None:
+    """What a job asks for: `nebula submit` and `nebula run` take the same."""
+    p.add_argument("--name", default="")
+    p.add_argument("--gpu-count", type=count, default=1, help="GPUs the job needs (default 1)")
+    p.add_argument("--gpu-mem", type=size_mb, default=None,
+                   help="memory per GPU, e.g. 8G (default: whole cards)")
+    p.add_argument("--workdir", default=None,
+                   help="directory on the node (default: this directory where the node has "
+                        "it, else the home)")
+    p.add_argument("--command", dest="shell_command", default=None,
+                   help="a shell command line instead of `-- cmd args…`")
+    p.add_argument("--arch", type=pattern(ARCH_RE, "sm_89, '>=sm_80' or gfx90a"), default=None,
+                   help="compute capability: sm_89 exactly, or '>=sm_80'")
+    p.add_argument("--cuda", type=pattern(CUDA_RE, "12.1"), default=None,
+                   help="the driver must support at least this CUDA, e.g. 12.1")
+    p.add_argument("--vendor", default=None, choices=("nvidia", "intel", "ascend", "amd"))
+    p.add_argument("--nodes", type=count, default=1, help="how many nodes the GPUs may span (default 1)")
+    p.add_argument("--priority", type=int, default=0, help="admins: higher runs first")
+    p.add_argument("--after", type=after, action="append", default=[],
+                   help="start once these jobs succeeded (12,13), ended (any:12), failed "
+                        "(notok:12) or started (started:12); repeatable")
+    p.add_argument("--time", dest="time_limit", type=duration, default=None,
+                   help="it is stopped then (SIGUSR1, SIGKILL after the grace), e.g. 30m, 2h; "
+                        "lets it use reserved GPUs meanwhile")
+    p.add_argument("--service", action="store_true",
+                   help="a long-running inference service: its card keeps 2 GB spare")
+    p.add_argument("--no-requeue", action="store_true",
+                   help="fail instead of restarting elsewhere when its GPU is isolated")
+    add_world_flags(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--home", default=argparse.SUPPRESS,
+                        help="state directory (default $NEBULA_HOME or ~/.nebula)")
+    common.add_argument("--config", default=argparse.SUPPRESS,
+                        help="cluster file nodes.yaml (default $NEBULA_CONFIG)")
+    common.add_argument("--socket", default=argparse.SUPPRESS,
+                        help="the head service's socket (default $NEBULA_SOCKET, then the "
+                             "one under the home, then /run/nebula/nebula.sock); with --host, "
+                             "the socket on that machine")
+    common.add_argument("--host", dest="remote_host", default=argparse.SUPPRESS, metavar="[USER@]BOX",
+                        help="use the service on another machine, over SSH with your own login "
+                             "there (default $NEBULA_HOST; ~/.ssh/config applies)")
+    printing = argparse.ArgumentParser(add_help=False)
+    printing.add_argument("--json", action="store_true",
+                          help="print JSON instead of text (shapes: README, \"JSON output\")")
+    parser = OneLineParser(prog="nebula", parents=[common],
+                           description="NebulaGrid: GPU cluster manager for labs. "
+                                       "Without a command, opens the TUI.")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", parser_class=OneLineParser)
+
+    def command(name: str, help_text: str, prints: bool = True, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_text,
+                              parents=[common, printing] if prints else [common], **kw)
+
+    p = command("submit", "submit a job: nebula submit [options] -- cmd args…")
+    add_submit_flags(p)
+    p.add_argument("--array", type=array, default=None,
+                   help="run it as tasks 0-99 (NEBULA_ARRAY_TASK_ID), at most 8 at once with 0-99%%8")
+    p.add_argument("--wait", action="store_true", help="wait for the end; exit with its code")
+    p.add_argument("--notify", action="store_true",
+                   help="mail you (and the lab's job webhooks) when it ends or is requeued")
+    p = command("run", "run a command on a terminal once it has its GPUs, like srun --pty: "
+                       "nebula run [submit options] -- bash", prints=False)
+    add_submit_flags(p)
+
+    command("status", "the cluster overview")
+    p = command("queue", "running and waiting jobs")
+    p.add_argument("--expand", action="store_true", help="one line per task of an array")
+    p.add_argument("--user", default=None, help="only this user's jobs")
+    p.add_argument("--state", type=job_states, default=None, metavar="STATE[,STATE]",
+                   help=f"only jobs in these states ({', '.join(STATES)})")
+    p.add_argument("--all", action="store_true",
+                   help="ended jobs too (the newest --limit of them, as in `nebula history`)")
+    p.add_argument("--limit", type=count, default=100, help="with --all: how many ended jobs")
+    command("gpus", "every GPU: memory, utilisation, temperature, who holds it")
+    p = command("report", "GPU-hours, efficiency and waits per user and month; capacity and "
+                "utilisation per node and day")
+    p.add_argument("--since", type=when, default=None, metavar="WHEN",
+                   help="from (a date or a time ago; default: the start of this month)")
+    p.add_argument("--until", type=when, default=None, metavar="WHEN", help="until (default: now)")
+    p.add_argument("--months", type=count, default=None, metavar="N",
+                   help="the last N calendar months, this one included")
+    p.add_argument("--csv", choices=REPORT_TABLES, default=None,
+                   help="print one of its tables as CSV instead")
+    p = command("history", "ended jobs: what each held, waited, ran, cost and did")
+    p.add_argument("--user", default=None, help="only this user's jobs")
+    p.add_argument("--since", type=when, default=None, metavar="WHEN",
+                   help="ended since: a date (2026-12-01, '2026-12-01 14:00') or a time ago (7d, 6h)")
+    p.add_argument("--until", type=when, default=None, metavar="WHEN", help="ended before")
+    p.add_argument("--state", type=ended_states, default=None, metavar="STATE[,STATE]",
+                   help=f"only these end states ({', '.join(FINISHED_STATES)})")
+    p.add_argument("--node", default=None, help="only jobs that ran on this node")
+    p.add_argument("--limit", type=count, default=100, help="the newest this many (default 100)")
+    for name, help_text in (("wait", "wait for a job to end; exit with its code"),
+                            ("cancel", "cancel a job"), ("job", "one job as JSON"),
+                            ("hold", "keep a waiting job from starting"),
+                            ("requeue", "stop a running job and put it back in the queue"),
+                            ("release", "let a held job start again")):
+        command(name, help_text).add_argument("job", type=job_id)
+    p = command("attach", "attach this terminal to a running job's tmux session "
+                          "(detach: Ctrl-b d; the job runs on)", prints=False)
+    p.add_argument("job", type=job_id)
+    p.add_argument("--rank", type=int, default=0, help="which node of a multi-node job (0 first)")
+    p = command("node", "node administration (admins)", prints=False)
+    node_sub = p.add_subparsers(dest="node_command", required=True, parser_class=OneLineParser)
+
+    def node_command(name: str, help_text: str) -> argparse.ArgumentParser:
+        return node_sub.add_parser(name, help=help_text, parents=[printing])
+
+    p = node_command("drain", "no new jobs on this node; running ones go on")
+    p.add_argument("node")
+    p.add_argument("--reason", default="")
+    node_command("resume", "take new jobs again").add_argument("node")
+    p = node_command("add", "add a node to nodes.yaml, trusting its host key")
+    p.add_argument("node")
+    p.add_argument("host")
+    p.add_argument("--port", type=count, default=22)
+    p.add_argument("--user", default=None, help="login user (default: the cluster's)")
+    p.add_argument("--identity", default=None, help="client key (default: the cluster's)")
+    p.add_argument("--trust", default=None, metavar="SHA256:…",
+                   help="trust the host key only if it has this fingerprint (no question asked)")
+    p.add_argument("--no-smoke", action="store_true",
+                   help="skip the smoke test (a 4 GB job of the vendor's tool on the new node)")
+    node_command("remove", "remove a node from nodes.yaml").add_argument("node")
+    node_command("show", "one node in full: why it is in its state, its GPUs, jobs and "
+                 "latest events").add_argument("node")
+    p = command("gpu", "one GPU", prints=False)
+    gpu_sub = p.add_subparsers(dest="gpu_command", required=True, parser_class=OneLineParser)
+    p = gpu_sub.add_parser("history", help="a GPU's recorded temperature, load, memory and power",
+                           parents=[printing])
+    p.add_argument("gpu", help="uuid or node:index")
+    p.add_argument("--since", type=duration, default=3600, help="how far back, e.g. 30m, 6h, 2d")
+    p = gpu_sub.add_parser("resume", help="put a GPU in maintenance back in service (admins)",
+                           parents=[printing])
+    p.add_argument("gpu", help="uuid or node:index")
+    sim.add_sim_commands(sub, lambda name, text: command(name, text, prints=False))
+    p = command("events", "what happened, newest last")
+    p.add_argument("--limit", type=count, default=50, help="the newest this many (default 50)")
+    p.add_argument("--kind", default=None,
+                   help="only this kind (submit, place, start, end, requeue, node, health, xid, admin …)")
+    p.add_argument("--node", default=None, help="only this node's")
+    p.add_argument("--job", type=job_id, default=None, help="only this job's")
+    p.add_argument("--user", default=None, help="only those of this user")
+    p.add_argument("--since", type=when, default=None, metavar="WHEN",
+                   help="only since then (a date or a time ago: 6h, 2d)")
+    command("users", "fair-share weights and usage per user")
+    p = command("logs", "a job's output", prints=False)
+    p.add_argument("job", type=job_id)
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.add_argument("--rank", type=int, default=None,
+                   help="one node of a multi-node job (0 first); default: every node's, "
+                        "each line prefixed with its rank")
+    p.add_argument("-n", "--tail", type=count, default=None, metavar="N",
+                   help="only the last N lines (with -f: then follow)")
+    p = command("parse", "print what NebulaGrid understands from a saved tool output", prints=False)
+    p.add_argument("kind", help="smi-csv, smi-apps, smi-plain, smi-q, smi-xml, amd-smi, "
+                   "rocm-smi, xpu-smi, npu-smi, topo, xid")
+    p.add_argument("file", help="the saved output ('-' for stdin)")
+    p.add_argument("--fields", default=None,
+                   help="smi-csv/smi-apps without a header: the query's fields, comma-separated")
+    p.add_argument("--best", type=count, default=None,
+                   help="with topo: the K GPUs a K-GPU job would get on that machine")
+    p = command("quota", "set a user's GPU-hours per month (admins)")
+    p.add_argument("user")
+    p.add_argument("hours", type=float)
+    p = command("serve", "run the head service in the foreground", prints=False)
+    p.add_argument("--shared-group", default=None,
+                   help="shared box: members of this Unix group may use the service")
+    p.add_argument("--metrics", type=address, default=None, metavar="HOST:PORT",
+                   help="serve Prometheus metrics there, e.g. 127.0.0.1:9400 (off by default)")
+    p = command("demo", "start the simulated lab and open the TUI on it", prints=False)
+    p.add_argument("--headless", action="store_true", help="no TUI: keep the lab up until Ctrl-C")
+    p.add_argument("--layout", default="demo", choices=("demo", "core", "4x4", "mixed"))
+    p.add_argument("--shared-group", default=None,
+                   help="let members of this Unix group use the demo's service")
+    p.add_argument("--metrics", type=address, default=None, metavar="HOST:PORT",
+                   help="the demo's service serves Prometheus metrics there, e.g. 127.0.0.1:9400")
+    command("tui", "open the TUI (the default)", prints=False)
+    p = command("completion", "print the shell completion script: "
+                "eval \"$(nebula completion bash)\"", prints=False)
+    p.add_argument("shell", choices=("bash", "zsh"))
+    return parser
+
+
+class _Version(argparse.Action):
+    """``--version``: looked up only when asked (every command builds the parser)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("nebula-tui")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            found = "unknown"
+        print(f"nebula {found}")
+        parser.exit()
