@@ -42,7 +42,8 @@ UID = f"{os.getuid()}:{os.getgid()}"
 JOB_ENV = ["NEBULA_JOB_ID=7", "NEBULA_JOB_NAME=llama", "NEBULA_USER=alice",
            "NEBULA_GPU_LIST=GPU-bbbb,GPU-aaaa", "CUDA_DEVICE_ORDER=PCI_BUS_ID"]
 HEAD = ["run", "--rm", "--name", "nebula-7-ab12.0", "--init", "--network", "host",
-        "--shm-size", "8g", "--log-driver", "none", "--pull", "never"]
+        "--shm-size", "8g", "--log-driver", "none", "--pull", "never",
+        "--security-opt", "no-new-privileges"]
 
 
 def make_job(image="pytorch/pytorch:2.1.0-cuda12.1-cudnn8", **spec):

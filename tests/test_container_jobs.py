@@ -293,3 +293,44 @@ def test_nebula_run_with_an_image_is_a_shell_in_the_container(head):
             raise AssertionError(f"{err}; the terminal showed:\n{screen()}") from None
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
+SETUID_IMAGE = "localhost/nebula-test-setuid"
+# Becomes root if the kernel lets it, then runs its arguments: what an image of a lab
+# user's own (pulled from a registry they push to) may hold.
+ROOTSH = "#include <unistd.h>\nint main(int c, char **v) { if (setgid(0) || setuid(0)) return 126; " \
+         "execv(v[1], v + 1); return 127; }\n"
+
+
+def _setuid_image(work: Path) -> None:
+    (work / "rootsh.c").write_text(ROOTSH)
+    subprocess.run(["gcc", "-static", "-o", str(work / "rootsh"), str(work / "rootsh.c")], check=True)
+    (work / "Containerfile").write_text(f"FROM {IMAGE}\nCOPY rootsh /rootsh\nRUN chmod 4755 /rootsh\n")
+    subprocess.run(["podman", "build", "-q", "--pull=never", "-t", SETUID_IMAGE, str(work)],
+                   check=True, capture_output=True, timeout=300, cwd="/")
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build a setuid program")
+def test_a_setuid_program_in_a_users_image_gives_them_no_root_on_the_node(
+        openssh_lab, tmp_path_factory, tmp_path, request):
+    """Rootful podman runs a lab user's command by their uid. A setuid-root program of their
+    image would make it root inside the container, and root there reads every host file a
+    data mount shows: here one only root may read."""
+    from test_multiuser import lab_users, shared_head, submit_as
+
+    _setuid_image(tmp_path)
+    request.addfinalizer(lambda: subprocess.run(["podman", "rmi", "-f", SETUID_IMAGE],
+                                                capture_output=True, timeout=120, cwd="/"))
+    secret = tmp_path / "secret"
+    secret.mkdir(mode=0o700)
+    (secret / "s").write_text("only-root-reads-this\n")
+    (secret / "s").chmod(0o600)
+    inside = "/host/" + str(secret.relative_to("/tmp")) + "/s"
+    with contextlib.contextmanager(lab_users)("nebctrlab", ("nebctrann",), ()), \
+            contextlib.contextmanager(shared_head)(openssh_lab, tmp_path_factory, "nebctrlab") as head:
+        job = submit_as(head, "nebctrann", "--image", SETUID_IMAGE, "--data-mount", "/tmp:/host:ro",
+                        "--gpu-mem", "1G", "--", "/rootsh", "/bin/cat", inside)
+        ended = head.wait_job(job, timeout=120)
+        output = head.run("logs", str(job)).stdout
+        assert "only-root-reads-this" not in output
+        assert (ended["state"], ended["exit_code"]) == ("failed", 126), (ended, output)

@@ -134,8 +134,11 @@ def podman_lines(runtime: str, image: str, env: dict[str, str], devices: tuple[D
         "fi",
         'name="nebula-$job-$(tr -c "A-Za-z0-9_.-" _ < "$jobdir/token")"',
         f"printf '%s\\n' \"$name\" {q([*prefix, runtime])} > \"$jobdir/container\"",
+        # no-new-privileges: a rootful runtime starts the command by the job's user's uid,
+        # and a setuid-root program of the image must not make it root again (root in the
+        # container reads every host file its data mounts show).
         f"set -- {tool} run --rm --name \"$name\" --init --network host --shm-size {SHM_SIZE} "
-        "--log-driver none --pull never",
+        "--log-driver none --pull never --security-opt no-new-privileges",
     ]
     if interactive:
         lines.append(f"{ADD} -i -t")
