@@ -10,6 +10,7 @@ import time
 
 from ..api import ApiError
 from ..model import fmt
+from ..printable import printable, printable_log
 from .common import service_client, show
 
 
@@ -90,18 +91,19 @@ def _smoke_result(args, added: dict) -> int:
         print(json.dumps(added, indent=2))
         return 0 if ok else 1
     if "error" in smoke:
-        print(f"nebula node: {node} was added, but its smoke test could not run: {smoke['error']}",
+        print(f"nebula node: {node} was added, but its smoke test could not run: {printable(smoke['error'])}",
               file=sys.stderr)
         return 1
     job = smoke["job"]
-    where = f"job {job['id']} ({' '.join(job['command'])}) on {smoke['gpu']} ({smoke['model']})"
+    where = printable(f"job {job['id']} ({' '.join(job['command'])}) on {smoke['gpu']} ({smoke['model']})")
     if not smoke["ended"]:
         print(f"nebula node: the smoke test, {where}, has not ended yet; `nebula logs {job['id']} -f` "
               "follows it", file=sys.stderr)
         return 1
     print(f"Smoke test: {where} {job['state']}"
           + (f" with exit code {job['exit_code']}" if job["exit_code"] not in (None, 0) else ""))
-    sys.stdout.write("".join(f"  | {line}\n" for line in smoke["output"].splitlines()))
+    # the vendor tool's output, as the node printed it: lines and colours only
+    sys.stdout.write("".join(f"  | {printable_log(line)}\n" for line in smoke["output"].splitlines()))
     if not ok:
         print(f"nebula node: {node} failed its smoke test; it stays in the cluster: drain it "
               f"(nebula node drain {node}) until it is fixed", file=sys.stderr)

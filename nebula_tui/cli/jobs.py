@@ -92,7 +92,7 @@ def cmd_run(args, home, config) -> int:
         while job["state"] in ("pending", "launching"):
             if job["reason"] and job["reason"] != said:
                 said = job["reason"]
-                print(f"Waiting: {said}", file=sys.stderr, flush=True)
+                print(f"Waiting: {printable(said)}", file=sys.stderr, flush=True)
             time.sleep(0.2)
             job = client.call("job", job=job["id"])["job"]
         path = client.path

@@ -10,6 +10,12 @@ from .args import FINISHED_STATES
 from .common import service_client
 
 
+def _shown(text: str) -> str:
+    """To a terminal, a job's output cannot retitle it or fake the prompt; to a pipe or a
+    file it goes exactly as the job wrote it."""
+    return printable_log(text) if sys.stdout.isatty() else text
+
+
 def cmd_logs(args, home, config) -> int:
     """One node's output as it is; a multi-node job's every rank, a prefix on each line."""
     if args.rank is not None or args.tail is not None:
@@ -27,23 +33,20 @@ def cmd_logs(args, home, config) -> int:
             reply = client.call("logs", job=args.job, offset=0, offsets=offsets)
             parts = reply.get("parts") or [{"rank": 0, "node": "", **reply}]
             offsets = [p["offset"] for p in parts]
-            # To a terminal, a job's output cannot retitle it or fake the prompt; to a pipe
-            # or a file it goes exactly as the job wrote it.
-            shown = printable_log if sys.stdout.isatty() else str
             for part in parts:
                 if len(parts) == 1:
-                    sys.stdout.write(shown(part["data"]))
+                    sys.stdout.write(_shown(part["data"]))
                     continue
                 lines = (pending.pop(part["rank"], "") + part["data"]).split("\n")
                 pending[part["rank"]] = lines.pop()  # an unfinished line waits for its end
                 for line in lines:
-                    sys.stdout.write(f"[{part['rank']} {part['node']}] {shown(line)}\n")
+                    sys.stdout.write(f"[{part['rank']} {part['node']}] {_shown(line)}\n")
             sys.stdout.flush()
             got = any(p["data"] for p in parts)
             if not args.follow or (reply["state"] in FINISHED_STATES and not got):
                 for rank, rest in pending.items():
                     if rest:
-                        sys.stdout.write(f"[{rank}] {rest}\n")
+                        sys.stdout.write(f"[{rank}] {_shown(rest)}\n")
                 return 0
             if not got:
                 time.sleep(0.3)
@@ -52,7 +55,7 @@ def cmd_logs(args, home, config) -> int:
 def _follow_one(client, args, offset: int = 0) -> int:
     while True:
         reply = client.call("logs", job=args.job, offset=offset, rank=args.rank)
-        sys.stdout.write(reply["data"])
+        sys.stdout.write(_shown(reply["data"]))
         sys.stdout.flush()
         offset = reply["offset"]
         finished = reply["state"] in FINISHED_STATES
@@ -81,5 +84,5 @@ def _print_tail(client, job_id: int, lines: int, rank: int) -> int:
     if partial:
         kept.append(partial)
     tail = list(kept)[-lines:]
-    sys.stdout.write("".join(tail))
+    sys.stdout.write(_shown("".join(tail)))
     return offset
