@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from ..model import GpuView, format_mb
+from .cards import Shape
 from .filters import make_filter, parse_version, sm_name, version_text
-from .placement import Shape
 from .reasons import needs
 from .slices import fit
 from .snapshot import PendingJob, SchedulerConfig
 
-#: (vendor, capability, cuda, total MiB), as placement.Card.hw
+#: (vendor, capability, cuda, total MiB), as cards.Card.hw
 Hardware = tuple
 
 

@@ -1,4 +1,5 @@
-"""Gang placement (R8) scored by load, health and topology (R9, R10) over one pass's cards.
+"""Gang placement (R8): the best set of cards for a request over one pass's cards, by the
+scores of ``scoring.py`` (load, health, topology: R9, R10).
 
 :class:`World` is the pass's own, mutable view of every card: each start is applied to it
 before the next job is looked at, so two jobs of one pass never get the same memory.
@@ -8,164 +9,25 @@ every filter; cards alike are filtered once) and between starts (a node, or a ca
 worked out again only after a start changed it), so a long queue behind a full cluster
 costs little. The tests compare it with a straightforward search over every card
 (``test_scheduler_fastpath``).
+
+Why one module: the search and its caches are one thing. Each start changes a node, and
+every cache here (each node's fits, best sets, boards, eligibility, misses) is keyed and
+dropped by that same change; apart, the rule of when each is stale would be split too.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from bisect import bisect_left, insort
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from math import comb
 
-from ..model import MAX_ALLOCATIONS_PER_GPU, GpuView, Placement
-from .filters import Filter, parse_version
+from ..model import GpuView, Placement
+from .cards import Card, Found, Shape
+from .scoring import SetScoring
 from .slices import fit
 from .snapshot import SchedulerConfig
-from .topology import BEST_RANK, UNKNOWN_RANK, best_subset, rank_table, set_links, topology_penalty
-
-
-class Card:
-    """One GPU as the pass sees it: static facts plus our allocations, updated per start."""
-
-    __slots__ = ("uuid", "node", "index", "order", "total", "unmanaged", "blocked", "health",
-                 "model", "vendor", "capability", "cuda", "thermal", "allocs", "reserved",
-                 "exclusive", "service", "hw", "bit", "spot", "base", "state", "foreign", "first",
-                 "over_by", "owners", "watts", "draw", "services")
-
-    def __init__(self, view: GpuView, order: int, services: frozenset[int],
-                 config: SchedulerConfig, memo: dict | None = None) -> None:
-        reading = view.reading
-        self.uuid = reading.uuid
-        self.node = view.node
-        self.index = reading.index
-        self.order = order
-        self.total = reading.memory_total_mb
-        #: memory held by processes we did not start, and (over_by) by our jobs beyond
-        #: their reservations; ``unmanaged`` is both: what fits look at (the memory guard)
-        self.foreign = max(0, view.unmanaged_used_mb)
-        self.over_by = tuple((job, mb) for job, mb in view.overuse if mb > 0)
-        self.unmanaged = self.foreign + sum(mb for _, mb in self.over_by)
-        self.owners = view.unmanaged_procs  # (pid, user, MiB), for the reasons
-        #: R27: what a busy card counts against its node's power budget, and what it draws now
-        self.watts = reading.power_limit_w or view.power_peak_w or 0.0
-        self.draw = reading.power_w or 0.0
-        self.blocked = view.blocked or ("GPU in maintenance" if view.maintenance else None)
-        self.health = 1.0 if view.health_score is None else view.health_score
-        self.model = reading.name
-        if memo is None:
-            memo = {}
-        # Readings repeat across a cluster (one driver, idle cards): work each out once per pass.
-        facts = (reading.compute_cap, view.cuda_version, reading.utilization_pct,
-                 reading.temperature_c, reading.vendor, self.total, self.health)
-        known = memo.get(facts)
-        if known is None:
-            vendor = (reading.vendor or "nvidia").lower()
-            capability, cuda = parse_version(reading.compute_cap), parse_version(view.cuda_version)
-            thermal = thermal_penalty(reading.utilization_pct, reading.temperature_c, config)
-            # what the filters and an empty card's fit depend on: cards alike answer alike
-            hw = (vendor, capability, cuda, self.total)
-            # the score's terms of this card that no start changes (see World.solo_score)
-            base = thermal + config.w_health * (1.0 - self.health)
-            known = memo[facts] = (vendor, capability, cuda, thermal, hw, base)
-        self.vendor, self.capability, self.cuda, self.thermal, self.hw, self.base = known
-        self.allocs: list[tuple[int, Placement]] = list(view.placements)
-        self.reserved, self.exclusive, self.service = 0, False, False
-        self.services: tuple[int, ...] = ()  # the services it holds (their spare, R14)
-        for job, placement in self.allocs:
-            self.reserved += placement.memory_mb
-            self.exclusive = self.exclusive or placement.exclusive
-            if job in services:
-                self.service = True
-                self.services += (job,)
-        self.first = self.state_key()  # its state when the pass began
-        self.bit = 0  # this card's bit among its node's cards (set by World)
-        self.spot = -1  # its place among its node's takers, -1 if it takes no work (World)
-        self.state = -1  # what its fit depends on, as a small number (set by World)
-
-    def copy(self) -> Card:
-        other = object.__new__(Card)
-        for name in Card.__slots__:
-            setattr(other, name, getattr(self, name))
-        other.allocs = list(self.allocs)
-        return other
-
-    def fit(self, gpu_mem_mb: int | None, service_job: bool, spare_mb: int):
-        keep = spare_mb if (self.service or service_job) else 0
-        return fit(self.total, self.unmanaged, self.reserved, len(self.allocs), self.exclusive,
-                   gpu_mem_mb, keep)
-
-    def state_key(self) -> tuple:
-        """What a request's fit on this card and the changing part of its score depend on."""
-        return (self.total, self.unmanaged, self.reserved, len(self.allocs), self.exclusive,
-                self.service)
-
-    def add(self, job_id: int, placement: Placement, service: bool) -> None:
-        self.allocs.append((job_id, placement))
-        self.reserved += placement.memory_mb
-        self.exclusive = self.exclusive or placement.exclusive
-        if service:
-            self.service = True
-            self.services += (job_id,)
-
-    def drop(self, job_ids: set[int]) -> None:
-        self.allocs = [(j, p) for j, p in self.allocs if j not in job_ids]
-        self.reserved = sum(p.memory_mb for _, p in self.allocs)
-        self.exclusive = any(p.exclusive for _, p in self.allocs)
-        self.over_by = tuple((j, mb) for j, mb in self.over_by if j not in job_ids)
-        self.unmanaged = self.foreign + sum(mb for _, mb in self.over_by)
-
-    def extra_watts(self) -> float:
-        """What a start here adds to its node's power draw as the budget counts it (R27):
-        a card that holds none of our jobs counts at its draw now, one that does at its
-        power limit (or its peak)."""
-        return 0.0 if self.allocs else max(0.0, self.watts - self.draw)
-
-
-def thermal_penalty(util_pct: float | None, temp_c: float | None, config: SchedulerConfig) -> float:
-    """R10's first term: ``w_hot`` if hotter than ``hot_c``, plus ``w_load`` × load (0…1).
-
-    Load is the larger of utilisation (in ``util_step_pct`` steps) and warmth (0 at
-    ``warm_c``, 1 at ``hot_c``). A missing reading counts as idle and cool.
-    """
-    util = min(100.0, max(0.0, util_pct or 0.0))
-    step = config.util_step_pct
-    if step > 0:
-        util = math.floor(util / step) * step
-    load = util / 100.0
-    hot = False
-    if temp_c is not None:
-        span = max(1e-9, config.hot_c - config.warm_c)
-        load = max(load, min(1.0, max(0.0, (temp_c - config.warm_c) / span)))
-        hot = temp_c > config.hot_c
-    return config.w_hot * hot + config.w_load * load
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A request as placement sees it; jobs with equal shapes get equal answers."""
-
-    gpu_count: int
-    gpu_mem_mb: int | None
-    service: bool
-    max_nodes: int
-    filter: Filter
-
-    @property
-    def slice(self) -> bool:
-        return self.gpu_mem_mb is not None
-
-
-@dataclass
-class Found:
-    cards: list[Card]
-    fits: list[tuple[int, bool]]
-    score: float
-
-    def placements(self) -> tuple[Placement, ...]:
-        return tuple(Placement(c.uuid, c.node, c.index, mb, exclusive)
-                     for c, (mb, exclusive) in zip(self.cards, self.fits))
+from .topology import rank_table
 
 
 class _Fits:
@@ -278,7 +140,7 @@ class LazyRanks(dict):
         return dict.__contains__(self, node) or node in self.topologies
 
 
-class World:
+class World(SetScoring):
     """Every card of the pass, grouped by node in listing order, with per-node caches.
 
     Cost model: a pass asks for many request shapes, each over every node. Work is shared
@@ -297,6 +159,7 @@ class World:
     def __init__(self, cards: list[Card], ranks: Mapping[str, Mapping[tuple[int, int], int]],
                  config: SchedulerConfig, states: dict[tuple, int] | None = None,
                  budgets: Mapping[str, float] | None = None, packing: bool = False) -> None:
+        super().__init__()
         self.cards = cards
         self.ranks = ranks
         self.config = config
@@ -358,7 +221,6 @@ class World:
         self._sigs: dict[tuple, int] = {}
         self._index: dict[tuple, _Index] = {}
         self._boards: dict[tuple, _Board] = {}
-        self._pair_memo: dict = {}  # node, and (link table, cards) -> pair link terms
         self._fits: dict[tuple, _Fits] = {}  # (node, memory, service)
         self._node_fits: dict[str, list[_Fits]] = {node: [] for node in self.by_node}
         self._best: dict[tuple, dict] = {}  # (memory, service, k) -> slot -> (version, best)
@@ -583,7 +445,7 @@ class World:
         if board is None:
             cache = self._best.setdefault((mem, service, k), {})
             # the bound (see _entry) holds when no score term can be negative
-            lazy = k > 1 and self._bounded()
+            lazy = k > 1 and self.scores_bounded()
             board = self._boards[(mem, service, k)] = _Board(len(changes), cache, lazy)
             empty = self.empty
             for node, takers in self.takers.items():
@@ -716,7 +578,7 @@ class World:
                 if got is not None:
                     value = card.base + known[1]
                     if power is not None:  # the node's budget is the same for every state
-                        value = self._powered(value, power, card.extra_watts())
+                        value = self.powered(value, power, card.extra_watts())
                 if value == math.inf:
                     pairs[spot], scores[spot] = None, math.inf
                     fits.mask &= ~card.bit
@@ -738,32 +600,6 @@ class World:
         if got is None:
             return None, 0.0
         return got, self.share_term(card, got)
-
-    def share_term(self, card: Card, got: tuple[int, bool]) -> float:
-        """A slice's term for one card (a set takes the mean over its cards).
-
-        Packing (the waiting whole-card jobs need every wholly free card): a card holding
-        none of our jobs costs ``w_pack`` more than the hottest, busiest card can, so any
-        shared card that fits comes first. Otherwise each of our jobs on the card counts a
-        quarter of ``w_load`` (the utilisation read may not show jobs placed since): the
-        coolest, least shared card that fits. Either way the card the request fills best
-        wins ties, so a 13 GB job takes a 24 GB card whole before it opens an 80 GB one.
-        """
-        left = (card.total - card.reserved - card.unmanaged - got[0]) / card.total
-        config = self.config
-        if self.packing:
-            fresh = config.w_pack + max(0.0, config.w_hot) + max(0.0, config.w_load)
-            return fresh * (not card.allocs) + 1e-4 * left
-        return config.w_load * len(card.allocs) / MAX_ALLOCATIONS_PER_GPU + 1e-4 * left
-
-    def _powered(self, value: float, power: list[float], extra: float) -> float:
-        """``value`` with R27's term for a start that adds ``extra`` W to a node whose
-        (budget, counted) is ``power``: inf past the budget, else ``w_power`` × the share
-        of the budget counted after it (nodes with headroom first)."""
-        budget, counted = power
-        if counted + extra > budget:
-            return math.inf
-        return value + self.config.w_power * (counted + extra) / budget if budget > 0 else value
 
     def _feasible(self, shape: Shape, node: str, allowed: int) -> list:
         """[(card, fit)] of the node's ``allowed`` cards that can take one share of ``shape``."""
@@ -837,202 +673,6 @@ class World:
                    any(p.exclusive for p in left), mem, keep) is not None:
                 return t
         return math.inf
-
-    def _bounded(self) -> bool:
-        """Whether no score term can be negative: the searches' bounds hold only then."""
-        config = self.config
-        return min(config.w_hot, config.w_load, config.w_pack, config.w_health, config.w_topology,
-                   config.w_power) >= 0
-
-    def best_on_node(self, shape: Shape, feasible: list, k: int) -> tuple[float, list]:
-        """(score, [(card, fit)…]) of the best k of one node's feasible cards; the score is
-        inf when no k of them fit the node's power budget together."""
-        config = self.config
-        if k == 1:
-            best_score, best_i = math.inf, 0
-            for i, (card, got) in enumerate(feasible):
-                value = self.solo_score(shape, card, got)
-                if value < best_score:
-                    best_score, best_i = value, i
-            return best_score, [feasible[best_i]]
-        n = len(feasible)
-        if k < n and comb(n, k) <= config.max_combinations:
-            node = feasible[0][0].node
-            if all(c.node == node for c, _ in feasible):
-                if k == 2:
-                    return self._best_pair(shape, feasible, node)
-                if self._bounded():
-                    return self._best_pruned(shape, feasible, k)
-        score = self._set_scorer(shape, feasible)
-        combo = best_subset(len(feasible), k, score, config.max_combinations)
-        return score(combo), [feasible[i] for i in combo]
-
-    def _best_pair(self, shape: Shape, feasible: list, node: str) -> tuple[float, list]:
-        """:meth:`best_on_node` for two of one node's cards (the commonest gang): every
-        pair in best_subset's order, scored with :meth:`_set_scorer`'s arithmetic on plain
-        locals, the link term of each pair of the node's cards worked out once per pass."""
-        config = self.config
-        w_health = config.w_health
-        links = self._pair_links(node)
-        cards = [c for c, _ in feasible]
-        thermal = [c.thermal for c in cards]
-        health = [c.health for c in cards]
-        index = [c.index for c in cards]
-        pack = shape.slice
-        if pack:
-            share = [self.share_term(c, f) for c, f in feasible]
-        power = self.power.get(node)
-        if power is not None:
-            extra = [c.extra_watts() for c in cards]
-        n = len(cards)
-        best, best_score = (0, 1), math.inf
-        for a in range(n - 1):
-            t_a, h_a, i_a = thermal[a], health[a], index[a]
-            for b in range(a + 1, n):
-                t_b, h_b = thermal[b], health[b]
-                value = t_a if t_a >= t_b else t_b  # max([t_a, t_b])
-                value += w_health * (1.0 - (h_a if h_a <= h_b else h_b))  # min([h_a, h_b])
-                if pack:
-                    value += (share[a] + share[b]) / 2
-                if power is not None:
-                    value = self._powered(value, power, extra[a] + extra[b])
-                value += links[i_a, index[b]]
-                if value < best_score:
-                    best, best_score = (a, b), value
-        return best_score, [feasible[best[0]], feasible[best[1]]]
-
-    def _best_pruned(self, shape: Shape, feasible: list, k: int) -> tuple[float, list]:
-        """:meth:`best_on_node` for k >= 3 of one node's cards: best_subset's exhaustive
-        search, in its order, scored by :meth:`_set_scorer`, that drops every combination
-        whose first cards already cannot beat the best so far. As cards join a set its
-        hottest card only gets hotter and its least healthy only less healthy, and the
-        packing, power and topology terms are never negative (weights are not), so the
-        first two terms of a prefix bound every set that grows from it; and a prefix that
-        already needs more power than its node has left grows into nothing."""
-        w_health = self.config.w_health
-        score = self._set_scorer(shape, feasible)
-        thermal = [c.thermal for c, _ in feasible]
-        health = [c.health for c, _ in feasible]
-        power = self.power.get(feasible[0][0].node)
-        budget, counted = (math.inf, 0.0) if power is None else power
-        extra = [c.extra_watts() for c, _ in feasible]
-        n = len(feasible)
-        best: list = [math.inf, None]
-        combo: list[int] = []
-
-        def grow(start: int, hottest: float, frailest: float, watts: float) -> None:
-            if hottest + w_health * (1.0 - frailest) >= best[0] or counted + watts > budget:
-                return  # nothing grown from here beats the best (or fits the budget)
-            depth = len(combo)
-            if depth == k:
-                value = score(tuple(combo))
-                if value < best[0]:
-                    best[0], best[1] = value, tuple(combo)
-                return
-            for i in range(start, n - (k - depth) + 1):
-                combo.append(i)
-                t, h = thermal[i], health[i]
-                grow(i + 1, t if depth == 0 or t > hottest else hottest,
-                     h if depth == 0 or h < frailest else frailest, watts + extra[i])
-                combo.pop()
-
-        grow(0, -math.inf, math.inf, 0.0)
-        if best[1] is None:
-            return math.inf, []
-        return best[0], [feasible[i] for i in best[1]]
-
-    def _pair_links(self, node: str) -> dict[tuple[int, int], float]:
-        """(index, index) -> the weighted topology term of a two-card set on ``node``;
-        nodes built alike (one link table, the same models at the same indexes) share one."""
-        links = self._pair_memo.get(node)
-        if links is None:
-            table = self.ranks.get(node) or None
-            cards = self.by_node[node]
-            alike = (id(table), tuple([(c.index, c.model) for c in cards]))
-            links = self._pair_memo.get(alike)
-            if links is None:
-                links = self._pair_memo[alike] = {}
-                w_topology = self.config.w_topology
-                for a in cards:
-                    for b in cards:
-                        if a is not b:
-                            rank = UNKNOWN_RANK if table is None else table.get((a.index, b.index), UNKNOWN_RANK)
-                            weakest = rank if rank < BEST_RANK else BEST_RANK
-                            links[a.index, b.index] = w_topology * topology_penalty(
-                                weakest, a.model != b.model, rank / 1)
-            self._pair_memo[node] = links
-        return links
-
-    def _set_scorer(self, shape: Shape, feasible: list) -> Callable[[tuple[int, ...]], float]:
-        """``combo -> set_score(shape, [feasible[i] for i in combo])`` for one node's cards,
-        with each card's terms worked out once (the same arithmetic, in the same order)."""
-        cards = [c for c, _ in feasible]
-        node = cards[0].node
-        if any(c.node != node for c in cards):
-            return lambda combo: self.set_score(shape, [feasible[i] for i in combo])
-        config = self.config
-        w_health, w_topology = config.w_health, config.w_topology
-        thermal = [c.thermal for c in cards]
-        health = [c.health for c in cards]
-        index = [c.index for c in cards]
-        model = [c.model for c in cards]
-        table = self.ranks.get(node, {})
-        pack = shape.slice
-        if pack:
-            share = [self.share_term(c, f) for c, f in feasible]
-        power = self.power.get(node)
-        extra = [c.extra_watts() for c in cards]
-
-        def score(combo: tuple[int, ...]) -> float:
-            value = max([thermal[i] for i in combo])
-            value += w_health * (1.0 - min([health[i] for i in combo]))
-            size = len(combo)
-            if pack:
-                value += sum([share[i] for i in combo]) / size
-            if power is not None:
-                value = self._powered(value, power, sum([extra[i] for i in combo]))
-            if size > 1:
-                weakest, total, pairs = BEST_RANK, 0, 0
-                for a, b in itertools.combinations(combo, 2):
-                    rank = table.get((index[a], index[b]), UNKNOWN_RANK)
-                    if rank < weakest:
-                        weakest = rank
-                    total += rank
-                    pairs += 1
-                mixed = len({model[i] for i in combo}) > 1
-                value += w_topology * topology_penalty(weakest, mixed, total / pairs)
-            return value
-
-        return score
-
-    def solo_score(self, shape: Shape, card: Card, got: tuple[int, bool]) -> float:
-        """:meth:`set_score` of a one-card set, without building one."""
-        value = card.base  # thermal + w_health × (1 − health)
-        if shape.gpu_mem_mb is not None:
-            value += self.share_term(card, got)
-        power = self.power.get(card.node)
-        if power is not None:
-            value = self._powered(value, power, card.extra_watts())
-        return value
-
-    def set_score(self, shape: Shape, chosen: list) -> float:
-        """The R10 penalty of a set (lower is better; inf past a node's power budget); see
-        :class:`SchedulerConfig`."""
-        config = self.config
-        cards = [c for c, _ in chosen]
-        value = max(c.thermal for c in cards)
-        value += config.w_health * (1.0 - min(c.health for c in cards))
-        if shape.slice:
-            value += sum([self.share_term(c, f) for c, f in chosen]) / len(cards)
-        for node in dict.fromkeys(c.node for c in cards):
-            power = self.power.get(node)
-            if power is not None:
-                value = self._powered(value, power, sum([c.extra_watts() for c in cards if c.node == node]))
-        if len(cards) > 1:
-            weakest, mean = set_links([(c.node, c.index) for c in cards], self.ranks)
-            mixed = len({c.model for c in cards}) > 1
-            value += config.w_topology * topology_penalty(weakest, mixed, mean)
-        return value
 
     def _across_nodes(self, shape: Shape, per_node: dict[str, list]) -> Found | None:
         """Fewest nodes first (R8): take from the nodes with the most fitting cards."""

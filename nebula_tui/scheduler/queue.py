@@ -29,6 +29,11 @@ otherwise they go to the coolest, least shared card. Every start is applied to t
 view of the cards before the next job is considered. A request refused once stays refused
 for the rest of the pass (a start only takes cards), so a long queue of jobs that cannot
 start costs one dictionary look-up each.
+
+Why one module: a pass is one walk over the queue whose steps share its state (the
+world, the reservation, the refusals it remembers); the rules that stand alone are
+``reasons.py``, ``admission.py``, ``fairshare.py``, and what a placement costs is
+``placement.py``'s.
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 
 from . import admission
+from .cards import Found, Shape
 from .fairshare import order_key
-from .placement import Found, Shape, World
+from .placement import World
 from .reasons import (best_now, blocked_text, blocker, blocker_rank, blockers_text, cards_text, in_time,
                       join_ids, memory_rank, needs)
 from .slices import whole

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 
 from ..model import MAX_ALLOCATIONS_PER_GPU, MIN_SLICE_MB, format_mb
-from .placement import Card, Shape
+from .cards import Card, Shape
 from .slices import fit, whole
 
 
