@@ -42,8 +42,8 @@ Relative paths are taken from the config file's directory and ``~`` is expanded,
 objects built here hold absolute paths only. An explicitly empty value (``identity:``)
 means "use the default". Durations and sizes are read by ``units.py``, the CLI's parsers.
 
-Longer than most modules because it is one cohesive thing: every rule of the file, each
-with the line and the fix it names, is here and nowhere else.
+Why one module: every rule of the file's cluster and node sections, each with the line
+and the fix it names, is here and nowhere else (the other sections are ``settings.py``'s).
 """
 
 from __future__ import annotations

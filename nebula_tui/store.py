@@ -1,5 +1,4 @@
 """The store: the only module that speaks SQL. SQLite in WAL mode through sqlite-utils.
-(Longer than most modules for that reason: every query of the project is here.)
 
 Every state change is one ``BEGIN IMMEDIATE`` transaction; a submit is committed with
 ``synchronous=FULL`` so an acknowledged job id survives even a crash of the machine. Only the head
@@ -15,6 +14,9 @@ handed out is kept in a file of its own next to it (``job-ids``, written and fsy
 a submit commits), and new ids continue above both. Ids stay short numbers users can type;
 a job's launches are told apart on the nodes by a launch token that also holds a random
 nonce (``launch_token``), so even a collision there is refused, never adopted.
+
+Why one module: it is the only one that speaks SQL, so every query of the project and
+the schema they share are here.
 """
 
 from __future__ import annotations

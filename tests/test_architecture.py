@@ -1,5 +1,6 @@
 """The house's shape, computed from the source: imports go one way, rooms keep their
-private members to themselves, and the head's rooms stay small.
+private members to themselves, the head's rooms stay small, and a long module says why it
+is one.
 
 Everything is read with ``ast`` (nothing is imported), so a lazy import inside a function
 counts like any other, and so does one under ``if TYPE_CHECKING:``.
@@ -175,3 +176,44 @@ def test_the_heads_rooms_stay_small():
     for room in ROOMS:
         source, _ = package_sources()[f"{HEAD}.{room}"]
         assert len(source.splitlines()) <= MAX_ROOM_LINES, f"head/{room}.py is too long"
+
+
+#: Past this many lines a module must say, in its docstring, why it is one module.
+LONG_MODULE_LINES = 550
+#: How a module's docstring says it: a line that starts with this.
+WHY_ONE_MODULE = "Why one module:"
+
+
+def long_modules_without_a_reason(sources: dict[str, tuple[str, bool]]) -> list[str]:
+    """``module (N lines)`` for each module over :data:`LONG_MODULE_LINES` lines whose
+    docstring has no line starting with :data:`WHY_ONE_MODULE` (and a reason after it)."""
+    missing = []
+    for name, (source, _) in sorted(sources.items()):
+        lines = len(source.splitlines())
+        if lines <= LONG_MODULE_LINES:
+            continue
+        doc = ast.get_docstring(ast.parse(source)) or ""
+        said = [line.strip()[len(WHY_ONE_MODULE):].strip() for line in doc.splitlines()
+                if line.strip().startswith(WHY_ONE_MODULE)]
+        if not any(said):
+            missing.append(f"{name} ({lines} lines)")
+    return missing
+
+
+def test_the_long_module_check_can_fail():
+    long_body = "x = 1\n" * (LONG_MODULE_LINES + 1)
+    made_up = {
+        "nebula_tui.short": ('"""Short."""\n', False),
+        "nebula_tui.silent": ('"""Long, and says nothing of it."""\n' + long_body, False),
+        "nebula_tui.empty": (f'"""Long.\n\n{WHY_ONE_MODULE}\n"""\n' + long_body, False),
+        "nebula_tui.said": (f'"""Long.\n\n{WHY_ONE_MODULE} one parser, one grammar.\n"""\n'
+                            + long_body, False),
+    }
+    assert long_modules_without_a_reason(made_up) == [
+        f"nebula_tui.empty ({LONG_MODULE_LINES + 5} lines)",
+        f"nebula_tui.silent ({LONG_MODULE_LINES + 2} lines)"]
+
+
+def test_every_long_module_says_why_it_is_one():
+    """A module grows past ~500 lines only where one cohesive thing needs it, and says so."""
+    assert long_modules_without_a_reason(package_sources()) == []

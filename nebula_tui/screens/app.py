@@ -4,6 +4,10 @@ The app only knows the head service's socket; everything it shows arrives over t
 (a subscription for live state, one request per user action). One worker (group
 ``events``) reads the subscription and posts messages; the app's handlers fold them into
 ``self.cluster`` and tell the visible screen what changed.
+
+Why one module: the app is the one place where the stream's messages meet the screens
+(folded into ``self.cluster``, told to the visible screen) and where the key map's actions
+(cancel, drain, requeue …) become requests; each screen is a module of its own.
 """
 
 from __future__ import annotations

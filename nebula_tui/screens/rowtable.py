@@ -19,6 +19,9 @@ Every table behaves the same (``keys.TABLE_KEYS``): arrows and ``j/k/g/G``, ``/`
 ``set_title`` writes the row count, the sort and the filter into the border title. The
 table keeps the sort and filter; the screen, which owns the data, lists the rows in that
 order (``arrange``) whenever it is told (``Arranged``).
+
+Why one module: it is one widget; painting, column fitting, scrolling, sort and filter
+all act on the same kept cells and widths.
 """
 
 from __future__ import annotations

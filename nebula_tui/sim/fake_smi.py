@@ -17,6 +17,9 @@ the live readings: ``lost`` (fell off the bus: every query names it and exits 15
 double-bit ECC count), ``reset_fails`` (``-r`` cannot reset it). ``-r -i ID`` resets a GPU:
 refused while processes use it or when it is lost, else its faults are cleared, as a real
 reset clears volatile state (the wording of the reset messages is approximated).
+
+Why one module: it runs as a standalone script, once per probe call, importing nothing
+of the package, so what it needs must be in this one file.
 """
 
 from __future__ import annotations

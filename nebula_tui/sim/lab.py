@@ -28,6 +28,9 @@ the same calls work from plain code, pytest fixtures and async tests alike::
 
 ``Lab`` is also a context manager (prepare + start / stop).  ``run_lab`` is the
 foreground runner behind ``python -m nebula_tui.sim.lab``.
+
+Why one module: both server kinds serve one node layout through one API (``Lab``): the
+layout, the keys and the lifecycle are written once for both.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ header and units, one sample or a ``-l``/``-lms`` loop), the default table, ``-q
 Every field is parsed on its own, so a ``[N/A]`` or ``[Not Supported]`` (old drivers, laptop
 cards, GB10's unified memory) becomes None for that field only and never loses the GPU.
 Travels to the nodes with the nodelet (stdlib only, Python 3.6 syntax, no annotations).
+
+Why one module: it is one tool's five output forms read into one reading shape, with
+the same throttle bits and the same rule for a missing field; they travel together.
 """
 
 import re

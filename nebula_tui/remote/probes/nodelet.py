@@ -34,6 +34,11 @@ No user string is ever given to a shell here: the run script was quoted by the h
 every command below runs from an argv list. The hardware layer (``nebula_tui.remote.probes
 .hardware`` and the parsers) comes with this script (remote/shipping.py); run from its file
 alone, the nodelet still launches jobs and says it has no hardware layer.
+
+Why one module: it is one program on the node (shipped over stdin, never installed):
+the request loop, the watcher and the ops share the job directories, their locks and the
+JSON-lines channel. What stands on its own is a module of its own already (hardware,
+backends, containers, warm-up).
 """
 
 import contextlib
