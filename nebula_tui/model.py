@@ -299,13 +299,15 @@ class Evicting(_Stopping):
 @dataclass(frozen=True)
 class Stopping(_Stopping):
     """The head stops it for a reason of its own — its time limit, the memory guard,
-    idleness, a requeue: it got SIGUSR1 (SIGKILL after the grace) and, once it exited,
-    ends as ``ends`` with ``why`` (``requeue``: goes back in the queue instead)."""
+    idleness, a requeue: it got SIGUSR1 (SIGKILL at ``kill_at``, the head's clock, after
+    the grace) and, once it exited, ends as ``ends`` with ``why`` (``requeue``: goes back
+    in the queue instead). The store keeps it, so a restarted head kills it on time."""
 
     holding: Holding
     ends: JobState
     why: str
     requeue: bool = False
+    kill_at: float | None = None
 
 
 @dataclass(frozen=True)

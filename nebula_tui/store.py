@@ -35,7 +35,7 @@ from pathlib import Path
 import sqlite_utils
 
 from .model import (WAITING_FOR_SCHEDULER, Cancelling, Ended, Job, JobSpec, JobState, Launching,
-                    Pending, Placement, Running)
+                    Pending, Placement, Running, Stopping)
 
 FINISHED_SQL = ", ".join(f"'{s.value}'" for s in JobState if s.finished)
 #: For accounting, a card below this utilisation is idle (its GPU-hours are "held idle").
@@ -46,6 +46,8 @@ DEFAULT_SPAN_S = 30.0
 
 #: A job's allocations as ``Job.placements`` shows them: the cards it holds, or once it
 #: ended, the cards it held at its end (released in the same transaction that ended it).
+#: what clears a job's stop under way (``Store.record_stop``)
+_NO_STOP = "stop_ends = NULL, stop_why = NULL, stop_requeue = 0, stop_kill_at = NULL"
 _HELD = "(a.released_at IS NULL OR a.released_at = (SELECT ended_at FROM jobs WHERE id = a.job_id))"
 
 
@@ -297,6 +299,13 @@ class Store:
         ("jobs", "mem_used_mb_mean", float, None),
         ("jobs", "mem_used_mb_peak", float, None),
         ("telemetry", "span_s", float, None),  # the seconds a row stands for (its weight)
+        # A stop of the head's own (time limit, memory guard, idleness, requeue) under way:
+        # the state it ends in, why, whether it is requeued instead, and when SIGKILL is
+        # due (the head's clock), so a restarted head ends it then (NULL: no stop)
+        ("jobs", "stop_ends", str, None),
+        ("jobs", "stop_why", str, None),
+        ("jobs", "stop_requeue", int, 0),
+        ("jobs", "stop_kill_at", float, None),
     )
 
     def _add_missing_columns(self) -> None:
@@ -414,6 +423,20 @@ class Store:
             self._event(t, "admin" if audit else "cancel", f"job {job_id} cancel requested by {by}",
                         job_id=job_id, user=by)
 
+    def record_stop(self, job_id: int, ends: JobState, why: str, requeue: bool,
+                    kill_at: float) -> None:
+        """Remember a stop of the head's own that sent SIGUSR1 (or is about to): how the
+        job ends and when it is killed, for a head that restarts meanwhile."""
+        with self.transaction():
+            self.db.execute("UPDATE jobs SET stop_ends = ?, stop_why = ?, stop_requeue = ?, "
+                            "stop_kill_at = ? WHERE id = ?",
+                            [ends.value, why, int(requeue), kill_at, job_id])
+
+    def clear_stop(self, job_id: int) -> None:
+        """The stop was not heard (its nodes are away): the job runs on as it was."""
+        with self.transaction():
+            self.db.execute(f"UPDATE jobs SET {_NO_STOP} WHERE id = ?", [job_id])
+
     def requeue(self, job_id: int, reason: str, t: float) -> None:
         """Back to pending, its allocation released (lost node, isolated GPU)."""
         with self.transaction():
@@ -427,8 +450,8 @@ class Store:
                 [t, job_id])
             self.db.execute(
                 "UPDATE jobs SET state = 'pending', node = NULL, started_at = NULL, reason = ?, "
-                "cancel_by = NULL, cancel_at = NULL, attempt = attempt + 1, launch_token = NULL "
-                "WHERE id = ? AND state IN ('launching', 'running')",
+                f"cancel_by = NULL, cancel_at = NULL, {_NO_STOP}, attempt = attempt + 1, "
+                "launch_token = NULL WHERE id = ? AND state IN ('launching', 'running')",
                 [reason, job_id])
             self._event(t, "requeue", f"job {job_id} {reason}", job_id=job_id)
 
@@ -489,7 +512,8 @@ class Store:
                             "AND released_at IS NULL", [t, job.id])
             self.db.execute(
                 "UPDATE jobs SET state = 'running', node = ?, reason = '', started_at = ?, "
-                "attempt = ?, launch_token = ?, cancel_by = NULL, cancel_at = NULL WHERE id = ?",
+                f"attempt = ?, launch_token = ?, cancel_by = NULL, cancel_at = NULL, {_NO_STOP} "
+                "WHERE id = ?",
                 [placements[0].node, job.started_at, job.attempt, token, job.id])
             self.db.conn.executemany(
                 "INSERT INTO allocations (job_id, gpu_uuid, node, gpu_index, memory_mb, "
@@ -549,7 +573,8 @@ class Store:
             ran = started_at is not None or bool(self.db.execute(
                 "SELECT gpu_hours > 0 FROM jobs WHERE id = ?", [job_id]).fetchone()[0])
             self.db.execute(
-                "UPDATE jobs SET state = ?, ended_at = ?, exit_code = ?, reason = ? WHERE id = ?",
+                f"UPDATE jobs SET state = ?, ended_at = ?, exit_code = ?, reason = ?, {_NO_STOP} "
+                "WHERE id = ?",
                 [state.value, t, exit_code, reason, job_id],
             )
             self.db.execute(
@@ -922,6 +947,10 @@ def _status(row: dict, placements: tuple[Placement, ...]):
             else Running(placements, row["started_at"], token=token))
     if row.get("cancel_by"):
         return Cancelling(held, row["cancel_by"], row.get("cancel_at") or row["submitted_at"])
+    if row.get("stop_ends"):
+        with contextlib.suppress(ValueError):
+            return Stopping(held, JobState(row["stop_ends"]), row.get("stop_why") or "",
+                            bool(row.get("stop_requeue")), row.get("stop_kill_at"))
     return held
 
 

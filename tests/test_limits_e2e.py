@@ -194,3 +194,40 @@ def test_after_kinds_and_requeue(head):
     assert head.wait_job(job, timeout=40)["state"] == "cancelled"
     shown = json.loads(head.run("job", str(cleanup), check=True).stdout)
     assert shown["after"] == [broken] and shown["after_type"] == "notok"
+
+
+RESTART_GRACE_S = 15
+
+
+def test_a_stop_under_way_survives_a_head_restart(openssh_lab, tmp_path):
+    """A job that ignores SIGUSR1 at its time limit is killed when the grace ends, counted
+    from its one SIGUSR1, though the head was SIGKILLed and started again within the grace
+    (neither forgotten nor signalled again with a fresh grace)."""
+    path = lab_config(openssh_lab, "limits-restart", health={"isolation_grace": f"{RESTART_GRACE_S}s"})
+    for head in serving(openssh_lab, tmp_path / "home", path):
+        job = submit(head, "--time", "3s", "--gpu-mem", "4G", "--command",
+                     "trap 'echo checkpoint asked' USR1; while :; do sleep 1; done")
+        said = wait_for(lambda: events(head, f"job {job} reached its time limit"), 30,
+                        what="the time limit's SIGUSR1")
+        signalled = said[0]["t"]
+        assert head.job(job)["phase"] == "stopping"
+        head.kill()
+        head.start()
+        assert head.job(job)["phase"] == "stopping"  # known again, from the store
+        done = head.wait_job(job, timeout=RESTART_GRACE_S + 30)
+        assert done["state"] == "timeout", done
+        assert done["reason"] == "stopped at its time limit (--time 3 s)"
+        # Killed when the first grace ended: a second SIGUSR1 after the restart would have
+        # ended it a grace after the restart instead.
+        assert RESTART_GRACE_S - 1 <= done["ended_at"] - signalled <= RESTART_GRACE_S + 4, done
+        assert len(events(head, f"job {job} reached its time limit")) == 1
+        log = head.run("logs", str(job), check=True).stdout
+        assert log.count("reached its time limit") == 1 and "checkpoint asked" in log
+
+
+def test_a_job_that_ignores_sigusr1_is_killed_after_the_grace_and_ends_timeout(head):
+    job = submit(head, "--time", "2s", "--gpu-mem", "4G", "--command",
+                 "trap 'echo checkpoint asked' USR1; while :; do sleep 1; done")
+    done = head.wait_job(job, timeout=40)
+    assert done["state"] == "timeout" and done["reason"] == "stopped at its time limit (--time 2 s)"
+    assert done["ended_at"] - done["started_at"] < 2 + GRACE_S + 5

@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from nebula_tui.model import JobSpec, JobState, Placement
+from nebula_tui.model import JobSpec, JobState, Launching, Pending, Placement, Running, Stopping
 from nebula_tui.store import Store
 
 T0 = 1_700_000_000.0
@@ -202,3 +202,22 @@ def test_gpu_maintenance_outlives_a_restart(store, db_path):
     assert next(g for g in reopened.gpus() if g["uuid"] == "GPU-a")["status"] == "maintenance"
     reopened.set_gpu_status("GPU-a", "ok")
     assert next(g for g in Store(db_path).gpus() if g["uuid"] == "GPU-a")["status"] == "ok"
+
+
+def test_a_stop_under_way_outlives_a_restart_until_its_job_ends_or_is_requeued(store, db_path):
+    job = store.add_job("alice", SPEC, T0)
+    store.start_launching(job.id, SLICES, T0 + 1)
+    store.mark_running(job.id, T0 + 2)
+    store.record_stop(job.id, JobState.TIMEOUT, "stopped at its time limit (--time 1 h)", False, T0 + 90)
+    status = Store(db_path).job(job.id).status
+    assert isinstance(status, Stopping) and isinstance(status.holding, Running)
+    assert (status.ends, status.why, status.requeue, status.kill_at) == (
+        JobState.TIMEOUT, "stopped at its time limit (--time 1 h)", False, T0 + 90)
+    store.clear_stop(job.id)  # not heard: it runs on as it was
+    assert isinstance(Store(db_path).job(job.id).status, Running)
+    store.record_stop(job.id, JobState.PENDING, "requeued by alice", True, T0 + 95)
+    assert Store(db_path).job(job.id).status.requeue
+    store.requeue(job.id, "requeued by alice", T0 + 96)
+    assert isinstance(Store(db_path).job(job.id).status, Pending)
+    store.start_launching(job.id, SLICES, T0 + 97)  # the next attempt starts with no stop
+    assert isinstance(Store(db_path).job(job.id).status, Launching)

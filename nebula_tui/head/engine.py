@@ -8,6 +8,7 @@ The rooms, each importing only those before it (``tests/test_architecture.py`` c
   ``stream``      the snapshot and the events subscribers get
   ``shares``      fair-share weights, quotas, each user's figures
   ``jobs``        a job's transitions: launch, running, exit, finish, requeue, cancel, stop
+  ``stops``       the head's own stops timed: SIGUSR1, the grace, SIGKILL, even across a restart
   ``limits``      what running jobs promised: time limits, the memory guard, idle cards
   ``scheduling``  the loop: when a pass runs, what it sees, what its decisions do
   ``health``      Xid policies, isolation, throttling
@@ -47,6 +48,7 @@ from .scheduling import Scheduling, pending_job
 from .shares import Shares
 from .smoke import SmokeTest
 from .state import HeadState, job_nodes
+from .stops import Stops
 from .stream import Stream
 
 
@@ -58,7 +60,8 @@ class Engine:
         self.stream = Stream(self.state)
         self.shares = Shares(self.state, self.access, self.stream, self.accounting)
         self.transitions = JobTransitions(self.state, self.stream, self.shares, self.access)
-        self.limits = Limits(self.state, self.transitions)
+        self.stops = Stops(self.state, self.transitions)
+        self.limits = Limits(self.state, self.transitions, self.stops)
         self.scheduling = Scheduling(self.state, self.stream, self.shares, self.transitions, self.limits)
         self.health = HealthMonitor(self.state, self.stream, self.transitions, self.access)
         store.on_event = self.stream.publish_event  # every events-log line, once committed
@@ -109,6 +112,7 @@ class Engine:
         if self.state.store.restore_pending:
             self.state.await_nodes_after_restore()
         self.transitions.load()
+        self.stops.resume(self.state.config.health.isolation_grace_s)
         self.fleet.start()
         self.scheduling.start()
 
@@ -205,7 +209,7 @@ class Engine:
         if not job.state.holds_gpus:
             raise RequestError(f"job {job_id} is {job.state.value}; only a launching or running job "
                                "can be requeued (`nebula submit` runs an ended one again)")
-        if not self.transitions.stop(job, JobState.PENDING, f"requeued by {user}", self.limits.grace_s,
+        if not self.stops.stop(job, JobState.PENDING, f"requeued by {user}", self.limits.grace_s,
                                      requeue=True):
             raise RequestError(f"job {job_id} is already being stopped")
         self.state.record("requeue", f"job {job_id} is requeued by {user}", job_id=job_id, node=job.node)

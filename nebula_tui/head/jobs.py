@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -33,7 +32,6 @@ from .stream import Stream
 log = logging.getLogger(__name__)
 
 ACK_BATCH_S = 0.1
-STOP_POLL_S = 0.2  # how often a stop looks whether the job ended within its grace
 CANCEL_GRACE_S = 10.0
 
 
@@ -400,34 +398,40 @@ class JobTransitions:
         return self._set(replace(job, status=replace(job.status, idle_since=since)))
 
     # ---------------------------------------------------------------------- stop
-    def stop(self, job: Job, ends: JobState, why: str, grace_s: float, requeue: bool = False) -> bool:
-        """Stop a launched or running job for the head's own reason (its time limit, the
-        memory guard, idleness, a requeue): SIGUSR1 on each of its nodes (checkpoint
-        now), SIGKILL after ``grace_s`` if it still runs. Its exit then ends it as ``ends``
-        with ``why`` (``requeue``: back in the queue). False (nothing done) for a job
-        already cancelling, evicting or stopping, or no longer holding GPUs."""
+    def begin_stop(self, job: Job, ends: JobState, why: str, requeue: bool, kill_at: float) -> Job | None:
+        """A launched or running job the head stops for its own reason (head/stops.py says
+        when): stored before any signal goes, so a restarted head still ends it at
+        ``kill_at``. None (nothing done) for a job already cancelling, evicting or
+        stopping, or no longer holding GPUs, or while the store cannot take it."""
         if not isinstance(job.status, (Launching, Running)):
-            return False
-        job = self._set(replace(job, status=Stopping(job.status, ends, why, requeue)))
-        self.state.spawn(self._stop_on_nodes(job, grace_s), f"stop-{job.id}")
-        return True
+            return None
+        try:
+            self.state.store.record_stop(job.id, ends, why, requeue, kill_at)
+        except StoreUnavailable as err:
+            log.warning("job %s not stopped yet (%s): the store cannot take it: %s", job.id, why, err)
+            return None
+        return self._set(replace(job, status=Stopping(job.status, ends, why, requeue, kill_at)))
 
-    async def _stop_on_nodes(self, job: Job, grace_s: float) -> None:
-        nodes = job_nodes(job)
-        replies = await asyncio.gather(*(self.signal(n, job.id, "USR1") for n in nodes))
-        if not any(r.get("ok") for r in replies):
-            # No node heard it (away): it runs on as it was, and is asked again later.
-            current = self.state.jobs.get(job.id)
-            if current is not None and current.attempt == job.attempt and isinstance(current.status, Stopping):
-                self._set(replace(current, status=current.status.holding))
-            return
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            current = self.state.jobs.get(job.id)
-            if current is None or current.attempt != job.attempt or not isinstance(current.status, Stopping):
-                return  # it ended (or was requeued, or cancelled) meanwhile
-            await asyncio.sleep(STOP_POLL_S)
-        await asyncio.gather(*(self.signal(n, job.id, "KILL") for n in nodes))
+    def undo_stop(self, job: Job) -> None:
+        """No node heard the stop (away): the job runs on as it was, asked again later."""
+        with contextlib.suppress(StoreUnavailable):  # else: killed at its kill_at after a restart
+            self.state.store.clear_stop(job.id)
+        self._set(replace(job, status=job.status.holding))
+
+    def end_stop(self, job: Job) -> bool:
+        """A stopping job's sessions are killed (a killed session reports no exit): it
+        ends as its stop said, or goes back in the queue. False while the store cannot
+        take it."""
+        status = job.status
+        try:
+            if status.requeue:
+                self.requeue(job, status.why)
+            else:
+                self.finish(job, status.ends, None, status.why)
+        except StoreUnavailable as err:
+            log.warning("job %s killed but its end not recorded yet: %s", job.id, err)
+            return False
+        return True
 
     # ------------------------------------------------------------------- eviction
     async def signal(self, node: str, job_id: int, name: str) -> dict:

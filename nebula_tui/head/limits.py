@@ -16,12 +16,14 @@ Each is one check over the running jobs, run at every turn of the scheduling loo
   ``limits.idle_action`` runs (``warn``: nothing more; ``cancel``: stopped, it ends
   ``cancelled``). ``--service`` jobs are exempt unless ``limits.idle_services``.
 
-Stops go through ``JobTransitions.stop``. How long a job has run is counted on the
+Stops go through ``Stops.stop`` (head/stops.py). How long a job has run is counted on the
 monotonic clock from its start (``job_started``; a job running when this head started:
 from its recorded start, when first seen), so a step of the wall clock (NTP, ``date -s``)
 stops nobody early.
-Nothing here is kept in the store: after a restart the guard's and idleness's clocks start
-again, and a job past its time limit is stopped at the first turn.
+A stop once begun is the store's (``JobTransitions.stop``): a head restarted during its grace
+kills the job when that grace ends and does not signal it again. What is not yet a stop is
+not kept: after a restart the guard's and idleness's clocks start again, and a job past its
+time limit is stopped at the first turn.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..remote.ssh import NodeUnavailable
 from ..units import duration_text
 from ..views import idle_text
 from .jobs import JobTransitions
+from .stops import Stops
 from .state import HeadState, job_nodes
 
 #: a card at or below this utilisation is idle (an idle card's readings wander by a few %)
@@ -54,9 +57,10 @@ class Overuse:
 
 
 class Limits:
-    def __init__(self, state: HeadState, jobs: JobTransitions):
+    def __init__(self, state: HeadState, jobs: JobTransitions, stops: Stops):
         self.state = state
         self.jobs = jobs
+        self.stops = stops
         self.settings = state.config.limits
         #: SIGUSR1 .. SIGKILL: the isolation grace (R17), for every stop of the head's
         self.grace_s = state.config.health.isolation_grace_s
@@ -106,7 +110,7 @@ class Limits:
 
     def _time_out(self, job: Job, limit: float) -> None:
         why = f"stopped at its time limit (--time {duration_text(limit)})"
-        if self.jobs.stop(job, JobState.TIMEOUT, why, self.grace_s):
+        if self.stops.stop(job, JobState.TIMEOUT, why, self.grace_s):
             self._tell(job, "limit", f"job {job.id} reached its time limit (--time {duration_text(limit)}): "
                                      f"SIGUSR1 now, SIGKILL in {self.grace_s:g} s if still running")
 
@@ -184,10 +188,10 @@ class Limits:
             what = self.where_text(over.where)
             if action == "kill":
                 why = f"killed by the memory guard: held {what} for {duration_text(now - over.since)}"
-                over.acted = self.jobs.stop(job, JobState.FAILED, why, self.grace_s)
+                over.acted = self.stops.stop(job, JobState.FAILED, why, self.grace_s)
             else:
                 why = f"requeued by the memory guard: held {what}"
-                over.acted = self.jobs.stop(job, JobState.PENDING, why, self.grace_s, requeue=True)
+                over.acted = self.stops.stop(job, JobState.PENDING, why, self.grace_s, requeue=True)
             if over.acted:
                 self._tell(job, "guard", f"job {job_id} {why}", log=True)
 
@@ -224,7 +228,7 @@ class Limits:
                 self.idle_warned[job.id] = now
                 then = f"; it will be cancelled in {duration_text(grace)} unless it uses them" if cancel else ""
                 self._tell(job, "idle", f"job {job.id} is {text}{then}", log=True)
-            elif cancel and now - warned >= grace and self.jobs.stop(
+            elif cancel and now - warned >= grace and self.stops.stop(
                     job, JobState.CANCELLED, f"cancelled: {text}", self.grace_s):
                 self._tell(job, "idle", f"job {job.id} cancelled: {text}", log=True)
         for job_id in [j for j in self.idle_warned if j not in self.state.jobs]:

@@ -1,0 +1,84 @@
+"""The head's own stops of a running job — its time limit, the memory guard, idleness,
+``nebula requeue`` — carried out: SIGUSR1 on each of its nodes (checkpoint now), SIGKILL
+once the grace is over if it still runs, and then its end (a killed session reports no
+exit). The transitions themselves are ``JobTransitions``' (``begin_stop``, ``undo_stop``,
+``end_stop``); this room keeps their time.
+
+A stop is in the store from its start, with when its SIGKILL is due: a head restarted
+during the grace kills the job when that grace ends (``resume``), without a second SIGUSR1
+and a fresh grace. Within one head the grace is counted on the monotonic clock; across a
+restart only the wall clock is common, so the time left is the stored due time less now,
+held between none and one whole grace whatever the wall clock did meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from ..model import Job, JobState, Stopping
+from .jobs import JobTransitions
+from .state import HeadState, job_nodes
+
+STOP_POLL_S = 0.2  # how often a stop looks whether the job ended within its grace
+KILL_RETRY_MAX_S = 30.0  # the longest pause between SIGKILLs to a node that did not answer
+
+
+class Stops:
+    def __init__(self, state: HeadState, jobs: JobTransitions):
+        self.state = state
+        self.jobs = jobs
+
+    def stop(self, job: Job, ends: JobState, why: str, grace_s: float, requeue: bool = False) -> bool:
+        """Stop a launched or running job: SIGUSR1 now, SIGKILL after ``grace_s`` if it
+        still runs; its exit (or the kill) ends it as ``ends`` with ``why`` (``requeue``:
+        back in the queue). False (nothing done) for a job already cancelling, evicting or
+        stopping, or no longer holding GPUs, or while the store cannot take the stop."""
+        stopping = self.jobs.begin_stop(job, ends, why, requeue, self.state.clock() + grace_s)
+        if stopping is None:
+            return False
+        self.state.spawn(self._signal_then_kill(stopping, grace_s), f"stop-{job.id}")
+        return True
+
+    def resume(self, grace_s: float) -> None:
+        """The head starts with stops under way (it was restarted during their grace):
+        each job is killed when its grace ends, at most ``grace_s`` from now."""
+        now = self.state.clock()
+        for job in list(self.state.jobs.values()):
+            if isinstance(job.status, Stopping):
+                left = min(grace_s, max(0.0, (job.status.kill_at or now) - now))
+                self.state.spawn(self._kill_after(job, left), f"stop-{job.id}")
+
+    def _current(self, job: Job) -> Job | None:
+        """The job as it is now, if this attempt's stop is still under way."""
+        current = self.state.jobs.get(job.id)
+        if current is None or current.attempt != job.attempt or not isinstance(current.status, Stopping):
+            return None  # it ended (or was requeued, or cancelled) meanwhile
+        return current
+
+    async def _signal_then_kill(self, job: Job, grace_s: float) -> None:
+        replies = await asyncio.gather(*(self.jobs.signal(n, job.id, "USR1") for n in job_nodes(job)))
+        if not any(r.get("ok") for r in replies):
+            current = self._current(job)
+            if current is not None:
+                self.jobs.undo_stop(current)
+            return
+        await self._kill_after(job, grace_s)
+
+    async def _kill_after(self, job: Job, grace_s: float) -> None:
+        """SIGKILL on each of the job's nodes after ``grace_s`` unless its stop is over by
+        then; then its end. A node away (or not yet connected to a head that just
+        started) is asked again, less and less often, for as long as the job is stopping."""
+        deadline = time.monotonic() + grace_s
+        while self._current(job) is not None and time.monotonic() < deadline:
+            await asyncio.sleep(min(STOP_POLL_S, max(0.0, deadline - time.monotonic())))
+        left, pause = job_nodes(job), STOP_POLL_S
+        while True:
+            if left and self._current(job) is not None:
+                replies = await asyncio.gather(*(self.jobs.signal(n, job.id, "KILL") for n in left))
+                left = [n for n, r in zip(left, replies) if not r.get("ok")]
+            current = self._current(job)
+            if current is None or (not left and self.jobs.end_stop(current)):
+                return
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, KILL_RETRY_MAX_S)
