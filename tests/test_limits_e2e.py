@@ -213,13 +213,14 @@ def test_a_stop_under_way_survives_a_head_restart(openssh_lab, tmp_path):
         assert head.job(job)["phase"] == "stopping"
         head.kill()
         head.start()
+        back = time.time() - signalled  # a loaded machine may take longer than the grace
         assert head.job(job)["phase"] == "stopping"  # known again, from the store
         done = head.wait_job(job, timeout=RESTART_GRACE_S + 30)
         assert done["state"] == "timeout", done
         assert done["reason"] == "stopped at its time limit (--time 3 s)"
         # Killed when the first grace ended: a second SIGUSR1 after the restart would have
         # ended it a grace after the restart instead.
-        assert RESTART_GRACE_S - 1 <= done["ended_at"] - signalled <= RESTART_GRACE_S + 4, done
+        assert RESTART_GRACE_S - 1 <= done["ended_at"] - signalled <= max(RESTART_GRACE_S, back) + 4, done
         assert len(events(head, f"job {job} reached its time limit")) == 1
         log = head.run("logs", str(job), check=True).stdout
         assert log.count("reached its time limit") == 1 and "checkpoint asked" in log
