@@ -200,3 +200,38 @@ def test_fake_dmesg(tmp_path):
     assert stamped.startswith("[" + expected) and "] NVRM: Xid (PCI:0000:01:00): 79" in stamped
     bad = run("-x")
     assert bad.returncode == 1 and "unrecognized option" in bad.stderr
+
+
+def test_a_process_name_cannot_hide_or_invent_processes(node_dir, tmp_path, monkeypatch):
+    """nvidia-smi prints a process's argv[0] unquoted: a comma in it once made the probe's
+    whole list of processes unreadable (so a job hid its memory from the guard), and a
+    newline in it made a row of its own (a 24 GB process no one runs, on another card)."""
+    from nebula_tui.remote.probes.vendor_nvidia import NvidiaSmiBackend
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE_SMI} \"$@\"\n")
+    (tools / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    monkeypatch.setenv("NEBULA_SIM_DIR", str(node_dir))
+    monkeypatch.delenv("NEBULA_SIM_NODE", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    other = presets.node_specs("demo")[0]["gpus"][0]["uuid"]
+    names = {"1": "evil,x", "2": f"x\n{other}, 1, fake, 24000"}
+    jobs = [subprocess.Popen(["bash", "-c", 'exec -a "$0" sleep 30', name], start_new_session=True,
+                             env=dict(os.environ, NEBULA_SIM_NODE="node01", CUDA_VISIBLE_DEVICES=card,
+                                      NEBULA_SIM_GPU_MEM="6G"))
+            for card, name in names.items()]
+    try:
+        time.sleep(0.5)
+        seen = {p["pid"]: p for p in NvidiaSmiBackend().processes()}
+        assert set(seen) == {job.pid for job in jobs}, seen
+        assert [seen[job.pid]["name"] for job in jobs] == list(names.values())
+        assert all(p["used_memory_mb"] == 6144 and p["gpu_uuid"] != other for p in seen.values())
+        # A saved output with such a name still reads: the fields around it are fixed.
+        (row,) = parse_query_apps(f"{other}, 42, evil,x, 100\n")
+        assert (row.pid, row.name, row.used_memory_mb) == (42, "evil, x", 100)
+    finally:
+        for job in jobs:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()

@@ -3,6 +3,7 @@ descriptors, its memory and its log."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -12,6 +13,7 @@ import threading
 import time
 
 from conftest import wait_for
+from inprocess import engine, served  # noqa: F401  (the fixtures)
 from nebula_tui.sim.harness import HeadProcess
 
 
@@ -77,6 +79,25 @@ def test_one_user_cannot_take_every_connection(head):
         for s in held:
             s.close()
     wait_for(lambda: head.call("ping")["ok"], 10, what="a connection again once some closed")
+
+
+async def test_an_idle_connection_is_closed_and_gives_its_place_back(served, monkeypatch):
+    """1,100 idle connections once held the head's descriptors: one that asks nothing for
+    the idle timeout is closed, and no longer counts against its user's cap."""
+    from nebula_tui.head import server
+
+    monkeypatch.setattr(server, "IDLE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(server, "MAX_CONNECTIONS_PER_USER", 2)
+    idle = [await asyncio.open_unix_connection(str(served)) for _ in range(2)]
+    reader, _ = await asyncio.open_unix_connection(str(served))
+    assert "has 2 connections to the head service already" in json.loads(await reader.readline())["error"]
+    for reader, writer in idle:
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the head
+        writer.close()
+    reader, writer = await asyncio.open_unix_connection(str(served))
+    writer.write(b'{"op": "ping"}\n')
+    assert json.loads(await asyncio.wait_for(reader.readline(), 5))["ok"]
+    writer.close()
 
 
 def test_stalled_subscribers_cost_the_head_a_bounded_amount(head):

@@ -31,8 +31,15 @@ QUERY_GPU_EXTRA_FIELDS = (
     "ecc.errors.corrected.volatile.total", "clocks_event_reasons.active", "mig.mode.current",
     "persistence_mode",
 )
-#: What the probe asks ``--query-compute-apps`` for, in this order.
+#: The fields of ``--query-compute-apps`` as saved outputs and older probes have them.
 QUERY_APPS_FIELDS = ("gpu_uuid", "pid", "process_name", "used_gpu_memory")
+#: What a node's probe asks for: only what the driver says. A process name is whatever the
+#: process set as its argv[0], printed unquoted: a comma in it shifts the row's fields and a
+#: newline starts a row of its own (a made-up process holding a card's memory). The probe
+#: reads names from /proc instead, as data.
+PROBE_APPS_FIELDS = ("gpu_uuid", "pid", "used_gpu_memory")
+#: the names of a compute process's free-text field: extra commas in a row belong to it
+_PROCESS_NAME_FIELDS = ("process_name", "name")
 
 CSV_FORMAT = "--format=csv,noheader,nounits"
 
@@ -46,9 +53,9 @@ def query_gpu_argv(fields=QUERY_GPU_FIELDS, tool="nvidia-smi"):
     return [tool, "--query-gpu=" + ",".join(fields), CSV_FORMAT]
 
 
-def query_apps_argv(tool="nvidia-smi"):
+def query_apps_argv(tool="nvidia-smi", fields=QUERY_APPS_FIELDS):
     """The argv that lists compute processes (CSV, no header, no units)."""
-    return [tool, "--query-compute-apps=" + ",".join(QUERY_APPS_FIELDS), CSV_FORMAT]
+    return [tool, "--query-compute-apps=" + ",".join(fields), CSV_FORMAT]
 
 
 _UNKNOWN_FIELD_RE = re.compile(r'Field "([^"]+)" is not a valid field to query')
@@ -169,8 +176,9 @@ class _Csv(object):
     """A CSV query output read line by line, never held whole: :meth:`rows` yields each
     data row's cells; ``names`` is known once the first row (or the header) was read."""
 
-    def __init__(self, lines, fields, default):
+    def __init__(self, lines, fields, default, free_text=()):
         self.lines = lines
+        self.free_text = free_text
         self.names = [name.strip().lower() for name in (fields if fields is not None else default)]
         self.warnings = []
 
@@ -192,12 +200,24 @@ class _Csv(object):
             if header is not None and cells == header:
                 continue  # a loop that repeats its header
             number += 1
+            cells = self._free_text_joined(cells)
             if len(cells) != len(self.names):
                 raise ParseError(
                     "row %d has %d values but %d fields were expected (%s); the output's "
                     "field list is not the one assumed" % (
                         number, len(cells), len(self.names), ", ".join(self.names)))
             yield cells
+
+    def _free_text_joined(self, cells):
+        """A row with more values than fields, when one field is free text: the fields
+        before it are read from the left, those after it from the right, and the rest is
+        its text (a process named ``evil,x``)."""
+        extra = len(cells) - len(self.names)
+        free = [i for i, name in enumerate(self.names) if name in self.free_text]
+        if extra <= 0 or len(free) != 1:
+            return cells
+        i = free[0]
+        return cells[:i] + [", ".join(cells[i:i + extra + 1])] + cells[i + extra + 1:]
 
     def convert(self, cells, field_map):
         values = {}
@@ -276,10 +296,11 @@ def parse_query_apps_lines(lines, fields=None):
     """``--query-compute-apps`` CSV -> processes; header only (or nothing) = none.
 
     A row without a readable pid is dropped (it names no process we could act on); a name
-    of ``[Not Found]`` (process in another PID namespace) is None. Raises ParseError when
-    a row's value count differs from the field list.
+    of ``[Not Found]`` (process in another PID namespace) is None. A name holding commas
+    is what lies between the fields before and after it. Raises ParseError when a row has
+    fewer values than the field list (or more, without a name to hold them).
     """
-    csv = _Csv(lines, fields, QUERY_APPS_FIELDS)
+    csv = _Csv(lines, fields, QUERY_APPS_FIELDS, free_text=_PROCESS_NAME_FIELDS)
     processes = []
     for cells in csv.rows():
         values = csv.convert(cells, APPS_FIELD_MAP)

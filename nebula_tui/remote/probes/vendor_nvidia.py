@@ -320,13 +320,17 @@ class NvidiaSmiBackend(Backend):
         return readings
 
     def processes(self):
-        code, out, err = run_tool(nvidia_smi.query_apps_argv())
+        fields = nvidia_smi.PROBE_APPS_FIELDS  # no names: nvidia-smi prints them unquoted
+        code, out, err = run_tool(nvidia_smi.query_apps_argv(fields=fields))
         if code not in (0, 15):
             return []
         try:
-            return nvidia_smi.parse_query_apps_lines(out.splitlines(), nvidia_smi.QUERY_APPS_FIELDS)
+            found = nvidia_smi.parse_query_apps_lines(out.splitlines(), fields)
         except nvidia_smi.ParseError:
             return []
+        for process in found:
+            process["name"] = _process_name(process["pid"])
+        return found
 
     def facts(self):
         cuda = None
