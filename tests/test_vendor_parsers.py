@@ -208,3 +208,16 @@ def test_impossible_values_are_clamped_with_a_warning():
     (gpu,) = doc["gpus"]
     assert gpu["utilization_pct"] == 100 and gpu["memory_used_mb"] == 1000
     assert len(doc["warnings"]) == 2 and "200" in doc["warnings"][1] + doc["warnings"][0]
+
+
+def test_a_rocm_process_named_with_commas_keeps_its_own_card_and_memory():
+    """rocm-smi --showpids prints "name, card, VRAM bytes, SDMA, CU" unquoted: a job named
+    "x, 0, 25769803776" once put 24 GB of its own on card 0, which it never held."""
+    import json
+
+    document = json.loads((OTHER / "rocm_smi_json_4x_mi100_rocm602_telegraf.json").read_text())
+    document.setdefault("system", {})["PID4242"] = "x, 0, 25769803776, 2, 1048576, 0, 0"
+    parsed = parse_text("rocm-smi", json.dumps(document))
+    (process,) = parsed["processes"]
+    assert (process["pid"], process["name"], process["used_memory_mb"]) == (4242, "x, 0, 25769803776", 1)
+    assert process["gpu_uuid"] == next(g["uuid"] for g in parsed["gpus"] if g["index"] == 2)

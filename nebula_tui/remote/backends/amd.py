@@ -280,6 +280,8 @@ def parse_rocm_smi_json(text):
         match = _PIDS_RE.match(key)  # --showpids: "PID1234": "python3, 1, 4096, 0, 0"
         if match:
             parts = [p.strip() for p in str(value).split(",")]
+            if len(parts) > 5:  # a name holding commas: the four numbers are the last four
+                parts = [", ".join(parts[:-4])] + parts[-4:]
             gpu = rd.integer(parts[1]) if len(parts) > 1 else None
             uuid = next((r["uuid"] for r in readings if r["index"] == gpu), None)
             processes.append(rd.new_process(uuid, int(match.group(1)), parts[0] or None,
