@@ -181,3 +181,17 @@ def test_an_isolated_gpu_and_its_requeued_job_reach_the_admins(lab_with_notices,
         faults.clear_gpu_faults(openssh_lab.node_dir(card["node"]), card["index"])
         head.run("cancel", str(job))
         head.wait_job(job, timeout=60)
+
+
+def test_a_job_name_cannot_add_headers_or_lose_its_mail(lab_with_notices):
+    """A job's name is the owner's text in the mail's Subject: a carriage return in it must
+    neither start a header of its own (a Bcc) nor cost the owner and the admins their mail."""
+    head, fast, mailbox = lab_with_notices
+    job = _submit(head, "--notify", "--name", "x\rBcc: eve@lab.test", "--gpu-mem", "4G",
+                  "--command", "exit 5")
+    head.wait_job(job)
+    wait_for(lambda: any(f"job {job} " in m["Subject"] for m in mailbox.to("root@lab.test")), 30,
+             what="the owner's mail")
+    (mail,) = [m for m in mailbox.to("root@lab.test") if f"job {job} " in m["Subject"]]
+    assert mail["Subject"] == f"[nebula] job {job} (x\\rBcc: eve@lab.test) failed with exit code 5"
+    assert mail["Bcc"] is None and not mailbox.to("eve@lab.test")

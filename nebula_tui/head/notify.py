@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .. import views
 from ..model import Job
+from ..printable import printable
 from ..settings import NotifySettings
 from .state import HeadState, job_nodes
 
@@ -129,7 +130,9 @@ class Notifier:
         message["To"] = address
         if self.settings.mail_from:
             message["From"] = self.settings.mail_from
-        message["Subject"] = f"[nebula] {notice.subject}"
+        # A job's name is its owner's text: a CR or LF there would end the header (email
+        # refuses it, and the mail was lost); shown as escapes, it is one line of text.
+        message["Subject"] = printable(f"[nebula] {notice.subject}")
         job = notice.facts.get("job")
         more = f"\n\nnebula job {job}\nnebula logs {job}\n" if job is not None else "\n"
         message.set_content(notice.text + more)
