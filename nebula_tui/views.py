@@ -305,6 +305,13 @@ def node_text(node: dict) -> str:
     return "\n".join(lines)
 
 
+def month_start(now: float) -> float:
+    """The first moment of the calendar month (local time) that ``now`` falls in: the
+    month of quotas (R7) and of the Users screen's figures."""
+    t = time.localtime(now)
+    return time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, -1))
+
+
 def format_duration(seconds: float | None) -> str:
     """4s, 3m12s, 2h05m, 3d04h: a duration as people read it in a table."""
     if seconds is None:

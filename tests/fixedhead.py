@@ -6,7 +6,8 @@ times and job ids move from run to run, so its screens cannot be compared pixel 
 This module answers the TUI's requests (the same JSON lines protocol, through the real
 ``AsyncClient``) from one fixed lab: three nodes (one of them unreachable), nine GPUs (one
 in maintenance, one holding memory nobody started through NebulaGrid), running, waiting,
-held and ended jobs, users, an events log, a log and a GPU's history. ``NOW`` is the clock
+held and ended jobs, users and their month's report, an events log, a log and a
+GPU's history. ``NOW`` is the clock
 the screens are drawn at (``render.set_clock``).
 """
 
@@ -162,6 +163,24 @@ def lab() -> dict:
         {"name": "dave", "weight": 1.05, "jobs_finished": 0, "gpu_hours": 2.5,
          "month_gpu_hours": 2030.0, "quota_gpu_hours": 2000, "running_jobs": 0},
     ]
+    # This month's ended jobs per user, as the report counts them (dave's one sat idle).
+    month = {"alice": (14, 62.4, 41.3, 312.0), "bob": (6, 38.0, 22.75, 95.0),
+             "carol": (23, 91.2, 12.4, 1460.0), "dave": (1, 17.5, 905.2, 5400.0)}
+    for u in users:
+        count, efficiency, idle, wait = month[u["name"]]
+        u.update(month_jobs=count, month_efficiency_pct=efficiency, month_idle_gpu_hours=idle,
+                 month_mean_wait_s=wait)
+    since = NOW - (20 * 24 + 14) * h - 800  # 2026-09-01 00:00 UTC
+    available = 9 * (NOW - since) / h
+    allocated = sum(u["month_gpu_hours"] for u in users)
+    report = {"since": since, "until": NOW, "days": [],
+              "users": [{"month": "2026-09", "user": u["name"], "jobs": u["month_jobs"],
+                         "gpu_hours": u["month_gpu_hours"], "efficiency_pct": u["month_efficiency_pct"],
+                         "idle_gpu_hours": u["month_idle_gpu_hours"], "mean_wait_s": u["month_mean_wait_s"]}
+                        for u in users],
+              "nodes": [{"period": "2026-09", "node": "cluster", "gpus": 9,
+                         "available_gpu_hours": available, "allocated_gpu_hours": allocated,
+                         "allocated_pct": round(100 * allocated / available, 1), "util_pct": 71.3}]}
     samples = [{"t": NOW - 3 * h + 30 * n, "temperature_c": 60 + (n % 40) / 4,
                 "utilization_pct": 80 + (n * 7) % 17, "memory_used_mb": 12800, "power_w": 300 + (n * 13) % 60,
                 "fan_pct": 45, "sm_clock_mhz": 2520, "mem_clock_mhz": 10501} for n in range(360)]
@@ -170,7 +189,8 @@ def lab() -> dict:
     queue = [16, 18]
     return {"snapshot": {"nodes": nodes, "gpus": gpus, "jobs": jobs, "events": events[-8:],
                          "users": users, "queue": queue},
-            "ended": ended, "users": users, "events": events, "samples": samples, "log": log}
+            "ended": ended, "users": users, "events": events, "samples": samples, "log": log,
+            "report": report}
 
 
 class FixedHead:
@@ -213,6 +233,8 @@ class FixedHead:
             return {"pid": 1, "user": USER}
         if op == "users":
             return {"users": d["users"]}
+        if op == "report":
+            return {"report": d["report"]}
         if op == "events":
             return {"events": d["events"][-req.get("limit", 100):]}
         if op == "job_history":

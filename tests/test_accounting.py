@@ -9,13 +9,18 @@ import contextlib
 import csv
 import io
 import json
+import re
 import time
 
 import pytest
 import yaml
 
-from conftest import wait_for
+from conftest import until, wait_for
+from nebula_tui.screens import users as users_screen
+from nebula_tui.screens.app import make_app
+from nebula_tui.screens.users import USER_COLUMNS, UsersScreen
 from nebula_tui.sim.harness import HeadProcess
+from nebula_tui.views import month_start
 from test_multiuser import ALICE, BOB, GROUP, as_user, shared_head, submit_as, users  # noqa: F401
 
 #: What the test's jobs tell the simulated nvidia-smi they do (per card).
@@ -237,3 +242,62 @@ def test_a_report_of_an_earlier_period_is_empty_and_bad_periods_are_refused(head
     assert backwards.returncode == 1 and "period is empty" in backwards.stderr
     too_long = head.run("report", "--since", "2000-01-01")
     assert too_long.returncode == 1 and "at most 400 days" in too_long.stderr
+
+
+def _this_month(head) -> tuple[dict, dict]:
+    """root's row and the cluster's row of the head's report of this month, now."""
+    now = time.time()
+    report = head.call("report", since=month_start(now), until=now)["report"]
+    month = time.strftime("%Y-%m")
+    (me,) = [u for u in report["users"] if u["user"] == "root" and u["month"] == month]
+    (cluster,) = [r for r in report["nodes"] if r["node"] == "cluster" and r["period"] == month]
+    return me, cluster
+
+
+def _screen_month(app) -> tuple[dict[str, str], dict[str, float]]:
+    """root's cells on the Users screen by column, and the figures of its cluster line."""
+    table = app.screen.query_one("#users-table")
+    cells = dict(zip((c.key for c in USER_COLUMNS), map(str, table.get_row("root"))))
+    line = str(app.screen.query_one("#users-month").content)
+    match = re.search(r"([\d.]+) of ([\d.]+) GPU-hours allocated \((\d+)%\) · cards (\d+)% busy", line)
+    assert match, line
+    allocated, available, pct, busy = map(float, match.groups())
+    return cells, {"allocated": allocated, "available": available, "pct": pct, "busy": busy}
+
+
+def _same_as_the_report(cells: dict[str, str], line: dict[str, float], me: dict, cluster: dict) -> None:
+    assert cells["jobs"] == str(me["jobs"])
+    assert cells["efficiency"] == f"{me['efficiency_pct']:.0f}%"
+    assert float(cells["idle"]) == pytest.approx(me["idle_gpu_hours"], abs=0.0005)
+    assert float(cells["hours"].split()[1]) == pytest.approx(me["gpu_hours"], abs=0.0006)
+    wait = re.fullmatch(r"(\d+)s", cells["wait"])  # the jobs here waited seconds
+    assert wait and int(wait.group(1)) == pytest.approx(me["mean_wait_s"], abs=0.5)
+    # The head's report came a moment after the screen's: every card had that much more.
+    assert line["allocated"] == pytest.approx(cluster["allocated_gpu_hours"], abs=0.0006)
+    assert 0 <= cluster["available_gpu_hours"] - line["available"] <= 9 * 10 / 3600 + 0.001
+    assert line["pct"] == pytest.approx(cluster["allocated_pct"], abs=1)
+    assert line["busy"] == pytest.approx(cluster["util_pct"], abs=3)
+
+
+async def test_the_users_screen_shows_the_reports_month_and_follows_it(head, ended, monkeypatch):
+    """The Users screen shows this month's figures as the head's report has them: root's
+    jobs, efficiency, idle GPU-hours, mean wait and GPU-hours, and the cluster's allocated
+    of available GPU-hours and utilisation; a job that ends while it is shown moves them."""
+    monkeypatch.setattr(users_screen, "REPORT_EVERY_S", 0.5)
+    app = make_app(head.socket)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: app.cluster.connected, what="the snapshot")
+        await pilot.press("4")
+        await until(pilot, lambda: isinstance(app.screen, UsersScreen) and app.screen.month
+                    and app.screen.query_one("#users-table").row_keys, what="the month's figures")
+        cells, line = _screen_month(app)
+        _same_as_the_report(cells, line, *_this_month(head))
+        assert int(cells["jobs"]) >= len(ended["jobs"])
+
+        job = _submit(head, "--name", "more", "--arch", "sm_80", *_busy(3))
+        head.wait_job(job, timeout=60)
+        await until(pilot, lambda: _screen_month(app)[0]["jobs"] == str(int(cells["jobs"]) + 1)
+                    and _screen_month(app)[1]["available"] > line["available"],
+                    timeout=60, what=f"the ended job in the figures (were {cells}, {line})")
+        await pilot.pause(1.5)  # the last of the job's user events, and its report
+        _same_as_the_report(*_screen_month(app), *_this_month(head))

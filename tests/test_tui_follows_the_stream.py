@@ -24,8 +24,9 @@ from nebula_tui.screens.users import UsersScreen
 
 ME = getpass.getuser()
 SIZE = (140, 44)
-#: What the app may ask for once, itself: who it is, and the Nodes log's older lines.
-ONE_OFF = {"ping", "events"}
+#: What the app may ask for itself: who it is, the Nodes log's older lines (once), and the
+#: Users screen's month of the cluster (the head's report: not in the stream).
+ONE_OFF = {"ping", "events", "report"}
 
 
 def recording(app) -> list[str]:

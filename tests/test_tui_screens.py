@@ -26,7 +26,7 @@ from nebula_tui.screens.overview import OverviewScreen
 from nebula_tui.screens.queue import QueueScreen
 from nebula_tui.screens.rowtable import RowTable
 from nebula_tui.screens.submit import SubmitScreen, check_field
-from nebula_tui.screens.users import UsersScreen
+from nebula_tui.screens.users import USER_COLUMNS, UsersScreen
 
 SIZE = (140, 44)
 
@@ -328,11 +328,12 @@ async def test_users_screen_shows_weights_and_hours(head, jobs):
         await started(pilot)
         await go(pilot, "4", UsersScreen)
         await until(pilot, lambda: me in rows(pilot, "users-table"), what="our user")
-        cells = rows(pilot, "users-table")[me]
+        cells = dict(zip((c.key for c in USER_COLUMNS), rows(pilot, "users-table")[me]))
         row = next(u for u in head.call("users")["users"] if u["name"] == me)
-        assert int(cells[5]) == row["jobs_finished"] >= 1
-        assert float(cells[1]) >= 1.1  # 1.0 + 0.1 per finished job
-        assert "/ 2000 h" in cells[2] or " h" in cells[2]
+        assert int(cells["finished"]) == row["jobs_finished"] >= 1
+        assert int(cells["jobs"]) == row["month_jobs"] >= 1  # this month's, as the report counts
+        assert float(cells["weight"]) >= 1.1  # 1.0 + 0.1 per finished job
+        assert "/ 2000 h" in cells["hours"] or " h" in cells["hours"]
 
 
 # ============================================================================ nodes

@@ -109,7 +109,8 @@ KEY_FACTS = {
     "overview": ["1 Overview", "2/3 reachable", "9 GPUs:", "node01", "free", "bert-finetune"],
     "gpus": ["node01:1", "Free", "Temp", "Status", "maintenance", "unreachable"],
     "queue": ["bert-finetune", "running", "pending", "held"],
-    "users": ["carol", "GPU-hours", "Weight"],
+    "users": ["carol", "GPU-hours", "Weight", "Efficiency", "Idle GPU-h", "91%", "905",
+              "4140 of 4448 GPU-hours allocated (93%)", "cards 71% busy"],
     "nodes": ["node03", "unknown", "Events log"],
 }
 

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, st
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..model import Job, JobState, NodeState
-from .shares import month_start
+from ..views import month_start
 from .state import HeadState
 
 log = logging.getLogger(__name__)

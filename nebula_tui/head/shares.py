@@ -10,11 +10,11 @@ row as a ``user`` event, the changes of one moment together.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import defaultdict
 
 from .. import scheduler
 from ..scheduler import fairshare
+from ..views import month_start
 from .access import Access
 from .accounting import Accounting
 from .state import HeadState
@@ -23,12 +23,6 @@ from .stream import Stream
 SHARES_TTL_S = 60.0
 #: The ``user`` events of changes this close together go out together (seconds).
 USERS_EVERY_S = 0.2
-
-
-def month_start(now: float) -> float:
-    """The first moment of the calendar month (local time) that ``now`` falls in (R7)."""
-    t = time.localtime(now)
-    return time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, -1))
 
 
 class Shares:
