@@ -272,11 +272,12 @@ def _same_as_the_report(cells: dict[str, str], line: dict[str, float], me: dict,
     assert float(cells["hours"].split()[1]) == pytest.approx(me["gpu_hours"], abs=0.0006)
     wait = re.fullmatch(r"(\d+)s", cells["wait"])  # the jobs here waited seconds
     assert wait and int(wait.group(1)) == pytest.approx(me["mean_wait_s"], abs=0.5)
-    # The head's report came a moment after the screen's: every card had that much more.
+    # The head's report came moments after the screen's: every card had that much more
+    # time, and a few more samples of its utilisation.
     assert line["allocated"] == pytest.approx(cluster["allocated_gpu_hours"], abs=0.0006)
-    assert 0 <= cluster["available_gpu_hours"] - line["available"] <= 9 * 10 / 3600 + 0.001
-    assert line["pct"] == pytest.approx(cluster["allocated_pct"], abs=1)
-    assert line["busy"] == pytest.approx(cluster["util_pct"], abs=3)
+    assert -0.0006 <= cluster["available_gpu_hours"] - line["available"] <= 9 * 30 / 3600 + 0.001
+    assert line["pct"] == pytest.approx(100 * cluster["allocated_gpu_hours"] / line["available"], abs=1)
+    assert line["busy"] == pytest.approx(cluster["util_pct"], abs=5)
 
 
 async def test_the_users_screen_shows_the_reports_month_and_follows_it(head, ended, monkeypatch):
