@@ -59,3 +59,32 @@ def test_a_wall_clock_step_stops_no_job_before_its_time_limit(openssh_lab, tmp_p
         assert head.wait_job(job)["state"] == "cancelled"
     finally:
         head.stop()
+
+
+def test_a_wall_clock_step_neither_cancels_an_idle_job_nor_kills_an_over_user_early(openssh_lab, tmp_path):
+    """Idle for a moment, over its reservation for a moment: with an hour of idleness and an
+    hour of over-use allowed, two hours of wall clock that did not pass act on neither."""
+    needs_own_clock()
+    from labfixtures import lab_config
+
+    config = lab_config(openssh_lab, "clock-limits", limits={
+        "memory_overuse": "kill", "memory_grace": "1h", "idle_after": "1h",
+        "idle_action": "cancel", "idle_grace": "2s"})
+    head = HeadProcess(tmp_path / "home", openssh_lab, config=config, own_clock=True)
+    head.start()
+    try:
+        idle = int(head.run("submit", "--gpu-mem", "4G", "--", "env", "NEBULA_SIM_GPU_UTIL=0",
+                            "sleep", "120", check=True).stdout.split()[2])
+        greedy = int(head.run("submit", "--gpu-mem", "4G", "--", "env", "NEBULA_SIM_GPU_MEM=8G",
+                              "sleep", "120", check=True).stdout.split()[2])
+        wait_for(lambda: head.job(idle)["idle_since"], 20, what="the idle mark")
+        events = lambda: " ".join(e["message"] for e in head.call("events", limit=300)["events"])
+        wait_for(lambda: f"job {greedy} holds 8 GB" in events(), 20, what="the guard's warning")
+        head.step_clock(+7200)
+        time.sleep(8)  # a second's wait for the step, passes, the idle grace twice over
+        assert (head.job(idle)["state"], head.job(greedy)["state"]) == ("running", "running")
+        assert f"job {idle} is idle" not in events()
+        for job in (idle, greedy):
+            assert head.run("cancel", str(job)).returncode == 0
+    finally:
+        head.stop()

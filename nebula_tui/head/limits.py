@@ -18,8 +18,8 @@ Each is one check over the running jobs, run at every turn of the scheduling loo
 
 Stops go through ``Stops.stop`` (head/stops.py). How long a job has run is counted on the
 monotonic clock from its start (``job_started``; a job running when this head started:
-from its recorded start, when first seen), so a step of the wall clock (NTP, ``date -s``)
-stops nobody early.
+from its recorded start, when first seen), and so are the guard's and idleness's graces,
+so a step of the wall clock (NTP, ``date -s``) stops nobody early.
 A stop once begun is the store's (``JobTransitions.stop``): a head restarted during its grace
 kills the job when that grace ends and does not signal it again. What is not yet a stop is
 not kept: after a restart the guard's and idleness's clocks start again, and a job past its
@@ -51,7 +51,7 @@ MEMORY_SLACK_MB = 256
 class Overuse:
     """A job seen holding more than it reserved: since when, and where (GPU -> used, reserved)."""
 
-    since: float
+    since: float  # on the monotonic clock: a step of the wall clock is no time over
     where: dict[str, tuple[int, int]] = field(default_factory=dict)
     acted: bool = False
 
@@ -65,7 +65,10 @@ class Limits:
         #: SIGUSR1 .. SIGKILL: the isolation grace (R17), for every stop of the head's
         self.grace_s = state.config.health.isolation_grace_s
         self.over: dict[int, Overuse] = {}
-        self.idle_warned: dict[int, float] = {}  # job -> when it was told it is idle
+        #: job -> since when its cards read idle, and when it was told so (monotonic clock:
+        #: ``Running.idle_since`` is the wall clock's, for people)
+        self.idle_from: dict[int, float] = {}
+        self.idle_warned: dict[int, float] = {}
         #: job -> (attempt, its run time when first seen running, the monotonic clock then)
         self._seen_running: dict[int, tuple[int, float, float]] = {}
 
@@ -75,7 +78,7 @@ class Limits:
     # ------------------------------------------------------------------ each turn
     def check(self) -> None:
         """Stop the jobs past their time limit; act on over-use and idleness past their grace."""
-        now = self.state.clock()
+        now = self.state.monotonic()
         running = self.running()
         for job in running:
             limit = job.spec.time_limit_s
@@ -119,11 +122,10 @@ class Limits:
         """What one node's probe (of GPUs ``uuids``) says of the memory its jobs hold and
         of their GPUs' use. Only that node's GPUs and jobs are looked at: a big cluster's
         nodes report every second."""
-        now = self.state.clock()
         held = self.state.jobs.holding
         jobs = {job_id for uuid in uuids for job_id in held.get(uuid, ())}
-        self._memory(node, uuids, now)
-        self._idleness(jobs, now)
+        self._memory(node, uuids, self.state.monotonic())
+        self._idleness(jobs)
 
     # ------------------------------------------------------------------ the memory guard
     def _memory(self, node: str, uuids: list[str], now: float) -> None:
@@ -196,7 +198,7 @@ class Limits:
                 self._tell(job, "guard", f"job {job_id} {why}", log=True)
 
     # ------------------------------------------------------------------ idle cards
-    def _idleness(self, job_ids: set[int], now: float) -> None:
+    def _idleness(self, job_ids: set[int]) -> None:
         settings = self.settings
         if settings.idle_after_s is None:
             return
@@ -210,17 +212,21 @@ class Limits:
             idle = bool(readings) and all(u is not None and u <= IDLE_UTIL_PCT for u in readings)
             since = job.status.idle_since
             if idle and since is None:
-                self.jobs.mark_idle(job, now)
+                self.idle_from[job.id] = self.state.monotonic()
+                self.jobs.mark_idle(job, self.state.clock())
             elif not idle and since is not None:
                 self.idle_warned.pop(job.id, None)
+                self.idle_from.pop(job.id, None)
                 self.jobs.mark_idle(job, None)
 
     def _idle_actions(self, now: float, running: list[Job]) -> None:
         after, grace = self.settings.idle_after_s, self.settings.idle_grace_s
         cancel = self.settings.idle_action == "cancel"
         for job in running:
-            since = job.status.idle_since
-            if since is None or after is None or now - since < after:
+            if job.status.idle_since is None or after is None:
+                continue
+            since = self.idle_from.setdefault(job.id, now)  # marked before a restart: anew
+            if now - since < after:
                 continue
             text = idle_text(now - since, len(job.placements))
             warned = self.idle_warned.get(job.id)
@@ -231,8 +237,9 @@ class Limits:
             elif cancel and now - warned >= grace and self.stops.stop(
                     job, JobState.CANCELLED, f"cancelled: {text}", self.grace_s):
                 self._tell(job, "idle", f"job {job.id} cancelled: {text}", log=True)
-        for job_id in [j for j in self.idle_warned if j not in self.state.jobs]:
-            del self.idle_warned[job_id]
+        for job_id in [j for j in self.idle_from if j not in self.state.jobs]:
+            self.idle_from.pop(job_id)
+            self.idle_warned.pop(job_id, None)
 
     # ------------------------------------------------------------------ telling
     def _tell(self, job: Job, kind: str, message: str, log: bool = False) -> None:
