@@ -9,6 +9,11 @@ which a client treats like a usage error); ``wait`` replies when the job ends,
 notok or started; ``array``: "0-99%8") and answers ``{"job", "tasks"}`` (an array's
 first task, and how many it has); ``cancel`` of an array's id cancels every task;
 ``requeue`` stops a running job and puts it back in the queue.
+``logs`` (``job``, ``offset``; ``rank``: one node of a multi-node job, or ``offsets``: one
+per rank, for all of them; ``attempt``: which run, 1 the first — a job's own ``attempt``
+field counts its requeues, so its latest run is that + 1) replies ``{"data", "offset",
+"parts", "state", "ended"}`` (``ended``: that log will not grow; an attempt the job never
+had is refused with the attempts it had).
 The server learns who is asking from the kernel (``SO_PEERCRED``), never from the request.
 
 Accounting: ``job_history`` (fields ``user``, ``since``, ``until`` — Unix seconds, ``state``

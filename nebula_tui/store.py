@@ -272,6 +272,7 @@ class Store:
             db["jobs"].create_index(["state"], if_not_exists=True)
             db["allocations"].create_index(["released_at"], if_not_exists=True)
             db["allocations"].create_index(["job_id"], if_not_exists=True)
+            db["launches"].create_index(["job_id"], if_not_exists=True)
             db["jobs"].create_index(["ended_at"], if_not_exists=True)
             if not self._meta("head_token"):
                 db["meta"].insert({"key": "head_token", "value": uuid.uuid4().hex[:12]},
@@ -724,6 +725,22 @@ class Store:
             "(SELECT MAX(created_at) FROM allocations WHERE job_id = ?) ORDER BY id",
             [job_id, job_id]).fetchall()
         return list(dict.fromkeys(r[0] for r in rows))
+
+    def attempt_nodes(self, job_id: int) -> dict[int, list[str]]:
+        """Attempt (0 the first) -> the nodes of its last launch, rank 0 first: where each
+        attempt's log is. A launch and its allocations are written at one time."""
+        rows = self.db.execute(
+            "SELECT l.attempt, l.t, a.node FROM launches l JOIN allocations a "
+            "ON a.job_id = l.job_id AND a.created_at = l.t WHERE l.job_id = ? "
+            "ORDER BY l.attempt, l.t, a.id", [job_id]).fetchall()
+        found: dict[int, tuple[float, list[str]]] = {}
+        for attempt, t, node in rows:
+            launch = found.get(attempt)
+            if launch is None or launch[0] != t:  # a later launch of the attempt replaces it
+                launch = found[attempt] = (t, [])
+            if node not in launch[1]:
+                launch[1].append(node)
+        return {attempt: nodes for attempt, (_, nodes) in found.items()}
 
     def active_placements(self) -> list[tuple[int, Placement]]:
         """Every (job id, placement) not yet released."""

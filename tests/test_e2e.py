@@ -137,6 +137,43 @@ def test_logs_follow_streams_until_the_end(head):
     assert done.stdout == "one\ntwo\n"
 
 
+def test_a_requeued_jobs_earlier_attempt_keeps_its_own_log(head, tmp_path):
+    """Each run of a job logs apart: after a requeue, --attempt 1 is the first run's output,
+    --attempt 2 and the default the second's; an attempt it never had is one line."""
+    job_id = submit(head, "--gpu-mem", "4G", "--workdir", str(tmp_path), "--command",
+                    'n=$(( $(cat runs 2>/dev/null || echo 0) + 1 )); echo $n > runs; '
+                    'echo "run $n"; exec sleep 60')
+    try:
+        running(head, job_id)
+        wait_for(lambda: head.run("logs", str(job_id)).stdout == "run 1\n", 20,
+                 what="the first run's line")
+        assert head.run("logs", "--attempt", "1", str(job_id), check=True).stdout == "run 1\n"
+        head.run("requeue", str(job_id), check=True)
+        wait_for(lambda: (j := head.job(job_id))["attempt"] == 1 and j["state"] == "running", 40,
+                 what="the job to run again")
+        wait_for(lambda: head.run("logs", str(job_id)).stdout == "run 2\n", 20,
+                 what="the second run's line")
+        assert head.run("logs", "--attempt", "2", str(job_id), check=True).stdout == "run 2\n"
+        first = head.run("logs", "--attempt", "1", str(job_id), check=True).stdout
+        # the first run's line, and what its shell said of the SIGUSR1 that ended it
+        assert first.startswith("run 1\n") and "run 2" not in first
+        assert head.run("logs", "--attempt", "1", "--rank", "0", "--tail", "5", str(job_id),
+                        check=True).stdout == first
+        # The first run is over: following it ends at its end while the job runs on.
+        followed = head.run("logs", "--attempt", "1", "-f", str(job_id), timeout=20)
+        assert (followed.returncode, followed.stdout) == (0, first)
+        followed = head.run("logs", "--attempt", "1", "--rank", "0", "-f", str(job_id), timeout=20)
+        assert (followed.returncode, followed.stdout) == (0, first)
+        refused = head.run("logs", "--attempt", "3", str(job_id))
+        assert (refused.returncode, refused.stdout) == (1, "")
+        assert refused.stderr == (f"nebula: job {job_id} has no attempt 3; its attempts: 1, 2 "
+                                  "(1 is its first run)\n")
+        bad = head.run("logs", "--attempt", "0", str(job_id))
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--attempt" in bad.stderr
+    finally:
+        head.run("cancel", str(job_id))
+
+
 def test_status_prints_the_r1_overview(head):
     # Utilisation comes from the probe: wait for one taken after the last test's jobs ended.
     text = wait_for(lambda: (out := head.run("status", check=True).stdout).count("load 0%") == 3 and out,

@@ -221,3 +221,16 @@ def test_a_stop_under_way_outlives_a_restart_until_its_job_ends_or_is_requeued(s
     assert isinstance(Store(db_path).job(job.id).status, Pending)
     store.start_launching(job.id, SLICES, T0 + 97)  # the next attempt starts with no stop
     assert isinstance(Store(db_path).job(job.id).status, Launching)
+
+
+def test_each_attempt_keeps_the_nodes_it_ran_on(store):
+    """Where each run's log is: a requeue starts the next attempt, maybe elsewhere."""
+    job = store.add_job("alice", SPEC, T0)
+    assert store.attempt_nodes(job.id) == {}
+    store.start_launching(job.id, SLICES, T0 + 1)
+    store.mark_running(job.id, T0 + 2)
+    store.requeue(job.id, "requeued by alice", T0 + 3)
+    gang = (Placement("GPU-c", "node02", 0, CARD_MB, True), Placement("GPU-a", "node01", 0, CARD_MB, True))
+    store.start_launching(job.id, gang, T0 + 4)
+    assert store.attempt_nodes(job.id) == {0: ["node01"], 1: ["node02", "node01"]}
+    assert store.last_nodes(job.id) == ["node02", "node01"]

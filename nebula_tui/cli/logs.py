@@ -1,4 +1,5 @@
-"""``nebula logs``: a job's output, once or followed; a multi-node job's every rank."""
+"""``nebula logs``: a job's output, once or followed; a multi-node job's every rank; a
+requeued job's earlier runs (``--attempt``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import sys
 import time
 
 from ..printable import printable_log
-from .args import FINISHED_STATES
 from .common import service_client
 
 
@@ -22,7 +22,7 @@ def cmd_logs(args, home, config) -> int:
         with service_client(home, config) as client:
             offset = 0
             if args.tail is not None:  # the last lines of one node's log (rank 0 by default)
-                offset = _print_tail(client, args.job, args.tail, args.rank or 0)
+                offset = _print_tail(client, args, args.tail, args.rank or 0)
                 if not args.follow:
                     return 0
             return _follow_one(client, args, offset)
@@ -30,7 +30,8 @@ def cmd_logs(args, home, config) -> int:
     pending: dict[int, str] = {}
     with service_client(home, config) as client:
         while True:
-            reply = client.call("logs", job=args.job, offset=0, offsets=offsets)
+            reply = client.call("logs", job=args.job, offset=0, offsets=offsets,
+                                attempt=args.attempt)
             parts = reply.get("parts") or [{"rank": 0, "node": "", **reply}]
             offsets = [p["offset"] for p in parts]
             for part in parts:
@@ -43,7 +44,7 @@ def cmd_logs(args, home, config) -> int:
                     sys.stdout.write(f"[{part['rank']} {part['node']}] {_shown(line)}\n")
             sys.stdout.flush()
             got = any(p["data"] for p in parts)
-            if not args.follow or (reply["state"] in FINISHED_STATES and not got):
+            if not args.follow or (reply["ended"] and not got):
                 for rank, rest in pending.items():
                     if rest:
                         sys.stdout.write(f"[{rank}] {_shown(rest)}\n")
@@ -54,28 +55,28 @@ def cmd_logs(args, home, config) -> int:
 
 def _follow_one(client, args, offset: int = 0) -> int:
     while True:
-        reply = client.call("logs", job=args.job, offset=offset, rank=args.rank)
+        reply = client.call("logs", job=args.job, offset=offset, rank=args.rank,
+                            attempt=args.attempt)
         sys.stdout.write(_shown(reply["data"]))
         sys.stdout.flush()
         offset = reply["offset"]
-        finished = reply["state"] in FINISHED_STATES
-        if not args.follow or (finished and not reply["data"]):
+        if not args.follow or (reply["ended"] and not reply["data"]):
             return 0
         if not reply["data"]:
             time.sleep(0.3)
 
 
-def _print_tail(client, job_id: int, lines: int, rank: int) -> int:
-    """Print the last ``lines`` lines of one node's log of the job as it is now (``rank``:
-    which node of a multi-node job, 0 first); returns the offset
-    where it ends. The log is read through (the node sends it in pieces); only the tail is
+def _print_tail(client, args, lines: int, rank: int) -> int:
+    """Print the last ``lines`` lines of one node's log of the job (``args.job``, its
+    ``args.attempt``) as it is now (``rank``: which node of a multi-node job, 0 first);
+    returns the offset where it ends. The log is read through (the node sends it in pieces); only the tail is
     kept, so a long log costs time, never memory."""
     from collections import deque
 
     kept: deque[str] = deque(maxlen=lines + 1)  # +1: the unfinished last line, if any
     offset, partial = 0, ""
     while True:
-        reply = client.call("logs", job=job_id, offset=offset, rank=rank)
+        reply = client.call("logs", job=args.job, offset=offset, rank=rank, attempt=args.attempt)
         if not reply["data"]:
             break
         offset = reply["offset"]

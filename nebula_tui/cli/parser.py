@@ -189,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "each line prefixed with its rank")
     p.add_argument("-n", "--tail", type=count, default=None, metavar="N",
                    help="only the last N lines (with -f: then follow)")
+    p.add_argument("--attempt", type=count, default=None, metavar="N",
+                   help="a requeued job's earlier run: 1 is its first (default: the latest)")
     p = command("parse", "print what NebulaGrid understands from a saved tool output", prints=False)
     p.add_argument("kind", help="smi-csv, smi-apps, smi-plain, smi-q, smi-xml, amd-smi, "
                    "rocm-smi, xpu-smi, npu-smi, topo, xid")

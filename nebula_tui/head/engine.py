@@ -244,13 +244,20 @@ class Engine:
         return self.state.store.telemetry(gpu, self.state.clock() - since_s)
 
     async def read_log(self, user: str, job_id: int, offset: int, rank: int | None = None,
-                       offsets: list[int] | None = None) -> dict:
+                       offsets: list[int] | None = None, attempt: int | None = None) -> dict:
         """Part of the job's output from ``offset``: rank 0's (or ``rank``'s); with
-        ``offsets`` (one per rank), every rank's, as ``parts``."""
+        ``offsets`` (one per rank), every rank's, as ``parts``. Of its latest attempt, or of
+        ``attempt`` (1 its first run; each requeue starts the next). ``ended``: the log
+        will not grow (the job ended, or that attempt did)."""
         job = self.job(job_id)
         self.access.check_may_manage(user, job, "read the log of")
-        nodes = job_nodes(job) or self.state.store.last_nodes(job.id) or \
-            ([job.node] if job.node else [])
+        if attempt is None:
+            nodes = job_nodes(job) or self.state.store.last_nodes(job.id) or \
+                ([job.node] if job.node else [])
+            which: dict = {}  # the node reads its latest attempt
+        else:
+            nodes = self._attempt_nodes(job, attempt)
+            which = {"attempt": attempt - 1}
         if rank is not None and not 0 <= rank < max(1, len(nodes)):
             raise RequestError(f"job {job_id} ran on {len(nodes)} node(s): --rank goes from 0 "
                                f"to {max(0, len(nodes) - 1)}")
@@ -259,11 +266,26 @@ class Engine:
         parts = []
         for i, position in zip(ranks, starts + [0] * len(ranks)):
             try:
-                reply = await self.state.links[nodes[i]].request("log", job=job.id, offset=position)
+                reply = await self.state.links[nodes[i]].request("log", job=job.id, offset=position,
+                                                                 **which)
             except (NodeUnavailable, asyncio.TimeoutError, KeyError) as err:
                 raise RequestError(f"cannot read the log of job {job_id} on {nodes[i]}: {err}") from None
             parts.append({"rank": i, "node": nodes[i], "data": reply.get("data", ""),
                           "offset": reply.get("offset", position)})
         first = parts[0] if parts else {"data": "", "offset": offset}
+        now = self.job(job_id)
+        ended = now.state.finished or (attempt is not None and attempt - 1 < now.attempt)
         return {"data": first["data"], "offset": first["offset"], "parts": parts,
-                "state": self.job(job_id).state.value}
+                "state": now.state.value, "ended": ended}
+
+    def _attempt_nodes(self, job: Job, attempt: int) -> list[str]:
+        """The nodes of the job's ``attempt`` (1 its first), rank 0 first; a request for one
+        it never had is refused with the attempts it had."""
+        runs = self.state.store.attempt_nodes(job.id)
+        nodes = runs.get(attempt - 1)
+        if nodes is None:
+            had = ", ".join(str(a + 1) for a in sorted(runs))
+            raise RequestError(f"job {job.id} has no attempt {attempt}; "
+                               + (f"its attempts: {had} (1 is its first run)" if had
+                                  else "it has not started yet"))
+        return nodes

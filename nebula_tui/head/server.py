@@ -97,6 +97,7 @@ def socket_answers(path: Path) -> bool:
 #: The longest period one report may cover (a bound on its work).
 MAX_REPORT_S = 400 * 86400
 MAX_OFFSET = (1 << 63) - 1  # a byte position in a log (what a node's seek takes)
+MAX_ATTEMPT = 10 ** 9  # a job's runs, 1 the first (a launch token holds at most 9 digits of it)
 
 
 def peer_user(sock: socket.socket) -> str:
@@ -426,7 +427,10 @@ class ApiServer:
         if offsets is not None and (not isinstance(offsets, list) or len(offsets) > MAX_GPU_COUNT
                                     or not all(whole(o, 0, MAX_OFFSET) for o in offsets)):
             raise RequestError("offsets must be byte positions >= 0, one per rank")
-        return await self.engine.read_log(user, job_id(req), offset, rank, offsets)
+        attempt = req.get("attempt")
+        if attempt is not None and not whole(attempt, 1, MAX_ATTEMPT):
+            raise RequestError("--attempt must be one of the job's runs: 1 (its first) or more")
+        return await self.engine.read_log(user, job_id(req), offset, rank, offsets, attempt)
 
     async def op_shutdown(self, user, req):
         if not self.engine.is_admin(user):
