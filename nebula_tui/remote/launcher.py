@@ -9,6 +9,7 @@ its launch token are the idempotency key (R23).
 
 from __future__ import annotations
 
+import re
 import shlex
 from importlib import resources
 from dataclasses import dataclass
@@ -157,6 +158,9 @@ def job_devices(placements: tuple[Placement, ...],
     return tuple(devices)
 
 
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def _env_words(env: dict[str, str]) -> list[str]:
     return [f"{k}={v}" for k, v in env.items()]
 
@@ -217,13 +221,14 @@ phase() {
     rm -f "$jobdir/phase"
   fi
 }
-fact() {  # the first "$1=" line of the facts, in the shell itself: a job starts no sed for it
+fact() {  # $_fact: the first "$1=" line of the facts, found in the shell itself (no sed,
+  # and no $(fact) subshell: each fork is a good part of a short job's start)
   _fact="
 $facts"
   case $_fact in *"
 $1="*) _fact=${_fact#*"
-$1="}; printf '%s\n' "${_fact%%"
-"*}" ;; esac
+$1="}; _fact=${_fact%%"
+"*} ;; *) _fact= ;; esac
 }
 """
 
@@ -249,25 +254,36 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
                                  None if boxed else spec.submit_dir, spec.conda, spec.venv,
                                  spec.interactive and not boxed)
     sources = [environments.split_mount(m)[0] for m in spec.data_mounts]
-    check_argv = [*run_as, "env", *_env_words(checks), "sh", "-c", preflight.CHECKS,
-                  "nebula-check", *sources]
+    if run_as:  # the checks run as the job's user: through the switch, in a shell of theirs
+        check = _q([*run_as, "env", *_env_words(checks), "sh", "-c", preflight.CHECKS,
+                    "nebula-check", *sources])
+    else:  # the login user's own: in a subshell of the wrapper (no env, no sh started)
+        check = f"{_q(['export', *_env_words(checks)])}; nebula_check {_q(sources)}"
     body = [
         # The wrapper's marks are the login account's alone (umask 077): no job reads or
         # forges another's; the command gets the umask the node gave the wrapper.
         # The sentence is the last line (before it: what a tool or sudo printed).
-        f"if ! facts=$({_q(check_argv)} 2>&1); then fail \"$(printf '%s\\n' \"$facts\" | tail -n 1)\"; fi",
-        'printf "%s" "$(fact workdir)" > "$jobdir/workdir"',
+        *([] if run_as else [f"nebula_check() {{\n{preflight.CHECKS}}}"]),
+        f"if ! facts=$({check} 2>&1); then fail \"$(printf '%s\\n' \"$facts\" | tail -n 1)\"; fi",
+        'fact workdir; workdir_fact=$_fact; fact conda; conda_fact=$_fact',
+        'printf "%s" "$workdir_fact" > "$jobdir/workdir"',
         ': > "$jobdir/started"  # its mtime is the start time',
         *_warmup_lines(job, node, devices, placements),
     ]
     body.append('umask "$job_umask"')
     if boxed:
         body += _container_lines(job, placements, run_as, extra_env, node, devices)
-    else:
+    elif not run_as and all(map(_SHELL_NAME.fullmatch, (env := launch_environment(
+            job, placements, extra_env, devices)))):
+        # The login user's own command: what `env` and `sh -c` do below, in a subshell of
+        # the wrapper (two processes fewer for every job).
+        body.append(f"( export \"NEBULA_WORKDIR=$workdir_fact\" \"NEBULA_CONDA_TOOL=$conda_fact\" "
+                    f"{_q(_env_words(env))}; set -- {_q(_command(job))}\n{_ENTER_AND_EXEC}\n)")
+    else:  # through the switch to the job's user (or a name `export` would refuse)
         argv = user_argv(job, placements, run_as, extra_env, devices)
         cut = argv.index("env") + 1  # the facts the checks found join the environment
-        body.append(f"{_q(argv[:cut])} \"NEBULA_WORKDIR=$(fact workdir)\" "
-                    f"\"NEBULA_CONDA_TOOL=$(fact conda)\" {_q(argv[cut:])}")
+        body.append(f"{_q(argv[:cut])} \"NEBULA_WORKDIR=$workdir_fact\" "
+                    f"\"NEBULA_CONDA_TOOL=$conda_fact\" {_q(argv[cut:])}")
     # One short write: a reader sees an empty file or the whole number, and the nodelet
     # waits for a non-empty one.
     body.append('code=$?; umask 077; echo $code > "$jobdir/exit_code"')

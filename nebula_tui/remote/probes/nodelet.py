@@ -625,7 +625,8 @@ def _launch(req, job, attempt):
     token = req["token"]
     d = attempt_dir(job, attempt)
     name = session_name(job)
-    later = [a for a in attempts(job) if a > attempt]
+    found = attempts(job)
+    later = [a for a in found if a > attempt]
     if later:
         # Never stop or shadow a later launch: the head asking is behind the node.
         return {"ok": False, "error": "job %s already has attempt %d on this node, after the "
@@ -644,12 +645,13 @@ def _launch(req, job, attempt):
             # session created but not yet started is caught below as a duplicate.
             write_atomic(os.path.join(d, "launched"), str(time.time()))
             return {"ok": True, "already": True}
-    session = tmux_sessions().get(job)
+    # A job never launched here has no session of this head's to supersede: its first
+    # launch asks tmux once, not twice (a session of that name is still refused below).
+    session = tmux_sessions().get(job) if found else None
     if session is not None and session != token:
         theirs = parse_token(session)
         if theirs is None or theirs[1] >= attempt:
-            return {"ok": False, "error": "tmux session %s on this node belongs to another "
-                    "launch (%s); nothing was started" % (name, session or "no token")}
+            return _taken(name, session)
         # An earlier attempt of this job, requeued by its head meanwhile: the relaunch
         # supersedes it, so its session and container go (its directory and log stay).
         run(TMUX + ["kill-session", "-t", exact(name)])
@@ -673,13 +675,21 @@ def _launch(req, job, attempt):
         keep_tmux_server()  # someone killed the server meanwhile: start it again, once
         code, _, err = run(argv)
     if code != 0:
-        if "duplicate session" in err and tmux_sessions().get(job) in (token, ""):
+        session = tmux_sessions().get(job) if "duplicate session" in err else None
+        if session in (token, ""):
             # the session is the idempotency key: this launch happened already
             write_atomic(os.path.join(d, "launched"), str(time.time()))
             return {"ok": True, "already": True}
+        if session is not None:
+            return _taken(name, session)
         return {"ok": False, "error": "tmux new-session failed: %s" % err.strip()}
     write_atomic(os.path.join(d, "launched"), str(time.time()))
     return {"ok": True, "already": False}
+
+
+def _taken(name, session):
+    return {"ok": False, "error": "tmux session %s on this node belongs to another launch (%s); "
+            "nothing was started" % (name, session or "no token")}
 
 
 def _make_private_dir(path):
