@@ -208,8 +208,7 @@ class Store:
             with contextlib.suppress(sqlite3.Error):
                 if self.db.conn.in_transaction:  # a failed COMMIT leaves it open
                     self.db.execute("ROLLBACK")
-            raise StoreUnavailable(f"the head could not write its database ({self.path}): "
-                                   f"{_why(err)}; nothing of this change was kept") from err
+            raise self._unavailable(err) from err
         except BaseException:
             self._written = []  # rolled back: none of its lines happened
             raise
@@ -369,24 +368,53 @@ class Store:
         return [dict(r) for r in self.db["gpus"].rows_where(order_by="node, idx")]
 
     # ------------------------------------------------------------------- jobs
-    def add_job(self, user: str, spec: JobSpec, t: float) -> Job:
-        """Store a submitted job as pending; the id is durable once this returns."""
-        return self._add_jobs(user, [spec], t, f"job {self._next_id} submitted by {user}")[0]
+    def add_job(self, user: str, spec: JobSpec, t: float, durable: bool = True) -> Job:
+        """Store a submitted job as pending; the id is durable once this returns (with
+        ``durable`` False: once ``sync_to_disk`` returned after it)."""
+        return self._add_jobs(user, [spec], t, f"job {self._next_id} submitted by {user}",
+                              durable)[0]
 
     def add_array(self, user: str, spec: JobSpec, indices: tuple[int, ...], limit: int | None,
-                  t: float) -> list[Job]:
+                  t: float, durable: bool = True) -> list[Job]:
         """Store an array's tasks as pending jobs in one transaction: each task is a job of
         its own (ids one after the other) whose spec names its array (the first task's id),
         its index and the limit of tasks running at once."""
         first = self._next_id
         tasks = [replace(spec, array_id=first, array_index=i, array_limit=limit) for i in indices]
         return self._add_jobs(user, tasks, t, f"array job {first} ({len(tasks)} tasks, {spec.array}) "
-                                              f"submitted by {user}")
+                                              f"submitted by {user}", durable)
 
-    def _add_jobs(self, user: str, specs: list[JobSpec], t: float, message: str) -> list[Job]:
-        """Pending jobs with the next free ids, and their submit line, in one durable transaction."""
+    def sync_to_disk(self) -> None:
+        """Wait until every transaction committed so far is on the disk, as a durable one's
+        commit waits (it syncs the WAL): the head's group commit calls it from a thread, once
+        for all the submits committed meanwhile. A commit already checkpointed into the
+        database was synced by the checkpoint. ``StoreUnavailable`` when the disk fails."""
+        for path in (self.path.with_name(self.path.name + "-wal"), self.path):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # no WAL (yet): nothing is committed but in the database
+            except OSError as err:
+                raise self._unavailable(err) from err
+            try:
+                os.fsync(fd)
+                return
+            except OSError as err:
+                raise self._unavailable(err, "the jobs just submitted may be lost if the machine "
+                                        "crashes now") from err
+            finally:
+                os.close(fd)
+
+    def _unavailable(self, err: BaseException, kept: str = "nothing of this change was kept"
+                     ) -> StoreUnavailable:
+        return StoreUnavailable(f"the head could not write its database ({self.path}): "
+                                f"{_why(err)}; {kept}")
+
+    def _add_jobs(self, user: str, specs: list[JobSpec], t: float, message: str,
+                  durable: bool) -> list[Job]:
+        """Pending jobs with the next free ids, and their submit line, in one transaction."""
         ids = range(self._next_id, self._next_id + len(specs))
-        with self.transaction(durable=True):
+        with self.transaction(durable=durable):
             self._ensure_user(user, t)
             # Plain SQL on the hot paths: sqlite-utils' insert inspects the table each call.
             self.db.conn.executemany(

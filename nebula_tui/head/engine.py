@@ -123,10 +123,20 @@ class Engine:
         await self.fleet.close()
 
     # ------------------------------------------------------------ client requests
-    def submit(self, user: str, spec: JobSpec) -> Job:
+    async def submit_on_disk(self, user: str, spec: JobSpec) -> Job:
+        """``submit``, returned once the job is on the disk, as a client's answer must be.
+        Its commit does not wait for the disk itself: the group commit (``HeadState.on_disk``)
+        syncs once for every submit that came meanwhile, off the loop, so neither the other
+        clients nor the launches and exits of the moment wait for this one's sync."""
+        job = self.submit(user, spec, durable=False)
+        await self.state.on_disk()
+        return job
+
+    def submit(self, user: str, spec: JobSpec, durable: bool = True) -> Job:
         """Accept a job (an array: all its tasks; the first is returned), or refuse it in
         one sentence: quota, priority, dependencies, a request no card here could ever
-        serve or a --time past the cluster's max_time (``UnfitRequest``)."""
+        serve or a --time past the cluster's max_time (``UnfitRequest``). ``durable``
+        False: committed, but on the disk only after ``HeadState.on_disk``."""
         state = self.state
         if spec.priority > 0 and not self.access.is_admin(user):
             raise RequestError(f"only an admin ({self.access.admins_text()}) may raise a job's priority")
@@ -142,9 +152,9 @@ class Engine:
                 indices, limit = parse_array(spec.array)
             except ValueError as err:
                 raise RequestError(str(err)) from None
-            jobs = state.store.add_array(user, spec, indices, limit, state.clock())
+            jobs = state.store.add_array(user, spec, indices, limit, state.clock(), durable)
         else:
-            jobs = [state.store.add_job(user, spec, state.clock())]
+            jobs = [state.store.add_job(user, spec, state.clock(), durable)]
         for job in jobs:
             state.jobs[job.id] = job
             self.stream.publish_job(job)

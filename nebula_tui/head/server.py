@@ -262,7 +262,7 @@ class ApiServer:
         return {"pid": os.getpid(), "user": user}
 
     async def op_submit(self, user, req):
-        job = self.engine.submit(user, spec_from_request(req))
+        job = await self.engine.submit_on_disk(user, spec_from_request(req))
         tasks = len(parse_array(job.spec.array)[0]) if job.spec.array else 1
         return {"job": views.job_json(job), "tasks": tasks}
 

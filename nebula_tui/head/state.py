@@ -11,6 +11,7 @@ cancelled when the head stops). It imports no other room.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pwd
 import time
@@ -185,6 +186,10 @@ class HeadState:
         self.capacity_changed = True
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
+        #: the group commit (``on_disk``): the sync to the disk on its way, and the one
+        #: after it, which covers every commit made while the first was under way
+        self._sync: asyncio.Future | None = None
+        self._next_sync: asyncio.Future | None = None
         #: after a restore of the store: the nodes that have not yet told what ran since
         #: the backup (nothing is scheduled till they have, or till ``_restore_until``)
         self.unreconciled: set[str] = set()
@@ -206,6 +211,26 @@ class HeadState:
         except asyncio.TimeoutError:
             self.capacity_changed = True
         self._wake.clear()
+
+    async def on_disk(self) -> None:
+        """Until every store transaction committed before this call is on the disk (group
+        commit): one sync, in a thread, serves every caller that came while none was under
+        way; one that comes during a sync waits for the next, which starts when that one
+        ends. Meanwhile the loop goes on (launches, exits, other requests), where a durable
+        commit stopped it for the whole sync. ``StoreUnavailable`` when the disk fails."""
+        if self._sync is None or self._sync.done():
+            self._sync = asyncio.ensure_future(asyncio.to_thread(self.store.sync_to_disk))
+            await asyncio.shield(self._sync)
+            return
+        if self._next_sync is None:
+            self._next_sync = asyncio.ensure_future(self._sync_after(self._sync))
+        await asyncio.shield(self._next_sync)
+
+    async def _sync_after(self, running: asyncio.Future) -> None:
+        with contextlib.suppress(Exception):
+            await running  # its own callers hear how it went
+        self._sync, self._next_sync = self._next_sync, None
+        await asyncio.to_thread(self.store.sync_to_disk)
 
     def spawn(self, coro: Coroutine, name: str) -> asyncio.Task:
         """Run ``coro`` in the background; it is cancelled when the head stops."""
