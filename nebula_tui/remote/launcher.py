@@ -257,13 +257,16 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
     if run_as:  # the checks run as the job's user: through the switch, in a shell of theirs
         check = _q([*run_as, "env", *_env_words(checks), "sh", "-c", preflight.CHECKS,
                     "nebula-check", *sources])
-    else:  # the login user's own: in a subshell of the wrapper (no env, no sh started)
+    elif len(checks) > 1 or sources:  # the login user's own: in a subshell of the wrapper
         check = f"{_q(['export', *_env_words(checks)])}; nebula_check {_q(sources)}"
+    else:  # nothing to check (no workdir, env, terminal or mount) and no user to switch to
+        check = None
     body = [
         # The wrapper's marks are the login account's alone (umask 077): no job reads or
         # forges another's; the command gets the umask the node gave the wrapper.
         # The sentence is the last line (before it: what a tool or sudo printed).
-        *([] if run_as else [f"nebula_check() {{\n{preflight.CHECKS}}}"]),
+        *([] if run_as or check is None else [f"nebula_check() {{\n{preflight.CHECKS}}}"]),
+        "facts=" if check is None else
         f"if ! facts=$({check} 2>&1); then fail \"$(printf '%s\\n' \"$facts\" | tail -n 1)\"; fi",
         'fact workdir; workdir_fact=$_fact; fact conda; conda_fact=$_fact',
         'printf "%s" "$workdir_fact" > "$jobdir/workdir"',

@@ -667,8 +667,9 @@ def _launch(req, job, attempt):
     _prepare_log(os.path.join(d, "output.log"), req.get("user"))
     script = os.path.join(d, "run.sh")
     write_atomic(script, req["script"], 0o700)
-    argv = TMUX + ["new-session", "-d", "-s", name, "-x", "200", "-y", "50",
-                   "exec sh %s %s" % (shlex.quote(script), shlex.quote(d)),
+    command = ["sh", script, d] if tmux_execs_argv() else [
+        "exec sh %s %s" % (shlex.quote(script), shlex.quote(d))]
+    argv = TMUX + ["new-session", "-d", "-s", name, "-x", "200", "-y", "50", *command,
                    ";", "set-option", "@nebula_token", token] + LOCKED_SESSION
     code, _, err = run(argv)
     if code != 0 and "server exited unexpectedly" in err:
@@ -1012,6 +1013,19 @@ def hello():
             "driver_version": facts.get("driver_version"),
             "cuda_version": facts.get("cuda_version"), "links": facts.get("links") or {},
             "t": time.time()}
+
+
+_TMUX_EXECS_ARGV = []
+
+
+def tmux_execs_argv():
+    """Whether this tmux (3.0 and later) runs a command given as several words itself,
+    without a shell around it: one process fewer before every job starts."""
+    if not _TMUX_EXECS_ARGV:
+        _, out, _ = run([TMUX[0], "-V"])
+        found = re.search(r"(\d+)\.\d", out)
+        _TMUX_EXECS_ARGV.append(bool(found) and int(found.group(1)) >= 3)
+    return _TMUX_EXECS_ARGV[0]
 
 
 def keep_tmux_server():
