@@ -368,7 +368,10 @@ def report(ours: Result, slurm: list[Result], args, version: str, load_before: s
           "idle before each; the time the job writes minus the time before the submit)")
     for r in (ours, *slurm):
         print(latency_row(r))
-    print(f"{args.jobs} one-GPU `true` jobs, first submit -> all done")
+    print(f"{args.jobs} one-GPU `true` jobs, first submit -> all done; both sides submit one job "
+          "at a time, each answered before the next is sent (Slurm: an sbatch process a job, "
+          "answered once slurmctld holds it; NebulaGrid: a request a job on one socket "
+          "connection, no process started for it, answered once its commit is on the disk)")
     for r in (ours, *slurm):
         print(f"  {r.name:<16} {r.jps:7.1f} jobs/s   (submits accepted at {r.submit_rate:6.1f}/s)"
               + (f"   {r.note}" if r.note else ""))
