@@ -210,6 +210,19 @@ def gpu_list(gpus: list[dict]) -> str:
     return " ".join(f"{node}:{','.join(indices)}" for node, indices in by_node.items())
 
 
+def node_power(node: dict, gpus: list[dict]) -> tuple[float | None, int | None]:
+    """(what the node draws now: its cards' power summed, None when no card reads any; its
+    nodes.yaml ``power_budget_w``, None when it has none)."""
+    read = [g["power_w"] for g in gpus if g.get("power_w") is not None]
+    return (sum(read) if read else None), node.get("power_budget_w")
+
+
+def power_draw_text(draw: float | None, budget: int | None) -> str:
+    """"412/600 W" (draw against budget), "412 W" (no budget), "N/A/600 W" (no reading)."""
+    shown = "N/A" if draw is None else f"{draw:.0f}"
+    return f"{shown}/{budget} W" if budget else ("N/A" if draw is None else f"{shown} W")
+
+
 def idle_text(seconds: float, gpus: int) -> str:
     """"idle 3 h on 2 GPUs": a running job whose GPUs read ~0% that long (head/limits.py)."""
     return f"idle {duration_text(seconds)} on {gpus} GPU{'s' * (gpus != 1)}"
@@ -295,6 +308,10 @@ def node_text(node: dict) -> str:
                      else "  why:\n" + "\n".join(f"    {l}" for l in node["detail"].splitlines()))
     if node.get("failed_attempts"):
         lines.append(f"  failed connection attempts since it was last up: {node['failed_attempts']}")
+    draw, budget = node_power(node, node["gpus"])
+    if budget:
+        share = f" ({draw / budget:.0%})" if draw is not None else ""
+        lines.append(f"  power: {power_draw_text(draw, budget)} of its budget{share}")
     lines.append(f"  jobs: {', '.join(map(str, node['jobs'])) or 'none'}")
     if node["gpus"]:
         lines += ["", gpus_text(node["gpus"])]

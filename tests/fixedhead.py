@@ -133,7 +133,7 @@ def lab() -> dict:
         {"name": "node01", "host": "10.0.0.11", "port": 22, "state": "up", "reason": "",
          "drained": False, "last_seen": NOW - 2, "hostname": "node01"},
         {"name": "node02", "host": "10.0.0.12", "port": 22, "state": "up", "reason": "",
-         "drained": False, "last_seen": NOW - 1, "hostname": "node02"},
+         "drained": False, "last_seen": NOW - 1, "hostname": "node02", "power_budget_w": 1100},
         {"name": "node03", "host": "10.0.0.13", "port": 22, "state": "unknown",
          "reason": "missed 3 probes", "drained": False, "last_seen": NOW - 95, "hostname": "node03"},
     ]

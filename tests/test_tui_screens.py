@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 
 import pytest
+import yaml
 from conftest import has_op, palette_pick, until
+from labfixtures import lab_config, serving
 from textual import events
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Log, Static
@@ -20,6 +22,8 @@ from nebula_tui.model import format_mb
 from nebula_tui.screens.app import HelpScreen, make_app
 from nebula_tui.screens.gpus import GpuDetailScreen, GpusScreen
 from nebula_tui.screens.job import JobScreen
+from nebula_tui.screens.look import LOOK
+from nebula_tui.screens.nodecards import NodeCards
 from nebula_tui.screens.dialogs import ChoiceScreen
 from nebula_tui.screens.nodes import DrainPrompt, NodesScreen
 from nebula_tui.screens.overview import OverviewScreen
@@ -422,3 +426,41 @@ async def test_screen_keys_typed_quickly_act_in_the_order_typed(head):
         await until(pilot, lambda: app.screen.query_one("#filter", Input).value == "12",
                     what="digits in the filter")
         assert app.current_mode == "gpus"
+
+
+@pytest.fixture(scope="module")
+def budget_head(openssh_lab, tmp_path_factory):
+    """A head whose node01 has a power budget its idle cards already pass (1 W) and node02
+    one they are far from."""
+    config = yaml.safe_load(openssh_lab.config_path.read_text())
+    budgets = {"node01": 1, "node02": 100_000}
+    for node in config["nodes"]:
+        if node["name"] in budgets:
+            node["power_budget_w"] = budgets[node["name"]]
+    path = lab_config(openssh_lab, "power", nodes=config["nodes"])
+    yield from serving(openssh_lab, tmp_path_factory.mktemp("power-home"), path)
+
+
+async def test_nodes_show_their_draw_against_the_power_budget(budget_head):
+    def power_cell(node: str):
+        return pilot.app.screen.query_one("#nodes-table", RowTable).get_row(node)[4]
+
+    app = make_app(budget_head.socket)
+    async with app.run_test(size=(160, 44)) as pilot:
+        await started(pilot)
+        await go(pilot, "5", NodesScreen)
+        await until(pilot, lambda: len(rows(pilot, "nodes-table")) == 3, what="3 nodes")
+        for node in ("node01", "node02", "node03"):  # every card reads a draw
+            assert all(g["power_w"] > 0 for g in pilot.app.cluster.node_gpus(node))
+        over, far, none = (power_cell(n) for n in ("node01", "node02", "node03"))
+        assert re.fullmatch(r"\d+/1 W", str(over)) and over.style == LOOK.role("bad")
+        assert re.fullmatch(r"\d+/100000 W", str(far)) and far.style == LOOK.role("ok")
+        assert re.fullmatch(r"\d+ W", str(none))  # no budget: its draw alone
+        await go(pilot, "1", OverviewScreen)
+        cards = pilot.app.screen.query_one("#cards", NodeCards)
+        titles = {t.split("\n")[0].split()[0]: t.split("\n")[0] for t in cards.texts()}
+        assert re.search(r"  \d+/1 W$", titles["node01"]), titles
+        assert re.search(r"  \d+/100000 W$", titles["node02"]), titles
+        assert " W" not in titles["node03"]  # no budget, no figure on its card
+    shown = budget_head.run("node", "show", "node01", check=True).stdout
+    assert re.search(r"^  power: \d+/1 W of its budget \(\d+%\)$", shown, re.M), shown

@@ -19,13 +19,15 @@ from textual.widgets import Input, Static
 
 from ..api import ApiError
 from ..model import format_mb
+from ..views import node_power
 from .base import TELEMETRY_EVERY_S, ClusterScreen
 from .keys import FORM_KEYS, HELP_KEYS, NODES_KEYS, bindings
-from .render import ago, day_clock, free_slice_mb, state_text
+from .render import ago, day_clock, free_slice_mb, node_power_text, state_text
 from .rowtable import Column, RowTable, Sort
 
 NODE_COLUMNS = (Column("name", "Node"), Column("state", "State"), Column("gpus", "GPUs"),
-                Column("free", "Free VRAM"), Column("jobs", "Jobs", 1), Column("seen", "Seen", 3),
+                Column("free", "Free VRAM"), Column("power", "Power", 2), Column("jobs", "Jobs", 1),
+                Column("seen", "Seen", 3),
                 Column("host", "Host", 2), Column("reason", "Reason", flex=True))
 EVENT_COLUMNS = (Column("t", "Time"), Column("kind", "Kind", 1), Column("message", "Event", flex=True))
 EVENTS_SHOWN = 300
@@ -131,7 +133,8 @@ def node_free_mb(gpus: list[dict]) -> int:
 
 def node_cells(node: dict, gpus: list[dict], running: int) -> tuple:
     return (node["name"], state_text(node["state"]), str(len(gpus)),
-            format_mb(node_free_mb(gpus)), str(running), ago(node.get("last_seen")),
+            format_mb(node_free_mb(gpus)), node_power_text(node, gpus), str(running),
+            ago(node.get("last_seen")),
             f"{node.get('host')}:{node.get('port')}", node.get("reason") or "")
 
 
@@ -154,6 +157,7 @@ class NodesScreen(ClusterScreen):
         node_sorts = {"name": Sort(lambda n: n["name"]), "state": Sort(lambda n: n["state"]),
                       "gpus": Sort(lambda n: len(self.cluster.node_gpus(n["name"])), True),
                       "free": Sort(lambda n: node_free_mb(self.cluster.node_gpus(n["name"])), True),
+                      "power": Sort(lambda n: self._power_share(n), True),
                       "jobs": Sort(lambda n: self._jobs_on(n["name"]), True),
                       "seen": Sort(lambda n: -(n.get("last_seen") or 0)),
                       "host": Sort(lambda n: (n.get("host") or "", n.get("port") or 0))}
@@ -168,6 +172,13 @@ class NodesScreen(ClusterScreen):
     def on_mount(self) -> None:
         self.query_one("#nodes-table", RowTable).focus()
         self.reload()
+
+    def _power_share(self, node: dict) -> tuple:
+        """Nearest its budget first; then nodes without one, by draw; then those unread."""
+        draw, budget = node_power(node, self.cluster.node_gpus(node["name"]))
+        if draw is None:
+            return (0, 0.0)
+        return (2, draw / budget) if budget else (1, draw)
 
     def _jobs_on(self, name: str) -> int:
         return len(self.app.running_on(name))

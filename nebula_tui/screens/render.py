@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from rich.text import Text
 
 from ..model import MAX_ALLOCATIONS_PER_GPU, MIB_PER_GIB, MIN_SLICE_MB, format_mb
-from ..views import short_model
+from ..views import node_power, power_draw_text, short_model
 from .look import LOOK
 
 _EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -205,6 +205,16 @@ def gpu_line(gpu: dict, holders: str) -> Text:
     return line
 
 
+def node_power_text(node: dict, gpus: list[dict]) -> Text:
+    """What a node draws against its power budget ("412/600 W"), coloured as a bar by how
+    near the budget it is (warn from 70%, bad from 90%); its draw alone without one."""
+    draw, budget = node_power(node, gpus)
+    text = power_draw_text(draw, budget)
+    if not budget or draw is None:
+        return Text(text, style="dim" if draw is None else "")
+    return Text(text, style=LOOK.fill(draw / budget))
+
+
 def node_card(node: dict, gpus: list[dict], holders: Callable[[dict], str]) -> Text:
     """One node's card: a title line (state, free cards, health), then one line per GPU."""
     state = node.get("state", "unknown")
@@ -217,6 +227,9 @@ def node_card(node: dict, gpus: list[dict], holders: Callable[[dict], str]) -> T
     health = next((g.get("health_score") for g in gpus if g.get("health_score") is not None), None)
     if health is not None and health < 1:
         title.append(f"  health {health:.2f}", style=LOOK.role("ok" if health >= 0.8 else "warn"))
+    if node.get("power_budget_w"):
+        title.append("  ")
+        title.append_text(node_power_text(node, gpus))
     if node.get("reason"):
         title.append(f"  {node['reason']}", style="dim")
     lines = [title]
