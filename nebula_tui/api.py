@@ -15,6 +15,9 @@ field counts its requeues, so its latest run is that + 1) replies ``{"data", "of
 "parts", "state", "ended"}`` (``ended``: that log will not grow; an attempt the job never
 had is refused with the attempts it had).
 The server learns who is asking from the kernel (``SO_PEERCRED``), never from the request.
+Lists of jobs (``queue``, ``job_history``, the subscription) cut a command or data mounts
+longer than ``views.LISTED_COMMAND_CHARS`` (1,024 characters), saying so in their last
+word; ``job`` and ``wait`` give them whole.
 
 Accounting: ``job_history`` (fields ``user``, ``since``, ``until`` — Unix seconds, ``state``
 — one ended state or a list, ``node``, ``limit``) replies ``{"jobs": [...]}``, the newest

@@ -28,6 +28,39 @@ def job_phase(job: Job) -> str:
     return job.state.value
 
 
+#: How much of a job's command a list of jobs shows (the queue, the history, the event
+#: stream and its snapshot), and of its data mounts: a command may be 256 KB, and a hundred
+#: of them made every TUI's snapshot 25 MB. ``job`` shows them whole.
+LISTED_COMMAND_CHARS = 1024
+
+
+def listed(job: dict) -> dict:
+    """``job`` (as ``job_json``) as a list shows it: its command cut after
+    LISTED_COMMAND_CHARS characters, the last word saying how much more there is, and its
+    data mounts that fit in as many (then how many more)."""
+    command = job.get("command") or []
+    mounts = job.get("data_mounts") or []
+    size = sum(len(word) for word in command)
+    if size <= LISTED_COMMAND_CHARS and sum(len(m) for m in mounts) <= LISTED_COMMAND_CHARS:
+        return job
+    kept: list[str] = []
+    for word in command:
+        room = LISTED_COMMAND_CHARS - sum(len(w) for w in kept)
+        if room <= 0:
+            break
+        kept.append(word[:room])
+    if size > LISTED_COMMAND_CHARS:
+        kept[-1] += (f"… ({size - LISTED_COMMAND_CHARS:,} more characters; "
+                     f"`nebula job {job.get('id')}` shows all of it)")
+    shown: list[str] = []
+    for mount in mounts:
+        if sum(len(m) for m in shown) + len(mount) > LISTED_COMMAND_CHARS:
+            shown.append(f"… ({len(mounts) - len(shown)} more)")
+            break
+        shown.append(mount)
+    return {**job, "command": kept, "data_mounts": shown}
+
+
 def job_json(job: Job) -> dict:
     """A job as clients see it. ``state`` is the stored state; ``phase`` says also
     "cancelling", "evicting" or "stopping", with ``cancel_by``/``cancel_since``,

@@ -154,6 +154,33 @@ def test_stalled_subscribers_cost_the_head_a_bounded_amount(head):
             client.call("cancel", job=blocker)
 
 
+def test_a_users_long_commands_keep_every_list_of_jobs_short(head):
+    """A command may be 256 KB, and one user's hundred waiting jobs made every TUI's snapshot
+    25 MB (past the TUI's line limit: its stream failed for everyone) and every `queue` as
+    long. Lists show the start of a command; `job` shows it whole."""
+    blocker = head.call("submit", command=["sleep", "600"], gpu_mem_mb=4096)["job"]["id"]
+    long = ["echo"] + ["x" * 60_000] * 4
+    with head.client() as client:
+        ids = [client.call("submit", command=long, after=[blocker])["job"]["id"] for _ in range(100)]
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(head.socket))
+            s.sendall(b'{"op": "subscribe"}\n')
+            snapshot = s.makefile("rb").readline()
+        assert len(snapshot) < 1 << 20, f"a snapshot of {len(snapshot) >> 20} MB"
+        listed = next(j for j in json.loads(snapshot)["jobs"] if j["id"] == ids[0])
+        assert listed["command"][0] == "echo" and listed["command"][-1].endswith(
+            f"… ({sum(map(len, long)) - 1024:,} more characters; `nebula job {ids[0]}` shows all of it)")
+        for op in ("queue", "job_history"):
+            with head.client() as client:
+                assert len(json.dumps(client.call(op))) < 1 << 20, op
+        assert head.call("job", job=ids[0])["job"]["command"] == long
+    finally:
+        with head.client() as client:
+            for job in ids + [blocker]:
+                client.call("cancel", job=job)
+
+
 def test_a_repeated_log_line_is_written_a_few_times_then_counted():
     """asyncio's accept retry once wrote 13.6 MB of log in 18 s."""
     import io

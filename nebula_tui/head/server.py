@@ -274,7 +274,7 @@ class ApiServer:
         return {"summary": status["summary"], "nodes": status["nodes"]}
 
     async def op_queue(self, user, req):
-        seen = self._seen_by(user)
+        seen = self._seen_by(user, listing=True)
         return {"jobs": [seen(job) for job in self.engine.queue_json()]}
 
     async def op_gpus(self, user, req):
@@ -308,7 +308,7 @@ class ApiServer:
         jobs = await self.engine.accounting.history(user, who=texts["user"], node=texts["node"],
                                                     states=_ended_states(req.get("state")),
                                                     limit=limit, **bounds)
-        seen = self._seen_by(user)
+        seen = self._seen_by(user, listing=True)
         return {"jobs": [seen(job) for job in jobs]}
 
     async def op_cancel(self, user, req):
@@ -319,16 +319,17 @@ class ApiServer:
         job = await self.engine.wait_finished(job_id(req))
         return {"job": self._seen_by(user)(views.job_json(job))}
 
-    def _seen_by(self, user: str):
+    def _seen_by(self, user: str, listing: bool = False):
         """What ``user`` sees of a job (as views.job_json): another user's command line only
         as an admin, or with ``cluster.commands_visible_to: everyone`` (it can hold a
-        password, as ``TOKEN=hunter2`` once did)."""
-        if self.engine.access.sees_commands_of_all(user):
-            return lambda job: job
+        password, as ``TOKEN=hunter2`` once did); in a ``listing`` (many jobs), only the
+        start of a long command (``views.listed``)."""
+        everyone = self.engine.access.sees_commands_of_all(user)
+        shown = views.listed if listing else (lambda job: job)
 
         def seen(job: dict) -> dict:
-            if job.get("user") == user:
-                return job
+            if everyone or job.get("user") == user:
+                return shown(job)
             return {**job, "command": [f"(hidden: only {job.get('user')} and admins see it)"]}
         return seen
 
@@ -444,7 +445,7 @@ class ApiServer:
         MAX_BACKLOG events behind gets a fresh snapshot in place of its backlog
         (``Stream.publish``), and one that reads nothing for STALL_S is dropped."""
         queue: asyncio.Queue = asyncio.Queue(MAX_BACKLOG)
-        seen = self._seen_by(user)
+        seen = self._seen_by(user, listing=True)
 
         def snapshot() -> dict:
             snap = self.engine.subscribe(queue)
