@@ -74,6 +74,13 @@ import struct
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+#: Every kind of line in the events log (``event["kind"]``): a job's life (submit, hold,
+#: cancel, place, start, end, requeue, and what the head's limits did: idle, guard,
+#: limit), nodes (node, hardware, reconcile), GPUs' health (health, xid), what admins did
+#: (admin) and the store's own notes (store). ``tests/test_events.py`` holds the source to it.
+EVENT_KINDS = ("submit", "hold", "cancel", "place", "start", "end", "requeue", "idle", "guard",
+               "limit", "node", "hardware", "reconcile", "health", "xid", "admin", "store")
+
 #: The longest request line the server reads, and a tenth of the longest reply line.
 MAX_LINE = 1 << 20
 MAX_GPU_COUNT = 64

@@ -952,9 +952,11 @@ class Store:
     def events(self, limit: int = 50, *, kind: str | None = None, node: str | None = None,
                job_id: int | None = None, user: str | None = None,
                since: float | None = None) -> list[dict]:
-        """The newest ``limit`` events that match, oldest first."""
+        """The newest ``limit`` events that match, oldest first; ``user``'s are those they
+        did and those of their jobs (a job's start or placement names no user)."""
         where, params = _filters((("kind = ?", kind), ("node = ?", node), ("job_id = ?", job_id),
-                                  ("user = ?", user), ("t >= ?", since)))
+                                  ("(user = ? OR job_id IN (SELECT id FROM jobs WHERE user = ?))", user),
+                                  ("t >= ?", since)))
         rows = self.db.execute(
             f"SELECT {', '.join(self.EVENT_FIELDS)} FROM events "
             f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY id DESC LIMIT ?",
@@ -973,10 +975,10 @@ def spec_of(fields: dict) -> JobSpec:
 
 
 def _filters(pairs) -> tuple[list[str], list]:
-    """The clauses of the (clause, value) ``pairs`` whose value is given, and those values
-    (a filter left out, None, matches everything)."""
+    """The clauses of the (clause, value) ``pairs`` whose value is given, and those values,
+    one for each ``?`` of its clause (a filter left out, None, matches everything)."""
     given = [(clause, value) for clause, value in pairs if value is not None]
-    return [clause for clause, _ in given], [value for _, value in given]
+    return [clause for clause, _ in given], [v for clause, value in given for v in [value] * clause.count("?")]
 
 
 def _status(row: dict, placements: tuple[Placement, ...]):

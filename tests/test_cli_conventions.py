@@ -52,7 +52,7 @@ def test_a_pipe_closed_before_the_first_line_ends_every_command_quietly(head, jo
     """Like ``nebula queue | head -0``: the reading end is gone before anything is written,
     so the very first write fails. No traceback, no BrokenPipeError, the SIGPIPE exit code."""
     for argv in _printing_commands(jobs):
-        if as_json and argv[0] in ("logs", "completion") or argv[-1].startswith("--"):
+        if as_json and (argv[0] in ("logs", "completion") or argv[-1].startswith("--")):
             continue  # these print no JSON
         argv = argv + ["--json"] if as_json else argv
         read_end, write_end = os.pipe()
@@ -147,6 +147,25 @@ def test_every_command_that_prints_data_takes_json(head, jobs):
 
 
 # --------------------------------------------------------------------- filters, tables
+def test_events_of_a_user_are_theirs_and_their_jobs_and_a_kind_is_checked(head, jobs):
+    def events(*argv: str) -> list[dict]:
+        return json.loads(head.run("events", "--json", "--limit", "1000", *argv, check=True).stdout)
+
+    ended = str(jobs["ended"])
+    # A job's placement and start name no user: they are still the owner's.
+    assert {e["kind"] for e in events("--job", ended)} >= {"submit", "place", "start", "end"}
+    assert [e["message"] for e in events("--user", "root", "--job", ended)] == \
+        [e["message"] for e in events("--job", ended)]
+    assert events("--user", "nobody-here") == []
+    placed = events("--kind", "place", "--user", "root")
+    assert placed and all(e["kind"] == "place" and e["user"] is None for e in placed)
+    typo = head.run("events", "--kind", "started")
+    assert typo.returncode == 2 and typo.stderr.count("\n") == 1
+    assert "did you mean 'start'?" in typo.stderr and "`nebula events --help`" in typo.stderr
+    unknown = head.run("events", "--kind", "oops")
+    assert unknown.returncode == 2 and "choose from submit, hold, cancel" in unknown.stderr
+
+
 def test_queue_filters_by_user_and_state(head, jobs):
     running = head.run("queue", "--state", "running", "--json", check=True).stdout
     assert {j["state"] for j in json.loads(running)} == {"running"}

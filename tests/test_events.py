@@ -7,12 +7,15 @@ The head is the real ``Engine`` over a real store (``inprocess``), with its cloc
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import getpass
+from pathlib import Path
 
 from inprocess import drain
 from inprocess import engine  # noqa: F401  (the fixture)
 
+from nebula_tui.api import EVENT_KINDS
 from nebula_tui.model import JobSpec, JobState, NodeState, Placement
 from nebula_tui.screens.cluster import Cluster
 
@@ -77,3 +80,30 @@ def test_the_tui_shows_the_heads_lines_and_invents_none():
             "gpu": None, "user": "u"}
     cluster.apply_event(line)
     assert list(cluster.events) == [line]
+
+
+#: The calls that write a line of the events log, and where their kind argument may be.
+_WRITERS = {"_event": (0, 1), "add_event": (1,), "record": (0,), "_tell": (1,)}
+
+
+def test_every_kind_the_head_writes_is_one_the_protocol_names():
+    """``nebula events --kind`` takes only ``api.EVENT_KINDS``: a kind written anywhere in
+    the head or the store but missing there could never be asked for."""
+    package = Path(__file__).resolve().parents[1] / "nebula_tui"
+    written: dict[str, str] = {}
+    for path in [package / "store.py", *sorted((package / "head").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "attr", getattr(node.func, "id", None))
+            for n in _WRITERS.get(name, ()):  # the first that is a word (or a choice of two)
+                arg = node.args[n] if n < len(node.args) else None
+                words = [arg] if isinstance(arg, ast.Constant) else \
+                    [arg.body, arg.orelse] if isinstance(arg, ast.IfExp) else []
+                for word in words:
+                    if isinstance(word, ast.Constant) and isinstance(word.value, str):
+                        written[word.value] = f"{path.name}:{node.lineno}"
+                if words:
+                    break
+    assert {"submit", "place", "start", "end", "health", "xid", "store", "idle"} <= set(written)
+    assert {k: where for k, where in written.items() if k not in EVENT_KINDS} == {}

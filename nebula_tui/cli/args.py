@@ -24,6 +24,12 @@ class OneLineParser(argparse.ArgumentParser):
         print(f"{self.prog}: {message} (see `{self.prog} --help`)", file=sys.stderr)
         raise SystemExit(USAGE_ERROR)
 
+    def _print_message(self, message: str, file=None) -> None:
+        # argparse drops a write that fails: `nebula --help | head -0` would then exit 0,
+        # unlike every other command whose pipe closed early (main gives them 141).
+        if message:
+            (file or sys.stderr).write(message)
+
     def _check_value(self, action, value):
         # argparse's own check of a choice (a sub-command is a choice too), plus a suggestion.
         try:

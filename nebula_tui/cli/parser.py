@@ -8,7 +8,7 @@ import argparse
 import os
 
 from .. import environments
-from ..api import ARCH_RE, CUDA_RE
+from ..api import ARCH_RE, CUDA_RE, EVENT_KINDS
 from . import sim
 from .args import (FINISHED_STATES, REPORT_TABLES, STATES, OneLineParser, address, after, array,
                    checked, count, duration, ended_states, job_id, job_states, pattern, size_mb,
@@ -173,11 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_sim_commands(sub, lambda name, text: command(name, text, prints=False))
     p = command("events", "what happened, newest last")
     p.add_argument("--limit", type=count, default=50, help="the newest this many (default 50)")
-    p.add_argument("--kind", default=None,
-                   help="only this kind (submit, place, start, end, requeue, node, health, xid, admin …)")
+    p.add_argument("--kind", default=None, choices=EVENT_KINDS, metavar="KIND",
+                   help=f"only this kind: {', '.join(EVENT_KINDS)}")
     p.add_argument("--node", default=None, help="only this node's")
     p.add_argument("--job", type=job_id, default=None, help="only this job's")
-    p.add_argument("--user", default=None, help="only those of this user")
+    p.add_argument("--user", default=None, help="only what this user did and what their jobs did")
     p.add_argument("--since", type=when, default=None, metavar="WHEN",
                    help="only since then (a date or a time ago: 6h, 2d)")
     command("users", "fair-share weights and usage per user")
