@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -160,3 +162,24 @@ def test_the_demo_serves_metrics_too(tmp_path):
 
 def _env() -> dict:
     return {k: v for k, v in os.environ.items() if not k.startswith("NEBULA_")}
+
+
+def test_idle_connections_to_the_metrics_port_cost_the_head_nothing_lasting(metered):
+    """800 connections that send nothing once held 800 of the head's descriptors and threads
+    for ever: the port serves a few at once and drops one that stays silent."""
+    from nebula_tui.head.metrics import MAX_SCRAPERS, SCRAPE_TIMEOUT_S
+
+    def descriptors() -> int:
+        return len(os.listdir(f"/proc/{metered.process.pid}/fd"))
+
+    before = descriptors()
+    held = [socket.create_connection(("127.0.0.1", metered.port)) for _ in range(300)]
+    try:
+        time.sleep(1)
+        assert descriptors() <= before + MAX_SCRAPERS + 4
+        time.sleep(SCRAPE_TIMEOUT_S + 2)
+        assert descriptors() <= before + 4
+        assert "nebula_jobs" in scrape(metered.port)  # served again
+    finally:
+        for connection in held:
+            connection.close()

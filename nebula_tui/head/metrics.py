@@ -6,9 +6,13 @@ made for the DCGM exporter adapt by a rename (the units here are Prometheus's: b
 hertz); then jobs by state, queue waits, scheduling pass times, GPU-hours per user, and
 each node's reachability and health score.
 
-prometheus_client serves HTTP from a thread of its own; the head's state belongs to its
-event loop, so a scrape hands the gathering to the loop (``_gather``) and waits for it —
-nothing here reads the state from another thread. Waits and pass times are histograms
+prometheus_client's WSGI app answers from threads of a small HTTP server of ours
+(``BoundedHttpServer``): at most ``MAX_SCRAPERS`` connections at once, each dropped after
+``SCRAPE_TIMEOUT_S`` of silence — the server prometheus_client starts itself keeps every
+idle connection, a thread and a descriptor each, for ever (800 idle ones on the lab were 800
+of the head's descriptors). The head's state belongs to its event loop, so a scrape hands
+the gathering to the loop (``_gather``) and waits for it — nothing here reads the state
+from another thread. Waits and pass times are histograms
 observed as they happen (``job_started``, ``pass_done``, which the engine wires).
 """
 
@@ -16,8 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import threading
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..model import Job, JobState, NodeState
@@ -27,6 +35,10 @@ from .state import HeadState
 log = logging.getLogger(__name__)
 
 BYTES_PER_MIB = 1024 * 1024
+#: connections the metrics port serves at once (more are closed at once), and how long one
+#: may send nothing before it is closed: a scraper asks at once and reads
+MAX_SCRAPERS = 16
+SCRAPE_TIMEOUT_S = 5.0
 GPU_LABELS = ("node", "index", "uuid", "model", "vendor")
 #: (name, help, the reading's field, scale to the metric's unit): one gauge per GPU each.
 GPU_READINGS = (
@@ -84,7 +96,7 @@ class Metrics:
         """Serve /metrics on host:port (a thread of prometheus_client's). Raises OSError
         when the address cannot be bound."""
         self._loop = asyncio.get_running_loop()
-        self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        self._server = BoundedHttpServer.serving(host, port, make_wsgi_app(self.registry))
         log.info("metrics on http://%s:%d/metrics", host, port)
 
     def close(self) -> None:
@@ -207,3 +219,45 @@ class _Gathered:
     def describe(self):
         return []  # nothing known before the first scrape; registering must not gather
 
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = SCRAPE_TIMEOUT_S  # the socket's: a client that sends nothing is closed
+
+    def log_message(self, format, *args):  # noqa: A002 — the base class's name
+        pass  # one line per scrape (or per idle client dropped) is not the head's log's
+
+
+class BoundedHttpServer(ThreadingMixIn, WSGIServer):
+    """A thread per connection, at most MAX_SCRAPERS of them."""
+
+    daemon_threads = True
+
+    def __init__(self, address, family: int):
+        self.address_family = family
+        super().__init__(address, _QuietHandler)
+        self._slots = threading.BoundedSemaphore(MAX_SCRAPERS)
+
+    @classmethod
+    def serving(cls, host: str, port: int, app) -> "BoundedHttpServer":
+        """The server on host:port, answering with ``app`` from a thread of its own."""
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        server = cls((host, port), family)
+        server.set_app(app)
+        threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+        return server
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # as many as it serves already: closed at once
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
