@@ -53,7 +53,7 @@ import getpass
 import os
 import pwd
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -409,8 +409,9 @@ def _is(node: Node, tag: str) -> bool:
     return node.tag == _TAG + tag
 
 
-def _suggest(word: str, known: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """" (did you mean 'node01'?)" for the known name closest to a mistyped one, or ""."""
+    close = difflib.get_close_matches(str(word), list(known), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
@@ -459,7 +460,7 @@ class _Ctx:
             if name not in known:
                 raise self.error(
                     key,
-                    f"{where}: unknown key '{name}'{_suggest(name, known)}"
+                    f"{where}: unknown key '{name}'{did_you_mean(name, known)}"
                     f"; known keys: {', '.join(known)}",
                 )
             seen[name] = (key, value)

@@ -91,6 +91,12 @@ def test_a_mistyped_command_gets_a_suggestion(head):
     assert nested.returncode == 2
     assert "unknown command 'drian' (did you mean 'drain'?)" in nested.stderr
     assert "`nebula node --help`" in nested.stderr
+    # Names the service knows: a node, a GPU.
+    node = head.run("node", "show", "node1")
+    assert node.returncode == 1
+    assert node.stderr == "nebula: no node node1 (did you mean 'node01'?); known: node01, node02, node03\n"
+    gpu = head.run("gpu", "history", "nod02:1")
+    assert gpu.returncode == 1 and "no GPU nod02:1 (did you mean 'node02:1'?)" in gpu.stderr
 
 
 def test_a_flag_error_names_the_commands_own_help(head):
@@ -103,6 +109,10 @@ def test_a_flag_error_names_the_commands_own_help(head):
     forgot = head.run("submit", "python", "train.py")
     assert "the command to run goes after `--`" in forgot.stderr
     assert forgot.stderr.count("\n") == 1
+    for bad in ("0", "²"):  # no job has these ids: a usage error here, not the service's refusal
+        job = head.run("events", "--job", bad)
+        assert job.returncode == 2 and "is not a job id" in job.stderr
+        assert "`nebula events --help`" in job.stderr
 
 
 def test_version(head):

@@ -154,7 +154,7 @@ def address(text: str) -> tuple[str, int]:
 
 
 def job_id(text: str) -> int:
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:  # ids count from 1
         raise argparse.ArgumentTypeError(f"'{text}' is not a job id (a number, as `nebula queue` shows)")
     return int(text)
 

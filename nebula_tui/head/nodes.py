@@ -374,9 +374,7 @@ class Fleet:
     def show(self, name: str) -> dict:
         """`nebula node show`: the node with the whole of its reason (a tool's output, an
         error's text), its retries, host facts, GPUs, jobs and latest events."""
-        view = self.state.nodes.get(name)
-        if view is None:
-            raise RequestError(f"no node {name}; known: {', '.join(self.state.nodes)}")
+        view = self.state.node(name)
         state = self.state
         return {**view.json(), "detail": view.detail or view.reason,
                 "drain_reason": view.drain_reason, "failed_attempts": view.failed_attempts,
@@ -392,9 +390,7 @@ class Fleet:
     # --------------------------------------------------------------- admins' changes
     def set_drained(self, user: str, node: str, drained: bool, reason: str = "") -> NodeView:
         self.access.check_admin(user, "drain or resume nodes")
-        view = self.state.nodes.get(node)
-        if view is None:
-            raise RequestError(f"no node {node}; known: {', '.join(self.state.nodes)}")
+        view = self.state.node(node)
         self.state.store.set_drained(node, drained, reason, user, self.state.clock())
         view.drained, view.drain_reason = drained, reason if drained else ""
         self.stream.publish_node(view)
@@ -426,8 +422,7 @@ class Fleet:
 
     async def remove_node(self, user: str, name: str) -> dict:
         self.access.check_admin(user, "remove nodes")
-        if name not in self.state.nodes:
-            raise RequestError(f"no node {name}; known: {', '.join(self.state.nodes)}")
+        self.state.node(name)
         if self._holds_jobs(name):
             raise RequestError(f"{name} still holds jobs; drain it (nebula node drain {name}) "
                                "and remove it once they ended")

@@ -42,8 +42,7 @@ class SmokeTest:
         (``ended`` False when it did not end within RUN_TIMEOUT_S). Raises RequestError
         when the node does not come up, or has no card for it."""
         self.access.check_admin(user, "run a node's smoke test")
-        if node not in self.state.nodes:
-            raise RequestError(f"no node {node}; known: {', '.join(self.state.nodes)}")
+        self.state.node(node)
         views_ = await self._cards(node)
         vendor = views_[0].reading.vendor
         spec = JobSpec(command=SMOKE_COMMANDS.get(vendor, SMOKE_COMMANDS["nvidia"]),

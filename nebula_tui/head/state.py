@@ -18,12 +18,15 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 
-from ..config import ClusterConfig
+from ..config import ClusterConfig, did_you_mean
 from ..model import (GpuProcess, GpuReading, GpuView, Job, JobState, NodeState, Placement,
                      RequestError)
 from ..remote.ssh import NodeLink
 from ..scheduler.health import health_score
 from ..store import Store
+
+#: A refusal naming an unknown node lists the known ones up to this many.
+NODES_NAMED = 12
 
 
 @dataclass
@@ -343,6 +346,17 @@ class HeadState:
         live = self.gpus.get(gpu)
         return f"{live.node}:{live.reading.index}" if live else gpu
 
+    def node(self, name: str) -> NodeView:
+        """The node called ``name``, else a one-line refusal that guesses the typo."""
+        view = self.nodes.get(name)
+        if view is not None:
+            return view
+        guess = did_you_mean(name, self.nodes)
+        known = (f"known: {', '.join(self.nodes)}" if len(self.nodes) <= NODES_NAMED
+                 else "`nebula status` lists them")
+        raise RequestError(f"no node {name}{guess}; {known}" if self.nodes else f"no node {name}: "
+                           "this cluster has none yet")
+
     def resolve_gpu(self, name: str) -> str:
         """A GPU named by uuid or as node:index."""
         if name in self.gpus:
@@ -351,7 +365,9 @@ class HeadState:
         for uuid, live in self.gpus.items():
             if live.node == node and str(live.reading.index) == index:
                 return uuid
-        raise RequestError(f"no GPU {name}; name it by uuid or as node:index (e.g. node01:0)")
+        labels = [f"{live.node}:{live.reading.index}" for live in self.gpus.values()]
+        raise RequestError(f"no GPU {name}{did_you_mean(name, labels)}; name it by uuid or as "
+                           "node:index (e.g. node01:0)")
 
     def total_mb(self, gpu: str) -> int | None:
         live = self.gpus.get(gpu)
