@@ -249,7 +249,8 @@ class Running(_HoldsGpus):
     """Its sessions run on ``placements``' nodes since ``started_at``. ``doing``: what it
     does before its command, as its node says (pulling an image), else empty.
     ``idle_since``: since when its GPUs have all read ~0% (marked by head/limits.py, R30;
-    None while they are in use)."""
+    None while they are in use). ``idle_unknown``: none of its GPUs reads in use, but one
+    at least reports no utilisation at all (N/A), so whether it idles cannot be told."""
 
     placements: tuple[Placement, ...]
     started_at: float
@@ -257,6 +258,7 @@ class Running(_HoldsGpus):
     doing: str = ""
     token: str = ""  # the launch that runs (as Launching's)
     idle_since: float | None = None
+    idle_unknown: bool = False
     state: ClassVar[JobState] = JobState.RUNNING
 
 

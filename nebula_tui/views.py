@@ -83,6 +83,7 @@ def job_json(job: Job) -> dict:
         "workdir_used": job.workdir_used, "interactive": job.spec.interactive,
         "stopping": status.why if isinstance(status, Stopping) else None,
         "idle_since": getattr(holding(status), "idle_since", None),
+        "idle_unknown": getattr(holding(status), "idle_unknown", False),
         "array_id": job.spec.array_id, "array_index": job.spec.array_index,
         "array": job.spec.array, "after": list(job.spec.after), "after_type": job.spec.after_type,
         "time_limit_s": job.spec.time_limit_s,
@@ -261,6 +262,20 @@ def idle_text(seconds: float, gpus: int) -> str:
     return f"idle {duration_text(seconds)} on {gpus} GPU{'s' * (gpus != 1)}"
 
 
+#: a running job whose cards report no utilisation (head/limits.py's ``idleness``)
+IDLE_UNKNOWN_TEXT = "idle unknown (no utilisation reading)"
+
+
+def running_idle_text(job: dict, now: float) -> str:
+    """What ``nebula queue`` and the TUI say of a running job's idleness: "idle 3 h on 2
+    GPUs", "idle unknown (no utilisation reading)", or "" (in use, or not running)."""
+    if job.get("state") != "running":
+        return ""
+    if job.get("idle_since") is not None:
+        return idle_text(max(0.0, now - job["idle_since"]), len(job["gpus"]))
+    return IDLE_UNKNOWN_TEXT if job.get("idle_unknown") else ""
+
+
 def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False) -> str:
     """`nebula queue`: running jobs first, then waiting ones with their reasons; a running
     job its GPUs left idle says so. An array's tasks are one line unless ``expand``."""
@@ -287,8 +302,8 @@ def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False)
             f"{j['gpu_count']}x{format_mb(j['gpu_mem_mb']) if j['gpu_mem_mb'] else 'whole'}")
         # A running job's reason is what it does before its command (pulling an image).
         detail = j["reason"] if j["state"] == "pending" or j["reason"] else " ".join(j["command"])
-        if now is not None and j.get("idle_since") is not None:
-            detail = f"{idle_text(max(0.0, now - j['idle_since']), len(j['gpus']))} · {detail}"
+        if now is not None and (idle := running_idle_text(j, now)):
+            detail = f"{idle} · {detail}"
         ident = str(j["id"]) if j.get("array_id") is None else f"{j['array_id']}_{j['array_index']}"
         rows.append((ident, j["user"], j["name"] or "-", j["state"], where, detail))
     return table(("ID", "USER", "NAME", "STATE", "GPUS", "REASON / COMMAND"), rows, right={0})

@@ -16,6 +16,7 @@ import pytest
 from conftest import until, wait_for
 from labfixtures import lab_config, serving
 from nebula_tui.screens.app import make_app
+from nebula_tui.sim import faults
 from nebula_tui.screens.queue import QueueScreen
 from nebula_tui.screens.rowtable import RowTable
 
@@ -232,3 +233,33 @@ def test_a_job_that_ignores_sigusr1_is_killed_after_the_grace_and_ends_timeout(h
     done = head.wait_job(job, timeout=40)
     assert done["state"] == "timeout" and done["reason"] == "stopped at its time limit (--time 2 s)"
     assert done["ended_at"] - done["started_at"] < 2 + GRACE_S + 5
+
+
+@pytest.mark.parametrize("arch", ["sm_86", "sm_89"])  # read with nvidia-smi; with NVML
+def test_a_job_on_cards_that_report_no_utilisation_is_idle_unknown_not_idle(head, openssh_lab, arch):
+    """Cards whose vendor reports no utilisation (N/A) cannot tell an idle job from a busy
+    one: the job is shown "idle unknown" and neither marked idle nor cancelled."""
+    cards = [(g["node"], g["index"]) for g in head.call("gpus")["gpus"]
+             if g["compute_capability"] == arch]
+    assert cards
+    for node, index in cards:
+        faults.set_fault(openssh_lab.node_dir(node), index, util=None)
+    try:
+        job = submit(head, "--arch", arch, "--gpu-mem", "4G", "--", "env",
+                     "NEBULA_SIM_GPU_UTIL=0", "sleep", "120")
+        running(head, job)
+        wait_for(lambda: head.job(job)["idle_unknown"], 20, what="idleness unknown")
+        queue = head.run("queue", check=True).stdout
+        assert "idle unknown (no utilisation reading) · env NEBULA_SIM_GPU_UTIL=0 sleep 120" in queue
+        time.sleep(4 + 4 + 3)  # past idle_after and idle_grace: an idle job would be cancelled
+        now = head.job(job)
+        assert (now["state"], now["idle_since"], now["idle_unknown"]) == ("running", None, True)
+        assert not events(head, f"job {job} is idle")
+    finally:
+        for node, index in cards:
+            faults.clear_gpu_faults(openssh_lab.node_dir(node), index)
+    # Read again, the card is idle: the job is marked, and no longer unknown.
+    marked = wait_for(lambda: (j := head.job(job))["idle_since"] and j, 20, what="the idle mark")
+    assert marked["idle_unknown"] is False
+    head.run("cancel", str(job), check=True)
+    head.wait_job(job, timeout=40)

@@ -391,11 +391,12 @@ class JobTransitions:
             except (NodeUnavailable, asyncio.TimeoutError) as err:
                 log.warning("cancel of job %s on %s waits for the node: %s", job.id, node, err)
 
-    def mark_idle(self, job: Job, since: float | None) -> Job:
-        """A running job whose GPUs read idle since ``since`` (None: in use again)."""
-        if not isinstance(job.status, Running) or job.status.idle_since == since:
+    def mark_idle(self, job: Job, since: float | None, unknown: bool = False) -> Job:
+        """A running job whose GPUs read idle since ``since`` (None: in use again, or
+        ``unknown``: its cards read no utilisation to tell)."""
+        if not isinstance(job.status, Running) or (job.status.idle_since, job.status.idle_unknown) == (since, unknown):
             return job
-        return self._set(replace(job, status=replace(job.status, idle_since=since)))
+        return self._set(replace(job, status=replace(job.status, idle_since=since, idle_unknown=unknown)))
 
     # ---------------------------------------------------------------------- stop
     def begin_stop(self, job: Job, ends: JobState, why: str, requeue: bool, kill_at: float) -> Job | None:

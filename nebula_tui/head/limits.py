@@ -14,7 +14,9 @@ Each is one check over the running jobs, run at every turn of the scheduling loo
   ``limits.idle_after`` is marked (``Running.idle_since``; the queue shows "idle 3 h on
   2 GPUs"), an event and a line in its log; ``limits.idle_grace`` after that warning,
   ``limits.idle_action`` runs (``warn``: nothing more; ``cancel``: stopped, it ends
-  ``cancelled``). ``--service`` jobs are exempt unless ``limits.idle_services``.
+  ``cancelled``). ``--service`` jobs are exempt unless ``limits.idle_services``. A card
+  that reports no utilisation (N/A) makes a job that is not visibly busy ``idle_unknown``
+  (shown so, never marked idle nor acted on; see ``idleness``).
 
 Stops go through ``Stops.stop`` (head/stops.py). How long a job has run is counted on the
 monotonic clock from its start (``job_started``; a job running when this head started:
@@ -54,6 +56,21 @@ class Overuse:
     since: float  # on the monotonic clock: a step of the wall clock is no time over
     where: dict[str, tuple[int, int]] = field(default_factory=dict)
     acted: bool = False
+
+
+IDLE, BUSY, UNKNOWN = "idle", "busy", "unknown"
+
+
+def idleness(utilizations: list[float | None]) -> str | None:
+    """What a job's cards' utilisation readings say: ``IDLE`` (every card reads at most
+    ``IDLE_UTIL_PCT``), ``BUSY`` (one reads more), ``UNKNOWN`` (none reads more, but one
+    reports no utilisation, N/A: memory held or a process present says nothing about work
+    done, so such a job is neither marked idle nor acted on), None (no card read yet)."""
+    if not utilizations:
+        return None
+    if any(u is not None and u > IDLE_UTIL_PCT for u in utilizations):
+        return BUSY
+    return UNKNOWN if None in utilizations else IDLE
 
 
 class Limits:
@@ -208,16 +225,17 @@ class Limits:
             if job is None or not isinstance(job.status, Running) \
                     or (job.spec.service and not settings.idle_services):
                 continue
-            readings = [gpus[p.gpu_uuid].reading.utilization_pct for p in job.placements if p.gpu_uuid in gpus]
-            idle = bool(readings) and all(u is not None and u <= IDLE_UTIL_PCT for u in readings)
+            looks = idleness([gpus[p.gpu_uuid].reading.utilization_pct
+                              for p in job.placements if p.gpu_uuid in gpus])
             since = job.status.idle_since
-            if idle and since is None:
+            if looks == IDLE and since is None:
                 self.idle_from[job.id] = self.state.monotonic()
                 self.jobs.mark_idle(job, self.state.clock())
-            elif not idle and since is not None:
+            elif looks != IDLE and since is not None:
                 self.idle_warned.pop(job.id, None)
                 self.idle_from.pop(job.id, None)
-                self.jobs.mark_idle(job, None)
+            if looks != IDLE:
+                self.jobs.mark_idle(job, None, unknown=looks == UNKNOWN)
 
     def _idle_actions(self, now: float, running: list[Job]) -> None:
         after, grace = self.settings.idle_after_s, self.settings.idle_grace_s

@@ -20,7 +20,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from ..api import ApiError
-from ..views import idle_text
+from ..views import running_idle_text
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .cluster import FINISHED
 from .keys import QUEUE_KEYS
@@ -62,18 +62,10 @@ GONE = ("-",) * len(QUEUE_COLUMNS)
 
 
 def queue_cells(job: dict, place: int | None, at: float) -> tuple:
-    idle = running_idle(job, at)
+    idle = running_idle_text(job, at)
     return (str(job["id"]), job["user"], job["name"] or "-", state_text(job_state(job)),
             str(place) if place else "-", job_size(job), elapsed_text(job, at), exit_text(job),
             f"{job_where(job)} · {idle}" if idle else job_where(job))
-
-
-def running_idle(job: dict, at: float) -> str:
-    """"idle 3 h on 2 GPUs" while the head marks a running job's GPUs idle, else ""."""
-    since = job.get("idle_since")
-    if since is None or job["state"] != "running":
-        return ""
-    return idle_text(max(0.0, at - since), len(job["gpus"]))
 
 
 def ended_where(job: dict) -> str:
@@ -96,7 +88,7 @@ def job_detail(job: dict, at: float) -> Text:
         text.append(f" by {job.get('held_by') or 'someone'}; u releases it")
     elif state in ACTIVE_STATES:
         text.append(f" on {job_where(job)} for {elapsed_text(job, at)}")
-        if idle := running_idle(job, at):
+        if idle := running_idle_text(job, at):
             text.append(f", {idle}")
     elif job["state"] in FINISHED:
         code = job.get("exit_code")

@@ -61,6 +61,7 @@ typedef struct {
     double util, temp, power;
     unsigned sm, mem_clock, fan;
     int pstate, lost, throttle, nprocs;
+    int util_na;  /* a fault "util None": the card reports no utilisation (NOT_SUPPORTED) */
     long long ecc_uncorrected;
     unsigned procs[MAX_PROCS];
     unsigned long long proc_mb[MAX_PROCS];
@@ -357,6 +358,7 @@ static void apply_faults(void) {
             int yes = strcmp(value, "true") == 0 || strcmp(value, "1") == 0;
             if (strcmp(key, "lost") == 0) gpu->lost = yes;
             else if (strcmp(key, "temp_c") == 0) gpu->temp = atof(value);
+            else if (strcmp(key, "util") == 0 && strcmp(value, "None") == 0) gpu->util_na = 1;
             else if (strcmp(key, "util") == 0) gpu->util = atof(value);
             else if (strcmp(key, "sm_clock_mhz") == 0) gpu->sm = (unsigned)atoi(value);
             else if (strcmp(key, "ecc_uncorrected") == 0) gpu->ecc_uncorrected = atoll(value);
@@ -380,6 +382,7 @@ static void refresh(void) {
         gpu->nprocs = 0;
         gpu->used_mb = 0;
         gpu->util = 0;
+        gpu->util_na = 0;
     }
     scan_processes();
     for (unsigned g = gpu_count; g < device_count; g++) {  /* a card holds its instances' work */
@@ -579,6 +582,7 @@ typedef struct { unsigned gpu, memory; } nvml_utilization;
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(void *device, nvml_utilization *utilization) {
     DEVICE(device)
+    if (g->util_na) return NVML_ERROR_NOT_SUPPORTED;
     utilization->gpu = (unsigned)round_half_even(g->util);
     utilization->memory = (unsigned)round_half_even(g->util * 0.4);
     return NVML_SUCCESS;
