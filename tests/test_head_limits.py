@@ -12,6 +12,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from conftest import wait_for
 from inprocess import engine, served  # noqa: F401  (the fixtures)
 from nebula_tui.sim.harness import HeadProcess
@@ -202,3 +204,26 @@ def test_a_repeated_log_line_is_written_a_few_times_then_counted():
         assert "another kind of line" in out.getvalue()
     finally:
         log.removeHandler(handler)
+
+
+async def test_one_user_may_have_so_many_jobs_waiting_or_running(engine, monkeypatch):
+    """Every live job is in every list of jobs and every TUI's snapshot: one user submitting
+    without end would make them all too long to read."""
+    from nebula_tui.head import engine as room
+    from nebula_tui.model import JobSpec, RequestError
+
+    monkeypatch.setattr(room, "MAX_LIVE_JOBS_PER_USER", 5)
+    waiting = JobSpec(command=("true",))
+    first = [engine.submit("alice", waiting) for _ in range(3)]
+    with pytest.raises(RequestError, match="alice has 3 jobs waiting or running, and one user may have 5"):
+        engine.submit("alice", JobSpec(command=("true",), array="0-2"))
+    engine.submit("alice", JobSpec(command=("true",), array="0-1"))
+    with pytest.raises(RequestError, match="let some end"):
+        engine.submit("alice", waiting)
+    assert engine.submit("bob", waiting).user == "bob"  # another user's own count
+    await engine.cancel("alice", first[0].id)
+    wait = 0
+    while engine.state.jobs.per_user["alice"] > 4 and wait < 50:
+        await asyncio.sleep(0.1)
+        wait += 1
+    assert engine.submit("alice", waiting).user == "alice"

@@ -51,6 +51,10 @@ from .state import HeadState, job_nodes
 from .stops import Stops
 from .stream import Stream
 
+#: jobs one user may have waiting or running at once (an array's tasks each count): every
+#: list of jobs, each TUI's snapshot among them, holds them all
+MAX_LIVE_JOBS_PER_USER = 20_000
+
 
 class Engine:
     def __init__(self, config: ClusterConfig, store: Store, clock=time.time):
@@ -147,11 +151,18 @@ class Engine:
         if share is not None and share.refusal:
             raise RequestError(share.refusal)
         spec = self._fit(user, spec)
+        indices, limit = (), None
         if spec.array:
             try:
                 indices, limit = parse_array(spec.array)
             except ValueError as err:
                 raise RequestError(str(err)) from None
+        live = state.jobs.per_user[user]
+        if live + max(1, len(indices)) > MAX_LIVE_JOBS_PER_USER:
+            # Every list of jobs (each TUI's snapshot among them) holds every live job.
+            raise RequestError(f"{user} has {live:,} jobs waiting or running, and one user may have "
+                               f"{MAX_LIVE_JOBS_PER_USER:,}; let some end (or cancel them) first")
+        if spec.array:
             jobs = state.store.add_array(user, spec, indices, limit, state.clock(), durable)
         else:
             jobs = [state.store.add_job(user, spec, state.clock(), durable)]

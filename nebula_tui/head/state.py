@@ -15,6 +15,7 @@ import contextlib
 import os
 import pwd
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 
@@ -104,7 +105,8 @@ class GpuLive:
 
 
 class JobTable(dict):
-    """Every unfinished job by id, and which of them hold which GPU (``holding``).
+    """Every unfinished job by id, which of them hold which GPU (``holding``), and how many
+    each user has (``per_user``).
 
     The index follows every ``table[id] = job``, ``pop`` and ``del``, so one node's GPU
     views (built on each of its probes) need not walk 10,000 jobs for their holders. Other
@@ -114,6 +116,7 @@ class JobTable(dict):
     def __init__(self, jobs: Iterable[Job] = ()) -> None:
         super().__init__()
         self.holding: dict[str, dict[int, Placement]] = {}  # GPU uuid -> job id -> placement
+        self.per_user: Counter[str] = Counter()
         for job in jobs:
             self[job.id] = job
 
@@ -139,6 +142,7 @@ class JobTable(dict):
     update = setdefault = popitem = clear = __ior__ = _unsupported
 
     def _index(self, job: Job, *, add: bool) -> None:
+        self.per_user[job.user] += 1 if add else -1
         if not job.state.holds_gpus:
             return
         for p in job.placements:
