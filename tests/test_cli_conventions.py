@@ -41,7 +41,9 @@ def _submit(head, *args: str) -> int:
 
 
 def _printing_commands(jobs) -> list[list[str]]:
-    return [["status"], ["queue"], ["gpus"], ["users"], ["events"], ["job", str(jobs["ended"])],
+    return [["status"], ["queue"], ["queue", "--all"], ["gpus"], ["users"], ["events"],
+            ["history"], ["report"], ["report", "--csv", "users"], ["node", "show", "node01"],
+            ["job", str(jobs["ended"])],
             ["logs", str(jobs["ended"])], ["gpu", "history", "node01:0", "--since", "1d"],
             ["completion", "bash"], ["--help"], ["queue", "--help"], ["--version"]]
 
