@@ -147,8 +147,17 @@ class JobState(str, enum.Enum):
     def holds_gpus(self) -> bool:
         return self in (JobState.LAUNCHING, JobState.RUNNING)
 
+    @property
+    def phrase(self) -> str:
+        """The state in a sentence about a job: "job 7 has succeeded", "… timed out"."""
+        return _PHRASES[self]
+
 
 _FINISHED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
+_PHRASES = {JobState.PENDING: "is waiting", JobState.LAUNCHING: "is launching",
+            JobState.RUNNING: "is running", JobState.SUCCEEDED: "has succeeded",
+            JobState.FAILED: "has failed", JobState.CANCELLED: "was cancelled",
+            JobState.TIMEOUT: "timed out"}
 #: The states of an ended job as clients see them (``job_json``'s "state").
 FINISHED_STATES = frozenset(s.value for s in _FINISHED)
 

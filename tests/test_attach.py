@@ -99,7 +99,7 @@ def test_attach_to_a_job_that_is_not_running_says_so(shared):
     shared.wait_job(job)
     done = as_user(shared, ALICE, "attach", str(job))
     assert done.returncode == 1
-    assert f"job {job} is succeeded; only a running job has a session" in done.stderr
+    assert f"job {job} has succeeded; only a running job has a session" in done.stderr
 
 
 def test_nebula_run_gives_a_shell_once_it_has_its_gpus_and_ends_with_it(shared, terminal):

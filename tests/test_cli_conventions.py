@@ -117,6 +117,16 @@ def test_a_flag_error_names_the_commands_own_help(head):
         assert "`nebula events --help`" in job.stderr
 
 
+def test_a_refusal_says_the_jobs_state_in_words(head, jobs):
+    ended = jobs["ended"]
+    hold = head.run("hold", str(ended))
+    assert hold.stderr == f"nebula: job {ended} has succeeded; only waiting jobs can be held\n"
+    cancel = head.run("cancel", str(ended))
+    assert cancel.stderr == f"nebula: job {ended} has already ended: it has succeeded\n"
+    requeue = head.run("requeue", str(jobs["waiting"]))
+    assert requeue.stderr.startswith(f"nebula: job {jobs['waiting']} is waiting; only a launching")
+
+
 def test_version(head):
     done = head.run("--version")
     assert done.returncode == 0 and done.stdout.startswith("nebula ") and done.stdout.split()[1][0].isdigit()

@@ -46,7 +46,7 @@ class Attach:
             raise RequestError(f"no job {job_id}; `nebula queue` lists the jobs")
         self.access.check_may_manage(user, job, "attach to")
         if not job.state.holds_gpus or not job.node:
-            raise RequestError(f"job {job_id} is {job.state.value}; only a running job has a session")
+            raise RequestError(f"job {job_id} {job.state.phrase}; only a running job has a session")
         nodes = job_nodes(job)
         if not 0 <= rank < len(nodes):
             raise RequestError(f"job {job_id} runs on {len(nodes)} node(s): --rank goes from 0 "

@@ -228,7 +228,7 @@ class Engine:
         job = self.job(job_id)
         self.access.check_may_manage(user, job, "requeue")
         if not job.state.holds_gpus:
-            raise RequestError(f"job {job_id} is {job.state.value}; only a launching or running job "
+            raise RequestError(f"job {job_id} {job.state.phrase}; only a launching or running job "
                                "can be requeued (`nebula submit` runs an ended one again)")
         if not self.stops.stop(job, JobState.PENDING, f"requeued by {user}", self.limits.grace_s,
                                      requeue=True):
@@ -243,7 +243,7 @@ class Engine:
         job = self.job(job_id)
         self.access.check_may_manage(user, job, "hold" if hold else "release")
         if job.state != JobState.PENDING:
-            raise RequestError(f"job {job_id} is {job.state.value}; only waiting jobs can be "
+            raise RequestError(f"job {job_id} {job.state.phrase}; only waiting jobs can be "
                                f"{'held' if hold else 'released'}")
         self.state.store.set_held(job.id, user if hold else None, user, self.state.clock())
         job = replace(job, status=Pending(f"held by {user}; `nebula release {job.id}` lets it run",

@@ -369,7 +369,7 @@ class JobTransitions:
         request is kept in the store until they confirm). A cancel outranks an eviction."""
         self.access.check_may_manage(user, job, "cancel")
         if job.state.finished:
-            raise RequestError(f"job {job.id} already {job.state.value}")
+            raise RequestError(f"job {job.id} has already ended: it {job.state.phrase}")
         if job.state == JobState.PENDING:
             if user != job.user:
                 self.state.record("admin", f"{user} cancelled job {job.id} of {job.user}",
