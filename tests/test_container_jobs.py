@@ -159,6 +159,27 @@ def test_its_memory_shows_on_its_cards_while_it_runs(head):
     assert head.wait_job(job_id, 40)["state"] == "cancelled"
 
 
+def test_its_gpu_processes_are_its_own_by_their_cgroup_and_guarded(head):
+    """The container's processes are children of podman's monitor, not of the job's tmux
+    pane: the node tells them the job's by the container their cgroup names. So its card
+    shows no unmanaged memory, and memory beyond its reservation is the guard's."""
+    job_id = submit(head, "--gpu-mem", "4G", "--", "env", "NEBULA_SIM_GPU_MEM=12G", "sleep", "60")
+    card = running(head, job_id)["gpus"][0]
+    try:
+        def attributed():
+            gpu = next(g for g in head.call("gpus")["gpus"] if g["uuid"] == card["uuid"])
+            return gpu["processes"] and all(p["job_id"] == job_id for p in gpu["processes"]) and gpu
+        gpu = wait_for(attributed, 60, what="the container's process attributed to its job")
+        assert gpu["unmanaged_used_mb"] == 0, gpu
+        said = wait_for(lambda: [e for e in head.call("events", limit=200)["events"]
+                                 if f"job {job_id} holds 12 GB on" in e["message"]], 60,
+                        what="the guard's event")
+        assert "over its 4 GB reservation" in said[0]["message"]
+    finally:
+        head.call("cancel", job=job_id)
+        head.wait_job(job_id, 40)
+
+
 def test_sigusr1_reaches_the_command_inside_the_container(head, tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

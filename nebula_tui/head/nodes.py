@@ -226,8 +226,8 @@ class Fleet:
 
     @staticmethod
     def _attribute(procs, pid_jobs: dict, pid_users: dict, ours: set[str]) -> tuple[dict[int, int], tuple]:
-        """Each GPU process to its job (the nodelet found NEBULA_JOB_ID in its environment,
-        which its whole process tree and container inherit; ``ours``: the ids that are this
+        """Each GPU process to its job (the nodelet found it below the job's tmux session or
+        in the cgroup of the job's container: ``pid_jobs``; ``ours``: the ids that are this
         head's jobs here) or to its Unix owner: (MiB per job, ((pid, user, MiB), …) of the
         others)."""
         job_used: dict[int, int] = {}

@@ -4,10 +4,14 @@ Which container runtimes this login can use (a fact of the hello), and a job's c
 found by the name its wrapper wrote to ``$jobdir/container`` (the name on the first line,
 then the runtime's argv one word a line), signalled, stopped or removed through that same
 runtime and user: its processes are children of the runtime's monitor, not of the job's
-tmux session, so signalling the session alone would miss them.
+tmux session, so signalling the session alone would miss them. For the same reason a
+container's GPU processes are told to be the job's by their cgroup, which names the
+container's id (``cgroup_container_id``), and that id is asked of the runtime by the name
+(``container_id``).
 """
 
 import os
+import re
 import subprocess
 
 CONTAINER_RUNTIMES = ("podman", "docker", "apptainer", "singularity")
@@ -82,3 +86,45 @@ def container_remove(jobdir):
         container, argv = found
         force = ["rm", "-f", "-t", "0"] if os.path.basename(argv[-1]) == "podman" else ["rm", "-f"]
         _call(argv + force + [container], 60)
+
+
+#: a container's full id (podman, docker, CRI-O and containerd all use 64 hex digits)
+_CONTAINER_ID = re.compile(r"^[0-9a-f]{64}$")
+#: one cgroup path segment naming a container: ``libpod-ID``, ``libpod-ID.scope``,
+#: ``docker-ID.scope``, ``crio-ID.scope``, ``cri-containerd-ID.scope`` (systemd's manager),
+#: or the bare ``ID`` under ``/docker/`` or ``/kubepods/…/`` (cgroupfs)
+_ID_SEGMENT = re.compile(r"^(?:[a-z][a-z-]*-)?([0-9a-f]{64})(?:\.scope)?$")
+#: at most this many lines of a /proc/PID/cgroup are read (v1 has one per hierarchy)
+CGROUP_LINES_MAX = 64
+
+
+def cgroup_container_id(text):
+    """The id of the container a process runs in, from its /proc/PID/cgroup text (v2
+    ``0::/machine.slice/libpod-ID.scope/container``, v1 ``4:memory:/docker/ID``), or None
+    (not in a container, or text that is not a cgroup file). A runtime's monitor, in
+    ``libpod-conmon-ID.scope``, is not in the container. The innermost container named
+    wins: a container inside a container is its own."""
+    found = None
+    for line in (text or "").splitlines()[:CGROUP_LINES_MAX]:
+        fields = line.split(":", 2)
+        if len(fields) != 3 or not fields[2].startswith("/"):
+            continue
+        for segment in fields[2].split("/"):
+            match = _ID_SEGMENT.match(segment)
+            if match and "conmon" not in segment:
+                found = match.group(1)
+        if found:
+            return found
+    return None
+
+
+def container_id(jobdir):
+    """The full id of the job's container, asked of its runtime by the name the wrapper
+    wrote; None for a job without one, or while it is not running (pulling, gone)."""
+    found = job_container(jobdir)
+    if found is None:
+        return None
+    container, argv = found
+    code, out, _ = _call(argv + ["inspect", "--format", "{{.Id}}", container], 30)
+    ident = out.strip().lower()
+    return ident if code == 0 and _CONTAINER_ID.match(ident) else None

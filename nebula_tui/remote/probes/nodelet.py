@@ -217,10 +217,13 @@ def tmux_sessions():
 
 def pids_to_jobs(pids):
     """Which of these pids belong to one of this head's jobs: those descended from a job
-    session's pane on this head's tmux server. /proc tells the parents whatever user a job
-    runs as; an environment (NEBULA_JOB_ID) anyone can set is never taken for a job."""
+    session's pane on this head's tmux server, and those in the cgroup of a job's
+    container (whose processes are children of the runtime's monitor, not of the pane).
+    /proc tells parents and cgroups whatever user a job runs as; an environment
+    (NEBULA_JOB_ID) anyone can set is never taken for a job."""
     panes = pane_jobs() if pids else {}
     found = {}
+    containers = None
     for pid in pids:
         ancestor, steps = pid, 0
         while ancestor > 1 and steps < 100:
@@ -228,7 +231,47 @@ def pids_to_jobs(pids):
                 found[str(pid)] = panes[ancestor]
                 break
             ancestor, steps = _ppid(ancestor), steps + 1
+        if str(pid) in found:
+            continue
+        if containers is None:
+            containers = container_jobs(set(panes.values()))
+        if containers:
+            job = containers.get(cgroup_container_id(read_text("/proc/%d/cgroup" % pid)))
+            if job:
+                found[str(pid)] = job
     return found
+
+
+_CONTAINER_IDS = {}  # attempt directory -> its container's id (asked once per attempt)
+_CONTAINER_IDS_LOCK = threading.Lock()  # the probe and the kernel-log reader both ask
+
+
+def container_jobs(jobs):
+    """{container id: job} of these jobs' containers here. An id two jobs claim is
+    nobody's (a job's directory names the container it ran, not one it may choose)."""
+    with _CONTAINER_IDS_LOCK:
+        return _container_jobs(jobs)
+
+
+def _container_jobs(jobs):
+    found, claimed = {}, set()
+    for job in jobs:
+        d = latest_dir(job)
+        if d is None:
+            continue
+        ident = _CONTAINER_IDS.get(d)
+        if ident is None:
+            ident = container_id(d)
+            if ident is not None:
+                _CONTAINER_IDS[d] = ident
+        if ident in found:
+            claimed.add(ident)
+        elif ident is not None:
+            found[ident] = job
+    live = set(latest_dir(j) for j in jobs)
+    for d in [d for d in _CONTAINER_IDS if d not in live]:
+        del _CONTAINER_IDS[d]  # ended attempts
+    return dict((i, j) for i, j in found.items() if i not in claimed)
 
 
 def pane_jobs():
