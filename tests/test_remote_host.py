@@ -160,7 +160,7 @@ def test_every_kind_of_command_works_over_ssh_and_nebula_host_is_the_default(box
     status = laptop(box, "status", host=None, NEBULA_HOST="admin-box")
     assert status.returncode == 0 and status.stdout.startswith("Cluster Overview:"), status.stderr
     assert "node03" in status.stdout
-    job = json.loads(laptop(box, "submit", "--gpu-mem", "4G", "--json", "--", "sleep", "60").stdout)
+    job = json.loads(laptop(box, "submit", "--gpu-mem", "4G", "--json", "--", "sleep", "600").stdout)
     wait_for(lambda: shared.job(job["id"])["state"] == "running", 30, what="the job running")
     queue = json.loads(laptop(box, "queue", "--json", host="agent-box").stdout)  # key in the agent
     assert any(j["id"] == job["id"] and j["user"] == ALICE for j in queue)
@@ -234,8 +234,10 @@ def test_failures_are_one_line_and_say_what_to_do(box):
 @pytest.mark.skipif(not shutil.which("tmux"), reason="needs tmux")
 def test_the_tui_runs_over_ssh(box, shared, tmp_path):
     tmux = ["tmux", "-S", str(tmp_path / "tmux.sock"), "-f", "/dev/null"]
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     env = {**box["env"], "NEBULA_SOCKET": box["socket"], "NEBULA_HOST": "admin-box",
-           "TERM": "xterm-256color"}
+           "TERM": "xterm-256color", "TMPDIR": str(tmp)}
     subprocess.run(tmux + ["new-session", "-d", "-x", "120", "-y", "36",
                            f"{sys.executable} -m nebula_tui; echo TUI-EXITED $?; sleep 30"],
                    env=env, check=True, cwd=str(box["laptop"]))
@@ -246,7 +248,9 @@ def test_the_tui_runs_over_ssh(box, shared, tmp_path):
     try:
         wait_for(lambda: "1 Overview" in (s := screen()) and "node03" in s, 90,
                  interval=0.5, what="the TUI's overview over SSH")
+        assert forwarding(tmp)
         subprocess.run(tmux + ["send-keys", "q"], check=True)
         wait_for(lambda: "TUI-EXITED 0" in screen(), 30, interval=0.3, what="the TUI to quit")
+        assert tunnel_dirs(tmp) == []
     finally:
         subprocess.run(tmux + ["kill-server"], capture_output=True)
