@@ -402,3 +402,55 @@ def test_queue_order_is_kept_for_arrays_and_after_kinds():
     assert Counter(type(d) for d in run(gpus, queue).values()) == Counter(
         type(d) for d in run(gpus, shuffled).values())
     assert run(gpus, queue) == run(gpus, [replace(j) for j in shuffled])
+
+
+# ------------------------------------------------------------------ properties of the rules above
+@settings(max_examples=300, deadline=None)
+@given(st.integers(8000, 200 * GB), st.integers(1, 256 * GB))
+def test_nominal_sizes_hold_for_every_card_and_request(total, mem):
+    """A card is sold as its memory rounded up to a whole GB; a request over half of that
+    takes it whole, and fits an empty card exactly when it is at most that size."""
+    nominal = nominal_mb(total)
+    assert nominal % GB == 0 and 0 <= nominal - total < GB
+    assert whole(total, mem) is (2 * mem > nominal)
+    got = run([card("n", 0, total)], [job(1, mem=mem)])[1]
+    assert isinstance(got, Start) is (mem <= nominal), got
+    if isinstance(got, Start):
+        (p,) = got.placements
+        assert p.exclusive is whole(total, mem)
+        assert p.memory_mb == (total if p.exclusive else max(mem, 4 * GB))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32))
+def test_a_job_backfilled_onto_reserved_cards_always_ends_before_the_reservation(seed):
+    """R25's window: the first job waits for every card of node n, held by jobs whose
+    --time ends at known moments; any later job the pass puts on n's cards has a --time
+    that ends by the moment the last of those ends (else it could delay the first job for
+    ever). Node m's cards are nobody's reservation."""
+    rnd = random.Random(seed)
+    count = rnd.randint(2, 6)
+    busy = rnd.sample(range(count), rnd.randint(1, count - 1))
+    gpus, running, ends = [], [], []
+    for i in range(count):
+        placements = []
+        if i in busy:
+            job_id, limit = 100 + i, rnd.choice([600.0, 1800.0, 3600.0, 7200.0])
+            started = NOW - rnd.uniform(0, limit - 60)
+            placements = [held(job_id, "n", i, RTX4090_MB, True)]
+            running.append(RunningJob(job_id, "x", (placements[0][1],), started, time_limit_s=limit))
+            ends.append(started + limit)
+        gpus.append(card("n", i, placements=placements))
+    gpus += [card("m", i) for i in range(rnd.randint(0, count - 1))]  # too few for job 1
+    queue = [job(1, count=count)] + [
+        job(j, count=rnd.choice([1, 1, 2]), mem=rnd.choice([None, 4 * GB, 8 * GB]),
+            time_limit_s=rnd.choice([None, 60.0, 300.0, 1200.0, 3000.0, 7200.0, 86400.0]))
+        for j in range(2, rnd.randint(3, 12))]
+    got = run(gpus, queue, running=tuple(running))
+    assert not isinstance(got[1], Start)  # some of its cards are busy
+    reservation_starts = max(ends)
+    by_id = {j.id: j for j in queue}
+    for decision in got.values():
+        if isinstance(decision, Start) and any(p.node == "n" for p in decision.placements):
+            limit = by_id[decision.job_id].time_limit_s
+            assert limit is not None and NOW + limit <= reservation_starts + 1, (decision, limit)
