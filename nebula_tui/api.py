@@ -40,7 +40,8 @@ as the ``users`` request's rows), then one line per event, each with a ``type``:
 * ``node``: ``{"node": …}``, a node (whole; ``"state": "removed"`` when it left);
 * ``event``: ``{"event": {"t", "kind", "message", "job_id", "node", "gpu", "user"}}``, a
   line of the events log exactly as the store recorded it (``events`` returns the same
-  lines): every change has one, written where it happens, at the head's time;
+  lines; ``kind`` is one of ``EVENT_KINDS``; its ``user`` filter takes the user's own lines
+  and those of their jobs): every change has one, written where it happens, at the head's time;
 * ``queue``: ``{"order": [job id, …]}``, the waiting jobs in the order the scheduler
   considers them (priority, fair share, submit time), after a pass changed it (at most
   every 0.5 s); the snapshot has it as ``"queue"``. ``queue`` and ``job`` requests give
