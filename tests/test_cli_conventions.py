@@ -115,6 +115,9 @@ def test_a_flag_error_names_the_commands_own_help(head):
         job = head.run("events", "--job", bad)
         assert job.returncode == 2 and "is not a job id" in job.stderr
         assert "`nebula events --help`" in job.stderr
+    for argv in (["events", "--limit", "²"], ["sim", "inject", "xid", "²", "--node", "node01", "--gpu", "0"]):
+        number = head.run(*argv)  # a digit to str.isdigit, not to int()
+        assert number.returncode == 2 and number.stderr.count("\n") == 1 and "'²'" in number.stderr
 
 
 def test_a_refusal_says_the_jobs_state_in_words(head, jobs):

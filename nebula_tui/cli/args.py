@@ -83,7 +83,7 @@ def size_mb(text: str) -> int:
 
 
 def count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more, not '{text}'")
     return int(text)
 
@@ -148,7 +148,7 @@ def address(text: str) -> tuple[str, int]:
     """HOST:PORT ([::1]:9400 for IPv6) of a listening socket."""
     host, _, port = text.rpartition(":")
     host = host.strip("[]")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"'{text}' is not HOST:PORT; write it like 127.0.0.1:9400")
     return host, int(port)
 

@@ -13,7 +13,7 @@ import sys
 
 # ----------------------------------------------------------------------------- parsers
 def _code(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"'{text}' is not an Xid code (a number such as 79)")
     return int(text)
 
@@ -25,19 +25,19 @@ def add_sim_commands(sub, command) -> None:
     inject = sim_sub.add_parser("inject", help="log a fault on a simulated node")
     inject_sub = inject.add_subparsers(dest="fault", required=True, parser_class=type(p))
     p = inject_sub.add_parser("xid", help="the kernel lines of an Xid error, and its effect")
-    p.add_argument("code", type=_code)
-    p.add_argument("--node", required=True)
+    p.add_argument("code", type=_code, help="the Xid number, e.g. 79 (fell off the bus)")
+    p.add_argument("--node", required=True, help="the simulated node, e.g. node01")
     p.add_argument("--gpu", required=True, help="index or uuid on that node")
     p.add_argument("--pid", type=int, default=None,
                    help="the process the driver names (default for 13/31/43/94: one on that GPU)")
     p = sim_sub.add_parser("node", help="make a node go silent, or come back")
-    p.add_argument("action", choices=("down", "up"))
-    p.add_argument("node")
+    p.add_argument("action", choices=("down", "up"), help="down: silent (its jobs run on); up: back")
+    p.add_argument("node", help="the simulated node, e.g. node01")
     p.add_argument("--reboot", action="store_true",
                    help="with up: it comes back as a new boot (new boot id, empty kernel log, "
                         "its jobs gone, GPU faults cleared)")
     p = sim_sub.add_parser("throttle", help="make a GPU run hot, idle and below its base clock")
-    p.add_argument("node")
+    p.add_argument("node", help="the simulated node, e.g. node01")
     p.add_argument("gpu", help="index or uuid on that node")
     p.add_argument("--off", action="store_true", help="end the throttling")
 
