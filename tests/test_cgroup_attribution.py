@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nebula_tui.remote.probes.node_containers import cgroup_container_id
+from nebula_tui.remote.probes.cgroups import cgroup_container_id, pane_scope, systemd_path
 
 ID = "776330b523656255e944e0955f8362cd68886ef61cbeb298d2b892d4f361cece"
 OTHER = "0e702541d0afa1d25709b57e0085b8110e702541d0afa1d25709b57e0085b811"
@@ -39,3 +39,28 @@ def test_the_container_a_cgroup_names(text, found):
 def test_a_huge_cgroup_file_is_read_only_so_far():
     text = "0::/\n" * 10_000 + f"0::/machine.slice/libpod-{ID}.scope\n"
     assert cgroup_container_id(text) is None
+
+
+SPAWN = "/user.slice/user-1000.slice/user@1000.service/tmux-spawn-3f7e2a51-9c1d-4b8e-a0f2-6d5c4b3a2910.scope"
+
+
+@pytest.mark.parametrize(("text", "scope"), [
+    (f"0::{SPAWN}\n", SPAWN),                                               # v2
+    (f"0::{SPAWN}/\n", SPAWN),
+    (f"12:memory:/user.slice\n1:name=systemd:{SPAWN}\n0::/\n", SPAWN),      # v1: systemd's hierarchy
+    (f"1:name=systemd:/user.slice\n0::{SPAWN}\n", SPAWN),                   # hybrid: the unified one first
+    ("0::/user.slice/user-1000.slice/session-3.scope\n", None),             # a login session: shared
+    ("0::/user.slice/user-1000.slice/user@1000.service/app.slice/tmux.service\n", None),
+    (f"0::{SPAWN}/child\n", None),                                          # below it, not the scope
+    ("0::/user.slice/tmux-spawn-.scope\n", None),
+    (f"4:memory:{SPAWN}\n", None),                                          # only systemd's tree says
+    ("", None), (None, None), ("no colons at all", None),
+])
+def test_the_tmux_pane_scope_a_cgroup_names(text, scope):
+    assert pane_scope(text) == scope
+
+
+def test_the_systemd_path_of_v1_v2_and_hybrid_files():
+    assert systemd_path(V1_LIBPOD) == f"/libpod_parent/libpod-{ID}"
+    assert systemd_path("9:name=systemd:/a\n4:memory:/b\n") == "/a"
+    assert systemd_path("4:memory:/b\n") is None

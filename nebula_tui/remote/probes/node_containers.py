@@ -6,7 +6,7 @@ then the runtime's argv one word a line), signalled, stopped or removed through 
 runtime and user: its processes are children of the runtime's monitor, not of the job's
 tmux session, so signalling the session alone would miss them. For the same reason a
 container's GPU processes are told to be the job's by their cgroup, which names the
-container's id (``cgroup_container_id``), and that id is asked of the runtime by the name
+container's id (cgroups.py), and that id is asked of the runtime by the name
 (``container_id``).
 """
 
@@ -90,32 +90,6 @@ def container_remove(jobdir):
 
 #: a container's full id (podman, docker, CRI-O and containerd all use 64 hex digits)
 _CONTAINER_ID = re.compile(r"^[0-9a-f]{64}$")
-#: one cgroup path segment naming a container: ``libpod-ID``, ``libpod-ID.scope``,
-#: ``docker-ID.scope``, ``crio-ID.scope``, ``cri-containerd-ID.scope`` (systemd's manager),
-#: or the bare ``ID`` under ``/docker/`` or ``/kubepods/…/`` (cgroupfs)
-_ID_SEGMENT = re.compile(r"^(?:[a-z][a-z-]*-)?([0-9a-f]{64})(?:\.scope)?$")
-#: at most this many lines of a /proc/PID/cgroup are read (v1 has one per hierarchy)
-CGROUP_LINES_MAX = 64
-
-
-def cgroup_container_id(text):
-    """The id of the container a process runs in, from its /proc/PID/cgroup text (v2
-    ``0::/machine.slice/libpod-ID.scope/container``, v1 ``4:memory:/docker/ID``), or None
-    (not in a container, or text that is not a cgroup file). A runtime's monitor, in
-    ``libpod-conmon-ID.scope``, is not in the container. The innermost container named
-    wins: a container inside a container is its own."""
-    found = None
-    for line in (text or "").splitlines()[:CGROUP_LINES_MAX]:
-        fields = line.split(":", 2)
-        if len(fields) != 3 or not fields[2].startswith("/"):
-            continue
-        for segment in fields[2].split("/"):
-            match = _ID_SEGMENT.match(segment)
-            if match and "conmon" not in segment:
-                found = match.group(1)
-        if found:
-            return found
-    return None
 
 
 def container_id(jobdir):

@@ -217,13 +217,14 @@ def tmux_sessions():
 
 def pids_to_jobs(pids):
     """Which of these pids belong to one of this head's jobs: those descended from a job
-    session's pane on this head's tmux server, and those in the cgroup of a job's
-    container (whose processes are children of the runtime's monitor, not of the pane).
+    session's pane on this head's tmux server, those in the cgroup of a job's container
+    (whose processes are children of the runtime's monitor, not of the pane) and those in
+    a job pane's own systemd scope (which left its process tree: a daemon, a double fork).
     /proc tells parents and cgroups whatever user a job runs as; an environment
     (NEBULA_JOB_ID) anyone can set is never taken for a job."""
     panes = pane_jobs() if pids else {}
     found = {}
-    containers = None
+    containers = scopes = None
     for pid in pids:
         ancestor, steps = pid, 0
         while ancestor > 1 and steps < 100:
@@ -235,11 +236,26 @@ def pids_to_jobs(pids):
             continue
         if containers is None:
             containers = container_jobs(set(panes.values()))
-        if containers:
-            job = containers.get(cgroup_container_id(read_text("/proc/%d/cgroup" % pid)))
-            if job:
-                found[str(pid)] = job
+            scopes = pane_scopes(panes)
+        cgroup = read_text("/proc/%d/cgroup" % pid) if containers or scopes else None
+        job = containers.get(cgroup_container_id(cgroup)) or scopes.get(pane_scope(cgroup))
+        if job:
+            found[str(pid)] = job
     return found
+
+
+def pane_scopes(panes):
+    """{the systemd scope of a job's pane: its job}, for panes tmux started in a scope of
+    their own (cgroups.pane_scope); a scope two jobs' panes share is nobody's."""
+    found, shared = {}, set()
+    for pid, job in panes.items():
+        scope = pane_scope(read_text("/proc/%d/cgroup" % pid))
+        if scope is None:
+            continue
+        if found.get(scope, job) != job:
+            shared.add(scope)
+        found[scope] = job
+    return dict((s, j) for s, j in found.items() if s not in shared)
 
 
 _CONTAINER_IDS = {}  # attempt directory -> its container's id (asked once per attempt)
