@@ -232,7 +232,10 @@ def test_failures_are_one_line_and_say_what_to_do(box):
 
 
 @pytest.mark.skipif(not shutil.which("tmux"), reason="needs tmux")
-def test_the_tui_runs_over_ssh(box, shared, tmp_path):
+@pytest.mark.parametrize("ending", ["q", "SIGTERM", "SIGHUP"])
+def test_the_tui_runs_over_ssh_and_leaves_no_socket_however_it_ends(box, shared, tmp_path, ending):
+    """Quit with q (the terminal given back: the alternate screen off), killed, or its
+    terminal closed: the TUI over SSH leaves no forwarded socket behind."""
     tmux = ["tmux", "-S", str(tmp_path / "tmux.sock"), "-f", "/dev/null"]
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -245,12 +248,24 @@ def test_the_tui_runs_over_ssh(box, shared, tmp_path):
     def screen() -> str:
         return subprocess.run(tmux + ["capture-pane", "-p"], capture_output=True, text=True).stdout
 
+    def pane(field: str) -> str:
+        return subprocess.run(tmux + ["display", "-p", f"#{{{field}}}"], capture_output=True,
+                              text=True).stdout.strip()
+
     try:
         wait_for(lambda: "1 Overview" in (s := screen()) and "node03" in s, 90,
                  interval=0.5, what="the TUI's overview over SSH")
-        assert forwarding(tmp)
-        subprocess.run(tmux + ["send-keys", "q"], check=True)
-        wait_for(lambda: "TUI-EXITED 0" in screen(), 30, interval=0.3, what="the TUI to quit")
+        assert forwarding(tmp) and pane("alternate_on") == "1"
+        if ending == "q":
+            subprocess.run(tmux + ["send-keys", "q"], check=True)
+        else:  # the pane's shell runs the TUI as its one child
+            shell = pane("pane_pid")
+            (tui,) = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
+            os.kill(int(tui), getattr(signal, ending))
+        code = 0 if ending == "q" else 128 + getattr(signal, ending)  # it dies of the signal
+        wait_for(lambda: f"TUI-EXITED {code}" in screen(), 30, interval=0.3, what="the TUI to end")
+        if ending == "q":
+            assert pane("alternate_on") == "0"
         assert tunnel_dirs(tmp) == []
     finally:
         subprocess.run(tmux + ["kill-server"], capture_output=True)
