@@ -114,9 +114,17 @@ class Watch:
             self.moments.setdefault("jobs re-adopted", now)
         if self.probe is not None and self.job_state.get(self.probe) == "running":
             self.moments.setdefault("new submit started", now)
-        lost = [j for j in self.jobs if self.job_state.get(j) not in (None, "running")]
-        if lost:
-            self.moments.setdefault(f"a job left running ({len(lost)})", now)
+        if any(self.job_state.get(j) not in (None, "running") for j in self.jobs):
+            self.moments.setdefault("a job left running", now)  # the first one
+
+
+    def standing(self) -> str:
+        """Where each condition stands (said when one never held)."""
+        up = sum(s == "up" for s in self.node_state.values())
+        running = sum(self.job_state.get(j) == "running" for j in self.jobs)
+        seen = len(self.jobs & set().union(*self.gpu_jobs.values())) if self.gpu_jobs else 0
+        return (f"{up} of {self.n_nodes} nodes up, {running} of {len(self.jobs)} jobs running "
+                f"and {seen} seen on a GPU, the new job {self.job_state.get(self.probe, 'unknown')}")
 
 
 def start_jobs(head: HeadProcess, count: int) -> list[int]:
@@ -201,9 +209,14 @@ def main() -> int:
         watch = Watch(head.socket, set(ids), args.nodes)
         with head.client() as client:
             watch.probe = client.call("submit", command=["sleep", "3600"])["job"]["id"]
-        wait_for(lambda: {"nodes up", "jobs re-adopted", "new submit started"} <= set(watch.moments),
-                 300, interval=0.1, what="every node up, every job re-adopted, the new job running")
-        watch.close()
+        try:
+            wait_for(lambda: {"nodes up", "jobs re-adopted", "new submit started"} <= set(watch.moments),
+                     300, interval=0.1, what="every node up, every job re-adopted, the new job running")
+        except AssertionError as err:
+            print(f"recovery: FAILED ({err}): {watch.standing()}", file=sys.stderr)
+            return 1
+        finally:
+            watch.close()
     finally:
         head.stop()
         nodes.stop()
@@ -221,9 +234,8 @@ def main() -> int:
         print(f"  {what:<28} {seconds:6.1f} s")
     print(f"baseline, same run: the head's first start on these nodes, every node up: {first_start:.1f} s")
     print(f"Slurm: its backup controller takes over after {SLURM_BACKUP_TAKEOVER_S:.0f} s (SlurmctldTimeout)")
-    lost = [k for k in figures if k.startswith("a job left")]
-    if lost:
-        print(f"recovery: FAILED ({', '.join(lost)})")
+    if "a job left running" in figures:
+        print(f"recovery: FAILED (a job left running: {watch.standing()})")
         return 1
     recovery = max(figures["nodes up"], figures["jobs re-adopted"], figures["new submit started"])
     print(f"recovery: {recovery:.1f} s")

@@ -64,7 +64,7 @@ class SwarmNode(_AsyncNode):
             self._add(int(job), gpus, None)
 
     def _add(self, job: int, gpus: list[int], token: str | None) -> None:
-        self.jobs[job] = {"gpus": gpus, "token": token, "pid": 100000 + job}
+        self.jobs[job] = {"gpus": gpus, "token": token, "pid": 100000 + job, "t": time.time()}
 
     def _handle(self, process: asyncssh.SSHServerProcess) -> None:
         task = asyncio.get_running_loop().create_task(FakeNodelet(self, process).serve())
@@ -168,11 +168,16 @@ class FakeNodelet:
             if job is not None and op == "cancel":
                 self.emit({"type": "exit", "job": str(req["job"]), "code": 143,
                            "token": job["token"], "t": time.time()})
-        elif op == "list":
-            reply["jobs"] = {str(j): {"token": job["token"], "launched": True, "started": True,
-                                      "exit_code": None, "acked": False}
-                             for j, job in jobs.items() if job["token"]}
-            reply["sessions"] = [f"nebula-{j}" for j in jobs]
+        elif op == "list":  # the nodelet's shape: each job's attempts and live sessions
+            every = {str(j): {str(_attempt(job["token"])): {
+                "token": job["token"], "launched": True, "started": True,
+                "started_at": job.get("t"), "exit_code": None, "acked": False}}
+                for j, job in jobs.items() if job["token"]}
+            reply["attempts"] = every
+            reply["jobs"] = {j: dict(info, attempt=int(a)) for j, found in every.items()
+                             for a, info in found.items()}
+            reply["session_tokens"] = {str(j): job["token"] or "" for j, job in jobs.items()}
+            reply["sessions"] = sorted(reply["session_tokens"], key=int)
         elif op == "log":
             reply.update(exists=False, data="", offset=int(req.get("offset", 0)))
         elif op not in ("ack", "signal"):
@@ -184,6 +189,12 @@ class FakeNodelet:
                        "t": time.time()})
 
 
+
+
+def _attempt(token: str) -> int:
+    """The attempt a launch token names (``<head>.<attempt>.<nonce>``)."""
+    parts = token.split(".")
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else 0
 
 
 class SwarmProcess:
