@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -173,6 +174,8 @@ def all_up(head: HeadProcess, gpus: int) -> bool:
 
 
 def main() -> int:
+    # A timeout's SIGTERM unwinds like Ctrl-C: the nodes, the head and the folder go.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")

@@ -220,6 +220,8 @@ def stop_process(proc: subprocess.Popen) -> None:
 
 
 def main() -> int:
+    # A timeout's SIGTERM unwinds like Ctrl-C: the nodes, the head and the folder go.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100,250,500", help="node counts, comma-separated")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
