@@ -132,15 +132,21 @@ class Engine:
         Its commit does not wait for the disk itself: the group commit (``HeadState.on_disk``)
         syncs once for every submit that came meanwhile, off the loop, so neither the other
         clients nor the launches and exits of the moment wait for this one's sync."""
-        job = self.submit(user, spec, durable=False)
-        await self.state.on_disk()
+        job = self.submit(user, spec, durable=False, wake=False)
+        try:
+            await self.state.on_disk()
+        finally:
+            # Woken once the answer is due, not before: a pass started meanwhile (a long
+            # one over 10,000 jobs) would hold the answer back until it ended.
+            self.state.wake(capacity=False)
         return job
 
-    def submit(self, user: str, spec: JobSpec, durable: bool = True) -> Job:
+    def submit(self, user: str, spec: JobSpec, durable: bool = True, wake: bool = True) -> Job:
         """Accept a job (an array: all its tasks; the first is returned), or refuse it in
         one sentence: quota, priority, dependencies, a request no card here could ever
         serve or a --time past the cluster's max_time (``UnfitRequest``). ``durable``
-        False: committed, but on the disk only after ``HeadState.on_disk``."""
+        False: committed, but on the disk only after ``HeadState.on_disk``; ``wake`` False:
+        the caller asks for the pass."""
         state = self.state
         if spec.priority > 0 and not self.access.is_admin(user):
             raise RequestError(f"only an admin ({self.access.admins_text()}) may raise a job's priority")
@@ -170,7 +176,8 @@ class Engine:
             state.jobs[job.id] = job
             self.stream.publish_job(job)
         self.shares.changed(user)
-        state.wake(capacity=False)
+        if wake:
+            state.wake(capacity=False)
         return jobs[0]
 
     def _fit(self, user: str, spec: JobSpec) -> JobSpec:
@@ -182,10 +189,10 @@ class Engine:
                                                    limits.max_time_s)
         if refusal is None:
             probe = pending_job(Job(id=0, user=user, spec=spec, submitted_at=0.0))
-            gpus = self.state.gpu_views()
-            known = {gpu.node for gpu in gpus}
-            partial = any(node.name not in known for node in self.state.config.nodes)
-            refusal = admission.refusal(probe, gpus, self.state.settings.config, partial=partial)
+            hardware = self.state.hardware()
+            partial = any(node.name not in hardware for node in self.state.config.nodes)
+            refusal = admission.refusal_on(probe, hardware, self.state.settings.config,
+                                           partial=partial)
         if refusal is not None:
             raise UnfitRequest(refusal)
         return spec if time_limit == spec.time_limit_s else replace(spec, time_limit_s=time_limit)

@@ -32,7 +32,6 @@ from dataclasses import replace
 
 from .. import scheduler
 from ..model import Job, JobSpec, JobState
-from ..scheduler.slices import offered_mb
 from .jobs import JobTransitions
 from .limits import Limits
 from .shares import Shares
@@ -133,10 +132,7 @@ class Scheduling:
     def pass_is_pointless(self) -> bool:
         """Only submits since the last pass, and no GPU could take any job: skip the pass.
         The new jobs get their waiting reasons at the next periodic pass."""
-        if self.state.capacity_changed:
-            return False
-        return not any(gpu.blocked is None and (not gpu.placements or offered_mb(gpu))
-                       for gpu in self.state.gpu_views())
+        return not self.state.capacity_changed and not self.state.any_gpu_offers()
 
     def waiting(self) -> list[Job]:
         """The jobs a pass considers: pending and not held."""

@@ -25,10 +25,26 @@ from .snapshot import PendingJob, SchedulerConfig
 Hardware = tuple
 
 
+def hardware(vendor: str | None, compute_cap: str | None, cuda_version: str | None,
+             memory_total_mb: int) -> Hardware:
+    """The class of a card with these facts (its reading's, and its node's CUDA)."""
+    return ((vendor or "nvidia").lower(), parse_version(compute_cap), parse_version(cuda_version),
+            memory_total_mb)
+
+
 def hardware_of(view: GpuView) -> Hardware:
     reading = view.reading
-    return ((reading.vendor or "nvidia").lower(), parse_version(reading.compute_cap),
-            parse_version(view.cuda_version), reading.memory_total_mb)
+    return hardware(reading.vendor, reading.compute_cap, view.cuda_version, reading.memory_total_mb)
+
+
+def node_hardware(gpus: Sequence[GpuView]) -> dict[str, dict[Hardware, int]]:
+    """Node -> how many cards of each hardware class it has, in the order of ``gpus``."""
+    node_hw: dict[str, dict[Hardware, int]] = {}
+    for view in gpus:
+        counts = node_hw.setdefault(view.node, {})
+        hw = hardware_of(view)
+        counts[hw] = counts.get(hw, 0) + 1
+    return node_hw
 
 
 def judge_hardware(f, classes: Iterable[Hardware]) -> tuple[str, str] | frozenset:
@@ -123,16 +139,18 @@ def refusal(job: PendingJob, gpus: Sequence[GpuView], config: SchedulerConfig = 
     configured node never reported its GPUs, so what it has is unknown and nothing is
     refused for want of hardware (the pass explains the wait instead).
     """
+    return refusal_on(job, node_hardware(gpus), config, partial=partial)
+
+
+def refusal_on(job: PendingJob, node_hw: Mapping[str, Mapping[Hardware, int]],
+               config: SchedulerConfig = SchedulerConfig(), *, partial: bool = False) -> str | None:
+    """:func:`refusal` from the cards' classes per node (``node_hardware``), which the head
+    counts without building a view of every card."""
     shape = shape_of(job)
     if isinstance(shape, str):
         return shape
-    if partial or not gpus:
+    if partial or not node_hw:
         return None
-    node_hw: dict[str, dict[Hardware, int]] = {}
-    for view in gpus:
-        counts = node_hw.setdefault(view.node, {})
-        hw = hardware_of(view)
-        counts[hw] = counts.get(hw, 0) + 1
     why = never_fits(shape, node_hw, config)
     return None if why is None else f"this job could never start here: {why}"
 
