@@ -72,7 +72,8 @@ def test_chaos_head_killed_20_times_while_200_jobs_flow(openssh_lab, tmp_path):
         jobs = [head.job(i) for i in ids]
     finally:
         head.stop()
-    assert Counter(j["state"] for j in jobs) == {"succeeded": 200}
+    unfinished = {j["id"]: (j["state"], j.get("reason")) for j in jobs if j["state"] != "succeeded"}
+    assert not unfinished, f"jobs that did not succeed, with their reasons: {unfinished}"
     runs = Counter(int(line) for line in ran.read_text().split())
     assert set(runs) == set(ids), "every job ran"
     assert max(runs.values()) == 1, f"jobs ran twice: {[i for i, n in runs.items() if n > 1]}"
