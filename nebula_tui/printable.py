@@ -7,7 +7,8 @@ lines in another user's ``nebula queue``, change the terminal's title, write its
 (OSC 52) or reorder what is shown. ``printable`` shows each such character as an escape
 (``\\x1b``, ``\\n``, ``\\u202e``), so the text prints on one line as what it is.
 ``printable_log`` is for a job's own output: lines, tabs, carriage returns (progress bars)
-and colours are the point of it and stay; every other escape sequence is shown as text.
+and colours are the point of it and stay (colours only for a terminal: a widget that draws
+text would pass them on as they are); every other escape sequence is shown as text.
 """
 
 from __future__ import annotations
@@ -36,15 +37,16 @@ def printable(text: object) -> str:
     return _CONTROL.sub(_escape, text) if _CONTROL.search(text) else text
 
 
-def printable_log(text: str) -> str:
+def printable_log(text: str, colours: bool = True) -> str:
     """A job's output for a terminal: what ``printable`` does, but lines, tabs, carriage
-    returns and colours are kept."""
+    returns and (``colours``, else dropped) colour sequences are kept."""
     if not _LOG_CONTROL.search(text):
         return text
     parts, start = [], 0
     for kept in _LOG_KEPT.finditer(text):
         parts.append(printable(text[start:kept.start()]))
-        parts.append(kept.group())
+        if colours or not kept.group().startswith("\x1b"):
+            parts.append(kept.group())
         start = kept.end()
     parts.append(printable(text[start:]))
     return "".join(parts)
@@ -52,9 +54,10 @@ def printable_log(text: str) -> str:
 
 def printable_tree(value: object, key: str | None = None) -> object:
     """A reply or event with ``printable`` applied to every string in it (keys too), for a
-    client that renders them; a log's ``data`` gets ``printable_log``."""
+    client that renders them; a log's ``data`` gets ``printable_log`` without colours (the
+    TUI's log widget would write them to the terminal as they are)."""
     if isinstance(value, str):
-        return printable_log(value) if key == "data" else printable(value)
+        return printable_log(value, colours=False) if key == "data" else printable(value)
     if isinstance(value, dict):
         return {printable(k): printable_tree(v, k) for k, v in value.items()}
     if isinstance(value, list):
