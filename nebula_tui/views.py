@@ -370,11 +370,12 @@ def node_text(node: dict) -> str:
     return "\n".join(lines)
 
 
-def month_start(now: float) -> float:
-    """The first moment of the calendar month (local time) that ``now`` falls in: the
-    month of quotas (R7) and of the Users screen's figures."""
+def month_start(now: float, back: int = 0) -> float:
+    """The first moment of the calendar month (local time) ``back`` months before the one
+    ``now`` falls in: the month of quotas (R7), of reports and of the Users screen."""
     t = time.localtime(now)
-    return time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, -1))
+    months = t.tm_year * 12 + t.tm_mon - 1 - back
+    return time.mktime((months // 12, months % 12 + 1, 1, 0, 0, 0, 0, 0, -1))
 
 
 def format_duration(seconds: float | None) -> str:

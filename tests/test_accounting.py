@@ -302,3 +302,10 @@ async def test_the_users_screen_shows_the_reports_month_and_follows_it(head, end
                     timeout=60, what=f"the ended job in the figures (were {cells}, {line})")
         await pilot.pause(1.5)  # the last of the job's user events, and its report
         _same_as_the_report(*_screen_month(app), *_this_month(head))
+
+
+def test_month_start_counts_back_across_a_new_year():
+    now = time.mktime((2026, 2, 17, 15, 30, 0, 0, 0, -1))
+    starts = [time.localtime(month_start(now, back=b))[:6] for b in (0, 1, 2, 14)]
+    assert starts == [(2026, 2, 1, 0, 0, 0), (2026, 1, 1, 0, 0, 0), (2025, 12, 1, 0, 0, 0),
+                      (2024, 12, 1, 0, 0, 0)]

@@ -12,13 +12,13 @@ from .common import service_client, show
 
 
 def cmd_report(args, home, config) -> int:
-    from ..views import report_text
+    from ..views import month_start, report_text
 
     if args.months is not None and args.since is not None:
         print("nebula report: give --since or --months, not both", file=sys.stderr)
         return USAGE_ERROR
     now = time.time()
-    since = args.since if args.since is not None else _month_start(now, back=(args.months or 1) - 1)
+    since = args.since if args.since is not None else month_start(now, back=(args.months or 1) - 1)
     with service_client(home, config) as client:
         report = client.call("report", timeout=120, since=since,
                              until=args.until if args.until is not None else now)["report"]
@@ -32,13 +32,6 @@ def cmd_report(args, home, config) -> int:
         writer.writerows(rows)
         return 0
     return show(args, report, report_text)
-
-
-def _month_start(now: float, back: int = 0) -> float:
-    """The first moment of the local calendar month ``back`` months before ``now``'s."""
-    t = time.localtime(now)
-    months = t.tm_year * 12 + t.tm_mon - 1 - back
-    return time.mktime((months // 12, months % 12 + 1, 1, 0, 0, 0, 0, 0, -1))
 
 
 def cmd_history(args, home, config) -> int:
