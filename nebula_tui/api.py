@@ -21,7 +21,7 @@ word; ``job`` and ``wait`` give them whole.
 
 Accounting: ``job_history`` (fields ``user``, ``since``, ``until`` — Unix seconds, ``state``
 — one ended state or a list, ``node``, ``limit``) replies ``{"jobs": [...]}``, the newest
-``limit`` (1000) ended jobs that match, oldest first, each as ``views.history_json``:
+``limit`` (1000; at most 10,000) ended jobs that match, oldest first, each as ``views.history_json``:
 ``views.job_json`` plus ``wait_s``, ``run_s``, ``gpu_hours``, ``mean_util_pct``,
 ``idle_gpu_hours``, ``mem_used_mb_mean``, ``mem_used_mb_peak``. ``job`` answers an ended
 job in that shape too. ``report`` (``since``, ``until``: Unix seconds, at most 400 days

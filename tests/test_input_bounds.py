@@ -79,6 +79,7 @@ def test_hostile_requests_get_one_line_each_on_a_connection_that_stays(head):
         (b'{"op": "report", "since": NaN, "until": 5}', "since must be a time"),
         (b'{"op": "report", "since": 0, "until": Infinity}', "until must be a time"),
         (b'{"op": "job_history", "since": NaN}', "since must be a time"),
+        (b'{"op": "job_history", "limit": 100000}', "limit must be a number from 1 to 10000"),
         (b'{"op": "events", "since": -Infinity}', "since must be a time"),
         (b'{"op": "history", "gpu": "x", "since": NaN}', "since must be a number of seconds"),
         (b'{"op": "logs", "job": 1, "offset": 9223372036854775808}', "offset must be"),

@@ -97,6 +97,9 @@ def socket_answers(path: Path) -> bool:
 #: The longest period one report may cover (a bound on its work).
 MAX_REPORT_S = 400 * 86400
 MAX_OFFSET = (1 << 63) - 1  # a byte position in a log (what a node's seek takes)
+#: The most ended jobs one job_history reply holds: 100,000 were a 93 MB reply whose JSON
+#: took the head's loop seconds to write (every node's messages waited meanwhile).
+MAX_HISTORY_JOBS = 10_000
 MAX_ATTEMPT = 10 ** 9  # a job's runs, 1 the first (a launch token holds at most 9 digits of it)
 
 
@@ -303,8 +306,9 @@ class ApiServer:
             texts[key] = value
         bounds = {key: unix_time(req, key) for key in ("since", "until")}
         limit = req.get("limit", 1000)
-        if not whole(limit, 1, 100000):
-            raise RequestError("limit must be a number from 1 to 100000")
+        if not whole(limit, 1, MAX_HISTORY_JOBS):
+            raise RequestError(f"limit must be a number from 1 to {MAX_HISTORY_JOBS}; "
+                               "ask for a shorter period (--since, --until) for more")
         jobs = await self.engine.accounting.history(user, who=texts["user"], node=texts["node"],
                                                     states=_ended_states(req.get("state")),
                                                     limit=limit, **bounds)
