@@ -270,3 +270,30 @@ def test_throttling_lowers_the_health_score_and_moves_placement(health, openssh_
     finally:
         sim(health, "throttle", chosen["node"], str(chosen["index"]), "--off")
     event_with(health, f"{chosen['node']}:{chosen['index']}: throttling ended")
+
+
+def test_an_eviction_cut_short_by_a_head_restart_is_carried_out(health, openssh_lab, tmp_path):
+    """The head dies during an isolation's grace: once back, the job is not left running on
+    the isolated card but checkpointed, killed and requeued as if nothing had happened."""
+    job = submit_running(health, KEEPS_RUNNING.format(dir=tmp_path))
+    first = job["gpus"][0]
+    label, uuid = f"{first['node']}:{first['index']}", first["uuid"]
+    checkpoint = tmp_path / f"ckpt-{job['id']}-{uuid}"
+    sim(health, "inject", "xid", "48", "--node", first["node"], "--gpu", str(first["index"]))
+    wait_for(checkpoint.exists, 10, interval=0.05, what="the job's checkpoint after SIGUSR1")
+    health.kill()  # within the grace: the SIGKILL and the requeue were still to come
+    checkpoint.unlink()
+    try:
+        health.start()
+        assert health.job(job["id"])["attempt"] == 0, "the restart came after the eviction"
+        assert gpu(health, uuid)["status"] == "maintenance"
+        wait_for(checkpoint.exists, 20, what="SIGUSR1 again from the restarted head")
+        event_with(health, f"job {job['id']} still running {GRACE_S} s after SIGUSR1: SIGKILL")
+        again = wait_for(lambda: (j := health.job(job["id"]))["state"] == "running"
+                         and j["attempt"] == 1 and j, 20, what="the job to run again")
+        assert again["gpus"][0]["uuid"] != uuid
+    finally:
+        faults.clear_gpu_faults(openssh_lab.node_dir(first["node"]), first["index"])
+        if gpu(health, uuid)["status"] == "maintenance":
+            assert health.run("gpu", "resume", label).returncode == 0
+        cancel(health, job["id"])

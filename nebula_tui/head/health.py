@@ -21,7 +21,8 @@ through ``HeadState.set_maintenance``, which keeps the store's copy).
   (``GpuView.health_score``); the score recovers by itself over hours.
 
 Maintenance is kept in the store: after a restart of the head such a GPU stays out until
-an admin resumes it. Not kept: the Xid history (the repeat window starts again) and
+an admin resumes it, and jobs its eviction had not ended yet are evicted again (SIGUSR1, a
+fresh grace) once its node reports. Not kept: the Xid history (the repeat window starts again) and
 throttling events.
 """
 
@@ -33,7 +34,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from ..model import Evicting, GpuReading, Job, JobState, RequestError
+from ..model import Evicting, GpuReading, Job, JobState, Launching, RequestError, Running
 from ..remote.backends import xid
 from ..remote.readings import base_sm_clock
 from ..remote.ssh import NodeUnavailable
@@ -261,6 +262,21 @@ class HealthMonitor:
                                   "SIGKILL", gpu=gpu, job_id=job.id)
             await self.transitions.put_back(job.id, kill=True)
 
+    def _evict_left_behind(self, readings: list[GpuReading]) -> None:
+        """Jobs still running on a probed GPU in maintenance are evicted. An isolation
+        evicts them first, so this finds only those whose eviction a head restart cut short:
+        without it they would run on, unwatched, on the card that failed."""
+        for reading in readings:
+            gpu, live = reading.uuid, self.state.gpus.get(reading.uuid)
+            if live is None or live.maintenance is None:
+                continue
+            if any(isinstance(j.status, (Launching, Running))
+                   and any(p.gpu_uuid == gpu for p in j.placements)
+                   for j in self.state.jobs.values()):
+                cause = live.maintenance.reason.split(": ")[0]
+                self._start(gpu, "evict", self._evict(gpu, f"GPU {self.state.label(gpu)} was "
+                                                           f"isolated ({cause})"))
+
     def _still_evicting(self, job: Job) -> bool:
         now = self.state.jobs.get(job.id)
         return now is not None and now.attempt == job.attempt and isinstance(now.status, Evicting)
@@ -311,6 +327,7 @@ class HealthMonitor:
         """A probe's readings: throttling episodes start and end; the pid -> job map is kept
         for Xid messages that name a pid."""
         self._pid_jobs[node] = dict(pid_jobs or {})
+        self._evict_left_behind(readings)
         now = self.state.clock()
         events = self.state.nodes[node].throttle_events
         changed = False
