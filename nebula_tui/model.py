@@ -63,6 +63,9 @@ def fmt(value: object, unit: str = "") -> str:
         value = f"{value:.0f}"
     return f"{value}{unit}"
 
+#: the GPU vendors NebulaGrid drives, as jobs (--vendor) and readings name them
+VENDORS = ("nvidia", "amd", "intel", "ascend")
+
 
 @dataclass(frozen=True)
 class GpuReading:

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .model import VENDORS
 from .scheduler import fairshare
 from .scheduler.health import DEFAULT_POLICIES, Policy, policies_from_config
 from .scheduler.snapshot import SchedulerConfig
@@ -38,6 +39,9 @@ class SchedulerSettings:
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
     quota_gpu_hours: float = fairshare.DEFAULT_QUOTA_GPU_HOURS
     half_life_s: float | None = fairshare.DEFAULT_HALF_LIFE_S
+    #: the vendor of a job that names none (a mixed lab whose code is mostly CUDA says
+    #: "nvidia"); None: any card
+    default_vendor: str | None = None
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ def _duration(section: str, key: str, value: Any) -> float:
 def scheduler_settings(value: Any) -> SchedulerSettings:
     data = _mapping("scheduler", value)
     _known("scheduler", data, ("weights", "hot_c", "min_health_score", "service_spare",
-                               "quota_gpu_hours", "half_life"))
+                               "quota_gpu_hours", "half_life", "default_vendor"))
     weights = _mapping("scheduler.weights", data.get("weights"), "weights")
     _known("scheduler.weights", weights, tuple(_WEIGHTS), "weights")
     config = replace(SchedulerConfig(), **{_WEIGHTS[k]: _number("scheduler", ("weights", k), v)
@@ -122,6 +126,9 @@ def scheduler_settings(value: Any) -> SchedulerSettings:
     if "quota_gpu_hours" in data:
         settings = replace(settings, quota_gpu_hours=_number("scheduler", ("quota_gpu_hours",),
                                                              data["quota_gpu_hours"]))
+    if data.get("default_vendor") is not None:
+        settings = replace(settings, default_vendor=_choice("scheduler", "default_vendor",
+                                                            data["default_vendor"], VENDORS))
     if "half_life" in data:
         half_life = data["half_life"]
         seconds = None if half_life in (0, "0", None, "never") else _duration("scheduler", "half_life", half_life)
@@ -169,10 +176,7 @@ def limits_settings(value: Any) -> LimitsSettings:
             settings = replace(settings, **{attr: _duration("limits", key, data[key])})
     for key, choices in (("memory_overuse", _OVERUSE_ACTIONS), ("idle_action", _IDLE_ACTIONS)):
         if key in data:
-            if data[key] not in choices:
-                raise SettingError(f"limits.{key} must be one of {', '.join(choices)}, "
-                                   f"found {data[key]!r}", key)
-            settings = replace(settings, **{key: data[key]})
+            settings = replace(settings, **{key: _choice("limits", key, data[key], choices)})
     if "idle_services" in data:
         if not isinstance(data["idle_services"], bool):
             raise SettingError(f"limits.idle_services must be true or false, "
@@ -255,6 +259,13 @@ def notify_settings(value: Any) -> NotifySettings:
 
 _MAIL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
 _ADDRESS_RE = re.compile(r"^[A-Za-z0-9_.+-]+(@[A-Za-z0-9][A-Za-z0-9.-]*)?$")
+
+
+def _choice(section: str, key: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise SettingError(f"{section}.{key} must be one of {', '.join(choices)}, "
+                           f"found {value!r}", key)
+    return value
 
 
 def _text(section: str, key: str, value: Any) -> str | None:

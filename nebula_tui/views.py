@@ -86,7 +86,8 @@ def job_json(job: Job) -> dict:
         "idle_unknown": getattr(holding(status), "idle_unknown", False),
         "array_id": job.spec.array_id, "array_index": job.spec.array_index,
         "array": job.spec.array, "after": list(job.spec.after), "after_type": job.spec.after_type,
-        "time_limit_s": job.spec.time_limit_s,
+        "time_limit_s": job.spec.time_limit_s, "vendor": job.spec.vendor,
+        "arch": job.spec.arch, "cuda": job.spec.cuda,
         "gpus": [{"uuid": p.gpu_uuid, "node": p.node, "index": p.gpu_index,
                   "memory_mb": p.memory_mb, "exclusive": p.exclusive} for p in job.placements],
     }

@@ -404,3 +404,12 @@ def test_a_bad_limits_value_names_its_line() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config("cluster:\n  name: t\nlimits:\n  max_time: 7d\n  idle_action: shout\n", "nodes.yaml")
     assert str(info.value).startswith("nodes.yaml:5: limits.idle_action must be one of warn, cancel")
+
+
+def test_default_vendor() -> None:
+    assert parse_config("", "nodes.yaml").scheduler.default_vendor is None
+    assert parse_config("scheduler:\n  default_vendor: nvidia\n", "nodes.yaml").scheduler.default_vendor == "nvidia"
+    with pytest.raises(ConfigError) as info:
+        parse_config("cluster:\n  name: t\nscheduler:\n  default_vendor: nvdia\n", "nodes.yaml")
+    assert str(info.value).startswith(
+        "nodes.yaml:4: scheduler.default_vendor must be one of nvidia, amd, intel, ascend")

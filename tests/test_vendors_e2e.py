@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import wait_for
 from nebula_tui.sim import fake_smi, faults, presets
@@ -193,3 +194,23 @@ def test_nebula_demo_status_shows_the_intel_and_ascend_nodes(tmp_path):
             demo.wait(60)
         except subprocess.TimeoutExpired:
             os.killpg(demo.pid, signal.SIGKILL)
+
+
+def test_a_default_vendor_places_jobs_that_name_none(mixed, tmp_path):
+    """A mixed lab whose jobs mostly need one vendor says so once in nodes.yaml: a job that
+    names no vendor (and no arch) gets that vendor's cards; --vendor any takes any card."""
+    lab, _ = mixed
+    config = yaml.safe_load(lab.config_path.read_text())
+    config["scheduler"] = {"default_vendor": "intel"}
+    path = tmp_path / "nodes-intel.yaml"
+    path.write_text(yaml.safe_dump(config))
+    head = HeadProcess(tmp_path / "home", lab, config=path)
+    try:
+        head.start(timeout=90)
+        intel = devices_seen(head, submit(head, "--", sys.executable, "-c", PRINT_DEVICES))
+        assert (intel["ZE_AFFINITY_MASK"], intel["CUDA_VISIBLE_DEVICES"]) == ("0", "")
+        assert head.job(submit(head, "--vendor", "any", "--", "true"))["vendor"] is None
+        amd = devices_seen(head, submit(head, "--arch", "gfx90a", "--", sys.executable, "-c", PRINT_DEVICES))
+        assert amd["ROCR_VISIBLE_DEVICES"] in ("0", "1")  # its arch said whose cards
+    finally:
+        head.stop()

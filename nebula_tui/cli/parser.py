@@ -9,6 +9,7 @@ import os
 
 from .. import environments
 from ..api import ARCH_RE, CUDA_RE, EVENT_KINDS
+from ..model import VENDORS
 from . import sim
 from .args import (FINISHED_STATES, REPORT_TABLES, STATES, OneLineParser, address, after, array,
                    checked, count, duration, ended_states, job_id, job_states, pattern, size_mb,
@@ -47,7 +48,8 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
                    help="compute capability: sm_89 exactly, or '>=sm_80'")
     p.add_argument("--cuda", type=pattern(CUDA_RE, "12.1"), default=None,
                    help="the driver must support at least this CUDA, e.g. 12.1")
-    p.add_argument("--vendor", default=None, choices=("nvidia", "intel", "ascend", "amd"))
+    p.add_argument("--vendor", default=None, choices=(*VENDORS, "any"),
+                   help="the cards' vendor (default: nodes.yaml's scheduler.default_vendor, else any)")
     p.add_argument("--nodes", type=count, default=1, help="how many nodes the GPUs may span (default 1)")
     p.add_argument("--priority", type=int, default=0, help="admins: higher runs first")
     p.add_argument("--after", type=after, action="append", default=[],

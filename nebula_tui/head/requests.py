@@ -14,7 +14,7 @@ import re
 
 from .. import environments
 from ..api import ARCH_RE, CUDA_RE, MAX_GPU_COUNT
-from ..model import JobSpec, RequestError
+from ..model import VENDORS, JobSpec, RequestError
 from ..scheduler.snapshot import AFTER_TYPES
 from ..units import parse_array
 
@@ -55,8 +55,10 @@ def unix_time(req: dict, key: str, required: bool = False) -> float | None:
     return float(value)
 
 
-def spec_from_request(req: dict) -> JobSpec:
-    """Validate a submit request field by field; raise RequestError naming the field."""
+def spec_from_request(req: dict, default_vendor: str | None = None) -> JobSpec:
+    """Validate a submit request field by field; raise RequestError naming the field. A
+    request naming neither a vendor nor an arch gets ``default_vendor`` (nodes.yaml's);
+    "any" asks for none."""
     command = req.get("command")
     if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
         raise RequestError("command: give the program to run after `--`, or --command \"…\"")
@@ -116,6 +118,10 @@ def spec_from_request(req: dict) -> JobSpec:
         if value is not None and (not isinstance(value, str) or not pattern.match(value)):
             raise RequestError(f"{flag}: {value!r} is not valid; e.g. {_EXAMPLES[key]}")
         texts[key] = value
+    if texts["vendor"] == ANY_VENDOR:
+        texts["vendor"] = None
+    elif texts["vendor"] is None and texts["arch"] is None:  # an arch says whose cards
+        texts["vendor"] = default_vendor
     return JobSpec(command=tuple(command), name=name, gpu_count=gpu_count,
                    gpu_mem_mb=gpu_mem, workdir=workdir, shell=shell, nodes=nodes,
                    priority=priority, after=tuple(after), after_type=after_type, array=array,
@@ -150,9 +156,11 @@ def _world_fields(req: dict) -> dict:
 
 
 
-_VENDOR = re.compile(r"^(nvidia|intel|ascend|amd)$")
+#: a job's --vendor that takes any card, whatever nodes.yaml gives as the default
+ANY_VENDOR = "any"
+_VENDOR = re.compile(f"^({'|'.join((*VENDORS, ANY_VENDOR))})$")
 _EXAMPLES = {"arch": "sm_89, '>=sm_80' or gfx90a", "cuda": "12.1",
-             "vendor": "nvidia, amd, intel or ascend"}
+             "vendor": "nvidia, amd, intel, ascend or any"}
 
 
 def text_field(req: dict, field: str) -> str:

@@ -265,7 +265,7 @@ class ApiServer:
         return {"pid": os.getpid(), "user": user}
 
     async def op_submit(self, user, req):
-        job = await self.engine.submit_on_disk(user, spec_from_request(req))
+        job = await self.engine.submit_on_disk(user, spec_from_request(req, self.engine.state.settings.default_vendor))
         tasks = len(parse_array(job.spec.array)[0]) if job.spec.array else 1
         return {"job": views.job_json(job), "tasks": tasks}
 
@@ -355,7 +355,7 @@ class ApiServer:
         return {"node": self.engine.set_drained(user, text_field(req, "node"), False).json()}
 
     async def op_plan(self, user, req):
-        return self.engine.plan(user, spec_from_request(req))
+        return self.engine.plan(user, spec_from_request(req, self.engine.state.settings.default_vendor))
 
     async def op_attach_info(self, user, req):
         return {"argv": self.engine.attach_argv(user, job_id(req))}
