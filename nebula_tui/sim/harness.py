@@ -11,6 +11,7 @@ import contextlib
 import glob
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -162,7 +163,8 @@ class HeadProcess:
 @contextlib.contextmanager
 def lab_with_head(layout: str = "4x4", ssh: str = "openssh",
                   probe_interval: float = 5.0) -> Iterator[tuple["Lab", HeadProcess]]:
-    """A fresh lab and a head service on it, both stopped on exit (for the benches)."""
+    """A fresh lab and a head service on it, both stopped and their folder removed on exit
+    (for the benches)."""
     from .lab import Lab
 
     root = Path(tempfile.mkdtemp(prefix="nebula-bench-"))
@@ -176,3 +178,4 @@ def lab_with_head(layout: str = "4x4", ssh: str = "openssh",
     finally:
         head.stop()
         lab.stop()
+        shutil.rmtree(root, ignore_errors=True)  # a bench's lab is its own: nothing stays
