@@ -101,6 +101,8 @@ LOCKED_SESSION = [
 #: acknowledged attempts' directories are removed this long after their ack
 RETENTION_S = float(CONFIG.get("retention_s", 7 * 86400))
 CLEAN_EVERY_S = 3600.0
+#: an exit no head acknowledged is kept this many retentions (its head may yet come back)
+UNCOLLECTED_RETENTIONS = 4
 MAX_LOG_READ = 1 << 20  # bytes one log request returns at most
 MAX_JOB_ID = (1 << 63) - 1
 
@@ -610,7 +612,9 @@ class Watcher:
 
 def clean_old_attempts(now):
     """Remove the directories of attempts acknowledged more than RETENTION_S ago, of every
-    head (an ack means that head has recorded the exit), and their jobs' empty directories."""
+    head (an ack means that head has recorded the exit), and their jobs' empty directories.
+    An exit no head acknowledged is kept UNCOLLECTED_RETENTIONS times as long (its head may
+    come back for it), then goes too: a head that is gone for good leaves nothing for ever."""
     for head in _listdir(HEADS_DIR):
         jobs = os.path.join(HEADS_DIR, head, "jobs")
         for job in _listdir(jobs):
@@ -620,7 +624,11 @@ def clean_old_attempts(now):
                 try:
                     old = now - os.stat(os.path.join(d, "acked")).st_mtime > RETENTION_S
                 except OSError:
-                    continue
+                    try:  # ended (the wrapper's exit code is written last), never collected
+                        ended = os.stat(os.path.join(d, "exit_code")).st_mtime
+                    except OSError:
+                        continue  # still running, or never started: never removed here
+                    old = now - ended > UNCOLLECTED_RETENTIONS * RETENTION_S
                 if old:
                     shutil.rmtree(d, ignore_errors=True)
             if not _listdir(root):
