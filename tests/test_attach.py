@@ -8,14 +8,17 @@ with ``capture-pane``; the users are real (created by ``test_multiuser``'s fixtu
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import wait_for
 from test_multiuser import as_user, lab_users, shared_head, submit_as
@@ -25,17 +28,20 @@ pytestmark = pytest.mark.skipif(shutil.which("tmux") is None or shutil.which("se
 
 TMUX = ["tmux", "-L", "nebula-attach-test"]
 # Users of their own: test_multiuser's may be created and removed meanwhile by another run.
-GROUP, ALICE, BOB = "nebattlab", "nebattann", "nebattbob"
+# CAROL is an admin: she may attach to anyone's job.
+GROUP, ALICE, BOB, CAROL = "nebattlab", "nebattann", "nebattbob", "nebattcar"
 
 
 @pytest.fixture(scope="module")
 def members():
-    yield from lab_users(GROUP, (ALICE, BOB), ())
+    yield from lab_users(GROUP, (ALICE, BOB, CAROL), ())
 
 
 @pytest.fixture(scope="module")
 def shared(openssh_lab, members, tmp_path_factory):
-    yield from shared_head(openssh_lab, tmp_path_factory, GROUP)
+    cluster = yaml.safe_load(openssh_lab.config_path.read_text())["cluster"]
+    cluster.update(run_as="submitter", admins=[CAROL])
+    yield from shared_head(openssh_lab, tmp_path_factory, GROUP, {"cluster": cluster})
 
 # Prints its window's size twice a second and echoes what it is sent.
 JOB = ["bash", "-c", 'while :; do stty size; if read -t 0.5 line; then echo "got:$line"; fi; done']
@@ -43,16 +49,16 @@ JOB = ["bash", "-c", 'while :; do stty size; if read -t 0.5 line; then echo "got
 
 @pytest.fixture
 def terminal():
-    """open(command): a 100x30 terminal (a pane of our own tmux server) running ``command``
-    under ``sh``; screen(): what it shows."""
+    """open(command, name): a 100x30 terminal (a pane of our own tmux server, session
+    ``name``) running ``command`` under ``sh``; screen(name): what it shows."""
     subprocess.run([*TMUX, "kill-server"], capture_output=True)
 
-    def open_(command: str) -> None:
-        subprocess.run([*TMUX, "-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", "100",
+    def open_(command: str, name: str = "t") -> None:
+        subprocess.run([*TMUX, "-f", "/dev/null", "new-session", "-d", "-s", name, "-x", "100",
                         "-y", "30", "sh", "-c", command + "; sleep 600"], check=True)
 
-    def screen() -> str:
-        return subprocess.run([*TMUX, "capture-pane", "-p", "-t", "t"], capture_output=True,
+    def screen(name: str = "t") -> str:
+        return subprocess.run([*TMUX, "capture-pane", "-p", "-t", name], capture_output=True,
                               text=True).stdout
     screen.open = open_
     yield screen
@@ -150,3 +156,94 @@ def test_an_attached_owner_cannot_reach_tmux_and_the_login_account_behind_it(sha
     assert shared.job(job)["state"] == "running"
     assert shared.run("cancel", str(job)).returncode == 0
     shutil.rmtree(marks, ignore_errors=True)
+
+
+def attach_in(shared, terminal, name: str, user: str, job: int) -> None:
+    """``user`` attached to ``job`` in terminal ``name``, once the job's output shows there."""
+    terminal.open(as_user_in_terminal(shared, user, "attach", str(job)), name)
+    wait_for(lambda: "29 100" in terminal(name), 30, what=f"{user}'s attach in {name}")
+
+
+def refusal(done: subprocess.CompletedProcess) -> str:
+    """The one line a refused attach prints ("" when the head let it through: these probes
+    have no terminal, so the client leaves right after the head's yes)."""
+    if "attach needs a terminal" in done.stderr:
+        return ""
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    return done.stderr.strip()
+
+
+def test_one_user_holds_at_most_four_attaches_and_every_way_one_ends_frees_its_place(
+        shared, terminal, openssh_lab):
+    # Four to attach to, and a spare for the probes and re-attaches.
+    *four, spare = [submit_as(shared, ALICE, "--gpu-mem", "4G", "--", *JOB) for _ in range(5)]
+    for job in (*four, spare):
+        wait_for(lambda: shared.job(job)["state"] == "running", 20, what=f"job {job} running")
+    node = {job: shared.job(job)["node"] for job in (*four, spare)}
+    lost = next((j for j in four if node[j] != node[spare]), None)  # its node goes away last
+    if lost is None:
+        pytest.skip("all five jobs landed on one node")
+    jobs = [*(j for j in four if j != lost), lost]
+    for n, job in enumerate(jobs):
+        attach_in(shared, terminal, f"a{n}", ALICE, job)
+    probe = lambda: refusal(as_user(shared, ALICE, "attach", str(spare)))  # noqa: E731
+    full = (f"{ALICE} already has 4 sessions attached (jobs {', '.join(map(str, four))}); "
+            "detach one first")
+    assert full in probe()
+
+    def freed_then_refilled(name: str, job: int) -> None:
+        wait_for(lambda: probe() == "", 30, what="the ended attach's place free again")
+        attach_in(shared, terminal, name, ALICE, job)
+        assert "already has 4 sessions attached" in probe()
+
+    # A detach.
+    subprocess.run([*TMUX, "send-keys", "-t", "a0", "C-b", "d"], check=True)
+    wait_for(lambda: "attach-exit=0" in terminal("a0"), 20, what="a clean detach")
+    freed_then_refilled("b0", spare)
+    # The client killed (no goodbye on the socket).
+    shell = subprocess.run([*TMUX, "display", "-p", "-t", "a1", "#{pane_pid}"], check=True,
+                           capture_output=True, text=True).stdout.strip()
+    client = int(subprocess.run(["pgrep", "-P", shell], capture_output=True, text=True,
+                                check=True).stdout.split()[0])
+    os.kill(client, signal.SIGKILL)
+    freed_then_refilled("b1", spare)
+    # The job ends under the attach.
+    ended = jobs[2]
+    assert shared.run("cancel", str(ended)).returncode == 0
+    assert shared.wait_job(ended)["state"] == "cancelled"
+    freed_then_refilled("b2", spare)
+    # The node goes away: the attach's channel dies with the connection.
+    openssh_lab.stop_node(node[lost])
+    try:
+        wait_for(lambda: probe() == "", 60, what="the lost node's attach freed")
+        # Attaches the head cannot open (the node unreachable) hold no place either.
+        for _ in range(3):
+            assert "cannot reach the job's node" in refusal(as_user(shared, ALICE, "attach",
+                                                                    str(lost)))
+        attach_in(shared, terminal, "b3", ALICE, spare)
+        assert "already has 4 sessions attached" in probe()
+    finally:
+        openssh_lab.start_node(node[lost])
+    for job in (*four, spare):
+        shared.run("cancel", str(job))
+
+
+def test_one_node_holds_at_most_eight_attaches_so_one_user_leaves_room_for_others(
+        shared, terminal):
+    """The head's one SSH connection to a node carries the nodelet and every attach there;
+    OpenSSH allows 10 sessions a connection. Eight attaches (two users' four) all really
+    open on the lab's sshd; the next one, by anyone, is refused by the head, not by sshd."""
+    job = submit_as(shared, ALICE, "--gpu-mem", "4G", "--", *JOB)
+    wait_for(lambda: shared.job(job)["state"] == "running", 20, what="alice's job running")
+    node = shared.job(job)["node"]
+    for n in range(4):
+        attach_in(shared, terminal, f"a{n}", ALICE, job)
+        attach_in(shared, terminal, f"c{n}", CAROL, job)  # an admin, on alice's job
+    root = shared.run("attach", str(job))
+    assert root.returncode == 1 and root.stderr.count("\n") == 1, root.stderr
+    assert (f"{node} already has 8 sessions attached ({ALICE} 4, {CAROL} 4), as many as its "
+            "SSH server leaves room for; try again once one detaches") in root.stderr
+    subprocess.run([*TMUX, "send-keys", "-t", "c0", "C-b", "d"], check=True)
+    wait_for(lambda: "attach needs a terminal" in shared.run("attach", str(job)).stderr, 30,
+             what="room on the node after a detach")
+    assert shared.run("cancel", str(job)).returncode == 0

@@ -263,7 +263,8 @@ class Engine:
     def attach_argv(self, user: str, job_id: int) -> list[str]:
         """The command that attaches a terminal to the job's session through this service
         (R13): refused here as the attach itself would be."""
-        self.attach.target(user, job_id, 0)
+        node, _ = self.attach.target(user, job_id, 0)
+        self.attach.check_room(user, node)
         return ["nebula", "attach", str(job_id)]
 
     def history(self, gpu: str, since_s: float) -> list[dict]:
