@@ -8,6 +8,7 @@ with ``capture-pane``; the users are real (created by ``test_multiuser``'s fixtu
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
 import shutil
@@ -17,10 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import asyncssh
 import pytest
 import yaml
 
 from conftest import wait_for
+from nebula_tui.head import attach
 from test_multiuser import as_user, lab_users, shared_head, submit_as
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None or shutil.which("setpriv") is None,
@@ -247,3 +250,22 @@ def test_one_node_holds_at_most_eight_attaches_so_one_user_leaves_room_for_other
     wait_for(lambda: "attach needs a terminal" in shared.run("attach", str(job)).stderr, 30,
              what="room on the node after a detach")
     assert shared.run("cancel", str(job)).returncode == 0
+
+
+def test_the_node_cap_fits_in_the_sessions_a_real_sshd_allows_one_connection(openssh_lab):
+    """The caps' premise, on the lab's OpenSSH with its defaults: one connection carries the
+    nodelet, ATTACHES_PER_NODE attaches and the spare; the next session is refused."""
+    async def sessions() -> tuple[int, str]:
+        async with openssh_lab.connect(openssh_lab.nodes[0]) as conn:
+            opened = []
+            try:
+                while len(opened) <= attach.NODE_SESSIONS:
+                    opened.append(await conn.create_process("sleep 30"))
+            except asyncssh.ChannelOpenError as err:
+                return len(opened), err.reason
+            finally:
+                for process in opened:
+                    process.close()
+            return len(opened), ""
+    opened, why = asyncio.run(sessions())
+    assert opened == attach.NODE_SESSIONS == 1 + attach.ATTACHES_PER_NODE + 1, why
