@@ -166,6 +166,20 @@ def rtx_node(name: str, **extra) -> dict:
     return dict(spec, name=name, gpus=spec["gpus"][:2], topo={}, **extra)
 
 
+@needs_cc
+@pytest.mark.parametrize("nvml_on", [True, False], ids=["nvml", "nvidia-smi"])
+def test_a_card_woken_through_cuda_reads_p0_for_a_while_on_either_path(lab_of, nodelets, nvml_on):
+    # What the simulated CUDA driver appends when work on a card ends (sim/cuda_shim.c).
+    lab = lab_of([rtx_node("wake01", **({} if nvml_on else {"nvml": False}))])
+    now = time.time()
+    (lab.node_dir("wake01") / "woken.tsv").write_text(
+        f"0\t{now:.6f}\n1\t{now - fake_smi.WAKE_HOLD_S - 1:.6f}\n")
+    node = nodelets(lab, "wake01")
+    assert node.hello["backends"][0]["name"] == ("nvml" if nvml_on else "nvidia-smi")
+    probe = node.probe_until(lambda p: by_index(p)[0]["pstate"] == "P0")
+    assert by_index(probe)[1]["pstate"] == "P8"  # woken longer ago than the hold: idle again
+
+
 def hold_memory(lab: Lab, node: str, variable: str, devices: str, mb: int) -> subprocess.Popen:
     """A process that the node's tools see holding ``mb`` on ``devices`` (as a job would)."""
     env = dict(lab.session_env(node), NEBULA_GPU_MEM_MB=str(mb), NEBULA_SIM_GPU_UTIL="40")

@@ -3,7 +3,11 @@ warm-up, and bad input refused at submit. (Containers: ``test_container_jobs.py`
 
 from __future__ import annotations
 
+import asyncio
+import ctypes.util
+import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -12,6 +16,9 @@ import pytest
 
 from nebula_tui.head.server import spec_from_request
 from nebula_tui.model import RequestError
+from nebula_tui.remote.launcher import WARMUP_SOURCE
+from nebula_tui.sim import cuda, fake_smi, faults
+from nebula_tui.sim.harness import wait_for
 
 
 def submit(head, *args, **kw) -> dict:
@@ -116,11 +123,98 @@ def test_else_in_the_home(head, tmp_path):
     assert log(head, job["id"]).strip() == job["workdir_used"] == head.lab.home
 
 
-def test_warmup_says_what_it_did_and_warns_without_persistence_mode(head):
-    job = submit(head, "--warmup", "--", "true")
-    text = log(head, job["id"])
-    assert f"nebula: warm-up skipped: {job['node']} has no CUDA driver library (libcuda.so.1)" in text
+# ------------------------------------------------------------------ warm-up
+# The lab's nodes load the simulated CUDA driver (sim/cuda_shim.c), built with cc.
+needs_cc = pytest.mark.skipif(cuda.build() is None, reason="no C compiler (cc) to build the "
+                              "simulated CUDA driver (libcuda.so.1) of the lab's nodes")
+
+
+def pstates(head) -> dict[tuple[str, int], str | None]:
+    """Each card's P-state as the head last read it."""
+    return {(g["node"], g["index"]): (g.get("reading") or {}).get("pstate")
+            for g in head.call("gpus")["gpus"]}
+
+
+def warmed(head, *args) -> tuple[dict, str, list[tuple[str, int]]]:
+    """A --warmup job run on idle cards that the head then reads in P0: the job, its log
+    and its cards."""
+    before = wait_for(lambda: (lambda s: s if "P0" not in s.values() else None)(pstates(head)),
+                      fake_smi.WAKE_HOLD_S + 30, 0.5, "every card out of P0 (an earlier wake)")
+    job = submit(head, "--warmup", *args, "--", "echo", "ran")
+    cards = [(g["node"], g["index"]) for g in job["gpus"]]
+    assert job["state"] == "succeeded", log(head, job["id"])
+    assert [before[c] for c in cards] == ["P8"] * len(cards)  # idle before
+    wait_for(lambda: all(pstates(head)[c] == "P0" for c in cards), 15, 0.5,
+             f"the head to read {cards} in P0")
+    return job, log(head, job["id"]), cards
+
+
+@needs_cc
+def test_warmup_wakes_an_idle_card_to_p0_and_warns_without_persistence_mode(head):
+    job, text, cards = warmed(head)
+    assert len(cards) == 1 and "nebula: warm-up: 1 GPU woken in " in text, text
+    assert text.rstrip().endswith("ran")
     assert "runs without persistence mode" in text and "sudo nvidia-smi -pm 1" in text
+
+
+@needs_cc
+def test_warmup_wakes_each_card_of_a_two_gpu_job(head):
+    job, text, cards = warmed(head, "--gpu-count", "2")
+    assert len(cards) == 2 and "nebula: warm-up: 2 GPUs woken in " in text, text
+
+
+@needs_cc
+def test_a_card_failing_in_cuda_skips_the_warmup_and_the_job_still_runs(head, openssh_lab):
+    # An uncorrectable ECC error not yet cleared by a reset: the head still places jobs on
+    # the card (a lost card it would not), CUDA refuses it a context (error 214).
+    nvidia = [(n, g["index"]) for n in openssh_lab.nodes
+              for g in json.loads((openssh_lab.node_dir(n) / "node.json").read_text())["gpus"]]
+    try:
+        for node, index in nvidia:
+            faults.set_fault(openssh_lab.node_dir(node), index, ecc_uncorrected=1)
+        job = submit(head, "--warmup", "--", "echo", "ran")
+    finally:
+        for node, index in nvidia:
+            faults.clear_gpu_faults(openssh_lab.node_dir(node), index)
+    text = log(head, job["id"])
+    assert job["state"] == "succeeded", text
+    assert (f"nebula: warm-up skipped on {job['node']}: cuDevicePrimaryCtxRetain failed with "
+            "CUDA error 214") in text
+    assert text.rstrip().endswith("ran")
+
+
+@needs_cc
+def test_a_card_fallen_off_the_bus_fails_cuinit_over_ssh(openssh_lab):
+    # The head places no job on a lost card, so the warm-up runs as the wrapper runs it,
+    # in a session on the node through its sshd.
+    node = openssh_lab.nodes[0]
+    faults.set_fault(openssh_lab.node_dir(node), 0, lost=True)
+
+    async def on_node(visible: str) -> str:
+        async with openssh_lab.connect(node) as conn:
+            done = await conn.run(f"CUDA_VISIBLE_DEVICES={visible} python3 -c "
+                                  f"{shlex.quote(WARMUP_SOURCE)} {node}", check=True, timeout=60)
+            return done.stdout
+
+    try:
+        assert asyncio.run(on_node("0")) == (f"nebula: warm-up skipped on {node}: cuInit "
+                                             "failed with CUDA error 999\n")
+    finally:
+        faults.clear_gpu_faults(openssh_lab.node_dir(node), 0)
+    # As real CUDA reads the variable: an entry naming no card ends the list; none: error 100.
+    assert asyncio.run(on_node("1,7,0")).startswith("nebula: warm-up: 1 GPU woken in ")
+    assert asyncio.run(on_node("7")).endswith("cuInit failed with CUDA error 100\n")
+    uuid = json.loads((openssh_lab.node_dir(node) / "node.json").read_text())["gpus"][1]["uuid"]
+    assert asyncio.run(on_node(uuid[:12])).startswith("nebula: warm-up: 1 GPU woken in ")
+
+
+def test_without_a_cuda_driver_the_warmup_says_so(tmp_path):
+    if ctypes.util.find_library("cuda"):
+        pytest.skip("this machine has a CUDA driver library")
+    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path), CUDA_VISIBLE_DEVICES="0")
+    done = subprocess.run([sys.executable, "-c", WARMUP_SOURCE, "node9"], capture_output=True,
+                          text=True, env=env, timeout=60, check=True)
+    assert done.stdout == "nebula: warm-up skipped: node9 has no CUDA driver library (libcuda.so.1)\n"
 
 
 def test_nodes_yaml_pins_a_runtime_and_warmup_per_node():

@@ -17,6 +17,8 @@ the live readings: ``lost`` (fell off the bus: every query names it and exits 15
 double-bit ECC count), ``reset_fails`` (``-r`` cannot reset it). ``-r -i ID`` resets a GPU:
 refused while processes use it or when it is lost, else its faults are cleared, as a real
 reset clears volatile state (the wording of the reset messages is approximated).
+An idle card that did work through the simulated CUDA driver (``cuda_shim.c``, which
+appends to ``woken.tsv``) in the last ``WAKE_HOLD_S`` reads P0 instead of P8.
 
 Why one module: it runs as a standalone script, once per probe call, importing nothing
 of the package, so what it needs must be in this one file.
@@ -42,6 +44,10 @@ IDLE_SM_CLOCK_MHZ = 210
 IDLE_MEM_CLOCK_MHZ = 405
 DEFAULT_PROCESS_MB = 1024
 DEFAULT_PROCESS_UTIL = 60.0
+#: How long an idle card stays in P0 after work on it ended (the warm-up's, through the
+#: simulated CUDA driver, ``cuda_shim.c``): real drivers drop the clocks after some seconds
+#: of idleness; this figure is the lab's, not measured on a card.
+WAKE_HOLD_S = 20.0
 _TRACKED_ENV = ("NEBULA_SIM_NODE", "NEBULA_SIM_GPU_MEM", "NEBULA_GPU_MEM_MB", "NEBULA_SIM_GPU_UTIL")
 
 
@@ -201,8 +207,26 @@ def scan_processes(node: dict, variable: str = "CUDA_VISIBLE_DEVICES",
 # --- live GPU state ----------------------------------------------------------------------
 
 
-def gpu_state(gpu: dict, processes: list[dict], fault: dict) -> dict:
-    """One GPU's readings now: static facts plus what its processes make of it."""
+def woken_at(sim_dir: str) -> dict[int, float]:
+    """When work through the simulated CUDA driver last ended on each card (``woken.tsv``,
+    "index<TAB>epoch seconds" lines the library appends); {} when none did."""
+    woken: dict[int, float] = {}
+    try:
+        with open(os.path.join(sim_dir, "woken.tsv"), encoding="utf-8") as handle:
+            for line in handle:
+                index, _, when = line.strip().partition("\t")
+                try:
+                    woken[int(index)] = max(woken.get(int(index), 0.0), float(when))
+                except ValueError:
+                    continue  # a line being written
+    except OSError:
+        pass
+    return woken
+
+
+def gpu_state(gpu: dict, processes: list[dict], fault: dict, woken: float = 0.0) -> dict:
+    """One GPU's readings now: static facts plus what its processes make of it; ``woken``:
+    when work through CUDA last ended on it (an idle card stays in P0 for a while)."""
     mine = [p for p in processes if gpu["index"] in p["gpus"]]
     total = gpu["memory_total_mb"]
     util = min(100.0, sum(p["util"] for p in mine))
@@ -219,7 +243,7 @@ def gpu_state(gpu: dict, processes: list[dict], fault: dict) -> dict:
         sm_clock_mhz=round(IDLE_SM_CLOCK_MHZ + busy * (max_sm - IDLE_SM_CLOCK_MHZ)),
         mem_clock_mhz=gpu.get("max_mem_clock_mhz", 5000) if mine else IDLE_MEM_CLOCK_MHZ,
         fan_pct=round(30 + util * 0.5) if gpu.get("has_fan", True) else None,
-        pstate="P2" if mine else "P8",
+        pstate="P2" if mine else "P0" if time.time() - woken < WAKE_HOLD_S else "P8",
         processes=[dict(p, memory_mb=min(total, p["memory_mb"])) for p in mine],
         lost=False,
     )
@@ -643,7 +667,9 @@ def run(argv: list[str]) -> tuple[str, int]:
     args = parse_args(argv)
     node, faults = load_node(os.environ.get("NEBULA_SIM_DIR", "."))
     processes = scan_processes(node)
-    states = [gpu_state(g, processes, faults.get(str(g["index"]), {})) for g in node["gpus"]]
+    woken = woken_at(os.environ.get("NEBULA_SIM_DIR", "."))
+    states = [gpu_state(g, processes, faults.get(str(g["index"]), {}), woken.get(g["index"], 0.0))
+              for g in node["gpus"]]
     states = select(states, args["ids"])
     mode = args["mode"]
     if mode == "reset":

@@ -307,8 +307,8 @@ def gpu_faults(node_dir: Path) -> dict[str, dict]:
 
 def reboot(node_dir: Path, now: float | None = None) -> str:
     """The node booted again: new boot id and boot time, an empty kernel log starting with
-    the kernel's banner, and every GPU fault cleared (a power cycle brings a lost card
-    back). Returns the new boot id."""
+    the kernel's banner, every GPU fault cleared (a power cycle brings a lost card back)
+    and no card woken lately. Returns the new boot id."""
     node_dir = Path(node_dir)
     now = time.time() if now is None else now
     node = _node(node_dir)
@@ -320,6 +320,7 @@ def reboot(node_dir: Path, now: float | None = None) -> str:
                   f"{_stamp(0)}Linux version 6.8.0-nebula-sim (simulated boot)\n")
     _write_atomic(node_dir / "boot_id", new_id + "\n")
     _change_faults(node_dir, lambda gpus: gpus.clear())
+    (node_dir / "woken.tsv").unlink(missing_ok=True)  # every card starts idle again
     return new_id
 
 

@@ -59,7 +59,7 @@ import asyncssh
 import yaml
 
 from nebula_tui.sim import containers as sim_containers
-from nebula_tui.sim import nvml, presets
+from nebula_tui.sim import cuda, nvml, presets
 
 SSH_KINDS = ("asyncssh", "openssh")
 _SIM_PKG = Path(__file__).resolve().parent
@@ -568,7 +568,8 @@ class Lab:
             path += f":{pydir}"
         return {
             "PATH": path,
-            # The simulated NVML, when the node has one (sim/nvml.py); real pynvml loads it.
+            # The simulated NVML and CUDA driver, when the node has them (sim/nvml.py,
+            # sim/cuda.py): real pynvml and the warm-up's ctypes load them.
             "LD_LIBRARY_PATH": str(nd / "lib"),
             "NEBULA_SIM_NODE": name,
             "NEBULA_SIM_DIR": str(nd),
@@ -619,6 +620,7 @@ class Lab:
             for tool, script, args in _node_tools(spec):
                 self._write_wrapper(nd / "bin" / tool, nd, _SIM_PKG / script, args)
             nvml.install(nd, spec)
+            cuda.install(nd, spec)  # what the warm-up calls
             self._write_sshd_config(name)
         self.known_hosts_path.write_text("".join(known))
         self._write_config()

@@ -1,20 +1,16 @@
 """The simulated lab's NVML: build ``nvml_shim.c`` into ``libnvidia-ml.so.1`` and give each
 NVIDIA node its ``nvml.tsv`` (the GPUs' static facts the library reads).
 
-Built once per source version with the system C compiler (``cc``) into a cache shared by
-every lab of this user, so a test session compiles it once. Without a compiler there is no
-library: the nodes' nodelets then fall back to the emulated ``nvidia-smi``, as on a real
-node whose NVML cannot load (``nebula demo`` needs no compiler).
+Built once per source version with the system C compiler (``sim/shims.py``). Without a
+compiler there is no library: the nodes' nodelets then fall back to the emulated
+``nvidia-smi``, as on a real node whose NVML cannot load (``nebula demo`` needs no compiler).
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
+
+from . import shims
 
 SOURCE = Path(__file__).resolve().parent / "nvml_shim.c"
 LIBRARY = "libnvidia-ml.so.1"
@@ -22,30 +18,12 @@ LIBRARY = "libnvidia-ml.so.1"
 VARIANTS = {"current": [], "old": ["-DSIM_OLD_DRIVER"]}
 
 
-def cache_dir() -> Path:
-    return Path(tempfile.gettempdir()) / f"nebula-nvml-shim-{os.getuid()}"
-
-
 def build(variant: str = "current") -> Path | None:
     """The library built from the current source (cached), or None without a C compiler
     or when it does not build (then the lab has no NVML, and says nothing more)."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None or variant not in VARIANTS:
+    if variant not in VARIANTS:
         return None
-    digest = hashlib.sha256(SOURCE.read_bytes() + variant.encode()).hexdigest()[:16]
-    target = cache_dir() / f"{digest}-{variant}" / LIBRARY
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = target.with_name(f".{LIBRARY}.{os.getpid()}")
-    done = subprocess.run([compiler, "-shared", "-fPIC", "-O2", *VARIANTS[variant], "-o",
-                           str(scratch), str(SOURCE), "-lm", "-lpthread"],
-                          capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        scratch.unlink(missing_ok=True)
-        return None
-    os.replace(scratch, target)  # atomic: two labs building at once both end with one file
-    return target
+    return shims.build(SOURCE, LIBRARY, tuple(VARIANTS[variant]), variant, ("-lm", "-lpthread"))
 
 
 def gpu_table(spec: dict) -> str:
@@ -77,15 +55,10 @@ def install(node_dir: Path, spec: dict) -> bool:
     """Give an NVIDIA node its NVML (``lib/libnvidia-ml.so.1`` and ``nvml.tsv``) unless its
     spec says ``"nvml": false``; ``"nvml": "old"`` gives it an old driver's. Returns whether
     it has one."""
-    lib = node_dir / "lib"
-    lib.mkdir(exist_ok=True)
-    (lib / LIBRARY).unlink(missing_ok=True)
     wanted = spec.get("nvml", True)
-    if not spec.get("gpus") or wanted is False:
-        return False
-    built = build("old" if wanted == "old" else "current")
-    if built is None:
-        return False
-    (node_dir / "nvml.tsv").write_text(gpu_table(spec))
-    os.symlink(built, lib / LIBRARY)
-    return True
+    built = None
+    if spec.get("gpus") and wanted is not False:
+        built = build("old" if wanted == "old" else "current")
+    if built is not None:
+        (node_dir / "nvml.tsv").write_text(gpu_table(spec))
+    return shims.link(built, node_dir, LIBRARY)

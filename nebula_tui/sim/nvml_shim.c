@@ -7,6 +7,8 @@
  *   $NEBULA_SIM_DIR/nvml.tsv     the node's GPUs (written by the lab from node.json)
  *   $NEBULA_SIM_DIR/faults.tsv   per-GPU faults (written with faults.json)
  *   $NEBULA_SIM_DIR/nvml_events.tsv  "index<TAB>xid" lines: critical Xids for event sets
+ *   $NEBULA_SIM_DIR/woken.tsv    "index<TAB>epoch-seconds": work through the simulated CUDA
+ *                                driver (cuda_shim.c) ended; an idle card shows P0 a while
  *   /proc/<pid>/environ          processes on this node's GPUs (CUDA_VISIBLE_DEVICES)
  * The dynamic state is read again when it is older than REFRESH_NS (or
  * $NEBULA_SIM_NVML_REFRESH_MS), so one probe's dozens of calls cost one look at /proc.
@@ -27,6 +29,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sim_faults.h"
+
 typedef int nvmlReturn_t;
 enum {
     NVML_SUCCESS = 0, NVML_ERROR_UNINITIALIZED = 1, NVML_ERROR_INVALID_ARGUMENT = 2,
@@ -38,6 +42,7 @@ enum {
 #define MAX_GPUS 16
 #define MAX_PROCS 256
 #define REFRESH_NS 200000000LL
+#define WAKE_HOLD_S 20.0  /* fake_smi.WAKE_HOLD_S */
 #define IDLE_MEMORY_MB 1
 #define IDLE_SM_CLOCK 210
 #define IDLE_MEM_CLOCK 405
@@ -343,28 +348,41 @@ static void scan_processes(void) {
 
 /* --- faults ----------------------------------------------------------------------------------- */
 
+static void apply_fault(unsigned index, const char *key, const char *value) {
+    for (unsigned g = 0; g < gpu_count; g++) {
+        sim_gpu *gpu = &gpus[g];
+        if (gpu->index != index) continue;
+        int yes = strcmp(value, "true") == 0 || strcmp(value, "1") == 0;
+        if (strcmp(key, "lost") == 0) gpu->lost = yes;
+        else if (strcmp(key, "temp_c") == 0) gpu->temp = atof(value);
+        else if (strcmp(key, "util") == 0 && strcmp(value, "None") == 0) gpu->util_na = 1;
+        else if (strcmp(key, "util") == 0) gpu->util = atof(value);
+        else if (strcmp(key, "sm_clock_mhz") == 0) gpu->sm = (unsigned)atoi(value);
+        else if (strcmp(key, "ecc_uncorrected") == 0) gpu->ecc_uncorrected = atoll(value);
+        else if (strcmp(key, "throttle") == 0) gpu->throttle = yes;
+        else if (strcmp(key, "pstate") == 0 && value[0] == 'P') gpu->pstate = atoi(value + 1);
+    }
+}
+
 static void apply_faults(void) {
-    char path[PATH_MAX], line[256];
-    path_of(path, sizeof path, "faults.tsv");
+    read_faults(sim_dir, apply_fault);
+}
+
+/* An idle card that did work through the simulated CUDA driver lately is in P0. */
+static void apply_wakes(void) {
+    char path[PATH_MAX], line[128];
+    path_of(path, sizeof path, "woken.tsv");
     FILE *f = fopen(path, "r");
     if (!f) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double now = (double)ts.tv_sec + ts.tv_nsec / 1e9;
     while (fgets(line, sizeof line, f)) {
         unsigned index;
-        char key[64], value[64];
-        if (sscanf(line, "%u\t%63s\t%63s", &index, key, value) != 3) continue;
-        for (unsigned g = 0; g < gpu_count; g++) {
-            sim_gpu *gpu = &gpus[g];
-            if (gpu->index != index) continue;
-            int yes = strcmp(value, "true") == 0 || strcmp(value, "1") == 0;
-            if (strcmp(key, "lost") == 0) gpu->lost = yes;
-            else if (strcmp(key, "temp_c") == 0) gpu->temp = atof(value);
-            else if (strcmp(key, "util") == 0 && strcmp(value, "None") == 0) gpu->util_na = 1;
-            else if (strcmp(key, "util") == 0) gpu->util = atof(value);
-            else if (strcmp(key, "sm_clock_mhz") == 0) gpu->sm = (unsigned)atoi(value);
-            else if (strcmp(key, "ecc_uncorrected") == 0) gpu->ecc_uncorrected = atoll(value);
-            else if (strcmp(key, "throttle") == 0) gpu->throttle = yes;
-            else if (strcmp(key, "pstate") == 0 && value[0] == 'P') gpu->pstate = atoi(value + 1);
-        }
+        double when;
+        if (sscanf(line, "%u\t%lf", &index, &when) != 2 || now - when >= WAKE_HOLD_S) continue;
+        for (unsigned g = 0; g < gpu_count; g++)
+            if (gpus[g].index == index && gpus[g].pstate == 8) gpus[g].pstate = 0;
     }
     fclose(f);
 }
@@ -407,6 +425,7 @@ static void refresh(void) {
         gpu->throttle = 0;
         gpu->ecc_uncorrected = 0;
     }
+    apply_wakes();
     apply_faults();
     refreshed_at = now_ns();  /* from the end: a slow scan on a loaded node is not redone at once */
 }
