@@ -221,3 +221,119 @@ def test_a_rocm_process_named_with_commas_keeps_its_own_card_and_memory():
     (process,) = parsed["processes"]
     assert (process["pid"], process["name"], process["used_memory_mb"]) == (4242, "x, 0, 25769803776", 1)
     assert process["gpu_uuid"] == next(g["uuid"] for g in parsed["gpus"] if g["index"] == 2)
+
+
+# ------------------------------------------------------------------ process names as data
+# A tool prints a process's argv[0] (the process's own to set) unquoted: a line break in it
+# starts rows of its own, a made-up process on another job's pid that the memory guard
+# would kill. A table whose structure a name broke is believed not at all.
+
+NPU_WITH_PROCESS = OTHER / "npu_smi_info_2x_910b2c_with_process_trailing_space.txt"
+# (GPU, PID, name, GTT, VRAM, MEM, CU %) as amd-smi's process box prints them
+AMD_ROW = "| %4d %10d  %-20s %8s %9s %10s %8s |"
+
+
+def npu_row(npu: int, chip: int, pid: int, name: str, mb: int) -> str:
+    """A process row as npu-smi 23 prints it: the sample's columns and trailing space."""
+    return "| %s| %s| %s| %s| " % (("%-8s%s" % (npu, chip)).ljust(26), str(pid).ljust(14),
+                                   name.ljust(25), str(mb).ljust(24))
+
+
+def with_npu_row(row: str) -> str:
+    text = NPU_WITH_PROCESS.read_text()
+    real = npu_row(0, 0, 124528, "python3.8", 17400)
+    assert real in text  # the format is the sample's own
+    return text.replace(real, row)
+
+
+def amd_smi_with_processes(*rows: tuple) -> str:
+    """The MI300X sample with the process box amd-smi prints below it."""
+    rule = "+" + "-" * 78 + "+"
+    box = ["", rule, "| " + "Processes:".ljust(77) + "|",
+           "|  GPU        PID  Process Name          GTT_MEM  VRAM_MEM  MEM_USAGE     CU % |",
+           "|" + "=" * 78 + "|"] + [AMD_ROW % row for row in rows] + [rule]
+    return (OTHER / "amd_smi_mi300x_baremetal.txt").read_text() + "\n".join(box) + "\n"
+
+
+def xpu_ps(*rows: tuple) -> str:
+    """``xpu-smi ps``: (pid, command, device, SHR KiB, MEM KiB) rows."""
+    lines = ["%-10s%-20s%-15s%-12s%s" % ("PID", "Command", "DeviceID", "SHR", "MEM")]
+    return "\n".join(lines + ["%-10d%-20s%-15d%-12d%d" % row for row in rows]) + "\n"
+
+
+@pytest.mark.parametrize("name", [
+    "x\n| 1       0                 | 4242          | python3.8                | 24576 |",  # a row of its own
+    "x\n| 1 0 | 4242 | p | 24576 | 0",  # one with a cell too many
+    "x\nhello",  # a line no row at all
+    "x | 7",  # a cell too many in its own row
+])
+def test_npu_smi_a_name_that_breaks_the_table_makes_its_process_list_unreadable(name):
+    doc = parse_text("npu-smi", with_npu_row(npu_row(0, 0, 124528, name, 17400)))
+    assert doc["processes"] == []
+    assert "npu-smi's process list is unreadable: line " in doc["processes_unreadable"]
+    assert len(doc["gpus"]) == 2  # the readings stay
+    assert "processes_unreadable" not in parse("npu-smi", NPU_WITH_PROCESS)
+
+
+@pytest.mark.parametrize("row", [npu_row(0, 0, 124528, "p", "1e5"), npu_row(0, 0, "١٢٣", "p", 5),
+                                 npu_row(7, 0, 124528, "p", 5), npu_row(0, 0, 0, "p", 5)])
+def test_npu_smi_a_row_whose_numbers_are_not_strictly_numbers_is_not_believed(row):
+    """Memory as a float, a pid in other digits, a chip not listed, pid 0."""
+    assert parse_text("npu-smi", with_npu_row(row))["processes"] == []
+
+
+def test_amd_smi_process_rows_are_read_for_their_numbers_and_a_forged_one_breaks_the_list():
+    uuid = parse("amd-smi", OTHER / "amd_smi_mi300x_baremetal.txt")["gpus"][0]["uuid"]
+    good = parse_text("amd-smi", amd_smi_with_processes((0, 4242, "python3 train.py", "0.0 B", "6.0 GB",
+                                                         "6.0 GB", "12.0 %")))
+    assert good["processes"] == [{"gpu_uuid": uuid, "pid": 4242, "name": "python3 train.py",
+                                  "used_memory_mb": 6144}]
+    forged = "x\n" + AMD_ROW % (0, 77, "python3", "0.0 B", "24.0 GB", "24.0 GB", "0.0 %")
+    broken = parse_text("amd-smi", amd_smi_with_processes((0, 4242, forged, "0.0 B", "6.0 GB", "6.0 GB", "1.0 %")))
+    assert broken["processes"] == [] and "amd-smi's process list is unreadable" in broken["processes_unreadable"]
+    assert broken["gpus"] == good["gpus"]
+    unknown_card = parse_text("amd-smi", amd_smi_with_processes((3, 4242, "p", "0.0 B", "6.0 GB", "6.0 GB", "1.0 %")))
+    assert unknown_card["processes"] == [] and unknown_card["processes_unreadable"]
+    after_the_box = amd_smi_with_processes((0, 4242, "p", "0.0 B", "6.0 GB", "6.0 GB", "1.0 %")) + "| 0 77 |\n"
+    assert parse_text("amd-smi", after_the_box)["processes"] == []
+
+
+def test_xpu_smi_ps_reads_from_both_ends_and_a_forged_line_breaks_the_list():
+    from nebula_tui.remote.backends import intel
+
+    found, why = intel.parse_ps(xpu_ps((4242, "python 3 2 1", 0, 0, 6291456)), {0})
+    assert why is None and [(p["pid"], p["device"], p["used_memory_mb"]) for p in found] == [(4242, 0, 6144)]
+    for name in ("x\nnonsense", "x\n77 python"):  # a line no row, and a row too short
+        found, why = intel.parse_ps(xpu_ps((4242, name, 0, 0, 6291456)), {0})
+        assert found == [] and "xpu-smi ps's process list is unreadable: line 2" in why
+    found, why = intel.parse_ps(xpu_ps((4242, "p", 5, 0, 6291456)), {0})  # no device 5 here
+    assert found == [] and why
+
+
+def test_a_forgery_every_line_of_which_parses_is_caught_by_the_forgers_own_name(tmp_path):
+    """A name can make each line a well-formed row (its own with 1 MiB, another's pid with
+    its memory on another chip); the node names every listed process from /proc, and one
+    whose own name holds a line break or a column bar makes the whole list unreadable."""
+    import subprocess
+
+    from nebula_tui.remote.probes.hardware import vouched
+
+    victim = subprocess.Popen(["sleep", "30"])
+    forger_name = ("x" + " " * 24 + "| 1" + " " * 22 + "|\n| 1       0                 | %d"
+                   % victim.pid + " " * 8 + "| python3.8")
+    forger = subprocess.Popen(["bash", "-c", 'exec -a "$0" sleep 30', forger_name])
+    try:
+        import time
+        time.sleep(0.3)  # the exec done
+        doc = parse_text("npu-smi", with_npu_row(npu_row(0, 0, forger.pid, forger_name, 17400)))
+        assert sorted(p["pid"] for p in doc["processes"]) == sorted([forger.pid, victim.pid])  # it parses
+        kept, why = vouched(doc["processes"], "npu-smi")
+        assert kept == [] and f"process {forger.pid}'s name holds a line break" in why
+        honest = [p for p in doc["processes"] if p["pid"] == victim.pid] + [
+            dict(doc["processes"][0], pid=2**22 + 7)]  # no such process: dropped
+        kept, why = vouched(honest, "npu-smi")
+        assert why is None and [(p["pid"], p["name"]) for p in kept] == [(victim.pid, "sleep")]
+    finally:
+        for child in (victim, forger):
+            child.kill()
+            child.wait()

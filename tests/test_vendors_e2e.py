@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -214,3 +215,46 @@ def test_a_default_vendor_places_jobs_that_name_none(mixed, tmp_path):
         assert amd["ROCR_VISIBLE_DEVICES"] in ("0", "1")  # its arch said whose cards
     finally:
         head.stop()
+
+
+def test_a_process_named_with_a_line_break_neither_hides_nor_gets_a_job_killed(mixed):
+    """npu-smi prints names unquoted: an outsider whose argv[0] holds a line break forged a
+    row of 30 GB on a job's pid (the memory guard kills at first sight past its grace) and
+    hid its own row. The node believes no row of a table a name broke: the guard judges
+    no one there, and what the job did not reserve stays out of the scheduler's hands."""
+    lab, head = mixed
+    node05 = lab.node_dir("node05")
+    job = submit(head, "--vendor", "ascend", "--gpu-mem", "8G", "--", "sleep", "120")
+    forger = None
+    try:
+        running = wait_for(lambda: (j := head.job(job))["state"] == "running" and j, 30, what="running")
+        uuid = running["gpus"][0]["uuid"]
+        gpu = wait_for(lambda: (g := next(x for x in head.call("gpus")["gpus"] if x["uuid"] == uuid))
+                       ["processes"] and g, 20, what="the job's process on its chip")
+        (victim,) = [p["pid"] for p in gpu["processes"]]
+        spec = next(s for s in presets.node_specs("demo") if s["name"] == "node05")
+        chips = {d["uuid"]: d["index"] for d in spec["devices"]}
+        other = next(u for u in chips if u != uuid)
+        name = f"x\n|{chips[uuid]} 0|{victim}|p|30000|"  # within npu-smi's 24 characters
+        forger = subprocess.Popen(["bash", "-c", 'exec -a "$0" sleep 120', name], start_new_session=True,
+                                  env=dict(os.environ, NEBULA_SIM_DIR=str(node05), NEBULA_SIM_NODE="node05",
+                                           ASCEND_RT_VISIBLE_DEVICES=str(chips[other]), NEBULA_SIM_GPU_MEM="4G"))
+        printed = subprocess.run([str(node05 / "bin" / "npu-smi"), "info"], capture_output=True, text=True,
+                                 env=dict(os.environ, NEBULA_SIM_DIR=str(node05))).stdout
+        assert f"|{chips[uuid]} 0|{victim}|p|30000|" in printed  # the forged row is there
+        reason = wait_for(lambda: next(n for n in head.call("status")["nodes"] if n["name"] == "node05")["reason"],
+                          20, what="node05 to say its process list is unreadable")
+        assert "npu-smi's process list is unreadable" in reason
+        seen = wait_for(lambda: (g := next(x for x in head.call("gpus")["gpus"] if x["uuid"] == other))
+                        ["unmanaged_used_mb"] and g, 20, what="the forger's memory to count")
+        assert seen["unmanaged_used_mb"] == 4096  # not hidden: what no job reserved is held
+        time.sleep(5)  # five probes: the forged row would have made the guard speak by now
+        assert not [e for e in head.call("events", limit=200)["events"] if f"job {job} holds" in e["message"]]
+        assert head.job(job)["state"] == "running"
+    finally:
+        if forger is not None:
+            os.killpg(forger.pid, signal.SIGKILL)
+            forger.wait()
+        head.run("cancel", str(job))
+    wait_for(lambda: not next(n for n in head.call("status")["nodes"] if n["name"] == "node05")["reason"],
+             20, what="node05's reason to clear once the forger is gone")

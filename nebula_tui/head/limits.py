@@ -9,7 +9,10 @@ Each is one check over the running jobs, run at every turn of the scheduling loo
 * the memory guard (R28): a job whose processes hold more than its reservation on a
   shared card (a slice) is an event and a line in its own log at once; once it has for
   ``limits.memory_grace``, ``limits.memory_overuse`` runs (``warn``: that was all;
-  ``kill``: stopped, it ends ``failed``; ``requeue``: stopped and put back in the queue);
+  ``kill``: stopped, it ends ``failed``; ``requeue``: stopped and put back in the queue).
+  A card whose process list the node could not read (``GpuLive.processes_unreadable``: a
+  process name broke its tool's table) judges no one, and no job over-using on it is
+  stopped while it stays so: a forged row must never kill another job;
 * idle cards (R30): a job whose GPUs all read at most ``IDLE_UTIL_PCT`` for
   ``limits.idle_after`` is marked (``Running.idle_since``; the queue shows "idle 3 h on
   2 GPUs"), an event and a line in its log; ``limits.idle_grace`` after that warning,
@@ -150,8 +153,8 @@ class Limits:
         gpus = self.state.gpus
         for uuid in uuids:
             live = gpus.get(uuid)
-            if live is None:
-                continue
+            if live is None or live.processes_unreadable:
+                continue  # unknown: no one is judged on it
             for job_id, used in live.job_used.items():
                 job = self.state.jobs.get(job_id)
                 if job is None or not job.state.holds_gpus:
@@ -168,7 +171,7 @@ class Limits:
                 del self.over[job_id]
                 continue
             for uuid in [u for u in over.where if u in gpus and gpus[u].node == node
-                         and u not in seen.get(job_id, {})]:
+                         and not gpus[u].processes_unreadable and u not in seen.get(job_id, {})]:
                 del over.where[uuid]
             if not over.where:  # back within its reservation everywhere
                 del self.over[job_id]
@@ -202,8 +205,9 @@ class Limits:
             return
         for job_id, over in self.over.items():
             job = self.state.jobs.get(job_id)
-            if job is None or over.acted or now - over.since < grace:
-                continue
+            if job is None or over.acted or now - over.since < grace or any(
+                    self.state.gpus[u].processes_unreadable for u in over.where if u in self.state.gpus):
+                continue  # not while one of its cards cannot say who holds what
             what = self.where_text(over.where)
             if action == "kill":
                 why = f"killed by the memory guard: held {what} for {duration_text(now - over.since)}"

@@ -203,14 +203,18 @@ class Fleet:
             procs = [p for p in processes if p.gpu_uuid == reading.uuid]
             job_used, owners = self._attribute(procs, pid_jobs, pid_users, here)
             unmanaged = sum(mb for _, _, mb in owners)
+            unreadable = reading.uuid in probe.unreadable
+            if unreadable:  # who holds what is unknown: what our jobs did not reserve is not free
+                unmanaged = self._held_beyond_reservations(reading)
             live = state.gpus.get(reading.uuid)
             if live is None or live.reading.memory_total_mb != reading.memory_total_mb \
                     or live.node != node:
                 new_gpus.append(reading)
-            changed = live is None or live.unmanaged_used_mb != unmanaged or live.job_used != job_used
+            changed = live is None or live.unmanaged_used_mb != unmanaged or live.job_used != job_used \
+                or live.processes_unreadable != unreadable
             state.gpus[reading.uuid] = GpuLive(node, reading, procs, unmanaged,
                                                live.maintenance if live else None, pid_jobs,
-                                               job_used, owners)
+                                               job_used, owners, unreadable)
             if changed:
                 state.wake()
         try:  # records only: the readings themselves are live already
@@ -223,6 +227,20 @@ class Fleet:
         self.health.on_probe(node, readings, message.get("pid_jobs", {}))
         self.probed(node, [r.uuid for r in readings if r.uuid])
         self.stream.publish_gpus(node)
+
+    def _held_beyond_reservations(self, reading: GpuReading) -> int:
+        """The memory a card uses beyond what this head's jobs reserved on it (nothing, when
+        one of them has it whole): held by someone the card's unreadable process list
+        cannot name."""
+        reserved = 0
+        for job_id in self.state.jobs.holding.get(reading.uuid, ()):
+            job = self.state.jobs.get(job_id)
+            for placement in job.placements if job is not None else ():
+                if placement.gpu_uuid == reading.uuid:
+                    if placement.exclusive:
+                        return 0
+                    reserved += placement.memory_mb or 0
+        return max(0, (reading.memory_used_mb or 0) - reserved)
 
     @staticmethod
     def _attribute(procs, pid_jobs: dict, pid_users: dict, ours: set[str]) -> tuple[dict[int, int], tuple]:

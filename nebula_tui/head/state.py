@@ -93,6 +93,10 @@ class GpuLive:
     #: start as (pid, Unix user or None, MiB): the memory guard's facts
     job_used: dict[int, int] = field(default_factory=dict)
     owners: tuple[tuple[int, str | None, int], ...] = ()
+    #: the node could not read who holds what here (a process name broke its tool's table):
+    #: ``job_used`` and ``owners`` are empty, ``unmanaged_used_mb`` is all our jobs did not
+    #: reserve, and the memory guard does not judge this card
+    processes_unreadable: bool = False
 
     def overuse(self, placements: tuple[tuple[int, Placement], ...]) -> tuple[tuple[int, int], ...]:
         """(job, MiB) our jobs hold here beyond their reservations on this GPU (a job

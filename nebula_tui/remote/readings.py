@@ -65,6 +65,9 @@ class ProbeView:
     processes: list[GpuProcess]
     problem: str = ""
     notes: list[str] = field(default_factory=list)
+    #: uuids of the devices whose process lists are unknown (a tool's table a process name
+    #: broke): none of their processes is in ``processes``, and none is believed
+    unreadable: frozenset[str] = frozenset()
 
 
 def read_probe(node: str, message: dict) -> ProbeView:
@@ -88,7 +91,9 @@ def _neutral_probe(node: str, message: dict) -> ProbeView:
     names = {r.uuid: r for r in readings}
     notes = [_clamp_note(node, names.get(n.get("uuid")), n) for n in message.get("clamped") or []
              if isinstance(n, dict)]
-    return ProbeView(readings, processes, "; ".join(problems), notes)
+    unreadable = frozenset(str(u) for u in message.get("unreadable") or [] if isinstance(u, str))
+    processes = [p for p in processes if p.gpu_uuid not in unreadable]
+    return ProbeView(readings, processes, "; ".join(problems), notes, unreadable)
 
 
 def _clamp_note(node: str, reading: GpuReading | None, note: dict) -> str:

@@ -67,8 +67,12 @@ def _model(series):
 _AMD_SMI_VERSION_RE = re.compile(r"AMD-SMI\s+(\S+)\s+amdgpu version:\s+(\S+)\s+ROCm version:\s+(\S+)")
 _BDF_RE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _FIELD_SPLIT = re.compile(r"\s{2,}")
-_AMD_PROCESS_RE = re.compile(r"^\|\s*(?P<gpu>\d+)\s+(?P<pid>\d+)\s+(?P<name>.+?)\s+(?P<gtt>\S+ \S+)\s+"
+#: A row of the process box: the name (free text) lies between the fields read from the left
+#: (GPU, PID) and those read from the right (GTT, VRAM, MEM, CU %); it is never believed.
+_AMD_PROCESS_RE = re.compile(r"^\|\s*(?P<gpu>[0-9]+)\s+(?P<pid>[0-9]+)\s+(?P<name>.*?)\s*(?P<gtt>\S+ \S+)\s+"
                              r"(?P<vram>\S+ \S+)\s+(?P<mem>\S+ \S+)\s+(?P<cu>\S+ %|N/A)\s*\|$")
+_AMD_PROCESS_HEADER_RE = re.compile(r"^\|\s*GPU\s+PID\s+Process Name\s+GTT_MEM\s+VRAM_MEM\s+MEM_USAGE\s+CU %\s*\|$")
+_RULE_RE = re.compile(r"^\+[-=+]+\+$|^\|[-=+]+\|$")
 
 
 def _used_total(cell):
@@ -89,19 +93,15 @@ def parse_amd_smi(text):
     ``GPU HIP-ID OAM-ID partition | gfx-util fan used/total``; each cell is read alone.
     """
     facts = {"amd_smi_version": None, "driver_version": None, "rocm_version": None}
-    readings, processes = [], []
+    readings = []
     pending = None
-    for raw in text.splitlines():
+    lines = text.rstrip().splitlines()
+    box = next((n for n, raw in enumerate(lines) if rd.box_cells(raw) == ["Processes:"]), len(lines))
+    for raw in lines[:box]:
         version = _AMD_SMI_VERSION_RE.search(raw)
         if version:
             facts.update(amd_smi_version=version.group(1), driver_version=version.group(2),
                          rocm_version=version.group(3))
-            continue
-        process = _AMD_PROCESS_RE.match(raw.rstrip())
-        if process:
-            processes.append({"gpu_index": int(process.group("gpu")),
-                              **rd.new_process(None, int(process.group("pid")), process.group("name"),
-                                               _mb(process.group("vram")))})
             continue
         cells = rd.box_cells(raw)
         if not cells or len(cells) != 2:
@@ -132,10 +132,32 @@ def parse_amd_smi(text):
                 visible_id=words[1] if len(words) > 1 and words[1].isdigit() else str(index),
                 partition=words[3] if len(words) > 3 else None))
             pending = None
-    by_index = dict((r["index"], r["uuid"]) for r in readings)
-    for process in processes:
-        process["gpu_uuid"] = by_index.get(process["gpu_index"])
+    processes, broken = _amd_processes(lines, box, dict((r["index"], r["uuid"]) for r in readings))
+    if broken:
+        facts[rd.UNREADABLE] = broken
     return readings, processes, facts
+
+
+def _amd_processes(lines, box, uuids):
+    """The process box, from its ``Processes:`` row at ``lines[box]`` to the end of the
+    output -> (processes, None), or ([], why) when a line of it is no row the box can have
+    (one a process name made: see ``reading.UNREADABLE``). ``uuids``: GPU index -> uuid."""
+    processes, closed = [], False
+    for number in range(box + 1, len(lines)):
+        line = lines[number].rstrip()
+        row = None if closed else _AMD_PROCESS_RE.match(line)
+        if row is not None:
+            pid, gpu, vram = rd.strict_int(row.group("pid")), rd.strict_int(row.group("gpu")), _mb(row.group("vram"))
+            if pid and gpu in uuids and vram is not None:
+                processes.append(rd.new_process(uuids[gpu], pid, rd.text(row.group("name")), vram))
+                continue
+        elif not closed and (_AMD_PROCESS_HEADER_RE.match(line) or rd.box_cells(line) == ["No running processes found"]):
+            continue
+        elif not closed and _RULE_RE.match(line):
+            closed = line.startswith("+") and number > box + 3  # the box's last rule
+            continue
+        return [], rd.broken_table("amd-smi", number + 1)
+    return processes, None
 
 
 def _mb(text):

@@ -33,8 +33,8 @@ def parse_npu_smi(text):
     facts = {"npu_smi_version": None, "driver_version": None}
     readings, processes = [], []
     npu = None
-    in_processes = False
-    for raw in text.splitlines():
+    lines = text.rstrip().splitlines()
+    for number, raw in enumerate(lines):
         version = _VERSION_RE.search(raw)
         if version:
             facts.update(npu_smi_version=version.group(1), driver_version=version.group(2))
@@ -43,11 +43,10 @@ def parse_npu_smi(text):
         if cells is None:
             continue
         if len(cells) >= 4 and cells[1].startswith("Process id"):
-            in_processes = True
-            continue
-        if in_processes:
-            _process_row(cells, readings, processes)
-            continue
+            processes, broken = _processes(lines, number, readings)
+            if broken:
+                facts[rd.UNREADABLE] = broken
+            break
         if len(cells) != 3:
             continue
         left = cells[0].split()
@@ -73,13 +72,28 @@ def parse_npu_smi(text):
     return readings, processes, facts
 
 
-def _process_row(cells, readings, processes):
-    if len(cells) < 4:
-        return
-    ids = cells[0].split()
-    if len(ids) < 2 or not ids[0].isdigit() or not ids[1].isdigit() or not cells[1].isdigit():
-        return  # "No running processes found in NPU n", or a rule
-    chip = next((r for r in readings if r.get("npu_id") == int(ids[0])
-                 and r.get("chip_id") == int(ids[1])), None)
-    processes.append(rd.new_process(chip["uuid"] if chip else None, int(cells[1]),
-                                    rd.text(cells[2]), rd.integer(cells[3])))
+_RULE_RE = re.compile(r"^\+[-=+]+\+$")
+_NO_PROCESS_RE = re.compile(r"^No running processes found in NPU [0-9]+$")
+
+
+def _processes(lines, header, readings):
+    """The process box after its header row ``lines[header]`` to the end of the output ->
+    (processes, None), or ([], why) when a line of it is no row the box can have (one a
+    process name made: see ``reading.UNREADABLE``). A row is ``NPU Chip | pid | name |
+    MiB``, each number strict, on a chip listed above; its name is never believed."""
+    chips = dict(((r["npu_id"], r["chip_id"]), r["uuid"]) for r in readings)
+    processes = []
+    for number in range(header + 1, len(lines)):
+        line = lines[number].rstrip()
+        if _RULE_RE.match(line):
+            continue
+        cells = rd.box_cells(line)
+        if cells is not None and len(cells) == 1 and _NO_PROCESS_RE.match(cells[0]):
+            continue
+        ids = cells[0].split() if cells is not None and len(cells) == 4 else []
+        chip = tuple(rd.strict_int(i) for i in ids) if len(ids) == 2 else None
+        pid, used = (rd.strict_int(cells[1]), rd.strict_int(cells[3])) if ids else (None, None)
+        if chip not in chips or not pid or used is None:
+            return [], rd.broken_table("npu-smi", number + 1)
+        processes.append(rd.new_process(chips[chip], pid, rd.text(cells[2]), used))
+    return processes, None

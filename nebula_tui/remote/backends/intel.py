@@ -94,25 +94,31 @@ def parse_stats(text):
 
 
 _PS_HEADER_RE = re.compile(r"^\s*PID\s+Command\s+DeviceID\s+SHR\s+MEM\s*$")
+#: A row: the command (free text, never believed) between the pid read from the left and
+#: DeviceID, SHR and MEM read from the right.
+_PS_ROW_RE = re.compile(r"^\s*(?P<pid>[0-9]+)\s(?P<command>.*?)\s*(?P<device>[0-9]+)\s+[0-9]+\s+(?P<mem>[0-9]+)\s*$")
 
 
-def parse_ps(text):
-    """``xpu-smi ps`` (columns PID, Command, DeviceID, SHR, MEM in KiB) -> processes, each
-    with ``device`` (the Device ID) and no uuid (the caller knows the devices)."""
+def parse_ps(text, devices=None):
+    """``xpu-smi ps`` (columns PID, Command, DeviceID, SHR, MEM in KiB) -> (processes, None),
+    each with ``device`` (the Device ID) and no uuid (the caller knows the devices); or
+    ([], why) when a line after the header is no row of it (one a process name made: see
+    ``reading.UNREADABLE``), or names a device not in ``devices`` (when given)."""
     processes, seen_header = [], False
-    for raw in text.splitlines():
-        if _PS_HEADER_RE.match(raw):
-            seen_header = True
+    for number, raw in enumerate(text.rstrip().splitlines()):
+        if not seen_header:
+            seen_header = bool(_PS_HEADER_RE.match(raw))
             continue
-        words = raw.split()
-        if not seen_header or len(words) < 5 or not words[0].isdigit():
-            continue
-        mem_kib = rd.integer(words[-1])
-        process = rd.new_process(None, int(words[0]), " ".join(words[1:-3]) or None,
-                                 None if mem_kib is None else mem_kib // 1024)
-        process["device"] = rd.integer(words[-3])
+        row = _PS_ROW_RE.match(raw)
+        pid = rd.strict_int(row.group("pid")) if row else None
+        device = rd.strict_int(row.group("device")) if row else None
+        if not pid or device is None or (devices is not None and device not in devices):
+            return [], rd.broken_table("xpu-smi ps", number + 1)
+        process = rd.new_process(None, pid, rd.text(row.group("command")),
+                                 rd.strict_int(row.group("mem")) // 1024)
+        process["device"] = device
         processes.append(process)
-    return processes
+    return processes, None
 
 
 def merge(discovered, stats):

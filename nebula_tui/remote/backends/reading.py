@@ -137,6 +137,37 @@ def joined_words(text, separator):
     return words
 
 
+# --- process tables --------------------------------------------------------------------------
+
+# A vendor tool prints each process's name as the process set it (argv[0], its own to
+# choose) and unquoted: a name holding a line break starts rows of its own, a made-up
+# process on another job's pid or card. So a table is read for its numbers only, each
+# field strict, and one whose line structure a name broke is not believed at all: its
+# devices' process lists are *unreadable* (the memory guard acts on none of them). A name
+# parsed is kept for ``nebula parse`` only: the node names the processes it keeps from
+# /proc (``probes.hardware.vouched``).
+
+#: the facts key of a parser's (readings, processes, facts) that says why the process
+#: table is not believed; absent when it is
+UNREADABLE = "processes_unreadable"
+
+_DIGITS_RE = re.compile(r"^[0-9]{1,10}$")
+
+
+def strict_int(cell):
+    """``"124528"`` -> 124528; anything else (``1e3``, ``+5``, non-ASCII digits, ``12 MB``,
+    empty) -> None."""
+    value = (cell or "").strip()
+    return int(value) if _DIGITS_RE.match(value) else None
+
+
+def broken_table(tool, number):
+    """The reason a process table is unreadable: its line ``number`` (1-based) is no row of
+    it. The line itself is not quoted: a process wrote it."""
+    return ("%s's process list is unreadable: line %d is no row of its table (a process "
+            "name holding a line break?); none of its processes is believed" % (tool, number))
+
+
 # --- impossible readings -------------------------------------------------------------------
 
 #: field -> (lowest, highest) a real device can report; None: no bound on that side.

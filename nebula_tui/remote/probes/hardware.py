@@ -5,7 +5,9 @@ A *backend* reads one vendor's devices through one library or tool. Its four ope
 ``initialize()``  find and open what it needs, once (NVML's handles, the tool's path, the
                   device list); raises :class:`Unavailable` with a one-line reason.
 ``status()``      one vendor-neutral reading (``backends.reading``) per device, now.
-``processes()``   the processes holding memory on its devices (``reading.new_process``).
+``processes()``   the processes holding memory on its devices (``reading.new_process``);
+                  a backend whose tool's process table cannot be believed sets
+                  ``unreadable`` (why) instead: its devices' lists are then unknown.
 ``cleanup()``     release what ``initialize`` opened.
 
 Backends may also offer ``facts()`` (driver and CUDA versions, the link matrix as
@@ -24,6 +26,7 @@ Travels to the nodes with the nodelet: stdlib only, Python 3.6 syntax, no annota
 """
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -95,11 +98,59 @@ def on_path(tool):
     return lambda: which(tool) is not None
 
 
+#: What no row of a tool's table holds inside a name: a control character (a line break
+#: starts a row of its own) or a column bar.
+_ROW_BREAKING_RE = re.compile(r"[\x00-\x1f\x7f|]")
+
+
+def _proc_text(path):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def process_name(pid):
+    """A process's name as /proc gives it (its argv[0]); None when it is gone or hidden."""
+    cmdline = _proc_text("/proc/%d/cmdline" % pid)
+    first = cmdline.split(b"\0", 1)[0] if cmdline else b""
+    return first.decode("utf-8", "replace") or None
+
+
+def vouched(processes, tool):
+    """The processes a tool's text table listed, believed only as far as /proc agrees:
+    (processes, None), each a live process on this node named from /proc (a row whose pid is
+    gone is dropped), or ([], why) when the table cannot be believed at all: a process it
+    lists has a name (argv[0] or comm, its own to set) that can make rows of their own in
+    it, or one device lists one pid twice (see ``reading.UNREADABLE``)."""
+    kept, seen = [], set()
+    for process in processes:
+        pid = process.get("pid")
+        if not isinstance(pid, int) or pid <= 0 or not os.path.isdir("/proc/%d" % pid):
+            continue
+        key = (process.get("gpu_uuid"), pid)
+        names = [_proc_text("/proc/%d/%s" % (pid, part)) or b"" for part in ("cmdline", "comm")]
+        argv0, comm = names[0].split(b"\0", 1)[0], names[1].rstrip(b"\n")
+        if key in seen:
+            return [], ("%s's process list is unreadable: it lists process %d twice on one "
+                        "device; none of its processes is believed" % (tool, pid))
+        if _ROW_BREAKING_RE.search(argv0.decode("latin-1")) or _ROW_BREAKING_RE.search(comm.decode("latin-1")):
+            return [], ("%s's process list is unreadable: process %d's name holds a line break "
+                        "or a column bar, which can make rows of their own; none of its "
+                        "processes is believed" % (tool, pid))
+        seen.add(key)
+        kept.append(dict(process, name=argv0.decode("utf-8", "replace") or None))
+    return kept, None
+
+
 class Backend(object):
     """What every backend has; see the module docstring for the four operations."""
 
     name = "backend"
     vendor = None
+    #: why the last processes() could not be believed (a text table a name broke), or None
+    unreadable = None
 
     def initialize(self):
         raise NotImplementedError
@@ -150,7 +201,12 @@ class OneRunBackend(Backend):
         return readings
 
     def processes(self):
-        return self._processes  # from the same run as status()
+        """From the same run as status(): its table's processes as /proc vouches for them."""
+        self.unreadable = self._facts.get(rd.UNREADABLE)
+        if self.unreadable:
+            return []
+        found, self.unreadable = vouched(self._processes, self.name)
+        return found
 
     def facts(self):
         return {"driver_version": self._facts.get("driver_version")}
@@ -177,6 +233,7 @@ class _Reader(object):
         self.processes = []
         self.error = ""
         self.warnings = []  # what the last read said besides its devices (a lost GPU)
+        self.unreadable = None  # why its devices' process lists are unknown, if they are
         self.read_at = None  # time.time() of the last finished read
         self.busy_since = None
         self._lock = threading.Lock()
@@ -190,16 +247,17 @@ class _Reader(object):
         try:
             devices = self.backend.status()
             processes = self.backend.processes()
+            unreadable = getattr(self.backend, "unreadable", None)
             warnings = list(getattr(self.backend, "warnings", None) or [])
             error = ""
         except (ToolError, Unavailable) as err:
-            devices, processes, error = None, None, str(err)
+            devices, processes, unreadable, error = None, None, None, str(err)
         except Exception as err:  # a backend's bug must cost its devices, never the nodelet
-            devices, processes, error = None, None, "%s: %s: %s" % (
+            devices, processes, unreadable, error = None, None, None, "%s: %s: %s" % (
                 self.backend.name, type(err).__name__, one_line(str(err)))
         with self._lock:
             if devices is not None:
-                self.devices, self.processes = devices, processes
+                self.devices, self.processes, self.unreadable = devices, processes, unreadable
             self.error = error
             self.warnings = warnings
             self.read_at = time.time()
@@ -220,16 +278,18 @@ class _Reader(object):
         self._stop.set()
 
     def latest(self):
-        """(devices, processes, problems) as last read; a read stuck past STUCK_S is a
-        problem of its own, and its devices are dropped until it answers."""
+        """(devices, processes, problems, unreadable) as last read; a read stuck past
+        STUCK_S is a problem of its own, and its devices are dropped until it answers.
+        ``unreadable``: whether the devices' process lists are unknown (the reason is
+        among the problems)."""
         with self._lock:
             devices, processes, error = list(self.devices), list(self.processes), self.error
-            warnings, busy = list(self.warnings), self.busy_since
+            warnings, busy, unreadable = list(self.warnings), self.busy_since, self.unreadable
         if busy is not None and time.time() - busy > max(2 * self.interval, STUCK_S):
-            return [], [], ["%s has not answered for %.0fs" % (self.backend.name, time.time() - busy)]
+            return [], [], ["%s has not answered for %.0fs" % (self.backend.name, time.time() - busy)], False
         if error:
-            return [], [], [error]
-        return devices, processes, warnings
+            return [], [], [error], False
+        return devices, processes, warnings + ([unreadable] if unreadable else []), bool(unreadable)
 
 
 class Hardware(object):
@@ -237,7 +297,8 @@ class Hardware(object):
 
     ``start()`` detects and initializes (each backend in a thread of its own, so one that
     hangs delays nothing past ``init_wait``), ``snapshot()`` gives what a probe sends:
-    ``{"devices", "processes", "problems", "clamped"}``. Device indices are unique on the
+    ``{"devices", "processes", "problems", "clamped", "unreadable"}`` (the uuids of
+    devices whose process lists are unknown). Device indices are unique on the
     node and kept for the life of the process: a vendor's devices take the numbers after
     the vendors listed before it, MIG instances the numbers after every card.
     """
@@ -376,11 +437,13 @@ class Hardware(object):
             return self._snapshot()
 
     def _snapshot(self):
-        devices, processes, problems, clamped = [], [], [], []
+        devices, processes, problems, clamped, unreadable = [], [], [], [], []
         seen = set()
         for reader in self.readers:
-            found, procs, said = reader.latest()
+            found, procs, said, unknown = reader.latest()
             problems.extend(said)
+            if unknown:
+                unreadable.extend(d.get("uuid") for d in found if d.get("uuid"))
             for device in found:
                 device = dict(device)
                 device["index"] = self._number(device)
@@ -400,7 +463,7 @@ class Hardware(object):
             problems.extend(self._unused)  # a vendor whose tool is here but failed
         devices.sort(key=lambda d: d["index"])
         return {"devices": devices, "processes": processes, "problems": problems,
-                "clamped": clamped}
+                "clamped": clamped, "unreadable": unreadable}
 
     def facts(self):
         """Driver/CUDA versions and the links by node index, for the hello."""

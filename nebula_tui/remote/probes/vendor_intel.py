@@ -6,7 +6,7 @@ nodelet: stdlib only, Python 3.6 syntax.
 """
 
 from ..backends import intel
-from .hardware import Backend, ToolError, Unavailable, checked, one_line
+from .hardware import Backend, ToolError, Unavailable, checked, one_line, vouched
 
 
 class XpuSmiBackend(Backend):
@@ -41,11 +41,13 @@ class XpuSmiBackend(Backend):
         return readings
 
     def processes(self):
-        try:
-            found = intel.parse_ps(checked(["xpu-smi", "ps"]))
-        except ToolError:
-            return []
         uuids = dict((d["index"], d["uuid"]) for d in self.devices)
+        # A failed ps fails the read, as a failed stats does: an empty list would hide
+        # every process (and its memory) from the head.
+        found, self.unreadable = intel.parse_ps(checked(["xpu-smi", "ps"]), set(uuids))
         for process in found:
             process["gpu_uuid"] = uuids.get(process.pop("device", None))
+        if self.unreadable:
+            return []
+        found, self.unreadable = vouched(found, "xpu-smi ps")
         return found

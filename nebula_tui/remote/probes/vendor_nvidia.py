@@ -19,23 +19,14 @@ import time
 from ..backends import nvidia_smi
 from ..backends import reading as rd
 from ..backends import topo
-from .hardware import (Backend, ToolError, Unavailable, checked, links_from, one_line, run_tool,
-                       which)
+from .hardware import (Backend, ToolError, Unavailable, checked, links_from, one_line,
+                       process_name, run_tool, which)
 
 
 def _text(value):
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
     return rd.text(value)
-
-
-def _process_name(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as handle:
-            first = handle.read().split(b"\0", 1)[0]
-        return first.decode("utf-8", "replace") or None
-    except OSError:
-        return None
 
 
 #: Where drivers put NVML besides the loader's own paths (containers, WSL, old packages).
@@ -226,7 +217,7 @@ class NvmlBackend(Backend):
             for process in self._safe("nvmlDeviceGetComputeRunningProcesses", handle) or []:
                 used = getattr(process, "usedGpuMemory", None)
                 found.append(rd.new_process(static["uuid"], int(process.pid),
-                                            _process_name(int(process.pid)),
+                                            process_name(int(process.pid)),
                                             used // 2**20 if isinstance(used, int) else None))
         return found
 
@@ -329,7 +320,7 @@ class NvidiaSmiBackend(Backend):
         except nvidia_smi.ParseError:
             return []
         for process in found:
-            process["name"] = _process_name(process["pid"])
+            process["name"] = process_name(process["pid"])
         return found
 
     def facts(self):
