@@ -244,6 +244,24 @@ def test_a_launch_never_takes_another_launchs_directory_or_session(nodelet, tmp_
     ask("cancel", job=4, grace=0)
 
 
+def test_a_launch_cut_short_before_its_token_leaves_nothing_that_blocks_the_next(nodelet, tmp_path):
+    """A nodelet killed with its head between making an attempt's directory and writing its
+    token started nothing: the next head's launch of that attempt runs (the chaos test once
+    saw it refused as "another launch (token None)")."""
+    ran = tmp_path / "ran"
+    ask = nodelet("dddd")
+    cut_short = tmp_path / "node" / "heads" / "dddd" / "jobs" / "5" / "0"
+    cut_short.mkdir(mode=0o700, parents=True)
+    assert ask("launch", job=5, token="dddd.0.n2", script=wrapped(f"echo ran >> {ran}"))["ok"]
+    wait_for(lambda: (cut_short / "exit_code").exists(), 10, what="the job to run and end")
+    assert ran.read_text() == "ran\n"
+    # A directory with the wrapper's marks but no token is not taken: something ran there.
+    (tmp_path / "node" / "heads" / "dddd" / "jobs" / "6" / "0").mkdir(mode=0o700, parents=True)
+    (tmp_path / "node" / "heads" / "dddd" / "jobs" / "6" / "0" / "started").write_text("1")
+    refused = ask("launch", job=6, token="dddd.0.n3", script=wrapped(f"echo six >> {ran}"))
+    assert not refused["ok"] and "another launch (token None" in refused["error"]
+
+
 def test_acknowledged_directories_go_after_the_retention(nodelet, tmp_path):
     ask = nodelet("cccc", retention_s=1)
     jobs = tmp_path / "node" / "heads" / "cccc" / "jobs"

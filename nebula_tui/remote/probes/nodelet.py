@@ -699,19 +699,21 @@ def _launch(req, job, attempt):
         return {"ok": False, "error": "job %s already has attempt %d on this node, after the "
                 "attempt %d asked for; the head's store is older than the node's record "
                 "(restored from a backup?)" % (job, later[-1], attempt)}
-    if os.path.isdir(d):
-        if read_text(os.path.join(d, "token")) != token:
-            # The same job number and attempt from another launch: a store that handed the
-            # number out again, or a copy of this store. Neither may adopt nor stop it.
-            return {"ok": False, "error": "job %s attempt %d on this node is another launch "
-                    "(token %s, asked for %s); nothing was started" % (
-                        job, attempt, read_text(os.path.join(d, "token")), token)}
-        if any(os.path.exists(os.path.join(d, m)) for m in ("launched", "started", "exit_code")):
-            # This very launch happened before (its wrapper left its marks), perhaps by a
-            # nodelet that died before it could say so: never run it a second time. A
-            # session created but not yet started is caught below as a duplicate.
-            write_atomic(os.path.join(d, "launched"), str(time.time()))
-            return {"ok": True, "already": True}
+    marks = [m for m in ("launched", "started", "exit_code") if os.path.exists(os.path.join(d, m))]
+    recorded = read_text(os.path.join(d, "token"))
+    if recorded is None and not marks:
+        pass  # no directory, or one whose launch died before its token: nothing ran from it
+    elif recorded != token:
+        # The same job number and attempt from another launch: a store that handed the
+        # number out again, or a copy of this store. Neither may adopt nor stop it.
+        return {"ok": False, "error": "job %s attempt %d on this node is another launch "
+                "(token %s, asked for %s); nothing was started" % (job, attempt, recorded, token)}
+    elif marks:
+        # This very launch happened before (its wrapper left its marks), perhaps by a
+        # nodelet that died before it could say so: never run it a second time. A
+        # session created but not yet started is caught below as a duplicate.
+        write_atomic(os.path.join(d, "launched"), str(time.time()))
+        return {"ok": True, "already": True}
     # A job never launched here has no session of this head's to supersede: its first
     # launch asks tmux once, not twice (a session of that name is still refused below).
     session = tmux_sessions().get(job) if found else None
