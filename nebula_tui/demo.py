@@ -32,6 +32,8 @@ LAB_START_TIMEOUT_S = 30.0
 RESTART_CHECK_S = 0.5
 #: how long a service asked to stop may take before it is terminated, then killed
 SHUTDOWN_GRACE_S = 10.0
+#: how long a demo whose terminal closed may take to end by itself once its lab is stopped
+HANGUP_EXIT_S = 5.0
 DEMO_PROBE_INTERVAL_S = 2.0
 #: The lock the demo owning a home's lab holds while it runs (its pid inside).
 DEMO_LOCK = "demo.lock"
@@ -69,7 +71,8 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
             return _wait_headless(home, config)
         from .screens.app import LEAVE_LAB, open_tui
 
-        app = open_tui(home, str(config), demo_lab=True)
+        app = open_tui(home, str(config), demo_lab=True,
+                       on_hangup=lambda: _stop_lab_now(home, lab, supervisor))
         leave_running = app.return_value == LEAVE_LAB
         if leave_running:
             print(f"The demo's lab keeps running in the background ({home.root}).\n"
@@ -99,6 +102,20 @@ def shared_config(config: Path) -> Path:
     shared = config.with_name("nodes-shared.yaml")
     shared.write_text(yaml.safe_dump(data))
     return shared
+
+
+def _stop_lab_now(home: Home, lab: Lab, supervisor: ServiceSupervisor) -> None:
+    """The demo's terminal closed: its service and lab stop from a thread of their own at
+    once. The TUI's own exit has to write to the terminal that is gone, and Textual can stay
+    stuck there; then the process ends once they are stopped."""
+    def stop() -> None:
+        supervisor.stop()
+        stop_service(home)
+        lab.stop()
+        time.sleep(HANGUP_EXIT_S)  # the TUI's exit and the demo's clean-up, given a moment
+        os._exit(128 + signal.SIGHUP)
+
+    threading.Thread(target=stop, name="demo-hangup", daemon=True).start()
 
 
 def _exit_cleanly(signum: int, _frame) -> None:

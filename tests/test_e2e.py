@@ -175,9 +175,10 @@ def test_a_requeued_jobs_earlier_attempt_keeps_its_own_log(head, tmp_path):
 
 
 def test_status_prints_the_r1_overview(head):
-    # Utilisation comes from the probe: wait for one taken after the last test's jobs ended.
-    text = wait_for(lambda: (out := head.run("status", check=True).stdout).count("load 0%") == 3 and out,
-                    10, what="an idle probe")
+    # Utilisation and memory come from the probe: wait for one taken after the last test's
+    # jobs ended and their memory was given back.
+    text = wait_for(lambda: (out := head.run("status", check=True).stdout).count("load 0%") == 3
+                    and "(free: 424 GB)" in out and out, 10, what="an idle probe")
     assert text.splitlines()[:5] == [
         "Cluster Overview:",
         "  Nodes: 3",

@@ -186,6 +186,8 @@ class NebulaApp(App):
         self._gpu_events: list[dict] = []  # telemetry batch: "gpus" events, in stream order
         self.home = home
         self.demo_lab = demo_lab
+        #: called first when a demo's terminal closes (SIGHUP) or it is killed (SIGTERM)
+        self.on_hangup: Callable[[], None] | None = None
         self.hot_c = hot_c
         self.bar_name = f"NebulaGrid · {cluster_name}" if cluster_name else "NebulaGrid"
         if cluster_name:
@@ -207,7 +209,12 @@ class NebulaApp(App):
             # can land inside Textual's writer queue and leave it locked: a demo hung so.
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGHUP, signal.SIGTERM):
-                loop.add_signal_handler(sig, self.exit)
+                loop.add_signal_handler(sig, self._hang_up)
+
+    def _hang_up(self) -> None:
+        if self.on_hangup is not None:
+            self.on_hangup()
+        self.exit()
 
     def _warm_up(self) -> None:
         """Mount every main screen once, unseen, while the first one waits for the head's
@@ -738,12 +745,15 @@ def _cluster_facts(home: Home, config: str | None) -> tuple[str | None, float | 
     return cluster.name, float(hot_c) if isinstance(hot_c, (int, float)) else None
 
 
-def open_tui(home: Home, config: str | None, *, demo_lab: bool = False) -> NebulaApp:
+def open_tui(home: Home, config: str | None, *, demo_lab: bool = False,
+             on_hangup: Callable[[], None] | None = None) -> NebulaApp:
     """Run the TUI on the home's service until the user quits; returns the app, whose
     ``return_value`` says how (``LEAVE_LAB`` when a demo's user chose to leave its lab
-    running) and ``return_code`` whether it failed."""
+    running) and ``return_code`` whether it failed. ``on_hangup``: a demo's, called when
+    its terminal closes."""
     name, hot_c = _cluster_facts(home, config)
     app = make_app(home.socket, name, hot_c=hot_c, home=home.root, demo_lab=demo_lab)
+    app.on_hangup = on_hangup
     app.run()
     return app
 
