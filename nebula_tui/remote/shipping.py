@@ -39,9 +39,10 @@ SHIPPED_PACKAGES = ("nebula_tui", "nebula_tui.remote", "nebula_tui.remote.backen
                     "nebula_tui.remote.probes")
 #: Shipped when the head has it (the ``nvidia-ml-py`` distribution's single module).
 THIRD_PARTY = ("pynvml",)
-#: The main script, in this order: the kernel-log cursor, the cgroup readers and the
-#: container helpers the nodelet calls by name, then the nodelet.
-MAIN_SCRIPT = ("kmsg_cursor.py", "cgroups.py", "node_containers.py", "nodelet.py")
+#: The main script, in this order: the kernel-log cursor, the cgroup readers, the
+#: container helpers and the tmux control client the nodelet calls by name, then the nodelet.
+MAIN_SCRIPT = ("kmsg_cursor.py", "cgroups.py", "node_containers.py", "tmux_control.py",
+               "nodelet.py")
 
 _IMPORTER = '''\
 import sys as _sys

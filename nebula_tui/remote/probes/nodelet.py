@@ -86,18 +86,31 @@ TMUX = ["tmux", "-L", CONFIG.get("tmux_socket") or "nebula"]
 #: this head's sessions on the node's tmux server end so: ``nebula-<job>-<head>``
 #: (launcher.session_name)
 SESSION_SUFFIX = "-" + HEAD[:8]
+#: the session this head's tmux control client holds (tmux_control.py): no job's
+CONTROL_SESSION = "nebula-control" + SESSION_SUFFIX
 #: What a job's session lets an attached owner do: type to the job, and detach (Ctrl-b d;
 #: Ctrl-b Ctrl-b sends a Ctrl-b). The session belongs to the node's login account (root on
 #: a shared box) while the job runs as its owner: tmux's own keys (a new window, a split,
 #: the command prompt's run-shell) would be a shell as that account. The key tables are the
 #: server's, so they are bound again with each session (the same binding each time).
 SESSION_KEYS = ["nebula-job", "nebula-job-prefix"]
-LOCKED_SESSION = [
-    ";", "set-option", "prefix", "None", ";", "set-option", "prefix2", "None",
-    ";", "set-option", "mouse", "off", ";", "set-option", "key-table", SESSION_KEYS[0],
-    ";", "bind-key", "-T", SESSION_KEYS[0], "C-b", "switch-client", "-T", SESSION_KEYS[1],
-    ";", "bind-key", "-T", SESSION_KEYS[1], "d", "detach-client",
-    ";", "bind-key", "-T", SESSION_KEYS[1], "C-b", "send-keys", "C-b"]
+
+
+def locked_session(name, token):
+    """The commands after a job's ``new-session``: its token and the options above, each
+    aimed at that session by name (a control client's "current session" is its own)."""
+    target = ["-t", exact(name) + ":"]
+    options = [["@nebula_token", token], ["prefix", "None"], ["prefix2", "None"],
+               ["mouse", "off"], ["key-table", SESSION_KEYS[0]]]
+    words = []
+    for option in options:
+        words += [";", "set-option", *target, *option]
+    return words + [
+        ";", "bind-key", "-T", SESSION_KEYS[0], "C-b", "switch-client", "-T", SESSION_KEYS[1],
+        ";", "bind-key", "-T", SESSION_KEYS[1], "d", "detach-client",
+        ";", "bind-key", "-T", SESSION_KEYS[1], "C-b", "send-keys", "C-b"]
+
+
 #: acknowledged attempts' directories are removed this long after their ack
 RETENTION_S = float(CONFIG.get("retention_s", 7 * 86400))
 CLEAN_EVERY_S = 3600.0
@@ -126,6 +139,13 @@ def run(argv, timeout=20):
         return 127, "", "%s: command not found" % argv[0]
     except subprocess.TimeoutExpired:
         return 124, "", "%s timed out after %ss" % (argv[0], timeout)
+
+
+def tmux(args, timeout=20):
+    """(exit code, stdout, stderr) of tmux ``args`` on this head's server: through the
+    control client while it answers, else as a process of its own."""
+    done = CONTROL.call(args, timeout)
+    return done if done is not None else run(TMUX + list(args), timeout)
 
 
 def session_name(job):
@@ -205,7 +225,7 @@ def write_atomic(path, text, mode=0o600):
 
 def tmux_sessions():
     """{job: the launch token its session was created with} of this head's sessions."""
-    code, out, _ = run(TMUX + ["list-sessions", "-F", "#{session_name} #{@nebula_token}"])
+    code, out, _ = tmux(["list-sessions", "-F", "#{session_name} #{@nebula_token}"])
     if code != 0:  # no server running means no sessions
         return {}
     found = {}
@@ -294,7 +314,7 @@ def _container_jobs(jobs):
 
 def pane_jobs():
     """{pane pid: job} of every job session of this head."""
-    code, out, _ = run(TMUX + ["list-panes", "-a", "-F", "#{session_name} #{pane_pid}"])
+    code, out, _ = tmux(["list-panes", "-a", "-F", "#{session_name} #{pane_pid}"])
     found = {}
     for line in out.splitlines() if code == 0 else []:
         name, _, pid = line.partition(" ")
@@ -667,6 +687,7 @@ def _int(text):
 
 
 WATCHER = Watcher()
+CONTROL = TmuxControl(TMUX, CONTROL_SESSION, lambda: keep_tmux_server())
 
 
 # --------------------------------------------------------------------- requests
@@ -723,7 +744,7 @@ def _launch(req, job, attempt):
             return _taken(name, session)
         # An earlier attempt of this job, requeued by its head meanwhile: the relaunch
         # supersedes it, so its session and container go (its directory and log stay).
-        run(TMUX + ["kill-session", "-t", exact(name)])
+        tmux(["kill-session", "-t", exact(name)])
         container_remove(attempt_dir(job, theirs[1]))
     _make_private_dir(job_root(job))
     _make_private_dir(d)
@@ -738,12 +759,12 @@ def _launch(req, job, attempt):
     write_atomic(script, req["script"], 0o700)
     command = ["sh", script, d] if tmux_execs_argv() else [
         "exec sh %s %s" % (shlex.quote(script), shlex.quote(d))]
-    argv = TMUX + ["new-session", "-d", "-s", name, "-x", "200", "-y", "50", *command,
-                   ";", "set-option", "@nebula_token", token] + LOCKED_SESSION
-    code, _, err = run(argv)
+    argv = ["new-session", "-d", "-s", name, "-x", "200", "-y", "50", *command,
+            *locked_session(name, token)]
+    code, _, err = tmux(argv)
     if code != 0 and "server exited unexpectedly" in err:
         keep_tmux_server()  # someone killed the server meanwhile: start it again, once
-        code, _, err = run(argv)
+        code, _, err = tmux(argv)
     if code != 0:
         session = tmux_sessions().get(job) if "duplicate session" in err else None
         if session in (token, ""):
@@ -785,7 +806,7 @@ def _prepare_log(path, user):
 
 
 def session_pids(job):
-    code, out, _ = run(TMUX + ["list-panes", "-s", "-t", exact(session_name(job)), "-F", "#{pane_pid}"])
+    code, out, _ = tmux(["list-panes", "-s", "-t", exact(session_name(job)), "-F", "#{pane_pid}"])
     return [int(p) for p in out.split() if p.isdigit()] if code == 0 else []
 
 
@@ -814,7 +835,7 @@ def op_cancel(req):
     while time.time() < deadline and _session_is(job, token):
         time.sleep(0.1)
     if _session_is(job, token):
-        run(TMUX + ["kill-session", "-t", exact(session_name(job))])
+        tmux(["kill-session", "-t", exact(session_name(job))])
         container_remove(d)
     return {"ok": True}
 
@@ -971,7 +992,7 @@ def op_signal(req):
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        run(TMUX + ["kill-session", "-t", exact(session_name(job))])
+        tmux(["kill-session", "-t", exact(session_name(job))])
         # The head ends or requeues this attempt itself: its exit is not reported, so no
         # late report (and ack) can meet a relaunch of the job in the same directory.
         d = latest_dir(job)
