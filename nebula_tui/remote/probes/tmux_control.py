@@ -16,7 +16,8 @@ commands (``a ; b``), each answering in a block of its own, and tmux drops the r
 line after a command that fails; so every request line is followed by a marker command
 (``display-message -p <marker>``), and the request's answer is every block up to the
 marker's. A control client must be attached to a session: it holds one of its own,
-whose pane (``cat`` on its own terminal) waits for ever and costs nothing.
+whose pane (``cat`` on its own terminal) waits and costs nothing, and which goes with the
+last client attached to it (``destroy-unattached``): a head gone leaves no session behind.
 
 ``call`` answers None whenever the client cannot be used (it could not start, died, timed
 out, or the words cannot be written on one line); the caller then runs tmux as a process,
@@ -101,7 +102,8 @@ class TmuxControl(object):
         try:
             self.proc = subprocess.Popen(
                 self.tmux + ["-C", "new-session", "-A", "-s", self.hold, "-x", "80", "-y", "24",
-                             "exec cat"],
+                             "exec cat", ";", "set-option", "-t", "=%s:" % self.hold,
+                             "destroy-unattached", "on"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         except OSError:
             self.failed_at = time.monotonic()
