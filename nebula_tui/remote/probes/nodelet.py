@@ -757,8 +757,8 @@ def _launch(req, job, attempt):
     _prepare_log(os.path.join(d, "output.log"), req.get("user"))
     script = os.path.join(d, "run.sh")
     write_atomic(script, req["script"], 0o700)
-    command = ["sh", script, d] if tmux_execs_argv() else [
-        "exec sh %s %s" % (shlex.quote(script), shlex.quote(d))]
+    command = ["sh", script, d, JOB_UMASK[0]] if tmux_execs_argv() else [
+        "exec sh %s %s %s" % (shlex.quote(script), shlex.quote(d), JOB_UMASK[0])]
     argv = ["new-session", "-d", "-s", name, "-x", "200", "-y", "50", *command,
             *locked_session(name, token)]
     code, _, err = tmux(argv)
@@ -1129,8 +1129,16 @@ def keep_tmux_server():
                 ";", "set-option", "-g", "default-shell", "/bin/sh"])
 
 
+#: the umask jobs get (the wrapper's $2), read once before any thread starts: reading
+#: it means setting it, which would race with another thread's new file
+JOB_UMASK = ["0022"]
+
+
 def main():
     global HARDWARE
+    mask = os.umask(0o077)
+    os.umask(mask)
+    JOB_UMASK[0] = "%04o" % mask
     for path in (NODE_DIR, HEADS_DIR, os.path.dirname(JOBS_DIR), JOBS_DIR):
         _make_private_dir(path)  # makedirs gives its mode to the last directory only
     keep_tmux_server()
