@@ -93,7 +93,7 @@ class Limits:
         self._seen_running: dict[int, tuple[int, float, float]] = {}
 
     def running(self) -> list[Job]:
-        return [j for j in self.state.jobs.values() if isinstance(j.status, Running)]
+        return [j for j in self.state.jobs.holders() if isinstance(j.status, Running)]
 
     # ------------------------------------------------------------------ each turn
     def check(self) -> None:

@@ -160,6 +160,12 @@ class JobTable(dict):
                 if not held:
                     self.holding.pop(p.gpu_uuid, None)
 
+    def holders(self) -> list[Job]:
+        """The jobs holding GPUs (launching or running: every job holds one at least), by
+        id, from the index: a look at the running jobs need not walk 10,000 waiting ones."""
+        ids = {job_id for held in self.holding.values() for job_id in held}
+        return [self[job_id] for job_id in sorted(ids)]
+
     def held(self, uuid: str) -> tuple[tuple[int, Placement], ...]:
         """(job id, placement) of every job holding GPU ``uuid``, by job id."""
         return tuple(sorted(self.holding.get(uuid, {}).items()))
