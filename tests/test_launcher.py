@@ -54,16 +54,18 @@ def make_job(command, *, job_id=7, user="alice", name="train", workdir=None, she
     return Job(id=job_id, user=user, spec=spec, submitted_at=1.0, status=Launching(PLACEMENTS))
 
 
-def launch(root: Path, job: Job, placements=PLACEMENTS) -> tuple[Path, subprocess.CompletedProcess]:
-    """Write run.sh into root/job and run it as the nodelet would; the job dir is returned."""
+def launch(root: Path, job: Job, placements=PLACEMENTS,
+           umask: str | None = None) -> tuple[Path, subprocess.CompletedProcess]:
+    """Write run.sh into root/job and run it as the nodelet would (which gives its umask
+    as the second word); the job dir is returned."""
     jobdir = root / "job"
     jobdir.mkdir()
     (jobdir / "run.sh").write_text(run_script(job, placements))
     home = root / "home"
     home.mkdir(exist_ok=True)
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8"}
-    done = subprocess.run(["sh", "run.sh", str(jobdir)], cwd=jobdir, env=env,
-                          capture_output=True, timeout=30)
+    done = subprocess.run(["sh", "run.sh", str(jobdir), *([umask] if umask else [])],
+                          cwd=jobdir, env=env, capture_output=True, timeout=30)
     return jobdir, done
 
 
@@ -133,6 +135,24 @@ def test_shell_command_line(tmp_path):
     jobdir, _ = launch(tmp_path, job)
     assert log(jobdir).split() == ["one", "TWO"]
     assert exit_code(jobdir) == 5
+
+
+def test_the_command_gets_the_umask_the_nodelet_gives(tmp_path):
+    (tmp_path / "given").mkdir()
+    jobdir, _ = launch(tmp_path / "given", make_job(["sh", "-c", "umask"]), umask="0027")
+    assert log(jobdir) == "0027\n"
+    # the marks stay the login account's alone whatever the job's umask
+    assert (jobdir / "exit_code").stat().st_mode & 0o077 == 0
+    # an older nodelet gives none: the wrapper asks its own shell
+    (tmp_path / "asked").mkdir()
+    jobdir, _ = launch(tmp_path / "asked", make_job(["sh", "-c", "umask"]))
+    assert log(jobdir) == "%04o\n" % current_umask()
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def test_log_is_truncated_on_rerun(tmp_path):
