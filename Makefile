@@ -2,7 +2,7 @@
 # Both run in the project's own virtual environment, which `setup` makes.
 PYTHON ?= .venv/bin/python
 
-.PHONY: demo test setup bench bench-slurm bench-recovery bench-scale
+.PHONY: demo test setup bench bench-slurm bench-recovery bench-scale bench-nodelet
 
 setup:
 	@sh scripts/setup.sh
@@ -19,6 +19,10 @@ bench: setup
 # NebulaGrid and real Slurm (installed with apt when missing; needs root) in one run.
 bench-slurm: setup
 	$(PYTHON) bench/vs_slurm.py
+
+# The node side alone: one nodelet and its tmux server, CPU per job, control client vs processes.
+bench-nodelet: setup
+	$(PYTHON) bench/nodelet.py
 
 # The head killed with SIGKILL under 100 nodes and 400 jobs, and restarted.
 bench-recovery: setup

@@ -144,7 +144,7 @@ def run(argv, timeout=20):
 def tmux(args, timeout=20):
     """(exit code, stdout, stderr) of tmux ``args`` on this head's server: through the
     control client while it answers, else as a process of its own."""
-    done = CONTROL.call(args, timeout)
+    done = CONTROL.call(args, timeout) if CONTROL is not None else None
     return done if done is not None else run(TMUX + list(args), timeout)
 
 
@@ -687,7 +687,10 @@ def _int(text):
 
 
 WATCHER = Watcher()
-CONTROL = TmuxControl(TMUX, CONTROL_SESSION, lambda: keep_tmux_server())
+#: ``"tmux_control": false`` in the settings: every tmux command a process (bench/nodelet.py
+#: compares the two)
+CONTROL = TmuxControl(TMUX, CONTROL_SESSION, lambda: keep_tmux_server()) \
+    if CONFIG.get("tmux_control", True) else None
 
 
 # --------------------------------------------------------------------- requests
