@@ -106,8 +106,9 @@ class BenchNode:
     hz = 1.0
     layout: list[tuple[str, int, str]] = []  # every GPU (node, index, uuid)
     job_of: dict[str, int] = {}  # GPU uuid -> job running on it (from the store)
+    tokens: dict[int, str] = {}  # running job -> its launch token (from the store)
 
-    def __init__(self, node, cluster, on_message, on_state):
+    def __init__(self, node, cluster, on_message, on_state, head=None):
         self.node, self.on_message, self.on_state = node, on_message, on_state
         self.gpus = [(i, u) for n, i, u in self.layout if n == node.name]
         self._task: asyncio.Task | None = None
@@ -120,9 +121,14 @@ class BenchNode:
             self._task.cancel()
 
     async def request(self, op: str, timeout: float | None = None, **fields) -> dict:
-        """The nodelet's replies that change nothing: no sessions to reconcile, an empty
-        log, launches and cancels accepted."""
-        return {"ok": True, "sessions": [], "jobs": {}, "data": "", "offset": fields.get("offset", 0)}
+        """The nodelet's replies that change nothing: the pre-filled running jobs still
+        running (reconcile), an empty log, launches and cancels accepted."""
+        if op == "list":
+            from nebula_tui.sim.swarm import list_reply
+
+            mine = {self.job_of[u] for _, u in self.gpus if u in self.job_of}
+            return {"ok": True, **list_reply({j: (self.tokens.get(j), None) for j in mine})}
+        return {"ok": True, "data": "", "offset": fields.get("offset", 0)}
 
     def probe(self, tick: int) -> dict:
         """This node's readings at second ``tick``: busy cards move, idle ones do not."""
@@ -167,6 +173,8 @@ def head_main(home: str, config: str, n_gpus: int, hz: float) -> None:
 
     store = Store(Path(home) / "state.db")
     BenchNode.job_of = {p.gpu_uuid: job_id for job_id, p in store.active_placements()}
+    BenchNode.tokens = dict(store.db.execute(
+        "SELECT id, launch_token FROM jobs WHERE launch_token IS NOT NULL").fetchall())
     store.close()
     BenchNode.layout, BenchNode.hz = gpu_layout(n_gpus), hz
     nodes.NodeLink = BenchNode

@@ -15,7 +15,7 @@ from conftest import until
 
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.gpus import SORTS, GpusScreen
-from nebula_tui.screens.messages import GpusChanged, SnapshotArrived
+from nebula_tui.screens.messages import GpusChanged, JobChanged, SnapshotArrived
 from nebula_tui.screens.nodecards import NodeCards
 from nebula_tui.screens.queue import QueueScreen
 from nebula_tui.screens.rowtable import RowTable
@@ -112,6 +112,32 @@ async def test_queue_holds_every_job_in_order_and_scrolls_to_the_last():
         assert len(mine) == JOBS // len(USERS)
         await pilot.press("m")
         await until(pilot, lambda: table.row_count == JOBS, what="everyone's jobs again")
+
+
+async def test_a_jobs_idleness_repaints_its_row_without_ordering_the_queue_again():
+    # A lab's running jobs go idle and busy all day: each such event must not cost an
+    # order of 10,000 jobs; a change of state still does.
+    app = make_app("/nonexistent/nebula.sock")
+    async with app.run_test(size=(160, 48)) as pilot:
+        snap = await loaded(pilot, app)
+        await pilot.press("3")
+        await until(pilot, lambda: isinstance(app.screen, QueueScreen), what="the queue")
+        queue = app.screen
+        table = queue.query_one("#queue-table", RowTable)
+        await until(pilot, lambda: table.row_count == JOBS, what="10,000 rows")
+        orders = []
+        render_all = queue.render_all
+        queue.render_all = lambda: (orders.append(1), render_all())
+        first = table.row_keys[0]
+        before = app.cluster.job(int(first))
+        job = dict(before, idle_since=before["started_at"])
+        assert app.cluster.live_fields_only(before, job)
+        app.post_message(JobChanged(job))
+        await until(pilot, lambda: "idle" in table.get_row(first)[-1], what="the row says idle")
+        await pilot.pause(0.3)
+        assert orders == []
+        app.post_message(JobChanged(dict(job, state="pending", gpus=[], node=None)))
+        await until(pilot, lambda: orders, what="an order for a change of state")
 
 
 async def test_gpu_table_sorts_every_row_and_follows_telemetry():

@@ -408,8 +408,9 @@ class NebulaApp(App):
 
     @on(JobChanged)
     def _job(self, message: JobChanged) -> None:
-        self.cluster.apply_job(message.job)
-        self._changed("job", message.job["id"])
+        before = self.cluster.apply_job(message.job)
+        live = self.cluster.live_fields_only(before, message.job)
+        self._changed("job-live" if live else "job", message.job["id"])
 
     @on(GpusChanged)
     def _gpus(self, message: GpusChanged) -> None:

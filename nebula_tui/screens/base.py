@@ -26,7 +26,8 @@ class OpMissing(ApiError):
     """The head service does not know this request (it is older than the TUI)."""
 
 
-#: What changed, as the app tells screens: "all" (a snapshot), "job", "gpus", "node", "event".
+#: What changed, as the app tells screens: "all" (a snapshot), "job", "job-live" (a job's
+#: ``cluster.LIVE_JOB_FIELDS`` alone: rows on screen, no re-order), "gpus", "node", "event".
 Change = str
 
 

@@ -18,6 +18,10 @@ EVENTS_KEPT = 500
 #: Utilisation readings kept per GPU for the GPU table's trend column.
 TREND_KEPT = 12
 #: GPU fields the cluster-wide counts (R1: idle/busy/…, total and free VRAM) depend on.
+#: A running job's fields that its cards' readings move (idleness) and that no screen
+#: orders, filters or counts jobs by: a job event changing only these repaints the rows
+#: on screen ("job-live"), never re-orders 10,000 jobs.
+LIVE_JOB_FIELDS = frozenset({"idle_since", "idle_unknown"})
 COUNTED_FIELDS = frozenset({"status", "total_memory_mb", "slices"})
 
 
@@ -68,6 +72,14 @@ class Cluster:
             self._place(job, add=True)
         self.version += 1
         return before
+
+    @staticmethod
+    def live_fields_only(before: dict | None, job: dict) -> bool:
+        """Whether ``job`` differs from ``before`` in ``LIVE_JOB_FIELDS`` alone."""
+        if before is None:
+            return False
+        return all(before.get(key) == job.get(key) for key in before.keys() | job.keys()
+                   if key not in LIVE_JOB_FIELDS)
 
     def _place(self, job: dict, *, add: bool) -> None:
         for p in job["gpus"]:

@@ -273,7 +273,7 @@ class JobScreen(ClusterScreen):
             self.notify(str(err), title="Cannot attach", severity="error")
 
     def cluster_changed(self, change: str, key: object = None) -> None:
-        if change in ("job", "all") and (change == "all" or key == self.job_id):
+        if change in ("job", "job-live", "all") and (change == "all" or key == self.job_id):
             self._follow_job()
 
     def catch_up(self, missed: set[str]) -> None:

@@ -105,11 +105,12 @@ class OverviewScreen(ClusterScreen):
         if change == "gpus":
             self._summary_dirty = True
             self._dirty_cards.add(str(key))
-        elif change == "job":
+        elif change in ("job", "job-live"):
             job = self.cluster.job(key)
             self._dirty_cards.update(g["node"] for g in (job or {}).get("gpus", []))
             self._summary_dirty = True
-            self.later()
+            if change == "job":  # (the tick brings the rest up to date)
+                self.later()
         elif change == "node":
             self._summary_dirty = True
             self._dirty_cards.add(str(key))

@@ -168,16 +168,8 @@ class FakeNodelet:
             if job is not None and op == "cancel":
                 self.emit({"type": "exit", "job": str(req["job"]), "code": 143,
                            "token": job["token"], "t": time.time()})
-        elif op == "list":  # the nodelet's shape: each job's attempts and live sessions
-            every = {str(j): {str(_attempt(job["token"])): {
-                "token": job["token"], "launched": True, "started": True,
-                "started_at": job.get("t"), "exit_code": None, "acked": False}}
-                for j, job in jobs.items() if job["token"]}
-            reply["attempts"] = every
-            reply["jobs"] = {j: dict(info, attempt=int(a)) for j, found in every.items()
-                             for a, info in found.items()}
-            reply["session_tokens"] = {str(j): job["token"] or "" for j, job in jobs.items()}
-            reply["sessions"] = sorted(reply["session_tokens"], key=int)
+        elif op == "list":
+            reply.update(list_reply({j: (job["token"], job.get("t")) for j, job in jobs.items()}))
         elif op == "log":
             reply.update(exists=False, data="", offset=int(req.get("offset", 0)))
         elif op not in ("ack", "signal"):
@@ -189,6 +181,20 @@ class FakeNodelet:
                        "t": time.time()})
 
 
+
+
+def list_reply(running: dict[int, tuple[str | None, float | None]]) -> dict:
+    """The nodelet's ``list`` reply (each job's attempts and live sessions) for these jobs,
+    running here under their launch tokens since the given times."""
+    every = {str(j): {str(_attempt(token)): {
+        "token": token, "launched": True, "started": True, "started_at": t,
+        "exit_code": None, "acked": False}}
+        for j, (token, t) in running.items() if token}
+    tokens = {str(j): token or "" for j, (token, _) in running.items()}
+    return {"attempts": every,
+            "jobs": {j: dict(info, attempt=int(a)) for j, found in every.items()
+                     for a, info in found.items()},
+            "session_tokens": tokens, "sessions": sorted(tokens, key=int)}
 
 
 def _attempt(token: str) -> int:
