@@ -78,14 +78,20 @@ async def loaded(pilot, app) -> dict:
     return snap
 
 
+async def queue_shown(pilot, app) -> RowTable:
+    """The Queue screen with every job of the snapshot in its table."""
+    await pilot.press("3")
+    await until(pilot, lambda: isinstance(app.screen, QueueScreen), what="the queue")
+    table = app.screen.query_one("#queue-table", RowTable)
+    await until(pilot, lambda: table.row_count == JOBS, what="10,000 rows")
+    return table
+
+
 async def test_queue_holds_every_job_in_order_and_scrolls_to_the_last():
     app = make_app("/nonexistent/nebula.sock")
     async with app.run_test(size=(160, 48)) as pilot:
         snap = await loaded(pilot, app)
-        await pilot.press("3")
-        await until(pilot, lambda: isinstance(app.screen, QueueScreen), what="the queue")
-        table = app.screen.query_one("#queue-table", RowTable)
-        await until(pilot, lambda: table.row_count == JOBS, what="10,000 rows")
+        table = await queue_shown(pilot, app)
         # Running first (oldest start first), then waiting in the head's order (none in
         # this snapshot: submit order, as the scheduler has it for equal weights).
         running = sorted((j for j in snap["jobs"] if j["state"] == "running"),
@@ -119,12 +125,9 @@ async def test_a_jobs_idleness_repaints_its_row_without_ordering_the_queue_again
     # order of 10,000 jobs; a change of state still does.
     app = make_app("/nonexistent/nebula.sock")
     async with app.run_test(size=(160, 48)) as pilot:
-        snap = await loaded(pilot, app)
-        await pilot.press("3")
-        await until(pilot, lambda: isinstance(app.screen, QueueScreen), what="the queue")
+        await loaded(pilot, app)
+        table = await queue_shown(pilot, app)
         queue = app.screen
-        table = queue.query_one("#queue-table", RowTable)
-        await until(pilot, lambda: table.row_count == JOBS, what="10,000 rows")
         orders = []
         render_all = queue.render_all
         queue.render_all = lambda: (orders.append(1), render_all())
