@@ -72,7 +72,7 @@ import json
 import re
 import socket
 import struct
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 #: Every kind of line in the events log (``event["kind"]``): a job's life (submit, hold,
@@ -179,13 +179,14 @@ class AsyncClient:
             raise ApiError(reply.get("error", "request failed"))
         return reply
 
-    async def events(self) -> AsyncIterator[dict]:
+    async def events(self, decode: Callable[[bytes], dict] = json.loads) -> AsyncIterator[dict]:
+        """Subscribe: the snapshot first, then every event, each line read with ``decode``."""
         reader, writer = await self._open()
         try:
             writer.write(b'{"op": "subscribe"}\n')
             await writer.drain()
             while line := await reader.readline():
-                yield json.loads(line)
+                yield decode(line)
         finally:
             writer.close()
         raise ApiError("the head service closed the event stream")

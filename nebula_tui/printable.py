@@ -13,6 +13,7 @@ text would pass them on as they are); every other escape sequence is shown as te
 
 from __future__ import annotations
 
+import json
 import re
 
 # C0 and C1 controls, DEL, and the invisible characters that move or reorder text.
@@ -50,6 +51,19 @@ def printable_log(text: str, colours: bool = True) -> str:
         start = kept.end()
     parts.append(printable(text[start:]))
     return "".join(parts)
+
+
+def printable_json(line: bytes | str) -> object:
+    """``printable_tree`` of the JSON value in ``line``. A line of ASCII with no backslash and
+    no DEL has no control character in any of its strings (JSON escapes the others, and the
+    invisible ones are not ASCII), so its value is taken as it is: most of the TUI's event
+    stream (readings, job changes) is such lines, and walking each one cost more than
+    decoding it."""
+    raw = line.encode() if isinstance(line, str) else line
+    value = json.loads(raw)
+    if raw.isascii() and b"\\" not in raw and b"\x7f" not in raw:
+        return value
+    return printable_tree(value)
 
 
 def printable_tree(value: object, key: str | None = None) -> object:

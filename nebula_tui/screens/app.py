@@ -33,7 +33,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
 from ..api import ApiError, AsyncClient
-from ..printable import printable, printable_tree
+from ..printable import printable, printable_json, printable_tree
 from ..service import Home, ServiceUnavailable, connect
 from . import commandline
 from .base import ClusterScreen, OpMissing
@@ -327,8 +327,8 @@ class NebulaApp(App):
         loop = asyncio.get_running_loop()
         while True:
             try:
-                async for event in self.client.events():
-                    event = printable_tree(event)  # names, commands, reasons of anyone
+                # names, commands, reasons of anyone: printable, however they came
+                async for event in self.client.events(decode=printable_json):
                     kind = event.get("type")
                     if kind == "snapshot":
                         delay = RETRY_FIRST_S
