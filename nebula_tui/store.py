@@ -38,6 +38,9 @@ from .model import (WAITING_FOR_SCHEDULER, Cancelling, Ended, Job, JobSpec, JobS
                     Pending, Placement, Running, Stopping)
 
 FINISHED_SQL = ", ".join(f"'{s.value}'" for s in JobState if s.finished)
+#: A job that counts towards its user's fair share (R6): finished after it ran (one
+#: cancelled while it waited, or failed because its --after job failed, used nothing).
+COUNTED_SQL = f"state IN ({FINISHED_SQL}) AND (started_at IS NOT NULL OR gpu_hours > 0)"
 #: For accounting, a card below this utilisation is idle (its GPU-hours are "held idle").
 IDLE_UTIL_PCT = 5.0
 #: The seconds a telemetry row stands for when it does not say (rows from before ``span_s``).
@@ -466,8 +469,10 @@ class Store:
         with self.transaction():
             self.db.execute(f"UPDATE jobs SET {_NO_STOP} WHERE id = ?", [job_id])
 
-    def requeue(self, job_id: int, reason: str, t: float) -> None:
-        """Back to pending, its allocation released (lost node, isolated GPU)."""
+    def requeue(self, job_id: int, reason: str, t: float) -> float:
+        """Back to pending, its allocation released (lost node, isolated GPU); returns the
+        GPU-hours its run was charged."""
+        held = 0.0
         with self.transaction():
             row = self.db.execute("SELECT user, started_at FROM jobs WHERE id = ?", [job_id]).fetchone()
             if row is not None:  # the GPU time it held until now is still charged (R7)
@@ -483,6 +488,7 @@ class Store:
                 "launch_token = NULL WHERE id = ? AND state IN ('launching', 'running')",
                 [reason, job_id])
             self._event(t, "requeue", f"job {job_id} {reason}", job_id=job_id)
+        return held
 
     def set_reasons(self, reasons: dict[int, str]) -> None:
         """Update the waiting reasons of pending jobs (only those that changed)."""
@@ -589,14 +595,15 @@ class Store:
                 self._event(t, "start", f"job {job_id} started", job_id=job_id)
 
     def finish_job(self, job_id: int, state: JobState, t: float, exit_code: int | None = None,
-                   reason: str = "") -> None:
-        """End a job, release its GPUs and charge its user, in one transaction."""
+                   reason: str = "") -> float | None:
+        """End a job, release its GPUs and charge its user, in one transaction; returns the
+        GPU-hours charged now (None: no such job, or it had ended already)."""
         with self.transaction():
             row = self.db.execute(
                 "SELECT user, started_at, state FROM jobs WHERE id = ?", [job_id]
             ).fetchone()
             if row is None or JobState(row[2]).finished:
-                return
+                return None
             user, started_at, _ = row
             gpu_hours = self._charge_run(job_id, started_at, t)
             ran = started_at is not None or bool(self.db.execute(
@@ -617,6 +624,7 @@ class Store:
             detail = f" with exit code {exit_code}" if exit_code is not None else ""
             message = f"job {job_id} {state.value}{detail}" + (f": {reason}" if reason else "")
             self._event(t, "end", message, job_id=job_id, user=user)
+        return gpu_hours
 
     def _charge_run(self, job_id: int, started_at: float | None, t: float) -> float:
         """Charge the job's run that ends at ``t`` (a requeue ends one too) its GPU-hours,
@@ -892,11 +900,17 @@ class Store:
         used nothing and counts nothing."""
         found: dict[str, list[tuple[float, float]]] = {}
         for user, ended_at, hours in self.db.execute(
-                "SELECT user, ended_at, gpu_hours FROM jobs WHERE ended_at >= ? "
-                f"AND state IN ({FINISHED_SQL}) AND (started_at IS NOT NULL OR gpu_hours > 0) "
+                f"SELECT user, ended_at, gpu_hours FROM jobs WHERE ended_at >= ? AND {COUNTED_SQL} "
                 "ORDER BY ended_at", [since]):
             found.setdefault(user, []).append((ended_at, hours or 0.0))
         return found
+
+    def counted_run(self, job_id: int) -> tuple[float, float] | None:
+        """(ended_at, gpu_hours) of one job as ``finished_usage`` lists it, or None when it
+        does not count (not finished, or finished without having run)."""
+        row = self.db.execute(f"SELECT ended_at, gpu_hours FROM jobs WHERE id = ? AND {COUNTED_SQL}",
+                              [job_id]).fetchone()
+        return (row[0], row[1] or 0.0) if row else None
 
     def job_outcomes(self, job_ids: list[int]) -> dict[int, tuple[str, bool]]:
         """(state, whether it ever ran) of each of these jobs, for --after."""

@@ -327,10 +327,10 @@ class JobTransitions:
     def finish(self, job: Job, state: JobState, code: int | None, reason: str) -> None:
         """End a job (succeeded, failed, cancelled, timeout): GPUs released, user charged."""
         now = self.state.clock()
-        self.state.store.finish_job(job.id, state, now, exit_code=code, reason=reason)
+        charged = self.state.store.finish_job(job.id, state, now, exit_code=code, reason=reason)
         self.state.jobs.pop(job.id, None)
         self._exit_reasons.pop(job.id, None)
-        self.shares.forget()  # its hours now count towards its user's weight
+        self.shares.ended(job.id, job.user, charged)  # its hours now count towards its user's weight
         self.shares.changed(job.user)
         done = replace(job, status=Ended(state, now, code, reason, job.started_at, job.node,
                                          job.placements))
@@ -346,7 +346,8 @@ class JobTransitions:
     def requeue(self, job: Job, reason: str) -> None:
         """Put a job that held GPUs back in the queue (its allocation released), as a new
         attempt: one transition, whatever it was doing."""
-        self.state.store.requeue(job.id, reason, self.state.clock())
+        charged = self.state.store.requeue(job.id, reason, self.state.clock())
+        self.shares.charged(job.user, charged)
         self._exit_reasons.pop(job.id, None)
         self.on_requeued(job, reason)
         self._set(replace(job, status=Pending(reason), attempt=job.attempt + 1))

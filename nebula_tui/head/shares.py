@@ -1,7 +1,10 @@
 """Each user's standing: fair-share weight (R6), GPU-hours this month and quota (R7).
 
-The weights the scheduler reads are recomputed when a job ends (``forget``) and at most
-once a minute otherwise, so a pass costs no SQL. ``users_json`` is the row of each user
+The weights the scheduler reads are recomputed when a job ends (``ended``) and at most
+once a minute otherwise, so a pass costs no SQL. What they are computed from — each user's
+finished runs of the half-life window and hours this month — is read from the store at
+most once a minute too; a job's end adds its own run to it, so an end does not read the
+window's every finished job again (70 days of a busy lab's). ``users_json`` is the row of each user
 that the ``users`` request returns; when a user's figures move (``changed``: a job of
 theirs was submitted, started, charged or ended, their quota was set) subscribers get that
 row as a ``user`` event, the changes of one moment together.
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from dataclasses import dataclass
 
 from .. import scheduler
 from ..scheduler import fairshare
@@ -25,6 +29,18 @@ SHARES_TTL_S = 60.0
 USERS_EVERY_S = 0.2
 
 
+@dataclass
+class _Usage:
+    """What the weights are computed from, as read from the store at ``read_at`` and added
+    to by every end since."""
+
+    finished: dict[str, list[tuple[float, float]]]  # user -> (ended_at, gpu_hours) of runs
+    month: dict[str, float]  # user -> GPU-hours charged this month (since ``month_from``)
+    month_from: float
+    half_life: float | None
+    read_at: float
+
+
 class Shares:
     def __init__(self, state: HeadState, access: Access, stream: Stream, accounting: Accounting):
         self.state = state
@@ -33,11 +49,30 @@ class Shares:
         self.accounting = accounting
         self._shares: dict[str, scheduler.UserShare] | None = None
         self._shares_at = 0.0
+        self._usage: _Usage | None = None
         self._changed: set[str] = set()  # users whose row goes out with the next batch
 
     def forget(self) -> None:
-        """Usage changed (a job ended, a quota was set): recompute at the next look."""
+        """Standings changed (a quota was set): recompute at the next look."""
         self._shares = None
+
+    def ended(self, job_id: int, user: str, charged_hours: float | None) -> None:
+        """Job ``job_id`` of ``user`` ended, charged ``charged_hours`` (None: it had ended
+        already): its run joins its user's usage, and the weights are recomputed at the
+        next look."""
+        self._shares = None
+        usage = self._usage
+        if usage is None or charged_hours is None:
+            return
+        run = self.state.store.counted_run(job_id)
+        if run is not None:
+            usage.finished.setdefault(user, []).append(run)
+        self.charged(user, charged_hours)
+
+    def charged(self, user: str, hours: float) -> None:
+        """``user`` was charged ``hours`` this month (a run ended, or was requeued)."""
+        if self._usage is not None:
+            self._usage.month[user] = self._usage.month.get(user, 0.0) + hours
 
     def shares(self) -> dict[str, scheduler.UserShare]:
         """R6 weights and R7 quota standing per user; recomputed when a job ends, at most
@@ -46,13 +81,11 @@ class Shares:
         if self._shares is not None and now - self._shares_at < SHARES_TTL_S:
             return self._shares
         half_life = self.state.settings.half_life_s
-        since = now - 10 * half_life if half_life else 0.0
-        store = self.state.store
-        finished = store.finished_usage(since)
-        month = store.usage_since(month_start(now))
+        usage = self._usage_at(now, half_life)
+        finished, month = usage.finished, usage.month
         held: dict[str, float] = defaultdict(float)
-        for job in self.state.jobs.values():
-            if job.state.holds_gpus and job.started_at:
+        for job in self.state.jobs.holders():
+            if job.started_at:
                 held[job.user] += self.held_hours(job, now)
         shares = {}
         for user in set(finished) | set(month) | set(held):
@@ -62,6 +95,19 @@ class Shares:
                 refusal)
         self._shares, self._shares_at = shares, now
         return shares
+
+    def _usage_at(self, now: float, half_life: float | None) -> _Usage:
+        """The usage the weights come from: the store's, read again when a minute old, in
+        a new month or under another half-life; else the kept one with the ends since."""
+        month = month_start(now)
+        usage = self._usage
+        if usage is None or now - usage.read_at >= SHARES_TTL_S or usage.month_from != month \
+                or usage.half_life != half_life:
+            store = self.state.store
+            since = now - 10 * half_life if half_life else 0.0
+            usage = self._usage = _Usage(store.finished_usage(since), store.usage_since(month),
+                                         month, half_life, now)
+        return usage
 
     def held_hours(self, job, now: float) -> float:
         """GPU-hours a running job has held until ``now`` (a slice counts its fraction)."""
