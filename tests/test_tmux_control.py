@@ -90,26 +90,15 @@ def test_a_word_that_cannot_go_on_one_line_is_left_to_a_process() -> None:
     assert tmux_words(["a b", ";", "it's"]) == "'a b' ; 'it'\"'\"'s'"
 
 
-def test_a_killed_server_means_a_process_once_then_a_new_client(control) -> None:
+def test_a_killed_server_means_a_new_client(control) -> None:
     client, tmux = control
     assert client.call(["display-message", "-p", "up"])[0] == 0
     subprocess.run(tmux + ["kill-server"])
-    # the dead client answers None: the caller runs tmux as a process (which then says
-    # there is no server, as before); the next call starts a server and a client again
-    assert client.call(["list-sessions"]) is None
+    # A client that dies under a call answers None (the caller runs tmux as a process,
+    # which then says there is no server, as before); one seen dead before the call is
+    # started again at once, with a server. Either way the next answers come from a new one.
+    first = client.call(["list-sessions", "-F", "#{session_name}"])
     client.failed_at = None  # (past the retry pause)
+    assert first in (None, (0, "hold\n", ""))
     assert sessions(client) == ["hold"]
     assert len(client.starts) == 2
-
-
-def test_the_hold_session_goes_with_its_client(control) -> None:
-    client, tmux = control
-    assert sessions(client) == ["hold"]
-    client._close()
-    for _ in range(100):
-        listed = subprocess.run(tmux + ["list-sessions", "-F", "#{session_name}"],
-                                capture_output=True, text=True).stdout.split()
-        if "hold" not in listed:
-            break
-        subprocess.run(["sleep", "0.02"])
-    assert "hold" not in listed

@@ -15,9 +15,11 @@ The last field is 1 for commands this client sent; notifications (``%sessions-ch
 commands (``a ; b``), each answering in a block of its own, and tmux drops the rest of a
 line after a command that fails; so every request line is followed by a marker command
 (``display-message -p <marker>``), and the request's answer is every block up to the
-marker's. A control client must be attached to a session: it holds one of its own,
-whose pane (``cat`` on its own terminal) waits and costs nothing, and which goes with the
-last client attached to it (``destroy-unattached``): a head gone leaves no session behind.
+marker's. A control client must be attached to a session: it holds one of its own (one per head, on
+each node), whose pane (``cat`` on its own terminal) waits and costs nothing. It stays when
+its clients end, for the next nodelet: letting it go with its last client
+(``destroy-unattached``) lost running jobs' sessions in the chaos test, when a killed
+head's client left just as the next head's attached.
 
 ``call`` answers None whenever the client cannot be used (it could not start, died, timed
 out, or the words cannot be written on one line); the caller then runs tmux as a process,
@@ -102,8 +104,7 @@ class TmuxControl(object):
         try:
             self.proc = subprocess.Popen(
                 self.tmux + ["-C", "new-session", "-A", "-s", self.hold, "-x", "80", "-y", "24",
-                             "exec cat", ";", "set-option", "-t", "=%s:" % self.hold,
-                             "destroy-unattached", "on"],
+                             "exec cat"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         except OSError:
             self.failed_at = time.monotonic()
