@@ -15,9 +15,9 @@ The last field is 1 for commands this client sent; notifications (``%sessions-ch
 commands (``a ; b``), each answering in a block of its own, and tmux drops the rest of a
 line after a command that fails; so every request line is followed by a marker command
 (``display-message -p <marker>``), and the request's answer is every block up to the
-marker's. A control client must be attached to a session: it holds one of its own (one per head, on
-each node), whose pane (``cat`` on its own terminal) waits and costs nothing. It stays when
-its clients end, for the next nodelet: letting it go with its last client
+marker's. A control client must be attached to a session: it holds one of its own (one
+per head, on each node), whose pane (``cat`` on its own terminal) waits and costs nothing.
+It stays when its clients end, for the next nodelet: letting it go with its last client
 (``destroy-unattached``) lost running jobs' sessions in the chaos test, when a killed
 head's client left just as the next head's attached.
 
@@ -120,11 +120,11 @@ class TmuxControl(object):
         lines = None
         for raw in iter(proc.stdout.readline, b""):
             text = raw.decode("utf-8", "replace").rstrip("\n")
+            mine = text.endswith(" 1")  # the flags of a block this client's command opened
             if lines is None:
-                fields = text.split(" ")
-                if text.startswith("%begin ") and fields[-1] == "1":
+                if mine and text.startswith("%begin "):
                     lines = []
-            elif text.startswith(("%end ", "%error ")) and text.split(" ")[-1] == "1":
+            elif mine and text.startswith(("%end ", "%error ")):
                 answers.put((text.startswith("%error "), lines))
                 lines = None
             else:
