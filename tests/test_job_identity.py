@@ -8,12 +8,14 @@ that jobs on the nodes already had; a launch that meets another launch's directo
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -280,6 +282,50 @@ def test_acknowledged_directories_go_after_the_retention(nodelet, tmp_path):
     os.utime(uncollected, (long_ago, long_ago))
     nodelet("cccc", retention_s=1)
     wait_for(lambda: not (jobs / "8").exists(), 10, what="the uncollected exit's directory to go")
+
+
+def _held_lock(path: Path) -> int:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def test_the_cleaner_leaves_a_job_whose_launch_holds_its_lock(nodelet, tmp_path):
+    head = tmp_path / "node" / "heads" / "eeee"
+    for job in ("12", "13"):  # job directories whose attempts are not made yet
+        (head / "jobs" / job).mkdir(mode=0o700, parents=True)
+    launching = _held_lock(head / "locks" / "12")
+    try:
+        nodelet("eeee")  # a nodelet cleans when it starts
+        wait_for(lambda: not (head / "jobs" / "13").exists(), 10, what="the free job's directory to go")
+        assert (head / "jobs" / "12").is_dir(), "a launch's directory was removed under it"
+    finally:
+        os.close(launching)
+    nodelet("eeee")
+    wait_for(lambda: not (head / "jobs" / "12").exists(), 10, what="its directory to go once free")
+    assert not (head / "locks" / "12").exists()
+
+
+def test_a_launch_waiting_on_a_lock_the_cleaner_removed_takes_the_new_one(nodelet, tmp_path):
+    lock = tmp_path / "node" / "heads" / "ffff" / "locks" / "14"
+    old = _held_lock(lock)
+    ask = nodelet("ffff")
+    replies = []
+    launch = threading.Thread(target=lambda: replies.append(ask(
+        "launch", job=14, token="ffff.0.q14", script=wrapped("true"))))
+    launch.start()
+    time.sleep(0.3)  # the launch now waits on the old file
+    lock.unlink()
+    new = _held_lock(lock)  # another launch of the job holds the file now at that path
+    os.close(old)
+    launch.join(0.5)
+    try:
+        assert launch.is_alive(), "the launch went ahead while the job's lock was held"
+    finally:
+        os.close(new)
+    launch.join(10)
+    assert replies and replies[0]["ok"], replies
 
 
 def test_a_running_job_its_node_has_no_record_of_ends_at_the_next_reconcile(openssh_lab, tmp_path):

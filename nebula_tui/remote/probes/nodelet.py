@@ -637,25 +637,39 @@ def clean_old_attempts(now):
     come back for it), then goes too: a head that is gone for good leaves nothing for ever."""
     for head in _listdir(HEADS_DIR):
         jobs = os.path.join(HEADS_DIR, head, "jobs")
+        with contextlib.suppress(OSError):
+            _make_private_dir(os.path.join(HEADS_DIR, head, "locks"))
         for job in _listdir(jobs):
-            root = os.path.join(jobs, job)
-            for attempt in _listdir(root):
-                d = os.path.join(root, attempt)
-                try:
-                    old = now - os.stat(os.path.join(d, "acked")).st_mtime > RETENTION_S
-                except OSError:
-                    try:  # ended (the wrapper's exit code is written last), never collected
-                        ended = os.stat(os.path.join(d, "exit_code")).st_mtime
-                    except OSError:
-                        continue  # still running, or never started: never removed here
-                    old = now - ended > UNCOLLECTED_RETENTIONS * RETENTION_S
-                if old:
-                    shutil.rmtree(d, ignore_errors=True)
-            if not _listdir(root):
-                with contextlib.suppress(OSError):
-                    os.rmdir(root)
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(HEADS_DIR, head, "locks", job))
+            # Under the job's lock: a launch makes the job's directory, then its attempt's,
+            # and an empty job directory removed between the two failed that launch.
+            lock = job_lock(os.path.join(HEADS_DIR, head, "locks", job), wait=False)
+            if lock is None:
+                continue  # a launch of it is under way (or its head's locks are not ours)
+            try:
+                _clean_job(os.path.join(HEADS_DIR, head), job, now)
+            finally:
+                os.close(lock)
+
+
+def _clean_job(head_dir, job, now):
+    root = os.path.join(head_dir, "jobs", job)
+    for attempt in _listdir(root):
+        d = os.path.join(root, attempt)
+        try:
+            old = now - os.stat(os.path.join(d, "acked")).st_mtime > RETENTION_S
+        except OSError:
+            try:  # ended (the wrapper's exit code is written last), never collected
+                ended = os.stat(os.path.join(d, "exit_code")).st_mtime
+            except OSError:
+                continue  # still running, or never started: never removed here
+            old = now - ended > UNCOLLECTED_RETENTIONS * RETENTION_S
+        if old:
+            shutil.rmtree(d, ignore_errors=True)
+    if not _listdir(root):
+        with contextlib.suppress(OSError):
+            os.rmdir(root)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(head_dir, "locks", job))
 
 
 def _listdir(path):
@@ -707,12 +721,35 @@ def op_launch(req):
     if parsed is None or parsed[0] != HEAD:
         return {"ok": False, "error": "bad launch token %r for head %s" % (req["token"], HEAD)}
     os.makedirs(LOCKS_DIR, mode=0o700, exist_ok=True)
-    lock = os.open(os.path.join(LOCKS_DIR, job), os.O_CREAT | os.O_RDWR, 0o600)
+    lock = job_lock(os.path.join(LOCKS_DIR, job))
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when this process dies
         return _launch(req, job, parsed[1])
     finally:
         os.close(lock)
+
+
+def job_lock(path, wait=True):
+    """The open file of a job's lock at ``path``, locked (released when closed, or when this
+    process dies); None when ``wait`` is false and it is held. The cleaner unlinks the lock
+    of a job it removes, holding it: whoever waited on the unlinked file takes a new one."""
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        except OSError:
+            if wait:
+                raise
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except OSError:
+            os.close(fd)
+            return None
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except OSError:
+            pass  # unlinked while this waited
+        os.close(fd)
 
 
 def _launch(req, job, attempt):
