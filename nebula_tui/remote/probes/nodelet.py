@@ -743,6 +743,8 @@ def job_lock(path, wait=True):
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except OSError:
             os.close(fd)
+            if wait:
+                raise  # no locking here (NFS without lockd): the launch says so
             return None
         try:
             if os.fstat(fd).st_ino == os.stat(path).st_ino:
