@@ -11,7 +11,7 @@ demo: setup
 	$(PYTHON) -m nebula_tui demo
 
 test: setup
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q --durations=25
 
 bench: setup
 	$(PYTHON) bench/submit_latency.py && $(PYTHON) bench/throughput.py
