@@ -291,6 +291,13 @@ def _held_lock(path: Path) -> int:
     return fd
 
 
+def _waiting_on(path: Path) -> bool:
+    """Whether some process waits for the flock of the file at ``path`` (/proc/locks lists
+    a waiter as "N: -> FLOCK ... <major>:<minor>:<inode> ...")."""
+    inode = f":{path.stat().st_ino} "
+    return any("->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines())
+
+
 def test_the_cleaner_leaves_a_job_whose_launch_holds_its_lock(nodelet, tmp_path):
     head = tmp_path / "node" / "heads" / "eeee"
     for job in ("12", "13"):  # job directories whose attempts are not made yet
@@ -315,7 +322,7 @@ def test_a_launch_waiting_on_a_lock_the_cleaner_removed_takes_the_new_one(nodele
     launch = threading.Thread(target=lambda: replies.append(ask(
         "launch", job=14, token="ffff.0.q14", script=wrapped("true"))))
     launch.start()
-    time.sleep(0.3)  # the launch now waits on the old file
+    wait_for(lambda: _waiting_on(lock), 10, what="the launch to wait on the old file")
     lock.unlink()
     new = _held_lock(lock)  # another launch of the job holds the file now at that path
     os.close(old)
