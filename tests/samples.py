@@ -1,21 +1,10 @@
-"""Where the real tool outputs are: the nearest ``shared/samples`` above this checkout
-(``/work/main`` and a worktree in ``/work/wt/NAME`` both find ``/work/shared/samples``),
-or ``$NEBULA_SAMPLES``."""
+"""Where the real tool outputs are: ``tests/data/samples`` in this repository, copied
+unchanged from the real machines' outputs (each folder's ``SOURCES.md`` says where from),
+so a clone of the repository alone runs the tests. ``$NEBULA_SAMPLES`` points elsewhere."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-
-def find_samples() -> Path:
-    if os.environ.get("NEBULA_SAMPLES"):
-        return Path(os.environ["NEBULA_SAMPLES"])
-    for parent in Path(__file__).resolve().parents:
-        candidate = parent / "shared" / "samples"
-        if candidate.is_dir():
-            return candidate
-    return Path(__file__).resolve().parents[2] / "shared" / "samples"
-
-
-SAMPLES = find_samples()
+SAMPLES = Path(os.environ.get("NEBULA_SAMPLES") or Path(__file__).resolve().parent / "data" / "samples")
