@@ -2,8 +2,10 @@
 
 JSON lines over a Unix socket. A client sends one request ``{"op": …, …}`` and reads one
 reply ``{"ok": true, …}`` or ``{"ok": false, "error": "…", "usage": bool}`` (``usage``: a
-request this cluster could never serve as asked — no such card, a --time past max_time —
-which a client treats like a usage error); ``wait`` replies when the job ends,
+request that could never be valid as written — a field out of its bounds, an empty name, a
+job id past any there can be, no such card, a --time past max_time — which a client treats
+like a usage error it caught itself: exit 2; a refusal of what is now — no such job, not
+yours, already ended — is not one: exit 1); ``wait`` replies when the job ends,
 ``subscribe`` replies with a snapshot and then streams events until the client goes.
 ``submit`` takes the fields of ``head.requests.spec_from_request`` (``after_type``: ok, any,
 notok or started; ``array``: "0-99%8") and answers ``{"job", "tasks"}`` (an array's
@@ -92,7 +94,8 @@ CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}$")
 
 class ApiError(Exception):
     """The service refused a request or could not be reached; str() is the one-line reason.
-    ``usage``: the request was one this cluster could never serve (a client exits 2)."""
+    ``usage``: the request could never be valid as written (a client exits 2, as on a usage
+    error it catches itself); otherwise it was refused for what is now (exit 1)."""
 
     def __init__(self, message: str, usage: bool = False) -> None:
         super().__init__(message)

@@ -21,10 +21,17 @@ MAX_ALLOCATIONS_PER_GPU = 4
 
 
 class RequestError(Exception):
-    """A client asked for something that cannot be done; the message says why, in one line."""
+    """A client asked for something that cannot be done now (no such job, not theirs, already
+    ended); the message says why, in one line. A client exits 1 on it."""
 
 
-class UnfitRequest(RequestError):
+class InvalidRequest(RequestError):
+    """A request that could never be valid as written (a field out of its bounds, a value of
+    the wrong kind, an empty name): like a usage error the client catches itself, a client
+    exits 2 on it — one rule, whichever end finds the mistake."""
+
+
+class UnfitRequest(InvalidRequest):
     """A request this cluster could never serve as asked (no such card, a --time past the
     cluster's max_time): like a usage error, a client exits 2 on it."""
 

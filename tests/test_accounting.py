@@ -239,9 +239,9 @@ def test_a_report_of_an_earlier_period_is_empty_and_bad_periods_are_refused(head
     assert early["users"] == [] and all(r["allocated_gpu_hours"] == 0 for r in early["nodes"])
     assert [r["period"] for r in early["nodes"] if r["node"] == "cluster"] == ["2020-01"]
     backwards = head.run("report", "--since", "2026-02-01", "--until", "2026-01-01")
-    assert backwards.returncode == 1 and "period is empty" in backwards.stderr
+    assert backwards.returncode == 2 and "period is empty" in backwards.stderr
     too_long = head.run("report", "--since", "2000-01-01")
-    assert too_long.returncode == 1 and "at most 400 days" in too_long.stderr
+    assert too_long.returncode == 2 and "at most 400 days" in too_long.stderr
 
 
 def _this_month(head) -> tuple[dict, dict]:

@@ -15,7 +15,7 @@ import asyncio
 import time
 
 from .. import views
-from ..model import Job, JobState, RequestError
+from ..model import InvalidRequest, Job, JobState, RequestError
 from ..store import Store
 from .access import Access
 from .state import HeadState
@@ -79,7 +79,7 @@ class Accounting:
         now = self.state.clock()
         until = min(until, now)
         if until <= since:
-            raise RequestError("the report's period is empty: --since must be before --until and now")
+            raise InvalidRequest("the report's period is empty: --since must be before --until and now")
         who = self._visible_owner(user, None)
         return await self._read(lambda store: _report(store, who, since, until, now))
 

@@ -3,7 +3,7 @@
 ``parse_request`` turns a line into a JSON object or refuses it in one line (not JSON,
 nested deeper than ``MAX_JSON_DEPTH``, text that is not Unicode); ``spec_from_request``
 checks a submit's fields, each against its bounds (sizes, counts, NUL, numbers that are
-whole and finite). Every refusal is a ``RequestError`` that names the field and says how
+whole and finite). Every refusal is an ``InvalidRequest`` (the client exits 2) that names the field and says how
 to fix it. The server (``head/server.py``) answers what passes.
 """
 
@@ -14,7 +14,7 @@ import re
 
 from .. import environments
 from ..api import ARCH_RE, CUDA_RE, MAX_GPU_COUNT
-from ..model import VENDORS, JobSpec, RequestError
+from ..model import VENDORS, InvalidRequest, JobSpec
 from ..scheduler.snapshot import AFTER_TYPES
 from ..units import parse_array
 
@@ -51,72 +51,72 @@ def unix_time(req: dict, key: str, required: bool = False) -> float | None:
     if value is None and not required:
         return None
     if not number(value, 0, MAX_UNIX_TIME):
-        raise RequestError(f"{key} must be a time in Unix seconds")
+        raise InvalidRequest(f"{key} must be a time in Unix seconds")
     return float(value)
 
 
 def spec_from_request(req: dict, default_vendor: str | None = None) -> JobSpec:
-    """Validate a submit request field by field; raise RequestError naming the field. A
+    """Validate a submit request field by field; raise InvalidRequest naming the field. A
     request naming neither a vendor nor an arch gets ``default_vendor`` (nodes.yaml's);
     "any" asks for none."""
     command = req.get("command")
     if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
-        raise RequestError("command: give the program to run after `--`, or --command \"…\"")
+        raise InvalidRequest("command: give the program to run after `--`, or --command \"…\"")
     sizes = [len(a.encode()) for a in command]
     if len(command) > MAX_ARGS or max(sizes) > MAX_ARG_BYTES or sum(sizes) > MAX_COMMAND_BYTES:
-        raise RequestError(f"command: at most {MAX_ARGS} arguments of at most {MAX_ARG_BYTES // 1024} KB "
+        raise InvalidRequest(f"command: at most {MAX_ARGS} arguments of at most {MAX_ARG_BYTES // 1024} KB "
                            f"each, {MAX_COMMAND_BYTES // 1024} KB in all (this one: "
                            f"{len(command)} arguments, the longest {max(sizes) // 1024} KB); "
                            "put long input in a file the job reads")
     if any("\0" in a for a in command):
-        raise RequestError("command: an argument holds a NUL character, which no program can be given")
+        raise InvalidRequest("command: an argument holds a NUL character, which no program can be given")
     shell = bool(req.get("shell"))
     if shell and len(command) != 1:
-        raise RequestError("command: --command takes one shell command line")
+        raise InvalidRequest("command: --command takes one shell command line")
     gpu_count = req.get("gpu_count", 1)
     if not whole(gpu_count, 1, MAX_GPU_COUNT):
-        raise RequestError(f"--gpu-count must be a whole number from 1 to {MAX_GPU_COUNT}")
+        raise InvalidRequest(f"--gpu-count must be a whole number from 1 to {MAX_GPU_COUNT}")
     gpu_mem = req.get("gpu_mem_mb")
     if gpu_mem is not None and not whole(gpu_mem, 1, MAX_GPU_MEM_MB):
-        raise RequestError("--gpu-mem must be a positive size such as 8G (at most 16 TB)")
+        raise InvalidRequest("--gpu-mem must be a positive size such as 8G (at most 16 TB)")
     name = req.get("name") or ""
     if not isinstance(name, str) or len(name) > 128 or "\n" in name or "\0" in name:
-        raise RequestError("--name must be one line of at most 128 characters")
+        raise InvalidRequest("--name must be one line of at most 128 characters")
     workdir = req.get("workdir")
     if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")
                                 or "\0" in workdir or len(workdir) > 4096):
-        raise RequestError("--workdir must be an absolute path on the node (no NUL, at most 4096 characters)")
+        raise InvalidRequest("--workdir must be an absolute path on the node (no NUL, at most 4096 characters)")
     after = req.get("after") or []
     if not isinstance(after, list) or len(after) > 1000 or not all(whole(a, 1, MAX_JOB_ID) for a in after):
-        raise RequestError("--after takes job ids (numbers)")
+        raise InvalidRequest("--after takes job ids (numbers)")
     after_type = req.get("after_type") or "ok"
     if after_type not in AFTER_TYPES:
-        raise RequestError(f"--after {str(after_type)[:40]!r}: the kinds are {', '.join(AFTER_TYPES)} "
+        raise InvalidRequest(f"--after {str(after_type)[:40]!r}: the kinds are {', '.join(AFTER_TYPES)} "
                            "(e.g. any:12)")
     array = req.get("array")
     if array is not None:
         if not isinstance(array, str) or len(array) > 200:
-            raise RequestError("--array takes task numbers like 0-99 or 0-99%8")
+            raise InvalidRequest("--array takes task numbers like 0-99 or 0-99%8")
         try:
             parse_array(array)
         except ValueError as err:
-            raise RequestError(str(err)) from None
+            raise InvalidRequest(str(err)) from None
     time_limit = req.get("time_limit_s")
     if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
                                    or not 0 < time_limit <= MAX_TIME_LIMIT_S):
-        raise RequestError("--time must be a duration such as 30m or 2h (at most a year)")
+        raise InvalidRequest("--time must be a duration such as 30m or 2h (at most a year)")
     nodes = req.get("nodes", 1)
     if not whole(nodes, 1, MAX_GPU_COUNT):
-        raise RequestError(f"--nodes must be a whole number from 1 to {MAX_GPU_COUNT}")
+        raise InvalidRequest(f"--nodes must be a whole number from 1 to {MAX_GPU_COUNT}")
     priority = req.get("priority", 0)
     if not whole(priority, -1000, 1000):
-        raise RequestError("--priority must be a whole number from -1000 to 1000")
+        raise InvalidRequest("--priority must be a whole number from -1000 to 1000")
     texts = {}
     for key, flag, pattern in (("arch", "--arch", ARCH_RE), ("cuda", "--cuda", CUDA_RE),
                                ("vendor", "--vendor", _VENDOR)):
         value = req.get(key)
         if value is not None and (not isinstance(value, str) or not pattern.match(value)):
-            raise RequestError(f"{flag}: {value!r} is not valid; e.g. {_EXAMPLES[key]}")
+            raise InvalidRequest(f"{flag}: {value!r} is not valid; e.g. {_EXAMPLES[key]}")
         texts[key] = value
     if texts["vendor"] == ANY_VENDOR:
         texts["vendor"] = None
@@ -149,7 +149,7 @@ def _world_fields(req: dict) -> dict:
         environments.combination(fields.get("image"), fields.get("conda"), fields.get("venv"),
                                  fields["data_mounts"], fields.get("runtime"))
     except ValueError as err:
-        raise RequestError(str(err)) from None
+        raise InvalidRequest(str(err)) from None
     fields["warmup"] = bool(req.get("warmup"))
     fields["interactive"] = bool(req.get("interactive"))
     return fields
@@ -166,14 +166,14 @@ _EXAMPLES = {"arch": "sm_89, '>=sm_80' or gfx90a", "cuda": "12.1",
 def text_field(req: dict, field: str) -> str:
     value = req.get(field)
     if not isinstance(value, str) or not value:
-        raise RequestError(f"{field}: give a name")
+        raise InvalidRequest(f"{field}: give a name")
     return value
 
 
 def port_field(req: dict) -> int:
     port = req.get("port", 22)
     if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-        raise RequestError("port must be a number from 1 to 65535")
+        raise InvalidRequest("port must be a number from 1 to 65535")
     return port
 
 
@@ -183,7 +183,7 @@ def job_id(req: dict) -> int:
         value = int(value)
     if not whole(value, 1, MAX_JOB_ID):
         shown = repr(value)[:40]
-        raise RequestError(f"{shown} is not a job id (a number, as `nebula queue` shows)")
+        raise InvalidRequest(f"{shown} is not a job id (a number, as `nebula queue` shows)")
     return value
 
 
@@ -191,22 +191,22 @@ def attach_fields(req: dict) -> tuple[int, int, tuple[int, int]]:
     """(job, rank, (columns, rows)) of an attach request."""
     rank, size = req.get("rank") or 0, (req.get("cols") or 80, req.get("rows") or 24)
     if not whole(rank, 0, MAX_GPU_COUNT) or not all(whole(side, 1, 1 << 16) for side in size):
-        raise RequestError("attach takes a job id, a rank and a terminal size (whole numbers)")
+        raise InvalidRequest("attach takes a job id, a rank and a terminal size (whole numbers)")
     return job_id(req), rank, size
 
 
 def parse_request(line: bytes) -> dict:
-    """A request line as a JSON object; RequestError (one line) for anything else: not
+    """A request line as a JSON object; InvalidRequest (one line) for anything else: not
     JSON, nested deeper than MAX_JSON_DEPTH (which would exhaust Python's recursion), or
     text that is not Unicode (a lone surrogate, which no store or terminal can take)."""
     if line.count(b"[") + line.count(b"{") > MAX_JSON_DEPTH and _depth(line) > MAX_JSON_DEPTH:
-        raise RequestError(f"the request is nested deeper than {MAX_JSON_DEPTH} levels")
+        raise InvalidRequest(f"the request is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         req = json.loads(line)
     except (ValueError, RecursionError):
-        raise RequestError("request is not a JSON object") from None
+        raise InvalidRequest("request is not a JSON object") from None
     if not isinstance(req, dict):
-        raise RequestError("request is not a JSON object")
+        raise InvalidRequest("request is not a JSON object")
     _check_text(req, "request")
     return req
 
@@ -238,7 +238,7 @@ def _check_text(value: object, where: str) -> None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise RequestError(f"{where}: text holds a lone surrogate (\\u{ord(value[_bad(value)]):04x}), "
+            raise InvalidRequest(f"{where}: text holds a lone surrogate (\\u{ord(value[_bad(value)]):04x}), "
                                "which is not Unicode") from None
     elif isinstance(value, dict):
         for key, item in value.items():

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .. import views
 from ..api import MAX_GPU_COUNT, MAX_LINE
-from ..model import JobState, RequestError, UnfitRequest
+from ..model import InvalidRequest, JobState, RequestError
 from ..store import StoreUnavailable
 from ..units import parse_array
 from .engine import Engine
@@ -118,8 +118,15 @@ def _ended_states(value) -> tuple[JobState, ...]:
     names = [] if value is None else [value] if isinstance(value, str) else value
     ended = {s.value: s for s in JobState if s.finished}
     if not isinstance(names, list) or not all(isinstance(n, str) and n in ended for n in names):
-        raise RequestError(f"state must be one or more of {', '.join(ended)}")
+        raise InvalidRequest(f"state must be one or more of {', '.join(ended)}")
     return tuple(ended[n] for n in names)
+
+
+def refusal(err: Exception) -> dict:
+    """The reply to a refused request: ``usage`` when it could never be valid as written
+    (``InvalidRequest``: the client exits 2, as on a mistake it catches itself), not for a
+    refusal of what is now (no such job, not theirs, a store that fails: exit 1)."""
+    return {"ok": False, "error": str(err), "usage": isinstance(err, InvalidRequest)}
 
 
 class ApiServer:
@@ -208,13 +215,13 @@ class ApiServer:
             try:
                 req = parse_request(line)
             except RequestError as err:
-                await self._send(writer, {"ok": False, "error": str(err)})
+                await self._send(writer, refusal(err))
                 continue
             if req.get("op") == "attach":  # the connection becomes the terminal's
                 try:
                     job, rank, size = attach_fields(req)
                 except RequestError as err:
-                    await self._send(writer, {"ok": False, "error": str(err)})
+                    await self._send(writer, refusal(err))
                     continue
                 await self.engine.attach.relay(user, job, rank, size, req.get("term"), reader, writer)
                 return
@@ -247,11 +254,10 @@ class ApiServer:
         try:
             handler = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
             if handler is None:
-                raise RequestError(f"unknown request {str(op)[:40]!r}")
+                raise InvalidRequest(f"unknown request {str(op)[:40]!r}")
             reply = await handler(user, req)
         except (RequestError, StoreUnavailable) as err:
-            # a request no part of this cluster could serve is the client's to fix: exit 2
-            reply = {"ok": False, "error": str(err), "usage": isinstance(err, UnfitRequest)}
+            reply = refusal(err)
         except Exception as err:  # a bug must cost one request, never the connection
             log.exception("%s request of %s failed", str(op)[:40], user)
             reply = {"ok": False, "error": f"the head service failed on this {str(op)[:40]} "
@@ -291,8 +297,8 @@ class ApiServer:
         per node and cluster, per month and day, over [since, until) (Unix seconds)."""
         since, until = unix_time(req, "since", required=True), unix_time(req, "until", required=True)
         if until - since > MAX_REPORT_S:
-            raise RequestError(f"a report covers at most {MAX_REPORT_S // 86400} days; "
-                               "ask for a shorter period")
+            raise InvalidRequest(f"a report covers at most {MAX_REPORT_S // 86400} days; "
+                                 "ask for a shorter period")
         return {"report": await self.engine.accounting.report(user, since, until)}
 
     async def op_job_history(self, user, req):
@@ -302,13 +308,13 @@ class ApiServer:
         for key in ("user", "node"):
             value = req.get(key)
             if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 64):
-                raise RequestError(f"{key} must be a name of at most 64 characters")
+                raise InvalidRequest(f"{key} must be a name of at most 64 characters")
             texts[key] = value
         bounds = {key: unix_time(req, key) for key in ("since", "until")}
         limit = req.get("limit", 1000)
         if not whole(limit, 1, MAX_HISTORY_JOBS):
-            raise RequestError(f"limit must be a number from 1 to {MAX_HISTORY_JOBS}; "
-                               "ask for a shorter period (--since, --until) for more")
+            raise InvalidRequest(f"limit must be a number from 1 to {MAX_HISTORY_JOBS}; "
+                                 "ask for a shorter period (--since, --until) for more")
         jobs = await self.engine.accounting.history(user, who=texts["user"], node=texts["node"],
                                                     states=_ended_states(req.get("state")),
                                                     limit=limit, **bounds)
@@ -348,7 +354,7 @@ class ApiServer:
     async def op_drain(self, user, req):
         reason = req.get("reason") or ""
         if not isinstance(reason, str) or len(reason) > 200 or not reason.isprintable():
-            raise RequestError("reason must be one line of at most 200 characters")
+            raise InvalidRequest("reason must be one line of at most 200 characters")
         return {"node": self.engine.set_drained(user, text_field(req, "node"), True, reason).json()}
 
     async def op_resume(self, user, req):
@@ -363,7 +369,7 @@ class ApiServer:
     async def op_history(self, user, req):
         since = req.get("since", 3600)
         if not number(since, 1, MAX_REPORT_S):
-            raise RequestError(f"since must be a number of seconds from 1 to {MAX_REPORT_S}")
+            raise InvalidRequest(f"since must be a number of seconds from 1 to {MAX_REPORT_S}")
         gpu = self.engine.resolve_gpu(text_field(req, "gpu"))
         return {"gpu": gpu, "samples": self.engine.history(gpu, float(since))}
 
@@ -377,7 +383,7 @@ class ApiServer:
         login, identity = req.get("user"), req.get("identity")
         for value, what in ((login, "user"), (identity, "identity")):
             if value is not None and not isinstance(value, str):
-                raise RequestError(f"{what} must be text")
+                raise InvalidRequest(f"{what} must be text")
         return await self.engine.add_node(user, text_field(req, "node"), text_field(req, "host"), port_field(req),
                                           login, identity, text_field(req, "trust"))
 
@@ -391,7 +397,7 @@ class ApiServer:
     async def op_quota(self, user, req):
         hours = req.get("hours")
         if not number(hours, 0, 1e9):
-            raise RequestError("the quota is a number of GPU-hours per month, e.g. 3000")
+            raise InvalidRequest("the quota is a number of GPU-hours per month, e.g. 3000")
         self.engine.set_quota(user, text_field(req, "user"), float(hours))
         return {}
 
@@ -408,12 +414,12 @@ class ApiServer:
         ``since`` (Unix seconds)."""
         limit = req.get("limit", 100)
         if not whole(limit, 1, 10000):
-            raise RequestError("limit must be a number from 1 to 10000")
+            raise InvalidRequest("limit must be a number from 1 to 10000")
         names = {}
         for key in ("kind", "node", "user"):
             value = req.get(key)
             if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 64):
-                raise RequestError(f"{key} must be a name of at most 64 characters")
+                raise InvalidRequest(f"{key} must be a name of at most 64 characters")
             names[key] = value
         since = unix_time(req, "since")
         job = job_id(req) if req.get("job") is not None else None
@@ -425,16 +431,16 @@ class ApiServer:
     async def op_logs(self, user, req):
         offset = req.get("offset", 0)
         if not whole(offset, 0, MAX_OFFSET):
-            raise RequestError("offset must be a byte position >= 0")
+            raise InvalidRequest("offset must be a byte position >= 0")
         rank, offsets = req.get("rank"), req.get("offsets")
         if rank is not None and not whole(rank, 0, MAX_GPU_COUNT):
-            raise RequestError("--rank must be a node's rank, 0 or more")
+            raise InvalidRequest("--rank must be a node's rank, 0 or more")
         if offsets is not None and (not isinstance(offsets, list) or len(offsets) > MAX_GPU_COUNT
                                     or not all(whole(o, 0, MAX_OFFSET) for o in offsets)):
-            raise RequestError("offsets must be byte positions >= 0, one per rank")
+            raise InvalidRequest("offsets must be byte positions >= 0, one per rank")
         attempt = req.get("attempt")
         if attempt is not None and not whole(attempt, 1, MAX_ATTEMPT):
-            raise RequestError("--attempt must be one of the job's runs: 1 (its first) or more")
+            raise InvalidRequest("--attempt must be one of the job's runs: 1 (its first) or more")
         return await self.engine.read_log(user, job_id(req), offset, rank, offsets, attempt)
 
     async def op_shutdown(self, user, req):
