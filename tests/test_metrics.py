@@ -185,3 +185,50 @@ def test_idle_connections_to_the_metrics_port_cost_the_head_nothing_lasting(mete
     finally:
         for connection in held:
             connection.close()
+
+
+def test_clients_that_trickle_their_request_heads_cannot_block_a_scrape(metered):
+    """Sixteen connections that each send one header line a second never fall silent, so
+    they once held every slot of the port and each scrape was closed unanswered. Now a whole
+    request head must arrive in REQUEST_HEAD_S, and a new connection when every slot is taken
+    closes the slowest head: scrapes are served while the trickle goes on, and every
+    trickling connection is cut though it never stops sending."""
+    import threading
+
+    from nebula_tui.head.metrics import MAX_SCRAPERS, REQUEST_HEAD_S
+
+    stop = threading.Event()
+    cut_after: list[float] = []
+
+    def trickle() -> None:
+        conn = socket.create_connection(("127.0.0.1", metered.port), timeout=30)
+        began = time.monotonic()
+        try:
+            conn.sendall(b"GET /metrics HTTP/1.1\r\n")
+            line = 0
+            while not stop.is_set() and time.monotonic() - began < 6 * REQUEST_HEAD_S:
+                conn.sendall(f"X-Trickle-{line}: {line}\r\n".encode())
+                line += 1
+                time.sleep(0.5)
+        except OSError:  # the head closed it: a send fails at last
+            cut_after.append(time.monotonic() - began)
+        finally:
+            conn.close()
+
+    # the trickle starts again as each connection is cut, as a hostile client would
+    workers = [threading.Thread(target=lambda: [trickle() for _ in range(3)]) for _ in range(MAX_SCRAPERS)]
+    for worker in workers:
+        worker.start()
+    try:
+        time.sleep(1)  # every slot held by a trickle by now
+        for _ in range(3):
+            assert "nebula_jobs" in scrape(metered.port)
+            time.sleep(REQUEST_HEAD_S / 2)
+    finally:
+        time.sleep(REQUEST_HEAD_S + 1)
+        stop.set()
+        for worker in workers:
+            worker.join(60)
+    # each one cut while it still sent, none left to run its course (6 × REQUEST_HEAD_S)
+    assert len(cut_after) >= MAX_SCRAPERS, cut_after
+    assert max(cut_after) < 6 * REQUEST_HEAD_S, cut_after

@@ -10,7 +10,11 @@ prometheus_client's WSGI app answers from threads of a small HTTP server of ours
 (``BoundedHttpServer``): at most ``MAX_SCRAPERS`` connections at once, each dropped after
 ``SCRAPE_TIMEOUT_S`` of silence — the server prometheus_client starts itself keeps every
 idle connection, a thread and a descriptor each, for ever (800 idle ones on the lab were 800
-of the head's descriptors). The head's state belongs to its event loop, so a scrape hands
+of the head's descriptors). Silence is not the only way to hold a slot: a client that sends
+a header line every second never falls silent, and sixteen of them blocked every scrape. So
+a request's whole head (its request line and headers) must arrive within ``REQUEST_HEAD_S``
+of the connection, and when every slot is taken a new connection makes room by closing the
+one whose head has been coming longest: a scraper sends its head at once and is served. The head's state belongs to its event loop, so a scrape hands
 the gathering to the loop (``_gather``) and waits for it — nothing here reads the state
 from another thread. Waits and pass times are histograms
 observed as they happen (``job_started``, ``pass_done``, which the engine wires).
@@ -39,6 +43,10 @@ BYTES_PER_MIB = 1024 * 1024
 #: may send nothing before it is closed: a scraper asks at once and reads
 MAX_SCRAPERS = 16
 SCRAPE_TIMEOUT_S = 5.0
+#: how long a connection may take to send its whole request head, however it trickles in
+REQUEST_HEAD_S = 5.0
+#: how long a new connection waits for the slot of the slow one it closed
+EVICTED_SLOT_WAIT_S = 2.0
 GPU_LABELS = ("node", "index", "uuid", "model", "vendor")
 #: (name, help, the reading's field, scale to the metric's unit): one gauge per GPU each.
 GPU_READINGS = (
@@ -223,12 +231,27 @@ class _Gathered:
 class _QuietHandler(WSGIRequestHandler):
     timeout = SCRAPE_TIMEOUT_S  # the socket's: a client that sends nothing is closed
 
+    def setup(self):
+        super().setup()
+        self.server.head_awaited(self.connection)
+
+    def parse_request(self):
+        whole = super().parse_request()  # the request line read, this reads the headers
+        self.server.head_read(self.connection)
+        return whole
+
+    def finish(self):
+        self.server.head_read(self.connection)  # a request that ended before its headers
+        super().finish()
+
     def log_message(self, format, *args):  # noqa: A002 — the base class's name
         pass  # one line per scrape (or per idle client dropped) is not the head's log's
 
 
 class BoundedHttpServer(ThreadingMixIn, WSGIServer):
-    """A thread per connection, at most MAX_SCRAPERS of them."""
+    """A thread per connection, at most MAX_SCRAPERS of them; a request head that takes
+    longer than REQUEST_HEAD_S to arrive is cut, and the slowest head in coming gives way to
+    a new connection when every slot is taken."""
 
     daemon_threads = True
 
@@ -236,6 +259,9 @@ class BoundedHttpServer(ThreadingMixIn, WSGIServer):
         self.address_family = family
         super().__init__(address, _QuietHandler)
         self._slots = threading.BoundedSemaphore(MAX_SCRAPERS)
+        # connections whose head is still coming, oldest first -> the timer that cuts them
+        self._heads: dict[socket.socket, threading.Timer] = {}
+        self._heads_lock = threading.Lock()
 
     @classmethod
     def serving(cls, host: str, port: int, app) -> "BoundedHttpServer":
@@ -246,9 +272,43 @@ class BoundedHttpServer(ThreadingMixIn, WSGIServer):
         threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
         return server
 
+    # ------------------------------------------------------- the request heads
+    def head_awaited(self, connection: socket.socket) -> None:
+        timer = threading.Timer(REQUEST_HEAD_S, self._cut, (connection,))
+        timer.daemon = True
+        with self._heads_lock:
+            self._heads[connection] = timer
+        timer.start()
+
+    def head_read(self, connection: socket.socket) -> None:
+        with self._heads_lock:
+            timer = self._heads.pop(connection, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _cut(self, connection: socket.socket) -> bool:
+        """Close a connection whose head is still coming (its thread's read ends at once);
+        whether there was one. Under the lock, so a connection whose head was read meanwhile
+        (and may be closed, its descriptor reused) is never touched."""
+        with self._heads_lock:
+            if self._heads.pop(connection, None) is None:
+                return False
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # gone already
+        return True
+
+    def _cut_slowest(self) -> bool:
+        with self._heads_lock:
+            slowest = next(iter(self._heads), None)
+        return slowest is not None and self._cut(slowest)
+
+    # -------------------------------------------------------------- the slots
     def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # as many as it serves already: closed at once
+        if not self._slots.acquire(blocking=False) and not (
+                self._cut_slowest() and self._slots.acquire(timeout=EVICTED_SLOT_WAIT_S)):
+            self.shutdown_request(request)  # as many scrapes as it serves already: closed at once
             return
         try:
             super().process_request(request, client_address)
@@ -261,3 +321,7 @@ class BoundedHttpServer(ThreadingMixIn, WSGIServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+
+    def handle_error(self, request, client_address):
+        # A client cut or gone mid-request is no error of the head's; anything else is logged.
+        log.debug("metrics: a request from %s failed", client_address, exc_info=True)
