@@ -18,6 +18,15 @@ command -v cc >/dev/null 2>&1 || [ "$(id -u)" != 0 ] || need_apt="$need_apt gcc 
 if [ "$(id -u)" = 0 ] && ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
     need_apt="$need_apt libfaketime"
 fi
+# Optional (as root, else the pool tests skip): a real Slurm (slurmd runs as root) with its
+# accounting (slurmdbd over a MariaDB the tests start themselves), which the pool tests and
+# `nebula demo --slurm` run. Nothing of it is started here.
+if [ "$(id -u)" = 0 ]; then
+    for pkg in slurm-wlm munge slurmdbd mariadb-server; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' ||
+            need_slurm="${need_slurm:-} $pkg"
+    done
+fi
 if [ -n "$need_apt" ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need_apt >/dev/null
@@ -25,6 +34,12 @@ if [ -n "$need_apt" ]; then
         echo "setup: please install:$need_apt (e.g. sudo apt-get install -y$need_apt)" >&2
         exit 1
     fi
+fi
+if [ -n "${need_slurm:-}" ]; then
+    { [ -n "$need_apt" ] || apt-get update -qq; } &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            $need_slurm >/dev/null ||
+        echo "setup: could not install$need_slurm; the Slurm pool tests will skip" >&2
 fi
 # Container jobs run for real in the tests where podman can (as root; skips otherwise).
 [ "$(id -u)" = 0 ] && sh scripts/podman-setup.sh

@@ -194,6 +194,69 @@ def lab_processes(root: Path) -> list[int]:
     return found
 
 
+def new_host_key(path: Path, port: int) -> str:
+    """Write a fresh ed25519 host key at ``path``; its ``known_hosts`` line for
+    127.0.0.1:``port``."""
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    _write_private(path, key.export_private_key())
+    kind, blob = key.export_public_key().decode().split()[:2]
+    return f"[127.0.0.1]:{port} {kind} {blob}\n"
+
+
+def sshd_config(what: str, port: int, host_key: Path, pid_file: Path, authorized_keys: str,
+                env: dict[str, str]) -> str:
+    """An ``sshd_config`` for a server of the lab on 127.0.0.1:``port``: public keys only,
+    from ``authorized_keys`` (sshd's ``AuthorizedKeysFile`` words), ``env`` set in every
+    session."""
+    setenv = " ".join(f'"{k}={v}"' for k, v in env.items())
+    return (
+        f"# sshd for {what}\n"
+        f"Port {port}\n"
+        "ListenAddress 127.0.0.1\n"
+        f"HostKey {host_key}\n"
+        f"PidFile {pid_file}\n"
+        f"AuthorizedKeysFile {authorized_keys}\n"
+        "StrictModes no\n"
+        "UsePAM no\n"
+        "PasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\n"
+        "PubkeyAuthentication yes\n"
+        "PermitRootLogin prohibit-password\n"
+        "UseDNS no\n"
+        "PrintMotd no\n"
+        "PrintLastLog no\n"
+        "MaxStartups 100:30:200\n"
+        f"SetEnv {setenv}\n"
+    )
+
+
+def start_sshd(config: Path, log_path: Path) -> subprocess.Popen:
+    """A real ``sshd -D`` on ``config`` in a session of its own, logging to ``log_path``."""
+    if os.getuid() == 0:
+        # sshd's privilege-separation directory; the package creates it at boot only.
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([find_sshd(), "-D", "-e", "-f", str(config)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)
+
+
+def halt_sshd(proc: subprocess.Popen | None) -> None:
+    """Stop an sshd of :func:`start_sshd` and every session it still serves."""
+    if proc is None:
+        return
+    # Per-connection sshd processes outlive the listener; take the whole tree.
+    tree = descendants(proc.pid)
+    _kill([proc.pid], signal.SIGTERM)
+    _kill(tree)
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+    _kill(descendants(proc.pid))
+
+
 class _IndentedDumper(yaml.SafeDumper):
     """Indents list items under their key, as people write nodes.yaml by hand."""
 
@@ -610,10 +673,7 @@ class Lab:
             for sub in ("bin", "node", "tmux"):
                 (nd / sub).mkdir(parents=True, exist_ok=True)
             (nd / "tmux").chmod(0o700)
-            hk = asyncssh.generate_private_key("ssh-ed25519")
-            _write_private(self.host_key_path(name), hk.export_private_key())
-            hk_pub = hk.export_public_key().decode().split()
-            known.append(f"[127.0.0.1]:{self.port(name)} {hk_pub[0]} {hk_pub[1]}\n")
+            known.append(new_host_key(self.host_key_path(name), self.port(name)))
             spec = dict(spec, boot_time=spec.get("boot_time", boot))
             (nd / "node.json").write_text(json.dumps(spec, indent=2) + "\n")
             (nd / "kmsg.log").write_text("")
@@ -660,26 +720,9 @@ class Lab:
 
     def _write_sshd_config(self, name: str) -> None:
         nd = self.node_dir(name)
-        setenv = " ".join(f'"{k}={v}"' for k, v in self.node_env(name).items())
-        (nd / "sshd_config").write_text(
-            "# sshd for simulated node " + name + "\n"
-            f"Port {self.port(name)}\n"
-            "ListenAddress 127.0.0.1\n"
-            f"HostKey {self.host_key_path(name)}\n"
-            f"PidFile {nd / 'sshd.pid'}\n"
-            f"AuthorizedKeysFile {self.root / 'authorized_keys'}\n"
-            "StrictModes no\n"
-            "UsePAM no\n"
-            "PasswordAuthentication no\n"
-            "KbdInteractiveAuthentication no\n"
-            "PubkeyAuthentication yes\n"
-            "PermitRootLogin prohibit-password\n"
-            "UseDNS no\n"
-            "PrintMotd no\n"
-            "PrintLastLog no\n"
-            "MaxStartups 100:30:200\n"
-            f"SetEnv {setenv}\n"
-        )
+        (nd / "sshd_config").write_text(sshd_config(
+            f"simulated node {name}", self.port(name), self.host_key_path(name),
+            nd / "sshd.pid", str(self.root / "authorized_keys"), self.node_env(name)))
 
     # ----- start / stop ----------------------------------------------------------------
     def start(self, timeout: float = 10.0) -> None:
@@ -770,23 +813,13 @@ class Lab:
     # ----- per-kind internals ----------------------------------------------------------
     def _sshd_prepare_runtime(self) -> None:
         find_sshd()
-        if os.getuid() == 0:
-            # sshd's privilege-separation directory; the package creates it at boot only.
-            os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
 
     def _launch(self, name: str) -> None:
         if self.ssh == "openssh":
             if name in self._sshd and self._sshd[name].poll() is None:
                 return
-            log = open(self.node_dir(name) / "sshd.log", "ab")
-            with log:
-                self._sshd[name] = subprocess.Popen(
-                    [find_sshd(), "-D", "-e", "-f", str(self.node_dir(name) / "sshd_config")],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    start_new_session=True,
-                )
+            nd = self.node_dir(name)
+            self._sshd[name] = start_sshd(nd / "sshd_config", nd / "sshd.log")
         else:
             assert self._loop is not None, "lab not started"
             node = self._async.get(name)
@@ -797,19 +830,7 @@ class Lab:
 
     def _halt(self, name: str) -> None:
         if self.ssh == "openssh":
-            proc = self._sshd.pop(name, None)
-            if proc is None:
-                return
-            # Per-connection sshd processes outlive the listener; take the whole tree.
-            tree = descendants(proc.pid)
-            _kill([proc.pid], signal.SIGTERM)
-            _kill(tree)
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-            _kill(descendants(proc.pid))
+            halt_sshd(self._sshd.pop(name, None))
         else:
             node = self._async.get(name)
             if node is not None and self._loop is not None:

@@ -1,0 +1,54 @@
+"""A session-wide real Slurm cluster with its login node (imported by conftest.py).
+
+``slurm_lab`` yields a started :class:`nebula_tui.sim.slurm.SlurmLab`: 4 slurmd × 4 fake
+GPUs, partition ``gpu``, accounting (``sacct``) when slurmdbd and MariaDB are installed,
+and a login node (real sshd on 127.0.0.1, ``slurm_lab.login_port``, host key in
+``slurm_lab.known_hosts_path``; ``slurm_lab.identity_path`` logs in as the test's user).
+Where Slurm cannot be installed or started (not root, no apt, a daemon that will not
+start) every test that asks for it is skipped with the reason. A test that stops the login
+node starts it again; jobs a test leaves are its own to cancel.
+
+Its folder is a fresh directory under the system's temporary folder, readable by every
+user (pytest's own is root's alone), because other Unix users' sessions read its
+slurm.conf and munge socket.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from nebula_tui.sim.slurm import SlurmUnavailable
+from nebula_tui.sim.slurmlab import SlurmLab
+
+_SLURM: list = []  # one cluster per session, even when two conftests import this module
+
+
+@pytest.fixture(scope="session")
+def slurm_lab():
+    """A started real Slurm with its login node, or a skip saying why there is none."""
+    if _SLURM and isinstance(_SLURM[0], str):
+        pytest.skip(_SLURM[0])
+    if _SLURM:
+        yield _SLURM[0]
+        return
+    root = Path(tempfile.mkdtemp(prefix="nebula-slurm-"))
+    root.chmod(0o755)
+    lab = SlurmLab(root)
+    try:
+        lab.prepare()
+        lab.start()
+    except SlurmUnavailable as err:
+        shutil.rmtree(root, ignore_errors=True)
+        _SLURM.append(f"real Slurm unavailable here: {err}")
+        pytest.skip(_SLURM[0])
+    _SLURM.append(lab)
+    try:
+        yield lab
+    finally:
+        _SLURM.clear()
+        lab.stop()
+        shutil.rmtree(root, ignore_errors=True)
