@@ -35,8 +35,9 @@ per user and month of the jobs that ended then (``month``, ``user``, ``jobs``,
 ``allocated_gpu_hours``, ``allocated_pct``, ``util_pct``).
 
 The subscription: first ``{"ok": true, "type": "snapshot", "nodes", "gpus", "jobs",
-"summary", "events", "users"}`` (GPUs as ``views.gpu_json`` without the raw reading, users
-as the ``users`` request's rows), then one line per event, each with a ``type``:
+"summary", "events", "users", "temperatures"}`` (GPUs as ``views.gpu_json`` without the raw
+reading, users as the ``users`` request's rows, ``temperatures`` the health policy's
+``{"hot_c", "warm_c"}`` that clients colour temperatures by: ``model.Temperatures``), then one line per event, each with a ``type``:
 
 * ``job``: ``{"job": …}``, a job as ``views.job_json`` (whole, after each change);
 * ``node``: ``{"node": …}``, a node (whole; ``"state": "removed"`` when it left);

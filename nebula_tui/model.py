@@ -18,6 +18,41 @@ from .units import MIB_PER_GIB
 MIN_SLICE_MB = 4 * MIB_PER_GIB
 #: R3: at most this many allocations live on one GPU at once.
 MAX_ALLOCATIONS_PER_GPU = 4
+#: What every client writes for a value nobody could read (a ``None``).
+NOT_AVAILABLE = "N/A"
+
+
+def nominal_mb(total_mb: int) -> int:
+    """The size a card is sold as: its memory rounded up to a whole GB (24564 MiB -> 24 GB,
+    81559 MiB -> 80 GB, 8188 MiB -> 8 GB). Drivers keep a little for themselves, so the
+    memory a card reports is a few MiB to most of a GB under the size on its box."""
+    return -(-total_mb // MIB_PER_GIB) * MIB_PER_GIB
+
+
+def takes_whole_card(total_mb: int, gpu_mem_mb: int | None) -> bool:
+    """R3: whether a request takes a card of ``total_mb`` whole: no size given, or more than
+    half of the card's *nominal* size (a 12 GB request is a slice of a 4090's 24564 MiB).
+    The scheduler decides with it and the clients say it with it."""
+    return gpu_mem_mb is None or gpu_mem_mb * 2 > nominal_mb(total_mb)
+
+
+@dataclass(frozen=True)
+class Temperatures:
+    """The health policy's temperature thresholds (nodes.yaml ``scheduler.hot_c``): above
+    ``hot_c`` a card is hot (the scheduler avoids it, a slow idle card is throttling, the
+    TUI draws it red); above ``warm_c`` it is warm (it starts to count as load, and is
+    drawn as a warning). The head publishes them; clients draw with :meth:`heat`."""
+
+    hot_c: float = 75.0
+    warm_c: float = 50.0
+
+    def heat(self, temp_c: float | None) -> str | None:
+        """"hot", "warm" or "cool"; None for no reading."""
+        if temp_c is None:
+            return None
+        if temp_c > self.hot_c:
+            return "hot"
+        return "warm" if temp_c > self.warm_c else "cool"
 
 
 class RequestError(Exception):
@@ -65,7 +100,7 @@ class ConfigError(Exception):
 def fmt(value: object, unit: str = "") -> str:
     """Render a reading, ``None`` (not available) as ``N/A``."""
     if value is None:
-        return "N/A"
+        return NOT_AVAILABLE
     if isinstance(value, float):
         value = f"{value:.0f}"
     return f"{value}{unit}"
@@ -471,7 +506,7 @@ class GpuView:
 def format_mb(mb: int | None) -> str:
     """MiB -> "24 GB" / "512 MB" for people (GB meaning GiB, as everywhere here)."""
     if mb is None:
-        return "N/A"
+        return NOT_AVAILABLE
     if mb >= MIB_PER_GIB:
         gb = mb / MIB_PER_GIB
         return f"{gb:.0f} GB" if gb >= 10 or gb.is_integer() else f"{gb:.1f} GB"

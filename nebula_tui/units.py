@@ -67,6 +67,22 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 86400:.0f} days"
 
 
+def duration_short(seconds: float | None) -> str:
+    """How long, in a table cell: "45s", "3m12s", "12m", "3h05m", "2d4h" — to the unit that
+    matters; "-" for none. The one short form every client writes (``duration_text`` is
+    the one for sentences)."""
+    if seconds is None:
+        return "-"
+    s = int(max(0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s" if s < 600 else f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
 _ARRAY_PART = re.compile(r"^(\d+)(?:-(\d+))?$")
 #: the most tasks one --array may have
 MAX_ARRAY_TASKS = 10_000

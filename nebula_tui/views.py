@@ -10,15 +10,18 @@ import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict
 
-from .model import (MIB_PER_GIB, Cancelling, Evicting, GpuView, Job, Stopping, fmt, format_mb,
-                    holding)
+from .model import (MIB_PER_GIB, NOT_AVAILABLE, Cancelling, Evicting, GpuView, Job, JobState,
+                    Stopping, fmt, format_mb, holding)
 from .printable import printable
 from .scheduler.slices import offered_mb
-from .units import duration_text
+from .units import duration_short, duration_text
 
 
 def job_phase(job: Job) -> str:
-    """Its state in one word, a cancel, an eviction or the head's own stop under way included."""
+    """Its state in one word as people see it, on every screen and in every list: a hold,
+    a cancel, an eviction or the head's own stop under way included."""
+    if job.held_by and job.state == JobState.PENDING:
+        return "held"
     if isinstance(job.status, Cancelling):
         return "cancelling"
     if isinstance(job.status, Evicting):
@@ -62,8 +65,8 @@ def listed(job: dict) -> dict:
 
 
 def job_json(job: Job) -> dict:
-    """A job as clients see it. ``state`` is the stored state; ``phase`` says also
-    "cancelling", "evicting" or "stopping", with ``cancel_by``/``cancel_since``,
+    """A job as clients see it. ``state`` is the stored state; ``phase`` is what clients
+    show (``job_phase``): also "held", "cancelling", "evicting" or "stopping", with ``cancel_by``/``cancel_since``,
     ``evicting`` or ``stopping`` (why)."""
     status = job.status
     return {
@@ -216,7 +219,7 @@ def status_text(summary: dict) -> str:
     ]
     for node in summary["node_details"]:
         models = ", ".join(f"{printable(m)} x{n}" for m, n in node["models"].items()) or "no GPUs"
-        load = f"load {node['load_pct']}%" if node["load_pct"] is not None else "load N/A"
+        load = f"load {node['load_pct']}%" if node["load_pct"] is not None else f"load {NOT_AVAILABLE}"
         reason = printable(node["reason"])
         state = "" if node["state"] == "up" else f" [{node['state']}: {reason}]" if reason else f" [{node['state']}]"
         if node["state"] == "up" and reason:  # up, but a vendor tool said something
@@ -254,8 +257,8 @@ def node_power(node: dict, gpus: list[dict]) -> tuple[float | None, int | None]:
 
 def power_draw_text(draw: float | None, budget: int | None) -> str:
     """"412/600 W" (draw against budget), "412 W" (no budget), "N/A/600 W" (no reading)."""
-    shown = "N/A" if draw is None else f"{draw:.0f}"
-    return f"{shown}/{budget} W" if budget else ("N/A" if draw is None else f"{shown} W")
+    shown = NOT_AVAILABLE if draw is None else f"{draw:.0f}"
+    return f"{shown}/{budget} W" if budget else (NOT_AVAILABLE if draw is None else f"{shown} W")
 
 
 def idle_text(seconds: float, gpus: int) -> str:
@@ -350,10 +353,10 @@ def node_text(node: dict) -> str:
     facts = node.get("facts") or {}
     lines = [f"{node['name']}  {node['host']}:{node['port']}  {node['state']}"
              + (f" (drained: {node['drain_reason']})" if node.get("drained") and node.get("drain_reason") else ""),
-             f"  host: {facts.get('hostname') or 'N/A'}, python {facts.get('python') or 'N/A'}, "
-             f"CUDA {node.get('cuda_version') or 'N/A'}, health score {node['health_score']:g}"]
+             f"  host: {facts.get('hostname') or NOT_AVAILABLE}, python {facts.get('python') or NOT_AVAILABLE}, "
+             f"CUDA {node.get('cuda_version') or NOT_AVAILABLE}, health score {node['health_score']:g}"]
     if node["state"] not in ("up", "drained") or node.get("detail"):
-        lines.append(f"  why: {node['detail'] or 'N/A'}" if "\n" not in (node["detail"] or "")
+        lines.append(f"  why: {node['detail'] or NOT_AVAILABLE}" if "\n" not in (node["detail"] or "")
                      else "  why:\n" + "\n".join(f"    {l}" for l in node["detail"].splitlines()))
     if node.get("failed_attempts"):
         lines.append(f"  failed connection attempts since it was last up: {node['failed_attempts']}")
@@ -379,29 +382,15 @@ def month_start(now: float, back: int = 0) -> float:
     return time.mktime((months // 12, months % 12 + 1, 1, 0, 0, 0, 0, 0, -1))
 
 
-def format_duration(seconds: float | None) -> str:
-    """4s, 3m12s, 2h05m, 3d04h: a duration as people read it in a table."""
-    if seconds is None:
-        return "-"
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
 def history_text(jobs: list[dict]) -> str:
     """`nebula history`: one ended job a line, oldest first."""
     if not jobs:
         return "No ended jobs match."
     rows = [(j["id"], j["user"], j["name"] or "-", j["state"], fmt(j["exit_code"]),
-             gpu_list(j["gpus"]) or "-", format_duration(j["wait_s"]), format_duration(j["run_s"]),
+             gpu_list(j["gpus"]) or "-", duration_short(j["wait_s"]), duration_short(j["run_s"]),
              f"{j['gpu_hours']:.3f}", fmt(j["mean_util_pct"], "%"),
              f"{format_mb(j['mem_used_mb_mean'])}/{format_mb(j['mem_used_mb_peak'])}"
-             if j["mem_used_mb_peak"] is not None else "N/A",
+             if j["mem_used_mb_peak"] is not None else NOT_AVAILABLE,
              time.strftime("%Y-%m-%d %H:%M", time.localtime(j["ended_at"])))
             for j in jobs]
     return table(("ID", "USER", "NAME", "STATE", "EXIT", "GPUS", "WAIT", "RUN", "GPU-H", "UTIL",
@@ -409,7 +398,7 @@ def history_text(jobs: list[dict]) -> str:
 
 
 def _pct(value: float | None) -> str:
-    return "N/A" if value is None else f"{value:.0f}%"
+    return NOT_AVAILABLE if value is None else f"{value:.0f}%"
 
 
 def report_text(report: dict) -> str:
@@ -420,7 +409,7 @@ def report_text(report: dict) -> str:
     users = table(("MONTH", "USER", "JOBS", "GPU-H", "EFFICIENCY", "IDLE GPU-H", "MEAN WAIT"),
                   [(u["month"], u["user"], u["jobs"], f"{u['gpu_hours']:.3f}",
                     _pct(u["efficiency_pct"]), f"{u['idle_gpu_hours']:.3f}",
-                    format_duration(u["mean_wait_s"])) for u in report["users"]],
+                    duration_short(u["mean_wait_s"])) for u in report["users"]],
                   right={2, 3, 4, 5, 6}) if report["users"] else "(no job ended in this period)"
     capacity = ("PERIOD", "NODE", "GPUS", "AVAILABLE GPU-H", "ALLOCATED GPU-H", "ALLOCATED", "UTILISATION")
 

@@ -63,7 +63,8 @@ def _job(job_id: int, user: str, name: str, state: str, *, gpus=(), count=1, mem
             "node": gpus[0]["node"] if gpus else None, "command": [command], "shell": True,
             "gpu_count": count, "gpu_mem_mb": mem, "workdir": None, "submitted_at": submitted,
             "started_at": started, "ended_at": ended, "exit_code": exit_code,
-            "held": bool(held_by), "held_by": held_by, "attempt": 1, "gpus": list(gpus)}
+            "held": bool(held_by), "held_by": held_by, "attempt": 1, "gpus": list(gpus),
+            "phase": "held" if held_by and state == "pending" else state}
 
 
 def _placed(node: str, index: int, mb: int, exclusive: bool = False) -> dict:

@@ -45,26 +45,32 @@ class QuietNode:
         pass
 
 
-def cluster_file(path, nodes) -> None:
+def cluster_file(path, nodes, extra: str = "") -> None:
+    """nodes.yaml for ``nodes``; ``extra``: more top-level sections, as YAML text."""
     lines = "\n".join(f"  - {{name: {n}, host: 127.0.0.1, port: {2200 + i}}}" for i, n in enumerate(nodes))
-    path.write_text(f"cluster:\n  name: t\n  known_hosts: {path.parent / 'kh'}\nnodes:\n{lines}\n")
+    path.write_text(f"cluster:\n  name: t\n  known_hosts: {path.parent / 'kh'}\nnodes:\n{lines}\n{extra}")
 
 
-@pytest.fixture
-async def engine(tmp_path):
-    """A head with two up nodes of two A100s each, no job yet."""
-    cluster_file(tmp_path / "nodes.yaml", NODES)
-    config = load_config(tmp_path / "nodes.yaml")
-    store = Store(tmp_path / "state.db")
-    head = Engine(config, store)
+def up_engine(tmp_path, extra: str = "") -> Engine:
+    """A head with two up nodes of two A100s each, no job yet (``extra``: nodes.yaml
+    sections, such as a ``scheduler:`` policy). The caller stops it and closes its store."""
+    cluster_file(tmp_path / "nodes.yaml", NODES, extra)
+    head = Engine(load_config(tmp_path / "nodes.yaml"), Store(tmp_path / "state.db"))
     for node in NODES:
         head.links[node] = QuietNode()
         head.on_node_message(node, {"type": "hello", "hostname": node, "smi_table": "CUDA Version: 12.4"})
         head.on_node_message(node, probe(node, [gpu_row(node, i) for i in range(2)]))
         head.on_node_state(node, NodeState.UP, "")
+    return head
+
+
+@pytest.fixture
+async def engine(tmp_path):
+    """A head with two up nodes of two A100s each, no job yet."""
+    head = up_engine(tmp_path)
     yield head
     await head.stop()
-    store.close()
+    head.state.store.close()
 
 
 def drain(queue: asyncio.Queue) -> list[dict]:

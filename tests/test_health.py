@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nebula_tui.model import GpuReading
+from nebula_tui.model import GpuReading, Temperatures
 from nebula_tui.scheduler.health import (
     DEFAULT_POLICIES,
     FLOOR,
@@ -27,6 +27,9 @@ from nebula_tui.scheduler.health import (
 
 MIN = 60.0
 T0 = 1_800_000_000.0
+
+#: The health policy's default hot threshold.
+HOT_C = Temperatures().hot_c
 
 
 def ev(code, pid=None, process=None):
@@ -147,12 +150,12 @@ def reading(temp=80.0, util=10.0, clock=900.0):
     (reading(), None, False),
 ])
 def test_is_throttling(r, base, throttling):
-    assert is_throttling(r, base) is throttling
+    assert is_throttling(r, base, HOT_C) is throttling
 
 
 def test_thresholds_are_parameters():
     assert is_throttling(reading(temp=70.0), 1500.0, hot_c=65.0)
-    assert not is_throttling(reading(util=10.0), 1500.0, low_util_pct=5.0)
+    assert not is_throttling(reading(util=10.0), 1500.0, HOT_C, low_util_pct=5.0)
 
 
 def test_score_drops_with_each_event_and_recovers():

@@ -15,10 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nebula_tui.model import GpuReading, GpuView, Placement
+from nebula_tui.model import GpuReading, GpuView, Placement, nominal_mb
+from nebula_tui.model import takes_whole_card as whole
 from nebula_tui.scheduler import (Fail, PendingJob, RunningJob, Snapshot, Start, Wait, admission,
                                   fairshare, schedule)
-from nebula_tui.scheduler.slices import fit, nominal_mb, whole
+from nebula_tui.scheduler.slices import fit
 
 GB = 1024
 RTX4090_MB, H100_MB, L4_MB, LAPTOP_MB, A100_MB = 24564, 81559, 23034, 8188, 81920

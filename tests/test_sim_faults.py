@@ -14,11 +14,15 @@ import pytest
 
 from nebula_tui.remote.backends.nvidia import parse_query_gpu, query_gpu_argv
 from nebula_tui.remote.backends.xid import new_lines, parse_xid, pci_matches
+from nebula_tui.model import Temperatures
 from nebula_tui.scheduler.health import decide, is_throttling, judge_selftest
 from nebula_tui.sim import faults, presets
 
 SIM = Path(__file__).resolve().parents[1] / "nebula_tui" / "sim"
 BOOT = 1_800_000_000.0
+
+#: The health policy's default hot threshold.
+HOT_C = Temperatures().hot_c
 
 
 @pytest.fixture
@@ -167,12 +171,12 @@ def test_throttle_shows_in_query_gpu(node):
     assert rows[0][5] == "Not Active"
     readings = parse_query_gpu(smi(node, *query_gpu_argv()[1:]).stdout)
     base = float(rows[1][4])
-    assert [is_throttling(r, base) for r in readings] == [False, True, False, False]
+    assert [is_throttling(r, base, HOT_C) for r in readings] == [False, True, False, False]
     ok, sentence = judge_selftest(selftest(node, "1"))
     assert not ok and "88 °C while idle" in sentence
     faults.set_throttle(node, 1, False)
     readings = parse_query_gpu(smi(node, *query_gpu_argv()[1:]).stdout)
-    assert not any(is_throttling(r, base) for r in readings)
+    assert not any(is_throttling(r, base, HOT_C) for r in readings)
     assert faults.gpu_faults(node) == {}
 
 

@@ -49,7 +49,7 @@ def snapshot() -> dict:
         jobs.append({"id": j, "user": USERS[j % len(USERS)], "name": f"train-{j}",
                      "command": ["python", "train.py"], "shell": False, "gpu_count": 1,
                      "gpu_mem_mb": None, "workdir": None,
-                     "state": "running" if running else "pending",
+                     "state": "running" if running else "pending", "phase": "running" if running else "pending",
                      "reason": "" if running else "needs 1 free GPU; all 1000 are taken",
                      "node": f"node{n:03d}" if running else None,
                      "submitted_at": 1_000_000.0 + (j * 7919) % JOBS,

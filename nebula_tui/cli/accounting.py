@@ -52,7 +52,8 @@ def cmd_quota(args, home, config) -> int:
 
 
 def cmd_users(args, home, config) -> int:
-    from ..views import format_duration, table
+    from ..units import duration_short
+    from ..views import table
 
     with service_client(home, config) as client:
         users = client.call("users")["users"]
@@ -62,5 +63,5 @@ def cmd_users(args, home, config) -> int:
         [(u["name"], f"{u['weight']:.3f}", u["jobs_finished"], u["running_jobs"],
           f"{u['month_gpu_hours']:.2f}", f"{u['quota_gpu_hours']:g}", u.get("month_jobs", 0),
           fmt(u.get("month_efficiency_pct"), "%"), f"{u.get('month_idle_gpu_hours') or 0:.2f}",
-          format_duration(u.get("month_mean_wait_s"))) for u in users],
+          duration_short(u.get("month_mean_wait_s"))) for u in users],
         right=range(1, 10)))

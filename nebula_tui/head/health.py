@@ -336,7 +336,7 @@ class HealthMonitor:
             if not gpu:
                 continue
             base = base_sm_clock(reading)
-            hot = is_throttling(reading, base)
+            hot = is_throttling(reading, base, self.state.settings.config.hot_c)
             if hot and gpu not in self._throttling:
                 self._throttling.add(gpu)
                 events.append(now)

@@ -20,6 +20,7 @@ from ..model import Cancelling, ConfigError, GpuReading, JobState, NodeState, Re
 from ..remote.readings import hello_cuda_version, hello_topology, read_probe
 from ..remote.ssh import NodeLink, NodeUnavailable
 from ..store import StoreUnavailable
+from ..units import duration_short
 from .access import Access
 from .health import HealthMonitor
 from .jobs import CANCEL_GRACE_S, JobTransitions, job_from_record
@@ -119,7 +120,7 @@ class Fleet:
         elif state != NodeState.UP and now - (view.summarised_at or now) >= DOWN_SUMMARY_EVERY_S:
             away = self.state.monotonic() - view.silent_since
             self._record(node, f"{node} still {state.value} after {view.failed_attempts} "
-                               f"attempts in {views.format_duration(away)}"
+                               f"attempts in {duration_short(away)}"
                                + (f": {line}" if line else ""))
             view.summarised_at = now
         view.failed_attempts = 0 if state == NodeState.UP else view.failed_attempts + 1
@@ -151,7 +152,7 @@ class Fleet:
         if state == NodeState.UP and view.failed_attempts:
             away = self.state.monotonic() - view.silent_since if view.silent_since else None
             text += (f" (after {view.failed_attempts} failed attempts"
-                     + (f" in {views.format_duration(away)})" if away else ")"))
+                     + (f" in {duration_short(away)})" if away else ")"))
         return text
 
     def on_node_message(self, node: str, message: dict) -> None:

@@ -31,6 +31,7 @@ from .. import views
 from ..model import Job
 from ..printable import printable
 from ..settings import NotifySettings
+from ..units import duration_short
 from .state import HeadState, job_nodes
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class Notifier:
         state = job.state.value
         code = f" with exit code {job.exit_code}" if job.exit_code not in (None, 0) else ""
         reason = f": {job.reason}" if job.reason and state != "succeeded" else ""
-        ran = views.format_duration(job.ended_at - job.started_at) if job.started_at and job.ended_at else None
+        ran = duration_short(job.ended_at - job.started_at) if job.started_at and job.ended_at else None
         where = f" on {views.gpu_list(_gpus(job))}" if job.placements else ""
         text = (f"job {job.id}{_name(job)} of {job.user} {state}{code}{where}"
                 + (f" after {ran}" if ran else "") + reason)

@@ -10,6 +10,7 @@ is written down in ``api.py``'s docstring.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import asdict
 
 from .. import views
 from ..model import GpuView, Job, NodeState
@@ -63,7 +64,8 @@ class Stream:
         like the stream's: `nebula gpus` has it, no subscriber shows it)."""
         status = self.status()
         return {**status, "jobs": self.queue_json(), "queue": self.state.queue_order,
-                "events": self.state.store.events(30)}
+                "events": self.state.store.events(30),
+                "temperatures": asdict(self.state.settings.config.temperatures)}
 
     def status(self) -> dict:
         """Nodes, GPUs and their R1 summary: what `nebula status` shows, without the

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ..model import GpuReading
+from ..model import NOT_AVAILABLE, GpuReading
 from ..units import parse_duration_s
 
 ACTIONS = ("isolate", "isolate_on_repeat", "reset", "selftest", "fail_job", "record")
@@ -216,8 +216,7 @@ def _isolate_tail(code: int, policy: Policy, gpu: str) -> str:
 
 # --- throttling and the health score (R19) -------------------------------------------------------
 
-#: R19's "hot": a card above this many °C …
-HOT_C = 75.0
+#: R19: a card hotter than the policy's ``hot_c`` (nodes.yaml ``scheduler.hot_c``) …
 #: … that is mostly idle (utilisation below this %) …
 LOW_UTIL_PCT = 30.0
 #: … and clocks its SMs below their base clock is throttling for heat, not working hard.
@@ -232,8 +231,8 @@ def thermal_slowdown(reading: GpuReading) -> bool:
     return bool(THERMAL_REASONS.intersection(reading.throttle_reasons or ()))
 
 
-def is_throttling(reading: GpuReading, base_sm_clock_mhz: float | None,
-                  hot_c: float = HOT_C, low_util_pct: float = LOW_UTIL_PCT) -> bool:
+def is_throttling(reading: GpuReading, base_sm_clock_mhz: float | None, hot_c: float,
+                  low_util_pct: float = LOW_UTIL_PCT) -> bool:
     """R19: the driver reports a thermal slowdown, or (where it does not say) the card is
     hot, has little work and clocks below its base. A missing reading is never throttling.
 
@@ -300,7 +299,7 @@ def judge_selftest(result: Mapping, max_temp_c: float = SELFTEST_MAX_TEMP_C) -> 
     notes = []
     temp = result.get("temperature_c")
     if temp is None:
-        notes.append("temperature N/A")
+        notes.append(f"temperature {NOT_AVAILABLE}")
     elif temp > max_temp_c:
         return False, (f"self-test failed: {temp:.0f} °C while idle is above {max_temp_c:.0f} °C; "
                        "check the fans and the airflow")

@@ -46,13 +46,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 
+from ..model import takes_whole_card
 from . import admission
 from .cards import Found, Shape
 from .fairshare import order_key
 from .placement import World
 from .reasons import (best_now, blocked_text, blocker, blocker_rank, blockers_text, cards_text, in_time,
                       join_ids, memory_rank, needs)
-from .slices import whole
 from .snapshot import Decision, Fail, PendingJob, Snapshot, Start, Wait
 
 
@@ -238,7 +238,7 @@ class _Pass:
             if type(shape) is str or self.impossible(shape):
                 continue
             mem = shape.gpu_mem_mb
-            if mem is not None and not any(whole(hw[3], mem) for hw in self._sized(shape)[0]):
+            if mem is not None and not any(takes_whole_card(hw[3], mem) for hw in self._sized(shape)[0]):
                 continue
             self.whole_keys.add(key)
             demand += counts[key] * shape.gpu_count

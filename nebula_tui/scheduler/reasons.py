@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
-from ..model import MAX_ALLOCATIONS_PER_GPU, MIN_SLICE_MB, format_mb
+from ..model import MAX_ALLOCATIONS_PER_GPU, MIN_SLICE_MB, format_mb, takes_whole_card
 from .cards import Card, Shape
-from .slices import fit, whole
+from .slices import fit
 
 
 def needs(shape: Shape) -> str:
@@ -51,7 +51,7 @@ def blocker(card: Card, shape: Shape, spare_mb: int, power: list[float] | None) 
     if kind == 0:  # blockers_text names the jobs of every such card together
         return rank, BEHIND
     if kind == 1:
-        if card.total and whole(card.total, mem):
+        if card.total and takes_whole_card(card.total, mem):
             if jobs:
                 return rank, f"held by {join_ids(sorted(jobs))}"
             what = "in use" if mem is None else f"with {format_mb(card.total - card.unmanaged)} free"
@@ -94,7 +94,7 @@ def memory_rank(state: tuple, shape: Shape, spare_mb: int) -> tuple[int, float] 
     mem = shape.gpu_mem_mb
     if not total:
         return None
-    if whole(total, mem):
+    if takes_whole_card(total, mem):
         if allocations:
             return (1, allocations)
         if held and (mem is None or fit(total, held, 0, 0, False, mem) is None):

@@ -6,8 +6,8 @@ out; at most ``MAX_ALLOCATIONS_PER_GPU`` jobs share one card; a card holding an 
 service keeps ``service_spare_mb`` free and is never taken whole by anyone else (R14).
 
 "Half a card" and "the whole card" are measured against the card's *nominal* size, its
-memory rounded up to a whole GB (:func:`nominal_mb`): a 4090 reports 24564 MiB and is sold
-as 24 GB, so ``--gpu-mem 24G`` takes it whole and ``--gpu-mem 12G`` is half of it. Slices
+memory rounded up to a whole GB (``model.takes_whole_card``, the one rule the clients
+show too): a 4090 reports 24564 MiB and is sold as 24 GB, so ``--gpu-mem 24G`` takes it whole and ``--gpu-mem 12G`` is half of it. Slices
 are fitted against the memory really there: two 12 GB slices do not fit on a 4090.
 
 "Free" is what is really free *and* not promised (the memory guard): the card's memory less
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model import MAX_ALLOCATIONS_PER_GPU, MIB_PER_GIB, MIN_SLICE_MB, GpuView
+from ..model import MAX_ALLOCATIONS_PER_GPU, MIN_SLICE_MB, GpuView, nominal_mb, takes_whole_card
 
 
 @dataclass(frozen=True)
@@ -30,26 +30,13 @@ class Ask:
     exclusive: bool
 
 
-def nominal_mb(total_mb: int) -> int:
-    """The size a card is sold as: its memory rounded up to a whole GB (24564 MiB -> 24 GB,
-    81559 MiB -> 80 GB, 8188 MiB -> 8 GB). Drivers keep a little for themselves, so the
-    memory a card reports is a few MiB to most of a GB under the size on its box."""
-    return -(-total_mb // MIB_PER_GIB) * MIB_PER_GIB
-
-
-def whole(total_mb: int, gpu_mem_mb: int | None) -> bool:
-    """Whether a request takes a card of ``total_mb`` whole: no size given, or more than
-    half of the card's nominal size (R3)."""
-    return gpu_mem_mb is None or gpu_mem_mb * 2 > nominal_mb(total_mb)
-
-
 def ask_for(total_mb: int, gpu_mem_mb: int | None) -> Ask:
     """The reservation a request turns into on a card of ``total_mb``.
 
     No memory given, or more than half the card, means the whole card (R3); smaller
     requests are rounded up to the 4 GB minimum slice.
     """
-    if whole(total_mb, gpu_mem_mb):
+    if takes_whole_card(total_mb, gpu_mem_mb):
         return Ask(total_mb, True)
     return Ask(max(gpu_mem_mb, MIN_SLICE_MB), False)
 
@@ -106,7 +93,7 @@ def fit(total_mb: int | None, unmanaged_mb: int, reserved: int, allocations: int
     """
     if not total_mb:
         return None
-    if gpu_mem_mb is None or gpu_mem_mb * 2 > nominal_mb(total_mb):
+    if takes_whole_card(total_mb, gpu_mem_mb):
         if allocations:
             return None
         available = total_mb - unmanaged_mb

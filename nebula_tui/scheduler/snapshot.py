@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from ..model import GpuView, Placement
+from ..model import GpuView, Placement, Temperatures
 
 def _empty() -> Mapping:
     return MappingProxyType({})
@@ -105,8 +105,8 @@ class SchedulerConfig:
       cannot hold the gang, and then as few as possible (R8).
     """
 
-    hot_c: float = 75.0
-    warm_c: float = 50.0
+    hot_c: float = Temperatures.hot_c
+    warm_c: float = Temperatures.warm_c
     util_step_pct: float = 10.0
     w_hot: float = 6.0
     w_load: float = 4.0
@@ -120,6 +120,11 @@ class SchedulerConfig:
     service_spare_mb: int = 2048
     #: above this many candidate sets on one node, a greedy search replaces the exhaustive one
     max_combinations: int = 256
+
+    @property
+    def temperatures(self) -> Temperatures:
+        """The thresholds as the head publishes them to every client."""
+        return Temperatures(hot_c=self.hot_c, warm_c=self.warm_c)
 
 
 @dataclass(frozen=True, kw_only=True)

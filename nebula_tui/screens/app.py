@@ -174,8 +174,7 @@ class NebulaApp(App):
     DEFAULT_MODE = "overview"
 
     def __init__(self, client: AsyncClient, cluster_name: str | None = None, *,
-                 hot_c: float | None = None, home: Path | None = None,
-                 demo_lab: bool = False) -> None:
+                 home: Path | None = None, demo_lab: bool = False) -> None:
         """``home``: the user's NebulaGrid home (preferences, screenshots); ``demo_lab``:
         quitting may stop the demo's lab, so it asks first while jobs run."""
         super().__init__()
@@ -188,14 +187,13 @@ class NebulaApp(App):
         self.demo_lab = demo_lab
         #: called first when a demo's terminal closes (SIGHUP) or it is killed (SIGTERM)
         self.on_hangup: Callable[[], None] | None = None
-        self.hot_c = hot_c
         self.bar_name = f"NebulaGrid · {cluster_name}" if cluster_name else "NebulaGrid"
         if cluster_name:
             self.title = f"NebulaGrid — {cluster_name}"
         theme = self._prefs().get("theme")
         if theme in self.available_themes:
             self.theme = theme
-        LOOK.use_theme(self.current_theme, hot_c)
+        LOOK.use_theme(self.current_theme)
 
     def on_mount(self) -> None:
         self.sub_title = "connecting…"
@@ -396,6 +394,10 @@ class NebulaApp(App):
     @on(SnapshotArrived)
     def _snapshot(self, message: SnapshotArrived) -> None:
         self.cluster.apply_snapshot(message.snapshot)
+        if LOOK.use_temperatures(message.snapshot.get("temperatures")):
+            shown = self._visible()
+            for screen in self._cluster_screens():
+                screen.restyle(shown=screen is shown)
         # A big cluster's snapshot is some 100,000 objects that live until the next one:
         # keep the garbage collector's full passes (over 100 ms each at 10,000 jobs, a
         # stall the user feels) from walking them again and again. They are still freed
@@ -723,27 +725,23 @@ class NebulaApp(App):
         self.push_screen(ChoiceScreen("Quit the demo?", body, choices, safe=1), answered)
 
 
-def make_app(socket_path: Path, cluster_name: str | None = None, *, hot_c: float | None = None,
-             home: Path | None = None, demo_lab: bool = False) -> NebulaApp:
+def make_app(socket_path: Path, cluster_name: str | None = None, *, home: Path | None = None,
+             demo_lab: bool = False) -> NebulaApp:
     """The app, talking to the head service listening on ``socket_path``."""
-    return NebulaApp(AsyncClient(Path(socket_path)), cluster_name, hot_c=hot_c, home=home,
-                     demo_lab=demo_lab)
+    return NebulaApp(AsyncClient(Path(socket_path)), cluster_name, home=home, demo_lab=demo_lab)
 
 
-def _cluster_facts(home: Home, config: str | None) -> tuple[str | None, float | None]:
-    """The cluster's name and its health policy's hot threshold from nodes.yaml, for the
-    bar and the temperature colours; None for what cannot be read."""
+def _cluster_name(home: Home, config: str | None) -> str | None:
+    """The cluster's name from nodes.yaml, for the bar; None when it cannot be read. (What
+    the TUI draws by, its temperature thresholds among them, comes from the head.)"""
     from ..config import ConfigError, find_config, load_config
 
     try:
         path = find_config(config, home.root)
         cluster = load_config(path) if path else None
     except (ConfigError, OSError):
-        return None, None
-    if cluster is None:
-        return None, None
-    hot_c = getattr(cluster.scheduler, "hot_c", None)
-    return cluster.name, float(hot_c) if isinstance(hot_c, (int, float)) else None
+        return None
+    return cluster.name if cluster is not None else None
 
 
 def open_tui(home: Home, config: str | None, *, demo_lab: bool = False,
@@ -752,8 +750,7 @@ def open_tui(home: Home, config: str | None, *, demo_lab: bool = False,
     ``return_value`` says how (``LEAVE_LAB`` when a demo's user chose to leave its lab
     running) and ``return_code`` whether it failed. ``on_hangup``: a demo's, called when
     its terminal closes."""
-    name, hot_c = _cluster_facts(home, config)
-    app = make_app(home.socket, name, hot_c=hot_c, home=home.root, demo_lab=demo_lab)
+    app = make_app(home.socket, _cluster_name(home, config), home=home.root, demo_lab=demo_lab)
     app.on_hangup = on_hangup
     app.run()
     return app

@@ -23,7 +23,7 @@ from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from ..api import ApiError
-from ..model import MIB_PER_GIB, format_mb
+from ..model import MIB_PER_GIB, NOT_AVAILABLE, format_mb
 from ..views import short_model
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .keys import GPU_DETAIL_KEYS, GPUS_KEYS
@@ -248,12 +248,12 @@ def descriptor_text(gpu: dict) -> Text:
     """The R2 descriptor, one field a line."""
     fields = (
         ("UUID", gpu["uuid"]), ("Node", f"{gpu['node']} (GPU {gpu['index']})"),
-        ("Model", gpu["model"]), ("Vendor", gpu.get("vendor") or "N/A"),
+        ("Model", gpu["model"]), ("Vendor", gpu.get("vendor") or NOT_AVAILABLE),
         ("Memory", format_mb(gpu.get("total_memory_mb"))),
-        ("Arch", gpu.get("compute_capability") or "N/A"),
-        ("PCI bus", gpu.get("pci_bus_id") or "N/A"), ("NVLink", nvlink_text(gpu)),
-        ("Driver", gpu.get("driver_version") or "N/A"),
-        ("CUDA (max)", gpu.get("cuda_version") or "N/A"),
+        ("Arch", gpu.get("compute_capability") or NOT_AVAILABLE),
+        ("PCI bus", gpu.get("pci_bus_id") or NOT_AVAILABLE), ("NVLink", nvlink_text(gpu)),
+        ("Driver", gpu.get("driver_version") or NOT_AVAILABLE),
+        ("CUDA (max)", gpu.get("cuda_version") or NOT_AVAILABLE),
     )
     text = Text("\n").join(Text.assemble((f"{k:<11}", "bold"), str(v)) for k, v in fields)
     text.append("\n")
@@ -351,7 +351,7 @@ class GpuDetailScreen(ClusterScreen):
                          style=LOOK.role("info"))
         else:
             owner = Text("unmanaged", style=LOOK.role("warn"))
-        return (str(p["pid"]), format_mb(p.get("used_memory_mb")), owner, p.get("name") or "N/A")
+        return (str(p["pid"]), format_mb(p.get("used_memory_mb")), owner, p.get("name") or NOT_AVAILABLE)
 
     def render_all(self) -> None:
         gpu = self.cluster.gpus.get(self.uuid)
@@ -364,7 +364,7 @@ class GpuDetailScreen(ClusterScreen):
         holders = holders_text(gpu, self.cluster.jobs, self.cluster.holders_of(self.uuid))
         live = self.query_one("#gpu-live", Static)
         live.border_title = "Now"
-        live.update(live_text(gpu, holders, LOOK.hot_c))
+        live.update(live_text(gpu, holders, LOOK.temperatures.hot_c))
         slices = self.query_one("#gpu-slices", RowTable)
         slices.show(slices.arrange(gpu.get("slices", []), lambda s: str(s["id"]),
                                    lambda s: " ".join(map(str, self._slice_cells(str(s["id"]))))))
@@ -426,8 +426,8 @@ class GpuDetailScreen(ClusterScreen):
             plt.clear_data()
             plt.clear_figure()
             values = [v for _, v in points]
-            lo, hi = plot_range(field, gpu, values, LOOK.hot_c)
-            now_text = f"{values[-1]:.0f} {unit}" if values else "N/A"
+            lo, hi = plot_range(field, gpu, values, LOOK.temperatures.hot_c)
+            now_text = f"{values[-1]:.0f} {unit}" if values else NOT_AVAILABLE
             plt.title(f"{title}: {now_text}")
             if points:
                 plt.plot([t for t, _ in points], values, marker="braille")

@@ -6,9 +6,10 @@ states, GPU and node states, temperatures, bars. Each role is taken from the app
 text stays readable, so a role means the same thing in the dark and the light theme.
 
 ``LOOK`` is the one instance the render functions read; the app sets it whenever its
-theme changes (``use_theme``) and tells the screens to draw again. Temperatures have one
-set of thresholds: hot from the health policy's ``hot_c`` (the scheduler's and the
-throttling detector's "hot"), warm from ``WARM_BELOW_HOT_C`` under it.
+theme changes (``use_theme``) and tells the screens to draw again. Temperatures are drawn
+by the health policy's thresholds (``model.Temperatures``: the scheduler's and the
+throttling detector's "hot" and "warm"), which the head sends in its snapshot
+(``use_temperatures``): the TUI never decides what is hot itself.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from dataclasses import dataclass, field
 
 from textual.color import Color
 
-#: Degrees under ``hot_c`` from which a card is drawn warm.
-WARM_BELOW_HOT_C = 15
-#: The health policy's default ``hot_c`` (R19: above 75 °C is hot).
-DEFAULT_HOT_C = 75.0
+from ..model import Temperatures
+
+#: A card's heat (``Temperatures.heat``) -> role.
+HEAT_ROLE = {"hot": "bad", "warm": "warn", "cool": "ok", None: "muted"}
 
 #: State -> role, for every state the head publishes (jobs, GPUs, nodes, slices).
 STATE_ROLE: dict[str, str] = {
@@ -44,7 +45,7 @@ class Look:
     """The styles of the roles for one theme, and the temperature thresholds."""
 
     dark: bool = True
-    hot_c: float = DEFAULT_HOT_C
+    temperatures: Temperatures = field(default_factory=Temperatures)
     styles: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -66,13 +67,21 @@ class Look:
                        for role, colour in roles.items()}
         self.styles[""] = ""
 
-    def use_theme(self, theme, hot_c: float | None = None) -> None:
+    def use_theme(self, theme) -> None:
         """Take the roles' colours from a Textual theme (``App.current_theme``)."""
         self.use_colours(dark=theme.dark, success=theme.success or "#4EBF71",
                          warning=theme.warning or "#ffa62b", error=theme.error or "#ba3c5b",
                          accent=theme.primary or "#0178D4")
-        if hot_c is not None:
-            self.hot_c = hot_c
+
+    def use_temperatures(self, published: dict | None) -> bool:
+        """Draw by the thresholds the head published (its snapshot's ``temperatures``);
+        True when they changed. A head that sends none leaves the defaults."""
+        known = {k: float(v) for k, v in (published or {}).items()
+                 if k in ("hot_c", "warm_c") and isinstance(v, (int, float))}
+        temperatures = Temperatures(**known)
+        changed = temperatures != self.temperatures
+        self.temperatures = temperatures
+        return changed
 
     # ------------------------------------------------------------------ roles
     def role(self, role: str) -> str:
@@ -83,11 +92,7 @@ class Look:
         return self.styles.get(STATE_ROLE.get(state or "", ""), "")
 
     def temperature_role(self, temp_c: float | None) -> str:
-        if temp_c is None:
-            return "muted"
-        if temp_c >= self.hot_c:
-            return "bad"
-        return "warn" if temp_c >= self.hot_c - WARM_BELOW_HOT_C else "ok"
+        return HEAT_ROLE[self.temperatures.heat(temp_c)]
 
     def temperature(self, temp_c: float | None) -> str:
         return self.styles[self.temperature_role(temp_c)]

@@ -13,7 +13,9 @@ from collections.abc import Callable, Iterable
 
 from rich.text import Text
 
-from ..model import MAX_ALLOCATIONS_PER_GPU, MIB_PER_GIB, MIN_SLICE_MB, format_mb
+from ..model import (MAX_ALLOCATIONS_PER_GPU, MIB_PER_GIB, MIN_SLICE_MB, NOT_AVAILABLE, format_mb,
+                     takes_whole_card)
+from ..units import duration_short as duration
 from ..views import node_power, power_draw_text, short_model
 from .look import LOOK
 
@@ -54,7 +56,7 @@ def fill_bar(fraction: float | None, width: int) -> Text:
 
 def state_text(state: str | None) -> Text:
     """A job, GPU, node or slice state in its role's colour."""
-    return Text(state or "N/A", style=LOOK.state(state))
+    return Text(state or NOT_AVAILABLE, style=LOOK.state(state))
 
 
 status_cell = state_text
@@ -87,19 +89,19 @@ def memory_cell(gpu: dict, width: int = 10) -> Text:
 def util_cell(gpu: dict, width: int = 6) -> Text:
     frac = util_fraction(gpu)
     text = bar(frac, width, LOOK.role("info"))
-    text.append(" N/A" if frac is None else f" {frac * 100:3.0f}%")
+    text.append(f" {NOT_AVAILABLE}" if frac is None else f" {frac * 100:3.0f}%")
     return text
 
 
 def temp_text(temp_c: float | None) -> Text:
-    return Text("N/A" if temp_c is None else f"{temp_c:.0f}°C", style=LOOK.temperature(temp_c))
+    return Text(NOT_AVAILABLE if temp_c is None else f"{temp_c:.0f}°C", style=LOOK.temperature(temp_c))
 
 
 def power_text(gpu: dict) -> str:
     """"62/400 W": the draw against the card's limit (the draw alone when no limit is known)."""
     power, limit = gpu.get("power_w"), gpu.get("power_limit_w")
     if power is None:
-        return "N/A"
+        return NOT_AVAILABLE
     return f"{power:.0f}/{limit:.0f} W" if limit else f"{power:.0f} W"
 
 
@@ -119,12 +121,13 @@ COMMON_SLICES_GB = (4, 8, 16)
 
 def slices_that_fit(gpu: dict, size_mb: int) -> int:
     """How many more jobs asking ``size_mb`` each this card could take now (R3: at most 4
-    per card, a request over half the card takes it whole, nothing under 4 GB)."""
+    per card, a request over half the card takes it whole — the scheduler's own rule,
+    ``takes_whole_card`` —, nothing under 4 GB)."""
     total = gpu.get("total_memory_mb")
     if not total or gpu.get("status") in ("maintenance", "unreachable"):
         return 0
     held = len(gpu.get("jobs") or ())
-    if size_mb * 2 > total:  # a whole-card request
+    if takes_whole_card(total, size_mb):
         available = total - (gpu.get("unmanaged_used_mb") or 0)
         return 1 if not held and available >= size_mb else 0
     return max(0, min(MAX_ALLOCATIONS_PER_GPU - held, free_slice_mb(gpu) // max(size_mb, MIN_SLICE_MB)))
@@ -192,7 +195,7 @@ def gpu_line(gpu: dict, holders: str) -> Text:
     line.append_text(fill_bar(memory_fraction(gpu), 6))
     line.append(f" {memory_text(gpu):<15}")
     util = gpu.get("utilization_pct")
-    line.append("N/A " if util is None else f"{min(max(util, 0), 100):3.0f}%", style=LOOK.role("info"))
+    line.append(f"{NOT_AVAILABLE} " if util is None else f"{min(max(util, 0), 100):3.0f}%", style=LOOK.role("info"))
     line.append(" ")
     line.append_text(temp_text(gpu.get("temperature_c")))
     status = gpu.get("status")
@@ -241,12 +244,9 @@ def node_card(node: dict, gpus: list[dict], holders: Callable[[dict], str]) -> T
 
 # ------------------------------------------------------------------------- jobs
 def job_state(job: dict) -> str:
-    """The job's state in one word as people see it: held, cancelling and evicting too."""
-    if job.get("held") and job["state"] == "pending":
-        return "held"
-    if job.get("phase") in ("cancelling", "evicting"):
-        return job["phase"]
-    return job["state"]
+    """The job's state in one word as people see it (held, cancelling, evicting, stopping
+    too): the head's ``phase`` (``views.job_phase``), never worked out here."""
+    return job["phase"]
 
 
 def job_where(job: dict) -> str:
@@ -263,20 +263,6 @@ def job_where(job: dict) -> str:
 def job_size(job: dict) -> str:
     size = format_mb(job["gpu_mem_mb"]) if job.get("gpu_mem_mb") else "whole"
     return f"{job['gpu_count']}x {size}"
-
-
-def duration(seconds: float | None) -> str:
-    """"45s", "12m", "3h05m", "2d4h": how long, to the unit that matters."""
-    if seconds is None:
-        return "-"
-    s = int(max(0, seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s" if s < 600 else f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600}h"
 
 
 def ago(t: float | None, at: float | None = None) -> str:

@@ -22,7 +22,8 @@ from textual.widgets import Static
 
 from ..api import ApiError
 from ..model import fmt
-from ..views import format_duration, month_start
+from ..units import duration_short
+from ..views import month_start
 from .base import ClusterScreen, OpMissing
 from .cluster import user_weight
 from .keys import USERS_KEYS
@@ -77,7 +78,7 @@ def user_cells(row: dict, waiting: int) -> tuple:
     cell.append(f" {hours_text(hours)} / {quota:.0f} h")
     return (row["name"], f"{user_weight(row):.2f}", cell,
             fmt(row.get("month_efficiency_pct"), "%"), hours_text(row.get("month_idle_gpu_hours")),
-            format_duration(row.get("month_mean_wait_s")), str(row.get("month_jobs", 0)),
+            duration_short(row.get("month_mean_wait_s")), str(row.get("month_jobs", 0)),
             str(row.get("running_jobs", 0)), str(waiting), str(row.get("jobs_finished", 0)))
 
 

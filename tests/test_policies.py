@@ -1,0 +1,115 @@
+"""The head authors every policy its clients show: the temperature thresholds the TUI draws
+by and the throttling detector judges by, whether a request takes a card whole, a job's
+state in one word. Each of these was once worked out a second time, differently, on the
+client side (issue 29); these tests hold them to one author.
+
+The head is the real ``Engine`` (and its ``ApiServer`` on a real socket) in the test's own
+loop (``inprocess``); the TUI is the real app under Pilot.
+"""
+
+from __future__ import annotations
+
+import getpass
+
+import pytest
+from conftest import until
+from inprocess import up_engine
+
+from nebula_tui import views
+from nebula_tui.model import NOT_AVAILABLE, GpuReading, JobSpec, JobState, Placement, Temperatures
+from nebula_tui.scheduler.slices import ask_for
+from nebula_tui.screens import render
+from nebula_tui.screens.app import make_app
+from nebula_tui.screens.look import LOOK
+
+ME = getpass.getuser()
+HOT_60 = "scheduler:\n  hot_c: 60\n"
+
+
+@pytest.fixture
+async def hot_at_60(tmp_path):
+    """A head whose nodes.yaml says cards are hot above 60 °C, and its socket."""
+    from nebula_tui.head.server import ApiServer
+
+    head = up_engine(tmp_path, HOT_60)
+    server = ApiServer(head, tmp_path / "nebula.sock")
+    await server.start()
+    yield head, server.path
+    await server.close()
+    await head.stop()
+    head.state.store.close()
+    LOOK.use_temperatures(None)  # the next test draws by the defaults again
+
+
+async def test_a_configured_hot_c_colours_the_tui(hot_at_60):
+    """scheduler.hot_c: 60 — the TUI once read a ``hot_c`` the settings object lacks, and
+    drew 65 °C as merely warm; warm started 15 °C under hot there and at 50 °C in the
+    scheduler. Now both come from the head's snapshot."""
+    _, socket = hot_at_60
+    app = make_app(socket)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.cluster.connected)
+        assert LOOK.temperatures == Temperatures(hot_c=60.0, warm_c=50.0)
+        assert LOOK.temperature_role(65) == "bad"
+        assert LOOK.temperature_role(55) == "warn"  # the scheduler's warm, not 60 - 15 = 45
+        assert LOOK.temperature_role(48) == "ok"
+
+
+async def test_throttling_is_judged_by_the_configured_hot_c(hot_at_60):
+    """An idle card at 70 °C clocking under its base is throttling when hot_c is 60 (it was
+    judged against a hard-coded 75 °C)."""
+    head, _ = hot_at_60
+    reading = GpuReading(index=0, uuid="GPU-node01-0", name="card", temperature_c=70.0,
+                         utilization_pct=5.0, sm_clock_mhz=900.0, base_sm_clock_mhz=1400.0)
+    head.health.on_probe("node01", [reading], {})
+    assert any("suspected thermal throttling" in e["message"] for e in head.store.events(10))
+
+
+def test_the_tui_says_whole_card_exactly_when_the_scheduler_takes_it_whole():
+    """A 12 GB request on a 4090 (24564 MiB, sold as 24 GB) is a slice for the scheduler;
+    the TUI counted it as a whole card (12 GB × 2 > 24564 MiB) and offered none on a card
+    already holding a job."""
+    total = 24564
+    assert ask_for(total, 12 * 1024).exclusive is False
+    gpu = {"total_memory_mb": total, "status": "busy", "jobs": [7],
+           "slices": [{"memory_mb": 8192, "state": "allocated"},
+                      {"memory_mb": total - 8192, "state": "free"}]}
+    assert render.slices_that_fit(gpu, 12 * 1024) == 1
+    for size_gb in (4, 8, 12, 13, 16, 24):  # the TUI's answer agrees with the scheduler's
+        whole = ask_for(total, size_gb * 1024).exclusive
+        assert render.slices_that_fit(gpu, size_gb * 1024) == (0 if whole else
+                                                                (total - 8192) // (size_gb * 1024))
+
+
+async def test_a_stopping_job_reads_stopping_on_every_screen(tmp_path):
+    """A job the head is stopping (its time limit, the memory guard) read "running" on the
+    TUI's screens: they derived its state a second time and did not know ``stopping``."""
+    head = up_engine(tmp_path)
+    try:
+        job = head.submit(ME, JobSpec(command=("sleep", "600")))
+        head.transitions.begin_launch(head.jobs[job.id], (Placement("GPU-node01-0", "node01", 0, 81920, True),))
+        head.transitions.mark_running(head.jobs[job.id])
+        head.transitions.begin_stop(head.jobs[job.id], JobState.TIMEOUT, "its time limit", False,
+                                    head.state.clock() + 30)
+        shown = views.job_json(head.jobs[job.id])
+        assert render.job_state(shown) == "stopping"
+        assert "stopping" in render.job_summary(shown)
+        held = head.submit(ME, JobSpec(command=("true",)))
+        head.set_held(ME, held.id, True)
+        assert render.job_state(views.job_json(head.jobs[held.id])) == "held"
+    finally:
+        await head.stop()
+        head.state.store.close()
+
+
+def test_one_duration_formatter_and_one_na():
+    """The CLI's tables, the TUI and the head's sentences write a duration one way."""
+    from nebula_tui.units import duration_short
+
+    assert render.duration is duration_short
+    assert not hasattr(views, "format_duration")
+    assert [duration_short(s) for s in (None, 45, 192, 720, 3900, 190000)] == \
+        ["-", "45s", "3m12s", "12m", "1h05m", "2d4h"]
+    assert render.temp_text(None).plain == render.power_text({}) == NOT_AVAILABLE
+    assert render.util_cell({}).plain.endswith(f" {NOT_AVAILABLE}")
+    assert render.memory_text({}) == f"{NOT_AVAILABLE} / {NOT_AVAILABLE}"
