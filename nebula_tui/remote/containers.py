@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
+from importlib import resources
 
 from .. import environments
 
@@ -32,6 +33,10 @@ VISIBILITY_VARIABLES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VIS
 ASCEND_DEVICES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
 ASCEND_MOUNTS = ("/usr/local/Ascend/driver", "/usr/local/dcmi", "/usr/local/bin/npu-smi",
                  "/etc/ascend_install.info")
+#: The pinning of data mounts (``probes/mount_pins.py``), run by the wrapper as root with the
+#: node's python3 when a root runtime mounts a job user's paths.
+PINS_SOURCE = ((resources.files(__package__) / "probes" / "mount_pins.py").read_text()
+               + "\npins_main(sys.argv)\n")
 _PCI = re.compile(r"^(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 
 
@@ -112,11 +117,14 @@ render_of() {
 
 def podman_lines(runtime: str, image: str, env: dict[str, str], devices: tuple[Device, ...],
                  node: str, workdir: str | None, mounts: tuple[str, ...], user: str | None,
-                 prefix: tuple[str, ...], rootless: bool, interactive: bool) -> list[str]:
+                 prefix: tuple[str, ...], rootless: bool, interactive: bool,
+                 pin: bool = False) -> list[str]:
     """podman or docker: pull if missing, then ``run`` named after the job.
 
     ``user``: the node user whose uid and gid the command runs as (None: the login user);
-    ``rootless``: podman runs as ``prefix``'s user and maps its own uid in instead.
+    ``rootless``: podman runs as ``prefix``'s user and maps its own uid in instead;
+    ``pin``: the runtime runs as root for ``user``, so it is given the data mounts' sources
+    as ``user`` opened them (:func:`pin_lines`), never their paths.
     """
     ref = environments.oci_name(image)
     tool = q([*prefix, runtime])
@@ -153,14 +161,36 @@ def podman_lines(runtime: str, image: str, env: dict[str, str], devices: tuple[D
     # the simulated lab's node directory), passed from the runtime's environment.
     lines.append('for v in $(printf "%s" "${NEBULA_CONTAINER_PASSENV:-}" | tr : " "); do '
                  f'{ADD} -e "$v"; done')
-    if workdir:
+    if workdir:  # inside the container: the runtime resolves it in the image's own tree
         lines.append(f"{ADD} -w {shlex.quote(workdir)}")
-    for mount in mounts:
-        src, dst, ro = environments.split_mount(mount)
-        lines.append(f"{ADD} -v {shlex.quote(f'{src}:{dst}' + (':ro' if ro else ''))}")
+    if pin and mounts and user:
+        lines += pin_lines(user, node, mounts)
+    else:
+        for mount in mounts:
+            src, dst, ro = environments.split_mount(mount)
+            lines.append(f"{ADD} -v {shlex.quote(f'{src}:{dst}' + (':ro' if ro else ''))}")
     lines += device_lines(runtime, devices, node)
     lines.append(f"{ADD} {shlex.quote(ref)}")
     return lines
+
+
+def pin_lines(user: str, node: str, mounts: tuple[str, ...]) -> list[str]:
+    """The data mounts of a root runtime: each source opened as ``user`` and bound at
+    ``$jobdir/mnt/N`` (``mount_pins.py`` says why), the runtime given those paths. A source
+    the user cannot reach ends the job with one sentence; :data:`RELEASE_PINS` undoes it."""
+    sources = [environments.split_mount(m)[0] for m in mounts]
+    lines = [f"pins_py={shlex.quote(PINS_SOURCE)}",
+             f'if ! pinned=$(python3 -c "$pins_py" pin "$jobdir/mnt" {q([user, node, *sources])} 2>&1); then',
+             '  fail "$(printf \'%s\\n\' "$pinned" | tail -n 1)"',
+             "fi"]
+    for n, mount in enumerate(mounts):
+        _, dst, ro = environments.split_mount(mount)
+        lines.append(f'{ADD} -v "$jobdir/mnt/{n}:"{shlex.quote(dst + (":ro" if ro else ""))}')
+    return lines
+
+
+#: After a pinned container's runtime returned: its staging mounts go, its exit code stays.
+RELEASE_PINS = f'set -- $?; python3 -c "$pins_py" release "$jobdir/mnt" >/dev/null 2>&1; (exit "$1")'
 
 
 def device_lines(runtime: str, devices: tuple[Device, ...], node: str) -> list[str]:
@@ -201,9 +231,9 @@ def apptainer_lines(runtime: str, image: str, env: dict[str, str], devices: tupl
     job's. The cards come in by ``--nv``/``--rocm`` (which bind the vendor's devices and
     libraries); the job's visibility variables, with the node's numbering, pick its own."""
     lines = []
-    if image.startswith("/"):
-        lines.append(f"[ -e {shlex.quote(image)} ] || fail "
-                     f"{shlex.quote(f'{node} has no image file {image}')}")
+    if image.startswith("/"):  # looked for as the job's user: root would see every path
+        lines.append(f"{q([*prefix, 'test', '-e', image])} || fail "
+                     f"{shlex.quote(f'{node} has no image file {image} (or the job user cannot reach it)')}")
     lines.append(f"set -- {q([*prefix, runtime])} exec --cleanenv")
     vendors = {d.vendor for d in devices}
     if "nvidia" in vendors:

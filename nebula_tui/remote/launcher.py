@@ -347,12 +347,25 @@ def _container_lines(job: Job, placements: tuple[Placement, ...], run_as: tuple[
     if runtime in environments.FILE_RUNTIMES:
         lines = containers.apptainer_lines(runtime, spec.image, env, devices, node.name,
                                            spec.workdir, spec.data_mounts, run_as)
+        pinned = False
     else:
         # A rootful runtime starts the container and runs the command by the job's user's
         # uid; rootless podman runs as that user itself and maps its own uid in.
         rootless = runtime == "podman" and not node.root
+        # A root runtime would open the user's mount sources as root, later than the checks
+        # (a symlink swapped meanwhile reaches any file): it gets them as the user opened them.
+        pinned = bool(run_as and spec.data_mounts and not rootless)
+        if pinned and not node.root:
+            return [f"fail {shlex.quote(_UNPINNABLE.format(node=node.name, runtime=runtime))}"]
         lines = containers.podman_lines(
             runtime, spec.image, env, devices, node.name, spec.workdir, spec.data_mounts,
             job.user if run_as else None, run_as if rootless else (), rootless,
-            interactive=spec.interactive)
-    return [*lines, f"{containers.ADD} {_q(_command(job))}", '"$@"']
+            interactive=spec.interactive, pin=pinned)
+    return [*lines, f"{containers.ADD} {_q(_command(job))}", '"$@"',
+            *([containers.RELEASE_PINS] if pinned else [])]
+
+
+#: A root runtime reached through a login that is not root: its mounts cannot be pinned.
+_UNPINNABLE = ("{node}'s {runtime} runs as root and would open a --data-mount's source as root, "
+               "not as the job's user; data mounts there need the node's login to be root "
+               "(nodes.yaml's user) or rootless podman")

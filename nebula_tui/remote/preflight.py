@@ -7,6 +7,12 @@ node, what is missing and what the node has, which becomes the job's reason for 
 once, before any card is touched. Their inputs come as environment variables, never as
 text inside the script.
 
+Every path a user names is resolved by a process of that user (these checks, then the
+job's own shell), never by root on the user's behalf, so a symlink leads only where the user
+could go anyway. The one runtime that opens a path as root, a root container runtime's bind
+mount, is given the source as the user opened it (``containers.pin_lines``, ``probes/
+mount_pins.py``): the check here is then only the early sentence, the pin the real test.
+
 ``CONDA_LOOKUP`` is the one place that says where a conda tool is looked for; the nodelet's
 hello runs the same text to show what the node has.
 """

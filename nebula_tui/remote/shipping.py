@@ -40,9 +40,10 @@ SHIPPED_PACKAGES = ("nebula_tui", "nebula_tui.remote", "nebula_tui.remote.backen
 #: Shipped when the head has it (the ``nvidia-ml-py`` distribution's single module).
 THIRD_PARTY = ("pynvml",)
 #: The main script, in this order: the kernel-log cursor, the cgroup readers, the
-#: container helpers and the tmux control client the nodelet calls by name, then the nodelet.
-MAIN_SCRIPT = ("kmsg_cursor.py", "cgroups.py", "node_containers.py", "tmux_control.py",
-               "nodelet.py")
+#: container helpers, the data mounts' release and the tmux control client the nodelet
+#: calls by name, then the nodelet.
+MAIN_SCRIPT = ("kmsg_cursor.py", "cgroups.py", "node_containers.py", "mount_pins.py",
+               "tmux_control.py", "nodelet.py")
 
 _IMPORTER = '''\
 import sys as _sys

@@ -663,7 +663,9 @@ def _clean_job(head_dir, job, now):
             except OSError:
                 continue  # still running, or never started: never removed here
             old = now - ended > UNCOLLECTED_RETENTIONS * RETENTION_S
-        if old:
+        # A data mount still bound under it (mount_pins.py) is detached first; where one
+        # cannot be, the directory stays: removing it would delete the user's files through it.
+        if old and release_pins(os.path.join(d, "mnt")):
             shutil.rmtree(d, ignore_errors=True)
     if not _listdir(root):
         with contextlib.suppress(OSError):
@@ -882,6 +884,7 @@ def op_cancel(req):
     if _session_is(job, token):
         tmux(["kill-session", "-t", exact(session_name(job))])
         container_remove(d)
+        release_pins(os.path.join(d, "mnt"))  # the killed wrapper could not (mount_pins.py)
     return {"ok": True}
 
 
@@ -1043,6 +1046,7 @@ def op_signal(req):
         d = latest_dir(job)
         if d is not None:
             container_remove(d)
+            release_pins(os.path.join(d, "mnt"))
             write_atomic(os.path.join(d, "acked"), str(time.time()))
             WATCHER.ended.add((job, int(os.path.basename(d))))
     elif container_signal(latest_dir(job) or "", name):

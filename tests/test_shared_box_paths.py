@@ -1,0 +1,161 @@
+"""A shared box's paths are what their user may reach (issue 30): real Unix users, a shared
+head (``run_as: submitter``) and real root podman on the simulated lab.
+
+The mount check runs as the job's user, but a root container runtime opens the source only
+later, as root: a user who turns a symlink of their own home towards another user's 0700
+home in between would see (and with ``:rw`` write) that user's files. The race is made
+certain, not likely: the node's PATH puts the lab's ``bin`` first, and there a ``podman``
+that stops at a gate before ``podman run`` (after every check of the job) until the test has
+swapped the symlink, then runs the real one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+from nebula_tui.remote import containers
+from test_container_jobs import IMAGE, PROBLEM
+from test_multiuser import RUNUSER, as_user, lab_users, shared_head, submit_as
+
+pytestmark = pytest.mark.skipif(PROBLEM is not None or shutil.which("runuser") is None,
+                                reason=PROBLEM or "needs runuser")
+
+GROUP = "nebtestpaths"
+MALLORY, VICTOR = "nebmallory", "nebvictor"
+SECRET = "victor-private-notes-7731"
+HARMLESS = "mallory-own-notes"
+
+
+@pytest.fixture(scope="module")
+def members():
+    yield from lab_users(GROUP, (MALLORY, VICTOR), ())
+
+
+@pytest.fixture(scope="module")
+def shared(openssh_lab, members, tmp_path_factory):
+    yield from shared_head(openssh_lab, tmp_path_factory, GROUP)
+
+
+def _as(user: str, *argv: str) -> None:
+    subprocess.run([RUNUSER, "-u", user, "--", *argv], check=True, cwd="/", timeout=30)
+
+
+@pytest.fixture
+def homes(members):
+    """Victor's 0700 home holds a readable directory and note (0755/0644: the home's mode
+    is what keeps them private, as on most boxes); Mallory's holds notes of her own and a
+    symlink to each, made by her."""
+    victor, mallory = Path(f"/home/{VICTOR}"), Path(f"/home/{MALLORY}")
+    for user, home in ((VICTOR, victor), (MALLORY, mallory)):
+        _as(user, "sh", "-c", f"rm -rf {home}/* && mkdir -m 755 {home}/notes && "
+                              f"chmod 700 {home}")
+    _as(VICTOR, "sh", "-c", f"echo {SECRET} > {victor}/notes/note.txt && "
+                            f"chmod 644 {victor}/notes/note.txt")
+    _as(MALLORY, "sh", "-c", f"echo {HARMLESS} > {mallory}/notes/note.txt && "
+                             f"ln -s {mallory}/notes {mallory}/dirlink && "
+                             f"ln -s {mallory}/notes/note.txt {mallory}/filelink")
+    assert subprocess.run([RUNUSER, "-u", MALLORY, "--", "cat", f"{victor}/notes/note.txt"],
+                          capture_output=True, cwd="/").returncode != 0  # private indeed
+    return mallory, victor
+
+
+@pytest.fixture
+def gate(openssh_lab, tmp_path):
+    """A ``podman`` first on every node's PATH that, while ``armed`` exists, stops ``podman
+    run`` until ``open`` does (a minute at most), having said ``reached``; then the real one."""
+    real = shutil.which("podman", path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    shims = [openssh_lab.node_dir(name) / "bin" / "podman" for name in openssh_lab.nodes]
+    for shim in shims:
+        shim.write_text(
+            "#!/bin/sh\n"
+            f'gate={tmp_path}\n'
+            'if [ "$1" = run ] && [ -e "$gate/armed" ]; then\n'
+            '  : > "$gate/reached"; i=0\n'
+            '  while [ ! -e "$gate/open" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n'
+            'fi\n'
+            f'exec {real} "$@"\n')
+        shim.chmod(0o755)
+    (tmp_path / "armed").touch()
+    try:
+        yield tmp_path
+    finally:
+        for shim in shims:
+            shim.unlink(missing_ok=True)
+
+
+def test_a_symlink_swapped_after_the_checks_mounts_what_was_checked(shared, homes, gate):
+    mallory, victor = homes
+    job = submit_as(shared, MALLORY, "--image", IMAGE, "--gpu-mem", "4G",
+                    "--data-mount", f"{mallory}/dirlink:/data/dir:rw",
+                    "--data-mount", f"{mallory}/filelink:/data/file:ro",
+                    "--command", "cat /data/dir/note.txt /data/file; "
+                                 "echo written > /data/dir/left-by-job || echo cannot-write")
+    wait_for(lambda: (gate / "reached").exists() or shared.job(job)["state"] not in
+             ("pending", "launching", "running") or None, 60,
+             what="the job's podman run at the gate")
+    # Both checks passed on Mallory's own notes: now point the links at Victor's.
+    _as(MALLORY, "ln", "-sfn", f"{victor}/notes", f"{mallory}/dirlink")
+    _as(MALLORY, "ln", "-sfn", f"{victor}/notes/note.txt", f"{mallory}/filelink")
+    (gate / "open").touch()
+    ended = shared.wait_job(job, 90)
+    log = as_user(shared, MALLORY, "logs", str(job)).stdout
+    assert SECRET not in log, log
+    assert not (victor / "notes" / "left-by-job").exists()
+    # What was checked is what was mounted: her own notes, writable through :rw.
+    assert (ended["state"], ended["exit_code"]) == ("succeeded", 0), (ended, log)
+    assert log.count(HARMLESS) == 2, log
+    assert (mallory / "notes" / "left-by-job").read_text() == "written\n"
+
+
+def test_a_symlink_into_another_home_is_refused_as_its_user(shared, homes):
+    mallory, victor = homes
+    _as(MALLORY, "ln", "-sfn", f"{victor}/notes", f"{mallory}/dirlink")
+    job = submit_as(shared, MALLORY, "--image", IMAGE, "--gpu-mem", "4G",
+                    "--data-mount", f"{mallory}/dirlink:/data/dir:ro", "--", "ls", "/data/dir")
+    ended = shared.wait_job(job, 60)
+    assert ended["state"] == "failed"
+    assert f"--data-mount's source {mallory}/dirlink does not exist on" in ended["reason"]
+    assert f"or {MALLORY} cannot reach it" in ended["reason"]
+    assert "note.txt" not in as_user(shared, MALLORY, "logs", str(job)).stdout
+
+
+def test_no_mount_is_left_on_the_node_after_the_job(shared, homes, openssh_lab):
+    mallory, _ = homes
+    job = submit_as(shared, MALLORY, "--image", IMAGE, "--gpu-mem", "4G",
+                    "--data-mount", f"{mallory}/dirlink:/data/dir:ro", "--", "ls", "/data/dir")
+    assert shared.wait_job(job, 60)["state"] == "succeeded"
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(openssh_lab.root) not in mounts and f"{mallory}" not in mounts, mounts
+
+
+def test_the_pin_opens_as_the_user_whatever_checked_before(homes, tmp_path):
+    """The wrapper's pin itself refuses a source the user cannot reach (a swap between the
+    checks and the pin), mounting nothing; one it can reach is bound and then released."""
+    mallory, victor = homes
+    _as(MALLORY, "ln", "-sfn", f"{victor}/notes", f"{mallory}/dirlink")
+    staging = tmp_path / "mnt"
+
+    def pins(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", containers.PINS_SOURCE, *args],
+                              capture_output=True, text=True, timeout=30, cwd="/")
+    refused = pins("pin", str(staging), MALLORY, "node01", f"{mallory}/notes", f"{mallory}/dirlink")
+    assert refused.returncode == 1
+    assert refused.stdout == (f"--data-mount's source {mallory}/dirlink does not exist on node01 "
+                              f"(or {MALLORY} cannot reach it)\n")
+    assert not staging.exists()
+    done = pins("pin", str(staging), MALLORY, "node01", f"{mallory}/notes", f"{mallory}/notes/note.txt")
+    try:
+        assert done.returncode == 0, done.stdout
+        assert (staging / "1").read_text() == f"{HARMLESS}\n"
+        assert f" {staging}/0 " in Path("/proc/self/mountinfo").read_text()
+    finally:  # never leave a user's directory bound in pytest's temporary tree
+        assert pins("release", str(staging)).returncode == 0 and not staging.exists()
+    assert str(staging) not in Path("/proc/self/mountinfo").read_text()
+    assert (mallory / "notes" / "note.txt").exists()  # released, never deleted through
