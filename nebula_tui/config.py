@@ -37,12 +37,24 @@ Format (every key but ``nodes[].name`` and ``nodes[].host`` is optional)::
         drained: false
         runtime: podman                 # --image jobs use this one (default: the first found)
         warmup: false                   # wake each job's cards before its command starts
+    pools:                              # batch clusters behind the same queue (pools/)
+      - name: hpc
+        kind: slurm                     # the one kind there is
+        host: login.hpc.example.edu     # its login node, reached like a node (port, identity,
+        user: submitter                 # known_hosts); "submitter": each user's own account
+        partition: gpu                  # --partition; account: --account
+        max_jobs: 50                    # at most this many of ours pending or running there
+        burst_after: 10m                # a job waiting this long here may go there (absent: only --pool)
+        workdir: ~/nebula               # where its scripts' output lives on the cluster
+        runtime: none                   # pyxis | apptainer | none: what --image becomes
+        shards_per_gpu: 0               # >0: --gpu-mem asks for shards of a GPU
+        poll_interval: 10s              # squeue/sinfo no more often than this
 
 Relative paths are taken from the config file's directory and ``~`` is expanded, so the
 objects built here hold absolute paths only. An explicitly empty value (``identity:``)
 means "use the default". Durations and sizes are read by ``units.py``, the CLI's parsers.
 
-Why one module: every rule of the file's cluster and node sections, each with the line
+Why one module: every rule of the file's cluster, node and pool sections, each with the line
 and the fix it names, is here and nowhere else (the other sections are ``settings.py``'s).
 """
 
@@ -106,7 +118,7 @@ _HOST_RE = re.compile(r"[A-Za-z0-9_.:%\[\]][A-Za-z0-9_.:%\[\]-]*\Z")
 _USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?\Z")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
-_TOP_KEYS = ("cluster", "nodes", "scheduler", "health", "limits", "accounting", "notify")
+_TOP_KEYS = ("cluster", "nodes", "scheduler", "health", "limits", "accounting", "notify", "pools")
 _CLUSTER_KEYS = (
     "name",
     "known_hosts",
@@ -125,6 +137,21 @@ _CLUSTER_KEYS = (
 )
 _NODE_KEYS = ("name", "host", "port", "user", "identity", "known_hosts", "env", "drained",
               "power_budget_w", "runtime", "warmup")
+
+_POOL_KEYS = ("name", "kind", "host", "port", "user", "identity", "known_hosts", "partition",
+              "account", "max_jobs", "burst_after", "workdir", "runtime", "shards_per_gpu",
+              "poll_interval")
+POOL_KINDS = ("slurm",)
+POOL_RUNTIMES = ("pyxis", "apptainer", "none")
+#: ``user: submitter``: the head logs in to the pool as the user who submitted the job
+SUBMITTER = "submitter"
+DEFAULT_POOL_MAX_JOBS = 50
+DEFAULT_POOL_WORKDIR = "~/nebula"
+DEFAULT_POOL_POLL_S = 10.0
+# A partition or an account as Slurm names them: no spaces, quotes or shell characters.
+_SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,-]*\Z")
+# A workdir on the cluster: ~/rel or /abs, no whitespace, quotes or shell characters.
+_POOL_WORKDIR_RE = re.compile(r"(~|~/[A-Za-z0-9_./+-]*|/[A-Za-z0-9_./+-]*)\Z")
 
 _TAG = "tag:yaml.org,2002:"
 _KIND = {
@@ -172,6 +199,37 @@ class NodeConfig:
 
 
 @dataclass(frozen=True)
+class PoolConfig:
+    """A batch cluster reached over SSH at its login node (``pools:``); defaults applied."""
+
+    name: str
+    kind: str
+    host: str
+    port: int
+    #: the account the head logs in as, or ``SUBMITTER``: each user's own
+    user: str
+    #: the key it logs in with; None: a submitter pool's is the head's pool key
+    #: (``pools.keys.head_pool_key``), another's the SSH client's defaults
+    identity: str | None
+    known_hosts: str
+    partition: str | None = None
+    account: str | None = None
+    max_jobs: int = DEFAULT_POOL_MAX_JOBS
+    #: a job waiting this long here may be sent there; None: only ``--pool``
+    burst_after_s: float | None = None
+    workdir: str = DEFAULT_POOL_WORKDIR
+    runtime: str = "none"
+    shards_per_gpu: int = 0
+    poll_interval_s: float = DEFAULT_POOL_POLL_S
+    #: the line of its ``name:`` in nodes.yaml (for messages that point at it)
+    line: int | None = None
+
+    @property
+    def per_submitter(self) -> bool:
+        return self.user == SUBMITTER
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     """The whole cluster: head settings and the nodes, in file order."""
 
@@ -211,6 +269,8 @@ class ClusterConfig:
                                            compare=False)
     #: the ``notify:`` section: webhooks and mail told of jobs' ends and GPUs' isolation
     notify: NotifySettings = field(default_factory=NotifySettings, hash=False, compare=False)
+    #: the ``pools:`` section: batch clusters the queue may send jobs to
+    pools: tuple[PoolConfig, ...] = ()
 
     def node(self, name: str) -> NodeConfig:
         """The node called ``name``; raises ``KeyError`` if there is none."""
@@ -577,6 +637,7 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
     limits = _section(ctx, get(top, "limits"), limits_settings)
     accounting = _section(ctx, get(top, "accounting"), accounting_settings)
     notify = _section(ctx, get(top, "notify"), notify_settings)
+    pools = _pools(ctx, get(top, "pools"), cluster_defaults, {n.name for n in nodes})
 
     def pick(value: Any, default: Any) -> Any:
         return default if value is None else value
@@ -616,6 +677,7 @@ def _build(ctx: _Ctx, root: Node | None, path: Path | None) -> ClusterConfig:
         job_dir_retention=pick(ctx.seconds(get(c, "job_dir_retention"), "cluster.job_dir_retention"),
                                DEFAULT_JOB_DIR_RETENTION),
         commands_visible_to=pick(visible, "owner"),
+        pools=pools,
     )
 
 
@@ -686,29 +748,35 @@ def _nodes(ctx: _Ctx, seq: Node | None, defaults: dict[str, Any]) -> tuple[NodeC
     return tuple(built)
 
 
-def _node(ctx: _Ctx, item: Node, number: int, defaults: dict[str, Any]) -> NodeConfig:
-    where = f"node #{number}"
+def _named(ctx: _Ctx, item: Node, number: int, what: str, known: tuple[str, ...],
+           example: str) -> tuple[Callable[[str], Node | None], str, str]:
+    """A list entry with a ``name:`` (a node, a pool): its keys checked, then (get, name,
+    where) — ``where`` names it in every message, even one about a key before 'name:'."""
+    where = f"{what} #{number}"
     if isinstance(item, MappingNode):
-        # Name the node in every message, even one about a key written before 'name:'.
         for key, value in item.value:
             if key.value == "name" and isinstance(value, ScalarNode):
                 if _NODE_NAME_RE.match(value.value):
-                    where = f"node '{value.value}'"
-    keys = ctx.mapping(item, where, _NODE_KEYS)
+                    where = f"{what} '{value.value}'"
+    keys = ctx.mapping(item, where, known)
 
     def get(key: str) -> Node | None:
         return keys[key][1] if key in keys else None
 
     name = ctx.text(get("name"), f"{where}: name")
     if name is None:
-        raise ctx.error(item, f"{where}: missing required key 'name' (e.g. name: node01)")
+        raise ctx.error(item, f"{where}: missing required key 'name' (e.g. name: {example})")
     if not _NODE_NAME_RE.match(name) or len(name) > _NODE_NAME_MAX:
         raise ctx.error(
             get("name"),
-            f"{where}: node name {name!r} is not valid; use lowercase letters, digits,"
+            f"{where}: {what} name {name!r} is not valid; use lowercase letters, digits,"
             f" '_', '.', '-', starting with a letter or digit, at most {_NODE_NAME_MAX} characters",
         )
-    where = f"node '{name}'"
+    return get, name, f"{what} '{name}'"
+
+
+def _node(ctx: _Ctx, item: Node, number: int, defaults: dict[str, Any]) -> NodeConfig:
+    get, name, where = _named(ctx, item, number, "node", _NODE_KEYS, "node01")
 
     host = ctx.text(get("host"), f"{where}: host")
     if host is None:
@@ -783,3 +851,78 @@ def _env(ctx: _Ctx, node: Node | None, where: str) -> tuple[tuple[str, str], ...
             raise ctx.error(value, f"{where}: env {key.value} must not contain a NUL character")
         pairs.append((key.value, text))
     return tuple(pairs)
+
+
+def _pools(ctx: _Ctx, seq: Node | None, defaults: dict[str, Any],
+           node_names: set[str]) -> tuple[PoolConfig, ...]:
+    if seq is None or _is(seq, "null"):
+        return ()
+    if not isinstance(seq, SequenceNode):
+        raise ctx.error(seq, "pools must be a list of pools, each starting with '- name: ...',"
+                        f" found {_describe(seq)}")
+    built: list[PoolConfig] = []
+    for number, item in enumerate(seq.value, start=1):
+        pool = _pool(ctx, item, number, defaults)
+        name_node = next(v for k, v in item.value if k.value == "name")
+        if pool.name in node_names or pool.name == "local":
+            raise ctx.error(name_node, f"pool name '{pool.name}' is taken by "
+                            + ("a node" if pool.name != "local" else "`--pool local`")
+                            + "; give the pool a name of its own")
+        for other in built:
+            if other.name == pool.name:
+                raise ctx.error(name_node, f"duplicate pool name '{pool.name}' (first defined on "
+                                f"line {other.line}); pool names must be unique")
+        built.append(pool)
+    return tuple(built)
+
+
+def _pool(ctx: _Ctx, item: Node, number: int, defaults: dict[str, Any]) -> PoolConfig:
+    get, name, where = _named(ctx, item, number, "pool", _POOL_KEYS, "hpc")
+    kind = ctx.text(get("kind"), f"{where}: kind")
+    if kind is None:
+        raise ctx.error(item, f"{where}: missing required key 'kind' (kind: slurm)")
+    if kind not in POOL_KINDS:
+        raise ctx.error(get("kind"), f"{where}: kind {kind!r} is not a pool kind NebulaGrid "
+                        f"drives; use one of {', '.join(POOL_KINDS)}")
+    host = ctx.text(get("host"), f"{where}: host")
+    if host is None:
+        raise ctx.error(item, f"{where}: missing required key 'host' (its login node, e.g. "
+                        "host: login.hpc.example.edu)")
+    if not _HOST_RE.match(host):
+        raise ctx.error(get("host"), f"{where}: host {host!r} is not a hostname or IP address "
+                        "(no spaces, no leading '-'; put user and port in 'user:' and 'port:')")
+    port = ctx.integer(get("port"), f"{where}: port", 1, 65535)
+    user = ctx.user(get("user"), f"{where}: user")
+    words = {}
+    for key in ("partition", "account"):
+        value = ctx.text(get(key), f"{where}: {key}")
+        if value is not None and not _SLURM_NAME_RE.match(value):
+            raise ctx.error(get(key), f"{where}: {key} {value!r} is not a name Slurm takes "
+                            "(letters, digits, '_', '.', ',', '-')")
+        words[key] = value
+    workdir = ctx.text(get("workdir"), f"{where}: workdir")
+    if workdir is not None and not _POOL_WORKDIR_RE.match(workdir):
+        raise ctx.error(get("workdir"), f"{where}: workdir {workdir!r} must be ~/a/path or "
+                        "/a/path (letters, digits, '_', '.', '/', '+', '-')")
+    runtime = ctx.text(get("runtime"), f"{where}: runtime")
+    if runtime is not None and runtime not in POOL_RUNTIMES:
+        raise ctx.error(get("runtime"), f"{where}: runtime {runtime!r} is not one a pool "
+                        f"declares; use one of {', '.join(POOL_RUNTIMES)}")
+    max_jobs = ctx.integer(get("max_jobs"), f"{where}: max_jobs", 1, 100_000)
+    shards = ctx.integer(get("shards_per_gpu"), f"{where}: shards_per_gpu", 0, 1024)
+    poll = ctx.seconds(get("poll_interval"), f"{where}: poll_interval")
+    identity = ctx.path(get("identity"), f"{where}: identity")
+    if identity is None and user != SUBMITTER:  # a submitter pool uses the head's pool key
+        identity = defaults["identity"]
+    return PoolConfig(
+        name=name, kind=kind, host=host, port=DEFAULT_PORT if port is None else port,
+        user=user or defaults["user"],
+        identity=identity,
+        known_hosts=ctx.path(get("known_hosts"), f"{where}: known_hosts") or defaults["known_hosts"],
+        partition=words["partition"], account=words["account"],
+        max_jobs=DEFAULT_POOL_MAX_JOBS if max_jobs is None else max_jobs,
+        burst_after_s=ctx.seconds(get("burst_after"), f"{where}: burst_after"),
+        workdir=workdir or DEFAULT_POOL_WORKDIR, runtime=runtime or "none",
+        shards_per_gpu=shards or 0,
+        poll_interval_s=DEFAULT_POOL_POLL_S if poll is None else poll,
+        line=item.start_mark.line + 1)

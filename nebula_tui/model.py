@@ -247,6 +247,13 @@ class JobSpec:
     array_id: int | None = None
     array_index: int | None = None
     array_limit: int | None = None
+    #: --pool: the pool it must run in, or ``LOCAL_POOL`` (here only); None: here, or a
+    #: pool whose burst_after it waited past
+    pool: str | None = None
+
+
+#: ``--pool local``: the job runs on the lab's own nodes, never in a pool
+LOCAL_POOL = "local"
 
 
 @dataclass(frozen=True)
@@ -419,12 +426,19 @@ class Job:
     attempt: int = 0  # how many times it was requeued; each launch of it is a new attempt
     #: where its command runs on the node, as the node chose it (None: not started yet)
     workdir_used: str | None = None
+    #: the pool it was sent to (its place there reads ``pool:node``), None while it is ours
+    pool: str | None = None
     state: JobState = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.status, (Pending, Launching, Running, Cancelling, Evicting, Stopping, Ended)):
             raise TypeError(f"job {self.id}: {self.status!r} is not a job status")
         object.__setattr__(self, "state", self.status.state)  # read on every pass: kept
+
+    @property
+    def pooled(self) -> bool:
+        """Whether a pool runs it (sent there, or asked for with --pool): never placed here."""
+        return self.pool is not None or self.spec.pool not in (None, LOCAL_POOL)
 
     @property
     def reason(self) -> str:

@@ -263,6 +263,12 @@ class Store:
             # or a launch made after the backup this database was restored from).
             db["launches"].create({"token": str, "job_id": int, "attempt": int, "t": float},
                                   pk="token", if_not_exists=True)
+            # A job sent to a pool: the intent (written before the pool is asked), the token
+            # that names it there, and the pool's id for it once the pool answered.
+            db["pool_jobs"].create(
+                {"job_id": int, "pool": str, "account": str, "token": str, "remote_id": str,
+                 "log_path": str, "sent_at": float, "note": str},
+                pk="job_id", if_not_exists=True)
             db["telemetry"].create(
                 {"gpu": str, "t": float, "temperature_c": float, "utilization_pct": float,
                  "memory_used_mb": float, "power_w": float, "fan_pct": float,
@@ -309,6 +315,8 @@ class Store:
         ("jobs", "stop_why", str, None),
         ("jobs", "stop_requeue", int, 0),
         ("jobs", "stop_kill_at", float, None),
+        # the pool a job was sent to (head/pools.py), NULL while it is the lab's
+        ("jobs", "pool", str, None),
     )
 
     def _add_missing_columns(self) -> None:
@@ -683,6 +691,74 @@ class Store:
                     for mem, excl, total in rows)
         return hours * share
 
+    # ------------------------------------------------------------------ pools
+    def send_to_pool(self, job_id: int, pool: str, account: str, token: str, log_path: str,
+                     reason: str, t: float) -> None:
+        """The intent of sending a waiting job to a pool, before the pool is asked: the job
+        is the pool's from now on, and ``token`` names the submission there (a head that
+        restarts before the pool's answer finds the job by it). StaleDecision when the job
+        no longer waits (cancelled, or placed here meanwhile)."""
+        with self.transaction():
+            changed = self.db.execute(
+                "UPDATE jobs SET pool = ?, reason = ? WHERE id = ? AND state = 'pending' "
+                "AND held_by IS NULL", [pool, reason, job_id]).rowcount
+            if not changed:
+                raise StaleDecision(f"job {job_id} is no longer waiting")
+            self.db.execute(
+                "INSERT OR REPLACE INTO pool_jobs (job_id, pool, account, token, remote_id, "
+                "log_path, sent_at, note) VALUES (?, ?, ?, ?, NULL, ?, ?, '')",
+                [job_id, pool, account, token, log_path, t])
+            attempt = self.db.execute("SELECT attempt FROM jobs WHERE id = ?", [job_id]).fetchone()[0]
+            self.db.execute("INSERT OR IGNORE INTO launches (token, job_id, attempt, t) "
+                            "VALUES (?, ?, ?, ?)", [token, job_id, attempt, t])
+            self._event(t, "pool", f"job {job_id} {reason}", job_id=job_id)
+
+    def pool_submitted(self, job_id: int, remote_id: str, log_path: str, t: float) -> None:
+        """The pool took the job as ``remote_id``; its output goes to ``log_path`` there."""
+        with self.transaction():
+            self.db.execute("UPDATE pool_jobs SET remote_id = ?, log_path = ? WHERE job_id = ?",
+                            [remote_id, log_path, job_id])
+            pool = self.db.execute("SELECT pool FROM pool_jobs WHERE job_id = ?", [job_id]).fetchone()
+            self._event(t, "pool", f"job {job_id} is job {remote_id} in pool {pool[0] if pool else '?'}",
+                        job_id=job_id)
+
+    def pool_jobs(self) -> dict[int, dict]:
+        """Job id -> its pool row, for every job sent to a pool that has not ended."""
+        rows = self.db.execute(
+            "SELECT p.job_id, p.pool, p.account, p.token, p.remote_id, p.log_path, p.sent_at "
+            "FROM pool_jobs p JOIN jobs j ON j.id = p.job_id "
+            "WHERE j.state IN ('pending', 'launching', 'running')").fetchall()
+        keys = ("job_id", "pool", "account", "token", "remote_id", "log_path", "sent_at")
+        return {r[0]: dict(zip(keys, r)) for r in rows}
+
+    def pool_job(self, job_id: int) -> dict | None:
+        """A job's pool row, ended or not."""
+        row = self.db.execute(
+            "SELECT job_id, pool, account, token, remote_id, log_path, sent_at FROM pool_jobs "
+            "WHERE job_id = ?", [job_id]).fetchone()
+        keys = ("job_id", "pool", "account", "token", "remote_id", "log_path", "sent_at")
+        return dict(zip(keys, row)) if row else None
+
+    def pool_running(self, job_id: int, placements: tuple[Placement, ...], started_at: float,
+                     t: float) -> None:
+        """A pool job started there (its nodes' GPUs as ``placements``, ``pool:node``)."""
+        with self.transaction():
+            changed = self.db.execute(
+                "UPDATE jobs SET state = 'running', node = ?, reason = '', started_at = ?, "
+                "launch_token = (SELECT token FROM pool_jobs WHERE job_id = ?) "
+                "WHERE id = ? AND state = 'pending'",
+                [placements[0].node, started_at, job_id, job_id]).rowcount
+            if not changed:
+                return
+            self.db.conn.executemany(
+                "INSERT INTO allocations (job_id, gpu_uuid, node, gpu_index, memory_mb, "
+                "exclusive, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(job_id, p.gpu_uuid, p.node, p.gpu_index, p.memory_mb, int(p.exclusive), t)
+                 for p in placements])
+            nodes = ", ".join(dict.fromkeys(p.node for p in placements))
+            self._event(t, "start", f"job {job_id} started on {nodes}", job_id=job_id,
+                        node=placements[0].node)
+
     def job(self, job_id: int) -> Job | None:
         row = self.db.execute("SELECT * FROM jobs WHERE id = ?", [job_id]).fetchone()
         if row is None:
@@ -787,7 +863,8 @@ class Store:
             placements = tuple(p for _, p in self._placements(f"job_id = ? AND {_HELD}", [row["id"]]))
         return Job(id=row["id"], user=row["user"], spec=spec_of(json.loads(row["spec"])),
                    submitted_at=row["submitted_at"], status=_status(row, placements),
-                   attempt=row.get("attempt") or 0, workdir_used=row.get("workdir_used"))
+                   attempt=row.get("attempt") or 0, workdir_used=row.get("workdir_used"),
+                   pool=row.get("pool"))
 
     # -------------------------------------------------------------- telemetry
     TELEMETRY_FIELDS = ("temperature_c", "utilization_pct", "memory_used_mb", "power_w",

@@ -10,7 +10,7 @@ import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict
 
-from .model import (MIB_PER_GIB, NOT_AVAILABLE, Cancelling, Evicting, GpuView, Job, JobState,
+from .model import (LOCAL_POOL, MIB_PER_GIB, NOT_AVAILABLE, Cancelling, Evicting, GpuView, Job, JobState,
                     Stopping, fmt, format_mb, holding)
 from .printable import printable
 from .scheduler.slices import offered_mb
@@ -91,6 +91,7 @@ def job_json(job: Job) -> dict:
         "array": job.spec.array, "after": list(job.spec.after), "after_type": job.spec.after_type,
         "time_limit_s": job.spec.time_limit_s, "vendor": job.spec.vendor,
         "arch": job.spec.arch, "cuda": job.spec.cuda,
+        "pool": job.pool or (job.spec.pool if job.spec.pool != LOCAL_POOL else None),
         "gpus": [{"uuid": p.gpu_uuid, "node": p.node, "index": p.gpu_index,
                   "memory_mb": p.memory_mb, "exclusive": p.exclusive} for p in job.placements],
     }

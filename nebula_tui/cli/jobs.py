@@ -56,6 +56,7 @@ def submit_request(args) -> dict | None:
         "notify": getattr(args, "notify", False), **world_request(args),
         "after": [job for _, ids in args.after for job in ids],
         "after_type": kinds.pop() if kinds else "ok", "array": getattr(args, "array", None),
+        "pool": getattr(args, "pool", None),
     }
 
 

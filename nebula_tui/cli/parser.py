@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("submit", "submit a job: nebula submit [options] -- cmd args…")
     add_submit_flags(p)
+    p.add_argument("--pool", default=None, metavar="NAME",
+                   help="run it in this pool (a Slurm cluster in nodes.yaml's pools:), or "
+                        "'local' to keep it on the lab's nodes (default: here, or a pool once "
+                        "it waited past the pool's burst_after)")
     p.add_argument("--array", type=array, default=None,
                    help="run it as tasks 0-99 (NEBULA_ARRAY_TASK_ID), at most 8 at once with 0-99%%8")
     p.add_argument("--wait", action="store_true", help="wait for the end; exit with its code")

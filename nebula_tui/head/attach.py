@@ -88,6 +88,9 @@ class Attach:
         if job is None:
             raise RequestError(f"no job {job_id}; `nebula queue` lists the jobs")
         self.access.check_may_manage(user, job, "attach to")
+        if job.pool is not None:
+            raise RequestError(f"job {job_id} runs in pool {job.pool}, where the head has no "
+                               f"terminal of its own; `nebula logs -f {job_id}` follows its output")
         if not job.state.holds_gpus or not job.node:
             raise RequestError(f"job {job_id} {job.state.phrase}; only a running job has a session")
         nodes = job_nodes(job)

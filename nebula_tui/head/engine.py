@@ -14,6 +14,7 @@ The rooms, each importing only those before it (``tests/test_architecture.py`` c
   ``health``      Xid policies, isolation, throttling
   ``nodes``       node links and messages, reconcile, drain/add/remove/reload
   ``attach``      a job's tmux session relayed over the socket
+  ``pools``       batch clusters behind the queue: sending, polling, their jobs' requests
   ``smoke``       a new node's first job (``nebula node add``)
   ``metrics``     Prometheus metrics (``nebula serve --metrics``)
   ``notify``      webhooks and mail when jobs end or GPUs are isolated
@@ -44,6 +45,7 @@ from .limits import Limits
 from .metrics import Metrics
 from .notify import Notifier
 from .nodes import Fleet
+from .pools import Pools
 from .scheduling import Scheduling, pending_job
 from .shares import Shares
 from .smoke import SmokeTest
@@ -71,6 +73,8 @@ class Engine:
         store.on_event = self.stream.publish_event  # every events-log line, once committed
         self.fleet = Fleet(self.state, self.stream, self.transitions, self.health, self.access)
         self.attach = Attach(self.state, self.access)
+        self.pools = Pools(self.state, self.stream, self.shares, self.transitions, self.access,
+                           store.path.parent)
         self.smoke = SmokeTest(self.state, self.stream, self.transitions, self.access)
         self.metrics = Metrics(self.state)  # served only with --metrics (head/serve.py)
         self.transitions.on_running = self._job_started
@@ -119,19 +123,23 @@ class Engine:
         self.stops.resume(self.state.config.health.isolation_grace_s)
         self.fleet.start()
         self.scheduling.start()
+        self.pools.start()
 
     async def stop(self) -> None:
         self.state.store.on_event = None
         self.scheduling.stop()
         self.state.cancel_tasks()
         await self.fleet.close()
+        await self.pools.close()
 
     # ------------------------------------------------------------ client requests
     async def submit_on_disk(self, user: str, spec: JobSpec) -> Job:
         """``submit``, returned once the job is on the disk, as a client's answer must be.
         Its commit does not wait for the disk itself: the group commit (``HeadState.on_disk``)
         syncs once for every submit that came meanwhile, off the loop, so neither the other
-        clients nor the launches and exits of the moment wait for this one's sync."""
+        clients nor the launches and exits of the moment wait for this one's sync. A job for
+        a pool is refused first when the pool would refuse it (``Pools.admit``)."""
+        await self.pools.admit(user, spec)
         job = self.submit(user, spec, durable=False, wake=False)
         try:
             await self.state.on_disk()
@@ -175,6 +183,7 @@ class Engine:
         for job in jobs:
             state.jobs[job.id] = job
             self.stream.publish_job(job)
+            self.pools.accepted(job)
         self.shares.changed(user)
         if wake:
             state.wake(capacity=False)
@@ -187,12 +196,17 @@ class Engine:
         limits = self.limits.settings
         time_limit, refusal = admission.time_limit(spec.time_limit_s, limits.default_time_s,
                                                    limits.max_time_s)
-        if refusal is None:
+        self.pools.check(user, spec)
+        if refusal is None and spec.pool in self.pools.pools:
+            pass  # the pool's hardware, not the lab's, is what it needs (Pools.check)
+        elif refusal is None:
             probe = pending_job(Job(id=0, user=user, spec=spec, submitted_at=0.0))
             hardware = self.state.hardware()
             partial = any(node.name not in hardware for node in self.state.config.nodes)
             refusal = admission.refusal_on(probe, hardware, self.state.settings.config,
                                            partial=partial)
+            if refusal is not None and spec.pool is None and self.pools.bursts_for(spec):
+                refusal = None  # a pool it may go to after waiting can run it
         if refusal is not None:
             raise UnfitRequest(refusal)
         return spec if time_limit == spec.time_limit_s else replace(spec, time_limit_s=time_limit)
@@ -206,7 +220,8 @@ class Engine:
         shown = (self.accounting.ended_job(user or self.state.owner, job) if job.state.finished
                  else views.job_json(job))
         return {**shown, "queue_pos": self.state.queue_pos(job),
-                "environment": self.transitions.environments(job) if job.placements else {}}
+                "environment": self.transitions.environments(job)
+                if job.placements and job.pool is None else {}}
 
     def job(self, job_id: int) -> Job:
         job = self.state.jobs.get(job_id) or self.state.store.job(job_id)
@@ -217,6 +232,9 @@ class Engine:
     async def cancel(self, user: str, job_id: int) -> Job:
         """Cancel a job; an array's id (its first task's) cancels every task not ended."""
         job = self.job(job_id)
+        if job.pooled and job.spec.array_id != job.id:
+            await self.pools.cancel(user, job)
+            return self.job(job_id)
         tasks = [job]
         if job.spec.array_id == job.id:
             self.access.check_may_manage(user, job, "cancel")
@@ -226,8 +244,26 @@ class Engine:
             if not tasks:
                 raise RequestError(f"array {job_id}: every task already ended")
         for task in tasks:
-            self.transitions.cancel(user, self.job(task.id))
+            task = self.job(task.id)
+            if task.pooled:
+                await self.pools.cancel(user, task)
+            else:
+                self.transitions.cancel(user, task)
         return self.job(job_id)
+
+    async def requeue_job(self, user: str, job_id: int) -> Job:
+        """``requeue``, or in its pool for a pool's job (scontrol requeue)."""
+        job = self.job(job_id)
+        if job.pool is not None:
+            return await self.pools.requeue(user, job)
+        return self.requeue(user, job_id)
+
+    async def hold_job(self, user: str, job_id: int, hold: bool) -> Job:
+        """``set_held``, or in its pool too for a job sent there (scontrol hold/release)."""
+        job = self.job(job_id)
+        if job.pool is not None:
+            return await self.pools.hold(user, job, hold)
+        return self.set_held(user, job_id, hold)
 
     def requeue(self, user: str, job_id: int) -> Job:
         """Stop a running job (SIGUSR1, then SIGKILL after the grace) and put it back in
@@ -263,6 +299,9 @@ class Engine:
     def attach_argv(self, user: str, job_id: int) -> list[str]:
         """The command that attaches a terminal to the job's session through this service
         (R13): refused here as the attach itself would be."""
+        if self.job(job_id).pool is not None:
+            raise RequestError(f"job {job_id} runs in a pool, where the head has no terminal of "
+                               f"its own; `nebula logs -f {job_id}` follows its output")
         node, _ = self.attach.target(user, job_id, 0)
         self.attach.check_room(user, node)
         return ["nebula", "attach", str(job_id)]
@@ -279,6 +318,8 @@ class Engine:
         ``attempt`` (1 its first run; each requeue starts the next). ``ended``: the log
         will not grow (the job ended, or that attempt did)."""
         job = self.job(job_id)
+        if job.pool is not None:
+            return await self.pools.read_log(user, job, offset)
         self.access.check_may_manage(user, job, "read the log of")
         if attempt is None:
             nodes = job_nodes(job) or self.state.store.last_nodes(job.id) or \

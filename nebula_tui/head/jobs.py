@@ -324,9 +324,11 @@ class JobTransitions:
         self.on_running(self._set(replace(job, status=with_holding(job.status, running))))
 
     # --------------------------------------------------------------------- the end
-    def finish(self, job: Job, state: JobState, code: int | None, reason: str) -> None:
-        """End a job (succeeded, failed, cancelled, timeout): GPUs released, user charged."""
-        now = self.state.clock()
+    def finish(self, job: Job, state: JobState, code: int | None, reason: str,
+               at: float | None = None) -> None:
+        """End a job (succeeded, failed, cancelled, timeout): GPUs released, user charged.
+        ``at``: when it ended, if not now (a pool's job, as the pool reports its end)."""
+        now = self.state.clock() if at is None else at
         charged = self.state.store.finish_job(job.id, state, now, exit_code=code, reason=reason)
         self.state.jobs.pop(job.id, None)
         self._exit_reasons.pop(job.id, None)
@@ -335,13 +337,17 @@ class JobTransitions:
         done = replace(job, status=Ended(state, now, code, reason, job.started_at, job.node,
                                          job.placements))
         self.stream.publish_job(done)
-        for node in job_nodes(job):
+        for node in self._lab_nodes(job):
             self.stream.publish_gpus(node)
         for waiter in self._finished_waiters.pop(job.id, []):
             if not waiter.done():
                 waiter.set_result(done)
         self.on_ended(done)
         self.state.wake()
+
+    def _lab_nodes(self, job: Job) -> list[str]:
+        """The job's nodes that are the lab's (a pool's job has its pool's)."""
+        return [node for node in job_nodes(job) if node in self.state.nodes]
 
     def requeue(self, job: Job, reason: str) -> None:
         """Put a job that held GPUs back in the queue (its allocation released), as a new
@@ -352,7 +358,7 @@ class JobTransitions:
         self.on_requeued(job, reason)
         self._set(replace(job, status=Pending(reason), attempt=job.attempt + 1))
         self.shares.changed(job.user)  # charged for what it held
-        for node in job_nodes(job):
+        for node in self._lab_nodes(job):
             self.stream.publish_gpus(node)
         self.state.wake()
 

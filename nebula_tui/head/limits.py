@@ -93,7 +93,8 @@ class Limits:
         self._seen_running: dict[int, tuple[int, float, float]] = {}
 
     def running(self) -> list[Job]:
-        return [j for j in self.state.jobs.holders() if isinstance(j.status, Running)]
+        # A pool's jobs are its scheduler's to limit (their --time went with them).
+        return [j for j in self.state.jobs.holders() if isinstance(j.status, Running) and j.pool is None]
 
     # ------------------------------------------------------------------ each turn
     def check(self) -> None:

@@ -150,12 +150,19 @@ def _world_fields(req: dict) -> dict:
                                  fields["data_mounts"], fields.get("runtime"))
     except ValueError as err:
         raise InvalidRequest(str(err)) from None
+    pool = req.get("pool")
+    if pool is not None and (not isinstance(pool, str) or not _POOL.match(pool)):
+        raise InvalidRequest("--pool: give a pool's name from nodes.yaml (lowercase letters, digits, "
+                           "'_', '.', '-') or 'local'")
+    fields["pool"] = pool
     fields["warmup"] = bool(req.get("warmup"))
     fields["interactive"] = bool(req.get("interactive"))
     return fields
 
 
 
+#: a pool's name as nodes.yaml allows it (config.py's node and pool names)
+_POOL = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}\Z")
 #: a job's --vendor that takes any card, whatever nodes.yaml gives as the default
 ANY_VENDOR = "any"
 _VENDOR = re.compile(f"^({'|'.join((*VENDORS, ANY_VENDOR))})$")

@@ -135,8 +135,9 @@ class Scheduling:
         return not self.state.capacity_changed and not self.state.any_gpu_offers()
 
     def waiting(self) -> list[Job]:
-        """The jobs a pass considers: pending and not held."""
-        return [j for j in self.state.jobs.values() if j.state == JobState.PENDING and not j.held_by]
+        """The jobs a pass considers: pending, not held, not a pool's."""
+        return [j for j in self.state.jobs.values()
+                if j.state == JobState.PENDING and not j.held_by and not j.pooled]
 
     def schedule_pass(self) -> None:
         """Decide for every waiting job; the Wait decisions, in the order they come, are
@@ -174,7 +175,7 @@ class Scheduling:
     def snapshot_for(self, pending: list[Job]) -> scheduler.Snapshot:
         """Everything a pass looks at, from memory (the store only for old dependencies)."""
         state = self.state
-        holding = [j for j in state.jobs.values() if j.state.holds_gpus]
+        holding = [j for j in state.jobs.values() if j.state.holds_gpus and j.pool is None]
         named = {dep for j in pending for dep in j.spec.after}
         ended = state.store.job_outcomes([d for d in named if d not in state.jobs]) if named else {}
         return scheduler.Snapshot(

@@ -276,11 +276,16 @@ class ApiServer:
         return {"job": views.job_json(job), "tasks": tasks}
 
     async def op_requeue(self, user, req):
-        return {"job": views.job_json(self.engine.requeue(user, job_id(req)))}
+        return {"job": views.job_json(await self.engine.requeue_job(user, job_id(req)))}
 
     async def op_status(self, user, req):
         status = self.engine.status()
-        return {"summary": status["summary"], "nodes": status["nodes"]}
+        return {"summary": status["summary"], "nodes": status["nodes"],
+                "pools": self.engine.pools.status()}
+
+    async def op_pools(self, user, req):
+        """Each pool as the head sees it (``Pools.view_json``): `nebula status`, the TUI."""
+        return {"pools": self.engine.pools.status()}
 
     async def op_queue(self, user, req):
         seen = self._seen_by(user, listing=True)
@@ -345,11 +350,11 @@ class ApiServer:
 
     async def op_hold(self, user, req):
         self._toggles.check(user, "hold or release")
-        return {"job": views.job_json(self.engine.set_held(user, job_id(req), True))}
+        return {"job": views.job_json(await self.engine.hold_job(user, job_id(req), True))}
 
     async def op_release(self, user, req):
         self._toggles.check(user, "hold or release")
-        return {"job": views.job_json(self.engine.set_held(user, job_id(req), False))}
+        return {"job": views.job_json(await self.engine.hold_job(user, job_id(req), False))}
 
     async def op_drain(self, user, req):
         reason = req.get("reason") or ""

@@ -1,0 +1,418 @@
+"""A Slurm cluster as a pool: its own commands over SSH to its login node, nothing installed.
+
+One asyncssh connection per cluster account (one in all with a project account; one per
+lab user who submitted with ``user: submitter``), host keys verified against known_hosts
+as for a node. A job is ``sbatch --parsable`` with its batch script on stdin, named by its
+token in ``--comment``; ``squeue``/``sinfo`` (``--json`` where the version has it, read at
+connect with ``sinfo --version``) and ``sacct`` are polled on one connection. Every word
+of ours that reaches the remote shell is quoted with ``shlex.quote``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import shlex
+from pathlib import Path
+
+import asyncssh
+
+from ..config import ClusterConfig, PoolConfig
+from ..remote import preflight
+from ..remote.ssh import encryption_preference, known_hosts
+from . import slurm_parse as parse
+from .base import (Capacity, PollResult, PoolNode, PoolNotAuthorised, PoolRefusal,
+                   PoolSubmission, PoolUnavailable, RemoteJob)
+
+#: bytes of a job's output one ``logs`` call reads at most
+LOG_CHUNK = 64 * 1024
+#: the output of a cluster command we read at most (squeue --json of 50 jobs is ~150 KB)
+MAX_OUTPUT = 8 << 20
+
+
+def remote_path(path: str) -> str:
+    """``~/x`` or ``/x`` as a shell word: the home part left to the shell, the rest quoted."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def _time_limit(seconds: float) -> str:
+    """--time for Slurm, in whole minutes up (it counts minutes): D-HH:MM:00."""
+    minutes = max(1, math.ceil(seconds / 60))
+    days, minutes = divmod(minutes, 1440)
+    return f"{days}-{minutes // 60:02d}:{minutes % 60:02d}:00"
+
+
+def master_port(job_id: int) -> int:
+    return 29500 + job_id % 20000  # as a lab gang's (launcher.gang_environment)
+
+
+# The part of a job that runs on each of its nodes (one srun task per node for a gang):
+# R12's variables, the same checks as on a lab node (remote/preflight.py), then the command.
+_PART = r"""export CUDA_DEVICE_ORDER=PCI_BUS_ID
+NEBULA_GPU_LIST=
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && command -v nvidia-smi >/dev/null 2>&1; then
+  NEBULA_GPU_LIST=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i "$CUDA_VISIBLE_DEVICES" 2>/dev/null | paste -sd, -)
+fi
+export NEBULA_GPU_LIST=${NEBULA_GPU_LIST:-${CUDA_VISIBLE_DEVICES:-}}
+if [ "${NNODES:-1}" -gt 1 ]; then export NODE_RANK=${SLURM_NODEID:-0}; fi
+export NEBULA_NODE_NAME=${SLURMD_NODENAME:-$(hostname)}
+checks=$(sh -c "$NEBULA_CHECKS" nebula-check "$@") || {
+  printf 'nebula: %s\n' "$checks" >&2; exit 127; }
+NEBULA_CONDA_TOOL=$(printf '%s\n' "$checks" | sed -n 's/^conda=//p')
+workdir=$(printf '%s\n' "$checks" | sed -n 's/^workdir=//p')
+[ -z "$workdir" ] || cd -- "$workdir" || exit 127
+eval "$NEBULA_ACTIVATE"
+"""
+
+
+class SlurmPool:
+    """One Slurm cluster (see the module docstring). ``key`` is the head's pool key, which a
+    ``user: submitter`` pool without ``identity:`` logs in with."""
+
+    kind = "slurm"
+
+    def __init__(self, config: PoolConfig, cluster: ClusterConfig, key: Path | None = None):
+        self.config = config
+        self.name = config.name
+        self.cluster = cluster
+        self.key = key
+        self._conns: dict[str, asyncssh.SSHClientConnection] = {}
+        self._opening: dict[str, asyncio.Lock] = {}
+        self._workdirs: dict[str, str] = {}  # account -> its workdir, resolved there once
+        self.version: tuple[int, ...] | None = None
+        self.accounting: bool | None = None  # sacct answers (None: not asked yet)
+
+    # ------------------------------------------------------------------- connections
+    def account_for(self, user: str) -> str:
+        return user if self.config.per_submitter else self.config.user
+
+    def _identity(self) -> str | None:
+        if self.config.identity:
+            return self.config.identity
+        return str(self.key) if self.config.per_submitter and self.key else None
+
+    async def _conn(self, account: str) -> asyncssh.SSHClientConnection:
+        conn = self._conns.get(account)
+        if conn is not None and not conn.is_closed():
+            return conn
+        lock = self._opening.setdefault(account, asyncio.Lock())
+        async with lock:
+            conn = self._conns.get(account)
+            if conn is not None and not conn.is_closed():
+                return conn
+            options = {"known_hosts": known_hosts(self.config.known_hosts), "username": account,
+                       "connect_timeout": self.cluster.connect_timeout, "keepalive_interval": 15,
+                       "encryption_algs": list(encryption_preference())}
+            identity = self._identity()
+            if identity:
+                options["client_keys"] = [identity]
+                options["agent_path"] = None  # the pool key alone: what the user authorised
+            try:
+                conn = await asyncio.wait_for(
+                    asyncssh.connect(self.config.host, self.config.port, **options),
+                    self.cluster.connect_timeout)
+            except asyncssh.PermissionDenied:
+                raise PoolNotAuthorised(
+                    f"pool {self.name} refused login as {account} with "
+                    f"{'the head' + chr(39) + 's pool key' if self.config.per_submitter else identity or 'the default SSH keys'}"
+                ) from None
+            except asyncssh.HostKeyNotVerifiable:
+                raise PoolUnavailable(
+                    f"the host key of pool {self.name}'s login node ({self.config.host}:"
+                    f"{self.config.port}) is not the one in {self.config.known_hosts}") from None
+            except (OSError, asyncio.TimeoutError, asyncssh.Error) as err:
+                raise PoolUnavailable(self._why(err)) from None
+            self._conns[account] = conn
+            return conn
+
+    def _why(self, err: BaseException) -> str:
+        where = f"{self.config.host}:{self.config.port}"
+        if isinstance(err, (asyncio.TimeoutError, TimeoutError)):
+            return f"pool {self.name}'s login node ({where}) did not answer in time"
+        if isinstance(err, OSError) and err.errno:
+            return f"cannot connect to pool {self.name}'s login node ({where}): {os.strerror(err.errno)}"
+        return f"pool {self.name}'s login node ({where}): {type(err).__name__}: {err}"
+
+    async def run(self, account: str, command: str, stdin: str | None = None,
+                  timeout: float | None = None) -> tuple[int, str, str]:
+        """``command`` in a shell there as ``account``: (exit status, stdout, stderr)."""
+        conn = await self._conn(account)
+        try:
+            done = await asyncio.wait_for(
+                conn.run(command, input=stdin, check=False),
+                timeout or self.cluster.command_timeout)
+        except (OSError, asyncio.TimeoutError, asyncssh.Error) as err:
+            self._drop(account)
+            raise PoolUnavailable(self._why(err)) from None
+        out, err_text = done.stdout or "", done.stderr or ""
+        return done.exit_status if done.exit_status is not None else 255, out[:MAX_OUTPUT], err_text[:4096]
+
+    def _drop(self, account: str) -> None:
+        conn = self._conns.pop(account, None)
+        if conn is not None:
+            conn.close()
+
+    async def close(self) -> None:
+        for account in list(self._conns):
+            self._drop(account)
+
+    async def check_login(self, account: str) -> None:
+        """PoolNotAuthorised when ``account`` does not let the head's key in; PoolUnavailable
+        when the login node does not answer."""
+        await self._conn(account)
+
+    async def workdir(self, account: str) -> str:
+        """The pool's workdir as ``account`` sees it there (made if missing), resolved once."""
+        known = self._workdirs.get(account)
+        if known is None:
+            status, out, err = await self.run(
+                account, f"mkdir -p {remote_path(self.config.workdir)} && cd "
+                         f"{remote_path(self.config.workdir)} && pwd -P")
+            lines = out.strip().splitlines()
+            if status != 0 or not lines or not lines[-1].startswith("/"):
+                raise PoolRefusal(f"pool {self.name}: cannot make its workdir "
+                                  f"{self.config.workdir} as {account}: {err.strip()[:200]}")
+            known = self._workdirs[account] = lines[-1]
+        return known
+
+    async def hello(self, account: str) -> tuple[int, ...]:
+        """The cluster's Slurm version (``sinfo --version``), read once per connection."""
+        if self.version is None:
+            status, out, err = await self.run(account, "sinfo --version")
+            try:
+                self.version = parse.parse_version(out)
+            except ValueError:
+                raise PoolRefusal(f"pool {self.name}: sinfo --version answered "
+                                  f"{(out or err).strip()[:120]!r}; is Slurm on its PATH?") from None
+        return self.version
+
+    # ------------------------------------------------------------------------ submit
+    def log_path(self, workdir: str, submission: PoolSubmission) -> str:
+        return f"{workdir}/job-{submission.job.id}-{submission.token}.out"
+
+    def sbatch_argv(self, submission: PoolSubmission, workdir: str) -> list[str]:
+        """The sbatch flags for ``submission`` (the script comes on stdin)."""
+        job, spec, config = submission.job, submission.job.spec, self.config
+        argv = ["sbatch", "--parsable", f"--job-name={spec.name or f'nebula-{job.id}'}",
+                f"--comment={submission.token}", f"--output={self.log_path(workdir, submission)}",
+                "--open-mode=append", f"--chdir={workdir}", f"--nodes={spec.nodes}",
+                "--ntasks-per-node=1",
+                "--no-requeue" if spec.no_requeue else "--requeue"]
+        if submission.shards_per_node:
+            argv.append(f"--gres=shard:{submission.shards_per_node}")
+        else:
+            argv.append(f"--gres=gpu:{submission.gpus_per_node}")
+        if config.partition:
+            argv.append(f"--partition={config.partition}")
+        if config.account:
+            argv.append(f"--account={config.account}")
+        if spec.time_limit_s:
+            argv.append(f"--time={_time_limit(spec.time_limit_s)}")
+        return argv  # an --image goes on the srun step (pyxis) or in the part (apptainer)
+
+    def batch_script(self, submission: PoolSubmission) -> str:
+        """The batch script: the job's variables, then its part on every node (srun per
+        node for a gang, from Slurm's own node list), each behind the lab's checks."""
+        job, spec = submission.job, submission.job.spec
+        env = {"NEBULA_JOB_ID": str(job.id), "NEBULA_POOL": self.name,
+               "NEBULA_CHECKS": preflight.CHECKS, "NEBULA_ACTIVATE": preflight.ACTIVATE}
+        env.update(preflight.check_env("$node", spec.workdir, spec.submit_dir, spec.conda,
+                                       spec.venv))
+        env.pop("NEBULA_NODE_NAME", None)  # each node's own, set in the part
+        command = ["sh", "-c", spec.command[0]] if spec.shell else list(spec.command)
+        command = self._in_container(submission, command)
+        sources = [m.split(":", 1)[0] for m in spec.data_mounts]
+        part = _PART + "exec " + shlex.join(command) + "\n"
+        lines = ["#!/bin/bash", f"# NebulaGrid job {job.id}, attempt {job.attempt + 1}"]
+        lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
+        lines.append(f"part={shlex.quote(part)}")
+        srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+        if spec.image and self.config.runtime == "pyxis":
+            srun.append(f"--container-image={spec.image}")
+            mounts = ",".join(spec.data_mounts)
+            if mounts:
+                srun.append(f"--container-mounts={mounts}")
+        lines += [
+            'if [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then',
+            '  first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            # the first node's address as Slurm reaches it (a node's name may not resolve)
+            "  MASTER_ADDR=$(scontrol show node -o \"$first\" 2>/dev/null | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')",
+            '  MASTER_ADDR=${MASTER_ADDR:-$first}',
+            f"  export MASTER_ADDR MASTER_PORT={master_port(job.id)}",
+            "  export NNODES=$SLURM_JOB_NUM_NODES WORLD_SIZE=$SLURM_JOB_NUM_NODES",
+            f'  exec {shlex.join(srun)} --ntasks="$NNODES" bash -c "$part" nebula-part '
+            + " ".join(shlex.quote(s) for s in sources),
+            "fi",
+        ]
+        if spec.image and self.config.runtime == "pyxis":
+            lines.append(f'exec {shlex.join(srun)} --ntasks=1 bash -c "$part" nebula-part '
+                         + " ".join(shlex.quote(s) for s in sources))
+        else:
+            lines.append('exec bash -c "$part" nebula-part '
+                         + " ".join(shlex.quote(s) for s in sources))
+        return "\n".join(lines) + "\n"
+
+    def _in_container(self, submission: PoolSubmission, command: list[str]) -> list[str]:
+        spec = submission.job.spec
+        if not spec.image or self.config.runtime != "apptainer":
+            return command
+        binds = []
+        for mount in spec.data_mounts:
+            binds += ["--bind", mount]
+        return ["apptainer", "exec", "--nv", *binds, spec.image, *command]
+
+    async def submit(self, submission: PoolSubmission) -> str:
+        account = submission.account
+        await self.hello(account)
+        workdir = await self.workdir(account)
+        argv = self.sbatch_argv(submission, workdir)
+        status, out, err = await self.run(account, shlex.join(argv), stdin=self.batch_script(submission))
+        if status != 0:
+            raise PoolRefusal(f"pool {self.name}: sbatch refused the job: "
+                              f"{(err or out).strip().splitlines()[-1][:300] if (err or out).strip() else f'exit status {status}'}")
+        try:
+            return parse.parse_sbatch(out)
+        except ValueError as why:
+            raise PoolRefusal(f"pool {self.name}: {why}") from None
+
+    # ------------------------------------------------------------------------- poll
+    async def _squeue(self, account: str, accounts: set[str]) -> list[parse.SlurmJob]:
+        users = ",".join(sorted(accounts))
+        version = await self.hello(account)
+        if parse.has_json(version):
+            command = f"squeue --json -t all -u {shlex.quote(users)}"
+            reader = parse.parse_squeue_json
+        else:
+            command = f"squeue -h -t all -u {shlex.quote(users)} -o {shlex.quote(parse.SQUEUE_FORMAT)}"
+            reader = parse.parse_squeue_text
+        status, out, err = await self.run(account, command)
+        if status != 0:
+            raise PoolUnavailable(f"pool {self.name}: squeue failed: {err.strip()[:200]}")
+        try:
+            return reader(out)
+        except ValueError as why:
+            raise PoolUnavailable(f"pool {self.name}: {why}") from None
+
+    def _report(self, job: parse.SlurmJob, accounted: parse.SlurmJob | None = None) -> RemoteJob:
+        final = accounted or job
+        end = parse.end_of(final, self.name)
+        return RemoteJob(
+            remote_id=job.slurm_id, token=job.comment, waiting=job.waiting and end is None,
+            running=job.running and end is None, reason=job.reason, nodes=job.nodes,
+            started_at=final.start or job.start, ended_at=final.end or job.end, end=end,
+            exit_code=final.exit_code, preempted=final.state == "PREEMPTED",
+            elapsed_s=final.elapsed_s)
+
+    async def _sacct(self, account: str, ids: list[str]) -> dict[str, parse.SlurmJob]:
+        """The ends the cluster's accounting holds for ``ids`` ({} without accounting)."""
+        if not ids or self.accounting is False:
+            return {}
+        status, out, err = await self.run(
+            account, f"sacct -X -n -P --format={parse.SACCT_FORMAT} -j {shlex.quote(','.join(ids))}")
+        if status != 0 or "accounting storage is disabled" in (out + err).lower():
+            self.accounting = False
+            return {}
+        self.accounting = True
+        return parse.parse_sacct(out)
+
+    async def poll(self, accounts: set[str], ended: dict[str, str]) -> PollResult:
+        account = self._poller(accounts)
+        result = PollResult()
+        listed = await self._squeue(account, accounts) if accounts else []
+        final_ids = [j.slurm_id for j in listed if parse.end_of(j, self.name) is not None]
+        gone = [remote for remote in ended if remote not in {j.slurm_id for j in listed}]
+        accounted = await self._sacct(account, final_ids + gone)
+        for job in listed:
+            if job.comment:
+                result.jobs[job.comment] = self._report(job, accounted.get(job.slurm_id))
+        for remote in gone:
+            if remote in accounted:
+                found = accounted[remote]
+                report = self._report(found, found)
+                result.jobs[ended[remote]] = RemoteJob(**{**report.__dict__, "token": ended[remote]})
+        result.capacity = await self.capacity(account)
+        return result
+
+    def _poller(self, accounts: set[str]) -> str:
+        """The connection polls go on: one already open if any (a submitter pool's users
+        each have one), else the pool's own account."""
+        for account in sorted(accounts):
+            if account in self._conns and not self._conns[account].is_closed():
+                return account
+        return min(accounts) if accounts else self.config.user
+
+    async def find(self, account: str, token: str) -> RemoteJob | None:
+        for job in await self._squeue(account, {account}):
+            if job.comment == token:
+                return self._report(job)
+        return None
+
+    async def capacity(self, account: str | None = None) -> Capacity:
+        account = account or self._poller(set(self._conns))
+        version = await self.hello(account)
+        partition = f" -p {shlex.quote(self.config.partition)}" if self.config.partition else ""
+        if parse.has_json(version):
+            status, out, err = await self.run(account, f"sinfo --json{partition}")
+            reader = parse.parse_sinfo_json
+        else:
+            status, out, err = await self.run(
+                account, f"sinfo -h -N{partition} -o {shlex.quote(parse.SINFO_FORMAT)}")
+            reader = parse.parse_sinfo_text
+        if status != 0:
+            raise PoolUnavailable(f"pool {self.name}: sinfo failed: {err.strip()[:200]}")
+        try:
+            nodes = reader(out)
+        except ValueError as why:
+            raise PoolUnavailable(f"pool {self.name}: {why}") from None
+        if self.config.partition:  # sinfo --json lists every node whatever -p says
+            nodes = [n for n in nodes if not n.partitions or self.config.partition in n.partitions]
+        return Capacity(parse.version_text(version),
+                        tuple(PoolNode(n.name, n.state, n.gpus, n.gpus_used, n.usable) for n in nodes),
+                        ends_from="sacct" if self.accounting else "squeue")
+
+    # ----------------------------------------------------------------- the job's life
+    async def _scontrol(self, account: str, words: list[str], what: str) -> None:
+        status, out, err = await self.run(account, shlex.join(words))
+        if status != 0:
+            raise PoolRefusal(f"pool {self.name}: {what} failed: {(err or out).strip()[:200]}")
+
+    async def cancel(self, account: str, remote_id: str) -> None:
+        await self._scontrol(account, ["scancel", remote_id], "scancel")
+
+    async def hold(self, account: str, remote_id: str, hold: bool) -> None:
+        await self._scontrol(account, ["scontrol", "hold" if hold else "release", remote_id],
+                             "scontrol hold" if hold else "scontrol release")
+
+    async def requeue(self, account: str, remote_id: str) -> None:
+        await self._scontrol(account, ["scontrol", "requeue", remote_id], "scontrol requeue")
+
+    async def logs(self, account: str, path: str, offset: int) -> tuple[str, int]:
+        conn = await self._conn(account)
+        command = (f"[ -e {shlex.quote(path)} ] || exit 0; tail -c +{int(offset) + 1} -- "
+                   f"{shlex.quote(path)} | head -c {LOG_CHUNK}")
+        try:
+            done = await asyncio.wait_for(conn.run(command, check=False, encoding=None),
+                                          self.cluster.command_timeout)
+        except (OSError, asyncio.TimeoutError, asyncssh.Error) as err:
+            self._drop(account)
+            raise PoolUnavailable(self._why(err)) from None
+        data = done.stdout or b""
+        # A full chunk is cut at its last whole character: the rest comes with the next read.
+        cut = len(data) - _partial_tail(data) if len(data) >= LOG_CHUNK else len(data)
+        return data[:cut].decode("utf-8", errors="replace"), int(offset) + cut
+
+
+def _partial_tail(data: bytes) -> int:
+    """How many bytes at the end of ``data`` begin a UTF-8 character not yet whole."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # a lead byte (or ASCII)
+            need = 1 if byte < 0x80 else 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4
+            return back if need > back else 0
+    return 0
+

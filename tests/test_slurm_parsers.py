@@ -1,0 +1,96 @@
+"""Slurm's outputs read by the pool (nebula_tui/pools/slurm_parse.py), against real ones
+captured from Debian's slurm-wlm 22.05.8 (tests/data/slurm/SOURCES-core.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nebula_tui.model import JobState
+from nebula_tui.pools import slurm_parse as parse
+
+DATA = Path(__file__).parent / "data" / "slurm"
+
+
+def read(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+def by_comment(jobs):
+    return {job.comment: job for job in jobs}
+
+
+def test_squeue_json_gives_each_state_and_end():
+    jobs = by_comment(parse.parse_squeue_json(read("core-squeue-all.json")))
+    assert parse.end_of(jobs["tok123"], "hpc") == (JobState.SUCCEEDED, "")
+    assert jobs["tok2"].nodes == ("n2", "n3")
+    assert jobs["fail"].exit_code == 3  # the wait status 768 read as the code
+    assert parse.end_of(jobs["fail"], "hpc") == (JobState.FAILED, "failed in pool hpc: exit code 3")
+    assert jobs["sig"].signal == 9 and jobs["sig"].exit_code is None
+    state, reason = parse.end_of(jobs["tmo"], "hpc")
+    assert state == JobState.TIMEOUT and "TIMEOUT" in reason
+    assert parse.end_of(jobs["canc"], "hpc")[0] == JobState.CANCELLED
+    assert jobs["tok123"].start is not None and jobs["tok123"].end - jobs["tok123"].start == 30
+
+
+def test_squeue_text_fallback_reads_the_same_jobs():
+    text = {j.comment: j for j in parse.parse_squeue_text(read("core-squeue-all.txt"))}
+    json_jobs = by_comment(parse.parse_squeue_json(read("core-squeue-all.json")))
+    assert set(text) == set(json_jobs)
+    for comment, job in text.items():
+        assert (job.slurm_id, job.state, job.nodes) == (json_jobs[comment].slurm_id,
+                                                        json_jobs[comment].state,
+                                                        json_jobs[comment].nodes)
+
+
+def test_sinfo_json_and_text_count_the_gpus():
+    nodes = parse.parse_sinfo_json(read("core-sinfo.json"))
+    assert [n.name for n in nodes] == ["n1", "n2", "n3", "n4"]
+    assert all(n.gpus == 4 and n.partitions == ("gpu",) for n in nodes)
+    text = parse.parse_sinfo_text(read("core-sinfo.txt"))
+    assert [(n.name, n.gpus) for n in text] == [(n.name, n.gpus) for n in nodes]
+    assert all(n.gpus_used is None for n in text)  # -o says nothing of the GPUs in use
+
+
+def test_version_and_its_json():
+    version = parse.parse_version(read("core-sinfo-version.txt"))
+    assert version == (22, 5, 8) and parse.version_text(version) == "22.05.8"
+    assert parse.has_json(version) and not parse.has_json((20, 11, 9))
+    with pytest.raises(ValueError):
+        parse.parse_version("bash: sinfo: command not found")
+
+
+def test_sacct_lines_and_cancelled_by_uid():
+    found = parse.parse_sacct("2|FAILED|3:0|00:00:00|billing=1,cpu=1,gres/gpu=1,node=1\n"
+                              "5|CANCELLED by 1000|0:15|01:02:03|cpu=1\n"
+                              "7|TIMEOUT|0:0|1-00:00:10|cpu=1\n")
+    assert found["2"].exit_code == 3 and found["2"].state == "FAILED"
+    assert found["5"].state == "CANCELLED" and found["5"].signal == 15
+    assert found["5"].elapsed_s == 3723
+    assert "CANCELLED by 1000" in parse.end_of(found["5"], "hpc")[1]
+    assert found["7"].elapsed_s == 86410
+
+
+@pytest.mark.parametrize("text, names", [
+    ("n[1-3,5]", ("n1", "n2", "n3", "n5")),
+    ("gpu-[08-10],login", ("gpu-08", "gpu-09", "gpu-10", "login")),
+    ("", ()),
+    ("a[1-2]b[1-2]", ("a1b1", "a1b2", "a2b1", "a2b2")),
+])
+def test_host_lists(text, names):
+    assert parse.expand_hostlist(text) == names
+
+
+@pytest.mark.parametrize("text", ["n[a-b]", "n[1-", "{\"jobs\": 3}"])
+def test_bad_output_is_a_value_error(text):
+    with pytest.raises(ValueError):
+        parse.expand_hostlist(text) if text.startswith("n") else parse.parse_squeue_json(text)
+
+
+def test_sbatch_answer_and_gres():
+    assert parse.parse_sbatch("17\n") == "17" and parse.parse_sbatch("18;cluster2\n") == "18"
+    with pytest.raises(ValueError):
+        parse.parse_sbatch("sbatch: error: Batch job submission failed\n")
+    assert parse.gres_gpus("gpu:a100:2(S:0-1),shard:8") == 2
+    assert parse.gres_gpus("gres:gpu:4") == 4 and parse.gres_gpus("(null)") == 0
