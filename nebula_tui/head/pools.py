@@ -20,7 +20,7 @@ import secrets
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..model import (Job, JobSpec, JobState, Pending, Placement, RequestError, Running,
+from ..model import (InvalidRequest, Job, JobSpec, JobState, Pending, Placement, RequestError, Running,
                      UnfitRequest, holding)
 from ..pools.base import (Capacity, PoolNotAuthorised, PoolRefusal, PoolSubmission,
                           PoolUnavailable, RemoteJob)
@@ -100,7 +100,7 @@ class Pools:
         pool = self.pools.get(spec.pool)
         if pool is None:
             known = ", ".join([*self.pools, "local"])
-            raise RequestError(f"no pool {spec.pool}; known: {known}")
+            raise InvalidRequest(f"no pool {spec.pool}; known: {known}")
         refusal = self.refusal(spec.pool, spec)
         if refusal:
             raise UnfitRequest(refusal)
