@@ -5,8 +5,9 @@ reply ``{"ok": true, …}`` or ``{"ok": false, "error": "…", "usage": bool}`` 
 request that could never be valid as written — a field out of its bounds, an empty name, a
 job id past any there can be, no such card, a --time past max_time — which a client treats
 like a usage error it caught itself: exit 2; a refusal of what is now — no such job, not
-yours, already ended — is not one: exit 1); ``wait`` replies when the job ends,
-``subscribe`` replies with a snapshot and then streams events until the client goes.
+yours, already ended — is not one: exit 1); ``wait`` (``within``: at most that many seconds) replies ``{"job", "ended"}`` when the job
+ends or ``within`` has passed, whichever is first (a client that waits in such steps notices
+a head that stopped answering); ``subscribe`` replies with a snapshot and then streams events until the client goes.
 ``submit`` takes the fields of ``head.requests.spec_from_request`` (``after_type``: ok, any,
 notok or started; ``array``: "0-99%8") and answers ``{"job", "tasks"}`` (an array's
 first task, and how many it has); ``cancel`` of an array's id cancels every task;
@@ -72,6 +73,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import socket
 import struct
@@ -93,6 +95,35 @@ ARCH_RE = re.compile(r"^(>=)?(sm_\d{2,3}|gfx\d{1,2}[0-9a-f]{2})$")
 CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}$")
 
 
+#: How long a client waits for the head's reply unless ``NEBULA_TIMEOUT`` (seconds) says
+#: otherwise: a head that stopped (SIGSTOP, a hung disk) is then one line, never a wait for ever.
+REPLY_TIMEOUT_S = 30.0
+MAX_REPLY_TIMEOUT_S = 86400.0
+#: the longest step of a client's ``wait`` (the server's bound on ``within``)
+MAX_WAIT_STEP_S = 3600
+
+
+def reply_timeout() -> float:
+    """``NEBULA_TIMEOUT`` or ``REPLY_TIMEOUT_S``; a usage ``ApiError`` for any other value."""
+    text = os.environ.get("NEBULA_TIMEOUT", "").strip()
+    if not text:
+        return REPLY_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 1 <= value <= MAX_REPLY_TIMEOUT_S:  # NaN fails it too
+        raise ApiError(f"NEBULA_TIMEOUT={text[:40]!r}: give the seconds a client waits for the "
+                       f"head's reply, from 1 to {MAX_REPLY_TIMEOUT_S:.0f} (e.g. 30)", usage=True)
+    return value
+
+
+def _no_answer(path: Path, pid: int | None, seconds: float) -> "NoAnswer":
+    who = f"the head service (pid {pid})" if pid else f"the head service at {path}"
+    return NoAnswer(f"{who} did not answer within {seconds:g} s: it is stopped or busy; try "
+                    "again, or ask its admin to look (NEBULA_TIMEOUT=SECONDS waits longer)")
+
+
 class ApiError(Exception):
     """The service refused a request or could not be reached; str() is the one-line reason.
     ``usage``: the request could never be valid as written (a client exits 2, as on a usage
@@ -103,15 +134,26 @@ class ApiError(Exception):
         self.usage = usage
 
 
+class NoAnswer(ApiError):
+    """A head is there (it holds the socket) but did not answer in time: stopped or stuck.
+    Starting another beside it would help nobody."""
+
+
 class Client:
     """A blocking client for the CLI: one connection, request/reply."""
 
-    def __init__(self, path: Path, timeout: float | None = 30):
+    def __init__(self, path: Path, timeout: float | None = None):
+        """Connect to ``path``; ``timeout``: how long any reply is waited for (None: the
+        ``reply_timeout``)."""
         self.path = Path(path)
+        self.timeout = reply_timeout() if timeout is None else timeout
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(timeout)
+        self.sock.settimeout(self.timeout)
         try:
             self.sock.connect(str(self.path))
+        except socket.timeout:
+            self.sock.close()
+            raise _no_answer(self.path, None, self.timeout) from None
         except OSError as err:
             self.sock.close()
             raise ApiError(f"cannot reach the head service at {self.path}: {err.strerror}") from None
@@ -133,9 +175,10 @@ class Client:
     def __exit__(self, *exc):
         self.close()
 
-    def call(self, op: str, timeout: float | None = 30, **fields) -> dict:
-        """One request; raises ApiError with the service's reason when it refuses."""
-        self.sock.settimeout(timeout)
+    def call(self, op: str, timeout: float | None = None, **fields) -> dict:
+        """One request; raises ApiError with the service's reason when it refuses, or when
+        no reply came within ``timeout`` seconds (at least the client's own timeout)."""
+        self.sock.settimeout(max(timeout or 0, self.timeout))
         try:
             self.sock.sendall(json.dumps({"op": op, **fields}).encode() + b"\n")
         except (BrokenPipeError, ConnectionResetError):
@@ -145,11 +188,25 @@ class Client:
             raise ApiError(reply.get("error", "request failed"), usage=bool(reply.get("usage")))
         return reply
 
+    def wait(self, job: int) -> dict:
+        """The job once it ended, asked for in steps of the client's timeout, so a head that
+        stops answering meanwhile is noticed within two of them."""
+        while True:
+            within = min(self.timeout, MAX_WAIT_STEP_S)
+            reply = self.call("wait", timeout=within + self.timeout, job=job, within=within)
+            if reply.get("ended"):
+                return reply["job"]
+
     def _read(self) -> dict:
         try:
             line = self._file.readline()
         except socket.timeout:
-            raise ApiError("the head service did not answer in time") from None
+            pid = None
+            try:
+                pid = self.peer()[0]
+            except OSError:
+                pass
+            raise _no_answer(self.path, pid, self.sock.gettimeout() or self.timeout) from None
         if not line:
             raise ApiError("the head service closed the connection")
         return json.loads(line)
@@ -169,11 +226,19 @@ class AsyncClient:
         self.path = Path(path)
 
     async def call(self, op: str, **fields) -> dict:
-        reader, writer = await self._open()
+        """One request; ApiError when refused, or when no reply came within the
+        ``reply_timeout``."""
+        seconds = reply_timeout()
+        try:
+            reader, writer = await asyncio.wait_for(self._open(), seconds)
+        except asyncio.TimeoutError:
+            raise _no_answer(self.path, None, seconds) from None
         try:
             writer.write(json.dumps({"op": op, **fields}).encode() + b"\n")
-            await writer.drain()
-            line = await reader.readline()
+            await asyncio.wait_for(writer.drain(), seconds)
+            line = await asyncio.wait_for(reader.readline(), seconds)
+        except asyncio.TimeoutError:
+            raise _no_answer(self.path, None, seconds) from None
         finally:
             writer.close()
         if not line:

@@ -10,19 +10,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pwd
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .api import ApiError, Client
+from .api import ApiError, Client, NoAnswer
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 20.0
-#: how long a client waits for the shared service to come back before it says so
-SHARED_WAIT_S = 10.0
+#: how long a client that may not start the service (the lab's shared one, another user's)
+#: waits for it to come back, after a line saying so
+SHARED_WAIT_S = 30.0
 
 
 #: Where the shipped systemd unit (deploy/nebula.service) puts the shared service's socket.
@@ -86,46 +88,82 @@ class ServiceUnavailable(Exception):
 def connect(home: Home, config_arg: str | None, autostart: bool = True) -> Client:
     """A client for the home's service, starting the service in the background if needed.
 
-    Raises ServiceUnavailable (one line) when there is no service and none can start, and
-    ConfigError when the cluster file that would start it is broken.
+    A service this user may not start (the lab's shared one, or one whose socket or home
+    belongs to another user, perhaps restarting this very moment) is waited for instead,
+    up to SHARED_WAIT_S, with a line saying so. Raises ServiceUnavailable (one line) when
+    there is no service and none can start, and ConfigError when the cluster file that
+    would start it is broken.
     """
     try:
         return Client(home.socket)
+    except NoAnswer:
+        raise  # a head holds the socket but is stopped or stuck: another would not help
     except ApiError as err:
+        if err.usage:
+            raise  # the client's own settings (NEBULA_TIMEOUT) are wrong
         if "Permission denied" in str(err):
             # A shared service that this user may not use: starting another helps nobody.
             raise ServiceUnavailable(f"{err}; ask an admin to add you to the lab's group") from None
         if not autostart:
             raise ServiceUnavailable(f"no head service is running for {home.root}") from None
+    owner = _owner_if_not_mine(home)
+    if owner is not None:
+        return _wait_for_service(home.socket, f"{owner}'s head service")
     from .config import SYSTEM_CONFIG, find_config, load_config
 
     config_path = find_config(config_arg, home.root)
     if not home.socket_override and (SYSTEM_SOCKET.parent.is_dir() or config_path == SYSTEM_CONFIG):
         # This box has the lab's shared head (perhaps restarting under systemd this very
         # moment): a private head started here would drive the lab's nodes beside it.
-        return _wait_for_shared()
+        return _wait_for_service(SYSTEM_SOCKET, "the lab's head service")
     if config_path is None:
         raise ServiceUnavailable(
             "no cluster configured and no service running: start the simulated lab with "
             "`nebula demo --headless`, or give --config nodes.yaml (or NEBULA_CONFIG)")
     load_config(config_path)  # a broken file is the user's to fix: say so here, in one line
-    start_background(home, config_path)
+    try:
+        start_background(home, config_path)
+    except OSError as err:  # a home this user cannot write: no traceback, the reason
+        raise ServiceUnavailable(f"cannot start a head service in {home.root}: "
+                                 f"{err.strerror or err}") from None
     return Client(home.socket)
 
 
-def _wait_for_shared() -> Client:
+def _owner_if_not_mine(home: Home) -> str | None:
+    """The user whose service this home's socket reaches, when that is not this user: its
+    socket's folder, else the home, belongs to them. Such a service is theirs to start."""
+    for place in (home.socket.parent, home.root):
+        try:
+            uid = place.stat().st_uid
+        except OSError:
+            continue
+        if uid == os.getuid():
+            return None
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return f"uid {uid}"
+    return None
+
+
+def _wait_for_service(path: Path, whose: str) -> Client:
+    """A client of the service on ``path`` once it answers again, saying once that it waits."""
+    print(f"nebula: {whose} is not answering on {path} (restarting?); waiting up to "
+          f"{SHARED_WAIT_S:.0f} s for it", file=sys.stderr, flush=True)
     deadline = time.monotonic() + SHARED_WAIT_S
     while True:
         try:
-            return Client(SYSTEM_SOCKET)
+            return Client(path)
+        except NoAnswer:
+            raise
         except ApiError as err:
             if "Permission denied" in str(err):
                 raise ServiceUnavailable(f"{err}; ask an admin to add you to the lab's group") from None
             if time.monotonic() > deadline:
                 raise ServiceUnavailable(
-                    f"the lab's head service does not answer on {SYSTEM_SOCKET}; try again in a "
-                    "moment, or ask an admin to look (systemctl status nebula); a head of your own "
-                    "needs a socket of its own (--socket PATH)") from None
+                    f"{whose} does not answer on {path} (waited {SHARED_WAIT_S:.0f} s); try again "
+                    "in a moment, or ask an admin to look (systemctl status nebula); a head of "
+                    "your own needs a socket of its own (--socket PATH)") from None
         time.sleep(0.2)
 
 

@@ -234,3 +234,26 @@ def test_other_users_see_neither_escapes_nor_command_lines(shared):
     finally:
         shared.run("cancel", str(job))
         shared.run("cancel", str(blocker))
+
+
+def test_clients_wait_for_a_shared_head_that_restarts(shared):
+    """During a restart some `nebula submit` calls ended in a traceback (`PermissionError:
+    …/serve.log`): a client with the head's root-owned home tried to start a head of its own
+    there. A client that may not start the service waits for it, with one line saying so,
+    whichever home it names: its own, or the shared head's."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(shared.public), "LANG": "C.UTF-8",
+           "NEBULA_SOCKET": str(shared.socket), "NEBULA_CONFIG": str(shared.home / "nodes.yaml")}
+    homes = {ALICE: f"/tmp/{ALICE}-nebula", BOB: str(shared.home)}  # Bob names root's home
+    shared.stop()
+    clients = {user: subprocess.Popen(
+        [RUNUSER, "-u", user, "--", "/usr/bin/python3", "-m", "nebula_tui", "submit", "--gpu-mem", "4G",
+         "--", "true"], env={**env, "NEBULA_HOME": home}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, cwd="/") for user, home in homes.items()}
+    time.sleep(2)  # they are waiting by now
+    shared.start(wait_nodes=False)
+    for user, client in clients.items():
+        out, err = client.communicate(timeout=60)
+        assert client.returncode == 0 and "Traceback" not in err, (user, err)
+        assert err.count("\n") == 1 and "(restarting?); waiting up to" in err, (user, err)
+        shared.wait_job(int(out.split()[2]), timeout=60)
+    assert not Path(f"/tmp/{ALICE}-nebula/serve.log").exists()

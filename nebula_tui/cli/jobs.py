@@ -107,7 +107,7 @@ def cmd_run(args, home, config) -> int:
 
 
 def _wait(client, job_id: int, as_json: bool = False) -> int:
-    job = client.call("wait", timeout=None, job=job_id)["job"]
+    job = client.wait(job_id)
     detail = f" with exit code {job['exit_code']}" if job["exit_code"] is not None else ""
     reason = f": {printable(job['reason'])}" if job["reason"] else ""
     if as_json:

@@ -87,5 +87,10 @@ def _main(argv: list[str]) -> int:
     except ConfigError as err:
         print(f"nebula: {printable(err)}", file=sys.stderr)
         return USAGE_ERROR
+    except BrokenPipeError:
+        raise  # main's to end quietly
+    except OSError as err:  # a file or folder this user may not touch: the reason, no traceback
+        print(f"nebula: {printable(err)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130

@@ -367,8 +367,15 @@ class JobTransitions:
         if job.state.finished:
             return job
         future = asyncio.get_running_loop().create_future()
-        self._finished_waiters[job.id].append(future)
-        return await future
+        waiters = self._finished_waiters[job.id]
+        waiters.append(future)
+        try:
+            return await future
+        finally:  # a wait given up (a client's bounded wait asks again) leaves nothing behind
+            if future in waiters:
+                waiters.remove(future)
+                if not waiters:
+                    self._finished_waiters.pop(job.id, None)
 
     # ---------------------------------------------------------------------- cancel
     def cancel(self, user: str, job: Job) -> None:

@@ -31,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 from .. import views
-from ..api import MAX_GPU_COUNT, MAX_LINE
+from ..api import MAX_GPU_COUNT, MAX_LINE, MAX_WAIT_STEP_S
 from ..model import InvalidRequest, JobState, RequestError
 from ..store import StoreUnavailable
 from ..units import parse_array
@@ -331,8 +331,15 @@ class ApiServer:
         return {"job": views.job_json(job)}
 
     async def op_wait(self, user, req):
-        job = await self.engine.wait_finished(job_id(req))
-        return {"job": self._seen_by(user)(views.job_json(job))}
+        """The job once it ended, or as it is after ``within`` seconds (the client asks again)."""
+        job, within = job_id(req), req.get("within")
+        if within is not None and not number(within, 1, MAX_WAIT_STEP_S):
+            raise InvalidRequest(f"within must be a number of seconds from 1 to {MAX_WAIT_STEP_S}")
+        try:
+            ended = await asyncio.wait_for(self.engine.wait_finished(job), within)
+        except asyncio.TimeoutError:
+            ended = self.engine.job(job)
+        return {"job": self._seen_by(user)(views.job_json(ended)), "ended": ended.state.finished}
 
     def _seen_by(self, user: str, listing: bool = False):
         """What ``user`` sees of a job (as views.job_json): another user's command line only
