@@ -226,6 +226,9 @@ def status_text(summary: dict) -> str:
         if node["state"] == "up" and reason:  # up, but a vendor tool said something
             state = f" ({reason})"
         lines.append(f"  {printable(node['name'])}: {models}, {load}{state}")
+    if summary.get("pools"):  # each pool's line as the head wrote it (head/pools.py)
+        lines.append("Pools:")
+        lines += [f"  {printable(pool['line'])}" for pool in summary["pools"]]
     return "\n".join(lines)
 
 

@@ -19,7 +19,10 @@ def cmd_status(args, home, config) -> int:
 
     with service_client(home, config) as client:
         reply = client.call("status")
-    return show(args, reply["summary"], status_text)
+    summary = reply["summary"]
+    if reply.get("pools"):
+        summary = {**summary, "pools": reply["pools"]}
+    return show(args, summary, status_text)
 
 
 def cmd_gpus(args, home, config) -> int:

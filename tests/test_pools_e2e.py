@@ -1,0 +1,179 @@
+"""A real Slurm as a pool behind the queue, end to end: a real head (``nebula serve``) reaches
+the ``slurm_lab`` fixture's login node (a real sshd on 127.0.0.1) over SSH, and every job
+here runs on its real slurmd daemons. Skipped, with the reason, where Slurm cannot run."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nebula_tui.sim.harness import HeadProcess, wait_for
+from nebula_tui.store import Store
+
+POLL = "1s"
+
+
+def pool_config(slurm_lab, path: Path, **extra) -> Path:
+    entry = slurm_lab.pool_entry("hpc", identity=str(slurm_lab.identity_path),
+                                 known_hosts=str(slurm_lab.known_hosts_path),
+                                 workdir=str(path.parent / "hpc-work"), poll_interval=POLL, **extra)
+    path.write_text(yaml.safe_dump({"cluster": {"name": "pooltest"}, "pools": [entry]}))
+    return path
+
+
+def start_head(home: Path, config: Path) -> HeadProcess:
+    head = HeadProcess(home, None, config=config)
+    head.start(wait_nodes=False)
+    wait_for(lambda: head.call("pools")["pools"][0]["reachable"], 30, what="the pool's first poll")
+    return head
+
+
+@pytest.fixture(scope="module")
+def pool_head(slurm_lab, tmp_path_factory):
+    home = tmp_path_factory.mktemp("poolhead")
+    head = start_head(home, pool_config(slurm_lab, home / "nodes.yaml"))
+    try:
+        yield head
+    finally:
+        for job in head.call("queue")["jobs"]:
+            head.run("cancel", str(job["id"]))
+        head.stop()
+
+
+def submit(head: HeadProcess, *args: str) -> int:
+    done = head.run("submit", *args, check=True)
+    return int(re.search(r"job (\d+)", done.stdout).group(1))
+
+
+def squeue(slurm_lab) -> list[dict]:
+    out = slurm_lab.cluster.run(["squeue", "--json"])
+    return json.loads(out)["jobs"]
+
+
+def remote_id(head: HeadProcess, job: int) -> str:
+    store = Store(head.home / "state.db", readonly=True)
+    try:
+        return store.pool_job(job)["remote_id"]
+    finally:
+        store.close()
+
+
+def wait_state(head: HeadProcess, job: int, states: set[str], timeout: float = 60) -> dict:
+    wait_for(lambda: head.job(job)["state"] in states, timeout, interval=0.3,
+             what=f"job {job} to be {'/'.join(sorted(states))}")
+    return head.job(job)
+
+
+def test_a_job_runs_in_the_pool_and_its_output_is_read(pool_head):
+    job = submit(pool_head, "--pool", "hpc", "--gpu-count", "2", "--", "sh", "-c",
+                 "echo $NEBULA_JOB_ID $CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER $NEBULA_GPU_LIST; sleep 2")
+    queued = {j["id"]: j for j in json.loads(pool_head.run("queue", "--json", check=True).stdout)}
+    assert queued[job]["pool"] == "hpc"
+    ended = wait_state(pool_head, job, {"succeeded", "failed"})
+    assert ended["state"] == "succeeded", ended["reason"]
+    assert ended["node"].startswith("hpc:n")
+    logs = pool_head.run("logs", str(job), check=True).stdout
+    assert f"{job} 0,1 PCI_BUS_ID 0,1" in logs  # no nvidia-smi there: the indices
+    history = json.loads(pool_head.run("history", "--json", check=True).stdout)
+    mine = next(j for j in history if j["id"] == job)
+    # Charged Slurm's elapsed time (whole seconds, at least the 2 s it slept) x its 2 GPUs.
+    assert mine["pool"] == "hpc" and mine["gpu_hours"] >= 2 * 2 / 3600 - 1e-9
+    status = pool_head.run("status", check=True).stdout
+    assert re.search(r"hpc \(Slurm 22\.05\.\d+, partition gpu\): 16 GPUs, \d+ idle; ours: ", status)
+
+
+def test_cancel_removes_the_job_from_squeue(pool_head, slurm_lab):
+    job = submit(pool_head, "--pool", "hpc", "--", "sleep", "300")
+    wait_state(pool_head, job, {"running"})
+    slurm_id = int(remote_id(pool_head, job))
+    assert any(j["job_id"] == slurm_id for j in squeue(slurm_lab))
+    pool_head.run("cancel", str(job), check=True)
+    assert pool_head.job(job)["state"] == "cancelled"
+    wait_for(lambda: all(j["job_id"] != slurm_id or j["job_state"] == "CANCELLED"
+                         for j in squeue(slurm_lab)), 30, what="squeue to drop the job")
+
+
+def test_a_failing_exit_code_and_a_multi_node_job(pool_head):
+    failing = submit(pool_head, "--pool", "hpc", "--", "sh", "-c", "echo failing; exit 3")
+    gang = submit(pool_head, "--pool", "hpc", "--nodes", "2", "--", "sh", "-c",
+                  "echo rank=$NODE_RANK of=$NNODES master=$MASTER_ADDR:$MASTER_PORT world=$WORLD_SIZE")
+    ended = wait_state(pool_head, failing, {"succeeded", "failed"})
+    assert ended["state"] == "failed" and ended["exit_code"] == 3
+    assert "exit code 3" in ended["reason"]
+    done = wait_state(pool_head, gang, {"succeeded", "failed"})
+    assert done["state"] == "succeeded", done["reason"]
+    assert len({g["node"] for g in done["gpus"]}) == 2
+    logs = pool_head.run("logs", str(gang), check=True).stdout
+    port = 29500 + gang % 20000
+    for rank in (0, 1):
+        assert f"rank={rank} of=2 master=127.0.0.1:{port} world=2" in logs
+
+
+def test_a_time_limit_ends_it_as_timeout(pool_head):
+    job = submit(pool_head, "--pool", "hpc", "--time", "1m", "--", "sleep", "600")
+    ended = wait_state(pool_head, job, {"timeout", "failed", "succeeded"}, timeout=180)
+    assert ended["state"] == "timeout", ended["reason"]
+    assert "TIMEOUT" in ended["reason"]
+
+
+def test_what_the_pool_cannot_run_is_refused_at_submit(pool_head):
+    for args, says in ((("--gpu-count", "8"), "at most 4 GPUs on one node"),
+                       (("--image", "ubuntu:24.04"), "declares no container runtime"),
+                       (("--pool", "nope"), "no pool nope")):
+        flags = args if "--pool" in args else ("--pool", "hpc", *args)
+        done = pool_head.run("submit", *flags, "--", "true")
+        assert done.returncode == 2 and says in done.stderr, done.stderr
+
+
+def test_a_head_killed_mid_submit_never_submits_twice(slurm_lab, tmp_path):
+    """Between the intent and sbatch's answer: the job went through (its answer lost), or it
+    did not; the restarted head finds the first by its token and submits the second once."""
+    config = pool_config(slurm_lab, tmp_path / "nodes.yaml", burst_after="1h")
+    head = start_head(tmp_path / "home", config)
+    first = submit(head, "--", "sleep", "5")  # waits here (no lab nodes) for an hour
+    second = submit(head, "--", "true")
+    head.kill()
+    store = Store(tmp_path / "home" / "state.db")
+    work = tmp_path / "hpc-work"
+    work.mkdir(exist_ok=True)
+    tokens = {}
+    for job in (first, second):
+        tokens[job] = f"{store.head_token}.{job}.0.killed"
+        store.send_to_pool(job, "hpc", slurm_lab.pool_entry()["user"], tokens[job], "",
+                           "sent to pool hpc (--pool)", time.time())
+    store.close()
+    # The first one's sbatch went through before the head died.
+    slurm_lab.cluster.run(["sbatch", "--parsable", f"--comment={tokens[first]}", "--gres=gpu:1",
+                           f"--output={work}/lost-answer.out", "--wrap", "sleep 5"])
+    head = HeadProcess(tmp_path / "home", None, config=config)
+    head.start(wait_nodes=False)
+    try:
+        for job in (first, second):
+            assert wait_state(head, job, {"succeeded", "failed"}, timeout=90)["state"] == "succeeded"
+        out = slurm_lab.cluster.run(["squeue", "-h", "-t", "all", "-o", "%k"]).split()
+        assert out.count(tokens[first]) == 1 and out.count(tokens[second]) == 1
+    finally:
+        head.stop()
+
+
+def test_the_login_node_down_and_back(pool_head, slurm_lab):
+    job = submit(pool_head, "--pool", "hpc", "--", "sh", "-c", "sleep 8; echo survived")
+    wait_state(pool_head, job, {"running"})
+    slurm_lab.stop_login()
+    try:
+        wait_for(lambda: not pool_head.call("pools")["pools"][0]["reachable"], 30,
+                 what="the head to see the pool unreachable")
+        assert "unreachable since" in pool_head.run("status", check=True).stdout
+        assert pool_head.job(job)["state"] == "running"  # left alone meanwhile
+        time.sleep(10)  # it ends in Slurm while nobody is looking
+        assert pool_head.job(job)["state"] == "running"
+    finally:
+        slurm_lab.start_login()
+    ended = wait_state(pool_head, job, {"succeeded", "failed"}, timeout=60)
+    assert ended["state"] == "succeeded", ended["reason"]
+    assert "survived" in pool_head.run("logs", str(job), check=True).stdout
