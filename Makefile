@@ -2,7 +2,7 @@
 # Both run in the project's own virtual environment, which `setup` makes.
 PYTHON ?= .venv/bin/python
 
-.PHONY: demo test setup bench bench-slurm bench-recovery bench-scale bench-nodelet
+.PHONY: demo test setup bench bench-slurm bench-recovery bench-scale bench-nodelet bench-month
 
 setup:
 	@sh scripts/setup.sh
@@ -31,3 +31,8 @@ bench-recovery: setup
 # The head against 100, 250 and 500 simulated nodes with 10,000 jobs waiting.
 bench-scale: setup
 	$(PYTHON) bench/scale.py
+
+# A lab month replayed through the scheduler in virtual time, against the spreadsheet and
+# Slurm-like baselines: the demo lab and a 20-node lab.
+bench-month: setup
+	$(PYTHON) bench/lab_month.py

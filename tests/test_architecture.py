@@ -16,7 +16,7 @@ HEAD = "nebula_tui.head"
 #: The head's rooms, lowest first: each may import only rooms before it.
 ROOMS = ("state", "access", "accounting", "stream", "shares", "jobs", "stops", "limits", "scheduling",
          "health", "nodes", "attach", "pools", "smoke", "metrics", "notify", "engine", "requests", "server",
-         "serve")
+         "serve", "replay")
 MAX_ROOM_LINES = 500
 
 

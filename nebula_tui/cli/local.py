@@ -1,11 +1,13 @@
 """The commands that run here rather than ask a service: parse, completion, and those
 that start one (serve, demo, and the TUI, which opens the demo lab when no cluster is
-given)."""
+given), or run the head's own code in virtual time (simulate)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from pathlib import Path
 
 from ..service import Home
 from .args import USAGE_ERROR
@@ -98,3 +100,51 @@ def cmd_tui(args, home, config) -> int:
     from ..screens.app import run_tui
 
     return run_tui(home, config)
+
+
+def cmd_simulate(args, home, config) -> int:
+    """``nebula simulate``: a lab month through the head's own scheduler in virtual time
+    (``head/replay.py``), against the spreadsheet and Slurm-like baselines."""
+    from ..config import ConfigError
+    from ..head.replay import Replay
+    from ..month import compare, inventory, plots, setup, workload
+
+    try:
+        inv = inventory.from_gpus_json(Path(args.gpus_json)) if args.gpus_json else inventory.layout(args.layout)
+        links = {} if args.gpus_json else inventory.layout_links(args.layout)
+        for what in args.add:
+            inv = inventory.add(inv, what)
+        for node in args.remove:
+            inv = inventory.remove(inv, node)
+        cluster = setup.replay_config(inv, Path(config) if config else None, args.set)
+        horizon = args.days * 86400
+        if args.workload:
+            requests = workload.read(Path(args.workload))
+        else:
+            requests = workload.lab_month(len(inventory.card_list(inv)), inventory.largest_node(inv),
+                                          users=args.users,
+                                          days=args.days, load=args.load, seed=args.seed)
+    except (inventory.InventoryError, workload.WorkloadError, setup.SetupError, ConfigError) as err:
+        print(f"nebula simulate: {err}", file=sys.stderr)
+        return USAGE_ERROR
+    if args.save_trace:
+        workload.write_trace(requests, Path(args.save_trace))
+
+    def nebula(reqs, cards, horizon_s):
+        return Replay(cluster, cards, reqs, setup.REPLAY_EPOCH, horizon_s, links).run()
+
+    result = compare.compare(requests, inv, horizon, cluster.scheduler.half_life_s, nebula)
+    if args.json:
+        print(json.dumps(plots.as_json(result), indent=2))
+    else:
+        print(result.text())
+        print()
+        print(plots.text_chart(result, color=sys.stdout.isatty()))
+    if args.plot:
+        try:
+            plots.png(result, Path(args.plot))
+        except plots.PlotError as err:
+            print(f"nebula simulate: {err}", file=sys.stderr)
+            return 1
+        print(f"plot: {args.plot}")
+    return 0

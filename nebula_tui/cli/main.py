@@ -30,9 +30,10 @@ COMMANDS = {
     "users": accounting.cmd_users, "quota": accounting.cmd_quota,
     "parse": local.cmd_parse, "serve": local.cmd_serve, "demo": local.cmd_demo,
     "tui": local.cmd_tui, "completion": local.cmd_completion, "sim": sim.cmd_sim,
+    "simulate": local.cmd_simulate,
 }
 #: Commands that never talk to a service, so ``--host`` does not apply to them.
-LOCAL_COMMANDS = ("parse", "serve", "demo", "sim", "completion")
+LOCAL_COMMANDS = ("parse", "serve", "demo", "sim", "completion", "simulate")
 
 
 def main(argv: list[str] | None = None) -> int:

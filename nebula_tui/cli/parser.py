@@ -220,6 +220,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let members of this Unix group use the demo's service")
     p.add_argument("--metrics", type=address, default=None, metavar="HOST:PORT",
                    help="the demo's service serves Prometheus metrics there, e.g. 127.0.0.1:9400")
+    p = command("simulate", "replay a lab month through the scheduler in virtual time, against "
+                "two baselines", prints=False)
+    p.add_argument("workload", nargs="?", default=None,
+                   help="a trace CSV, `nebula history --json` output or a `sacct --parsable2` "
+                   "export (default: the built-in lab month)")
+    p.add_argument("--days", type=float, default=30.0, help="how long to replay (default 30)")
+    p.add_argument("--gpus", dest="gpus_json", default=None, metavar="FILE",
+                   help="the cards: `nebula gpus --json` saved from a head (default: the demo lab's)")
+    p.add_argument("--layout", default="demo", choices=("demo", "core", "4x4", "mixed"),
+                   help="the simulated lab whose cards to replay on, without --gpus")
+    p.add_argument("--add", action="append", default=[], metavar="'Nx MODEL@NODE'",
+                   help="what if: more cards, e.g. '2x NVIDIA GeForce RTX 4090@node07'")
+    p.add_argument("--remove", action="append", default=[], metavar="NODE",
+                   help="what if: without this node")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="what if: another setting, e.g. scheduler.half_life=3d")
+    p.add_argument("--load", type=float, default=0.8,
+                   help="the built-in month's demand as a share of the cards' GPU-hours (default 0.8)")
+    p.add_argument("--users", type=count, default=12, help="the built-in month's users (default 12)")
+    p.add_argument("--seed", type=int, default=2026, help="the built-in month's seed")
+    p.add_argument("--save-trace", default=None, metavar="FILE",
+                   help="write the workload replayed as a trace CSV")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="draw utilisation over the month and the wait CDF per policy (needs matplotlib: "
+                   "pip install 'nebula-tui[plot]')")
+    p.add_argument("--json", action="store_true", help="the figures as JSON")
     command("tui", "open the TUI (the default)", prints=False)
     p = command("completion", "print the shell completion script: "
                 "eval \"$(nebula completion bash)\"", prints=False)

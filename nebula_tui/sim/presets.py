@@ -50,6 +50,12 @@ _DEVICES: dict[str, dict] = {
 }
 
 
+def model_facts() -> list[dict]:
+    """Every card model the simulated lab has, with the facts its tool reports and its vendor."""
+    return [{**facts, "vendor": "nvidia", **_DRIVER} for facts in _MODELS.values()] + \
+        [dict(facts) for facts in _DEVICES.values()]
+
+
 def gpu_uuid(node: str, index: int) -> str:
     """``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``, the same for the same node and index."""
     return "GPU-" + str(uuid.uuid5(_UUID_NAMESPACE, f"{node}/{index}"))

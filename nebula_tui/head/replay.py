@@ -1,0 +1,211 @@
+"""A lab month in virtual time: the head's own ``Engine`` — its submit, queue order, fair
+share with its half-life, slices, gangs, backfill reservations, service spare, time limits
+and quotas, each exactly as ``nebula serve`` runs them — driven by a clock that jumps from
+event to event instead of waiting.
+
+Only the nodes are played: each is a link that answers a launch at once and reports the
+job's exit when its recorded duration is over (or at once when the head signals it: a
+stopped job, as at a time limit, checkpoints and exits on SIGUSR1). Probes report every
+card empty and cool, so what decides is the head's bookkeeping, not readings. A change
+to the scheduler or to the head's rooms changes the replay: nothing here decides.
+
+One turn: the clock jumps to the next event (a submit, an exit, a time limit due); the
+events of that moment are handed to the head; the spawned launch tasks run; then one
+scheduling pass, phases as ``Scheduling.run`` has them (exits the store could not take,
+time limits, the pass). A pass with nothing new is skipped, as the head skips it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import ClusterConfig
+from ..model import JobSpec, NodeState, RequestError
+from ..month.records import Outcome, Request
+from ..store import Store
+from .engine import Engine
+
+#: the head's Xid/idle/probe machinery never fires in a replay: cards read as idle and cool
+_IDLE_DEVICE = {"memory_used_mb": 0, "utilization_pct": 0.0, "temperature_c": 35.0, "power_w": 30.0}
+
+
+@dataclass
+class _Clock:
+    now: float
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _SimNode:
+    """One node's link: launches run for their job's duration; signals end them now."""
+
+    def __init__(self, replay: Replay, name: str):
+        self.replay = replay
+        self.name = name
+        self.requests = 0
+
+    async def request(self, op: str, timeout: float | None = None, **fields) -> dict:
+        self.requests += 1
+        if op == "launch":
+            self.replay.launched(self.name, int(fields["job"]), str(fields["token"]))
+        elif op in ("signal", "cancel"):
+            self.replay.stopped(self.name, int(fields["job"]))
+        return {"ok": True, "sessions": [], "jobs": {}}
+
+    async def close(self) -> None:
+        pass
+
+
+@dataclass(order=True)
+class _Event:
+    at: float
+    seq: int
+    kind: str = field(compare=False)  # "submit" | "exit"
+    data: tuple = field(compare=False)
+
+
+class Replay:
+    """Replays ``requests`` on the cards of ``devices`` (node -> the probe's device dicts)
+    under ``config``, which names those nodes, with ``links`` (node -> its ``topo -m``
+    matrix, where known). ``run`` returns one outcome per request."""
+
+    def __init__(self, config: ClusterConfig, devices: dict[str, list[dict]],
+                 requests: Iterable[Request], start: float, horizon_s: float,
+                 links: dict[str, dict] | None = None, folder: Path | None = None):
+        self.config = config
+        self.devices = devices
+        self.links = links or {}
+        self.requests = sorted(requests, key=lambda r: (r.submit_s, r.key))
+        self.start = start
+        self.horizon_s = horizon_s
+        self.folder = folder
+        self.clock = _Clock(start)
+        self.events: list[_Event] = []
+        self._seq = 0
+        self.outcomes = {r.key: Outcome(r.key) for r in self.requests}
+        self.by_job: dict[int, Request] = {}
+        #: (job, node) -> the exit event's token, while its part runs there
+        self.running: dict[tuple[int, str], str] = {}
+        self.passes = 0
+
+    # ---------------------------------------------------------------- the nodes' side
+    def _push(self, at: float, kind: str, data: tuple) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, _Event(at, self._seq, kind, data))
+
+    def launched(self, node: str, job_id: int, token: str) -> None:
+        request = self.by_job.get(job_id)
+        if request is None:
+            return
+        self.running[(job_id, node)] = token
+        self._push(self.clock.now + request.duration_s, "exit", (node, job_id, token, 0))
+
+    def stopped(self, node: str, job_id: int) -> None:
+        """SIGUSR1 (a time limit), a cancel or a kill: the part ends now, code 143."""
+        token = self.running.get((job_id, node))
+        if token is not None:
+            self._push(self.clock.now, "exit", (node, job_id, token, 143))
+
+    # ---------------------------------------------------------------------- the run
+    def run(self) -> dict[int, Outcome]:
+        if self.folder is not None:
+            return asyncio.run(self._run(self.folder))
+        with tempfile.TemporaryDirectory(prefix="nebula-replay-") as folder:
+            return asyncio.run(self._run(Path(folder)))
+
+    async def _run(self, folder: Path) -> dict[int, Outcome]:
+        store = Store(folder / "state.db")
+        engine = Engine(self.config, store, clock=self.clock)
+        engine.state.monotonic = self.clock  # time limits and leases count virtual seconds
+        try:
+            self._bring_up(engine)
+            for request in self.requests:
+                self._push(self.start + request.submit_s, "submit", (request,))
+            end = self.start + self.horizon_s
+            while self.events:
+                due = engine.limits.next_due()
+                at = self.events[0].at
+                if due is not None and self.clock.now + due < at:
+                    at = self.clock.now + max(due, 0.0)
+                if at > end:
+                    break
+                self.clock.now = max(self.clock.now, at)
+                changed = self._take_events(engine)
+                await _settle()
+                engine.transitions.retry_exits()
+                engine.limits.check()
+                await _settle()
+                if changed or engine.state.capacity_changed:
+                    engine.state.capacity_changed = False
+                    engine.scheduling.schedule_pass()
+                    self.passes += 1
+                    await _settle()
+            self.clock.now = max(self.clock.now, end)
+            self._collect(engine)
+        finally:
+            await engine.stop()
+            store.close()
+        return self.outcomes
+
+    def _bring_up(self, engine: Engine) -> None:
+        for node in self.config.nodes:
+            engine.links[node.name] = _SimNode(self, node.name)
+            hello = {"type": "hello", "hostname": node.name, "smi_table": "CUDA Version: 12.4"}
+            if node.name in self.links:
+                hello["links"] = self.links[node.name]
+            engine.on_node_message(node.name, hello)
+            devices = [{**d, **_IDLE_DEVICE} for d in self.devices.get(node.name, [])]
+            engine.on_node_message(node.name, {"type": "probe", "t": self.clock.now, "error": "",
+                                               "devices": devices, "processes": []})
+            engine.on_node_state(node.name, NodeState.UP, "")
+
+    def _take_events(self, engine: Engine) -> bool:
+        """Hand the head every event due now; True when any was."""
+        taken = False
+        while self.events and self.events[0].at <= self.clock.now:
+            event = heapq.heappop(self.events)
+            taken = True
+            if event.kind == "submit":
+                self._submit(engine, event.data[0])
+            else:
+                node, job_id, token, code = event.data
+                if self.running.pop((job_id, node), None) != token:
+                    continue  # that part was stopped (and its exit sent) already
+                engine.on_node_message(node, {"type": "exit", "job": job_id, "token": token,
+                                              "code": code})
+        return taken
+
+    def _submit(self, engine: Engine, request: Request) -> None:
+        spec = JobSpec(command=("true",), name=f"r{request.key}", gpu_count=request.gpus,
+                       gpu_mem_mb=request.gpu_mem_mb, nodes=request.nodes,
+                       time_limit_s=request.time_limit_s, service=request.service)
+        try:
+            job = engine.submit(request.user, spec, durable=False, wake=False)
+        except RequestError as err:
+            self.outcomes[request.key].refused = str(err)
+            return
+        self.by_job[job.id] = request
+
+    def _collect(self, engine: Engine) -> None:
+        """Each request's outcome, from the head's own store."""
+        for job_id, request in self.by_job.items():
+            job = engine.jobs.get(job_id) or engine.store.job(job_id)
+            outcome = self.outcomes[request.key]
+            outcome.state = job.state.value if job.state.finished else None
+            outcome.runs = job.attempt + (1 if job.started_at is not None else 0)
+            outcome.started_s = None if job.started_at is None else job.started_at - self.start
+            outcome.ended_s = None if job.ended_at is None else job.ended_at - self.start
+            outcome.placements = tuple((p.node, p.gpu_uuid, p.memory_mb, p.exclusive)
+                                       for p in job.placements)
+
+
+async def _settle() -> None:
+    """Let the tasks the head spawned (launches, acks, stops) run until none is ready."""
+    for _ in range(4):
+        await asyncio.sleep(0)

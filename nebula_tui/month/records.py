@@ -1,0 +1,34 @@
+"""The records a lab-month replay reads and writes: a job as a workload asks for it, and
+what became of it under one policy (times in seconds from the workload's start)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+@dataclass(frozen=True)
+class Request:
+    """One job of a workload, as the replay submits it."""
+
+    key: int  # the workload's own number for it (its line)
+    submit_s: float  # seconds from the start of the replay
+    user: str
+    gpus: int
+    gpu_mem_mb: int | None  # None: whole cards
+    duration_s: float
+    time_limit_s: float | None = None
+    nodes: int = 1
+    service: bool = False
+
+
+@dataclass
+class Outcome:
+    """What happened to one request in a replay (times in seconds from the start)."""
+
+    key: int
+    refused: str | None = None  # refused at submit: no card here could ever run it
+    started_s: float | None = None
+    ended_s: float | None = None
+    state: str | None = None  # the head's final state, None when still waiting/running
+    #: (node, gpu uuid, memory MiB, whole card) of each card of its last start
+    placements: tuple[tuple[str, str, int, bool], ...] = ()
+    runs: int = 0  # starts (a requeue starts again)

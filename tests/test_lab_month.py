@@ -1,0 +1,183 @@
+"""``nebula simulate``: a lab month through the head's own code in virtual time, its
+workloads, its baselines and its figures — and the replay against the live head on the
+simulated lab, job for job."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nebula_tui.config import parse_config
+from nebula_tui.head.replay import Replay
+from nebula_tui.month import baselines, inventory, metrics, setup, workload
+from nebula_tui.month.records import Request
+
+REPO = Path(__file__).resolve().parents[1]
+LAB_LAYOUT = "core"  # the session's simulated lab (labfixtures)
+
+
+def nebula(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nebula_tui", *args], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, **kw)
+
+
+# ------------------------------------------------------------------ workloads
+def test_a_trace_csv_reads_and_a_bad_line_is_named(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("submit_s,user,gpus,gpu_mem_gb,duration_s,time_limit_s,nodes,service\n"
+                     "10,alice,1,8,600,1200,1,0\n20,bob,2,,3600,,1,0\n")
+    first, second = workload.read(trace)
+    assert (first.submit_s, first.user, first.gpu_mem_mb, first.time_limit_s) == (0, "alice", 8192, 1200)
+    assert (second.submit_s, second.gpus, second.gpu_mem_mb, second.time_limit_s) == (10, 2, None, None)
+    trace.write_text("submit_s,user,gpus,duration_s\n0,alice,two,60\n")
+    with pytest.raises(workload.WorkloadError, match=r"t.csv:2: gpus is 'two', not a number"):
+        workload.read(trace)
+    trace.write_text("when,who\n1,2\n")
+    with pytest.raises(workload.WorkloadError, match=r"t.csv:1: the header lacks submit_s"):
+        workload.read(trace)
+
+
+def test_a_slurm_export_reads_jobs_that_ran_with_gpus(tmp_path):
+    export = tmp_path / "sacct.txt"
+    export.write_text(
+        "JobID|User|Submit|Start|End|AllocTRES|Timelimit|NNodes|State\n"
+        "101|alice|2026-11-02T09:00:00|2026-11-02T09:05:00|2026-11-02T10:05:00|cpu=4,gres/gpu=2,node=1|02:00:00|1|COMPLETED\n"
+        "101.batch|alice|2026-11-02T09:00:00|2026-11-02T09:05:00|2026-11-02T10:05:00|cpu=4|||COMPLETED\n"
+        "102|bob|2026-11-02T09:10:00|Unknown|Unknown|cpu=1,gres/gpu=1|1-00:00:00|1|PENDING\n"
+        "103|bob|2026-11-02T09:20:00|2026-11-02T09:20:00|2026-11-02T09:30:00|cpu=1,gres/gpu:a100=1|10:00|1|TIMEOUT\n")
+    jobs = workload.read(export)
+    assert [(j.user, j.gpus, j.duration_s, j.time_limit_s) for j in jobs] == [
+        ("alice", 2, 3600.0, 7200.0), ("bob", 1, 600.0, 600.0)]
+    assert jobs[1].submit_s == 20 * 60
+
+
+def test_the_built_in_month_is_deterministic_and_every_parameter_names_its_source():
+    a = workload.lab_month(14, 4, days=7, seed=5)
+    assert a == workload.lab_month(14, 4, days=7, seed=5)
+    assert a != workload.lab_month(14, 4, days=7, seed=6)
+    assert all(1 <= r.gpus <= 4 for r in a) and len({r.user for r in a}) > 3
+    for name, measured in workload.PARAMETERS.items():
+        assert any(study in measured.source for study in ("Philly", "Helios", "PAI")), name
+
+
+# ------------------------------------------------------------------ baselines and figures
+CARDS = [baselines.Card("n1", "g1", 24576), baselines.Card("n1", "g2", 24576), baselines.Card("n2", "g3", 24576)]
+
+
+def test_the_spreadsheet_is_first_come_first_served_on_each_users_machine():
+    jobs = [Request(1, 0, "alice", 2, None, 100), Request(2, 1, "alice", 1, None, 10),
+            Request(3, 2, "carol", 1, None, 10), Request(4, 3, "alice", 3, None, 10)]
+    out = baselines.spreadsheet(jobs, CARDS, 1000, homes={"alice": "n1", "carol": "n2"})
+    assert out[2].started_s == 100  # behind alice's first job, though n2 sits idle
+    assert out[3].started_s == 2
+    assert out[4].refused and out[4].started_s is None  # n1 can never hold 3 cards
+
+
+def test_slurm_like_backfills_a_short_job_but_not_a_long_one():
+    jobs = [Request(1, 0, "alice", 2, None, 100, 100), Request(2, 1, "bob", 3, None, 10, 10, nodes=2),
+            Request(3, 2, "carol", 1, None, 10, 50), Request(4, 3, "dave", 1, None, 500, 500)]
+    out = baselines.slurm_like(jobs, CARDS, 1000, half_life_s=None)
+    assert out[2].started_s == 100  # the reservation: at the end of job 1's limit
+    assert out[3].started_s == 2  # ends (by its limit) before the reservation: backfilled
+    assert out[4].started_s == 110  # would delay job 2: waits
+
+
+def test_utilisation_counts_the_memory_asked_not_the_card_held():
+    jobs = [Request(1, 0, "alice", 1, 8192, 1000)]
+    out = baselines.slurm_like(jobs, CARDS[:1], 1000, half_life_s=None)  # whole card
+    f = metrics.figures("x", jobs, out, CARDS[:1], 1000, {1})
+    assert f.utilisation == pytest.approx(8192 / 24576)
+    assert f.held == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------------ the head's own replay
+def test_the_replay_runs_the_heads_code_slices_share_and_limits_stop(tmp_path):
+    inv = inventory.layout("core")
+    cluster = setup.replay_config(inv, None, [])
+    jobs = [Request(1, 0, "alice", 1, 4096, 3600), Request(2, 0, "bob", 1, 4096, 3600),
+            Request(3, 0, "carol", 1, None, 7200, 600), Request(4, 0, "dave", 64, None, 10)]
+    out = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400).run()
+    assert out[4].refused and "could never start here" in out[4].refused
+    assert [p[2:] for p in out[1].placements + out[2].placements] == [(4096, False)] * 2  # slices
+    assert out[3].state == "timeout" and out[3].ended_s - out[3].started_s == pytest.approx(600, abs=1)
+    assert out[1].state == out[2].state == "succeeded"
+
+
+def test_a_setting_changes_the_replay(tmp_path):
+    """--set reaches the head's own settings: a cluster max_time refuses longer jobs."""
+    inv = inventory.layout("core")
+    jobs = [Request(1, 0, "alice", 1, None, 60, 7200)]
+    plain = Replay(setup.replay_config(inv, None, []), inv, jobs, setup.REPLAY_EPOCH, 3600).run()
+    capped = Replay(setup.replay_config(inv, None, ["limits.max_time=1h"]), inv, jobs,
+                    setup.REPLAY_EPOCH, 3600).run()
+    assert plain[1].state == "succeeded" and capped[1].refused
+    with pytest.raises(setup.SetupError, match="SECTION.KEY=VALUE"):
+        setup.replay_config(inv, None, ["half_life=3d"])
+
+
+def test_what_if_adds_and_removes_cards():
+    inv = inventory.layout("demo")
+    more = inventory.add(inv, "2x NVIDIA GeForce RTX 4090@node07")
+    assert len(inventory.card_list(more)) == len(inventory.card_list(inv)) + 2
+    assert "node03" not in inventory.remove(inv, "node03")
+    with pytest.raises(inventory.InventoryError, match="COUNTxMODEL@NODE"):
+        inventory.add(inv, "lots of 4090s")
+    with pytest.raises(inventory.InventoryError, match="no such node"):
+        inventory.remove(inv, "node99")
+
+
+def test_nebula_simulate_prints_the_table_and_the_last_line(tmp_path):
+    trace = tmp_path / "t.csv"
+    workload.write_trace(workload.lab_month(9, 4, days=2, seed=3), trace)
+    done = nebula("simulate", str(trace), "--layout", "core", "--days", "2", "--set", "scheduler.half_life=3d")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("utilisation (work served)") for line in lines)
+    assert any(line.startswith("lab month: wait p95 ") and "fairness" in line for line in lines)
+    bad = nebula("simulate", "--add", "many cards")
+    assert bad.returncode == 2 and "COUNTxMODEL@NODE" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# ------------------------------------------------------------------ against the live head
+def test_the_replay_places_like_the_live_head_on_the_simulated_lab(head, tmp_path):
+    """The same short trace on the real lab (sshd, tmux, the head service) and in the
+    replay: each job on the same cards, the jobs starting in the same order."""
+    trace = [  # (gpus, gpu_mem_mb, seconds): durations far apart, so the order is the schedule's
+        (4, None, 2), (4, None, 2), (1, 8192, 1), (2, None, 6), (1, None, 1), (1, 8192, 1)]
+    ids = [head.call("submit", command=["sleep", str(s)], gpu_count=g, gpu_mem_mb=m,
+                     name=f"trace{n}")["job"]["id"] for n, (g, m, s) in enumerate(trace)]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        jobs = {j["id"]: j for j in head.call("queue")["jobs"]}
+        if not any(i in jobs for i in ids):
+            break
+        time.sleep(0.5)
+    history = {j["id"]: j for j in json.loads(head.run("history", "--json", check=True).stdout)}
+    live = {n: {g["uuid"] for g in history[i]["gpus"]} for n, i in enumerate(ids)}
+    live_order = sorted(range(len(ids)), key=lambda n: history[ids[n]]["started_at"])
+
+    # The lab's cards, as `nebula gpus --json` lists them, and their links as the lab's
+    # nodes report them (the simulated lab's layout).
+    saved = tmp_path / "gpus.json"
+    saved.write_text(json.dumps(head.call("gpus")["gpus"]))
+    inv = inventory.from_gpus_json(saved)
+    links = inventory.layout_links(LAB_LAYOUT)
+    assert {d["uuid"] for cards in inv.values() for d in cards} == \
+        {d["uuid"] for cards in inventory.layout(LAB_LAYOUT).values() for d in cards}
+    requests = [Request(n, 0.0, "alice", g, m, s) for n, (g, m, s) in enumerate(trace)]
+    out = Replay(parse_config(inventory.config_text(inv)), inv, requests, time.time(), 3600, links).run()
+    replayed = {n: {p[1] for p in out[n].placements} for n in range(len(trace))}
+    assert replayed == live
+    # Jobs one pass starts start together in the replay; live, their launches confirm
+    # milliseconds apart. Every pair the replay starts at different times starts live in
+    # the same order.
+    rank = {n: i for i, n in enumerate(live_order)}
+    for a in range(len(trace)):
+        for b in range(len(trace)):
+            if out[a].started_s < out[b].started_s:
+                assert rank[a] < rank[b], (a, b, out[a].started_s, out[b].started_s)
