@@ -151,6 +151,9 @@ class GpuReading:
     health: str | None = None  # the vendor's own verdict where it gives one (Ascend "OK")
     visible_env: str | None = None  # the variable that hands it to a job (CUDA_VISIBLE_DEVICES…)
     visible_id: str | None = None  # what that variable takes for it ("0", "MIG-…")
+    #: why the driver cannot read the card now (GPU is lost, Unknown Error, gone from the
+    #: tool's list, ERR! fields); None while it answers. A lost card is never offered.
+    lost: str | None = None
 
 
 @dataclass(frozen=True)

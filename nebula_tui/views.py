@@ -121,6 +121,8 @@ def _rounded(value: float | None) -> int | None:
 
 
 def gpu_status(gpu: GpuView, node_up: bool) -> str:
+    if gpu.reading.lost and node_up:
+        return "lost"
     if gpu.maintenance:
         return "maintenance"
     if not node_up:

@@ -109,17 +109,19 @@ def test_xid79_once_is_transient_twice_isolates_until_an_admin_resumes(health, o
         openssh_lab.node_dir(first["node"])
 
     # Once: the card came back by itself (a transient fall); a self-test, and it stays.
-    sim(health, "inject", "xid", "79", "--node", first["node"], "--gpu", str(first["index"]))
-    faults.clear_gpu_faults(where, first["index"])
+    # (A card the driver reports lost is out at once: this one answers again before any probe.)
+    faults.inject_xid(where, first["index"], 79, lose=False)
     event_with(health, f"{label} keeps serving: self-test passed")
     assert gpu(health, uuid)["status"] != "maintenance"
     assert health.job(job["id"])["state"] == "running"
 
     # Twice within 10 minutes: isolated, the job checkpoints, is killed, restarts elsewhere.
     sim(health, "inject", "xid", "79", "--node", first["node"], "--gpu", str(first["index"]))
-    isolated = wait_for(lambda: (g := gpu(health, uuid))["status"] == "maintenance" and g, 10,
-                        what=f"{label} in maintenance")
-    assert "Xid 79 twice within 10 min" in isolated["blocked"]
+    # The card is gone: `lost` while the driver says so, in maintenance until resumed.
+    isolated = wait_for(lambda: (g := gpu(health, uuid))["status"] in ("maintenance", "lost") and g,
+                        10, what=f"{label} out of service")
+    # The probe may see the card lost before the kernel's line is read: either way, isolated.
+    event_with(health, f"{label}: Xid 79 twice within 10 min")
     assert "check the slot and the power cable" in isolated["blocked"]
     checkpoint = tmp_path / f"ckpt-{job['id']}-{uuid}"
     wait_for(checkpoint.exists, 10, what="the job's checkpoint after SIGUSR1")
@@ -132,11 +134,61 @@ def test_xid79_once_is_transient_twice_isolates_until_an_admin_resumes(health, o
     # The self-test fails (the card is gone) and only an admin brings it back.
     event_with(health, f"{label} stays in maintenance")
     faults.clear_gpu_faults(where, first["index"])  # reseated
-    assert gpu(health, uuid)["status"] == "maintenance"
+    wait_for(lambda: gpu(health, uuid)["status"] == "maintenance", 10, what=f"{label} answering")
     done = health.run("gpu", "resume", label)
     assert done.returncode == 0, done.stderr
     assert gpu(health, uuid)["status"] != "maintenance" and gpu(health, uuid)["blocked"] is None
     event_with(health, f"{label} resumed by")
+    cancel(health, job["id"])
+
+
+def test_a_card_lost_mid_job_is_taken_out_resumed_only_after_its_self_test(health, openssh_lab,
+                                                                            tmp_path):
+    """The driver loses a card under a running job (NVML: GPU is lost; nvidia-smi: Unknown
+    Error). It is `lost` and never offered, its job checkpoints and runs elsewhere; a resume
+    while it is still lost is refused; reseated, the resume runs its self-test first; and a
+    second Xid 79 within the window after that resume isolates it again."""
+    job = submit_running(health, KEEPS_RUNNING.format(dir=tmp_path))
+    card = job["gpus"][0]
+    label, uuid, where = f"{card['node']}:{card['index']}", card["uuid"], \
+        openssh_lab.node_dir(card["node"])
+    since = time.time()
+    faults.set_fault(where, card["index"], lost=True)  # no Xid: the driver just lost it
+    lost = wait_for(lambda: (g := gpu(health, uuid))["status"] == "lost" and g, 10,
+                    what=f"{label} lost")
+    assert "GPU is lost" in lost["blocked"] or "Unknown Error" in lost["blocked"]
+    event_with(health, f"{label} is lost: ", since=since)
+    wait_for((tmp_path / f"ckpt-{job['id']}-{uuid}").exists, 10, what="the checkpoint")
+    again = wait_for(lambda: (j := health.job(job["id"]))["state"] == "running"
+                     and j["attempt"] == 1 and j, 20, what="the job to run again")
+    assert again["gpus"][0]["uuid"] != uuid
+    assert "requeued: GPU " + label in event_with(health, f"job {job['id']} requeued",
+                                                  since=since)["message"]
+
+    refused = health.run("gpu", "resume", label)
+    assert refused.returncode != 0 and "still lost" in refused.stderr, refused.stderr
+    assert gpu(health, uuid)["status"] == "lost"
+
+    faults.clear_gpu_faults(where, card["index"])  # reseated
+    event_with(health, f"{label} answers again", since=since)
+    assert gpu(health, uuid)["status"] == "maintenance"
+    resumed = health.run("gpu", "resume", label)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "self-test passed" in resumed.stdout
+    assert event_with(health, f"{label}: self-test passed", since=since)["t"] <= \
+        event_with(health, f"{label} resumed by", since=since)["t"]
+    assert gpu(health, uuid)["status"] != "maintenance"
+
+    # Resuming kept the window: a fall within 10 minutes of the loss is the second one.
+    since = time.time()
+    faults.inject_xid(where, card["index"], 79, lose=False)
+    event_with(health, f"{label}: Xid 79 twice within 10 min", since=since)
+    wait_for(lambda: gpu(health, uuid)["status"] == "maintenance", 10, what=f"{label} isolated")
+    event_with(health, f"{label} stays in maintenance", since=since)
+    forced = health.run("gpu", "resume", "--force", label)
+    assert forced.returncode == 0, forced.stderr
+    event_with(health, f"{label} resumed by", since=since)
+    assert "with --force" in event_with(health, f"{label} resumed by", since=since)["message"]
     cancel(health, job["id"])
 
 

@@ -116,8 +116,9 @@ def _smoke_result(args, added: dict) -> int:
 def cmd_gpu(args, home, config) -> int:
     if args.gpu_command == "resume":
         with service_client(home, config) as client:
-            gpu = client.call("gpu_resume", gpu=args.gpu)["gpu"]
-        return show(args, gpu, f"Resumed {gpu['node']}:{gpu['index']} ({gpu['uuid']}): "
+            gpu = client.call("gpu_resume", gpu=args.gpu, force=args.force)["gpu"]
+        how = "forced, without a self-test" if args.force else "its self-test passed"
+        return show(args, gpu, f"Resumed {gpu['node']}:{gpu['index']} ({gpu['uuid']}) — {how}: "
                                 "it takes new jobs again")
     with service_client(home, config) as client:
         reply = client.call("history", gpu=args.gpu, since=args.since)

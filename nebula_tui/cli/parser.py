@@ -173,9 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
                            parents=[printing])
     p.add_argument("gpu", help="uuid or node:index")
     p.add_argument("--since", type=duration, default=3600, help="how far back, e.g. 30m, 6h, 2d")
-    p = gpu_sub.add_parser("resume", help="put a GPU in maintenance back in service (admins)",
-                           parents=[printing])
+    p = gpu_sub.add_parser("resume", help="put a GPU in maintenance back in service once it "
+                           "passes its self-test (admins)", parents=[printing])
     p.add_argument("gpu", help="uuid or node:index")
+    p.add_argument("--force", action="store_true",
+                   help="without the self-test, even while the driver reports it lost (an event "
+                        "records who)")
     sim.add_sim_commands(sub, lambda name, text: command(name, text, prints=False))
     p = command("events", "what happened, newest last")
     p.add_argument("--limit", type=count, default=50, help="the newest this many (default 50)")

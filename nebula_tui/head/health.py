@@ -15,7 +15,12 @@ through ``HeadState.set_maintenance``, which keeps the store's copy).
   ``health.isolation_grace`` get SIGKILL; each is requeued (``--no-requeue``: failed); the
   card is reset unless it fell off the bus; the self-test runs; the GPU is back in service
   when it passes, unless its policy says only an admin brings it back (``nebula gpu
-  resume``). A failed reset or self-test keeps it out until an admin resumes it.
+  resume``, which runs the self-test first and refuses a card that fails it or is still
+  lost; ``--force`` skips it, as an event). A failed reset or self-test keeps it out until
+  an admin resumes it.
+* **Lost cards.** A card the driver reports lost (NVML's GPU-is-lost or unknown error,
+  nvidia-smi's "Unknown Error", gone from the tool's list, ERR! fields: ``GpuReading.lost``)
+  is isolated like a bus fall (Xid 79), at once and until an admin resumes it.
 * **Throttling (R19).** A card that turns hot, idle and below its base clock is one
   throttling event; events lower the node's health score, which the scheduler reads
   (``GpuView.health_score``); the score recovers by itself over hours.
@@ -75,6 +80,7 @@ class HealthMonitor:
         self._tasks: dict[str, tuple[str, asyncio.Task]] = {}  # gpu -> (kind, pipeline)
         self._pid_jobs: dict[str, dict[str, str]] = {}  # node -> pid -> job id (last probe)
         self._throttling: set[str] = set()  # GPUs in a throttling episode now
+        self._lost: set[str] = set()  # GPUs whose last probe said the driver lost them
         self._kmsg_errors: dict[str, str] = {}
         #: told of each GPU isolated, with why (notifications)
         self.on_isolated: Callable[[str, str], None] = lambda gpu, reason: None
@@ -305,28 +311,80 @@ class HealthMonitor:
         self._event("health", f"{label}: {sentence}", gpu=gpu)
         return passed, sentence
 
+    # ------------------------------------------------------------- lost cards
+    def _lost_or_back(self, node: str, readings: list[GpuReading]) -> None:
+        """A card the driver lost (NVML's GPU-is-lost or unknown error, nvidia-smi's
+        "Unknown Error", gone from the tool's list, ERR! fields) is isolated like one that
+        fell off the bus (Xid 79): out of service at once, its jobs checkpointed and
+        requeued, back only through ``nebula gpu resume`` — whose self-test it must pass.
+        It counts as a bus fall in the Xid history, so an Xid 79 soon after isolates too."""
+        for reading in readings:
+            gpu = reading.uuid
+            if not gpu or gpu not in self.state.gpus:
+                continue
+            label = self.state.label(gpu)
+            if reading.lost and gpu not in self._lost:
+                self._lost.add(gpu)
+                self._xids[gpu].append((self.state.clock(), None))
+                reason = (f"the driver lost {label} ({reading.lost}): isolated; check the slot "
+                          f"and the power cable, then `nebula gpu resume {label}`")
+                self._event("health", f"{label} is lost: {reading.lost}", gpu=gpu, node=node)
+                # Out of service before anything else runs: never offered again meanwhile.
+                if self.state.gpus[gpu].maintenance is None:
+                    self._set_maintenance(gpu, Maintenance(reason, admin_only=True))
+                self._start(gpu, "isolate", self._isolate(gpu, Action("isolate", True, reason, None,
+                                                                      BUS_FALL_CODE)))
+            elif not reading.lost and gpu in self._lost:
+                self._lost.discard(gpu)
+                self._event("health", f"{label} answers again; it stays in maintenance until an "
+                                      f"admin resumes it (`nebula gpu resume {label}` runs its "
+                                      "self-test first)", gpu=gpu, node=node)
+
     # ------------------------------------------------------------------- admins
-    def resume(self, user: str, name: str) -> str:
-        """``nebula gpu resume``: an admin puts a GPU in maintenance back in service.
+    async def resume(self, user: str, name: str, force: bool = False) -> str:
+        """``nebula gpu resume``: an admin puts a GPU in maintenance back in service once it
+        passes its self-test; a card the driver still reports lost, or one failing the
+        test, is refused with the reason. ``force`` skips the test (an event says who).
+        The Xid history stays: a second Xid 79 within its window after a resume isolates.
         Returns the GPU's uuid; raises RequestError (not an admin, unknown, not in
-        maintenance)."""
+        maintenance, still lost, self-test failed)."""
         self.access.check_admin(user, "resume GPUs")
         gpu = self.state.resolve_gpu(name)
         label = self.state.label(gpu)
-        if self.state.gpus[gpu].maintenance is None:
+        live = self.state.gpus[gpu]
+        if live.maintenance is None and not live.reading.lost:
             raise RequestError(f"{label} is not in maintenance")
+        if force:
+            self._cancel_pipeline(gpu)
+            self._restore(gpu, f"{label} resumed by {user} with --force, without a self-test"
+                               + (f" (the driver still reports it lost: {live.reading.lost})"
+                                  if live.reading.lost else ""))
+            return gpu
+        if live.reading.lost:
+            raise RequestError(f"{label} is still lost ({live.reading.lost}); reseat or repair "
+                               f"it first, or `nebula gpu resume --force {label}` to take the risk")
+        self._cancel_pipeline(gpu)  # the admin decided; a test still running no longer matters
+        passed, sentence = await self._selftest(gpu)
+        if not passed:
+            raise RequestError(f"{label} stays in maintenance: {sentence}; fix it, or "
+                               f"`nebula gpu resume --force {label}` to take the risk")
+        if self.state.gpus[gpu].reading.lost:
+            raise RequestError(f"{label} was lost again during its self-test "
+                               f"({self.state.gpus[gpu].reading.lost})")
+        self._restore(gpu, f"{label} resumed by {user}: {sentence}")
+        return gpu
+
+    def _cancel_pipeline(self, gpu: str) -> None:
         running = self._tasks.pop(gpu, None)
         if running and not running[1].done():
-            running[1].cancel()  # the admin decided; a test still running no longer matters
-        self._xids.pop(gpu, None)  # a new Xid after a repair is a first one again
-        self._restore(gpu, f"{label} resumed by {user}")
-        return gpu
+            running[1].cancel()
 
     # ------------------------------------------------------------- throttling (R19)
     def on_probe(self, node: str, readings: list[GpuReading], pid_jobs: dict[str, str]) -> None:
         """A probe's readings: throttling episodes start and end; the pid -> job map is kept
         for Xid messages that name a pid."""
         self._pid_jobs[node] = dict(pid_jobs or {})
+        self._lost_or_back(node, readings)
         self._evict_left_behind(readings)
         now = self.state.clock()
         events = self.state.nodes[node].throttle_events

@@ -415,7 +415,7 @@ class ApiServer:
 
     async def op_gpu_resume(self, user, req):
         """An admin brings a GPU in maintenance back into service (R16/R17)."""
-        gpu = self.engine.health.resume(user, text_field(req, "gpu"))
+        gpu = await self.engine.health.resume(user, text_field(req, "gpu"), force=req.get("force") is True)
         return {"gpu": next(g for g in self.engine.gpus_json() if g["uuid"] == gpu)}
 
     async def op_users(self, user, req):

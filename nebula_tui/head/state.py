@@ -368,9 +368,11 @@ class HeadState:
             return f"node {node.name} is drained"
         if node.state != NodeState.UP:
             return f"node {node.name} is {node.state.value}"
-        if live.maintenance is not None:
+        if live.maintenance is not None:  # its reason says what to do (a lost card's too)
             why = live.maintenance.reason
             return f"GPU in maintenance: {why}" if why else "GPU in maintenance"
+        if live.reading.lost:  # resumed with --force while the driver still says so
+            return f"GPU lost: {live.reading.lost}"
         if live.reading.mig_mode == "Enabled":  # R3: its MIG instances are the devices
             return "MIG mode is on: jobs get its MIG instances"
         return None

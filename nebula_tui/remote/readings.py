@@ -37,6 +37,10 @@ def gpu_reading(device: dict) -> GpuReading:
     values.setdefault("name", "")
     if isinstance(values.get("throttle_reasons"), list):
         values["throttle_reasons"] = tuple(values["throttle_reasons"])
+    errors = device.get("err_fields")
+    if errors and isinstance(errors, list) and not values.get("lost"):
+        # ERR!: the driver failed to read those fields of the card (each reads None)
+        values["lost"] = "nvidia-smi shows ERR! for " + ", ".join(str(e) for e in errors[:8])
     for key in ("index", "memory_total_mb", "memory_used_mb"):
         if key in values and not isinstance(values[key], int):
             with contextlib.suppress(TypeError, ValueError):

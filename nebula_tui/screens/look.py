@@ -31,7 +31,7 @@ STATE_ROLE: dict[str, str] = {
     "cancelling": "warn", "evicting": "warn",
     # GPUs and slices
     "idle": "free", "free": "free", "busy": "info", "allocated": "info",
-    "maintenance": "warn", "unreachable": "warn",
+    "maintenance": "warn", "unreachable": "warn", "lost": "bad",
     # nodes
     "up": "ok", "connecting": "muted", "drained": "warn", "unknown": "warn", "down": "bad",
 }

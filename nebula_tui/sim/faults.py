@@ -209,11 +209,12 @@ def xid_lines(gpu: dict, code: int, pid: int | None, uptime: float, first: bool)
 
 
 def inject_xid(node_dir: Path, gpu_index: int | str, code: int, pid: int | None = None,
-               now: float | None = None) -> list[str]:
+               now: float | None = None, lose: bool = True) -> list[str]:
     """Log Xid ``code`` for a GPU of the node (index or UUID) and apply what it does.
 
     Appends the driver's lines to ``kmsg.log`` with uptime ``now - boot_time``; for 79 the
-    GPU is marked lost (nvidia-smi names it and exits 15), for 48/95 its volatile
+    GPU is marked lost (nvidia-smi names it and exits 15; ``lose=False``: a fall the card
+    came back from before anyone looked, logged only), for 48/95 its volatile
     double-bit ECC count goes up. Returns the lines written. Raises ValueError for an
     unknown GPU or a code that is not a positive number.
     """
@@ -231,7 +232,7 @@ def inject_xid(node_dir: Path, gpu_index: int | str, code: int, pid: int | None 
     _append_kmsg(node_dir, lines)
     _append_nvml_event(node_dir, gpu["index"], code)  # NVML tells its event sets at once
     index = str(gpu["index"])
-    if code == 79:
+    if code == 79 and lose:
         _change_faults(node_dir, lambda gpus: gpus.setdefault(index, {}).update(lost=True))
     elif code in (48, 95):
         def more_ecc(gpus: dict) -> None:

@@ -152,7 +152,21 @@ APPS_FIELD_MAP = {
 }
 
 # A GPU the driver lost is reported in the middle of query output instead of its row.
-_LOST_RE = re.compile(r"^Unable to determine the device handle for (?:GPU)?\s*(\S+?):\s*(.*)$")
+_LOST_RE = re.compile(r"^Unable to determine the device handle for (?:GPU)?\s*"
+                      r"([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]|\S+?):\s*(.*)$")
+
+
+def lost_devices(lines):
+    """[(the id the tool named, why)] of each "Unable to determine the device handle for
+    GPU…: GPU is lost" line: devices the driver lost, which have no row of their own."""
+    found = []
+    for line in lines:
+        lost = _LOST_RE.match(line.strip())
+        if lost:
+            found.append((lost.group(1), lost.group(2).strip()))
+    return found
+
+
 _HEADER_CELL_RE = re.compile(r"^[a-z][a-z0-9_.]*(?:\s*\[[^\]]*\])?$")
 _UNIT_SUFFIX_RE = re.compile(r"\s*\[[^\]]*\]$")
 _TIMESTAMP_RE = re.compile(r"^(\d{4})/(\d\d)/(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?$")
@@ -221,10 +235,15 @@ class _Csv(object):
 
     def convert(self, cells, field_map):
         values = {}
+        errors = []
         for name, cell in zip(self.names, cells):
             target = field_map.get(name)
             if target is not None:
                 values[target[0]] = target[1](cell)
+                if rd.is_error(cell):
+                    errors.append(name)
+        if errors:
+            values["err_fields"] = errors
         return values
 
 

@@ -37,6 +37,9 @@ FIELDS = (
     "health",            # the vendor's own verdict where it gives one ("OK", "Warning")
     "visible_env",       # the variable that hands this device to a job
     "visible_id",        # what that variable takes for this device ("0", "MIG-…")
+    "lost",              # why the driver cannot read the device now (NVML "GPU is lost",
+                         # nvidia-smi "Unknown Error", gone from its list); None: it answers
+    "err_fields",        # the fields the tool wrote as ERR! (each of them None), else None
 )
 
 #: The variable each vendor's runtime reads to choose its devices (R12).
@@ -66,7 +69,13 @@ def new_process(gpu_uuid, pid, name=None, used_memory_mb=None):
 # --- single values -------------------------------------------------------------------------
 
 # Statuses, not values: [N/A], [Not Supported], [Unknown Error], [Not Found], N/A, "-" …
-_MISSING = {"", "n/a", "na", "-", "--", "none", "not supported", "unknown", "unsupported"}
+# and ERR! (a field the driver failed to read: missing, never a zero; the parsers note it).
+_MISSING = {"", "n/a", "na", "-", "--", "none", "not supported", "unknown", "unsupported", "err!"}
+
+
+def is_error(raw):
+    """Whether a cell is nvidia-smi's ERR!: the driver failed to read that field."""
+    return raw is not None and str(raw).strip().upper() == "ERR!"
 _NUMBER_RE = re.compile(
     r"^\(?(-?\d+(?:\.\d+)?)\s*(?:MiB|MB|GiB|GB|KiB|KB|B|%|W|mW|MHz|Mhz|GHz|C|°C|mV|x)?\)?$",
     re.IGNORECASE)

@@ -79,8 +79,8 @@ class NvmlBackend(Backend):
             code = getattr(err, "value", None)
             if code == nv.NVML_ERROR_FUNCTION_NOT_FOUND:
                 self.missing.add(name)
-            elif code == nv.NVML_ERROR_GPU_IS_LOST:
-                raise
+            elif code in (nv.NVML_ERROR_GPU_IS_LOST, nv.NVML_ERROR_UNKNOWN):
+                raise  # the card itself does not answer: status() says it is lost
             return None
 
     def initialize(self):
@@ -154,9 +154,9 @@ class NvmlBackend(Backend):
         for handle, static in self.gpus:
             try:
                 readings.append(self._dynamic(handle, static))
-            except self.nv.NVMLError as err:  # only GPU_IS_LOST gets here
+            except self.nv.NVMLError as err:  # only GPU_IS_LOST and UNKNOWN get here
                 self.warnings.append("GPU %s (%s): %s" % (static["index"], static["pci_bus_id"], err))
-                readings.append(dict(static))
+                readings.append(dict(static, lost="NVML: %s" % rd.text(str(err))))
         for handle, static in self.migs:
             reading = dict(static)
             memory = self._safe("nvmlDeviceGetMemoryInfo", handle)
@@ -271,6 +271,19 @@ def _float(value):
     return None if value is None else float(value)
 
 
+#: Where the kernel lists PCI devices: a card still there that the tool no longer shows is
+#: lost, not removed.
+PCI_DEVICES = "/sys/bus/pci/devices"
+
+
+def _pci_listed(bus_id):
+    """Whether the kernel still lists the PCI device ``bus_id`` (nvidia-smi writes 8 hex
+    digits of domain, sysfs 4); None when this node has no sysfs to ask."""
+    if not os.path.isdir(PCI_DEVICES):
+        return None
+    return os.path.exists(os.path.join(PCI_DEVICES, bus_id[-12:].lower()))
+
+
 class NvidiaSmiBackend(Backend):
     name = "nvidia-smi"
     vendor = "nvidia"
@@ -279,6 +292,7 @@ class NvidiaSmiBackend(Backend):
         self.fields = list(nvidia_smi.QUERY_GPU_FIELDS + nvidia_smi.QUERY_GPU_EXTRA_FIELDS)
         self.warnings = []
         self.cuda_version = None
+        self.seen = {}  # uuid -> the device's facts as last read: a card that vanishes stays, lost
 
     def initialize(self):
         if not which("nvidia-smi"):
@@ -308,7 +322,33 @@ class NvidiaSmiBackend(Backend):
         if not readings and not warnings and out.strip():
             raise ToolError("nvidia-smi printed no GPU it can read: %s" % one_line(out))
         self.warnings = warnings
-        return readings
+        return readings + self._lost(readings, nvidia_smi.lost_devices(out.splitlines()))
+
+    def _lost(self, readings, named):
+        """The cards read before that this read lacks, as lost: the tool named them lost
+        ("GPU is lost", "Unknown Error"), or shows them no more — whether the kernel still
+        lists the PCI device or not, a card does not leave a running node by itself."""
+        for reading in readings:
+            if reading.get("uuid"):
+                self.seen[reading["uuid"]] = reading
+        here = set(r.get("uuid") for r in readings)
+        lost = []
+        for uuid, last in self.seen.items():
+            if uuid in here:
+                continue
+            bus = (last.get("pci_bus_id") or "").lower()
+            why = next((w for named_id, w in named if named_id.lower().endswith(bus[-12:]) and bus), None)
+            if why:
+                why = "nvidia-smi: %s" % why
+            elif _pci_listed(bus) is False:
+                why = "gone from the PCI bus (nvidia-smi no longer shows it)"
+            else:
+                why = "still on the PCI bus, but nvidia-smi no longer shows it"
+            keep = ("uuid", "name", "pci_bus_id", "memory_total_mb", "compute_cap",
+                    "driver_version", "visible_env", "visible_id")
+            lost.append(rd.new_reading("nvidia", last["index"], lost=why,
+                                       **dict((k, last.get(k)) for k in keep)))
+        return lost
 
     def processes(self):
         fields = nvidia_smi.PROBE_APPS_FIELDS  # no names: nvidia-smi prints them unquoted
