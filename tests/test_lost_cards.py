@@ -8,6 +8,7 @@ from __future__ import annotations
 from nebula_tui.remote.backends import nvidia_smi
 from nebula_tui.remote.probes import vendor_nvidia
 from nebula_tui.remote.readings import gpu_reading
+from samples import SAMPLES
 
 FIELDS = ("index", "uuid", "name", "pci.bus_id", "memory.total", "memory.used",
           "utilization.gpu", "temperature.gpu", "power.draw", "fan.speed")
@@ -67,3 +68,30 @@ def test_a_card_the_tool_lost_or_no_longer_lists_is_reported_lost(tmp_path, monk
 
     smi.out = f"{ROW0}\n{ROW1}\n"  # back
     assert [r.get("lost") for r in smi.status()] == [None, None]
+
+
+def test_the_2011_layout_of_driver_270_parses_to_its_gpu():
+    """``nvidia-smi -q`` of driver 270.41.19 (Tesla M2090, 2011): bus id without domain
+    width, ``Memory Usage`` in Mb, ``Temperature/Gpu``, ``Power State`` under the power
+    readings. The temperature the card does not report is missing, not zero."""
+    readings, processes, facts = nvidia_smi.parse_q(
+        (SAMPLES / "smi_q" / "tesla_m2090_270_q_2011.txt").read_text())
+    assert facts["driver_version"] == "270.41.19"
+    (gpu,) = readings
+    assert (gpu["name"], gpu["pci_bus_id"], gpu["memory_total_mb"], gpu["memory_used_mb"]) == \
+        ("Tesla M2090", "0:2:0", 5375, 9)
+    assert (gpu["pstate"], gpu["power_w"], gpu["power_limit_w"], gpu["sm_clock_mhz"]) == \
+        ("P12", 31.57, 225.0, 100.0)
+    assert gpu["temperature_c"] is None and gpu["fan_pct"] is None
+    assert (gpu["ecc_uncorrected"], gpu["ecc_corrected"], gpu["err_fields"]) == (0, 0, None)
+    assert gpu["uuid"].startswith("GPU-2b1486407f70") and processes == []
+
+
+def test_err_in_a_q_report_is_a_missing_value_named_as_such():
+    text = (SAMPLES / "smi_q" / "tesla_m2090_270_q_2011.txt").read_text() \
+        .replace("Power Draw              : 31.57 W", "Power Draw              : ERR!") \
+        .replace("Fan Speed                   : N/A", "Fan Speed                   : ERR!")
+    (gpu,), _, _ = nvidia_smi.parse_q(text)
+    assert gpu["power_w"] is None and gpu["fan_pct"] is None
+    assert gpu["err_fields"] == ["Fan Speed", "Power Readings/Power Draw"]
+    assert gpu_reading(gpu).lost == "nvidia-smi shows ERR! for Fan Speed, Power Readings/Power Draw"

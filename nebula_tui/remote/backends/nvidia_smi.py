@@ -513,7 +513,8 @@ def plain_table_readings(table):
 
 # --- nvidia-smi -q ---------------------------------------------------------------------------
 
-_Q_GPU_RE = re.compile(r"^GPU [0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]$")
+# "GPU 00000000:07:00.0"; drivers of 2011 (270.x) wrote "GPU 0:2:0" (no domain width, no function)
+_Q_GPU_RE = re.compile(r"^GPU [0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+(?:\.[0-9A-Fa-f])?$")
 
 
 def _q_tree(text):
@@ -624,8 +625,24 @@ def _q_processes(text):
     return [p for p in processes if p["pid"] is not None]
 
 
+def _q_errors(section, path=""):
+    """The fields of a ``-q`` section written as ERR! (the driver failed to read them)."""
+    found = []
+    for key, value in section.items():
+        where = "%s/%s" % (path, key) if path else key
+        if isinstance(value, dict):
+            found.extend(_q_errors(value, where))
+        elif rd.is_error(value):
+            found.append(where)
+    return found
+
+
 def parse_q(text):
-    """``nvidia-smi -q`` -> (readings, processes, facts) with facts = driver/CUDA version."""
+    """``nvidia-smi -q`` -> (readings, processes, facts) with facts = driver/CUDA version.
+
+    Layouts from 2011 on: drivers of the 270 series wrote ``Memory Usage`` (in ``Mb``),
+    ``Temperature/Gpu`` and ``Power Readings/Power State`` where later ones write ``FB
+    Memory Usage``, ``GPU Current Temp`` and ``Performance State``."""
     tree = _q_tree(text)
     facts = {"driver_version": rd.text(tree.get("Driver Version")),
              "cuda_version": rd.text(tree.get("CUDA Version"))}
@@ -641,14 +658,16 @@ def parse_q(text):
         remap = section.get("Remapped Rows")
         remap = remap if isinstance(remap, dict) else {}
         reasons = section.get("Clocks Event Reasons") or section.get("Clocks Throttle Reasons")
+        memory = section.get("FB Memory Usage") or section.get("Memory Usage") or {}
+        temperature = section.get("Temperature") or {}
         reading = rd.new_reading(
             "nvidia", len(readings),
             uuid=uuid, name=rd.text(section.get("Product Name")) or "",
             pci_bus_id=rd.text(_get(section, "PCI", "Bus Id")) or key[4:].strip(),
-            memory_total_mb=rd.integer(_get(section, "FB Memory Usage", "Total")),
-            memory_used_mb=rd.integer(_get(section, "FB Memory Usage", "Used")),
+            memory_total_mb=rd.integer(memory.get("Total")),
+            memory_used_mb=rd.integer(memory.get("Used")),
             utilization_pct=rd.number(_get(section, "Utilization", "Gpu")),
-            temperature_c=rd.number(_get(section, "Temperature", "GPU Current Temp")),
+            temperature_c=rd.number(temperature.get("GPU Current Temp") or temperature.get("Gpu")),
             power_w=rd.number(power.get("Power Draw") or power.get("Average Power Draw")),
             power_limit_w=rd.number(power.get("Current Power Limit") or power.get("Power Limit")),
             fan_pct=rd.number(section.get("Fan Speed")),
@@ -657,7 +676,7 @@ def parse_q(text):
             base_sm_clock_mhz=rd.number(_get(section, "Default Applications Clocks", "Graphics")),
             max_sm_clock_mhz=rd.number(max_clocks.get("SM")),
             max_mem_clock_mhz=rd.number(max_clocks.get("Memory")),
-            pstate=rd.text(section.get("Performance State")),
+            pstate=rd.text(section.get("Performance State") or power.get("Power State")),
             pcie_gen=rd.integer(_get(link, "PCIe Generation", "Current")),
             pcie_gen_max=rd.integer(_get(link, "PCIe Generation", "Max")),
             pcie_width=rd.integer(_get(link, "Link Width", "Current")),
@@ -672,6 +691,7 @@ def parse_q(text):
             persistence_mode=rd.text(section.get("Persistence Mode")),
             throttle_reasons=_active_reasons(reasons, _Q_REASONS),
             mig_mode=rd.text(_get(section, "MIG Mode", "Current")),
+            err_fields=_q_errors(section) or None,
         )
         readings.append(reading)
     return readings, _q_processes(text), facts
