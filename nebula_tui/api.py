@@ -85,7 +85,8 @@ from pathlib import Path
 #: limit), nodes (node, hardware, reconcile), GPUs' health (health, xid), what admins did
 #: (admin) and the store's own notes (store). ``tests/test_events.py`` holds the source to it.
 EVENT_KINDS = ("submit", "hold", "cancel", "place", "start", "end", "requeue", "idle", "guard",
-               "limit", "node", "hardware", "reconcile", "health", "xid", "admin", "store")
+               "limit", "node", "hardware", "reconcile", "health", "xid", "admin", "store",
+               "preempt")
 
 #: The longest request line the server reads, and a tenth of the longest reply line.
 MAX_LINE = 1 << 20

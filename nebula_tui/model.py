@@ -253,6 +253,9 @@ class JobSpec:
     #: --pool: the pool it must run in, or ``LOCAL_POOL`` (here only); None: here, or a
     #: pool whose burst_after it waited past
     pool: str | None = None
+    #: --preemptible: runs on any free card whatever its user's fair share, stopped and
+    #: requeued when a normal job needs the card; charged ``scheduler.preemptible_charge``
+    preemptible: bool = False
 
 
 #: ``--pool local``: the job runs on the lab's own nodes, never in a pool
@@ -431,6 +434,7 @@ class Job:
     workdir_used: str | None = None
     #: the pool it was sent to (its place there reads ``pool:node``), None while it is ours
     pool: str | None = None
+    preemptions: int = 0  # how many times a normal job's need stopped and requeued it
     state: JobState = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -107,7 +107,8 @@ def _duration(section: str, key: str, value: Any) -> float:
 def scheduler_settings(value: Any) -> SchedulerSettings:
     data = _mapping("scheduler", value)
     _known("scheduler", data, ("weights", "hot_c", "min_health_score", "service_spare",
-                               "quota_gpu_hours", "half_life", "default_vendor"))
+                               "quota_gpu_hours", "half_life", "default_vendor", "preemptible_charge",
+                               "preemptible_in_quota"))
     weights = _mapping("scheduler.weights", data.get("weights"), "weights")
     _known("scheduler.weights", weights, tuple(_WEIGHTS), "weights")
     config = replace(SchedulerConfig(), **{_WEIGHTS[k]: _number("scheduler", ("weights", k), v)
@@ -122,6 +123,17 @@ def scheduler_settings(value: Any) -> SchedulerSettings:
             config = replace(config, service_spare_mb=parse_size_mb(str(data["service_spare"])))
         except ValueError as err:
             raise SettingError(f"scheduler.service_spare: {err}", "service_spare") from None
+    if "preemptible_charge" in data:
+        charge = _number("scheduler", ("preemptible_charge",), data["preemptible_charge"])
+        if charge > 1:
+            raise SettingError(f"scheduler.preemptible_charge must be a fraction from 0 to 1, found {charge:g}",
+                               "preemptible_charge")
+        config = replace(config, preemptible_charge=charge)
+    if "preemptible_in_quota" in data:
+        if not isinstance(data["preemptible_in_quota"], bool):
+            raise SettingError("scheduler.preemptible_in_quota must be true or false, found "
+                               f"{data['preemptible_in_quota']!r}", "preemptible_in_quota")
+        config = replace(config, preemptible_in_quota=data["preemptible_in_quota"])
     settings = SchedulerSettings(config=config)
     if "quota_gpu_hours" in data:
         settings = replace(settings, quota_gpu_hours=_number("scheduler", ("quota_gpu_hours",),

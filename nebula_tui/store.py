@@ -51,6 +51,8 @@ DEFAULT_SPAN_S = 30.0
 #: ended, the cards it held at its end (released in the same transaction that ended it).
 #: what clears a job's stop under way (``Store.record_stop``)
 _NO_STOP = "stop_ends = NULL, stop_why = NULL, stop_requeue = 0, stop_kill_at = NULL"
+#: jobs submitted without --preemptible (the spec is the job's JSON)
+_NOT_PREEMPTIBLE = "AND NOT COALESCE(json_extract(spec, '$.preemptible'), 0) "
 _HELD = "(a.released_at IS NULL OR a.released_at = (SELECT ended_at FROM jobs WHERE id = a.job_id))"
 
 
@@ -317,6 +319,11 @@ class Store:
         ("jobs", "stop_kill_at", float, None),
         # the pool a job was sent to (head/pools.py), NULL while it is the lab's
         ("jobs", "pool", str, None),
+        # what fraction of its GPU-hours a job is charged (a preemptible job's
+        # ``scheduler.preemptible_charge`` when it was submitted), and how many times a
+        # normal job's need stopped and requeued it
+        ("jobs", "charge", float, 1.0),
+        ("jobs", "preemptions", int, 0),
     )
 
     def _add_missing_columns(self) -> None:
@@ -379,21 +386,23 @@ class Store:
         return [dict(r) for r in self.db["gpus"].rows_where(order_by="node, idx")]
 
     # ------------------------------------------------------------------- jobs
-    def add_job(self, user: str, spec: JobSpec, t: float, durable: bool = True) -> Job:
+    def add_job(self, user: str, spec: JobSpec, t: float, durable: bool = True,
+                charge: float = 1.0) -> Job:
         """Store a submitted job as pending; the id is durable once this returns (with
-        ``durable`` False: once ``sync_to_disk`` returned after it)."""
+        ``durable`` False: once ``sync_to_disk`` returned after it). ``charge``: the
+        fraction of its GPU-hours it will be charged."""
         return self._add_jobs(user, [spec], t, f"job {self._next_id} submitted by {user}",
-                              durable)[0]
+                              durable, charge)[0]
 
     def add_array(self, user: str, spec: JobSpec, indices: tuple[int, ...], limit: int | None,
-                  t: float, durable: bool = True) -> list[Job]:
+                  t: float, durable: bool = True, charge: float = 1.0) -> list[Job]:
         """Store an array's tasks as pending jobs in one transaction: each task is a job of
         its own (ids one after the other) whose spec names its array (the first task's id),
         its index and the limit of tasks running at once."""
         first = self._next_id
         tasks = [replace(spec, array_id=first, array_index=i, array_limit=limit) for i in indices]
         return self._add_jobs(user, tasks, t, f"array job {first} ({len(tasks)} tasks, {spec.array}) "
-                                              f"submitted by {user}", durable)
+                                              f"submitted by {user}", durable, charge)
 
     def sync_to_disk(self) -> None:
         """Wait until every transaction committed so far is on the disk, as a durable one's
@@ -422,16 +431,16 @@ class Store:
                                 f"{_why(err)}; {kept}")
 
     def _add_jobs(self, user: str, specs: list[JobSpec], t: float, message: str,
-                  durable: bool) -> list[Job]:
+                  durable: bool, charge: float = 1.0) -> list[Job]:
         """Pending jobs with the next free ids, and their submit line, in one transaction."""
         ids = range(self._next_id, self._next_id + len(specs))
         with self.transaction(durable=durable):
             self._ensure_user(user, t)
             # Plain SQL on the hot paths: sqlite-utils' insert inspects the table each call.
             self.db.conn.executemany(
-                "INSERT INTO jobs (id, user, name, spec, state, reason, submitted_at) "
-                "VALUES (?, ?, ?, ?, 'pending', ?, ?)",
-                [[job_id, user, spec.name, json.dumps(asdict(spec)), WAITING_FOR_SCHEDULER, t]
+                "INSERT INTO jobs (id, user, name, spec, state, reason, submitted_at, charge) "
+                "VALUES (?, ?, ?, ?, 'pending', ?, ?, ?)",
+                [[job_id, user, spec.name, json.dumps(asdict(spec)), WAITING_FOR_SCHEDULER, t, charge]
                  for job_id, spec in zip(ids, specs)])
             self._set_meta("job_id_floor", str(ids[-1]))
             self._event(t, "submit", message, job_id=ids[0], user=user)
@@ -464,13 +473,16 @@ class Store:
                         job_id=job_id, user=by)
 
     def record_stop(self, job_id: int, ends: JobState, why: str, requeue: bool,
-                    kill_at: float) -> None:
+                    kill_at: float, preempted_at: float | None = None) -> None:
         """Remember a stop of the head's own that sent SIGUSR1 (or is about to): how the
-        job ends and when it is killed, for a head that restarts meanwhile."""
+        job ends and when it is killed, for a head that restarts meanwhile. A preemption
+        (``preempted_at``: when) also counts one more and writes its line."""
         with self.transaction():
             self.db.execute("UPDATE jobs SET stop_ends = ?, stop_why = ?, stop_requeue = ?, "
-                            "stop_kill_at = ? WHERE id = ?",
-                            [ends.value, why, int(requeue), kill_at, job_id])
+                            "stop_kill_at = ?, preemptions = preemptions + ? WHERE id = ?",
+                            [ends.value, why, int(requeue), kill_at, int(preempted_at is not None), job_id])
+            if preempted_at is not None:
+                self._event(preempted_at, "preempt", f"job {job_id} {why}", job_id=job_id)
 
     def clear_stop(self, job_id: int) -> None:
         """The stop was not heard (its nodes are away): the job runs on as it was."""
@@ -635,13 +647,16 @@ class Store:
         return gpu_hours
 
     def _charge_run(self, job_id: int, started_at: float | None, t: float) -> float:
-        """Charge the job's run that ends at ``t`` (a requeue ends one too) its GPU-hours,
-        and add what its cards did meanwhile, from telemetry; returns the GPU-hours."""
+        """Charge the job's run that ends at ``t`` (a requeue ends one too) its GPU-hours
+        times its ``charge``, and add what its cards did meanwhile (whole hours), from
+        telemetry; returns the GPU-hours charged."""
         hours = self._gpu_hours(job_id, started_at, t)
+        charge = self.db.execute("SELECT charge FROM jobs WHERE id = ?", [job_id]).fetchone()
+        charged = hours * (1.0 if charge is None or charge[0] is None else charge[0])
         usage = self._run_usage(job_id, started_at, t) if hours > 0 else None
         if usage is None:
-            self.db.execute("UPDATE jobs SET gpu_hours = gpu_hours + ? WHERE id = ?", [hours, job_id])
-            return hours
+            self.db.execute("UPDATE jobs SET gpu_hours = gpu_hours + ? WHERE id = ?", [charged, job_id])
+            return charged
         busy, idle, mem_mean, mem_peak = usage
         sampled, old_mean, old_peak = self.db.execute(
             "SELECT sampled_gpu_hours, mem_used_mb_mean, mem_used_mb_peak FROM jobs WHERE id = ?",
@@ -653,9 +668,9 @@ class Store:
             "UPDATE jobs SET gpu_hours = gpu_hours + ?, sampled_gpu_hours = sampled_gpu_hours + ?, "
             "busy_gpu_hours = busy_gpu_hours + ?, idle_gpu_hours = idle_gpu_hours + ?, "
             "mem_used_mb_mean = ?, mem_used_mb_peak = ? WHERE id = ?",
-            [hours, hours, busy * hours, idle * hours, old_mean if mem_mean is None else mem_mean,
+            [charged, hours, busy * hours, idle * hours, old_mean if mem_mean is None else mem_mean,
              max(peaks) if peaks else None, job_id])
-        return hours
+        return charged
 
     def _run_usage(self, job_id: int, started_at: float,
                    t: float) -> tuple[float, float, float | None, float | None] | None:
@@ -864,7 +879,8 @@ class Store:
         return Job(id=row["id"], user=row["user"], spec=spec_of(json.loads(row["spec"])),
                    submitted_at=row["submitted_at"], status=_status(row, placements),
                    attempt=row.get("attempt") or 0, workdir_used=row.get("workdir_used"),
-                   pool=row.get("pool"))
+                   pool=row.get("pool"),
+                   preemptions=row.get("preemptions") or 0)
 
     # -------------------------------------------------------------- telemetry
     TELEMETRY_FIELDS = ("temperature_c", "utilization_pct", "memory_used_mb", "power_w",
@@ -963,12 +979,13 @@ class Store:
             f"SELECT state, COUNT(*) FROM jobs WHERE state IN ({','.join('?' * len(finished))}) "
             "GROUP BY state", finished).fetchall())
 
-    def usage_since(self, since: float) -> dict[str, float]:
+    def usage_since(self, since: float, preemptible: bool = True) -> dict[str, float]:
         """GPU-hours per user charged to jobs that ended since ``since`` or still hold or
-        wait (a requeued job keeps what it was charged)."""
+        wait (a requeued job keeps what it was charged); without ``preemptible``, those of
+        preemptible jobs left out (a quota they do not count against)."""
         rows = self.db.execute(
-            "SELECT user, SUM(gpu_hours) FROM jobs WHERE ended_at >= ? OR ended_at IS NULL "
-            "GROUP BY user", [since]).fetchall()
+            "SELECT user, SUM(gpu_hours) FROM jobs WHERE (ended_at >= ? OR ended_at IS NULL) "
+            f"{'' if preemptible else _NOT_PREEMPTIBLE}GROUP BY user", [since]).fetchall()
         return {user: hours or 0.0 for user, hours in rows}
 
     def finished_usage(self, since: float) -> dict[str, list[tuple[float, float]]]:

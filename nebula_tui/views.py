@@ -92,6 +92,7 @@ def job_json(job: Job) -> dict:
         "time_limit_s": job.spec.time_limit_s, "vendor": job.spec.vendor,
         "arch": job.spec.arch, "cuda": job.spec.cuda,
         "pool": job.pool or (job.spec.pool if job.spec.pool != LOCAL_POOL else None),
+        "preemptible": job.spec.preemptible, "preemptions": job.preemptions,
         "gpus": [{"uuid": p.gpu_uuid, "node": p.node, "index": p.gpu_index,
                   "memory_mb": p.memory_mb, "exclusive": p.exclusive} for p in job.placements],
     }
@@ -286,6 +287,15 @@ def running_idle_text(job: dict, now: float) -> str:
     return IDLE_UNKNOWN_TEXT if job.get("idle_unknown") else ""
 
 
+def preemptible_text(job: dict) -> str:
+    """"preemptible", "preemptible, preempted 2 times" (the queue's tag), or "" for a
+    normal job."""
+    if not job.get("preemptible"):
+        return ""
+    times = job.get("preemptions") or 0
+    return f"preemptible, preempted {times} time{'s' * (times != 1)}" if times else "preemptible"
+
+
 def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False) -> str:
     """`nebula queue`: running jobs first, then waiting ones with their reasons; a running
     job its GPUs left idle says so. An array's tasks are one line unless ``expand``."""
@@ -314,6 +324,8 @@ def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False)
         detail = j["reason"] if j["state"] == "pending" or j["reason"] else " ".join(j["command"])
         if now is not None and (idle := running_idle_text(j, now)):
             detail = f"{idle} · {detail}"
+        if tag := preemptible_text(j):
+            detail = f"{tag} · {detail}"
         ident = str(j["id"]) if j.get("array_id") is None else f"{j['array_id']}_{j['array_index']}"
         rows.append((ident, j["user"], j["name"] or "-", j["state"], where, detail))
     return table(("ID", "USER", "NAME", "STATE", "GPUS", "REASON / COMMAND"), rows, right={0})

@@ -62,6 +62,9 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
                    help="a long-running inference service: its card keeps 2 GB spare")
     p.add_argument("--no-requeue", action="store_true",
                    help="fail instead of restarting elsewhere when its GPU is isolated")
+    p.add_argument("--preemptible", action="store_true",
+                   help="run on any free GPU now, whatever your fair share; stopped (SIGUSR1, "
+                        "grace, SIGKILL) and requeued when a normal job needs the GPU; charged less")
     add_world_flags(p)
 
 

@@ -161,8 +161,9 @@ class Engine:
         missing = [d for d in spec.after if d not in state.jobs and state.store.job(d) is None]
         if missing:
             raise RequestError(f"--after names no job {missing[0]}; `nebula queue` lists the jobs")
+        config = state.settings.config
         share = self.shares.shares().get(user)
-        if share is not None and share.refusal:
+        if share is not None and share.refusal and not (spec.preemptible and not config.preemptible_in_quota):
             raise RequestError(share.refusal)
         spec = self._fit(user, spec)
         indices, limit = (), None
@@ -176,10 +177,11 @@ class Engine:
             # Every list of jobs (each TUI's snapshot among them) holds every live job.
             raise RequestError(f"{user} has {live:,} jobs waiting or running, and one user may have "
                                f"{MAX_LIVE_JOBS_PER_USER:,}; let some end (or cancel them) first")
+        charge = config.preemptible_charge if spec.preemptible else 1.0
         if spec.array:
-            jobs = state.store.add_array(user, spec, indices, limit, state.clock(), durable)
+            jobs = state.store.add_array(user, spec, indices, limit, state.clock(), durable, charge)
         else:
-            jobs = [state.store.add_job(user, spec, state.clock(), durable)]
+            jobs = [state.store.add_job(user, spec, state.clock(), durable, charge)]
         for job in jobs:
             state.jobs[job.id] = job
             self.stream.publish_job(job)

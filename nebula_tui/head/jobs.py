@@ -332,7 +332,7 @@ class JobTransitions:
         charged = self.state.store.finish_job(job.id, state, now, exit_code=code, reason=reason)
         self.state.jobs.pop(job.id, None)
         self._exit_reasons.pop(job.id, None)
-        self.shares.ended(job.id, job.user, charged)  # its hours now count towards its user's weight
+        self.shares.ended(job.id, job.user, charged, job.spec.preemptible)  # its hours now count towards its user's weight
         self.shares.changed(job.user)
         done = replace(job, status=Ended(state, now, code, reason, job.started_at, job.node,
                                          job.placements))
@@ -353,7 +353,7 @@ class JobTransitions:
         """Put a job that held GPUs back in the queue (its allocation released), as a new
         attempt: one transition, whatever it was doing."""
         charged = self.state.store.requeue(job.id, reason, self.state.clock())
-        self.shares.charged(job.user, charged)
+        self.shares.charged(job.user, charged, job.spec.preemptible)
         self._exit_reasons.pop(job.id, None)
         self.on_requeued(job, reason)
         self._set(replace(job, status=Pending(reason), attempt=job.attempt + 1))
@@ -413,19 +413,23 @@ class JobTransitions:
         return self._set(replace(job, status=replace(job.status, idle_since=since, idle_unknown=unknown)))
 
     # ---------------------------------------------------------------------- stop
-    def begin_stop(self, job: Job, ends: JobState, why: str, requeue: bool, kill_at: float) -> Job | None:
+    def begin_stop(self, job: Job, ends: JobState, why: str, requeue: bool, kill_at: float,
+                   preemption: bool = False) -> Job | None:
         """A launched or running job the head stops for its own reason (head/stops.py says
         when): stored before any signal goes, so a restarted head still ends it at
-        ``kill_at``. None (nothing done) for a job already cancelling, evicting or
-        stopping, or no longer holding GPUs, or while the store cannot take it."""
+        ``kill_at``; a ``preemption`` is counted and its line written with it. None
+        (nothing done) for a job already cancelling, evicting or stopping, or no longer
+        holding GPUs, or while the store cannot take it."""
         if not isinstance(job.status, (Launching, Running)):
             return None
         try:
-            self.state.store.record_stop(job.id, ends, why, requeue, kill_at)
+            self.state.store.record_stop(job.id, ends, why, requeue, kill_at,
+                                         self.state.clock() if preemption else None)
         except StoreUnavailable as err:
             log.warning("job %s not stopped yet (%s): the store cannot take it: %s", job.id, why, err)
             return None
-        return self._set(replace(job, status=Stopping(job.status, ends, why, requeue, kill_at)))
+        return self._set(replace(job, status=Stopping(job.status, ends, why, requeue, kill_at),
+                                 preemptions=job.preemptions + preemption))
 
     def undo_stop(self, job: Job) -> None:
         """No node heard the stop (away): the job runs on as it was, asked again later."""

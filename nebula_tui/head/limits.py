@@ -264,6 +264,18 @@ class Limits:
             self.idle_from.pop(job_id)
             self.idle_warned.pop(job_id, None)
 
+    def preempt(self, job: Job, why: str) -> bool:
+        """A preemptible job yields its cards (the scheduler's ``Preempt``): stopped as at
+        a time limit and requeued, its line in the events log (written with the stop) and
+        in its own log. False when it is already being stopped, or no longer runs."""
+        if not self.stops.stop(job, JobState.PENDING, why, self.grace_s, requeue=True, preemption=True):
+            return False
+        message = (f"job {job.id} {why}: SIGUSR1 now, SIGKILL in {self.grace_s:g} s if still "
+                   "running; then it waits in the queue again")
+        for node in job_nodes(job):
+            self.state.spawn(self._note(node, job.id, message), f"note-{job.id}-{node}")
+        return True
+
     # ------------------------------------------------------------------ telling
     def _tell(self, job: Job, kind: str, message: str, log: bool = False) -> None:
         """A line of the events log and, with ``log`` or at a time limit, the same line in

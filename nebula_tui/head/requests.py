@@ -127,7 +127,7 @@ def spec_from_request(req: dict, default_vendor: str | None = None) -> JobSpec:
                    priority=priority, after=tuple(after), after_type=after_type, array=array,
                    time_limit_s=time_limit,
                    service=bool(req.get("service")), no_requeue=bool(req.get("no_requeue")),
-                   notify=bool(req.get("notify")),
+                   notify=bool(req.get("notify")), preemptible=bool(req.get("preemptible")),
                    **texts, **_world_fields(req))
 
 

@@ -14,7 +14,8 @@ One turn of the loop (``run``), each phase one function:
      last pass and no GPU free: no pass.
   4. ``schedule_pass``: the pure scheduler decides over ``snapshot_for`` the waiting jobs;
      a ``Start`` is launched (``JobTransitions.begin_launch``), a ``Fail`` ends the job,
-     a ``Wait`` keeps its (new) reason.
+     a ``Wait`` keeps its (new) reason, a ``Preempt`` stops a running preemptible job
+     (``Limits.preempt``) for the normal job that waits for its cards.
   5. ``housekeeping``: once an hour, the events log's retention (``Store.trim_events``).
   6. ``pause_after``: as long as the pass took (at most ``MAX_PASS_PAUSE_S``), so events
      of a busy head arrive in batches instead of each paying for a pass of its own.
@@ -55,7 +56,7 @@ def pending_job(job: Job) -> scheduler.PendingJob:
         job.id, job.user, s.gpu_count, s.gpu_mem_mb, job.submitted_at, arch=s.arch, cuda=s.cuda,
         vendor=s.vendor, max_nodes=s.nodes, priority=s.priority, after=tuple(s.after),
         after_type=s.after_type, time_limit_s=s.time_limit_s, service=s.service,
-        array_id=s.array_id, array_limit=s.array_limit)
+        array_id=s.array_id, array_limit=s.array_limit, preemptible=s.preemptible)
 
 
 class Scheduling:
@@ -153,6 +154,8 @@ class Scheduling:
             job = self.state.jobs[decision.job_id]
             if isinstance(decision, scheduler.Start):
                 self.transitions.begin_launch(job, decision.placements)
+            elif isinstance(decision, scheduler.Preempt):
+                self.limits.preempt(job, decision.reason)
             elif isinstance(decision, scheduler.Fail):
                 self.transitions.finish(job, JobState.FAILED, None, decision.reason)
             elif job.reason != decision.reason:
@@ -183,7 +186,8 @@ class Scheduling:
             gpus=tuple(state.gpu_views()),
             queue=self._pending_queue(pending),
             running=tuple(scheduler.RunningJob(j.id, j.user, j.placements, j.started_at or j.submitted_at,
-                                               j.spec.time_limit_s, j.spec.service, j.spec.array_id)
+                                               j.spec.time_limit_s, j.spec.service, j.spec.array_id,
+                                               j.spec.preemptible)
                           for j in holding),
             users=self.shares.shares(),
             finished={job: outcome for job, (outcome, _) in ended.items()},
@@ -210,9 +214,13 @@ class Scheduling:
     def plan(self, user: str, spec: JobSpec) -> dict:
         """Where a job would go now, or why it would wait: the submit form's preview."""
         probe = Job(id=-1, user=user, spec=spec, submitted_at=self.state.clock())
-        for decision in scheduler.schedule(self.snapshot_for(self.waiting() + [probe])):
+        decisions = scheduler.schedule(self.snapshot_for(self.waiting() + [probe]))
+        victims = [d.job_id for d in decisions if isinstance(d, scheduler.Preempt) and d.for_job == -1]
+        for decision in decisions:
             if decision.job_id != -1:
                 continue
+            if victims:  # it would start once they yielded: one pass and their grace
+                return {"decision": "preempt", "reason": decision.reason, "preempts": victims}
             if isinstance(decision, scheduler.Start):
                 return {"decision": "start", "gpus": [
                     {"node": p.node, "index": p.gpu_index, "uuid": p.gpu_uuid,

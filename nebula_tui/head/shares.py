@@ -56,7 +56,7 @@ class Shares:
         """Standings changed (a quota was set): recompute at the next look."""
         self._shares = None
 
-    def ended(self, job_id: int, user: str, charged_hours: float | None) -> None:
+    def ended(self, job_id: int, user: str, charged_hours: float | None, preemptible: bool = False) -> None:
         """Job ``job_id`` of ``user`` ended, charged ``charged_hours`` (None: it had ended
         already): its run joins its user's usage, and the weights are recomputed at the
         next look."""
@@ -67,10 +67,13 @@ class Shares:
         run = self.state.store.counted_run(job_id)
         if run is not None:
             usage.finished.setdefault(user, []).append(run)
-        self.charged(user, charged_hours)
+        self.charged(user, charged_hours, preemptible)
 
-    def charged(self, user: str, hours: float) -> None:
-        """``user`` was charged ``hours`` this month (a run ended, or was requeued)."""
+    def charged(self, user: str, hours: float, preemptible: bool = False) -> None:
+        """``user`` was charged ``hours`` this month (a run ended, or was requeued); a
+        ``preemptible`` job's count in the quota only when the settings say so."""
+        if preemptible and not self.state.settings.config.preemptible_in_quota:
+            return
         if self._usage is not None:
             self._usage.month[user] = self._usage.month.get(user, 0.0) + hours
 
@@ -84,12 +87,17 @@ class Shares:
         usage = self._usage_at(now, half_life)
         finished, month = usage.finished, usage.month
         held: dict[str, float] = defaultdict(float)
+        in_quota: dict[str, float] = defaultdict(float)  # of ``held``, what counts in the quota
+        counts = self.state.settings.config.preemptible_in_quota
         for job in self.state.jobs.holders():
             if job.started_at:
-                held[job.user] += self.held_hours(job, now)
+                hours = self.held_hours(job, now)
+                held[job.user] += hours
+                if counts or not job.spec.preemptible:
+                    in_quota[job.user] += hours
         shares = {}
         for user in set(finished) | set(month) | set(held):
-            refusal = self.quota_refusal(user, month.get(user, 0.0) + held.get(user, 0.0))
+            refusal = self.quota_refusal(user, month.get(user, 0.0) + in_quota.get(user, 0.0))
             shares[user] = scheduler.UserShare(
                 user, fairshare.user_weight(finished.get(user, []), held.get(user, 0.0), now, half_life),
                 refusal)
@@ -105,15 +113,18 @@ class Shares:
                 or usage.half_life != half_life:
             store = self.state.store
             since = now - 10 * half_life if half_life else 0.0
-            usage = self._usage = _Usage(store.finished_usage(since), store.usage_since(month),
+            in_quota = self.state.settings.config.preemptible_in_quota
+            usage = self._usage = _Usage(store.finished_usage(since), store.usage_since(month, in_quota),
                                          month, half_life, now)
         return usage
 
     def held_hours(self, job, now: float) -> float:
-        """GPU-hours a running job has held until ``now`` (a slice counts its fraction)."""
+        """GPU-hours a running job has held until ``now`` (a slice counts its fraction; a
+        preemptible job, ``scheduler.preemptible_charge`` of them)."""
         fractions = [fairshare.gpu_fraction(p.memory_mb, self.state.total_mb(p.gpu_uuid), p.exclusive)
                      for p in job.placements]
-        return fairshare.gpu_hours(fractions, now - (job.started_at or now))
+        hours = fairshare.gpu_hours(fractions, now - (job.started_at or now))
+        return hours * self.state.settings.config.preemptible_charge if job.spec.preemptible else hours
 
     def quota_refusal(self, user: str, month_hours: float) -> str | None:
         quota = self._quotas().get(user, self.state.settings.quota_gpu_hours)

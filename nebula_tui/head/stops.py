@@ -29,12 +29,14 @@ class Stops:
         self.state = state
         self.jobs = jobs
 
-    def stop(self, job: Job, ends: JobState, why: str, grace_s: float, requeue: bool = False) -> bool:
+    def stop(self, job: Job, ends: JobState, why: str, grace_s: float, requeue: bool = False,
+             preemption: bool = False) -> bool:
         """Stop a launched or running job: SIGUSR1 now, SIGKILL after ``grace_s`` if it
         still runs; its exit (or the kill) ends it as ``ends`` with ``why`` (``requeue``:
-        back in the queue). False (nothing done) for a job already cancelling, evicting or
-        stopping, or no longer holding GPUs, or while the store cannot take the stop."""
-        stopping = self.jobs.begin_stop(job, ends, why, requeue, self.state.clock() + grace_s)
+        back in the queue; ``preemption``: a preemptible job's, counted). False (nothing
+        done) for a job already cancelling, evicting or stopping, or no longer holding
+        GPUs, or while the store cannot take the stop."""
+        stopping = self.jobs.begin_stop(job, ends, why, requeue, self.state.clock() + grace_s, preemption)
         if stopping is None:
             return False
         self.state.spawn(self._signal_then_kill(stopping, grace_s), f"stop-{job.id}")

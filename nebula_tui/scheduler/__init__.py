@@ -5,9 +5,10 @@
 """
 
 from . import admission, fairshare, topology
-from .queue import order, schedule
-from .snapshot import (Decision, Fail, PendingJob, RunningJob, SchedulerConfig, Snapshot, Start,
-                       UserShare, Wait)
+from .preemption import schedule
+from .queue import order
+from .snapshot import (Decision, Fail, PendingJob, Preempt, RunningJob, SchedulerConfig, Snapshot,
+                       Start, UserShare, Wait)
 
-__all__ = ["Decision", "Fail", "PendingJob", "RunningJob", "SchedulerConfig", "Snapshot", "Start",
+__all__ = ["Decision", "Fail", "PendingJob", "Preempt", "RunningJob", "SchedulerConfig", "Snapshot", "Start",
            "UserShare", "Wait", "admission", "fairshare", "order", "schedule", "topology"]

@@ -428,6 +428,8 @@ class _Pass:
                         failed.append(f"job {dep} ({flag}) cannot run: {dep_why}")
                     else:  # it will start, or end (failing, for any and notok)
                         waiting.append(dep)
+                elif dep in self.snap.waiting_elsewhere:  # the other stage's (preemption.py)
+                    waiting.append(dep)
                 else:
                     failed.append(f"job {dep} ({flag}) does not exist")
             if failed:

@@ -41,6 +41,9 @@ class PendingJob:
     #: may run at once (None: no limit)
     array_id: int | None = None
     array_limit: int | None = None
+    #: --preemptible: runs on any card free now, whatever its user's fair share, and is
+    #: stopped (requeued) when a normal job needs its cards (``preemption.py``)
+    preemptible: bool = False
     #: the fields that make its request, as one string: jobs asking alike share one key,
     #: and a string keeps its hash, so a pass finds a job's request in one quick look-up
     request_key: str = field(init=False, repr=False, compare=False)
@@ -62,6 +65,7 @@ class RunningJob:
     time_limit_s: float | None = None  # None: nobody knows when it ends
     service: bool = False
     array_id: int | None = None  # the array it is a task of, if any
+    preemptible: bool = False  # its cards are free for normal jobs, which preempt it
 
     @property
     def ends_at(self) -> float | None:
@@ -120,6 +124,11 @@ class SchedulerConfig:
     service_spare_mb: int = 2048
     #: above this many candidate sets on one node, a greedy search replaces the exhaustive one
     max_combinations: int = 256
+    #: a preemptible job's GPU-hours count at this fraction in fair share (and the quota)
+    preemptible_charge: float = 0.25
+    #: whether a preemptible job's GPU-hours count against its user's quota; when not, a
+    #: user over quota may still run preemptible jobs
+    preemptible_in_quota: bool = True
 
     @property
     def temperatures(self) -> Temperatures:
@@ -145,6 +154,9 @@ class Snapshot:
     #: node -> ``parse_topo(...)["links"]`` ({"GPU0": {"GPU1": "NV4"}})
     topologies: Mapping[str, Mapping[str, Mapping[str, str]]] = field(default_factory=_empty)
     config: SchedulerConfig = SchedulerConfig()
+    #: jobs waiting that this pass does not decide (another stage of it does), which an
+    #: --after may name: they count as waiting, not as missing
+    waiting_elsewhere: frozenset[int] = frozenset()
 
 
 # Decisions are plain slotted records, not frozen ones: a pass makes one per pending job
@@ -173,7 +185,24 @@ class Fail:
     reason: str
 
 
-Decision = Start | Wait | Fail
+@dataclass(slots=True)
+class Preempt:
+    """Stop the running preemptible job ``job_id`` and requeue it: ``for_job`` of
+    ``for_user`` starts on its cards once they are free (``for_job`` None: a booking
+    begins there, ``for_user`` its name)."""
+
+    job_id: int
+    for_job: int | None
+    for_user: str
+
+    @property
+    def reason(self) -> str:
+        if self.for_job is None:
+            return f"preempted: booking {self.for_user} begins on its cards"
+        return f"preempted for job {self.for_job} of {self.for_user}"
+
+
+Decision = Start | Wait | Fail | Preempt
 
 #: the kinds of --after (Slurm's afterok, afterany, afternotok and after)
 AFTER_TYPES = ("ok", "any", "notok", "started")

@@ -15,7 +15,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from ..model import MIB_PER_GIB
-from ..views import status_summary
+from ..views import preemptible_text, status_summary
 from .base import TELEMETRY_EVERY_S, ClusterScreen
 from .keys import OVERVIEW_KEYS
 from .look import LOOK
@@ -47,9 +47,12 @@ def summary_text(counts: dict, jobs: list[dict]) -> Text:
     total, free = counts["total_vram_mb"] / MIB_PER_GIB, counts["free_vram_mb"] / MIB_PER_GIB
     text.append(f" · {free:.0f} of {total:.0f} GB free")
     running = sum(1 for j in jobs if j["state"] in ("running", "launching"))
+    spare = sum(1 for j in jobs if j["state"] in ("running", "launching") and j.get("preemptible"))
     waiting = sum(1 for j in jobs if j["state"] == "pending")
     text.append(" · ")
     text.append(f"{running} running", style=LOOK.state("running"))
+    if spare:
+        text.append(f" ({spare} preemptible)")
     text.append(", ")
     text.append(f"{waiting} waiting", style=LOOK.state("pending"))
     return text
@@ -172,8 +175,9 @@ class OverviewScreen(ClusterScreen):
         job = self.cluster.job(int(key))
         if job is None:
             return ("-",) * len(QUEUE_COLUMNS)
+        tag = preemptible_text(job)
         return (str(job["id"]), job["user"], job["name"] or "-", state_text(job_state(job)),
-                job_where(job))
+                f"{tag} · {job_where(job)}" if tag else job_where(job))
 
     def _render_queue(self) -> None:
         jobs = sorted(self.cluster.jobs.values(),

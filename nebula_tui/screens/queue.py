@@ -20,7 +20,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from ..api import ApiError
-from ..views import running_idle_text
+from ..views import preemptible_text, running_idle_text
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .cluster import FINISHED
 from .keys import QUEUE_KEYS
@@ -62,10 +62,10 @@ GONE = ("-",) * len(QUEUE_COLUMNS)
 
 
 def queue_cells(job: dict, place: int | None, at: float) -> tuple:
-    idle = running_idle_text(job, at)
+    where = " · ".join(filter(None, (preemptible_text(job), job_where(job), running_idle_text(job, at))))
     return (str(job["id"]), job["user"], job["name"] or "-", state_text(job_state(job)),
             str(place) if place else "-", job_size(job), elapsed_text(job, at), exit_text(job),
-            f"{job_where(job)} · {idle}" if idle else job_where(job))
+            where)
 
 
 def ended_where(job: dict) -> str:
@@ -81,6 +81,8 @@ def job_detail(job: dict, at: float) -> Text:
     """The cursor job in one or two sentences: why it waits, where it runs, how it ended."""
     state = job_state(job)
     text = Text(f"Job {job['id']} ", style="bold")
+    if tag := preemptible_text(job):
+        text.append(f"({tag}) ")
     text.append(state, style=LOOK.state(state))
     if state == "pending" and job.get("reason"):
         text.append(f": {job['reason']}")

@@ -141,10 +141,11 @@ def fits_text(gpu: dict) -> str:
 
 
 def holders_text(gpu: dict, jobs: dict[int, dict], ids: Iterable[int] | None = None) -> str:
-    """Who holds the card: "alice:7 bob:9" (user:job), then memory others hold
-    ("+1.2 GB unmanaged"); "-" when nobody."""
+    """Who holds the card: "alice:7 bob:9 (preemptible)" (user:job), then memory others
+    hold ("+1.2 GB unmanaged"); "-" when nobody."""
     ids = list(gpu.get("jobs") or ()) if ids is None else list(ids)
-    parts = [f"{jobs[j]['user']}:{j}" if j in jobs else f"job {j}" for j in ids]
+    parts = [(f"{jobs[j]['user']}:{j}" + (" (preemptible)" if jobs[j].get("preemptible") else ""))
+             if j in jobs else f"job {j}" for j in ids]
     unmanaged = gpu.get("unmanaged_used_mb") or 0
     if unmanaged:
         parts.append(f"+{format_mb(unmanaged)} unmanaged")

@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.timer import Timer
-from textual.widgets import Button, Input, Label, Static
+from textual.widgets import Button, Checkbox, Input, Label, Static
 
 from ..api import MAX_GPU_COUNT, ApiError
 from ..model import format_mb
@@ -59,10 +59,12 @@ def check_field(field: str, value: str) -> str | None:
     return None
 
 
-def request_fields(values: dict[str, str]) -> dict:
+def request_fields(values: dict[str, str], preemptible: bool = False) -> dict:
     """The form as the fields of a ``submit`` / ``plan`` request (valid values only)."""
     fields: dict = {"command": [values["command"].strip()], "shell": True,
                     "gpu_count": int(values["gpu_count"].strip() or 1)}
+    if preemptible:
+        fields["preemptible"] = True
     if values["name"].strip():
         fields["name"] = values["name"].strip()
     if values["gpu_mem"].strip():
@@ -72,12 +74,19 @@ def request_fields(values: dict[str, str]) -> dict:
     return fields
 
 
-def plan_text(plan: dict) -> Text:
+def plan_text(plan: dict, preemptible: bool = False) -> Text:
+    """The head's ``plan`` in words: "Would start now as preemptible on node03:1 (whole
+    card)", "Would start now, preempting job 41 (preemptible)", "Would wait: …"."""
     if plan.get("decision") == "start":
         where = ", ".join(f"{g['node']}:{g['index']} "
                           f"({'whole card' if g.get('exclusive') else format_mb(g['memory_mb'])})"
                           for g in plan.get("gpus", []))
-        return Text.assemble(("Would start now on ", "green"), (where, "bold green"))
+        kind = "as preemptible " if preemptible else ""
+        return Text.assemble((f"Would start now {kind}on ", "green"), (where, "bold green"))
+    if plan.get("decision") == "preempt":
+        ids = plan.get("preempts") or []
+        jobs = f"job {ids[0]}" if len(ids) == 1 else "jobs " + ", ".join(map(str, ids))
+        return Text.assemble(("Would start now, ", "green"), (f"preempting {jobs} (preemptible)", "bold green"))
     return Text.assemble(("Would wait: ", "yellow"), plan.get("reason") or "no reason given")
 
 
@@ -105,6 +114,10 @@ class SubmitScreen(ClusterScreen):
                     yield Label(label, classes="field-label")
                     yield Input(placeholder=placeholder, id=f"f-{ident}")
                 yield Static("", id=f"e-{ident}", classes="field-error")
+            with Horizontal(classes="field"):
+                yield Label("", classes="field-label")
+                yield Checkbox("Preemptible (-p): runs on idle cards now, whatever your fair share; "
+                               "stopped and requeued when a normal job needs them", id="f-preemptible")
             with Horizontal(id="submit-buttons"):
                 yield Button("Submit (ctrl+s)", id="submit", variant="primary")
                 yield Button("Back (esc)", id="back")
@@ -115,6 +128,17 @@ class SubmitScreen(ClusterScreen):
 
     def values(self) -> dict[str, str]:
         return {ident: self.query_one(f"#f-{ident}", Input).value for ident, _, _ in FIELDS}
+
+    def preemptible(self) -> bool:
+        return self.query_one("#f-preemptible", Checkbox).value
+
+    def fields(self) -> dict:
+        """The form as a ``submit`` / ``plan`` request."""
+        return request_fields(self.values(), self.preemptible())
+
+    @on(Checkbox.Changed)
+    def _kind_changed(self) -> None:
+        self._ask_preview()
 
     def problems(self, show: bool = True) -> dict[str, str]:
         """Each field's problem (shown under it when ``show``); empty when all are fine."""
@@ -153,7 +177,7 @@ class SubmitScreen(ClusterScreen):
                 if list(self.problems(show=False)) == ["command"] else
                 Text("Fix the fields above to see where the job would go.", style="dim"))
             return
-        self.preview(request_fields(self.values()))
+        self.preview(self.fields())
 
     @work(exclusive=True, group="plan")
     async def preview(self, fields: dict) -> None:
@@ -168,7 +192,7 @@ class SubmitScreen(ClusterScreen):
         except ApiError as err:
             box.update(Text(f"Would be refused: {err}", style="red"))
             return
-        box.update(plan_text(plan))
+        box.update(plan_text(plan, bool(fields.get("preemptible"))))
 
     @work(exclusive=True, group="submit")
     async def send(self, fields: dict) -> None:
@@ -196,7 +220,7 @@ class SubmitScreen(ClusterScreen):
             self.notify(f"{dict((i, l) for i, l, _ in FIELDS)[first]}: {found[first]}",
                         title="Check the form", severity="warning")
             return
-        self.send(request_fields(self.values()))
+        self.send(self.fields())
 
     @on(Button.Pressed, "#submit")
     def _submit_pressed(self) -> None:

@@ -1,0 +1,97 @@
+"""Preemptible (scavenger) jobs around one pass: they never delay a normal job.
+
+A pass with preemptible jobs running or waiting is two walks of ``queue.py``'s pass:
+
+1. the normal jobs, over a view of the cards where every preemptible job's allocation is
+   gone (its cards free, for placement and for the R25 reservation alike). A start that
+   lands on cards a preemptible job holds is not a start yet: the normal job waits with
+   "would preempt job 41 (preemptible) — starting now", and each such preemptible job gets a
+   :class:`Preempt` (the head stops it as it stops a job at its time limit: SIGUSR1, the
+   grace, SIGKILL, requeued). The cards stay the normal job's for the rest of the walk, and
+   the next pass after the preemptible job let go of them starts it;
+2. the preemptible jobs, over the real cards plus what the first walk started or claimed,
+   in the same order rules among themselves (a user's fair share orders them but never
+   keeps them off a free card), and without the quota's refusal when
+   ``SchedulerConfig.preemptible_in_quota`` is off.
+
+A normal job's decision is thus the one it would get with no preemptible job anywhere, so
+no normal job is ever preempted and none waits for a preemptible one
+(``tests/test_preemption.py`` checks both over random queues). An admin's ``--priority``
+job comes first in the first walk, so it too starts at once by preempting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..model import GpuView
+from . import queue
+from .reasons import join_ids
+from .snapshot import Decision, Preempt, RunningJob, Snapshot, Start, UserShare, Wait
+
+
+def schedule(snapshot: Snapshot) -> list[Decision]:
+    """The pass's decisions (``queue.schedule``'s), with preemptible jobs kept apart."""
+    scavengers = {r.id for r in snapshot.running if r.preemptible}
+    if not scavengers and not any(j.preemptible for j in snapshot.queue):
+        return queue.schedule(snapshot)
+    normal = tuple(j for j in snapshot.queue if not j.preemptible)
+    spare = tuple(j for j in snapshot.queue if j.preemptible)
+    first = queue.schedule(replace(
+        snapshot, gpus=tuple(_without(view, scavengers) for view in snapshot.gpus), queue=normal,
+        running=tuple(r for r in snapshot.running if not r.preemptible),
+        waiting_elsewhere=snapshot.waiting_elsewhere | {j.id for j in spare}))
+    holders: dict[str, list[int]] = {}
+    for view in snapshot.gpus:
+        for job_id, _ in view.placements:
+            if job_id in scavengers:
+                holders.setdefault(view.uuid, []).append(job_id)
+    jobs = {j.id: j for j in normal}
+    decisions: list[Decision] = []
+    preempts: dict[int, Preempt] = {}
+    claimed: list[RunningJob] = []  # normal jobs' starts, and the cards they preempt for
+    waiting: set[int] = set()
+    for decision in first:
+        if isinstance(decision, Start):
+            job = jobs[decision.job_id]
+            claimed.append(RunningJob(job.id, job.user, decision.placements, snapshot.now,
+                                      job.time_limit_s, job.service, job.array_id))
+            victims = sorted({v for p in decision.placements for v in holders.get(p.gpu_uuid, ())})
+            if victims:
+                for victim in victims:
+                    preempts.setdefault(victim, Preempt(victim, job.id, job.user))
+                decision = Wait(job.id, f"would preempt {join_ids(victims)} (preemptible) — starting now")
+                waiting.add(job.id)
+        elif isinstance(decision, Wait):
+            waiting.add(decision.job_id)
+        decisions.append(decision)
+    if not spare:
+        return decisions + list(preempts.values())
+    taken = _with(snapshot.gpus, claimed)
+    users = snapshot.users
+    if not snapshot.config.preemptible_in_quota:
+        users = {name: UserShare(share.name, share.weight) for name, share in users.items()}
+    second = queue.schedule(replace(
+        snapshot, gpus=taken, queue=spare, running=snapshot.running + tuple(claimed), users=users,
+        waiting_elsewhere=snapshot.waiting_elsewhere | waiting))
+    return decisions + second + list(preempts.values())
+
+
+def _without(view: GpuView, jobs: set[int]) -> GpuView:
+    """The card as a normal job sees it: the preemptible jobs' allocations gone."""
+    if not any(job_id in jobs for job_id, _ in view.placements):
+        return view
+    return replace(view, placements=tuple(p for p in view.placements if p[0] not in jobs),
+                   overuse=tuple(o for o in view.overuse if o[0] not in jobs))
+
+
+def _with(views: tuple[GpuView, ...], claimed: list[RunningJob]) -> tuple[GpuView, ...]:
+    """The cards with the first walk's starts and claims on them, for the second."""
+    extra: dict[str, list] = {}
+    for job in claimed:
+        for placement in job.placements:
+            extra.setdefault(placement.gpu_uuid, []).append((job.id, placement))
+    if not extra:
+        return views
+    return tuple(replace(v, placements=v.placements + tuple(extra[v.uuid])) if v.uuid in extra else v
+                 for v in views)
