@@ -415,21 +415,18 @@ class JobTransitions:
     # ---------------------------------------------------------------------- stop
     def begin_stop(self, job: Job, ends: JobState, why: str, requeue: bool, kill_at: float,
                    preemption: bool = False) -> Job | None:
-        """A launched or running job the head stops for its own reason (head/stops.py says
-        when): stored before any signal goes, so a restarted head still ends it at
-        ``kill_at``; a ``preemption`` is counted and its line written with it. None
-        (nothing done) for a job already cancelling, evicting or stopping, or no longer
-        holding GPUs, or while the store cannot take it."""
+        """A launched or running job the head stops for its own reason (head/stops.py says when;
+        a ``preemption`` is counted), stored before any signal goes: a restarted head ends it at
+        ``kill_at``. None: it holds no GPUs, is already stopping, or the store cannot take it."""
         if not isinstance(job.status, (Launching, Running)):
             return None
         try:
-            self.state.store.record_stop(job.id, ends, why, requeue, kill_at,
-                                         self.state.clock() if preemption else None)
+            self.state.store.record_stop(job.id, ends, why, requeue, kill_at, self.state.clock() if preemption else None)
         except StoreUnavailable as err:
             log.warning("job %s not stopped yet (%s): the store cannot take it: %s", job.id, why, err)
             return None
-        return self._set(replace(job, status=Stopping(job.status, ends, why, requeue, kill_at),
-                                 preemptions=job.preemptions + preemption))
+        stopping = Stopping(job.status, ends, why, requeue, kill_at)
+        return self._set(replace(job, status=stopping, preemptions=job.preemptions + preemption))
 
     def undo_stop(self, job: Job) -> None:
         """No node heard the stop (away): the job runs on as it was, asked again later."""
