@@ -15,6 +15,13 @@ a submit commits), and new ids continue above both. Ids stay short numbers users
 a job's launches are told apart on the nodes by a launch token that also holds a random
 nonce (``launch_token``), so even a collision there is refused, never adopted.
 
+A home that had a database never starts over an empty one without a word: the head's id
+(``head_token``, which names its job directories on the nodes) is also kept in a file beside
+the database (``<db>.head-id``), so a database that went missing, was emptied or cannot be
+read is refused (``DatabaseDamaged``), and one of another head is refused too. Only an
+explicit ``start_over`` (``nebula backup --start-empty``) makes an empty one, with that id,
+so the nodes' job directories stay this head's and their jobs are taken in again.
+
 Why one module: it is the only one that speaks SQL, so every query of the project and
 the schema they share are here.
 """
@@ -58,6 +65,12 @@ _HELD = "(a.released_at IS NULL OR a.released_at = (SELECT ended_at FROM jobs WH
 
 class StaleDecision(Exception):
     """A scheduling decision about a job that changed meanwhile (e.g. cancelled)."""
+
+
+class DatabaseDamaged(Exception):
+    """The database cannot be opened as this home's: missing, emptied, not readable as
+    SQLite, or another head's. ``str()`` names the file and what is wrong in one sentence;
+    the caller adds the way out (a backup to restore)."""
 
 
 class StoreUnavailable(Exception):
@@ -122,37 +135,111 @@ def _boot_id() -> str:
         return ""
 
 
+def head_id_file(db: Path) -> Path:
+    """Beside the database: the id of the head whose database it is (see the module's doc)."""
+    return db.with_name(db.name + ".head-id")
+
+
+def read_head_id(db: Path) -> str | None:
+    try:
+        text = head_id_file(db).read_text(encoding="ascii", errors="replace").strip()
+    except FileNotFoundError:
+        return None
+    return text or None
+
+
+def _write_head_id(db: Path, head: str) -> None:
+    """Written once, when the database is made (or first opened by a version that keeps
+    it): through a temporary file, synced, so it is whole or absent."""
+    final = head_id_file(db)
+    temporary = final.with_name(final.name + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, f"{head}\n".encode("ascii"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, final)
+
+
 class Store:
     """Durable state of the cluster: nodes, GPUs, jobs, allocations, users, events."""
 
-    def __init__(self, path: str | Path, readonly: bool = False):
+    def __init__(self, path: str | Path, readonly: bool = False, start_over: bool = False):
         """``readonly``: a second connection that only reads (WAL lets it read while the
-        head writes), for long queries the head runs in a thread of their own."""
+        head writes), for long queries the head runs in a thread of their own.
+        ``start_over``: make an empty database where this home's is missing or empty, with
+        the head's id kept beside it (an admin's explicit recovery); without it, a home that
+        had a database refuses to start over (``DatabaseDamaged``)."""
         self.path = Path(path)
+        had = None if readonly else self._refuse_a_lost_database(start_over)
         # The id file is the writer's alone (a reader never hands out an id).
         self.ids = None if readonly else IdFloor(self.path.with_name("job-ids"))
+        try:
+            self._open(readonly, had, start_over)
+        except BaseException:
+            self.close()
+            raise
+
+    def _refuse_a_lost_database(self, start_over: bool) -> str | None:
+        """The head id this home's database had (None: it never had one), after checking
+        that the file is still there to open: SQLite would take a missing or empty file
+        for a new database."""
+        had = read_head_id(self.path)
+        if had is None:
+            return None
+        size = self.path.stat().st_size if self.path.exists() else None
+        if start_over:
+            if size:
+                raise DatabaseDamaged(f"{self.path} is not empty: set it aside before starting "
+                                      "over")
+            return had
+        if size is None:
+            raise DatabaseDamaged(f"{self.path} is missing, but this home had a database "
+                                  f"(head {had})")
+        if size == 0:
+            raise DatabaseDamaged(f"{self.path} is empty (0 bytes), but this home had a "
+                                  f"database (head {had})")
+        return had
+
+    def _open(self, readonly: bool, had: str | None, start_over: bool) -> None:
         if readonly:
             conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30,
                                    isolation_level=None)
         else:
             conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
         self.db = sqlite_utils.Database(conn)
-        self.db.execute("PRAGMA busy_timeout=30000")
         self._columns: list[str] | None = None
         #: told every events-log line once its transaction committed (the head publishes them)
         self.on_event: Callable[[dict], None] | None = None
         self._written: list[dict] = []  # lines of the transaction under way
-        if readonly:
-            return
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("PRAGMA foreign_keys=ON")
-        self._create_schema()
-        self._next_id = self._first_free_id()
+        try:
+            self.db.execute("PRAGMA busy_timeout=30000")
+            if readonly:
+                self.db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+                return
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            found = self._meta("head_token") if "meta" in self.db.table_names() else None
+            if had and found != had and not (start_over and found is None):
+                raise DatabaseDamaged(
+                    f"{self.path} has no head id: it is not the database this home had (head "
+                    f"{had})" if found is None else f"{self.path} is another head's database "
+                    f"(head {found}; this home's is {had})")
+            self._create_schema(had)
+            self._next_id = self._first_free_id()
+        except sqlite3.DatabaseError as err:
+            if isinstance(err, sqlite3.OperationalError):
+                raise  # locked, or the disk failed: not the file's content
+            raise DatabaseDamaged(f"{self.path} cannot be read as a database ({err})") from None
+        if had is None:
+            _write_head_id(self.path, self.head_token)
 
     def close(self) -> None:
-        self.db.close()
-        if self.ids is not None:
+        if getattr(self, "db", None) is not None:
+            self.db.close()
+        if getattr(self, "ids", None) is not None:
             self.ids.close()
 
     def _first_free_id(self) -> int:
@@ -223,7 +310,8 @@ class Store:
                 self.on_event(event)
 
     # ----------------------------------------------------------------- schema
-    def _create_schema(self) -> None:
+    def _create_schema(self, head: str | None = None) -> None:
+        """The tables (those missing); a new database's head id is ``head`` when given."""
         db = self.db
         with self.transaction():
             db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
@@ -285,7 +373,7 @@ class Store:
             db["launches"].create_index(["job_id"], if_not_exists=True)
             db["jobs"].create_index(["ended_at"], if_not_exists=True)
             if not self._meta("head_token"):
-                db["meta"].insert({"key": "head_token", "value": uuid.uuid4().hex[:12]},
+                db["meta"].insert({"key": "head_token", "value": head or uuid.uuid4().hex[:12]},
                                   replace=True)
 
     # Columns added after the first release of a table: (table, column, type, default).
@@ -589,6 +677,50 @@ class Store:
         """The database was found older than its id file, and not every node has yet told
         what ran since (``restore_done`` clears it): the head schedules nothing till then."""
         return self._meta("restore_pending") == "1"
+
+    def mark_restored(self, source: str) -> None:
+        """An admin put this database in place (a backup, or an empty one): nothing is
+        scheduled until every node has told what it ran meanwhile, which is taken in
+        (``restore_pending``), so no job the database knew as waiting, or not at all, runs
+        a second time."""
+        with self.transaction():
+            self._set_meta("restore_pending", "1")
+            self._event(time.time(), "store", f"the database was restored from {source}; "
+                        "nothing is scheduled until every node has told what ran since")
+
+    def backup_to(self, target: Path) -> None:
+        """A copy of the database as it is now, whole, at ``target`` (a new file, in one
+        piece: no WAL beside it), by SQLite's online backup: the head's writes go on."""
+        copy = sqlite3.connect(str(target), isolation_level=None)
+        try:
+            self.db.conn.backup(copy)
+            copy.execute("PRAGMA journal_mode=DELETE")
+        finally:
+            copy.close()
+
+    def check(self) -> None:
+        """``DatabaseDamaged`` unless SQLite's quick check finds every page sound (it reads
+        the whole file: a second or so per 100 MB)."""
+        try:
+            found = self.db.execute("PRAGMA quick_check(1)").fetchone()
+        except sqlite3.DatabaseError as err:
+            found = (str(err),)
+        if found != ("ok",):
+            raise DatabaseDamaged(f"{self.path} is damaged ({found[0]})")
+
+    def damage(self, err: BaseException) -> DatabaseDamaged | None:
+        """What ``err``, raised by a read of the store, says of its file: a page that cannot
+        be read (``DatabaseDamaged``), or None (anything else: a lock, a failing disk)."""
+        if isinstance(err, sqlite3.DatabaseError) and not isinstance(err, sqlite3.OperationalError):
+            return DatabaseDamaged(f"{self.path} cannot be read ({err})")
+        return None
+
+    def summary(self) -> dict:
+        """What a backup holds, to choose one: its head's id and its jobs."""
+        states = dict(self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
+        return {"head": self.head_token, "jobs": sum(states.values()),
+                "newest_job": self.db.execute("SELECT MAX(id) FROM jobs").fetchone()[0],
+                "running": states.get("running", 0), "waiting": states.get("pending", 0)}
 
     def restore_done(self) -> None:
         with self.transaction():

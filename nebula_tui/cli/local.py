@@ -1,6 +1,7 @@
-"""The commands that run here rather than ask a service: parse, completion, and those
-that start one (serve, demo, and the TUI, which opens the demo lab when no cluster is
-given), or run the head's own code in virtual time (simulate)."""
+"""The commands that run here rather than ask a service: parse, completion, backup (on
+the head's own files: it must work while no head can start), and those that start one
+(serve, demo, and the TUI, which opens the demo lab when no cluster is given), or run the
+head's own code in virtual time (simulate)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from ..service import Home
 from .args import USAGE_ERROR
+from .common import show
 from .parser import build_parser
 
 
@@ -76,6 +78,55 @@ def cmd_serve(args, home, config) -> int:
         print(f"nebula serve: {err}", file=sys.stderr)
         return USAGE_ERROR
     return serve(home, path, shared_group=args.shared_group, metrics=args.metrics)
+
+
+def cmd_backup(args, home, config) -> int:
+    """``nebula backup``: on the head's own files, as the account it runs as (no service
+    request: a head that cannot start, its database lost, must still be restorable)."""
+    from ..backups import BackupError, Backups, head_stopped
+
+    backups = Backups(home.db)
+    try:
+        if args.list:
+            found = [{"name": b.name, "path": str(b.path), "taken_at": b.taken_at, "size": b.size,
+                      **backups.summary(b)} for b in backups.list()]
+            return show(args, found, lambda shown: _backup_table(shown, backups.folder))
+        if args.restore or args.start_empty:
+            with head_stopped(home.lock):
+                done = backups.restore(args.restore) if args.restore else backups.start_empty()
+            return show(args, {"message": done}, f"nebula backup: {done}")
+        if not home.db.exists():
+            print(f"nebula backup: there is no database at {home.db} (give --home?)", file=sys.stderr)
+            return USAGE_ERROR
+        made = backups.make()
+        return show(args, {"path": str(made.path), "taken_at": made.taken_at, "size": made.size},
+                    f"nebula backup: {made.path} ({_size(made.size)}; the newest {backups.keep} "
+                    "are kept)")
+    except BackupError as err:
+        print(f"nebula backup: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # the home is not this account's (run it as the head's)
+        print(f"nebula backup: {err.strerror or err}: {err.filename or home.root}", file=sys.stderr)
+        return 1
+
+
+def _backup_table(found: list[dict], folder) -> str:
+    import time
+
+    if not found:
+        return f"no backups in {folder}"
+    lines = [f"{'NAME':<28} {'TAKEN':<20} {'SIZE':>9}  JOBS"]
+    for backup in found:
+        jobs = (f"damaged: {backup['damaged']}" if "damaged" in backup else
+                f"{backup['jobs']} (newest {backup['newest_job'] or '-'}; {backup['running']} "
+                f"running, {backup['waiting']} waiting)")
+        taken = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(backup["taken_at"]))
+        lines.append(f"{backup['name']:<28} {taken:<20} {_size(backup['size']):>9}  {jobs}")
+    return "\n".join(lines)
+
+
+def _size(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
 
 
 def cmd_demo(args, home, config) -> int:

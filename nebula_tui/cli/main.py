@@ -30,10 +30,10 @@ COMMANDS = {
     "users": accounting.cmd_users, "quota": accounting.cmd_quota,
     "parse": local.cmd_parse, "serve": local.cmd_serve, "demo": local.cmd_demo,
     "tui": local.cmd_tui, "completion": local.cmd_completion, "sim": sim.cmd_sim,
-    "simulate": local.cmd_simulate,
+    "simulate": local.cmd_simulate, "backup": local.cmd_backup,
 }
 #: Commands that never talk to a service, so ``--host`` does not apply to them.
-LOCAL_COMMANDS = ("parse", "serve", "demo", "sim", "completion", "simulate")
+LOCAL_COMMANDS = ("parse", "serve", "demo", "sim", "completion", "simulate", "backup")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +76,7 @@ def _main(argv: list[str]) -> int:
                 args.tunnel = tunnel
                 home = Home.resolve(getattr(args, "home", None), str(tunnel.local_socket))
                 return COMMANDS[command](args, home, getattr(args, "config", None))
-        if host and command in ("serve", "demo"):
+        if host and command in ("serve", "demo", "backup"):
             print(f"nebula {command}: runs on the machine itself; drop --host (or NEBULA_HOST)",
                   file=sys.stderr)
             return USAGE_ERROR

@@ -219,6 +219,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shared box: members of this Unix group may use the service")
     p.add_argument("--metrics", type=address, default=None, metavar="HOST:PORT",
                    help="serve Prometheus metrics there, e.g. 127.0.0.1:9400 (off by default)")
+    p = command("backup", "back up the head's database now (admins, on the head's machine); "
+                "or list, restore one, start an empty one")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--list", action="store_true", help="the backups kept, newest first")
+    what.add_argument("--restore", default=None, metavar="NAME",
+                      help="put this backup (a name from --list, latest, or a file's path) in "
+                           "place of the database; the head must be stopped")
+    what.add_argument("--start-empty", action="store_true",
+                      help="put an empty database in place of a lost one; the head takes in "
+                           "the jobs the nodes still run; the head must be stopped")
     p = command("demo", "start the simulated lab and open the TUI on it", prints=False)
     p.add_argument("--headless", action="store_true", help="no TUI: keep the lab up until Ctrl-C")
     p.add_argument("--layout", default="demo", choices=("demo", "core", "4x4", "mixed"))

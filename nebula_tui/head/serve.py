@@ -1,7 +1,10 @@
 """``nebula serve``: the head service process (lock, signals, the socket, the engine).
 
 One service per home: a second one sees the lock and leaves. With ``--shared-group`` the
-socket's directory is opened to that Unix group only (``share_socket_dir``).
+socket's directory is opened to that Unix group only (``share_socket_dir``). A database the
+home had that is gone, emptied or unreadable stops the start with one line and the way out
+(``backups.Backups.way_out``); while it serves, the head keeps backups of it (hourly and at a
+clean stop: ``keep_backing_up``).
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import sys
 import time
 from pathlib import Path
 
+from ..backups import BackupError, Backups
 from ..config import ClusterConfig, ConfigError, load_config
 from ..service import Home
-from ..store import Store
+from ..store import DatabaseDamaged, Store
 from .engine import Engine
 from .server import ApiServer, SocketTaken, socket_answers
 
@@ -96,10 +100,21 @@ def serve(home: Home, config_path: Path | None, shared_group: str | None = None,
     logging.getLogger("asyncssh").setLevel(logging.WARNING)  # one line per channel otherwise
     for handler in logging.getLogger().handlers:
         handler.addFilter(RepeatFilter())
+    backups = Backups(home.db)
     try:
-        return asyncio.run(_serve(home, config, shared_group, metrics))
+        store = Store(home.db)
+    except DatabaseDamaged as err:
+        print(f"nebula serve: {err}: the head will not start over it; {backups.way_out()}",
+              file=sys.stderr)
+        return 1
+    try:
+        return asyncio.run(_serve(home, config, store, backups, shared_group, metrics))
     except SocketTaken as err:  # another head took the path between the look and the bind
         print(f"nebula serve: {err}", file=sys.stderr)
+        return 1
+    except DatabaseDamaged as err:
+        print(f"nebula serve: {err}: the head will not go on with it; {backups.way_out()}",
+              file=sys.stderr)
         return 1
 
 
@@ -128,9 +143,33 @@ class RepeatFilter(logging.Filter):
         return window[1] <= self.BURST
 
 
-async def _serve(home: Home, config: ClusterConfig, shared_group: str | None,
-                 metrics: tuple[str, int] | None) -> int:
-    store = Store(home.db)
+#: how often the head looks whether a backup is due (``Backups.due``)
+BACKUP_LOOK_S = 300.0
+
+
+async def keep_backing_up(backups: Backups) -> None:
+    """A backup whenever the newest is an hour old, off the loop (a failure is logged:
+    the head goes on, and tries again at the next look)."""
+    while True:
+        if backups.due():
+            try:
+                made = await asyncio.to_thread(backups.make)
+                log.info("backup %s made (%d bytes)", made.path, made.size)
+            except BackupError as err:
+                log.warning("%s", err)
+        await asyncio.sleep(BACKUP_LOOK_S)
+
+
+def backup_at_stop(backups: Backups, store: Store) -> None:
+    try:
+        made = backups.make(store)
+        log.info("backup %s made at the stop", made.path)
+    except BackupError as err:
+        log.warning("%s", err)
+
+
+async def _serve(home: Home, config: ClusterConfig, store: Store, backups: Backups,
+                 shared_group: str | None, metrics: tuple[str, int] | None) -> int:
     engine = Engine(config, store)
     stop = asyncio.Event()
     server = ApiServer(engine, home.socket, on_shutdown=stop.set, group=shared_group)
@@ -145,14 +184,23 @@ async def _serve(home: Home, config: ClusterConfig, shared_group: str | None,
                   f"{err.strerror or err}", file=sys.stderr)
             store.close()
             return 2
-    await engine.start()
+    try:
+        await engine.start()
+    except Exception as err:  # a page of the database that cannot be read
+        store.close()
+        if (damaged := store.damage(err)) is not None:
+            raise damaged from None
+        raise
     await server.start()
+    backing_up = asyncio.get_running_loop().create_task(keep_backing_up(backups))
     log.info("serving %d nodes from %s on %s", len(config.nodes), config.path, home.socket)
     try:
         await stop.wait()
     finally:
+        backing_up.cancel()
         engine.metrics.close()
         await server.close()
         await engine.stop()
+        backup_at_stop(backups, store)
         store.close()
     return 0

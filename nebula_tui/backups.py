@@ -1,0 +1,258 @@
+"""Backups of the head's database, kept beside it, and the two ways back from a lost one.
+
+A backup is a whole copy made by SQLite's online backup (``Store.backup_to``) while the head
+runs, checked page by page before it counts, in ``<home>/backups/state-<UTC time>.db``;
+the newest ``KEEP`` are kept. The head makes one when the newest is ``EVERY_S`` old (so at
+its first start too) and one at each clean stop; ``nebula backup`` makes one now.
+
+With the head stopped, ``restore`` puts a backup in place and ``start_empty`` an empty
+database with the head's id; either way the database set aside is kept (renamed, never
+deleted), and the store is marked restored: the head schedules nothing until every node
+has told what it ran since (``Store.mark_restored``), and takes those jobs in, so a job the
+backup knew as waiting, or not at all, never runs twice. What a lost database loses is
+docs/survival.md's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .store import DatabaseDamaged, Store, head_id_file, read_head_id
+
+#: backups kept (the oldest goes when a new one is made)
+KEEP = 5
+#: the head makes a backup when its newest is this old
+EVERY_S = 3600.0
+PREFIX, SUFFIX = "state-", ".db"
+
+
+class BackupError(Exception):
+    """A backup could not be made, found or put in place; ``str()`` is one sentence."""
+
+
+@dataclass(frozen=True)
+class Backup:
+    path: Path
+    taken_at: float  # the file's modification time: when its copy was finished
+    size: int
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+class Backups:
+    """The backups of the database at ``db`` (``<its folder>/backups``)."""
+
+    def __init__(self, db: Path, keep: int = KEEP):
+        self.db = Path(db)
+        self.folder = self.db.parent / "backups"
+        self.keep = keep
+
+    # ---------------------------------------------------------------- making them
+    def make(self, store: Store | None = None) -> Backup:
+        """A backup now, from ``store`` (the head's own connection, on its loop or after
+        it stopped) or from a read-only connection of its own; the oldest beyond ``keep``
+        go, but only once the new one is whole and sound."""
+        self.folder.mkdir(mode=0o700, exist_ok=True)
+        final = self._new_name()
+        partial = final.with_name(final.name + ".partial")
+        partial.unlink(missing_ok=True)
+        try:
+            source = store or Store(self.db, readonly=True)
+            try:
+                source.backup_to(partial)
+            finally:
+                if store is None:
+                    source.close()
+            copy = Store(partial, readonly=True)
+            try:
+                copy.check()
+            finally:
+                copy.close()
+            _sync(partial)
+            os.replace(partial, final)
+            _sync(self.folder)
+        except (OSError, DatabaseDamaged) as err:
+            partial.unlink(missing_ok=True)
+            raise BackupError(f"no backup made of {self.db}: {_text(err)}") from None
+        except Exception as err:  # sqlite3's own (a locked or failing disk)
+            partial.unlink(missing_ok=True)
+            raise BackupError(f"no backup made of {self.db}: {err}") from None
+        for old in self.list()[self.keep:]:
+            old.path.unlink(missing_ok=True)
+        stat = final.stat()
+        return Backup(final, stat.st_mtime, stat.st_size)
+
+    def _new_name(self) -> Path:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        path, n = self.folder / f"{PREFIX}{stamp}{SUFFIX}", 1
+        while path.exists():  # two in one second
+            n += 1
+            path = self.folder / f"{PREFIX}{stamp}-{n}{SUFFIX}"
+        return path
+
+    def due(self, now: float | None = None) -> bool:
+        """Whether the newest backup is ``EVERY_S`` old (or there is none)."""
+        found = self.list()
+        return not found or (now or time.time()) - found[0].taken_at >= EVERY_S
+
+    # ------------------------------------------------------------- reading them
+    def list(self) -> list[Backup]:
+        """Every backup, newest first."""
+        found = []
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.folder):
+                if entry.name.startswith(PREFIX) and entry.name.endswith(SUFFIX) and entry.is_file():
+                    stat = entry.stat()
+                    found.append(Backup(Path(entry.path), stat.st_mtime, stat.st_size))
+        return sorted(found, key=lambda b: (b.taken_at, b.name), reverse=True)
+
+    def find(self, name: str) -> Backup:
+        """A backup by its name (as ``list`` shows it), ``latest``, or a file's path (a copy
+        kept elsewhere, when the home was lost with its backups)."""
+        if "/" in name and Path(name).expanduser().is_file():
+            path = Path(name).expanduser().resolve()
+            stat = path.stat()
+            return Backup(path, stat.st_mtime, stat.st_size)
+        found = self.list()
+        if not found:
+            raise BackupError(f"there is no backup in {self.folder}")
+        if name == "latest":
+            return found[0]
+        for backup in found:
+            if name in (backup.name, str(backup.path)):
+                return backup
+        raise BackupError(f"no backup named {name!r} in {self.folder}; `nebula backup --list` "
+                          "shows them")
+
+    @staticmethod
+    def summary(backup: Backup) -> dict:
+        """What a backup holds (``Store.summary``), or ``{"damaged": why}``."""
+        try:
+            store = Store(backup.path, readonly=True)
+        except DatabaseDamaged as err:
+            return {"damaged": str(err)}
+        try:
+            return store.summary()
+        except Exception as err:  # a page of it cannot be read
+            return {"damaged": str(store.damage(err) or err)}
+        finally:
+            store.close()
+
+    def way_out(self) -> str:
+        """What an admin can do about a lost or damaged database, in one clause."""
+        found = self.list()
+        empty = ("start from an empty database that takes in the jobs the nodes still run: "
+                 "`nebula backup --start-empty`")
+        if not found:
+            return f"there is no backup to restore; {empty}"
+        taken = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(found[0].taken_at))
+        return (f"restore a backup with `nebula backup --restore latest` ({len(found)} kept, "
+                f"the newest from {taken}; `nebula backup --list` shows them), or {empty}")
+
+    # ------------------------------------------------------ putting one in place
+    def restore(self, name: str) -> str:
+        """Put the backup ``name`` in place of the database (the head stopped: call it
+        within ``head_stopped``); returns what was done, for the admin."""
+        backup = self.find(name)
+        had = read_head_id(self.db)
+        found = self.summary(backup)
+        if "damaged" in found:
+            raise BackupError(f"backup {backup.name} cannot be used: {found['damaged']}")
+        if had and found["head"] != had:
+            raise BackupError(f"backup {backup.name} is another head's database (head "
+                              f"{found['head']}; this home's is {had})")
+        checked = Store(backup.path, readonly=True)
+        try:
+            checked.check()
+        except DatabaseDamaged as err:
+            raise BackupError(f"backup {backup.name} cannot be used: {err}") from None
+        finally:
+            checked.close()
+        aside = self._set_aside()
+        partial = self.db.with_name(self.db.name + ".restoring")
+        with open(backup.path, "rb") as source, open(partial, "wb") as target:
+            while chunk := source.read(1 << 20):
+                target.write(chunk)
+        _sync(partial)
+        os.replace(partial, self.db)
+        _sync(self.db.parent)
+        self._mark_restored(Store(self.db), f"backup {backup.name}")
+        return (f"restored backup {backup.name} ({found['jobs']} jobs){aside}; at its start "
+                "the head takes in what the nodes ran since, before it schedules anything")
+
+    def start_empty(self) -> str:
+        """An empty database in place of the database, with the head's id (head stopped)."""
+        if read_head_id(self.db) is None:
+            raise BackupError(f"{head_id_file(self.db)} is missing: without the head's id the "
+                              "nodes' jobs cannot be told from other heads'; restore a backup "
+                              "(`nebula backup --list`)")
+        aside = self._set_aside()
+        self._mark_restored(Store(self.db, start_over=True), "an empty database")
+        return (f"started an empty database{aside}; at its start the head takes in the jobs "
+                "the nodes run or ran, before it schedules anything; waiting jobs, the "
+                "history and quotas are not in it")
+
+    @staticmethod
+    def _mark_restored(store: Store, source: str) -> None:
+        try:
+            store.mark_restored(source)
+        finally:
+            store.close()
+
+    def _set_aside(self) -> str:
+        """Rename the database and its WAL out of the way (kept: nothing is deleted);
+        returns a clause saying where they went."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        base, n = f"{self.db.name}.set-aside-{stamp}", 1
+        while any(self.db.with_name(base + s).exists() for s in ("", "-wal", "-shm")):
+            n += 1  # one set aside in this second already: never write over it
+            base = f"{self.db.name}.set-aside-{stamp}-{n}"
+        moved = []
+        for suffix in ("", "-wal", "-shm"):
+            path = self.db.with_name(self.db.name + suffix)
+            if path.exists():
+                target = self.db.with_name(base + suffix)
+                os.replace(path, target)
+                moved.append(target)
+        return f"; the database it replaced is kept as {moved[0]}" if moved else ""
+
+
+@contextlib.contextmanager
+def head_stopped(lock: Path) -> Iterator[None]:
+    """Hold the head's lock (``nebula serve`` takes it), so none starts meanwhile;
+    ``BackupError`` when a head runs."""
+    try:
+        handle = open(lock, "a+")
+    except OSError as err:
+        raise BackupError(f"cannot open {lock}: {err.strerror}") from None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            pid = handle.read().strip()
+            raise BackupError(f"the head is running{f' (pid {pid})' if pid else ''}: stop it "
+                              "first (it keeps its database open)") from None
+        yield
+
+
+def _sync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _text(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.strerror} ({err.filename})" if err.filename else err.strerror
+    return str(err)
