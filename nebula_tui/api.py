@@ -15,7 +15,9 @@ first task, and how many it has); ``cancel`` of an array's id cancels every task
 ``logs`` (``job``, ``offset``; ``rank``: one node of a multi-node job, or ``offsets``: one
 per rank, for all of them; ``attempt``: which run, 1 the first — a job's own ``attempt``
 field counts its requeues, so its latest run is that + 1) replies ``{"data", "offset",
-"parts", "state", "ended"}`` (``ended``: that log will not grow; an attempt the job never
+"size", "parts", "state", "ended"}`` (``size``: the log's size on its node as it was read,
+where a client that reads the log once stops — a reply holds at most 64 KB;
+``ended``: that log will not grow; an attempt the job never
 had is refused with the attempts it had).
 The server learns who is asking from the kernel (``SO_PEERCRED``), never from the request.
 Lists of jobs (``queue``, ``job_history``, the subscription) cut a command or data mounts

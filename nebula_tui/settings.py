@@ -53,6 +53,10 @@ class HealthSettings:
     selftest_command: str | None = None
 
 
+#: ``limits.log_max`` unless nodes.yaml says otherwise: 10 GB
+DEFAULT_LOG_MAX_MB = 10 * 1024
+
+
 @dataclass(frozen=True)
 class LimitsSettings:
     """``limits:`` — what running jobs are held to: time limits (R29), the memory guard
@@ -73,6 +77,9 @@ class LimitsSettings:
     idle_grace_s: float = 1800.0
     #: --service jobs are idle by nature (waiting for requests): exempt unless True
     idle_services: bool = False
+    #: a job's log on its node stops growing at this size (MiB), with a line saying so, and
+    #: the job runs on (its output still reaches its terminal); None: no cap
+    log_max_mb: int | None = DEFAULT_LOG_MAX_MB
 
 
 def _number(section: str, keys: tuple[str, ...], value: Any, minimum: float = 0) -> float:
@@ -176,7 +183,7 @@ _IDLE_ACTIONS = ("warn", "cancel")
 def limits_settings(value: Any) -> LimitsSettings:
     data = _mapping("limits", value)
     _known("limits", data, ("default_time", "max_time", "memory_overuse", "memory_grace",
-                            "idle_after", "idle_action", "idle_grace", "idle_services"))
+                            "idle_after", "idle_action", "idle_grace", "idle_services", "log_max"))
     settings = LimitsSettings()
     for key, attr in (("default_time", "default_time_s"), ("max_time", "max_time_s"),
                       ("idle_after", "idle_after_s")):
@@ -194,10 +201,24 @@ def limits_settings(value: Any) -> LimitsSettings:
             raise SettingError(f"limits.idle_services must be true or false, "
                                f"found {data['idle_services']!r}", "idle_services")
         settings = replace(settings, idle_services=data["idle_services"])
+    if "log_max" in data:
+        settings = replace(settings, log_max_mb=_log_max(data["log_max"]))
     if settings.default_time_s and settings.max_time_s and settings.default_time_s > settings.max_time_s:
         raise SettingError("limits.default_time is longer than limits.max_time; shorten it",
                            "default_time")
     return settings
+
+
+def _log_max(value: Any) -> int | None:
+    if value is None or value is False or value in ("off", "none"):  # YAML reads off as false
+        return None
+    try:
+        if value is True or not isinstance(value, (str, int, float)):
+            raise ValueError(f"found {value!r}")
+        return parse_size_mb(str(value))
+    except ValueError as err:
+        raise SettingError(f"limits.log_max must be a size such as 10G, or off ({err})",
+                           "log_max") from None
 
 
 #: Who sees whose ended jobs (``accounting.history``).

@@ -251,6 +251,12 @@ ERRORS = [
         ["limits.memory_overuse", "warn, kill, requeue", "'nuke'"],
     ),
     (
+        "log cap not a size",
+        "limits:\n  idle_action: warn\n  log_max: lots\n",
+        3,
+        ["limits.log_max must be a size such as 10G, or off", "'lots' is not a size"],
+    ),
+    (
         "limits default longer than max",
         "limits: {default_time: 3d, max_time: 1d}\n",
         1,
@@ -397,6 +403,9 @@ def test_limits_section() -> None:
     assert (limits.default_time_s, limits.max_time_s, limits.memory_overuse) == (7200.0, 7 * 86400.0, "requeue")
     assert limits.idle_after_s is None and limits.idle_action == "cancel" and limits.idle_services
     assert parse_config("", "nodes.yaml").limits.memory_overuse == "kill"
+    assert parse_config("", "nodes.yaml").limits.log_max_mb == 10 * 1024  # a job's log: 10 GB
+    assert parse_config("limits: {log_max: 512M}\n", "nodes.yaml").limits.log_max_mb == 512
+    assert parse_config("limits: {log_max: off}\n", "nodes.yaml").limits.log_max_mb is None
     assert isinstance(parse_config("cluster:\n  name: t\n").limits, LimitsSettings)
 
 

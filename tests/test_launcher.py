@@ -54,13 +54,13 @@ def make_job(command, *, job_id=7, user="alice", name="train", workdir=None, she
     return Job(id=job_id, user=user, spec=spec, submitted_at=1.0, status=Launching(PLACEMENTS))
 
 
-def launch(root: Path, job: Job, placements=PLACEMENTS,
-           umask: str | None = None) -> tuple[Path, subprocess.CompletedProcess]:
+def launch(root: Path, job: Job, placements=PLACEMENTS, umask: str | None = None,
+           log_max_mb: int | None = None) -> tuple[Path, subprocess.CompletedProcess]:
     """Write run.sh into root/job and run it as the nodelet would (which gives its umask
     as the second word); the job dir is returned."""
     jobdir = root / "job"
     jobdir.mkdir()
-    (jobdir / "run.sh").write_text(run_script(job, placements))
+    (jobdir / "run.sh").write_text(run_script(job, placements, log_max_mb=log_max_mb))
     home = root / "home"
     home.mkdir(exist_ok=True)
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8"}
@@ -153,6 +153,24 @@ def current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def test_the_log_stops_at_its_cap_and_the_job_runs_on(tmp_path):
+    """limits.log_max: the log holds exactly the cap, tee says why in log_cut (for the
+    nodelet's closing line), and the job writes on to its end (its terminal gets all of it)
+    instead of dying of a closed pipe."""
+    writes = "head -c 3000000 /dev/zero | tr '\\0' x; echo; echo written-after-the-cap"
+    jobdir, done = launch(tmp_path, make_job([writes], shell=True), log_max_mb=1)
+    assert exit_code(jobdir) == 0, done.stderr
+    assert (jobdir / "output.log").stat().st_size == 1 << 20
+    assert "too large" in (jobdir / "log_cut").read_text().lower()
+    assert done.stdout.count(b"x") == 3000000 and b"written-after-the-cap" in done.stdout
+
+
+def test_a_log_under_its_cap_is_whole(tmp_path):
+    jobdir, _ = launch(tmp_path, make_job(["seq", "1", "1000"]), log_max_mb=1)
+    assert log(jobdir) == "".join(f"{i}\n" for i in range(1, 1001))
+    assert (jobdir / "log_cut").read_text() == ""
 
 
 def test_log_is_truncated_on_rerun(tmp_path):

@@ -16,8 +16,16 @@ def _shown(text: str) -> str:
     return printable_log(text) if sys.stdout.isatty() else text
 
 
+def _read_through(parts: list[dict], ends: list, got: bool) -> bool:
+    """Without ``-f``, whether the log is read: nothing more came, or every rank's log is
+    read to the size it had when first asked (a log growing meanwhile is not chased)."""
+    return not got or all(end is not None and part["offset"] >= end
+                          for part, end in zip(parts, ends))
+
+
 def cmd_logs(args, home, config) -> int:
-    """One node's output as it is; a multi-node job's every rank, a prefix on each line."""
+    """One node's output as it is (all of it: read in pieces, as ``-f`` does, to where it
+    ended when asked); a multi-node job's every rank, a prefix on each line."""
     if args.rank is not None or args.tail is not None:
         with service_client(home, config) as client:
             offset = 0
@@ -28,12 +36,14 @@ def cmd_logs(args, home, config) -> int:
             return _follow_one(client, args, offset)
     offsets: list[int] = []
     pending: dict[int, str] = {}
+    ends = None
     with service_client(home, config) as client:
         while True:
             reply = client.call("logs", job=args.job, offset=0, offsets=offsets,
                                 attempt=args.attempt)
             parts = reply.get("parts") or [{"rank": 0, "node": "", **reply}]
             offsets = [p["offset"] for p in parts]
+            ends = ends or [p.get("size") for p in parts]
             for part in parts:
                 if len(parts) == 1:
                     sys.stdout.write(_shown(part["data"]))
@@ -44,7 +54,7 @@ def cmd_logs(args, home, config) -> int:
                     sys.stdout.write(f"[{part['rank']} {part['node']}] {_shown(line)}\n")
             sys.stdout.flush()
             got = any(p["data"] for p in parts)
-            if not args.follow or (reply["ended"] and not got):
+            if (reply["ended"] and not got) if args.follow else _read_through(parts, ends, got):
                 for rank, rest in pending.items():
                     if rest:
                         sys.stdout.write(f"[{rank}] {_shown(rest)}\n")
@@ -54,13 +64,16 @@ def cmd_logs(args, home, config) -> int:
 
 
 def _follow_one(client, args, offset: int = 0) -> int:
+    ends = None
     while True:
         reply = client.call("logs", job=args.job, offset=offset, rank=args.rank,
                             attempt=args.attempt)
         sys.stdout.write(_shown(reply["data"]))
         sys.stdout.flush()
         offset = reply["offset"]
-        if not args.follow or (reply["ended"] and not reply["data"]):
+        ends = ends or [reply.get("size")]
+        got = bool(reply["data"])
+        if (reply["ended"] and not got) if args.follow else _read_through([reply], ends, got):
             return 0
         if not reply["data"]:
             time.sleep(0.3)

@@ -281,8 +281,12 @@ class Engine:
         self.state.record("requeue", f"job {job_id} is requeued by {user}", job_id=job_id, node=job.node)
         return self.job(job_id)
 
-    async def wait_finished(self, job_id: int) -> Job:
-        return await self.transitions.wait_finished(self.job(job_id))
+    async def wait_finished(self, job_id: int, within: float | None = None) -> Job:
+        """The job once it ended; with ``within`` (seconds), as it is then if still live."""
+        try:
+            return await asyncio.wait_for(self.transitions.wait_finished(self.job(job_id)), within)
+        except asyncio.TimeoutError:
+            return self.job(job_id)
 
     def set_held(self, user: str, job_id: int, hold: bool) -> Job:
         job = self.job(job_id)
@@ -343,12 +347,12 @@ class Engine:
             except (NodeUnavailable, asyncio.TimeoutError, KeyError) as err:
                 raise RequestError(f"cannot read the log of job {job_id} on {nodes[i]}: {err}") from None
             parts.append({"rank": i, "node": nodes[i], "data": reply.get("data", ""),
-                          "offset": reply.get("offset", position)})
-        first = parts[0] if parts else {"data": "", "offset": offset}
+                          "offset": reply.get("offset", position), "size": reply.get("size")})
+        first = parts[0] if parts else {"data": "", "offset": offset, "size": 0}
         now = self.job(job_id)
         ended = now.state.finished or (attempt is not None and attempt - 1 < now.attempt)
-        return {"data": first["data"], "offset": first["offset"], "parts": parts,
-                "state": now.state.value, "ended": ended}
+        return {"data": first["data"], "offset": first["offset"], "size": first["size"],
+                "parts": parts, "state": now.state.value, "ended": ended}
 
     def _attempt_nodes(self, job: Job, attempt: int) -> list[str]:
         """The nodes of the job's ``attempt`` (1 its first), rank 0 first; a request for one

@@ -279,7 +279,7 @@ class JobTransitions:
         devices = self._devices(mine)
         run_as = self._run_as(job, node)
         script = launcher.run_script(job, mine, run_as, self._extra_environment(job, node), facts,
-                                     devices)
+                                     devices, log_max_mb=self.state.config.limits.log_max_mb)
         try:
             reply = await self.state.links[node].request(
                 "launch", job=job.id, token=self.state.token(job), script=script,

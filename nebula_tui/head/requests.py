@@ -202,6 +202,13 @@ def attach_fields(req: dict) -> tuple[int, int, tuple[int, int]]:
     return job_id(req), rank, size
 
 
+def refusal(err: Exception) -> dict:
+    """The reply to a refused request: ``usage`` when it could never be valid as written
+    (``InvalidRequest``: the client exits 2, as on a mistake it catches itself), not for a
+    refusal of what is now (no such job, not theirs, a store that fails: exit 1)."""
+    return {"ok": False, "error": str(err), "usage": isinstance(err, InvalidRequest)}
+
+
 def parse_request(line: bytes) -> dict:
     """A request line as a JSON object; InvalidRequest (one line) for anything else: not
     JSON, nested deeper than MAX_JSON_DEPTH (which would exhaust Python's recursion), or

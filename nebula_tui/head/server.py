@@ -36,7 +36,7 @@ from ..model import InvalidRequest, JobState, RequestError
 from ..store import StoreUnavailable
 from ..units import parse_array
 from .engine import Engine
-from .requests import (attach_fields, job_id, number, parse_request, port_field,
+from .requests import (attach_fields, job_id, number, parse_request, port_field, refusal,
                        spec_from_request, text_field, unix_time, whole)
 from .stream import RESYNC
 
@@ -120,13 +120,6 @@ def _ended_states(value) -> tuple[JobState, ...]:
     if not isinstance(names, list) or not all(isinstance(n, str) and n in ended for n in names):
         raise InvalidRequest(f"state must be one or more of {', '.join(ended)}")
     return tuple(ended[n] for n in names)
-
-
-def refusal(err: Exception) -> dict:
-    """The reply to a refused request: ``usage`` when it could never be valid as written
-    (``InvalidRequest``: the client exits 2, as on a mistake it catches itself), not for a
-    refusal of what is now (no such job, not theirs, a store that fails: exit 1)."""
-    return {"ok": False, "error": str(err), "usage": isinstance(err, InvalidRequest)}
 
 
 class ApiServer:
@@ -335,10 +328,7 @@ class ApiServer:
         job, within = job_id(req), req.get("within")
         if within is not None and not number(within, 1, MAX_WAIT_STEP_S):
             raise InvalidRequest(f"within must be a number of seconds from 1 to {MAX_WAIT_STEP_S}")
-        try:
-            ended = await asyncio.wait_for(self.engine.wait_finished(job), within)
-        except asyncio.TimeoutError:
-            ended = self.engine.job(job)
+        ended = await self.engine.wait_finished(job, within)
         return {"job": self._seen_by(user)(views.job_json(ended)), "ended": ended.state.finished}
 
     def _seen_by(self, user: str, listing: bool = False):

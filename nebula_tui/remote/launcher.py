@@ -235,7 +235,8 @@ $1="}; _fact=${_fact%%"
 
 def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, ...] = (),
                extra_env: dict[str, str] | None = None, node: NodeFacts | None = None,
-               devices: tuple[containers.Device, ...] | None = None) -> str:
+               devices: tuple[containers.Device, ...] | None = None,
+               log_max_mb: int | None = None) -> str:
     """The wrapper the tmux session runs: log, start and exit markers around the command.
 
     The wrapper itself runs as the node's login user (it owns the job directory); the
@@ -244,7 +245,8 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
     In order: the checks (a missing workdir, env, tool or mount source ends the job with a
     sentence in ``reason``), ``started``, the image pull (``phase``), the warm-up, the
     command. ``devices`` are the allocated cards as a container needs them (default: NVIDIA
-    cards by their placements).
+    cards by their placements). ``log_max_mb``: the log's cap (``limits.log_max``; see
+    ``_log_writer``).
     """
     spec = job.spec
     node = node or NodeFacts(placements[0].node if placements else "its node")
@@ -304,9 +306,22 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
         'for mark in reason phase container; do [ ! -e "$jobdir/$mark" ] || rm -f "$jobdir/$mark"; done',
         _WRAPPER_HELPERS + containers.HELPERS + "{",
         *body,  # never re-indented: a quoted word may span lines
-        '} 2>&1 | tee -a "$log"',
+        '} 2>&1 | ' + _log_writer(log_max_mb),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _log_writer(log_max_mb: int | None) -> str:
+    """The tee that copies the job's output to its pane and its log, the log capped at
+    ``log_max_mb`` for no process more: the kernel's file-size limit (``ulimit -f``, in
+    512-byte blocks) makes tee's writes to the log fail past the cap (SIGXFSZ ignored, so
+    tee lives and goes on writing to the pane: the job never meets a closed pipe). What tee
+    says of a write that failed (the cap, a full disk) goes to ``log_cut``, from which the
+    nodelet writes the line that ends the log (``Watcher.look_log_cut``)."""
+    tee = 'tee -a "$log" 2> "$jobdir/log_cut"'
+    if log_max_mb is None:
+        return tee
+    return f"(trap '' XFSZ; ulimit -f {int(log_max_mb) * 2048} 2>/dev/null; exec {tee})"
 
 
 def _warmup_lines(job: Job, node: NodeFacts, devices: tuple[containers.Device, ...],

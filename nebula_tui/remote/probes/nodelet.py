@@ -22,7 +22,7 @@ head -> node
   {"id", "op": "launch", "job", "token", "script"}  write the job's run.sh, start its tmux session
   {"id", "op": "cancel", "job", "grace"}       SIGTERM the job's processes, kill the session after grace
   {"id", "op": "ack", "jobs"}                  the head recorded these exits; stop reporting them
-  {"id", "op": "log", "job", "offset", "limit"}  read part of the job's output log
+  {"id", "op": "log", "job", "offset", "limit"}  read part of the job's output log (and its size)
   {"id", "op": "list"}                         every job directory and tmux session (reconcile)
   {"id", "op": "signal", "job", "signal"}      USR1/TERM to the job's processes; KILL: its session
   {"id", "op": "note", "job", "text"}          append one line of the head's to the job's log
@@ -600,12 +600,14 @@ class Watcher:
         if code_text is not None and code_text.strip():
             self.ended.add(key)
             self.phases.pop(key, None)
+            self.look_log_cut(job, d)  # a cut just before the end is said before the exit
             emit({"type": "exit", "job": job, "attempt": attempt, "code": _int(code_text),
                   "token": token, "t": _mtime(os.path.join(d, "exit_code")),
                   "reason": (read_text(os.path.join(d, "reason")) or "").strip()[:500]})
             return
         if phases and key in self.started:
             self.look_phase(key, d, token)
+            self.look_log_cut(job, d)
         if sessions is not None and _launched_before(d, self.last_session_check) and (
                 not latest or job not in sessions):
             # The session is gone (an older attempt's was stopped for its relaunch) but left
@@ -623,11 +625,53 @@ class Watcher:
             emit({"type": "phase", "job": key[0], "attempt": key[1], "token": token,
                   "text": text, "t": time.time()})
 
+    def look_log_cut(self, job, d):
+        """The wrapper's tee could not write the log any more (``limits.log_max`` reached,
+        or the disk full) and said why in ``log_cut``: the log ends with a line saying so,
+        once (``log_cut`` is then renamed), while the job runs on."""
+        cut = os.path.join(d, "log_cut")
+        try:
+            if os.path.getsize(cut) == 0:
+                return
+            os.rename(cut, cut + ".said")
+        except OSError:
+            return
+        said = (read_text(cut + ".said") or "").strip().splitlines()
+        why = said[-1] if said else ""
+        log = os.path.join(d, "output.log")
+        try:
+            size = os.path.getsize(log)
+        except OSError:
+            size = 0
+        if "too large" in why.lower():
+            text = ("nebula: the log is cut here, at %s (limits.log_max); job %s runs on, its "
+                    "further output only on its terminal (nebula attach %s)" % (_size_words(size), job, job))
+        else:
+            text = "nebula: the log stops here (%s); job %s runs on" % (why[:300] or "write failed", job)
+        try:  # appended to the log the wrapper made, never through a link put in its place
+            fd = os.open(log, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW)
+            with os.fdopen(fd, "r+b") as f:
+                last = b"\n"
+                if size:  # a cut inside a line: the sentence still starts one of its own
+                    f.seek(size - 1)
+                    last = f.read(1)
+                f.write((b"" if last == b"\n" else b"\n") + text.encode("utf-8", "replace") + b"\n")
+        except OSError:
+            pass  # a full disk: the line cannot be written either; the job still runs on
+
     def forget(self, job, attempt):
         self.started.discard((job, attempt))
         self.ended.discard((job, attempt))
         self.phases.pop((job, attempt), None)
         self.finished.discard(job)
+
+
+def _size_words(size):
+    """A size for people: 1 MiB, 10 GiB, 1.5 GiB."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return ("%.1f %s" % (size / scale, unit)).replace(".0 ", " ")
+    return "%d bytes" % size
 
 
 def clean_old_attempts(now):
@@ -917,12 +961,13 @@ def op_log(req):
     limit = min(MAX_LOG_READ, max(0, int(req.get("limit", 65536))))
     try:
         with open(os.path.join(d or "", "output.log"), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             f.seek(offset)
             data = f.read(limit)
     except OSError:
-        return {"ok": True, "exists": False, "data": "", "offset": offset}
+        return {"ok": True, "exists": False, "data": "", "offset": offset, "size": 0}
     return {"ok": True, "exists": True, "data": data.decode("utf-8", "replace"),
-            "offset": offset + len(data)}
+            "offset": offset + len(data), "size": size}
 
 
 def _attempt_info(d, with_record=False):
