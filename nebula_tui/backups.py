@@ -65,6 +65,7 @@ class Backups:
         partial = final.with_name(final.name + ".partial")
         partial.unlink(missing_ok=True)
         try:
+            os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # not umask's
             source = store or Store(self.db, readonly=True)
             try:
                 source.backup_to(partial)
@@ -178,7 +179,9 @@ class Backups:
             checked.close()
         aside = self._set_aside()
         partial = self.db.with_name(self.db.name + ".restoring")
-        with open(backup.path, "rb") as source, open(partial, "wb") as target:
+        partial.unlink(missing_ok=True)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(backup.path, "rb") as source, open(fd, "wb") as target:
             while chunk := source.read(1 << 20):
                 target.write(chunk)
         _sync(partial)

@@ -95,26 +95,32 @@ def test_garbage_without_the_id_file_is_refused_all_the_same(tmp_path):
     assert not head_id_file(db).exists()
 
 
+def nebula_backup(env: dict, *args: str) -> subprocess.CompletedProcess:
+    """``nebula backup ARGS`` with a login's usual umask (022)."""
+    return subprocess.run(["sh", "-c", 'umask 022; exec "$0" -m nebula_tui backup "$@"',
+                           sys.executable, *args], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
 def test_backups_rotate_and_a_damaged_database_rotates_out_no_good_one(tmp_path):
     db = tmp_path / "state.db"
     Store(db).close()
     env = {**os.environ, "NEBULA_HOME": str(tmp_path)}
     made = []
     for _ in range(7):
-        done = subprocess.run([sys.executable, "-m", "nebula_tui", "backup"], env=env,
-                              capture_output=True, text=True, timeout=60)
+        done = nebula_backup(env)
         assert done.returncode == 0, done.stderr
         made.append(done.stdout.split()[2])
     kept = [b.path for b in Backups(db).list()]
     assert [str(p) for p in kept] == made[::-1][:5], "the newest five, newest first"
-    listed = subprocess.run([sys.executable, "-m", "nebula_tui", "backup", "--list"], env=env,
-                            capture_output=True, text=True, timeout=60).stdout
+    assert {p.stat().st_mode & 0o777 for p in kept} == {0o600}, "others could read a backup"
+    assert (tmp_path / "backups").stat().st_mode & 0o777 == 0o700
+    listed = nebula_backup(env, "--list").stdout
     assert all(p.name in listed for p in kept) and "0 running" in listed
     with open(db, "r+b") as broken:  # a page of it overwritten: no sound backup of that
         broken.seek(4096)
         broken.write(os.urandom(4096))
-    done = subprocess.run([sys.executable, "-m", "nebula_tui", "backup"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = nebula_backup(env)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert "no backup made" in done.stderr
     assert [b.path for b in Backups(db).list()] == kept

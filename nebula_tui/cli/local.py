@@ -85,6 +85,7 @@ def cmd_backup(args, home, config) -> int:
     request: a head that cannot start, its database lost, must still be restorable)."""
     from ..backups import BackupError, Backups, head_stopped
 
+    os.umask(0o077)  # a backup, or an empty database, is the service account's alone
     backups = Backups(home.db)
     try:
         if args.list:
