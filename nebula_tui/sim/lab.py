@@ -542,6 +542,7 @@ class Lab:
         ssh: str = "asyncssh",
         probe_interval: float = 5.0,
         specs: list[dict] | None = None,
+        pools: list[dict] | None = None,
     ) -> None:
         if ssh not in SSH_KINDS:
             raise ValueError(f"ssh must be one of {SSH_KINDS}, not {ssh!r}")
@@ -550,6 +551,7 @@ class Lab:
         self.ssh = ssh
         self.probe_interval = probe_interval
         self._specs = specs
+        self.pools = list(pools or [])  # nodes.yaml's pools: section (slurmlab.py's)
         self._ports: dict[str, int] = {}
         self._names: list[str] = []
         self._sshd: dict[str, subprocess.Popen] = {}
@@ -713,6 +715,8 @@ class Lab:
             },
             "nodes": [{"name": n, "host": "127.0.0.1", "port": self.port(n)} for n in self._names],
         }
+        if self.pools:
+            doc["pools"] = self.pools
         self.config_path.write_text(
             "# Simulated lab written by `nebula sim lab`; regenerated on each start.\n"
             + yaml.dump(doc, Dumper=_IndentedDumper, sort_keys=False)
@@ -875,9 +879,10 @@ def _follow_down_flags(lab: Lab, silent: set[str]) -> None:
 
 
 def run_lab(root: Path, layout: str = "demo", ssh: str = "asyncssh",
-            probe_interval: float = 5.0) -> None:
-    """Prepare and start a lab, write ``<root>/ready``, serve until SIGTERM/SIGINT, stop."""
-    lab = Lab(Path(root), layout=layout, ssh=ssh, probe_interval=probe_interval)
+            probe_interval: float = 5.0, pools: list[dict] | None = None) -> None:
+    """Prepare and start a lab, write ``<root>/ready``, serve until SIGTERM/SIGINT, stop.
+    ``pools``: the pools: section its nodes.yaml names (``slurmlab.py`` runs one beside it)."""
+    lab = Lab(Path(root), layout=layout, ssh=ssh, probe_interval=probe_interval, pools=pools)
     lab.prepare()
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -893,13 +898,18 @@ def run_lab(root: Path, layout: str = "demo", ssh: str = "asyncssh",
             signal.signal(s, handler)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nebula_tui.sim.lab",
-                                     description="Run a simulated GPU lab in the foreground.")
+def lab_arguments(prog: str, description: str) -> argparse.ArgumentParser:
+    """The runner's command line (``slurmlab.py``'s runner takes the same)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--dir", required=True, type=Path, help="lab directory")
     parser.add_argument("--layout", default="demo", choices=presets.LAYOUTS)
     parser.add_argument("--ssh", default="asyncssh", choices=SSH_KINDS)
     parser.add_argument("--probe-interval", type=float, default=5.0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = lab_arguments("python -m nebula_tui.sim.lab", "Run a simulated GPU lab in the foreground.")
     args = parser.parse_args(argv)
     try:
         run_lab(args.dir, args.layout, args.ssh, args.probe_interval)

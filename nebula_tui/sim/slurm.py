@@ -379,10 +379,19 @@ class SlurmCluster:
         self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-i", "-f", str(self.conf_path)])
         self._until(lambda: "UP" in self.run(["scontrol", "ping"]), 30, "slurmctld to answer")
         for i in range(1, self.shape.nodes + 1):
-            self._spawn(f"slurmd-n{i}", ["slurmd", "-D", "-N", f"n{i}", "-f", str(self.conf_path)],
-                        settle=0)
+            self.start_node(f"n{i}")
         self._until(lambda: len(self.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"]).split())
                     >= self.shape.nodes, 60, "every slurmd to register idle")
+
+    def start_node(self, node: str) -> None:
+        """Start node ``node``'s slurmd (``n1``…); again after :meth:`stop_node`."""
+        self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(self.conf_path)],
+                    settle=0)
+
+    def stop_node(self, node: str) -> None:
+        """Stop node ``node``'s slurmd: the controller marks it down once it stops answering
+        (at once with ``scontrol update nodename=NODE state=down``)."""
+        self.halt(f"slurmd-{node}")
 
     def version(self) -> str:
         """Slurm's version, as ``sinfo --version`` says it (``22.05.8``)."""

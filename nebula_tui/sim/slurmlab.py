@@ -13,25 +13,25 @@ Its host key is in the folder's ``known_hosts``; a key logs in as a Unix user on
         slurm.authorize("alice", pubkey_line)
         slurm.stop_login(); slurm.start_login()     # the login node down and back
 
-``python -m nebula_tui.sim.slurmlab --dir DIR`` runs one in the foreground until SIGTERM.
+``python -m nebula_tui.sim.slurmlab --dir DIR [--layout …]`` runs the simulated lab of
+``lab.py`` with one beside it as its pool ``hpc`` until SIGTERM (``nebula demo --slurm``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pwd
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import asyncssh
 
-from nebula_tui.sim.lab import halt_sshd, new_host_key, port_open, sshd_config, start_sshd
+from nebula_tui.sim.lab import (LabError, halt_sshd, lab_arguments, new_host_key, port_open,
+                                run_lab, sshd_config, start_sshd)
 from nebula_tui.sim.slurm import (PARTITION, Shape, SlurmCluster, SlurmUnavailable,
                                   ensure_installed, free_port_run)
 
@@ -50,6 +50,7 @@ class SlurmLab:
         self._accounting_wanted = accounting
         self.cluster = SlurmCluster(self.root, shape)
         self.login_port = 0
+        self.identity_pub = ""  # the public half of identity_path, an authorized_keys line
         self._version = "?"
         self._login: subprocess.Popen | None = None
 
@@ -104,8 +105,9 @@ class SlurmLab:
         key = asyncssh.generate_private_key("ssh-ed25519", comment="nebula-slurm-lab")
         self.identity_path.write_bytes(key.export_private_key())
         self.identity_path.chmod(0o600)
+        self.identity_pub = key.export_public_key().decode().strip()
         (self.login_dir / "keys" / pwd.getpwuid(os.getuid()).pw_name).unlink(missing_ok=True)
-        self.authorize(pwd.getpwuid(os.getuid()).pw_name, key.export_public_key().decode())
+        self.authorize(pwd.getpwuid(os.getuid()).pw_name, self.identity_pub)
         self.known_hosts_path.write_text(
             new_host_key(self.login_dir / "host_key", self.login_port))
         self.known_hosts_path.chmod(0o644)
@@ -195,32 +197,46 @@ def unlock_for_ssh(user: str) -> None:
             subprocess.run(["usermod", "-p", "*", user], check=True, capture_output=True)
 
 
-def run_slurm_lab(root: Path) -> None:
-    """Start a SlurmLab at ``root``, write ``ready.json``, serve until SIGTERM/SIGINT, stop."""
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
-    lab = SlurmLab(root)
+#: The pool ``nebula demo --slurm`` adds: sent to only with ``--pool hpc``, or after a job
+#: has waited two minutes in the lab; polled every 2 s (a real login node's admins would
+#: want the default 10 s).
+DEMO_POOL = {"name": "hpc", "max_jobs": 50, "burst_after": "2m", "workdir": "~/nebula",
+             "poll_interval": "2s"}
+
+
+def run_lab_with_slurm(root: Path, layout: str = "demo", ssh: str = "asyncssh",
+                       probe_interval: float = 5.0) -> None:
+    """The simulated lab of ``lab.run_lab`` with a real Slurm beside it (in ``<root>/slurm``)
+    as its pool ``hpc``, the lab's user as the pool's account; both stop on SIGTERM."""
+    def interrupted(signum: int, _frame) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {s: signal.signal(s, interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
+    slurm = SlurmLab(Path(root) / "slurm")
     try:
-        lab.prepare()
-        lab.start()
-        lab.write_ready()
-        stop.wait()
+        slurm.prepare()
+        slurm.start()
+        slurm.write_ready()
+        pool = slurm.pool_entry(identity=str(slurm.identity_path),
+                                known_hosts=str(slurm.known_hosts_path), **DEMO_POOL)
+        run_lab(root, layout, ssh, probe_interval, pools=[pool])
     finally:
-        lab.stop()
-        lab.ready_path.unlink(missing_ok=True)
+        for s in previous:  # the clean-up itself is not cut short
+            signal.signal(s, signal.SIG_IGN)
+        slurm.stop()
+        slurm.ready_path.unlink(missing_ok=True)
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nebula_tui.sim.slurmlab",
-                                     description="Run a real Slurm cluster and its login node.")
-    parser.add_argument("--dir", required=True, type=Path, help="the cluster's folder")
+    parser = lab_arguments("python -m nebula_tui.sim.slurmlab",
+                           "Run a simulated GPU lab with a real Slurm pool in the foreground.")
     args = parser.parse_args(argv)
     try:
-        run_slurm_lab(args.dir)
-    except SlurmUnavailable as exc:
-        print(f"nebula slurm: {exc}", file=sys.stderr)
+        run_lab_with_slurm(args.dir, args.layout, args.ssh, args.probe_interval)
+    except (SlurmUnavailable, LabError) as exc:
+        print(f"nebula lab: {exc}", file=sys.stderr)
         return 1
     return 0
 
