@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import os
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -116,7 +117,11 @@ class Replay:
     def run(self) -> dict[int, Outcome]:
         if self.folder is not None:
             return asyncio.run(self._run(self.folder))
-        with tempfile.TemporaryDirectory(prefix="nebula-replay-") as folder:
+        # The replay's store is the head's own, in memory's file system where there is
+        # one: its commits are the head's, its syncs to a disk would be only waiting.
+        shm = Path("/dev/shm")
+        where = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+        with tempfile.TemporaryDirectory(prefix="nebula-replay-", dir=where) as folder:
             return asyncio.run(self._run(Path(folder)))
 
     async def _run(self, folder: Path) -> dict[int, Outcome]:

@@ -96,8 +96,9 @@ class Shares:
                 if counts or not job.spec.preemptible:
                     in_quota[job.user] += hours
         shares = {}
+        quotas = self._quotas()  # one read of the users table, not one per user
         for user in set(finished) | set(month) | set(held):
-            refusal = self.quota_refusal(user, month.get(user, 0.0) + in_quota.get(user, 0.0))
+            refusal = self.quota_refusal(user, month.get(user, 0.0) + in_quota.get(user, 0.0), quotas)
             shares[user] = scheduler.UserShare(
                 user, fairshare.user_weight(finished.get(user, []), held.get(user, 0.0), now, half_life),
                 refusal)
@@ -126,8 +127,8 @@ class Shares:
         hours = fairshare.gpu_hours(fractions, now - (job.started_at or now))
         return hours * self.state.settings.config.preemptible_charge if job.spec.preemptible else hours
 
-    def quota_refusal(self, user: str, month_hours: float) -> str | None:
-        quota = self._quotas().get(user, self.state.settings.quota_gpu_hours)
+    def quota_refusal(self, user: str, month_hours: float, quotas: dict[str, float] | None = None) -> str | None:
+        quota = (self._quotas() if quotas is None else quotas).get(user, self.state.settings.quota_gpu_hours)
         return fairshare.quota_refusal(user, month_hours, quota, self.access.admin_names())
 
     def _quotas(self) -> dict[str, float]:
