@@ -33,7 +33,8 @@ def lab20() -> tuple[dict, dict]:
 
 def run(name: str, inv: dict, links: dict, days: float, plot: str | None) -> None:
     cluster = setup.replay_config(inv, None, [])
-    requests = workload.lab_month(len(inventory.card_list(inv)), inventory.largest_node(inv), days=days)
+    requests = workload.lab_month(len(inventory.card_list(inv)), inventory.largest_node(inv),
+                                  users=max(12, len(inv)), days=days)
 
     def nebula(reqs, cards, horizon):
         return Replay(cluster, cards, reqs, setup.REPLAY_EPOCH, horizon, links).run()

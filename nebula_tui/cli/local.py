@@ -174,7 +174,7 @@ def cmd_simulate(args, home, config) -> int:
             requests = workload.read(Path(args.workload))
         else:
             requests = workload.lab_month(len(inventory.card_list(inv)), inventory.largest_node(inv),
-                                          users=args.users,
+                                          users=args.users or max(12, len(inv)),
                                           days=args.days, load=args.load, seed=args.seed)
     except (inventory.InventoryError, workload.WorkloadError, setup.SetupError, ConfigError) as err:
         print(f"nebula simulate: {err}", file=sys.stderr)

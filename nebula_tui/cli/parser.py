@@ -254,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what if: another setting, e.g. scheduler.half_life=3d")
     p.add_argument("--load", type=float, default=0.8,
                    help="the built-in month's demand as a share of the cards' GPU-hours (default 0.8)")
-    p.add_argument("--users", type=count, default=12, help="the built-in month's users (default 12)")
+    p.add_argument("--users", type=count, default=None,
+                   help="the built-in month's users (default: 12, or one per node on a larger lab)")
     p.add_argument("--seed", type=int, default=2026, help="the built-in month's seed")
     p.add_argument("--save-trace", default=None, metavar="FILE",
                    help="write the workload replayed as a trace CSV")
