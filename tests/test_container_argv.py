@@ -10,6 +10,7 @@ card's PCI address in ``sys/``, the device files in ``dev/``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -27,6 +28,9 @@ import json, os, sys
 name, args = os.path.basename(sys.argv[1]), sys.argv[2:]
 with open(os.path.join(os.environ["RECORD_DIR"], name + ".jsonl"), "a") as f:
     f.write(json.dumps(args) + "\n")
+given = [v for k, v in zip(args, args[1:]) if k == "-e" and "=" not in v]  # by name
+with open(os.path.join(os.environ["RECORD_DIR"], name + ".env"), "w") as f:
+    json.dump({v: os.environ.get(v) for v in given}, f)
 if args[:2] in (["image", "exists"], ["image", "inspect"]):
     sys.exit(0 if os.environ.get("RECORD_HAVE_IMAGE") else 1)
 if args[:1] == ["pull"] and os.environ.get("RECORD_PULL_FAILS"):
@@ -41,7 +45,9 @@ PLACEMENTS = (Placement("GPU-bbbb", "node01", 3, 8192, False),
 UID = f"{os.getuid()}:{os.getgid()}"
 JOB_ENV = ["NEBULA_JOB_ID=7", "NEBULA_JOB_NAME=llama", "NEBULA_USER=alice",
            "NEBULA_GPU_LIST=GPU-bbbb,GPU-aaaa", "CUDA_DEVICE_ORDER=PCI_BUS_ID"]
-HEAD = ["run", "--rm", "--name", "nebula-7-ab12.0", "--init", "--network", "host",
+#: the container's name: the job and a digest of its launch token (never the token itself)
+NAME = "nebula-7-" + hashlib.sha256(b"ab12.0").hexdigest()[:24]
+HEAD = ["run", "--rm", "--name", NAME, "--init", "--network", "host",
         "--shm-size", "8g", "--log-driver", "none", "--pull", "never",
         "--security-opt", "no-new-privileges"]
 
@@ -84,7 +90,8 @@ def node(tmp_path):
                        capture_output=True)
         calls = {p.stem: [json.loads(line) for line in p.read_text().splitlines()]
                  for p in record.glob("*.jsonl")}
-        for p in record.glob("*.jsonl"):
+        run.env = {p.stem: json.loads(p.read_text()) for p in record.glob("*.env")}
+        for p in [*record.glob("*.jsonl"), *record.glob("*.env")]:
             p.unlink()
         return jobdir, calls
 
@@ -102,15 +109,18 @@ def test_podman_nvidia_cdi_devices_env_workdir_mounts_and_user(node):
     jobdir, calls = node(job, nvidia("GPU-bbbb", "GPU-aaaa"), RECORD_HAVE_IMAGE="1",
                          NEBULA_CONTAINER_PASSENV="HTTP_PROXY")
     assert calls["podman"][0] == ["image", "exists", "pytorch/pytorch:2.1.0-cuda12.1-cudnn8"]
+    # The variables by name (their values on no command line), from the runtime's environment.
     assert calls["podman"][1] == ["podman", *HEAD][1:] + [
-        "--user", UID, *sum((["-e", kv] for kv in JOB_ENV), []),
-        "-e", "CUDA_VISIBLE_DEVICES=GPU-bbbb,GPU-aaaa",  # inside: the UUIDs, allocation order
-        "-e", "NEBULA_GPU_MEM_MB=8192", "-e", "PYTHONUNBUFFERED=1",
+        "--user", UID, *sum((["-e", kv.split("=")[0]] for kv in JOB_ENV), []),
+        "-e", "CUDA_VISIBLE_DEVICES", "-e", "NEBULA_GPU_MEM_MB", "-e", "PYTHONUNBUFFERED",
         "-e", "HTTP_PROXY",  # named by the node's NEBULA_CONTAINER_PASSENV
         "-w", "/workspace", "-v", f"{data}:/workspace/data:ro", "-v", f"{scratch}:/scratch",
         "--device", "nvidia.com/gpu=GPU-bbbb", "--device", "nvidia.com/gpu=GPU-aaaa",
         "pytorch/pytorch:2.1.0-cuda12.1-cudnn8", "python", "train.py", "--lr", "3e-4; rm -rf /"]
-    assert (jobdir / "container").read_text().split() == ["nebula-7-ab12.0", "podman"]
+    assert node.env["podman"] == {**dict(kv.split("=") for kv in JOB_ENV), "HTTP_PROXY": None,
+                                  "CUDA_VISIBLE_DEVICES": "GPU-bbbb,GPU-aaaa",  # the UUIDs inside
+                                  "NEBULA_GPU_MEM_MB": "8192", "PYTHONUNBUFFERED": "1"}
+    assert (jobdir / "container").read_text().split() == [NAME, "podman"]
     assert int((jobdir / "exit_code").read_text()) == 0
 
 

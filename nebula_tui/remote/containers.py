@@ -7,7 +7,7 @@ devices, passed the vendor's way. Every user-given word (image, paths, environme
 is quoted with ``shlex.quote``; the few values only the node knows (a user's uid, a card's
 render node, which driver files exist) are found by fixed shell code at launch.
 
-The container is named ``nebula-<job>-<token>`` (the token of this launch, from the job's
+The container is named ``nebula-<job>-<digest>`` (a digest of this launch's token, from the job's
 directory), and its name and the runtime's argv are written to ``$jobdir/container`` (one
 word a line, the name first), so the nodelet can signal and stop it by name: its processes
 are children of the runtime's monitor, not of the tmux session.
@@ -118,13 +118,16 @@ render_of() {
 def podman_lines(runtime: str, image: str, env: dict[str, str], devices: tuple[Device, ...],
                  node: str, workdir: str | None, mounts: tuple[str, ...], user: str | None,
                  prefix: tuple[str, ...], rootless: bool, interactive: bool,
-                 pin: bool = False) -> list[str]:
+                 pin: bool = False, by_name: bool = False) -> list[str]:
     """podman or docker: pull if missing, then ``run`` named after the job.
 
     ``user``: the node user whose uid and gid the command runs as (None: the login user);
     ``rootless``: podman runs as ``prefix``'s user and maps its own uid in instead;
     ``pin``: the runtime runs as root for ``user``, so it is given the data mounts' sources
-    as ``user`` opened them (:func:`pin_lines`), never their paths.
+    as ``user`` opened them (:func:`pin_lines`), never their paths; ``by_name``: the runtime
+    inherits the wrapper's environment, so the job's variables are exported and named
+    (``-e NAME``), their values never on the runtime's command line, which every user of
+    the node can read.
     """
     ref = environments.oci_name(image)
     tool = q([*prefix, runtime])
@@ -140,7 +143,8 @@ def podman_lines(runtime: str, image: str, env: dict[str, str], devices: tuple[D
         "  fi",
         "  phase ''",
         "fi",
-        'name="nebula-$job-$(tr -c "A-Za-z0-9_.-" _ < "$jobdir/token")"',
+        # named for this launch by a digest of its token: the name is on command lines
+        'name="nebula-$job-$(sha256sum < "$jobdir/token" | cut -c 1-24)"',
         f"printf '%s\\n' \"$name\" {q([*prefix, runtime])} > \"$jobdir/container\"",
         # no-new-privileges: a rootful runtime starts the command by the job's user's uid,
         # and a setuid-root program of the image must not make it root again (root in the
@@ -156,7 +160,8 @@ def podman_lines(runtime: str, image: str, env: dict[str, str], devices: tuple[D
         who = f" {shlex.quote(user)}" if user else ""
         lines.append(f"{ADD} --user \"$(id -u{who}):$(id -g{who})\"")
     for name, value in container_env(env, devices).items():
-        lines.append(f"{ADD} -e {shlex.quote(f'{name}={value}')}")
+        lines.append(f"export {shlex.quote(f'{name}={value}')}; {ADD} -e {name}" if by_name
+                     else f"{ADD} -e {shlex.quote(f'{name}={value}')}")
     # Variables the node's own environment names for every container (an admin's proxy;
     # the simulated lab's node directory), passed from the runtime's environment.
     lines.append('for v in $(printf "%s" "${NEBULA_CONTAINER_PASSENV:-}" | tr : " "); do '

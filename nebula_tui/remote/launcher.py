@@ -97,12 +97,19 @@ def slice_environment(placements: tuple[Placement, ...], totals: dict[str, int |
     return {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:.2f}", "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
 
 
+#: Runs the text of $NEBULA_COMMAND in this shell, as ``sh -c`` would, without the text (or
+#: the variable) going to any other process.
+_EVAL_COMMAND = 'nebula_command=$NEBULA_COMMAND; unset NEBULA_COMMAND; eval "$nebula_command"'
+
+
 # Runs as the job's user: enter the workdir (default: that user's home), activate the
-# conda env or venv, then exec the command given as arguments. Nothing user-given is
-# inside this text; it all comes as quoted arguments and environment values.
-_ENTER_AND_EXEC = ('cd -- "${NEBULA_WORKDIR:-$HOME}" || { '
-                   'printf "%s\\n" "nebula: cannot enter workdir ${NEBULA_WORKDIR:-$HOME}" >&2; '
-                   'exit 127; }\n' + preflight.ACTIVATE + 'exec "$@"')
+# conda env or venv, then run the command, which comes as shell text in $NEBULA_COMMAND
+# (:func:`command_text`). Nothing user-given is inside this text, and nothing the head adds
+# is on any command line: a node's other users read every process's argv (`ps -eo args`)
+# unless /proc hides it, while a process's environment is its user's and root's alone.
+_ENTER_AND_RUN = ('cd -- "${NEBULA_WORKDIR:-$HOME}" || { '
+                  'printf "%s\\n" "nebula: cannot enter workdir ${NEBULA_WORKDIR:-$HOME}" >&2; '
+                  'exit 127; }\n' + preflight.ACTIVATE + _EVAL_COMMAND)
 
 
 def gang_environment(job: Job, node: str, master_host: str, nodes: list[str],
@@ -181,27 +188,35 @@ def launch_environment(job: Job, placements: tuple[Placement, ...],
     return env
 
 
-def user_argv(job: Job, placements: tuple[Placement, ...],
-              run_as: tuple[str, ...] = (), extra_env: dict[str, str] | None = None,
-              devices: tuple[containers.Device, ...] | None = None) -> list[str]:
-    """The argv that runs the user's command with its R12 environment and workdir.
-
-    ``run_as`` is a prefix that switches to the submitting user on the node (``runuser -u
-    alice --`` or ``sudo -n -u alice --``); the environment is passed through ``env`` so it
-    survives that switch.
-    """
-    env = launch_environment(job, placements, extra_env, devices)
-    return [*run_as, "env", *_env_words(env), "sh", "-c", _ENTER_AND_EXEC, "nebula-job",
-            *_command(job)]
-
-
-def _command(job: Job) -> list[str]:
-    command = ["sh", "-c", job.spec.command[0]] if job.spec.shell else list(job.spec.command)
+def command_text(job: Job) -> dict[str, str]:
+    """The job's command as the environment its user's shell reads it from: shell text in
+    ``NEBULA_COMMAND`` (an argv joined and quoted, run by ``exec``), never in an argv. A
+    ``nebula run`` command gets its terminal from ``script``, which runs the text (then in
+    ``NEBULA_TTY_COMMAND``) with the user's shell."""
+    text = job.spec.command[0] if job.spec.shell else "exec " + shlex.join(job.spec.command)
     if job.spec.interactive and job.spec.image is None:
-        # `nebula run`: the command needs a terminal of its own (its output is the log's
-        # through the wrapper's tee); script gives it one and returns its exit code.
-        return ["script", "-q", "-e", "-f", "-c", shlex.join(command), "/dev/null"]
-    return command
+        # (its output is the log's through the wrapper's tee; script returns its exit code)
+        return {"NEBULA_TTY_COMMAND": text, "NEBULA_COMMAND":
+                "exec script -q -e -f -c 'c=$NEBULA_TTY_COMMAND; unset NEBULA_TTY_COMMAND; "
+                "eval \"$c\"' /dev/null"}
+    return {"NEBULA_COMMAND": text}
+
+
+def _as_user(run_as: tuple[str, ...], env: dict[str, str], facts: str, script: str,
+             name: str, args: list[str] = ()) -> str:
+    """The wrapper's line that runs ``script`` (fixed text) as the job's user with ``env``
+    and ``facts`` (``"NAME=$var"`` words the wrapper expands). The values never reach a
+    command line: they are exported in a subshell of the wrapper, which runs the script
+    itself (the login user's own job: two processes fewer) or through ``runuser``, which
+    keeps the environment. sudo clears it, so through sudo they travel as ``env``'s words,
+    which other users of the node can read unless /proc is mounted with hidepid
+    (docs/security.md)."""
+    if all(map(_SHELL_NAME.fullmatch, env)) and run_as[:1] in ((), ("runuser",)):
+        exports = f"export {facts} {_q(_env_words(env))}".rstrip()
+        if not run_as:
+            return f"( {exports}; set -- {_q(args)}\n{script}\n)"
+        return f"( {exports}; exec {_q([*run_as, 'sh', '-c', script, name, *args])} )"
+    return f"{_q([*run_as, 'env'])} {facts} {_q([*_env_words(env), 'sh', '-c', script, name, *args])}"
 
 
 # The wrapper's own helpers (fixed text). `fail` ends the job before its command: the
@@ -256,11 +271,10 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
                                  None if boxed else spec.submit_dir, spec.conda, spec.venv,
                                  spec.interactive and not boxed)
     sources = [environments.split_mount(m)[0] for m in spec.data_mounts]
-    if run_as:  # the checks run as the job's user: through the switch, in a shell of theirs
-        check = _q([*run_as, "env", *_env_words(checks), "sh", "-c", preflight.CHECKS,
-                    "nebula-check", *sources])
-    elif len(checks) > 1 or sources:  # the login user's own: in a subshell of the wrapper
-        check = f"{_q(['export', *_env_words(checks)])}; nebula_check {_q(sources)}"
+    if run_as or len(checks) > 1 or sources:
+        # as the job's user: through the switch, or the login user's own in a subshell
+        check = _as_user(run_as, checks, "", preflight.CHECKS if run_as else 'nebula_check "$@"',
+                         "nebula-check", sources)
     else:  # nothing to check (no workdir, env, terminal or mount) and no user to switch to
         check = None
     body = [
@@ -269,7 +283,7 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
         # The sentence is the last line (before it: what a tool or sudo printed).
         *([] if run_as or check is None else [f"nebula_check() {{\n{preflight.CHECKS}}}"]),
         "facts=" if check is None else
-        f"if ! facts=$({check} 2>&1); then fail \"$(printf '%s\\n' \"$facts\" | tail -n 1)\"; fi",
+        f"if ! facts=$( {check} 2>&1); then fail \"$(printf '%s\\n' \"$facts\" | tail -n 1)\"; fi",
         'fact workdir; workdir_fact=$_fact; fact conda; conda_fact=$_fact',
         'printf "%s" "$workdir_fact" > "$jobdir/workdir"',
         ': > "$jobdir/started"  # its mtime is the start time',
@@ -278,17 +292,11 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
     body.append('umask "$job_umask"')
     if boxed:
         body += _container_lines(job, placements, run_as, extra_env, node, devices)
-    elif not run_as and all(map(_SHELL_NAME.fullmatch, (env := launch_environment(
-            job, placements, extra_env, devices)))):
-        # The login user's own command: what `env` and `sh -c` do below, in a subshell of
-        # the wrapper (two processes fewer for every job).
-        body.append(f"( export \"NEBULA_WORKDIR=$workdir_fact\" \"NEBULA_CONDA_TOOL=$conda_fact\" "
-                    f"{_q(_env_words(env))}; set -- {_q(_command(job))}\n{_ENTER_AND_EXEC}\n)")
-    else:  # through the switch to the job's user (or a name `export` would refuse)
-        argv = user_argv(job, placements, run_as, extra_env, devices)
-        cut = argv.index("env") + 1  # the facts the checks found join the environment
-        body.append(f"{_q(argv[:cut])} \"NEBULA_WORKDIR=$workdir_fact\" "
-                    f"\"NEBULA_CONDA_TOOL=$conda_fact\" {_q(argv[cut:])}")
+    else:
+        env = {**launch_environment(job, placements, extra_env, devices), **command_text(job)}
+        # the facts the checks found join the environment
+        body.append(_as_user(run_as, env, '"NEBULA_WORKDIR=$workdir_fact" '
+                             '"NEBULA_CONDA_TOOL=$conda_fact"', _ENTER_AND_RUN, "nebula-job"))
     # One short write: a reader sees an empty file or the whole number, and the nodelet
     # waits for a non-empty one.
     body.append('code=$?; umask 077; echo $code > "$jobdir/exit_code"')
@@ -359,6 +367,7 @@ def _container_lines(job: Job, placements: tuple[Placement, ...], run_as: tuple[
     except containers.NoRuntime as why:
         return [f"fail {shlex.quote(str(why))}"]
     env = launch_environment(job, placements, extra_env, devices)
+    command = ["sh", "-c", spec.command[0]] if spec.shell else list(spec.command)
     if runtime in environments.FILE_RUNTIMES:
         lines = containers.apptainer_lines(runtime, spec.image, env, devices, node.name,
                                            spec.workdir, spec.data_mounts, run_as)
@@ -372,11 +381,17 @@ def _container_lines(job: Job, placements: tuple[Placement, ...], run_as: tuple[
         pinned = bool(run_as and spec.data_mounts and not rootless)
         if pinned and not node.root:
             return [f"fail {shlex.quote(_UNPINNABLE.format(node=node.name, runtime=runtime))}"]
+        prefix = run_as if rootless else ()
+        # The runtime gets the job's variables by name from its own environment, and a shell
+        # command as $NEBULA_COMMAND, unless sudo (which clears the environment) is between.
+        by_name = prefix[:1] in ((), ("runuser",))
+        if spec.shell and by_name:
+            env, command = {**env, "NEBULA_COMMAND": spec.command[0]}, ["sh", "-c", _EVAL_COMMAND]
         lines = containers.podman_lines(
             runtime, spec.image, env, devices, node.name, spec.workdir, spec.data_mounts,
-            job.user if run_as else None, run_as if rootless else (), rootless,
-            interactive=spec.interactive, pin=pinned)
-    return [*lines, f"{containers.ADD} {_q(_command(job))}", '"$@"',
+            job.user if run_as else None, prefix, rootless,
+            interactive=spec.interactive, pin=pinned, by_name=by_name)
+    return [*lines, f"{containers.ADD} {_q(command)}", '"$@"',
             *([containers.RELEASE_PINS] if pinned else [])]
 
 

@@ -129,11 +129,12 @@ def emit(message):
         sys.stdout.flush()
 
 
-def run(argv, timeout=20):
-    """(exit code, stdout, stderr) of argv; a missing tool is exit code 127."""
+def run(argv, timeout=20, stdin_text=None):
+    """(exit code, stdout, stderr) of argv (``stdin_text`` its input); a missing tool is
+    exit code 127."""
     try:
         done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              timeout=timeout, universal_newlines=True)
+                              timeout=timeout, universal_newlines=True, input=stdin_text)
         return done.returncode, done.stdout, done.stderr
     except FileNotFoundError:
         return 127, "", "%s: command not found" % argv[0]
@@ -146,6 +147,23 @@ def tmux(args, timeout=20):
     control client while it answers, else as a process of its own."""
     done = CONTROL.call(args, timeout) if CONTROL is not None else None
     return done if done is not None else run(TMUX + list(args), timeout)
+
+
+def tmux_unseen(args):
+    """tmux ``args`` kept off every command line (a node's users read every process's argv,
+    and a launch's words hold its token): through the control client when it is on, else
+    as ``source-file -`` reading them from stdin, where the whole line still runs as one
+    (tmux 3.0 and later; an older one gets them as argv). A server is never started so,
+    and never keeps such a launch's argv as its own for good."""
+    line = tmux_words(args) if CONTROL is None and tmux_execs_argv() else None
+    if line is None:
+        return tmux(args)
+    code, out, err = run(TMUX + ["source-file", "-"], stdin_text=line + "\n")
+    return code, out, err + out if code else err
+
+
+#: what tmux says when this head's server is not (or no longer) there
+_SERVER_GONE = ("server exited unexpectedly", "no server running", "error connecting to")
 
 
 def session_name(job):
@@ -852,10 +870,10 @@ def _launch(req, job, attempt):
         "exec sh %s %s %s" % (shlex.quote(script), shlex.quote(d), JOB_UMASK)]
     argv = ["new-session", "-d", "-s", name, "-x", "200", "-y", "50", *command,
             *locked_session(name, token)]
-    code, _, err = tmux(argv)
-    if code != 0 and "server exited unexpectedly" in err:
+    code, _, err = tmux_unseen(argv)
+    if code != 0 and any(gone in err for gone in _SERVER_GONE):
         keep_tmux_server()  # someone killed the server meanwhile: start it again, once
-        code, _, err = tmux(argv)
+        code, _, err = tmux_unseen(argv)
     if code != 0:
         session = tmux_sessions().get(job) if "duplicate session" in err else None
         if session in (token, ""):
