@@ -13,6 +13,7 @@ from dataclasses import asdict
 from .model import (LOCAL_POOL, MIB_PER_GIB, NOT_AVAILABLE, Cancelling, Evicting, GpuView, Job, JobState,
                     Stopping, fmt, format_mb, holding)
 from .printable import printable
+from .scheduler.filters import cuda_gap
 from .scheduler.slices import offered_mb
 from .units import duration_short, duration_text
 
@@ -149,6 +150,8 @@ def gpu_json(gpu: GpuView, *, node_up: bool, cuda_version: str | None,
         "compute_capability": compute_capability(r.compute_cap), "pci_bus_id": r.pci_bus_id,
         "nvlink": nvlink, "status": gpu_status(gpu, node_up), "blocked": gpu.blocked,
         "driver_version": r.driver_version, "cuda_version": cuda_version, "slices": slices,
+        # a card newer than what the node's CUDA can serve: why, and what to install
+        "cuda_gap": cuda_gap(r.compute_cap, cuda_version) if r.vendor == "nvidia" else None,
         "jobs": sorted({job_id for job_id, _ in gpu.placements}),
         "memory_used_mb": r.memory_used_mb, "utilization_pct": r.utilization_pct,
         "temperature_c": r.temperature_c, "power_w": r.power_w,
@@ -378,6 +381,9 @@ def node_text(node: dict) -> str:
                      else "  why:\n" + "\n".join(f"    {l}" for l in node["detail"].splitlines()))
     if node.get("failed_attempts"):
         lines.append(f"  failed connection attempts since it was last up: {node['failed_attempts']}")
+    lines += [f"  {line}" for line in platform_lines(node.get("platform") or {})]
+    lines += [f"  {g['node']}:{g['index']} ({short_model(g['model'])}): {g['cuda_gap']}"
+              for g in node["gpus"] if g.get("cuda_gap")]
     draw, budget = node_power(node, node["gpus"])
     if budget:
         share = f" ({draw / budget:.0%})" if draw is not None else ""
@@ -390,6 +396,19 @@ def node_text(node: dict) -> str:
             f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['t']))}  {e['message']}"
             for e in node["events"]]
     return "\n".join(lines)
+
+
+def platform_lines(platform: dict) -> list[str]:
+    """What is different about a node's kind of machine, for its page: a WSL2 node's GPUs
+    are served by the Windows driver, and that changes what NebulaGrid can see there."""
+    if platform.get("kind") != "wsl2":
+        return []
+    return [f"WSL2 (kernel {platform.get('release') or NOT_AVAILABLE}): the Windows driver serves "
+            "its GPUs through /usr/lib/wsl/lib" + ("" if platform.get("dev_nvidia") else
+                                                    ", no /dev/nvidia*"),
+            "  GPU health comes from NVML alone: Windows keeps the Xid errors, its kernel log has none",
+            "  per-process GPU memory reads N/A there: the memory guard cannot judge its jobs",
+            "  containers get every GPU of the node or none: a container job takes them all"]
 
 
 def month_start(now: float, back: int = 0) -> float:

@@ -85,6 +85,8 @@ class Limits:
         #: SIGUSR1 .. SIGKILL: the isolation grace (R17), for every stop of the head's
         self.grace_s = state.config.health.isolation_grace_s
         self.over: dict[int, Overuse] = {}
+        #: (job, GPU) the guard was told it cannot judge (no per-process memory there)
+        self.unjudged: set[tuple[int, str]] = set()
         #: job -> since when its cards read idle, and when it was told so (monotonic clock:
         #: ``Running.idle_since`` is the wall clock's, for people)
         self.idle_from: dict[int, float] = {}
@@ -108,6 +110,7 @@ class Limits:
         ids = {job.id for job in running}
         for job_id in [j for j in self._seen_running if j not in ids]:
             del self._seen_running[job_id]
+        self.unjudged = {(job_id, gpu) for job_id, gpu in self.unjudged if job_id in ids}
         self._memory_actions(now)
         self._idle_actions(now, running)
 
@@ -156,6 +159,7 @@ class Limits:
             live = gpus.get(uuid)
             if live is None or live.processes_unreadable:
                 continue  # unknown: no one is judged on it
+            self._cannot_judge(live, uuid)
             for job_id, used in live.job_used.items():
                 job = self.state.jobs.get(job_id)
                 if job is None or not job.state.holds_gpus:
@@ -189,6 +193,21 @@ class Limits:
                 f"; it will be {'killed' if action == 'kill' else 'requeued'} in "
                 f"{duration_text(self.settings.memory_grace_s)} unless it gives the memory back")
             self._tell(job, "guard", f"job {job_id} holds {self.where_text(where)}{then}", log=True)
+
+    def _cannot_judge(self, live, uuid: str) -> None:
+        """Jobs on a slice of a card whose driver reports no per-process memory (WSL2):
+        the guard says once, in the events and the job's log, that it cannot judge them
+        there — and never acts on a guess."""
+        for job_id in live.memory_unread:
+            job = self.state.jobs.get(job_id)
+            mine = [p for p in job.placements if p.gpu_uuid == uuid] if job is not None else []
+            if not mine or mine[0].exclusive or (job_id, uuid) in self.unjudged:
+                continue
+            self.unjudged.add((job_id, uuid))
+            self._tell(job, "guard", f"the memory guard cannot judge job {job_id} on "
+                                     f"{live.node}:{live.reading.index}: the driver there reports no "
+                                     "per-process GPU memory (N/A), so its reservation is not "
+                                     "checked", log=True)
 
     def where_text(self, where: dict[str, tuple[int, int]]) -> str:
         """"20 GB on node01:0, over its 4 GB reservation"."""

@@ -203,6 +203,8 @@ class Fleet:
                 continue
             procs = [p for p in processes if p.gpu_uuid == reading.uuid]
             job_used, owners = self._attribute(procs, pid_jobs, pid_users, here)
+            unread = frozenset(int(pid_jobs[str(p.pid)]) for p in procs if p.used_memory_mb is None
+                               and str(pid_jobs.get(str(p.pid))) in here)
             unmanaged = sum(mb for _, _, mb in owners)
             unreadable = reading.uuid in probe.unreadable
             if unreadable:  # who holds what is unknown: what our jobs did not reserve is not free
@@ -215,7 +217,7 @@ class Fleet:
                 or live.processes_unreadable != unreadable
             state.gpus[reading.uuid] = GpuLive(node, reading, procs, unmanaged,
                                                live.maintenance if live else None, pid_jobs,
-                                               job_used, owners, unreadable)
+                                               job_used, owners, unreadable, unread)
             if changed:
                 state.wake()
         try:  # records only: the readings themselves are live already
@@ -402,6 +404,7 @@ class Fleet:
                 "health_score": round(state.health_score(name), 3),
                 "cuda_version": view.cuda_version,
                 "facts": {k: view.hello.get(k) for k in ("hostname", "python", "uid", "node_dir")},
+                "platform": view.hello.get("platform") or {},
                 "gpus": self.stream.gpus_json(name, raw=False),
                 "jobs": sorted(j.id for j in state.jobs.values() if name in job_nodes(j)),
                 "events": state.store.events(20, node=name)}

@@ -97,6 +97,9 @@ class GpuLive:
     #: ``job_used`` and ``owners`` are empty, ``unmanaged_used_mb`` is all our jobs did not
     #: reserve, and the memory guard does not judge this card
     processes_unreadable: bool = False
+    #: our jobs whose processes here read no memory of their own (WSL2's Windows driver
+    #: gives none: [N/A]): the memory guard cannot judge them on this card, and says so
+    memory_unread: frozenset[int] = frozenset()
 
     def overuse(self, placements: tuple[tuple[int, Placement], ...]) -> tuple[tuple[int, int], ...]:
         """(job, MiB) our jobs hold here beyond their reservations on this GPU (a job

@@ -139,6 +139,9 @@ class NodeFacts:
     warmup: bool = False  # nodes.yaml's warmup: every job's cards are woken first (R27)
     #: indexes of NVIDIA cards whose driver runs without persistence mode
     no_persistence: tuple[int, ...] = ()
+    #: a WSL2 node's NVIDIA cards (uuids): its containers get every GPU or none, so a
+    #: container job there must hold them all; () elsewhere
+    wsl2_gpus: tuple[str, ...] = ()
 
 
 def node_facts(name: str, hello: dict, runtime: str | None = None,
@@ -146,9 +149,13 @@ def node_facts(name: str, hello: dict, runtime: str | None = None,
     """A node's facts from its nodes.yaml entry (``runtime``, ``warmup``) and its hello."""
     off = [d["index"] for d in hello.get("devices") or [] if isinstance(d, dict)
            and d.get("vendor") == "nvidia" and d.get("persistence_mode") == "Disabled"]
+    wsl2 = (hello.get("platform") or {}).get("kind") == "wsl2"
+    cards = [d.get("uuid") for d in hello.get("devices") or [] if isinstance(d, dict)
+             and d.get("vendor") == "nvidia" and not d.get("parent_uuid")] if wsl2 else []
     return NodeFacts(
         name=name, runtimes=tuple(r for r in environments.RUNTIMES if r in (hello.get("runtimes") or {})),
-        runtime=runtime, root=hello.get("uid") == 0, warmup=warmup, no_persistence=tuple(off))
+        runtime=runtime, root=hello.get("uid") == 0, warmup=warmup, no_persistence=tuple(off),
+        wsl2_gpus=tuple(c for c in cards if c))
 
 
 def job_devices(placements: tuple[Placement, ...],
@@ -356,11 +363,18 @@ def _q(words) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
+_WSL2_PARTIAL = ("{node} is a WSL2 node, where a container gets every GPU or none; a container "
+                 "job there takes all {n} of its GPU{s} (--gpus {n}), or runs without --image")
+
+
 def _container_lines(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, ...],
                      extra_env: dict[str, str] | None, node: NodeFacts,
                      devices: tuple[containers.Device, ...]) -> list[str]:
     spec = job.spec
     assert spec.image is not None
+    if node.wsl2_gpus and set(node.wsl2_gpus) - {d.uuid for d in devices}:
+        n = len(node.wsl2_gpus)
+        return [f"fail {shlex.quote(_WSL2_PARTIAL.format(node=node.name, n=n, s='s' * (n != 1)))}"]
     try:
         runtime = containers.choose_runtime(node.name, spec.image, node.runtimes, spec.runtime,
                                             node.runtime)

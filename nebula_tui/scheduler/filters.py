@@ -117,3 +117,31 @@ def make_filter(vendor: str | None, arch: str | None, cuda: str | None) -> Filte
         if cuda_version is None:
             raise ValueError(f"--cuda '{cuda}' is not a version like 12.1")
     return Filter(vendor.lower() if vendor else None, arch_request, cuda_version)
+
+
+#: The first CUDA release that builds for each compute capability, and the driver branch
+#: that first serves that CUDA (NVIDIA's CUDA release notes and its driver table).
+FIRST_CUDA: dict[tuple[int, int], tuple[tuple[int, int], str]] = {
+    (7, 0): ((9, 0), "384"), (7, 2): ((10, 0), "410"), (7, 5): ((10, 0), "410"),
+    (8, 0): ((11, 0), "450"), (8, 6): ((11, 1), "455"), (8, 7): ((11, 4), "470"),
+    (8, 9): ((11, 8), "520"), (9, 0): ((11, 8), "520"),
+    (10, 0): ((12, 8), "570"), (10, 1): ((12, 8), "570"), (12, 0): ((12, 8), "570"),
+    (10, 3): ((12, 9), "575"), (12, 1): ((12, 9), "575"),
+}
+
+
+def cuda_gap(compute_cap: str | None, cuda_version: str | None) -> str | None:
+    """Why a node's CUDA cannot serve a card of ``compute_cap``, with what to install (a
+    sentence), or None when it can or either is unknown: an RTX 5070 (sm_120) on a node
+    whose driver serves CUDA 11.8 needs CUDA 12.8, the 570 drivers or newer. The head
+    shows it on the node's page; ``nebula doctor`` can say the same."""
+    capability, cuda = parse_version(compute_cap), parse_version(cuda_version)
+    if not capability or not cuda or capability[0] == GFX_FAMILY:
+        return None
+    needed = FIRST_CUDA.get(tuple(capability[:2]))
+    if needed is None or tuple(cuda[:2]) >= needed[0]:
+        return None
+    return (f"{sm_name(capability)} needs CUDA {version_text(needed[0])} or newer, and this node's "
+            f"driver serves CUDA {version_text(cuda[:2])}: install an NVIDIA driver of the "
+            f"{needed[1]} series or newer (and a CUDA {version_text(needed[0])} toolkit where jobs "
+            "build their own kernels)")

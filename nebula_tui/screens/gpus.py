@@ -261,6 +261,8 @@ def descriptor_text(gpu: dict) -> Text:
     text.append_text(state_text(gpu.get("status")))
     if gpu.get("blocked"):  # wraps in the box: the command at its end must stay readable
         text.append(f"\n{gpu['blocked']}", style=LOOK.state(gpu.get("status")))
+    if gpu.get("cuda_gap"):  # the head's sentence: why its CUDA cannot serve it, what to install
+        text.append(f"\n{gpu['cuda_gap']}", style=LOOK.role("warn"))
     return text
 
 

@@ -467,14 +467,14 @@ def _gpu_rows(g: dict) -> list[str]:
 
 def _process_rows(states: list[dict]) -> list[str]:
     rows = [f"|  {g['index']:>3}   N/A  N/A  {p['pid']:>8}      C   "
-            f"{_truncate(p['name'], 40, keep_end=True):<40}  {str(p['memory_mb']) + 'MiB':>10} |"
+            f"{_truncate(p['name'], 40, keep_end=True):<40}  {('N/A' if p['memory_mb'] is None else str(p['memory_mb']) + 'MiB'):>10} |"
             for g in states for p in g["processes"]]
     return rows or [f"|  {'No running processes found':<87}|"]
 
 
 def table(node: dict, states: list[dict]) -> str:
     """The default table, 91 columns wide, as 550/560 drivers print it."""
-    smi = node["driver_version"]
+    smi = node.get("smi_version") or node["driver_version"]  # WSL2: the Linux tool, Windows' driver
     full_rule = "+" + "-" * 89 + "+"
     lines = [
         time.strftime("%a %b ") + f"{time.localtime().tm_mday:>2}" + time.strftime(" %H:%M:%S %Y") + " " * 7,
@@ -670,6 +670,9 @@ def run(argv: list[str]) -> tuple[str, int]:
     woken = woken_at(os.environ.get("NEBULA_SIM_DIR", "."))
     states = [gpu_state(g, processes, faults.get(str(g["index"]), {}), woken.get(g["index"], 0.0))
               for g in node["gpus"]]
+    if node.get("wsl"):  # WSL2's nvidia-smi gets no per-process memory from the Windows driver
+        for state in states:
+            state["processes"] = [dict(p, memory_mb=None) for p in state["processes"]]
     states = select(states, args["ids"])
     mode = args["mode"]
     if mode == "reset":

@@ -679,6 +679,8 @@ class Lab:
             spec = dict(spec, boot_time=spec.get("boot_time", boot))
             (nd / "node.json").write_text(json.dumps(spec, indent=2) + "\n")
             (nd / "kmsg.log").write_text("")
+            if spec.get("osrelease"):  # the kernel the nodelet reads its platform from
+                (nd / "osrelease").write_text(spec["osrelease"] + "\n")
             for tool, script, args in _node_tools(spec):
                 self._write_wrapper(nd / "bin" / tool, nd, _SIM_PKG / script, args)
             nvml.install(nd, spec)

@@ -33,7 +33,7 @@ def gpu_table(spec: dict) -> str:
 
     major, _, minor = spec.get("cuda_version", "12.4").partition(".")
     lines = [f"driver\t{spec.get('driver_version', '550.54.15')}\tcuda\t"
-             f"{int(major) * 1000 + int(minor or 0) * 10}"]
+             f"{int(major) * 1000 + int(minor or 0) * 10}\twsl\t{int(bool(spec.get('wsl')))}"]
     for g in spec.get("gpus", []):
         cc_major, _, cc_minor = g.get("compute_cap", "8.0").partition(".")
         fields = ["gpu", g["index"], g["uuid"], g["name"], g["pci_bus_id"], g["memory_total_mb"],

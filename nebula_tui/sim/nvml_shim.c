@@ -90,6 +90,8 @@ static char sim_dir[PATH_MAX - 64];  /* room for the file names after it */
 static char sim_node[128];
 static char driver[80] = "550.54.15";
 static int cuda_version = 12040;
+/* WSL2: the Windows driver (WDDM) does not give per-process memory: NVML says "not available" */
+static int per_process_memory_na = 0;
 static sim_gpu gpus[MAX_GPUS];
 static unsigned gpu_count = 0;     /* the cards: gpus[0 .. gpu_count) */
 static unsigned device_count = 0;  /* and their MIG instances after them */
@@ -132,6 +134,7 @@ static int load_gpus(void) {
         if (n >= 4 && strcmp(fields[0], "driver") == 0) {
             copy(driver, sizeof driver, fields[1]);
             cuda_version = atoi(fields[3]);
+            per_process_memory_na = n >= 6 && strcmp(fields[4], "wsl") == 0 && atoi(fields[5]) == 1;
         } else if (n >= 6 && strcmp(fields[0], "mig") == 0 && device_count < MAX_GPUS) {
             /* mig  parent-index  uuid  name  memory-MiB  slot */
             for (unsigned p = 0; p < gpu_count; p++) {
@@ -725,7 +728,8 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int 
     }
     for (unsigned i = 0; i < n; i++) {
         infos[i].pid = g->procs[i];
-        infos[i].usedGpuMemory = g->proc_mb[i] << 20;
+        infos[i].usedGpuMemory = per_process_memory_na ? 0xFFFFFFFFFFFFFFFFULL  /* NVML_VALUE_NOT_AVAILABLE */
+                                                       : g->proc_mb[i] << 20;
         infos[i].gpuInstanceId = 0xFFFFFFFFu;
         infos[i].computeInstanceId = 0xFFFFFFFFu;
     }

@@ -138,7 +138,17 @@ def _four_by_four() -> list[dict]:
     return [_node(f"node0{n}", n, ["rtx4090"] * 4, link, cpus="0-31") for n in range(1, 5)]
 
 
-_LAYOUTS = {"demo": _demo, "core": _core, "4x4": _four_by_four, "mixed": _mixed}
+def _wsl() -> list[dict]:
+    """A Windows laptop joined as a WSL2 node: its RTX 4060 Laptop GPU served by the Windows
+    driver (572.16, CUDA 12.8) through /usr/lib/wsl/lib, whose Linux nvidia-smi is 570.86.16
+    (as microsoft/WSL issue 12584 shows such a laptop); per-process memory reads [N/A]."""
+    node = _node("laptop01", 7, ["rtx4060l"], None, cpus="0-15")
+    node.update(wsl=True, driver_version="572.16", smi_version="570.86.16", cuda_version="12.8",
+                osrelease="5.15.167.4-microsoft-standard-WSL2", topo={})
+    return [node]
+
+
+_LAYOUTS = {"demo": _demo, "core": _core, "4x4": _four_by_four, "mixed": _mixed, "wsl": _wsl}
 #: The layouts ``nebula demo --layout`` and ``python -m nebula_tui.sim.lab`` offer.
 LAYOUTS = tuple(_LAYOUTS)
 

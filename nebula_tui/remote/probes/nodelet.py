@@ -435,6 +435,25 @@ def current_boot_id():
     return None
 
 
+def platform():
+    """What kind of machine serves the GPUs: ``kind`` "wsl2" on Microsoft's WSL2 kernel
+    (Windows' driver through /usr/lib/wsl/lib: no /dev/nvidia*, no Xid in the kernel log,
+    no per-process GPU memory, containers get every GPU or none), else "linux"; the
+    kernel's release, and whether /dev/nvidia* exists. The simulator's
+    ``$NEBULA_SIM_DIR/osrelease`` stands in for the kernel's when it has one."""
+    sim = os.environ.get("NEBULA_SIM_DIR")
+    release = ""
+    for path in ([os.path.join(sim, "osrelease")] if sim else []) + ["/proc/sys/kernel/osrelease"]:
+        text = read_text(path)
+        if text and text.strip():
+            release = text.strip()
+            break
+    lowered = release.lower()
+    wsl2 = "microsoft-standard" in lowered or "wsl2" in lowered
+    devices = [d for d in _listdir("/dev") if re.match(r"^nvidia\d+$", d)]
+    return {"kind": "wsl2" if wsl2 else "linux", "release": release, "dev_nvidia": bool(devices)}
+
+
 def read_kernel_log():
     """(text, error) of the kernel log with uptime stamps: dmesg, else journalctl -k.
 
@@ -1214,7 +1233,7 @@ def hello():
             "devices": first["devices"], "problems": first["problems"],
             "driver_version": facts.get("driver_version"),
             "cuda_version": facts.get("cuda_version"), "links": facts.get("links") or {},
-            "t": time.time()}
+            "platform": platform(), "t": time.time()}
 
 
 _TMUX_EXECS_ARGV = []
