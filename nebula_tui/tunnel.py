@@ -90,7 +90,7 @@ class Tunnel:
             raise ServiceUnavailable(
                 f"cannot connect to {self.host}: its host key is not in your known_hosts (or "
                 f"changed); check its fingerprint with the box's admin, then `ssh {self.host}` "
-                "once to record it") from None
+                f"once to record it (a changed key: `ssh-keygen -R HOSTNAME` first)") from None
         except asyncssh.PermissionDenied:
             raise ServiceUnavailable(
                 f"cannot log in to {self.host}: permission denied (is your key in its "

@@ -195,3 +195,28 @@ def test_a_job_name_cannot_add_headers_or_lose_its_mail(lab_with_notices):
     (mail,) = [m for m in mailbox.to("root@lab.test") if f"job {job} " in m["Subject"]]
     assert mail["Subject"] == f"[nebula] job {job} (x\\rBcc: eve@lab.test) failed with exit code 5"
     assert mail["Bcc"] is None and not mailbox.to("eve@lab.test")
+
+
+def test_a_user_cannot_make_the_head_connect_anywhere(lab_with_notices):
+    """Webhook URLs come from nodes.yaml alone: a submit over the raw socket naming URLs in
+    every field a client might try (and in its name) gets the notices to the configured
+    endpoints only; the user's own listener on loopback sees no connection at all."""
+    head, fast, _ = lab_with_notices
+    trap = socket.socket()
+    trap.bind(("127.0.0.1", 0))
+    trap.listen(8)
+    trap.settimeout(0.5)
+    url = f"http://127.0.0.1:{trap.getsockname()[1]}/steal"
+    try:
+        reply = head.call("submit", command=["true"], gpu_mem_mb=4096, name=url, notify=url,
+                          webhook=url, webhooks=[url], url=url, notify_url=url,
+                          mail=f"x@127.0.0.1:{trap.getsockname()[1]}", admins={"webhooks": [url]})
+        job = reply["job"]["id"]
+        head.wait_job(job)
+        wait_for(lambda: any(b["nebula"]["job"] == job for b in fast.bodies("/jobs")), 30,
+                 what="the configured webhook's notice")
+        time.sleep(1)  # any connection the head would make to the trap is made by now
+        with pytest.raises(socket.timeout):
+            trap.accept()
+    finally:
+        trap.close()

@@ -220,6 +220,8 @@ def test_failures_are_one_line_and_say_what_to_do(box):
     changed = laptop(box, "status", host="changed-box")
     assert changed.returncode == 1 and changed.stderr.count("\n") == 1
     assert "host key is not in your known_hosts (or changed)" in changed.stderr
+    assert "ssh-keygen -R" in changed.stderr  # the way out of a changed key
+    assert not (box["laptop"] / ".nebula" / "nebula.sock").exists()  # no head started in its place
     no_service = laptop(box, "status", NEBULA_SOCKET="")
     assert no_service.returncode == 1 and no_service.stderr.count("\n") == 1
     assert "no head service answers on admin-box" in no_service.stderr
