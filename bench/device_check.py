@@ -125,6 +125,17 @@ def node_side(lab, probes: int) -> None:
     gpus = [d for d in last["devices"] if not d.get("parent_uuid")]
     check(len(gpus) == len(cards), f"{len(gpus)} GPUs read, nvidia-smi -L lists {len(cards)}")
     check(not last["problems"], f"no problem on the node ({last['problems']})")
+    # A healthy card is never read lost (NVML answers its every call), nor with ERR! fields.
+    check(not any(d.get("lost") or d.get("err_fields") for d in gpus),
+          f"no card read lost or with ERR! fields ({[d.get('lost') for d in gpus]})")
+    from nebula_tui.scheduler.filters import cuda_gap
+    for gpu in gpus:  # the card runs jobs here, so the node's CUDA must serve it
+        check(cuda_gap(gpu.get("compute_cap"), hello.get("cuda_version")) is None,
+              f"GPU {gpu['index']} (sm {gpu.get('compute_cap')}) served by CUDA {hello.get('cuda_version')}")
+    platform = hello.get("platform") or {}
+    print(f"        platform {platform.get('kind')} (kernel {platform.get('release')}), "
+          f"/dev/nvidia* {'present' if platform.get('dev_nvidia') else 'absent'}, "
+          f"driver {hello.get('driver_version')}, CUDA {hello.get('cuda_version')}")
 
     print("2. NVML against nvidia-smi, read at the same moment")
     reference = {row["uuid"]: row for row in smi_now()}
