@@ -38,7 +38,8 @@ per user and month of the jobs that ended then (``month``, ``user``, ``jobs``,
 ``allocated_gpu_hours``, ``allocated_pct``, ``util_pct``).
 
 The subscription: first ``{"ok": true, "type": "snapshot", "nodes", "gpus", "jobs",
-"summary", "events", "users", "temperatures"}`` (GPUs as ``views.gpu_json`` without the raw
+"summary", "events", "users", "temperatures", "pools"}`` (``pools``: each pool as
+``head.pools.Pools.view_json``, whose ``line`` `nebula status` prints; GPUs as ``views.gpu_json`` without the raw
 reading, users as the ``users`` request's rows, ``temperatures`` the health policy's
 ``{"hot_c", "warm_c"}`` that clients colour temperatures by: ``model.Temperatures``), then one line per event, each with a ``type``:
 
@@ -53,6 +54,8 @@ reading, users as the ``users`` request's rows, ``temperatures`` the health poli
   every 0.5 s); the snapshot has it as ``"queue"``. ``queue`` and ``job`` requests give
   each waiting job's ``queue_pos`` (its 1-based place; null before its first pass), and
   ``job`` also its ``environment`` once placed (node -> the variables its command gets);
+* ``pool``: ``{"pool": …}``, one pool's view (as in the snapshot's ``pools``), after each
+  poll of it;
 * ``user``: ``{"user": …}``, one user's row as the ``users`` request returns it, after
   their figures moved (a job of theirs submitted, started, charged or ended; their quota);
 * ``gpus``: ``{"node": N, "gpus": {uuid: fields}, "gone": [uuid, …]}``, after each probe
@@ -85,10 +88,11 @@ from pathlib import Path
 #: Every kind of line in the events log (``event["kind"]``): a job's life (submit, hold,
 #: cancel, place, start, end, requeue, and what the head's limits did: idle, guard,
 #: limit), nodes (node, hardware, reconcile), GPUs' health (health, xid), what admins did
-#: (admin) and the store's own notes (store). ``tests/test_events.py`` holds the source to it.
+#: (admin), the store's own notes (store) and pools (pool: a job sent to one and its id
+#: there, a pool unreachable and back). ``tests/test_events.py`` holds the source to it.
 EVENT_KINDS = ("submit", "hold", "cancel", "place", "start", "end", "requeue", "idle", "guard",
                "limit", "node", "hardware", "reconcile", "health", "xid", "admin", "store",
-               "preempt")
+               "preempt", "pool")
 
 #: The longest request line the server reads, and a tenth of the longest reply line.
 MAX_LINE = 1 << 20

@@ -64,8 +64,13 @@ def remote_id(head: HeadProcess, job: int) -> str:
 
 
 def wait_state(head: HeadProcess, job: int, states: set[str], timeout: float = 60) -> dict:
-    wait_for(lambda: head.job(job)["state"] in states, timeout, interval=0.3,
-             what=f"job {job} to be {'/'.join(sorted(states))}")
+    try:
+        wait_for(lambda: head.job(job)["state"] in states, timeout, interval=0.3,
+                 what=f"job {job} to be {'/'.join(sorted(states))}")
+    except AssertionError as err:
+        shown = head.job(job)
+        raise AssertionError(f"{err}: it is {shown['state']} ({shown['reason']}); "
+                             f"events: {head.call('events', job=job)['events']}") from None
     return head.job(job)
 
 
@@ -177,3 +182,66 @@ def test_the_login_node_down_and_back(pool_head, slurm_lab):
     ended = wait_state(pool_head, job, {"succeeded", "failed"}, timeout=60)
     assert ended["state"] == "succeeded", ended["reason"]
     assert "survived" in pool_head.run("logs", str(job), check=True).stdout
+
+
+def test_a_job_waiting_past_burst_after_runs_in_the_pool(openssh_lab, slurm_lab, tmp_path):
+    """The lab's nodes are drained: jobs wait here, and once past burst_after they go to the
+    pool in the queue's order, at most max_jobs (1) there at once."""
+    from labfixtures import lab_config, serving
+
+    entry = slurm_lab.pool_entry("hpc", identity=str(slurm_lab.identity_path),
+                                 known_hosts=str(slurm_lab.known_hosts_path),
+                                 workdir=str(tmp_path / "hpc-work"), poll_interval=POLL,
+                                 burst_after="2s", max_jobs=1)
+    config = lab_config(openssh_lab, "burst", pools=[entry])
+    for head in serving(openssh_lab, tmp_path / "home", config):
+        for node in openssh_lab.nodes:
+            head.run("node", "drain", node, "--reason", "test", check=True)
+        first = submit(head, "--", "sh", "-c", "echo burst one; sleep 3")
+        second = submit(head, "--", "sh", "-c", "echo burst two")
+        kept = submit(head, "--pool", "local", "--", "true")
+        assert head.job(first)["state"] == "pending" and head.job(first)["pool"] is None
+        for job in (first, second):
+            ended = wait_state(head, job, {"succeeded", "failed"}, timeout=90)
+            assert ended["state"] == "succeeded" and ended["pool"] == "hpc", ended["reason"]
+        assert "burst one" in head.run("logs", str(first), check=True).stdout
+        events = [e["message"] for e in head.call("events", limit=200)["events"]]  # oldest first
+        sent = [m for m in events if re.match(rf"job ({first}|{second}) sent to pool hpc after "
+                                               r"\d+ s waiting here", m)]
+        assert [m.split()[1] for m in sent] == [str(first), str(second)]
+        # max_jobs 1: the second went only once the first had ended
+        assert events.index(sent[1]) > events.index(f"job {first} succeeded with exit code 0")
+        assert head.job(kept)["state"] == "pending" and head.job(kept)["pool"] is None
+        for node in openssh_lab.nodes:
+            head.run("node", "resume", node, check=True)
+        wait_state(head, kept, {"succeeded"})
+
+
+def test_each_lab_user_submits_as_themselves(openssh_lab, slurm_lab, tmp_path_factory):
+    """``user: submitter``: the head logs in to the login node as the submitting user with
+    its pool key; a user who authorised it runs as themselves there, one who has not is
+    refused at submit with the command that does it."""
+    from test_multiuser import as_user, lab_users, shared_head
+
+    from nebula_tui.sim.slurmlab import unlock_for_ssh
+
+    alice, bob = "nebpoola", "nebpoolb"
+    entry = slurm_lab.pool_entry("hpc", user="submitter", known_hosts=str(slurm_lab.known_hosts_path),
+                                 poll_interval=POLL)
+    for _ in lab_users("nebpoolers", (alice, bob), ()):
+        for user in (alice, bob):
+            unlock_for_ssh(user)
+        for head in shared_head(openssh_lab, tmp_path_factory, "nebpoolers", {"pools": [entry]}):
+            key = (head.home / "pool_key.pub").read_text().strip()
+            slurm_lab.authorize(alice, f'from="127.0.0.1",restrict {key}')
+            done = as_user(head, alice, "submit", "--pool", "hpc", "--", "sh", "-c", "id -un; sleep 1")
+            assert done.returncode == 0, done.stderr
+            job = int(re.search(r"job (\d+)", done.stdout).group(1))
+            ended = wait_state(head, job, {"succeeded", "failed"}, timeout=90)
+            assert ended["state"] == "succeeded" and ended["user"] == alice, ended["reason"]
+            assert as_user(head, alice, "logs", str(job)).stdout.strip() == alice
+            refused = as_user(head, bob, "submit", "--pool", "hpc", "--", "true")
+            assert refused.returncode != 0
+            assert f"{bob} has not authorised the head's key on pool hpc" in refused.stderr
+            assert "nebula pool authorize hpc" in refused.stderr
+            slurm_lab.revoke(alice)

@@ -89,7 +89,6 @@ class Engine:
         self.on_node_state = self.fleet.on_node_state
         self.unsubscribe = self.stream.unsubscribe
         self.snapshot, self.gpus_json = self.stream.snapshot, self.stream.gpus_json
-        self.status = self.stream.status
         self.queue_json, self.users_json = self.stream.queue_json, self.shares.users_json
         self.is_admin, self.resolve_gpu = self.access.is_admin, self.state.resolve_gpu
         self.set_drained, self.set_quota = self.fleet.set_drained, self.shares.set_quota
@@ -112,8 +111,14 @@ class Engine:
     links = property(lambda self: self.state.links)
 
     def subscribe(self, queue: asyncio.Queue) -> dict:
-        """A new subscriber: the stream's snapshot, with every user's row (``users``)."""
-        return {**self.stream.subscribe(queue), "users": self.shares.users_json()}
+        """A new subscriber: the stream's snapshot, with every user's row (``users``) and
+        each pool's view (``pools``, as ``Pools.view_json``; a "pool" event after each poll)."""
+        return {**self.stream.subscribe(queue), "users": self.shares.users_json(),
+                "pools": self.pools.status()}
+
+    def status(self) -> dict:
+        """`nebula status`: nodes, GPUs and their summary (the stream's), and each pool."""
+        return {**self.stream.status(), "pools": self.pools.status()}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:

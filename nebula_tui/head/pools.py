@@ -165,8 +165,6 @@ class Pools:
         """Send the jobs that asked for pool ``name`` (by submit time), then those waiting
         past its burst_after in the queue's order, while it has room."""
         pool, view = self.pools[name], self.views[name]
-        if view.unreachable_since is not None and view.capacity is None:
-            return
         room = pool.config.max_jobs - self.live(name)
         now = self.state.clock()
         asked = sorted((j for j in self.state.jobs.values() if j.spec.pool == name
@@ -174,7 +172,7 @@ class Pools:
                        key=lambda j: j.id)
         bursting = []
         burst_after = pool.config.burst_after_s
-        if burst_after is not None:
+        if burst_after is not None and view.unreachable_since is None and view.capacity is not None:
             place = self.state.queue_place
             bursting = sorted(
                 (j for j in self.state.jobs.values()
@@ -268,15 +266,21 @@ class Pools:
                 await self.submit(job_id)
         # Whose jobs to list; with none of ours there, the pool's account (a submitter
         # pool's: the head's own user, whose account there may have authorised its key).
-        accounts = {row["account"] for row in mine.values()} or {pool.account_for(self.state.owner)}
+        accounts = {row["account"] for row in mine.values()}
         try:
-            result = await pool.poll(accounts, {row["remote_id"]: row["token"]
-                                                for row in mine.values() if row["remote_id"]})
+            result = await pool.poll(accounts or {pool.account_for(self.state.owner)},
+                                     {row["remote_id"]: row["token"]
+                                      for row in mine.values() if row["remote_id"]})
+        except PoolNotAuthorised as err:
+            if accounts:
+                self._unreachable(name, str(err))
+            else:  # a submitter pool nobody has sent a job to yet: nothing to poll with
+                view.reason = printable(f"{err}: its status is read once a user's job went there")
+            self._send_waiting(name)
+            return
         except PoolUnavailable as err:
             self._unreachable(name, str(err))
-            return
-        except PoolNotAuthorised as err:
-            self._unreachable(name, str(err))
+            self._send_waiting(name)  # the intents are written, their sbatch retried
             return
         if view.unreachable_since is not None:
             self.state.record("pool", f"pool {name} answers again; its jobs are reconciled")
@@ -296,7 +300,7 @@ class Pools:
             view.missed.pop(job_id, None)
             await self._apply(name, job, row, report)
         self._send_waiting(name)
-        self.stream.publish({"kind": "pool", "pool": self.view_json(name)})
+        self.stream.publish({"type": "pool", "pool": self.view_json(name)})
 
     def _not_listed(self, name: str, job: Job, view: PoolView) -> None:
         """Neither the pool's job list nor its accounting has the job any more (it ended

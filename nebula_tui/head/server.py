@@ -273,12 +273,7 @@ class ApiServer:
 
     async def op_status(self, user, req):
         status = self.engine.status()
-        return {"summary": status["summary"], "nodes": status["nodes"],
-                "pools": self.engine.pools.status()}
-
-    async def op_pools(self, user, req):
-        """Each pool as the head sees it (``Pools.view_json``): `nebula status`, the TUI."""
-        return {"pools": self.engine.pools.status()}
+        return {key: status[key] for key in ("summary", "nodes", "pools")}
 
     async def op_queue(self, user, req):
         seen = self._seen_by(user, listing=True)
