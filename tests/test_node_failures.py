@@ -123,3 +123,46 @@ def test_status_json_reports_node_states(broken_cluster):
     summary = json.loads(broken_cluster.run("status", "--json", check=True).stdout)
     states = {n["name"]: n["state"] for n in summary["node_details"]}
     assert states["node04"] == "down" and states["node02"] == "up"
+
+
+def test_a_nodes_sshd_killed_and_restarted_loses_nothing_and_runs_nothing_twice(head, openssh_lab, tmp_path):
+    """The node's sshd dies with every session it serves (the nodelet too) while two jobs
+    run there, one of which ends meanwhile, and comes back: the head reconnects, records
+    the end that happened while it could not hear (its real exit code), follows the other
+    to its own end, and neither job ran twice nor moved."""
+    starts = tmp_path / "starts"
+    others = [n for n in openssh_lab.nodes if n != "node01"]
+    for name in others:  # both jobs on node01
+        head.run("node", "drain", name, check=True)
+    try:
+        def job(seconds: int, code: int) -> int:
+            done = head.run("submit", "--gpu-mem", "4G", "--command",
+                            f'echo "$NEBULA_JOB_ID" >> {starts}; sleep {seconds}; exit {code}', check=True)
+            return int(done.stdout.split()[2])
+
+        short, long = job(3, 5), job(14, 0)
+        wait_for(lambda: all(head.job(j)["state"] == "running" for j in (short, long)), 30,
+                 what="both jobs running")
+    finally:
+        for name in others:  # a job wrongly requeued could run elsewhere: let it show
+            head.run("node", "resume", name, check=True)
+    assert {head.job(j)["node"] for j in (short, long)} == {"node01"}
+    openssh_lab.stop_node("node01")
+    try:
+        wait_for(lambda: node(head, "node01")["state"] != "up", 20, what="node01 lost")
+        wait_for(lambda: starts.read_text().split().count(str(short)) == 1 and
+                 _exit_written(head, openssh_lab, short), 20, what="the short job's end on its node")
+    finally:
+        openssh_lab.start_node("node01")
+    wait_for(lambda: node(head, "node01")["state"] == "up", 30, what="node01 back up")
+    ended = {j: head.wait_job(j, timeout=40) for j in (short, long)}
+    assert (ended[short]["state"], ended[short]["exit_code"]) == ("failed", 5), ended[short]
+    assert (ended[long]["state"], ended[long]["exit_code"]) == ("succeeded", 0), ended[long]
+    assert all(e["attempt"] == 0 and e["node"] == "node01" for e in ended.values()), ended
+    assert sorted(starts.read_text().split()) == sorted([str(short), str(long)])  # once each
+
+
+def _exit_written(head, lab, job: int) -> bool:
+    """Whether ``head``'s job ``job``'s wrapper wrote its exit code on the lab's node01."""
+    return any(p.read_text().strip() for p in
+               lab.node_dir("node01").rglob(f"heads/{head.head_id}/jobs/{job}/*/exit_code"))
