@@ -29,8 +29,10 @@ name, args = os.path.basename(sys.argv[1]), sys.argv[2:]
 with open(os.path.join(os.environ["RECORD_DIR"], name + ".jsonl"), "a") as f:
     f.write(json.dumps(args) + "\n")
 given = [v for k, v in zip(args, args[1:]) if k == "-e" and "=" not in v]  # by name
+prefix = name.upper() + "ENV_"  # apptainer's and singularity's way
 with open(os.path.join(os.environ["RECORD_DIR"], name + ".env"), "w") as f:
-    json.dump({v: os.environ.get(v) for v in given}, f)
+    json.dump({**{v: os.environ.get(v) for v in given},
+               **{k: v for k, v in os.environ.items() if k.startswith(prefix)}}, f)
 if args[:2] in (["image", "exists"], ["image", "inspect"]):
     sys.exit(0 if os.environ.get("RECORD_HAVE_IMAGE") else 1)
 if args[:1] == ["pull"] and os.environ.get("RECORD_PULL_FAILS"):
@@ -182,12 +184,22 @@ def test_apptainer_runs_as_the_user_with_nv_clean_env_binds_and_pwd(node):
     job = make_job(image=str(image), workdir="/workspace", data_mounts=(f"{data}:/workspace/data:ro",))
     _, calls = node(job, nvidia("GPU-bbbb", "GPU-aaaa"))
     assert calls["apptainer"] == [[
-        "exec", "--cleanenv", "--nv", *sum((["--env", kv] for kv in JOB_ENV), []),
-        "--env", "CUDA_VISIBLE_DEVICES=3,1",  # --nv shows every card: the node's numbering picks
-        "--env", "NEBULA_GPU_MEM_MB=8192", "--env", "PYTHONUNBUFFERED=1",
-        "--pwd", "/workspace", "--bind", f"{data}:/workspace/data:ro",
+        "exec", "--cleanenv", "--nv", "--pwd", "/workspace", "--bind", f"{data}:/workspace/data:ro",
         str(image), "python", "train.py", "--lr", "3e-4; rm -rf /"]]
+    # the variables as APPTAINERENV_*, which --cleanenv keeps: their values on no command line
+    assert node.env["apptainer"] == {f"APPTAINERENV_{k}": v for k, v in [
+        *(kv.split("=") for kv in JOB_ENV),
+        ("CUDA_VISIBLE_DEVICES", "3,1"),  # --nv shows every card: the node's numbering picks
+        ("NEBULA_GPU_MEM_MB", "8192"), ("PYTHONUNBUFFERED", "1")]}
     assert "podman" not in calls  # a .sif needs apptainer, though podman comes first
+
+
+def test_through_sudo_the_variables_travel_as_words(node):
+    """sudo clears the environment: there the values must be on the runtime's argv."""
+    job = make_job(image="/images/train.sif", shell=False)
+    facts = NodeFacts("node01", runtimes=("apptainer",), root=False)
+    script = run_script(job, PLACEMENTS, ("sudo", "-n", "-u", "alice", "--"), node=facts)
+    assert "--env NEBULA_JOB_ID=7" in script and "APPTAINERENV_" not in script
 
 
 def test_singularity_with_rocm_for_amd_cards(node):

@@ -248,8 +248,12 @@ def apptainer_lines(runtime: str, image: str, env: dict[str, str], devices: tupl
     if "ascend" in vendors:
         for path in ASCEND_MOUNTS:
             lines.append(f"[ -e {path} ] && {ADD} --bind {path}:{path}:ro")
+    # Through runuser (or none) the runtime inherits the wrapper's environment: the values
+    # go as <RUNTIME>ENV_NAME variables, which --cleanenv keeps, and on no command line.
+    by_name = prefix[:1] in ((), ("runuser",))
     for name, value in env.items():
-        lines.append(f"{ADD} --env {shlex.quote(f'{name}={value}')}")
+        lines.append(f"export {shlex.quote(f'{runtime.upper()}ENV_{name}={value}')}" if by_name
+                     else f"{ADD} --env {shlex.quote(f'{name}={value}')}")
     if workdir:
         lines.append(f"{ADD} --pwd {shlex.quote(workdir)}")
     for mount in mounts:

@@ -383,6 +383,8 @@ def _container_lines(job: Job, placements: tuple[Placement, ...], run_as: tuple[
     env = launch_environment(job, placements, extra_env, devices)
     command = ["sh", "-c", spec.command[0]] if spec.shell else list(spec.command)
     if runtime in environments.FILE_RUNTIMES:
+        if spec.shell and run_as[:1] in ((), ("runuser",)):  # as podman's below
+            env, command = {**env, "NEBULA_COMMAND": spec.command[0]}, ["sh", "-c", _EVAL_COMMAND]
         lines = containers.apptainer_lines(runtime, spec.image, env, devices, node.name,
                                            spec.workdir, spec.data_mounts, run_as)
         pinned = False
