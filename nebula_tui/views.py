@@ -330,7 +330,9 @@ def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False)
         if tag := preemptible_text(j):
             detail = f"{tag} · {detail}"
         ident = str(j["id"]) if j.get("array_id") is None else f"{j['array_id']}_{j['array_index']}"
-        rows.append((ident, j["user"], j["name"] or "-", j["state"], where, detail))
+        # the word the TUI shows too (held, stopping…: ``job_phase``); a row from elsewhere
+        # (a pool's) may carry only its state
+        rows.append((ident, j["user"], j["name"] or "-", j.get("phase") or j["state"], where, detail))
     return table(("ID", "USER", "NAME", "STATE", "GPUS", "REASON / COMMAND"), rows, right={0})
 
 

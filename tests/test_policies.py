@@ -113,3 +113,14 @@ def test_one_duration_formatter_and_one_na():
     assert render.temp_text(None).plain == render.power_text({}) == NOT_AVAILABLE
     assert render.util_cell({}).plain.endswith(f" {NOT_AVAILABLE}")
     assert render.memory_text({}) == f"{NOT_AVAILABLE} / {NOT_AVAILABLE}"
+
+
+def test_the_queue_of_the_cli_says_the_same_word_as_the_tui():
+    """`nebula queue` wrote the stored state ("running", "pending") where the TUI wrote
+    "stopping" or "held": both now write the head's phase."""
+    job = {"id": 3, "user": "ann", "name": "t", "state": "running", "phase": "stopping",
+           "gpus": [{"node": "n1", "index": 0}], "gpu_count": 1, "gpu_mem_mb": None,
+           "reason": "", "command": ["python", "t.py"]}
+    held = {**job, "id": 4, "state": "pending", "phase": "held", "gpus": []}
+    lines = views.queue_text([job, held]).splitlines()
+    assert lines[1].split()[3] == "stopping" and lines[2].split()[3] == "held"
