@@ -133,6 +133,15 @@ def test_no_mount_is_left_on_the_node_after_the_job(shared, homes, openssh_lab):
     assert shared.wait_job(job, 60)["state"] == "succeeded"
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(openssh_lab.root) not in mounts and f"{mallory}" not in mounts, mounts
+    # nor after a cancel: while it runs its source is bound under its job directory
+    job = submit_as(shared, MALLORY, "--image", IMAGE, "--gpu-mem", "4G",
+                    "--data-mount", f"{mallory}/dirlink:/data/dir:ro", "--", "sleep", "120")
+    wait_for(lambda: f"/jobs/{job}/0/mnt/0 " in Path("/proc/self/mountinfo").read_text() or None,
+             60, what="the job's source bound at its staging path")
+    as_user(shared, MALLORY, "cancel", str(job))
+    assert shared.wait_job(job, 60)["state"] == "cancelled"
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(openssh_lab.root) not in mounts and f"{mallory}" not in mounts, mounts
 
 
 def test_the_pin_opens_as_the_user_whatever_checked_before(homes, tmp_path):
