@@ -143,6 +143,17 @@ def test_service_slice_itself_needs_room_for_its_spare():
     assert on(got[1]) == [("n1", 0)]
 
 
+def test_a_service_as_big_as_its_card_cannot_keep_its_spare_there():
+    """An 8 GB service took an 8 GB card whole, leaving no 2 GB spare: a card that cannot
+    keep the spare beside the service cannot host it (a bigger one can, whole or not)."""
+    small = [card("n1", 0, 8 * GB, name="RTX 4060")]
+    assert isinstance(run(small, [job(1, mem=8 * GB, service=True)])[1], Wait)
+    assert on(run(small, [job(1, mem=8 * GB)])[1]) == [("n1", 0)]  # not a service: it fits
+    got = run([card("n1", 0)], [job(1, mem=16 * GB, service=True)])  # 16 + 2 of a 24 GB card
+    assert on(got[1]) == [("n1", 0)]
+    assert isinstance(run([card("n1", 0)], [job(1, mem=23 * GB, service=True)])[1], Wait)
+
+
 # ------------------------------------------------------------------ R11 filters
 MIXED = [card("ada", 0, cap="8.9", cuda="12.4"), card("amp", 0, A100_MB, name="A100", cap="8.0",
                                                        cuda="12.10"),

@@ -99,7 +99,9 @@ def fit(total_mb: int | None, unmanaged_mb: int, reserved: int, allocations: int
         available = total_mb - unmanaged_mb
         if gpu_mem_mb is None:
             return (available, True) if not unmanaged_mb else None
-        return (available, True) if gpu_mem_mb <= nominal_mb(total_mb) - unmanaged_mb else None
+        # a service asked this big takes the card whole, and still keeps its spare on it
+        room = nominal_mb(total_mb) - unmanaged_mb - keep_mb
+        return (available, True) if gpu_mem_mb <= room else None
     if exclusive_held or allocations >= MAX_ALLOCATIONS_PER_GPU:
         return None
     ask = max(gpu_mem_mb, MIN_SLICE_MB)
