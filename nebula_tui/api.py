@@ -64,7 +64,8 @@ reading, users as the ``users`` request's rows, ``temperatures`` the health poli
   applied in order). ``fields`` holding ``"uuid"`` is a whole GPU (new to the subscriber,
   or moved to N): it replaces any earlier one; otherwise it is the fields whose values
   changed, to merge. GPUs of N not listed did not change; ``gone`` (present only when some
-  went) names GPUs no longer on N. An event with no GPUs still means N reported.
+  went) names GPUs no longer on N. An event with no GPUs still means N reported; ``seen``
+  is when the head last heard from N (its ``last_seen``, which no ``node`` event repeats).
 
 Telemetry is gathered for up to ``head.server.STREAM_GATHER_S`` (0.1 s) and written together (one wake-up of
 the client instead of one per node); any other event goes out at once.

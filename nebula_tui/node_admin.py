@@ -142,6 +142,16 @@ def remove_node_text(text: str, name: str) -> str:
     raise NodeAdminError(f"no node {name} in the file")
 
 
+def check_address_free(config: ClusterConfig, host: str, port: int) -> None:
+    """Refuse a new node at the address of one the file has: two names for one machine
+    would have the scheduler hand its cards out twice."""
+    for node in config.nodes:
+        if node.host.lower() == host.lower() and node.port == port:
+            raise NodeAdminError(f"{node.name} is already at {host}:{port}; a second node there "
+                                 f"would share its GPUs (`nebula node remove {node.name}` first "
+                                 "to rename it)")
+
+
 def add_node(config_path: Path, name: str, host: str, port: int, user: str | None,
              identity: str | None, key_line: str, fingerprint: str,
              trust_fingerprint: str) -> ClusterConfig:
@@ -153,6 +163,7 @@ def add_node(config_path: Path, name: str, host: str, port: int, user: str | Non
     config = load_config(config_path)
     if any(n.name == name for n in config.nodes):
         raise NodeAdminError(f"{config_path} already has a node {name}")
+    check_address_free(config, host, port)
     known_hosts = Path(config.known_hosts)
     already = known_key(known_hosts, host, port)
     if already is not None and already != key_line:

@@ -412,6 +412,48 @@ def platform_lines(platform: dict) -> list[str]:
             "  per-process GPU memory reads N/A there: the memory guard cannot judge its jobs",
             "  containers get every GPU of the node or none: a container job takes them all"]
 
+def job_text(job: dict) -> str:
+    """`nebula job N`: the job in full as text (`--json` gives every field): its state and
+    why, what it asked for, where it runs and the environment its command gets there."""
+    when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))  # noqa: E731
+    command = job["command"][0] if job.get("shell") else " ".join(job["command"])
+    state = job.get("phase") or job["state"]
+    reason = job.get("reason") or ""
+    asks = f"{job['gpu_count']} GPU" + ("s" if job["gpu_count"] != 1 else "")
+    if job.get("gpu_mem_mb"):
+        asks += f", {format_mb(job['gpu_mem_mb'])} each"
+    lines = [f"job {job['id']}  {job.get('name') or '-'}  {job['user']}  {state}"
+             + (f": {reason}" if reason and reason != job["state"] else ""),
+             f"  command:   {command}",
+             f"  asks:      {asks}",
+             f"  workdir:   {job.get('workdir_used') or job.get('workdir') or '$HOME'}"]
+    if job.get("image"):
+        lines.append(f"  image:     {job['image']}" + "".join(
+            f"\n  mount:     {m}" for m in job.get("data_mounts") or ()))
+    for key in ("conda", "venv"):
+        if job.get(key):
+            lines.append(f"  {key + ':':<10} {job[key]}")
+    if job.get("queue_pos"):
+        lines.append(f"  queue:     position {job['queue_pos']}")
+    lines.append(f"  submitted: {when(job['submitted_at'])}")
+    if job.get("started_at"):
+        lines.append(f"  started:   {when(job['started_at'])}")
+    if job.get("ended_at"):
+        code = "" if job.get("exit_code") is None else f", exit code {job['exit_code']}"
+        lines.append(f"  ended:     {when(job['ended_at'])}{code}")
+    if job.get("gpu_hours") is not None:  # an ended job: what its run cost and did
+        load = job.get("mean_util_pct")
+        lines.append(f"  used:      {job['gpu_hours']:.2f} GPU-hours"
+                     + (f", {load:g}% mean load" if load is not None else ""))
+    for g in job.get("gpus") or ():
+        kind = "whole card" if g["exclusive"] else f"{format_mb(g['memory_mb'])} slice"
+        lines.append(f"  gpu:       {g['node']}:{g['index']}  {kind}  {g['uuid']}")
+    environment = job.get("environment") or {}
+    for rank, (node, env) in enumerate(environment.items()):
+        lines.append(f"  environment on {node}" + (f" (rank {rank})" if len(environment) > 1 else "") + ":")
+        lines += [f"    {k}={v}" for k, v in env.items()]
+    return "\n".join(lines)
+
 
 def month_start(now: float, back: int = 0) -> float:
     """The first moment of the calendar month (local time) ``back`` months before the one

@@ -135,7 +135,7 @@ def test_history_shows_what_each_job_held_waited_ran_cost_and_did(head, ended):
 
 
 def test_a_finished_job_shows_its_cards_and_what_it_cost(head, ended):
-    job = json.loads(head.run("job", str(ended["jobs"]["busy"]), check=True).stdout)
+    job = json.loads(head.run("job", str(ended["jobs"]["busy"]), "--json", check=True).stdout)
     assert job["state"] == "succeeded" and len(job["gpus"]) == 1
     assert job["gpu_hours"] > 0 and job["mean_util_pct"] > 0
 

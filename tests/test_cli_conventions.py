@@ -70,10 +70,10 @@ def test_a_pipe_closed_before_the_first_line_ends_every_command_quietly(head, jo
 
 
 def test_head_reads_three_lines_of_a_job_and_nothing_complains(head, jobs):
-    """The pipelines of the bug report, in a real shell: `job N | head -3` shows the job's
-    first lines; a reader gone at once (`| head -0`) makes the write fail, quietly."""
+    """The pipelines of the bug report, in a real shell: `job N --json | head -3` shows the
+    job's first lines; a reader gone at once (`| head -0`) makes the write fail, quietly."""
     nebula = f"{sys.executable} -m nebula_tui"
-    script = (f"{nebula} job {jobs['ended']} | head -3; "
+    script = (f"{nebula} job {jobs['ended']} --json | head -3; "
               f"{nebula} queue --json | head -0; echo queue=${{PIPESTATUS[0]}}; "
               f"{nebula} completion zsh | head -0; echo completion=${{PIPESTATUS[0]}}")
     done = subprocess.run(["bash", "-c", script], env=head.env, capture_output=True, text=True,

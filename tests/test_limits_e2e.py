@@ -193,7 +193,7 @@ def test_after_kinds_and_requeue(head):
     assert again["started_at"]
     head.run("cancel", str(job), check=True)
     assert head.wait_job(job, timeout=40)["state"] == "cancelled"
-    shown = json.loads(head.run("job", str(cleanup), check=True).stdout)
+    shown = json.loads(head.run("job", str(cleanup), "--json", check=True).stdout)
     assert shown["after"] == [broken] and shown["after_type"] == "notok"
 
 

@@ -225,9 +225,9 @@ def test_other_users_see_neither_escapes_nor_command_lines(shared):
         assert "\x1b" not in seen and "\x07" not in seen and "\r" not in seen
         assert "hunter2" not in seen and "t\\x1b]0;title" in seen
         assert not any(line.lstrip().startswith("999") for line in seen.splitlines())
-        other = json.loads(as_user(shared, ALICE, "job", str(job)).stdout)
+        other = json.loads(as_user(shared, ALICE, "job", str(job), "--json").stdout)
         assert other["command"] == [f"(hidden: only {BOB} and admins see it)"]
-        own = json.loads(as_user(shared, BOB, "job", str(job)).stdout)
+        own = json.loads(as_user(shared, BOB, "job", str(job), "--json").stdout)
         assert "TOKEN=hunter2 true" in own["command"]
         assert "\x1b]0;pwned\x07\r\n" in own["command"][-1]
         assert "TOKEN=hunter2 true" in shared.call("job", job=job)["job"]["command"]  # root: an admin

@@ -19,7 +19,7 @@ def test_node_add_runs_the_smoke_job_on_the_new_node_and_prints_it(small_cluster
     assert "(nvidia-smi) on node03:" in verdict and "(RTX 3090) succeeded" in verdict
     assert any(line.startswith("  | ") and "NVIDIA-SMI" in line for line in lines)  # its output
     job_id = int(verdict.split()[3])
-    job = json.loads(head.run("job", str(job_id), check=True).stdout)
+    job = json.loads(head.run("job", str(job_id), "--json", check=True).stdout)
     assert job["name"] == "smoke-test node03" and job["state"] == "succeeded"
     assert [(g["node"], g["memory_mb"]) for g in job["gpus"]] == [("node03", 4096)]
     assert str(job_id) in head.run("history", "--node", "node03", check=True).stdout.split()

@@ -18,6 +18,7 @@ from nebula_tui.remote.backends.nvidia import (
     query_apps_argv,
     query_gpu_argv,
 )
+from nebula_tui.remote.backends.nvidia_smi import parse_query_gpu_lines
 from nebula_tui.remote.documents import parse_text
 
 CSV = SAMPLES / "smi_csv"
@@ -129,6 +130,14 @@ def test_lost_gpu_line_is_skipped():
             "1, GPU-y, Card\n")
     (gpu,) = parse_query_gpu(text, ["index", "uuid", "name"])
     assert gpu.index == 1
+
+
+def test_a_lost_gpu_is_named_by_its_whole_pci_address():
+    """It read "GPU 0000 could not be read: 04:00.0: Unknown Error" (split at the first colon)."""
+    for line in ("Unable to determine the device handle for GPU0000:04:00.0: Unknown Error",
+                 "Unable to determine the device handle for GPU 0000:04:00.0: Unknown Error"):
+        _, warnings = parse_query_gpu_lines([line, "1, GPU-y, Card"], ["index", "uuid", "name"])
+        assert warnings == ["GPU 0000:04:00.0 could not be read: Unknown Error"]
 
 
 def test_apps_samples():

@@ -24,7 +24,7 @@ def test_arch_and_cuda_filters_say_what_is_missing(head):
     done = head.wait_job(ampere_or_newer)
     assert done["state"] == "succeeded"
     # Not an A100 (sm_80): a 4090 or 3090 (sm_89 / sm_86).
-    placed = json.loads(head.run("job", str(ampere_or_newer), check=True).stdout)
+    placed = json.loads(head.run("job", str(ampere_or_newer), "--json", check=True).stdout)
     assert placed["node"] in ("node01", "node03")
 
 

@@ -40,7 +40,7 @@ def client_of(snapshot: dict) -> Cluster:
 
 def fold(cluster: Cluster, events: list[dict]) -> None:
     for event in gpu_events(events):
-        cluster.apply_gpus(event["node"], event["gpus"], event.get("gone", ()))
+        cluster.apply_gpus(event["node"], event["gpus"], event.get("gone", ()), event.get("seen"))
 
 
 def head_gpus(head: Engine) -> dict[str, dict]:
@@ -53,15 +53,19 @@ async def test_a_reading_that_moved_is_all_that_is_sent(engine):
     engine.on_node_message("node01", probe("node01", [gpu_row("node01", 0, util=55, temp=61),
                                                       gpu_row("node01", 1)]))
     (event,) = gpu_events(drain(queue))
-    assert event == {"type": "gpus", "node": "node01",
+    assert event == {"type": "gpus", "node": "node01", "seen": engine.state.nodes["node01"].last_seen,
                      "gpus": {"GPU-node01-0": {"utilization_pct": 55.0, "temperature_c": 61.0}}}
     fold(client, [event])
     assert client.gpus == head_gpus(engine)
+    # when the head last heard from the node, which no node event repeats (the Nodes
+    # screen's "Seen")
+    assert client.nodes["node01"]["last_seen"] == engine.state.nodes["node01"].last_seen
 
     # The same readings again: the node reported, nothing changed, nothing is sent for a GPU.
     engine.on_node_message("node01", probe("node01", [gpu_row("node01", 0, util=55, temp=61),
                                                       gpu_row("node01", 1)]))
-    assert gpu_events(drain(queue)) == [{"type": "gpus", "node": "node01", "gpus": {}}]
+    assert gpu_events(drain(queue)) == [{"type": "gpus", "node": "node01", "gpus": {},
+                                         "seen": engine.state.nodes["node01"].last_seen}]
 
 
 async def test_a_static_field_change_reaches_the_client(engine):

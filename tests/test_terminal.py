@@ -106,7 +106,7 @@ def test_a_second_demo_opens_the_running_one(demo_terminal):
     keys("second", "q")  # it does not own the lab: it quits without a question
     wait_for(lambda: "DEMO-EXITED 0" in screen("second"), 30, interval=0.3, what="the second to quit")
     assert sorted(_demo_processes(home)) == before
-    assert '"running"' in cli(home, "job", job).stdout
+    assert '"running"' in cli(home, "job", job, "--json").stdout
     assert "already runs" not in (home / "serve.log").read_text()  # no two supervisors
     assert "keep-me" in screen()
     keys("demo", "q")
@@ -137,7 +137,7 @@ def test_quitting_with_running_jobs_asks_and_can_leave_the_lab_running(demo_term
     wait_for(lambda: "DEMO-EXITED 0" in screen(), 30, interval=0.3, what="the TUI to quit")
     assert "keeps running in the background" in screen()
     assert _demo_processes(home) and (home / "nebula.sock").exists()
-    assert '"running"' in cli(home, "job", job).stdout
+    assert '"running"' in cli(home, "job", job, "--json").stdout
 
     open_demo(home, "again")  # the lab left running is found, owned, and shown
     wait_for(lambda: "long-run" in screen("again"), 60, interval=0.3, what="the job again")
@@ -229,14 +229,14 @@ def test_headless_demo_serves_other_commands_until_interrupted(headless_demo):
     # The service is a process of its own: kill it, and the demo restarts it (as systemd
     # would); the job it had launched keeps running and is re-adopted.
     job = run("submit", "--gpu-mem", "4G", "--", "sleep", "4").stdout.split()[2]
-    wait_for(lambda: '"running"' in run("job", job).stdout, 20, interval=0.3, what="job running")
+    wait_for(lambda: '"running"' in run("job", job, "--json").stdout, 20, interval=0.3, what="job running")
     old = subprocess.run(["pgrep", "-f", f"serve --home {home}"], capture_output=True, text=True).stdout.split()
     assert len(old) == 1
     os.kill(int(old[0]), 9)
     wait_for(lambda: (new := subprocess.run(["pgrep", "-f", f"serve --home {home}"], capture_output=True,
                                            text=True).stdout.split()) and new != old, 30,
              interval=0.3, what="the service restarted")
-    wait_for(lambda: '"succeeded"' in run("job", job).stdout, 30, interval=0.3,
+    wait_for(lambda: '"succeeded"' in run("job", job, "--json").stdout, 30, interval=0.3,
              what="the job finished under the new service")
 
 
@@ -245,7 +245,7 @@ def test_attach_opens_the_jobs_session_in_a_real_terminal(headless_demo):
     detaching (C-b d) returns to the shell and leaves the job running."""
     _, client_env, run = headless_demo
     job = run("submit", "--gpu-mem", "4G", "--command", "echo ATTACH-MARK-$NEBULA_JOB_ID; sleep 120").stdout.split()[2]
-    wait_for(lambda: '"running"' in run("job", job).stdout, 20, interval=0.3, what="job running")
+    wait_for(lambda: '"running"' in run("job", job, "--json").stdout, 20, interval=0.3, what="job running")
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in client_env.items() if k.startswith("NEBULA_"))
     command = (f"cd {shlex.quote(str(REPO))} && env {exports} {shlex.quote(sys.executable)} "
                f"-m nebula_tui attach {job}; echo ATTACH-EXITED $?; sleep 60")
@@ -258,7 +258,7 @@ def test_attach_opens_the_jobs_session_in_a_real_terminal(headless_demo):
         subprocess.run(TMUX + ["send-keys", "-t", "attach", "C-b", "d"], check=True)
         wait_for(lambda: "ATTACH-EXITED 0" in screen("attach"), 20, interval=0.3,
                  what="attach to return after detaching")
-        assert '"running"' in run("job", job).stdout
+        assert '"running"' in run("job", job, "--json").stdout
     finally:
         subprocess.run(TMUX + ["kill-server"], capture_output=True)
         run("cancel", job)

@@ -9,7 +9,9 @@ import sys
 import time
 
 from .. import environments
+from ..api import ApiError
 from ..printable import printable
+from ..views import job_text
 from .args import FINISHED_STATES, USAGE_ERROR
 from .common import service_client, show
 
@@ -140,15 +142,32 @@ def cmd_queue(args, home, config) -> int:
 
 def cmd_job(args, home, config) -> int:
     with service_client(home, config) as client:
-        print(json.dumps(client.call("job", job=args.job)["job"], indent=2))
-    return 0
+        job = client.call("job", job=args.job)["job"]
+    return show(args, job, job_text)
 
 
 def cmd_cancel(args, home, config) -> int:
+    """Cancel each job named, like ``scancel 4 5 3``: every id is tried, each answered on
+    its own line; exit 1 when any could not be cancelled."""
+    done: list[dict] = []
+    failed = 0
     with service_client(home, config) as client:
-        job = client.call("cancel", job=args.job)["job"]
-    return show(args, job, f"Cancelling job {job['id']}" if job["state"] != "cancelled"
-                 else f"Cancelled job {job['id']}")
+        for job_id in dict.fromkeys(args.jobs):  # an id given twice is cancelled once
+            try:
+                job = client.call("cancel", job=job_id)["job"]
+            except ApiError as err:
+                if len(args.jobs) == 1:
+                    raise
+                print(f"nebula: job {job_id}: {printable(err)}", file=sys.stderr)
+                failed += 1
+                continue
+            done.append(job)
+            if not getattr(args, "json", False):
+                print(f"Cancelling job {job['id']}" if job["state"] != "cancelled"
+                      else f"Cancelled job {job['id']}")
+    if getattr(args, "json", False):
+        print(json.dumps(done[0] if len(args.jobs) == 1 else done, indent=2))
+    return 1 if failed else 0
 
 
 def _on_job(args, home, config, op: str, done: str) -> int:

@@ -138,11 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node", default=None, help="only jobs that ran on this node")
     p.add_argument("--limit", type=count, default=100, help="the newest this many (default 100)")
     for name, help_text in (("wait", "wait for a job to end; exit with its code"),
-                            ("cancel", "cancel a job"), ("job", "one job as JSON"),
+                            ("job", "one job in full (--json: as JSON)"),
                             ("hold", "keep a waiting job from starting"),
                             ("requeue", "stop a running job and put it back in the queue"),
                             ("release", "let a held job start again")):
         command(name, help_text).add_argument("job", type=job_id)
+    command("cancel", "cancel jobs (several ids at once, like scancel)").add_argument(
+        "jobs", type=job_id, nargs="+", metavar="job")
     p = command("attach", "attach this terminal to a running job's tmux session "
                           "(detach: Ctrl-b d; the job runs on)", prints=False)
     p.add_argument("job", type=job_id)

@@ -8,7 +8,9 @@ is given (``--config``, ``$NEBULA_CONFIG``, as every command); what it does to t
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 
 # ----------------------------------------------------------------------------- parsers
@@ -43,12 +45,22 @@ def add_sim_commands(sub, command) -> None:
 
 
 # ---------------------------------------------------------------------------- commands
+def _lab_config(config: str | None, home_root: Path) -> Path | None:
+    """The lab's cluster file: the one named (``--config``, ``$NEBULA_CONFIG``), else the
+    demo's lab in this home (``nebula demo`` keeps it in ``<home>/lab``), else as any command."""
+    from ..config import CONFIG_ENV, find_config
+
+    demo_lab = Path(home_root) / "lab" / "nodes.yaml"
+    if not config and not os.environ.get(CONFIG_ENV) and demo_lab.is_file():
+        return demo_lab
+    return find_config(config, home_root)
+
+
 def cmd_sim(args, home, config) -> int:
-    from ..config import find_config
     from ..sim import control, faults
 
     try:
-        lab = control.lab_dir(find_config(config, home.root))
+        lab = control.lab_dir(_lab_config(config, home.root))
         if args.sim_command == "inject":
             print("\n".join(control.inject_xid(lab, args.node, args.gpu, args.code, args.pid)))
         elif args.sim_command == "throttle":

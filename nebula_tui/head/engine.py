@@ -94,7 +94,6 @@ class Engine:
         self.set_drained, self.set_quota = self.fleet.set_drained, self.shares.set_quota
         self.node_key, self.add_node = self.fleet.node_key, self.fleet.add_node
         self.remove_node, self.reload = self.fleet.remove_node, self.fleet.reload
-        self.plan = self.scheduling.plan
 
     def _job_started(self, job: Job) -> None:
         self.metrics.job_started(job)
@@ -195,6 +194,11 @@ class Engine:
         if wake:
             state.wake(capacity=False)
         return jobs[0]
+
+    def plan(self, user: str, spec: JobSpec) -> dict:
+        """The submit form's preview: where the job would go now, or why it would wait; a
+        request submit would refuse is refused here in the same words (not "would wait")."""
+        return self.scheduling.plan(user, self._fit(user, spec))
 
     def _fit(self, user: str, spec: JobSpec) -> JobSpec:
         """The spec with the cluster's default --time, or ``UnfitRequest`` when it asks for

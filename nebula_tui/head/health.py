@@ -230,7 +230,9 @@ class HealthMonitor:
 
     def _keep_out(self, gpu: str, why: str) -> None:
         label = self.state.label(gpu)
-        reason = f"{why}; `nebula gpu resume {label}` once it is fixed"
+        advice = f"`nebula gpu resume {label}`"
+        # the policy's own reason may already say how it comes back: said once
+        reason = why if advice in why else f"{why}; {advice} once it is fixed"
         self._set_maintenance(gpu, Maintenance(reason, admin_only=True))
         self._event("health", f"{label} stays in maintenance: {reason}", gpu=gpu)
 

@@ -248,11 +248,12 @@ class JobTransitions:
             self._set(replace(current, status=with_holding(current.status, launching)))
 
     def _extra_environment(self, job: Job, node: str) -> dict[str, str] | None:
-        """What the part on ``node`` gets beyond R12's variables (None: nothing): a gang's
-        way to find the others, and on a slice the frameworks' caps on their allocators."""
+        """What the part on ``node`` gets beyond R12's variables (None: nothing): a job of
+        several GPUs its ranks' way to find each other (on one node or several), and on a
+        slice the frameworks' caps on their allocators."""
         nodes = job_nodes(job)
         extra = {}
-        if len(nodes) > 1:
+        if len(job.placements) > 1:
             config = self.state.config
             extra = launcher.gang_environment(job, node, config.node(nodes[0]).host, nodes,
                                               config.node(node).env_dict.get("NCCL_SOCKET_IFNAME"))

@@ -424,6 +424,7 @@ class Fleet:
         """The fingerprint of the host key a would-be node presents (the trust step)."""
         self.access.check_admin(user, "add nodes")
         try:
+            node_admin.check_address_free(self.state.config, host, port)
             return (await node_admin.read_host_key(host, port))[1]
         except node_admin.NodeAdminError as err:
             raise RequestError(str(err)) from None

@@ -145,7 +145,11 @@ class Stream:
         if self.subscribers:
             # Every node, every probe: the stream leaves out the raw reading (`nebula gpus`
             # has it), which no subscriber shows.
-            self.publish(self.gpu_changes(node, self.gpus_json(node, raw=False)))
+            event = self.gpu_changes(node, self.gpus_json(node, raw=False))
+            view = self.state.nodes.get(node)
+            if view is not None:  # the node reported: the Nodes screen's "Seen"
+                event["seen"] = view.last_seen
+            self.publish(event)
 
     def gpu_changes(self, node: str, gpus: list[dict]) -> dict:
         """The "gpus" event that brings subscribers from what they hold of ``node``'s GPUs

@@ -71,9 +71,11 @@ def job_environment(job: Job, placements: tuple[Placement, ...],
         "NEBULA_GPU_LIST": ",".join(p.gpu_uuid for p in placements),
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         **visible_devices(placements, devices),
-        # What the job asked for per GPU (else its reservation); frameworks can cap their
-        # allocator with it. A whole card given to a small request still says the request.
-        "NEBULA_GPU_MEM_MB": str(job.spec.gpu_mem_mb or min(p.memory_mb for p in placements)),
+        # What the job asked for per GPU (else its smallest reservation, on any of its
+        # nodes: every rank reads the same); frameworks can cap their allocator with it. A
+        # whole card given to a small request still says the request.
+        "NEBULA_GPU_MEM_MB": str(job.spec.gpu_mem_mb
+                                 or min(p.memory_mb for p in job.placements or placements)),
         # Logs are read while the job runs; Python would otherwise buffer them for minutes.
         "PYTHONUNBUFFERED": "1",
     }
@@ -114,15 +116,22 @@ _ENTER_AND_RUN = ('cd -- "${NEBULA_WORKDIR:-$HOME}" || { '
 
 def gang_environment(job: Job, node: str, master_host: str, nodes: list[str],
                      socket_ifname: str | None) -> dict[str, str]:
-    """R12 for a job across several nodes: what torchrun and NCCL need on ``node``."""
+    """R12 for a job of several GPUs, on one node or across several: what torchrun and NCCL
+    need on ``node``, the same names however the scheduler placed it (``torchrun
+    --nnodes=$NNODES --node-rank=$NODE_RANK --nproc-per-node=$NPROC_PER_NODE
+    --master-addr=$MASTER_ADDR --master-port=$MASTER_PORT``). ``WORLD_SIZE`` counts every
+    GPU of the job; ``NPROC_PER_NODE`` this node's (a gang split 4+2 gets 4 and 2)."""
     env = {
         "MASTER_ADDR": master_host,
-        # One port per job, so two gangs sharing the first node never collide.
+        # One port per job, so two jobs sharing the first node never collide.
         "MASTER_PORT": str(29500 + job.id % 20000),
         "NNODES": str(len(nodes)),
         "NODE_RANK": str(nodes.index(node)),
-        "NCCL_IB_DISABLE": "1",
+        "NPROC_PER_NODE": str(sum(1 for p in job.placements if p.node == node)),
+        "WORLD_SIZE": str(len(job.placements)),
     }
+    if len(nodes) > 1:
+        env["NCCL_IB_DISABLE"] = "1"
     if socket_ifname:
         env["NCCL_SOCKET_IFNAME"] = socket_ifname
     return env

@@ -28,7 +28,7 @@ from textual import on, work
 from textual.actions import SkipAction
 from textual.app import App, ComposeResult, SystemCommand
 from textual.command import DiscoveryHit, Hit, Hits, Provider
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
@@ -89,6 +89,13 @@ def screen_keys(screen) -> tuple[Key, ...]:
     return own + tables + GLOBAL_KEYS
 
 
+class HelpScroll(VerticalScroll):
+    """The help's body: scrolls with the table keys people already use here."""
+
+    BINDINGS = [("j", "scroll_down", "Down"), ("k", "scroll_up", "Up"),
+                ("g", "scroll_home", "Top"), ("G", "scroll_end", "Bottom")]
+
+
 class HelpScreen(ModalScreen[None]):
     """The keys of the screen it was opened over, then the global ones, then the commands."""
 
@@ -106,12 +113,15 @@ class HelpScreen(ModalScreen[None]):
         text = "\n".join(f"{k:>{width}}  {d}" for k, d in lines)
         cwidth = max(len(c) for c, _ in commands)
         ctext = "\n".join(f"{c:<{cwidth}}  {d}" for c, d in commands)
-        with Vertical(id="help"):
+        # It scrolls (j/k, arrows, pgup/pgdn, g/G): every screen's keys, the global ones and
+        # the commands are more lines than 80x24 holds.
+        with HelpScroll(id="help"):
             yield Static(f"Keys — {self.title_text}", id="help-title")
-            yield Static(text, id="help-keys")
+            yield Static(text, id="help-keys", markup=False)
             yield Static("Commands (type : first)", id="help-commands-title")
-            yield Static(ctext, id="help-commands")
-            yield Static("esc closes this help · ctrl+p searches every action", id="help-hint")
+            yield Static(ctext, id="help-commands", markup=False)  # "[REASON]" is text
+            yield Static("esc closes this help · j/k scroll · ctrl+p searches every action",
+                         id="help-hint")
 
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)
@@ -418,7 +428,8 @@ class NebulaApp(App):
     def _gpus(self, message: GpusChanged) -> None:
         changed = set()
         for event in message.events:
-            if self.cluster.apply_gpus(event["node"], event["gpus"], event.get("gone", ())):
+            if self.cluster.apply_gpus(event["node"], event["gpus"], event.get("gone", ()),
+                                       event.get("seen")):
                 changed.add(event["node"])
         for node in changed:  # nodes whose readings did not move cost no screen work
             self._changed("gpus", node)

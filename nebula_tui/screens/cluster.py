@@ -88,7 +88,8 @@ class Cluster:
             else:
                 self.placed.get(p["uuid"], set()).discard(job["id"])
 
-    def apply_gpus(self, node: str, changes: dict[str, dict] | list[dict], gone=()) -> bool:
+    def apply_gpus(self, node: str, changes: dict[str, dict] | list[dict], gone=(),
+                   seen: float | None = None) -> bool:
         """Fold one "gpus" event of ``node`` (see ``api``): ``changes`` maps a GPU's uuid to
         the whole GPU (it has "uuid") or to the fields that changed; ``gone`` lists GPUs no
         longer on ``node``. Every GPU of the node takes a trend point (the node reported).
@@ -99,6 +100,8 @@ class Cluster:
         of an idle cluster, cost a trend point each. A head older than this stream sends
         ``changes`` as a list: every GPU of the node, whole.
         """
+        if seen is not None and node in self.nodes:  # when the head last heard from it
+            self.nodes[node] = {**self.nodes[node], "last_seen": seen}
         mine = self.by_node.setdefault(node, {})
         if isinstance(changes, list):
             gone = [uuid for uuid in mine if uuid not in {g["uuid"] for g in changes}]

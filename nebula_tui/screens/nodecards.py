@@ -12,6 +12,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable
 
+from rich.cells import cell_len
 from rich.segment import Segment
 from rich.text import Text
 from textual import events
@@ -19,9 +20,11 @@ from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-#: Columns one card needs; wider widgets get cards side by side (at most MAX_COLUMNS).
+#: Columns a card gets at most, and at least: cards are as wide as the widest card's
+#: widest line between the two, and as many side by side as fit (at most MAX_COLUMNS).
 CARD_WIDTH = 72
-MAX_COLUMNS = 3
+MIN_CARD_WIDTH = 40
+MAX_COLUMNS = 4
 #: Blank columns between cards side by side.
 GUTTER = 2
 #: Blank lines under each row of cards (none: a card's bold title line starts it).
@@ -29,8 +32,8 @@ ROW_GAP = 0
 
 
 class NodeCards(ScrollView):
-    """Cards (multi-line text, one per name) in rows of up to three; as tall as the cards
-    (height auto) or scrolling vertically."""
+    """Cards (multi-line text, one per name) in rows of as many as fit the width (up to
+    MAX_COLUMNS); as tall as the cards (height auto) or scrolling vertically."""
 
     def __init__(self, card_of: Callable[[str], Text], *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -56,8 +59,9 @@ class NodeCards(ScrollView):
             before = self._texts.get(name)
             text = self._texts[name] = self.card_of(name)
             self._lines.pop(name, None)
-            if before is not None and _height(text) != _height(before):
-                self.call_later(self._layout)  # its node's GPUs changed: the grid moves
+            if before is not None and (_height(text) != _height(before)
+                                       or _width(text) > self._card_width >= _width(before)):
+                self.call_later(self._layout)  # its GPUs or its lines grew: the grid moves
         return self._texts[name]
 
     def texts(self) -> list[str]:
@@ -84,7 +88,10 @@ class NodeCards(ScrollView):
     # ------------------------------------------------------------------ geometry
     def _layout(self) -> None:
         width = self.scrollable_content_region.width or CARD_WIDTH
-        self._columns = max(1, min(MAX_COLUMNS, width // CARD_WIDTH))
+        widest = max((_width(self._text_for_layout(n)) for n in self._names), default=CARD_WIDTH)
+        card = min(CARD_WIDTH, max(MIN_CARD_WIDTH, widest))
+        self._columns = max(1, min(MAX_COLUMNS, len(self._names) or 1,
+                                   (width + GUTTER) // (card + GUTTER)))
         self._card_width = max(1, (width - GUTTER * (self._columns - 1)) // self._columns)
         self._lines.clear()
         self._row_tops, self._row_names = [], []
@@ -162,3 +169,8 @@ class NodeCards(ScrollView):
 
 def _height(text: Text) -> int:
     return text.plain.count("\n") + 1
+
+
+def _width(text: Text) -> int:
+    """The cells its widest line takes."""
+    return max(cell_len(line) for line in text.plain.split("\n"))

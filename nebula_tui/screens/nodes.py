@@ -13,9 +13,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
-from textual.containers import Vertical
+from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Input, Static
+from textual.widgets import Button, Input, Static
 
 from ..api import ApiError
 from ..model import format_mb
@@ -34,8 +34,9 @@ EVENTS_SHOWN = 300
 
 
 class DrainPrompt(ModalScreen[str | None]):
-    """Drain a node: says what it means (its running jobs go on) and asks why; enter
-    drains, esc refuses."""
+    """Drain a node: says what it means (its running jobs go on) and asks why. A habit
+    Enter does no harm: Enter drains only once a reason was typed; without one it moves to
+    the buttons, where "Keep taking jobs" has the focus. Esc refuses."""
 
     BINDINGS = bindings(HELP_KEYS[:1])
 
@@ -50,11 +51,24 @@ class DrainPrompt(ModalScreen[str | None]):
             yield Static(Text(self.question, style="bold"), id="prompt-question")
             yield Static(self.body, id="prompt-body")
             yield Input(value=self.reason, id="prompt-input",
-                        placeholder="why (shown to users) · enter drains · esc does nothing")
+                        placeholder="why (shown to users), then enter drains · esc does nothing")
+            with Horizontal(id="dialog-buttons"):
+                yield Button("Keep taking jobs", id="drain-keep")
+                yield Button("Drain", id="drain-go", variant="error")
 
     @on(Input.Submitted)
     def _done(self, event: Input.Submitted) -> None:
-        self.dismiss(event.value.strip())
+        if event.value.strip():
+            self.dismiss(event.value.strip())
+        else:  # no reason typed: this Enter may be habit, so the safe answer gets the focus
+            self.query_one("#drain-keep", Button).focus()
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "drain-go":
+            self.dismiss(self.query_one("#prompt-input", Input).value.strip())
+        else:
+            self.dismiss(None)
 
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)
@@ -172,6 +186,12 @@ class NodesScreen(ClusterScreen):
     def on_mount(self) -> None:
         self.query_one("#nodes-table", RowTable).focus()
         self.reload()
+        # "Seen" is a time ago: it moves on even when no reading does
+        self.set_interval(TELEMETRY_EVERY_S, self._tick)
+
+    def _tick(self) -> None:
+        if self.is_current:
+            self.later()
 
     def _power_share(self, node: dict) -> tuple:
         """Nearest its budget first; then nodes without one, by draw; then those unread."""

@@ -188,11 +188,22 @@ def sparkline(values: Iterable[float | None], width: int, lo: float | None = Non
 CARD_MODEL = 15
 
 
+def card_model(name: str) -> str:
+    """The model as a card has room for: its short name, its first words dropped until it
+    fits (the number that tells cards apart comes last: "AMD Instinct MI210" -> "Instinct
+    MI210"), and cut with "…" only when a single word is still too long."""
+    words = short_model(name).split()
+    while len(words) > 1 and len(" ".join(words)) > CARD_MODEL:
+        words.pop(0)
+    model = " ".join(words)
+    return model if len(model) <= CARD_MODEL else model[:CARD_MODEL - 1] + "…"
+
+
 def gpu_line(gpu: dict, holders: str) -> Text:
     """One GPU of a node card: index, model, memory bar, utilisation, temperature, and who
     holds it, or "free" (a card to take), or its state when out of service."""
     line = Text(f"{gpu['index']:>2} ")
-    line.append(f"{short_model(gpu['model'])[:CARD_MODEL]:<{CARD_MODEL}} ")
+    line.append(f"{card_model(gpu['model']):<{CARD_MODEL}} ")
     line.append_text(fill_bar(memory_fraction(gpu), 6))
     line.append(f" {memory_text(gpu):<15}")
     util = gpu.get("utilization_pct")
