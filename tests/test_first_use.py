@@ -53,9 +53,8 @@ async def test_help_shows_every_key_and_command_and_scrolls(size):
         for words in ("Command palette", "Light / dark theme", ":drain NODE [REASON]", ":quit",
                       "leave the TUI", "esc closes this help"):
             assert words in seen, words
-        await pilot.press("g")
-        await pilot.pause()
-        assert "Keys — Overview" in screen_text(app)
+        await pilot.press("g")  # back to the top (it may glide there)
+        await until(pilot, lambda: "Keys — Overview" in screen_text(app), what="the top again")
 
 
 def test_a_card_names_its_model_by_the_words_that_tell_cards_apart():

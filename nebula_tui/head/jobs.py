@@ -249,8 +249,7 @@ class JobTransitions:
 
     def _extra_environment(self, job: Job, node: str) -> dict[str, str] | None:
         """What the part on ``node`` gets beyond R12's variables (None: nothing): a job of
-        several GPUs its ranks' way to find each other (on one node or several), and on a
-        slice the frameworks' caps on their allocators."""
+        several GPUs its ranks' rendezvous, and on a slice the frameworks' allocator caps."""
         nodes = job_nodes(job)
         extra = {}
         if len(job.placements) > 1:
