@@ -12,9 +12,11 @@ swapped the symlink, then runs the real one.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ import pytest
 from conftest import wait_for
 from nebula_tui.remote import containers
 from test_container_jobs import IMAGE, PROBLEM
+from test_job_identity import nodelet  # noqa: F401  (fixture)
 from test_multiuser import RUNUSER, as_user, lab_users, shared_head, submit_as
 
 pytestmark = pytest.mark.skipif(PROBLEM is not None or shutil.which("runuser") is None,
@@ -168,3 +171,29 @@ def test_the_pin_opens_as_the_user_whatever_checked_before(homes, tmp_path):
         assert pins("release", str(staging)).returncode == 0 and not staging.exists()
     assert str(staging) not in Path("/proc/self/mountinfo").read_text()
     assert (mallory / "notes" / "note.txt").exists()  # released, never deleted through
+
+
+def test_the_cleaner_detaches_a_left_mount_and_never_deletes_through_it(nodelet, tmp_path):
+    """A wrapper killed before its release leaves its source bound under the attempt's
+    directory; when the nodelet removes that directory it detaches the mount first, so the
+    user's files stay (a plain rmtree would have deleted them through the mount)."""
+    data = tmp_path / "users-data"
+    data.mkdir()
+    (data / "results.csv").write_text("epoch,loss\n")
+    ask = nodelet("eeee", retention_s=1)
+    jobs = tmp_path / "node" / "heads" / "eeee" / "jobs"
+    left_bound = (f"python3 -c {shlex.quote(containers.PINS_SOURCE)} pin \"$1/mnt\" root node01 "
+                  f"{shlex.quote(str(data))}; echo 0 > \"$1/exit_code\"\n")
+    try:
+        assert ask("launch", job=3, token="eeee.0.p1", script=left_bound)["ok"]
+        wait_for(lambda: (jobs / "3" / "0" / "exit_code").exists(), 10, what="the job to end")
+        assert (jobs / "3" / "0" / "mnt" / "0" / "results.csv").exists()  # bound, not released
+        assert ask("ack", jobs=[[3, "eeee.0.p1"]])["ok"]
+        time.sleep(1.5)
+        nodelet("eeee", retention_s=1)  # a nodelet cleans when it starts
+        wait_for(lambda: not (jobs / "3").exists(), 10, what="the attempt's directory to go")
+    finally:
+        subprocess.run([sys.executable, "-c", containers.PINS_SOURCE, "release",
+                        str(jobs / "3" / "0" / "mnt")], capture_output=True, timeout=30)
+    assert (data / "results.csv").read_text() == "epoch,loss\n"
+    assert str(jobs) not in Path("/proc/self/mountinfo").read_text()

@@ -874,6 +874,7 @@ def _launch(req, job, attempt):
         # supersedes it, so its session and container go (its directory and log stay).
         tmux(["kill-session", "-t", exact(name)])
         container_remove(attempt_dir(job, theirs[1]))
+        release_pins(os.path.join(attempt_dir(job, theirs[1]), "mnt"))
     _make_private_dir(job_root(job))
     _make_private_dir(d)
     WATCHER.forget(job, attempt)
