@@ -153,9 +153,9 @@ def tmux_unseen(args):
     """tmux ``args`` kept off every command line (a node's users read every process's argv,
     and a launch's words hold its token): through the control client when it is on, else
     as ``source-file -`` reading them from stdin, where the whole line still runs as one
-    (tmux 3.0 and later; an older one gets them as argv). A server is never started so,
+    (tmux 3.1 and later; an older one gets them as argv). A server is never started so,
     and never keeps such a launch's argv as its own for good."""
-    line = tmux_words(args) if CONTROL is None and tmux_execs_argv() else None
+    line = tmux_words(args) if CONTROL is None and tmux_version() >= (3, 1) else None
     if line is None:
         return tmux(args)
     code, out, err = run(TMUX + ["source-file", "-"], stdin_text=line + "\n")
@@ -1237,17 +1237,22 @@ def hello():
             "platform": platform(), "t": time.time()}
 
 
-_TMUX_EXECS_ARGV = []
+_TMUX_VERSION = []
+
+
+def tmux_version():
+    """(major, minor) of this node's tmux, (0, 0) when it says none; asked once."""
+    if not _TMUX_VERSION:
+        _, out, _ = run([TMUX[0], "-V"])
+        found = re.search(r"(\d+)\.(\d+)", out)
+        _TMUX_VERSION.append((int(found.group(1)), int(found.group(2))) if found else (0, 0))
+    return _TMUX_VERSION[0]
 
 
 def tmux_execs_argv():
     """Whether this tmux (3.0 and later) runs a command given as several words itself,
     without a shell around it: one process fewer before every job starts."""
-    if not _TMUX_EXECS_ARGV:
-        _, out, _ = run([TMUX[0], "-V"])
-        found = re.search(r"(\d+)\.\d", out)
-        _TMUX_EXECS_ARGV.append(bool(found) and int(found.group(1)) >= 3)
-    return _TMUX_EXECS_ARGV[0]
+    return tmux_version() >= (3, 0)
 
 
 def keep_tmux_server():
