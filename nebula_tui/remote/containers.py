@@ -237,7 +237,8 @@ def apptainer_lines(runtime: str, image: str, env: dict[str, str], devices: tupl
     libraries); the job's visibility variables, with the node's numbering, pick its own."""
     lines = []
     if image.startswith("/"):  # looked for as the job's user: root would see every path
-        lines.append(f"{q([*prefix, 'test', '-e', image])} || fail "
+        # (through `env`: the sudoers rule a non-root login needs allows only that)
+        lines.append(f"{q([*prefix, *(['env'] if prefix else []), 'test', '-e', image])} || fail "
                      f"{shlex.quote(f'{node} has no image file {image} (or the job user cannot reach it)')}")
     lines.append(f"set -- {q([*prefix, runtime])} exec --cleanenv")
     vendors = {d.vendor for d in devices}
