@@ -878,6 +878,14 @@ class Store:
         keys = ("job_id", "pool", "account", "token", "remote_id", "log_path", "sent_at")
         return {r[0]: dict(zip(keys, r)) for r in rows}
 
+    def leave_pool(self, job_id: int, t: float, why: str) -> None:
+        """The pool let the job go without ending it (preempted, not requeued there): it
+        waits here again as the lab's, and a later send gives it a new token."""
+        with self.transaction():
+            self.db.execute("UPDATE jobs SET pool = NULL WHERE id = ?", [job_id])
+            self.db.execute("DELETE FROM pool_jobs WHERE job_id = ?", [job_id])
+            self._event(t, "pool", f"job {job_id} {why}", job_id=job_id)
+
     def pool_job(self, job_id: int) -> dict | None:
         """A job's pool row, ended or not."""
         row = self.db.execute(

@@ -29,7 +29,7 @@ def pool_config(slurm_lab, path: Path, **extra) -> Path:
 def start_head(home: Path, config: Path) -> HeadProcess:
     head = HeadProcess(home, None, config=config)
     head.start(wait_nodes=False)
-    wait_for(lambda: head.call("pools")["pools"][0]["reachable"], 30, what="the pool's first poll")
+    wait_for(lambda: head.call("status")["pools"][0]["reachable"], 30, what="the pool's first poll")
     return head
 
 
@@ -171,7 +171,7 @@ def test_the_login_node_down_and_back(pool_head, slurm_lab):
     wait_state(pool_head, job, {"running"})
     slurm_lab.stop_login()
     try:
-        wait_for(lambda: not pool_head.call("pools")["pools"][0]["reachable"], 30,
+        wait_for(lambda: not pool_head.call("status")["pools"][0]["reachable"], 30,
                  what="the head to see the pool unreachable")
         assert "unreachable since" in pool_head.run("status", check=True).stdout
         assert pool_head.job(job)["state"] == "running"  # left alone meanwhile
@@ -245,3 +245,21 @@ def test_each_lab_user_submits_as_themselves(openssh_lab, slurm_lab, tmp_path_fa
             assert f"{bob} has not authorised the head's key on pool hpc" in refused.stderr
             assert "nebula pool authorize hpc" in refused.stderr
             slurm_lab.revoke(alice)
+
+
+def test_pending_there_says_why_and_hold_release_reach_slurm(pool_head, slurm_lab):
+    blocker = submit(pool_head, "--pool", "hpc", "--nodes", "4", "--gpu-count", "4", "--",
+                     "sleep", "300")
+    wait_state(pool_head, blocker, {"running"})
+    waiting = submit(pool_head, "--pool", "hpc", "--", "echo", "after the blocker")
+    wait_for(lambda: pool_head.job(waiting)["reason"] == "pending in pool hpc: Resources", 30,
+             what="the pool's own reason")
+    queue = pool_head.run("queue", check=True).stdout
+    assert "pending in pool hpc: Resources" in queue
+    pool_head.run("hold", str(waiting), check=True)
+    slurm_id = int(remote_id(pool_head, waiting))
+    held = next(j for j in squeue(slurm_lab) if j["job_id"] == slurm_id)
+    assert held["priority"] == 0 or "Held" in held["state_reason"]  # scontrol hold
+    pool_head.run("release", str(waiting), check=True)
+    pool_head.run("cancel", str(blocker), check=True)
+    assert wait_state(pool_head, waiting, {"succeeded", "failed"})["state"] == "succeeded"

@@ -333,8 +333,8 @@ class Engine:
         ``attempt`` (1 its first run; each requeue starts the next). ``ended``: the log
         will not grow (the job ended, or that attempt did)."""
         job = self.job(job_id)
-        if job.pool is not None:
-            return await self.pools.read_log(user, job, offset)
+        if job.pool is not None:  # one output file there, every node's (srun) and attempt's
+            return await self.pools.read_log(user, job, offsets[0] if offsets else offset)
         self.access.check_may_manage(user, job, "read the log of")
         if attempt is None:
             nodes = job_nodes(job) or self.state.store.last_nodes(job.id) or \

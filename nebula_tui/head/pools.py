@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..model import (InvalidRequest, Job, JobSpec, JobState, Pending, Placement, RequestError, Running,
-                     UnfitRequest, holding)
+                     UnfitRequest)
 from ..pools.base import (Capacity, PoolNotAuthorised, PoolRefusal, PoolSubmission,
                           PoolUnavailable, RemoteJob)
 from ..pools.keys import head_pool_key
@@ -318,8 +318,8 @@ class Pools:
             if job.state == JobState.PENDING and report.started_at and report.nodes:
                 job = self._mark_running(name, job, report)  # it ran between two polls
             state, reason = report.end
-            if report.preempted and not job.spec.no_requeue and holding(job.status):
-                self.transitions.requeue(job, f"requeued: preempted in pool {name}")
+            if report.preempted and not job.spec.no_requeue:
+                self._preempted(name, job)
                 return
             self.rows.pop(job.id, None)
             at = report.ended_at if report.ended_at and job.started_at and \
@@ -336,6 +336,20 @@ class Pools:
         elif report.waiting and job.state == JobState.PENDING:
             why = printable(report.reason or "waiting")[:200]
             self._set_reason(job, f"pending in pool {name}: {why}")
+
+    def _preempted(self, name: str, job: Job) -> None:
+        """The pool took the job back and will not run it again (PREEMPTED): it waits in our
+        queue again, as a new attempt, to be sent (or run here) afresh."""
+        why = f"requeued: preempted in pool {name}"
+        self.rows.pop(job.id, None)
+        if job.state.holds_gpus:
+            self.transitions.requeue(job, why)
+        self.state.store.leave_pool(job.id, self.state.clock(), why)
+        job = self.state.jobs.get(job.id)
+        if job is not None:
+            job = replace(job, pool=None, status=Pending(why))
+            self.state.jobs[job.id] = job
+            self.stream.publish_job(job)
 
     def _mark_running(self, name: str, job: Job, report: RemoteJob) -> Job:
         placements = tuple(
@@ -451,13 +465,14 @@ class Pools:
             return {"data": "", "offset": offset, "parts": [], "state": job.state.value,
                     "ended": job.state.finished}
         try:
-            data, end = await self.pools[row["pool"]].logs(row["account"], row["log_path"], offset)
+            data, end, size = await self.pools[row["pool"]].logs(row["account"], row["log_path"],
+                                                                 offset)
         except (PoolUnavailable, PoolNotAuthorised) as err:
             raise RequestError(f"cannot read the log of job {job.id}: {err}") from None
         node = job.node or row["pool"]
         now = self.state.jobs.get(job.id) or self.state.store.job(job.id) or job
         return {"data": data, "offset": end,
-                "parts": [{"rank": 0, "node": node, "data": data, "offset": end}],
+                "parts": [{"rank": 0, "node": node, "data": data, "offset": end, "size": size}],
                 "state": now.state.value, "ended": now.state.finished and not data}
 
     # ----------------------------------------------------------------------- status

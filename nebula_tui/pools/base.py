@@ -121,8 +121,8 @@ class Pool(Protocol):
 
     async def cancel(self, account: str, remote_id: str) -> None: ...
 
-    async def logs(self, account: str, path: str, offset: int) -> tuple[str, int]:
-        """The job's output from byte ``offset``: (text, the next offset)."""
+    async def logs(self, account: str, path: str, offset: int) -> tuple[str, int, int]:
+        """The job's output from byte ``offset``: (text, the next offset, its size now)."""
 
     async def capacity(self) -> Capacity: ...
 

@@ -391,20 +391,22 @@ class SlurmPool:
     async def requeue(self, account: str, remote_id: str) -> None:
         await self._scontrol(account, ["scontrol", "requeue", remote_id], "scontrol requeue")
 
-    async def logs(self, account: str, path: str, offset: int) -> tuple[str, int]:
+    async def logs(self, account: str, path: str, offset: int) -> tuple[str, int, int]:
+        """(text from byte ``offset``, the next offset, the file's size when read)."""
         conn = await self._conn(account)
-        command = (f"[ -e {shlex.quote(path)} ] || exit 0; tail -c +{int(offset) + 1} -- "
-                   f"{shlex.quote(path)} | head -c {LOG_CHUNK}")
+        command = (f"[ -e {shlex.quote(path)} ] || exit 0; stat -c %s -- {shlex.quote(path)}; "
+                   f"tail -c +{int(offset) + 1} -- {shlex.quote(path)} | head -c {LOG_CHUNK}")
         try:
             done = await asyncio.wait_for(conn.run(command, check=False, encoding=None),
                                           self.cluster.command_timeout)
         except (OSError, asyncio.TimeoutError, asyncssh.Error) as err:
             self._drop(account)
             raise PoolUnavailable(self._why(err)) from None
-        data = done.stdout or b""
+        size_line, _, data = (done.stdout or b"").partition(b"\n")
+        size = int(size_line) if size_line.strip().isdigit() else 0
         # A full chunk is cut at its last whole character: the rest comes with the next read.
         cut = len(data) - _partial_tail(data) if len(data) >= LOG_CHUNK else len(data)
-        return data[:cut].decode("utf-8", errors="replace"), int(offset) + cut
+        return data[:cut].decode("utf-8", errors="replace"), int(offset) + cut, size
 
 
 def _partial_tail(data: bytes) -> int:
