@@ -13,7 +13,7 @@ import os
 import sys
 
 #: What to complete, by the argument's name (``dest``), and which commands it fits.
-_DYNAMIC = {"job": "jobs", "jobs": "jobs", "after": "jobs", "node": "nodes", "gpu": "gpus"}
+_DYNAMIC = {"job": "jobs", "jobs": "jobs", "nodes": "nodes", "after": "jobs", "node": "nodes", "gpu": "gpus"}
 #: Arguments of these commands name something new or something else (``node add NAME``,
 #: ``sim throttle NODE INDEX``): they get no dynamic words.
 _NOT_EXISTING = {("nebula node add", "node"), ("nebula sim throttle", "gpu"),

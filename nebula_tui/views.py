@@ -412,6 +412,28 @@ def platform_lines(platform: dict) -> list[str]:
             "  per-process GPU memory reads N/A there: the memory guard cannot judge its jobs",
             "  containers get every GPU of the node or none: a container job takes them all"]
 
+#: How a doctor's check reads: passed, failed, worth knowing, not needed on this node.
+DOCTOR_MARKS = {"ok": "✓", "fail": "✗", "warn": "!", "skip": "-"}
+
+
+def doctor_lines(checks: list[dict]) -> list[str]:
+    """One node's checks (``nebula doctor``, the TUI's node page), one line each: the mark,
+    the check, what was found and, when it is not fine, the fix."""
+    width = max((len(c["check"]) for c in checks), default=0)
+    return [f"{DOCTOR_MARKS.get(c['status'], '?')} {c['check']:<{width}}  {c['text']}"
+            + (f" — fix: {c['fix']}" if c.get("fix") and c["status"] in ("fail", "warn") else "")
+            for c in checks]
+
+
+def doctor_text(reply: dict) -> str:
+    lines = []
+    for node, checks in reply["nodes"].items():
+        lines += [node] + [f"  {line}" for line in doctor_lines(checks)]
+    failed = sum(c["status"] == "fail" for checks in reply["nodes"].values() for c in checks)
+    lines.append(f"{failed} check{'s' if failed != 1 else ''} failed" if failed else "Every check passed")
+    return "\n".join(lines)
+
+
 def job_text(job: dict) -> str:
     """`nebula job N`: the job in full as text (`--json` gives every field): its state and
     why, what it asked for, where it runs and the environment its command gets there."""

@@ -33,6 +33,17 @@ def cmd_gpus(args, home, config) -> int:
     return show(args, gpus, gpus_text)
 
 
+def cmd_doctor(args, home, config) -> int:
+    """Each node's checks as the head computed them, one line each; exit 1 when one failed."""
+    from ..views import doctor_text
+
+    with service_client(home, config) as client:
+        # each node's checks wait on it a few seconds at most; a node that hangs is named
+        reply = client.call("doctor", nodes=args.nodes, timeout=60)
+    show(args, reply, doctor_text)
+    return 0 if reply["passed"] else 1
+
+
 def cmd_node(args, home, config) -> int:
     if args.node_command in ("add", "remove"):
         return _edit_nodes(args, home, config)

@@ -25,7 +25,7 @@ COMMANDS = {
     "release": jobs.cmd_release, "requeue": jobs.cmd_requeue, "attach": jobs.cmd_attach,
     "logs": logs.cmd_logs,
     "status": cluster.cmd_status, "gpus": cluster.cmd_gpus, "events": cluster.cmd_events,
-    "node": cluster.cmd_node, "gpu": cluster.cmd_gpu,
+    "node": cluster.cmd_node, "gpu": cluster.cmd_gpu, "doctor": cluster.cmd_doctor,
     "history": accounting.cmd_history, "report": accounting.cmd_report,
     "users": accounting.cmd_users, "quota": accounting.cmd_quota,
     "parse": local.cmd_parse, "serve": local.cmd_serve, "demo": local.cmd_demo,

@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     node_command("remove", "remove a node from nodes.yaml").add_argument("node")
     node_command("show", "one node in full: why it is in its state, its GPUs, jobs and "
                  "latest events").add_argument("node")
+    p = command("doctor", "check what each node needs (SSH, python3, tmux, GPU tools, clock, "
+                          "disk…), one line a check with the fix; exit 1 when one fails")
+    p.add_argument("nodes", nargs="*", metavar="node", help="only these nodes (default: all)")
     p = command("gpu", "one GPU", prints=False)
     gpu_sub = p.add_subparsers(dest="gpu_command", required=True, parser_class=OneLineParser)
     p = gpu_sub.add_parser("history", help="a GPU's recorded temperature, load, memory and power",

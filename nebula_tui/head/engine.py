@@ -39,6 +39,7 @@ from ..units import parse_array
 from .access import Access
 from .accounting import Accounting
 from .attach import Attach
+from .doctor import Doctor
 from .health import HealthMonitor
 from .jobs import JobTransitions
 from .limits import Limits
@@ -76,6 +77,7 @@ class Engine:
         self.pools = Pools(self.state, self.stream, self.shares, self.transitions, self.access,
                            store.path.parent)
         self.smoke = SmokeTest(self.state, self.stream, self.transitions, self.access)
+        self.doctor = Doctor(self.state)
         self.metrics = Metrics(self.state)  # served only with --metrics (head/serve.py)
         self.transitions.on_running = self._job_started
         self.scheduling.on_pass = self.metrics.pass_done

@@ -422,6 +422,13 @@ class ApiServer:
         job = job_id(req) if req.get("job") is not None else None
         return {"events": self.engine.store.events(limit, job_id=job, since=since, **names)}
 
+    async def op_doctor(self, user, req):
+        nodes = req.get("nodes") or []
+        if not isinstance(nodes, list) or len(nodes) > 10_000 or not all(
+                isinstance(n, str) and n for n in nodes):
+            raise InvalidRequest("nodes: give a list of node names")
+        return await self.engine.doctor.check(user, list(dict.fromkeys(nodes)))
+
     async def op_node_show(self, user, req):
         return {"node": self.engine.fleet.show(text_field(req, "node"))}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import itertools
 import json
@@ -92,11 +93,28 @@ def describe_connect_error(node: NodeConfig, err: BaseException) -> str:
         return f"{node.name} ({where}) refused login as {node.user} with {key}"
     if isinstance(err, (asyncio.TimeoutError, TimeoutError)):
         return f"{node.name} ({where}) did not answer in time"
+    if isinstance(err, OSError) and err.filename:  # one of the head's own files
+        return local_file_problem(node, str(err.filename), err)
     if isinstance(err, OSError):
         # asyncio's strerror is "Connect call failed (addr)"; the errno says why.
         why = os.strerror(err.errno) if err.errno else (err.strerror or str(err))
         return f"cannot connect to {node.name} ({where}): {why}"
     return f"{node.name} ({where}): {type(err).__name__}: {err}"
+
+
+def local_file_problem(node: NodeConfig, path: str, err: OSError) -> str:
+    """The head's SSH key or known_hosts file for ``node`` is missing or unreadable: which
+    file, what nodes.yaml calls it, and what makes it."""
+    why = "does not exist" if err.errno == errno.ENOENT else f"cannot be read ({os.strerror(err.errno or 0)})"
+    if node.identity and os.path.abspath(os.path.expanduser(node.identity)) == os.path.abspath(path):
+        return (f"{node.name}: its SSH key {path} (identity in nodes.yaml) {why}; make one with "
+                f"ssh-keygen -t ed25519 -f {path} and let it in with ssh-copy-id -i {path}.pub "
+                f"-p {node.port} {node.user}@{node.host}")
+    if os.path.abspath(path) == os.path.abspath(node.known_hosts):
+        return (f"{node.name}: the known_hosts file {path} (known_hosts in nodes.yaml) {why}; "
+                f"`nebula node add` writes it as it trusts each node's host key (or, once the "
+                f"node's fingerprint is checked: ssh-keyscan -p {node.port} {node.host} >> {path})")
+    return f"cannot connect to {node.name} ({node.host}:{node.port}): {path} {why}"
 
 
 class NodeLink:
@@ -190,6 +208,15 @@ class NodeLink:
             raise NodeUnavailable(f"{self.node.name} is {self.state.value}")
         return await self._conn.create_process(
             self._with_env(shlex.join(argv)), term_type=term_type, term_size=size, encoding=None)
+
+    async def run_check(self, command: str, timeout: float) -> str:
+        """A short read-only command on this node's connection, with its ``env`` from
+        nodes.yaml as the nodelet has it (``nebula doctor``): its output. Raises
+        NodeUnavailable when the node is not connected, TimeoutError past ``timeout``."""
+        if self._conn is None or self.state != NodeState.UP:
+            raise NodeUnavailable(f"{self.node.name} is {self.state.value}")
+        done = await asyncio.wait_for(self._conn.run(self._with_env(command), check=False), timeout)
+        return done.stdout if isinstance(done.stdout, str) else ""
 
     async def _serve(self) -> None:
         assert self._process is not None

@@ -1,0 +1,93 @@
+"""`nebula doctor` and what a node that cannot be reached says of why, against the real head
+on the simulated lab's OpenSSH nodes: the healthy lab passes every check; a node whose
+login PATH has no tmux fails that check (and only that node); a missing key or known_hosts
+file is named, with what makes it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+from conftest import wait_for
+from labfixtures import serving
+
+from nebula_tui.sim.harness import HeadProcess
+
+
+def test_the_healthy_lab_passes_every_check(head):
+    done = head.run("doctor")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "Every check passed"
+    for node in ("node01", "node02", "node03"):
+        assert node in lines
+    for check in ("ssh", "host key", "python3", "tmux", "nvidia", "clock", "disk"):
+        assert sum(l.strip().startswith(f"✓ {check} ") for l in lines) == 3, (check, done.stdout)
+    # the key file and known_hosts it used are named
+    assert head.lab.root.name in done.stdout and "known_hosts" in done.stdout
+    one = head.run("doctor", "node02")
+    assert one.returncode == 0 and "node01" not in one.stdout
+    unknown = head.run("doctor", "node99")
+    assert unknown.returncode != 0 and "node99" in unknown.stderr
+
+
+def _path_without(tool: str, path: str, where) -> str:
+    """A directory of links to everything ``path`` finds except ``tool``."""
+    where.mkdir()
+    for directory in path.split(":"):
+        if not os.path.isdir(directory):
+            continue
+        for name in os.listdir(directory):
+            target = os.path.join(directory, name)
+            if name != tool and not (where / name).exists() and os.access(target, os.X_OK):
+                (where / name).symlink_to(target)
+    return str(where)
+
+
+@pytest.fixture
+def broken_lab(openssh_lab, tmp_path):
+    """The lab with node03's login PATH missing tmux."""
+    config = yaml.safe_load(openssh_lab.config_path.read_text())
+    path = openssh_lab.node_env("node03")["PATH"]
+    for node in config["nodes"]:
+        if node["name"] == "node03":
+            node["env"] = {"PATH": _path_without("tmux", path, tmp_path / "bin")}
+    file = openssh_lab.root / "nodes-notmux.yaml"
+    file.write_text(yaml.safe_dump(config))
+    yield from serving(openssh_lab, tmp_path / "home", file)
+
+
+def test_a_node_without_tmux_in_its_path_fails_that_check(broken_lab):
+    done = broken_lab.run("doctor")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "node03\n" in done.stdout, done.stdout
+    node03 = done.stdout.split("node03\n")[1]
+    assert "  ✗ tmux" in node03 and "apt install tmux" in node03
+    assert "✗" not in done.stdout.split("node03\n")[0]  # node01 and node02 are fine
+    assert done.stdout.splitlines()[-1] == "1 check failed"
+
+
+def test_a_missing_key_or_known_hosts_file_is_named_with_what_makes_it(openssh_lab, tmp_path):
+    config = yaml.safe_load(openssh_lab.config_path.read_text())
+    key, known = tmp_path / "keys" / "id_lab", tmp_path / "ssh" / "known_hosts"
+    config["nodes"][0]["identity"] = str(key)
+    config["nodes"][1]["known_hosts"] = str(known)
+    file = tmp_path / "nodes.yaml"
+    file.write_text(yaml.safe_dump(config))
+    head = HeadProcess(tmp_path / "home", openssh_lab, config=file)
+    head.start(wait_nodes=False)
+    try:
+        shown = wait_for(lambda: (s := head.run("node", "show", "node01").stdout)
+                         and "does not exist" in s and s, 30, what="node01's reason")
+        assert f"its SSH key {key} (identity in nodes.yaml) does not exist" in shown
+        assert f"ssh-keygen -t ed25519 -f {key}" in shown
+        shown = wait_for(lambda: (s := head.run("node", "show", "node02").stdout)
+                         and "does not exist" in s and s, 30, what="node02's reason")
+        assert f"the known_hosts file {known} (known_hosts in nodes.yaml) does not exist" in shown
+        assert "nebula node add" in shown
+        done = head.run("doctor")
+        assert done.returncode == 1
+        assert f"✗ ssh" in done.stdout and str(key) in done.stdout and str(known) in done.stdout
+    finally:
+        head.stop()
