@@ -26,6 +26,7 @@ from ..pools.base import (Capacity, PoolNotAuthorised, PoolRefusal, PoolSubmissi
                           PoolUnavailable, RemoteJob)
 from ..pools.keys import head_pool_key
 from ..pools.slurm import SlurmPool
+from ..pools.status import pool_view
 from ..printable import printable
 from ..store import StaleDecision, StoreUnavailable
 from ..units import duration_text
@@ -479,35 +480,11 @@ class Pools:
     def view_json(self, name: str) -> dict:
         """One pool as `nebula status` and the TUI show it (the head's words, one author)."""
         pool, view = self.pools[name], self.views[name]
-        config, capacity = pool.config, view.capacity
         jobs = [self.state.jobs.get(i) for i, row in self.rows.items() if row["pool"] == name]
         running = sum(1 for j in jobs if j is not None and j.state.holds_gpus)
         pending = sum(1 for j in jobs if j is not None and j.state == JobState.PENDING)
-        version = capacity.version if capacity else None
-        where = f"Slurm {version}" if version else "Slurm"
-        if config.partition:
-            where += f", partition {config.partition}"
-        if view.unreachable_since is not None:
-            line = (f"{name} ({where}): unreachable since "
-                    f"{duration_text(self.state.clock() - view.unreachable_since)} ago: {view.reason}")
-        elif capacity is None:
-            line = f"{name} ({where}): not reached yet"
-        else:
-            idle = capacity.gpus_idle
-            line = (f"{name} ({where}): {capacity.gpus_total} GPUs, "
-                    f"{'?' if idle is None else idle} idle")
-        line += f"; ours: {running} running, {pending} pending"
-        return {
-            "name": name, "kind": pool.kind, "host": config.host, "version": version,
-            "partition": config.partition, "reachable": view.unreachable_since is None
-            and capacity is not None, "unreachable_since": view.unreachable_since,
-            "reason": view.reason, "gpus_total": capacity.gpus_total if capacity else None,
-            "gpus_idle": capacity.gpus_idle if capacity else None,
-            "nodes": [{"name": n.name, "state": n.state, "gpus": n.gpus, "gpus_used": n.gpus_used,
-                       "usable": n.usable} for n in (capacity.nodes if capacity else ())],
-            "running": running, "pending": pending, "max_jobs": config.max_jobs,
-            "burst_after_s": config.burst_after_s, "ends_from": capacity.ends_from if capacity else None,
-            "line": printable(line)}
+        return pool_view(pool.config, pool.kind, view.capacity, view.unreachable_since,
+                         view.reason, running, pending, self.state.clock())
 
     def status(self) -> list[dict]:
         return [self.view_json(name) for name in self.pools]

@@ -1,0 +1,40 @@
+"""A pool as `nebula status` and the TUI show it: one dict, its ``line`` written here once."""
+
+from __future__ import annotations
+
+from ..config import PoolConfig
+from ..printable import printable
+from ..units import duration_text
+from .base import Capacity
+
+
+def pool_view(config: PoolConfig, kind: str, capacity: Capacity | None,
+              unreachable_since: float | None, reason: str, running: int, pending: int,
+              now: float) -> dict:
+    """The pool's view: what it has (its last poll), whether it answers, ours there."""
+    version = capacity.version if capacity else None
+    where = f"Slurm {version}" if version else "Slurm"
+    if config.partition:
+        where += f", partition {config.partition}"
+    if unreachable_since is not None:
+        line = (f"{config.name} ({where}): unreachable since "
+                f"{duration_text(now - unreachable_since)} ago: {reason}")
+    elif capacity is None:
+        line = f"{config.name} ({where}): not reached yet"
+    else:
+        idle = capacity.gpus_idle
+        line = (f"{config.name} ({where}): {capacity.gpus_total} GPUs, "
+                f"{'?' if idle is None else idle} idle")
+    line += f"; ours: {running} running, {pending} pending"
+    return {
+        "name": config.name, "kind": kind, "host": config.host, "version": version,
+        "partition": config.partition,
+        "reachable": unreachable_since is None and capacity is not None,
+        "unreachable_since": unreachable_since, "reason": reason,
+        "gpus_total": capacity.gpus_total if capacity else None,
+        "gpus_idle": capacity.gpus_idle if capacity else None,
+        "nodes": [{"name": n.name, "state": n.state, "gpus": n.gpus, "gpus_used": n.gpus_used,
+                   "usable": n.usable} for n in (capacity.nodes if capacity else ())],
+        "running": running, "pending": pending, "max_jobs": config.max_jobs,
+        "burst_after_s": config.burst_after_s,
+        "ends_from": capacity.ends_from if capacity else None, "line": printable(line)}
