@@ -234,7 +234,10 @@ class Store:
                 raise  # locked, or the disk failed: not the file's content
             raise DatabaseDamaged(f"{self.path} cannot be read as a database ({err})") from None
         if had is None:
-            _write_head_id(self.path, self.head_token)
+            try:
+                _write_head_id(self.path, self.head_token)
+            except OSError as err:
+                raise self._unavailable(err, "the head cannot start") from None
 
     def close(self) -> None:
         if getattr(self, "db", None) is not None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from ..backups import BackupError, Backups
 from ..config import ClusterConfig, ConfigError, load_config
 from ..service import Home
-from ..store import DatabaseDamaged, Store
+from ..store import DatabaseDamaged, Store, StoreUnavailable
 from .engine import Engine
 from .server import ApiServer, SocketTaken, socket_answers
 
@@ -106,6 +106,9 @@ def serve(home: Home, config_path: Path | None, shared_group: str | None = None,
     except DatabaseDamaged as err:
         print(f"nebula serve: {err}: the head will not start over it; {backups.way_out()}",
               file=sys.stderr)
+        return 1
+    except StoreUnavailable as err:  # a full or failing disk
+        print(f"nebula serve: {err}", file=sys.stderr)
         return 1
     try:
         return asyncio.run(_serve(home, config, store, backups, shared_group, metrics))
