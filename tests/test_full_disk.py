@@ -69,3 +69,41 @@ def test_a_full_disk_loses_no_exit_and_says_what_it_is(openssh_lab, tmp_path):
             assert node_state(head, other) == "up"
         finally:
             head.stop()
+
+
+def test_a_nodes_full_job_disk_at_launch_and_while_a_job_writes(openssh_lab, tmp_path):
+    """node01's job directories on a small filesystem. Full at launch: the job fails with
+    one sentence naming the node and the full disk, and the head goes on. Filled by a job's
+    own output while it runs: its log ends with a line saying why, the job runs to its own
+    end, and its exit code — which once could not be written, leaving the job running for
+    ever — is recorded."""
+    head = HeadProcess(tmp_path / "home", openssh_lab)
+    head.start()
+    others = [n for n in openssh_lab.nodes if n != "node01"]
+    jobs_dir = openssh_lab.node_dir("node01") / "node" / "heads" / head.head_id / "jobs"
+    try:
+        for name in others:
+            head.run("node", "drain", name, check=True)
+        with small_disk(jobs_dir, mb=4):
+            filler = fill(jobs_dir)
+            full = int(head.run("submit", "--gpu-mem", "4G", "--", "true", check=True).stdout.split()[2])
+            refused = head.wait_job(full, timeout=30)
+            assert refused["state"] == "failed" and "\n" not in refused["reason"], refused
+            assert refused["reason"].startswith("launch failed on node01: the disk of its job "
+                                                "directories") and "is full" in refused["reason"], refused
+            assert head.run("status").returncode == 0  # the head goes on
+            filler.unlink()
+            writer = int(head.run("submit", "--gpu-mem", "4G", "--command",
+                                  "head -c 8000000 /dev/zero | tr '\\0' x; echo written-after || exit 3",
+                                  check=True).stdout.split()[2])
+            ended = head.wait_job(writer, timeout=60)
+            assert (ended["state"], ended["exit_code"]) == ("succeeded", 0), ended
+            tail = head.run("logs", str(writer), "-n", "1", check=True).stdout
+            assert tail.startswith("nebula: the log stops here (tee: ") and "No space left" in tail, tail
+            assert f"job {writer} runs on" in tail
+        after = int(head.run("submit", "--gpu-mem", "4G", "--", "true", check=True).stdout.split()[2])
+        assert head.wait_job(after, timeout=30)["state"] == "succeeded"
+    finally:
+        for name in others:
+            head.run("node", "resume", name)
+        head.stop()

@@ -170,7 +170,7 @@ def test_the_log_stops_at_its_cap_and_the_job_runs_on(tmp_path):
 def test_a_log_under_its_cap_is_whole(tmp_path):
     jobdir, _ = launch(tmp_path, make_job(["seq", "1", "1000"]), log_max_mb=1)
     assert log(jobdir) == "".join(f"{i}\n" for i in range(1, 1001))
-    assert (jobdir / "log_cut").read_text() == ""
+    assert (jobdir / "log_cut").read_text().strip() == ""  # only the room kept for a reason
 
 
 def test_log_is_truncated_on_rerun(tmp_path):

@@ -237,7 +237,8 @@ class JobTransitions:
             return
         failed = [r for r in replies if isinstance(r, dict) and not r.get("ok")]
         if failed:
-            self.finish(current, JobState.FAILED, None, f"launch failed: {failed[0].get('error')}")
+            self.finish(current, JobState.FAILED, None,
+                        f"launch failed on {failed[0].get('node')}: {failed[0].get('error')}")
             return
         launching = holding(current.status)
         confirmed = launching.confirmed | {r["node"] for r in replies if isinstance(r, dict)}
@@ -371,11 +372,9 @@ class JobTransitions:
         waiters.append(future)
         try:
             return await future
-        finally:  # a wait given up (a client's bounded wait asks again) leaves nothing behind
-            if future in waiters:
+        finally:  # a wait given up (a client's bounded wait asks again) leaves no future
+            if future in waiters:  # (the list goes when the job ends)
                 waiters.remove(future)
-                if not waiters:
-                    self._finished_waiters.pop(job.id, None)
 
     # ---------------------------------------------------------------------- cancel
     def cancel(self, user: str, job: Job) -> None:

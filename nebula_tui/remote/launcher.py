@@ -241,8 +241,12 @@ def _as_user(run_as: tuple[str, ...], env: dict[str, str], facts: str, script: s
 _WRAPPER_HELPERS = r"""fail() {
   printf '%s\n' "$1" > "$jobdir/reason.tmp" && mv -f "$jobdir/reason.tmp" "$jobdir/reason"
   printf 'nebula: %s\n' "$1"
-  echo 127 > "$jobdir/exit_code"
+  ended 127
   exit 127
+}
+ended() {  # the exit code in one short write; on a full disk, into the room kept at the start
+  printf '%s\n' "$1" > "$jobdir/exit_code" 2>/dev/null ||
+    { printf '%s' "$1" 1<> "$jobdir/exit_code.room" && mv -f "$jobdir/exit_code.room" "$jobdir/exit_code"; }
 }
 phase() {
   if [ -n "$1" ]; then
@@ -315,7 +319,7 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
                              '"NEBULA_CONDA_TOOL=$conda_fact"', _ENTER_AND_RUN, "nebula-job"))
     # One short write: a reader sees an empty file or the whole number, and the nodelet
     # waits for a non-empty one.
-    body.append('code=$?; umask 077; echo $code > "$jobdir/exit_code"')
+    body.append('code=$?; umask 077; ended $code')
     lines = [
         "#!/bin/sh",
         # No user-given text on comment lines: a newline in it would end the comment.
@@ -326,6 +330,9 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
         'job_umask=${2:-$(umask)}; umask 077',
         'log="$jobdir/output.log"  # made by the nodelet, readable by the job owner alone',
         ': > "$log"',
+        # Room kept now for what must be written when the disk may be full: the exit code,
+        # and what tee says when it cannot write the log (no process more: builtins).
+        "printf '%15s\\n' '' > \"$jobdir/exit_code.room\"; printf '%511s\\n' '' > \"$jobdir/log_cut\"",
         # (rm only when there is something to remove: a process less for every job)
         'for mark in reason phase container; do [ ! -e "$jobdir/$mark" ] || rm -f "$jobdir/$mark"; done',
         _WRAPPER_HELPERS + containers.HELPERS + "{",
@@ -342,7 +349,7 @@ def _log_writer(log_max_mb: int | None) -> str:
     tee lives and goes on writing to the pane: the job never meets a closed pipe). What tee
     says of a write that failed (the cap, a full disk) goes to ``log_cut``, from which the
     nodelet writes the line that ends the log (``Watcher.look_log_cut``)."""
-    tee = 'tee -a "$log" 2> "$jobdir/log_cut"'
+    tee = 'tee -a "$log" 2<> "$jobdir/log_cut"'
     if log_max_mb is None:
         return tee
     return f"(trap '' XFSZ; ulimit -f {int(log_max_mb) * 2048} 2>/dev/null; exec {tee})"

@@ -42,6 +42,7 @@ backends, containers, warm-up).
 """
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -667,13 +668,13 @@ class Watcher:
         or the disk full) and said why in ``log_cut``: the log ends with a line saying so,
         once (``log_cut`` is then renamed), while the job runs on."""
         cut = os.path.join(d, "log_cut")
+        said = (read_text(cut) or "").strip().splitlines()  # blank: the room the wrapper kept
+        if not said:
+            return
         try:
-            if os.path.getsize(cut) == 0:
-                return
             os.rename(cut, cut + ".said")
         except OSError:
             return
-        said = (read_text(cut + ".said") or "").strip().splitlines()
         why = said[-1] if said else ""
         log = os.path.join(d, "output.log")
         try:
@@ -687,14 +688,22 @@ class Watcher:
             text = "nebula: the log stops here (%s); job %s runs on" % (why[:300] or "write failed", job)
         try:  # appended to the log the wrapper made, never through a link put in its place
             fd = os.open(log, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW)
-            with os.fdopen(fd, "r+b") as f:
-                last = b"\n"
-                if size:  # a cut inside a line: the sentence still starts one of its own
-                    f.seek(size - 1)
-                    last = f.read(1)
-                f.write((b"" if last == b"\n" else b"\n") + text.encode("utf-8", "replace") + b"\n")
         except OSError:
-            pass  # a full disk: the line cannot be written either; the job still runs on
+            return
+        with os.fdopen(fd, "r+b", buffering=0) as f:
+            for room in (0, 4096):  # on a full disk the log's last page makes room for the line
+                try:
+                    size = max(0, size - room)
+                    if room:
+                        f.truncate(size)
+                    last = b"\n"
+                    if size:  # a cut inside a line: the sentence still starts one of its own
+                        f.seek(size - 1)
+                        last = f.read(1)
+                    f.write((b"" if last == b"\n" else b"\n") + text.encode("utf-8", "replace") + b"\n")
+                    return
+                except OSError:
+                    continue
 
     def forget(self, job, attempt):
         self.started.discard((job, attempt))
@@ -803,10 +812,15 @@ def op_launch(req):
     parsed = parse_token(req["token"])
     if parsed is None or parsed[0] != HEAD:
         return {"ok": False, "error": "bad launch token %r for head %s" % (req["token"], HEAD)}
-    os.makedirs(LOCKS_DIR, mode=0o700, exist_ok=True)
-    lock = job_lock(os.path.join(LOCKS_DIR, job))
+    try:
+        os.makedirs(LOCKS_DIR, mode=0o700, exist_ok=True)
+        lock = job_lock(os.path.join(LOCKS_DIR, job))
+    except OSError as err:
+        return _launch_error(err)
     try:
         return _launch(req, job, parsed[1])
+    except OSError as err:
+        return _launch_error(err)
     finally:
         os.close(lock)
 
@@ -905,6 +919,14 @@ def _launch(req, job, attempt):
         return {"ok": False, "error": "tmux new-session failed: %s" % err.strip()}
     write_atomic(os.path.join(d, "launched"), str(time.time()))
     return {"ok": True, "already": False}
+
+
+def _launch_error(err):
+    """A launch the node's disk could not take: one sentence saying where and what."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return {"ok": False, "error": "the disk of its job directories (%s) is full: %s; free "
+                "space there" % (NODE_DIR, os.strerror(err.errno))}
+    return {"ok": False, "error": "%s: %s" % (type(err).__name__, err)}
 
 
 def _taken(name, session):
