@@ -1,0 +1,62 @@
+"""nodes.yaml's pools: section: the defaults it takes, and each mistake as file:line."""
+
+from __future__ import annotations
+
+import pytest
+
+from nebula_tui.config import parse_config
+from nebula_tui.model import ConfigError
+
+GOOD = """cluster:
+  user: nebula
+  identity: /keys/id_ed25519
+nodes:
+  - name: node01
+    host: 10.0.0.11
+pools:
+  - name: hpc
+    kind: slurm
+    host: login.hpc.example.edu
+    user: submitter
+    partition: gpu
+    account: gpulab
+    burst_after: 10m
+  - name: proj
+    kind: slurm
+    host: 10.1.0.5
+    port: 2222
+    runtime: pyxis
+    shards_per_gpu: 4
+"""
+
+
+def test_defaults_and_what_is_given():
+    hpc, proj = parse_config(GOOD, "nodes.yaml").pools
+    assert (hpc.per_submitter, hpc.identity, hpc.burst_after_s, hpc.account) == (True, None, 600.0, "gpulab")
+    assert (hpc.max_jobs, hpc.workdir, hpc.runtime, hpc.poll_interval_s, hpc.port) == (50, "~/nebula", "none", 10.0, 22)
+    # a project account logs in with the cluster's key, as a node does
+    assert (proj.user, proj.identity, proj.port, proj.burst_after_s) == ("nebula", "/keys/id_ed25519", 2222, None)
+    assert (proj.runtime, proj.shards_per_gpu) == ("pyxis", 4)
+
+
+@pytest.mark.parametrize("entry, line, says", [
+    ("  - name: hpc\n    kind: k8s\n    host: a", 3, "kind 'k8s' is not a pool kind"),
+    ("  - name: hpc\n    host: a", 2, "missing required key 'kind'"),
+    ("  - name: hpc\n    kind: slurm", 2, "missing required key 'host'"),
+    ("  - name: hpc\n    kind: slurm\n    host: a\n    partition: 'gpu; rm -rf ~'", 5, "not a name Slurm takes"),
+    ("  - name: hpc\n    kind: slurm\n    host: a\n    workdir: '~/my dir'", 5, "workdir"),
+    ("  - name: hpc\n    kind: slurm\n    host: -oProxyCommand=x", 4, "is not a hostname"),
+    ("  - name: hpc\n    kind: slurm\n    host: a\n    runtime: docker", 5, "pyxis, apptainer, none"),
+    ("  - name: hpc\n    kind: slurm\n    host: a\n    max_jobs: 0", 5, "max_jobs must be an integer"),
+    ("  - name: hpc\n    kind: slurm\n    host: a\n    burst_after: soon", 5, "burst_after must be a duration"),
+    ("  - name: node01\n    kind: slurm\n    host: a", 2, "taken by a node"),
+    ("  - name: local\n    kind: slurm\n    host: a", 2, "--pool local"),
+    ("  - name: hpc\n    kind: slurm\n    host: a\n  - name: hpc\n    kind: slurm\n    host: b", 5,
+     "duplicate pool name 'hpc' (first defined on line 5)"),
+])
+def test_each_mistake_is_one_line_with_its_place(entry, line, says):
+    text = "nodes:\n  - name: node01\n    host: h\npools:\n" + entry
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, "nodes.yaml")
+    assert err.value.line == line + 3 and says in str(err.value), str(err.value)
+    assert str(err.value).startswith(f"nodes.yaml:{line + 3}:") and "\n" not in str(err.value)
