@@ -138,7 +138,7 @@ def test_version(head):
 # -------------------------------------------------------------------------------- json
 def test_every_command_that_prints_data_takes_json(head, jobs):
     """Walk the parser: each command is either known not to print data or has --json, and
-    the JSON of each is what the README documents at its top level."""
+    the JSON of each is what docs/reference.md documents at its top level."""
     no_data = {"attach", "run", "logs", "parse", "serve", "demo", "tui", "completion", "sim",
                "node", "gpu"}
     parser = build_parser()

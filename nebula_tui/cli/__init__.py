@@ -6,7 +6,7 @@ Conventions every command follows:
 * errors are one line on stderr: usage errors exit 2 and name the sub-command's own
   ``--help`` (with "did you mean …?" for a mistyped command, choice or flag), refusals by
   the service exit 1;
-* every command that prints data takes ``--json`` (shapes: README, "JSON output");
+* every command that prints data takes ``--json`` (shapes: docs/reference.md, "JSON output");
 * output may go to a pipe that closes early (``| head``): the command stops quietly;
 * ``--host BOX`` (or ``NEBULA_HOST``) runs the command against the service on another
   machine, over SSH (``tunnel.py``); only then is asyncssh imported.

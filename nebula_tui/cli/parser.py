@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "there (default $NEBULA_HOST; ~/.ssh/config applies)")
     printing = argparse.ArgumentParser(add_help=False)
     printing.add_argument("--json", action="store_true",
-                          help="print JSON instead of text (shapes: README, \"JSON output\")")
+                          help="print JSON instead of text (shapes: docs/reference.md, \"JSON output\")")
     parser = OneLineParser(prog="nebula", parents=[common],
                            description="NebulaGrid: GPU cluster manager for labs. "
                                        "Without a command, opens the TUI.")

@@ -306,7 +306,7 @@ class JobTransitions:
         """With ``run_as: submitter``, the prefix that runs the job as its owner on the node.
 
         A nodelet running as root switches with runuser; any other login user needs a
-        sudoers rule allowing ``sudo -n -u USER`` (README, "Jobs run as their owner").
+        sudoers rule allowing ``sudo -n -u USER`` (docs/admin-guide.md, "Jobs run as their owner").
         """
         config = self.state.config
         node = config.node(node_name)

@@ -4,7 +4,7 @@ lab's container jobs: ``python3 nebula_tui/sim/images.py [busybox|python …]``.
 * ``localhost/nebula-busybox``: busybox-static and its applets (2 MB); the tests' image.
 * ``localhost/nebula-python:3.11``: Debian's python3.11 (interpreter, standard library and
   the shared libraries they load) plus busybox for a shell (about 40 MB), and a stand-in
-  trainer as ``/workspace/train.py`` (``toy_train.py``); the README's example runs it.
+  trainer as ``/workspace/train.py`` (``toy_train.py``); the user guide's container example runs it.
 
 Each is a root filesystem copied from the host and ``podman import``-ed; nothing is pulled.
 Stdlib only (``scripts/podman-setup.sh`` runs it with the system python3 before the

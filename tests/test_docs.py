@@ -1,0 +1,62 @@
+"""The documents a newcomer reads: the README stays a newcomer's page, every link between
+the documents leads somewhere, and the reference names every command and nodes.yaml key
+the program knows."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from nebula_tui import config
+from nebula_tui.cli.parser import build_parser
+from nebula_tui.head.serve import shared_mode_refusal
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def test_the_readme_is_short_and_starts_with_the_two_commands():
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    block = text.split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
+    assert [line.split()[:2] for line in block] == [["make", "demo"], ["make", "test"]]
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_documents_leads_somewhere():
+    for doc in DOCS:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            path, _, anchor = target.partition("#")
+            found = (doc.parent / path).resolve() if path else doc
+            assert found.exists(), f"{doc.name}: {target}"
+            if anchor and found.suffix == ".md":
+                headings = re.findall(r"^#+ (.*)$", found.read_text(), re.M)
+                assert anchor in {_anchor(h) for h in headings}, f"{doc.name}: {target}"
+
+
+def _commands(parser, prefix="nebula"):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield f"{prefix} {name}"
+                yield from _commands(sub, f"{prefix} {name}")
+
+
+def test_the_reference_names_every_command_and_nodes_yaml_key():
+    text = (REPO / "docs" / "reference.md").read_text()
+    missing = [c for c in _commands(build_parser()) if f"`{c}`" not in text]
+    assert not missing, f"docs/reference.md lacks {missing}"
+    for key in (*config._TOP_KEYS, *config._CLUSTER_KEYS, *config._NODE_KEYS, *config._POOL_KEYS):
+        assert f"`{key}`" in text, key
+
+
+def test_the_example_nodes_yaml_serves_a_shared_head():
+    example = config.load_config(REPO / "nodes.yaml")
+    assert shared_mode_refusal(example) is None
