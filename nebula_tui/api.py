@@ -257,13 +257,24 @@ class AsyncClient:
         return reply
 
     async def events(self, decode: Callable[[bytes], dict] = json.loads) -> AsyncIterator[dict]:
-        """Subscribe: the snapshot first, then every event, each line read with ``decode``."""
-        reader, writer = await self._open()
+        """Subscribe: the snapshot first, then every event, each line read with ``decode``.
+        The snapshot is waited for at most the ``reply_timeout`` (a head that is stopped);
+        events after it come when they come (a quiet cluster sends none)."""
+        seconds = reply_timeout()
+        try:
+            reader, writer = await asyncio.wait_for(self._open(), seconds)
+        except asyncio.TimeoutError:
+            raise _no_answer(self.path, None, seconds) from None
         try:
             writer.write(b'{"op": "subscribe"}\n')
-            await writer.drain()
-            while line := await reader.readline():
+            try:
+                await asyncio.wait_for(writer.drain(), seconds)
+                line = await asyncio.wait_for(reader.readline(), seconds)
+            except asyncio.TimeoutError:
+                raise _no_answer(self.path, None, seconds) from None
+            while line:
                 yield decode(line)
+                line = await reader.readline()
         finally:
             writer.close()
         raise ApiError("the head service closed the event stream")

@@ -202,6 +202,26 @@ async def test_reconnects_after_stream_breaks(tmp_path):
         assert banner.has_class("lost") and banner.display
 
 
+async def test_a_stopped_head_is_a_lost_connection_not_a_frozen_tui(head, monkeypatch):
+    """A head stopped with SIGSTOP accepts the connection but answers nothing: the TUI
+    gives up on the snapshot after NEBULA_TIMEOUT, says so, and connects once it is
+    continued."""
+    import os
+    import signal
+
+    monkeypatch.setenv("NEBULA_TIMEOUT", "2")
+    os.kill(head.process.pid, signal.SIGSTOP)
+    try:
+        app = make_app(head.home / "nebula.sock")
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.sub_title.startswith("disconnected — retrying"),
+                        what="disconnected banner")
+            os.kill(head.process.pid, signal.SIGCONT)
+            await until(pilot, lambda: app.sub_title == "connected", timeout=60, what="connected")
+    finally:
+        os.kill(head.process.pid, signal.SIGCONT)
+
+
 async def test_stream_break_then_reconnect(head, jobs):
     """The head goes away under a running TUI and comes back: the TUI says so, then resumes.
     (Last in the module: it restarts the module's head service.)"""
