@@ -111,7 +111,12 @@ _EVAL_COMMAND = 'nebula_command=$NEBULA_COMMAND; unset NEBULA_COMMAND; eval "$ne
 # unless /proc hides it, while a process's environment is its user's and root's alone.
 _ENTER_AND_RUN = ('cd -- "${NEBULA_WORKDIR:-$HOME}" || { '
                   'printf "%s\\n" "nebula: cannot enter workdir ${NEBULA_WORKDIR:-$HOME}" >&2; '
-                  'exit 127; }\n' + preflight.ACTIVATE + _EVAL_COMMAND)
+                  'exit 127; }\n' + preflight.ACTIVATE
+                  # exec'd, not run in the subshell: the command's shell must carry the job's
+                  # variables in its own environment (/proc/PID/environ), which is how the
+                  # nodelet finds the processes SIGUSR1 goes to (a trap there checkpoints);
+                  # its argv is this fixed text alone
+                  + "exec sh -c " + shlex.quote(_EVAL_COMMAND))
 
 
 def gang_environment(job: Job, node: str, master_host: str, nodes: list[str],
