@@ -72,10 +72,14 @@ class Pools:
         self.views = {name: PoolView() for name in self.pools}
         self.rows: dict[int, dict] = {}  # job id -> its pool row (store.pool_jobs)
         self._submitting: set[int] = set()
+        #: intents this head has asked its pool for already: a retry (or an intent found at
+        #: start, written by a head before) looks for the job there first
+        self._asked: set[int] = set()
 
     # ------------------------------------------------------------------- lifecycle
     def start(self) -> None:
         self.rows = self.state.store.pool_jobs() if self.pools else {}
+        self._asked = set(self.rows)  # a head before this one may have asked: find them first
         for name in self.pools:
             self.state.spawn(self._loop(name), f"pool-{name}")
 
@@ -227,7 +231,9 @@ class Pools:
         pool, view = self.pools[row["pool"]], self.views[row["pool"]]
         self._submitting.add(job_id)
         try:
-            found = await pool.find(row["account"], row["token"])
+            # A new intent cannot be there yet: one sbatch, no squeue before it.
+            found = await pool.find(row["account"], row["token"]) if job_id in self._asked else None
+            self._asked.add(job_id)
             remote_id = found.remote_id if found else None
             if remote_id is None:
                 shards = pool.config.shards_per_gpu if job.spec.gpu_mem_mb and pool.config.shards_per_gpu else 0
@@ -261,6 +267,7 @@ class Pools:
         """One poll of pool ``name``: submissions not answered yet, cancels not done yet,
         what the pool says of every job of ours, then the jobs it has room for."""
         pool, view = self.pools[name], self.views[name]
+        self._asked &= set(self.rows)
         mine = {job_id: row for job_id, row in self.rows.items() if row["pool"] == name}
         for job_id, row in mine.items():
             if not row["remote_id"]:
