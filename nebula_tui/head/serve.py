@@ -195,7 +195,7 @@ async def _serve(home: Home, config: ClusterConfig, store: Store, backups: Backu
             raise damaged from None
         raise
     await server.start()
-    backing_up = asyncio.get_running_loop().create_task(keep_backing_up(backups))
+    backing_up = loop.create_task(keep_backing_up(backups))
     log.info("serving %d nodes from %s on %s", len(config.nodes), config.path, home.socket)
     try:
         await stop.wait()
