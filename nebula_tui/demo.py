@@ -39,12 +39,16 @@ DEMO_PROBE_INTERVAL_S = 2.0
 DEMO_LOCK = "demo.lock"
 #: Where a running lab's pid is kept (in the lab's directory).
 LAB_PID = "pid"
-#: What identifies a lab process in its command line (a pid may be reused).
+#: What identifies a lab process in its command line (a pid may be reused); with ``--slurm``
+#: the lab runs with a real Slurm beside it as its pool.
 LAB_MODULE = "nebula_tui.sim.lab"
+SLURM_LAB_MODULE = "nebula_tui.sim.slurmlab"
+#: Slurm may have to be installed first (apt) before its daemons start.
+SLURM_LAB_START_TIMEOUT_S = 600.0
 
 
 def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None = None,
-             metrics: str | None = None) -> int:
+             metrics: str | None = None, slurm: bool = False) -> int:
     home.ensure()
     lock = _own(home)
     if lock is None:
@@ -60,15 +64,22 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
     lab: Lab | None = None
     try:
         lab = Lab.running(lab_dir)  # one an earlier demo left running in the background
+        if lab is not None and slurm and not lab.has_slurm():
+            print(f"nebula demo: the lab running for {home.root} has no Slurm pool; quit it "
+                  "(stop the lab) and start `nebula demo --slurm` again", file=sys.stderr)
+            return 1
         if lab is None:
             stop_service(home)  # one left by an earlier demo points at ports that are gone
-            lab = Lab.start(lab_dir, layout, home.root / "lab.log")
+            if slurm:
+                print("Starting a real Slurm beside the lab (installed first when missing: "
+                      "a minute or two)…", flush=True)
+            lab = Lab.start(lab_dir, layout, home.root / "lab.log", slurm)
         if shared_group:
             config = shared_config(config)
         supervisor = ServiceSupervisor(home, config, shared_group, metrics)
         supervisor.start()
         if headless:
-            return _wait_headless(home, config)
+            return _wait_headless(home, config, lab.has_slurm())
         from .screens.app import LEAVE_LAB, open_tui
 
         app = open_tui(home, str(config), demo_lab=True,
@@ -222,8 +233,8 @@ class Lab:
         self.process = process
 
     @classmethod
-    def start(cls, lab_dir: Path, layout: str, log_path: Path) -> Lab:
-        process = start_lab(lab_dir, layout, log_path)
+    def start(cls, lab_dir: Path, layout: str, log_path: Path, slurm: bool = False) -> Lab:
+        process = start_lab(lab_dir, layout, log_path, slurm)
         (lab_dir / LAB_PID).write_text(f"{process.pid}\n")
         return cls(process.pid, lab_dir, process)
 
@@ -235,9 +246,14 @@ class Lab:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except (OSError, ValueError):
             return None
-        if LAB_MODULE not in cmdline or str(lab_dir) not in cmdline:
+        if not any(f"{m} " in cmdline for m in (LAB_MODULE, SLURM_LAB_MODULE)) \
+                or str(lab_dir) not in cmdline:
             return None  # the pid went to another process since
         return cls(pid, lab_dir) if (lab_dir / "ready").exists() else None
+
+    def has_slurm(self) -> bool:
+        """Whether this lab runs with its Slurm pool (``--slurm``)."""
+        return (self.lab_dir / "slurm" / "ready.json").exists()
 
     def alive(self) -> bool:
         if self.process is not None:
@@ -254,22 +270,25 @@ class Lab:
             (self.lab_dir / LAB_PID).unlink(missing_ok=True)
 
 
-def start_lab(lab_dir: Path, layout: str, log_path: Path) -> subprocess.Popen:
+def start_lab(lab_dir: Path, layout: str, log_path: Path, slurm: bool = False) -> subprocess.Popen:
     ready = lab_dir / "ready"
     ready.unlink(missing_ok=True)
     with open(log_path, "ab") as log:
         lab = subprocess.Popen(
-            [sys.executable, "-m", LAB_MODULE, "--dir", str(lab_dir), "--layout", layout,
-             "--ssh", "asyncssh", "--probe-interval", str(DEMO_PROBE_INTERVAL_S)],
+            [sys.executable, "-m", SLURM_LAB_MODULE if slurm else LAB_MODULE, "--dir",
+             str(lab_dir), "--layout", layout, "--ssh", "asyncssh", "--probe-interval",
+             str(DEMO_PROBE_INTERVAL_S)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
         )
-    deadline = time.monotonic() + LAB_START_TIMEOUT_S
+    timeout = SLURM_LAB_START_TIMEOUT_S if slurm else LAB_START_TIMEOUT_S
+    deadline = time.monotonic() + timeout
     while not ready.exists():
         if lab.poll() is not None:
             raise LabUnavailable(f"the simulated lab exited (code {lab.returncode}); see {log_path}")
         if time.monotonic() > deadline:
-            lab.kill()
-            raise LabUnavailable(f"the simulated lab did not start in {LAB_START_TIMEOUT_S:.0f}s")
+            lab.terminate()  # its handler stops what it started (Slurm's daemons)
+            raise LabUnavailable(f"the simulated lab did not start in {timeout:.0f}s; "
+                                 f"see {log_path}")
         time.sleep(0.05)
     return lab
 
@@ -307,12 +326,15 @@ def _runs(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-def _wait_headless(home: Home, config: Path) -> int:
-    print(f"NebulaGrid demo: simulated lab and head service are up.\n"
+def _wait_headless(home: Home, config: Path, slurm: bool = False) -> int:
+    pool = ("  nebula submit --pool hpc --gpu-count 1 -- sh -c 'echo $CUDA_VISIBLE_DEVICES'\n"
+            if slurm else "")
+    print(f"NebulaGrid demo: simulated lab{', its Slurm pool hpc' if slurm else ''} and head "
+          f"service are up.\n"
           f"Point other commands at it from another terminal:\n\n"
           f"  export NEBULA_HOME={home.root} NEBULA_CONFIG={config}\n"
           f"  nebula status\n"
-          f"  nebula submit --gpu-mem 4G -- nvidia-smi\n\n"
+          f"  nebula submit --gpu-mem 4G -- nvidia-smi\n{pool}\n"
           f"Press Ctrl-C to stop the lab.", flush=True)
     stopped = False
 

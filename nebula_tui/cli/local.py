@@ -136,8 +136,12 @@ def cmd_demo(args, home, config) -> int:
     if not (getattr(args, "home", None) or os.environ.get("NEBULA_HOME")):
         home = Home.resolve("~/.nebula/demo", getattr(args, "socket", None))
     metrics = f"{args.metrics[0]}:{args.metrics[1]}" if args.metrics else None
+    if args.slurm and os.geteuid() != 0:
+        print("nebula demo: --slurm runs Slurm's daemons, which need root (slurmd starts each "
+              "job as its user); run it as root, e.g. sudo nebula demo --slurm", file=sys.stderr)
+        return 1
     return run_demo(home, args.layout, headless=args.headless, shared_group=args.shared_group,
-                    metrics=metrics)
+                    metrics=metrics, slurm=args.slurm)
 
 
 def cmd_tui(args, home, config) -> int:

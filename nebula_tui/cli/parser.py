@@ -241,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let members of this Unix group use the demo's service")
     p.add_argument("--metrics", type=address, default=None, metavar="HOST:PORT",
                    help="the demo's service serves Prometheus metrics there, e.g. 127.0.0.1:9400")
+    p.add_argument("--slurm", action="store_true",
+                   help="add pool hpc: a real Slurm (4 nodes x 4 fake GPUs, installed when "
+                        "missing) behind a login node on 127.0.0.1; needs root")
     p = command("simulate", "replay a lab month through the scheduler in virtual time, against "
                 "two baselines", prints=False)
     p.add_argument("workload", nargs="?", default=None,

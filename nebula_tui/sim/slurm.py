@@ -33,6 +33,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,11 @@ def _which(tool: str) -> str | None:
     return shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/usr/bin:/sbin:/bin")
 
 
+def _traversable(path: Path) -> bool:
+    """Whether everyone may pass through ``path`` and each directory above it."""
+    return all(os.stat(p).st_mode & 0o001 for p in (path, *path.parents))
+
+
 def free_port_run(count: int, start: int = 20000, stop: int = 40000) -> int:
     """The first of ``count`` consecutive ports that are all free on 127.0.0.1 now (Slurm's
     node ports are written as one range)."""
@@ -150,15 +156,16 @@ class Ports:
 
 
 def slurm_conf(root: Path, host: str, ports: Ports, shape: Shape, sched: str = "",
-               min_job_age: int = 300) -> tuple[str, str]:
+               min_job_age: int = 300, munge_socket: Path | None = None) -> tuple[str, str]:
     """(slurm.conf, gres.conf) of the cluster under ``root``. Accounting goes to slurmdbd
     when ``ports.dbd`` is set; ``sched`` is SchedulerParameters (the bench's profiles)."""
+    munge_socket = munge_socket or root / "munge" / "run" / "munge.socket.2"
     if ports.dbd:
         accounting = ("AccountingStorageType=accounting_storage/slurmdbd\n"
                       "AccountingStorageHost=127.0.0.1\n"
                       f"AccountingStoragePort={ports.dbd}\n"
                       # the munge socket to reach slurmdbd with (not the system's)
-                      f"AccountingStoragePass={root}/munge/run/munge.socket.2\n"
+                      f"AccountingStoragePass={munge_socket}\n"
                       "AccountingStorageTRES=gres/gpu\n")
     else:
         accounting = "AccountingStorageType=accounting_storage/none\n"
@@ -168,7 +175,7 @@ SlurmctldPort={ports.ctld}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={root}/munge/run/munge.socket.2
+AuthInfo=socket={munge_socket}
 CredType=cred/munge
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
@@ -207,9 +214,9 @@ GresTypes=gpu
     return conf, gres
 
 
-def slurmdbd_conf(root: Path, ports: Ports) -> str:
+def slurmdbd_conf(root: Path, ports: Ports, munge_socket: Path) -> str:
     return f"""AuthType=auth/munge
-AuthInfo=socket={root}/munge/run/munge.socket.2
+AuthInfo=socket={munge_socket}
 DbdHost=localhost
 DbdAddr=127.0.0.1
 DbdPort={ports.dbd}
@@ -239,6 +246,7 @@ class SlurmCluster:
         self.conf_path = self.root / "etc" / "slurm.conf"
         self.env = dict(os.environ, SLURM_CONF=str(self.conf_path))
         self.munge_socket = self.root / "munge" / "run" / "munge.socket.2"
+        self._socket_dir: Path | None = None  # one of our own, when root is not traversable
         self.ports: Ports | None = None
 
     # --- layout
@@ -252,6 +260,12 @@ class SlurmCluster:
                            (r / "munge" / "run", 0o755), (r / "munge" / "key", 0o700),
                            (r / "munge" / "log", 0o700)):
             path.chmod(mode)
+        if not _traversable(r):
+            # munged wants every directory above its socket open to all (users' clients
+            # reach it); a folder inside a private home is not: the socket lives apart.
+            self._socket_dir = Path(tempfile.mkdtemp(prefix="nebula-munge-"))
+            self._socket_dir.chmod(0o755)
+            self.munge_socket = self._socket_dir / "munge.socket.2"
         key = r / "munge" / "key" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
@@ -314,7 +328,8 @@ class SlurmCluster:
         if self.accounting and not dbd:
             dbd, db = free_port_run(1), free_port_run(1)
         self.ports = Ports(free_port_run(1), free_port_run(self.shape.nodes), dbd=dbd, db=db)
-        conf, gres = slurm_conf(self.root, self.host, self.ports, self.shape, sched, min_job_age)
+        conf, gres = slurm_conf(self.root, self.host, self.ports, self.shape, sched, min_job_age,
+                                self.munge_socket)
         self.conf_path.write_text(conf)
         (self.root / "etc" / "gres.conf").write_text(gres)
         for path in (self.conf_path, self.root / "etc" / "gres.conf"):
@@ -353,7 +368,7 @@ class SlurmCluster:
                                 "--performance-schema=off", "--skip-log-bin"], settle=0)
         self._until(lambda: port_open(db), 60, "MariaDB to listen")
         conf = self.root / "etc" / "slurmdbd.conf"
-        conf.write_text(slurmdbd_conf(self.root, self.ports))
+        conf.write_text(slurmdbd_conf(self.root, self.ports, self.munge_socket))
         conf.chmod(0o600)  # slurmdbd refuses a config others can read (it may hold a password)
         self._spawn("slurmdbd", [_which("slurmdbd") or "slurmdbd", "-D"], settle=0)
         self._until(lambda: port_open(dbd), 60, "slurmdbd to listen")
@@ -406,6 +421,8 @@ class SlurmCluster:
         self.stop_slurm()
         for name in ("slurmdbd", "mariadb", "munged"):
             self.halt(name)
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     # --- helpers
     def run(self, argv: list[str], timeout: float = 30) -> str:

@@ -1,0 +1,118 @@
+"""``nebula demo --slurm``: the simulated lab with a real Slurm as its pool ``hpc``, the way a
+newcomer starts it — the real CLI, the demo's own processes, a job run on real slurmd and
+read back with ``nebula logs``, everything gone after Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nebula_tui.sim import slurm
+from nebula_tui.sim.harness import wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _why_no_slurm() -> str | None:
+    if os.geteuid() != 0:
+        return "nebula demo --slurm runs Slurm's daemons, which need root"
+    missing = slurm.missing_packages(slurm.PACKAGES)
+    if missing:
+        return f"{' and '.join(missing)} not installed (scripts/setup.sh installs them as root)"
+    return None
+
+
+def nebula(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = dict(os.environ, NEBULA_HOME=str(home), NEBULA_CONFIG=str(home / "lab" / "nodes.yaml"),
+               PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "nebula_tui", *args], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_demo_with_slurm_runs_a_pool_job_and_leaves_nothing_behind(tmp_path):
+    reason = _why_no_slurm()
+    if reason:
+        pytest.skip(reason)
+    home = tmp_path / "home"
+    out = tmp_path / "demo.out"
+    env = dict(os.environ, NEBULA_HOME=str(home), PYTHONPATH=str(REPO))
+    with open(out, "w") as sink:
+        demo = subprocess.Popen([sys.executable, "-m", "nebula_tui", "demo", "--headless", "--slurm"],
+                                env=env, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: "Press Ctrl-C" in out.read_text() or demo.poll() is not None, 300,
+                 interval=0.3, what="the demo to start")
+        assert demo.poll() is None, out.read_text()
+        assert "nebula submit --pool hpc" in out.read_text()
+        config = (home / "lab" / "nodes.yaml").read_text()
+        assert "pools:" in config and "kind: slurm" in config
+
+        def pool_line() -> str:
+            line = [x for x in nebula(home, "status").stdout.splitlines() if "hpc (Slurm" in x]
+            return line[0] if line and "16 GPUs" in line[0] else ""
+
+        assert re.search(r"hpc \(Slurm \d+\.\d+\.\d+, partition gpu\): 16 GPUs, 16 idle",
+                         wait_for(pool_line, 60, interval=0.5, what="the pool in nebula status"))
+        done = nebula(home, "submit", "--pool", "hpc", "--gpu-count", "1", "--", "sh", "-c",
+                      "echo $NEBULA_JOB_ID $CUDA_VISIBLE_DEVICES")
+        assert done.returncode == 0, done.stderr
+        job = int(re.search(r"job (\d+)", done.stdout).group(1))
+        queued = json.loads(nebula(home, "job", str(job), "--json").stdout)
+        assert queued.get("pool") == "hpc"
+
+        def ended():
+            state = json.loads(nebula(home, "job", str(job), "--json").stdout)
+            return state if state["state"] in ("succeeded", "failed") else None
+
+        state = wait_for(ended, 90, interval=0.5, what="the pool job to end")
+        assert state["state"] == "succeeded", state
+        assert state["node"].startswith("hpc:n")
+        logs = nebula(home, "logs", str(job), timeout=30)
+        assert logs.stdout.split() == [str(job), "0"], logs.stdout[:300]
+    finally:
+        if demo.poll() is None:
+            os.kill(demo.pid, signal.SIGINT)
+        try:
+            demo.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(demo.pid, signal.SIGKILL)
+            raise
+    # Ctrl-C stops the lab, its Slurm and the head: none of the home's processes is left.
+    deadline = time.monotonic() + 10
+    while _processes_of(home) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_of(home) == []
+
+
+def _processes_of(home: Path) -> list[str]:
+    """Command lines of live processes that name ``home`` (daemons are told their config)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(home) in cmdline and state != "Z":
+            found.append(cmdline)
+    return found
+
+
+def test_the_demo_with_slurm_says_it_needs_root(monkeypatch, capsys):
+    from nebula_tui.cli.main import main
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert main(["demo", "--headless", "--slurm"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "need root" in err and "sudo nebula demo --slurm" in err
