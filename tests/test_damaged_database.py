@@ -230,3 +230,38 @@ def test_restore_refuses_while_the_head_runs(openssh_lab, tmp_path):
         assert head.call("status")
     finally:
         head.stop()
+
+
+def test_a_restore_sets_the_damaged_database_aside_and_takes_only_this_heads_backup(tmp_path):
+    home, other = tmp_path / "home", tmp_path / "other"
+    home.mkdir(mode=0o700)
+    other.mkdir(mode=0o700)
+    Store(home / "state.db").close()
+    Store(other / "state.db").close()
+    env = {**os.environ, "NEBULA_HOME": str(home)}
+    assert nebula_backup(env).returncode == 0
+    theirs = Backups(other / "state.db").make()
+    (home / "state.db").write_bytes(b"garbage" * 1000)
+    refused = nebula_backup(env, "--restore", str(theirs.path))
+    assert refused.returncode == 1 and "another head's database" in refused.stderr, refused.stderr
+    assert (home / "state.db").read_bytes() == b"garbage" * 1000, "refused, yet it was replaced"
+    done = nebula_backup(env, "--restore", "latest")
+    assert done.returncode == 0, done.stderr
+    aside = [p for p in home.iterdir() if p.name.startswith("state.db.set-aside-")
+             and not p.name.endswith(("-wal", "-shm"))]
+    assert [p.read_bytes() for p in aside] == [b"garbage" * 1000], "the damaged one was not kept"
+    assert (home / "state.db").stat().st_mode & 0o777 == 0o600
+    store = Store(home / "state.db")
+    try:
+        assert store.restore_pending, "the head would schedule before the nodes told what ran"
+    finally:
+        store.close()
+
+
+def test_an_empty_start_needs_the_heads_id(tmp_path):
+    Store(tmp_path / "state.db").close()
+    head_id_file(tmp_path / "state.db").unlink()
+    (tmp_path / "state.db").unlink()
+    done = nebula_backup({**os.environ, "NEBULA_HOME": str(tmp_path)}, "--start-empty")
+    assert done.returncode == 1 and "head-id is missing" in done.stderr, done.stderr
+    assert not (tmp_path / "state.db").exists()
