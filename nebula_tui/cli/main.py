@@ -10,7 +10,7 @@ from ..api import ApiError
 from ..model import ConfigError
 from ..printable import printable
 from ..service import Home, ServiceUnavailable
-from . import accounting, cluster, jobs, local, logs, sim
+from . import accounting, cluster, jobs, local, logs, pools, sim
 from .args import USAGE_ERROR, leaf_parser
 from .parser import build_parser
 
@@ -26,6 +26,7 @@ COMMANDS = {
     "logs": logs.cmd_logs,
     "status": cluster.cmd_status, "gpus": cluster.cmd_gpus, "events": cluster.cmd_events,
     "node": cluster.cmd_node, "gpu": cluster.cmd_gpu, "doctor": cluster.cmd_doctor,
+    "pool": pools.cmd_pool,
     "history": accounting.cmd_history, "report": accounting.cmd_report,
     "users": accounting.cmd_users, "quota": accounting.cmd_quota,
     "parse": local.cmd_parse, "serve": local.cmd_serve, "demo": local.cmd_demo,

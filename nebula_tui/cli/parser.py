@@ -172,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     node_command("remove", "remove a node from nodes.yaml").add_argument("node")
     node_command("show", "one node in full: why it is in its state, its GPUs, jobs and "
                  "latest events").add_argument("node")
+    p = command("pool", "the pools (batch clusters in nodes.yaml's pools:)", prints=False)
+    pool_sub = p.add_subparsers(dest="pool_command", required=True, parser_class=OneLineParser)
+    p = pool_sub.add_parser("authorize", parents=[printing],
+                            help="print the line that lets the head submit to this pool as you "
+                                 "(for your ~/.ssh/authorized_keys on its login node)")
+    p.add_argument("pool", metavar="NAME")
     p = command("doctor", "check what each node needs (SSH, python3, tmux, GPU tools, clock, "
                           "disk…), one line a check with the fix; exit 1 when one fails")
     p.add_argument("nodes", nargs="*", metavar="node", help="only these nodes (default: all)")
