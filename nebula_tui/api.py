@@ -126,7 +126,19 @@ def reply_timeout() -> float:
     return value
 
 
-def _no_answer(path: Path, pid: int | None, seconds: float) -> "NoAnswer":
+def peer_pid(sock: socket.socket) -> int | None:
+    """The pid of the process on the other end of a connected Unix socket (the kernel's word)."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return struct.unpack("3i", creds)[0] or None
+
+
+def no_answer(path: Path, sock: socket.socket | None, seconds: float) -> "NoAnswer":
+    """The one line of a head that took the connection (``sock``, when connected) and said
+    nothing for ``seconds``."""
+    pid = peer_pid(sock) if sock is not None else None
     who = f"the head service (pid {pid})" if pid else f"the head service at {path}"
     return NoAnswer(f"{who} did not answer within {seconds:g} s: it is stopped or busy; try "
                     "again, or ask its admin to look (NEBULA_TIMEOUT=SECONDS waits longer)")
@@ -161,7 +173,7 @@ class Client:
             self.sock.connect(str(self.path))
         except socket.timeout:
             self.sock.close()
-            raise _no_answer(self.path, None, self.timeout) from None
+            raise no_answer(self.path, None, self.timeout) from None
         except OSError as err:
             self.sock.close()
             raise ApiError(f"cannot reach the head service at {self.path}: {err.strerror}") from None
@@ -209,12 +221,7 @@ class Client:
         try:
             line = self._file.readline()
         except socket.timeout:
-            pid = None
-            try:
-                pid = self.peer()[0]
-            except OSError:
-                pass
-            raise _no_answer(self.path, pid, self.sock.gettimeout() or self.timeout) from None
+            raise no_answer(self.path, self.sock, self.sock.gettimeout() or self.timeout) from None
         if not line:
             raise ApiError("the head service closed the connection")
         return json.loads(line)
@@ -240,13 +247,13 @@ class AsyncClient:
         try:
             reader, writer = await asyncio.wait_for(self._open(), seconds)
         except asyncio.TimeoutError:
-            raise _no_answer(self.path, None, seconds) from None
+            raise no_answer(self.path, None, seconds) from None
         try:
             writer.write(json.dumps({"op": op, **fields}).encode() + b"\n")
             await asyncio.wait_for(writer.drain(), seconds)
             line = await asyncio.wait_for(reader.readline(), seconds)
         except asyncio.TimeoutError:
-            raise _no_answer(self.path, None, seconds) from None
+            raise no_answer(self.path, None, seconds) from None
         finally:
             writer.close()
         if not line:
@@ -264,14 +271,14 @@ class AsyncClient:
         try:
             reader, writer = await asyncio.wait_for(self._open(), seconds)
         except asyncio.TimeoutError:
-            raise _no_answer(self.path, None, seconds) from None
+            raise no_answer(self.path, None, seconds) from None
         try:
             writer.write(b'{"op": "subscribe"}\n')
             try:
                 await asyncio.wait_for(writer.drain(), seconds)
                 line = await asyncio.wait_for(reader.readline(), seconds)
             except asyncio.TimeoutError:
-                raise _no_answer(self.path, None, seconds) from None
+                raise no_answer(self.path, None, seconds) from None
             while line:
                 yield decode(line)
                 line = await reader.readline()

@@ -19,7 +19,7 @@ import termios
 import tty
 from pathlib import Path
 
-from .api import ApiError
+from .api import ApiError, no_answer, reply_timeout
 
 
 def _size() -> tuple[int, int]:
@@ -39,20 +39,27 @@ def attach(path: Path, job: int, rank: int = 0) -> bool:
     """Relay until the session detaches or ends; True when it ended (its command exited),
     False on a detach. Raises ApiError when refused."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    seconds = reply_timeout()
+    sock.settimeout(seconds)  # the head's answer, as any reply; the relay then waits on keys
     try:
         sock.connect(str(path))
+        cols, rows = _size()
+        _send(sock, {"op": "attach", "job": job, "rank": rank, "cols": cols, "rows": rows,
+                     "term": os.environ.get("TERM", "xterm-256color")})
+        buffered = b""
+        while b"\n" not in buffered:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ApiError("the head service closed the connection")
+            buffered += chunk
+    except socket.timeout:
+        refusal = no_answer(path, sock, seconds)
+        sock.close()
+        raise refusal from None
     except OSError as err:
         sock.close()
         raise ApiError(f"cannot reach the head service at {path}: {err.strerror}") from None
-    cols, rows = _size()
-    _send(sock, {"op": "attach", "job": job, "rank": rank, "cols": cols, "rows": rows,
-                 "term": os.environ.get("TERM", "xterm-256color")})
-    buffered = b""
-    while b"\n" not in buffered:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ApiError("the head service closed the connection")
-        buffered += chunk
+    sock.settimeout(None)
     line, rest = buffered.split(b"\n", 1)
     reply = json.loads(line)
     if not reply.get("ok"):

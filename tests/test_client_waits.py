@@ -20,7 +20,7 @@ def test_clients_of_a_stopped_head_give_up_in_one_line(head):
     try:
         os.kill(head.process.pid, signal.SIGSTOP)
         try:
-            for argv in (["status"], ["queue"], ["wait", str(job)], ["logs", str(job)],
+            for argv in (["status"], ["queue"], ["wait", str(job)], ["logs", str(job)], ["attach", str(job)],
                          ["submit", "--gpu-mem", "4G", "--", "true"]):
                 done = _run(head, *argv)
                 assert done.returncode == 1, (argv, done.returncode, done.stderr)
