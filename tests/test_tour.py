@@ -1,0 +1,44 @@
+"""The README's tour, line by line, on `nebula demo --headless`: what a newcomer types
+first must run (it named a `train.py` nobody had)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from test_terminal import headless_demo  # noqa: F401  (the fixture)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tour_commands() -> list[str]:
+    """The tour's shell block, its continuation lines joined, comments kept (bash drops them)."""
+    text = (REPO / "README.md").read_text()
+    block = text.split("## A short tour", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line for line in re.sub(r"\\\n\s*", "", block).splitlines() if line.strip()]
+
+
+def test_the_readmes_tour_runs_on_the_demo(headless_demo, tmp_path):  # noqa: F811
+    _, client_env, _ = headless_demo
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "nebula").write_text(f'#!/bin/sh\nexec {sys.executable} -m nebula_tui "$@"\n')
+    (shim / "nebula").chmod(0o755)
+    env = {**client_env, "PATH": f"{shim}:{os.environ['PATH']}"}
+    ran = []
+    for line in tour_commands():
+        words = line.split("#")[0].split()
+        if words[:2] == ["nebula", "demo"] or words[0] == "export" or words == ["nebula"]:
+            continue  # the demo runs already (its own home); the TUI is tested elsewhere
+        follows = "-f" in words
+        done = subprocess.run(["bash", "-c", f"timeout 8 {line}" if follows else line], env=env,
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        if follows:  # follows the job until it ends: cut short, having shown its lines
+            assert done.returncode == 124 and "cards: " in done.stdout, (line, done.stderr)
+        else:
+            assert done.returncode == 0, (line, done.stdout, done.stderr)
+        ran.append(words[1])
+    assert {"status", "submit", "queue", "logs", "job", "cancel", "gpus", "doctor", "sim"} <= set(ran)
