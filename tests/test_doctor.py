@@ -91,3 +91,30 @@ def test_a_missing_key_or_known_hosts_file_is_named_with_what_makes_it(openssh_l
         assert f"✗ ssh" in done.stdout and str(key) in done.stdout and str(known) in done.stdout
     finally:
         head.stop()
+
+
+async def test_the_nodes_screen_shows_a_nodes_checks(head):
+    """D on the Nodes screen: the head's checks of the node under the cursor, as the CLI's."""
+    from conftest import until
+
+    from nebula_tui.screens.app import make_app
+    from nebula_tui.screens.nodes import DoctorScreen, NodesScreen
+    from nebula_tui.screens.rowtable import RowTable
+
+    app = make_app(head.socket)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.cluster.connected and len(app.cluster.nodes) == 3,
+                    what="the snapshot")
+        await pilot.press("5")
+        await until(pilot, lambda: isinstance(app.screen, NodesScreen), what="nodes")
+        table = app.screen.query_one("#nodes-table", RowTable)
+        await until(pilot, lambda: "node02" in table.row_keys, what="node02's row")
+        table.move_to_key("node02")
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, DoctorScreen), what="the checks")
+        shown = await until(pilot, lambda: "✓ tmux" in (t := str(app.screen.query_one(
+            "#doctor-lines").content)) and t, what="node02's checks")
+    cli = head.run("doctor", "node02").stdout
+    for line in shown.splitlines():  # the same lines as `nebula doctor node02`, but the clock's
+        if not line.startswith("✓ clock"):
+            assert f"  {line}" in cli, line

@@ -138,6 +138,7 @@ NODES_KEYS: tuple[Key, ...] = (
     Key("u", "resume_node", "Resume node", True, short="Resume"),
     Key("a", "add_node", "Add node", False),
     Key("x", "remove_node", "Remove node", False),
+    Key("D", "check_node", "Check node (doctor)", False),
     Key("e", "reload", "Reload events", False),
 )
 

@@ -13,15 +13,16 @@ from __future__ import annotations
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
 from ..api import ApiError
 from ..model import format_mb
-from ..views import node_power
+from ..views import doctor_lines, node_power
 from .base import TELEMETRY_EVERY_S, ClusterScreen
 from .keys import FORM_KEYS, HELP_KEYS, NODES_KEYS, bindings
+from .look import LOOK
 from .render import ago, day_clock, free_slice_mb, node_power_text, state_text
 from .rowtable import Column, RowTable, Sort
 
@@ -69,6 +70,43 @@ class DrainPrompt(ModalScreen[str | None]):
             self.dismiss(self.query_one("#prompt-input", Input).value.strip())
         else:
             self.dismiss(None)
+
+    def action_dismiss(self) -> None:  # type: ignore[override]
+        self.dismiss(None)
+
+
+class DoctorScreen(ModalScreen[None]):
+    """`nebula doctor NODE` on the Nodes screen (D): the head's checks of the node, one line
+    each, ✗ with its fix; it scrolls, esc closes."""
+
+    BINDINGS = bindings(HELP_KEYS)
+
+    def __init__(self, node: str) -> None:
+        super().__init__()
+        self.node = node
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help"):
+            yield Static(Text(f"Checks of {self.node}", style="bold"), id="help-title")
+            yield Static(f"asking the head to check {self.node}…", id="doctor-lines", markup=False)
+            yield Static("esc closes · the same as `nebula doctor " + self.node + "`",
+                         id="help-hint", markup=False)
+
+    def on_mount(self) -> None:
+        self.check()
+
+    @work(exclusive=True, group="doctor")
+    async def check(self) -> None:
+        box = self.query_one("#doctor-lines", Static)
+        try:
+            reply = await self.app.call("doctor", nodes=[self.node])
+        except ApiError as err:
+            box.update(Text(f"not checked: {err}", style=LOOK.role("bad")))
+            return
+        roles = {"ok": "ok", "fail": "bad", "warn": "warn", "skip": "info"}
+        checks = reply["nodes"].get(self.node, [])
+        box.update(Text("\n").join(Text(line, style=LOOK.role(roles.get(c["status"], "info")))
+                                   for c, line in zip(checks, doctor_lines(checks))))
 
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)
@@ -272,6 +310,10 @@ class NodesScreen(ClusterScreen):
     def action_remove_node(self) -> None:
         if (name := self._selected()) is not None:
             self.app.ask_remove(name)
+
+    def action_check_node(self) -> None:
+        if (name := self._selected()) is not None:
+            self.app.push_screen(DoctorScreen(name))
 
     def action_reload(self) -> None:
         self.reload()
