@@ -137,6 +137,19 @@ def test_shell_command_line(tmp_path):
     assert exit_code(jobdir) == 5
 
 
+def test_a_shell_command_runs_in_a_fresh_shell_and_its_text_on_no_command_line(tmp_path):
+    """The text comes as $NEBULA_COMMAND (a node's users read every argv), and is run as
+    `sh -c TEXT` ran it: none of the wrapper's functions or variables, nor the variable."""
+    job = make_job(['API_KEY=s3cret sh -c \'tr "\\0" " " < /proc/$PPID/cmdline; echo; '
+                    'echo "$API_KEY"\'; command -v fail || echo no-wrapper-function; '
+                    'echo "job=${job:-} jobdir=${jobdir:-} command=${NEBULA_COMMAND:-}"'], shell=True)
+    jobdir, _ = launch(tmp_path, job)
+    shell_argv, *out = log(jobdir).splitlines()
+    assert shell_argv.startswith("sh -c ") and "s3cret" not in shell_argv, shell_argv
+    assert out == ["s3cret", "no-wrapper-function", "job= jobdir= command="]
+    assert exit_code(jobdir) == 0
+
+
 def test_the_command_gets_the_umask_the_nodelet_gives(tmp_path):
     (tmp_path / "given").mkdir()
     jobdir, _ = launch(tmp_path / "given", make_job(["sh", "-c", "umask"]), umask="0027")

@@ -115,7 +115,8 @@ _ENTER_AND_RUN = ('cd -- "${NEBULA_WORKDIR:-$HOME}" || { '
                   # exec'd, not run in the subshell: the command's shell must carry the job's
                   # variables in its own environment (/proc/PID/environ), which is how the
                   # nodelet finds the processes SIGUSR1 goes to (a trap there checkpoints);
-                  # its argv is this fixed text alone
+                  # its argv is this fixed text alone; and a fresh shell, as `sh -c TEXT` was,
+                  # sees none of the wrapper's functions or variables
                   + "exec sh -c " + shlex.quote(_EVAL_COMMAND))
 
 
