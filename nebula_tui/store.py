@@ -750,9 +750,11 @@ class Store:
                 self._event(t, "start", f"job {job_id} started", job_id=job_id)
 
     def finish_job(self, job_id: int, state: JobState, t: float, exit_code: int | None = None,
-                   reason: str = "") -> float | None:
+                   reason: str = "", ended_at: float | None = None) -> float | None:
         """End a job, release its GPUs and charge its user, in one transaction; returns the
-        GPU-hours charged now (None: no such job, or it had ended already)."""
+        GPU-hours charged now (None: no such job, or it had ended already). ``ended_at``:
+        when it ended, if not at ``t`` (a pool's job, as the pool says); the line is at ``t``."""
+        end = t if ended_at is None else ended_at
         with self.transaction():
             row = self.db.execute(
                 "SELECT user, started_at, state FROM jobs WHERE id = ?", [job_id]
@@ -760,17 +762,17 @@ class Store:
             if row is None or JobState(row[2]).finished:
                 return None
             user, started_at, _ = row
-            gpu_hours = self._charge_run(job_id, started_at, t)
+            gpu_hours = self._charge_run(job_id, started_at, end)
             ran = started_at is not None or bool(self.db.execute(
                 "SELECT gpu_hours > 0 FROM jobs WHERE id = ?", [job_id]).fetchone()[0])
             self.db.execute(
                 f"UPDATE jobs SET state = ?, ended_at = ?, exit_code = ?, reason = ?, {_NO_STOP} "
                 "WHERE id = ?",
-                [state.value, t, exit_code, reason, job_id],
+                [state.value, end, exit_code, reason, job_id],
             )
             self.db.execute(
                 "UPDATE allocations SET released_at = ? WHERE job_id = ? AND released_at IS NULL",
-                [t, job_id],
+                [end, job_id],
             )
             self.db.execute(
                 "UPDATE users SET jobs_finished = jobs_finished + ?, gpu_hours = gpu_hours + ? "

@@ -330,7 +330,8 @@ class JobTransitions:
         """End a job (succeeded, failed, cancelled, timeout): GPUs released, user charged.
         ``at``: when it ended, if not now (a pool's job, as the pool reports its end)."""
         now = self.state.clock() if at is None else at
-        charged = self.state.store.finish_job(job.id, state, now, exit_code=code, reason=reason)
+        charged = self.state.store.finish_job(job.id, state, self.state.clock(), exit_code=code,
+                                              reason=reason, ended_at=at)
         self.state.jobs.pop(job.id, None)
         self._exit_reasons.pop(job.id, None)
         self.shares.ended(job.id, job.user, charged, job.spec.preemptible)  # its hours now count towards its user's weight

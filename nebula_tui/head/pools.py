@@ -167,14 +167,16 @@ class Pools:
         return sum(1 for row in self.rows.values() if row["pool"] == name)
 
     def _send_waiting(self, name: str) -> None:
-        """Send the jobs that asked for pool ``name`` (by submit time), then those waiting
-        past its burst_after in the queue's order, while it has room."""
+        """Send the jobs that asked for pool ``name`` (as the queue orders: priority, then
+        fair share), then those waiting past its burst_after in the queue's order, while it
+        has room."""
         pool, view = self.pools[name], self.views[name]
         room = pool.config.max_jobs - self.live(name)
         now = self.state.clock()
+        weights = {user: share.weight for user, share in self.shares.shares().items()}
         asked = sorted((j for j in self.state.jobs.values() if j.spec.pool == name
                         and j.pool is None and j.state == JobState.PENDING and not j.held_by),
-                       key=lambda j: j.id)
+                       key=lambda j: (-j.spec.priority, weights.get(j.user, 1.0), j.id))
         bursting = []
         burst_after = pool.config.burst_after_s
         if burst_after is not None and view.unreachable_since is None and view.capacity is not None:
