@@ -9,6 +9,7 @@ never selects an AMD card and ``>=gfx90a`` never an NVIDIA one.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -130,6 +131,7 @@ FIRST_CUDA: dict[tuple[int, int], tuple[tuple[int, int], str]] = {
 }
 
 
+@functools.lru_cache(maxsize=256)  # asked for every card at every probe: a few pairs in a lab
 def cuda_gap(compute_cap: str | None, cuda_version: str | None) -> str | None:
     """Why a node's CUDA cannot serve a card of ``compute_cap``, with what to install (a
     sentence), or None when it can or either is unknown: an RTX 5070 (sm_120) on a node
