@@ -449,6 +449,8 @@ def job_text(job: dict) -> str:
              f"  command:   {command}",
              f"  asks:      {asks}",
              f"  workdir:   {job.get('workdir_used') or job.get('workdir') or '$HOME'}"]
+    if job.get("pool"):  # sent to a batch cluster: its place there reads pool:node
+        lines.append(f"  pool:      {job['pool']}")
     if job.get("image"):
         lines.append(f"  image:     {job['image']}" + "".join(
             f"\n  mount:     {m}" for m in job.get("data_mounts") or ()))

@@ -83,7 +83,8 @@ def test_a_job_runs_in_the_pool_and_its_output_is_read(pool_head):
     assert ended["state"] == "succeeded", ended["reason"]
     assert ended["node"].startswith("hpc:n")
     logs = pool_head.run("logs", str(job), check=True).stdout
-    assert f"{job} 0,1 PCI_BUS_ID 0,1" in logs  # no nvidia-smi there: the indices
+    assert f"{job} 0,1 PCI_BUS_ID 0,1" in logs
+    assert "  pool:      hpc" in pool_head.run("job", str(job), check=True).stdout  # no nvidia-smi there: the indices
     history = json.loads(pool_head.run("history", "--json", check=True).stdout)
     mine = next(j for j in history if j["id"] == job)
     # Charged Slurm's elapsed time (whole seconds, at least the 2 s it slept) x its 2 GPUs.
