@@ -140,13 +140,13 @@ def test_every_command_that_prints_data_takes_json(head, jobs):
     """Walk the parser: each command is either known not to print data or has --json, and
     the JSON of each is what docs/reference.md documents at its top level."""
     no_data = {"attach", "run", "logs", "parse", "serve", "demo", "tui", "completion", "sim",
-               "node", "gpu"}
+               "node", "gpu", "pool"}
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     for name, command in sub.choices.items():
         flags = {s for a in command._actions for s in a.option_strings}
         assert name in no_data or "--json" in flags, name
-    for nested in ("node", "gpu"):
+    for nested in ("node", "gpu", "pool"):
         for name, command in next(a for a in sub.choices[nested]._actions if a.dest.endswith("_command")).choices.items():
             assert "--json" in {s for a in command._actions for s in a.option_strings}, (nested, name)
 

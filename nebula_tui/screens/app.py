@@ -45,8 +45,8 @@ from .job import JobScreen
 from .keys import (GLOBAL_KEYS, HELP_KEYS, SCREEN_KEYS, SCREENS, TABLE_KEYS, Key, bindings,
                    help_lines)
 from .look import LOOK
-from .messages import (EventLogged, GpusChanged, JobChanged, NodeChanged, QueueOrdered,
-                       SnapshotArrived, StreamLost, UserChanged)
+from .messages import (EventLogged, GpusChanged, JobChanged, NodeChanged, PoolChanged,
+                       QueueOrdered, SnapshotArrived, StreamLost, UserChanged)
 from .nodes import DrainPrompt, NodesScreen
 from .overview import OverviewScreen
 from .queue import QueueScreen
@@ -356,6 +356,8 @@ class NebulaApp(App):
                         self.post_message(UserChanged(event["user"]))
                     elif kind == "queue":
                         self.post_message(QueueOrdered(event["order"]))
+                    elif kind == "pool":
+                        self.post_message(PoolChanged(event["pool"]))
                     elif event.get("ok") is False:
                         raise ApiError(event.get("error", "subscription refused"))
                 reason = "the head service closed the event stream"
@@ -448,6 +450,11 @@ class NebulaApp(App):
     def _user(self, message: UserChanged) -> None:
         self.cluster.apply_user(message.user)
         self._changed("user", message.user["name"])
+
+    @on(PoolChanged)
+    def _pool(self, message: PoolChanged) -> None:
+        self.cluster.apply_pool(message.pool)
+        self._changed("pool", message.pool["name"])
 
     @on(QueueOrdered)
     def _queue(self, message: QueueOrdered) -> None:

@@ -33,6 +33,7 @@ class Cluster:
         self.finished: dict[int, dict] = {}  # jobs seen finishing while we watched
         self.events: deque[dict] = deque(maxlen=EVENTS_KEPT)
         self.users: dict[str, dict] = {}  # user name -> their row of the ``users`` request
+        self.pools: dict[str, dict] = {}  # pool name -> its view (``pools/status.py``)
         self.queue_order: list[int] = []  # waiting jobs, as the scheduler orders them
         self.by_node: dict[str, dict[str, dict]] = {}  # node -> uuid -> GPU (same dicts)
         self.placed: dict[str, set[int]] = {}  # GPU uuid -> live jobs placed there
@@ -48,6 +49,7 @@ class Cluster:
         self.jobs = {j["id"]: j for j in snap.get("jobs", []) if j["state"] not in FINISHED}
         self.events = deque(snap.get("events", []), maxlen=EVENTS_KEPT)
         self.users = {u["name"]: u for u in snap.get("users", [])}
+        self.pools = {p["name"]: p for p in snap.get("pools", [])}
         self.queue_order = list(snap.get("queue", []))
         self.by_node = {}
         for uuid, gpu in self.gpus.items():
@@ -150,6 +152,16 @@ class Cluster:
         """A line of the head's events log (every change has its own, at the head's time)."""
         self.events.append(event)
         self.version += 1
+
+    def apply_pool(self, pool: dict) -> None:
+        self.pools[pool["name"]] = pool
+        self.version += 1
+
+    def pool_nodes(self) -> dict[str, dict]:
+        """Every pool's nodes as rows of the Nodes screen, keyed ``pool:node`` (a name no
+        lab node can have), each with its ``pool``."""
+        return {f"{name}:{n['name']}": {**n, "name": f"{name}:{n['name']}", "pool": name}
+                for name, pool in self.pools.items() for n in pool.get("nodes") or ()}
 
     def apply_queue(self, order: list[int]) -> None:
         self.queue_order = list(order)

@@ -79,3 +79,11 @@ class StreamLost(Message):
         super().__init__()
         self.reason = reason
         self.retry_s = retry_s
+
+
+class PoolChanged(Message):
+    """One pool's view after a poll that changed it (as the snapshot's ``pools`` has it)."""
+
+    def __init__(self, pool: dict) -> None:
+        super().__init__()
+        self.pool = pool

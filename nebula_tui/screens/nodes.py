@@ -190,6 +190,14 @@ def node_cells(node: dict, gpus: list[dict], running: int) -> tuple:
             f"{node.get('host')}:{node.get('port')}", node.get("reason") or "")
 
 
+def pool_node_cells(node: dict, running: int) -> tuple:
+    """A pool's node, read-only: what the pool's last poll said of it; ``running``: ours."""
+    used = "?" if node.get("gpus_used") is None else node["gpus_used"]
+    return (node["name"], state_text(node["state"]), f"{used}/{node['gpus']} used",
+            "-", "-", str(running), "-", f"pool {node['pool']}",
+            "read-only: the cluster's own" + ("" if node.get("usable", True) else "; takes no jobs"))
+
+
 def event_cells(event: dict) -> tuple:
     kind = event.get("kind") or ""
     return (day_clock(event.get("t")), state_text(kind) if kind in ("failed", "cancelled") else kind,
@@ -204,6 +212,7 @@ class NodesScreen(ClusterScreen):
         super().__init__()
         self._log: list[dict] = []  # the log's lines from before the stream's, oldest first
         self.events: dict[str, dict] = {}  # row key -> events log line, newest first
+        self._pool_nodes: dict[str, dict] = {}  # "pool:node" -> a pool's node (read-only)
 
     def compose_body(self) -> ComposeResult:
         node_sorts = {"name": Sort(lambda n: n["name"]), "state": Sort(lambda n: n["state"]),
@@ -244,7 +253,10 @@ class NodesScreen(ClusterScreen):
     def _node_cells(self, name: str) -> tuple:
         node = self.cluster.nodes.get(name)
         if node is None:
-            return ("-",) * len(NODE_COLUMNS)
+            pool_node = self._pool_nodes.get(name)
+            if pool_node is None:
+                return ("-",) * len(NODE_COLUMNS)
+            return pool_node_cells(pool_node, self._jobs_on(name))
         return node_cells(node, self.cluster.node_gpus(name), self._jobs_on(name))
 
     def _event_cells(self, key: str) -> tuple:
@@ -262,12 +274,14 @@ class NodesScreen(ClusterScreen):
     def cluster_changed(self, change: str, key: object = None) -> None:
         if change == "gpus":  # free memory moves with every node's readings: once a second
             self.later(TELEMETRY_EVERY_S)
-        elif change in ("all", "node", "event"):
+        elif change in ("all", "node", "event", "pool"):
             self.later()
 
     def render_all(self) -> None:
         table = self.query_one("#nodes-table", RowTable)
-        nodes = [self.cluster.nodes[name] for name in sorted(self.cluster.nodes)]
+        self._pool_nodes = self.cluster.pool_nodes()
+        nodes = ([self.cluster.nodes[name] for name in sorted(self.cluster.nodes)]
+                 + list(self._pool_nodes.values()))
         table.present(nodes, lambda n: n["name"], lambda n: " ".join(
             str(n.get(k) or "") for k in ("name", "state", "host", "reason")), "Nodes")
         self._show_events()
@@ -297,6 +311,11 @@ class NodesScreen(ClusterScreen):
         name = self.query_one("#nodes-table", RowTable).cursor_key
         if name is None:
             self.notify("No node selected", severity="warning")
+        elif name in self._pool_nodes:
+            pool = self._pool_nodes[name]["pool"]
+            self.notify(f"{name} is a node of pool {pool}: its cluster's administrators "
+                        "drain and resume it", severity="warning")
+            return None
         return name
 
     def action_drain_node(self) -> None:

@@ -20,11 +20,14 @@ from .base import TELEMETRY_EVERY_S, ClusterScreen
 from .keys import OVERVIEW_KEYS
 from .look import LOOK
 from .nodecards import NodeCards
-from .render import clock, holders_text, job_state, job_where, node_card, state_text
+from .render import clock, holders_text, job_state, job_where, node_card, pool_card, state_text
 from .rowtable import Column, RowTable, Sort
 
 QUEUE_COLUMNS = (Column("id", "ID"), Column("user", "User"), Column("name", "Name", 2),
                  Column("state", "State"), Column("where", "GPUs / reason", flex=True))
+
+#: A pool's card among the node cards is keyed by this and its name (no node is named so).
+POOL_CARD = "pool "
 
 #: Lines the ticker keeps (the newest at the bottom); it shows what fits.
 TICKER_LINES = 8
@@ -120,9 +123,12 @@ class OverviewScreen(ClusterScreen):
             self.later()
         elif change == "event":
             self._render_ticker()
+        elif change == "pool":
+            self._dirty_cards.add(POOL_CARD + str(key))
+            self.later()
         else:  # a snapshot: the summary too, whichever of tick and ``later`` comes first
             self._summary_dirty = True
-            self._dirty_cards.update(self.cluster.nodes)
+            self._dirty_cards.update(self._card_names())
             self.later()
 
     def render_all(self) -> None:
@@ -138,7 +144,7 @@ class OverviewScreen(ClusterScreen):
             return
         self._render_summary()
         self._summary_dirty = False
-        self._dirty_cards.update(self.cluster.nodes)  # events missed while hidden
+        self._dirty_cards.update(self._card_names())  # events missed while hidden
         self._render_cards()
         if reorder:
             self._render_queue()
@@ -159,7 +165,13 @@ class OverviewScreen(ClusterScreen):
             self._summary_text = text
             self.query_one("#summary", Static).update(text, layout=False)  # always one line
 
+    def _card_names(self) -> list[str]:
+        """The nodes' cards, then one per pool."""
+        return sorted(self.cluster.nodes) + [POOL_CARD + p for p in sorted(self.cluster.pools)]
+
     def _card(self, name: str) -> Text:
+        if name.startswith(POOL_CARD):
+            return pool_card(self.cluster.pools[name[len(POOL_CARD):]])
         jobs = self.cluster.jobs
         return node_card(self.cluster.nodes[name], self.cluster.node_gpus(name),
                          lambda g: holders_text(g, jobs, self.cluster.holders_of(g["uuid"])))
@@ -167,7 +179,7 @@ class OverviewScreen(ClusterScreen):
     def _render_cards(self) -> None:
         """Recompute the out-of-date cards on screen (the others when scrolled to)."""
         cards = self.query_one("#cards", NodeCards)
-        cards.show(sorted(self.cluster.nodes))
+        cards.show(self._card_names())
         dirty, self._dirty_cards = self._dirty_cards, set()
         cards.refresh_cards(dirty)
 

@@ -254,6 +254,32 @@ def node_card(node: dict, gpus: list[dict], holders: Callable[[dict], str]) -> T
     return Text("\n").join(lines)
 
 
+def pool_card(pool: dict) -> Text:
+    """One pool's card: its name and kind, what the head last saw of it (the head's own
+    ``line`` when it does not answer), ours there, and its nodes."""
+    title = Text(pool["name"], style="bold")
+    where = f"Slurm {pool['version']}" if pool.get("version") else "Slurm"
+    if pool.get("partition"):
+        where += f" · partition {pool['partition']}"
+    title.append(f"  pool · {where}", style="dim")
+    if not pool.get("reachable"):
+        state = "unreachable" if pool.get("unreachable_since") is not None else "connecting"
+        title.append("  ")
+        title.append(state, style=LOOK.state(state))
+        return Text("\n").join([title, Text(f" {pool['line']}", style="dim")])
+    idle, total = pool.get("gpus_idle"), pool.get("gpus_total") or 0
+    title.append(f"  {'?' if idle is None else idle}/{total} idle",
+                 style=LOOK.role("free") if idle else "dim")
+    lines = [title, Text(f" ours: {pool['running']} running, {pool['pending']} pending"
+                         f" (at most {pool['max_jobs']})")]
+    nodes = pool.get("nodes") or []
+    if nodes:
+        lines.append(Text(" " + ", ".join(
+            f"{n['name']} {n['state']} {'?' if n.get('gpus_used') is None else n['gpus_used']}"
+            f"/{n['gpus']}" for n in nodes), style="dim"))
+    return Text("\n").join(lines)
+
+
 # ------------------------------------------------------------------------- jobs
 def job_state(job: dict) -> str:
     """The job's state in one word as people see it (held, cancelling, evicting, stopping
