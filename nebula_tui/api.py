@@ -58,6 +58,8 @@ reading, users as the ``users`` request's rows, ``temperatures`` the health poli
   poll of it;
 * ``user``: ``{"user": …}``, one user's row as the ``users`` request returns it, after
   their figures moved (a job of theirs submitted, started, charged or ended; their quota);
+* ``tick``: nothing else, after ``HEARTBEAT_S`` (15 s) with no other event: the head is
+  alive, so a client that hears nothing for longer knows it is not;
 * ``gpus``: ``{"node": N, "gpus": {uuid: fields}, "gone": [uuid, …]}``, after each probe
   of node N and each change to what its GPUs show: only what changed since the
   subscriber's previous state of N's GPUs (the snapshot, then every ``gpus`` event of N
@@ -107,6 +109,8 @@ CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}$")
 #: otherwise: a head that stopped (SIGSTOP, a hung disk) is then one line, never a wait for ever.
 REPLY_TIMEOUT_S = 30.0
 MAX_REPLY_TIMEOUT_S = 86400.0
+#: a subscription with nothing to say sends a ``tick`` this often
+HEARTBEAT_S = 15.0
 #: the longest step of a client's ``wait`` (the server's bound on ``within``)
 MAX_WAIT_STEP_S = 3600
 
@@ -253,7 +257,7 @@ class AsyncClient:
             await asyncio.wait_for(writer.drain(), seconds)
             line = await asyncio.wait_for(reader.readline(), seconds)
         except asyncio.TimeoutError:
-            raise no_answer(self.path, None, seconds) from None
+            raise no_answer(self.path, writer.get_extra_info("socket"), seconds) from None
         finally:
             writer.close()
         if not line:
@@ -265,8 +269,9 @@ class AsyncClient:
 
     async def events(self, decode: Callable[[bytes], dict] = json.loads) -> AsyncIterator[dict]:
         """Subscribe: the snapshot first, then every event, each line read with ``decode``.
-        The snapshot is waited for at most the ``reply_timeout`` (a head that is stopped);
-        events after it come when they come (a quiet cluster sends none)."""
+        The snapshot is waited for at most the ``reply_timeout``, and each line after it at
+        most that and a ``HEARTBEAT_S`` more (a head with nothing to say ticks): a head that
+        stops answering is an ApiError, never a stream that is merely quiet."""
         seconds = reply_timeout()
         try:
             reader, writer = await asyncio.wait_for(self._open(), seconds)
@@ -278,10 +283,14 @@ class AsyncClient:
                 await asyncio.wait_for(writer.drain(), seconds)
                 line = await asyncio.wait_for(reader.readline(), seconds)
             except asyncio.TimeoutError:
-                raise no_answer(self.path, None, seconds) from None
+                raise no_answer(self.path, writer.get_extra_info("socket"), seconds) from None
             while line:
                 yield decode(line)
-                line = await reader.readline()
+                try:
+                    line = await asyncio.wait_for(reader.readline(), seconds + HEARTBEAT_S)
+                except asyncio.TimeoutError:
+                    raise no_answer(self.path, writer.get_extra_info("socket"),
+                                    seconds + HEARTBEAT_S) from None
         finally:
             writer.close()
         raise ApiError("the head service closed the event stream")

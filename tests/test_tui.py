@@ -205,7 +205,8 @@ async def test_reconnects_after_stream_breaks(tmp_path):
 async def test_a_stopped_head_is_a_lost_connection_not_a_frozen_tui(head, monkeypatch):
     """A head stopped with SIGSTOP accepts the connection but answers nothing: the TUI
     gives up on the snapshot after NEBULA_TIMEOUT, says so, and connects once it is
-    continued."""
+    continued; stopped under a connected TUI, the stream's silence past a heartbeat (the
+    head ticks when it has nothing to say) tells the same."""
     import os
     import signal
 
@@ -218,6 +219,12 @@ async def test_a_stopped_head_is_a_lost_connection_not_a_frozen_tui(head, monkey
                         what="disconnected banner")
             os.kill(head.process.pid, signal.SIGCONT)
             await until(pilot, lambda: app.sub_title == "connected", timeout=60, what="connected")
+            # stopped again under a connected TUI: the stream's silence past a heartbeat tells
+            os.kill(head.process.pid, signal.SIGSTOP)
+            await until(pilot, lambda: app.sub_title.startswith("disconnected — retrying"),
+                        timeout=60, what="disconnected once the head stopped")
+            os.kill(head.process.pid, signal.SIGCONT)
+            await until(pilot, lambda: app.sub_title == "connected", timeout=60, what="connected again")
     finally:
         os.kill(head.process.pid, signal.SIGCONT)
 

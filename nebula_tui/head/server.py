@@ -31,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 from .. import views
-from ..api import MAX_GPU_COUNT, MAX_LINE, MAX_WAIT_STEP_S
+from ..api import HEARTBEAT_S, MAX_GPU_COUNT, MAX_LINE, MAX_WAIT_STEP_S
 from ..model import InvalidRequest, JobState, RequestError
 from ..store import StoreUnavailable
 from ..units import parse_array
@@ -479,7 +479,10 @@ class ApiServer:
 async def gather_events(queue: asyncio.Queue) -> list[dict]:
     """The next events to write, in order: all that are waiting and, while they are all
     telemetry, what follows within STREAM_GATHER_S of the first."""
-    events = [await queue.get()]
+    try:
+        events = [await asyncio.wait_for(queue.get(), HEARTBEAT_S)]
+    except asyncio.TimeoutError:
+        return [{"type": "tick"}]  # a quiet stream still says the head is alive
     urgent = events[0].get("type") != "gpus"
     loop = asyncio.get_running_loop()
     deadline = loop.time() + STREAM_GATHER_S
