@@ -493,7 +493,7 @@ class Pools:
         running = sum(1 for j in jobs if j is not None and j.state.holds_gpus)
         pending = sum(1 for j in jobs if j is not None and j.state == JobState.PENDING)
         return pool_view(pool.config, pool.kind, view.capacity, view.unreachable_since,
-                         view.reason, running, pending, self.state.clock())
+                         view.reason, running, pending, self.state.clock(), pool.authorize())
 
     def status(self) -> list[dict]:
         return [self.view_json(name) for name in self.pools]

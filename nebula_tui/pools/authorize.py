@@ -17,13 +17,15 @@ from ..config import PoolConfig
 RESTRICTIONS = "restrict"
 
 
-def head_address(host: str, port: int) -> str | None:
+def head_address(host: str, port: int, resolve: bool = True) -> str | None:
     """The address this machine sends from to reach ``host`` (what the login node sees,
     unless a NAT stands between): the local end of a UDP socket aimed there, nothing sent.
-    None when ``host`` does not resolve or no route leads there. Resolving may block: call
-    it off the event loop."""
+    None when ``host`` does not resolve or no route leads there. Resolving a name may
+    block: off the event loop, or ``resolve=False`` (an address only, never a name)."""
+    flags = 0 if resolve else socket.AI_NUMERICHOST
     with contextlib.suppress(OSError, UnicodeError):
-        family, _, _, _, where = socket.getaddrinfo(host, port, proto=socket.IPPROTO_UDP)[0]
+        family, _, _, _, where = socket.getaddrinfo(host, port, proto=socket.IPPROTO_UDP,
+                                                    flags=flags)[0]
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
             probe.connect(where)
             return probe.getsockname()[0]

@@ -11,6 +11,7 @@ of ours that reaches the remote shell is quoted with ``shlex.quote``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import shlex
@@ -22,6 +23,7 @@ from ..config import ClusterConfig, PoolConfig
 from ..remote import preflight
 from ..remote.ssh import encryption_preference, known_hosts
 from . import slurm_parse as parse
+from .authorize import authorize_view, head_address
 from .base import (Capacity, PollResult, PoolNode, PoolNotAuthorised, PoolRefusal,
                    PoolSubmission, PoolUnavailable, RemoteJob)
 
@@ -86,6 +88,8 @@ class SlurmPool:
         self._workdirs: dict[str, str] = {}  # account -> its workdir, resolved there once
         self.version: tuple[int, ...] | None = None
         self.accounting: bool | None = None  # sacct answers (None: not asked yet)
+        #: the head's address as the login node sees it (the local end of a connection)
+        self.address: str | None = None
 
     # ------------------------------------------------------------------- connections
     def account_for(self, user: str) -> str:
@@ -128,7 +132,18 @@ class SlurmPool:
             except (OSError, asyncio.TimeoutError, asyncssh.Error) as err:
                 raise PoolUnavailable(self._why(err)) from None
             self._conns[account] = conn
+            self.address = (conn.get_extra_info("sockname") or (None,))[0]
             return conn
+
+    def authorize(self) -> dict:
+        """What ``nebula pool authorize`` shows: the line of the key a submitter logs in
+        with (its ``.pub`` beside it), from the head's address (``pools/authorize.py``)."""
+        identity, public_key = self._identity(), None
+        if identity:
+            with contextlib.suppress(OSError):
+                public_key = Path(identity + ".pub").read_text().strip()
+        address = self.address or head_address(self.config.host, self.config.port, resolve=False)
+        return authorize_view(self.config, public_key, address)
 
     def _why(self, err: BaseException) -> str:
         where = f"{self.config.host}:{self.config.port}"

@@ -10,7 +10,7 @@ from .base import Capacity
 
 def pool_view(config: PoolConfig, kind: str, capacity: Capacity | None,
               unreachable_since: float | None, reason: str, running: int, pending: int,
-              now: float) -> dict:
+              now: float, authorize: dict | None = None) -> dict:
     """The pool's view: what it has (its last poll), whether it answers, ours there."""
     version = capacity.version if capacity else None
     where = f"Slurm {version}" if version else "Slurm"
@@ -37,4 +37,5 @@ def pool_view(config: PoolConfig, kind: str, capacity: Capacity | None,
                    "usable": n.usable} for n in (capacity.nodes if capacity else ())],
         "running": running, "pending": pending, "max_jobs": config.max_jobs,
         "burst_after_s": config.burst_after_s,
-        "ends_from": capacity.ends_from if capacity else None, "line": printable(line)}
+        "ends_from": capacity.ends_from if capacity else None, "line": printable(line),
+        "authorize": authorize}
