@@ -95,3 +95,15 @@ def test_err_in_a_q_report_is_a_missing_value_named_as_such():
     assert gpu["power_w"] is None and gpu["fan_pct"] is None
     assert gpu["err_fields"] == ["Fan Speed", "Power Readings/Power Draw"]
     assert gpu_reading(gpu).lost == "nvidia-smi shows ERR! for Fan Speed, Power Readings/Power Draw"
+
+
+def test_the_real_lost_card_outputs_name_their_card():
+    """Real `nvidia-smi` outputs of a lost card (old and new spacing, the -a view): each
+    names the card's whole PCI address and the driver's words."""
+    found = {p.name: nvidia_smi.lost_devices(p.read_text().splitlines())
+             for p in sorted((SAMPLES / "smi_lost").glob("*.txt"))}
+    assert found == {
+        "nvidia_smi_2015_space_after_gpu_unknown_error.txt": [("0000:0B:00.0", "Unknown Error")],
+        "nvidia_smi_a_i0_unknown_error.txt": [("0000:09:00.0", "Unknown Error")],
+        "tesla_p4_2024_unknown_error.txt": [("0000:07:00.0", "Unknown Error")],
+    }

@@ -41,6 +41,8 @@ def vendor_kind(path: Path) -> str:
 
 CASES = ([pytest.param(csv_kind(p), p, id=f"smi_csv/{p.name}") for p in samples("smi_csv")]
          + [pytest.param("smi-plain", p, id=f"smi_plain/{p.name}") for p in samples("smi_plain")]
+         # what nvidia-smi prints for a lost card: --query-gpu's reading reports it as a warning
+         + [pytest.param("smi-csv", p, id=f"smi_lost/{p.name}") for p in samples("smi_lost")]
          + [pytest.param("smi-q", p, id=f"smi_q/{p.name}") for p in samples("smi_q")]
          + [pytest.param("smi-xml", p, id=f"smi_xml/{p.name}") for p in samples("smi_xml")]
          + [pytest.param(vendor_kind(p), p, id=f"other_vendors/{p.name}")
