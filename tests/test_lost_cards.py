@@ -107,3 +107,12 @@ def test_the_real_lost_card_outputs_name_their_card():
         "nvidia_smi_a_i0_unknown_error.txt": [("0000:09:00.0", "Unknown Error")],
         "tesla_p4_2024_unknown_error.txt": [("0000:07:00.0", "Unknown Error")],
     }
+
+
+def test_every_view_of_nvidia_smi_warns_of_a_lost_card():
+    """`nebula parse` of a lost card's output says it, whichever view it was taken from."""
+    from nebula_tui.remote.documents import parse_text
+
+    text = (SAMPLES / "smi_lost" / "nvidia_smi_a_i0_unknown_error.txt").read_text()
+    for kind in ("smi-csv", "smi-plain", "smi-q"):
+        assert parse_text(kind, text)["warnings"] == ["GPU 0000:09:00.0 could not be read: Unknown Error"], kind

@@ -98,11 +98,18 @@ def smi_apps(lines: Iterable[str], fields: Sequence[str] | None = None) -> dict:
     return {"processes": processes, "warnings": []}
 
 
+def _lost(text: str) -> list[str]:
+    """What nvidia-smi prints instead of a card the driver lost, as warnings (every view
+    of the tool prints the same line: the table, ``-q``, ``--query-gpu``)."""
+    return [f"GPU {card} could not be read: {why}"
+            for card, why in nvidia_smi.lost_devices(text.splitlines())]
+
+
 def smi_plain(text: str) -> dict:
     table = nvidia_smi.parse_plain_table(text)
     readings, processes = nvidia_smi.plain_table_readings(table)
     facts = {k: table[k] for k in ("nvidia_smi_version", "driver_version", "cuda_version")}
-    document = _document(readings, processes, facts)
+    document = _document(readings, processes, facts, warnings=_lost(text))
     # The table's own columns, for what the readings do not say (persistence, ECC mode).
     for reading, gpu in zip(document["gpus"], table["gpus"]):
         for key in ("persistence_mode", "display_active", "ecc", "compute_mode"):
@@ -110,10 +117,11 @@ def smi_plain(text: str) -> dict:
     return document
 
 
-def _triple(parse: Callable[[str], tuple]) -> Callable[[str], dict]:
+def _triple(parse: Callable[[str], tuple],
+            warn: Callable[[str], list[str]] | None = None) -> Callable[[str], dict]:
     def run(text: str) -> dict:
         readings, processes, facts = parse(text)
-        return _document(readings, processes, facts)
+        return _document(readings, processes, facts, warnings=warn(text) if warn else None)
     run.__doc__ = parse.__doc__
     return run
 
@@ -149,7 +157,7 @@ KINDS: dict[str, Kind] = {
     "smi-apps": Kind(smi_apps, "nvidia-smi --query-compute-apps … --format=csv", streamed=True,
                      takes_fields=True),
     "smi-plain": Kind(smi_plain, "nvidia-smi (the default table)"),
-    "smi-q": Kind(_triple(nvidia_smi.parse_q), "nvidia-smi -q"),
+    "smi-q": Kind(_triple(nvidia_smi.parse_q, _lost), "nvidia-smi -q"),
     "smi-xml": Kind(_triple(nvidia_smi.parse_xml), "nvidia-smi -q -x"),
     "amd-smi": Kind(_triple(amd.parse_amd_smi), "amd-smi (the default view)"),
     "rocm-smi": Kind(rocm_smi, "rocm-smi, or rocm-smi … --json"),
