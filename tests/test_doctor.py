@@ -118,3 +118,27 @@ async def test_the_nodes_screen_shows_a_nodes_checks(head):
     for line in shown.splitlines():  # the same lines as `nebula doctor node02`, but the clock's
         if not line.startswith("✓ clock"):
             assert f"  {line}" in cli, line
+
+
+@pytest.fixture
+def shared_lab(openssh_lab, tmp_path):
+    """The lab as a shared cluster: jobs run as their owners (run_as: submitter)."""
+    config = yaml.safe_load(openssh_lab.config_path.read_text())
+    config["cluster"]["run_as"] = "submitter"
+    file = openssh_lab.root / "nodes-shared.yaml"
+    file.write_text(yaml.safe_dump(config))
+    yield from serving(openssh_lab, tmp_path / "home", file)
+
+
+def test_a_shared_cluster_checks_the_user_switch_and_hidepid(shared_lab):
+    """Where several users' jobs share the nodes, the login must be able to run a job as its
+    owner, and /proc must hide each user's command lines from the others."""
+    done = shared_lab.run("doctor", "node01")
+    hidden = any(o.startswith("hidepid=") and o != "hidepid=0" for line in
+                 open("/proc/mounts") if line.split()[1] == "/proc" for o in line.split()[3].split(","))
+    assert "✓ run_as" in done.stdout, done.stdout  # root asks, and the lab's login is root
+    if hidden:
+        assert "✓ hidepid" in done.stdout and done.returncode == 0, done.stdout
+    else:  # this machine's /proc, as the lab's nodes share it: a real failure, with its fix
+        assert "✗ hidepid" in done.stdout and "hidepid=invisible" in done.stdout
+        assert done.returncode == 1
