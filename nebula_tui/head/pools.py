@@ -237,15 +237,14 @@ class Pools:
             found = await pool.find(row["account"], row["token"]) if job_id in self._asked else None
             self._asked.add(job_id)
             remote_id = found.remote_id if found else None
+            shards = job.spec.gpu_count if job.spec.gpu_mem_mb and pool.config.shards_per_gpu else 0
+            submission = PoolSubmission(job, row["account"], row["token"], job.spec.gpu_count, shards)
             if remote_id is None:
-                shards = pool.config.shards_per_gpu if job.spec.gpu_mem_mb and pool.config.shards_per_gpu else 0
-                submission = PoolSubmission(job, row["account"], row["token"], job.spec.gpu_count,
-                                            shards_per_node=job.spec.gpu_count if shards else 0)
                 remote_id = await pool.submit(submission)
+                if job_id not in self.rows:  # cancelled while sbatch ran: it must not run there
+                    return await pool.cancel(row["account"], remote_id)
+            if not row["log_path"]:
                 row["log_path"] = pool.log_path(await pool.workdir(row["account"]), submission)
-            elif not row["log_path"]:
-                row["log_path"] = pool.log_path(await pool.workdir(row["account"]),
-                                                PoolSubmission(job, row["account"], row["token"], 1))
             row["remote_id"] = remote_id
             self.state.store.pool_submitted(job_id, remote_id, row["log_path"], self.state.clock())
         except PoolNotAuthorised as err:
