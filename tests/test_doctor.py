@@ -142,3 +142,23 @@ def test_a_shared_cluster_checks_the_user_switch_and_hidepid(shared_lab):
     else:  # this machine's /proc, as the lab's nodes share it: a real failure, with its fix
         assert "✗ hidepid" in done.stdout and "hidepid=invisible" in done.stdout
         assert done.returncode == 1
+
+
+def test_a_container_runtime_is_checked_only_where_a_job_asks_for_an_image(head):
+    """The healthy lab checks no runtime; once a job asks for an image, each node's runtime
+    (the first its login can use, as that job would get) must run."""
+    import shutil
+
+    assert "containers" not in head.run("doctor", "node01").stdout
+    if not any(shutil.which(t) for t in ("podman", "docker", "apptainer")):
+        pytest.skip("no container runtime on this machine")
+    blocker = head.run("submit", "--gpu-mem", "4G", "--", "sleep", "300", check=True)
+    blocker_id = blocker.stdout.split()[2]
+    waiting = head.run("submit", "--after", blocker_id, "--image", "localhost/nebula-python:3.11",
+                       "--gpu-mem", "4G", "--", "true", check=True).stdout.split()[2]
+    try:
+        done = head.run("doctor", "node01")
+        assert done.returncode == 0, done.stdout
+        assert "✓ containers" in done.stdout and " runs" in done.stdout
+    finally:
+        head.run("cancel", waiting, blocker_id)
