@@ -29,7 +29,11 @@ def pool_config(slurm_lab, path: Path, **extra) -> Path:
 def start_head(home: Path, config: Path) -> HeadProcess:
     head = HeadProcess(home, None, config=config)
     head.start(wait_nodes=False)
-    wait_for(lambda: head.call("status")["pools"][0]["reachable"], 30, what="the pool's first poll")
+    try:
+        wait_for(lambda: head.call("status")["pools"][0]["reachable"], 30, what="the pool's first poll")
+    except BaseException:
+        head.stop()  # a head that is not handed over is not left running
+        raise
     return head
 
 
@@ -141,9 +145,11 @@ def test_a_head_killed_mid_submit_never_submits_twice(slurm_lab, tmp_path):
     did not; the restarted head finds the first by its token and submits the second once."""
     config = pool_config(slurm_lab, tmp_path / "nodes.yaml", burst_after="1h")
     head = start_head(tmp_path / "home", config)
-    first = submit(head, "--", "sleep", "5")  # waits here (no lab nodes) for an hour
-    second = submit(head, "--", "true")
-    head.kill()
+    try:
+        first = submit(head, "--", "sleep", "5")  # waits here (no lab nodes) for an hour
+        second = submit(head, "--", "true")
+    finally:
+        head.kill()
     store = Store(tmp_path / "home" / "state.db")
     work = tmp_path / "hpc-work"
     work.mkdir(exist_ok=True)
