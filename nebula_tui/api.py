@@ -19,6 +19,11 @@ field counts its requeues, so its latest run is that + 1) replies ``{"data", "of
 where a client that reads the log once stops — a reply holds at most 64 KB;
 ``ended``: that log will not grow; an attempt the job never
 had is refused with the attempts it had).
+Bookings (head/bookings.py): ``reserve`` (``gpus``: "node02:0-3", or ``gpu_count`` and
+``gpu_mem_mb``; ``start``: Unix seconds; ``duration_s``; ``users``: a list; ``name``)
+replies ``{"booking", "note"}``; ``reservations`` ``{"bookings": [...]}`` (those not yet
+over); ``unreserve`` (``name``) ends one, ``{"booking"}``. A booking is ``{"name", "gpus",
+"uuids", "users", "start", "end", "created_by", "active", "broken", "gpu_hours", "when"}``.
 The server learns who is asking from the kernel (``SO_PEERCRED``), never from the request.
 Lists of jobs (``queue``, ``job_history``, the subscription) cut a command or data mounts
 longer than ``views.LISTED_COMMAND_CHARS`` (1,024 characters), saying so in their last
@@ -30,7 +35,9 @@ Accounting: ``job_history`` (fields ``user``, ``since``, ``until`` — Unix seco
 ``views.job_json`` plus ``wait_s``, ``run_s``, ``gpu_hours``, ``mean_util_pct``,
 ``idle_gpu_hours``, ``mem_used_mb_mean``, ``mem_used_mb_peak``. ``job`` answers an ended
 job in that shape too. ``report`` (``since``, ``until``: Unix seconds, at most 400 days
-apart) replies ``{"report": {"since", "until", "users", "nodes", "days"}}``: ``users`` a row
+apart) replies ``{"report": {"since", "until", "users", "nodes", "days", "bookings"}}``
+(``bookings``: ``name``, ``users``, ``created_by``, ``start``, ``end``,
+``booked_gpu_hours``, ``used_gpu_hours``, ``used_pct`` of each overlapping it): ``users`` a row
 per user and month of the jobs that ended then (``month``, ``user``, ``jobs``,
 ``gpu_hours``, ``efficiency_pct`` — utilisation of its cards while held, ``idle_gpu_hours``,
 ``mean_wait_s``); ``nodes`` per month and ``days`` per day a row per node and one with
@@ -40,7 +47,8 @@ per user and month of the jobs that ended then (``month``, ``user``, ``jobs``,
 The subscription: first ``{"ok": true, "type": "snapshot", "nodes", "gpus", "jobs",
 "summary", "events", "users", "temperatures", "pools"}`` (``pools``: each pool as
 ``head.pools.Pools.view_json``, whose ``line`` `nebula status` prints; GPUs as ``views.gpu_json`` without the raw
-reading, users as the ``users`` request's rows, ``temperatures`` the health policy's
+reading, users as the ``users`` request's rows, ``bookings`` as the ``reservations``
+request's, ``temperatures`` the health policy's
 ``{"hot_c", "warm_c"}`` that clients colour temperatures by: ``model.Temperatures``), then one line per event, each with a ``type``:
 
 * ``job``: ``{"job": …}``, a job as ``views.job_json`` (whole, after each change);
@@ -56,6 +64,8 @@ reading, users as the ``users`` request's rows, ``temperatures`` the health poli
   ``job`` also its ``environment`` once placed (node -> the variables its command gets);
 * ``pool``: ``{"pool": …}``, one pool's view (as in the snapshot's ``pools``), after each
   poll of it;
+* ``bookings``: ``{"bookings": [...]}``, every booking not yet over, after one was made,
+  ended, or can no longer (or again) be honoured;
 * ``user``: ``{"user": …}``, one user's row as the ``users`` request returns it, after
   their figures moved (a job of theirs submitted, started, charged or ended; their quota);
 * ``tick``: nothing else, after ``HEARTBEAT_S`` (15 s) with no other event: the head is
@@ -95,7 +105,7 @@ from pathlib import Path
 #: there, a pool unreachable and back). ``tests/test_events.py`` holds the source to it.
 EVENT_KINDS = ("submit", "hold", "cancel", "place", "start", "end", "requeue", "idle", "guard",
                "limit", "node", "hardware", "reconcile", "health", "xid", "admin", "store",
-               "preempt", "pool")
+               "preempt", "pool", "booking")
 
 #: The longest request line the server reads, and a tenth of the longest reply line.
 MAX_LINE = 1 << 20

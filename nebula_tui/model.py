@@ -256,6 +256,8 @@ class JobSpec:
     #: --preemptible: runs on any free card whatever its user's fair share, stopped and
     #: requeued when a normal job needs the card; charged ``scheduler.preemptible_charge``
     preemptible: bool = False
+    #: --reservation NAME: runs on that booking's cards only, inside its window
+    reservation: str | None = None
 
 
 #: ``--pool local``: the job runs on the lab's own nodes, never in a pool

@@ -80,6 +80,9 @@ class LimitsSettings:
     #: a job's log on its node stops growing at this size (MiB), with a line saying so, and
     #: the job runs on (its output still reaches its terminal); None: no cap
     log_max_mb: int | None = DEFAULT_LOG_MAX_MB
+    #: GPU-hours of bookings (``nebula reserve``) a user who is not an admin may make a
+    #: month; 0: only admins book
+    booking_gpu_hours: float = 0.0
 
 
 def _number(section: str, keys: tuple[str, ...], value: Any, minimum: float = 0) -> float:
@@ -183,7 +186,8 @@ _IDLE_ACTIONS = ("warn", "cancel")
 def limits_settings(value: Any) -> LimitsSettings:
     data = _mapping("limits", value)
     _known("limits", data, ("default_time", "max_time", "memory_overuse", "memory_grace",
-                            "idle_after", "idle_action", "idle_grace", "idle_services", "log_max"))
+                            "idle_after", "idle_action", "idle_grace", "idle_services", "log_max",
+                            "booking_gpu_hours"))
     settings = LimitsSettings()
     for key, attr in (("default_time", "default_time_s"), ("max_time", "max_time_s"),
                       ("idle_after", "idle_after_s")):
@@ -203,6 +207,9 @@ def limits_settings(value: Any) -> LimitsSettings:
         settings = replace(settings, idle_services=data["idle_services"])
     if "log_max" in data:
         settings = replace(settings, log_max_mb=_log_max(data["log_max"]))
+    if "booking_gpu_hours" in data:
+        settings = replace(settings, booking_gpu_hours=_number("limits", ("booking_gpu_hours",),
+                                                               data["booking_gpu_hours"]))
     if settings.default_time_s and settings.max_time_s and settings.default_time_s > settings.max_time_s:
         raise SettingError("limits.default_time is longer than limits.max_time; shorten it",
                            "default_time")

@@ -290,6 +290,24 @@ def running_idle_text(job: dict, now: float) -> str:
     return IDLE_UNKNOWN_TEXT if job.get("idle_unknown") else ""
 
 
+def booking_line(booking: dict) -> str:
+    """"deadline node02:0-3 Fri 09:00 – Fri 19:00 for alice,bob (under way)"."""
+    state = f"broken: {booking['broken']}" if booking.get("broken") else (
+        "under way" if booking.get("active") else "ahead")
+    return (f"{booking['name']} {booking['gpus']} {booking['when']} for {','.join(booking['users'])} "
+            f"({state})")
+
+
+def bookings_count(bookings: list[dict]) -> str:
+    """"1 booking under way, 2 ahead" (or "")."""
+    active = sum(1 for b in bookings if b.get("active"))
+    parts = ([f"{active} booking{'s' * (active != 1)} under way"] if active else []) + (
+        [f"{len(bookings) - active} ahead" if active else
+         f"{len(bookings) - active} booking{'s' * (len(bookings) - active != 1)} ahead"]
+        if len(bookings) > active else [])
+    return ", ".join(parts)
+
+
 def preemptible_text(job: dict) -> str:
     """"preemptible", "preemptible, preempted 2 times" (the queue's tag), or "" for a
     normal job."""
@@ -524,6 +542,11 @@ def report_text(report: dict) -> str:
                 for r in items]
 
     days = [r for r in report["days"] if r["node"] == "cluster"]
+    booked = table(("BOOKING", "USERS", "FROM", "TO", "BOOKED GPU-H", "USED GPU-H", "USED"),
+                   [(b["name"], ",".join(b["users"]), time.strftime("%Y-%m-%d %H:%M", time.localtime(b["start"])),
+                     time.strftime("%Y-%m-%d %H:%M", time.localtime(b["end"])), f"{b['booked_gpu_hours']:.3f}",
+                     f"{b['used_gpu_hours']:.3f}", _pct(b["used_pct"])) for b in report.get("bookings", [])],
+                   right={4, 5, 6}) if report.get("bookings") else "(no booking in this period)"
     return "\n".join([
         f"Report {since} to {until}", "",
         "Users (jobs that ended; efficiency: utilisation of their cards while they held them)",
@@ -531,4 +554,6 @@ def report_text(report: dict) -> str:
         "Nodes (GPU-hours their cards had, held by jobs, and how busy the cards really were)",
         table(capacity, rows(report["nodes"]), right={2, 3, 4, 5, 6}), "",
         "Cluster by day",
-        table(capacity, rows(days), right={2, 3, 4, 5, 6})])
+        table(capacity, rows(days), right={2, 3, 4, 5, 6}), "",
+        "Bookings (GPU-hours booked in this period, and those their users' jobs held on them)",
+        booked])

@@ -144,6 +144,30 @@ def when(text: str) -> float:
             "ago (90m, 6h, 7d)") from None
 
 
+def ahead(text: str) -> float:
+    """A moment from now on: "now", a time from now ("+2h", "in 2h"), or a date and time
+    (local time)."""
+    text = text.strip()
+    if text == "now":
+        return time.time()
+    if text.startswith(("+", "in ")):
+        return time.time() + duration(text.removeprefix("+").removeprefix("in ").strip())
+    for pattern in ("%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d"):
+        try:
+            return time.mktime(time.strptime(text, pattern))
+        except ValueError:
+            continue
+    raise argparse.ArgumentTypeError(f"'{text}' is not a time ahead; write '2026-12-11 09:00', now or +2h")
+
+
+def users(text: str) -> list[str]:
+    """"alice,bob" -> ["alice", "bob"]."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one user name, e.g. alice,bob")
+    return names
+
+
 def address(text: str) -> tuple[str, int]:
     """HOST:PORT ([::1]:9400 for IPv6) of a listening socket."""
     host, _, port = text.rpartition(":")

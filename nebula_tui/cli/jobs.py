@@ -55,6 +55,7 @@ def submit_request(args) -> dict | None:
         "arch": args.arch, "cuda": args.cuda, "vendor": args.vendor, "nodes": args.nodes,
         "priority": args.priority, "time_limit_s": args.time_limit,
         "service": args.service, "no_requeue": args.no_requeue, "preemptible": args.preemptible,
+        "reservation": args.reservation,
         "notify": getattr(args, "notify", False), **world_request(args),
         "after": [job for _, ids in args.after for job in ids],
         "after_type": kinds.pop() if kinds else "ok", "array": getattr(args, "array", None),

@@ -10,7 +10,7 @@ from ..api import ApiError
 from ..model import ConfigError
 from ..printable import printable
 from ..service import Home, ServiceUnavailable
-from . import accounting, cluster, jobs, local, logs, pools, sim
+from . import accounting, bookings, cluster, jobs, local, logs, pools, sim
 from .args import USAGE_ERROR, leaf_parser
 from .parser import build_parser
 
@@ -29,6 +29,7 @@ COMMANDS = {
     "pool": pools.cmd_pool,
     "history": accounting.cmd_history, "report": accounting.cmd_report,
     "users": accounting.cmd_users, "quota": accounting.cmd_quota,
+    "reserve": bookings.cmd_reserve, "reservations": bookings.cmd_reservations,
     "parse": local.cmd_parse, "serve": local.cmd_serve, "demo": local.cmd_demo,
     "tui": local.cmd_tui, "completion": local.cmd_completion, "sim": sim.cmd_sim,
     "simulate": local.cmd_simulate, "backup": local.cmd_backup,

@@ -11,9 +11,9 @@ from .. import environments
 from ..api import ARCH_RE, CUDA_RE, EVENT_KINDS
 from ..model import VENDORS
 from . import sim
-from .args import (FINISHED_STATES, REPORT_TABLES, STATES, OneLineParser, address, after, array,
+from .args import (FINISHED_STATES, REPORT_TABLES, STATES, OneLineParser, address, after, ahead, array,
                    checked, count, duration, ended_states, job_id, job_states, pattern, size_mb,
-                   when)
+                   users, when)
 
 
 def add_world_flags(p: argparse.ArgumentParser) -> None:
@@ -62,6 +62,8 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
                    help="a long-running inference service: its card keeps 2 GB spare")
     p.add_argument("--no-requeue", action="store_true",
                    help="fail instead of restarting elsewhere when its GPU is isolated")
+    p.add_argument("--reservation", default=None, metavar="BOOKING",
+                   help="run on that booking's GPUs only, inside its window (`nebula reservations`)")
     p.add_argument("--preemptible", action="store_true",
                    help="run on any free GPU now, whatever your fair share; stopped (SIGUSR1, "
                         "grace, SIGKILL) and requeued when a normal job needs the GPU; charged less")
@@ -222,6 +224,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="smi-csv/smi-apps without a header: the query's fields, comma-separated")
     p.add_argument("--best", type=count, default=None,
                    help="with topo: the K GPUs a K-GPU job would get on that machine")
+    p = command("reserve", "book GPUs for some users through a window: nebula reserve --gpus "
+                           "node02:0-3 --start '2026-12-11 09:00' --duration 10h --users alice,bob")
+    p.add_argument("--gpus", default=None, metavar="NODE:INDEXES", help="these GPUs, e.g. node02:0-3")
+    p.add_argument("--gpu-count", type=count, default=None, help="or this many GPUs (one node)")
+    p.add_argument("--gpu-mem", type=size_mb, default=None, help="with --gpu-count: at least this memory each")
+    p.add_argument("--start", type=ahead, default=None, metavar="WHEN",
+                   help="'2026-12-11 09:00' (local time), now, or +2h")
+    p.add_argument("--duration", type=duration, default=None, help="how long, e.g. 10h")
+    p.add_argument("--users", type=users, default=None, help="whose jobs may use them (default: you)")
+    p.add_argument("--name", default=None, help="the booking's name (default: yours and its start)")
+    p.add_argument("--delete", default=None, metavar="NAME", help="end this booking now")
+    command("reservations", "the bookings under way or ahead")
     p = command("quota", "set a user's GPU-hours per month (admins)")
     p.add_argument("user")
     p.add_argument("hours", type=float)

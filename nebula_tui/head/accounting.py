@@ -75,7 +75,7 @@ class Accounting:
         """The report of [since, until) (until at most now; see ``api.py`` for its shape):
         per user and month, the ended jobs' figures; per node and month, and for the
         cluster per month and per day, the GPU-hours its cards had, those held by jobs,
-        and the utilisation the cards showed."""
+        and the utilisation the cards showed; each booking's GPU-hours and their use."""
         now = self.state.clock()
         until = min(until, now)
         if until <= since:
@@ -105,7 +105,25 @@ def _report(store: Store, who: str | None, since: float, until: float, now: floa
             totals[1] += used
     return {"since": since, "until": until, "users": users,
             "nodes": _node_rows(_periods(since, until, "month"), cards, held, busy, now),
-            "days": _node_rows(_periods(since, until, "day"), cards, held, busy, now)}
+            "days": _node_rows(_periods(since, until, "day"), cards, held, busy, now),
+            "bookings": _booking_rows(store, since, until)}
+
+
+def _booking_rows(store: Store, since: float, until: float) -> list[dict]:
+    """Each booking whose window overlaps [since, until): its GPU-hours in the period, and
+    those its users' jobs held on its cards then (its use)."""
+    rows = []
+    for b in store.bookings(since):
+        begin, end = max(b["start"], since), min(b["end"], b["ended_at"] or b["end"], until)
+        if b["start"] >= until or end <= begin:
+            continue
+        booked = len(b["cards"]) * (end - begin) / 3600
+        used = store.booked_use([c[0] for c in b["cards"]], b["users"], begin, end)
+        rows.append({"name": b["name"], "users": b["users"], "created_by": b["created_by"],
+                     "start": b["start"], "end": min(b["end"], b["ended_at"] or b["end"]),
+                     "booked_gpu_hours": round(booked, 6), "used_gpu_hours": round(used, 6),
+                     "used_pct": round(100 * used / booked, 1) if booked else None})
+    return rows
 
 
 def _user_row(row: dict) -> dict:

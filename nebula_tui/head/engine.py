@@ -39,6 +39,7 @@ from ..units import parse_array
 from .access import Access
 from .accounting import Accounting
 from .attach import Attach
+from .bookings import Bookings
 from .doctor import Doctor
 from .health import HealthMonitor
 from .jobs import JobTransitions
@@ -69,7 +70,9 @@ class Engine:
         self.transitions = JobTransitions(self.state, self.stream, self.shares, self.access)
         self.stops = Stops(self.state, self.transitions)
         self.limits = Limits(self.state, self.transitions, self.stops)
-        self.scheduling = Scheduling(self.state, self.stream, self.shares, self.transitions, self.limits)
+        self.bookings = Bookings(self.state, self.access, self.stream)
+        self.scheduling = Scheduling(self.state, self.stream, self.shares, self.transitions, self.limits,
+                                     self.bookings)
         self.health = HealthMonitor(self.state, self.stream, self.transitions, self.access)
         store.on_event = self.stream.publish_event  # every events-log line, once committed
         self.fleet = Fleet(self.state, self.stream, self.transitions, self.health, self.access)
@@ -85,6 +88,7 @@ class Engine:
         self.transitions.on_ended = self.notifier.job_ended
         self.transitions.on_requeued = self.notifier.job_requeued
         self.health.on_isolated = self.notifier.gpu_isolated
+        self.bookings.on_broken = self.notifier.booking_broken
         self.fleet.probed = self.limits.on_probe  # the memory guard and idleness read each probe
         # What the node links call, what the server and tests read:
         self.on_node_message = self.fleet.on_node_message
@@ -113,9 +117,10 @@ class Engine:
 
     def subscribe(self, queue: asyncio.Queue) -> dict:
         """A new subscriber: the stream's snapshot, with every user's row (``users``) and
-        each pool's view (``pools``, as ``Pools.view_json``; a "pool" event after each poll)."""
+        each pool's view (``pools``, as ``Pools.view_json``; a "pool" event after each poll)
+        and the bookings (``bookings``)."""
         return {**self.stream.subscribe(queue), "users": self.shares.users_json(),
-                "pools": self.pools.status()}
+                "pools": self.pools.status(), "bookings": self.bookings.list_json()}
 
     def status(self) -> dict:
         """`nebula status`: nodes, GPUs and their summary (the stream's), and each pool."""
@@ -164,6 +169,8 @@ class Engine:
         state = self.state
         if spec.priority > 0 and not self.access.is_admin(user):
             raise RequestError(f"only an admin ({self.access.admins_text()}) may raise a job's priority")
+        if spec.reservation is not None:
+            self._check_reservation(user, spec.reservation)
         missing = [d for d in spec.after if d not in state.jobs and state.store.job(d) is None]
         if missing:
             raise RequestError(f"--after names no job {missing[0]}; `nebula queue` lists the jobs")
@@ -201,6 +208,16 @@ class Engine:
         """The submit form's preview: where the job would go now, or why it would wait; a
         request submit would refuse is refused here in the same words (not "would wait")."""
         return self.scheduling.plan(user, self._fit(user, spec))
+
+    def _check_reservation(self, user: str, name: str) -> None:
+        """--reservation names a booking not yet over whose users include ``user``."""
+        booking = next((b for b in self.bookings.live() if b["name"] == name), None)
+        if booking is None:
+            raise RequestError(f"--reservation {name}: no such booking is under way or ahead; "
+                               "`nebula reservations` lists them")
+        if user not in booking["users"]:
+            raise RequestError(f"--reservation {name}: the booking is for {', '.join(booking['users'])}, "
+                               f"not {user}")
 
     def _fit(self, user: str, spec: JobSpec) -> JobSpec:
         """The spec with the cluster's default --time, or ``UnfitRequest`` when it asks for

@@ -89,6 +89,17 @@ class Notifier:
         self._route(Notice("gpu_isolated", text, f"GPU {label} isolated",
                            {"gpu": gpu, "label": label, "reason": reason}), None, admins=True)
 
+    def booking_broken(self, booking: dict, why: str | None) -> None:
+        """A booking can no longer be honoured (or can again): its users and the admins."""
+        name = booking["name"]
+        text = f"booking {name} can no longer be honoured: {why}" if why else f"booking {name} can be honoured again"
+        notice = Notice("booking_broken", text, f"booking {name}", {"booking": name, "reason": why})
+        self._route(notice, None, admins=True)
+        if self._sendmail is not None:
+            domain = self.settings.mail_domain
+            for user in booking["users"]:
+                self._enqueue(("mail", f"{user}@{domain}" if domain else user), notice)
+
     # ----------------------------------------------------------------- routing
     def _route(self, notice: Notice, job: Job | None, admins: bool) -> None:
         s = self.settings

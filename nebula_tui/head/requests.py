@@ -118,6 +118,9 @@ def spec_from_request(req: dict, default_vendor: str | None = None) -> JobSpec:
         if value is not None and (not isinstance(value, str) or not pattern.match(value)):
             raise InvalidRequest(f"{flag}: {value!r} is not valid; e.g. {_EXAMPLES[key]}")
         texts[key] = value
+    reservation = req.get("reservation")
+    if reservation is not None and (not isinstance(reservation, str) or not _BOOKING.match(reservation)):
+        raise RequestError("--reservation must name a booking: 1-64 letters, digits, dots, dashes or underscores")
     if texts["vendor"] == ANY_VENDOR:
         texts["vendor"] = None
     elif texts["vendor"] is None and texts["arch"] is None:  # an arch says whose cards
@@ -128,6 +131,7 @@ def spec_from_request(req: dict, default_vendor: str | None = None) -> JobSpec:
                    time_limit_s=time_limit,
                    service=bool(req.get("service")), no_requeue=bool(req.get("no_requeue")),
                    notify=bool(req.get("notify")), preemptible=bool(req.get("preemptible")),
+                   reservation=reservation,
                    **texts, **_world_fields(req))
 
 
@@ -165,6 +169,7 @@ def _world_fields(req: dict) -> dict:
 _POOL = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}\Z")
 #: a job's --vendor that takes any card, whatever nodes.yaml gives as the default
 ANY_VENDOR = "any"
+_BOOKING = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # as head/bookings.py names them
 _VENDOR = re.compile(f"^({'|'.join((*VENDORS, ANY_VENDOR))})$")
 _EXAMPLES = {"arch": "sm_89, '>=sm_80' or gfx90a", "cuda": "12.1",
              "vendor": "nvidia, amd, intel, ascend or any"}

@@ -7,8 +7,9 @@ One turn of the loop (``run``), each phase one function:
   2. ``JobTransitions.retry_exits``: exits the store could not take (a full disk) are
      recorded now if it can; ``expire_leases``: the jobs of a node silent for longer than
      its lease (on the monotonic clock) are requeued; ``Limits.check``: jobs past their
-     time limit are stopped, the memory guard's and idleness's actions run. The wait of
-     phase 1 ends by the next time limit.
+     time limit are stopped, the memory guard's and idleness's actions run;
+     ``Bookings.check``: a booking that can no longer be honoured is said at once. The
+     wait of phase 1 ends by the next time limit.
   3. ``HeadState.holding_for_restore``: after a restore of the store, no pass until every
      node told what ran since the backup; ``pass_is_pointless``: only submits since the
      last pass and no GPU free: no pass.
@@ -33,6 +34,7 @@ from dataclasses import replace
 
 from .. import scheduler
 from ..model import Job, JobSpec, JobState
+from .bookings import Bookings
 from .jobs import JobTransitions
 from .limits import Limits
 from .shares import Shares
@@ -56,17 +58,19 @@ def pending_job(job: Job) -> scheduler.PendingJob:
         job.id, job.user, s.gpu_count, s.gpu_mem_mb, job.submitted_at, arch=s.arch, cuda=s.cuda,
         vendor=s.vendor, max_nodes=s.nodes, priority=s.priority, after=tuple(s.after),
         after_type=s.after_type, time_limit_s=s.time_limit_s, service=s.service,
-        array_id=s.array_id, array_limit=s.array_limit, preemptible=s.preemptible)
+        array_id=s.array_id, array_limit=s.array_limit, preemptible=s.preemptible,
+        reservation=s.reservation)
 
 
 class Scheduling:
     def __init__(self, state: HeadState, stream: Stream, shares: Shares, jobs: JobTransitions,
-                 limits: Limits):
+                 limits: Limits, bookings: Bookings):
         self.state = state
         self.stream = stream
         self.shares = shares
         self.transitions = jobs
         self.limits = limits
+        self.bookings = bookings
         #: the scheduler's view of each waiting job, kept while its spec is the same object
         self.pending_views: dict[int, tuple[JobSpec, scheduler.PendingJob]] = {}
         self._task: asyncio.Task | None = None
@@ -91,6 +95,7 @@ class Scheduling:
                 self.transitions.retry_exits()
                 self.expire_leases()
                 self.limits.check()
+                self.bookings.check()
                 if not self.state.holding_for_restore() and not self.pass_is_pointless():
                     self.state.capacity_changed = False
                     self.schedule_pass()
@@ -181,8 +186,9 @@ class Scheduling:
         holding = [j for j in state.jobs.values() if j.state.holds_gpus and j.pool is None]
         named = {dep for j in pending for dep in j.spec.after}
         ended = state.store.job_outcomes([d for d in named if d not in state.jobs]) if named else {}
+        now = state.clock()
         return scheduler.Snapshot(
-            now=state.clock(),
+            now=now, bookings=self.bookings.for_pass(now),
             gpus=tuple(state.gpu_views()),
             queue=self._pending_queue(pending),
             running=tuple(scheduler.RunningJob(j.id, j.user, j.placements, j.started_at or j.submitted_at,

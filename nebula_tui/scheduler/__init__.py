@@ -7,8 +7,8 @@
 from . import admission, fairshare, topology
 from .preemption import schedule
 from .queue import order
-from .snapshot import (Decision, Fail, PendingJob, Preempt, RunningJob, SchedulerConfig, Snapshot,
+from .snapshot import (Booking, Decision, Fail, PendingJob, Preempt, RunningJob, SchedulerConfig, Snapshot,
                        Start, UserShare, Wait)
 
-__all__ = ["Decision", "Fail", "PendingJob", "Preempt", "RunningJob", "SchedulerConfig", "Snapshot", "Start",
+__all__ = ["Booking", "Decision", "Fail", "PendingJob", "Preempt", "RunningJob", "SchedulerConfig", "Snapshot", "Start",
            "UserShare", "Wait", "admission", "fairshare", "order", "schedule", "topology"]

@@ -9,6 +9,8 @@ A pass with preemptible jobs running or waiting is two walks of ``queue.py``'s p
    :class:`Preempt` (the head stops it as it stops a job at its time limit: SIGUSR1, the
    grace, SIGKILL, requeued). The cards stay the normal job's for the rest of the walk, and
    the next pass after the preemptible job let go of them starts it;
+   Bookings (``queue.py``'s ``bars``) hold in both walks; a preemptible job of another
+   user on the cards of a booking whose window has begun gets a :class:`Preempt` too;
 2. the preemptible jobs, over the real cards plus what the first walk started or claimed,
    in the same order rules among themselves (a user's fair share orders them but never
    keeps them off a free card), and without the quota's refusal when
@@ -48,7 +50,7 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
                 holders.setdefault(view.uuid, []).append(job_id)
     jobs = {j.id: j for j in normal}
     decisions: list[Decision] = []
-    preempts: dict[int, Preempt] = {}
+    preempts = _booked_out(snapshot, holders)
     claimed: list[RunningJob] = []  # normal jobs' starts, and the cards they preempt for
     waiting: set[int] = set()
     for decision in first:
@@ -75,6 +77,20 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
         snapshot, gpus=taken, queue=spare, running=snapshot.running + tuple(claimed), users=users,
         waiting_elsewhere=snapshot.waiting_elsewhere | waiting))
     return decisions + second + list(preempts.values())
+
+
+def _booked_out(snapshot: Snapshot, holders: dict[str, list[int]]) -> dict[int, Preempt]:
+    """The preemptible jobs on the cards of a booking whose window has begun, other than
+    its users': each is stopped (they may use booked cards only before the window)."""
+    owners = {r.id: r.user for r in snapshot.running}
+    found: dict[int, Preempt] = {}
+    for booking in snapshot.bookings:
+        if booking.start <= snapshot.now < booking.end:
+            for uuid in booking.uuids:
+                for job_id in holders.get(uuid, ()):
+                    if owners.get(job_id) not in booking.users:
+                        found.setdefault(job_id, Preempt(job_id, None, booking.name))
+    return found
 
 
 def _without(view: GpuView, jobs: set[int]) -> GpuView:

@@ -162,11 +162,27 @@ class _Request:
         self.impossible = impossible
         self.quick = impossible or None
 
-    def refuse(self, may_use: bool, reason: str) -> None:
-        """Record that jobs that may (or may not) use reserved cards cannot start."""
+    def refuse(self, may_use, reason: str) -> None:
+        """Record that jobs that may (or may not) use reserved cards cannot start (with
+        bookings: ``(may_use, the bookings' token)``)."""
         self.refused[may_use] = reason
         # refused[True] also answers jobs that may not use them, unless they have their own
         self.quick = None if False in self.refused else self.refused.get(True)
+
+
+@dataclass(frozen=True)
+class Bars:
+    """What bookings keep one job off (:meth:`_Pass.bars`): the cards, a token naming
+    them for the search's cache (None: nothing), the sentences that say so, and the cards
+    of active bookings it is one of the users of (tried first)."""
+
+    excluded: frozenset[str] = frozenset()
+    token: tuple | None = None
+    texts: tuple[str, ...] = ()
+    own: frozenset[str] = frozenset()
+
+
+_NO_BARS = Bars()
 
 
 class _Pass:
@@ -197,6 +213,8 @@ class _Pass:
         self._ranks: dict[tuple, dict] = {}  # (memory, service) -> card state -> memory_rank
         self.whole_keys: set[str] = set()
         self.whole_demand = self._whole_demand()
+        self.bookings = tuple(b for b in snapshot.bookings if b.end > self.now)
+        self._bars: dict[tuple, Bars] = {}
 
     def run(self) -> list[Decision]:
         jobs = order(self.snap.queue, self.snap.users)
@@ -205,12 +223,13 @@ class _Pass:
         decisions: list[Decision] = []
         append, decide = decisions.append, self.decide
         now = self.now
+        quick_ok = not self.bookings  # with bookings, what a job may use depends on it
         for job in jobs:
             req = get(job.request_key) or request(job)
             # The common cases first, inline: a job without --after whose request was already
             # refused in this pass (a start only takes cards) waits with the same sentence,
             # and so does one no card of the cluster could ever serve.
-            if not job.after and job.array_id is None and job.user not in refusing:
+            if quick_ok and not job.after and job.array_id is None and job.user not in refusing:
                 quick = req.quick
                 if quick is not None:
                     append(Wait(job.id, quick))
@@ -270,32 +289,47 @@ class _Pass:
             impossible = req.impossible
         if impossible:
             return Wait(job.id, impossible)
+        bars = self.bars(job) if self.bookings else _NO_BARS
+        if job.reservation is not None:
+            bars = self.booked_for(job, bars)
+            if not isinstance(bars, Bars):
+                return bars
         res = self.reservation
         may_use = res is None or (job.time_limit_s is not None
                                   and self.now + job.time_limit_s <= res.start)
+        key = may_use if bars.token is None else (may_use, bars.token)
         refused = req.refused
         if refused:
-            reason = refused.get(may_use) or refused.get(True)
+            reason = refused.get(key) or refused.get(True if bars.token is None else (True, bars.token))
             if reason is not None:
                 return Wait(job.id, reason)
         if shape.gpu_mem_mb is not None:
             demand = self.whole_demand
             self.world.set_packing(demand > 0 and self.world.whole_free <= demand)
-        if may_use:
-            found = self.world.search(shape)
-        else:
-            found = self.world.search(shape, res.uuids, ("reserved", res.job_id))
+        if bars.own:  # its own booking's cards first, so the others stay for everyone
+            found = self.search(shape, bars.excluded | self.others(bars.own), ("own", bars.token, bars.own),
+                                None if may_use else res)
+            if isinstance(found, Found):
+                return self.start(job, found)
+        found = self.search(shape, bars.excluded, bars.token, None if may_use else res)
         if isinstance(found, Found):
             return self.start(job, found)
-        if not may_use and isinstance(self.world.search(shape), Found):
+        if not may_use and isinstance(self.search(shape, bars.excluded, bars.token), Found):
             reason = f"held for job {res.job_id} ({res.text} reserved for it; {self.estimate(res.start)})"
-            req.refuse(False, reason)
+            req.refuse(key, reason)
+            return Wait(job.id, reason)
+        if bars.token is not None and isinstance(self.search(shape, frozenset(), None, None if may_use else res),
+                                                 Found):
+            reason = "; ".join(bars.texts)
+            if any(b.start > self.now and b.name in bars.token for b in self.bookings):
+                reason += " (a job whose --time ends before then may use them now)"
+            req.refuse(key, reason)
             return Wait(job.id, reason)
         reason = f"needs {needs(shape)}; {best_now(found.counts, shape, self.node_order)}"
         why = self.blockers(shape, found.counts)
         if why:
             reason += f": {why}" if reason.endswith("none is free now") else f"; {why}"
-        req.refuse(True, reason)
+        req.refuse(True if bars.token is None else (True, bars.token), reason)
         if not self.reservation_tried:
             self.reservation_tried = True
             self.reservation = self.reserve(job, shape)
@@ -303,6 +337,52 @@ class _Pass:
                 reason += (f"; {self.reservation.text} reserved for it, "
                            f"{self.estimate(self.reservation.start)}")
         return Wait(job.id, reason)
+
+    def search(self, shape: Shape, excluded: frozenset[str], token, res: Reservation | None = None):
+        """``World.search`` without the ``excluded`` cards (named by ``token``; None:
+        none) nor, given ``res``, the cards reserved for the first blocked job."""
+        if res is not None:
+            excluded, token = excluded | res.uuids, (("reserved", res.job_id), token)
+        return self.world.search(shape) if token is None else self.world.search(shape, excluded, token)
+
+    # ------------------------------------------------------------ bookings
+    def bars(self, job: PendingJob) -> Bars:
+        """What the bookings keep ``job`` off now. Inside a booking's window its cards are
+        its users' (and those of jobs that name it); before it, they take a job whose
+        --time ends before it starts, or a preemptible one (stopped when it starts)."""
+        now = self.now
+        clear = tuple(b.start > now and (job.preemptible or (job.time_limit_s is not None
+                                                                 and now + job.time_limit_s <= b.start))
+                      for b in self.bookings)
+        key = (job.user, job.reservation, clear)
+        got = self._bars.get(key)
+        if got is None:
+            excluded, names, texts, own = set(), [], [], set()
+            for booking, ok in zip(self.bookings, clear):
+                if booking.start <= now and (job.user in booking.users or job.reservation == booking.name):
+                    own |= booking.uuids
+                elif not ok:
+                    excluded |= booking.uuids
+                    names.append(booking.name)
+                    texts.append(booking.text)
+            own -= excluded  # a card of its booking that a later booking needs before it ends
+            got = self._bars[key] = Bars(frozenset(excluded), ("booked", *names) if names else None,
+                                         tuple(texts), frozenset(own))
+        return got
+
+    def booked_for(self, job: PendingJob, bars: Bars) -> Bars | Decision:
+        """A job that names its booking (--reservation) runs on its cards only, in its window."""
+        booking = next((b for b in self.bookings if b.name == job.reservation), None)
+        if booking is None:
+            return Fail(job.id, f"booking {job.reservation} has ended or was deleted "
+                                "(--reservation); this job will not run")
+        if booking.start > self.now:
+            return Wait(job.id, f"waits for its booking: {booking.text}")
+        return Bars(bars.excluded | self.others(booking.uuids), ("only", booking.name, bars.token),
+                    bars.texts, frozenset())
+
+    def others(self, uuids: frozenset[str]) -> frozenset[str]:
+        return frozenset(c.uuid for c in self.world.cards if c.uuid not in uuids)
 
     def start(self, job: PendingJob, found: Found) -> Start:
         placements = self.world.apply(job.id, found, job.service)

@@ -44,6 +44,8 @@ class PendingJob:
     #: --preemptible: runs on any card free now, whatever its user's fair share, and is
     #: stopped (requeued) when a normal job needs its cards (``preemption.py``)
     preemptible: bool = False
+    #: --reservation NAME: only that booking's cards, in its window
+    reservation: str | None = None
     #: the fields that make its request, as one string: jobs asking alike share one key,
     #: and a string keeps its hash, so a pass finds a job's request in one quick look-up
     request_key: str = field(init=False, repr=False, compare=False)
@@ -70,6 +72,22 @@ class RunningJob:
     @property
     def ends_at(self) -> float | None:
         return None if self.time_limit_s is None else self.started_at + self.time_limit_s
+
+
+@dataclass(frozen=True)
+class Booking:
+    """Cards booked for some users through a window (``nebula reserve``): inside it they
+    take only those users' jobs; before it, a job whose --time ends before ``start`` (or a
+    preemptible one, stopped at ``start``)."""
+
+    name: str
+    uuids: frozenset[str]
+    start: float
+    end: float
+    users: frozenset[str]
+    #: what a job kept off these cards is told, in the head's words and time zone:
+    #: "node02:0-3 booked for paper-deadline from Fri 09:00" (or "… until Fri 19:00")
+    text: str
 
 
 @dataclass(frozen=True)
@@ -157,6 +175,8 @@ class Snapshot:
     #: jobs waiting that this pass does not decide (another stage of it does), which an
     #: --after may name: they count as waiting, not as missing
     waiting_elsewhere: frozenset[int] = frozenset()
+    #: bookings not yet over (``nebula reserve``)
+    bookings: tuple[Booking, ...] = ()
 
 
 # Decisions are plain slotted records, not frozen ones: a pass makes one per pending job

@@ -45,7 +45,7 @@ from .job import JobScreen
 from .keys import (GLOBAL_KEYS, HELP_KEYS, SCREEN_KEYS, SCREENS, TABLE_KEYS, Key, bindings,
                    help_lines)
 from .look import LOOK
-from .messages import (EventLogged, GpusChanged, JobChanged, NodeChanged, PoolChanged,
+from .messages import (BookingsChanged, EventLogged, GpusChanged, JobChanged, NodeChanged, PoolChanged,
                        QueueOrdered, SnapshotArrived, StreamLost, UserChanged)
 from .nodes import DrainPrompt, NodesScreen
 from .overview import OverviewScreen
@@ -358,6 +358,8 @@ class NebulaApp(App):
                         self.post_message(QueueOrdered(event["order"]))
                     elif kind == "pool":
                         self.post_message(PoolChanged(event["pool"]))
+                    elif kind == "bookings":
+                        self.post_message(BookingsChanged(event["bookings"]))
                     elif event.get("ok") is False:
                         raise ApiError(event.get("error", "subscription refused"))
                 reason = "the head service closed the event stream"
@@ -455,6 +457,10 @@ class NebulaApp(App):
     def _pool(self, message: PoolChanged) -> None:
         self.cluster.apply_pool(message.pool)
         self._changed("pool", message.pool["name"])
+    @on(BookingsChanged)
+    def _bookings(self, message: BookingsChanged) -> None:
+        self.cluster.apply_bookings(message.bookings)
+        self._changed("bookings")
 
     @on(QueueOrdered)
     def _queue(self, message: QueueOrdered) -> None:

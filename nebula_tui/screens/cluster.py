@@ -34,6 +34,7 @@ class Cluster:
         self.events: deque[dict] = deque(maxlen=EVENTS_KEPT)
         self.users: dict[str, dict] = {}  # user name -> their row of the ``users`` request
         self.pools: dict[str, dict] = {}  # pool name -> its view (``pools/status.py``)
+        self.bookings: list[dict] = []  # bookings not yet over, as ``reservations`` lists them
         self.queue_order: list[int] = []  # waiting jobs, as the scheduler orders them
         self.by_node: dict[str, dict[str, dict]] = {}  # node -> uuid -> GPU (same dicts)
         self.placed: dict[str, set[int]] = {}  # GPU uuid -> live jobs placed there
@@ -50,6 +51,7 @@ class Cluster:
         self.events = deque(snap.get("events", []), maxlen=EVENTS_KEPT)
         self.users = {u["name"]: u for u in snap.get("users", [])}
         self.pools = {p["name"]: p for p in snap.get("pools", [])}
+        self.bookings = list(snap.get("bookings", []))
         self.queue_order = list(snap.get("queue", []))
         self.by_node = {}
         for uuid, gpu in self.gpus.items():
@@ -172,7 +174,15 @@ class Cluster:
         self.users[row["name"]] = row
         self.version += 1
 
+    def apply_bookings(self, bookings: list[dict]) -> None:
+        self.bookings = list(bookings)
+        self.version += 1
+
     # ------------------------------------------------------------------ views
+    def bookings_of(self, uuid: str) -> list[dict]:
+        """The bookings (under way or ahead) that hold this GPU."""
+        return [b for b in self.bookings if uuid in b.get("uuids", ())]
+
     def job(self, job_id: int) -> dict | None:
         return self.jobs.get(job_id) or self.finished.get(job_id)
 

@@ -24,14 +24,17 @@ from textual_plotext import PlotextPlot
 
 from ..api import ApiError
 from ..model import MIB_PER_GIB, NOT_AVAILABLE, format_mb
-from ..views import short_model
+from ..views import booking_line, short_model
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .keys import GPU_DETAIL_KEYS, GPUS_KEYS
 from .look import LOOK
 from .render import (clock, fill_bar, fits_text, free_slice_mb, gpu_label, holders_text,
-                     memory_cell, memory_fraction, memory_text, power_text, slices_that_fit,
+                     memory_cell, memory_fraction, memory_text, now, power_text, slices_that_fit,
                      sparkline, state_text, temp_text, util_cell)
 from .rowtable import Column, RowTable, Sort
+
+#: how far ahead a GPU's page lists its bookings
+BOOKINGS_AHEAD_S = 7 * 86400.0
 
 # The facts people look for first stay at 80 columns; the rest is left out by priority.
 GPU_COLUMNS = (Column("gpu", "GPU"), Column("model", "Model", 1), Column("free", "Free"),
@@ -118,7 +121,7 @@ class GpusScreen(ClusterScreen):
     def cluster_changed(self, change: str, key: object = None) -> None:
         if change == "gpus":
             self._telemetry.add(str(key))  # readings of one node: shown at the next tick
-        elif change in ("all", "job", "node"):
+        elif change in ("all", "job", "node", "bookings"):
             self.later()
 
     def _tick(self) -> None:
@@ -138,7 +141,9 @@ class GpusScreen(ClusterScreen):
             self._show_line()
 
     def _holders(self, gpu: dict) -> str:
-        return holders_text(gpu, self.cluster.jobs, self.cluster.holders_of(gpu["uuid"]))
+        held = holders_text(gpu, self.cluster.jobs, self.cluster.holders_of(gpu["uuid"]))
+        booked = [b["name"] for b in self.cluster.bookings_of(gpu["uuid"]) if b.get("active")]
+        return f"{held} · booked for {', '.join(booked)}" if booked else held
 
     def _cells(self, uuid: str) -> tuple:
         gpu = self.cluster.gpus.get(uuid)
@@ -266,8 +271,9 @@ def descriptor_text(gpu: dict) -> Text:
     return text
 
 
-def live_text(gpu: dict, holders: str, hot_c: float) -> Text:
-    """The card now: memory, what fits, load, heat, power, who holds it."""
+def live_text(gpu: dict, holders: str, hot_c: float, bookings: list[dict] = ()) -> Text:
+    """The card now: memory, what fits, load, heat, power, who holds it, its bookings
+    under way or in the coming week."""
     free = free_slice_mb(gpu)
     lines = [
         Text.assemble(("Memory  ", "bold"), fill_bar(memory_fraction(gpu), 12),
@@ -281,6 +287,9 @@ def live_text(gpu: dict, holders: str, hot_c: float) -> Text:
         Text.assemble(("Power   ", "bold"), power_text(gpu)),
         Text.assemble(("Held by ", "bold"), holders),
     ]
+    soon = [b for b in bookings if b["start"] < now() + BOOKINGS_AHEAD_S]
+    lines += [Text.assemble(("Booked  " if n == 0 else "        ", "bold"), booking_line(b))
+              for n, b in enumerate(soon)] or [Text.assemble(("Booked  ", "bold"), ("not in the coming week", "dim"))]
     return Text("\n").join(lines)
 
 
@@ -325,7 +334,7 @@ class GpuDetailScreen(ClusterScreen):
 
     def cluster_changed(self, change: str, key: object = None) -> None:
         gpu = self.cluster.gpus.get(self.uuid)
-        if change in ("all", "job") or (change == "gpus" and gpu and gpu["node"] == key):
+        if change in ("all", "job", "bookings") or (change == "gpus" and gpu and gpu["node"] == key):
             self.render_all()
 
     def _gpu(self) -> dict:
@@ -366,7 +375,7 @@ class GpuDetailScreen(ClusterScreen):
         holders = holders_text(gpu, self.cluster.jobs, self.cluster.holders_of(self.uuid))
         live = self.query_one("#gpu-live", Static)
         live.border_title = "Now"
-        live.update(live_text(gpu, holders, LOOK.temperatures.hot_c))
+        live.update(live_text(gpu, holders, LOOK.temperatures.hot_c, self.cluster.bookings_of(self.uuid)))
         slices = self.query_one("#gpu-slices", RowTable)
         slices.show(slices.arrange(gpu.get("slices", []), lambda s: str(s["id"]),
                                    lambda s: " ".join(map(str, self._slice_cells(str(s["id"]))))))

@@ -64,6 +64,14 @@ class UserChanged(Message):
         self.user = user
 
 
+class BookingsChanged(Message):
+    """The bookings not yet over, after one was made, ended or broken."""
+
+    def __init__(self, bookings: list[dict]) -> None:
+        super().__init__()
+        self.bookings = bookings
+
+
 class QueueOrdered(Message):
     """The scheduler's new order of the waiting jobs (their ids)."""
 

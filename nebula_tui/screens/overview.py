@@ -15,7 +15,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from ..model import MIB_PER_GIB
-from ..views import preemptible_text, status_summary
+from ..views import bookings_count, preemptible_text, status_summary
 from .base import TELEMETRY_EVERY_S, ClusterScreen
 from .keys import OVERVIEW_KEYS
 from .look import LOOK
@@ -36,7 +36,7 @@ TICKER_LINES = 8
 TICKER_MIN_HEIGHT = 30
 
 
-def summary_text(counts: dict, jobs: list[dict]) -> Text:
+def summary_text(counts: dict, jobs: list[dict], bookings: list[dict] = ()) -> Text:
     """The cluster in one line: nodes, GPUs by state, memory, jobs."""
     text = Text(f" {counts['nodes']} nodes · {counts['gpus']} GPUs: ")
     parts = [(f"{counts['idle']} idle", "free"), (f"{counts['busy']} busy", "info")]
@@ -58,6 +58,8 @@ def summary_text(counts: dict, jobs: list[dict]) -> Text:
         text.append(f" ({spare} preemptible)")
     text.append(", ")
     text.append(f"{waiting} waiting", style=LOOK.state("pending"))
+    if booked := bookings_count(list(bookings)):
+        text.append(f" · {booked}")
     return text
 
 
@@ -126,6 +128,8 @@ class OverviewScreen(ClusterScreen):
         elif change == "pool":
             self._dirty_cards.add(POOL_CARD + str(key))
             self.later()
+        elif change == "bookings":
+            self._render_summary()
         else:  # a snapshot: the summary too, whichever of tick and ``later`` comes first
             self._summary_dirty = True
             self._dirty_cards.update(self._card_names())
@@ -160,7 +164,7 @@ class OverviewScreen(ClusterScreen):
             self._counts = (cluster.counts_version,
                             status_summary([], list(cluster.gpus.values())))
         counts = {**self._counts[1], "nodes": len(cluster.nodes)}
-        text = summary_text(counts, list(cluster.jobs.values()))
+        text = summary_text(counts, list(cluster.jobs.values()), cluster.bookings)
         if text != self._summary_text:
             self._summary_text = text
             self.query_one("#summary", Static).update(text, layout=False)  # always one line

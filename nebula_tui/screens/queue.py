@@ -20,7 +20,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from ..api import ApiError
-from ..views import preemptible_text, running_idle_text
+from ..views import booking_line, preemptible_text, running_idle_text
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .cluster import FINISHED
 from .keys import QUEUE_KEYS
@@ -127,6 +127,7 @@ class QueueScreen(ClusterScreen):
                  "where": Sort(job_where)}
         with Vertical(id="body"):
             yield Static("", id="queue-summary")
+            yield Static("", id="queue-bookings")
             yield RowTable(QUEUE_COLUMNS, self._cells, sorts=sorts, natural="queue order",
                            id="queue-table")
             yield Static("", id="queue-detail")
@@ -159,6 +160,15 @@ class QueueScreen(ClusterScreen):
     def cluster_changed(self, change: str, key: object = None) -> None:
         if change in ("all", "job", "queue"):
             self.later()
+        elif change == "bookings":
+            self._show_bookings()
+
+    def _show_bookings(self) -> None:
+        """The bookings under way or ahead, one a line (the box is hidden without any)."""
+        box = self.query_one("#queue-bookings", Static)
+        lines = [booking_line(b) for b in self.cluster.bookings]
+        box.display = bool(lines)
+        box.update("\n".join(f"booked: {line}" for line in lines))
 
     def _tick(self) -> None:
         """Once a second: the visible rows' times move."""
@@ -175,6 +185,8 @@ class QueueScreen(ClusterScreen):
         return queue_cells(job, self._place.get(job["id"]), now())
 
     def catch_up(self, missed: set[str]) -> None:
+        if missed & {"all", "bookings"}:
+            self._show_bookings()
         if missed & {"all", "job", "queue"}:
             self.render_all()
         else:  # readings, nodes, events: the order stands (sorting 10,000 jobs is dear),
@@ -185,6 +197,7 @@ class QueueScreen(ClusterScreen):
         self._ordered, self._place = queue_order(list(self.cluster.jobs.values()),
                                                  self.cluster.queue_order)
         self._show()
+        self._show_bookings()
 
     def _ended(self) -> list[dict]:
         """Ended jobs, newest end first: the head's history and those seen ending since."""

@@ -7,6 +7,8 @@ is replaced by the new job's screen.
 
 from __future__ import annotations
 
+import re
+
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -31,7 +33,9 @@ FIELDS = (
     ("gpu_mem", "GPU memory", "per GPU, e.g. 8G; empty = a whole card"),
     ("workdir", "Workdir", "absolute path on the node; empty = $HOME"),
     ("command", "Command", "shell command line, e.g. python train.py --epochs 3"),
+    ("reservation", "Booking", "optional: run in this booking of yours (nebula reservations)"),
 )
+BOOKING_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def check_field(field: str, value: str) -> str | None:
@@ -56,6 +60,9 @@ def check_field(field: str, value: str) -> str | None:
     elif field == "command":
         if not value:
             return "required: the command the job runs"
+    elif field == "reservation":
+        if value and not BOOKING_NAME.match(value):
+            return "a booking's name: letters, digits, dots, dashes, underscores"
     return None
 
 
@@ -71,6 +78,8 @@ def request_fields(values: dict[str, str], preemptible: bool = False) -> dict:
         fields["gpu_mem_mb"] = parse_size_mb(values["gpu_mem"].strip())
     if values["workdir"].strip():
         fields["workdir"] = values["workdir"].strip()
+    if values.get("reservation", "").strip():
+        fields["reservation"] = values["reservation"].strip()
     return fields
 
 
