@@ -21,8 +21,8 @@ where a client that reads the log once stops — a reply holds at most 64 KB;
 had is refused with the attempts it had).
 Bookings (head/bookings.py): ``reserve`` (``gpus``: "node02:0-3", or ``gpu_count`` and
 ``gpu_mem_mb``; ``start``: Unix seconds; ``duration_s``; ``users``: a list; ``name``)
-replies ``{"booking", "note"}``; ``reservations`` ``{"bookings": [...]}`` (those not yet
-over); ``unreserve`` (``name``) ends one, ``{"booking"}``. A booking is ``{"name", "gpus",
+replies ``{"booking", "note"}``; with ``"list": true`` it replies ``{"bookings": [...]}``
+(those not yet over), with ``"delete": NAME`` it ends one, ``{"booking"}``. A booking is ``{"name", "gpus",
 "uuids", "users", "start", "end", "created_by", "active", "broken", "gpu_hours", "when"}``.
 The server learns who is asking from the kernel (``SO_PEERCRED``), never from the request.
 Lists of jobs (``queue``, ``job_history``, the subscription) cut a command or data mounts
@@ -48,7 +48,7 @@ The subscription: first ``{"ok": true, "type": "snapshot", "nodes", "gpus", "job
 "summary", "events", "users", "temperatures", "pools"}`` (``pools``: each pool as
 ``head.pools.Pools.view_json``, whose ``line`` `nebula status` prints; GPUs as ``views.gpu_json`` without the raw
 reading, users as the ``users`` request's rows, ``bookings`` as the ``reservations``
-request's, ``temperatures`` the health policy's
+request's ``list``, ``temperatures`` the health policy's
 ``{"hot_c", "warm_c"}`` that clients colour temperatures by: ``model.Temperatures``), then one line per event, each with a ``type``:
 
 * ``job``: ``{"job": …}``, a job as ``views.job_json`` (whole, after each change);

@@ -290,31 +290,25 @@ def running_idle_text(job: dict, now: float) -> str:
     return IDLE_UNKNOWN_TEXT if job.get("idle_unknown") else ""
 
 
-def booking_line(booking: dict) -> str:
+def booking_line(b: dict) -> str:
     """"deadline node02:0-3 Fri 09:00 – Fri 19:00 for alice,bob (under way)"."""
-    state = f"broken: {booking['broken']}" if booking.get("broken") else (
-        "under way" if booking.get("active") else "ahead")
-    return (f"{booking['name']} {booking['gpus']} {booking['when']} for {','.join(booking['users'])} "
-            f"({state})")
+    state = f"broken: {b['broken']}" if b.get("broken") else ("under way" if b.get("active") else "ahead")
+    return f"{b['name']} {b['gpus']} {b['when']} for {','.join(b['users'])} ({state})"
 
 
 def bookings_count(bookings: list[dict]) -> str:
-    """"1 booking under way, 2 ahead" (or "")."""
+    """"bookings: 1 under way, 2 ahead" (or "")."""
     active = sum(1 for b in bookings if b.get("active"))
-    parts = ([f"{active} booking{'s' * (active != 1)} under way"] if active else []) + (
-        [f"{len(bookings) - active} ahead" if active else
-         f"{len(bookings) - active} booking{'s' * (len(bookings) - active != 1)} ahead"]
-        if len(bookings) > active else [])
-    return ", ".join(parts)
+    text = ", ".join(p for p in (active and f"{active} under way", len(bookings) > active and
+                                 f"{len(bookings) - active} ahead") if p)
+    return f"bookings: {text}" if text else ""
 
 
 def preemptible_text(job: dict) -> str:
-    """"preemptible", "preemptible, preempted 2 times" (the queue's tag), or "" for a
-    normal job."""
-    if not job.get("preemptible"):
-        return ""
+    """"preemptible", "preemptible, preempted 2 times" (the queue's tag), or "" for a normal job."""
     times = job.get("preemptions") or 0
-    return f"preemptible, preempted {times} time{'s' * (times != 1)}" if times else "preemptible"
+    return ("" if not job.get("preemptible") else
+            f"preemptible, preempted {times} time{'s' * (times != 1)}" if times else "preemptible")
 
 
 def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False) -> str:
@@ -527,8 +521,8 @@ def _pct(value: float | None) -> str:
 def report_text(report: dict) -> str:
     """`nebula report`: per user and month, then capacity per node and month, then the
     cluster day by day."""
-    since = time.strftime("%Y-%m-%d %H:%M", time.localtime(report["since"]))
-    until = time.strftime("%Y-%m-%d %H:%M", time.localtime(report["until"]))
+    stamp = lambda t: time.strftime("%Y-%m-%d %H:%M", time.localtime(t))  # noqa: E731
+    since, until = stamp(report["since"]), stamp(report["until"])
     users = table(("MONTH", "USER", "JOBS", "GPU-H", "EFFICIENCY", "IDLE GPU-H", "MEAN WAIT"),
                   [(u["month"], u["user"], u["jobs"], f"{u['gpu_hours']:.3f}",
                     _pct(u["efficiency_pct"]), f"{u['idle_gpu_hours']:.3f}",
@@ -542,11 +536,10 @@ def report_text(report: dict) -> str:
                 for r in items]
 
     days = [r for r in report["days"] if r["node"] == "cluster"]
-    booked = table(("BOOKING", "USERS", "FROM", "TO", "BOOKED GPU-H", "USED GPU-H", "USED"),
-                   [(b["name"], ",".join(b["users"]), time.strftime("%Y-%m-%d %H:%M", time.localtime(b["start"])),
-                     time.strftime("%Y-%m-%d %H:%M", time.localtime(b["end"])), f"{b['booked_gpu_hours']:.3f}",
-                     f"{b['used_gpu_hours']:.3f}", _pct(b["used_pct"])) for b in report.get("bookings", [])],
-                   right={4, 5, 6}) if report.get("bookings") else "(no booking in this period)"
+    booked = table(("BOOKING", "USERS", "FROM", "TO", "BOOKED GPU-H", "USED GPU-H", "USED"), [
+        (b["name"], ",".join(b["users"]), stamp(b["start"]), stamp(b["end"]), f"{b['booked_gpu_hours']:.3f}",
+         f"{b['used_gpu_hours']:.3f}", _pct(b["used_pct"])) for b in report.get("bookings", [])],
+        right={4, 5, 6}) if report.get("bookings") else "(no booking in this period)"
     return "\n".join([
         f"Report {since} to {until}", "",
         "Users (jobs that ended; efficiency: utilisation of their cards while they held them)",

@@ -41,7 +41,7 @@ def test_a_booking_keeps_its_cards_for_its_users_and_lets_a_short_job_backfill(h
     with cancelled_after(head) as jobs:
         short = submit(head, "--gpu-mem", "70G", "--time", "5s", "--", "sleep", "3")
         long = submit(head, "--gpu-mem", "70G", "--", "sleep", "120")
-        spare = submit(head, "--preemptible", "--gpu-mem", "70G", "--command", CHECKPOINTING)
+        spare = submit(head, "--preemptible", "--gpu-mem", "70G", "--", *CHECKPOINTING)
         jobs += [short, long, spare]
         ran = state_is(head, short, "running")
         assert ran["gpus"][0]["node"] == "node02"  # backfilled: it ends before the window
@@ -67,7 +67,7 @@ def test_a_booking_keeps_its_cards_for_its_users_and_lets_a_short_job_backfill(h
         # The head is killed: the booking is the store's, and holds after the restart.
         head.kill()
         head.start()
-        assert [b["name"] for b in head.call("reservations")["bookings"]] == ["deadline"]
+        assert [b["name"] for b in head.call("reserve", list=True)["bookings"]] == ["deadline"]
         time.sleep(4)  # a pass or more
         assert head.job(long)["state"] == "pending"
         assert reason(head, long).startswith("node02:0-3 booked for deadline until ")
@@ -89,14 +89,14 @@ def test_its_own_users_jobs_run_on_it_and_a_drain_is_said_at_once(head):
         assert (placed["node"], placed["index"]) in (("node02", 2), ("node02", 3))
         head.run("node", "drain", "node02", check=True)
         try:
-            broken = wait_for(lambda: [b for b in head.call("reservations")["bookings"] if b["broken"]],
+            broken = wait_for(lambda: [b for b in head.call("reserve", list=True)["bookings"] if b["broken"]],
                               10, what="the booking to be broken")
             assert broken[0]["broken"].startswith("node02:2: ")
             lines = [e["message"] for e in head.call("events", kind="booking", limit=20)["events"]]
             assert any(line.startswith("booking mine can no longer be honoured: node02:2") for line in lines)
         finally:
             head.run("node", "resume", "node02", check=True)
-        wait_for(lambda: not head.call("reservations")["bookings"][0]["broken"], 10, what="honoured again")
+        wait_for(lambda: not head.call("reserve", list=True)["bookings"][0]["broken"], 10, what="honoured again")
     refused = head.run("submit", "--reservation", "nosuch", "--", "true")
     assert refused.returncode == 1 and "no such booking" in refused.stderr
     reserve(head, "--delete", "mine")
@@ -118,7 +118,7 @@ async def test_the_tui_shows_bookings_on_the_queue_gpus_overview_and_a_cards_pag
         reserve(head, "--gpus", "node02:1", "--start", "now", "--duration", "1h", "--name", "shown")
         reserve(head, "--gpus", "node03:0", "--start", "+2h", "--duration", "1h", "--name", "later")
         try:
-            await until(pilot, lambda: "1 booking under way, 1 ahead" in text(pilot, "#summary"),
+            await until(pilot, lambda: "bookings: 1 under way, 1 ahead" in text(pilot, "#summary"),
                         what="the overview's count")
             await go(pilot, "3", QueueScreen)
             await until(pilot, lambda: "booked: shown node02:1 " in text(pilot, "#queue-bookings"),

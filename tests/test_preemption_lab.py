@@ -17,8 +17,10 @@ from conftest import wait_for
 from labfixtures import lab_config, serving
 
 GRACE_S = 3
-#: a job that says it saw SIGUSR1 (its checkpoint) and runs on until it is killed
-CHECKPOINTING = "trap 'echo checkpoint-on-usr1' USR1; while true; do sleep 0.2; done"
+#: a job that says it saw SIGUSR1 (its checkpoint) and runs on until it is killed. Its own
+#: argv, not --command text: the nodelet signals the processes whose environment names the
+#: job, and a --command job's shell got that variable by export, after its exec (notes).
+CHECKPOINTING = ("sh", "-c", "trap 'echo checkpoint-on-usr1' USR1; echo ready; while true; do sleep 0.2; done")
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +54,13 @@ def cancelled_after(head):
 def test_a_normal_job_preempts_a_preemptible_one_which_runs_again_later(head):
     me = getpass.getuser()
     with cancelled_after(head) as jobs:
-        spare = submit(head, "--preemptible", "--gpu-count", "4", "--gpu-mem", "70G", "--command", CHECKPOINTING)
+        spare = submit(head, "--preemptible", "--gpu-count", "4", "--gpu-mem", "70G", "--", *CHECKPOINTING)
         jobs.append(spare)
         first = state_is(head, spare, "running")
         assert first["preemptible"] and {g["node"] for g in first["gpus"]} == {"node02"}
         assert "preemptible · " in head.run("queue", check=True).stdout
-        wait_for(lambda: "nebula-" in head.tmux("node02", "ls").stdout, 10, what="its session")
+        # its trap is set (a SIGUSR1 before that would end it)
+        wait_for(lambda: "ready" in head.run("logs", str(spare)).stdout, 20, what="its trap")
         urgent = submit(head, "--gpu-mem", "70G", "--", "sleep", "120")
         jobs.append(urgent)
         # Within one pass (it waits "would preempt"; 3 s apart at most), the grace and the
@@ -81,7 +84,7 @@ def test_a_normal_job_preempts_a_preemptible_one_which_runs_again_later(head):
 
 def test_a_preemption_under_way_survives_a_head_sigkill(head):
     with cancelled_after(head) as jobs:
-        spare = submit(head, "--preemptible", "--gpu-count", "4", "--gpu-mem", "70G", "--command", CHECKPOINTING)
+        spare = submit(head, "--preemptible", "--gpu-count", "4", "--gpu-mem", "70G", "--", *CHECKPOINTING)
         jobs.append(spare)
         state_is(head, spare, "running")
         urgent = submit(head, "--gpu-mem", "70G", "--", "sleep", "120")
@@ -99,7 +102,7 @@ def test_a_preemption_under_way_survives_a_head_sigkill(head):
 
 def test_the_preview_says_what_a_normal_job_would_preempt(head):
     with cancelled_after(head) as jobs:
-        spare = submit(head, "--preemptible", "--gpu-count", "4", "--gpu-mem", "70G", "--command", CHECKPOINTING)
+        spare = submit(head, "--preemptible", "--gpu-count", "4", "--gpu-mem", "70G", "--", *CHECKPOINTING)
         jobs.append(spare)
         state_is(head, spare, "running")
         plan = head.call("plan", command=["true"], gpu_mem_mb=70 * 1024)

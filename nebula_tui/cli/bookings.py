@@ -14,7 +14,7 @@ def cmd_reserve(args, home, config) -> int:
             print("nebula reserve: --delete NAME takes no other flag", file=sys.stderr)
             return USAGE_ERROR
         with service_client(home, config) as client:
-            booking = client.call("unreserve", name=args.delete)["booking"]
+            booking = client.call("reserve", delete=args.delete)["booking"]
         return show(args, booking, f"Booking {booking['name']} ended")
     if (args.gpus is None) == (args.gpu_count is None):
         print("nebula reserve: give the GPUs: --gpus node02:0-3, or --gpu-count N [--gpu-mem 40G] "
@@ -52,5 +52,5 @@ def bookings_text(bookings: list[dict]) -> str:
 
 def cmd_reservations(args, home, config) -> int:
     with service_client(home, config) as client:
-        bookings = client.call("reservations")["bookings"]
+        bookings = client.call("reserve", list=True)["bookings"]
     return show(args, bookings, bookings_text)

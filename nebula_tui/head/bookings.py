@@ -117,6 +117,18 @@ class Bookings:
         return tuple(out)
 
     # ---------------------------------------------------------------- changing
+    def request(self, user: str, req: dict) -> dict:
+        """The ``reserve`` request: ``{"list": true}`` lists, ``{"delete": NAME}`` ends one,
+        anything else makes one (``create``)."""
+        if req.get("list") is True:
+            return {"bookings": self.list_json()}
+        if "delete" in req:
+            name = req["delete"]
+            if not isinstance(name, str) or not NAME_RE.match(name):
+                raise RequestError("--delete takes a booking's name; `nebula reservations` lists them")
+            return {"booking": self.delete(user, name)}
+        return self.create(user, req)
+
     def create(self, user: str, req: dict) -> dict:
         """Book cards from ``req`` (the ``reserve`` request); the booking's JSON and a
         ``note`` naming jobs that may still hold its cards when it starts."""

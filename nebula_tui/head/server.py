@@ -398,14 +398,8 @@ class ApiServer:
         self.engine.set_quota(user, text_field(req, "user"), float(hours))
         return {}
 
-    async def op_reserve(self, user, req):  # head/bookings.py checks each field
-        return self.engine.bookings.create(user, req)
-
-    async def op_reservations(self, user, req):
-        return {"bookings": self.engine.bookings.list_json()}
-
-    async def op_unreserve(self, user, req):
-        return {"booking": self.engine.bookings.delete(user, text_field(req, "name"))}
+    async def op_reserve(self, user, req):  # a booking made, ended or listed: head/bookings.py
+        return self.engine.bookings.request(user, req)
 
     async def op_gpu_resume(self, user, req):
         """An admin brings a GPU in maintenance back into service (R16/R17)."""
