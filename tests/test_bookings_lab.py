@@ -7,6 +7,7 @@ reservations` and `nebula report` (issue 27).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -30,6 +31,16 @@ def reserve(head, *args: str, check: bool = True):
     return head.run("reserve", *args, check=check)
 
 
+@contextlib.contextmanager
+def ended_after(head, name: str):
+    """The booking ``name`` is ended at the end (if the test did not), so the next test's
+    cards are free."""
+    try:
+        yield
+    finally:
+        head.run("reserve", "--delete", name)
+
+
 def reason(head, job: int) -> str:
     return head.job(job)["reason"]
 
@@ -38,12 +49,13 @@ def test_a_booking_keeps_its_cards_for_its_users_and_lets_a_short_job_backfill(h
     said = reserve(head, "--gpus", "node02:0-3", "--start", f"+{LEAD_S}s", "--duration", "1h",
                    "--users", "nobody", "--name", "deadline").stdout
     assert said.startswith("Booked node02:0-3 for deadline: ")
-    with cancelled_after(head) as jobs:
+    with ended_after(head, "deadline"), cancelled_after(head) as jobs:
         short = submit(head, "--gpu-mem", "70G", "--time", "5s", "--", "sleep", "3")
         long = submit(head, "--gpu-mem", "70G", "--", "sleep", "120")
         spare = submit(head, "--preemptible", "--gpu-mem", "70G", "--", *CHECKPOINTING)
         jobs += [short, long, spare]
-        ran = state_is(head, short, "running")
+        ran = wait_for(lambda: (j := head.job(short))["state"] in ("running", "succeeded") and j, 30,
+                       what="the short job to run")
         assert ran["gpus"][0]["node"] == "node02"  # backfilled: it ends before the window
         wait_for(lambda: reason(head, long).startswith("node02:0-3 booked for deadline from "), 10,
                  what="the waiting reason")

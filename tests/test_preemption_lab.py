@@ -34,8 +34,12 @@ def submit(head, *args: str) -> int:
 
 
 def state_is(head, job_id: int, state: str, timeout: float = 30) -> dict:
-    return wait_for(lambda: (j := head.job(job_id))["state"] == state and j, timeout,
-                    what=f"job {job_id} to be {state}")
+    try:
+        return wait_for(lambda: (j := head.job(job_id))["state"] == state and j, timeout,
+                        what=f"job {job_id} to be {state}")
+    except AssertionError as err:  # say where it stands
+        job = head.job(job_id)
+        raise AssertionError(f"{err}; it is {job['state']}: {job['reason']}") from None
 
 
 @contextlib.contextmanager
