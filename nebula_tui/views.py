@@ -290,20 +290,6 @@ def running_idle_text(job: dict, now: float) -> str:
     return IDLE_UNKNOWN_TEXT if job.get("idle_unknown") else ""
 
 
-def booking_line(b: dict) -> str:
-    """"deadline node02:0-3 Fri 09:00 – Fri 19:00 for alice,bob (under way)"."""
-    state = f"broken: {b['broken']}" if b.get("broken") else ("under way" if b.get("active") else "ahead")
-    return f"{b['name']} {b['gpus']} {b['when']} for {','.join(b['users'])} ({state})"
-
-
-def bookings_count(bookings: list[dict]) -> str:
-    """"bookings: 1 under way, 2 ahead" (or "")."""
-    active = sum(1 for b in bookings if b.get("active"))
-    text = ", ".join(p for p in (active and f"{active} under way", len(bookings) > active and
-                                 f"{len(bookings) - active} ahead") if p)
-    return f"bookings: {text}" if text else ""
-
-
 def preemptible_text(job: dict) -> str:
     """"preemptible", "preemptible, preempted 2 times" (the queue's tag), or "" for a normal job."""
     times = job.get("preemptions") or 0

@@ -20,12 +20,12 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from ..api import ApiError
-from ..views import booking_line, preemptible_text, running_idle_text
+from ..views import preemptible_text, running_idle_text
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .cluster import FINISHED
 from .keys import QUEUE_KEYS
 from .look import LOOK
-from .render import (duration, elapsed_text, exit_text, job_size, job_state, job_where,
+from .render import (booking_line, duration, elapsed_text, exit_text, job_size, job_state, job_where,
                      now, run_seconds, state_text)
 from .rowtable import Column, RowTable, Sort
 

@@ -358,3 +358,17 @@ def day_clock(t: float | None, at: float | None = None) -> str:
         return "-"
     same_day = time.localtime(t)[:3] == time.localtime(at or now())[:3]
     return time.strftime("%H:%M:%S" if same_day else "%m-%d %H:%M", time.localtime(t))
+
+
+def booking_line(b: dict) -> str:
+    """"deadline node02:0-3 Fri 09:00 – Fri 19:00 for alice,bob (under way)"."""
+    state = f"broken: {b['broken']}" if b.get("broken") else ("under way" if b.get("active") else "ahead")
+    return f"{b['name']} {b['gpus']} {b['when']} for {','.join(b['users'])} ({state})"
+
+
+def bookings_count(bookings: list[dict]) -> str:
+    """"bookings: 1 under way, 2 ahead" (or "")."""
+    active = sum(1 for b in bookings if b.get("active"))
+    text = ", ".join(p for p in (active and f"{active} under way", len(bookings) > active and
+                                 f"{len(bookings) - active} ahead") if p)
+    return f"bookings: {text}" if text else ""
