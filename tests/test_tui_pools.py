@@ -76,8 +76,11 @@ async def test_the_nodes_screen_lists_the_pools_nodes_read_only(pool_head):
         table = app.screen.query_one("#nodes-table")
         await until(pilot, lambda: len(table.row_keys) == 4, what="the pool's four nodes")
         assert list(table.row_keys) == ["hpc:n1", "hpc:n2", "hpc:n3", "hpc:n4"]
-        row = [str(c) for c in table.get_row("hpc:n1")]
-        assert row[0] == "hpc:n1" and "idle" in row[1] and row[2] == "0/4 used"
+        # (a job an earlier test cancelled may hold n1 until the pool's next poll)
+        row = await until(pilot, lambda: (r := [str(c) for c in table.get_row("hpc:n1")])[2]
+                          == "0/4 used" and r, 60, what="n1 idle again")
+        assert row[0] == "hpc:n1" and "idle" in row[1] and row[7] == "pool hpc"
+        assert "read-only" in row[8]
         table.focus()
         table.move_cursor(row=0)
         await pilot.press("d")  # drain: not ours to do
