@@ -286,8 +286,7 @@ class ApiServer:
         return {"job": self._seen_by(user)(self.engine.job_detail(job_id(req), user))}
 
     async def op_report(self, user, req):
-        """GPU-hours, efficiency and waits per user and month; capacity and utilisation
-        per node and cluster, per month and day, over [since, until) (Unix seconds)."""
+        """Per user and month, per node and day, over [since, until) (api.py: its shape)."""
         since, until = unix_time(req, "since", required=True), unix_time(req, "until", required=True)
         if until - since > MAX_REPORT_S:
             raise InvalidRequest(f"a report covers at most {MAX_REPORT_S // 86400} days; "
@@ -295,8 +294,7 @@ class ApiServer:
         return {"report": await self.engine.accounting.report(user, since, until)}
 
     async def op_job_history(self, user, req):
-        """Ended jobs: ``{"jobs": [views.history_json …]}``, filtered by ``user``,
-        ``since``/``until`` (Unix seconds), ``state`` (one or a list), ``node``, ``limit``."""
+        """Ended jobs as views.history_json, filtered by the fields api.py lists."""
         texts = {}
         for key in ("user", "node"):
             value = req.get(key)
@@ -410,8 +408,7 @@ class ApiServer:
         return {"users": self.engine.users_json()}
 
     async def op_events(self, user, req):
-        """The newest ``limit`` events, filtered by ``kind``, ``node``, ``job``, ``user``,
-        ``since`` (Unix seconds)."""
+        """The newest ``limit`` events, filtered by kind, node, job, user and since."""
         limit = req.get("limit", 100)
         if not whole(limit, 1, 10000):
             raise InvalidRequest("limit must be a number from 1 to 10000")
