@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from ..config import PoolConfig
 from ..printable import printable
 from ..units import duration_text
@@ -17,8 +19,9 @@ def pool_view(config: PoolConfig, kind: str, capacity: Capacity | None,
     if config.partition:
         where += f", partition {config.partition}"
     if unreachable_since is not None:
-        line = (f"{config.name} ({where}): unreachable since "
-                f"{duration_text(now - unreachable_since)} ago: {reason}")
+        since = time.strftime("%H:%M:%S", time.localtime(unreachable_since))
+        line = (f"{config.name} ({where}): unreachable since {since} "
+                f"({duration_text(now - unreachable_since)}): {reason}")
     elif capacity is None:
         line = f"{config.name} ({where}): not reached yet"
     else:
