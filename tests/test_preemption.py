@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dataclasses import replace
 
-from nebula_tui.model import JobState, Placement
+from nebula_tui.model import JobState, Placement, Stopping
 from nebula_tui.scheduler import Preempt, RunningJob, SchedulerConfig, Start, UserShare, Wait
 
 from test_scheduler_promises import GB, card, job, run
@@ -178,3 +178,31 @@ def test_the_settings_of_preemptible_jobs():
                        ({"preemptible_in_quota": "no"}, "must be true or false")):
         with pytest.raises(SettingError, match=words):
             scheduler_settings(bad)
+
+
+# ------------------------------------------------------------------ the head's pass (in process)
+async def test_a_cluster_full_of_preemptible_jobs_still_runs_a_pass_for_a_normal_one(tmp_path):
+    import getpass
+
+    from inprocess import up_engine
+    from nebula_tui.model import JobSpec
+
+    head = up_engine(tmp_path)  # two nodes of two A100s
+    me = getpass.getuser()
+    try:
+        spares = [head.submit(me, JobSpec(command=("sleep", "600"), gpu_count=2, preemptible=True))
+                  for _ in range(2)]
+        head.scheduling.schedule_pass()
+        assert all(head.jobs[j.id].state.holds_gpus for j in spares)
+        # Every card is held, by preemptible jobs only: a submit's pass is not skipped.
+        head.state.capacity_changed = False
+        assert not head.scheduling.pass_is_pointless()
+        urgent = head.submit(me, JobSpec(command=("sleep", "600"), gpu_count=1))
+        head.scheduling.schedule_pass()
+        assert head.jobs[urgent.id].reason == (f"would preempt job {spares[0].id} (preemptible) — "
+                                               "starting now")
+        stopping = [j.id for j in spares if isinstance(head.jobs[j.id].status, Stopping)]
+        assert stopping == [spares[0].id] and head.jobs[spares[0].id].preemptions == 1
+    finally:
+        await head.stop()
+        head.state.store.close()

@@ -335,8 +335,8 @@ class HeadState:
                        unmanaged_procs=live.owners)
 
     def any_gpu_offers(self) -> bool:
-        """Whether some GPU could take a job now: in service and free, or sharing with
-        room for another slice (``offered_mb``). A view is built only for a card shared
+        """Whether some GPU could take a job now: in service and free, held by preemptible
+        jobs only, or sharing with room for another slice (``offered_mb``). A view is built only for a card shared
         without an exclusive holder: a full cluster of 4,000 cards answers with none."""
         for uuid, live in self.gpus.items():
             blocked = self._blocked(live)
@@ -345,6 +345,8 @@ class HeadState:
             placements = self.jobs.held(uuid)
             if not placements:
                 return True
+            if all(j in self.jobs and self.jobs[j].spec.preemptible for j, _ in placements):
+                return True  # a normal job would preempt them (scheduler/preemption.py)
             shared = not any(p.exclusive for _, p in placements)
             if shared and offered_mb(self._view(live, placements, blocked)):
                 return True
