@@ -86,12 +86,12 @@ def test_a_normal_job_preempts_a_preemptible_one_which_runs_again_later(head):
         assert state_is(head, spare, "running", timeout=40)["attempt"] == 1
 
 
-def test_a_preemption_under_way_survives_a_head_sigkill(head):
+def test_an_admins_urgent_job_preempts_and_the_preemption_survives_a_head_sigkill(head):
     with cancelled_after(head) as jobs:
         spare = submit(head, "--preemptible", "--gpu-count", "4", "--gpu-mem", "70G", "--", *CHECKPOINTING)
         jobs.append(spare)
         state_is(head, spare, "running")
-        urgent = submit(head, "--gpu-mem", "70G", "--", "sleep", "120")
+        urgent = submit(head, "--priority", "5", "--gpu-mem", "70G", "--", "sleep", "120")  # an admin's
         jobs.append(urgent)
         wait_for(lambda: head.job(spare)["phase"] == "stopping", 10, what="the preemption to begin")
         head.kill()  # during the grace: the stop is the store's
