@@ -92,7 +92,8 @@ def test_one_line():
 
 def test_a_drain_reason_must_be_one_line(head):
     refused = head.run("node", "drain", "node01", "--reason", "two\nlines")
-    assert refused.returncode == 1 and "one line" in refused.stderr
+    # a request that can never be valid as written: a usage error, like the client's own
+    assert refused.returncode == 2 and "one line" in refused.stderr
 
 
 async def test_an_hour_of_retries_is_two_events_not_360(openssh_lab, tmp_path):
