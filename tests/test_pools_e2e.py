@@ -270,3 +270,19 @@ def test_pending_there_says_why_and_hold_release_reach_slurm(pool_head, slurm_la
     pool_head.run("release", str(waiting), check=True)
     pool_head.run("cancel", str(blocker), check=True)
     assert wait_state(pool_head, waiting, {"succeeded", "failed"})["state"] == "succeeded"
+
+
+def test_a_cancel_while_the_login_node_is_down_is_done_when_it_answers(pool_head, slurm_lab):
+    job = submit(pool_head, "--pool", "hpc", "--", "sleep", "300")
+    wait_state(pool_head, job, {"running"})
+    slurm_id = int(remote_id(pool_head, job))
+    slurm_lab.stop_login()
+    try:
+        pool_head.run("cancel", str(job), check=True)
+        assert pool_head.job(job)["phase"] == "cancelling"
+        assert any(j["job_id"] == slurm_id and j["job_state"] == "RUNNING" for j in squeue(slurm_lab))
+    finally:
+        slurm_lab.start_login()
+    ended = wait_state(pool_head, job, {"cancelled", "failed", "succeeded"})
+    assert ended["state"] == "cancelled" and ended["reason"] == "cancelled by root", ended["reason"]
+    assert all(j["job_id"] != slurm_id or j["job_state"] == "CANCELLED" for j in squeue(slurm_lab))

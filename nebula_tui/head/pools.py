@@ -20,8 +20,8 @@ import secrets
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..model import (InvalidRequest, Job, JobSpec, JobState, Pending, Placement, RequestError, Running,
-                     UnfitRequest)
+from ..model import (Cancelling, InvalidRequest, Job, JobSpec, JobState, Pending, Placement, RequestError, Running,
+                     UnfitRequest, holding)
 from ..pools.base import (Capacity, PoolNotAuthorised, PoolRefusal, PoolSubmission,
                           PoolUnavailable, RemoteJob)
 from ..pools.keys import head_pool_key
@@ -203,7 +203,7 @@ class Pools:
         pool = self.pools[name]
         account = pool.account_for(job.user)
         token = f"{self.state.store.head_token}.{job.id}.{job.attempt}.{secrets.token_hex(4)}"
-        note = why + self._slices_note(name, job.spec)
+        note = why + pool.slices_note(job.spec)
         try:
             self.state.store.send_to_pool(job.id, name, account, token, "", note, self.state.clock())
         except StaleDecision:
@@ -211,17 +211,8 @@ class Pools:
         self.rows[job.id] = {"job_id": job.id, "pool": name, "account": account, "token": token,
                              "remote_id": None, "log_path": "", "sent_at": self.state.clock()}
         job = replace(job, pool=name, status=Pending(note))
-        self.state.jobs[job.id] = job
-        self.stream.publish_job(job)
+        self._put(job)
         self.state.spawn(self.submit(job.id), f"pool-submit-{job.id}")
-
-    def _slices_note(self, name: str, spec: JobSpec) -> str:
-        if spec.gpu_mem_mb is None:
-            return ""
-        shards = self.pools[name].config.shards_per_gpu
-        if shards:
-            return f"; --gpu-mem asks for a shard (1/{shards} of a GPU, its memory not fenced)"
-        return f"; pool {name} has no GPU shards: --gpu-mem gets whole GPUs there"
 
     async def submit(self, job_id: int) -> None:
         """Ask the pool to run a job whose intent is written: first whether it already has
@@ -301,6 +292,9 @@ class Pools:
             if job is None:
                 self.rows.pop(job_id, None)
                 continue
+            if isinstance(job.status, Cancelling) and row["remote_id"]:  # asked while away
+                with contextlib.suppress(PoolUnavailable, PoolRefusal):
+                    await pool.cancel(row["account"], row["remote_id"])
             report = result.jobs.get(row["token"])
             if report is None:
                 if row["remote_id"]:
@@ -327,6 +321,8 @@ class Pools:
             if job.state == JobState.PENDING and report.started_at and report.nodes:
                 job = self._mark_running(name, job, report)  # it ran between two polls
             state, reason = report.end
+            if isinstance(job.status, Cancelling):
+                state, reason = JobState.CANCELLED, f"cancelled by {job.status.by}"
             if report.preempted and not job.spec.no_requeue:
                 self._preempted(name, job)
                 return
@@ -357,8 +353,7 @@ class Pools:
         job = self.state.jobs.get(job.id)
         if job is not None:
             job = replace(job, pool=None, status=Pending(why))
-            self.state.jobs[job.id] = job
-            self.stream.publish_job(job)
+            self._put(job)
 
     def _mark_running(self, name: str, job: Job, report: RemoteJob) -> Job:
         placements = tuple(
@@ -368,8 +363,7 @@ class Pools:
         started = report.started_at or self.state.clock()
         self.state.store.pool_running(job.id, placements, started, self.state.clock())
         job = replace(job, status=Running(placements, started, token=self.rows[job.id]["token"]))
-        self.state.jobs[job.id] = job
-        self.stream.publish_job(job)
+        self._put(job)
         self.shares.changed(job.user)
         return job
 
@@ -378,8 +372,13 @@ class Pools:
             return
         self.state.store.set_reasons({job.id: reason})
         job = replace(job, status=replace(job.status, reason=reason))
+        self._put(job)
+
+    def _put(self, job: Job) -> Job:
+        """The job's new status in the live table, and out to subscribers."""
         self.state.jobs[job.id] = job
         self.stream.publish_job(job)
+        return job
 
     def _unreachable(self, name: str, why: str) -> None:
         view = self.views[name]
@@ -404,17 +403,20 @@ class Pools:
         row = self.rows.get(job.id)
         if row is not None:
             pool = self.pools[row["pool"]]
-            for _ in range(50):  # a submission under way: its id first
-                if job.id not in self._submitting:
-                    break
+            while job.id in self._submitting:  # its sbatch under way (bounded by its timeouts)
                 await asyncio.sleep(0.1)
             remote = row["remote_id"] or (found.remote_id if (found := await self._find(pool, row)) else None)
             if remote:
                 try:
                     await pool.cancel(row["account"], remote)
                 except PoolUnavailable as err:
-                    raise RequestError(f"{err}; the job runs on there until it answers: "
-                                       "cancel it again then") from None
+                    held = holding(job.status)
+                    if not isinstance(held, Running):
+                        raise RequestError(f"{err}; cancel it again once it answers") from None
+                    # Kept, like a lab job's cancel on a node away: scancel once it answers.
+                    self.state.store.request_cancel(job.id, user, self.state.clock(), audit=user != job.user)
+                    self._put(replace(job, status=Cancelling(held, user, self.state.clock())))
+                    return
                 except PoolRefusal as err:
                     raise RequestError(str(err)) from None
         current = self.state.jobs.get(job.id)
@@ -448,8 +450,7 @@ class Pools:
         reason = (f"held by {user}; `nebula release {job.id}` lets it run" if hold
                   else f"released by {user}" if row else "waiting for the scheduler")
         job = replace(job, status=Pending(reason, held_by=user if hold else None))
-        self.state.jobs[job.id] = job
-        self.stream.publish_job(job)
+        self._put(job)
         return job
 
     async def requeue(self, user: str, job: Job) -> Job:

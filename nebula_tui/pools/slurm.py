@@ -210,6 +210,15 @@ class SlurmPool:
     def log_path(self, workdir: str, submission: PoolSubmission) -> str:
         return f"{workdir}/job-{submission.job.id}-{submission.token}.out"
 
+    def slices_note(self, spec) -> str:
+        """What --gpu-mem becomes here, for the line that says the job was sent."""
+        if spec.gpu_mem_mb is None:
+            return ""
+        shards = self.config.shards_per_gpu
+        if shards:
+            return f"; --gpu-mem asks for a shard (1/{shards} of a GPU, its memory not fenced)"
+        return f"; pool {self.name} has no GPU shards: --gpu-mem gets whole GPUs there"
+
     def sbatch_argv(self, submission: PoolSubmission, workdir: str) -> list[str]:
         """The sbatch flags for ``submission`` (the script comes on stdin)."""
         job, spec, config = submission.job, submission.job.spec, self.config
