@@ -122,10 +122,12 @@ async def test_the_drain_prompt_keeps_the_node_on_a_habit_enter(head):
         await until(pilot, lambda: isinstance(app.screen, DrainPrompt), what="asked again")
         await pilot.press(*"fan", "enter")
         try:
-            wait_for(lambda: next(n for n in head.call("status")["nodes"]
-                                  if n["name"] == "node03")["drained"], 10, what="drained")
+            await until(pilot, lambda: app.cluster.nodes["node03"].get("drained"), what="drained")
         finally:
             head.call("resume", node="node03")
+        # the resume's node event and log line reach the app before it closes
+        await until(pilot, lambda: not app.cluster.nodes["node03"].get("drained"), what="resumed")
+        await pilot.pause(0.5)
 
 
 # ============================================================================ the CLI
