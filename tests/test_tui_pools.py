@@ -51,11 +51,13 @@ def pool_card(pilot) -> str:
 async def test_the_overview_has_a_card_for_the_pool_that_follows_its_polls(pool_head):
     app = make_app(pool_head.socket)
     async with app.run_test(size=SIZE) as pilot:
-        card = await until(pilot, lambda: pool_card(pilot), what="the pool's card")
+        # (the session's Slurm is shared: an earlier test's job may still be ending there)
+        card = await until(pilot, lambda: "16/16 idle" in pool_card(pilot) and pool_card(pilot),
+                           60, what="the pool's card, every GPU idle")
         title = card.splitlines()[0]
         assert re.match(r"hpc  pool · Slurm \d+\.\d+\.\d+ · partition gpu  16/16 idle", title), card
         assert "ours: 0 running, 0 pending" in card
-        assert all(f"n{i} idle 0/4" in card for i in range(1, 5))
+        assert all(re.search(rf"\bn{i} \S+ 0/4\b", card) for i in range(1, 5)), card
         done = pool_head.run("submit", "--pool", "hpc", "--gpu-count", "2", "--", "sleep", "120",
                              check=True)
         job = re.search(r"job (\d+)", done.stdout).group(1)
