@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import wait_for
+
+from nebula_tui.api import ApiError
 
 
 def submit(head, *args: str) -> int:
@@ -69,9 +72,10 @@ def test_plan_previews_the_placement(head):
     # A 4 GB slice, or a whole card when 4 GB is more than half of it (the 8 GB laptop card).
     assert chosen["memory_mb"] == 4096 and not chosen["exclusive"] or \
         chosen["exclusive"] and 4096 * 2 > chosen["memory_mb"]
-    impossible = head.call("plan", command=["true"], gpu_count=16, gpu_mem_mb=4096)
-    assert impossible["decision"] == "wait" and impossible["reason"].startswith("needs 16 GPUs")
-    assert "has 4" in impossible["reason"]  # the largest node: node02's four A100s
+    # The preview refuses what submit would refuse, in submit's words (a usage error).
+    with pytest.raises(ApiError, match="could never start here: needs 16 GPUs") as refused:
+        head.call("plan", command=["true"], gpu_count=16, gpu_mem_mb=4096)
+    assert refused.value.usage and "has 4" in str(refused.value)  # node02's four A100s
     assert head.call("queue")["jobs"] == [] or all(j["id"] != -1 for j in head.call("queue")["jobs"])
 
 

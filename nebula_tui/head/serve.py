@@ -146,6 +146,8 @@ class RepeatFilter(logging.Filter):
         return window[1] <= self.BURST
 
 
+#: how long a stopping head waits for its node and pool links to close (seconds)
+STOP_LINKS_S = 10.0
 #: how often the head looks whether a backup is due (``Backups.due``)
 BACKUP_LOOK_S = 300.0
 
@@ -203,7 +205,10 @@ async def _serve(home: Home, config: ClusterConfig, store: Store, backups: Backu
         backing_up.cancel()
         engine.metrics.close()
         await server.close()
-        await engine.stop()
+        try:  # a stop is bounded: systemd, or an admin's kill, waits for no link
+            await asyncio.wait_for(engine.stop(), STOP_LINKS_S)
+        except asyncio.TimeoutError:
+            log.warning("the links did not close within %.0f s; stopping without them", STOP_LINKS_S)
         backup_at_stop(backups, store)
         store.close()
     return 0

@@ -115,7 +115,9 @@ class GpusScreen(ClusterScreen):
             yield Static("", id="gpu-line")
 
     def on_mount(self) -> None:
-        self.query_one("#gpu-table", RowTable).focus()
+        # none when the app closed while warming this screen up unseen (_warm_up)
+        for table in self.query("#gpu-table").results(RowTable):
+            table.focus()
         self.set_interval(TELEMETRY_EVERY_S, self._tick)
 
     def cluster_changed(self, change: str, key: object = None) -> None:

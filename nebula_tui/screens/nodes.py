@@ -231,7 +231,9 @@ class NodesScreen(ClusterScreen):
                            natural="newest first", id="events-table")
 
     def on_mount(self) -> None:
-        self.query_one("#nodes-table", RowTable).focus()
+        # none when the app closed while warming this screen up unseen (_warm_up)
+        for table in self.query("#nodes-table").results(RowTable):
+            table.focus()
         self.reload()
         # "Seen" is a time ago: it moves on even when no reading does
         self.set_interval(TELEMETRY_EVERY_S, self._tick)

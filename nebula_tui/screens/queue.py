@@ -133,9 +133,10 @@ class QueueScreen(ClusterScreen):
             yield Static("", id="queue-detail")
 
     def on_mount(self) -> None:
-        table = self.query_one("#queue-table", RowTable)
-        table.hide_columns({"exit"})
-        table.focus()
+        # none when the app closed while warming this screen up unseen (_warm_up)
+        for table in self.query("#queue-table").results(RowTable):
+            table.hide_columns({"exit"})
+            table.focus()
         self.set_interval(TELEMETRY_EVERY_S, self._tick)
 
     def _seconds(self, job: dict) -> float:
