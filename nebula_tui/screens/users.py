@@ -138,10 +138,12 @@ class UsersScreen(ClusterScreen):
                            natural="running first", id="user-jobs")
 
     def on_mount(self) -> None:
-        table = self.query_one("#users-table", RowTable)
-        table.border_subtitle = "efficiency (card use while held), idle, mean wait, jobs: ended this month"
-        table.focus()
-        self.query_one("#user-jobs", RowTable).border_title = "Jobs"
+        # none when the app closed while warming this screen up unseen (_warm_up)
+        for table in self.query("#users-table").results(RowTable):
+            table.border_subtitle = "efficiency (card use while held), idle, mean wait, jobs: ended this month"
+            table.focus()
+        for jobs in self.query("#user-jobs").results(RowTable):
+            jobs.border_title = "Jobs"
 
     def cluster_changed(self, change: str, key: object = None) -> None:
         if change in ("all", "job", "user"):
