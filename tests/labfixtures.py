@@ -81,9 +81,15 @@ def serving(lab: Lab, home: Path, config: Path) -> Iterator[HeadProcess]:
     try:
         yield head
     finally:
-        try:
-            for job in head.call("queue")["jobs"]:
-                with contextlib.suppress(ApiError):
-                    head.call("cancel", job=job["id"])
-        finally:  # a head that stopped answering is stopped all the same
-            head.stop()
+        cancel_left_and_stop(head)
+
+
+def cancel_left_and_stop(head: HeadProcess) -> None:
+    """The end of a head a test served: the jobs the test left cancelled, then the head
+    stopped (also when it stopped answering)."""
+    try:
+        for job in head.call("queue")["jobs"]:
+            with contextlib.suppress(ApiError):
+                head.call("cancel", job=job["id"])
+    finally:
+        head.stop()

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from labfixtures import cancel_left_and_stop
+
 from nebula_tui.sim.harness import HeadProcess, wait_for
 from nebula_tui.store import Store
 
@@ -44,9 +46,7 @@ def pool_head(slurm_lab, tmp_path_factory):
     try:
         yield head
     finally:
-        for job in head.call("queue")["jobs"]:
-            head.run("cancel", str(job["id"]))
-        head.stop()
+        cancel_left_and_stop(head)
 
 
 def submit(head: HeadProcess, *args: str) -> int:

@@ -9,6 +9,7 @@ import re
 import pytest
 import yaml
 from conftest import until
+from labfixtures import cancel_left_and_stop
 
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.nodecards import NodeCards
@@ -32,9 +33,7 @@ def pool_head(slurm_lab, tmp_path_factory):
     try:
         yield head
     finally:
-        for job in head.call("queue")["jobs"]:
-            head.run("cancel", str(job["id"]))
-        head.stop()
+        cancel_left_and_stop(head)
 
 
 def notices(app) -> str:

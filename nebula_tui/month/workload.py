@@ -14,7 +14,8 @@ import math
 import random
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 
 from .records import Request
@@ -34,10 +35,9 @@ def read(path: Path) -> list[Request]:
         text = path.read_text()
     except OSError as err:
         raise WorkloadError(f"{path}: cannot read it ({err.strerror})") from None
-    head = text.lstrip()[:1]
-    if head in "[{":
+    if text.lstrip()[:1] in ("[", "{"):
         return from_history(path, text)
-    if "|" in text.splitlines()[0] if text else False:
+    if "|" in text.partition("\n")[0]:
         return from_sacct(path, text)
     return from_trace(path, text)
 
@@ -114,7 +114,6 @@ SACCT_OPTIONAL = ("Timelimit", "NNodes", "State")
 def from_sacct(path: Path, text: str) -> list[Request]:
     """``sacct -a -X --parsable2 --format=JobID,User,Submit,Start,End,AllocTRES,Timelimit,NNodes,State``
     (with its header line): each job that started, its GPUs from ``gres/gpu=N``."""
-    from datetime import datetime
     lines = [line for line in text.splitlines() if line.strip()]
     header = lines[0].split("|") if lines else []
     missing = [f for f in SACCT_FIELDS if f not in header]
@@ -165,7 +164,7 @@ def _from_zero(requests: list[Request]) -> list[Request]:
     if not requests:
         return requests
     first = min(r.submit_s for r in requests)
-    return [Request(**{**r.__dict__, "submit_s": r.submit_s - first}) for r in requests]
+    return [replace(r, submit_s=r.submit_s - first) for r in requests]
 
 
 def write_trace(requests: Iterable[Request], path: Path) -> None:

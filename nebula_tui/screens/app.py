@@ -457,6 +457,7 @@ class NebulaApp(App):
     def _pool(self, message: PoolChanged) -> None:
         self.cluster.apply_pool(message.pool)
         self._changed("pool", message.pool["name"])
+
     @on(BookingsChanged)
     def _bookings(self, message: BookingsChanged) -> None:
         self.cluster.apply_bookings(message.bookings)
