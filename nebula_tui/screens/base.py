@@ -177,6 +177,11 @@ class ClusterScreen(Screen):
     #: This screen's keys (its BINDINGS are built from them; help and palette read them).
     KEYS: tuple[Key, ...] = ()
 
+    def live_table(self, selector: str) -> RowTable | None:
+        """The screen's table, or None once its widgets are gone: the app may close while a
+        screen it warms up unseen (``NebulaApp._warm_up``) still mounts or loads."""
+        return next(iter(self.query(selector).results(RowTable)), None)
+
     def __init_subclass__(cls, **kwargs) -> None:
         # A screen declares its keys once, as data; set before Textual reads BINDINGS.
         if "KEYS" in cls.__dict__:

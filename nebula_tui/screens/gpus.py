@@ -115,8 +115,7 @@ class GpusScreen(ClusterScreen):
             yield Static("", id="gpu-line")
 
     def on_mount(self) -> None:
-        # none when the app closed while warming this screen up unseen (_warm_up)
-        for table in self.query("#gpu-table").results(RowTable):
+        if (table := self.live_table("#gpu-table")) is not None:
             table.focus()
         self.set_interval(TELEMETRY_EVERY_S, self._tick)
 

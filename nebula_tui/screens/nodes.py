@@ -231,8 +231,7 @@ class NodesScreen(ClusterScreen):
                            natural="newest first", id="events-table")
 
     def on_mount(self) -> None:
-        # none when the app closed while warming this screen up unseen (_warm_up)
-        for table in self.query("#nodes-table").results(RowTable):
+        if (table := self.live_table("#nodes-table")) is not None:
             table.focus()
         self.reload()
         # "Seen" is a time ago: it moves on even when no reading does
@@ -305,9 +304,11 @@ class NodesScreen(ClusterScreen):
         try:
             self._log = (await self.app.call("events", limit=EVENTS_SHOWN))["events"]
         except ApiError as err:
-            self.query_one("#events-table", RowTable).border_subtitle = f"cannot load: {err}"
+            if (table := self.live_table("#events-table")) is not None:
+                table.border_subtitle = f"cannot load: {err}"
             return
-        self._show_events()
+        if self.live_table("#events-table") is not None:  # the app may have closed meanwhile
+            self._show_events()
 
     def _selected(self) -> str | None:
         name = self.query_one("#nodes-table", RowTable).cursor_key

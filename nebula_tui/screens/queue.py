@@ -133,8 +133,7 @@ class QueueScreen(ClusterScreen):
             yield Static("", id="queue-detail")
 
     def on_mount(self) -> None:
-        # none when the app closed while warming this screen up unseen (_warm_up)
-        for table in self.query("#queue-table").results(RowTable):
+        if (table := self.live_table("#queue-table")) is not None:
             table.hide_columns({"exit"})
             table.focus()
         self.set_interval(TELEMETRY_EVERY_S, self._tick)

@@ -138,11 +138,10 @@ class UsersScreen(ClusterScreen):
                            natural="running first", id="user-jobs")
 
     def on_mount(self) -> None:
-        # none when the app closed while warming this screen up unseen (_warm_up)
-        for table in self.query("#users-table").results(RowTable):
+        if (table := self.live_table("#users-table")) is not None:
             table.border_subtitle = "efficiency (card use while held), idle, mean wait, jobs: ended this month"
             table.focus()
-        for jobs in self.query("#user-jobs").results(RowTable):
+        if (jobs := self.live_table("#user-jobs")) is not None:
             jobs.border_title = "Jobs"
 
     def cluster_changed(self, change: str, key: object = None) -> None:
