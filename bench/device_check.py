@@ -195,7 +195,7 @@ def timing(probes: int) -> None:
 
 
 def jobs_see_their_devices(lab, root: Path) -> None:
-    from nebula_tui.sim.harness import HeadProcess
+    from labkit.harness import HeadProcess
 
     print("4. jobs count their devices through the CUDA driver")
     head = HeadProcess(root / "head", lab)

@@ -7,7 +7,7 @@ The head is the real ``nebula serve`` in a process of its own. Its ``--nodes`` n
 every node a real SSH endpoint on 127.0.0.1 with its own nodelet, emulated nvidia-smi and
 tmux server, the jobs really running there (``sleep``) and surviving the head. With
 ``--kind swarm`` every node is answered from memory by one other process
-(``nebula_tui.sim.swarm``), so the figures are the head's own: on 2 cores, 100 real
+(``labkit.swarm``), so the figures are the head's own: on 2 cores, 100 real
 nodelets starting at once (each runs the emulated nvidia-smi, a Python process that reads
 every process's environment, five times before its first probe is out) cost more than the
 head does.
@@ -46,10 +46,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nebula_tui.api import ApiError, Client  # noqa: E402
-from nebula_tui.sim.harness import HeadProcess, wait_for  # noqa: E402
+from labkit.harness import HeadProcess, wait_for  # noqa: E402
 from nebula_tui.sim.lab import Lab  # noqa: E402
 from nebula_tui.sim.presets import uniform_nodes  # noqa: E402
-from nebula_tui.sim.swarm import SwarmProcess  # noqa: E402
+from labkit.swarm import SwarmProcess  # noqa: E402
 
 SLURM_BACKUP_TAKEOVER_S = 120.0  # SlurmctldTimeout's default
 

@@ -11,7 +11,7 @@ around its scheduling pass, written to a file.
 
 What is simulated: the nodes. The 2 cores cannot host 500 real nodelets (each probe
 starts nvidia-smi, and the emulated one is a Python process), so all nodes live in one
-other process, ``nebula_tui.sim.swarm``: each node a real SSH endpoint on 127.0.0.1 (own
+other process, ``labkit.swarm``: each node a real SSH endpoint on 127.0.0.1 (own
 port and host key, verified by the head) whose session speaks the nodelet's protocol from
 memory — hello, a probe every 5 s at its own phase (nvidia-smi's CSV as the emulated tool
 writes it, the running jobs' processes on their GPUs), launches, cancels, lists.
@@ -146,7 +146,7 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
 
 def measure(nodes: int, args) -> dict:
     from nebula_tui.sim.presets import uniform_nodes
-    from nebula_tui.sim.swarm import SwarmProcess
+    from labkit.swarm import SwarmProcess
 
     root = Path(tempfile.mkdtemp(prefix=f"nebula-scale-{nodes}-"))
     specs = uniform_nodes(nodes, args.gpus)

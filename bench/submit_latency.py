@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nebula_tui.sim.harness import HeadProcess, lab_with_head  # noqa: E402
+from labkit.harness import HeadProcess, lab_with_head  # noqa: E402
 from nebula_tui.sim.lab import Lab  # noqa: E402
 
 # Slurm 22.05 on this same machine kind, 4 nodes x 4 fake GPUs (../shared/anchors/slurm/RESULTS.md).

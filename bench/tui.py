@@ -124,7 +124,7 @@ class BenchNode:
         """The nodelet's replies that change nothing: the pre-filled running jobs still
         running (reconcile), an empty log, launches and cancels accepted."""
         if op == "list":
-            from nebula_tui.sim.swarm import list_reply
+            from labkit.swarm import list_reply
 
             mine = {self.job_of[u] for _, u in self.gpus if u in self.job_of}
             return {"ok": True, **list_reply({j: (self.tokens.get(j), None) for j in mine})}

@@ -45,7 +45,7 @@ from submit_latency import nebula_latencies, percentile  # noqa: E402
 from throughput import run as nebula_throughput  # noqa: E402
 
 from nebula_tui.sim import slurm  # noqa: E402
-from nebula_tui.sim.harness import lab_with_head  # noqa: E402
+from labkit.harness import lab_with_head  # noqa: E402
 
 #: SchedulerParameters per profile, as in the anchor's setup.sh: "tuned" schedules on every
 #: 1 s tick with no throttling between passes, a deep queue per pass and a fast backfill.

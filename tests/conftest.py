@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from labfixtures import asyncssh_lab, openssh_lab  # noqa: E402,F401  (fixtures)
 from slurmfixtures import slurm_lab  # noqa: E402,F401  (fixture)
 
-from nebula_tui.sim.harness import HeadProcess, wait_for  # noqa: E402,F401
+from labkit.harness import HeadProcess, wait_for  # noqa: E402,F401
 
 
 def free_port() -> int:

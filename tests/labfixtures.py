@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from nebula_tui.api import ApiError
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 from nebula_tui.sim.lab import Lab
 
 

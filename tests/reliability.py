@@ -1,5 +1,5 @@
 """What the reliability tests need besides the lab: a small disk to fill, and a clock of
-the head's own (``HeadProcess(own_clock=True)``; see nebula_tui.sim.harness).
+the head's own (``HeadProcess(own_clock=True)``; see labkit.harness).
 
 ``small_disk(path, mb)`` mounts a tmpfs of that size at ``path`` (root only; CI runs as
 root) and skips the test, saying why, where mounting is not allowed. ``fill(path)`` fills
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nebula_tui.sim.harness import libfaketime
+from labkit.harness import libfaketime
 
 
 @contextlib.contextmanager

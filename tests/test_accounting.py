@@ -19,7 +19,7 @@ from conftest import until, wait_for
 from nebula_tui.screens import users as users_screen
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.users import USER_COLUMNS, UsersScreen
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 from nebula_tui.views import month_start
 from test_multiuser import ALICE, BOB, GROUP, as_user, shared_head, submit_as, users  # noqa: F401
 

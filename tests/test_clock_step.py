@@ -8,7 +8,7 @@ import time
 
 from conftest import wait_for
 from reliability import needs_own_clock
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 
 
 def node_state(head, name: str) -> str:

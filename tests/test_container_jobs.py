@@ -24,7 +24,7 @@ import yaml
 
 from conftest import wait_for
 from nebula_tui.api import ApiError
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 
 IMAGE = "localhost/nebula-busybox"
 GRACE_S = 3

@@ -16,7 +16,7 @@ from pathlib import Path
 from conftest import wait_for
 from nebula_tui.backups import Backups
 from nebula_tui.model import JobSpec
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 from nebula_tui.store import Store, head_id_file
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from nebula_tui.sim import slurm
-from nebula_tui.sim.harness import wait_for
+from labkit.harness import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -12,7 +12,7 @@ import yaml
 from conftest import wait_for
 from labfixtures import serving
 
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 
 
 def test_the_healthy_lab_passes_every_check(head):

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import wait_for
 from reliability import fill, small_disk
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 from nebula_tui.model import JobSpec
 from nebula_tui.store import Store, StoreUnavailable
 

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import wait_for
 from inprocess import engine, served  # noqa: F401  (the fixtures)
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 
 
 def rss_mb(pid: int) -> float:

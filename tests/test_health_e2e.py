@@ -18,7 +18,7 @@ import pytest
 from conftest import wait_for
 from labfixtures import lab_config, serving
 from nebula_tui.sim import faults
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 
 REPO = Path(__file__).resolve().parents[1]
 GRACE_S = 3

@@ -10,7 +10,7 @@ import pytest
 
 from nebula_tui.api import ApiError
 from nebula_tui.config import ConfigError, load_config, parse_config
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 
 
 def test_deeply_nested_yaml_is_one_line_not_a_recursion_error():

@@ -23,7 +23,7 @@ import pytest
 
 from conftest import wait_for
 from nebula_tui.remote.ssh import nodelet_source
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 
 
 def submit(head, *args: str) -> int:

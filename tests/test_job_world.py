@@ -18,7 +18,7 @@ from nebula_tui.head.server import spec_from_request
 from nebula_tui.model import RequestError
 from nebula_tui.remote.launcher import WARMUP_SOURCE
 from nebula_tui.sim import cuda, fake_smi, faults
-from nebula_tui.sim.harness import wait_for
+from labkit.harness import wait_for
 
 
 def submit(head, *args, **kw) -> dict:

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import free_port, wait_for
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_LABELS = {"node", "index", "uuid", "model", "vendor"}

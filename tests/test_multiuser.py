@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from conftest import wait_for
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("runuser") or not Path("/usr/bin/python3").exists(),

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from conftest import until, wait_for
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import free_port, wait_for
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 
 
 @pytest.fixture(scope="module")

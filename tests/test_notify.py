@@ -20,7 +20,7 @@ import yaml
 
 from conftest import free_port, wait_for
 from nebula_tui.sim import faults
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 
 SENDMAIL = Path("/usr/sbin/sendmail")
 pytestmark = pytest.mark.skipif(

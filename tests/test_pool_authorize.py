@@ -16,7 +16,7 @@ import yaml
 
 from nebula_tui.config import SUBMITTER, PoolConfig
 from nebula_tui.pools.authorize import authorize_view, authorized_keys_line, head_address
-from nebula_tui.sim.harness import HeadProcess, wait_for
+from labkit.harness import HeadProcess, wait_for
 from nebula_tui.sim.slurmlab import unlock_for_ssh
 
 USER = "nebauth"

@@ -14,7 +14,7 @@ import yaml
 
 from labfixtures import cancel_left_and_stop
 
-from nebula_tui.sim.harness import HeadProcess, wait_for
+from labkit.harness import HeadProcess, wait_for
 from nebula_tui.store import Store
 
 POLL = "1s"

@@ -17,7 +17,7 @@ import yaml
 
 from conftest import wait_for
 from nebula_tui.api import ApiError, Client
-from nebula_tui.sim.harness import FINISHED, HeadProcess
+from labkit.harness import FINISHED, HeadProcess
 
 
 def node_of(head, name: str) -> dict:

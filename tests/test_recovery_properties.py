@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
-from nebula_tui.sim.harness import FINISHED, HeadProcess
+from labkit.harness import FINISHED, HeadProcess
 from test_recovery import never_overcommitted
 
 SEQUENCES = 2

@@ -11,7 +11,7 @@ import pytest
 from nebula_tui import service
 from nebula_tui.demo import stop_service
 from nebula_tui.service import Home, ServiceUnavailable, connect, start_background
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 
 
 def test_a_loose_home_is_tightened_and_the_log_is_private(openssh_lab, tmp_path, capsys):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import wait_for
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 from nebula_tui.sim.presets import uniform_nodes
-from nebula_tui.sim.swarm import SwarmProcess
+from labkit.swarm import SwarmProcess
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from labfixtures import cancel_left_and_stop
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.nodecards import NodeCards
 from nebula_tui.screens.nodes import NodesScreen
-from nebula_tui.sim.harness import HeadProcess, wait_for
+from labkit.harness import HeadProcess, wait_for
 
 SIZE = (80, 24)
 

@@ -19,7 +19,7 @@ import yaml
 
 from conftest import wait_for
 from nebula_tui.sim import fake_smi, faults, presets
-from nebula_tui.sim.harness import HeadProcess
+from labkit.harness import HeadProcess
 from nebula_tui.sim.lab import Lab, find_sshd
 
 REPO = Path(__file__).resolve().parents[1]

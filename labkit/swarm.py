@@ -18,7 +18,7 @@ process a few percent of a core and the head's own figures are what a bench meas
 Jobs the head believes already run when the swarm starts (a pre-filled store) are given
 in a JSON file, ``{node: {job id: [GPU index, …]}}``; their processes show in the probes.
 
-    python -m nebula_tui.sim.swarm --dir D --nodes 500 [--gpus 8] [--probe-interval 5]
+    python -m labkit.swarm --dir D --nodes 500 [--gpus 8] [--probe-interval 5]
                                    [--jobs running.json]
 
 writes the lab (``D/nodes.yaml``, keys, ``known_hosts``) and ``D/ready`` once every node
@@ -42,10 +42,10 @@ from pathlib import Path
 
 import asyncssh
 
-from ..remote.backends import nvidia_smi
-from . import fake_smi
-from .lab import Lab, _AsyncNode
-from .presets import uniform_nodes
+from nebula_tui.remote.backends import nvidia_smi
+from nebula_tui.sim import fake_smi
+from nebula_tui.sim.lab import Lab, _AsyncNode
+from nebula_tui.sim.presets import uniform_nodes
 
 _READ_LENGTH = re.compile(r"read\((\d+)\)")
 _VISIBLE = re.compile(r"CUDA_VISIBLE_DEVICES=([\d,]+)")
@@ -204,13 +204,13 @@ def _attempt(token: str) -> int:
 
 
 class SwarmProcess:
-    """A swarm in a process of its own (``python -m nebula_tui.sim.swarm``), for benches and
+    """A swarm in a process of its own (``python -m labkit.swarm``), for benches and
     tests: ``start()`` returns once every node listens; ``config_path`` is its nodes.yaml."""
 
     def __init__(self, root: Path, nodes: int, gpus: int = 8, probe_interval: float = 5.0,
                  running: dict[str, dict[int, list[int]]] | None = None):
         self.root = Path(root)
-        self.argv = [sys.executable, "-m", "nebula_tui.sim.swarm", "--dir", str(self.root / "lab"),
+        self.argv = [sys.executable, "-m", "labkit.swarm", "--dir", str(self.root / "lab"),
                      "--nodes", str(nodes), "--gpus", str(gpus), "--probe-interval", str(probe_interval)]
         self.running = running
         self.process: subprocess.Popen | None = None
@@ -228,7 +228,12 @@ class SwarmProcess:
             argv += ["--jobs", str(jobs)]
         log_path = self.root / "swarm.log"
         with open(log_path, "wb") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+            # ``-m labkit.swarm`` finds labkit wherever the caller's working directory is.
+            root = str(Path(__file__).resolve().parent.parent)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+            self.process = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                            env=env)
         ready = self.root / "lab" / "ready"
         deadline = time.monotonic() + timeout
         while not ready.exists():
@@ -268,7 +273,7 @@ async def run_swarm(root: Path, nodes: int, gpus: int, probe_interval: float,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nebula_tui.sim.swarm",
+    parser = argparse.ArgumentParser(prog="python -m labkit.swarm",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--dir", required=True, type=Path)
     parser.add_argument("--nodes", type=int, required=True)

@@ -20,9 +20,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..api import ApiError, Client
-from ..remote.launcher import TMUX_SOCKET, session_name
-from ..model import FINISHED_STATES
+from nebula_tui.api import ApiError, Client
+from nebula_tui.remote.launcher import TMUX_SOCKET, session_name
+from nebula_tui.model import FINISHED_STATES
 
 FINISHED = FINISHED_STATES
 
@@ -165,7 +165,7 @@ def lab_with_head(layout: str = "4x4", ssh: str = "openssh",
                   probe_interval: float = 5.0) -> Iterator[tuple["Lab", HeadProcess]]:
     """A fresh lab and a head service on it, both stopped and their folder removed on exit
     (for the benches)."""
-    from .lab import Lab
+    from nebula_tui.sim.lab import Lab
 
     root = Path(tempfile.mkdtemp(prefix="nebula-bench-"))
     lab = Lab(root / "lab", layout=layout, ssh=ssh, probe_interval=probe_interval)
