@@ -52,6 +52,8 @@ def test_the_wheel_carries_the_nodelet_the_shims_and_the_styles(wheel):
                  "nebula_tui/sim/cuda_shim.c", "nebula_tui/screens/nebula.tcss"):
         assert path in names, path
     assert any(n.endswith("entry_points.txt") for n in names)
+    # What the tests and benches run the product with stays beside the package.
+    assert not [n for n in names if n.startswith("labkit/") or "/harness.py" in n or "/swarm.py" in n]
 
 
 def test_the_service_file_runs_the_command_the_guide_installs():
