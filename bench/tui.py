@@ -132,22 +132,29 @@ class BenchNode:
 
     def probe(self, tick: int) -> dict:
         """This node's readings at second ``tick``: busy cards move, idle ones do not."""
-        rows, apps, pid_jobs = [], [], {}
+        devices, processes, pid_jobs = [], [], {}
         for index, uuid in self.gpus:
             job = self.job_of.get(uuid)
             seed = int(uuid[-5:])
             util = (tick * 7 + seed * 13) % 100 if job else 0
             used = 20000 + (seed * 977) % 50000 if job else 0
             temp = 35 + (tick + seed) % 35 if job else 33
-            rows.append(f"{index}, {uuid}, {MODEL}, 00000000:{index + 7:02X}:00.0, {TOTAL_MB}, "
-                        f"{used}, {util}, {temp}, {60 + util * 3}.00, 400.00, [N/A], 1410, 1593, "
-                        f"P0, 550.54.15, 8.0")
+            devices.append({"index": index, "uuid": uuid, "name": MODEL, "vendor": "nvidia",
+                            "pci_bus_id": f"00000000:{index + 7:02X}:00.0",
+                            "memory_total_mb": TOTAL_MB, "memory_used_mb": used,
+                            "utilization_pct": float(util), "temperature_c": float(temp),
+                            "power_w": 60.0 + util * 3, "power_limit_w": 400.0, "fan_pct": None,
+                            "sm_clock_mhz": 1410.0, "mem_clock_mhz": 1593.0, "pstate": "P0",
+                            "driver_version": "550.54.15", "compute_cap": "8.0",
+                            "visible_env": "CUDA_VISIBLE_DEVICES", "visible_id": str(index)})
             if job:
                 pid = 10000 + seed
-                apps.append(f"{uuid}, {pid}, python, {used}")
+                processes.append({"gpu_uuid": uuid, "pid": pid, "name": "python",
+                                  "used_memory_mb": used})
                 pid_jobs[str(pid)] = str(job)
-        return {"type": "probe", "t": time.time(), "error": "", "gpu_csv": "\n".join(rows) + "\n",
-                "apps_csv": "\n".join(apps) + "\n", "pid_jobs": pid_jobs}
+        return {"type": "probe", "t": time.time(), "error": "", "devices": devices,
+                "processes": processes, "problems": [], "clamped": [], "pid_jobs": pid_jobs,
+                "pid_users": {}}
 
     async def _run(self) -> None:
         from nebula_tui.model import NodeState

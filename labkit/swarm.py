@@ -7,8 +7,9 @@ session: instead of starting python3 with the nodelet, this process answers in t
 nodelet's protocol itself (``remote/probes/nodelet.py``'s docstring), from memory —
 
 * ``hello`` at once, then a ``probe`` every probe interval (each node at its own phase),
-  its CSV written by the emulated nvidia-smi's own formatting (``fake_smi``) for the GPUs
-  of ``node.json``, busy where a job runs;
+  its vendor-neutral readings what the nodelet's nvidia-smi backend makes of the emulated
+  nvidia-smi's own output (``fake_smi``) for the GPUs of ``node.json``, busy where a job
+  runs;
 * ``launch`` is accepted and answered with ``started``; the job then runs until cancelled
   (``cancel`` or ``signal KILL``), which reports its ``exit``; ``list``, ``ack``, ``log``
   answer like the nodelet.
@@ -85,10 +86,6 @@ class FakeNodelet:
             self.settings = {}
         found = _READ_LENGTH.search(command)
         self.source_length = int(found.group(1)) if found else 0
-        # nvidia-smi's fixed field lists as CSV, a probe the head still reads (the head no
-        # longer sends them: the real nodelet reports vendor-neutral devices).
-        self.gpu_fields = ",".join(nvidia_smi.QUERY_GPU_FIELDS)
-        self.apps_fields = ",".join(nvidia_smi.QUERY_APPS_FIELDS)
         self.tick = 0
 
     def emit(self, message: dict) -> None:
@@ -128,17 +125,22 @@ class FakeNodelet:
         return [fake_smi.gpu_state(g, processes, {}) for g in self.node.spec["gpus"]]
 
     def probe(self) -> dict:
+        """The readings the real nodelet would send: the emulated nvidia-smi's CSV read by
+        the nvidia-smi backend's own parser, as on a node with that tool."""
         states = self.states()
-        message = {"type": "probe", "t": time.time(), "error": ""}
-        if self.gpu_fields:
-            message["gpu_csv"], _ = fake_smi.query_gpu(self.node.spec, states, self.gpu_fields,
-                                                       {"csv", "noheader", "nounits"})
-        if self.apps_fields:
-            message["apps_csv"], _ = fake_smi.query_apps(self.node.spec, states, self.apps_fields,
-                                                         {"csv", "noheader", "nounits"})
-            message["pid_jobs"] = {str(job["pid"]): str(job_id)
-                                   for job_id, job in self.node.jobs.items()}
-        return message
+        fmt = {"csv", "noheader", "nounits"}
+        gpu_csv, _ = fake_smi.query_gpu(self.node.spec, states,
+                                        ",".join(nvidia_smi.QUERY_GPU_FIELDS), fmt)
+        apps_csv, _ = fake_smi.query_apps(self.node.spec, states,
+                                          ",".join(nvidia_smi.QUERY_APPS_FIELDS), fmt)
+        devices, _ = nvidia_smi.parse_query_gpu_lines(gpu_csv.splitlines(),
+                                                      nvidia_smi.QUERY_GPU_FIELDS)
+        processes = nvidia_smi.parse_query_apps_lines(apps_csv.splitlines(),
+                                                      nvidia_smi.QUERY_APPS_FIELDS)
+        return {"type": "probe", "t": time.time(), "error": "", "devices": devices,
+                "processes": processes, "problems": [], "clamped": [],
+                "pid_jobs": {str(job["pid"]): str(job_id) for job_id, job in self.node.jobs.items()},
+                "pid_users": {}}
 
     async def probe_loop(self) -> None:
         interval = float(self.settings.get("interval", 5.0))

@@ -19,15 +19,20 @@ MODEL = "NVIDIA A100-SXM4-80GB"
 
 
 def gpu_row(node: str, index: int, util: float = 0, temp: float = 30, used: int = 0,
-            driver: str = "550.54.15") -> str:
-    """One line of ``nvidia-smi --query-gpu`` in the nodelet's field order."""
-    return (f"{index}, GPU-{node}-{index}, {MODEL}, 00000000:{index + 7:02X}:00.0, 81920, {used}, "
-            f"{util}, {temp}, 60.00, 400.00, [N/A], 1410, 1593, P0, {driver}, 8.0")
+            driver: str = "550.54.15") -> dict:
+    """One card's vendor-neutral reading, as the nodelet's NVIDIA backends send it."""
+    return {"index": index, "uuid": f"GPU-{node}-{index}", "name": MODEL, "vendor": "nvidia",
+            "pci_bus_id": f"00000000:{index + 7:02X}:00.0", "memory_total_mb": 81920,
+            "memory_used_mb": used, "utilization_pct": float(util), "temperature_c": float(temp),
+            "power_w": 60.0, "power_limit_w": 400.0, "fan_pct": None, "sm_clock_mhz": 1410.0,
+            "mem_clock_mhz": 1593.0, "pstate": "P0", "driver_version": driver,
+            "compute_cap": "8.0", "visible_env": "CUDA_VISIBLE_DEVICES",
+            "visible_id": str(index)}
 
 
-def probe(node: str, rows: list[str]) -> dict:
-    return {"type": "probe", "t": 1.0, "error": "", "gpu_csv": "\n".join(rows) + "\n",
-            "apps_csv": "", "pid_jobs": {}}
+def probe(node: str, rows: list[dict]) -> dict:
+    return {"type": "probe", "t": 1.0, "error": "", "devices": rows, "processes": [],
+            "problems": [], "clamped": [], "pid_jobs": {}, "pid_users": {}}
 
 
 class QuietNode:

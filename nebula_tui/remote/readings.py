@@ -4,8 +4,7 @@ The nodelet (``remote/probes``) reads every vendor's devices and sends plain dic
 of ``backends.reading.FIELDS``); :func:`read_probe` turns one probe message into
 ``GpuReading``/``GpuProcess`` values, the problems to show on the node and the notes of
 impossible readings the node clamped, and :func:`read_hello` the facts a hello carries
-(CUDA version, topology with each pair's PCIe link). Nothing here knows a tool's format,
-except for probes of the CSV era (``gpu_csv``), which tests and benches still send.
+(CUDA version, topology with each pair's PCIe link). Nothing here knows a tool's format.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field, fields
 
 from ..model import GpuProcess, GpuReading
 from ..scheduler.topology import pcie_gbps
-from .backends import nvidia_smi, topo
+from .backends import topo
 from .backends.reading import FIELDS
 
 _READING_FIELDS = frozenset(f.name for f in fields(GpuReading))
@@ -77,12 +76,6 @@ class ProbeView:
 def read_probe(node: str, message: dict) -> ProbeView:
     """A nodelet's ``probe`` message -> :class:`ProbeView`. Never raises on odd content: a
     message it cannot read is a view with no devices and the reason as its problem."""
-    if "devices" in message:
-        return _neutral_probe(node, message)
-    return _csv_probe(message)
-
-
-def _neutral_probe(node: str, message: dict) -> ProbeView:
     devices = message.get("devices")
     if not isinstance(devices, list):
         return ProbeView([], [], "probe output not understood: devices is not a list")
@@ -116,20 +109,6 @@ _LABELS = {"utilization_pct": ("utilisation", "%"), "fan_pct": ("fan speed", "%"
 
 def _show(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _csv_probe(message: dict) -> ProbeView:
-    """A probe of the CSV era: ``gpu_csv``/``apps_csv`` of nvidia-smi's fixed field lists."""
-    problem = f"probe: {message['error']}" if message.get("error") else ""
-    try:
-        devices, _ = nvidia_smi.parse_query_gpu_lines(
-            (message.get("gpu_csv") or "").splitlines(), nvidia_smi.QUERY_GPU_FIELDS)
-        processes = nvidia_smi.parse_query_apps_lines(
-            (message.get("apps_csv") or "").splitlines(), nvidia_smi.QUERY_APPS_FIELDS)
-    except ValueError as err:
-        return ProbeView([], [], f"probe output not understood: {err}")
-    return ProbeView([gpu_reading(d) for d in devices],
-                     [p for p in map(gpu_process, processes) if p is not None], problem)
 
 
 #: Without a base clock from the driver, R19 compares with this share of the max SM clock
