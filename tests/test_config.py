@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nebula_tui import config
+from nebula_tui.config import cluster as config
 from nebula_tui.config import (
     ClusterConfig,
     ConfigError,
@@ -18,7 +18,7 @@ from nebula_tui.config import (
     load_config,
     parse_config,
 )
-from nebula_tui.settings import HealthSettings, LimitsSettings, SchedulerSettings
+from nebula_tui.config.settings import HealthSettings, LimitsSettings, SchedulerSettings
 
 REPO = Path(__file__).resolve().parent.parent
 HOME = os.path.expanduser("~")

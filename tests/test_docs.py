@@ -8,7 +8,7 @@ import argparse
 import re
 from pathlib import Path
 
-from nebula_tui import config
+from nebula_tui.config import cluster as config
 from nebula_tui.cli.parser import build_parser
 from nebula_tui.head.serve import shared_mode_refusal
 

@@ -168,7 +168,7 @@ def test_a_preemptible_run_is_charged_its_fraction_and_its_preemptions_are_count
 
 
 def test_the_settings_of_preemptible_jobs():
-    from nebula_tui.settings import SettingError, scheduler_settings
+    from nebula_tui.config.settings import SettingError, scheduler_settings
 
     config = scheduler_settings({"preemptible_charge": 0.5, "preemptible_in_quota": False}).config
     assert (config.preemptible_charge, config.preemptible_in_quota) == (0.5, False)

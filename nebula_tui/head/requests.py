@@ -165,7 +165,7 @@ def _world_fields(req: dict) -> dict:
 
 
 
-#: a pool's name as nodes.yaml allows it (config.py's node and pool names)
+#: a pool's name as nodes.yaml allows it (config/cluster.py's node and pool names)
 _POOL = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}\Z")
 #: a job's --vendor that takes any card, whatever nodes.yaml gives as the default
 ANY_VENDOR = "any"

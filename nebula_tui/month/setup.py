@@ -1,7 +1,7 @@
 """The cluster a replay's head runs with: the inventory's nodes (never connected to: the
 replay plays them) and the settings of a real ``nodes.yaml`` (``--config``), with an admin's
-what-ifs (``--set scheduler.half_life=3d``) on top — validated by the same ``config.py``
-as ``nebula serve``'s, so a setting means in a replay what it means on the lab."""
+what-ifs (``--set scheduler.half_life=3d``) on top — validated by the same ``config``
+package as ``nebula serve``'s, so a setting means in a replay what it means on the lab."""
 
 from __future__ import annotations
 

@@ -12,11 +12,11 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .model import VENDORS
-from .scheduler import fairshare
-from .scheduler.health import DEFAULT_POLICIES, Policy, policies_from_config
-from .scheduler.snapshot import SchedulerConfig
-from .units import parse_duration_s, parse_size_mb
+from ..model import VENDORS
+from ..scheduler import fairshare
+from ..scheduler.health import DEFAULT_POLICIES, Policy, policies_from_config
+from ..scheduler.snapshot import SchedulerConfig
+from ..units import parse_duration_s, parse_size_mb
 
 _WEIGHTS = {"hot": "w_hot", "load": "w_load", "pack": "w_pack", "health": "w_health",
             "power": "w_power", "topology": "w_topology"}

@@ -73,12 +73,12 @@ from typing import Any, TypeVar
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from .environments import RUNTIMES
-from .model import ConfigError  # defined beside the plain data so clients need no yaml
+from ..environments import RUNTIMES
+from ..model import ConfigError  # defined beside the plain data so clients need no yaml
+from ..units import DURATION_EXAMPLES, parse_duration_s
 from .settings import (AccountingSettings, HealthSettings, LimitsSettings, NotifySettings,
                        SchedulerSettings, SettingError, accounting_settings, health_settings,
                        limits_settings, notify_settings, scheduler_settings)
-from .units import DURATION_EXAMPLES, parse_duration_s
 
 __all__ = [
     "ClusterConfig",
