@@ -91,7 +91,7 @@ def test_every_kind_the_head_writes_is_one_the_protocol_names():
     the head or the store but missing there could never be asked for."""
     package = Path(__file__).resolve().parents[1] / "nebula_tui"
     written: dict[str, str] = {}
-    for path in [package / "store.py", *sorted((package / "head").glob("*.py"))]:
+    for path in [*sorted((package / "store").glob("*.py")), *sorted((package / "head").glob("*.py"))]:
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Call):
                 continue

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from .model import (WAITING_FOR_SCHEDULER, Cancelling, Ended, Job, JobSpec, JobState, Launching,
+from ..model import (WAITING_FOR_SCHEDULER, Cancelling, Ended, Job, JobSpec, JobState, Launching,
                     Pending, Placement, Running, Stopping)
 
 FINISHED_SQL = ", ".join(f"'{s.value}'" for s in JobState if s.finished)

@@ -1,0 +1,7 @@
+"""The store: the only package that speaks SQL (see ``jobs.py`` for now)."""
+
+from .jobs import (COUNTED_SQL, DEFAULT_SPAN_S, FINISHED_SQL, IDLE_UTIL_PCT, DatabaseDamaged, IdFloor,
+                   StaleDecision, Store, StoreUnavailable, head_id_file, read_head_id, spec_of)
+
+__all__ = ["COUNTED_SQL", "DEFAULT_SPAN_S", "FINISHED_SQL", "IDLE_UTIL_PCT", "DatabaseDamaged", "IdFloor",
+           "StaleDecision", "Store", "StoreUnavailable", "head_id_file", "read_head_id", "spec_of"]
