@@ -76,7 +76,7 @@ def cancel(head: HeadProcess, job_id: int) -> None:
 
 
 def test_nodelet_reads_the_kernel_log_with_the_parsers_cursor():
-    # The node runs the very code the parsers use: it is shipped ahead of the nodelet.
+    # The node runs the very code the parsers use: it is shipped with the nodelet.
     from nebula_tui.remote.backends import xid
     from nebula_tui.remote.probes import kmsg_cursor
     from nebula_tui.remote.ssh import nodelet_source

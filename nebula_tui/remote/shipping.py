@@ -5,8 +5,8 @@ script from stdin. That script first puts an importer in front of ``sys.meta_pat
 serves the shipped modules under their own names (``nebula_tui.remote.backends.reading``,
 ``nebula_tui.remote.probes.hardware``, …, and ``pynvml`` from the head's ``nvidia-ml-py``),
 so their relative imports work as on the head and a node's own installed copies never
-shadow them; then it runs the kernel-log cursor, the container helpers and the nodelet as
-the main script.
+shadow them; then it runs the nodelet as the main script, which imports what it uses from
+them like any module.
 """
 
 from __future__ import annotations
@@ -33,17 +33,19 @@ SHIPPED_MODULES = (
     "nebula_tui.remote.probes.vendor_intel",
     "nebula_tui.remote.probes.vendor_ascend",
     "nebula_tui.remote.probes.registry",
+    "nebula_tui.remote.probes.kmsg_cursor",
+    "nebula_tui.remote.probes.cgroups",
+    "nebula_tui.remote.probes.node_containers",
+    "nebula_tui.remote.probes.mount_pins",
+    "nebula_tui.remote.probes.tmux_control",
 )
 #: Their packages, shipped empty: the head's ``__init__`` files import head-only code.
 SHIPPED_PACKAGES = ("nebula_tui", "nebula_tui.remote", "nebula_tui.remote.backends",
                     "nebula_tui.remote.probes")
 #: Shipped when the head has it (the ``nvidia-ml-py`` distribution's single module).
 THIRD_PARTY = ("pynvml",)
-#: The main script, in this order: the kernel-log cursor, the cgroup readers, the
-#: container helpers, the data mounts' release and the tmux control client the nodelet
-#: calls by name, then the nodelet.
-MAIN_SCRIPT = ("kmsg_cursor.py", "cgroups.py", "node_containers.py", "mount_pins.py",
-               "tmux_control.py", "nodelet.py")
+#: The main script: the nodelet (it imports the modules above by their names).
+MAIN_SCRIPT = "nodelet.py"
 
 _IMPORTER = '''\
 import sys as _sys
@@ -97,7 +99,7 @@ def script() -> str:
         if text is not None:  # without it, NVIDIA nodes fall back to nvidia-smi and say why
             sources[module] = text
     probes = resources.files("nebula_tui.remote.probes")
-    main = "\n\n".join(probes.joinpath(name).read_text(encoding="utf-8") for name in MAIN_SCRIPT)
+    main = probes.joinpath(MAIN_SCRIPT).read_text(encoding="utf-8")
     return (f"_SHIPPED_SOURCES = {sources!r}\n_SHIPPED_PACKAGES = {SHIPPED_PACKAGES!r}\n"
             + _IMPORTER + "\n\n" + main)
 

@@ -42,8 +42,8 @@ class NodeUnavailable(Exception):
 
 @functools.cache
 def nodelet_source() -> bytes:
-    """The script the node runs: the shipped modules (hardware layer, parsers, pynvml), the
-    kernel-log cursor, then the nodelet that uses them (see remote/shipping.py)."""
+    """The script the node runs: the shipped modules (hardware layer, parsers, the node
+    side's helpers, pynvml), then the nodelet that imports them (see remote/shipping.py)."""
     return shipping.script().encode("utf-8")
 
 

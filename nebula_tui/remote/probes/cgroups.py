@@ -1,6 +1,6 @@
 """What a process's cgroup says of whose it is, from the text of /proc/PID/cgroup: the
 container it runs in, and the tmux pane's scope it was started in. Node side, shipped
-ahead of the nodelet; stdlib only (Python 3.6+). Parsed defensively: any text, a line or a
+with the nodelet; stdlib only (Python 3.6+). Parsed defensively: any text, a line or a
 path of any shape, gives an answer or None, never an error.
 
 A line is ``HIERARCHY:CONTROLLERS:PATH``: v2 has one, ``0::/…``; v1 one per hierarchy

@@ -1,7 +1,7 @@
 """Reading only the new lines of a kernel log: the cursor the nodelet keeps on its node.
 
-Stdlib only, and never imports the package: the head ships this file's text ahead of the
-nodelet's over SSH (see remote.ssh.nodelet_source), and the parsers import it too, so the
+Stdlib only, and never imports the package: the head ships it with the nodelet over SSH
+as a module of its own (see remote/shipping.py), and the parsers import it too, so the
 node and the head read logs with the same code.
 """
 

@@ -1,5 +1,5 @@
 """A container's data mounts pinned to what the job's user could open (node side; stdlib
-only, Python 3.6+; shipped ahead of the nodelet, and run by a job's wrapper).
+only, Python 3.6+; shipped with the nodelet, and run by a job's wrapper).
 
 Why: a root container runtime (podman as root, docker's daemon) opens a bind mount's source
 itself, as root, moments after the job's checks looked at it as the job's user. A user who

@@ -1,4 +1,4 @@
-"""The node side of container jobs: shipped ahead of nodelet.py, stdlib only (Python 3.6+).
+"""The node side of container jobs: shipped with nodelet.py, stdlib only (Python 3.6+).
 
 Which container runtimes this login can use (a fact of the hello), and a job's container,
 found by the name its wrapper wrote to ``$jobdir/container`` (the name on the first line,

@@ -31,9 +31,10 @@ head -> node
   {"id", "op": "reset", "gpu"}                 nvidia-smi -r -i UUID; "reset" true when it worked
 
 No user string is ever given to a shell here: the run script was quoted by the head, and
-every command below runs from an argv list. The hardware layer (``nebula_tui.remote.probes
-.hardware`` and the parsers) comes with this script (remote/shipping.py); run from its file
-alone, the nodelet still launches jobs and says it has no hardware layer.
+every command below runs from an argv list. The modules it imports (the hardware layer,
+the parsers, the kernel-log cursor, the cgroup readers, the container helpers, the data
+mounts' release, the tmux control client) come with this script as modules under their
+own names (remote/shipping.py); it never runs without them.
 
 Why one module: it is one program on the node (shipped over stdin, never installed):
 the request loop, the watcher and the ops share the job directories, their locks and the
@@ -56,6 +57,14 @@ import subprocess
 import sys
 import threading
 import time
+
+from nebula_tui.remote.probes.cgroups import cgroup_container_id, pane_scope
+from nebula_tui.remote.probes.kmsg_cursor import new_lines
+from nebula_tui.remote.probes.mount_pins import release_pins
+from nebula_tui.remote.probes.node_containers import (
+    conda_tools, container_id, container_remove, container_runtimes, container_signal,
+    container_stop)
+from nebula_tui.remote.probes.tmux_control import TmuxControl, tmux_words
 
 CONFIG = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
 INTERVAL = float(CONFIG.get("interval", 5.0))
@@ -420,8 +429,6 @@ def probe_loop(kernel):
 
 
 # ------------------------------------------------------------------- kernel log
-# new_lines() comes from kmsg_cursor.py, which the head sends ahead of this file.
-
 _PID_IN_XID = re.compile(r"NVRM: Xid \([^)]*\): \d+, pid=(\d+)")
 
 
