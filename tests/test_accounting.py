@@ -22,6 +22,7 @@ from nebula_tui.screens.users import USER_COLUMNS, UsersScreen
 from labkit.harness import HeadProcess
 from nebula_tui.views import month_start
 from test_multiuser import ALICE, BOB, GROUP, as_user, shared_head, submit_as, users  # noqa: F401
+from support import submit_json
 
 #: What the test's jobs tell the simulated nvidia-smi they do (per card).
 BUSY_UTIL, BUSY_MEM_MB = 40, 3072
@@ -48,10 +49,6 @@ def head(openssh_lab, tmp_path_factory):
         h.stop()
 
 
-def _submit(head, *args: str) -> int:
-    return json.loads(head.run("submit", "--json", *args, check=True).stdout)["id"]
-
-
 def _busy(seconds: int, util: int = BUSY_UTIL, mem_mb: int = BUSY_MEM_MB) -> list[str]:
     return ["--", "env", f"NEBULA_SIM_GPU_UTIL={util}", f"NEBULA_SIM_GPU_MEM={mem_mb}M",
             "sleep", str(seconds)]
@@ -65,20 +62,20 @@ def ended(head):
     gpus = {f"{g['node']}:{g['index']}": g for g in json.loads(head.run("gpus", "--json").stdout)}
     started = time.time()
     # A slice of an RTX 4090 or 4060 that the next job waits for: cancelled at once.
-    blocker = _submit(head, "--gpu-mem", "4G", "--arch", "sm_89", "--", "sleep", "600")
-    never = _submit(head, "--name", "never", "--after", str(blocker), "--", "true")
+    blocker = submit_json(head, "--gpu-mem", "4G", "--arch", "sm_89", "--", "sleep", "600")
+    never = submit_json(head, "--name", "never", "--after", str(blocker), "--", "true")
     head.run("cancel", str(never), check=True)
     head.run("cancel", str(blocker), check=True)
     jobs = {
         "cancelled": never,
-        "busy": _submit(head, "--name", "busy", "--arch", "sm_80", *_busy(RUN_S)),
+        "busy": submit_json(head, "--name", "busy", "--arch", "sm_80", *_busy(RUN_S)),
         # Every A100 (sm_80, node02), the busy job's too: this one waits for that card.
-        "waited": _submit(head, "--name", "waited", "--gpu-count", "4", "--arch", "sm_80",
-                          "--", "true"),
-        "idle": _submit(head, "--name", "idle", "--arch", "sm_89", *_busy(RUN_S, util=0)),
-        "slice": _submit(head, "--name", "slice", "--gpu-mem", "6G", "--arch", "sm_86",
-                         *_busy(RUN_S, mem_mb=2048)),
-        "failed": _submit(head, "--name", "failed", "--command", "sleep 1; exit 3"),
+        "waited": submit_json(head, "--name", "waited", "--gpu-count", "4", "--arch", "sm_80",
+                              "--", "true"),
+        "idle": submit_json(head, "--name", "idle", "--arch", "sm_89", *_busy(RUN_S, util=0)),
+        "slice": submit_json(head, "--name", "slice", "--gpu-mem", "6G", "--arch", "sm_86",
+                             *_busy(RUN_S, mem_mb=2048)),
+        "failed": submit_json(head, "--name", "failed", "--command", "sleep 1; exit 3"),
     }
     for job in jobs.values():
         head.wait_job(job, timeout=90)
@@ -295,7 +292,7 @@ async def test_the_users_screen_shows_the_reports_month_and_follows_it(head, end
         _same_as_the_report(cells, line, *_this_month(head))
         assert int(cells["jobs"]) >= len(ended["jobs"])
 
-        job = _submit(head, "--name", "more", "--arch", "sm_80", *_busy(3))
+        job = submit_json(head, "--name", "more", "--arch", "sm_80", *_busy(3))
         head.wait_job(job, timeout=60)
         await until(pilot, lambda: _screen_month(app)[0]["jobs"] == str(int(cells["jobs"]) + 1)
                     and _screen_month(app)[1]["available"] > line["available"],

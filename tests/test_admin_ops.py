@@ -8,10 +8,7 @@ import pytest
 from conftest import wait_for
 
 from nebula_tui.api import ApiError
-
-
-def submit(head, *args: str) -> int:
-    return int(head.run("submit", *args, check=True).stdout.split()[2])
+from support import submit
 
 
 def node(head, name: str) -> dict:

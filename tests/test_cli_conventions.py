@@ -16,6 +16,7 @@ import pytest
 
 from conftest import wait_for
 from nebula_tui.cli import build_parser
+from support import submit
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,20 +25,15 @@ REPO = Path(__file__).resolve().parent.parent
 def jobs(head):
     """One long-running job with a long name on a gang of two cards, one ended job with 100
     lines of output, one waiting job."""
-    running = _submit(head, "--name", "a-rather-long-name-nobody-should-cut", "--gpu-count", "2",
+    running = submit(head, "--name", "a-rather-long-name-nobody-should-cut", "--gpu-count", "2",
                       "--", "sleep", "600")
-    ended = _submit(head, "--gpu-mem", "4G", "--", "seq", "1", "100")
+    ended = submit(head, "--gpu-mem", "4G", "--", "seq", "1", "100")
     head.wait_job(ended)
-    waiting = _submit(head, "--gpu-count", "4", "--gpu-mem", "70G", "--", "true")
+    waiting = submit(head, "--gpu-count", "4", "--gpu-mem", "70G", "--", "true")
     wait_for(lambda: head.job(running)["state"] == "running", 30, what="the gang to run")
     yield {"running": running, "ended": ended, "waiting": waiting}
     for job in (running, waiting):
         head.run("cancel", str(job))
-
-
-def _submit(head, *args: str) -> int:
-    done = head.run("submit", *args, check=True)
-    return int(done.stdout.split()[-1])
 
 
 def _printing_commands(jobs) -> list[list[str]]:
@@ -325,7 +321,7 @@ def test_zsh_completes_commands_and_job_ids(head, jobs, tmp_path):
         term.tab("nebula sta")
         wait_for(lambda: "% nebula status" in term.lines(), 30, interval=0.2, what="status completed")
         # Asked at each Tab, not when the script was loaded: a job newer than the shell.
-        newer = _submit(head, "--gpu-mem", "4G", "--", "sleep", "600")
+        newer = submit(head, "--gpu-mem", "4G", "--", "sleep", "600")
         term.tab("nebula cancel ")
         wait_for(lambda: {str(jobs["running"]), str(newer)} <= set(term.screen().split()), 30,
                  interval=0.2, what="job ids offered")

@@ -25,6 +25,8 @@ import yaml
 from conftest import wait_for
 from nebula_tui.api import ApiError
 from labkit.harness import HeadProcess
+import support
+from support import running
 
 IMAGE = "localhost/nebula-busybox"
 GRACE_S = 3
@@ -76,13 +78,7 @@ def head(openssh_lab, tmp_path_factory):
 
 
 def submit(head, *args) -> int:
-    done = head.run("submit", "--image", IMAGE, *args, check=True)
-    return int(done.stdout.split()[2])
-
-
-def running(head, job_id: int) -> dict:
-    return wait_for(lambda: (j := head.job(job_id))["state"] == "running" and j, 30,
-                    what=f"job {job_id} to run")
+    return support.submit(head, "--image", IMAGE, *args)
 
 
 def log(head, job_id: int) -> str:

@@ -18,6 +18,7 @@ from nebula_tui.backups import Backups
 from nebula_tui.model import JobSpec
 from labkit.harness import HeadProcess
 from nebula_tui.store import Store, head_id_file
+from support import running, session_alive, submit
 
 
 def serve_refusal(head: HeadProcess) -> subprocess.CompletedProcess:
@@ -32,19 +33,6 @@ def assert_one_line_refusal(done: subprocess.CompletedProcess, *words: str) -> N
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     for word in words:
         assert word in lines[0], lines[0]
-
-
-def submit(head: HeadProcess, *args: str) -> int:
-    return int(head.run("submit", *args, check=True).stdout.split()[2])
-
-
-def running(head: HeadProcess, job: int) -> dict:
-    return wait_for(lambda: (j := head.job(job))["state"] == "running" and j, 30,
-                    what=f"job {job} running")
-
-
-def session_alive(head: HeadProcess, node: str, job: int) -> bool:
-    return head.tmux(node, "has-session", "-t", f"={head.session(job)}").returncode == 0
 
 
 def serve_without_nodes(tmp_path: Path, home: Path) -> subprocess.CompletedProcess:

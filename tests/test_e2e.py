@@ -6,21 +6,11 @@ import json
 import sqlite3
 
 from conftest import wait_for
+from support import running, submit
 
 
 def gpu(head, uuid: str) -> dict:
     return next(g for g in head.call("gpus")["gpus"] if g["uuid"] == uuid)
-
-
-def submit(head, *args: str) -> int:
-    done = head.run("submit", *args, check=True)
-    assert done.stdout.startswith("Submitted job ")
-    return int(done.stdout.split()[2])
-
-
-def running(head, job_id: int) -> dict:
-    return wait_for(lambda: (j := head.job(job_id))["state"] == "running" and j, 20,
-                    what=f"job {job_id} to run")
 
 
 def test_a_job_on_a_slice_runs_nvidia_smi_and_frees_the_slice(head):

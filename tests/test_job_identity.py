@@ -24,19 +24,7 @@ import pytest
 from conftest import wait_for
 from nebula_tui.remote.ssh import nodelet_source
 from labkit.harness import HeadProcess
-
-
-def submit(head, *args: str) -> int:
-    return int(head.run("submit", *args, check=True).stdout.split()[2])
-
-
-def running(head, job: int) -> dict:
-    return wait_for(lambda: (j := head.job(job))["state"] == "running" and j, 20,
-                    what=f"job {job} running")
-
-
-def session_alive(head, node: str, job: int) -> bool:
-    return head.tmux(node, "has-session", "-t", f"={head.session(job)}").returncode == 0
+from support import running, session_alive, submit
 
 
 def test_a_second_head_on_the_same_nodes_never_touches_the_first_heads_job(openssh_lab, tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from labfixtures import lab_config, serving
+import support
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,7 @@ def head(openssh_lab, tmp_path_factory):
 
 
 def submit(head, *args: str) -> int:
-    return int(head.run("submit", "--gpu-mem", "4G", *args, check=True).stdout.split()[2])
+    return support.submit(head, "--gpu-mem", "4G", *args)
 
 
 def test_logs_without_follow_prints_the_whole_log(head):

@@ -19,11 +19,11 @@ from nebula_tui.model import RequestError
 from nebula_tui.remote.launcher import WARMUP_SOURCE
 from nebula_tui.sim import cuda, fake_smi, faults
 from labkit.harness import wait_for
+import support
 
 
 def submit(head, *args, **kw) -> dict:
-    done = head.run("submit", *args, check=True, **kw)
-    return head.wait_job(int(done.stdout.split()[2]), 60)
+    return head.wait_job(support.submit(head, *args, **kw), 60)
 
 
 def log(head, job_id: int) -> str:

@@ -19,6 +19,7 @@ from nebula_tui.screens.app import make_app
 from nebula_tui.sim import faults
 from nebula_tui.screens.queue import QueueScreen
 from nebula_tui.screens.rowtable import RowTable
+from support import running, submit
 
 GRACE_S = 3
 
@@ -31,16 +32,6 @@ def head(openssh_lab, tmp_path_factory):
                       limits={"memory_overuse": "kill", "memory_grace": "3s", "idle_after": "4s",
                               "idle_action": "cancel", "idle_grace": "4s", "max_time": "1h"})
     yield from serving(openssh_lab, tmp_path_factory.mktemp("limits-home"), path)
-
-
-def submit(head, *args: str) -> int:
-    out = head.run("submit", *args, check=True).stdout.split()
-    return int(out[3] if out[1] == "array" else out[2])
-
-
-def running(head, job_id: int, timeout: float = 30) -> dict:
-    return wait_for(lambda: (j := head.job(job_id))["state"] == "running" and j, timeout,
-                    what=f"job {job_id} to run")
 
 
 def events(head, text: str) -> list[dict]:

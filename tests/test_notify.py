@@ -21,6 +21,7 @@ import yaml
 from conftest import free_port, wait_for
 from nebula_tui.sim import faults
 from labkit.harness import HeadProcess
+from support import submit_json
 
 SENDMAIL = Path("/usr/sbin/sendmail")
 pytestmark = pytest.mark.skipif(
@@ -113,16 +114,12 @@ def lab_with_notices(openssh_lab, tmp_path_factory):
                 faults.clear_gpu_faults(openssh_lab.node_dir(node), gpu["index"])
 
 
-def _submit(head, *args: str) -> int:
-    return json.loads(head.run("submit", "--json", *args, check=True).stdout)["id"]
-
-
 def test_a_notify_jobs_end_reaches_its_owner_and_a_failure_the_admins(lab_with_notices):
     head, fast, mailbox = lab_with_notices
-    failed = _submit(head, "--notify", "--name", "train", "--gpu-mem", "4G", "--command", "exit 3")
-    quiet_ok = _submit(head, "--gpu-mem", "4G", "--", "true")  # no --notify, succeeds: nobody
-    quiet_bad = _submit(head, "--gpu-mem", "4G", "--command", "exit 4")  # no --notify: admins
-    ok = _submit(head, "--notify", "--gpu-mem", "4G", "--", "true")
+    failed = submit_json(head, "--notify", "--name", "train", "--gpu-mem", "4G", "--command", "exit 3")
+    quiet_ok = submit_json(head, "--gpu-mem", "4G", "--", "true")  # no --notify, succeeds: nobody
+    quiet_bad = submit_json(head, "--gpu-mem", "4G", "--command", "exit 4")  # no --notify: admins
+    ok = submit_json(head, "--notify", "--gpu-mem", "4G", "--", "true")
     for job in (failed, quiet_ok, quiet_bad, ok):
         head.wait_job(job)
 
@@ -153,7 +150,7 @@ def test_an_endpoint_that_never_answers_delays_neither_the_head_nor_the_others(l
     before = len(fast.texts("/jobs"))
     # Five notices for the silent endpoint: ~10 s each before it gives up on one.
     for _ in range(5):
-        _submit(head, "--notify", "--gpu-mem", "4G", "--", "true")
+        submit_json(head, "--notify", "--gpu-mem", "4G", "--", "true")
     started = time.monotonic()
     done = head.run("submit", "--gpu-mem", "4G", "--wait", "--", "true")
     assert done.returncode == 0
@@ -164,7 +161,7 @@ def test_an_endpoint_that_never_answers_delays_neither_the_head_nor_the_others(l
 
 def test_an_isolated_gpu_and_its_requeued_job_reach_the_admins(lab_with_notices, openssh_lab):
     head, fast, _ = lab_with_notices
-    job = _submit(head, "--notify", "--arch", "sm_86", "--command", "while :; do sleep 0.2; done")
+    job = submit_json(head, "--notify", "--arch", "sm_86", "--command", "while :; do sleep 0.2; done")
     running = wait_for(lambda: (j := head.job(job))["state"] == "running" and j, 30, what="running")
     card = running["gpus"][0]
     label = f"{card['node']}:{card['index']}"
@@ -187,7 +184,7 @@ def test_a_job_name_cannot_add_headers_or_lose_its_mail(lab_with_notices):
     """A job's name is the owner's text in the mail's Subject: a carriage return in it must
     neither start a header of its own (a Bcc) nor cost the owner and the admins their mail."""
     head, fast, mailbox = lab_with_notices
-    job = _submit(head, "--notify", "--name", "x\rBcc: eve@lab.test", "--gpu-mem", "4G",
+    job = submit_json(head, "--notify", "--name", "x\rBcc: eve@lab.test", "--gpu-mem", "4G",
                   "--command", "exit 5")
     head.wait_job(job)
     wait_for(lambda: any(f"job {job} " in m["Subject"] for m in mailbox.to("root@lab.test")), 30,

@@ -16,6 +16,7 @@ from labfixtures import cancel_left_and_stop
 
 from labkit.harness import HeadProcess, wait_for
 from nebula_tui.store import Store
+from support import submit
 
 POLL = "1s"
 
@@ -47,11 +48,6 @@ def pool_head(slurm_lab, tmp_path_factory):
         yield head
     finally:
         cancel_left_and_stop(head)
-
-
-def submit(head: HeadProcess, *args: str) -> int:
-    done = head.run("submit", *args, check=True)
-    return int(re.search(r"job (\d+)", done.stdout).group(1))
 
 
 def squeue(slurm_lab) -> list[dict]:

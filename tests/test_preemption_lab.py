@@ -15,6 +15,7 @@ import pytest
 
 from conftest import wait_for
 from labfixtures import lab_config, serving
+from support import submit
 
 GRACE_S = 3
 #: a job that says it saw SIGUSR1 (its checkpoint) and runs on until it is killed. Its own
@@ -27,10 +28,6 @@ CHECKPOINTING = ("sh", "-c", "trap 'echo checkpoint-on-usr1' USR1; echo ready; w
 def head(openssh_lab, tmp_path_factory):
     path = lab_config(openssh_lab, "preemption", health={"isolation_grace": f"{GRACE_S}s"})
     yield from serving(openssh_lab, tmp_path_factory.mktemp("preemption-home"), path)
-
-
-def submit(head, *args: str) -> int:
-    return int(head.run("submit", *args, check=True).stdout.split()[2])
 
 
 def state_is(head, job_id: int, state: str, timeout: float = 30) -> dict:

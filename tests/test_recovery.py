@@ -18,14 +18,11 @@ import yaml
 from conftest import wait_for
 from nebula_tui.api import ApiError, Client
 from labkit.harness import FINISHED, HeadProcess
+from support import session_alive
 
 
 def node_of(head, name: str) -> dict:
     return next(n for n in head.call("status")["nodes"] if n["name"] == name)
-
-
-def session_alive(head, node: str, job: int) -> bool:
-    return head.tmux(node, "has-session", "-t", f"={head.session(job)}").returncode == 0
 
 
 def never_overcommitted(db_path) -> None:

@@ -7,10 +7,7 @@ import json
 
 from conftest import wait_for
 from samples import SAMPLES
-
-
-def submit(head, *args: str) -> int:
-    return int(head.run("submit", *args, check=True).stdout.split()[2])
+from support import submit
 
 
 def test_arch_and_cuda_filters_say_what_is_missing(head):

@@ -18,6 +18,7 @@ from nebula_tui.screens.dialogs import ChoiceScreen
 from nebula_tui.screens.gpus import GpusScreen
 from nebula_tui.screens.nodecards import NodeCards
 from nebula_tui.screens.rowtable import RowTable
+from support import submit
 
 EXPECTED_MODELS = {
     "node01": ["RTX 4090", "RTX 4090", "RTX 4060 Laptop"],
@@ -61,13 +62,6 @@ def rows(pilot: Pilot, ident: str) -> dict[str, list[str]]:
     """The table's rows as text, keyed by row key (GPU uuid / job id)."""
     t = table(pilot, ident)
     return {key: [str(c) for c in t.get_row(key)] for key in t.row_keys}
-
-
-def submit(head, *args: str) -> int:
-    done = head.run("submit", *args, check=True)
-    match = re.search(r"Submitted job (\d+)", done.stdout)
-    assert match, done.stdout
-    return int(match.group(1))
 
 
 def cancel_quietly(head, job_id: int) -> None:

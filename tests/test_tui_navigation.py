@@ -32,13 +32,9 @@ from nebula_tui.screens.queue import QueueScreen
 from nebula_tui.screens.rowtable import RowTable
 from nebula_tui.screens.submit import SubmitScreen
 from nebula_tui.screens.users import UsersScreen
+from support import submit
 
 SIZE = (140, 44)
-
-
-def submit(head, *args: str) -> int:
-    done = head.run("submit", *args, check=True)
-    return int(re.search(r"Submitted job (\d+)", done.stdout).group(1))
 
 
 @pytest.fixture(scope="module")

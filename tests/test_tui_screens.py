@@ -31,6 +31,7 @@ from nebula_tui.screens.queue import QueueScreen
 from nebula_tui.screens.rowtable import RowTable
 from nebula_tui.screens.submit import SubmitScreen, check_field
 from nebula_tui.screens.users import USER_COLUMNS, UsersScreen
+from support import submit
 
 SIZE = (140, 44)
 
@@ -58,13 +59,6 @@ def toasts(app) -> str:
 def needs(head, op: str, **fields) -> None:
     if not has_op(head, op, **fields):
         pytest.skip(f"the service has no '{op}' request yet")
-
-
-def submit(head, *args: str) -> int:
-    done = head.run("submit", *args, check=True)
-    match = re.search(r"Submitted job (\d+)", done.stdout)
-    assert match, done.stdout
-    return int(match.group(1))
 
 
 @pytest.fixture

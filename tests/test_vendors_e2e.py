@@ -21,6 +21,7 @@ from conftest import wait_for
 from nebula_tui.sim import fake_smi, faults, presets
 from labkit.harness import HeadProcess
 from nebula_tui.sim.lab import Lab, find_sshd
+from support import submit
 
 REPO = Path(__file__).resolve().parents[1]
 PRINT_DEVICES = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in ("
@@ -60,10 +61,6 @@ def mixed(tmp_path_factory):
     finally:
         head.stop()
         lab.stop()
-
-
-def submit(head: HeadProcess, *args: str) -> int:
-    return int(head.run("submit", *args, check=True).stdout.split()[2])
 
 
 def devices_seen(head: HeadProcess, job: int) -> dict:
