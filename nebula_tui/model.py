@@ -8,11 +8,12 @@ by :func:`fmt`; one missing field never loses the whole GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from .units import MIB_PER_GIB
+from .units import MIB_PER_GIB, TaskArray
 
 #: R3: no slice smaller than this is ever handed out or offered.
 MIN_SLICE_MB = 4 * MIB_PER_GIB
@@ -244,9 +245,9 @@ class JobSpec:
     #: what --after waits for: "ok" (success), "any" (an end), "notok" (an end without
     #: success), "started" (a start) of every job it names
     after_type: str = "ok"
-    #: --array as written ("0-99%8"); a task also knows its array (the first task's job
-    #: id), its index (NEBULA_ARRAY_TASK_ID) and how many tasks may run at once
-    array: str | None = None
+    #: --array, parsed where it came in (text, from a store row or a test, here); a task
+    #: also knows its array (the first task's job id), its index and its limit
+    array: TaskArray | None = None
     array_id: int | None = None
     array_index: int | None = None
     array_limit: int | None = None
@@ -258,6 +259,18 @@ class JobSpec:
     preemptible: bool = False
     #: --reservation NAME: runs on that booking's cards only, inside its window
     reservation: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.array, str):  # ValueError with a sentence when it is not one
+            object.__setattr__(self, "array", TaskArray.parse(self.array))
+
+
+def spec_fields(spec: JobSpec) -> dict:
+    """A JobSpec's JSON form (stored, in launch records; ``store.spec_of`` reads it back)."""
+    fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    if spec.array is not None:
+        fields["array"] = spec.array.text
+    return fields
 
 
 #: ``--pool local``: the job runs on the lab's own nodes, never in a pool

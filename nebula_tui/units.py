@@ -5,8 +5,10 @@ sentence saying how to write it."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+from dataclasses import dataclass
 
 MIB_PER_GIB = 1024
 
@@ -88,10 +90,32 @@ _ARRAY_PART = re.compile(r"^(\d+)(?:-(\d+))?$")
 MAX_ARRAY_TASKS = 10_000
 
 
-def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
-    """``--array`` as users write it (Slurm's form): ``0-99%8`` -> (0 … 99, at most 8 at
-    once); ``1,3,5-7`` -> (1, 3, 5, 6, 7), no limit. Raises ValueError with a sentence."""
-    body, _, limit_text = str(text).strip().partition("%")
+@dataclass(frozen=True)
+class TaskArray:
+    """``--array`` parsed: the task numbers in the order written (each once), how many may
+    run at once (None: no limit) and the text as the user wrote it, which is how it is
+    stored, sent and shown. Made by :meth:`parse` at the edge (the CLI's flag, the head's
+    request); everything after reads these fields."""
+
+    text: str
+    indices: tuple[int, ...]
+    limit: int | None = None
+
+    def __str__(self) -> str:
+        return self.text
+
+    @staticmethod
+    def parse(text: str) -> TaskArray:
+        """``--array`` as users write it (Slurm's form): ``0-99%8`` -> tasks 0 … 99, at
+        most 8 at once; ``1,3,5-7`` -> tasks 1, 3, 5, 6, 7, no limit. Raises ValueError
+        with a sentence. One text is parsed once a process (the tasks of an array read
+        from the store share it)."""
+        return _parse_array(str(text))
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_array(text: str) -> TaskArray:
+    body, _, limit_text = text.strip().partition("%")
     limit = None
     if limit_text:
         if not limit_text.strip().isdigit() or int(limit_text) < 1:
@@ -109,4 +133,4 @@ def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
         if last - first + 1 + len(indices) > MAX_ARRAY_TASKS:
             raise ValueError(f"--array '{text}' has more than {MAX_ARRAY_TASKS} tasks")
         indices.extend(range(first, last + 1))
-    return tuple(dict.fromkeys(indices)), limit
+    return TaskArray(text, tuple(dict.fromkeys(indices)), limit)

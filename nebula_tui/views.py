@@ -89,7 +89,7 @@ def job_json(job: Job) -> dict:
         "idle_since": getattr(holding(status), "idle_since", None),
         "idle_unknown": getattr(holding(status), "idle_unknown", False),
         "array_id": job.spec.array_id, "array_index": job.spec.array_index,
-        "array": job.spec.array, "after": list(job.spec.after), "after_type": job.spec.after_type,
+        "array": job.spec.array and job.spec.array.text, "after": list(job.spec.after), "after_type": job.spec.after_type,
         "time_limit_s": job.spec.time_limit_s, "vendor": job.spec.vendor,
         "arch": job.spec.arch, "cuda": job.spec.cuda,
         "pool": job.pool or (job.spec.pool if job.spec.pool != LOCAL_POOL else None),

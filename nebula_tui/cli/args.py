@@ -10,7 +10,7 @@ import sys
 import time
 
 from ..model import JobState
-from ..units import parse_array, parse_duration_s, parse_size_mb
+from ..units import TaskArray, parse_duration_s, parse_size_mb
 
 #: Exit code of a usage error (a bad flag or value), as argparse uses.
 USAGE_ERROR = 2
@@ -193,12 +193,11 @@ def after(text: str) -> tuple[str, list[int]]:
     return kind, [job_id(part) for part in ids.split(",")]
 
 
-def array(text: str) -> str:
+def array(text: str) -> TaskArray:
     try:
-        parse_array(text)
+        return TaskArray.parse(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
-    return text
 
 
 def checked(check):

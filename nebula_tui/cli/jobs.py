@@ -58,7 +58,7 @@ def submit_request(args) -> dict | None:
         "reservation": args.reservation,
         "notify": getattr(args, "notify", False), **world_request(args),
         "after": [job for _, ids in args.after for job in ids],
-        "after_type": kinds.pop() if kinds else "ok", "array": getattr(args, "array", None),
+        "after_type": kinds.pop() if kinds else "ok", "array": str(args.array) if getattr(args, "array", None) else None,
         "pool": getattr(args, "pool", None),
     }
 

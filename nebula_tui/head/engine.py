@@ -35,7 +35,6 @@ from ..model import Job, JobSpec, JobState, Pending, RequestError, UnfitRequest
 from ..remote.ssh import NodeUnavailable
 from ..scheduler import admission
 from ..store import Store
-from ..units import parse_array
 from .access import Access
 from .accounting import Accounting
 from .attach import Attach
@@ -179,20 +178,15 @@ class Engine:
         if share is not None and share.refusal and not (spec.preemptible and not config.preemptible_in_quota):
             raise RequestError(share.refusal)
         spec = self._fit(user, spec)
-        indices, limit = (), None
-        if spec.array:
-            try:
-                indices, limit = parse_array(spec.array)
-            except ValueError as err:
-                raise RequestError(str(err)) from None
+        tasks = len(spec.array.indices) if spec.array else 1
         live = state.jobs.per_user[user]
-        if live + max(1, len(indices)) > MAX_LIVE_JOBS_PER_USER:
+        if live + tasks > MAX_LIVE_JOBS_PER_USER:
             # Every list of jobs (each TUI's snapshot among them) holds every live job.
             raise RequestError(f"{user} has {live:,} jobs waiting or running, and one user may have "
                                f"{MAX_LIVE_JOBS_PER_USER:,}; let some end (or cancel them) first")
         charge = config.preemptible_charge if spec.preemptible else 1.0
         if spec.array:
-            jobs = state.store.add_array(user, spec, indices, limit, state.clock(), durable, charge)
+            jobs = state.store.add_array(user, spec, spec.array.indices, spec.array.limit, state.clock(), durable, charge)
         else:
             jobs = [state.store.add_job(user, spec, state.clock(), durable, charge)]
         for job in jobs:

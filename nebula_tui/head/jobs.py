@@ -17,10 +17,10 @@ import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 from ..model import (Cancelling, Ended, Evicting, Job, JobState, Launching, Pending, Placement,
-                     RequestError, Running, Stopping, holding, with_holding)
+                     RequestError, Running, Stopping, holding, spec_fields, with_holding)
 from ..remote import containers, launcher
 from ..remote.ssh import NodeUnavailable
 from ..store import StaleDecision, StoreUnavailable, spec_of
@@ -42,7 +42,7 @@ def _placements_on(job: Job, node: str) -> tuple[Placement, ...]:
 def launch_record(job: Job) -> dict:
     """What a launch leaves on its node besides the run script: enough for a store restored
     from an older backup to take the job in again (``JobTransitions.adopt``)."""
-    return {"user": job.user, "spec": asdict(job.spec), "submitted_at": job.submitted_at,
+    return {"user": job.user, "spec": spec_fields(job.spec), "submitted_at": job.submitted_at,
             "attempt": job.attempt,
             "placements": [[p.gpu_uuid, p.node, p.gpu_index, p.memory_mb, p.exclusive]
                            for p in job.placements]}

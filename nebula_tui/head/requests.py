@@ -16,7 +16,7 @@ from .. import environments
 from ..api import ARCH_RE, CUDA_RE, MAX_GPU_COUNT
 from ..model import VENDORS, InvalidRequest, JobSpec
 from ..scheduler.snapshot import AFTER_TYPES
-from ..units import parse_array
+from ..units import TaskArray
 
 MAX_JSON_DEPTH = 32
 
@@ -98,7 +98,7 @@ def spec_from_request(req: dict, default_vendor: str | None = None) -> JobSpec:
         if not isinstance(array, str) or len(array) > 200:
             raise InvalidRequest("--array takes task numbers like 0-99 or 0-99%8")
         try:
-            parse_array(array)
+            array = TaskArray.parse(array)
         except ValueError as err:
             raise InvalidRequest(str(err)) from None
     time_limit = req.get("time_limit_s")

@@ -34,7 +34,6 @@ from .. import views
 from ..api import HEARTBEAT_S, MAX_GPU_COUNT, MAX_LINE, MAX_WAIT_STEP_S
 from ..model import InvalidRequest, JobState, RequestError
 from ..store import StoreUnavailable
-from ..units import parse_array
 from .engine import Engine
 from .requests import (attach_fields, job_id, number, parse_request, port_field, refusal,
                        spec_from_request, text_field, unix_time, whole)
@@ -265,7 +264,7 @@ class ApiServer:
 
     async def op_submit(self, user, req):
         job = await self.engine.submit_on_disk(user, spec_from_request(req, self.engine.state.settings.default_vendor))
-        tasks = len(parse_array(job.spec.array)[0]) if job.spec.array else 1
+        tasks = len(job.spec.array.indices) if job.spec.array else 1
         return {"job": views.job_json(job), "tasks": tasks}
 
     async def op_requeue(self, user, req):

@@ -36,13 +36,13 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import sqlite_utils
 
 from ..model import (WAITING_FOR_SCHEDULER, Cancelling, Ended, Job, JobSpec, JobState, Launching,
-                    Pending, Placement, Running, Stopping)
+                     Pending, Placement, Running, Stopping, spec_fields)
 
 FINISHED_SQL = ", ".join(f"'{s.value}'" for s in JobState if s.finished)
 #: A job that counts towards its user's fair share (R6): finished after it ran (one
@@ -538,7 +538,7 @@ class Store:
             self.db.conn.executemany(
                 "INSERT INTO jobs (id, user, name, spec, state, reason, submitted_at, charge) "
                 "VALUES (?, ?, ?, ?, 'pending', ?, ?, ?)",
-                [[job_id, user, spec.name, json.dumps(asdict(spec)), WAITING_FOR_SCHEDULER, t, charge]
+                [[job_id, user, spec.name, json.dumps(spec_fields(spec)), WAITING_FOR_SCHEDULER, t, charge]
                  for job_id, spec in zip(ids, specs)])
             self._set_meta("job_id_floor", str(ids[-1]))
             self._event(t, "submit", message, job_id=ids[0], user=user)
@@ -660,7 +660,7 @@ class Store:
             self.db.execute(
                 "INSERT OR IGNORE INTO jobs (id, user, name, spec, state, reason, submitted_at) "
                 "VALUES (?, ?, ?, ?, 'pending', '', ?)",
-                [job.id, job.user, job.spec.name, json.dumps(asdict(job.spec)), job.submitted_at])
+                [job.id, job.user, job.spec.name, json.dumps(spec_fields(job.spec)), job.submitted_at])
             self.db.execute("UPDATE allocations SET released_at = ? WHERE job_id = ? "
                             "AND released_at IS NULL", [t, job.id])
             self.db.execute(
