@@ -38,6 +38,13 @@ SHIPPED_MODULES = (
     "nebula_tui.remote.probes.node_containers",
     "nebula_tui.remote.probes.mount_pins",
     "nebula_tui.remote.probes.tmux_control",
+    "nebula_tui.remote.probes.node_base",
+    "nebula_tui.remote.probes.job_dirs",
+    "nebula_tui.remote.probes.attribution",
+    "nebula_tui.remote.probes.kernel_log",
+    "nebula_tui.remote.probes.cleaner",
+    "nebula_tui.remote.probes.watcher",
+    "nebula_tui.remote.probes.ops",
 )
 #: Their packages, shipped empty: the head's ``__init__`` files import head-only code.
 SHIPPED_PACKAGES = ("nebula_tui", "nebula_tui.remote", "nebula_tui.remote.backends",
