@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from nebula_tui import service
-from nebula_tui.demo import stop_service
-from nebula_tui.service import Home, ServiceUnavailable, connect, start_background
+from nebula_tui.client import service
+from nebula_tui.cli.demo import stop_service
+from nebula_tui.client.service import Home, ServiceUnavailable, connect, start_background
 from labkit.harness import HeadProcess
 
 

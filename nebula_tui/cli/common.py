@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from ..printable import printable_tree
-from ..service import Home, connect
+from ..client.service import Home, connect
 
 
 def service_client(home: Home, config: str | None):

@@ -81,7 +81,7 @@ def cmd_submit(args, home, config) -> int:
 
 def cmd_run(args, home, config) -> int:
     """Submit an interactive job, wait for its GPUs, attach this terminal to it (R33)."""
-    from ..attach_client import attach
+    from ..client.attach import attach
 
     if not sys.stdin.isatty():
         print("nebula run: needs a terminal; without one use `nebula submit`", file=sys.stderr)
@@ -193,7 +193,7 @@ def cmd_release(args, home, config) -> int:
 
 
 def cmd_attach(args, home, config) -> int:
-    from ..attach_client import attach
+    from ..client.attach import attach
 
     with service_client(home, config) as client:  # finds (or starts) the service
         path = client.path

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..service import Home
+from ..client.service import Home
 from .args import USAGE_ERROR
 from .common import show
 from .parser import build_parser
@@ -62,7 +62,7 @@ def cmd_parse(args, home, config) -> int:
 
 
 def cmd_completion(args, home, config) -> int:
-    from ..completion import script
+    from .completion import script
 
     sys.stdout.write(script(build_parser(), args.shell))
     return 0
@@ -131,7 +131,7 @@ def _size(size: int) -> str:
 
 
 def cmd_demo(args, home, config) -> int:
-    from ..demo import run_demo
+    from .demo import run_demo
 
     if not (getattr(args, "home", None) or os.environ.get("NEBULA_HOME")):
         home = Home.resolve("~/.nebula/demo", getattr(args, "socket", None))
@@ -150,7 +150,7 @@ def cmd_tui(args, home, config) -> int:
     path = find_config(config, home.root)  # a ConfigError is main's one-line usage error
     if path is None and not home.socket.exists():
         # No cluster given: the TUI opens on the built-in simulated lab (R26).
-        from ..demo import run_demo
+        from .demo import run_demo
 
         return run_demo(Home.resolve("~/.nebula/demo"), "demo", headless=False)
     from ..screens.app import run_tui

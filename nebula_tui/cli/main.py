@@ -9,7 +9,7 @@ import sys
 from ..api import ApiError
 from ..model import ConfigError
 from ..printable import printable
-from ..service import Home, ServiceUnavailable
+from ..client.service import Home, ServiceUnavailable
 from . import accounting, bookings, cluster, jobs, local, logs, pools, sim
 from .args import USAGE_ERROR, leaf_parser
 from .parser import build_parser
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     if argv[:1] == [COMPLETE_COMMAND]:  # the shell asks for job ids or node names
-        from ..completion import complete_words
+        from .completion import complete_words
 
         return complete_words(argv[1:])
     trailing: list[str] = []
@@ -72,7 +72,7 @@ def _main(argv: list[str]) -> int:
     host = getattr(args, "remote_host", None) or os.environ.get("NEBULA_HOST")
     try:
         if host and command not in LOCAL_COMMANDS:
-            from ..tunnel import open_tunnel
+            from ..client.tunnel import open_tunnel
 
             with open_tunnel(host, getattr(args, "socket", None) or os.environ.get("NEBULA_SOCKET")) as tunnel:
                 args.tunnel = tunnel

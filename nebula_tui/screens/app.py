@@ -34,7 +34,7 @@ from textual.widgets import Static
 
 from ..api import ApiError, AsyncClient
 from ..printable import printable, printable_json, printable_tree
-from ..service import Home, ServiceUnavailable, connect
+from ..client.service import Home, ServiceUnavailable, connect
 from . import commandline
 from .base import ClusterScreen, OpMissing
 from .cluster import Cluster

@@ -19,7 +19,7 @@ import termios
 import tty
 from pathlib import Path
 
-from .api import ApiError, no_answer, reply_timeout
+from ..api import ApiError, no_answer, reply_timeout
 
 
 def _size() -> tuple[int, int]:

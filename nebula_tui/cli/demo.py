@@ -25,8 +25,8 @@ import threading
 import time
 from pathlib import Path
 
-from .api import ApiError, Client
-from .service import Home, ServiceUnavailable, start_background
+from ..api import ApiError, Client
+from ..client.service import Home, ServiceUnavailable, start_background
 
 LAB_START_TIMEOUT_S = 30.0
 RESTART_CHECK_S = 0.5
@@ -80,7 +80,7 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
         supervisor.start()
         if headless:
             return _wait_headless(home, config, lab.has_slurm())
-        from .screens.app import LEAVE_LAB, open_tui
+        from ..screens.app import LEAVE_LAB, open_tui
 
         app = open_tui(home, str(config), demo_lab=True,
                        on_hangup=lambda: _stop_lab_now(home, lab, supervisor))
@@ -168,7 +168,7 @@ def _join(home: Home, headless: bool) -> int:
         print(f"nebula demo: a demo is starting for {home.root} (process {_owner(home)}); "
               f"try again in a moment", file=sys.stderr)
         return 1
-    from .screens.app import open_tui
+    from ..screens.app import open_tui
 
     return open_tui(home, str(config)).return_code or 0
 

@@ -65,12 +65,12 @@ def complete_words(argv: list[str]) -> int:
 
 
 def _words(kind: str) -> list[str]:
-    from .api import Client
-    from .service import Home
+    from ..api import Client
+    from ..client.service import Home
 
     host = os.environ.get("NEBULA_HOST")
     if host:
-        from .tunnel import open_tunnel
+        from ..client.tunnel import open_tunnel
 
         with open_tunnel(host, os.environ.get("NEBULA_SOCKET"), timeout=_TIMEOUT_S) as tunnel:
             return _ask(Client(tunnel.local_socket, timeout=_TIMEOUT_S), kind)
