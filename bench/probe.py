@@ -168,7 +168,7 @@ class BenchLink:
 def head_main(home: str, config: str, interval: float) -> None:
     from nebula_tui.head import nodes
     from nebula_tui.head.serve import serve
-    from nebula_tui.client.service import Home
+    from nebula_tui.homedir import Home
 
     BenchLink.interval = interval
     nodes.NodeLink = BenchLink

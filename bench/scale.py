@@ -62,7 +62,7 @@ def head_main(home: str, config: str) -> None:
     wall ms, CPU ms, waiting jobs per line)."""
     from nebula_tui.head.scheduling import Scheduling
     from nebula_tui.head.serve import serve
-    from nebula_tui.client.service import Home
+    from nebula_tui.homedir import Home
 
     timed = Scheduling.schedule_pass
     out = open(Path(home) / "passes.txt", "a", buffering=1)

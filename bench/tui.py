@@ -175,7 +175,7 @@ def head_main(home: str, config: str, n_gpus: int, hz: float) -> None:
     """The head process: ``nebula serve``'s own code with ``BenchNode`` for the SSH links."""
     from nebula_tui.head import nodes
     from nebula_tui.head.serve import serve
-    from nebula_tui.client.service import Home
+    from nebula_tui.homedir import Home
     from nebula_tui.store import Store
 
     store = Store(Path(home) / "state.db")

@@ -167,6 +167,43 @@ def test_no_module_outside_the_heads_rooms_imports_them_but_the_cli_entry():
     assert {m for m in importers if not m.startswith(HEAD)} == {"nebula_tui.cli.local"}
 
 
+#: The floors above the head's rooms, which import one way: (the modules under a name, the
+#: names they may import nothing under, the names below those that they still may).
+ONE_WAY = (
+    # The head serves every client and imports none (the home's layout is homedir.py's).
+    ("nebula_tui.head", ("nebula_tui.client", "nebula_tui.cli", "nebula_tui.screens"), ()),
+    # What both clients use to reach the head is below both.
+    ("nebula_tui.client", ("nebula_tui.cli", "nebula_tui.screens", "nebula_tui.head"), ()),
+)
+
+
+def under(module: str, name: str) -> bool:
+    return module == name or module.startswith(name + ".")
+
+
+def against_the_flow(graph: dict[str, set[str]], rules=ONE_WAY) -> list[str]:
+    """``importer -> imported`` for each import that a rule of ``rules`` forbids."""
+    found = []
+    for floor, forbidden, allowed in rules:
+        for module in sorted(m for m in graph if under(m, floor)):
+            found += [f"{module} -> {dep}" for dep in sorted(graph[module])
+                      if any(under(dep, f) for f in forbidden) and not any(under(dep, a) for a in allowed)]
+    return found
+
+
+def test_the_one_way_check_can_fail():
+    graph = {"nebula_tui.head.serve": {"nebula_tui.homedir", "nebula_tui.client.service"},
+             "nebula_tui.client.service": {"nebula_tui.api"}, "nebula_tui.homedir": set(),
+             "nebula_tui.api": set()}
+    assert against_the_flow(graph) == ["nebula_tui.head.serve -> nebula_tui.client.service"]
+    assert against_the_flow(graph, (("nebula_tui", ("nebula_tui",), ("nebula_tui.api",)),)) == [
+        "nebula_tui.head.serve -> nebula_tui.client.service", "nebula_tui.head.serve -> nebula_tui.homedir"]
+
+
+def test_the_clients_floors_import_one_way():
+    assert against_the_flow(import_graph(package_sources())) == []
+
+
 def test_no_module_uses_a_private_member_of_a_room_it_is_not():
     sources = package_sources()
     assert foreign_private_uses(sources, head_modules(sources)) == []

@@ -8,9 +8,11 @@ import time
 
 import pytest
 
-from nebula_tui.client import service
+from nebula_tui import homedir
 from nebula_tui.cli.demo import stop_service
-from nebula_tui.client.service import Home, ServiceUnavailable, connect, start_background
+from nebula_tui.client import service
+from nebula_tui.client.service import ServiceUnavailable, connect, start_background
+from nebula_tui.homedir import Home
 from labkit.harness import HeadProcess
 
 
@@ -36,7 +38,7 @@ def test_a_loose_home_is_tightened_and_the_log_is_private(openssh_lab, tmp_path,
 def shared_box(tmp_path, monkeypatch):
     """This box has a shared head's socket directory (as /run/nebula under systemd)."""
     (tmp_path / "run").mkdir()
-    monkeypatch.setattr(service, "SYSTEM_SOCKET", tmp_path / "run" / "nebula.sock")
+    monkeypatch.setattr(homedir, "SYSTEM_SOCKET", tmp_path / "run" / "nebula.sock")
     monkeypatch.delenv("NEBULA_SOCKET", raising=False)
     return tmp_path / "run" / "nebula.sock"
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 
+from ..client.service import connect
+from ..homedir import Home
 from ..printable import printable_tree
-from ..client.service import Home, connect
 
 
 def service_client(home: Home, config: str | None):

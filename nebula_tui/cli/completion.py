@@ -66,7 +66,7 @@ def complete_words(argv: list[str]) -> int:
 
 def _words(kind: str) -> list[str]:
     from ..api import Client
-    from ..client.service import Home
+    from ..homedir import Home
 
     host = os.environ.get("NEBULA_HOST")
     if host:

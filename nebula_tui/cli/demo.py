@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 from ..api import ApiError, Client
-from ..client.service import Home, ServiceUnavailable, start_background
+from ..client.service import ServiceUnavailable, start_background
+from ..homedir import Home
 
 LAB_START_TIMEOUT_S = 30.0
 RESTART_CHECK_S = 0.5

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..client.service import Home
+from ..homedir import Home
 from .args import USAGE_ERROR
 from .common import show
 from .parser import build_parser

@@ -7,9 +7,10 @@ import os
 import sys
 
 from ..api import ApiError
+from ..client.service import ServiceUnavailable
+from ..homedir import Home
 from ..model import ConfigError
 from ..printable import printable
-from ..client.service import Home, ServiceUnavailable
 from . import accounting, bookings, cluster, jobs, local, logs, pools, sim
 from .args import USAGE_ERROR, leaf_parser
 from .parser import build_parser

@@ -1,8 +1,7 @@
-"""How clients find the head service, or start it: ``Home``, ``connect``, ``start_background``.
+"""How clients find the head service, or start it: ``connect``, ``start_background``.
 
-The service itself (``nebula serve``) is ``head/serve.py``. The home directory (``--home`` / ``NEBULA_HOME``, default ``~/.nebula``) holds the store
-(``state.db``), the socket (``nebula.sock``), the service's log and its lock. One service
-per home: a second one sees the lock and leaves.
+The service itself (``nebula serve``) is ``head/serve.py``; the home both use (where the
+store, the socket, the log and the lock are) is ``homedir.Home``.
 """
 
 from __future__ import annotations
@@ -14,10 +13,11 @@ import pwd
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from .. import homedir
 from ..api import ApiError, Client, NoAnswer
+from ..homedir import Home
 
 log = logging.getLogger(__name__)
 
@@ -25,60 +25,6 @@ START_TIMEOUT_S = 20.0
 #: how long a client that may not start the service (the lab's shared one, another user's)
 #: waits for it to come back, after a line saying so
 SHARED_WAIT_S = 30.0
-
-
-#: Where the shipped systemd unit (deploy/nebula.service) puts the shared service's socket.
-SYSTEM_SOCKET = Path("/run/nebula/nebula.sock")
-
-
-@dataclass(frozen=True)
-class Home:
-    """Where one head keeps its state. Everything is derived from the directory.
-
-    The socket is ``--socket`` / ``NEBULA_SOCKET`` when given; else the one under the home
-    when that exists or nothing else does; else the system-wide one of a shared box.
-    """
-
-    root: Path
-    socket_override: Path | None = None
-
-    @classmethod
-    def resolve(cls, explicit: str | None, socket: str | None = None) -> "Home":
-        root = explicit or os.environ.get("NEBULA_HOME") or "~/.nebula"
-        override = socket or os.environ.get("NEBULA_SOCKET")
-        return cls(Path(root).expanduser().resolve(),
-                   Path(override).expanduser() if override else None)
-
-    @property
-    def socket(self) -> Path:
-        if self.socket_override:
-            return self.socket_override
-        own = self.root / "nebula.sock"
-        if not own.exists() and SYSTEM_SOCKET.exists():
-            return SYSTEM_SOCKET
-        return own
-
-    @property
-    def db(self) -> Path:
-        return self.root / "state.db"
-
-    @property
-    def log(self) -> Path:
-        return self.root / "serve.log"
-
-    @property
-    def lock(self) -> Path:
-        return self.root / "serve.lock"
-
-    def ensure(self) -> None:
-        """Make the home, or tighten an existing one others could read or write (it holds
-        the store and the service's log), saying so in one line."""
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        mode = self.root.stat().st_mode & 0o777
-        if mode & 0o066 and self.root.stat().st_uid == os.getuid():
-            os.chmod(self.root, 0o700)  # a shared head makes it traversable again (0711)
-            print(f"nebula: {self.root} was open to other users ({mode:04o}); it is now 0700",
-                  file=sys.stderr)
 
 
 class ServiceUnavailable(Exception):
@@ -112,10 +58,10 @@ def connect(home: Home, config_arg: str | None, autostart: bool = True) -> Clien
     from ..config import SYSTEM_CONFIG, find_config, load_config
 
     config_path = find_config(config_arg, home.root)
-    if not home.socket_override and (SYSTEM_SOCKET.parent.is_dir() or config_path == SYSTEM_CONFIG):
+    if not home.socket_override and (homedir.SYSTEM_SOCKET.parent.is_dir() or config_path == SYSTEM_CONFIG):
         # This box has the lab's shared head (perhaps restarting under systemd this very
         # moment): a private head started here would drive the lab's nodes beside it.
-        return _wait_for_service(SYSTEM_SOCKET, "the lab's head service")
+        return _wait_for_service(homedir.SYSTEM_SOCKET, "the lab's head service")
     if config_path is None:
         raise ServiceUnavailable(
             "no cluster configured and no service running: start the simulated lab with "

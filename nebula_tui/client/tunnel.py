@@ -28,7 +28,8 @@ from pathlib import Path
 
 import asyncssh
 
-from .service import SYSTEM_SOCKET, ServiceUnavailable
+from ..homedir import SYSTEM_SOCKET
+from .service import ServiceUnavailable
 
 #: How long logging in to the box (and finding its service) may take.
 CONNECT_TIMEOUT_S = 20.0

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..backups import BackupError, Backups
 from ..config import ClusterConfig, ConfigError, load_config
-from ..client.service import Home
+from ..homedir import Home
 from ..store import DatabaseDamaged, Store, StoreUnavailable
 from .engine import Engine
 from .server import ApiServer, SocketTaken, socket_answers

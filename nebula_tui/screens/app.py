@@ -33,8 +33,9 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
 from ..api import ApiError, AsyncClient
+from ..client.service import ServiceUnavailable, connect
+from ..homedir import Home
 from ..printable import printable, printable_json, printable_tree
-from ..client.service import Home, ServiceUnavailable, connect
 from . import commandline
 from .base import ClusterScreen, OpMissing
 from .cluster import Cluster
