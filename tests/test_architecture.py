@@ -254,3 +254,53 @@ def test_the_long_module_check_can_fail():
 def test_every_long_module_says_why_it_is_one():
     """A module grows past ~500 lines only where one cohesive thing needs it, and says so."""
     assert long_modules_without_a_reason(package_sources()) == []
+
+
+# --------------------------------------------------------------------------- the node side
+#: The node side's main script: run on the node, never imported by the head.
+NODELET = "nebula_tui.remote.probes.nodelet"
+#: Node-side modules that are run on their own (by a job's wrapper), not imported there.
+RUN_ALONE = {"nebula_tui.remote.probes.warmup"}
+
+
+def shipped_modules() -> set[str]:
+    """``remote/shipping.py``'s ``SHIPPED_MODULES``, read from its source."""
+    tree = ast.parse((PACKAGE / "remote" / "shipping.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["SHIPPED_MODULES"]:
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("remote/shipping.py has no SHIPPED_MODULES")
+
+
+def unshipped_imports(graph: dict[str, set[str]], shipped: set[str]) -> list[str]:
+    """``module -> dependency`` for each import of the nodelet or a shipped module that is
+    not shipped with it (on a node it would not be there)."""
+    return sorted(f"{m} -> {d}" for m in sorted(shipped | {NODELET}) for d in graph.get(m, ())
+                  if d not in shipped)
+
+
+def test_the_node_side_check_can_fail():
+    made_up = {
+        NODELET: ("from nebula_tui.remote.probes import ops\nfrom nebula_tui.model import X\n", False),
+        "nebula_tui.model": ("", False),
+        "nebula_tui.remote.probes.ops": ("from .job_dirs import job_id\n", False),
+        "nebula_tui.remote.probes.job_dirs": ("", False),
+    }
+    graph = import_graph(made_up)
+    assert unshipped_imports(graph, {"nebula_tui.remote.probes.ops"}) == [
+        f"{NODELET} -> nebula_tui.model",
+        "nebula_tui.remote.probes.ops -> nebula_tui.remote.probes.job_dirs"]
+
+
+def test_the_nodelet_imports_only_modules_shipped_with_it():
+    """The nodelet and its modules run on a node with nothing of ours installed: what they
+    import must travel in the payload, as a module of its own."""
+    sources = package_sources()
+    shipped = shipped_modules()
+    assert shipped <= set(sources)
+    assert unshipped_imports(import_graph(sources), shipped) == []
+
+
+def test_every_node_side_module_is_shipped_or_run_alone():
+    probes = {m for m in package_sources() if m.startswith("nebula_tui.remote.probes.")}
+    assert probes - shipped_modules() - RUN_ALONE == {NODELET}

@@ -131,7 +131,7 @@ def _children():
     return tree
 
 
-def _descendants(pids):
+def descendants(pids):
     tree, out, todo = _children(), [], list(pids)
     while todo:
         for child in tree.get(todo.pop(), []):
@@ -157,7 +157,7 @@ def job_processes(job):
     the exit code and keep the log; when the environment cannot be read (the command runs
     as another user), every descendant but those two."""
     panes = session_pids(job)
-    below = _descendants(panes)
+    below = descendants(panes)
     own = [pid for pid in below if _job_of(pid) == str(job)]
     if own:
         return own

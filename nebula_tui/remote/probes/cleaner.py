@@ -7,9 +7,9 @@ import contextlib
 import os
 import shutil
 
-from .job_dirs import job_lock, _make_private_dir
+from .job_dirs import job_lock, make_private_dir
 from .mount_pins import release_pins
-from .node_base import CONFIG, HEADS_DIR, _listdir
+from .node_base import CONFIG, HEADS_DIR, list_dir
 
 
 #: acknowledged attempts' directories are removed this long after their ack
@@ -24,11 +24,11 @@ def clean_old_attempts(now):
     head (an ack means that head has recorded the exit), and their jobs' empty directories.
     An exit no head acknowledged is kept UNCOLLECTED_RETENTIONS times as long (its head may
     come back for it), then goes too: a head that is gone for good leaves nothing for ever."""
-    for head in _listdir(HEADS_DIR):
+    for head in list_dir(HEADS_DIR):
         jobs = os.path.join(HEADS_DIR, head, "jobs")
         with contextlib.suppress(OSError):
-            _make_private_dir(os.path.join(HEADS_DIR, head, "locks"))
-        for job in _listdir(jobs):
+            make_private_dir(os.path.join(HEADS_DIR, head, "locks"))
+        for job in list_dir(jobs):
             # Under the job's lock: a launch makes the job's directory, then its attempt's,
             # and an empty job directory removed between the two failed that launch.
             lock = job_lock(os.path.join(HEADS_DIR, head, "locks", job), wait=False)
@@ -42,7 +42,7 @@ def clean_old_attempts(now):
 
 def _clean_job(head_dir, job, now):
     root = os.path.join(head_dir, "jobs", job)
-    for attempt in _listdir(root):
+    for attempt in list_dir(root):
         d = os.path.join(root, attempt)
         try:
             old = now - os.stat(os.path.join(d, "acked")).st_mtime > RETENTION_S
@@ -56,7 +56,7 @@ def _clean_job(head_dir, job, now):
         # cannot be, the directory stays: removing it would delete the user's files through it.
         if old and release_pins(os.path.join(d, "mnt")):
             shutil.rmtree(d, ignore_errors=True)
-    if not _listdir(root):
+    if not list_dir(root):
         with contextlib.suppress(OSError):
             os.rmdir(root)
         with contextlib.suppress(OSError):

@@ -7,7 +7,7 @@ cleaner removes it). The layout is described in ``node_base.py``.
 import fcntl
 import os
 
-from .node_base import JOBS_DIR, _NAME
+from .node_base import JOBS_DIR, SAFE_NAME
 
 
 MAX_JOB_ID = (1 << 63) - 1
@@ -16,8 +16,8 @@ MAX_JOB_ID = (1 << 63) - 1
 def parse_token(token):
     """(head, attempt, nonce) of a launch token ``<head>.<attempt>.<nonce>``, or None."""
     parts = token.split(".") if isinstance(token, str) else []
-    if len(parts) != 3 or not _NAME.match(parts[0]) or not parts[1].isdigit() \
-            or not _NAME.match(parts[2]) or len(parts[1]) > 9:
+    if len(parts) != 3 or not SAFE_NAME.match(parts[0]) or not parts[1].isdigit() \
+            or not SAFE_NAME.match(parts[2]) or len(parts[1]) > 9:
         return None
     return parts[0], int(parts[1]), parts[2]
 
@@ -81,7 +81,7 @@ def job_lock(path, wait=True):
         os.close(fd)
 
 
-def _make_private_dir(path):
+def make_private_dir(path):
     """A directory only this node's login account can enter (the jobs of the lab's users run
     as themselves and must not read each other's logs or write each other's exit codes)."""
     os.makedirs(path, mode=0o700, exist_ok=True)

@@ -20,7 +20,7 @@ from .tmux_control import TmuxControl, tmux_words
 CONFIG = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
 INTERVAL = float(CONFIG.get("interval", 5.0))
 NODE_DIR = os.path.expanduser(os.environ.get("NEBULA_NODE_DIR") or "~/.nebula-node")
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SAFE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 # The job-directory layout: everything of one head (one store) lives apart from every other
 # head's, and every launch of a job (an attempt) has a directory of its own:
@@ -34,7 +34,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # ``<head>.<attempt>.<nonce>`` names exactly one launch, so a job id handed out again
 # (a store restored from a backup) can never be taken for an earlier job.
 HEAD = str(CONFIG.get("head") or "local")
-if not _NAME.match(HEAD):
+if not SAFE_NAME.match(HEAD):
     raise SystemExit("nodelet: bad head id %r" % HEAD)
 HEADS_DIR = os.path.join(NODE_DIR, "heads")
 JOBS_DIR = os.path.join(HEADS_DIR, HEAD, "jobs")
@@ -112,7 +112,7 @@ def tmux_unseen(args):
 
 
 #: what tmux says when this head's server is not (or no longer) there
-_SERVER_GONE = ("server exited unexpectedly", "no server running", "error connecting to")
+SERVER_GONE = ("server exited unexpectedly", "no server running", "error connecting to")
 
 
 def session_name(job):
@@ -162,21 +162,21 @@ def tmux_sessions():
     return found
 
 
-def _listdir(path):
+def list_dir(path):
     try:
         return os.listdir(path)
     except OSError:
         return []
 
 
-def _mtime(path):
+def mtime(path):
     try:
         return os.stat(path).st_mtime
     except OSError:
         return time.time()
 
 
-def _int(text):
+def int_or_none(text):
     try:
         return int(text.strip())
     except ValueError:

@@ -31,15 +31,14 @@ head -> node
   {"id", "op": "reset", "gpu"}                 nvidia-smi -r -i UUID; "reset" true when it worked
 
 No user string is ever given to a shell here: the run script was quoted by the head, and
-every command below runs from an argv list. The modules it imports (the hardware layer,
-the parsers, the kernel-log cursor, the cgroup readers, the container helpers, the data
-mounts' release, the tmux control client) come with this script as modules under their
-own names (remote/shipping.py); it never runs without them.
-
-Why one module: it is one program on the node (shipped over stdin, never installed):
-the request loop, the watcher and the ops share the job directories, their locks and the
-JSON-lines channel. What stands on its own is a module of its own already (hardware,
-backends, containers, warm-up).
+every command runs from an argv list. This script is the node side's main program: the
+hello, the probe loop and the request loop. What they call comes with it as modules under
+their own names (remote/shipping.py), imported like any module; it never runs without them:
+node_base (settings, this channel, commands, the tmux server and job sessions), job_dirs
+(job and attempt directories, launch tokens, locks), attribution (whose a process is),
+kernel_log, watcher, cleaner and ops (the requests above), beside the hardware layer, the
+parsers, the kernel-log cursor, the cgroup readers, the container helpers, the data
+mounts' release and the tmux control client.
 """
 
 import json
@@ -52,10 +51,10 @@ import time
 
 from nebula_tui.remote.probes import ops
 from nebula_tui.remote.probes.attribution import pids_to_jobs, pids_to_users
-from nebula_tui.remote.probes.job_dirs import _make_private_dir
+from nebula_tui.remote.probes.job_dirs import make_private_dir
 from nebula_tui.remote.probes.kernel_log import KernelLog
 from nebula_tui.remote.probes.node_base import (
-    CONFIG, HEAD, HEADS_DIR, INTERVAL, JOBS_DIR, NODE_DIR, emit, keep_tmux_server, _listdir,
+    CONFIG, HEAD, HEADS_DIR, INTERVAL, JOBS_DIR, NODE_DIR, emit, keep_tmux_server, list_dir,
     read_text)
 from nebula_tui.remote.probes.node_containers import conda_tools, container_runtimes
 from nebula_tui.remote.probes.ops import handle
@@ -130,7 +129,7 @@ def platform():
             break
     lowered = release.lower()
     wsl2 = "microsoft-standard" in lowered or "wsl2" in lowered
-    devices = [d for d in _listdir("/dev") if re.match(r"^nvidia\d+$", d)]
+    devices = [d for d in list_dir("/dev") if re.match(r"^nvidia\d+$", d)]
     return {"kind": "wsl2" if wsl2 else "linux", "release": release, "dev_nvidia": bool(devices)}
 
 
@@ -139,7 +138,7 @@ def hello():
     first = HARDWARE.snapshot()
     return {"type": "hello", "hostname": socket.gethostname(), "pid": os.getpid(),
             "python": sys.version.split()[0], "uid": os.getuid(), "node_dir": NODE_DIR,
-            "head": HEAD, "max_job": max([int(j) for j in _listdir(JOBS_DIR) if j.isdigit()] or [0]),
+            "head": HEAD, "max_job": max([int(j) for j in list_dir(JOBS_DIR) if j.isdigit()] or [0]),
             # What jobs may run in here: container runtimes, conda tools (node_containers.py).
             "runtimes": container_runtimes(), "conda": conda_tools(CONFIG.get("conda_lookup")),
             # The hardware: what serves it, its devices (static facts such as the base
@@ -157,7 +156,7 @@ def main():
     os.umask(mask)
     ops.JOB_UMASK = "%04o" % mask
     for path in (NODE_DIR, HEADS_DIR, os.path.dirname(JOBS_DIR), JOBS_DIR):
-        _make_private_dir(path)  # makedirs gives its mode to the last directory only
+        make_private_dir(path)  # makedirs gives its mode to the last directory only
     keep_tmux_server()
     HARDWARE = start_hardware()
     emit(hello())

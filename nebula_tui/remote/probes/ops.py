@@ -12,15 +12,15 @@ import signal
 import subprocess
 import time
 
-from .attribution import _descendants, job_processes
+from .attribution import descendants, job_processes
 from .job_dirs import (
-    attempt_dir, attempts, job_id, job_lock, job_root, latest_dir, _make_private_dir,
+    attempt_dir, attempts, job_id, job_lock, job_root, latest_dir, make_private_dir,
     parse_token)
 from .mount_pins import release_pins
 from .node_base import (
-    HEAD, JOBS_DIR, LOCKS_DIR, NODE_DIR, _SERVER_GONE, emit, exact, _int, keep_tmux_server,
-    _listdir, locked_session, _mtime, read_text, run, session_name, session_pids, tmux,
-    tmux_execs_argv, tmux_sessions, tmux_unseen, write_atomic)
+    HEAD, JOBS_DIR, LOCKS_DIR, NODE_DIR, SERVER_GONE, emit, exact, int_or_none,
+    keep_tmux_server, list_dir, locked_session, mtime, read_text, run, session_name,
+    session_pids, tmux, tmux_execs_argv, tmux_sessions, tmux_unseen, write_atomic)
 from .node_containers import container_remove, container_signal, container_stop
 from .watcher import WATCHER
 
@@ -89,8 +89,8 @@ def _launch(req, job, attempt):
         tmux(["kill-session", "-t", exact(name)])
         container_remove(attempt_dir(job, theirs[1]))
         release_pins(os.path.join(attempt_dir(job, theirs[1]), "mnt"))
-    _make_private_dir(job_root(job))
-    _make_private_dir(d)
+    make_private_dir(job_root(job))
+    make_private_dir(d)
     WATCHER.forget(job, attempt)
     write_atomic(os.path.join(d, "token"), token)
     if isinstance(req.get("record"), dict):
@@ -105,7 +105,7 @@ def _launch(req, job, attempt):
     argv = ["new-session", "-d", "-s", name, "-x", "200", "-y", "50", *command,
             *locked_session(name, token)]
     code, _, err = tmux_unseen(argv)
-    if code != 0 and any(gone in err for gone in _SERVER_GONE):
+    if code != 0 and any(gone in err for gone in SERVER_GONE):
         keep_tmux_server()  # someone killed the server meanwhile: start it again, once
         code, _, err = tmux_unseen(argv)
     if code != 0:
@@ -223,8 +223,8 @@ def _attempt_info(d, with_record=False):
         "token": read_text(os.path.join(d, "token")),
         "launched": os.path.exists(os.path.join(d, "launched")),
         "started": os.path.exists(os.path.join(d, "started")),
-        "started_at": _mtime(os.path.join(d, "started")) if os.path.exists(os.path.join(d, "started")) else None,
-        "exit_code": _int(read_text(os.path.join(d, "exit_code")) or "x"),
+        "started_at": mtime(os.path.join(d, "started")) if os.path.exists(os.path.join(d, "started")) else None,
+        "exit_code": int_or_none(read_text(os.path.join(d, "exit_code")) or "x"),
         "acked": os.path.exists(os.path.join(d, "acked")),
     }
     if with_record:
@@ -258,7 +258,7 @@ def op_list(req):
     carries the record its launch left (``launch.json``)."""
     jobs, every = {}, {}
     with_records = bool(req.get("records"))
-    for job in _listdir(JOBS_DIR):
+    for job in list_dir(JOBS_DIR):
         if not job.isdigit():
             continue
         found = attempts(job)
@@ -283,7 +283,7 @@ def op_signal(req):
         return {"ok": False, "error": "signal must be one of %s" % ", ".join(sorted(_SIGNALS))}
     if name == "KILL":
         panes = session_pids(job)
-        pids = _descendants(panes) + panes
+        pids = descendants(panes) + panes
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)

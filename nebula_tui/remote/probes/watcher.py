@@ -9,7 +9,7 @@ import time
 
 from .cleaner import CLEAN_EVERY_S, clean_old_attempts
 from .job_dirs import attempt_dir, attempts
-from .node_base import INTERVAL, JOBS_DIR, emit, _int, _mtime, read_text, tmux_sessions
+from .node_base import INTERVAL, JOBS_DIR, emit, int_or_none, mtime, read_text, tmux_sessions
 
 
 WATCH_EVERY = 0.02  # seconds between looks for started/ended jobs: ends are reported at once
@@ -71,15 +71,15 @@ class Watcher:
         if key not in self.started and os.path.exists(os.path.join(d, "started")):
             self.started.add(key)
             emit({"type": "started", "job": job, "attempt": attempt, "token": token,
-                  "t": _mtime(os.path.join(d, "started")),
+                  "t": mtime(os.path.join(d, "started")),
                   "workdir": read_text(os.path.join(d, "workdir")) or None})
         code_text = read_text(os.path.join(d, "exit_code"))
         if code_text is not None and code_text.strip():
             self.ended.add(key)
             self.phases.pop(key, None)
             self.look_log_cut(job, d)  # a cut just before the end is said before the exit
-            emit({"type": "exit", "job": job, "attempt": attempt, "code": _int(code_text),
-                  "token": token, "t": _mtime(os.path.join(d, "exit_code")),
+            emit({"type": "exit", "job": job, "attempt": attempt, "code": int_or_none(code_text),
+                  "token": token, "t": mtime(os.path.join(d, "exit_code")),
                   "reason": (read_text(os.path.join(d, "reason")) or "").strip()[:500]})
             return
         if phases and key in self.started:
