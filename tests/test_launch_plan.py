@@ -1,5 +1,6 @@
 """Parse once, build the launch once: an ``--array`` is parsed where it comes in (the CLI's
-flag, the head's request) and carried parsed in the job's spec, stored as written."""
+flag, the head's request) and carried parsed in the job's spec, stored as written; the
+vendors' knowledge is one table (``remote/vendors.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 from nebula_tui.cli import build_parser
 from nebula_tui.cli.jobs import submit_request
 from nebula_tui.head.requests import spec_from_request
-from nebula_tui.model import JobSpec, RequestError, spec_fields
+from nebula_tui.model import VENDORS, JobSpec, RequestError, spec_fields
+from nebula_tui.remote import containers, launcher, vendors
+from nebula_tui.remote.containers import Device
 from nebula_tui.store import spec_of
 from nebula_tui.units import TaskArray
 
@@ -37,3 +40,24 @@ def test_a_bad_array_is_refused_where_it_comes_in_with_its_sentence():
         spec_from_request({"command": ["true"], "array": "5-1"})
     with pytest.raises(ValueError, match="after % comes how many"):
         JobSpec(command=("true",), array="0-3%0")
+
+
+# ------------------------------------------------------------------ the vendors' table
+def test_every_vendor_the_nodes_report_has_one_row_on_the_head():
+    from nebula_tui.remote.probes.registry import REGISTRY
+    assert {vendor for _, vendor, _, _ in REGISTRY} == set(VENDORS) == set(vendors.BY_NAME)
+
+
+def test_the_visibility_variables_come_from_the_table():
+    four = tuple(Device(f"GPU-{v}", n, v) for n, v in enumerate(VENDORS))
+    assert launcher.visible_devices((), four) == {
+        "CUDA_VISIBLE_DEVICES": "0", "ROCR_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "1",
+        "ZE_AFFINITY_MASK": "2", "ONEAPI_DEVICE_SELECTOR": "level_zero:2",
+        "ASCEND_RT_VISIBLE_DEVICES": "3"}
+    # no NVIDIA card: CUDA sees none, unless HIP (which reads it too) would then see none
+    assert launcher.visible_devices((), four[2:3])["CUDA_VISIBLE_DEVICES"] == ""
+    assert "CUDA_VISIBLE_DEVICES" not in launcher.visible_devices((), four[1:2])
+    inside = containers.container_env(launcher.visible_devices((), four), four)
+    assert (inside["CUDA_VISIBLE_DEVICES"], inside["ZE_AFFINITY_MASK"]) == (",".join(d.uuid for d in four), "0,1,2,3")
+    assert inside["ONEAPI_DEVICE_SELECTOR"] == "level_zero:2"  # kept as the node numbers it
+    assert [vendors.smoke_command(v)[0] for v in VENDORS] == ["nvidia-smi", "rocm-smi", "xpu-smi", "npu-smi"]

@@ -2,8 +2,8 @@
 
 ``run(user, node)`` waits until the node is up and has reported its GPUs, asks the
 scheduler — over that node's cards alone — where a 4 GB slice of the vendor's own tool
-would go (``nvidia-smi``; ``rocm-smi``, ``xpu-smi discovery``, ``npu-smi info`` for the
-others), starts it there as a job of ``user`` through the normal launch, and answers its
+would go (the vendor's tool, ``remote/vendors.py``: ``nvidia-smi``, ``rocm-smi``, ``xpu-smi
+discovery``, ``npu-smi info``), starts it there as a job of ``user`` through the normal launch, and answers its
 end and its output. It is a job like any other: in the queue while it runs, in the
 history after; it is never requeued elsewhere (it is about this node).
 """
@@ -14,15 +14,13 @@ import asyncio
 
 from .. import scheduler, views
 from ..model import MIN_SLICE_MB, JobSpec, NodeState, RequestError
+from ..remote import vendors
 from ..remote.ssh import NodeUnavailable
 from .access import Access
 from .jobs import JobTransitions
 from .state import HeadState
 from .stream import Stream
 
-#: The tool each vendor's smoke test runs (what a person would type to see the cards).
-SMOKE_COMMANDS = {"nvidia": ("nvidia-smi",), "amd": ("rocm-smi",),
-                  "intel": ("xpu-smi", "discovery"), "ascend": ("npu-smi", "info")}
 #: How long the new node may take to come up and report its cards, and the job to end.
 UP_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 60.0
@@ -45,7 +43,7 @@ class SmokeTest:
         self.state.node(node)
         views_ = await self._cards(node)
         vendor = views_[0].reading.vendor
-        spec = JobSpec(command=SMOKE_COMMANDS.get(vendor, SMOKE_COMMANDS["nvidia"]),
+        spec = JobSpec(command=vendors.smoke_command(vendor),
                        name=f"smoke-test {node}", gpu_mem_mb=MIN_SLICE_MB, vendor=vendor,
                        no_requeue=True)
         decision = self._where(user, spec, views_)

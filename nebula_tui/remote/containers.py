@@ -21,18 +21,14 @@ from dataclasses import dataclass
 from importlib import resources
 
 from .. import environments
+from . import vendors
 
 #: /dev/shm in the container: Docker's 64 MB default breaks PyTorch's DataLoader workers.
 SHM_SIZE = "8g"
-#: The variables that name the visible cards. Inside a container that holds only the
-#: allocated cards these are renumbered: CUDA takes the cards' UUIDs (in allocation order),
-#: the others their order in the container, 0…k-1.
-VISIBILITY_VARIABLES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
-                        "ZE_AFFINITY_MASK", "ASCEND_RT_VISIBLE_DEVICES")
-#: Ascend: the manager devices every card needs, and the driver files a container needs.
-ASCEND_DEVICES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
-ASCEND_MOUNTS = ("/usr/local/Ascend/driver", "/usr/local/dcmi", "/usr/local/bin/npu-smi",
-                 "/etc/ascend_install.info")
+#: The variables that name the visible cards and are renumbered inside a container that
+#: holds only the allocated cards: "uuid" (the cards' UUIDs, in allocation order) or "order"
+#: (their order in the container, 0…k-1); the vendors' table says which.
+RENUMBERED = {v.name: v.inside for vendor in vendors.VENDORS for v in vendor.visibility if v.inside}
 #: The pinning of data mounts (``probes/mount_pins.py``), run by the wrapper as root with the
 #: node's python3 when a root runtime mounts a job user's paths.
 PINS_SOURCE = ((resources.files(__package__) / "probes" / "mount_pins.py").read_text()
@@ -90,9 +86,9 @@ def sysfs_pci(pci_bus_id: str) -> str:
 def container_env(env: dict[str, str], devices: tuple[Device, ...]) -> dict[str, str]:
     """The job's variables as seen inside a container that holds only its cards."""
     inside = dict(env)
-    for name in VISIBILITY_VARIABLES:
+    for name, how in RENUMBERED.items():
         if name in inside:
-            inside[name] = (",".join(d.uuid for d in devices) if name == "CUDA_VISIBLE_DEVICES"
+            inside[name] = (",".join(d.uuid for d in devices) if how == "uuid"
                             else ",".join(str(i) for i in range(len(devices))))
     return inside
 
@@ -199,19 +195,23 @@ RELEASE_PINS = f'set -- $?; python3 -c "$pins_py" release "$jobdir/mnt" >/dev/nu
 
 
 def device_lines(runtime: str, devices: tuple[Device, ...], node: str) -> list[str]:
-    """The allocated cards, and only those, the vendor's way for podman or docker."""
+    """The allocated cards, and only those, the vendor's way (``vendors.VENDORS``) for
+    podman or docker: CDI cards first, each vendor's shared devices, every card in
+    allocation order, then the managers and driver files."""
     lines: list[str] = []
-    nvidia = [d for d in devices if d.vendor == "nvidia"]
-    if nvidia and runtime == "docker":
+    present = vendors.present(d.vendor for d in devices)
+    way = {v.name: v.card_device for v in present}
+    cdi = [d for d in devices if way.get(d.vendor) == "cdi"]
+    if cdi and runtime == "docker":
         # Docker's --gpus reads a CSV list: several devices need the inner quotes.
-        lines.append(f"{ADD} --gpus {shlex.quote(chr(34) + 'device=' + ','.join(d.uuid for d in nvidia) + chr(34))}")
-    elif nvidia:
-        lines += [f"{ADD} --device {shlex.quote(f'nvidia.com/gpu={d.uuid}')}" for d in nvidia]
-    if any(d.vendor == "amd" for d in devices):
-        lines.append(f'{ADD} --device "$dev_root/dev/kfd:/dev/kfd" '
-                     '--group-add "$(stat -c %g "$dev_root/dev/kfd")"')
+        lines.append(f"{ADD} --gpus {shlex.quote(chr(34) + 'device=' + ','.join(d.uuid for d in cdi) + chr(34))}")
+    elif cdi:
+        lines += [f"{ADD} --device {shlex.quote(f'nvidia.com/gpu={d.uuid}')}" for d in cdi]
+    for path in (p for v in present for p in v.shared_devices):
+        lines.append(f'{ADD} --device "$dev_root{path}:{path}" '
+                     f'--group-add "$(stat -c %g "$dev_root{path}")"')
     for d in devices:
-        if d.vendor in ("amd", "intel"):
+        if way.get(d.vendor) == "render":
             if not d.pci_bus_id:
                 lines.append(f"fail {shlex.quote(f'{node} did not report the PCI address of GPU {d.index}, so its render device is unknown')}")
                 continue
@@ -219,12 +219,12 @@ def device_lines(runtime: str, devices: tuple[Device, ...], node: str) -> list[s
             missing = f"{node} has no render device for GPU {d.index} (no /sys/bus/pci/devices/{pci}/drm/renderD*)"
             lines += [f"r=$(render_of {shlex.quote(pci)}) || fail {shlex.quote(missing)}",
                       f'{ADD} --device "$dev_root$r:$r" --group-add "$(stat -c %g "$dev_root$r")"']
-        elif d.vendor == "ascend":
+        elif way.get(d.vendor) == "davinci":
             lines.append(f"{ADD} --device \"$dev_root/dev/davinci{int(d.index)}:/dev/davinci{int(d.index)}\"")
-    if any(d.vendor == "ascend" for d in devices):
-        for path in ASCEND_DEVICES:
+    for vendor in present:
+        for path in vendor.manager_devices:
             lines.append(f"{ADD} --device \"$dev_root{path}:{path}\"")
-        for path in ASCEND_MOUNTS:
+        for path in vendor.driver_mounts:
             lines.append(f"[ -e \"$dev_root{path}\" ] && {ADD} -v \"$dev_root{path}:{path}:ro\"")
     return lines
 
@@ -241,13 +241,10 @@ def apptainer_lines(runtime: str, image: str, env: dict[str, str], devices: tupl
         lines.append(f"{q([*prefix, *(['env'] if prefix else []), 'test', '-e', image])} || fail "
                      f"{shlex.quote(f'{node} has no image file {image} (or the job user cannot reach it)')}")
     lines.append(f"set -- {q([*prefix, runtime])} exec --cleanenv")
-    vendors = {d.vendor for d in devices}
-    if "nvidia" in vendors:
-        lines.append(f"{ADD} --nv")
-    if "amd" in vendors:
-        lines.append(f"{ADD} --rocm")
-    if "ascend" in vendors:
-        for path in ASCEND_MOUNTS:
+    for vendor in vendors.present(d.vendor for d in devices):
+        if vendor.apptainer_flag:
+            lines.append(f"{ADD} {vendor.apptainer_flag}")
+        for path in vendor.driver_mounts:
             lines.append(f"[ -e {path} ] && {ADD} --bind {path}:{path}:ro")
     # Through runuser (or none) the runtime inherits the wrapper's environment: the values
     # go as <RUNTIME>ENV_NAME variables, which --cleanenv keeps, and on no command line.

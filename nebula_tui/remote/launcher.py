@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .. import environments
 from ..model import GpuReading, Job, Placement
-from . import containers, preflight
+from . import containers, preflight, vendors
 
 #: The node-side warm-up (R27), run by the wrapper with the node's python3.
 WARMUP_SOURCE = (resources.files(__package__) / "probes" / "warmup.py").read_text()
@@ -41,22 +41,21 @@ def visible_devices(placements: tuple[Placement, ...],
     ``devices`` (see :func:`job_devices`) say each card's vendor and its own number; without
     them every card is NVIDIA, known by its index. A MIG instance is named by its UUID. A
     job with no NVIDIA device gets an empty ``CUDA_VISIBLE_DEVICES``, so it never grabs the
-    node's NVIDIA cards — unless it has AMD ones, which HIP would then hide too.
+    node's NVIDIA cards — unless it has AMD ones, which HIP would then hide too (the
+    variables and these rules: ``vendors.VENDORS``).
     """
     devices = devices or tuple(containers.Device(p.gpu_uuid, p.gpu_index) for p in placements)
     ids: dict[str, list[str]] = {}
     for d in devices:
         ids.setdefault(d.vendor, []).append(d.uuid if d.uuid.startswith("MIG-") else str(d.index))
+    read_too = {name for v in vendors.present(ids) for name in v.reads}
     env = {}
-    if "nvidia" in ids or "amd" not in ids:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids.get("nvidia", []))
-    if "amd" in ids:
-        env["ROCR_VISIBLE_DEVICES"] = env["HIP_VISIBLE_DEVICES"] = ",".join(ids["amd"])
-    if "intel" in ids:
-        env["ZE_AFFINITY_MASK"] = ",".join(ids["intel"])
-        env["ONEAPI_DEVICE_SELECTOR"] = "level_zero:" + ",".join(ids["intel"])
-    if "ascend" in ids:
-        env["ASCEND_RT_VISIBLE_DEVICES"] = ",".join(ids["ascend"])
+    for vendor in vendors.VENDORS:
+        if vendor.name not in ids and not (vendor.hides_when_absent and
+                                           not read_too & {v.name for v in vendor.visibility}):
+            continue
+        for variable in vendor.visibility:
+            env[variable.name] = variable.prefix + ",".join(ids.get(vendor.name, []))
     return env
 
 
@@ -373,10 +372,10 @@ def _warmup_lines(job: Job, node: NodeFacts, devices: tuple[containers.Device, .
                    "so its driver starts afresh for each job; fix: `sudo nvidia-smi -pm 1` on "
                    f"{node.name} (or enable the nvidia-persistenced service)")
         lines.append(f"printf '%s\\n' {shlex.quote(warning)}")
-    nvidia = [d for d in devices if d.vendor == "nvidia"]
-    if not nvidia:
+    woken = [d for d in devices if (v := vendors.BY_NAME.get(d.vendor)) and v.warms_up]
+    if not woken:
         return [*lines, "echo 'nebula: warm-up skipped: it is for NVIDIA cards'"]
-    visible = ",".join(str(d.index) for d in nvidia)
+    visible = ",".join(str(d.index) for d in woken)
     return [*lines, f"CUDA_VISIBLE_DEVICES={visible} python3 -c {shlex.quote(WARMUP_SOURCE)} "
                     f"{shlex.quote(node.name)} || true"]
 
