@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import ClusterConfig, load_config
+from .config.cluster import ClusterConfig, load_config
 from .model import ConfigError
 
 class NodeAdminError(Exception):

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from nebula_tui.config import load_config
+from nebula_tui.config.cluster import load_config
 from nebula_tui.head.engine import Engine
 from nebula_tui.model import NodeState
 from nebula_tui.store import Store

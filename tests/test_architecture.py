@@ -209,6 +209,35 @@ def test_no_module_uses_a_private_member_of_a_room_it_is_not():
     assert foreign_private_uses(sources, head_modules(sources)) == []
 
 
+CONFIG = "nebula_tui.config"
+#: The config package's modules, lowest first: each may import only those before it.
+CONFIG_MODULES = ("reader", "settings", "notify", "nodes", "pools", "cluster")
+#: All the config package may import from the rest: plain data and the pure core.
+CONFIG_MAY_IMPORT = ("nebula_tui.model", "nebula_tui.units", "nebula_tui.environments",
+                     "nebula_tui.scheduler")
+
+
+def inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_config_package_imports_one_way_and_nothing_above_plain_data():
+    """nodes.yaml's reading serves the head, the replay and the CLI alike: it imports none
+    of them, and its own modules import one way (the package re-exports nothing)."""
+    sources = package_sources()
+    graph = import_graph(sources)
+    assert {m.removeprefix(CONFIG + ".") for m in sources if inside(m, CONFIG) and m != CONFIG} \
+        == set(CONFIG_MODULES)
+    assert graph[CONFIG] == set()
+    for number, name in enumerate(CONFIG_MODULES):
+        deps = graph[f"{CONFIG}.{name}"]
+        above = {f"{CONFIG}.{m}" for m in CONFIG_MODULES[number:]}
+        assert not deps & above, f"config/{name}.py imports a module above it"
+        outside = {d for d in deps if not inside(d, CONFIG)}
+        assert all(any(inside(d, a) for a in CONFIG_MAY_IMPORT) for d in outside), \
+            f"config/{name}.py imports {sorted(outside)}"
+
+
 def test_the_heads_rooms_stay_small():
     for room in ROOMS:
         source, _ = package_sources()[f"{HEAD}.{room}"]

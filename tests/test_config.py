@@ -8,17 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from nebula_tui.config import cluster as config
-from nebula_tui.config import (
-    ClusterConfig,
-    ConfigError,
-    NodeConfig,
-    empty_config,
-    find_config,
-    load_config,
-    parse_config,
-)
+from nebula_tui.config import cluster
+from nebula_tui.config.cluster import (ClusterConfig, current_user, empty_config, find_config, load_config,
+                                       parse_config)
+from nebula_tui.config.nodes import NodeConfig
 from nebula_tui.config.settings import HealthSettings, LimitsSettings, SchedulerSettings
+from nebula_tui.model import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 HOME = os.path.expanduser("~")
@@ -49,7 +44,7 @@ def test_defaults() -> None:
         name="n1",
         host="10.0.0.1",
         port=22,
-        user=config._current_user(),
+        user=current_user(),
         identity=None,
         known_hosts=os.path.join(HOME, ".ssh", "known_hosts"),
         env=(),
@@ -332,7 +327,7 @@ def places(tmp_path: Path, monkeypatch) -> dict[str, Path]:
     home.mkdir()
     system = tmp_path / "etc" / "nebula" / "nodes.yaml"
     system.parent.mkdir(parents=True)
-    monkeypatch.setattr(config, "SYSTEM_CONFIG", system)
+    monkeypatch.setattr(cluster, "SYSTEM_CONFIG", system)
     return {
         "explicit": tmp_path / "explicit.yaml",
         "env": tmp_path / "env.yaml",

@@ -8,7 +8,9 @@ import argparse
 import re
 from pathlib import Path
 
-from nebula_tui.config import cluster as config
+from nebula_tui.config.cluster import CLUSTER_KEYS, TOP_KEYS, load_config
+from nebula_tui.config.nodes import NODE_KEYS
+from nebula_tui.config.pools import POOL_KEYS
 from nebula_tui.cli.parser import build_parser
 from nebula_tui.head.serve import shared_mode_refusal
 
@@ -53,10 +55,10 @@ def test_the_reference_names_every_command_and_nodes_yaml_key():
     text = (REPO / "docs" / "reference.md").read_text()
     missing = [c for c in _commands(build_parser()) if f"`{c}`" not in text]
     assert not missing, f"docs/reference.md lacks {missing}"
-    for key in (*config._TOP_KEYS, *config._CLUSTER_KEYS, *config._NODE_KEYS, *config._POOL_KEYS):
+    for key in (*TOP_KEYS, *CLUSTER_KEYS, *NODE_KEYS, *POOL_KEYS):
         assert f"`{key}`" in text, key
 
 
 def test_the_example_nodes_yaml_serves_a_shared_head():
-    example = config.load_config(REPO / "nodes.yaml")
+    example = load_config(REPO / "nodes.yaml")
     assert shared_mode_refusal(example) is None

@@ -67,7 +67,7 @@ def test_a_long_problem_is_one_line_and_the_whole_of_it_is_kept(openssh_lab, tmp
     """Whatever a node says (a nodelet of another version may send a tool's whole output:
     500 characters of CSV once garbled a card), the head shows one line of it and keeps
     the whole for `nebula node show`; a good probe clears both."""
-    from nebula_tui.config import load_config
+    from nebula_tui.config.cluster import load_config
     from nebula_tui.head.engine import Engine
     from nebula_tui.store import Store
 
@@ -100,7 +100,7 @@ async def test_an_hour_of_retries_is_two_events_not_360(openssh_lab, tmp_path):
     """The link retries a node that is away every 10 s and says so each time: over an
     hour that was ~360 events; now it is the change and one summary (the head's own
     clock, stepped by the test: an hour passes in a moment)."""
-    from nebula_tui.config import load_config
+    from nebula_tui.config.cluster import load_config
     from nebula_tui.head.engine import Engine
     from nebula_tui.model import NodeState
     from nebula_tui.store import Store

@@ -9,7 +9,8 @@ import socket
 import pytest
 
 from nebula_tui.api import ApiError
-from nebula_tui.config import ConfigError, load_config, parse_config
+from nebula_tui.config.cluster import load_config, parse_config
+from nebula_tui.model import ConfigError
 from labkit.harness import HeadProcess
 
 

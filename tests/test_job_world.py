@@ -218,7 +218,7 @@ def test_without_a_cuda_driver_the_warmup_says_so(tmp_path):
 
 
 def test_nodes_yaml_pins_a_runtime_and_warmup_per_node():
-    from nebula_tui.config import parse_config
+    from nebula_tui.config.cluster import parse_config
     from nebula_tui.model import ConfigError
 
     config = parse_config("nodes:\n  - name: a\n    host: h\n    runtime: apptainer\n    warmup: true\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nebula_tui.config import parse_config
+from nebula_tui.config.cluster import parse_config
 from nebula_tui.head.replay import Replay
 from nebula_tui.month import baselines, inventory, metrics, setup, workload
 from nebula_tui.month.records import Request

@@ -14,7 +14,7 @@ import asyncssh
 import pytest
 import yaml
 
-from nebula_tui.config import SUBMITTER, PoolConfig
+from nebula_tui.config.pools import SUBMITTER, PoolConfig
 from nebula_tui.pools.authorize import authorize_view, authorized_keys_line, head_address
 from labkit.harness import HeadProcess, wait_for
 from nebula_tui.sim.slurmlab import unlock_for_ssh

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nebula_tui.config import parse_config
+from nebula_tui.config.cluster import parse_config
 from nebula_tui.model import ConfigError
 
 GOOD = """cluster:

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from nebula_tui.config import parse_config
+from nebula_tui.config.cluster import parse_config
 from nebula_tui.head.engine import Engine
 from nebula_tui.model import JobSpec, JobState, Pending
 from nebula_tui.store import Store

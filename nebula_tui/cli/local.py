@@ -69,7 +69,8 @@ def cmd_completion(args, home, config) -> int:
 
 
 def cmd_serve(args, home, config) -> int:
-    from ..config import ConfigError, find_config
+    from ..config.cluster import find_config
+    from ..model import ConfigError
     from ..head.serve import serve
 
     try:
@@ -145,7 +146,7 @@ def cmd_demo(args, home, config) -> int:
 
 
 def cmd_tui(args, home, config) -> int:
-    from ..config import find_config
+    from ..config.cluster import find_config
 
     path = find_config(config, home.root)  # a ConfigError is main's one-line usage error
     if path is None and not home.socket.exists():
@@ -161,7 +162,7 @@ def cmd_tui(args, home, config) -> int:
 def cmd_simulate(args, home, config) -> int:
     """``nebula simulate``: a lab month through the head's own scheduler in virtual time
     (``head/replay.py``), against the spreadsheet and Slurm-like baselines."""
-    from ..config import ConfigError
+    from ..model import ConfigError
     from ..head.replay import Replay
     from ..month import compare, inventory, plots, setup, workload
 

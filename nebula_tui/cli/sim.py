@@ -48,7 +48,7 @@ def add_sim_commands(sub, command) -> None:
 def _lab_config(config: str | None, home_root: Path) -> Path | None:
     """The lab's cluster file: the one named (``--config``, ``$NEBULA_CONFIG``), else the
     demo's lab in this home (``nebula demo`` keeps it in ``<home>/lab``), else as any command."""
-    from ..config import CONFIG_ENV, find_config
+    from ..config.cluster import CONFIG_ENV, find_config
 
     demo_lab = Path(home_root) / "lab" / "nodes.yaml"
     if not config and not os.environ.get(CONFIG_ENV) and demo_lab.is_file():

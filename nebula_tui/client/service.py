@@ -55,7 +55,7 @@ def connect(home: Home, config_arg: str | None, autostart: bool = True) -> Clien
     owner = _owner_if_not_mine(home)
     if owner is not None:
         return _wait_for_service(home.socket, f"{owner}'s head service")
-    from ..config import SYSTEM_CONFIG, find_config, load_config
+    from ..config.cluster import SYSTEM_CONFIG, find_config, load_config
 
     config_path = find_config(config_arg, home.root)
     if not home.socket_override and (homedir.SYSTEM_SOCKET.parent.is_dir() or config_path == SYSTEM_CONFIG):

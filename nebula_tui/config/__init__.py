@@ -1,9 +1,17 @@
-"""``nodes.yaml``, read and typed: ``cluster.py`` (the file, its cluster, node and pool
-sections) and ``settings.py`` (its scheduler, health, limits, accounting and notify
-sections)."""
+"""``nodes.yaml``, read and typed, one module a section (callers import from the module
+that holds a name; this file re-exports nothing).
 
-from .cluster import (CONFIG_ENV, SUBMITTER, SYSTEM_CONFIG, ClusterConfig, ConfigError, NodeConfig,
-                      PoolConfig, did_you_mean, empty_config, find_config, load_config, parse_config)
+- ``reader.py``: the file's text and YAML node tree, with the line of every key; the
+  :class:`~.reader.Reader` that reads values off it, each with its one-line error.
+- ``settings.py``: ``scheduler:``, ``health:``, ``limits:``, ``accounting:`` (and
+  ``SettingError``, the section builders' error, which ``cluster.py`` gives its line).
+- ``notify.py``: ``notify:``.
+- ``nodes.py``: ``nodes:`` (``NodeConfig``).
+- ``pools.py``: ``pools:`` (``PoolConfig``).
+- ``cluster.py``: ``cluster:``, and the whole file put together (``ClusterConfig``,
+  ``load_config``, ``parse_config``, ``find_config``).
 
-__all__ = ["CONFIG_ENV", "SUBMITTER", "SYSTEM_CONFIG", "ClusterConfig", "ConfigError", "NodeConfig",
-           "PoolConfig", "did_you_mean", "empty_config", "find_config", "load_config", "parse_config"]
+Each module imports only those listed before it here; none imports the head, the clients
+or anything with I/O beyond reading the file (``tests/test_architecture.py`` holds both).
+``ConfigError`` lives in ``model.py``, so a client can catch it without loading YAML.
+"""

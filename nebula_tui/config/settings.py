@@ -1,14 +1,14 @@
-"""The optional ``scheduler:``, ``health:``, ``limits:``, ``accounting:`` and ``notify:``
-sections of nodes.yaml, validated and typed.
+"""The optional ``scheduler:``, ``health:``, ``limits:`` and ``accounting:`` sections of
+nodes.yaml, validated and typed (``notify:`` is ``notify.py``'s), and the value readers
+those builders share.
 
 Each builder takes the section as plain data (what YAML gave) and returns its settings,
 or raises :class:`SettingError`: a sentence naming the key, and the key's path in the
-section (config.py turns that into the file and line of the key).
+section (``cluster.py`` turns that into the file and line of the key).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -92,7 +92,7 @@ def _number(section: str, keys: tuple[str, ...], value: Any, minimum: float = 0)
     return float(value)
 
 
-def _mapping(what: str, value: Any, *keys: str) -> dict:
+def as_mapping(what: str, value: Any, *keys: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -100,7 +100,7 @@ def _mapping(what: str, value: Any, *keys: str) -> dict:
     return value
 
 
-def _known(what: str, data: dict, known: tuple[str, ...], *keys: str) -> None:
+def check_known(what: str, data: dict, known: tuple[str, ...], *keys: str) -> None:
     for key in data:
         if key not in known:
             raise SettingError(f"{what}: unknown key {key!r}; known keys: {', '.join(known)}",
@@ -115,12 +115,12 @@ def _duration(section: str, key: str, value: Any) -> float:
 
 
 def scheduler_settings(value: Any) -> SchedulerSettings:
-    data = _mapping("scheduler", value)
-    _known("scheduler", data, ("weights", "hot_c", "min_health_score", "service_spare",
+    data = as_mapping("scheduler", value)
+    check_known("scheduler", data, ("weights", "hot_c", "min_health_score", "service_spare",
                                "quota_gpu_hours", "half_life", "default_vendor", "preemptible_charge",
                                "preemptible_in_quota"))
-    weights = _mapping("scheduler.weights", data.get("weights"), "weights")
-    _known("scheduler.weights", weights, tuple(_WEIGHTS), "weights")
+    weights = as_mapping("scheduler.weights", data.get("weights"), "weights")
+    check_known("scheduler.weights", weights, tuple(_WEIGHTS), "weights")
     config = replace(SchedulerConfig(), **{_WEIGHTS[k]: _number("scheduler", ("weights", k), v)
                                            for k, v in weights.items()})
     if "hot_c" in data:
@@ -159,11 +159,11 @@ def scheduler_settings(value: Any) -> SchedulerSettings:
 
 
 def health_settings(value: Any) -> HealthSettings:
-    data = _mapping("health", value)
-    _known("health", data, ("xid_policies", "isolation_grace", "selftest_command"))
+    data = as_mapping("health", value)
+    check_known("health", data, ("xid_policies", "isolation_grace", "selftest_command"))
     settings = HealthSettings()
     if "xid_policies" in data:
-        policies = _mapping("health.xid_policies", data["xid_policies"], "xid_policies")
+        policies = as_mapping("health.xid_policies", data["xid_policies"], "xid_policies")
         try:
             settings = replace(settings, policies=policies_from_config(policies))
         except ValueError as err:
@@ -184,8 +184,8 @@ _IDLE_ACTIONS = ("warn", "cancel")
 
 
 def limits_settings(value: Any) -> LimitsSettings:
-    data = _mapping("limits", value)
-    _known("limits", data, ("default_time", "max_time", "memory_overuse", "memory_grace",
+    data = as_mapping("limits", value)
+    check_known("limits", data, ("default_time", "max_time", "memory_overuse", "memory_grace",
                             "idle_after", "idle_action", "idle_grace", "idle_services", "log_max",
                             "booking_gpu_hours"))
     settings = LimitsSettings()
@@ -246,8 +246,8 @@ class AccountingSettings:
 
 
 def accounting_settings(value: Any) -> AccountingSettings:
-    data = _mapping("accounting", value)
-    _known("accounting", data, ("history", "telemetry_every"))
+    data = as_mapping("accounting", value)
+    check_known("accounting", data, ("history", "telemetry_every"))
     settings = AccountingSettings()
     if "history" in data:
         if data["history"] not in HISTORY_VISIBILITY:
@@ -261,88 +261,8 @@ def accounting_settings(value: Any) -> AccountingSettings:
     return settings
 
 
-@dataclass(frozen=True)
-class NotifySettings:
-    """``notify:`` — who is told when a job ends or a GPU is isolated, and how.
-
-    ``webhooks``: URLs told of the events of jobs submitted with ``--notify`` (naming the
-    owner); ``admin_webhooks`` and ``admin_mail``: told of every job's failure, time-out and
-    requeue, and of every GPU isolated. Owners of ``--notify`` jobs get mail at
-    ``USER@mail_domain`` (just ``USER``, local delivery, without one) through ``sendmail``,
-    a command line (found on PATH or in /usr/sbin when not given; no mail where there is none).
-    """
-
-    webhooks: tuple[str, ...] = ()
-    admin_webhooks: tuple[str, ...] = ()
-    admin_mail: tuple[str, ...] = ()
-    mail_domain: str | None = None
-    sendmail: str | None = None
-    mail_from: str | None = None
-
-
-def notify_settings(value: Any) -> NotifySettings:
-    data = _mapping("notify", value)
-    _known("notify", data, ("webhooks", "admins", "mail_domain", "sendmail", "from"))
-    admins = _mapping("notify.admins", data.get("admins"), "admins")
-    _known("notify.admins", admins, ("webhooks", "mail"), "admins")
-    texts = {key: _text("notify", key, data.get(key)) for key in ("mail_domain", "sendmail", "from")}
-    for key in ("mail_domain", "from"):
-        if texts[key] is not None and not _MAIL_RE.match(texts[key].split("@")[-1]):
-            raise SettingError(f"notify.{key}: {texts[key]!r} is not a mail domain or address",
-                               key)
-    return NotifySettings(webhooks=_urls("notify.webhooks", data.get("webhooks")),
-                          admin_webhooks=_urls("notify.admins.webhooks", admins.get("webhooks")),
-                          admin_mail=_addresses("notify.admins.mail", admins.get("mail")),
-                          mail_domain=texts["mail_domain"], sendmail=texts["sendmail"],
-                          mail_from=texts["from"])
-
-
-_MAIL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
-_ADDRESS_RE = re.compile(r"^[A-Za-z0-9_.+-]+(@[A-Za-z0-9][A-Za-z0-9.-]*)?$")
-
-
 def _choice(section: str, key: str, value: Any, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise SettingError(f"{section}.{key} must be one of {', '.join(choices)}, "
                            f"found {value!r}", key)
     return value
-
-
-def _text(section: str, key: str, value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or "\n" in value:
-        raise SettingError(f"{section}.{key} must be one line of text, found {value!r}", key)
-    return value
-
-
-def _keys(what: str) -> tuple[str, ...]:
-    """Where ``what`` (e.g. ``notify.admins.mail``) is under its section."""
-    return tuple(what.split(".")[1:])
-
-
-def _list(what: str, value: Any) -> list:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    if not isinstance(value, list):
-        raise SettingError(f"{what} must be a list, e.g. [https://chat.example.org/hooks/…]",
-                           *_keys(what))
-    return value
-
-
-def _urls(what: str, value: Any) -> tuple[str, ...]:
-    urls = _list(what, value)
-    for url in urls:
-        if not isinstance(url, str) or not re.match(r"^https?://[^\s]+$", url):
-            raise SettingError(f"{what}: {url!r} is not an http(s):// URL", *_keys(what))
-    return tuple(urls)
-
-
-def _addresses(what: str, value: Any) -> tuple[str, ...]:
-    addresses = _list(what, value)
-    for address in addresses:
-        if not isinstance(address, str) or not _ADDRESS_RE.match(address):
-            raise SettingError(f"{what}: {address!r} is not a mail address", *_keys(what))
-    return tuple(addresses)

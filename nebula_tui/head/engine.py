@@ -30,7 +30,7 @@ import time
 from dataclasses import replace
 
 from .. import views
-from ..config import ClusterConfig
+from ..config.cluster import ClusterConfig
 from ..model import Job, JobSpec, JobState, Pending, RequestError, UnfitRequest
 from ..remote.ssh import NodeUnavailable
 from ..scheduler import admission

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 
 from .. import node_admin, views
-from ..config import load_config
+from ..config.cluster import load_config
 from ..model import Cancelling, ConfigError, GpuReading, JobState, NodeState, RequestError
 from ..remote.readings import hello_cuda_version, hello_topology, read_probe
 from ..remote.ssh import NodeLink, NodeUnavailable

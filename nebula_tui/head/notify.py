@@ -30,7 +30,7 @@ from pathlib import Path
 from .. import views
 from ..model import Job
 from ..printable import printable
-from ..config.settings import NotifySettings
+from ..config.notify import NotifySettings
 from ..units import duration_short
 from .state import HeadState, job_nodes
 

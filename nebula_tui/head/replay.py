@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import ClusterConfig
+from ..config.cluster import ClusterConfig
 from ..model import JobSpec, NodeState, RequestError
 from ..month.records import Outcome, Request
 from ..store import Store

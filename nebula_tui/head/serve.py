@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 from ..backups import BackupError, Backups
-from ..config import ClusterConfig, ConfigError, load_config
+from ..config.cluster import ClusterConfig, load_config
 from ..homedir import Home
+from ..model import ConfigError
 from ..store import DatabaseDamaged, Store, StoreUnavailable
 from .engine import Engine
 from .server import ApiServer, SocketTaken, socket_answers

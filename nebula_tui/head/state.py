@@ -19,7 +19,8 @@ from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 
-from ..config import ClusterConfig, did_you_mean
+from ..config.cluster import ClusterConfig
+from ..config.reader import did_you_mean
 from ..model import (GpuProcess, GpuReading, GpuView, Job, JobState, NodeState, Placement,
                      RequestError)
 from ..remote.ssh import NodeLink

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from ..config import ClusterConfig, parse_config
+from ..config.cluster import ClusterConfig, parse_config
 from . import inventory
 
 #: when a replay's month starts (2026-11-02 00:00 UTC, a Monday): the head's clock reads

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import socket
 
-from ..config import PoolConfig
+from ..config.pools import PoolConfig
 
 #: OpenSSH's ``restrict``: no terminal, no port, agent or X11 forwarding, no ~/.ssh/rc —
 #: commands only, all the head runs there (sbatch, squeue, sinfo, sacct, scancel, tail).

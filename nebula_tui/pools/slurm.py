@@ -19,7 +19,8 @@ from pathlib import Path
 
 import asyncssh
 
-from ..config import ClusterConfig, PoolConfig
+from ..config.cluster import ClusterConfig
+from ..config.pools import PoolConfig
 from ..remote import preflight
 from ..remote.ssh import encryption_preference, known_hosts
 from . import slurm_parse as parse

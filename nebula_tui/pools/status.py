@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from ..config import PoolConfig
+from ..config.pools import PoolConfig
 from ..printable import printable
 from ..units import duration_text
 from .base import Capacity

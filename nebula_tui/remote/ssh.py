@@ -24,7 +24,8 @@ from collections.abc import Callable
 import asyncssh
 from asyncssh.encryption import get_default_encryption_algs
 
-from ..config import ClusterConfig, NodeConfig
+from ..config.cluster import ClusterConfig
+from ..config.nodes import NodeConfig
 from ..model import NodeState
 from . import preflight, shipping
 from .launcher import TMUX_SOCKET

@@ -760,7 +760,8 @@ def make_app(socket_path: Path, cluster_name: str | None = None, *, home: Path |
 def _cluster_name(home: Home, config: str | None) -> str | None:
     """The cluster's name from nodes.yaml, for the bar; None when it cannot be read. (What
     the TUI draws by, its temperature thresholds among them, comes from the head.)"""
-    from ..config import ConfigError, find_config, load_config
+    from ..config.cluster import find_config, load_config
+    from ..model import ConfigError
 
     try:
         path = find_config(config, home.root)
