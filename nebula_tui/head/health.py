@@ -41,6 +41,7 @@ from collections.abc import Callable
 
 from ..model import Evicting, GpuReading, Job, JobState, Launching, RequestError, Running
 from ..remote.backends import xid
+from ..remote.protocol import KernelLines
 from ..remote.readings import base_sm_clock
 from ..remote.ssh import NodeUnavailable
 from ..scheduler.health import (BUS_FALL_CODE, Action, decide, forget_before, is_throttling,
@@ -92,17 +93,16 @@ class HealthMonitor:
         self.state.record(kind, message, node=node, gpu=gpu, job_id=job_id)
 
     # ------------------------------------------------------------- kernel log (R16)
-    def on_kernel_message(self, node: str, message: dict) -> None:
-        """A ``kmsg`` message: new kernel lines of ``node`` (or why they cannot be read)."""
-        error = message.get("error") or ""
+    def on_kernel_message(self, node: str, message: KernelLines) -> None:
+        """New kernel lines of ``node`` (or why they cannot be read)."""
+        error = message.error
         if error != self._kmsg_errors.get(node, ""):
             self._kmsg_errors[node] = error
             if error:
                 self._event("health", f"{node}: {error}; its Xid errors go unseen", node=node)
-        lines = message.get("lines") or []
-        if lines:
-            pid_jobs = {**self._pid_jobs.get(node, {}), **(message.get("pid_jobs") or {})}
-            self.on_kernel_lines(node, lines, pid_jobs)
+        if message.lines:
+            pid_jobs = {**self._pid_jobs.get(node, {}), **message.pid_jobs}
+            self.on_kernel_lines(node, list(message.lines), pid_jobs)
 
     def on_kernel_lines(self, node: str, lines: list[str],
                         pid_jobs: dict[str, str] | None = None) -> None:

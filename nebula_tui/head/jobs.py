@@ -22,6 +22,7 @@ from dataclasses import replace
 from ..model import (Cancelling, Ended, Evicting, Job, JobState, Launching, Pending, Placement,
                      RequestError, Running, Stopping, holding, spec_fields, with_holding)
 from ..remote import containers, launcher
+from ..remote.protocol import Exit, Phase, Started
 from ..remote.ssh import NodeUnavailable
 from ..store import StaleDecision, StoreUnavailable, spec_of
 from .access import Access
@@ -73,7 +74,7 @@ class JobTransitions:
         #: when it ends failed; nodes say it again after a restart (their exits are unacked)
         self._exit_reasons: dict[int, str] = {}
         #: exits the store could not take yet, per (node, job): tried again (retry_exits)
-        self._unrecorded: dict[tuple[str, str], dict] = {}
+        self._unrecorded: dict[tuple[str, str], Exit] = {}
         self._finished_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
         #: per node: the hello and config its launcher facts were read from, and the facts
         self._facts: dict[str, tuple[dict, tuple, launcher.NodeFacts]] = {}
@@ -90,14 +91,14 @@ class JobTransitions:
         return job
 
     # ---------------------------------------------------------------- node reports
-    def on_started(self, node: str, message: dict) -> None:
+    def on_started(self, node: str, message: Started) -> None:
         """Its checks passed: running, in the workdir the node chose (given, where it was
         submitted, or the home), which ``nebula job`` shows."""
         job = self._job_from_node(node, message)
         if job is None:
             return
-        workdir = message.get("workdir")
-        if isinstance(workdir, str) and workdir and workdir != job.workdir_used:
+        workdir = message.workdir
+        if workdir is not None and workdir != job.workdir_used:
             self.state.store.set_workdir_used(job.id, workdir)
             job = replace(job, workdir_used=workdir)
             self.state.jobs[job.id] = job
@@ -106,19 +107,19 @@ class JobTransitions:
         if job.state == JobState.LAUNCHING:
             self.mark_running(job)
 
-    def on_phase(self, node: str, message: dict) -> None:
+    def on_phase(self, node: str, message: Phase) -> None:
         """What a running job does before its command (an image pull), shown as its reason
         until done; not stored (a restarted head hears the next change)."""
         job = self._job_from_node(node, message)
-        text = message.get("text")
+        text = message.text
         running = holding(job.status) if job is not None else None
-        if isinstance(running, Running) and isinstance(text, str) and text[:200] != running.doing:
+        if isinstance(running, Running) and text is not None and text[:200] != running.doing:
             self._set(replace(job, status=with_holding(job.status, replace(running, doing=text[:200]))))
 
-    def on_exit(self, node: str, message: dict) -> None:
+    def on_exit(self, node: str, message: Exit) -> None:
         """A node reports an attempt's end. Acked once recorded; kept for a retry when the
         store cannot take it now."""
-        key = (node, str(message.get("job")))
+        key = (node, str(message.job))
         try:
             self._record_exit(node, message)
             self._unrecorded.pop(key, None)
@@ -132,22 +133,21 @@ class JobTransitions:
         for (node, _), message in list(self._unrecorded.items()):
             self.on_exit(node, message)
 
-    def _record_exit(self, node: str, message: dict) -> None:
-        token = message.get("token")
+    def _record_exit(self, node: str, message: Exit) -> None:
+        token = message.token
         job = self._job_from_node(node, message)
         if job is None:
-            if self.state.ours(token):
+            if self.state.ours(token) and message.job is not None:
                 # Ours but already finished (the head crashed before its ack): ack it now.
-                with contextlib.suppress(TypeError, ValueError):
-                    self._ack_soon(node, int(message.get("job")), token)
+                self._ack_soon(node, message.job, token)
             return
-        code = message.get("code")
+        code = message.code
         if isinstance(job.status, Evicting):
             self._evicted_exit(job, code)
             self._ack_soon(node, job.id, token)  # the eviction's requeue is its own record
             return
-        if message.get("reason"):  # its part could not start: the node said why
-            self._exit_reasons.setdefault(job.id, str(message["reason"])[:500])
+        if message.reason:  # its part could not start: the node said why
+            self._exit_reasons.setdefault(job.id, message.reason[:500])
         held = holding(job.status).with_exit(node, code)
         exits = dict(held.exits)
         if set(exits) < set(job_nodes(job)):
@@ -172,12 +172,9 @@ class JobTransitions:
         for part in exits:  # a gang's parts share its token
             self._ack_soon(part, job.id, token)
 
-    def _job_from_node(self, node: str, message: dict) -> Job | None:
-        try:
-            job = self.state.jobs.get(int(message.get("job")))
-        except (TypeError, ValueError):
-            return None
-        if job is None or message.get("token") != self.state.token(job):
+    def _job_from_node(self, node: str, message: Started | Phase | Exit) -> Job | None:
+        job = self.state.jobs.get(message.job) if message.job is not None else None
+        if job is None or message.token != self.state.token(job):
             return None  # another head's job directory, or an earlier attempt of this job
         return job if node in job_nodes(job) and job.state.holds_gpus else None
 

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from .. import node_admin, views
 from ..config.cluster import load_config
 from ..model import Cancelling, ConfigError, GpuReading, JobState, NodeState, RequestError
-from ..remote.readings import hello_cuda_version, hello_topology, read_probe
+from ..remote.protocol import (Exit, Hello, KernelLines, Phase, Probe, Started, job_number,
+                               read_message)
 from ..remote.ssh import NodeLink, NodeUnavailable
 from ..store import StoreUnavailable
 from ..units import duration_short
@@ -34,12 +35,6 @@ TELEMETRY_COMPACT_EVERY_S = 3600.0
 DOWN_SUMMARY_EVERY_S = 3600.0
 #: The most of a reason's full text kept for `nebula node show`.
 DETAIL_MAX = 4096
-
-
-def _int_or_zero(value: object) -> int:
-    """A job number from a node's message; anything else (a node is not trusted) is 0."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**62
-    return value if ok else 0
 
 
 class Fleet:
@@ -156,30 +151,32 @@ class Fleet:
         return text
 
     def on_node_message(self, node: str, message: dict) -> None:
-        handler = {"hello": self._on_hello, "probe": self._on_probe,
-                   "started": self.transitions.on_started, "exit": self.transitions.on_exit,
-                   "phase": self.transitions.on_phase,
-                   "kmsg": self.health.on_kernel_message}.get(message.get("type"))
-        if handler is None:
-            return
+        """One line of ``node``'s nodelet: read once into its typed message
+        (``remote/protocol.py``), which its handler takes."""
         try:
-            handler(node, message)
+            typed = read_message(node, message)
+            handler = {Hello: self._on_hello, Probe: self._on_probe,
+                       Started: self.transitions.on_started, Exit: self.transitions.on_exit,
+                       Phase: self.transitions.on_phase,
+                       KernelLines: self.health.on_kernel_message}.get(type(typed))
+            if handler is not None:
+                handler(node, typed)
         except Exception:  # a strange message must never take the head down
             log.exception("could not handle %s from %s", message.get("type"), node)
 
-    def _on_hello(self, node: str, message: dict) -> None:
+    def _on_hello(self, node: str, message: Hello) -> None:
         view = self.state.nodes[node]
-        view.hello = message
+        view.hello = message.facts
         # The highest job number the node holds of this store: never handed out again.
-        self.state.store.raise_id_floor(_int_or_zero(message.get("max_job")))
-        view.cuda_version = hello_cuda_version(message)
-        view.topo = hello_topology(message) or view.topo
+        self.state.store.raise_id_floor(message.max_job)
+        view.cuda_version = message.cuda_version
+        view.topo = message.topology or view.topo
 
-    def _on_probe(self, node: str, message: dict) -> None:
+    def _on_probe(self, node: str, message: Probe) -> None:
         state = self.state
         view = state.nodes[node]
         view.last_seen = state.clock()  # the head's time, like every other time it shows
-        probe = read_probe(node, message)  # every vendor's devices, as GpuReadings
+        probe = message.view  # every vendor's devices, as GpuReadings
         readings, processes, problem = probe.readings, probe.processes, probe.problem
         for note in probe.notes:  # impossible readings the node clamped (R20)
             state.record("hardware", note, node=node)
@@ -192,8 +189,7 @@ class Fleet:
             self.stream.publish_node(view)
         if not readings:
             return
-        pid_jobs = message.get("pid_jobs", {})
-        pid_users = message.get("pid_users", {})
+        pid_jobs, pid_users = message.pid_jobs, message.pid_users
         # ours: jobs of this head that hold GPUs on this node (a NEBULA_JOB_ID of another
         # head's, or of a store long gone, is someone else's process like any other)
         here = {str(job) for r in readings for job in state.jobs.holding.get(r.uuid, ())}
@@ -227,7 +223,7 @@ class Fleet:
             self._record_telemetry(node, readings)
         except StoreUnavailable as err:
             log.warning("%s's readings not recorded: %s", node, err)
-        self.health.on_probe(node, readings, message.get("pid_jobs", {}))
+        self.health.on_probe(node, readings, pid_jobs)
         self.probed(node, [r.uuid for r in readings if r.uuid])
         self.stream.publish_gpus(node)
 
@@ -328,7 +324,7 @@ class Fleet:
     def _stop_the_stale(self, node: str, sessions: dict) -> None:
         state = self.state
         for name, token in sessions.items():  # job -> the token of its live session
-            job_id = _int_or_zero(int(name) if name.isdigit() else 0)
+            job_id = job_number(int(name) if name.isdigit() else 0)
             current = state.jobs.get(job_id)
             if (job_id and state.ours(token)
                     and (current is None or node not in job_nodes(current)
@@ -353,8 +349,8 @@ class Fleet:
                 self.transitions.finish(job, JobState.FAILED, None, f"{node} has no record of "
                                         "its launch (its job directory was removed?)")
             elif found is not None and found.get("acked") and isinstance(found.get("exit_code"), int):
-                self.transitions.on_exit(node, {"job": job.id, "token": token,
-                                                "code": found["exit_code"]})
+                self.transitions.on_exit(node, Exit(job=job.id, token=token,
+                                                    code=found["exit_code"]))
 
     def adopt_unknown(self, node: str, attempts: dict, sessions: dict) -> None:
         """After a restore: launches on this node the store does not know, of jobs it has
@@ -369,7 +365,7 @@ class Fleet:
                 record = info.get("record") if token else None
                 if not isinstance(record, dict) or state.ours(token):
                     continue
-                job_id = _int_or_zero(int(name) if name.isdigit() else 0)
+                job_id = job_number(int(name) if name.isdigit() else 0)
                 known = state.jobs.get(job_id) or state.store.job(job_id)
                 later = known is not None and known.state == JobState.LAUNCHING \
                     and attempt > known.attempt  # requeued after the backup

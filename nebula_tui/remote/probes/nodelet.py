@@ -1,7 +1,8 @@
 """The node side of NebulaGrid: sent over SSH stdin, run by the node's python3, never installed.
 
 The head starts one of these per node over its persistent SSH connection and keeps it
-running. It speaks JSON lines both ways (stdlib only, Python 3.6+):
+running. It speaks JSON lines both ways (stdlib only, Python 3.6+); the head reads each
+line it sends once, into the typed messages of ``remote/protocol.py``:
 
 node -> head
   {"type": "hello", ...}                       once: host facts, the hardware's backends,

@@ -1,0 +1,74 @@
+"""The nodelet's messages as the head reads them (remote/protocol.py): each kind read once
+into its frozen type, odd content from an untrusted node read as missing, never raised."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from nebula_tui.remote.protocol import (Exit, Hello, KernelLines, Phase, Probe, Started, job_number,
+                                        read_message)
+
+DEVICE = {"index": 0, "uuid": "GPU-a", "name": "NVIDIA A100-SXM4-80GB", "vendor": "nvidia",
+          "pci_bus_id": "00000000:07:00.0", "memory_total_mb": 81920, "memory_used_mb": 100}
+
+
+def test_each_kind_the_nodelet_sends_is_read_into_its_type():
+    hello = read_message("n1", {"type": "hello", "hostname": "n1", "max_job": 41,
+                                "cuda_version": "12.4", "links": {"GPU0": {"GPU1": "NV12"}}})
+    assert isinstance(hello, Hello) and hello.max_job == 41 and hello.cuda_version == "12.4"
+    assert hello.facts["hostname"] == "n1"
+    assert hello.topology == {"gpus": ["GPU0", "GPU1"], "links": {"GPU0": {"GPU1": "NV12"}}}
+    probe = read_message("n1", {"type": "probe", "t": 1.0, "error": "", "devices": [DEVICE],
+                                "processes": [{"gpu_uuid": "GPU-a", "pid": 7, "name": "python",
+                                               "used_memory_mb": 90}],
+                                "pid_jobs": {"7": "3"}, "pid_users": {"8": "alice"}})
+    assert isinstance(probe, Probe)
+    assert [r.uuid for r in probe.view.readings] == ["GPU-a"]
+    assert [p.pid for p in probe.view.processes] == [7]
+    assert (probe.pid_jobs, probe.pid_users) == ({"7": "3"}, {"8": "alice"})
+    assert read_message("n1", {"type": "started", "job": "5", "attempt": 0, "token": "h.0.x",
+                               "t": 1.0, "workdir": "/home/a"}) == Started(5, "h.0.x", "/home/a")
+    assert read_message("n1", {"type": "phase", "job": "5", "token": "h.0.x", "text": "pulling",
+                               "t": 1.0}) == Phase(5, "h.0.x", "pulling")
+    assert read_message("n1", {"type": "exit", "job": "5", "token": "h.0.x", "code": 3,
+                               "t": 1.0, "reason": "no such image"}) == \
+        Exit(5, "h.0.x", 3, "no such image")
+    assert read_message("n1", {"type": "kmsg", "lines": ["NVRM: Xid 79"], "pid_jobs": {"9": "5"},
+                               "t": 1.0}) == KernelLines(("NVRM: Xid 79",), {"9": "5"}, "")
+
+
+@pytest.mark.parametrize("message, expected", [
+    ({"type": "exit", "job": "x", "token": 7, "code": "3", "reason": None},
+     Exit(None, None, None, "")),
+    ({"type": "exit", "job": 5, "code": True}, Exit(5, None, None, "")),
+    ({"type": "started", "job": None, "token": "t", "workdir": ""}, Started(None, "t", None)),
+    ({"type": "phase", "job": 2, "token": "t", "text": 12}, Phase(2, "t", None)),
+    ({"type": "kmsg", "lines": "one line", "pid_jobs": [1], "error": "dmesg: denied"},
+     KernelLines((), {}, "dmesg: denied")),
+])
+def test_odd_fields_from_a_node_read_as_missing(message, expected):
+    assert read_message("n1", message) == expected
+
+
+def test_odd_probes_and_hellos_never_raise():
+    probe = read_message("n1", {"type": "probe", "devices": "none", "pid_jobs": "x"})
+    assert isinstance(probe, Probe) and probe.view.readings == [] and probe.pid_jobs == {}
+    assert "devices is not a list" in probe.view.problem
+    hello = read_message("n1", {"type": "hello", "max_job": True})
+    assert isinstance(hello, Hello) and hello.max_job == 0 and hello.topology is None
+    assert [job_number(v) for v in (12, 0, -1, 2**62, "12", 1.5, None)] == [12, 0, 0, 0, 0, 0, 0]
+
+
+def test_kinds_the_head_does_not_know_are_none():
+    assert read_message("n1", {"type": "reply", "id": 1, "ok": True}) is None
+    assert read_message("n1", {"type": "gossip"}) is None
+    assert read_message("n1", {"no": "type"}) is None
+
+
+def test_messages_are_frozen_and_slotted():
+    exit_ = Exit(5, "h.0.x", 0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        exit_.code = 1  # type: ignore[misc]
+    assert not hasattr(exit_, "__dict__")
