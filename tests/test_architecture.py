@@ -108,15 +108,19 @@ def private_names(source: str) -> set[str]:
 def foreign_private_uses(sources: dict[str, tuple[str, bool]], owners: set[str]) -> list[str]:
     """``module:line: _name`` for each use of a private member that a module of ``owners``
     defines, made by another module: ``obj._name`` (any object but ``self``/``cls``, and
-    those too when the module itself does not define ``_name``) and ``from m import _name``."""
+    those too when neither the module itself nor one it imports, where its base classes come
+    from, defines ``_name``) and ``from m import _name``."""
     defined = {name: private_names(src) for name, (src, _) in sources.items()}
+    graph = import_graph(sources)
     uses = []
     for name, (source, _) in sources.items():
         foreign = {n for m in owners if m != name for n in defined[m]}
+        # a class's own members, also those a base class (from a module it imports) defines
+        inherited = defined[name].union(*(defined[m] for m in graph[name]))
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, ast.Attribute) and node.attr in foreign:
                 own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls") \
-                    and node.attr in defined[name]
+                    and node.attr in inherited
                 if not own:
                     uses.append(f"{name}:{node.lineno}: {node.attr}")
             elif isinstance(node, ast.ImportFrom):
@@ -139,11 +143,15 @@ def test_the_checks_can_fail():
         "nebula_tui.head.health": ("class H:\n    def __init__(self, state):\n"
                                    "        self._tasks = {}\n        state._tasks.add(1)\n", False),
         "nebula_tui.c": ("from .head.state import _hidden\n", False),
+        # a class's own private members, also those its base class (imported) defines
+        "nebula_tui.e": ("class E:\n    def _tasks(self):\n        pass\n", False),
+        "nebula_tui.d": ("from .e import E\nclass D(E):\n    def f(self):\n        self._tasks()\n", False),
+        "nebula_tui.f": ("class F:\n    def f(self):\n        self._tasks()\n", False),
     }
     assert cycles(import_graph(made_up)) == [["nebula_tui.a", "nebula_tui.b"]]
     made_up["nebula_tui.head.state"] = ("_hidden = 1\n" + made_up["nebula_tui.head.state"][0], False)
     assert foreign_private_uses(made_up, head_modules(made_up)) == [
-        "nebula_tui.c:1: _hidden", "nebula_tui.head.health:4: _tasks"]
+        "nebula_tui.c:1: _hidden", "nebula_tui.f:3: _tasks", "nebula_tui.head.health:4: _tasks"]
 
 
 def test_no_module_of_the_package_imports_in_a_circle():

@@ -1,48 +1,20 @@
-"""The store: the only module that speaks SQL. SQLite in WAL mode through sqlite-utils.
+"""The store's rows of the cluster: nodes and GPUs, jobs and their allocations, pools,
+telemetry, users, bookings, accounting and the events log, each as SQL on the database that
+``base.py`` opens.
 
-Every state change is one ``BEGIN IMMEDIATE`` transaction; a submit is committed with
-``synchronous=FULL`` so an acknowledged job id survives even a crash of the machine. Only the head
-service (``nebula serve``) opens the store for writing.
-
-A change writes its line of the events log in the same transaction, at the time the caller
-gives (the head's clock); once committed, each line goes to ``on_event`` (the head's
-stream publishes it), so what subscribers see and what ``events`` returns are the same.
-
-Job ids are never handed out twice, even when the database goes back in time (restored from
-a backup, or its WAL deleted after a crash): besides the database, the highest id ever
-handed out is kept in a file of its own next to it (``job-ids``, written and fsync'd before
-a submit commits), and new ids continue above both. Ids stay short numbers users can type;
-a job's launches are told apart on the nodes by a launch token that also holds a random
-nonce (``launch_token``), so even a collision there is refused, never adopted.
-
-A home that had a database never starts over an empty one without a word: the head's id
-(``head_token``, which names its job directories on the nodes) is also kept in a file beside
-the database (``<db>.head-id``), so a database that went missing, was emptied or cannot be
-read is refused (``DatabaseDamaged``), and one of another head is refused too. Only an
-explicit ``start_over`` (``nebula backup --start-empty``) makes an empty one, with that id,
-so the nodes' job directories stay this head's and their jobs are taken in again.
-
-Why one module: it is the only one that speaks SQL, so every query of the project and
-the schema they share are here.
+Why one module: for one step only; each kind of row gets a part of its own next.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
-import sqlite3
-import time
-import uuid
-from collections.abc import Callable, Iterator
 from dataclasses import replace
-from pathlib import Path
-
-import sqlite_utils
 
 from ..model import (WAITING_FOR_SCHEDULER, Cancelling, Ended, Job, JobSpec, JobState, Launching,
                      Pending, Placement, Running, Stopping, spec_fields)
+from .base import StaleDecision, StoreBase, chunks, filters
 
 FINISHED_SQL = ", ".join(f"'{s.value}'" for s in JobState if s.finished)
 #: A job that counts towards its user's fair share (R6): finished after it ran (one
@@ -53,390 +25,17 @@ IDLE_UTIL_PCT = 5.0
 #: The seconds a telemetry row stands for when it does not say (rows from before ``span_s``).
 DEFAULT_SPAN_S = 30.0
 
-
-#: A job's allocations as ``Job.placements`` shows them: the cards it holds, or once it
-#: ended, the cards it held at its end (released in the same transaction that ended it).
 #: what clears a job's stop under way (``Store.record_stop``)
 _NO_STOP = "stop_ends = NULL, stop_why = NULL, stop_requeue = 0, stop_kill_at = NULL"
 #: jobs submitted without --preemptible (the spec is the job's JSON)
 _NOT_PREEMPTIBLE = "AND NOT COALESCE(json_extract(spec, '$.preemptible'), 0) "
+#: A job's allocations as ``Job.placements`` shows them: the cards it holds, or once it
+#: ended, the cards it held at its end (released in the same transaction that ended it).
 _HELD = "(a.released_at IS NULL OR a.released_at = (SELECT ended_at FROM jobs WHERE id = a.job_id))"
 
 
-class StaleDecision(Exception):
-    """A scheduling decision about a job that changed meanwhile (e.g. cancelled)."""
-
-
-class DatabaseDamaged(Exception):
-    """The database cannot be opened as this home's: missing, emptied, not readable as
-    SQLite, or another head's. ``str()`` names the file and what is wrong in one sentence;
-    the caller adds the way out (a backup to restore)."""
-
-
-class StoreUnavailable(Exception):
-    """A change could not be written (the disk is full, or failing): nothing of it was.
-    ``str()`` is one sentence for users, naming the database and what is wrong."""
-
-
-def _why(err: BaseException) -> str:
-    text = str(err)
-    if "full" in text or getattr(err, "errno", None) == 28:
-        return "the disk is full"
-    if "I/O" in text or isinstance(err, OSError):
-        return f"the disk failed ({text})"
-    if "locked" in text or "busy" in text:
-        return "it is locked by another program"
-    return text
-
-
-class IdFloor:
-    """The highest job id ever handed out, in a small file beside the database.
-
-    Each submit rewrites it in place before its commit (one short write, no new disk blocks:
-    a full disk cannot stop it once it exists), so it is never behind what a client was
-    told. A crash of the head leaves that write in the kernel's cache; a crash of the machine
-    may not, so every ``BLOCK`` ids a reservation above them is also forced to the disk, and
-    a file last written before the machine's latest boot is read as that reservation.
-    Backups of the database should leave this file out.
-    """
-
-    BLOCK = 64
-
-    def __init__(self, path: Path):
-        self.path = path
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        self._file = os.fdopen(fd, "r+b", buffering=0)
-        self._boot = _boot_id()
-        fields = self._file.read(200).decode("ascii", "replace").split()
-        exact, reserved = (int(f) if f.isdigit() else 0 for f in (fields + ["", ""])[:2])
-        same_boot = self._boot and fields[2:3] == [self._boot]
-        self.value = exact if same_boot else max(exact, reserved)
-        self._reserved = max(exact, reserved)
-        self.write(self.value)
-
-    def write(self, value: int) -> None:
-        sync = value >= self._reserved
-        if sync:
-            self._reserved = value + self.BLOCK
-        line = f"{value} {self._reserved} {self._boot or '-'}"
-        os.pwrite(self._file.fileno(), f"{line:<120}\n".encode(), 0)
-        if sync:
-            os.fdatasync(self._file.fileno())
-        self.value = value
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def head_id_file(db: Path) -> Path:
-    """Beside the database: the id of the head whose database it is (see the module's doc)."""
-    return db.with_name(db.name + ".head-id")
-
-
-def read_head_id(db: Path) -> str | None:
-    try:
-        text = head_id_file(db).read_text(encoding="ascii", errors="replace").strip()
-    except FileNotFoundError:
-        return None
-    return text or None
-
-
-def _write_head_id(db: Path, head: str) -> None:
-    """Written once, when the database is made (or first opened by a version that keeps
-    it): through a temporary file, synced, so it is whole or absent."""
-    final = head_id_file(db)
-    temporary = final.with_name(final.name + ".tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, f"{head}\n".encode("ascii"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, final)
-
-
-class Store:
+class Store(StoreBase):
     """Durable state of the cluster: nodes, GPUs, jobs, allocations, users, events."""
-
-    def __init__(self, path: str | Path, readonly: bool = False, start_over: bool = False):
-        """``readonly``: a second connection that only reads (WAL lets it read while the
-        head writes), for long queries the head runs in a thread of their own.
-        ``start_over``: make an empty database where this home's is missing or empty, with
-        the head's id kept beside it (an admin's explicit recovery); without it, a home that
-        had a database refuses to start over (``DatabaseDamaged``)."""
-        self.path = Path(path)
-        had = None if readonly else self._refuse_a_lost_database(start_over)
-        # The id file is the writer's alone (a reader never hands out an id).
-        self.ids = None if readonly else IdFloor(self.path.with_name("job-ids"))
-        try:
-            self._open(readonly, had, start_over)
-        except BaseException:
-            self.close()
-            raise
-
-    def _refuse_a_lost_database(self, start_over: bool) -> str | None:
-        """The head id this home's database had (None: it never had one), after checking
-        that the file is still there to open: SQLite would take a missing or empty file
-        for a new database."""
-        had = read_head_id(self.path)
-        if had is None:
-            return None
-        size = self.path.stat().st_size if self.path.exists() else None
-        if start_over:
-            if size:
-                raise DatabaseDamaged(f"{self.path} is not empty: set it aside before starting "
-                                      "over")
-            return had
-        if size is None:
-            raise DatabaseDamaged(f"{self.path} is missing, but this home had a database "
-                                  f"(head {had})")
-        if size == 0:
-            raise DatabaseDamaged(f"{self.path} is empty (0 bytes), but this home had a "
-                                  f"database (head {had})")
-        return had
-
-    def _open(self, readonly: bool, had: str | None, start_over: bool) -> None:
-        if readonly:
-            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30,
-                                   isolation_level=None)
-        else:
-            conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
-        self.db = sqlite_utils.Database(conn)
-        self._columns: list[str] | None = None
-        #: told every events-log line once its transaction committed (the head publishes them)
-        self.on_event: Callable[[dict], None] | None = None
-        self._written: list[dict] = []  # lines of the transaction under way
-        try:
-            self.db.execute("PRAGMA busy_timeout=30000")
-            if readonly:
-                self.db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
-                return
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.execute("PRAGMA foreign_keys=ON")
-            found = self._meta("head_token") if "meta" in self.db.table_names() else None
-            if had and found != had and not (start_over and found is None):
-                raise DatabaseDamaged(
-                    f"{self.path} has no head id: it is not the database this home had (head "
-                    f"{had})" if found is None else f"{self.path} is another head's database "
-                    f"(head {found}; this home's is {had})")
-            self._create_schema(had)
-            self._next_id = self._first_free_id()
-        except sqlite3.DatabaseError as err:
-            if isinstance(err, sqlite3.OperationalError):
-                raise  # locked, or the disk failed: not the file's content
-            raise DatabaseDamaged(f"{self.path} cannot be read as a database ({err})") from None
-        if had is None:
-            try:
-                _write_head_id(self.path, self.head_token)
-            except OSError as err:
-                raise self._unavailable(err, "the head cannot start") from None
-
-    def close(self) -> None:
-        if getattr(self, "db", None) is not None:
-            self.db.close()
-        if getattr(self, "ids", None) is not None:
-            self.ids.close()
-
-    def _first_free_id(self) -> int:
-        """Above every id the database, its own record and the id file know of. When the
-        file is ahead of the database, the database lost jobs (restored from a backup, or
-        its WAL deleted): that is said in the events, and ``lost_ids`` names them."""
-        newest = self.db.execute("SELECT MAX(id) FROM jobs").fetchone()[0] or 0
-        recorded = max(newest, int(self._meta("job_id_floor") or 0))
-        self.lost_ids = range(recorded + 1, self.ids.value + 1)
-        if self.lost_ids:
-            with self.transaction():
-                self._set_meta("restore_pending", "1")
-                self._event(time.time(), "store", f"the database knows jobs up to {recorded}, but "
-                            f"ids up to {self.ids.value} were handed out (restored from a backup, "
-                            f"or its WAL lost?); new jobs start at {self.ids.value + 1}, and "
-                            "nothing is scheduled until every node has told what ran meanwhile")
-        return max(recorded, self.ids.value) + 1
-
-    def raise_id_floor(self, job_id: int) -> None:
-        """A node reports a job of this store with this id (a whole home restored, id file
-        and all): never hand it out again."""
-        if job_id >= self._next_id:
-            with self.transaction():
-                self._set_meta("job_id_floor", str(job_id))
-                self.ids.write(max(self.ids.value, job_id))
-                self._event(time.time(), "store", f"a node knows job {job_id} of this store, "
-                            f"which the database does not; new jobs start at {job_id + 1}")
-            self._next_id = job_id + 1
-
-    def _set_meta(self, key: str, value: str) -> None:
-        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", [key, value])
-
-    @contextlib.contextmanager
-    def transaction(self, durable: bool = False) -> Iterator[sqlite_utils.Database]:
-        """One state change: all of it is written, or none of it.
-
-        In WAL mode every commit survives a crash of the head process. ``durable`` also
-        waits for the disk (fsync), so it survives a crash of the machine: used for what a
-        client was told (a submit's job id), not for the many transitions after it.
-        """
-        try:
-            if durable:
-                self.db.execute("PRAGMA synchronous=FULL")
-            try:
-                self.db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self.db
-                except BaseException:
-                    with contextlib.suppress(sqlite3.Error):
-                        self.db.execute("ROLLBACK")
-                    raise
-                self.db.execute("COMMIT")
-            finally:
-                if durable:
-                    self.db.execute("PRAGMA synchronous=NORMAL")
-        except (sqlite3.OperationalError, OSError) as err:
-            self._written = []
-            with contextlib.suppress(sqlite3.Error):
-                if self.db.conn.in_transaction:  # a failed COMMIT leaves it open
-                    self.db.execute("ROLLBACK")
-            raise self._unavailable(err) from err
-        except BaseException:
-            self._written = []  # rolled back: none of its lines happened
-            raise
-        written, self._written = self._written, []
-        if self.on_event is not None:
-            for event in written:
-                self.on_event(event)
-
-    # ----------------------------------------------------------------- schema
-    def _create_schema(self, head: str | None = None) -> None:
-        """The tables (those missing); a new database's head id is ``head`` when given."""
-        db = self.db
-        with self.transaction():
-            db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
-            db["nodes"].create(
-                {"name": str, "host": str, "port": int, "state": str, "reason": str,
-                 "last_seen": float, "info": str},
-                pk="name", if_not_exists=True,
-            )
-            db["gpus"].create(
-                {"uuid": str, "node": str, "idx": int, "model": str, "vendor": str,
-                 "total_mb": int, "compute_cap": str, "pci_bus_id": str,
-                 "driver_version": str, "cuda_version": str, "status": str,
-                 "registered_at": float},
-                pk="uuid", if_not_exists=True,
-            )
-            db["users"].create(
-                {"name": str, "jobs_finished": int, "gpu_hours": float, "created_at": float},
-                pk="name", if_not_exists=True,
-            )
-            db["jobs"].create(
-                {"id": int, "user": str, "name": str, "spec": str, "state": str,
-                 "reason": str, "node": str, "submitted_at": float, "started_at": float,
-                 "ended_at": float, "exit_code": int},
-                pk="id", if_not_exists=True,
-            )
-            db["allocations"].create(
-                {"id": int, "job_id": int, "gpu_uuid": str, "node": str, "gpu_index": int,
-                 "memory_mb": int, "exclusive": int, "created_at": float,
-                 "released_at": float},
-                pk="id", foreign_keys=[("job_id", "jobs", "id")], if_not_exists=True,
-            )
-            db["events"].create(
-                {"id": int, "t": float, "kind": str, "message": str, "job_id": int,
-                 "node": str, "gpu": str, "user": str},
-                pk="id", if_not_exists=True,
-            )
-            # Every launch token this store ever issued: a session or exit with another token
-            # is not this store's to stop or to record (another head's copy of this store,
-            # or a launch made after the backup this database was restored from).
-            db["launches"].create({"token": str, "job_id": int, "attempt": int, "t": float},
-                                  pk="token", if_not_exists=True)
-            # A job sent to a pool: the intent (written before the pool is asked), the token
-            # that names it there, and the pool's id for it once the pool answered.
-            db["pool_jobs"].create(
-                {"job_id": int, "pool": str, "account": str, "token": str, "remote_id": str,
-                 "log_path": str, "sent_at": float, "note": str},
-                pk="job_id", if_not_exists=True)
-            # Cards booked for some users through a window (``nebula reserve``): the cards
-            # as JSON [uuid, node, index] triples, the users as a JSON list; ``ended_at`` is
-            # set when it is deleted early; ``broken`` says why it can no longer be honoured.
-            db["bookings"].create(
-                {"name": str, "cards": str, "users": str, "start": float, "end": float,
-                 "created_by": str, "created_at": float, "ended_at": float, "broken": str},
-                pk="name", if_not_exists=True)
-            db["telemetry"].create(
-                {"gpu": str, "t": float, "temperature_c": float, "utilization_pct": float,
-                 "memory_used_mb": float, "power_w": float, "fan_pct": float,
-                 "sm_clock_mhz": float, "mem_clock_mhz": float, "bucket_s": float},
-                if_not_exists=True,
-            )
-            self._add_missing_columns()
-            db["telemetry"].create_index(["gpu", "t"], if_not_exists=True)
-            db["jobs"].create_index(["state"], if_not_exists=True)
-            db["allocations"].create_index(["released_at"], if_not_exists=True)
-            db["allocations"].create_index(["job_id"], if_not_exists=True)
-            db["launches"].create_index(["job_id"], if_not_exists=True)
-            db["jobs"].create_index(["ended_at"], if_not_exists=True)
-            if not self._meta("head_token"):
-                db["meta"].insert({"key": "head_token", "value": head or uuid.uuid4().hex[:12]},
-                                  replace=True)
-
-    # Columns added after the first release of a table: (table, column, type, default).
-    _LATER_COLUMNS = (
-        ("jobs", "held_by", str, None),
-        ("jobs", "cancel_by", str, None),
-        ("jobs", "cancel_at", float, None),
-        ("jobs", "attempt", int, 0),
-        ("jobs", "gpu_hours", float, 0.0),
-        ("users", "quota_gpu_hours", float, None),
-        ("gpus", "status_reason", str, None),
-        ("nodes", "drained", int, 0),
-        ("nodes", "drain_reason", str, None),
-        ("jobs", "workdir_used", str, None),
-        # ``<head>.<attempt>.<nonce>``: names one launch on the nodes; NULL while pending
-        ("jobs", "launch_token", str, None),
-        # What a job's cards did while it held them (telemetry), summed over its runs:
-        # GPU-hours with samples, those busy (x utilisation) and those idle, memory used.
-        ("jobs", "sampled_gpu_hours", float, 0.0),
-        ("jobs", "busy_gpu_hours", float, 0.0),
-        ("jobs", "idle_gpu_hours", float, 0.0),
-        ("jobs", "mem_used_mb_mean", float, None),
-        ("jobs", "mem_used_mb_peak", float, None),
-        ("telemetry", "span_s", float, None),  # the seconds a row stands for (its weight)
-        # A stop of the head's own (time limit, memory guard, idleness, requeue) under way:
-        # the state it ends in, why, whether it is requeued instead, and when SIGKILL is
-        # due (the head's clock), so a restarted head ends it then (NULL: no stop)
-        ("jobs", "stop_ends", str, None),
-        ("jobs", "stop_why", str, None),
-        ("jobs", "stop_requeue", int, 0),
-        ("jobs", "stop_kill_at", float, None),
-        # the pool a job was sent to (head/pools.py), NULL while it is the lab's
-        ("jobs", "pool", str, None),
-        # what fraction of its GPU-hours a job is charged (a preemptible job's
-        # ``scheduler.preemptible_charge`` when it was submitted), and how many times a
-        # normal job's need stopped and requeued it
-        ("jobs", "charge", float, 1.0),
-        ("jobs", "preemptions", int, 0),
-    )
-
-    def _add_missing_columns(self) -> None:
-        for table, column, kind, default in self._LATER_COLUMNS:
-            if column not in self.db[table].columns_dict:
-                self.db[table].add_column(column, kind, not_null_default=default)
-
-    def _meta(self, key: str) -> str | None:
-        row = self.db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
-        return row[0] if row else None
-
-    @property
-    def head_token(self) -> str:
-        """A random id of this store; tells this head's job directories from older ones."""
-        return self._meta("head_token") or ""
 
     # ------------------------------------------------------------------ nodes
     def upsert_node(self, name: str, host: str, port: int, state: str, reason: str = "",
@@ -502,32 +101,6 @@ class Store:
         return self._add_jobs(user, tasks, t, f"array job {first} ({len(tasks)} tasks, {spec.array}) "
                                               f"submitted by {user}", durable, charge)
 
-    def sync_to_disk(self) -> None:
-        """Wait until every transaction committed so far is on the disk, as a durable one's
-        commit waits (it syncs the WAL): the head's group commit calls it from a thread, once
-        for all the submits committed meanwhile. A commit already checkpointed into the
-        database was synced by the checkpoint. ``StoreUnavailable`` when the disk fails."""
-        for path in (self.path.with_name(self.path.name + "-wal"), self.path):
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                continue  # no WAL (yet): nothing is committed but in the database
-            except OSError as err:
-                raise self._unavailable(err) from err
-            try:
-                os.fsync(fd)
-                return
-            except OSError as err:
-                raise self._unavailable(err, "the jobs just submitted may be lost if the machine "
-                                        "crashes now") from err
-            finally:
-                os.close(fd)
-
-    def _unavailable(self, err: BaseException, kept: str = "nothing of this change was kept"
-                     ) -> StoreUnavailable:
-        return StoreUnavailable(f"the head could not write its database ({self.path}): "
-                                f"{_why(err)}; {kept}")
-
     def _add_jobs(self, user: str, specs: list[JobSpec], t: float, message: str,
                   durable: bool, charge: float = 1.0) -> list[Job]:
         """Pending jobs with the next free ids, and their submit line, in one transaction."""
@@ -548,11 +121,6 @@ class Store:
         # is pending, attempt 0, exactly as ``job`` would read it.
         return [Job(id=job_id, user=user, spec=spec, submitted_at=t, status=Pending(WAITING_FOR_SCHEDULER))
                 for job_id, spec in zip(ids, specs)]
-
-    def _ensure_user(self, user: str, t: float) -> None:
-        self.db.execute(
-            "INSERT OR IGNORE INTO users (name, jobs_finished, gpu_hours, created_at) "
-            "VALUES (?, 0, 0.0, ?)", [user, t])
 
     def set_held(self, job_id: int, held_by: str | None, by: str, t: float) -> None:
         """Hold a pending job (it is not scheduled until released) or release it."""
@@ -681,62 +249,6 @@ class Store:
                 self._set_meta("job_id_floor", str(job.id))
                 self.ids.write(max(self.ids.value, job.id))
         self._next_id = max(self._next_id, job.id + 1)
-
-    @property
-    def restore_pending(self) -> bool:
-        """The database was found older than its id file, and not every node has yet told
-        what ran since (``restore_done`` clears it): the head schedules nothing till then."""
-        return self._meta("restore_pending") == "1"
-
-    def mark_restored(self, source: str) -> None:
-        """An admin put this database in place (a backup, or an empty one): nothing is
-        scheduled until every node has told what it ran meanwhile, which is taken in
-        (``restore_pending``), so no job the database knew as waiting, or not at all, runs
-        a second time."""
-        with self.transaction():
-            self._set_meta("restore_pending", "1")
-            self._event(time.time(), "store", f"the database was restored from {source}; "
-                        "nothing is scheduled until every node has told what ran since")
-
-    def backup_to(self, target: Path) -> None:
-        """A copy of the database as it is now, whole, at ``target`` (a new file, in one
-        piece: no WAL beside it), by SQLite's online backup: the head's writes go on."""
-        copy = sqlite3.connect(str(target), isolation_level=None)
-        try:
-            self.db.conn.backup(copy)
-            copy.execute("PRAGMA journal_mode=DELETE")
-        finally:
-            copy.close()
-
-    def check(self) -> None:
-        """``DatabaseDamaged`` unless SQLite's quick check finds every page sound (it reads
-        the whole file: a second or so per 100 MB)."""
-        try:
-            found = self.db.execute("PRAGMA quick_check(1)").fetchone()
-        except sqlite3.DatabaseError as err:
-            found = (str(err),)
-        if found != ("ok",):
-            raise DatabaseDamaged(f"{self.path} is damaged ({found[0]})")
-
-    def damage(self, err: BaseException) -> DatabaseDamaged | None:
-        """What ``err``, raised by a read of the store, says of its file: a page that cannot
-        be read (``DatabaseDamaged``), or None (anything else: a lock, a failing disk)."""
-        if isinstance(err, sqlite3.DatabaseError) and not isinstance(err, sqlite3.OperationalError):
-            return DatabaseDamaged(f"{self.path} cannot be read ({err})")
-        return None
-
-    def summary(self) -> dict:
-        """What a backup holds, to choose one: its head's id and its jobs."""
-        states = dict(self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
-        return {"head": self.head_token, "jobs": sum(states.values()),
-                "newest_job": self.db.execute("SELECT MAX(id) FROM jobs").fetchone()[0],
-                "running": states.get("running", 0), "waiting": states.get("pending", 0)}
-
-    def restore_done(self) -> None:
-        with self.transaction():
-            self.db.execute("DELETE FROM meta WHERE key = 'restore_pending'")
-            self._event(time.time(), "store", "every node has told what ran since the backup; "
-                        "scheduling goes on")
 
     def issued(self, token: object) -> bool:
         """Whether this store issued this launch token (see ``start_launching``)."""
@@ -959,7 +471,7 @@ class Store:
         newest ``limit`` of them, oldest first; each with its USAGE_COLUMNS."""
         finished = states or tuple(s for s in JobState if s.finished)
         # "+state": walk the ended_at index newest first, not every ended job by state
-        where, params = _filters((("user = ?", user), ("ended_at >= ?", since),
+        where, params = filters((("user = ?", user), ("ended_at >= ?", since),
                                   ("ended_at < ?", until), ("id = ?", job_id),
                                   ("EXISTS (SELECT 1 FROM allocations a WHERE a.job_id = jobs.id "
                                    "AND a.node = ? AND a.released_at = jobs.ended_at)", node)))
@@ -982,7 +494,7 @@ class Store:
 
     def _allocations_by_job(self, job_ids: list[int]) -> dict[int, tuple[Placement, ...]]:
         found: dict[int, list[Placement]] = {}
-        for chunk in _chunks(job_ids, 500):
+        for chunk in chunks(job_ids, 500):
             for job_id, p in self._placements(
                 f"job_id IN ({','.join('?' * len(chunk))}) AND {_HELD}", chunk
             ):
@@ -1222,7 +734,7 @@ class Store:
     def job_outcomes(self, job_ids: list[int]) -> dict[int, tuple[str, bool]]:
         """(state, whether it ever ran) of each of these jobs, for --after."""
         found: dict[int, tuple[str, bool]] = {}
-        for chunk in _chunks(job_ids, 500):
+        for chunk in chunks(job_ids, 500):
             for job_id, state, ran in self.db.execute(
                     f"SELECT id, state, started_at IS NOT NULL OR gpu_hours > 0 FROM jobs "
                     f"WHERE id IN ({','.join('?' * len(chunk))})", chunk):
@@ -1231,25 +743,16 @@ class Store:
 
     def job_states(self, job_ids: list[int]) -> dict[int, str]:
         found: dict[int, str] = {}
-        for chunk in _chunks(job_ids, 500):
+        for chunk in chunks(job_ids, 500):
             found.update(self.db.execute(
                 f"SELECT id, state FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk).fetchall())
         return found
 
     # ----------------------------------------------------------------- events
-    EVENT_FIELDS = ("t", "kind", "message", "job_id", "node", "gpu", "user")
-
     def add_event(self, t: float, kind: str, message: str, **refs) -> None:
         """A line of the events log on its own (a change with no other row to write)."""
         with self.transaction():
             self._event(t, kind, message, **refs)
-
-    def _event(self, t: float, kind: str, message: str, job_id: int | None = None,
-               node: str | None = None, gpu: str | None = None, user: str | None = None) -> None:
-        row = (t, kind, message, job_id, node, gpu, user)
-        self.db.execute(f"INSERT INTO events ({', '.join(self.EVENT_FIELDS)}) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?)", row)
-        self._written.append(dict(zip(self.EVENT_FIELDS, row)))
 
     #: the events log keeps this long, and at most this many rows (the newest)
     EVENTS_KEEP_S = 90 * 86400.0
@@ -1275,7 +778,7 @@ class Store:
                since: float | None = None) -> list[dict]:
         """The newest ``limit`` events that match, oldest first; ``user``'s are those they
         did and those of their jobs (a job's start or placement names no user)."""
-        where, params = _filters((("kind = ?", kind), ("node = ?", node), ("job_id = ?", job_id),
+        where, params = filters((("kind = ?", kind), ("node = ?", node), ("job_id = ?", job_id),
                                   ("(user = ? OR job_id IN (SELECT id FROM jobs WHERE user = ?))", user),
                                   ("t >= ?", since)))
         rows = self.db.execute(
@@ -1293,13 +796,6 @@ def spec_of(fields: dict) -> JobSpec:
     fields["after"] = tuple(fields.get("after", ()))
     fields["data_mounts"] = tuple(fields.get("data_mounts", ()))
     return JobSpec(**fields)
-
-
-def _filters(pairs) -> tuple[list[str], list]:
-    """The clauses of the (clause, value) ``pairs`` whose value is given, and those values,
-    one for each ``?`` of its clause (a filter left out, None, matches everything)."""
-    given = [(clause, value) for clause, value in pairs if value is not None]
-    return [clause for clause, _ in given], [v for clause, value in given for v in [value] * clause.count("?")]
 
 
 def _status(row: dict, placements: tuple[Placement, ...]):
@@ -1320,8 +816,3 @@ def _status(row: dict, placements: tuple[Placement, ...]):
             return Stopping(held, JobState(row["stop_ends"]), row.get("stop_why") or "",
                             bool(row.get("stop_requeue")), row.get("stop_kill_at"))
     return held
-
-
-def _chunks(items: list, size: int):
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
