@@ -315,7 +315,7 @@ async def key_to_paint(app, paints: Paints, key: str, shown=None) -> tuple[float
 
 async def measure(socket: Path, idle_s: float, presses: int) -> dict:
     from nebula_tui.screens.app import make_app
-    from nebula_tui.screens.rowtable import RowTable
+    from nebula_tui.screens.widgets.rowtable import RowTable
 
     app = make_app(socket)
     out: dict = {"latency_ms": {}, "first_paint_ms": {}, "idle_cpu_pct": {}, "pilot_ms": {},
@@ -470,7 +470,7 @@ def redraw_cards(self, names) -> None:
 
 
 def run_tui(socket: Path, args, rebuild: bool) -> dict:
-    from nebula_tui.screens import nodecards, rowtable
+    from nebula_tui.screens.widgets import nodecards, rowtable
 
     if rebuild:
         rowtable.RowTable.refresh_rows = rebuild_rows

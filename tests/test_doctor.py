@@ -99,7 +99,7 @@ async def test_the_nodes_screen_shows_a_nodes_checks(head):
 
     from nebula_tui.screens.app import make_app
     from nebula_tui.screens.nodes import DoctorScreen, NodesScreen
-    from nebula_tui.screens.rowtable import RowTable
+    from nebula_tui.screens.widgets.rowtable import RowTable
 
     app = make_app(head.socket)
     async with app.run_test(size=(120, 40)) as pilot:

@@ -17,7 +17,7 @@ from inprocess import engine  # noqa: F401  (the fixture)
 
 from nebula_tui.api import EVENT_KINDS
 from nebula_tui.model import JobSpec, JobState, NodeState, Placement
-from nebula_tui.screens.cluster import Cluster
+from nebula_tui.client.cluster import Cluster
 
 ME = getpass.getuser()
 NOW = 1_900_000_000.0

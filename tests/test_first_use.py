@@ -16,7 +16,7 @@ from conftest import until, wait_for
 
 from nebula_tui.api import ApiError
 from nebula_tui.screens.app import HelpScreen, make_app
-from nebula_tui.screens.nodecards import NodeCards
+from nebula_tui.screens.widgets.nodecards import NodeCards
 from nebula_tui.screens.nodes import DrainPrompt, NodesScreen
 from nebula_tui.screens.overview import OverviewScreen
 try:

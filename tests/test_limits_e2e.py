@@ -18,7 +18,7 @@ from labfixtures import lab_config, serving
 from nebula_tui.screens.app import make_app
 from nebula_tui.sim import faults
 from nebula_tui.screens.queue import QueueScreen
-from nebula_tui.screens.rowtable import RowTable
+from nebula_tui.screens.widgets.rowtable import RowTable
 from support import running, submit
 
 GRACE_S = 3

@@ -22,10 +22,10 @@ from nebula_tui.head.engine import Engine
 from nebula_tui.head.state import JobTable, Maintenance
 from nebula_tui.model import Job, JobSpec, Launching, NodeState, Pending, Placement, Running
 from nebula_tui.screens.app import make_app
-from nebula_tui.screens.cluster import Cluster
+from nebula_tui.client.cluster import Cluster
 from nebula_tui.screens.gpus import GpusScreen
 from nebula_tui.screens.messages import GpusChanged, SnapshotArrived
-from nebula_tui.screens.rowtable import RowTable
+from nebula_tui.screens.widgets.rowtable import RowTable
 
 
 def gpu_events(events: list[dict]) -> list[dict]:

@@ -14,10 +14,10 @@ from textual.pilot import Pilot
 from textual.widgets import Static
 
 from nebula_tui.screens.app import HelpScreen, make_app
-from nebula_tui.screens.dialogs import ChoiceScreen
+from nebula_tui.screens.widgets.dialogs import ChoiceScreen
 from nebula_tui.screens.gpus import GpusScreen
-from nebula_tui.screens.nodecards import NodeCards
-from nebula_tui.screens.rowtable import RowTable
+from nebula_tui.screens.widgets.nodecards import NodeCards
+from nebula_tui.screens.widgets.rowtable import RowTable
 from support import submit
 
 EXPECTED_MODELS = {

@@ -19,7 +19,7 @@ from nebula_tui.model import JobSpec, Placement
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.nodes import NodesScreen
 from nebula_tui.screens.queue import QueueScreen
-from nebula_tui.screens.rowtable import RowTable
+from nebula_tui.screens.widgets.rowtable import RowTable
 from nebula_tui.screens.users import UsersScreen
 
 ME = getpass.getuser()

@@ -23,13 +23,13 @@ from nebula_tui.api import ApiError
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.base import FilterBox
 from nebula_tui.screens.commandline import CommandLine
-from nebula_tui.screens.dialogs import ChoiceScreen
+from nebula_tui.screens.widgets.dialogs import ChoiceScreen
 from nebula_tui.screens.gpus import GpuDetailScreen, GpusScreen
 from nebula_tui.screens.job import JobScreen
 from nebula_tui.screens.nodes import DrainPrompt, NodesScreen
 from nebula_tui.screens.overview import OverviewScreen
 from nebula_tui.screens.queue import QueueScreen
-from nebula_tui.screens.rowtable import RowTable
+from nebula_tui.screens.widgets.rowtable import RowTable
 from nebula_tui.screens.submit import SubmitScreen
 from nebula_tui.screens.users import UsersScreen
 from support import submit
@@ -360,7 +360,8 @@ def test_no_requirement_numbers_in_what_users_read():
     """--help, the keys' and commands' descriptions and the screens' titles never show
     R1…R33 (those belong in comments and issues)."""
     from nebula_tui import cli
-    from nebula_tui.screens import commandline, keys
+    from nebula_tui.screens import commandline
+    from nebula_tui.screens.widgets import keys
 
     shown = [k.description for group in vars(keys).values() if isinstance(group, tuple)
              for k in group if isinstance(k, keys.Key)]

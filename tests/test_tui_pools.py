@@ -12,7 +12,7 @@ from conftest import until
 from labfixtures import cancel_left_and_stop
 
 from nebula_tui.screens.app import make_app
-from nebula_tui.screens.nodecards import NodeCards
+from nebula_tui.screens.widgets.nodecards import NodeCards
 from nebula_tui.screens.nodes import NodesScreen
 from labkit.harness import HeadProcess, wait_for
 

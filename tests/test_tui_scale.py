@@ -16,9 +16,9 @@ from conftest import until
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.gpus import SORTS, GpusScreen
 from nebula_tui.screens.messages import GpusChanged, JobChanged, SnapshotArrived
-from nebula_tui.screens.nodecards import NodeCards
+from nebula_tui.screens.widgets.nodecards import NodeCards
 from nebula_tui.screens.queue import QueueScreen
-from nebula_tui.screens.rowtable import RowTable
+from nebula_tui.screens.widgets.rowtable import RowTable
 
 NODES, PER_NODE, JOBS = 125, 8, 10_000
 USERS = [f"user{n:02d}" for n in range(20)]

@@ -23,12 +23,12 @@ from nebula_tui.screens.app import HelpScreen, make_app
 from nebula_tui.screens.gpus import GpuDetailScreen, GpusScreen
 from nebula_tui.screens.job import JobScreen
 from nebula_tui.screens.look import LOOK
-from nebula_tui.screens.nodecards import NodeCards
-from nebula_tui.screens.dialogs import ChoiceScreen
+from nebula_tui.screens.widgets.nodecards import NodeCards
+from nebula_tui.screens.widgets.dialogs import ChoiceScreen
 from nebula_tui.screens.nodes import DrainPrompt, NodesScreen
 from nebula_tui.screens.overview import OverviewScreen
 from nebula_tui.screens.queue import QueueScreen
-from nebula_tui.screens.rowtable import RowTable
+from nebula_tui.screens.widgets.rowtable import RowTable
 from nebula_tui.screens.submit import SubmitScreen, check_field
 from nebula_tui.screens.users import USER_COLUMNS, UsersScreen
 from support import submit

@@ -165,7 +165,7 @@ async def test_one_colour_per_meaning_on_every_screen(fixed_head, theme):
     hot_c) on the GPU table as on the overview's card; maintenance and unreachable are
     drawn in the warning colour."""
     from nebula_tui.screens.look import LOOK
-    from nebula_tui.screens.rowtable import RowTable
+    from nebula_tui.screens.widgets.rowtable import RowTable
 
     app = make_app(fixed_head.socket, cluster_name="gpulab")
     app.theme = theme

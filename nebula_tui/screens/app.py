@@ -33,18 +33,15 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
 from ..api import ApiError, AsyncClient
+from ..client.cluster import Cluster
 from ..client.service import ServiceUnavailable, connect
 from ..homedir import Home
 from ..printable import printable, printable_json, printable_tree
 from . import commandline
 from .base import ClusterScreen, OpMissing
-from .cluster import Cluster
 from .commandline import Command, CommandLine
-from .dialogs import Choice, ChoiceScreen, confirm
 from .gpus import GpuDetailScreen, GpusScreen
 from .job import JobScreen
-from .keys import (GLOBAL_KEYS, HELP_KEYS, SCREEN_KEYS, SCREENS, TABLE_KEYS, Key, bindings,
-                   help_lines)
 from .look import LOOK
 from .messages import (BookingsChanged, EventLogged, GpusChanged, JobChanged, NodeChanged, PoolChanged,
                        QueueOrdered, SnapshotArrived, StreamLost, UserChanged)
@@ -52,9 +49,12 @@ from .nodes import DrainPrompt, NodesScreen
 from .overview import OverviewScreen
 from .queue import QueueScreen
 from .render import job_summary
-from .rowtable import RowTable
 from .submit import SubmitScreen
 from .users import UsersScreen
+from .widgets.dialogs import Choice, ChoiceScreen, confirm
+from .widgets.keys import (GLOBAL_KEYS, HELP_KEYS, SCREEN_KEYS, SCREENS, TABLE_KEYS, Key, bindings,
+                           help_lines)
+from .widgets.rowtable import RowTable
 
 #: Reconnect back-off: first wait, factor, longest wait (seconds).
 RETRY_FIRST_S = 0.5

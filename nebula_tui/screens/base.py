@@ -17,9 +17,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
 from ..api import ApiError
-from .keys import SCREENS, Key, bindings
 from .look import LOOK
-from .rowtable import RowTable
+from .widgets.keys import SCREENS, Key, bindings
+from .widgets.rowtable import RowTable
 
 
 class OpMissing(ApiError):

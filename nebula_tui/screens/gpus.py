@@ -26,12 +26,12 @@ from ..api import ApiError
 from ..model import MIB_PER_GIB, NOT_AVAILABLE, format_mb
 from ..views import short_model
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
-from .keys import GPU_DETAIL_KEYS, GPUS_KEYS
 from .look import LOOK
 from .render import (booking_line, clock, fill_bar, fits_text, free_slice_mb, gpu_label, holders_text,
                      memory_cell, memory_fraction, memory_text, now, power_text, slices_that_fit,
                      sparkline, state_text, temp_text, util_cell)
-from .rowtable import Column, RowTable, Sort
+from .widgets.keys import GPU_DETAIL_KEYS, GPUS_KEYS
+from .widgets.rowtable import Column, RowTable, Sort
 
 #: how far ahead a GPU's page lists its bookings
 BOOKINGS_AHEAD_S = 7 * 86400.0

@@ -23,11 +23,11 @@ from textual.message import Message
 from textual.widgets import Log, Static
 
 from ..api import ApiError
+from ..client.cluster import FINISHED
 from ..model import format_mb
 from .base import ClusterScreen, OpMissing
-from .cluster import FINISHED
-from .keys import JOB_KEYS
 from .render import ago, clock, duration, job_size, job_state, run_seconds, state_text
+from .widgets.keys import JOB_KEYS
 
 #: How often the log is polled while following (seconds).
 LOG_POLL_S = 0.5

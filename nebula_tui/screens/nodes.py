@@ -21,10 +21,10 @@ from ..api import ApiError
 from ..model import format_mb
 from ..views import doctor_lines, node_power
 from .base import TELEMETRY_EVERY_S, ClusterScreen
-from .keys import FORM_KEYS, HELP_KEYS, NODES_KEYS, bindings
 from .look import LOOK
 from .render import ago, day_clock, free_slice_mb, node_power_text, state_text
-from .rowtable import Column, RowTable, Sort
+from .widgets.keys import FORM_KEYS, HELP_KEYS, NODES_KEYS, bindings
+from .widgets.rowtable import Column, RowTable, Sort
 
 NODE_COLUMNS = (Column("name", "Node"), Column("state", "State"), Column("gpus", "GPUs"),
                 Column("free", "Free VRAM"), Column("power", "Power", 2), Column("jobs", "Jobs", 1),

@@ -17,11 +17,11 @@ from textual.widgets import Static
 from ..model import MIB_PER_GIB
 from ..views import preemptible_text, status_summary
 from .base import TELEMETRY_EVERY_S, ClusterScreen
-from .keys import OVERVIEW_KEYS
 from .look import LOOK
-from .nodecards import NodeCards
 from .render import bookings_count, clock, holders_text, job_state, job_where, node_card, pool_card, state_text
-from .rowtable import Column, RowTable, Sort
+from .widgets.keys import OVERVIEW_KEYS
+from .widgets.nodecards import NodeCards
+from .widgets.rowtable import Column, RowTable, Sort
 
 QUEUE_COLUMNS = (Column("id", "ID"), Column("user", "User"), Column("name", "Name", 2),
                  Column("state", "State"), Column("where", "GPUs / reason", flex=True))

@@ -20,14 +20,14 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from ..api import ApiError
+from ..client.cluster import FINISHED
 from ..views import preemptible_text, running_idle_text
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
-from .cluster import FINISHED
-from .keys import QUEUE_KEYS
 from .look import LOOK
 from .render import (booking_line, duration, elapsed_text, exit_text, job_size, job_state, job_where,
                      now, run_seconds, state_text)
-from .rowtable import Column, RowTable, Sort
+from .widgets.keys import QUEUE_KEYS
+from .widgets.rowtable import Column, RowTable, Sort
 
 QUEUE_COLUMNS = (Column("id", "ID"), Column("user", "User"), Column("name", "Name", 3),
                  Column("state", "State"), Column("pos", "Pos", 4), Column("size", "Asks", 5),

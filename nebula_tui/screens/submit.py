@@ -21,7 +21,7 @@ from ..api import MAX_GPU_COUNT, ApiError
 from ..model import format_mb
 from ..units import parse_size_mb
 from .base import ClusterScreen, OpMissing
-from .keys import SUBMIT_KEYS
+from .widgets.keys import SUBMIT_KEYS
 
 #: Quiet time after the last keystroke before the preview is asked for (seconds).
 PREVIEW_DELAY_S = 0.3

@@ -21,14 +21,14 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from ..api import ApiError
+from ..client.cluster import user_weight
 from ..model import fmt
 from ..units import duration_short
 from ..views import month_start
 from .base import ClusterScreen, OpMissing
-from .cluster import user_weight
-from .keys import USERS_KEYS
 from .render import elapsed_text, fill_bar, job_state, job_where, now, state_text
-from .rowtable import Column, RowTable, Sort
+from .widgets.keys import USERS_KEYS
+from .widgets.rowtable import Column, RowTable, Sort
 
 #: Left out first when narrow: all-time and live counts (the jobs panel shows the live
 #: ones), then the month's, the month's efficiency last.
