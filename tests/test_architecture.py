@@ -180,9 +180,15 @@ def test_no_module_outside_the_heads_rooms_imports_them_but_the_cli_entry():
 ONE_WAY = (
     # The head serves every client and imports none (the home's layout is homedir.py's).
     ("nebula_tui.head", ("nebula_tui.client", "nebula_tui.cli", "nebula_tui.screens"), ()),
-    # What both clients use to reach the head is below both.
+    # What both clients use to reach the head, and the TUI's model of the cluster, are below both.
     ("nebula_tui.client", ("nebula_tui.cli", "nebula_tui.screens", "nebula_tui.head"), ()),
+    # The TUI: screens -> widgets -> model. A widget knows no screen, nor the service.
+    ("nebula_tui.screens.widgets", ("nebula_tui.screens", "nebula_tui.client", "nebula_tui.cli", "nebula_tui.head"),
+     ("nebula_tui.screens.widgets", "nebula_tui.client.cluster")),
 )
+#: The client side below the TUI draws nothing: the model is plain data, its look is the screens'.
+NO_UI_UNDER = "nebula_tui.client"
+UI_LIBRARIES = frozenset({"textual", "rich"})
 
 
 def under(module: str, name: str) -> bool:
@@ -210,6 +216,25 @@ def test_the_one_way_check_can_fail():
 
 def test_the_clients_floors_import_one_way():
     assert against_the_flow(import_graph(package_sources())) == []
+
+
+def libraries(source: str) -> set[str]:
+    """The top-level names of what a module imports from outside (absolute imports)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_client_side_imports_no_ui_library():
+    assert libraries("import json\nfrom textual.widgets import Static\nfrom . import x\n") == {"json", "textual"}
+    drawing = {name: sorted(libraries(source) & UI_LIBRARIES)
+               for name, (source, _) in package_sources().items() if under(name, NO_UI_UNDER)}
+    assert "nebula_tui.client.cluster" in drawing
+    assert {name: found for name, found in drawing.items() if found} == {}
 
 
 def test_no_module_uses_a_private_member_of_a_room_it_is_not():

@@ -27,7 +27,8 @@ class OpMissing(ApiError):
 
 
 #: What changed, as the app tells screens: "all" (a snapshot), "job", "job-live" (a job's
-#: ``cluster.LIVE_JOB_FIELDS`` alone: rows on screen, no re-order), "gpus", "node", "event", "bookings".
+#: ``LIVE_JOB_FIELDS`` of ``client/cluster.py`` alone: rows on screen, no re-order), "gpus",
+#: "node", "event", "bookings".
 Change = str
 
 
