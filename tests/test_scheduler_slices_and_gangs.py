@@ -311,3 +311,40 @@ def test_blocked_gpus_never_used(gpus, queue):
     for decision in run(gpus, queue):
         if isinstance(decision, Start):
             assert not blocked & {p.gpu_uuid for p in decision.placements}
+
+
+# ------------------------------------------------------------------ best fit for whole cards
+NV12 = {f"GPU{a}": {f"GPU{b}": "NV12" for b in range(4) if b != a} for a in range(4)}
+
+
+def test_a_small_gang_leaves_the_only_four_card_machine_to_a_four_card_gang():
+    """The lab month's lesson: 2-card jobs went to the NVLinked A100s (the best links),
+    the one machine a 4-card job can use, while a pair that reports no links (the AMD and
+    Ascend nodes) stayed idle. A 2-card job now takes the pair it fills, and the 4-card job
+    behind it starts in the same pass."""
+    gpus = [gpu("a100", i, A100_80_MB) for i in range(4)] + [gpu("mi210", i, 65520) for i in range(2)]
+    decisions = schedule(Snapshot(gpus=tuple(gpus), queue=jobs((2, None), (4, None)),
+                                  topologies={"a100": NV12}))
+    assert [where(d) for d in decisions] == [
+        [("mi210", 0, 65520, True), ("mi210", 1, 65520, True)],
+        [("a100", i, A100_80_MB, True) for i in range(4)]]
+
+
+def test_one_card_takes_the_last_free_card_of_a_node_before_opening_a_pair():
+    """Listed first and idle, n1's pair would be broken up by a 1-card job while n2 has a
+    free card beside a busy one; the 2-card job behind it would then wait."""
+    busy = Placement(node="n2", gpu_index=0, gpu_uuid="GPU-n2-0", memory_mb=RTX4090_MB, exclusive=True)
+    gpus = [gpu("n1", 0), gpu("n1", 1), gpu("n2", 0, placements=[(99, busy)]), gpu("n2", 1)]
+    decisions = run(gpus, jobs((1, None), (2, None)))
+    assert [where(d) for d in decisions] == [
+        [("n2", 1, RTX4090_MB, True)],
+        [("n1", 0, RTX4090_MB, True), ("n1", 1, RTX4090_MB, True)]]
+
+
+def test_best_fit_weighs_nothing_when_set_to_zero():
+    """``scheduler.weights.fit: 0``: the listing order and the links decide, as before."""
+    from nebula_tui.scheduler.snapshot import SchedulerConfig
+    gpus = [gpu("a100", i, A100_80_MB) for i in range(4)] + [gpu("mi210", i, 65520) for i in range(2)]
+    decisions = schedule(Snapshot(gpus=tuple(gpus), queue=jobs((2, None)), topologies={"a100": NV12},
+                                  config=SchedulerConfig(w_fit=0.0)))
+    assert [node for node, *_ in where(decisions[0])] == ["a100", "a100"]

@@ -19,7 +19,7 @@ from ..scheduler.snapshot import SchedulerConfig
 from ..units import parse_duration_s, parse_size_mb
 
 _WEIGHTS = {"hot": "w_hot", "load": "w_load", "pack": "w_pack", "health": "w_health",
-            "power": "w_power", "topology": "w_topology"}
+            "power": "w_power", "topology": "w_topology", "fit": "w_fit"}
 DEFAULT_ISOLATION_GRACE_S = 15.0
 
 

@@ -628,6 +628,8 @@ class World(SetScoring):
             found = self.best_on_node(shape, feasible, k) if len(feasible) >= k else None
             if found is not None and found[0] == math.inf:
                 found = None  # no k of them within the node's power budget
+        if found is not None and shape.gpu_mem_mb is None:
+            found = (found[0] + self.fit_term(shape, node), found[1])  # the same for every set here
         cache[slot] = (self.version[node], found)
         return found
 

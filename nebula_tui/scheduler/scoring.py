@@ -2,7 +2,8 @@
 k of one node's cards under it.
 
 A set's score adds up: its hottest, busiest card (:func:`cards.thermal_penalty`), its least
-healthy card, for slices the packing term of each card (:meth:`SetScoring.share_term`), the
+healthy card, for slices the packing term of each card (:meth:`SetScoring.share_term`), for
+whole cards how many of its node's cards it leaves free (:meth:`SetScoring.fit_term`), the
 node's power budget (inf past it, R27) and the weakest link between its cards (topology,
 R9). :class:`SetScoring` is a part of :class:`placement.World`: it reads the world's
 ``config``, ``packing``, ``power`` (per node with a budget: [budget W, W counted now]),
@@ -46,6 +47,19 @@ class SetScoring:
             return fresh * (not card.allocs) + 1e-4 * left
         return config.w_load * len(card.allocs) / MAX_ALLOCATIONS_PER_GPU + 1e-4 * left
 
+    def fit_term(self, shape: Shape, node: str) -> float:
+        """Best fit, for whole-card requests (no ``--gpu-mem``): ``w_fit`` × the share of the
+        node's cards a start on it leaves wholly free. Every set of k whole cards on a node
+        leaves the same number, so the term ranks nodes, never sets on one node: a 1-card
+        job takes the last free card of a node before it opens a pair, and a 2-card job
+        takes a pair before it breaks the only four-card machine, so the gangs that need a
+        machine's free cards together still find them. (Slices have their own term.)"""
+        if shape.gpu_mem_mb is not None or not self.config.w_fit:
+            return 0.0
+        cards = self.by_node[node]
+        free = sum(1 for c in cards if c.spot >= 0 and not c.allocs and not c.unmanaged)
+        return self.config.w_fit * max(0, free - shape.gpu_count) / len(cards)
+
     def powered(self, value: float, power: list[float], extra: float) -> float:
         """``value`` with R27's term for a start that adds ``extra`` W to a node whose
         (budget, counted) is ``power``: inf past the budget, else ``w_power`` × the share
@@ -59,7 +73,7 @@ class SetScoring:
         """Whether no score term can be negative: the searches' bounds hold only then."""
         config = self.config
         return min(config.w_hot, config.w_load, config.w_pack, config.w_health, config.w_topology,
-                   config.w_power) >= 0
+                   config.w_power, config.w_fit) >= 0
 
     def best_on_node(self, shape: Shape, feasible: list, k: int) -> tuple[float, list]:
         """(score, [(card, fit)…]) of the best k of one node's feasible cards; the score is
@@ -242,6 +256,7 @@ class SetScoring:
         if shape.slice:
             value += sum([self.share_term(c, f) for c, f in chosen]) / len(cards)
         for node in dict.fromkeys(c.node for c in cards):
+            value += self.fit_term(shape, node)
             power = self.power.get(node)
             if power is not None:
                 value = self.powered(value, power, sum([c.extra_watts() for c in cards if c.node == node]))

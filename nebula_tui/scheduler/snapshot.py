@@ -122,6 +122,9 @@ class SchedulerConfig:
     * ``w_power`` × the share of its node's power budget counted after the start, on
       nodes with a budget (R27): nodes with headroom first; a start past the budget is
       not possible at all;
+    * for whole-card requests only, ``w_fit`` × the share of the node's cards the start
+      leaves wholly free (best fit): a node the job fills comes before one it would break
+      up, so a machine's free cards stay together for the gangs that need them;
     * ``w_topology`` × the topology penalty (0…1): the weakest link of the set first, then
       mixed models, then the mean link (R9). Several nodes are only tried when one node
       cannot hold the gang, and then as few as possible (R8).
@@ -136,6 +139,7 @@ class SchedulerConfig:
     w_health: float = 2.0
     w_power: float = 0.5
     w_topology: float = 1.0
+    w_fit: float = 2.0
     #: nodes whose health score is below this take no new work (R10/R19)
     min_health_score: float = 0.25
     #: R14: memory a card holding a service always keeps free for its KV cache
