@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from .config.cluster import ClusterConfig, load_config
+from .config.nodes import DEFAULT_PORT
 from .model import ConfigError
 
 class NodeAdminError(Exception):
@@ -175,7 +176,7 @@ def add_node(config_path: Path, name: str, host: str, port: int, user: str | Non
         raise NodeAdminError(f"{host}:{port} presents {fingerprint}, not {trust_fingerprint}; "
                              "not trusted, nothing was changed")
     entry: dict[str, object] = {"name": name, "host": host}
-    if port != 22:
+    if port != DEFAULT_PORT:  # nodes.yaml's default needs no line
         entry["port"] = port
     if user:
         entry["user"] = user

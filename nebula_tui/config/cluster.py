@@ -70,7 +70,7 @@ from ..model import ConfigError  # defined beside the plain data so clients need
 from .nodes import NodeConfig, parse_nodes
 from .notify import NotifySettings, notify_settings
 from .pools import PoolConfig, parse_pools
-from .reader import Reader, compose, describe, is_tag, node_at, read_file
+from .reader import Reader, compose, describe, given, is_tag, node_at, read_file
 from .settings import (AccountingSettings, HealthSettings, LimitsSettings, SchedulerSettings,
                        SettingError, accounting_settings, health_settings, limits_settings,
                        scheduler_settings)
@@ -80,14 +80,6 @@ SYSTEM_CONFIG = Path("/etc/nebula/nodes.yaml")
 #: Environment variable naming the config file; second in :func:`find_config`'s order.
 CONFIG_ENV = "NEBULA_CONFIG"
 
-DEFAULT_NAME = "lab"
-DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
-DEFAULT_NODE_LEASE = 600.0
-DEFAULT_JOB_DIR_RETENTION = 7 * 86400.0
-DEFAULT_PROBE_INTERVAL = 5.0
-DEFAULT_MISSED_PROBES = 3
-DEFAULT_CONNECT_TIMEOUT = 10.0
-DEFAULT_COMMAND_TIMEOUT = 30.0
 RUN_AS_CHOICES = ("login", "submitter")
 Settings = TypeVar("Settings", SchedulerSettings, HealthSettings, LimitsSettings,
                    AccountingSettings, NotifySettings)
@@ -111,28 +103,48 @@ CLUSTER_KEYS = (
 )
 
 
+def current_user() -> str:
+    """``cluster.user`` unless nodes.yaml says otherwise: the login name of our uid."""
+    # The passwd entry of our uid, not $USER: the login name must match who really runs us.
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid with no passwd entry (some containers)
+        return getpass.getuser()
+
+
+def default_known_hosts() -> str:
+    """``cluster.known_hosts`` unless nodes.yaml says otherwise."""
+    return os.path.expanduser("~/.ssh/known_hosts")
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
-    """The whole cluster: head settings and the nodes, in file order."""
+    """The whole cluster: head settings and the nodes, in file order. Each field's default
+    is the key's default when nodes.yaml leaves it out (or empty): written here only."""
 
-    path: Path | None
-    name: str
-    nodes: tuple[NodeConfig, ...]
-    probe_interval: float
-    missed_probes: int
-    connect_timeout: float
-    command_timeout: float
-    admins: tuple[str, ...]
-    run_as: str
+    #: the file it was read from; None: a text or no file (``empty_config``)
+    path: Path | None = None
+    name: str = "lab"
+    nodes: tuple[NodeConfig, ...] = ()
+    #: seconds between a node's probes
+    probe_interval: float = 5.0
+    #: probe intervals a node may stay silent before it is ``unknown``
+    missed_probes: int = 3
+    connect_timeout: float = 10.0
+    #: seconds a request to a node's nodelet may take
+    command_timeout: float = 30.0
+    admins: tuple[str, ...] = ()
+    #: whose account runs a job's command on the node: the head's "login", or its "submitter"
+    run_as: str = "login"
     #: Cluster-wide defaults that nodes inherit (kept so ``nebula node add`` can apply them).
-    user: str = ""
+    user: str = field(default_factory=current_user)
     identity: str | None = None
-    known_hosts: str = ""
+    known_hosts: str = field(default_factory=default_known_hosts)
     #: members of this Unix group are admins too (R22); None = no group
     admin_group: str | None = None
     #: seconds a node may stay silent before its running jobs are declared lost and
     #: requeued (a short drop never costs anyone their job)
-    node_lease: float = DEFAULT_NODE_LEASE
+    node_lease: float = 600.0
     #: the ``scheduler:`` section: scoring weights, quota, fair-share decay
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings, hash=False,
                                          compare=False)
@@ -142,7 +154,7 @@ class ClusterConfig:
     limits: LimitsSettings = field(default_factory=LimitsSettings, hash=False, compare=False)
     #: seconds a node keeps the directory (run script, log, exit code) of a job attempt
     #: after the head recorded its end; a restored store learns from it what ran meanwhile
-    job_dir_retention: float = DEFAULT_JOB_DIR_RETENTION
+    job_dir_retention: float = 7 * 86400.0
     #: who sees a job's command line besides admins: its "owner", or "everyone" (a command
     #: line can hold a password or a token)
     commands_visible_to: str = "owner"
@@ -215,32 +227,8 @@ def find_config(explicit: str | None, home: Path) -> Path | None:
 
 
 def empty_config() -> ClusterConfig:
-    """A cluster with no nodes and every default (the simulated lab starts from this)."""
-    return ClusterConfig(
-        path=None,
-        name=DEFAULT_NAME,
-        nodes=(),
-        probe_interval=DEFAULT_PROBE_INTERVAL,
-        missed_probes=DEFAULT_MISSED_PROBES,
-        connect_timeout=DEFAULT_CONNECT_TIMEOUT,
-        command_timeout=DEFAULT_COMMAND_TIMEOUT,
-        admins=(),
-        run_as="login",
-        user=current_user(),
-        identity=None,
-        known_hosts=os.path.expanduser(DEFAULT_KNOWN_HOSTS),
-    )
-
-
-# ------------------------------------------------------------------------------ helpers
-
-
-def current_user() -> str:
-    # The passwd entry of our uid, not $USER: the login name must match who really runs us.
-    try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:  # a uid with no passwd entry (some containers)
-        return getpass.getuser()
+    """A cluster with no nodes and every default (what an empty nodes.yaml gives)."""
+    return ClusterConfig()
 
 
 # ----------------------------------------------------------------------------- building
@@ -277,9 +265,7 @@ def _build(ctx: Reader, root: Node | None, path: Path | None) -> ClusterConfig:
     if visible is not None and visible not in COMMANDS_VISIBLE_CHOICES:
         raise ctx.error(get(c, "commands_visible_to"), "cluster.commands_visible_to must be one of "
                         f"{', '.join(COMMANDS_VISIBLE_CHOICES)}, found {visible!r}")
-    known_hosts = ctx.path(get(c, "known_hosts"), "cluster.known_hosts")
-    if known_hosts is None:
-        known_hosts = os.path.expanduser(DEFAULT_KNOWN_HOSTS)
+    known_hosts = ctx.path(get(c, "known_hosts"), "cluster.known_hosts") or default_known_hosts()
     identity = ctx.path(get(c, "identity"), "cluster.identity")
     user = ctx.user(get(c, "user"), "cluster.user") or current_user()
 
@@ -292,45 +278,31 @@ def _build(ctx: Reader, root: Node | None, path: Path | None) -> ClusterConfig:
     notify = _section(ctx, get(top, "notify"), notify_settings)
     pools = parse_pools(ctx, get(top, "pools"), cluster_defaults, {n.name for n in nodes})
 
-    def pick(value: Any, default: Any) -> Any:
-        return default if value is None else value
-
     return ClusterConfig(
         path=path,
-        name=pick(name, DEFAULT_NAME),
         nodes=nodes,
-        probe_interval=pick(
-            ctx.seconds(get(c, "probe_interval"), "cluster.probe_interval"),
-            DEFAULT_PROBE_INTERVAL,
-        ),
-        missed_probes=pick(
-            ctx.integer(get(c, "missed_probes"), "cluster.missed_probes", 1, None),
-            DEFAULT_MISSED_PROBES,
-        ),
-        connect_timeout=pick(
-            ctx.seconds(get(c, "connect_timeout"), "cluster.connect_timeout"),
-            DEFAULT_CONNECT_TIMEOUT,
-        ),
-        command_timeout=pick(
-            ctx.seconds(get(c, "command_timeout"), "cluster.command_timeout"),
-            DEFAULT_COMMAND_TIMEOUT,
-        ),
-        admins=_admins(ctx, get(c, "admins")),
-        run_as=pick(run_as, "login"),
         user=user,
         identity=identity,
         known_hosts=known_hosts,
-        admin_group=ctx.user(get(c, "admin_group"), "cluster.admin_group"),
         scheduler=scheduler,
         health=health,
         limits=limits,
         accounting=accounting,
         notify=notify,
-        node_lease=pick(ctx.seconds(get(c, "node_lease"), "cluster.node_lease"), DEFAULT_NODE_LEASE),
-        job_dir_retention=pick(ctx.seconds(get(c, "job_dir_retention"), "cluster.job_dir_retention"),
-                               DEFAULT_JOB_DIR_RETENTION),
-        commands_visible_to=pick(visible, "owner"),
         pools=pools,
+        **given(
+            name=name,
+            run_as=run_as,
+            commands_visible_to=visible,
+            probe_interval=ctx.seconds(get(c, "probe_interval"), "cluster.probe_interval"),
+            missed_probes=ctx.integer(get(c, "missed_probes"), "cluster.missed_probes", 1, None),
+            connect_timeout=ctx.seconds(get(c, "connect_timeout"), "cluster.connect_timeout"),
+            command_timeout=ctx.seconds(get(c, "command_timeout"), "cluster.command_timeout"),
+            admins=_admins(ctx, get(c, "admins")),
+            admin_group=ctx.user(get(c, "admin_group"), "cluster.admin_group"),
+            node_lease=ctx.seconds(get(c, "node_lease"), "cluster.node_lease"),
+            job_dir_retention=ctx.seconds(get(c, "job_dir_retention"), "cluster.job_dir_retention"),
+        ),
     )
 
 

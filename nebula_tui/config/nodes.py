@@ -10,7 +10,7 @@ from typing import Any
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from ..environments import RUNTIMES
-from .reader import Reader, describe, is_tag
+from .reader import Reader, describe, given, is_tag
 
 NODE_KEYS = ("name", "host", "port", "user", "identity", "known_hosts", "env", "drained",
              "power_budget_w", "runtime", "warmup")
@@ -24,22 +24,23 @@ HOST_RE = re.compile(r"[A-Za-z0-9_.:%\[\]][A-Za-z0-9_.:%\[\]-]*\Z")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NodeConfig:
-    """One node as the head reaches it over SSH; every default already applied."""
+    """One node as the head reaches it over SSH; every default already applied (a field's
+    default is the key's; ``user``, ``identity`` and ``known_hosts`` are the cluster's)."""
 
     name: str
     host: str
-    port: int
+    port: int = DEFAULT_PORT
     user: str
     #: Absolute path of the client key, or ``None`` for the SSH client's defaults.
     identity: str | None
     #: Absolute path of the known-hosts file the node's host key is verified against.
     known_hosts: str
     #: Extra environment for everything run on the node, in file order.
-    env: tuple[tuple[str, str], ...]
+    env: tuple[tuple[str, str], ...] = ()
     #: Start drained: no new jobs are placed here until ``nebula node resume``.
-    drained: bool
+    drained: bool = False
     #: R27: the most power its GPUs may draw together, as the scheduler counts it (a busy
     #: card at its power limit); None = no budget
     power_budget_w: int | None = None
@@ -51,6 +52,12 @@ class NodeConfig:
     @property
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
+
+
+def valid_name(name: str) -> bool:
+    """Whether nodes.yaml takes ``name`` for a node or a pool (a request naming a pool is
+    held to the same rule)."""
+    return bool(_NODE_NAME_RE.match(name)) and len(name) <= _NODE_NAME_MAX
 
 
 def parse_nodes(ctx: Reader, seq: Node | None, defaults: dict[str, Any]) -> tuple[NodeConfig, ...]:
@@ -98,7 +105,7 @@ def named_entry(ctx: Reader, item: Node, number: int, what: str, known: tuple[st
     name = ctx.text(get("name"), f"{where}: name")
     if name is None:
         raise ctx.error(item, f"{where}: missing required key 'name' (e.g. name: {example})")
-    if not _NODE_NAME_RE.match(name) or len(name) > _NODE_NAME_MAX:
+    if not valid_name(name):
         raise ctx.error(
             get("name"),
             f"{where}: {what} name {name!r} is not valid; use lowercase letters, digits,"
@@ -137,15 +144,17 @@ def _node(ctx: Reader, item: Node, number: int, defaults: dict[str, Any]) -> Nod
     return NodeConfig(
         name=name,
         host=host,
-        port=DEFAULT_PORT if port is None else port,
         user=user or defaults["user"],
         identity=identity or defaults["identity"],
         known_hosts=known_hosts or defaults["known_hosts"],
-        env=_env(ctx, get("env"), where),
-        drained=bool(drained),
-        power_budget_w=budget,
-        runtime=runtime,
-        warmup=bool(ctx.boolean(get("warmup"), f"{where}: warmup")),
+        **given(
+            port=port,
+            env=_env(ctx, get("env"), where),
+            drained=drained,
+            power_budget_w=budget,
+            runtime=runtime,
+            warmup=ctx.boolean(get("warmup"), f"{where}: warmup"),
+        ),
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from yaml.nodes import Node, SequenceNode
 
 from .nodes import DEFAULT_PORT, HOST_RE, named_entry
-from .reader import Reader, describe, is_tag
+from .reader import Reader, describe, given, is_tag
 
 POOL_KEYS = ("name", "kind", "host", "port", "user", "identity", "known_hosts", "partition",
              "account", "max_jobs", "burst_after", "workdir", "runtime", "shards_per_gpu",
@@ -19,23 +19,22 @@ POOL_KINDS = ("slurm",)
 POOL_RUNTIMES = ("pyxis", "apptainer", "none")
 #: ``user: submitter``: the head logs in to the pool as the user who submitted the job
 SUBMITTER = "submitter"
-DEFAULT_POOL_MAX_JOBS = 50
-DEFAULT_POOL_WORKDIR = "~/nebula"
-DEFAULT_POOL_POLL_S = 10.0
 # A partition or an account as Slurm names them: no spaces, quotes or shell characters.
 _SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,-]*\Z")
 # A workdir on the cluster: ~/rel or /abs, no whitespace, quotes or shell characters.
 _POOL_WORKDIR_RE = re.compile(r"(~|~/[A-Za-z0-9_./+-]*|/[A-Za-z0-9_./+-]*)\Z")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PoolConfig:
-    """A batch cluster reached over SSH at its login node (``pools:``); defaults applied."""
+    """A batch cluster reached over SSH at its login node (``pools:``); defaults applied (a
+    field's default is the key's; ``user``, ``identity`` and ``known_hosts`` come from the
+    cluster's)."""
 
     name: str
     kind: str
     host: str
-    port: int
+    port: int = DEFAULT_PORT
     #: the account the head logs in as, or ``SUBMITTER``: each user's own
     user: str
     #: the key it logs in with; None: a submitter pool's is the head's pool key
@@ -44,13 +43,18 @@ class PoolConfig:
     known_hosts: str
     partition: str | None = None
     account: str | None = None
-    max_jobs: int = DEFAULT_POOL_MAX_JOBS
+    #: at most this many of our jobs pending or running there
+    max_jobs: int = 50
     #: a job waiting this long here may be sent there; None: only ``--pool``
     burst_after_s: float | None = None
-    workdir: str = DEFAULT_POOL_WORKDIR
+    #: where its scripts' output lives on the cluster
+    workdir: str = "~/nebula"
+    #: what ``--image`` becomes there (one of ``POOL_RUNTIMES``)
     runtime: str = "none"
+    #: >0: ``--gpu-mem`` asks for shards of a GPU
     shards_per_gpu: int = 0
-    poll_interval_s: float = DEFAULT_POOL_POLL_S
+    #: squeue/sinfo no more often than this (seconds)
+    poll_interval_s: float = 10.0
     #: the line of its ``name:`` in nodes.yaml (for messages that point at it)
     line: int | None = None
 
@@ -122,14 +126,12 @@ def _pool(ctx: Reader, item: Node, number: int, defaults: dict[str, Any]) -> Poo
     if identity is None and user != SUBMITTER:  # a submitter pool uses the head's pool key
         identity = defaults["identity"]
     return PoolConfig(
-        name=name, kind=kind, host=host, port=DEFAULT_PORT if port is None else port,
+        name=name, kind=kind, host=host,
         user=user or defaults["user"],
         identity=identity,
         known_hosts=ctx.path(get("known_hosts"), f"{where}: known_hosts") or defaults["known_hosts"],
         partition=words["partition"], account=words["account"],
-        max_jobs=DEFAULT_POOL_MAX_JOBS if max_jobs is None else max_jobs,
-        burst_after_s=ctx.seconds(get("burst_after"), f"{where}: burst_after"),
-        workdir=workdir or DEFAULT_POOL_WORKDIR, runtime=runtime or "none",
-        shards_per_gpu=shards or 0,
-        poll_interval_s=DEFAULT_POOL_POLL_S if poll is None else poll,
-        line=item.start_mark.line + 1)
+        line=item.start_mark.line + 1,
+        **given(port=port, max_jobs=max_jobs,
+                burst_after_s=ctx.seconds(get("burst_after"), f"{where}: burst_after"),
+                workdir=workdir, runtime=runtime, shards_per_gpu=shards, poll_interval_s=poll))

@@ -178,6 +178,12 @@ def node_at(node: Node, keys: tuple) -> Node:
     return node
 
 
+def given(**values: Any) -> dict[str, Any]:
+    """The values the file gave: a key left out or empty reads as None and is dropped, so the
+    field's default in its dataclass holds (the one place each default is written)."""
+    return {key: value for key, value in values.items() if value is not None}
+
+
 class Reader:
     """Values off the node tree, each with its one-line error: where we are is the file's
     name (for messages) and its directory (for paths)."""

@@ -14,6 +14,7 @@ import re
 
 from .. import environments
 from ..api import ARCH_RE, CUDA_RE, MAX_GPU_COUNT
+from ..config.nodes import DEFAULT_PORT, valid_name
 from ..model import VENDORS, InvalidRequest, JobSpec
 from ..scheduler.snapshot import AFTER_TYPES
 from ..units import TaskArray
@@ -155,7 +156,7 @@ def _world_fields(req: dict) -> dict:
     except ValueError as err:
         raise InvalidRequest(str(err)) from None
     pool = req.get("pool")
-    if pool is not None and (not isinstance(pool, str) or not _POOL.match(pool)):
+    if pool is not None and (not isinstance(pool, str) or not valid_name(pool)):
         raise InvalidRequest("--pool: give a pool's name from nodes.yaml (lowercase letters, digits, "
                            "'_', '.', '-') or 'local'")
     fields["pool"] = pool
@@ -165,8 +166,6 @@ def _world_fields(req: dict) -> dict:
 
 
 
-#: a pool's name as nodes.yaml allows it (config/cluster.py's node and pool names)
-_POOL = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}\Z")
 #: a job's --vendor that takes any card, whatever nodes.yaml gives as the default
 ANY_VENDOR = "any"
 _BOOKING = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # as head/bookings.py names them
@@ -183,7 +182,7 @@ def text_field(req: dict, field: str) -> str:
 
 
 def port_field(req: dict) -> int:
-    port = req.get("port", 22)
+    port = req.get("port", DEFAULT_PORT)
     if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
         raise InvalidRequest("port must be a number from 1 to 65535")
     return port

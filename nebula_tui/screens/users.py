@@ -45,8 +45,6 @@ JOB_SORTS = {"id": Sort(lambda j: j["id"]), "name": Sort(lambda j: j.get("name")
              "state": Sort(job_state), "time": Sort(lambda j: j["submitted_at"]),
              "where": Sort(job_where)}
 
-#: R7's default monthly quota, used when the service does not say.
-DEFAULT_QUOTA_H = 2000.0
 #: The cluster's month is asked for again at most this often while figures move (seconds):
 #: a month of telemetry is summed for it, in the head's thread, not its loop, but not free.
 REPORT_EVERY_S = 15.0
@@ -55,7 +53,9 @@ QUOTA_BAR = 6
 
 
 def quota_h(row: dict) -> float:
-    return row["quota_gpu_hours"] if row.get("quota_gpu_hours") is not None else DEFAULT_QUOTA_H
+    """The user's monthly quota as the head has it: their own, else nodes.yaml's
+    ``scheduler.quota_gpu_hours`` (whose default only the settings write)."""
+    return row["quota_gpu_hours"]
 
 
 def month_hours(row: dict) -> float:
