@@ -67,6 +67,19 @@ def test_empty_config() -> None:
     assert cfg.path is None and cfg.nodes == () and cfg.probe_interval == 5.0
 
 
+def test_a_file_that_leaves_every_key_out_gets_each_fields_default() -> None:
+    """The dataclasses' fields are where the defaults are written: what a file leaves out
+    (or empty) is theirs, and an explicit value equal to one is the same config."""
+    assert parse_config("") == parse_config("cluster:\n") == ClusterConfig()
+    cfg = parse_config("cluster:\n  run_as:\n  probe_interval:\n"
+                       "nodes:\n  - {name: n1, host: h, port: , drained: , warmup: }\n")
+    assert cfg == ClusterConfig(nodes=(NodeConfig(name="n1", host="h", user=current_user(), identity=None,
+                                                  known_hosts=cfg.known_hosts),))
+    spelled = parse_config("cluster:\n  run_as: login\n  commands_visible_to: owner\n  node_lease: 600\n"
+                           "nodes:\n  - {name: n1, host: h, port: 22, drained: false}\n")
+    assert spelled == cfg
+
+
 def test_objects_are_frozen_and_hashable() -> None:
     cfg = parse_config("nodes:\n  - {name: n1, host: h, env: {A: b}}\n")
     with pytest.raises(dataclasses.FrozenInstanceError):
