@@ -1,12 +1,14 @@
 """Parse once, build the launch once: an ``--array`` is parsed where it comes in (the CLI's
 flag, the head's request) and carried parsed in the job's spec, stored as written; the
-vendors' knowledge is one table (``remote/vendors.py``)."""
+vendors' knowledge is one table (``remote/vendors.py``); the run script and ``nebula job``'s
+environment come from one launch plan (a real launch on the sshd lab shows it)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from support import submit
 
 from nebula_tui.cli import build_parser
 from nebula_tui.cli.jobs import submit_request
@@ -61,3 +63,24 @@ def test_the_visibility_variables_come_from_the_table():
     assert (inside["CUDA_VISIBLE_DEVICES"], inside["ZE_AFFINITY_MASK"]) == (",".join(d.uuid for d in four), "0,1,2,3")
     assert inside["ONEAPI_DEVICE_SELECTOR"] == "level_zero:2"  # kept as the node numbers it
     assert [vendors.smoke_command(v)[0] for v in VENDORS] == ["nvidia-smi", "rocm-smi", "xpu-smi", "npu-smi"]
+
+
+# ------------------------------------------------------------------ one plan, on a real launch
+def test_what_nebula_job_shows_is_the_environment_the_job_got(head):
+    """On the sshd lab: each task of an array on a slice, with a workdir, writes the
+    environment its command got; every variable ``nebula job`` shows of it is that one,
+    value for value — the run script and the page come from one launch plan."""
+    first = submit(head, "--array", "0-1", "--gpu-mem", "4G", "--workdir", "/tmp", "--",
+                   "sh", "-c", 'env > "$NEBULA_SIM_DIR/env-$NEBULA_JOB_ID.tmp" && '
+                   'mv "$NEBULA_SIM_DIR/env-$NEBULA_JOB_ID.tmp" "$NEBULA_SIM_DIR/env-$NEBULA_JOB_ID"')
+    for task in (first, first + 1):
+        assert head.wait_job(task, 60)["state"] == "succeeded"
+        shown = json.loads(head.run("job", str(task), "--json", check=True).stdout)["environment"]
+        (node, variables), = shown.items()
+        got = dict(line.split("=", 1) for line in
+                   (head.lab.node_dir(node) / f"env-{task}").read_text().splitlines() if "=" in line)
+        assert {k: got.get(k) for k in variables} == variables
+        # what the plan adds for an array's task, a slice and a workdir is among them
+        assert {"NEBULA_ARRAY_TASK_ID", "XLA_PYTHON_CLIENT_MEM_FRACTION", "NEBULA_WORKDIR",
+                "CUDA_VISIBLE_DEVICES", "NEBULA_GPU_MEM_MB"} <= set(variables)
+        assert variables["NEBULA_ARRAY_TASK_ID"] == str(task - first)

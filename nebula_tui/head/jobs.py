@@ -21,11 +21,12 @@ from dataclasses import replace
 
 from ..model import (Cancelling, Ended, Evicting, Job, JobState, Launching, Pending, Placement,
                      RequestError, Running, Stopping, holding, spec_fields, with_holding)
-from ..remote import containers, launcher
+from ..remote import launcher
 from ..remote.protocol import Exit, Phase, Started
 from ..remote.ssh import NodeUnavailable
 from ..store import StaleDecision, StoreUnavailable, spec_of
 from .access import Access
+from .launches import Launches
 from .shares import Shares
 from .state import HeadState, JobTable, job_nodes
 from .stream import Stream
@@ -34,10 +35,6 @@ log = logging.getLogger(__name__)
 
 ACK_BATCH_S = 0.1
 CANCEL_GRACE_S = 10.0
-
-
-def _placements_on(job: Job, node: str) -> tuple[Placement, ...]:
-    return tuple(p for p in job.placements if p.node == node)
 
 
 def launch_record(job: Job) -> dict:
@@ -76,8 +73,8 @@ class JobTransitions:
         #: exits the store could not take yet, per (node, job): tried again (retry_exits)
         self._unrecorded: dict[tuple[str, str], Exit] = {}
         self._finished_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
-        #: per node: the hello and config its launcher facts were read from, and the facts
-        self._facts: dict[str, tuple[dict, tuple, launcher.NodeFacts]] = {}
+        #: each part's launch plan: its run script and the environment `nebula job` shows
+        self.launches = Launches(state)
 
     def load(self) -> None:
         """The unfinished jobs of the store become the live table (the head starts)."""
@@ -245,73 +242,20 @@ class JobTransitions:
             launching = replace(launching, confirmed=confirmed)
             self._set(replace(current, status=with_holding(current.status, launching)))
 
-    def _extra_environment(self, job: Job, node: str) -> dict[str, str] | None:
-        """What the part on ``node`` gets beyond R12's variables (None: nothing): a job of
-        several GPUs its ranks' rendezvous, and on a slice the frameworks' allocator caps."""
-        nodes = job_nodes(job)
-        extra = {}
-        if len(job.placements) > 1:
-            config = self.state.config
-            extra = launcher.gang_environment(job, node, config.node(nodes[0]).host, nodes,
-                                              config.node(node).env_dict.get("NCCL_SOCKET_IFNAME"))
-        mine = _placements_on(job, node)
-        totals = {p.gpu_uuid: self.state.total_mb(p.gpu_uuid) for p in mine}
-        return {**extra, **launcher.slice_environment(mine, totals)} or None
-
     def environments(self, job: Job) -> dict[str, dict[str, str]]:
-        """Each of the job's nodes -> the environment the head gives its command there:
-        the very function and inputs ``launch`` builds the node's script from."""
-        return {node: launcher.launch_environment(job, (mine := _placements_on(job, node)),
-                                                  self._extra_environment(job, node),
-                                                  self._devices(mine))
-                for node in job_nodes(job)}
-
-    def _devices(self, mine: tuple[Placement, ...]) -> tuple[containers.Device, ...]:
-        """The cards of ``mine`` with what their vendor's variables and devices need."""
-        return launcher.job_devices(mine, {p.gpu_uuid: self.state.gpus[p.gpu_uuid].reading
-                                           for p in mine if p.gpu_uuid in self.state.gpus})
+        """Each of the job's nodes -> the environment its launch plan gives the command."""
+        return self.launches.environments(job)
 
     async def _launch_on(self, job: Job, node: str) -> dict | None:
-        mine = _placements_on(job, node)
-        facts = self._node_facts(node)
-        devices = self._devices(mine)
-        run_as = self._run_as(job, node)
-        script = launcher.run_script(job, mine, run_as, self._extra_environment(job, node), facts,
-                                     devices, log_max_mb=self.state.config.limits.log_max_mb)
+        plan = self.launches.plan(job, node)
         try:
             reply = await self.state.links[node].request(
-                "launch", job=job.id, token=self.state.token(job), script=script,
-                user=job.user if run_as else None, record=launch_record(job))
+                "launch", job=job.id, token=self.state.token(job), script=launcher.script(plan),
+                user=job.user if plan.run_as else None, record=launch_record(job))
         except (NodeUnavailable, asyncio.TimeoutError) as err:
             log.warning("launch of job %s on %s deferred: %s", job.id, node, err)
             return None
         return {**reply, "node": node}
-
-    def _node_facts(self, node: str) -> launcher.NodeFacts:
-        """The launcher's facts of ``node``, worked out once per hello and config: reading
-        them parses the node's nvidia-smi table, which was a quarter of the head's CPU
-        when every launch did it."""
-        hello, node_config = self.state.nodes[node].hello, self.state.config.node(node)
-        key = (node_config.runtime, node_config.warmup)
-        known = self._facts.get(node)
-        if known is None or known[0] is not hello or known[1] != key:
-            facts = launcher.node_facts(node, hello, *key)
-            known = self._facts[node] = (hello, key, facts)
-        return known[2]
-
-    def _run_as(self, job: Job, node_name: str) -> tuple[str, ...]:
-        """With ``run_as: submitter``, the prefix that runs the job as its owner on the node.
-
-        A nodelet running as root switches with runuser; any other login user needs a
-        sudoers rule allowing ``sudo -n -u USER`` (docs/admin-guide.md, "Jobs run as their owner").
-        """
-        config = self.state.config
-        node = config.node(node_name)
-        if config.run_as != "submitter" or job.user == node.user:
-            return ()
-        if self.state.nodes[node_name].hello.get("uid") == 0:
-            return ("runuser", "-u", job.user, "--")
-        return ("sudo", "-n", "-u", job.user, "--")
 
     def mark_running(self, job: Job) -> None:
         """Launching → running (a cancel or an eviction under way stays so)."""

@@ -193,20 +193,45 @@ def _env_words(env: dict[str, str]) -> list[str]:
     return [f"{k}={v}" for k, v in env.items()]
 
 
-def launch_environment(job: Job, placements: tuple[Placement, ...],
-                       extra_env: dict[str, str] | None = None,
-                       devices: tuple[containers.Device, ...] | None = None) -> dict[str, str]:
-    """Every variable the head gives the job's command on the node holding ``placements``:
-    R12's, a gang's ``extra_env``, and outside a container the workdir, conda env and venv
-    asked for. What the head shows as the job's environment (the node adds only what it
-    alone knows: the workdir it settled on, the conda tool it found)."""
+@dataclass(frozen=True)
+class LaunchPlan:
+    """One part of a job on its node, worked out once (:func:`launch_plan`): the run script is
+    written from it (:func:`script`) and ``nebula job`` shows its ``environment``, so what
+    the head shows is what the command gets."""
+
+    job: Job
+    placements: tuple[Placement, ...]  # the job's cards on this node
+    node: NodeFacts
+    #: the cards as their vendor's variables and a container need them (:func:`job_devices`)
+    devices: tuple[containers.Device, ...]
+    #: every variable the head gives the command there, in order: R12's, a gang's and a
+    #: slice's, and outside a container the workdir, conda env and venv asked for (the node
+    #: adds only what it alone knows: the workdir it settled on, the conda tool it found)
+    variables: tuple[tuple[str, str], ...]
+    run_as: tuple[str, ...] = ()  # the prefix that runs it as its owner (``run_as: submitter``)
+    log_max_mb: int | None = None  # the log's cap (``limits.log_max``; see ``_log_writer``)
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return dict(self.variables)
+
+
+def launch_plan(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, ...] = (),
+         extra_env: dict[str, str] | None = None, node: NodeFacts | None = None,
+         devices: tuple[containers.Device, ...] | None = None,
+         log_max_mb: int | None = None) -> LaunchPlan:
+    """The plan of the part holding ``placements``: ``extra_env`` (a gang's, a slice's) joins
+    R12's variables; without ``node`` it is the placements' node knowing nothing more, and
+    without ``devices`` the cards are NVIDIA's by their placements."""
+    node = node or NodeFacts(placements[0].node if placements else "its node")
+    devices = devices or tuple(containers.Device(p.gpu_uuid, p.gpu_index) for p in placements)
     env = {**job_environment(job, placements, devices), **(extra_env or {})}
     if job.spec.image is None:
         for key, value in (("NEBULA_WORKDIR", job.spec.workdir), ("NEBULA_CONDA", job.spec.conda),
                            ("NEBULA_VENV", job.spec.venv)):
             if value:
                 env[key] = value
-    return env
+    return LaunchPlan(job, placements, node, devices, tuple(env.items()), run_as, log_max_mb)
 
 
 def command_text(job: Job) -> dict[str, str]:
@@ -277,6 +302,11 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
                extra_env: dict[str, str] | None = None, node: NodeFacts | None = None,
                devices: tuple[containers.Device, ...] | None = None,
                log_max_mb: int | None = None) -> str:
+    """The run script of the part holding ``placements`` (:func:`launch_plan` says the rest)."""
+    return script(launch_plan(job, placements, run_as, extra_env, node, devices, log_max_mb))
+
+
+def script(plan: LaunchPlan) -> str:
     """The wrapper the tmux session runs: log, start and exit markers around the command.
 
     The wrapper itself runs as the node's login user (it owns the job directory); the
@@ -284,13 +314,10 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
     attach``) and to ``output.log``; the exit code lands in ``exit_code`` in one write.
     In order: the checks (a missing workdir, env, tool or mount source ends the job with a
     sentence in ``reason``), ``started``, the image pull (``phase``), the warm-up, the
-    command. ``devices`` are the allocated cards as a container needs them (default: NVIDIA
-    cards by their placements). ``log_max_mb``: the log's cap (``limits.log_max``; see
-    ``_log_writer``).
+    command, with the plan's variables.
     """
+    job, node, run_as = plan.job, plan.node, plan.run_as
     spec = job.spec
-    node = node or NodeFacts(placements[0].node if placements else "its node")
-    devices = devices or tuple(containers.Device(p.gpu_uuid, p.gpu_index) for p in placements)
     boxed = spec.image is not None
     checks = preflight.check_env(node.name, None if boxed else spec.workdir,
                                  None if boxed else spec.submit_dir, spec.conda, spec.venv,
@@ -312,13 +339,13 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
         'fact workdir; workdir_fact=$_fact; fact conda; conda_fact=$_fact',
         'printf "%s" "$workdir_fact" > "$jobdir/workdir"',
         ': > "$jobdir/started"  # its mtime is the start time',
-        *_warmup_lines(job, node, devices, placements),
+        *_warmup_lines(plan),
     ]
     body.append('umask "$job_umask"')
     if boxed:
-        body += _container_lines(job, placements, run_as, extra_env, node, devices)
+        body += _container_lines(plan)
     else:
-        env = {**launch_environment(job, placements, extra_env, devices), **command_text(job)}
+        env = {**plan.environment, **command_text(job)}
         # the facts the checks found join the environment
         body.append(_as_user(run_as, env, '"NEBULA_WORKDIR=$workdir_fact" '
                              '"NEBULA_CONDA_TOOL=$conda_fact"', _ENTER_AND_RUN, "nebula-job"))
@@ -342,7 +369,7 @@ def run_script(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, .
         'for mark in reason phase container; do [ ! -e "$jobdir/$mark" ] || rm -f "$jobdir/$mark"; done',
         _WRAPPER_HELPERS + containers.HELPERS + "{",
         *body,  # never re-indented: a quoted word may span lines
-        '} 2>&1 | ' + _log_writer(log_max_mb),
+        '} 2>&1 | ' + _log_writer(plan.log_max_mb),
     ]
     return "\n".join(lines) + "\n"
 
@@ -360,10 +387,10 @@ def _log_writer(log_max_mb: int | None) -> str:
     return f"(trap '' XFSZ; ulimit -f {int(log_max_mb) * 2048} 2>/dev/null; exec {tee})"
 
 
-def _warmup_lines(job: Job, node: NodeFacts, devices: tuple[containers.Device, ...],
-                  placements: tuple[Placement, ...]) -> list[str]:
+def _warmup_lines(plan: LaunchPlan) -> list[str]:
     """R27: wake the job's NVIDIA cards on the host before its command (in a container
     too: the driver is the host's), and say when a card runs without persistence mode."""
+    job, node, devices, placements = plan.job, plan.node, plan.devices, plan.placements
     if not (job.spec.warmup or node.warmup):
         return []
     lines = []
@@ -388,9 +415,8 @@ _WSL2_PARTIAL = ("{node} is a WSL2 node, where a container gets every GPU or non
                  "job there takes all {n} of its GPU{s} (--gpus {n}), or runs without --image")
 
 
-def _container_lines(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, ...],
-                     extra_env: dict[str, str] | None, node: NodeFacts,
-                     devices: tuple[containers.Device, ...]) -> list[str]:
+def _container_lines(plan: LaunchPlan) -> list[str]:
+    job, node, devices, run_as = plan.job, plan.node, plan.devices, plan.run_as
     spec = job.spec
     assert spec.image is not None
     if node.wsl2_gpus and set(node.wsl2_gpus) - {d.uuid for d in devices}:
@@ -401,7 +427,7 @@ def _container_lines(job: Job, placements: tuple[Placement, ...], run_as: tuple[
                                             node.runtime)
     except containers.NoRuntime as why:
         return [f"fail {shlex.quote(str(why))}"]
-    env = launch_environment(job, placements, extra_env, devices)
+    env = plan.environment
     command = ["sh", "-c", spec.command[0]] if spec.shell else list(spec.command)
     if runtime in environments.FILE_RUNTIMES:
         if spec.shell and run_as[:1] in ((), ("runuser",)):  # as podman's below
