@@ -120,6 +120,23 @@ def test_a_setting_changes_the_replay(tmp_path):
         setup.replay_config(inv, None, ["half_life=3d"])
 
 
+def test_a_job_refused_over_quota_counts_as_never_run():
+    """A quota refuses for now, not for good: some card could have run the job, so the
+    figures count it as runnable and never run (a job no card could ever hold is not)."""
+    from nebula_tui.month import compare
+    inv = inventory.layout("core")
+    cluster = setup.replay_config(inv, None, ["scheduler.quota_gpu_hours=1"])
+    jobs = [Request(1, 0, "alice", 1, None, 7200), Request(2, 3 * 3600, "alice", 1, None, 600),
+            Request(3, 0, "bob", 64, None, 10)]
+
+    def nebula(reqs, cards, horizon):
+        return Replay(cluster, cards, reqs, setup.REPLAY_EPOCH, horizon).run()
+
+    result = compare.compare(jobs, inv, 86400, None, nebula)
+    ours = result.figures[0]
+    assert (ours.runnable, ours.never_run) == (2, 1)  # job 2 (over quota) counts; job 3 does not
+
+
 def test_what_if_adds_and_removes_cards():
     inv = inventory.layout("demo")
     more = inventory.add(inv, "2x NVIDIA GeForce RTX 4090@node07")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config.cluster import ClusterConfig
-from ..model import JobSpec, NodeState, RequestError
+from ..model import JobSpec, NodeState, RequestError, UnfitRequest
 from ..month.records import Outcome, Request
 from ..store import Store
 from .engine import Engine
@@ -194,6 +194,7 @@ class Replay:
             job = engine.submit(request.user, spec, durable=False, wake=False)
         except RequestError as err:
             self.outcomes[request.key].refused = str(err)
+            self.outcomes[request.key].unfit = isinstance(err, UnfitRequest)
             return
         self.by_job[job.id] = request
 

@@ -49,9 +49,11 @@ def compare(requests: Sequence[Request], inv: dict[str, list[dict]], horizon_s: 
     started = time.perf_counter()
     slurm = baselines.slurm_like(requests, cards, horizon_s, half_life_s)
     seconds["slurm-like"] = time.perf_counter() - started
-    # A job counts as runnable when the pooled cards could hold it and the head took it:
-    # the same set for all three, so "never run" compares.
-    runnable = {r.key for r in requests if slurm[r.key].refused is None and nebula[r.key].refused is None}
+    # A job counts as runnable when the pooled cards could hold it and the head did not
+    # refuse it as one no card here could ever run: the same set for all three, so "never
+    # run" compares. A job the head refused for now (its user over quota) is runnable: some
+    # card could have run it, so it counts as never run.
+    runnable = {r.key for r in requests if slurm[r.key].refused is None and not nebula[r.key].unfit}
     all_figures = tuple(metrics.figures(name, requests, outcomes, cards, horizon_s, runnable)
                         for name, outcomes in (("NebulaGrid", nebula), ("spreadsheet", sheet),
                                                ("slurm-like", slurm)))

@@ -25,7 +25,10 @@ class Outcome:
     """What happened to one request in a replay (times in seconds from the start)."""
 
     key: int
-    refused: str | None = None  # refused at submit: no card here could ever run it
+    refused: str | None = None  # refused at submit, with the head's sentence
+    #: refused because no card here could ever run it as asked (a refusal for now, such as
+    #: a user over quota, is not: that job could have run, and counts as never run)
+    unfit: bool = False
     started_s: float | None = None
     ended_s: float | None = None
     state: str | None = None  # the head's final state, None when still waiting/running
