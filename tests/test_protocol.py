@@ -3,12 +3,16 @@ into its frozen type, odd content from an untrusted node read as missing, never 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+from pathlib import Path
 
 import pytest
 
-from nebula_tui.remote.protocol import (Exit, Hello, KernelLines, Phase, Probe, Started, job_number,
-                                        read_message)
+from nebula_tui.remote.protocol import (KINDS, Exit, Hello, KernelLines, Phase, Probe, Started,
+                                        job_number, read_message)
+
+REPO = Path(__file__).resolve().parents[1]
 
 DEVICE = {"index": 0, "uuid": "GPU-a", "name": "NVIDIA A100-SXM4-80GB", "vendor": "nvidia",
           "pci_bus_id": "00000000:07:00.0", "memory_total_mb": 81920, "memory_used_mb": 100}
@@ -72,3 +76,27 @@ def test_messages_are_frozen_and_slotted():
     with pytest.raises(dataclasses.FrozenInstanceError):
         exit_.code = 1  # type: ignore[misc]
     assert not hasattr(exit_, "__dict__")
+
+
+def _kinds_sent(source: str) -> set[str]:
+    """The ``type`` of every message a node-side module builds: ``{"type": "x", …}`` and
+    ``dict(…, type="x")``."""
+    kinds = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Dict):
+            kinds |= {v.value for k, v in zip(node.keys, node.values)
+                      if isinstance(k, ast.Constant) and k.value == "type"
+                      and isinstance(v, ast.Constant)}
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "dict":
+            kinds |= {k.value.value for k in node.keywords
+                      if k.arg == "type" and isinstance(k.value, ast.Constant)}
+    return kinds
+
+
+def test_every_kind_the_nodelet_sends_has_a_reader_on_the_head():
+    sent = set()
+    for path in (REPO / "nebula_tui" / "remote" / "probes").glob("*.py"):
+        sent |= _kinds_sent(path.read_text())
+    assert {"hello", "probe", "started", "exit", "phase", "kmsg", "reply"} <= sent
+    # replies are matched with their requests by the link, never handled as messages
+    assert sent - {"reply"} == KINDS

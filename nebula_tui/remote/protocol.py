@@ -132,6 +132,8 @@ def _kernel(node: str, message: dict) -> KernelLines:
 
 _READERS = {"hello": _hello, "probe": _probe, "started": _started, "phase": _phase,
             "exit": _exit, "kmsg": _kernel}
+#: Every kind of message the head reads (the ``type`` of a nodelet's line, replies aside).
+KINDS = frozenset(_READERS)
 
 
 def _job(value: object) -> int | None:
