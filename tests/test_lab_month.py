@@ -65,6 +65,16 @@ def test_the_built_in_month_is_deterministic_and_every_parameter_names_its_sourc
         assert any(study in measured.source for study in ("Philly", "Helios", "PAI")), name
 
 
+def test_the_built_in_durations_match_the_philly_run_times_they_were_checked_against():
+    """workload.PARAMETERS' checked figures: the Philly run times have a median of 1,186 s
+    and a p90 of 12,860 s (alibaba/clusterdata's philly_runtime.csv); the month's jobs,
+    drawn from its log-normal, keep within 15% of both."""
+    runs = sorted(r.duration_s for r in workload.lab_month(80, 4, users=20, seed=11) if not r.service)
+    median, p90 = runs[len(runs) // 2], runs[int(0.9 * len(runs))]
+    assert 0.85 * 1186 <= median <= 1.15 * 1186
+    assert 0.85 * 12860 <= p90 <= 1.15 * 12860
+
+
 # ------------------------------------------------------------------ baselines and figures
 CARDS = [baselines.Card("n1", "g1", 24576), baselines.Card("n1", "g2", 24576), baselines.Card("n2", "g3", 24576)]
 
