@@ -19,10 +19,18 @@ DEVICE = {"index": 0, "uuid": "GPU-a", "name": "NVIDIA A100-SXM4-80GB", "vendor"
 
 
 def test_each_kind_the_nodelet_sends_is_read_into_its_type():
-    hello = read_message("n1", {"type": "hello", "hostname": "n1", "max_job": 41,
+    hello = read_message("n1", {"type": "hello", "hostname": "n1", "python": "3.6.8", "uid": 0,
+                                "node_dir": "/root/.nebula-node", "max_job": 41,
+                                "runtimes": {"podman": "podman version 4.3.1"},
+                                "backends": [{"name": "nvml", "vendor": "nvidia"}],
+                                "devices": [DEVICE], "platform": {"kind": "linux"},
                                 "cuda_version": "12.4", "links": {"GPU0": {"GPU1": "NV12"}}})
     assert isinstance(hello, Hello) and hello.max_job == 41 and hello.cuda_version == "12.4"
-    assert hello.facts["hostname"] == "n1"
+    assert (hello.hostname, hello.python, hello.uid, hello.node_dir) == \
+        ("n1", "3.6.8", 0, "/root/.nebula-node")
+    assert hello.runtimes == {"podman": "podman version 4.3.1"} and hello.devices == (DEVICE,)
+    assert hello.backends == ({"name": "nvml", "vendor": "nvidia"},)
+    assert hello.platform == {"kind": "linux"}
     assert hello.topology == {"gpus": ["GPU0", "GPU1"], "links": {"GPU0": {"GPU1": "NV12"}}}
     probe = read_message("n1", {"type": "probe", "t": 1.0, "error": "", "devices": [DEVICE],
                                 "processes": [{"gpu_uuid": "GPU-a", "pid": 7, "name": "python",
@@ -60,8 +68,9 @@ def test_odd_probes_and_hellos_never_raise():
     probe = read_message("n1", {"type": "probe", "devices": "none", "pid_jobs": "x"})
     assert isinstance(probe, Probe) and probe.view.readings == [] and probe.pid_jobs == {}
     assert "devices is not a list" in probe.view.problem
-    hello = read_message("n1", {"type": "hello", "max_job": True})
-    assert isinstance(hello, Hello) and hello.max_job == 0 and hello.topology is None
+    hello = read_message("n1", {"type": "hello", "max_job": True, "uid": "0", "devices": {},
+                                "backends": ["nvml"], "platform": None, "runtimes": ["podman"]})
+    assert hello == Hello()
     assert [job_number(v) for v in (12, 0, -1, 2**62, "12", 1.5, None)] == [12, 0, 0, 0, 0, 0, 0]
 
 

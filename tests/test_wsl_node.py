@@ -7,12 +7,15 @@ refused with the reason."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from conftest import wait_for
 from labfixtures import serving
 from nebula_tui.model import Job, JobSpec, Placement
 from nebula_tui.remote import launcher
+from nebula_tui.remote.protocol import Hello
 from nebula_tui.sim.lab import Lab
 
 
@@ -58,8 +61,8 @@ def test_a_wsl2_nodes_jobs_run_with_their_variables_and_the_guard_says_it_cannot
 
 
 def test_a_container_job_on_a_wsl2_node_takes_every_gpu_or_is_refused():
-    hello = {"platform": {"kind": "wsl2"}, "runtimes": {"podman": "/usr/bin/podman"},
-             "devices": [{"uuid": "GPU-a", "vendor": "nvidia"}, {"uuid": "GPU-b", "vendor": "nvidia"}]}
+    hello = Hello(platform={"kind": "wsl2"}, runtimes={"podman": "/usr/bin/podman"},
+                  devices=({"uuid": "GPU-a", "vendor": "nvidia"}, {"uuid": "GPU-b", "vendor": "nvidia"}))
     facts = launcher.node_facts("laptop01", hello)
     assert facts.wsl2_gpus == ("GPU-a", "GPU-b")
     job = Job(id=7, user="alice", spec=JobSpec(command=("nvidia-smi",), image="docker.io/nvidia/cuda:12.8"),
@@ -70,5 +73,5 @@ def test_a_container_job_on_a_wsl2_node_takes_every_gpu_or_is_refused():
     assert "all 2 of its GPUs (--gpus 2)" in script
     both = one + (Placement("GPU-b", "laptop01", 1, 8188, True),)
     assert "every GPU or none" not in launcher.run_script(job, both, (), None, facts)
-    plain = launcher.node_facts("node01", {**hello, "platform": {"kind": "linux"}})
+    plain = launcher.node_facts("node01", replace(hello, platform={"kind": "linux"}))
     assert plain.wsl2_gpus == () and "every GPU or none" not in launcher.run_script(job, one, (), None, plain)

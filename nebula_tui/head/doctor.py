@@ -100,14 +100,14 @@ class Doctor:
             return checks + [line("node", FAIL, f"the checks did not run: {err or 'no answer'}",
                                   "see the ssh line")]
         checks += [self._python(found), self._tmux(found), *self._vendors(name, found),
-                   self._clock(found, sent, answered), self._disk(found, view.hello.get("node_dir")),
+                   self._clock(found, sent, answered), self._disk(found, view.hello.node_dir),
                    self._run_as(user, found), *self._runtimes(name, found), self._hidepid(found)]
         return [c for c in checks if c is not None]
 
     async def _run_script(self, user: str, name: str) -> tuple[dict[str, str], float, float]:
         view = self.state.nodes[name]
         runas = user if self._shared() and user != self.state.config.node(name).user else ""
-        argv = ["sh", "-c", _SCRIPT, "doctor", view.hello.get("node_dir") or "~",
+        argv = ["sh", "-c", _SCRIPT, "doctor", view.hello.node_dir or "~",
                 runas, " ".join(self._needed_runtimes(name))]
         sent = time.time()
         out = await self.state.links[name].run_check(shlex.join(argv), SCRIPT_TIMEOUT_S)
@@ -138,7 +138,7 @@ class Doctor:
     def _vendors(self, name: str, found: dict) -> list[dict]:
         view = self.state.nodes[name]
         checks = []
-        backends = view.hello.get("backends") or []
+        backends = view.hello.backends
         for vendor in sorted({b.get("vendor") for b in backends if b.get("vendor")}):
             used = ", ".join(b["name"] for b in backends if b.get("vendor") == vendor)
             cards = sum(1 for g in self.state.gpus.values() if g.node == name and g.reading.vendor == vendor)
@@ -159,7 +159,7 @@ class Doctor:
                                                         "each job start waits for the driver",
                                    "nvidia-smi -pm 1 (or enable nvidia-persistenced)"))
         if not backends:
-            checks.append(line("gpus", FAIL, view.hello.get("why_no_devices") or "no GPU tool answered",
+            checks.append(line("gpus", FAIL, "no GPU tool answered",
                                "install the vendor's driver and tool (nvidia-smi, amd-smi, xpu-smi, npu-smi)"))
         return checks
 
@@ -208,7 +208,7 @@ class Doctor:
         if pinned:
             return [pinned]
         wanted = any(j.spec.image for j in self.state.jobs.values())
-        return list(self.state.nodes[name].hello.get("runtimes") or [])[:1] if wanted else []
+        return list(self.state.nodes[name].hello.runtimes)[:1] if wanted else []
 
     def _runtimes(self, name: str, found: dict) -> list[dict]:
         needed = self._needed_runtimes(name)

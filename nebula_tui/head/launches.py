@@ -71,7 +71,7 @@ class Launches:
         node, view = self._config(node_name), self.state.nodes.get(node_name)
         if self.state.config.run_as != "submitter" or node is None or job.user == node.user:
             return ()
-        if view is not None and view.hello.get("uid") == 0:
+        if view is not None and view.hello.uid == 0:
             return ("runuser", "-u", job.user, "--")
         return ("sudo", "-n", "-u", job.user, "--")
 

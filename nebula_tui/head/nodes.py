@@ -166,7 +166,7 @@ class Fleet:
 
     def _on_hello(self, node: str, message: Hello) -> None:
         view = self.state.nodes[node]
-        view.hello = message.facts
+        view.hello = message
         # The highest job number the node holds of this store: never handed out again.
         self.state.store.raise_id_floor(message.max_job)
         view.cuda_version = message.cuda_version
@@ -399,8 +399,9 @@ class Fleet:
                                  else state.clock() - (state.monotonic() - view.silent_since)),
                 "health_score": round(state.health_score(name), 3),
                 "cuda_version": view.cuda_version,
-                "facts": {k: view.hello.get(k) for k in ("hostname", "python", "uid", "node_dir")},
-                "platform": view.hello.get("platform") or {},
+                "facts": {"hostname": view.hello.hostname, "python": view.hello.python,
+                          "uid": view.hello.uid, "node_dir": view.hello.node_dir},
+                "platform": view.hello.platform,
                 "gpus": self.stream.gpus_json(name, raw=False),
                 "jobs": sorted(j.id for j in state.jobs.values() if name in job_nodes(j)),
                 "events": state.store.events(20, node=name)}

@@ -23,6 +23,7 @@ from ..config.cluster import ClusterConfig
 from ..config.reader import did_you_mean
 from ..model import (GpuProcess, GpuReading, GpuView, Job, JobState, NodeState, Placement,
                      RequestError)
+from ..remote.protocol import Hello
 from ..remote.ssh import NodeLink
 from ..scheduler import admission
 from ..scheduler.health import health_score
@@ -48,7 +49,7 @@ class NodeView:
     silent_since: float | None = None
     cuda_version: str | None = None
     topo: dict = field(default_factory=dict)
-    hello: dict = field(default_factory=dict)
+    hello: Hello = field(default_factory=Hello)
     #: when its GPUs started throttling episodes (R19), recent ones only; lowers its score
     throttle_events: list[float] = field(default_factory=list)
     #: what ``reason`` (one line) stands for, in full: a tool's output, an error's text
@@ -68,7 +69,7 @@ class NodeView:
                 else self.reason,
                 "drained": self.drained, "last_seen": self.last_seen,
                 "power_budget_w": self.power_budget_w,
-                "hostname": self.hello.get("hostname")}
+                "hostname": self.hello.hostname}
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from .. import environments
 from ..model import GpuReading, Job, Placement
 from . import containers, preflight, vendors
+from .protocol import Hello
 
 #: The node-side warm-up (R27), run by the wrapper with the node's python3.
 WARMUP_SOURCE = (resources.files(__package__) / "probes" / "warmup.py").read_text()
@@ -158,17 +159,17 @@ class NodeFacts:
     wsl2_gpus: tuple[str, ...] = ()
 
 
-def node_facts(name: str, hello: dict, runtime: str | None = None,
+def node_facts(name: str, hello: Hello, runtime: str | None = None,
                warmup: bool = False) -> NodeFacts:
     """A node's facts from its nodes.yaml entry (``runtime``, ``warmup``) and its hello."""
-    off = [d["index"] for d in hello.get("devices") or [] if isinstance(d, dict)
-           and d.get("vendor") == "nvidia" and d.get("persistence_mode") == "Disabled"]
-    wsl2 = (hello.get("platform") or {}).get("kind") == "wsl2"
-    cards = [d.get("uuid") for d in hello.get("devices") or [] if isinstance(d, dict)
-             and d.get("vendor") == "nvidia" and not d.get("parent_uuid")] if wsl2 else []
+    off = [d["index"] for d in hello.devices
+           if d.get("vendor") == "nvidia" and d.get("persistence_mode") == "Disabled"]
+    wsl2 = hello.platform.get("kind") == "wsl2"
+    cards = [d.get("uuid") for d in hello.devices
+             if d.get("vendor") == "nvidia" and not d.get("parent_uuid")] if wsl2 else []
     return NodeFacts(
-        name=name, runtimes=tuple(r for r in environments.RUNTIMES if r in (hello.get("runtimes") or {})),
-        runtime=runtime, root=hello.get("uid") == 0, warmup=warmup, no_persistence=tuple(off),
+        name=name, runtimes=tuple(r for r in environments.RUNTIMES if r in hello.runtimes),
+        runtime=runtime, root=hello.uid == 0, warmup=warmup, no_persistence=tuple(off),
         wsl2_gpus=tuple(c for c in cards if c))
 
 

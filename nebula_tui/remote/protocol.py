@@ -18,11 +18,20 @@ from .readings import ProbeView, hello_cuda_version, hello_topology, read_probe
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """Once per connection: the node's facts (host, Python, uid, job directory, container
-    runtimes, backends, devices, platform), as sent (``facts``: what ``nebula node show``,
-    the doctor and a launch read by name), and what the head reads of them itself."""
+    """Once per connection: the node's facts, which ``nebula node show``, the doctor and
+    the launches read (a node not heard from yet has this one, every field missing)."""
 
-    facts: dict[str, Any]
+    hostname: str | None = None
+    python: str | None = None  # its python3's version ("3.6.8")
+    uid: int | None = None  # the login's: 0 when the nodelet runs as root
+    node_dir: str | None = None  # its job directories' root
+    #: ``kind`` ("linux", "wsl2"), the kernel's ``release``, ``dev_nvidia`` (nodelet.platform)
+    platform: dict[str, Any] = field(default_factory=dict)
+    runtimes: dict[str, str] = field(default_factory=dict)  # container runtime -> its version
+    #: the hardware backends that serve it, ``{"name", "vendor"}`` each, preferred first
+    backends: tuple[dict, ...] = ()
+    #: its devices' first readings (static facts: persistence mode, MIG parents, PCIe links)
+    devices: tuple[dict, ...] = ()
     #: the highest job number the node holds of this head's store (0: none)
     max_job: int = 0
     #: the highest CUDA version the node's driver supports ("12.4"), or None
@@ -93,7 +102,12 @@ def read_message(node: str, message: dict) -> NodeMessage | None:
 
 
 def _hello(node: str, message: dict) -> Hello:
-    return Hello(facts=message, max_job=job_number(message.get("max_job")),
+    uid = message.get("uid")
+    return Hello(hostname=_text(message.get("hostname")), python=_text(message.get("python")),
+                 uid=uid if isinstance(uid, int) and not isinstance(uid, bool) else None,
+                 node_dir=_text(message.get("node_dir")), platform=_mapping(message.get("platform")),
+                 runtimes=_mapping(message.get("runtimes")), backends=_dicts(message.get("backends")),
+                 devices=_dicts(message.get("devices")), max_job=job_number(message.get("max_job")),
                  cuda_version=hello_cuda_version(message), topology=hello_topology(message))
 
 
@@ -104,20 +118,20 @@ def _probe(node: str, message: dict) -> Probe:
 
 def _started(node: str, message: dict) -> Started:
     workdir = message.get("workdir")
-    return Started(job=_job(message.get("job")), token=_token(message.get("token")),
+    return Started(job=_job(message.get("job")), token=_text(message.get("token")),
                    workdir=workdir if isinstance(workdir, str) and workdir else None)
 
 
 def _phase(node: str, message: dict) -> Phase:
     text = message.get("text")
-    return Phase(job=_job(message.get("job")), token=_token(message.get("token")),
+    return Phase(job=_job(message.get("job")), token=_text(message.get("token")),
                  text=text if isinstance(text, str) else None)
 
 
 def _exit(node: str, message: dict) -> Exit:
     code = message.get("code")
     reason = message.get("reason")
-    return Exit(job=_job(message.get("job")), token=_token(message.get("token")),
+    return Exit(job=_job(message.get("job")), token=_text(message.get("token")),
                 code=code if isinstance(code, int) and not isinstance(code, bool) else None,
                 reason=str(reason) if reason else "")
 
@@ -152,8 +166,16 @@ def job_number(value: object) -> int:
     return value if ok else 0  # type: ignore[return-value]
 
 
-def _token(value: object) -> str | None:
+def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _mapping(value: object) -> dict:
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _dicts(value: object) -> tuple[dict, ...]:
+    return tuple(v for v in value if isinstance(v, dict)) if isinstance(value, list) else ()
 
 
 def _names(value: object) -> dict[str, str]:
