@@ -25,6 +25,7 @@ from pathlib import Path
 
 import sqlite_utils
 
+from ..model import Placement
 from .ids import IdFloor, read_head_id, write_head_id
 from .schema import create_tables
 
@@ -249,6 +250,14 @@ class StoreBase:
                      ) -> StoreUnavailable:
         return StoreUnavailable(f"the head could not write its database ({self.path}): "
                                 f"{_why(err)}; {kept}")
+
+    def _allocate(self, job_id: int, placements: tuple[Placement, ...], t: float) -> None:
+        """The cards a launch holds from ``t`` (a launch here, adopted, or a pool's)."""
+        self.db.conn.executemany(
+            "INSERT INTO allocations (job_id, gpu_uuid, node, gpu_index, memory_mb, "
+            "exclusive, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(job_id, p.gpu_uuid, p.node, p.gpu_index, p.memory_mb, int(p.exclusive), t)
+             for p in placements])
 
     def _ensure_user(self, user: str, t: float) -> None:
         """The user's row, made with their first job (or quota)."""

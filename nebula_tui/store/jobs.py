@@ -203,11 +203,7 @@ class Store(StoreBase):
                 [placements[0].node, self.head_token, secrets.token_hex(8), job_id]).rowcount
             if not still_pending:
                 raise StaleDecision(f"job {job_id} is no longer pending")
-            self.db.conn.executemany(
-                "INSERT INTO allocations (job_id, gpu_uuid, node, gpu_index, memory_mb, "
-                "exclusive, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(job_id, p.gpu_uuid, p.node, p.gpu_index, p.memory_mb, int(p.exclusive), t)
-                 for p in placements])
+            self._allocate(job_id, placements, t)
             node = placements[0].node
             gpus = ", ".join(f"{p.node}:{p.gpu_index}" for p in placements)
             self._event(t, "place", f"job {job_id} placed on {gpus}", job_id=job_id, node=node)
@@ -236,11 +232,7 @@ class Store(StoreBase):
                 f"attempt = ?, launch_token = ?, cancel_by = NULL, cancel_at = NULL, {_NO_STOP} "
                 "WHERE id = ?",
                 [placements[0].node, job.started_at, job.attempt, token, job.id])
-            self.db.conn.executemany(
-                "INSERT INTO allocations (job_id, gpu_uuid, node, gpu_index, memory_mb, "
-                "exclusive, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(job.id, p.gpu_uuid, p.node, p.gpu_index, p.memory_mb, int(p.exclusive), t)
-                 for p in placements])
+            self._allocate(job.id, placements, t)
             self.db.execute("INSERT OR IGNORE INTO launches (token, job_id, attempt, t) "
                             "VALUES (?, ?, ?, ?)", [token, job.id, job.attempt, t])
             self._event(t, "reconcile", f"job {job.id} ran on {node} after the backup this "
@@ -429,11 +421,7 @@ class Store(StoreBase):
                 [placements[0].node, started_at, job_id, job_id]).rowcount
             if not changed:
                 return
-            self.db.conn.executemany(
-                "INSERT INTO allocations (job_id, gpu_uuid, node, gpu_index, memory_mb, "
-                "exclusive, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(job_id, p.gpu_uuid, p.node, p.gpu_index, p.memory_mb, int(p.exclusive), t)
-                 for p in placements])
+            self._allocate(job_id, placements, t)
             nodes = ", ".join(dict.fromkeys(p.node for p in placements))
             self._event(t, "start", f"job {job_id} started on {nodes}", job_id=job_id,
                         node=placements[0].node)
