@@ -254,21 +254,87 @@ def inside(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+def against_the_parts(sources: dict[str, tuple[str, bool]], package: str, parts: tuple[str, ...],
+                      may_import: tuple[str, ...]) -> list[str]:
+    """What breaks a package's order of ``parts`` (its modules, lowest first): a module not
+    listed or listed but missing, a part importing one not before it, or importing a module
+    outside the package and ``may_import``."""
+    graph = import_graph(sources)
+    modules = {m.removeprefix(package + ".") for m in sources if inside(m, package) and m != package}
+    found = [f"{package}.{m} is not listed" for m in sorted(modules - set(parts))]
+    found += [f"{package}.{m} is missing" for m in parts if m not in modules]
+    for name in (p for p in parts if p in modules):
+        module, above = f"{package}.{name}", {f"{package}.{m}" for m in parts[parts.index(name):]}
+        for dep in sorted(graph[module]):
+            if dep in above:
+                found.append(f"{module} imports {dep}, above it")
+            elif not inside(dep, package) and not any(inside(dep, a) for a in may_import):
+                found.append(f"{module} imports {dep}")
+    return found
+
+
+def test_the_parts_check_can_fail():
+    made_up = {
+        "nebula_tui.model": ("", False),
+        "nebula_tui.head.state": ("", False),
+        "nebula_tui.p": ("", True),
+        "nebula_tui.p.low": ("from .high import x\nfrom ..model import y\n", False),
+        "nebula_tui.p.high": ("from .low import x\nfrom ..head.state import z\n", False),
+        "nebula_tui.p.stray": ("", False),
+    }
+    assert against_the_parts(made_up, "nebula_tui.p", ("low", "high", "gone"), ("nebula_tui.model",)) == [
+        "nebula_tui.p.stray is not listed", "nebula_tui.p.gone is missing",
+        "nebula_tui.p.low imports nebula_tui.p.high, above it",
+        "nebula_tui.p.high imports nebula_tui.head.state"]
+
+
 def test_the_config_package_imports_one_way_and_nothing_above_plain_data():
     """nodes.yaml's reading serves the head, the replay and the CLI alike: it imports none
     of them, and its own modules import one way (the package re-exports nothing)."""
     sources = package_sources()
-    graph = import_graph(sources)
-    assert {m.removeprefix(CONFIG + ".") for m in sources if inside(m, CONFIG) and m != CONFIG} \
-        == set(CONFIG_MODULES)
-    assert graph[CONFIG] == set()
-    for number, name in enumerate(CONFIG_MODULES):
-        deps = graph[f"{CONFIG}.{name}"]
-        above = {f"{CONFIG}.{m}" for m in CONFIG_MODULES[number:]}
-        assert not deps & above, f"config/{name}.py imports a module above it"
-        outside = {d for d in deps if not inside(d, CONFIG)}
-        assert all(any(inside(d, a) for a in CONFIG_MAY_IMPORT) for d in outside), \
-            f"config/{name}.py imports {sorted(outside)}"
+    assert import_graph(sources)[CONFIG] == set()
+    assert against_the_parts(sources, CONFIG, CONFIG_MODULES, CONFIG_MAY_IMPORT) == []
+
+
+STORE = "nebula_tui.store"
+#: The store's parts, lowest first: each may import only those before it (the package's
+#: ``__init__`` composes them into ``Store``).
+STORE_PARTS = ("ids", "schema", "base", "telemetry", "events", "nodes", "bookings", "pools", "accounting",
+               "jobs")
+#: All the store may import from the rest of the package: plain data.
+STORE_MAY_IMPORT = ("nebula_tui.model",)
+#: The libraries that speak SQL, which only the store imports.
+SQL_LIBRARIES = ("sqlite3", "sqlite_utils")
+
+
+def speakers_of_sql(sources: dict[str, tuple[str, bool]]) -> list[str]:
+    """The modules outside the store that import a library of :data:`SQL_LIBRARIES`."""
+    return sorted(m for m, (source, _) in sources.items()
+                  if not inside(m, STORE) and libraries(source) & set(SQL_LIBRARIES))
+
+
+def test_the_sql_check_can_fail():
+    made_up = {
+        "nebula_tui.store.base": ("import sqlite3\nimport sqlite_utils\n", False),
+        "nebula_tui.a": ("def f():\n    import sqlite3.dbapi2\n", False),
+        "nebula_tui.b": ("from sqlite_utils import Database\n", False),
+        "nebula_tui.c": ("from .store import Store\nimport json\n", False),
+    }
+    assert speakers_of_sql(made_up) == ["nebula_tui.a", "nebula_tui.b"]
+
+
+def test_only_the_store_speaks_sql():
+    assert speakers_of_sql(package_sources()) == []
+
+
+def test_the_stores_parts_import_one_way_and_nothing_above_plain_data():
+    """Every query of the project is the store's; its parts build one on another, lowest
+    first, and none reaches above plain data (the head uses the store, never the reverse)."""
+    sources = package_sources()
+    assert against_the_parts(sources, STORE, STORE_PARTS, STORE_MAY_IMPORT) == []
+    assert {d for d in import_graph(sources)[STORE] if not inside(d, STORE)} == set()
+    for name in STORE_PARTS:
+        assert len(sources[f"{STORE}.{name}"][0].splitlines()) <= MAX_ROOM_LINES, f"store/{name}.py is too long"
 
 
 def test_the_heads_rooms_stay_small():
