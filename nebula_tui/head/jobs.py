@@ -22,7 +22,7 @@ from dataclasses import replace
 from ..model import (Cancelling, Ended, Evicting, Job, JobState, Launching, Pending, Placement,
                      RequestError, Running, Stopping, holding, spec_fields, with_holding)
 from ..remote import launcher
-from ..remote.protocol import Exit, Phase, Started
+from ..remote.protocol import Exit, Phase, Started, job_number
 from ..remote.ssh import NodeUnavailable
 from ..store import StaleDecision, StoreUnavailable, spec_of
 from .access import Access
@@ -203,6 +203,36 @@ class JobTransitions:
         else:
             self.finish(job, JobState.FAILED, None,
                         "its tmux session ended without an exit code (killed?)")
+
+    def adopt_unknown(self, node: str, attempts: dict, sessions: dict) -> None:
+        """After a restore: launches on this node the store does not know, of jobs it has
+        only as waiting (or not at all: their ids were lost with the backup), are taken in
+        as they are, running or ended, so none of them runs a second time."""
+        state = self.state
+        for name, found in attempts.items():
+            latest_first = sorted(((int(a), info) for a, info in (found or {}).items() if a.isdigit()),
+                                  key=lambda pair: -pair[0])
+            for attempt, info in latest_first:
+                token = info.get("token") if isinstance(info, dict) else None
+                record = info.get("record") if token else None
+                if not isinstance(record, dict) or state.ours(token):
+                    continue
+                job_id = job_number(int(name) if name.isdigit() else 0)
+                known = state.jobs.get(job_id) or state.store.job(job_id)
+                later = known is not None and known.state == JobState.LAUNCHING \
+                    and attempt > known.attempt  # requeued after the backup
+                if not job_id or (known is not None and known.state != JobState.PENDING
+                                  and not later):
+                    continue  # what the store knows of it later than that stands
+                alive = sessions.get(str(job_id)) == token
+                try:
+                    job = job_from_record(job_id, record, token,
+                                          info.get("started_at") or state.clock())
+                except (KeyError, TypeError, ValueError) as err:
+                    log.warning("%s: the record of job %s is not understood: %s", node, job_id, err)
+                    continue
+                log.warning("%s ran job %s after the store's backup: taken in again", node, job_id)
+                self.adopt(node, job, info.get("exit_code"), alive)
 
     # ---------------------------------------------------------------------- launch
     def begin_launch(self, job: Job, placements: tuple[Placement, ...]) -> None:

@@ -24,7 +24,7 @@ from ..store import StoreUnavailable
 from ..units import duration_short
 from .access import Access
 from .health import HealthMonitor
-from .jobs import CANCEL_GRACE_S, JobTransitions, job_from_record
+from .jobs import CANCEL_GRACE_S, JobTransitions
 from .state import GpuLive, HeadState, Maintenance, NodeView, job_nodes
 from .stream import Stream
 
@@ -295,14 +295,14 @@ class Fleet:
         exit messages; a job running here by the store that the node has no record of, or
         whose end the node has and the store lost, is ended (no job "runs" without a
         process). After a restore of the store, launches it does not know are taken in
-        (``adopt_unknown``) before anything is scheduled.
+        (``JobTransitions.adopt_unknown``) before anything is scheduled.
         """
         state, transitions = self.state, self.transitions
         try:
             if node in state.unreconciled:  # first: before any relaunch of an older attempt
                 listing = await state.links[node].request("list", records=True)
-                self.adopt_unknown(node, listing.get("attempts") or {},
-                                   listing.get("session_tokens") or {})
+                transitions.adopt_unknown(node, listing.get("attempts") or {},
+                                          listing.get("session_tokens") or {})
                 state.reconciled_after_restore(node)
             for job in list(state.jobs.values()):
                 if node in job_nodes(job) and job.state == JobState.LAUNCHING:
@@ -351,36 +351,6 @@ class Fleet:
             elif found is not None and found.get("acked") and isinstance(found.get("exit_code"), int):
                 self.transitions.on_exit(node, Exit(job=job.id, token=token,
                                                     code=found["exit_code"]))
-
-    def adopt_unknown(self, node: str, attempts: dict, sessions: dict) -> None:
-        """After a restore: launches on this node the store does not know, of jobs it has
-        only as waiting (or not at all: their ids were lost with the backup), are taken in
-        as they are, running or ended, so none of them runs a second time."""
-        state = self.state
-        for name, found in attempts.items():
-            latest_first = sorted(((int(a), info) for a, info in (found or {}).items() if a.isdigit()),
-                                  key=lambda pair: -pair[0])
-            for attempt, info in latest_first:
-                token = info.get("token") if isinstance(info, dict) else None
-                record = info.get("record") if token else None
-                if not isinstance(record, dict) or state.ours(token):
-                    continue
-                job_id = job_number(int(name) if name.isdigit() else 0)
-                known = state.jobs.get(job_id) or state.store.job(job_id)
-                later = known is not None and known.state == JobState.LAUNCHING \
-                    and attempt > known.attempt  # requeued after the backup
-                if not job_id or (known is not None and known.state != JobState.PENDING
-                                  and not later):
-                    continue  # what the store knows of it later than that stands
-                alive = sessions.get(str(job_id)) == token
-                try:
-                    job = job_from_record(job_id, record, token,
-                                          info.get("started_at") or state.clock())
-                except (KeyError, TypeError, ValueError) as err:
-                    log.warning("%s: the record of job %s is not understood: %s", node, job_id, err)
-                    continue
-                log.warning("%s ran job %s after the store's backup: taken in again", node, job_id)
-                self.transitions.adopt(node, job, info.get("exit_code"), alive)
 
     async def _stop_stale(self, node: str, job_id: int, token: str) -> None:
         # With its token: a relaunch that took the session's place meanwhile is left alone.
