@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import sqlite3
 import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 import yaml
@@ -174,3 +176,74 @@ def test_garbage_from_a_node_tool_marks_the_node_and_nothing_crashes(head, opens
     finally:
         tool.write_text(original)
     wait_for(lambda: not node_of(head, "node03")["reason"], 15, what="node03 healthy again")
+
+
+def _card_of(db_path, job: int) -> tuple[str, int]:
+    """The card the job's latest allocation is on, and all the memory that card has."""
+    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        return db.execute("SELECT a.gpu_uuid, g.total_mb FROM allocations a JOIN gpus g "
+                          "ON g.uuid = a.gpu_uuid WHERE a.job_id = ? ORDER BY a.created_at DESC",
+                          [job]).fetchone()
+    finally:
+        db.close()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("acked", [True, False], ids=["end-acked", "head-died-before-its-ack"])
+def test_a_restore_records_the_end_that_freed_a_card_before_it_takes_in_the_next_job(
+        openssh_lab, tmp_path, acked):
+    """The backup holds a job running on a card that has room for one; after the backup
+    that job ends and a later one takes its card. Restored, the store learns both from the
+    node: it records the first one's end before it takes the second one in, so at no
+    moment does it hold both on the card. Whether the node had the end's ack or not (the
+    head died before it went) makes no difference."""
+    head = HeadProcess(tmp_path / "home", openssh_lab)
+    db, gate, ran = head.home / "state.db", tmp_path / "gate", tmp_path / "ran.txt"
+    second = None
+    head.start()
+    try:
+        with head.client() as client:
+            first = client.call("submit", gpu_mem_mb=4096, shell=True, command=[
+                f"while [ ! -e {gate} ]; do sleep 0.2; done"])["job"]["id"]
+        wait_for(lambda: head.job(first)["state"] == "running", 30, what="the first job to run")
+        card, node = _card_of(db, first), head.job(first)["node"]
+        source, target = sqlite3.connect(db), sqlite3.connect(tmp_path / "backup.db")
+        source.backup(target)
+        source.close()  # open, it would write its view of the store over the restored one
+        target.close()
+        gate.touch()
+        assert head.wait_job(first)["state"] == "succeeded"
+
+        def card_free():  # its readings too: what the first job left there is gone
+            gpu = next(g for g in head.call("gpus")["gpus"] if g["uuid"] == card[0])
+            return not gpu["jobs"] and not gpu["unmanaged_used_mb"]
+        wait_for(card_free, 20, what="the first job's card free again")
+        with head.client() as client:
+            second = client.call("submit", gpu_mem_mb=4096, shell=True, command=[
+                f'echo "$NEBULA_JOB_ID" >> {ran}; sleep 300'])["job"]["id"]
+        wait_for(lambda: head.job(second)["state"] == "running", 30, what="the second job to run")
+        # Best fit: the second job takes the card the first one left, the only card in the
+        # lab with room for one such job and not two.
+        assert _card_of(db, second) == card and card[1] < 2 * 4096, card
+        jobs_dir = openssh_lab.node_dir(node).rglob(f"heads/{head.head_id}/jobs")
+        acks = next(jobs_dir) / str(first)
+        wait_for(lambda: list(acks.glob("*/acked")), 20, what="the first job's end acknowledged")
+        head.stop()
+        if not acked:  # as if the head had died before its ack reached the node
+            for mark in acks.glob("*/acked"):
+                mark.unlink()
+        shutil.copy(tmp_path / "backup.db", db)  # the admin's restore
+        for suffix in ("-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        head.start()
+        assert head.wait_job(first)["state"] == "succeeded"
+        wait_for(lambda: head.job(second)["state"] == "running", 30,
+                 what="the second job taken in again")
+        never_overcommitted(db)
+        assert ran.read_text().split() == [str(second)], "a job ran twice"
+    finally:
+        if second is not None:  # the lab is shared: its card is left free
+            head.run("cancel", str(second))
+            head.wait_job(second)
+        head.stop()

@@ -294,15 +294,21 @@ class Fleet:
         stopped, so no job runs twice. Exits the node recorded while we were away arrive as
         exit messages; a job running here by the store that the node has no record of, or
         whose end the node has and the store lost, is ended (no job "runs" without a
-        process). After a restore of the store, launches it does not know are taken in
-        (``JobTransitions.adopt_unknown``) before anything is scheduled.
+        process). After a restore of the store, the ends the node has of jobs the store has
+        running are recorded first, then launches it does not know are taken in
+        (``JobTransitions.adopt_unknown``), before anything is scheduled.
         """
         state, transitions = self.state, self.transitions
         try:
             if node in state.unreconciled:  # first: before any relaunch of an older attempt
+                running = self._running_here(node)
                 listing = await state.links[node].request("list", records=True)
-                transitions.adopt_unknown(node, listing.get("attempts") or {},
-                                          listing.get("session_tokens") or {})
+                attempts = listing.get("attempts") or {}
+                # Ends before starts: a launch after the backup may hold a card only because
+                # a job the backup has running there ended meanwhile. Recorded after it was
+                # taken in, that end would leave both on the card for the store.
+                self._end_the_unrecorded(node, attempts, running, unacked=True)
+                transitions.adopt_unknown(node, attempts, listing.get("session_tokens") or {})
                 state.reconciled_after_restore(node)
             for job in list(state.jobs.values()):
                 if node in job_nodes(job) and job.state == JobState.LAUNCHING:
@@ -311,8 +317,7 @@ class Fleet:
                     state.spawn(transitions.cancel_on_node(job, only=node), f"cancel-{job.id}")
             # Only launches the node had answered before it was asked for its list can be
             # missing from the list: one that starts while the list is on its way is not.
-            running = {j.id: state.token(j) for j in state.jobs.values()
-                       if j.state == JobState.RUNNING and node in job_nodes(j)}
+            running = self._running_here(node)
             listing = await state.links[node].request("list")
             self._stop_the_stale(node, listing.get("session_tokens") or {})
             self._end_the_unrecorded(node, listing.get("attempts") or {}, running)
@@ -334,11 +339,19 @@ class Fleet:
                              job_id=job_id, node=node)
                 state.spawn(self._stop_stale(node, job_id, token), f"stale-{job_id}")
 
-    def _end_the_unrecorded(self, node: str, attempts: dict, running: dict[int, str]) -> None:
+    def _running_here(self, node: str) -> dict[int, str]:
+        """The jobs (id -> token) the store has running on ``node`` now."""
+        return {j.id: self.state.token(j) for j in self.state.jobs.values()
+                if j.state == JobState.RUNNING and node in job_nodes(j)}
+
+    def _end_the_unrecorded(self, node: str, attempts: dict, running: dict[int, str],
+                            unacked: bool = False) -> None:
         """Running jobs of this node the node itself says are over: it has no record of
         their launch (its job directory went), or it has their end, acknowledged, which the
-        store lost (a restore). Unacknowledged ends it reports by itself. ``running``: the
-        jobs (id -> token) that ran here before the node was asked for ``attempts``."""
+        store lost (a restore). Unacknowledged ends it reports by itself, unless ``unacked``
+        (after a restore: they must be recorded before what ran later is taken in).
+        ``running``: the jobs (id -> token) that ran here before the node was asked for
+        ``attempts``."""
         for job_id, token in running.items():
             job = self.state.jobs.get(job_id)
             if job is None or job.state != JobState.RUNNING or self.state.token(job) != token:
@@ -348,9 +361,10 @@ class Fleet:
             if found is None and token:
                 self.transitions.finish(job, JobState.FAILED, None, f"{node} has no record of "
                                         "its launch (its job directory was removed?)")
-            elif found is not None and found.get("acked") and isinstance(found.get("exit_code"), int):
-                self.transitions.on_exit(node, Exit(job=job.id, token=token,
-                                                    code=found["exit_code"]))
+            elif (found is not None and (unacked or found.get("acked"))
+                  and isinstance(found.get("exit_code"), int)):
+                self.transitions.on_exit(node, Exit(job=job.id, token=token, code=found["exit_code"],
+                                                    reason=str(found.get("reason") or "")))
 
     async def _stop_stale(self, node: str, job_id: int, token: str) -> None:
         # With its token: a relaunch that took the session's place meanwhile is left alone.

@@ -232,6 +232,7 @@ def _attempt_info(d, with_record=False):
             info["record"] = json.loads(read_text(os.path.join(d, "launch.json")) or "null")
         except ValueError:
             info["record"] = None
+        info["reason"] = (read_text(os.path.join(d, "reason")) or "").strip()[:500]
     return info
 
 
@@ -255,7 +256,8 @@ def op_list(req):
     """This head's jobs here: ``jobs`` holds each job's latest attempt (the one its session,
     if any, belongs to), ``attempts`` every attempt; ``sessions`` the jobs with a live session and
     ``session_tokens`` the launch each belongs to. With ``records``, each attempt also
-    carries the record its launch left (``launch.json``)."""
+    carries the record its launch left (``launch.json``) and why its part could not start
+    (``reason``, "" if it did)."""
     jobs, every = {}, {}
     with_records = bool(req.get("records"))
     for job in list_dir(JOBS_DIR):
