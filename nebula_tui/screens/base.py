@@ -131,12 +131,18 @@ class ScreenBar(Horizontal):
         markup = "".join(tabs)
         if crumb:
             markup += f" › [b]{escape(crumb)}[/b]"
-        self.query_one("#bar-tabs", Static).update(Content.from_markup(markup))
+        lines = [next(iter(self.query(f"#bar-{part}").results(Static)), None) for part in ("tabs", "state")]
+        if None in lines:
+            # A screen warmed up unseen can be asked before its bar has composed (or after
+            # the app closed it); its next show paints once the lines are there.
+            self._shown = None
+            return
+        lines[0].update(Content.from_markup(markup))
         right = Text()
         if wide and name:
             right.append(f"{name}  ", style="bold")
         right.append_text(state)
-        self.query_one("#bar-state", Static).update(right)
+        lines[1].update(right)
 
     def on_resize(self) -> None:
         self._shown = None
