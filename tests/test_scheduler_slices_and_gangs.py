@@ -348,3 +348,14 @@ def test_best_fit_weighs_nothing_when_set_to_zero():
     decisions = schedule(Snapshot(gpus=tuple(gpus), queue=jobs((2, None)), topologies={"a100": NV12},
                                   config=SchedulerConfig(w_fit=0.0)))
     assert [node for node, *_ in where(decisions[0])] == ["a100", "a100"]
+
+
+def test_best_fit_never_fills_a_node_under_suspicion_first():
+    """A throttling card lowers its node's health score to 0.85 (a 0.3 health term): the
+    1-card job that best fit would put on that node's last free card goes to the healthy
+    pair instead, as it did before best fit."""
+    from dataclasses import replace
+    busy = Placement(node="n2", gpu_index=0, gpu_uuid="GPU-n2-0", memory_mb=RTX4090_MB, exclusive=True)
+    suspect = [replace(g, health_score=0.85) for g in (gpu("n2", 0, placements=[(99, busy)]), gpu("n2", 1))]
+    decisions = run([gpu("n1", 0), gpu("n1", 1), *suspect], jobs((1, None)))
+    assert where(decisions[0]) == [("n1", 0, RTX4090_MB, True)]

@@ -53,10 +53,15 @@ class SetScoring:
         leaves the same number, so the term ranks nodes, never sets on one node: a 1-card
         job takes the last free card of a node before it opens a pair, and a 2-card job
         takes a pair before it breaks the only four-card machine, so the gangs that need a
-        machine's free cards together still find them. (Slices have their own term.)"""
+        machine's free cards together still find them. A node whose health score is below 1
+        gets the most the term can cost. (Slices have their own term.)"""
         if shape.gpu_mem_mb is not None or not self.config.w_fit:
             return 0.0
         cards = self.by_node[node]
+        if min(c.health for c in cards) < 1.0:
+            # Packing onto a node under suspicion (throttling, errors) would let the fit
+            # outweigh its health term: such a node is never the one filled first.
+            return self.config.w_fit
         free = sum(1 for c in cards if c.spot >= 0 and not c.allocs and not c.unmanaged)
         return self.config.w_fit * max(0, free - shape.gpu_count) / len(cards)
 
