@@ -384,6 +384,43 @@ def test_every_long_module_says_why_it_is_one():
     assert long_modules_without_a_reason(package_sources()) == []
 
 
+#: Past this many lines a class outside ``scheduler/`` needs its module's reason too.
+LONG_CLASS_LINES = 500
+
+
+def long_classes_without_a_reason(sources: dict[str, tuple[str, bool]]) -> list[str]:
+    """``module.Class (N lines)`` for each class over :data:`LONG_CLASS_LINES` lines outside
+    the scheduler whose module's docstring does not say why it is one module."""
+    missing = []
+    for name, (source, _) in sorted(sources.items()):
+        if name.startswith("nebula_tui.scheduler."):
+            continue  # the scheduler's passes are long by design, each module says why
+        tree = ast.parse(source)
+        doc = ast.get_docstring(tree) or ""
+        said = any(line.strip()[len(WHY_ONE_MODULE):].strip() for line in doc.splitlines()
+                   if line.strip().startswith(WHY_ONE_MODULE))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and not said:
+                lines = node.end_lineno - node.lineno + 1
+                if lines > LONG_CLASS_LINES:
+                    missing.append(f"{name}.{node.name} ({lines} lines)")
+    return missing
+
+
+def test_the_long_class_check_can_fail():
+    body = "class Big:\n" + "    x = 1\n" * LONG_CLASS_LINES
+    made_up = {
+        "nebula_tui.silent": ('"""A long class, and nothing said."""\n' + body, False),
+        "nebula_tui.said": (f'"""A long class.\n\n{WHY_ONE_MODULE} one table.\n"""\n' + body, False),
+        "nebula_tui.scheduler.passes": ('"""Left to the scheduler."""\n' + body, False),
+    }
+    assert long_classes_without_a_reason(made_up) == [f"nebula_tui.silent.Big ({LONG_CLASS_LINES + 1} lines)"]
+
+
+def test_every_long_class_says_why_its_module_is_one():
+    assert long_classes_without_a_reason(package_sources()) == []
+
+
 # --------------------------------------------------------------------------- the node side
 #: The node side's main script: run on the node, never imported by the head.
 NODELET = "nebula_tui.remote.probes.nodelet"
