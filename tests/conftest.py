@@ -20,6 +20,46 @@ from slurmfixtures import slurm_lab  # noqa: E402,F401  (fixture)
 
 from labkit.harness import HeadProcess, wait_for  # noqa: E402,F401
 
+#: A test reaches the simulated lab (real sshd, tmux, a head process, Slurm) when it asks for
+#: one of these; it is then marked ``lab``. Tests that start a lab or a demo of their own say
+#: so with ``pytest.mark.lab`` themselves.
+LAB_FIXTURES = frozenset({"openssh_lab", "asyncssh_lab", "slurm_lab"})
+
+#: Modules whose tests share something of the whole machine, so that under pytest-xdist
+#: they run in one worker, one after another: one real Slurm cluster (and the demo's own),
+#: and the Unix users and groups made with test_multiuser's ``lab_users`` (modules borrow
+#: each other's, by the same names, and each removes them when it ends).
+MACHINE_WIDE = {
+    "test_pools_e2e": "slurm", "test_pool_authorize": "slurm", "test_tui_pools": "slurm",
+    "test_slurm_lab": "slurm", "test_demo_slurm": "slurm",
+    **dict.fromkeys(("test_multiuser", "test_accounting", "test_remote_host", "test_attach",
+                     "test_shared_box_paths", "test_node_command_lines", "test_install"),
+                    "unix-users"),
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Marks each test that reaches the lab ``lab``, and gives each an xdist group: its
+    module (a module's head and lab are set up once, in one worker) or the machine-wide
+    thing it shares. The groups with the most ``slow`` tests come first, then the other lab
+    groups, so that no long group starts last (with ``--no-loadscope-reorder``: `make test`)."""
+    for item in items:
+        if LAB_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.lab)
+    groups: dict[str, list] = {}
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if item.module else item.nodeid
+        group = MACHINE_WIDE.get(module, module)
+        item.add_marker(pytest.mark.xdist_group(group))
+        groups.setdefault(group, []).append(item)
+
+    def weight(group: list) -> tuple[int, int]:
+        return (-sum(1 for i in group if i.get_closest_marker("slow")),
+                -sum(1 for i in group if i.get_closest_marker("lab")))
+
+    items[:] = [item for group in sorted(groups.values(), key=weight) for item in group]
+
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now: nothing listens there until something binds it."""

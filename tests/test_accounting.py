@@ -87,6 +87,7 @@ def _history(head, *args: str) -> dict[int, dict]:
     return {j["id"]: j for j in json.loads(head.run("history", "--json", *args, check=True).stdout)}
 
 
+@pytest.mark.slow
 def test_history_shows_what_each_job_held_waited_ran_cost_and_did(head, ended):
     jobs, gpus = ended["jobs"], ended["gpus"]
     rows = _history(head)

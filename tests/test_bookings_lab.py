@@ -45,6 +45,7 @@ def reason(head, job: int) -> str:
     return head.job(job)["reason"]
 
 
+@pytest.mark.slow
 def test_a_booking_keeps_its_cards_for_its_users_and_lets_a_short_job_backfill(head):
     said = reserve(head, "--gpus", "node02:0-3", "--start", f"+{LEAD_S}s", "--duration", "1h",
                    "--users", "nobody", "--name", "deadline").stdout

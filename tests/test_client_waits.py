@@ -9,12 +9,15 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 def _run(head, *args: str, timeout_s: str = "3") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "nebula_tui", *args],
                           env={**head.env, "NEBULA_TIMEOUT": timeout_s}, capture_output=True,
                           text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_clients_of_a_stopped_head_give_up_in_one_line(head):
     job = int(head.run("submit", "--gpu-mem", "4G", "--", "sleep", "300", check=True).stdout.split()[-1])
     try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from conftest import wait_for
 from reliability import needs_own_clock
 from labkit.harness import HeadProcess
@@ -15,6 +17,7 @@ def node_state(head, name: str) -> str:
     return next(n for n in head.call("status")["nodes"] if n["name"] == name)["state"]
 
 
+@pytest.mark.slow
 def test_a_wall_clock_step_during_a_short_silence_requeues_nothing(openssh_lab, tmp_path):
     needs_own_clock()
     head = HeadProcess(tmp_path / "home", openssh_lab, own_clock=True)  # lease: 600 s
@@ -61,6 +64,7 @@ def test_a_wall_clock_step_stops_no_job_before_its_time_limit(openssh_lab, tmp_p
         head.stop()
 
 
+@pytest.mark.slow
 def test_a_wall_clock_step_neither_cancels_an_idle_job_nor_kills_an_over_user_early(openssh_lab, tmp_path):
     """Idle for a moment, over its reservation for a moment: with an hour of idleness and an
     hour of over-use allowed, two hours of wall clock that did not pass act on neither."""

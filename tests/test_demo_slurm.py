@@ -18,6 +18,8 @@ import pytest
 from nebula_tui.sim import slurm
 from labkit.harness import wait_for
 
+pytestmark = pytest.mark.lab  # a demo with Slurm of its own
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -37,6 +39,7 @@ def nebula(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedP
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_the_demo_with_slurm_runs_a_pool_job_and_leaves_nothing_behind(tmp_path):
     reason = _why_no_slurm()
     if reason:

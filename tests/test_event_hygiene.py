@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from conftest import wait_for
 from nebula_tui.sim import faults
 from nebula_tui.views import REASON_MAX, one_line
@@ -19,6 +21,7 @@ def node_events(head, node: str, since: float) -> list[str]:
     return [e["message"] for e in events if e["t"] >= since]
 
 
+@pytest.mark.slow
 def test_a_node_away_is_one_event_and_its_retries_are_summed_up(head, openssh_lab):
     since = time.time()
     openssh_lab.stop_node("node03")

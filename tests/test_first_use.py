@@ -36,6 +36,7 @@ def submitted(done: subprocess.CompletedProcess) -> int:
 
 
 # ============================================================================ the TUI
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)])
 async def test_help_shows_every_key_and_command_and_scrolls(size):
     """`?` was cut off at 80x24 and at 160x48: the global keys and the `:` commands never

@@ -36,6 +36,7 @@ def node_state(head, name: str) -> str:
     return next(n for n in head.call("status")["nodes"] if n["name"] == name)["state"]
 
 
+@pytest.mark.slow
 def test_a_full_disk_loses_no_exit_and_says_what_it_is(openssh_lab, tmp_path):
     with small_disk(tmp_path / "home", mb=24) as home:
         head = HeadProcess(home, openssh_lab)

@@ -102,6 +102,7 @@ async def test_an_idle_connection_is_closed_and_gives_its_place_back(served, mon
     writer.close()
 
 
+@pytest.mark.slow
 def test_stalled_subscribers_cost_the_head_a_bounded_amount(head):
     """Five subscriptions that never read while thousands of events flow (the review saw
     the head grow from 60 MB to 763 MB), and one that reads a line now and then: it falls

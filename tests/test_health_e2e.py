@@ -101,6 +101,7 @@ def test_parse_xid_prints_events(health, tmp_path):
     assert events[0]["uuid"] == gpu["uuid"]  # the "GPU at PCI" line named the card
 
 
+@pytest.mark.slow
 def test_xid79_once_is_transient_twice_isolates_until_an_admin_resumes(health, openssh_lab,
                                                                          tmp_path):
     job = submit_running(health, KEEPS_RUNNING.format(dir=tmp_path))
@@ -145,6 +146,7 @@ def test_xid79_once_is_transient_twice_isolates_until_an_admin_resumes(health, o
     cancel(health, job["id"])
 
 
+@pytest.mark.slow
 def test_a_card_lost_mid_job_is_taken_out_resumed_only_after_its_self_test(health, openssh_lab,
                                                                             tmp_path):
     """The driver loses a card under a running job (NVML: GPU is lost; nvidia-smi: Unknown
@@ -276,6 +278,7 @@ def test_xid31_fails_only_the_offending_job(health, openssh_lab, tmp_path):
     cancel(health, bystander["id"])
 
 
+@pytest.mark.slow
 def test_a_silent_node_is_unknown_and_gets_nothing_new(health, openssh_lab):
     def node() -> dict:
         return next(n for n in health.call("status")["nodes"] if n["name"] == "node03")

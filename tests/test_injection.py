@@ -8,6 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ TEXT = st.lists(st.one_of(NASTY, st.text(alphabet="abcé日 /.", max_size=4)), m
 PRINT_ARGV = "import json, os, sys; print(json.dumps([os.getcwd(), *sys.argv[1:]]))"
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=TEXT.filter(lambda s: "\n" not in s and len(s) <= 128), args=st.lists(TEXT, max_size=4),

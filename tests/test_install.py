@@ -62,6 +62,7 @@ def test_the_service_file_runs_the_command_the_guide_installs():
     assert "sudo ln -sf /opt/nebula/bin/nebula /usr/local/bin/nebula" in GUIDE.read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates a Unix user and group")
 def test_a_shared_head_installed_as_documented_answers_a_second_user(wheel, openssh_lab):
     python = shutil.which("python3", path="/usr/bin:/bin")

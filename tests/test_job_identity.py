@@ -27,6 +27,7 @@ from labkit.harness import HeadProcess
 from support import running, session_alive, submit
 
 
+@pytest.mark.slow
 def test_a_second_head_on_the_same_nodes_never_touches_the_first_heads_job(openssh_lab, tmp_path):
     first = HeadProcess(tmp_path / "first", openssh_lab)
     second = HeadProcess(tmp_path / "second", openssh_lab)
@@ -73,6 +74,7 @@ def _backup(db: Path, to: Path) -> None:
     target.close()
 
 
+@pytest.mark.slow
 def test_a_restored_backup_never_hands_out_an_id_again(openssh_lab, tmp_path):
     head = HeadProcess(tmp_path / "home", openssh_lab)
     head.start()
@@ -110,6 +112,7 @@ def test_a_restored_backup_never_hands_out_an_id_again(openssh_lab, tmp_path):
         head.stop()
 
 
+@pytest.mark.slow
 def test_a_lost_wal_never_hands_out_an_id_again(openssh_lab, tmp_path):
     head = HeadProcess(tmp_path / "home", openssh_lab)
     head.start()

@@ -157,6 +157,7 @@ def test_warmup_wakes_an_idle_card_to_p0_and_warns_without_persistence_mode(head
     assert "runs without persistence mode" in text and "sudo nvidia-smi -pm 1" in text
 
 
+@pytest.mark.slow
 @needs_cc
 def test_warmup_wakes_each_card_of_a_two_gpu_job(head):
     job, text, cards = warmed(head, "--gpu-count", "2")

@@ -182,6 +182,7 @@ async def test_stop_node_and_start_node(lab: Lab) -> None:
         assert (await conn.run("echo $NEBULA_SIM_NODE")).stdout == "node02\n"
 
 
+@pytest.mark.lab  # a lab of its own
 @pytest.mark.parametrize("kind", KINDS)
 def test_fresh_lab_starts_fast_and_leaves_nothing(kind: str, tmp_path: Path) -> None:
     root = tmp_path / "lab"

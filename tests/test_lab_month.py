@@ -171,6 +171,7 @@ def test_nebula_simulate_prints_the_table_and_the_last_line(tmp_path):
 
 
 # ------------------------------------------------------------------ against the live head
+@pytest.mark.slow
 def test_the_replay_places_like_the_live_head_on_the_simulated_lab(head, tmp_path):
     """The same short trace on the real lab (sshd, tmux, the head service) and in the
     replay: each job on the same cards, the jobs starting in the same order."""

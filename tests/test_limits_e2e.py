@@ -85,6 +85,7 @@ def test_an_over_using_job_is_reported_and_killed_while_its_neighbour_runs_on(he
                 head.wait_job(job, timeout=40)
 
 
+@pytest.mark.slow
 def test_an_idle_job_is_marked_warned_and_cancelled(head):
     job = submit(head, "--gpu-mem", "4G", "--", "env", "NEBULA_SIM_GPU_UTIL=0", "sleep", "120")
     running(head, job)
@@ -100,6 +101,7 @@ def test_an_idle_job_is_marked_warned_and_cancelled(head):
     assert done["reason"].endswith("on 1 GPU")
 
 
+@pytest.mark.slow
 async def test_the_tui_queue_shows_the_idle_mark(head):
     app = make_app(head.socket)
     async with app.run_test(size=(140, 44)) as pilot:
@@ -191,6 +193,7 @@ def test_after_kinds_and_requeue(head):
 RESTART_GRACE_S = 15
 
 
+@pytest.mark.slow
 def test_a_stop_under_way_survives_a_head_restart(openssh_lab, tmp_path):
     """A job that ignores SIGUSR1 at its time limit is killed when the grace ends, counted
     from its one SIGUSR1, though the head was SIGKILLed and started again within the grace
@@ -226,6 +229,7 @@ def test_a_job_that_ignores_sigusr1_is_killed_after_the_grace_and_ends_timeout(h
     assert done["ended_at"] - done["started_at"] < 2 + GRACE_S + 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_86", "sm_89"])  # read with nvidia-smi; with NVML
 def test_a_job_on_cards_that_report_no_utilisation_is_idle_unknown_not_idle(head, openssh_lab, arch):
     """Cards whose vendor reports no utilisation (N/A) cannot tell an idle job from a busy

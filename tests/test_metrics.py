@@ -134,6 +134,7 @@ def test_a_bad_or_taken_metrics_address_is_refused_in_one_line(metered, tmp_path
     assert f"cannot serve metrics on 127.0.0.1:{metered.port}" in taken.stderr
 
 
+@pytest.mark.lab  # a demo of its own
 def test_the_demo_serves_metrics_too(tmp_path):
     """Every card of the demo's lab, whatever its vendor, is a series."""
     from nebula_tui.sim import presets
@@ -164,6 +165,7 @@ def _env() -> dict:
     return {k: v for k, v in os.environ.items() if not k.startswith("NEBULA_")}
 
 
+@pytest.mark.slow
 def test_idle_connections_to_the_metrics_port_cost_the_head_nothing_lasting(metered):
     """800 connections that send nothing once held 800 of the head's descriptors and threads
     for ever: the port serves a few at once and drops one that stays silent."""
@@ -187,6 +189,7 @@ def test_idle_connections_to_the_metrics_port_cost_the_head_nothing_lasting(mete
             connection.close()
 
 
+@pytest.mark.slow
 def test_clients_that_trickle_their_request_heads_cannot_block_a_scrape(metered):
     """Sixteen connections that each send one header line a second never fall silent, so
     they once held every slot of the port and each scrape was closed unanswered. Now a whole

@@ -73,6 +73,7 @@ def test_a_known_host_with_another_key_is_never_retrusted(small_cluster, openssh
     assert "node03" not in head.path.read_text()
 
 
+@pytest.mark.slow
 async def test_the_tui_adds_a_node_after_showing_its_fingerprint(small_cluster, openssh_lab):
     import asyncio
 

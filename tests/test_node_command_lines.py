@@ -12,6 +12,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import wait_for
 from test_container_jobs import IMAGE
 from test_multiuser import RUNUSER, submit_as
@@ -41,6 +43,7 @@ def _uid_of(pid: str) -> int | None:
         return None
 
 
+@pytest.mark.slow
 def test_another_user_reads_nothing_nebula_adds_on_the_command_lines(shared, openssh_lab):
     # A tmux server started by a launch would keep that launch's argv for good: start afresh.
     for node in openssh_lab.nodes:

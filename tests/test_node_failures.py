@@ -125,6 +125,7 @@ def test_status_json_reports_node_states(broken_cluster):
     assert states["node04"] == "down" and states["node02"] == "up"
 
 
+@pytest.mark.slow
 def test_a_nodes_sshd_killed_and_restarted_loses_nothing_and_runs_nothing_twice(head, openssh_lab, tmp_path):
     """The node's sshd dies with every session it serves (the nodelet too) while two jobs
     run there, one of which ends meanwhile, and comes back: the head reconnects, records

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from test_node_admin import fingerprint, small_cluster  # noqa: F401  (fixture)
 
 
+@pytest.mark.slow
 def test_node_add_runs_the_smoke_job_on_the_new_node_and_prints_it(small_cluster, openssh_lab):
     head, port = small_cluster, openssh_lab.port("node03")
     done = head.run("node", "add", "node03", "127.0.0.1", "--port", str(port),

@@ -194,6 +194,7 @@ def test_a_job_name_cannot_add_headers_or_lose_its_mail(lab_with_notices):
     assert mail["Bcc"] is None and not mailbox.to("eve@lab.test")
 
 
+@pytest.mark.slow
 def test_a_user_cannot_make_the_head_connect_anywhere(lab_with_notices):
     """Webhook URLs come from nodes.yaml alone: a submit over the raw socket naming URLs in
     every field a client might try (and in its name) gets the notices to the configured

@@ -89,6 +89,7 @@ def can_log_in(slurm_lab, key: Path, user: str) -> bool:
     return asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_the_printed_line_lets_the_head_in_as_the_user_until_it_is_deleted(
         slurm_lab, login_user, submitter_head):
     done = submitter_head.run("pool", "authorize", "hpc")

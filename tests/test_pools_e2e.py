@@ -74,6 +74,7 @@ def wait_state(head: HeadProcess, job: int, states: set[str], timeout: float = 6
     return head.job(job)
 
 
+@pytest.mark.slow
 def test_a_job_runs_in_the_pool_and_its_output_is_read(pool_head):
     job = submit(pool_head, "--pool", "hpc", "--gpu-count", "2", "--", "sh", "-c",
                  "echo $NEBULA_JOB_ID $CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER $NEBULA_GPU_LIST; sleep 2")
@@ -120,6 +121,7 @@ def test_a_failing_exit_code_and_a_multi_node_job(pool_head):
         assert f"rank={rank} of=2 master=127.0.0.1:{port} world=2" in logs
 
 
+@pytest.mark.slow
 def test_a_time_limit_ends_it_as_timeout(pool_head):
     job = submit(pool_head, "--pool", "hpc", "--time", "1m", "--", "sleep", "600")
     ended = wait_state(pool_head, job, {"timeout", "failed", "succeeded"}, timeout=180)
@@ -136,6 +138,7 @@ def test_what_the_pool_cannot_run_is_refused_at_submit(pool_head):
         assert done.returncode == 2 and says in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_a_head_killed_mid_submit_never_submits_twice(slurm_lab, tmp_path):
     """Between the intent and sbatch's answer: the job went through (its answer lost), or it
     did not; the restarted head finds the first by its token and submits the second once."""
@@ -169,6 +172,7 @@ def test_a_head_killed_mid_submit_never_submits_twice(slurm_lab, tmp_path):
         head.stop()
 
 
+@pytest.mark.slow
 def test_the_login_node_down_and_back(pool_head, slurm_lab):
     job = submit(pool_head, "--pool", "hpc", "--", "sh", "-c", "sleep 8; echo survived")
     wait_state(pool_head, job, {"running"})
@@ -187,6 +191,7 @@ def test_the_login_node_down_and_back(pool_head, slurm_lab):
     assert "survived" in pool_head.run("logs", str(job), check=True).stdout
 
 
+@pytest.mark.slow
 def test_a_job_waiting_past_burst_after_runs_in_the_pool(openssh_lab, slurm_lab, tmp_path):
     """The lab's nodes are drained: jobs wait here, and once past burst_after they go to the
     pool in the queue's order, at most max_jobs (1) there at once."""
@@ -250,6 +255,7 @@ def test_each_lab_user_submits_as_themselves(openssh_lab, slurm_lab, tmp_path_fa
             slurm_lab.revoke(alice)
 
 
+@pytest.mark.slow
 def test_pending_there_says_why_and_hold_release_reach_slurm(pool_head, slurm_lab):
     blocker = submit(pool_head, "--pool", "hpc", "--nodes", "4", "--gpu-count", "4", "--",
                      "sleep", "300")

@@ -52,6 +52,7 @@ def cancelled_after(head):
             head.wait_job(job, timeout=40)
 
 
+@pytest.mark.slow
 def test_a_normal_job_preempts_a_preemptible_one_which_runs_again_later(head):
     me = getpass.getuser()
     with cancelled_after(head) as jobs:

@@ -45,6 +45,7 @@ def never_overcommitted(db_path) -> None:
             assert not exclusive or count == 1, f"{gpu}: an exclusive card was shared"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_chaos_head_killed_20_times_while_200_jobs_flow(openssh_lab, tmp_path):
     ran = tmp_path / "ran.txt"
@@ -84,6 +85,7 @@ def test_chaos_head_killed_20_times_while_200_jobs_flow(openssh_lab, tmp_path):
     assert finished == 200
 
 
+@pytest.mark.slow
 def test_node_sshd_stopped_30s_while_its_job_runs(head, openssh_lab):
     job = int(head.run("submit", "--gpu-mem", "4G", "--", "sleep", "120", check=True).stdout.split()[2])
     try:
@@ -107,6 +109,7 @@ def test_node_sshd_stopped_30s_while_its_job_runs(head, openssh_lab):
     assert head.wait_job(job, 30)["state"] == "cancelled"
 
 
+@pytest.mark.slow
 def test_a_node_silent_past_its_lease_has_its_jobs_requeued(openssh_lab, tmp_path):
     config = yaml.safe_load(openssh_lab.config_path.read_text())
     config["cluster"]["node_lease"] = 3
@@ -135,6 +138,7 @@ def test_a_node_silent_past_its_lease_has_its_jobs_requeued(openssh_lab, tmp_pat
         head.stop()
 
 
+@pytest.mark.slow
 def test_50_clients_submitting_at_once(head):
     # Every flood job waits for one that runs meanwhile (a request no card could ever
     # serve would be refused at submit).

@@ -158,6 +158,7 @@ def check(world: World) -> None:
     never_overcommitted(head.home / "state.db")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("seed", range(SEQUENCES))
 def test_random_crashes_restores_second_heads_and_silences(openssh_lab, tmp_path, seed):

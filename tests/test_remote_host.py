@@ -155,6 +155,7 @@ def test_a_users_jobs_over_ssh_are_charged_to_that_user(box, shared):
     assert after[BOB]["jobs_finished"] == before.get(BOB, {}).get("jobs_finished", 0) + 1
 
 
+@pytest.mark.slow
 def test_every_kind_of_command_works_over_ssh_and_nebula_host_is_the_default(box, shared, tmp_path):
     box = {**box, "env": {**box["env"], "TMPDIR": str(tmp_path)}}  # its clients' sockets: here
     status = laptop(box, "status", host=None, NEBULA_HOST="admin-box")

@@ -11,6 +11,8 @@ from labkit.harness import HeadProcess
 from nebula_tui.sim.presets import uniform_nodes
 from labkit.swarm import SwarmProcess
 
+pytestmark = pytest.mark.lab  # a swarm and a head of its own
+
 
 @pytest.fixture
 def swarm(tmp_path):

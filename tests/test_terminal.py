@@ -15,6 +15,8 @@ import pytest
 
 from conftest import wait_for
 
+pytestmark = pytest.mark.lab  # demos of their own
+
 REPO = Path(__file__).resolve().parent.parent
 TMUX = ["tmux", "-L", f"nebula-term-test-{os.getpid()}"]
 
@@ -54,6 +56,7 @@ def demo_terminal(tmp_path):
                 os.kill(int(pid), signal.SIGTERM)
 
 
+@pytest.mark.slow
 def test_demo_renders_in_a_real_terminal_and_shows_a_job(demo_terminal):
     home = demo_terminal
     # Every node's cards (the nodes say they are up before their first probe is in).
@@ -90,6 +93,7 @@ def cli(home: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_a_second_demo_opens_the_running_one(demo_terminal):
     """A second `nebula demo` on the same home shows the running lab instead of stopping
     its service and rewriting it; quitting it leaves the first one as it was."""
@@ -116,6 +120,7 @@ def test_a_second_demo_opens_the_running_one(demo_terminal):
     wait_for(lambda: not _demo_processes(home), 30, interval=0.3, what="lab and service stopped")
 
 
+@pytest.mark.slow
 def test_quitting_with_running_jobs_asks_and_can_leave_the_lab_running(demo_terminal):
     """q with jobs running asks: stay, leave the lab running in the background (the next
     `nebula demo` opens it again, jobs and all), or stop it and its jobs."""
@@ -167,6 +172,7 @@ def test_closing_the_terminal_stops_the_demos_lab_and_service(demo_terminal):
              what="the demo's lab and service to stop")
 
 
+@pytest.mark.slow
 def test_tui_attach_suspends_the_tui_for_the_jobs_session(demo_terminal):
     """Job screen, `a`: the TUI steps aside for the job's tmux session; detaching (C-b d)
     brings the TUI back where it was."""
@@ -224,6 +230,7 @@ def headless_demo(tmp_path):
     assert not (home / "nebula.sock").exists()
 
 
+@pytest.mark.slow
 def test_headless_demo_serves_other_commands_until_interrupted(headless_demo):
     home, _, run = headless_demo
     # The service is a process of its own: kill it, and the demo restarts it (as systemd
@@ -240,6 +247,7 @@ def test_headless_demo_serves_other_commands_until_interrupted(headless_demo):
              what="the job finished under the new service")
 
 
+@pytest.mark.slow
 def test_attach_opens_the_jobs_session_in_a_real_terminal(headless_demo):
     """`nebula attach JOB` in a terminal: the job's own tmux session with its output;
     detaching (C-b d) returns to the shell and leaves the job running."""

@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from test_terminal import headless_demo  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.lab  # a demo of its own
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -21,6 +25,7 @@ def tour_commands() -> list[str]:
     return [line for line in re.sub(r"\\\n\s*", "", block).splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_the_readmes_tour_runs_on_the_demo(headless_demo, tmp_path):  # noqa: F811
     _, client_env, _ = headless_demo
     shim = tmp_path / "bin"

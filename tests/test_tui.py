@@ -196,6 +196,7 @@ async def test_reconnects_after_stream_breaks(tmp_path):
         assert banner.has_class("lost") and banner.display
 
 
+@pytest.mark.slow
 async def test_a_stopped_head_is_a_lost_connection_not_a_frozen_tui(head, monkeypatch):
     """A head stopped with SIGSTOP accepts the connection but answers nothing: the TUI
     gives up on the snapshot after NEBULA_TIMEOUT, says so, and connects once it is

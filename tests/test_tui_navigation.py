@@ -86,6 +86,7 @@ async def command(pilot: Pilot, line: str) -> None:
 
 
 # ============================================================================ asking first
+@pytest.mark.slow
 async def test_cancel_drain_and_remove_ask_first_and_can_be_refused(head, lab_jobs):
     runner = lab_jobs["runner"]
     app = make_app(head.socket)
@@ -162,6 +163,7 @@ async def test_the_command_line_goes_anywhere(head, lab_jobs):
                     what="the queue with ended jobs")
 
 
+@pytest.mark.slow
 async def test_screen_keys_work_from_a_job_page_and_pages_replace_each_other(head, lab_jobs):
     runner = str(lab_jobs["runner"])
     app = make_app(head.socket)
@@ -260,6 +262,7 @@ async def filter_and_sort(pilot: Pilot, ident: str, needle: str) -> None:
     await until(pilot, lambda: t.sort_label[-1] != arrow, what=f"{ident} reversed")
 
 
+@pytest.mark.slow
 async def test_filter_and_sort_work_the_same_on_every_table(head, lab_jobs):
     app = make_app(head.socket)
     async with app.run_test(size=SIZE) as pilot:

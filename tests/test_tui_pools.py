@@ -47,6 +47,7 @@ def pool_card(pilot) -> str:
     return next((t for t in texts if t.startswith("hpc")), "")
 
 
+@pytest.mark.slow
 async def test_the_overview_has_a_card_for_the_pool_that_follows_its_polls(pool_head):
     app = make_app(pool_head.socket)
     async with app.run_test(size=SIZE) as pilot:

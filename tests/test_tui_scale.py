@@ -11,6 +11,8 @@ from __future__ import annotations
 import html
 import re
 
+import pytest
+
 from conftest import until
 
 from nebula_tui.screens.app import make_app
@@ -143,6 +145,7 @@ async def test_a_jobs_idleness_repaints_its_row_without_ordering_the_queue_again
         await until(pilot, lambda: orders, what="an order for a change of state")
 
 
+@pytest.mark.slow
 async def test_gpu_table_sorts_every_row_and_follows_telemetry():
     app = make_app("/nonexistent/nebula.sock")
     async with app.run_test(size=(160, 48)) as pilot:

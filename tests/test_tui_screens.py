@@ -225,6 +225,7 @@ async def test_queue_reasons_positions_hold_release_cancel(head, jobs):
 
 
 # ============================================================================ submit → queue → job
+@pytest.mark.slow
 async def test_submit_form_then_queue_then_job_log(head, jobs):
     app = make_app(head.socket)
     async with app.run_test(size=SIZE, notifications=True) as pilot:

@@ -115,6 +115,7 @@ KEY_FACTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 async def test_key_facts_fit_at_both_sizes_and_readme_screenshots(fixed_head, size, tmp_path):
     """Each screen shows what a newcomer looks for at 80x24 as at 160x48 (and the job and

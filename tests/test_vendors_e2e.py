@@ -23,6 +23,8 @@ from labkit.harness import HeadProcess
 from nebula_tui.sim.lab import Lab, find_sshd
 from support import submit
 
+pytestmark = pytest.mark.lab  # a lab of their own
+
 REPO = Path(__file__).resolve().parents[1]
 PRINT_DEVICES = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in ("
                  "'CUDA_VISIBLE_DEVICES', 'ZE_AFFINITY_MASK', 'ONEAPI_DEVICE_SELECTOR', "

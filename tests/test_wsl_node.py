@@ -18,6 +18,8 @@ from nebula_tui.remote import launcher
 from nebula_tui.remote.protocol import Hello
 from nebula_tui.sim.lab import Lab
 
+pytestmark = pytest.mark.lab  # a lab of their own
+
 
 @pytest.fixture(scope="module")
 def wsl(tmp_path_factory):
