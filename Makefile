@@ -2,7 +2,7 @@
 # Both run in the project's own virtual environment, which `setup` makes.
 PYTHON ?= .venv/bin/python
 
-.PHONY: demo test setup bench bench-slurm bench-recovery bench-scale bench-nodelet bench-month
+.PHONY: demo test test-fast setup bench bench-slurm bench-recovery bench-scale bench-nodelet bench-month
 
 setup:
 	@sh scripts/setup.sh
@@ -10,8 +10,31 @@ setup:
 demo: setup
 	$(PYTHON) -m nebula_tui demo
 
+# The suite mostly waits (for sshd, tmux, a head's next pass, a time limit): one pytest
+# process keeps about 0.7 of a core busy. So on two cores JOBS workers (pytest-xdist) run
+# modules side by side, each worker with its own lab; a module stays in one worker (its
+# head starts once) and what the whole machine shares (Slurm, Unix users) stays in one
+# (tests/conftest.py). `make test JOBS=0` runs everything in one process. The temporary
+# folder is short: a worker's adds `popen-gwN/`, and a demo's tmux socket deep inside it
+# would pass the 108 characters a Unix socket's path may have.
+JOBS ?= 3
+
 test: setup
-	$(PYTHON) -m pytest -q --durations=25
+	@start=$$(date +%s); \
+	$(PYTHON) -m pytest -q --durations=25 -n $(JOBS) --dist loadgroup --no-loadscope-reorder \
+	    --basetemp=$$(mktemp -d /tmp/nt-XXXX); \
+	status=$$?; \
+	echo "make test: $$(( $$(date +%s) - start )) s ($(JOBS) workers, $$(nproc) cores)"; \
+	exit $$status
+
+# The fast layer alone: what needs no lab, head process, demo or Slurm.
+test-fast: setup
+	@start=$$(date +%s); \
+	$(PYTHON) -m pytest -q --durations=10 -m "not lab" -n $(JOBS) --dist loadgroup --no-loadscope-reorder \
+	    --basetemp=$$(mktemp -d /tmp/nt-XXXX); \
+	status=$$?; \
+	echo "make test-fast: $$(( $$(date +%s) - start )) s ($(JOBS) workers, $$(nproc) cores)"; \
+	exit $$status
 
 bench: setup
 	$(PYTHON) bench/submit_latency.py && $(PYTHON) bench/throughput.py

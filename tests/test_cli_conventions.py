@@ -24,9 +24,10 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def jobs(head):
     """One long-running job with a long name on a gang of two cards, one ended job with 100
-    lines of output, one waiting job."""
+    lines of output, one waiting job (the gang holds two of node02's four A100s, so four
+    cards of 70 GB cannot be had, whatever state the lab's other cards are in)."""
     running = submit(head, "--name", "a-rather-long-name-nobody-should-cut", "--gpu-count", "2",
-                      "--", "sleep", "600")
+                     "--arch", "sm_80", "--", "sleep", "600")
     ended = submit(head, "--gpu-mem", "4G", "--", "seq", "1", "100")
     head.wait_job(ended)
     waiting = submit(head, "--gpu-count", "4", "--gpu-mem", "70G", "--", "true")
