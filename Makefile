@@ -16,23 +16,24 @@ demo: setup
 # head starts once) and what the whole machine shares (Slurm, Unix users) stays in one
 # (tests/conftest.py). `make test JOBS=0` runs everything in one process. The temporary
 # folder is short: a worker's adds `popen-gwN/`, and a demo's tmux socket deep inside it
-# would pass the 108 characters a Unix socket's path may have.
+# would pass the 108 characters a Unix socket's path may have. It is removed after a run
+# that passed, and kept for a look after one that failed.
 JOBS ?= 3
 
 test: setup
-	@start=$$(date +%s); \
+	@start=$$(date +%s); base=$$(mktemp -d /tmp/nt-XXXX); \
 	$(PYTHON) -m pytest -q --durations=25 -n $(JOBS) --dist loadgroup --no-loadscope-reorder \
-	    --basetemp=$$(mktemp -d /tmp/nt-XXXX); \
-	status=$$?; \
+	    --basetemp=$$base; \
+	status=$$?; [ $$status -ne 0 ] || rm -rf $$base; \
 	echo "make test: $$(( $$(date +%s) - start )) s ($(JOBS) workers, $$(nproc) cores)"; \
 	exit $$status
 
 # The fast layer alone: what needs no lab, head process, demo or Slurm.
 test-fast: setup
-	@start=$$(date +%s); \
+	@start=$$(date +%s); base=$$(mktemp -d /tmp/nt-XXXX); \
 	$(PYTHON) -m pytest -q --durations=10 -m "not lab" -n $(JOBS) --dist loadgroup --no-loadscope-reorder \
-	    --basetemp=$$(mktemp -d /tmp/nt-XXXX); \
-	status=$$?; \
+	    --basetemp=$$base; \
+	status=$$?; [ $$status -ne 0 ] || rm -rf $$base; \
 	echo "make test-fast: $$(( $$(date +%s) - start )) s ($(JOBS) workers, $$(nproc) cores)"; \
 	exit $$status
 
