@@ -359,3 +359,16 @@ def test_best_fit_never_fills_a_node_under_suspicion_first():
     suspect = [replace(g, health_score=0.85) for g in (gpu("n2", 0, placements=[(99, busy)]), gpu("n2", 1))]
     decisions = run([gpu("n1", 0), gpu("n1", 1), *suspect], jobs((1, None)))
     assert where(decisions[0]) == [("n1", 0, RTX4090_MB, True)]
+
+
+def test_best_fit_counts_a_mig_cards_instances_not_the_card_beside_them():
+    """An A100 in MIG mode takes no work; its two 3g.40gb instances are the node's devices.
+    A 1-card job leaves one of them free, as it leaves one card of a free pair: the card
+    itself is no third card that makes the MIG node look fuller, so the listing order
+    decides, as it did before best fit (the nvidia job of test_vendors_e2e)."""
+    parent = gpu("m", 0, A100_80_MB, blocked="MIG mode is on: jobs get its MIG instances")
+    instances = [GpuView(node="m", reading=GpuReading(index=i, uuid=f"MIG-m-{i}", name="A100 3g.40gb",
+                                                      memory_total_mb=40192, parent_uuid="GPU-m-0"))
+                 for i in (1, 2)]
+    decisions = run([gpu("n1", 0), gpu("n1", 1), parent, *instances], jobs((1, None)))
+    assert where(decisions[0]) == [("n1", 0, RTX4090_MB, True)]

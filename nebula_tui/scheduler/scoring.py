@@ -7,8 +7,8 @@ whole cards how many of its node's cards it leaves free (:meth:`SetScoring.fit_t
 node's power budget (inf past it, R27) and the weakest link between its cards (topology,
 R9). :class:`SetScoring` is a part of :class:`placement.World`: it reads the world's
 ``config``, ``packing``, ``power`` (per node with a budget: [budget W, W counted now]),
-``ranks`` and ``by_node``, and keeps only its own memo of pair link terms. The search
-(which sets there are, kept per node between starts) is ``placement.py``'s; the
+``ranks``, ``by_node`` and ``takers``, and keeps only its own memo of pair link terms. The
+search (which sets there are, kept per node between starts) is ``placement.py``'s; the
 arithmetic here is what ``test_scheduler_fastpath`` compares with a plain search.
 """
 
@@ -49,12 +49,14 @@ class SetScoring:
 
     def fit_term(self, shape: Shape, node: str) -> float:
         """Best fit, for whole-card requests (no ``--gpu-mem``): ``w_fit`` × the share of the
-        node's cards a start on it leaves wholly free. Every set of k whole cards on a node
-        leaves the same number, so the term ranks nodes, never sets on one node: a 1-card
-        job takes the last free card of a node before it opens a pair, and a 2-card job
-        takes a pair before it breaks the only four-card machine, so the gangs that need a
-        machine's free cards together still find them. A node whose health score is below 1
-        gets the most the term can cost. (Slices have their own term.)"""
+        node's cards that take work a start on it leaves wholly free. A card that takes none
+        (one in MIG mode, whose instances are the devices; one in maintenance) is not
+        counted: two free MIG instances are as open as a free pair. Every set of k whole
+        cards on a node leaves the same number, so the term ranks nodes, never sets on one
+        node: a 1-card job takes the last free card of a node before it opens a pair, and a
+        2-card job takes a pair before it breaks the only four-card machine, so the gangs
+        that need a machine's free cards together still find them. A node whose health
+        score is below 1 gets the most the term can cost. (Slices have their own term.)"""
         if shape.gpu_mem_mb is not None or not self.config.w_fit:
             return 0.0
         cards = self.by_node[node]
@@ -62,8 +64,9 @@ class SetScoring:
             # Packing onto a node under suspicion (throttling, errors) would let the fit
             # outweigh its health term: such a node is never the one filled first.
             return self.config.w_fit
-        free = sum(1 for c in cards if c.spot >= 0 and not c.allocs and not c.unmanaged)
-        return self.config.w_fit * max(0, free - shape.gpu_count) / len(cards)
+        takers = self.takers[node]
+        free = sum(1 for c in takers if not c.allocs and not c.unmanaged)
+        return self.config.w_fit * max(0, free - shape.gpu_count) / max(1, len(takers))
 
     def powered(self, value: float, power: list[float], extra: float) -> float:
         """``value`` with R27's term for a start that adds ``extra`` W to a node whose
