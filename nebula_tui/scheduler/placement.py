@@ -621,6 +621,13 @@ class World(SetScoring):
             if allowed != self.takers_mask[node]:
                 takers = self.takers[node]
                 scores = [value if takers[i].bit & allowed else math.inf for i, value in enumerate(scores)]
+            fit = self.fit_term(shape, node)
+            if fit:
+                # the kept scores lack the node's fit term, which set_score adds before the
+                # power term: worked in its place, as rounding may tie or part two cards
+                pairs = fits.pairs
+                scores = [value if value == math.inf else self.solo_score(shape, *pairs[i], fit)
+                          for i, value in enumerate(scores)]
             best = min(scores) if scores else math.inf
             found = None if best == math.inf else (best, [fits.pairs[scores.index(best)]])
         else:
@@ -628,8 +635,6 @@ class World(SetScoring):
             found = self.best_on_node(shape, feasible, k) if len(feasible) >= k else None
             if found is not None and found[0] == math.inf:
                 found = None  # no k of them within the node's power budget
-        if found is not None and shape.gpu_mem_mb is None:
-            found = (found[0] + self.fit_term(shape, node), found[1])  # the same for every set here
         cache[slot] = (self.version[node], found)
         return found
 

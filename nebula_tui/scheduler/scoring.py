@@ -89,8 +89,12 @@ class SetScoring:
         config = self.config
         if k == 1:
             best_score, best_i = math.inf, 0
+            fits: dict[str, float] = {}
             for i, (card, got) in enumerate(feasible):
-                value = self.solo_score(shape, card, got)
+                fit = fits.get(card.node)
+                if fit is None:
+                    fit = fits[card.node] = self.fit_term(shape, card.node)
+                value = self.solo_score(shape, card, got, fit)
                 if value < best_score:
                     best_score, best_i = value, i
             return best_score, [feasible[best_i]]
@@ -120,6 +124,7 @@ class SetScoring:
         pack = shape.slice
         if pack:
             share = [self.share_term(c, f) for c, f in feasible]
+        fit = self.fit_term(shape, node)
         power = self.power.get(node)
         if power is not None:
             extra = [c.extra_watts() for c in cards]
@@ -133,6 +138,8 @@ class SetScoring:
                 value += w_health * (1.0 - (h_a if h_a <= h_b else h_b))  # min([h_a, h_b])
                 if pack:
                     value += (share[a] + share[b]) / 2
+                if fit:
+                    value += fit
                 if power is not None:
                     value = self.powered(value, power, extra[a] + extra[b])
                 value += links[i_a, index[b]]
@@ -145,7 +152,7 @@ class SetScoring:
         search, in its order, scored by :meth:`_set_scorer`, that drops every combination
         whose first cards already cannot beat the best so far. As cards join a set its
         hottest card only gets hotter and its least healthy only less healthy, and the
-        packing, power and topology terms are never negative (weights are not), so the
+        packing, fit, power and topology terms are never negative (weights are not), so the
         first two terms of a prefix bound every set that grows from it; and a prefix that
         already needs more power than its node has left grows into nothing."""
         w_health = self.config.w_health
@@ -219,6 +226,7 @@ class SetScoring:
         pack = shape.slice
         if pack:
             share = [self.share_term(c, f) for c, f in feasible]
+        fit = self.fit_term(shape, node)
         power = self.power.get(node)
         extra = [c.extra_watts() for c in cards]
 
@@ -228,6 +236,8 @@ class SetScoring:
             size = len(combo)
             if pack:
                 value += sum([share[i] for i in combo]) / size
+            if fit:
+                value += fit
             if power is not None:
                 value = self.powered(value, power, sum([extra[i] for i in combo]))
             if size > 1:
@@ -244,11 +254,14 @@ class SetScoring:
 
         return score
 
-    def solo_score(self, shape: Shape, card: Card, got: tuple[int, bool]) -> float:
-        """:meth:`set_score` of a one-card set, without building one."""
+    def solo_score(self, shape: Shape, card: Card, got: tuple[int, bool], fit: float) -> float:
+        """:meth:`set_score` of a one-card set, without building one; ``fit`` is
+        :meth:`fit_term` of the card's node."""
         value = card.base  # thermal + w_health × (1 − health)
         if shape.gpu_mem_mb is not None:
             value += self.share_term(card, got)
+        if fit:
+            value += fit
         power = self.power.get(card.node)
         if power is not None:
             value = self.powered(value, power, card.extra_watts())
