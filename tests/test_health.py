@@ -209,6 +209,15 @@ def test_judge_selftest(change, passed, words):
     assert ok is passed and words in sentence and "\n" not in sentence
 
 
+def test_a_card_tested_while_it_serves_is_judged_as_a_busy_card():
+    """A 4060 laptop card under two jobs reads 83 °C: isolating it for that after an Xid 13
+    took a working card from its jobs."""
+    assert judge_selftest({**GOOD, "temperature_c": 83.0}, serving=True)[0]
+    assert not judge_selftest({**GOOD, "temperature_c": 83.0})[0]
+    ok, sentence = judge_selftest({**GOOD, "temperature_c": 94.0}, serving=True)
+    assert not ok and "94 °C while serving is above 90 °C" in sentence
+
+
 def test_judge_selftest_of_an_empty_answer_fails():
     ok, sentence = judge_selftest({})
     assert not ok and sentence == "self-test failed: nvidia-smi could not read the GPU (no answer)"

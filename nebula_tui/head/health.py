@@ -187,7 +187,7 @@ class HealthMonitor:
     # ----------------------------------------------------------- pipelines (R17)
     async def _check(self, gpu: str, action: Action) -> None:
         """A self-test while the GPU keeps serving; a failure isolates it."""
-        passed, sentence = await self._selftest(gpu)
+        passed, sentence = await self._selftest(gpu, serving=True)
         label = self.state.label(gpu)
         if passed:
             self._event("health", f"{label} keeps serving: {sentence}", gpu=gpu)
@@ -300,14 +300,15 @@ class HealthMonitor:
                               + (f": {detail}" if detail else ""), gpu=gpu)
         return ok, detail
 
-    async def _selftest(self, gpu: str) -> tuple[bool, str]:
+    async def _selftest(self, gpu: str, serving: bool = False) -> tuple[bool, str]:
+        """``serving``: the card keeps its jobs while it is tested (else it has none)."""
         node, label = self.state.gpus[gpu].node, self.state.label(gpu)
         try:
             reply = await self.state.links[node].request(
                 "selftest", timeout=SELFTEST_TIMEOUT_S, gpu=gpu, command=self.selftest_command)
             if not reply.get("ok"):
                 raise RuntimeError(reply.get("error") or "refused")
-            passed, sentence = judge_selftest(reply.get("result") or {})
+            passed, sentence = judge_selftest(reply.get("result") or {}, serving)
         except (NodeUnavailable, asyncio.TimeoutError, RuntimeError) as err:
             passed, sentence = False, f"self-test could not run on {node}: {err or 'timeout'}"
         self._event("health", f"{label}: {sentence}", gpu=gpu)
