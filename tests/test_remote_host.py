@@ -195,14 +195,22 @@ def test_a_client_ended_by_a_signal_removes_its_socket_and_says_goodbye(box, sha
     job = json.loads(laptop(box, "submit", "--gpu-mem", "4G", "--json", "--", "sleep", "600").stdout)
     before = ssh_ports(box)
     client = subprocess.Popen(_argv("admin-box", ["logs", "-f", str(job["id"])]),
-                              env={**box["env"], "NEBULA_SOCKET": box["socket"], "TMPDIR": str(tmp_path)},
+                              env={**box["env"], "NEBULA_SOCKET": box["socket"], "TMPDIR": str(tmp_path),
+                                   "PYTHONFAULTHANDLER": "1"},
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: forwarding(tmp_path) and ssh_ports(box) - before, 60,
                  what="the client's SSH connection and forwarded socket")
         ours = ssh_ports(box) - before
         client.send_signal(signo)
-        assert client.wait(30) == -signo  # it still dies of the signal
+        try:
+            ended = client.wait(30)
+        except subprocess.TimeoutExpired:  # once in a loaded run: where was it? (its threads' stacks)
+            client.send_signal(signal.SIGABRT)
+            client.wait(10)
+            raise AssertionError("the client still ran 30 s after the signal:\n"
+                                 + client.stderr.read()[-6000:]) from None
+        assert ended == -signo  # it still dies of the signal
         assert "Traceback" not in client.stderr.read()
         assert tunnel_dirs(tmp_path) == []
         wait_for(lambda: not ssh_ports(box) & ours, 10, what="its SSH connection closed")
