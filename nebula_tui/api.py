@@ -102,7 +102,7 @@ from pathlib import Path
 #: cancel, place, start, end, requeue, and what the head's limits did: idle, guard,
 #: limit), nodes (node, hardware, reconcile), GPUs' health (health, xid), what admins did
 #: (admin), the store's own notes (store) and pools (pool: a job sent to one and its id
-#: there, a pool unreachable and back). ``tests/test_events.py`` holds the source to it.
+#: there, a pool unreachable and back). ``tests/unit/test_events.py`` holds the source to it.
 EVENT_KINDS = ("submit", "hold", "cancel", "place", "start", "end", "requeue", "idle", "guard",
                "limit", "node", "hardware", "reconcile", "health", "xid", "admin", "store",
                "preempt", "pool", "booking")

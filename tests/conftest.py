@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+#: The helpers beside this file (labfixtures, support, inprocess…) and the test modules of
+#: each layer's folder are imported by name, also across folders (a lab test takes a fixture
+#: of a unit test's module), so each is on ``sys.path`` once, under its own name.
+HERE = Path(__file__).parent
+LAYERS = ("unit", "tui", "lab")
+sys.path[:0] = [str(HERE), *(str(HERE / layer) for layer in LAYERS)]
 
 from labfixtures import asyncssh_lab, openssh_lab  # noqa: E402,F401  (fixtures)
 from slurmfixtures import slurm_lab  # noqa: E402,F401  (fixture)

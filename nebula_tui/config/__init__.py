@@ -14,6 +14,6 @@ that holds a name; this file re-exports nothing).
 Each key's default is written once: the field of its section's dataclass (a key the file
 leaves out or empty is not passed: ``reader.given``). Each module imports only those listed
 before it here; none imports the head, the clients or anything with I/O beyond reading
-the file (``tests/test_architecture.py`` holds both).
+the file (``tests/unit/test_architecture.py`` holds both).
 ``ConfigError`` lives in ``model.py``, so a client can catch it without loading YAML.
 """

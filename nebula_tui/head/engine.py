@@ -1,6 +1,6 @@
 """The head: its rooms wired together, started and stopped, and the clients' requests.
 
-The rooms, each importing only those before it (``tests/test_architecture.py`` checks):
+The rooms, each importing only those before it (``tests/unit/test_architecture.py`` checks):
 
   ``state``       the live view (nodes, GPUs, jobs, links), ``wake`` and ``spawn``
   ``access``      who may do what

@@ -18,7 +18,7 @@ A pass with preemptible jobs running or waiting is two walks of ``queue.py``'s p
 
 A normal job's decision is thus the one it would get with no preemptible job anywhere, so
 no normal job is ever preempted and none waits for a preemptible one
-(``tests/test_preemption.py`` checks both over random queues). An admin's ``--priority``
+(``tests/unit/test_preemption.py`` checks both over random queues). An admin's ``--priority``
 job comes first in the first walk, so it too starts at once by preempting.
 """
 

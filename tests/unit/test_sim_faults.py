@@ -18,7 +18,7 @@ from nebula_tui.model import Temperatures
 from nebula_tui.scheduler.health import decide, is_throttling, judge_selftest
 from nebula_tui.sim import faults, presets
 
-SIM = Path(__file__).resolve().parents[1] / "nebula_tui" / "sim"
+SIM = Path(__file__).resolve().parents[2] / "nebula_tui" / "sim"
 BOOT = 1_800_000_000.0
 
 #: The health policy's default hot threshold.

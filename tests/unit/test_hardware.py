@@ -1,6 +1,6 @@
 """The node's hardware layer, run as the head ships it: the real nodelet payload, started in
 a simulated node's environment (its emulated vendor tools, its NVML library), read line by
-line. No SSH here (tests/test_vendors_e2e.py does it end to end); the real pynvml, the
+line. No SSH here (tests/lab/test_vendors_e2e.py does it end to end); the real pynvml, the
 real tools' formats and real processes holding memory are all in play.
 """
 

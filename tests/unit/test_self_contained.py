@@ -7,7 +7,7 @@ from pathlib import Path
 
 from samples import SAMPLES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_samples_are_in_the_repository_with_their_sources():

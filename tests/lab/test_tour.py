@@ -15,7 +15,7 @@ from test_terminal import headless_demo  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.lab  # a demo of its own
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def tour_commands() -> list[str]:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "admin-guide.md"
 RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"
 USER, GROUP = "nebnewbie", "nebinstall"

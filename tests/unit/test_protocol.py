@@ -12,7 +12,7 @@ import pytest
 from nebula_tui.remote.protocol import (KINDS, Exit, Hello, KernelLines, Phase, Probe, Started,
                                         job_number, read_message)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 DEVICE = {"index": 0, "uuid": "GPU-a", "name": "NVIDIA A100-SXM4-80GB", "vendor": "nvidia",
           "pci_bus_id": "00000000:07:00.0", "memory_total_mb": 81920, "memory_used_mb": 100}

@@ -89,7 +89,7 @@ _WRITERS = {"_event": (0, 1), "add_event": (1,), "record": (0,), "_tell": (1,)}
 def test_every_kind_the_head_writes_is_one_the_protocol_names():
     """``nebula events --kind`` takes only ``api.EVENT_KINDS``: a kind written anywhere in
     the head or the store but missing there could never be asked for."""
-    package = Path(__file__).resolve().parents[1] / "nebula_tui"
+    package = Path(__file__).resolve().parents[2] / "nebula_tui"
     written: dict[str, str] = {}
     for path in [*sorted((package / "store").glob("*.py")), *sorted((package / "head").glob("*.py"))]:
         for node in ast.walk(ast.parse(path.read_text())):

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import free_port, wait_for
 from labkit.harness import HeadProcess
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GPU_LABELS = {"node", "index", "uuid", "model", "vendor"}
 
 

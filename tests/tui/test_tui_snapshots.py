@@ -3,7 +3,7 @@
 Pixel snapshots (pytest-textual-snapshot, files in ``__snapshots__/``): each screen is drawn
 from ``fixedhead.FixedHead`` (fixed data behind a real socket, read by the real client) at a
 fixed clock in UTC, so a snapshot changes only when the screen's look does. After a change
-of look that is meant, ``pytest tests/test_tui_snapshots.py --snapshot-update`` writes the
+of look that is meant, ``pytest tests/tui/test_tui_snapshots.py --snapshot-update`` writes the
 new ones (look at the report first). With NEBULA_SAVE_SCREENSHOTS=1 the README's
 screenshots (docs/screenshots/) are written too, from the same fixed lab.
 """
@@ -29,7 +29,7 @@ from nebula_tui.screens.overview import OverviewScreen
 from nebula_tui.screens.queue import QueueScreen
 from nebula_tui.screens.users import UsersScreen
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 SIZES = [(80, 24), (160, 48)]
 THEMES = ["textual-dark", "textual-light"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "nebula_tui"
+PACKAGE = Path(__file__).resolve().parents[2] / "nebula_tui"
 HEAD = "nebula_tui.head"
 #: The head's rooms, lowest first: each may import only rooms before it.
 ROOMS = ("state", "access", "accounting", "stream", "shares", "launches", "jobs", "stops", "limits", "bookings", "scheduling",

@@ -25,7 +25,7 @@ from nebula_tui.remote.backends.nvidia import (
 )
 from nebula_tui.sim import presets
 
-SIM = Path(__file__).resolve().parents[1] / "nebula_tui" / "sim"
+SIM = Path(__file__).resolve().parents[2] / "nebula_tui" / "sim"
 FAKE_SMI = SIM / "fake_smi.py"
 FAKE_DMESG = SIM / "fake_dmesg.py"
 

@@ -370,7 +370,7 @@ def test_no_requirement_numbers_in_what_users_read():
              for k in group if isinstance(k, keys.Key)]
     shown += [d for _, d in commandline.help_lines()]
     shown += _helps(cli.build_parser())
-    for path in Path(__file__).resolve().parent.parent.glob("nebula_tui/screens/*.py"):
+    for path in Path(__file__).resolve().parents[2].glob("nebula_tui/screens/*.py"):
         shown += [part for literal in re.findall(r'border_title = f?"([^"]*)"|Static\(Text\("([^"]*)"',
                                                  path.read_text()) for part in literal]
     for line in shown:

@@ -17,7 +17,7 @@ import pytest
 
 from samples import SAMPLES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 def nebula_parse(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "nebula_tui", "parse", *args], cwd=REPO,

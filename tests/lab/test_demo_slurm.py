@@ -20,7 +20,7 @@ from labkit.harness import wait_for
 
 pytestmark = pytest.mark.lab  # a demo with Slurm of its own
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _why_no_slurm() -> str | None:

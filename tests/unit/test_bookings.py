@@ -1,6 +1,6 @@
 """Bookings keep their cards for their users through their window, let a job whose --time
 ends before it backfill, and stop preemptible jobs at its start — snapshot in, decisions
-out. The head's side (``nebula reserve``, restarts, the lab) is tests/test_bookings_lab.py's.
+out. The head's side (``nebula reserve``, restarts, the lab) is tests/lab/test_bookings_lab.py's.
 """
 
 from __future__ import annotations

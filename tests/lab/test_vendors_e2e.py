@@ -25,7 +25,7 @@ from support import submit
 
 pytestmark = pytest.mark.lab  # a lab of their own
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PRINT_DEVICES = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in ("
                  "'CUDA_VISIBLE_DEVICES', 'ZE_AFFINITY_MASK', 'ONEAPI_DEVICE_SELECTOR', "
                  "'ASCEND_RT_VISIBLE_DEVICES', 'ROCR_VISIBLE_DEVICES', 'HIP_VISIBLE_DEVICES', "

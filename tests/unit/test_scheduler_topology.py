@@ -16,7 +16,7 @@ from nebula_tui.scheduler.topology import best_set, link_rank
 
 _HERE = Path(__file__).resolve()
 SAMPLES = SHARED_SAMPLES / "topo"
-TABLE = json.loads((_HERE.parent / "data" / "topo_best.json").read_text())
+TABLE = json.loads((_HERE.parents[1] / "data" / "topo_best.json").read_text())
 FILES = sorted(p.name for p in SAMPLES.glob("*.txt"))
 _CODE = re.compile(r"(?<!\S)(X|NV\d+|SYS|SOC|NODE|PHB|PXB|PIX)(?!\S)")
 

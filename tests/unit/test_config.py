@@ -15,7 +15,7 @@ from nebula_tui.config.nodes import NodeConfig
 from nebula_tui.config.settings import HealthSettings, LimitsSettings, SchedulerSettings
 from nebula_tui.model import ConfigError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 HOME = os.path.expanduser("~")
 
 

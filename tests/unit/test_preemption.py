@@ -1,7 +1,7 @@
 """Preemptible jobs never delay a normal one, and only they are ever preempted.
 
 Snapshot in, decisions out (the pure scheduler); the head's side — SIGUSR1, grace,
-SIGKILL, requeue on the simulated lab — is tests/test_preemption_lab.py's.
+SIGKILL, requeue on the simulated lab — is tests/lab/test_preemption_lab.py's.
 """
 
 from __future__ import annotations

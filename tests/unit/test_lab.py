@@ -21,7 +21,7 @@ import yaml
 
 from nebula_tui.sim.lab import Lab, lab_processes
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HAVE_FAKE_SMI = (REPO / "nebula_tui" / "sim" / "fake_smi.py").exists()
 KINDS = ["openssh", "asyncssh"]
 

@@ -17,7 +17,7 @@ from conftest import wait_for
 
 pytestmark = pytest.mark.lab  # demos of their own
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TMUX = ["tmux", "-L", f"nebula-term-test-{os.getpid()}"]
 
 

@@ -14,7 +14,7 @@ from nebula_tui.config.pools import POOL_KEYS
 from nebula_tui.cli.parser import build_parser
 from nebula_tui.head.serve import shared_mode_refusal
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 

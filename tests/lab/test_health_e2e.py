@@ -20,7 +20,7 @@ from labfixtures import lab_config, serving
 from nebula_tui.sim import faults
 from labkit.harness import HeadProcess
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 3
 # Traps SIGUSR1: writes its checkpoint and keeps going (so the grace ends in SIGKILL).
 KEEPS_RUNNING = ('trap \'echo saved > "{dir}/ckpt-$NEBULA_JOB_ID-$NEBULA_GPU_LIST"\' USR1; '

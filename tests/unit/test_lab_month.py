@@ -17,7 +17,7 @@ from nebula_tui.head.replay import Replay
 from nebula_tui.month import baselines, inventory, metrics, setup, workload
 from nebula_tui.month.records import Request
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LAB_LAYOUT = "core"  # the session's simulated lab (labfixtures)
 
 

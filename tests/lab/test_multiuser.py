@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("runuser") or not Path("/usr/bin/python3").exists(),
     reason="needs root (to create users), runuser and /usr/bin/python3")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GROUP = "nebtestlab"
 RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"
 ALICE, BOB, STRANGER = "nebalice", "nebbob", "nebeve"

@@ -18,7 +18,7 @@ from conftest import wait_for
 from nebula_tui.cli import build_parser
 from support import submit
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -227,7 +227,7 @@ def test_health_module_is_pure():
     code = ("import json, sys; import nebula_tui.scheduler.health; "
             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & "
             "{'textual', 'asyncssh', 'sqlite3', 'yaml', 'rich', 'subprocess', 'socket'})))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []

@@ -10,7 +10,7 @@ import pytest
 from nebula_tui.model import JobState
 from nebula_tui.pools import slurm_parse as parse
 
-DATA = Path(__file__).parent / "data" / "slurm"
+DATA = Path(__file__).parents[1] / "data" / "slurm"
 
 
 def read(name: str) -> str:
