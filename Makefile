@@ -28,7 +28,8 @@ test: setup
 	echo "make test: $$(( $$(date +%s) - start )) s ($(JOBS) workers, $$(nproc) cores)"; \
 	exit $$status
 
-# The fast layer alone: what needs no lab, head process, demo or Slurm.
+# The fast layer alone: what needs no lab, head process, demo or Slurm (tests/unit and
+# tests/tui, less the few lab tests of a mostly plain module; tests/lab is all lab).
 test-fast: setup
 	@start=$$(date +%s); base=$$(mktemp -d /tmp/nt-XXXX); \
 	$(PYTHON) -m pytest -q --durations=10 -m "not lab" -n $(JOBS) --dist loadgroup --no-loadscope-reorder \

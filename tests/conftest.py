@@ -16,7 +16,7 @@ import pytest
 #: The helpers beside this file (labfixtures, support, inprocess…) and the test modules of
 #: each layer's folder are imported by name, also across folders (a lab test takes a fixture
 #: of a unit test's module), so each is on ``sys.path`` once, under its own name.
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parent
 LAYERS = ("unit", "tui", "lab")
 sys.path[:0] = [str(HERE), *(str(HERE / layer) for layer in LAYERS)]
 
@@ -26,9 +26,13 @@ from slurmfixtures import slurm_lab  # noqa: E402,F401  (fixture)
 from labkit.harness import HeadProcess, wait_for  # noqa: E402,F401
 
 #: A test reaches the simulated lab (real sshd, tmux, a head process, Slurm) when it asks for
-#: one of these; it is then marked ``lab``. Tests that start a lab or a demo of their own say
-#: so with ``pytest.mark.lab`` themselves.
+#: one of these; it is then marked ``lab``, in whichever folder it is. Tests that start a lab
+#: or a demo of their own say so with ``pytest.mark.lab`` themselves.
 LAB_FIXTURES = frozenset({"openssh_lab", "asyncssh_lab", "slurm_lab"})
+
+#: Every test under tests/lab/ is a lab test, whatever it asks for: its module's other
+#: tests reach the lab (a module goes to the folder of its majority).
+LAB_FOLDER = HERE / "lab"
 
 #: Modules whose tests share something of the whole machine, so that under pytest-xdist
 #: they run in one worker, one after another: one real Slurm cluster (and the demo's own),
@@ -45,12 +49,12 @@ MACHINE_WIDE = {
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Marks each test that reaches the lab ``lab``, and gives each an xdist group: its
-    module (a module's head and lab are set up once, in one worker) or the machine-wide
-    thing it shares. The groups with the most ``slow`` tests come first, then the other lab
+    """Marks each test that reaches the lab, or lives in tests/lab/, ``lab``, and gives each
+    an xdist group: its module (a module's head and lab are set up once, in one worker) or
+    the machine-wide thing it shares. The groups with the most ``slow`` tests come first, then the other lab
     groups, so that no long group starts last (with ``--no-loadscope-reorder``: `make test`)."""
     for item in items:
-        if LAB_FIXTURES & set(item.fixturenames):
+        if LAB_FIXTURES & set(item.fixturenames) or LAB_FOLDER in item.path.resolve().parents:
             item.add_marker(pytest.mark.lab)
     groups: dict[str, list] = {}
     for item in items:
