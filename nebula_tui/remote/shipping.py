@@ -19,7 +19,7 @@ import zlib
 from importlib import resources
 
 #: The modules the nodelet imports, by their names on the head. Each is stdlib only and
-#: Python 3.6 syntax (tests/test_shipping.py checks both).
+#: Python 3.6 syntax (tests/unit/test_hardware.py checks both).
 SHIPPED_MODULES = (
     "nebula_tui.remote.backends.reading",
     "nebula_tui.remote.backends.nvidia_smi",
