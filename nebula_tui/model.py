@@ -4,6 +4,9 @@ Everything here is a frozen dataclass with no behaviour that does I/O, so the sc
 the store, the head service and the TUI can pass the same values around. A reading that a
 tool could not give (``[N/A]``, ``[Not Supported]``) is ``None`` and is rendered as ``N/A``
 by :func:`fmt`; one missing field never loses the whole GPU.
+
+Why one module: it is the vocabulary every layer imports (states, views, sizes and the
+limits they are judged by); split, each layer would import its pieces from several places.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ MIN_SLICE_MB = 4 * MIB_PER_GIB
 MAX_ALLOCATIONS_PER_GPU = 4
 #: What every client writes for a value nobody could read (a ``None``).
 NOT_AVAILABLE = "N/A"
+#: A card at or below this utilisation is idle (an idle card's readings wander by a few %):
+#: for the idle-job limit and for accounting's GPU-hours "held idle" alike.
+IDLE_UTIL_PCT = 5.0
 
 
 def nominal_mb(total_mb: int) -> int:

@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
-from ..model import Job, JobState, Running, format_mb
+from ..model import IDLE_UTIL_PCT, Job, JobState, Running, format_mb
 from ..remote.ssh import NodeUnavailable
 from ..units import duration_text
 from ..views import idle_text
@@ -45,8 +45,6 @@ from .jobs import JobTransitions
 from .stops import Stops
 from .state import HeadState, job_nodes
 
-#: a card at or below this utilisation is idle (an idle card's readings wander by a few %)
-IDLE_UTIL_PCT = 5.0
 #: memory a job may hold beyond its reservation before the guard speaks: a CUDA context
 #: and rounding are not what it is about (the scheduler counts every MiB all the same)
 MEMORY_SLACK_MB = 256

@@ -5,7 +5,7 @@ reports, fair share and quotas read.
 
 from __future__ import annotations
 
-from ..model import JobState
+from ..model import IDLE_UTIL_PCT, JobState
 from .base import StoreBase, chunks
 from .telemetry import DEFAULT_SPAN_S
 
@@ -13,8 +13,6 @@ FINISHED_SQL = ", ".join(f"'{s.value}'" for s in JobState if s.finished)
 #: A job that counts towards its user's fair share (R6): finished after it ran (one
 #: cancelled while it waited, or failed because its --after job failed, used nothing).
 COUNTED_SQL = f"state IN ({FINISHED_SQL}) AND (started_at IS NOT NULL OR gpu_hours > 0)"
-#: For accounting, a card below this utilisation is idle (its GPU-hours are "held idle").
-IDLE_UTIL_PCT = 5.0
 #: jobs submitted without --preemptible (the spec is the job's JSON)
 _NOT_PREEMPTIBLE = "AND NOT COALESCE(json_extract(spec, '$.preemptible'), 0) "
 
@@ -56,14 +54,14 @@ class Accounting(StoreBase):
     def _run_usage(self, job_id: int, started_at: float,
                    t: float) -> tuple[float, float, float | None, float | None] | None:
         """Telemetry of the cards a job holds now, between ``started_at`` and ``t``: the
-        busy fraction (mean utilisation), the idle fraction (time below IDLE_UTIL_PCT),
+        busy fraction (mean utilisation), the idle fraction (time at or below IDLE_UTIL_PCT),
         mean and peak memory used; each sample weighs the seconds it stands for (a
         10-minute average weighs 20 samples of 30 s). None when no sample has a utilisation."""
         weight = f"COALESCE(t.span_s, NULLIF(t.bucket_s, 0), {DEFAULT_SPAN_S})"
         weighed, busy, idle, mem_weight, mem, peak = self.db.execute(
             f"SELECT SUM(CASE WHEN t.utilization_pct IS NULL THEN 0 ELSE {weight} END), "
             f"SUM({weight} * t.utilization_pct), "
-            f"SUM(CASE WHEN t.utilization_pct < ? THEN {weight} ELSE 0 END), "
+            f"SUM(CASE WHEN t.utilization_pct <= ? THEN {weight} ELSE 0 END), "
             f"SUM(CASE WHEN t.memory_used_mb IS NULL THEN 0 ELSE {weight} END), "
             f"SUM({weight} * t.memory_used_mb), MAX(t.memory_used_mb) "
             "FROM allocations a JOIN telemetry t ON t.gpu = a.gpu_uuid "

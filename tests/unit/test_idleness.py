@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from nebula_tui.head.limits import BUSY, IDLE, IDLE_UTIL_PCT, UNKNOWN, idleness
+from nebula_tui.head.limits import BUSY, IDLE, UNKNOWN, idleness
+from nebula_tui.model import IDLE_UTIL_PCT
 from nebula_tui.views import IDLE_UNKNOWN_TEXT, queue_text, running_idle_text
 
 

@@ -234,3 +234,21 @@ def test_each_attempt_keeps_the_nodes_it_ran_on(store):
     store.start_launching(job.id, gang, T0 + 4)
     assert store.attempt_nodes(job.id) == {0: ["node01"], 1: ["node02", "node01"]}
     assert store.last_nodes(job.id) == ["node02", "node01"]
+
+
+def test_a_card_at_the_idle_limit_is_idle_for_accounting_as_for_the_idle_limit(store):
+    """Accounting counted a card idle below 5 %, the idle-job limit at or below it: a job
+    at exactly 5 % was idle for one and busy for the other."""
+    from nebula_tui.head.limits import IDLE, idleness
+    from nebula_tui.model import IDLE_UTIL_PCT
+
+    job = store.add_job("alice", SPEC, T0)
+    store.start_launching(job.id, SLICES, T0 + 1)
+    store.mark_running(job.id, T0 + 2)
+    store.record_telemetry([{"gpu": gpu, "t": T0 + 2 + 30 * i, "utilization_pct": IDLE_UTIL_PCT,
+                             "span_s": 30.0} for gpu in ("GPU-a", "GPU-b") for i in range(10)])
+    store.finish_job(job.id, JobState.SUCCEEDED, T0 + 302, exit_code=0)
+    held, idle = store.db.execute("SELECT gpu_hours, idle_gpu_hours FROM jobs WHERE id = ?",
+                                  [job.id]).fetchone()
+    assert held > 0 and idle == pytest.approx(held)
+    assert idleness([IDLE_UTIL_PCT, IDLE_UTIL_PCT]) == IDLE
