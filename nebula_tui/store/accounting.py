@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..model import IDLE_UTIL_PCT, JobState
 from .base import StoreBase, chunks
-from .telemetry import DEFAULT_SPAN_S
+from .telemetry import SAMPLE_WEIGHT_SQL
 
 FINISHED_SQL = ", ".join(f"'{s.value}'" for s in JobState if s.finished)
 #: A job that counts towards its user's fair share (R6): finished after it ran (one
@@ -57,7 +57,7 @@ class Accounting(StoreBase):
         busy fraction (mean utilisation), the idle fraction (time at or below IDLE_UTIL_PCT),
         mean and peak memory used; each sample weighs the seconds it stands for (a
         10-minute average weighs 20 samples of 30 s). None when no sample has a utilisation."""
-        weight = f"COALESCE(t.span_s, NULLIF(t.bucket_s, 0), {DEFAULT_SPAN_S})"
+        weight = SAMPLE_WEIGHT_SQL
         weighed, busy, idle, mem_weight, mem, peak = self.db.execute(
             f"SELECT SUM(CASE WHEN t.utilization_pct IS NULL THEN 0 ELSE {weight} END), "
             f"SUM({weight} * t.utilization_pct), "
@@ -129,7 +129,7 @@ class Accounting(StoreBase):
     def utilisation_by_quarter(self, since: float, until: float) -> list[tuple[str, float, float, float]]:
         """(node, start of the quarter hour, seconds sampled, busy seconds) of every node's
         cards in [since, until), from telemetry (a sample weighs its span)."""
-        weight = f"COALESCE(t.span_s, NULLIF(t.bucket_s, 0), {DEFAULT_SPAN_S})"
+        weight = SAMPLE_WEIGHT_SQL
         return self.db.execute(
             f"SELECT g.node, CAST(t.t / {self.QUARTER_S} AS INTEGER) * {self.QUARTER_S} AS q, "
             f"SUM({weight}), SUM({weight} * t.utilization_pct / 100.0) "

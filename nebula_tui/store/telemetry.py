@@ -8,6 +8,9 @@ from .base import StoreBase
 
 #: The seconds a telemetry row stands for when it does not say (rows from before ``span_s``).
 DEFAULT_SPAN_S = 30.0
+#: What one telemetry row (as ``t``) weighs, in seconds: the span it stands for; an older
+#: row without one, its bucket (an average) or the default above.
+SAMPLE_WEIGHT_SQL = f"COALESCE(t.span_s, NULLIF(t.bucket_s, 0), {DEFAULT_SPAN_S})"
 
 
 class Telemetry(StoreBase):
