@@ -25,10 +25,6 @@ from . import vendors
 
 #: /dev/shm in the container: Docker's 64 MB default breaks PyTorch's DataLoader workers.
 SHM_SIZE = "8g"
-#: The variables that name the visible cards and are renumbered inside a container that
-#: holds only the allocated cards: "uuid" (the cards' UUIDs, in allocation order) or "order"
-#: (their order in the container, 0…k-1); the vendors' table says which.
-RENUMBERED = {v.name: v.inside for vendor in vendors.VENDORS for v in vendor.visibility if v.inside}
 #: The pinning of data mounts (``probes/mount_pins.py``), run by the wrapper as root with the
 #: node's python3 when a root runtime mounts a job user's paths.
 PINS_SOURCE = ((resources.files(__package__) / "probes" / "mount_pins.py").read_text()
@@ -84,12 +80,18 @@ def sysfs_pci(pci_bus_id: str) -> str:
 
 
 def container_env(env: dict[str, str], devices: tuple[Device, ...]) -> dict[str, str]:
-    """The job's variables as seen inside a container that holds only its cards."""
+    """The job's variables as seen inside a container that holds only its cards: each
+    vendor's renumbered over that vendor's cards, as the vendors' table says ("uuid": the
+    cards' UUIDs in allocation order, "order": 0…k-1)."""
     inside = dict(env)
-    for name, how in RENUMBERED.items():
-        if name in inside:
-            inside[name] = (",".join(d.uuid for d in devices) if how == "uuid"
-                            else ",".join(str(i) for i in range(len(devices))))
+    for vendor in vendors.VENDORS:
+        mine = [d for d in devices if d.vendor == vendor.name]
+        for variable in vendor.visibility:
+            if variable.inside is None or variable.name not in inside:
+                continue
+            numbers = ([d.uuid for d in mine] if variable.inside == "uuid"
+                       else [str(i) for i in range(len(mine))])
+            inside[variable.name] = variable.prefix + ",".join(numbers)
     return inside
 
 

@@ -55,8 +55,10 @@ def visible_devices(placements: tuple[Placement, ...],
         if vendor.name not in ids and not (vendor.hides_when_absent and
                                            not read_too & {v.name for v in vendor.visibility}):
             continue
+        mine = ids.get(vendor.name, [])
         for variable in vendor.visibility:
-            env[variable.name] = variable.prefix + ",".join(ids.get(vendor.name, []))
+            numbers = mine if variable.outside == "node" else [str(i) for i in range(len(mine))]
+            env[variable.name] = variable.prefix + ",".join(numbers)
     return env
 
 

@@ -18,6 +18,9 @@ class Visibility:
 
     name: str
     prefix: str = ""  # written before the list: oneAPI's "level_zero:"
+    #: on the node: "node" (the node's own numbers, or a MIG instance's UUID), "order"
+    #: (0…k-1: the numbers a runtime gives the cards another variable left it)
+    outside: str = "node"
     #: inside a container that holds only the job's cards: "uuid" (the cards' UUIDs),
     #: "order" (0…k-1), None (kept as the node numbers them)
     inside: str | None = "order"
@@ -56,7 +59,9 @@ VENDORS = (
     Vendor("amd", (Visibility("ROCR_VISIBLE_DEVICES"), Visibility("HIP_VISIBLE_DEVICES")), ("rocm-smi",),
            "render", reads=("CUDA_VISIBLE_DEVICES",), shared_devices=("/dev/kfd",), apptainer_flag="--rocm"),
     Vendor("intel", (Visibility("ZE_AFFINITY_MASK"),
-                     Visibility("ONEAPI_DEVICE_SELECTOR", prefix="level_zero:", inside=None)),
+                     # SYCL numbers the devices Level Zero reports, and ZE_AFFINITY_MASK
+                     # has already left it only the job's: they are 0…k-1, on the node too
+                     Visibility("ONEAPI_DEVICE_SELECTOR", prefix="level_zero:", outside="order")),
            ("xpu-smi", "discovery"), "render"),
     Vendor("ascend", (Visibility("ASCEND_RT_VISIBLE_DEVICES"),), ("npu-smi", "info"), "davinci",
            manager_devices=("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"),

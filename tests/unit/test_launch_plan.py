@@ -54,15 +54,28 @@ def test_the_visibility_variables_come_from_the_table():
     four = tuple(Device(f"GPU-{v}", n, v) for n, v in enumerate(VENDORS))
     assert launcher.visible_devices((), four) == {
         "CUDA_VISIBLE_DEVICES": "0", "ROCR_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "1",
-        "ZE_AFFINITY_MASK": "2", "ONEAPI_DEVICE_SELECTOR": "level_zero:2",
+        "ZE_AFFINITY_MASK": "2", "ONEAPI_DEVICE_SELECTOR": "level_zero:0",
         "ASCEND_RT_VISIBLE_DEVICES": "3"}
     # no NVIDIA card: CUDA sees none, unless HIP (which reads it too) would then see none
     assert launcher.visible_devices((), four[2:3])["CUDA_VISIBLE_DEVICES"] == ""
     assert "CUDA_VISIBLE_DEVICES" not in launcher.visible_devices((), four[1:2])
+    # inside a container each vendor's cards are renumbered among themselves: one Intel card
+    # is 0, whatever came before it
     inside = containers.container_env(launcher.visible_devices((), four), four)
-    assert (inside["CUDA_VISIBLE_DEVICES"], inside["ZE_AFFINITY_MASK"]) == (",".join(d.uuid for d in four), "0,1,2,3")
-    assert inside["ONEAPI_DEVICE_SELECTOR"] == "level_zero:2"  # kept as the node numbers it
+    assert inside == {"CUDA_VISIBLE_DEVICES": "GPU-nvidia", "ROCR_VISIBLE_DEVICES": "0",
+                      "HIP_VISIBLE_DEVICES": "0", "ZE_AFFINITY_MASK": "0",
+                      "ONEAPI_DEVICE_SELECTOR": "level_zero:0", "ASCEND_RT_VISIBLE_DEVICES": "0"}
     assert [vendors.smoke_command(v)[0] for v in VENDORS] == ["nvidia-smi", "rocm-smi", "xpu-smi", "npu-smi"]
+
+
+def test_sycl_is_told_the_numbers_level_zero_gives_the_cards_it_was_left():
+    """ZE_AFFINITY_MASK leaves Level Zero only the job's cards, which SYCL then numbers
+    0…k-1: ``level_zero:1,3`` beside a mask of 1,3 named cards SYCL no longer sees."""
+    intel = (Device("GPU-i1", 1, "intel"), Device("GPU-i3", 3, "intel"))
+    env = launcher.visible_devices((), intel)
+    assert (env["ZE_AFFINITY_MASK"], env["ONEAPI_DEVICE_SELECTOR"]) == ("1,3", "level_zero:0,1")
+    inside = containers.container_env(env, intel)
+    assert (inside["ZE_AFFINITY_MASK"], inside["ONEAPI_DEVICE_SELECTOR"]) == ("0,1", "level_zero:0,1")
 
 
 # ------------------------------------------------------------------ one plan, on a real launch
