@@ -9,12 +9,22 @@ environment names this node and the vendor's variable lists the device
 (``ROCR_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``, ``ZE_AFFINITY_MASK``,
 ``ASCEND_RT_VISIBLE_DEVICES``). Faults are faults.json entries keyed ``"<vendor>:<index>"``.
 
-The layouts follow the real tools' outputs in ``shared/samples/other_vendors`` byte for
-byte (tests/test_fake_vendors.py renders each sample's values and compares): ``amd-smi``'s
-default view, ``rocm-smi``'s concise table and ``--json`` keys, ``xpu-smi discovery`` and
-``stats -d N``, ``npu-smi info``. Outputs no sample shows (``amd-smi``'s process box,
-``xpu-smi discovery -d N``'s extra lines, ``xpu-smi ps``, ``rocm-smi --showtopo --json``'s
-keys as in the telegraf sample's ``system`` block) follow the same conventions.
+The layouts follow the real tools' outputs in ``tests/data/samples/other_vendors``:
+``tests/unit/test_fake_vendors.py`` gives each view the values its sample shows and
+compares the text byte for byte: ``amd_smi_view`` (``amd-smi``'s default view, MI300X),
+``rocm_concise_view`` (``rocm-smi``'s concise table, its two leading blank lines included),
+``xpu_discovery_view`` and ``xpu_stats_view`` (``xpu-smi discovery``; ``stats -d N`` with
+its empty cells and closing blank line) and ``npu_smi_view`` (``npu-smi info``, 8x 910B2
+with no process). Against the 2x 910B2C sample, which has a process row, ``npu_smi_view``
+is compared after two normalisations: that capture's one trailing space per line is
+removed, and its last line (a ``-`` rule where the capture stops, with no row for the idle
+NPU 1) is left out; other real captures (nputop's npu-smi 24.1 and 25.2 fixtures) close
+each NPU's process rows with a ``=`` rule and list an idle NPU, as the view does.
+``rocm-smi --json``'s values are the simulator's own, so only its keys are compared with
+the telegraf MI100 sample's: each key of a card (in the sample's order) and of ``system``
+(``Driver version``, ``--showtopo``'s ``(Topology)`` keys) is one the sample has. Outputs
+no sample shows (``amd-smi``'s process box, ``xpu-smi discovery -d N``'s extra lines,
+``xpu-smi ps``) follow the same conventions.
 
 ``$NEBULA_SIM_DIR/tool_faults.json`` (``{"xpu-smi": "hang"}``) makes a tool misbehave, as
 tools on a sick node do (``fake_smi.act_up``).
