@@ -31,9 +31,9 @@ class Launches:
                                     log_max_mb=self.state.config.limits.log_max_mb)
 
     def environments(self, job: Job) -> dict[str, dict[str, str]]:
-        """Each of the job's nodes -> the environment the head gives its command there: the
-        very plan the node's run script is written from."""
-        return {node: self.plan(job, node).environment for node in job_nodes(job)}
+        """Each of the job's nodes -> the environment its command sees there (in a container,
+        as the container has it): the very plan the node's run script is written from."""
+        return {node: self.plan(job, node).seen_environment for node in job_nodes(job)}
 
     def _extra_environment(self, job: Job, node: str, mine: tuple[Placement, ...]) -> dict[str, str] | None:
         """What the part on ``node`` gets beyond R12's variables (None: nothing): a job of

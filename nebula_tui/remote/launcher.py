@@ -218,6 +218,27 @@ class LaunchPlan:
     def environment(self) -> dict[str, str]:
         return dict(self.variables)
 
+    def container_runtime(self) -> str:
+        """The runtime that runs the job's image here (raises containers.NoRuntime)."""
+        spec = self.job.spec
+        return containers.choose_runtime(self.node.name, spec.image, self.node.runtimes,
+                                         spec.runtime, self.node.runtime)
+
+    @property
+    def seen_environment(self) -> dict[str, str]:
+        """The variables as the command sees them: in a podman or docker container, which
+        holds only its cards, each vendor's renumbered; apptainer shares the node's devices
+        and numbers, so there (and with no image) they are the node's."""
+        if self.job.spec.image is None:
+            return self.environment
+        try:
+            runtime = self.container_runtime()
+        except containers.NoRuntime:
+            return self.environment  # it fails with that sentence before anything runs
+        if runtime in environments.FILE_RUNTIMES:
+            return self.environment
+        return containers.container_env(self.environment, self.devices)
+
 
 def launch_plan(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, ...] = (),
          extra_env: dict[str, str] | None = None, node: NodeFacts | None = None,
@@ -426,8 +447,7 @@ def _container_lines(plan: LaunchPlan) -> list[str]:
         n = len(node.wsl2_gpus)
         return [f"fail {shlex.quote(_WSL2_PARTIAL.format(node=node.name, n=n, s='s' * (n != 1)))}"]
     try:
-        runtime = containers.choose_runtime(node.name, spec.image, node.runtimes, spec.runtime,
-                                            node.runtime)
+        runtime = plan.container_runtime()
     except containers.NoRuntime as why:
         return [f"fail {shlex.quote(str(why))}"]
     env = plan.environment

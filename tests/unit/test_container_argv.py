@@ -21,7 +21,7 @@ import pytest
 
 from nebula_tui.model import Job, JobSpec, Launching, Placement
 from nebula_tui.remote.containers import Device
-from nebula_tui.remote.launcher import NodeFacts, run_script
+from nebula_tui.remote.launcher import NodeFacts, launch_plan, run_script
 
 RECORDER = r"""
 import json, os, sys
@@ -192,6 +192,22 @@ def test_apptainer_runs_as_the_user_with_nv_clean_env_binds_and_pwd(node):
         ("CUDA_VISIBLE_DEVICES", "3,1"),  # --nv shows every card: the node's numbering picks
         ("NEBULA_GPU_MEM_MB", "8192"), ("PYTHONUNBUFFERED", "1")]}
     assert "podman" not in calls  # a .sif needs apptainer, though podman comes first
+
+
+def test_nebula_job_shows_the_card_variables_as_the_runtime_was_given_them(node):
+    """``nebula job`` shows the plan's ``seen_environment``: in podman the cards' UUIDs,
+    in apptainer (every card visible) the node's numbers, as each runtime got them."""
+    image = node.root / "train.sif"
+    image.touch()
+    facts = NodeFacts("node01", runtimes=("podman", "docker", "apptainer"), root=True)
+    cards = nvidia("GPU-bbbb", "GPU-aaaa")
+    for job, runtime, prefix in ((make_job(), "podman", ""),
+                                 (make_job(image=str(image)), "apptainer", "APPTAINERENV_")):
+        node(job, cards, facts, RECORD_HAVE_IMAGE="1")
+        seen = launch_plan(job, PLACEMENTS, node=facts, devices=cards).seen_environment
+        assert node.env[runtime][prefix + "CUDA_VISIBLE_DEVICES"] == seen["CUDA_VISIBLE_DEVICES"]
+    assert launch_plan(make_job(), PLACEMENTS, node=facts, devices=cards).seen_environment[
+        "CUDA_VISIBLE_DEVICES"] == "GPU-bbbb,GPU-aaaa"
 
 
 def test_through_sudo_the_variables_travel_as_words(node):

@@ -1,4 +1,4 @@
-"""Every vendor tool's real output (shared/samples) parses to the facts in the file.
+"""Every vendor tool's real output (tests/data/samples, copied from shared/samples) parses to the facts in the file.
 
 The expected values were read off the files by hand (see each sample's SOURCES.md); the
 parsers yield the vendor-neutral reading the nodes send, so the same facts reach the head.
