@@ -27,15 +27,24 @@ from nebula_tui.model import FINISHED_STATES
 FINISHED = FINISHED_STATES
 
 
-def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
-    """Poll ``predicate`` until it returns something truthy; AssertionError after ``timeout``."""
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, what: str = "condition",
+             seen=None):
+    """Poll ``predicate`` until it returns something truthy; AssertionError after ``timeout``,
+    with what ``seen()`` returns then (a screen, a card) when given: a failure that came
+    only on another machine then says what was there instead."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    instead = ""
+    if seen is not None:
+        try:
+            instead = f"; instead:\n{seen()}"
+        except Exception as err:  # noqa: BLE001 - the timeout is the failure to report
+            instead = f"; and what was there could not be read: {err!r}"
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{instead}")
 
 
 def libfaketime() -> str | None:

@@ -154,6 +154,12 @@ def test_quitting_with_running_jobs_asks_and_can_leave_the_lab_running(demo_term
     assert not (home / "nebula.sock").exists()
 
 
+def _log_tail(path: Path, lines: int = 15) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return f"({path.name} unreadable)"
+
+
 def _demo_processes(home: Path) -> list[str]:
     found = []
     for pattern in (f"sim.lab --dir {home}", f"serve --home {home}"):
@@ -193,7 +199,8 @@ def test_tui_attach_suspends_the_tui_for_the_jobs_session(demo_terminal):
     # the job's output, without the TUI's frame (the TUI's log tail shows the output too,
     # so the mark alone proves nothing)
     text = wait_for(lambda: f"[nebula-{job}" in (s := screen()) and "NebulaGrid" not in s and s,
-                    30, interval=0.3, what="the job's tmux session instead of the TUI")
+                    30, interval=0.3, what="the job's tmux session instead of the TUI",
+                    seen=lambda: f"{screen()}\nserve.log ends:\n{_log_tail(home / 'serve.log')}")
     assert "TUI-ATTACH-MARK" in text
     keys("demo", "C-b", "d")
     wait_for(lambda: f"Job {job}" in screen(), 20, interval=0.3, what="the TUI back")
