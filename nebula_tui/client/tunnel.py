@@ -35,6 +35,8 @@ from .service import ServiceUnavailable
 CONNECT_TIMEOUT_S = 20.0
 #: The signals that end a client with no chance for its ``with`` block to unwind.
 ENDING_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
+#: The longest path a Unix socket may have (Linux's sun_path is 108 bytes with its NUL).
+SOCKET_PATH_MAX = 107
 
 
 def open_tunnel(host: str, remote_socket: str | None = None,
@@ -64,9 +66,9 @@ class Tunnel:
         self._thread.start()
         self._dir: str | None = None
         self._previous = self._catch_ending_signals()
-        self._dir = tempfile.mkdtemp(prefix="nebula-ssh-")  # 0700: nobody else may use our login
-        self.local_socket = Path(self._dir) / "nebula.sock"
         try:
+            self._dir = _private_socket_dir()
+            self.local_socket = Path(self._dir) / "nebula.sock"
             self._run(self._open(), timeout + 5)
         except BaseException:
             self.close()
@@ -165,6 +167,24 @@ class Tunnel:
         else:
             signal.signal(signo, signal.SIG_DFL)
             os.kill(os.getpid(), signo)
+
+
+def _private_socket_dir() -> str:
+    """A new 0700 directory (nobody else may use our login) whose ``nebula.sock`` fits a
+    Unix socket's path: under $TMPDIR, else — a long $TMPDIR — under $XDG_RUNTIME_DIR or
+    /tmp, which are short."""
+    for parent in [None] + [d for d in (os.environ.get("XDG_RUNTIME_DIR"), "/tmp") if d]:
+        try:
+            made = tempfile.mkdtemp(prefix="nebula-ssh-", dir=parent)
+        except OSError:  # a missing or read-only directory: the next one
+            continue
+        if len(os.fsencode(os.path.join(made, "nebula.sock"))) <= SOCKET_PATH_MAX:
+            return made
+        os.rmdir(made)
+    raise ServiceUnavailable(
+        f"cannot make the local socket: TMPDIR ({tempfile.gettempdir()}) and /tmp are missing, "
+        f"read-only or too long for a Unix socket's path ({SOCKET_PATH_MAX} bytes); set TMPDIR "
+        "to a short directory you can write")
 
 
 async def _answers(conn: asyncssh.SSHClientConnection, path: str) -> bool:

@@ -118,6 +118,15 @@ def laptop(box, *args: str, host: str | None = "admin-box", timeout: float = 90,
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.fixture
+def client_tmp():
+    """A TMPDIR of this test's own for the clients it starts, short enough for a Unix
+    socket's path under it (pytest's own directories may not be)."""
+    path = Path(tempfile.mkdtemp(prefix="nt-client-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def tunnel_dirs(tmp: Path) -> list[Path]:
     """The forwarded sockets' directories of the clients whose TMPDIR is ``tmp``."""
     return sorted(tmp.glob("nebula-ssh-*"))
@@ -156,8 +165,8 @@ def test_a_users_jobs_over_ssh_are_charged_to_that_user(box, shared):
 
 
 @pytest.mark.slow
-def test_every_kind_of_command_works_over_ssh_and_nebula_host_is_the_default(box, shared, tmp_path):
-    box = {**box, "env": {**box["env"], "TMPDIR": str(tmp_path)}}  # its clients' sockets: here
+def test_every_kind_of_command_works_over_ssh_and_nebula_host_is_the_default(box, shared, client_tmp):
+    box = {**box, "env": {**box["env"], "TMPDIR": str(client_tmp)}}  # its clients' sockets: here
     status = laptop(box, "status", host=None, NEBULA_HOST="admin-box")
     assert status.returncode == 0 and status.stdout.startswith("Cluster Overview:"), status.stderr
     assert "node03" in status.stdout
@@ -173,7 +182,7 @@ def test_every_kind_of_command_works_over_ssh_and_nebula_host_is_the_default(box
                                 env={**box["env"], "NEBULA_SOCKET": box["socket"]},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: forwarding(tmp_path), 60, what="the follower's forwarded socket")
+        wait_for(lambda: forwarding(client_tmp), 60, what="the follower's forwarded socket")
         cancelled = laptop(box, "cancel", str(job["id"]))
         assert cancelled.returncode == 0, cancelled.stderr
         assert shared.wait_job(job["id"])["state"] == "cancelled"
@@ -185,24 +194,24 @@ def test_every_kind_of_command_works_over_ssh_and_nebula_host_is_the_default(box
     words = laptop(box, "__complete", "nodes", host=None, NEBULA_HOST="admin-box")
     assert words.stdout.split() == ["node01", "node02", "node03"]
     # Nothing was left behind on the laptop: every client's forwarded socket's directory is gone.
-    assert tunnel_dirs(tmp_path) == []
+    assert tunnel_dirs(client_tmp) == []
 
 
 @pytest.mark.parametrize("signo", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
-def test_a_client_ended_by_a_signal_removes_its_socket_and_says_goodbye(box, shared, tmp_path, signo):
+def test_a_client_ended_by_a_signal_removes_its_socket_and_says_goodbye(box, shared, client_tmp, signo):
     """A closed terminal (SIGHUP) or a kill (SIGTERM) ends a client mid-command: its
     forwarded socket's directory goes, and it disconnects from the box as a clean exit would."""
     job = json.loads(laptop(box, "submit", "--gpu-mem", "4G", "--json", "--", "sleep", "600").stdout)
     before = ssh_ports(box)
     client = subprocess.Popen(_argv("admin-box", ["logs", "-f", str(job["id"])]),
-                              env={**box["env"], "NEBULA_SOCKET": box["socket"], "TMPDIR": str(tmp_path),
+                              env={**box["env"], "NEBULA_SOCKET": box["socket"], "TMPDIR": str(client_tmp),
                                    "PYTHONFAULTHANDLER": "1"},
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               # a suite started under nohup hands its children SIGHUP ignored,
                               # which the client rightly keeps ignoring: a terminal's client here
                               preexec_fn=lambda: signal.signal(signo, signal.SIG_DFL))
     try:
-        wait_for(lambda: forwarding(tmp_path) and ssh_ports(box) - before, 60,
+        wait_for(lambda: forwarding(client_tmp) and ssh_ports(box) - before, 60,
                  what="the client's SSH connection and forwarded socket")
         ours = ssh_ports(box) - before
         client.send_signal(signo)
@@ -215,7 +224,7 @@ def test_a_client_ended_by_a_signal_removes_its_socket_and_says_goodbye(box, sha
                                  + client.stderr.read()[-6000:]) from None
         assert ended == -signo  # it still dies of the signal
         assert "Traceback" not in client.stderr.read()
-        assert tunnel_dirs(tmp_path) == []
+        assert tunnel_dirs(client_tmp) == []
         wait_for(lambda: not ssh_ports(box) & ours, 10, what="its SSH connection closed")
         log = (box["root"] / "sshd.log").read_text()
         for port in ours:  # an SSH disconnect, not a connection dropped by a dying process
@@ -245,22 +254,38 @@ def test_failures_are_one_line_and_say_what_to_do(box):
     assert local.returncode == 2 and "drop --host" in local.stderr
 
 
+def test_a_long_tmpdir_still_gets_a_socket_and_keeps_nothing(box, shared, client_tmp):
+    """A TMPDIR too long for a Unix socket's path (108 bytes) is no reason to refuse: the
+    client makes its private directory where the path fits, and removes it as it ends."""
+    long_tmp = client_tmp / ("deep" * 25)
+    long_tmp.mkdir()
+    runtime = client_tmp / "run"
+    runtime.mkdir(mode=0o700)
+    status = laptop(box, "status", TMPDIR=str(long_tmp), XDG_RUNTIME_DIR=str(runtime))
+    assert status.returncode == 0 and status.stdout.startswith("Cluster Overview:"), status.stderr
+    assert tunnel_dirs(long_tmp) == [] and tunnel_dirs(runtime) == []
+
+
 @pytest.mark.skipif(not shutil.which("tmux"), reason="needs tmux")
 @pytest.mark.parametrize("ending", ["q", "SIGTERM", "SIGHUP"])
-def test_the_tui_runs_over_ssh_and_leaves_no_socket_however_it_ends(box, shared, tmp_path, ending):
+def test_the_tui_runs_over_ssh_and_leaves_no_socket_however_it_ends(box, shared, tmp_path, client_tmp,
+                                                                   ending):
     """Quit with q (the terminal given back: the alternate screen off), killed, or its
     terminal closed: the TUI over SSH leaves no forwarded socket behind."""
     tmux = ["tmux", "-S", str(tmp_path / "tmux.sock"), "-f", "/dev/null"]
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    tmp = client_tmp
     env = {**box["env"], "NEBULA_SOCKET": box["socket"], "NEBULA_HOST": "admin-box",
            "TERM": "xterm-256color", "TMPDIR": str(tmp)}
     subprocess.run(tmux + ["new-session", "-d", "-x", "120", "-y", "36",
                            f"{sys.executable} -m nebula_tui; echo TUI-EXITED $?; sleep 30"],
                    env=env, check=True, cwd=str(box["laptop"]))
 
+    shown = [""]  # the last screen that showed anything: the pane may be gone at a timeout
+
     def screen() -> str:
-        return subprocess.run(tmux + ["capture-pane", "-p"], capture_output=True, text=True).stdout
+        now = subprocess.run(tmux + ["capture-pane", "-p"], capture_output=True, text=True).stdout
+        shown[0] = now if now.strip() else shown[0]
+        return now
 
     def pane(field: str) -> str:
         return subprocess.run(tmux + ["display", "-p", f"#{{{field}}}"], capture_output=True,
@@ -268,7 +293,7 @@ def test_the_tui_runs_over_ssh_and_leaves_no_socket_however_it_ends(box, shared,
 
     try:
         wait_for(lambda: "1 Overview" in (s := screen()) and "node03" in s, 90,
-                 interval=0.5, what="the TUI's overview over SSH")
+                 interval=0.5, what="the TUI's overview over SSH", seen=lambda: shown[0])
         assert forwarding(tmp) and pane("alternate_on") == "1"
         if ending == "q":
             subprocess.run(tmux + ["send-keys", "q"], check=True)
