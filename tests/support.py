@@ -2,7 +2,8 @@
 
 A job is submitted through the real CLI (``nebula submit``) and its id read from what the
 CLI prints; ``running`` waits until the head says the job runs; ``session_alive`` asks the
-job's node's own tmux server whether its session is there.
+job's node's own tmux server whether its session is there; ``gpu`` reads one card as the
+head shows it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ def running(head: HeadProcess, job_id: int, timeout: float = 30) -> dict:
     """The job once the head says it runs (AssertionError after ``timeout`` seconds)."""
     return wait_for(lambda: (j := head.job(job_id))["state"] == "running" and j, timeout,
                     what=f"job {job_id} to run")
+
+
+def gpu(head: HeadProcess, uuid: str) -> dict:
+    """The card as the head shows it now (``nebula gpus``' document for it)."""
+    return next(g for g in head.call("gpus")["gpus"] if g["uuid"] == uuid)
 
 
 def session_alive(head: HeadProcess, node: str, job_id: int) -> bool:

@@ -149,7 +149,7 @@ def test_its_memory_shows_on_its_cards_while_it_runs(head):
     card = job["gpus"][0]
 
     def used():
-        gpu = next(g for g in head.call("gpus")["gpus"] if g["uuid"] == card["uuid"])
+        gpu = support.gpu(head, card["uuid"])
         return gpu["memory_used_mb"] >= 6 * 1024 and gpu
     wait_for(used, 20, what="the container's process on its card")
     head.call("cancel", job=job_id)
@@ -167,12 +167,12 @@ def test_its_gpu_processes_are_its_own_by_their_cgroup_and_guarded(head):
             # its command's 12 GB, and what the simulated card gives the container's init; a
             # probe may first catch the container before `env` has become `sleep` (8 GB). The
             # card may be the laptop's 8 GB one, which shows no more than it has.
-            gpu = next(g for g in head.call("gpus")["gpus"] if g["uuid"] == card["uuid"])
+            gpu = support.gpu(head, card["uuid"])
             held = min(12 * 1024, gpu["total_memory_mb"])
             return (gpu["processes"] and all(p["job_id"] == job_id for p in gpu["processes"])
                     and gpu["memory_used_mb"] >= held and gpu)
         def instead():
-            gpu = next(g for g in head.call("gpus")["gpus"] if g["uuid"] == card["uuid"])
+            gpu = support.gpu(head, card["uuid"])
             job = head.call("job", job=job_id)["job"]
             events = [e["message"] for e in head.call("events", limit=30)["events"]]
             return (f"card: {gpu}\njob: {job['state']} {job.get('reason')}\n"

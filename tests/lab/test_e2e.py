@@ -6,11 +6,7 @@ import json
 import sqlite3
 
 from conftest import wait_for
-from support import running, submit
-
-
-def gpu(head, uuid: str) -> dict:
-    return next(g for g in head.call("gpus")["gpus"] if g["uuid"] == uuid)
+from support import gpu, running, submit
 
 
 def test_a_job_on_a_slice_runs_nvidia_smi_and_frees_the_slice(head):

@@ -19,6 +19,7 @@ from conftest import wait_for
 from labfixtures import lab_config, serving
 from nebula_tui.sim import faults
 from labkit.harness import HeadProcess
+from support import gpu
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 3
@@ -49,10 +50,6 @@ def sim(head: HeadProcess, *args: str) -> str:
     done = head.run("sim", *args)
     assert done.returncode == 0, done.stderr
     return done.stdout
-
-
-def gpu(head: HeadProcess, uuid: str) -> dict:
-    return next(g for g in head.call("gpus")["gpus"] if g["uuid"] == uuid)
 
 
 def event_with(head: HeadProcess, text: str, timeout: float = 20, since: float = 0.0) -> dict:

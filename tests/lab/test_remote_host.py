@@ -273,9 +273,8 @@ def test_the_tui_runs_over_ssh_and_leaves_no_socket_however_it_ends(box, shared,
     """Quit with q (the terminal given back: the alternate screen off), killed, or its
     terminal closed: the TUI over SSH leaves no forwarded socket behind."""
     tmux = ["tmux", "-S", str(tmp_path / "tmux.sock"), "-f", "/dev/null"]
-    tmp = client_tmp
     env = {**box["env"], "NEBULA_SOCKET": box["socket"], "NEBULA_HOST": "admin-box",
-           "TERM": "xterm-256color", "TMPDIR": str(tmp)}
+           "TERM": "xterm-256color", "TMPDIR": str(client_tmp)}
     subprocess.run(tmux + ["new-session", "-d", "-x", "120", "-y", "36",
                            f"{sys.executable} -m nebula_tui; echo TUI-EXITED $?; sleep 30"],
                    env=env, check=True, cwd=str(box["laptop"]))
@@ -294,7 +293,7 @@ def test_the_tui_runs_over_ssh_and_leaves_no_socket_however_it_ends(box, shared,
     try:
         wait_for(lambda: "1 Overview" in (s := screen()) and "node03" in s, 90,
                  interval=0.5, what="the TUI's overview over SSH", seen=lambda: shown[0])
-        assert forwarding(tmp) and pane("alternate_on") == "1"
+        assert forwarding(client_tmp) and pane("alternate_on") == "1"
         if ending == "q":
             subprocess.run(tmux + ["send-keys", "q"], check=True)
         else:  # the pane's shell runs the TUI as its one child
@@ -305,6 +304,6 @@ def test_the_tui_runs_over_ssh_and_leaves_no_socket_however_it_ends(box, shared,
         wait_for(lambda: f"TUI-EXITED {code}" in screen(), 30, interval=0.3, what="the TUI to end")
         if ending == "q":
             assert pane("alternate_on") == "0"
-        assert tunnel_dirs(tmp) == []
+        assert tunnel_dirs(client_tmp) == []
     finally:
         subprocess.run(tmux + ["kill-server"], capture_output=True)
