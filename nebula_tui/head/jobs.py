@@ -399,6 +399,13 @@ class JobTransitions:
         stopping = Stopping(job.status, ends, why, requeue, kill_at)
         return self._set(replace(job, status=stopping, preemptions=job.preemptions + preemption))
 
+    def regrace_stop(self, job: Job, kill_at: float) -> Job:
+        """Its SIGUSR1 went only now (the head that began the stop died first): SIGKILL
+        moves to ``kill_at``, a whole grace later, in the store too if it can take it."""
+        with contextlib.suppress(StoreUnavailable):  # else: the earlier kill_at after a restart
+            self.state.store.move_kill_at(job.id, kill_at)
+        return self._set(replace(job, status=replace(job.status, kill_at=kill_at)))
+
     def undo_stop(self, job: Job) -> None:
         """No node heard the stop (away): the job runs on as it was, asked again later."""
         with contextlib.suppress(StoreUnavailable):  # else: killed at its kill_at after a restart
@@ -421,10 +428,12 @@ class JobTransitions:
         return True
 
     # ------------------------------------------------------------------- eviction
-    async def signal(self, node: str, job_id: int, name: str) -> dict:
-        """Send SIG``name`` to the job's session on ``node``; the node's reply, or why not."""
+    async def signal(self, node: str, job_id: int, name: str, once: bool = False) -> dict:
+        """Send SIG``name`` to the job's session on ``node``; the node's reply, or why not.
+        ``once``: a USR1 goes only if this attempt never got one (the reply's ``first``)."""
+        fields = {"once": True} if once else {}
         try:
-            return await self.state.links[node].request("signal", job=job_id, signal=name)
+            return await self.state.links[node].request("signal", job=job_id, signal=name, **fields)
         except (NodeUnavailable, asyncio.TimeoutError) as err:
             # A node that is away stops the stale session when it reconnects (reconcile).
             log.warning("SIG%s to job %s on %s not sent: %s", name, job_id, node, err)

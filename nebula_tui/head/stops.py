@@ -2,13 +2,16 @@
 ``nebula requeue`` — carried out: SIGUSR1 on each of its nodes (checkpoint now), SIGKILL
 once the grace is over if it still runs, and then its end (a killed session reports no
 exit). The transitions themselves are ``JobTransitions``' (``begin_stop``, ``undo_stop``,
-``end_stop``); this room keeps their time.
+``regrace_stop``, ``end_stop``); this room keeps their time.
 
 A stop is in the store from its start, with when its SIGKILL is due: a head restarted
 during the grace kills the job when that grace ends (``resume``), without a second SIGUSR1
-and a fresh grace. Within one head the grace is counted on the monotonic clock; across a
-restart only the wall clock is common, so the time left is the stored due time less now,
-held between none and one whole grace whatever the wall clock did meanwhile.
+and a fresh grace. The store has the stop before its SIGUSR1 goes, so a head that died in
+between left a job that never got one: each node marks the SIGUSR1 it sent, the restarted
+head asks for it "once", and a job that gets it only then has its whole grace. Within one
+head the grace is counted on the monotonic clock; across a restart only the wall clock is
+common, so the time left is the stored due time less now, held between none and one whole
+grace whatever the wall clock did meanwhile.
 """
 
 from __future__ import annotations
@@ -44,12 +47,38 @@ class Stops:
 
     def resume(self, grace_s: float) -> None:
         """The head starts with stops under way (it was restarted during their grace):
-        each job is killed when its grace ends, at most ``grace_s`` from now."""
+        each job is killed when its grace ends, at most ``grace_s`` from now — once its
+        nodes have been asked for its SIGUSR1 again, which they send only where it never
+        went (the last head stored the stop and died before sending it); then the grace
+        is a whole one, counted from that SIGUSR1."""
         now = self.state.clock()
         for job in list(self.state.jobs.values()):
             if isinstance(job.status, Stopping):
                 left = min(grace_s, max(0.0, (job.status.kill_at or now) - now))
-                self.state.spawn(self._kill_after(job, left), f"stop-{job.id}")
+                self.state.spawn(self._resume(job, left, grace_s), f"stop-{job.id}")
+
+    async def _resume(self, job: Job, left: float, grace_s: float) -> None:
+        began = time.monotonic()
+        asked, pause, late = job_nodes(job), STOP_POLL_S, False
+        while asked and self._current(job) is not None:  # nodes connect after the head starts
+            replies = await asyncio.gather(*(self.jobs.signal(n, job.id, "USR1", once=True) for n in asked))
+            late = late or any(r.get("first") for r in replies)
+            asked = [n for n, r in zip(asked, replies) if not r.get("ok")]
+            if asked:
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, KILL_RETRY_MAX_S)
+        current = self._current(job)
+        if current is None:
+            return
+        if late:
+            self.state.record("reconcile", f"job {job.id} got its SIGUSR1 only after the head restarted "
+                              f"({current.status.why}): SIGKILL in {grace_s:g} s if still running",
+                              job_id=job.id, node=job.node)
+            self.jobs.regrace_stop(current, self.state.clock() + grace_s)
+            left = grace_s
+        else:
+            left -= time.monotonic() - began
+        await self._kill_after(job, max(0.0, left))
 
     def _current(self, job: Job) -> Job | None:
         """The job as it is now, if this attempt's stop is still under way."""

@@ -93,6 +93,12 @@ class Jobs(Accounting):
             if preempted_at is not None:
                 self._event(preempted_at, "preempt", f"job {job_id} {why}", job_id=job_id)
 
+    def move_kill_at(self, job_id: int, kill_at: float) -> None:
+        """A stop under way is killed at ``kill_at`` instead (its SIGUSR1 went late)."""
+        with self.transaction():
+            self.db.execute("UPDATE jobs SET stop_kill_at = ? WHERE id = ? AND stop_ends IS NOT NULL",
+                            [kill_at, job_id])
+
     def clear_stop(self, job_id: int) -> None:
         """The stop was not heard (its nodes are away): the job runs on as it was."""
         with self.transaction():

@@ -8,6 +8,7 @@ hold 45 GB whatever it reserved, ``NEBULA_SIM_GPU_UTIL=0`` keeps its card idle.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -15,10 +16,12 @@ import pytest
 
 from conftest import until, wait_for
 from labfixtures import lab_config, serving
+from nebula_tui.model import JobState
 from nebula_tui.screens.app import make_app
 from nebula_tui.sim import faults
 from nebula_tui.screens.queue import QueueScreen
 from nebula_tui.screens.widgets.rowtable import RowTable
+from nebula_tui.store import Store
 from support import running, submit
 
 GRACE_S = 3
@@ -206,6 +209,8 @@ def test_a_stop_under_way_survives_a_head_restart(openssh_lab, tmp_path):
                         what="the time limit's SIGUSR1")
         signalled = said[0]["t"]
         assert head.job(job)["phase"] == "stopping"
+        # The SIGUSR1 reached the job before the crash (a crash before it is the next test's).
+        wait_for(lambda: "checkpoint asked" in log_of(head, job), 10, what="the job's trap")
         head.kill()
         head.start()
         back = time.time() - signalled  # a loaded machine may take longer than the grace
@@ -217,8 +222,43 @@ def test_a_stop_under_way_survives_a_head_restart(openssh_lab, tmp_path):
         # ended it a grace after the restart instead.
         assert RESTART_GRACE_S - 1 <= done["ended_at"] - signalled <= max(RESTART_GRACE_S, back) + 4, done
         assert len(events(head, f"job {job} reached its time limit")) == 1
-        log = head.run("logs", str(job), check=True).stdout
-        assert log.count("reached its time limit") == 1 and "checkpoint asked" in log
+        log = log_of(head, job)
+        assert log.count("reached its time limit") == 1 and log.count("checkpoint asked") == 1
+        assert not events(head, f"job {job} got its SIGUSR1 only after the head restarted")
+
+
+@pytest.mark.slow
+def test_a_head_killed_between_storing_a_stop_and_its_sigusr1_sends_it_after_its_restart(
+        openssh_lab, tmp_path):
+    """The store has a stop before its SIGUSR1 goes. A head killed in between left a job
+    that never got one: the restarted head sends it, once, and the job has a whole grace
+    from it to checkpoint, not the rest of a grace it never knew of."""
+    path = lab_config(openssh_lab, "limits-crash", health={"isolation_grace": f"{RESTART_GRACE_S}s"})
+    for head in serving(openssh_lab, tmp_path / "home", path):
+        job = submit(head, "--gpu-mem", "4G", "--command",
+                     "trap 'echo checkpoint asked' USR1; while :; do sleep 1; done")
+        running(head, job)
+        head.kill()
+        # What the head had written when it died: the stop, due a grace from then.
+        why = "stopped at its time limit (--time 1 min)"
+        with contextlib.closing(Store(head.home / "state.db")) as store:
+            store.record_stop(job, JobState.TIMEOUT, why, False, time.time() + RESTART_GRACE_S)
+        head.start()
+        wait_for(lambda: "checkpoint asked" in log_of(head, job), 30, what="the late SIGUSR1")
+        asked = time.time()
+        late = events(head, f"job {job} got its SIGUSR1 only after the head restarted")
+        assert [e["message"] for e in late] == [
+            f"job {job} got its SIGUSR1 only after the head restarted ({why}): "
+            f"SIGKILL in {RESTART_GRACE_S} s if still running"]
+        done = head.wait_job(job, timeout=RESTART_GRACE_S + 30)
+        assert (done["state"], done["reason"]) == ("timeout", why), done
+        # The trap answers within its loop's second; the poll adds a fraction of one.
+        assert RESTART_GRACE_S - 3 <= done["ended_at"] - asked <= RESTART_GRACE_S + 4, done
+        assert log_of(head, job).count("checkpoint asked") == 1
+
+
+def log_of(head, job: int) -> str:
+    return head.run("logs", str(job), check=True).stdout
 
 
 def test_a_job_that_ignores_sigusr1_is_killed_after_the_grace_and_ends_timeout(head):

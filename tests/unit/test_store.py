@@ -213,7 +213,11 @@ def test_a_stop_under_way_outlives_a_restart_until_its_job_ends_or_is_requeued(s
     assert isinstance(status, Stopping) and isinstance(status.holding, Running)
     assert (status.ends, status.why, status.requeue, status.kill_at) == (
         JobState.TIMEOUT, "stopped at its time limit (--time 1 h)", False, T0 + 90)
+    store.move_kill_at(job.id, T0 + 120)  # its SIGUSR1 went late: a whole grace from then
+    assert Store(db_path).job(job.id).status.kill_at == T0 + 120
     store.clear_stop(job.id)  # not heard: it runs on as it was
+    assert isinstance(Store(db_path).job(job.id).status, Running)
+    store.move_kill_at(job.id, T0 + 130)  # a stop no longer under way is not brought back
     assert isinstance(Store(db_path).job(job.id).status, Running)
     store.record_stop(job.id, JobState.PENDING, "requeued by alice", True, T0 + 95)
     assert Store(db_path).job(job.id).status.requeue

@@ -25,7 +25,8 @@ head -> node
   {"id", "op": "ack", "jobs"}                  the head recorded these exits; stop reporting them
   {"id", "op": "log", "job", "offset", "limit"}  read part of the job's output log (and its size)
   {"id", "op": "list"}                         every job directory and tmux session (reconcile)
-  {"id", "op": "signal", "job", "signal"}      USR1/TERM to the job's processes; KILL: its session
+  {"id", "op": "signal", "job", "signal", "once"}  USR1/TERM to the job's processes; KILL: its
+                                               session; "once": no USR1 if this attempt had one
   {"id", "op": "note", "job", "text"}          append one line of the head's to the job's log
   {"id", "op": "selftest", "gpu", "command"}   GPU self-test; the reply's "result" is what
                                                scheduler.health.judge_selftest reads (R17)

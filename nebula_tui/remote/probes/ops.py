@@ -276,13 +276,27 @@ def op_list(req):
 _SIGNALS = {"USR1": signal.SIGUSR1, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 
 
+USR1_SENT = "usr1-sent"  # in an attempt's directory: it got its SIGUSR1 (op_signal's "once")
+
+
 def op_signal(req):
     """USR1 (checkpoint now) or TERM to the job's processes; KILL ends everything of the
-    job, its tmux session included. ``alive``: whether the session is still there."""
+    job, its tmux session included. ``alive``: whether the session is still there.
+
+    A USR1 with ``once`` goes only if this attempt never got one: a head that stored its
+    stop and died before (or while) sending it asks again after its restart, and the job
+    neither misses its checkpoint nor gets two. ``first``: whether this USR1 was its first.
+    The mark is written after the signal: a nodelet killed between the two sends it twice,
+    never not at all."""
     job = job_id(req["job"])
     name = str(req.get("signal", "")).upper().replace("SIG", "")
     if name not in _SIGNALS:
         return {"ok": False, "error": "signal must be one of %s" % ", ".join(sorted(_SIGNALS))}
+    jobdir = latest_dir(job)
+    mark = os.path.join(jobdir, USR1_SENT) if jobdir is not None and name == "USR1" else None
+    first = mark is not None and not os.path.exists(mark)
+    if mark is not None and not first and req.get("once"):
+        return {"ok": True, "pids": [], "alive": job in tmux_sessions(), "first": False}
     if name == "KILL":
         panes = session_pids(job)
         pids = descendants(panes) + panes
@@ -294,13 +308,12 @@ def op_signal(req):
         tmux(["kill-session", "-t", exact(session_name(job))])
         # The head ends or requeues this attempt itself: its exit is not reported, so no
         # late report (and ack) can meet a relaunch of the job in the same directory.
-        d = latest_dir(job)
-        if d is not None:
-            container_remove(d)
-            release_pins(os.path.join(d, "mnt"))
-            write_atomic(os.path.join(d, "acked"), str(time.time()))
-            WATCHER.ended.add((job, int(os.path.basename(d))))
-    elif container_signal(latest_dir(job) or "", name):
+        if jobdir is not None:
+            container_remove(jobdir)
+            release_pins(os.path.join(jobdir, "mnt"))
+            write_atomic(os.path.join(jobdir, "acked"), str(time.time()))
+            WATCHER.ended.add((job, int(os.path.basename(jobdir))))
+    elif container_signal(jobdir or "", name):
         pids = []  # the container's main process got it (its init passes it on)
     else:
         pids = job_processes(job)
@@ -309,7 +322,12 @@ def op_signal(req):
                 os.kill(pid, _SIGNALS[name])
             except OSError:
                 pass
-    return {"ok": True, "pids": pids, "alive": job in tmux_sessions()}
+    if first:
+        try:
+            write_atomic(mark, str(time.time()))
+        except OSError:
+            pass  # its directory went with the job: nothing is left to signal
+    return {"ok": True, "pids": pids, "alive": job in tmux_sessions(), "first": first}
 
 
 def _smi():
