@@ -439,6 +439,16 @@ class JobTransitions:
             log.warning("SIG%s to job %s on %s not sent: %s", name, job_id, node, err)
             return {"ok": False, "error": str(err)}
 
+    def note(self, job: Job, message: str) -> None:
+        """One line of the head's, "nebula: ``message``", in the job's own log on each of its
+        nodes (a node away misses it; the events log has the line)."""
+        for node in job_nodes(job):
+            self.state.spawn(self._note(node, job.id, message), f"note-{job.id}-{node}")
+
+    async def _note(self, node: str, job_id: int, message: str) -> None:
+        with contextlib.suppress(NodeUnavailable, asyncio.TimeoutError):
+            await self.state.links[node].request("note", job=job_id, text=f"nebula: {message}")
+
     def evict(self, job: Job, why: str) -> bool:
         """Its GPU is being isolated: it ends requeued (or failed) instead of ended, by
         its own exit or by ``put_back``. False (nothing done) for a job already cancelling

@@ -33,17 +33,14 @@ time limit is stopped at the first turn.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from dataclasses import dataclass, field
 
 from ..model import IDLE_UTIL_PCT, Job, JobState, Running, format_mb
-from ..remote.ssh import NodeUnavailable
 from ..units import duration_text
 from ..views import idle_text
 from .jobs import JobTransitions
 from .stops import Stops
-from .state import HeadState, job_nodes
+from .state import HeadState
 
 #: memory a job may hold beyond its reservation before the guard speaks: a CUDA context
 #: and rounding are not what it is about (the scheduler counts every MiB all the same)
@@ -287,10 +284,8 @@ class Limits:
         in its own log. False when it is already being stopped, or no longer runs."""
         if not self.stops.stop(job, JobState.PENDING, why, self.grace_s, requeue=True, preemption=True):
             return False
-        message = (f"job {job.id} {why}: SIGUSR1 now, SIGKILL in {self.grace_s:g} s if still "
-                   "running; then it waits in the queue again")
-        for node in job_nodes(job):
-            self.state.spawn(self._note(node, job.id, message), f"note-{job.id}-{node}")
+        self.jobs.note(job, f"job {job.id} {why}: SIGUSR1 now, SIGKILL in {self.grace_s:g} s if "
+                            "still running; then it waits in the queue again")
         return True
 
     # ------------------------------------------------------------------ telling
@@ -299,9 +294,4 @@ class Limits:
         the job's own log on each of its nodes."""
         self.state.record(kind, message, job_id=job.id, node=job.node)
         if log or kind == "limit":
-            for node in job_nodes(job):
-                self.state.spawn(self._note(node, job.id, message), f"note-{job.id}-{node}")
-
-    async def _note(self, node: str, job_id: int, message: str) -> None:
-        with contextlib.suppress(NodeUnavailable, asyncio.TimeoutError):
-            await self.state.links[node].request("note", job=job_id, text=f"nebula: {message}")
+            self.jobs.note(job, message)

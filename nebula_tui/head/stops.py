@@ -71,9 +71,10 @@ class Stops:
         if current is None:
             return
         if late:
-            self.state.record("reconcile", f"job {job.id} got its SIGUSR1 only after the head restarted "
-                              f"({current.status.why}): SIGKILL in {grace_s:g} s if still running",
-                              job_id=job.id, node=job.node)
+            message = (f"job {job.id} got its SIGUSR1 only after the head restarted "
+                       f"({current.status.why}): SIGKILL in {grace_s:g} s if still running")
+            self.state.record("reconcile", message, job_id=job.id, node=job.node)
+            self.jobs.note(current, message)
             self.jobs.regrace_stop(current, self.state.clock() + grace_s)
             left = grace_s
         else:

@@ -246,15 +246,15 @@ def test_a_head_killed_between_storing_a_stop_and_its_sigusr1_sends_it_after_its
         head.start()
         wait_for(lambda: "checkpoint asked" in log_of(head, job), 30, what="the late SIGUSR1")
         asked = time.time()
-        late = events(head, f"job {job} got its SIGUSR1 only after the head restarted")
-        assert [e["message"] for e in late] == [
-            f"job {job} got its SIGUSR1 only after the head restarted ({why}): "
-            f"SIGKILL in {RESTART_GRACE_S} s if still running"]
+        said = (f"job {job} got its SIGUSR1 only after the head restarted ({why}): "
+                f"SIGKILL in {RESTART_GRACE_S} s if still running")
+        assert [e["message"] for e in events(head, f"job {job} got its SIGUSR1")] == [said]
         done = head.wait_job(job, timeout=RESTART_GRACE_S + 30)
         assert (done["state"], done["reason"]) == ("timeout", why), done
         # The trap answers within its loop's second; the poll adds a fraction of one.
         assert RESTART_GRACE_S - 3 <= done["ended_at"] - asked <= RESTART_GRACE_S + 4, done
-        assert log_of(head, job).count("checkpoint asked") == 1
+        log = log_of(head, job)
+        assert log.count("checkpoint asked") == 1 and f"nebula: {said}\n" in log
 
 
 def log_of(head, job: int) -> str:
