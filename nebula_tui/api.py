@@ -98,6 +98,8 @@ import struct
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+from .waits import within
+
 #: Every kind of line in the events log (``event["kind"]``): a job's life (submit, hold,
 #: cancel, place, start, end, requeue, and what the head's limits did: idle, guard,
 #: limit), nodes (node, hardware, reconcile), GPUs' health (health, xid), what admins did
@@ -258,15 +260,12 @@ class AsyncClient:
         """One request; ApiError when refused, or when no reply came within the
         ``reply_timeout``."""
         seconds = reply_timeout()
-        try:
-            reader, writer = await asyncio.wait_for(self._open(), seconds)
-        except asyncio.TimeoutError:
-            raise no_answer(self.path, None, seconds) from None
+        reader, writer = await self._open_within(seconds)
         try:
             writer.write(json.dumps({"op": op, **fields}).encode() + b"\n")
-            await asyncio.wait_for(writer.drain(), seconds)
-            line = await asyncio.wait_for(reader.readline(), seconds)
-        except asyncio.TimeoutError:
+            await within(seconds, writer.drain())
+            line = await within(seconds, reader.readline())
+        except TimeoutError:
             raise no_answer(self.path, writer.get_extra_info("socket"), seconds) from None
         finally:
             writer.close()
@@ -283,30 +282,29 @@ class AsyncClient:
         most that and a ``HEARTBEAT_S`` more (a head with nothing to say ticks): a head that
         stops answering is an ApiError, never a stream that is merely quiet."""
         seconds = reply_timeout()
-        try:
-            reader, writer = await asyncio.wait_for(self._open(), seconds)
-        except asyncio.TimeoutError:
-            raise no_answer(self.path, None, seconds) from None
+        reader, writer = await self._open_within(seconds)
         try:
             writer.write(b'{"op": "subscribe"}\n')
             try:
-                await asyncio.wait_for(writer.drain(), seconds)
-                line = await asyncio.wait_for(reader.readline(), seconds)
-            except asyncio.TimeoutError:
+                await within(seconds, writer.drain())
+                line = await within(seconds, reader.readline())
+            except TimeoutError:
                 raise no_answer(self.path, writer.get_extra_info("socket"), seconds) from None
             while line:
                 yield decode(line)
                 try:
-                    line = await asyncio.wait_for(reader.readline(), seconds + HEARTBEAT_S)
-                except asyncio.TimeoutError:
+                    line = await within(seconds + HEARTBEAT_S, reader.readline())
+                except TimeoutError:
                     raise no_answer(self.path, writer.get_extra_info("socket"),
                                     seconds + HEARTBEAT_S) from None
         finally:
             writer.close()
         raise ApiError("the head service closed the event stream")
 
-    async def _open(self):
+    async def _open_within(self, seconds: float):
         try:
-            return await asyncio.open_unix_connection(str(self.path), limit=64 * MAX_LINE)
+            return await within(seconds, asyncio.open_unix_connection(str(self.path), limit=64 * MAX_LINE))
+        except TimeoutError:
+            raise no_answer(self.path, None, seconds) from None
         except OSError as err:
             raise ApiError(f"cannot reach the head service at {self.path}: {err.strerror}") from None

@@ -20,6 +20,7 @@ import yaml
 from .config.cluster import ClusterConfig, load_config
 from .config.nodes import DEFAULT_PORT
 from .model import ConfigError
+from .waits import within
 
 class NodeAdminError(Exception):
     """An add or remove that cannot be done; str() says why and what to do."""
@@ -31,7 +32,7 @@ async def read_host_key(host: str, port: int, timeout: float = 10) -> tuple[str,
     import asyncssh
 
     try:
-        key = await asyncio.wait_for(asyncssh.get_server_host_key(host, port), timeout)
+        key = await within(timeout, asyncssh.get_server_host_key(host, port))
     except (OSError, asyncio.TimeoutError, asyncssh.Error) as err:
         raise NodeAdminError(f"cannot reach {host}:{port} to read its host key: {err}") from None
     if key is None:

@@ -29,6 +29,7 @@ from pathlib import Path
 import asyncssh
 
 from ..homedir import SYSTEM_SOCKET
+from ..waits import within
 from .service import ServiceUnavailable
 
 #: How long logging in to the box (and finding its service) may take.
@@ -86,7 +87,7 @@ class Tunnel:
     async def _open(self) -> None:
         try:
             login = {"username": self._user} if self._user else {}  # else ~/.ssh/config's
-            self._conn = await asyncio.wait_for(asyncssh.connect(self._box, **login), self._timeout)
+            self._conn = await within(self._timeout, asyncssh.connect(self._box, **login))
             self.remote_socket = await self._find_service(self._conn)
             await self._conn.forward_local_path(str(self.local_socket), self.remote_socket)
         except asyncssh.HostKeyNotVerifiable:

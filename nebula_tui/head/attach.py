@@ -36,6 +36,7 @@ import asyncssh
 from ..model import RequestError
 from ..remote import launcher
 from ..remote.ssh import NodeUnavailable
+from ..waits import within
 from .access import Access
 from .state import HeadState, job_nodes
 
@@ -145,7 +146,7 @@ class Attach:
                 pump.cancel()
             process.close()  # the remote tmux client goes: a detach, the job runs on
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(process.wait_closed(), 5)
+                await within(5, process.wait_closed())
 
 
 def _side(n: int) -> int:

@@ -29,7 +29,7 @@ import asyncio
 import time
 from dataclasses import replace
 
-from .. import views
+from .. import views, waits
 from ..config.cluster import ClusterConfig
 from ..model import Job, JobSpec, JobState, Pending, RequestError, UnfitRequest
 from ..remote.ssh import NodeUnavailable
@@ -306,7 +306,7 @@ class Engine:
     async def wait_finished(self, job_id: int, within: float | None = None) -> Job:
         """The job once it ended; with ``within`` (seconds), as it is then if still live."""
         try:
-            return await asyncio.wait_for(self.transitions.wait_finished(self.job(job_id)), within)
+            return await waits.within(within, self.transitions.wait_finished(self.job(job_id)))
         except asyncio.TimeoutError:
             return self.job(job_id)
 

@@ -32,6 +32,7 @@ from ..model import Job
 from ..printable import printable
 from ..config.notify import NotifySettings
 from ..units import duration_short
+from ..waits import within
 from .state import HeadState, job_nodes
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class Notifier:
             notice = await queue.get()
             try:
                 if kind == "webhook":
-                    await asyncio.wait_for(asyncio.to_thread(_post, where, notice), SEND_TIMEOUT_S + 5)
+                    await within(SEND_TIMEOUT_S + 5, asyncio.to_thread(_post, where, notice))
                 else:
                     await self._mail(where, notice)
             except Exception as err:  # noqa: BLE001 — one endpoint's failure is its own
@@ -152,7 +153,7 @@ class Notifier:
             *self._sendmail, "-t", "-oi", stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
         try:
-            _, err = await asyncio.wait_for(process.communicate(bytes(message)), SEND_TIMEOUT_S)
+            _, err = await within(SEND_TIMEOUT_S, process.communicate(bytes(message)))
         except asyncio.TimeoutError:
             process.kill()
             raise RuntimeError(f"sendmail did not finish within {SEND_TIMEOUT_S:.0f}s") from None

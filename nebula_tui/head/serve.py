@@ -24,6 +24,7 @@ from ..config.cluster import ClusterConfig, load_config
 from ..homedir import Home
 from ..model import ConfigError
 from ..store import DatabaseDamaged, Store, StoreUnavailable
+from ..waits import within
 from .engine import Engine
 from .server import ApiServer, SocketTaken, socket_answers
 
@@ -207,7 +208,7 @@ async def _serve(home: Home, config: ClusterConfig, store: Store, backups: Backu
         engine.metrics.close()
         await server.close()
         try:  # a stop is bounded: systemd, or an admin's kill, waits for no link
-            await asyncio.wait_for(engine.stop(), STOP_LINKS_S)
+            await within(STOP_LINKS_S, engine.stop())
         except asyncio.TimeoutError:
             log.warning("the links did not close within %.0f s; stopping without them", STOP_LINKS_S)
         backup_at_stop(backups, store)

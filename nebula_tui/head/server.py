@@ -34,6 +34,7 @@ from .. import views
 from ..api import HEARTBEAT_S, MAX_GPU_COUNT, MAX_LINE, MAX_WAIT_STEP_S
 from ..model import InvalidRequest, JobState, RequestError
 from ..store import StoreUnavailable
+from ..waits import within
 from .engine import Engine
 from .requests import (attach_fields, job_id, number, parse_request, port_field, refusal,
                        spec_from_request, text_field, unix_time, whole)
@@ -195,7 +196,7 @@ class ApiServer:
                         writer: asyncio.StreamWriter) -> None:
         while True:
             try:
-                line = await asyncio.wait_for(reader.readline(), IDLE_TIMEOUT_S)
+                line = await within(IDLE_TIMEOUT_S, reader.readline())
             except asyncio.TimeoutError:
                 return  # idle: a client that asks nothing holds no descriptor
             except ValueError:  # asyncio's LimitOverrunError: no end of line within MAX_LINE
@@ -479,7 +480,7 @@ async def gather_events(queue: asyncio.Queue) -> list[dict]:
     """The next events to write, in order: all that are waiting and, while they are all
     telemetry, what follows within STREAM_GATHER_S of the first."""
     try:
-        events = [await asyncio.wait_for(queue.get(), HEARTBEAT_S)]
+        events = [await within(HEARTBEAT_S, queue.get())]
     except asyncio.TimeoutError:
         return [{"type": "tick"}]  # a quiet stream still says the head is alive
     urgent = events[0].get("type") != "gpus"
@@ -493,7 +494,7 @@ async def gather_events(queue: asyncio.Queue) -> list[dict]:
         if urgent or left <= 0:
             return events
         try:
-            events.append(await asyncio.wait_for(queue.get(), left))
+            events.append(await within(left, queue.get()))
         except asyncio.TimeoutError:
             return events
         urgent = events[-1].get("type") != "gpus"

@@ -16,6 +16,7 @@ from .. import scheduler, views
 from ..model import MIN_SLICE_MB, JobSpec, NodeState, RequestError
 from ..remote import vendors
 from ..remote.ssh import NodeUnavailable
+from ..waits import within
 from .access import Access
 from .jobs import JobTransitions
 from .state import HeadState
@@ -58,8 +59,7 @@ class SmokeTest:
         card = next(v for v in views_ if v.uuid == placement.gpu_uuid)
         answer = {"gpu": f"{node}:{placement.gpu_index}", "model": views.short_model(card.reading.name)}
         try:
-            done = await asyncio.wait_for(self.transitions.wait_finished(state.jobs[job.id]),
-                                          RUN_TIMEOUT_S)
+            done = await within(RUN_TIMEOUT_S, self.transitions.wait_finished(state.jobs[job.id]))
         except asyncio.TimeoutError:
             return {**answer, "job": views.job_json(state.jobs.get(job.id) or job), "output": "",
                     "ended": False}

@@ -29,6 +29,7 @@ from ..scheduler import admission
 from ..scheduler.health import health_score
 from ..scheduler.slices import offered_mb
 from ..store import Store
+from ..waits import within
 
 #: A refusal naming an unknown node lists the known ones up to this many.
 NODES_NAMED = 12
@@ -232,7 +233,7 @@ class HeadState:
         """Until someone wakes the loop, or ``timeout`` seconds (which count as a change
         of capacity: the periodic pass always runs)."""
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout)
+            await within(timeout, self._wake.wait())
         except asyncio.TimeoutError:
             self.capacity_changed = True
         self._wake.clear()

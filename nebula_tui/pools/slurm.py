@@ -23,6 +23,7 @@ from ..config.cluster import ClusterConfig
 from ..config.pools import PoolConfig
 from ..remote import preflight
 from ..remote.ssh import encryption_preference, known_hosts
+from ..waits import within
 from . import slurm_parse as parse
 from .authorize import authorize_view, head_address
 from .base import (Capacity, PollResult, PoolNode, PoolNotAuthorised, PoolRefusal,
@@ -118,9 +119,8 @@ class SlurmPool:
                 options["client_keys"] = [identity]
                 options["agent_path"] = None  # the pool key alone: what the user authorised
             try:
-                conn = await asyncio.wait_for(
-                    asyncssh.connect(self.config.host, self.config.port, **options),
-                    self.cluster.connect_timeout)
+                conn = await within(self.cluster.connect_timeout,
+                                    asyncssh.connect(self.config.host, self.config.port, **options))
             except asyncssh.PermissionDenied:
                 raise PoolNotAuthorised(
                     f"pool {self.name} refused login as {account} with "
@@ -159,9 +159,8 @@ class SlurmPool:
         """``command`` in a shell there as ``account``: (exit status, stdout, stderr)."""
         conn = await self._conn(account)
         try:
-            done = await asyncio.wait_for(
-                conn.run(command, input=stdin, check=False),
-                timeout or self.cluster.command_timeout)
+            done = await within(timeout or self.cluster.command_timeout,
+                                conn.run(command, input=stdin, check=False))
         except (OSError, asyncio.TimeoutError, asyncssh.Error) as err:
             self._drop(account)
             raise PoolUnavailable(self._why(err)) from None
@@ -422,8 +421,8 @@ class SlurmPool:
         command = (f"[ -e {shlex.quote(path)} ] || exit 0; stat -c %s -- {shlex.quote(path)}; "
                    f"tail -c +{int(offset) + 1} -- {shlex.quote(path)} | head -c {LOG_CHUNK}")
         try:
-            done = await asyncio.wait_for(conn.run(command, check=False, encoding=None),
-                                          self.cluster.command_timeout)
+            done = await within(self.cluster.command_timeout,
+                                conn.run(command, check=False, encoding=None))
         except (OSError, asyncio.TimeoutError, asyncssh.Error) as err:
             self._drop(account)
             raise PoolUnavailable(self._why(err)) from None

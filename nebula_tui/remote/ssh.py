@@ -28,6 +28,7 @@ from ..config.cluster import ClusterConfig
 from ..config.nodes import NodeConfig
 from ..model import NodeState
 from . import preflight, shipping
+from ..waits import within
 from .launcher import TMUX_SOCKET
 
 log = logging.getLogger(__name__)
@@ -184,8 +185,8 @@ class NodeLink:
                    "encryption_algs": list(encryption_preference())}
         if node.identity:
             options["client_keys"] = [node.identity]
-        self._conn = await asyncio.wait_for(
-            asyncssh.connect(node.host, node.port, **options), cluster.connect_timeout)
+        self._conn = await within(cluster.connect_timeout,
+                                  asyncssh.connect(node.host, node.port, **options))
         source = shipping.payload()
         settings = {"interval": cluster.probe_interval, "conda_lookup": preflight.CONDA_LOOKUP,
                     "head": self.head, "tmux_socket": TMUX_SOCKET,
@@ -216,7 +217,7 @@ class NodeLink:
         NodeUnavailable when the node is not connected, TimeoutError past ``timeout``."""
         if self._conn is None or self.state != NodeState.UP:
             raise NodeUnavailable(f"{self.node.name} is {self.state.value}")
-        done = await asyncio.wait_for(self._conn.run(self._with_env(command), check=False), timeout)
+        done = await within(timeout, self._conn.run(self._with_env(command), check=False))
         return done.stdout if isinstance(done.stdout, str) else ""
 
     async def _serve(self) -> None:
@@ -239,7 +240,7 @@ class NodeLink:
 
     async def _read_stderr(self) -> str:
         try:
-            data = await asyncio.wait_for(self._process.stderr.read(4096), 1)
+            data = await within(1, self._process.stderr.read(4096))
         except Exception:
             return ""
         return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
@@ -312,6 +313,6 @@ class NodeLink:
         payload = json.dumps({"id": request_id, "op": op, **fields}) + "\n"
         try:
             self._process.stdin.write(payload.encode())
-            return await asyncio.wait_for(future, timeout or self.cluster.command_timeout)
+            return await within(timeout or self.cluster.command_timeout, future)
         finally:
             self._pending.pop(request_id, None)

@@ -38,6 +38,7 @@ from ..client.service import ServiceUnavailable, connect
 from ..homedir import Home
 from ..printable import printable, printable_json, printable_tree
 from . import commandline
+from ..waits import within
 from .base import ClusterScreen, OpMissing
 from .commandline import Command, CommandLine
 from .gpus import GpuDetailScreen, GpusScreen
@@ -516,7 +517,7 @@ class NebulaApp(App):
             screen = self.screen
             if isinstance(screen, ClusterScreen):  # a first visit: once its rows are there
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(screen.drawn.wait(), SCREEN_DRAWN_S)
+                    await within(SCREEN_DRAWN_S, screen.drawn.wait())
             then(screen)
 
         self.run_worker(go(), group="navigate", exclusive=True)

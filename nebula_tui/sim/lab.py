@@ -60,6 +60,7 @@ import yaml
 
 from nebula_tui.sim import containers as sim_containers
 from nebula_tui.sim import cuda, nvml, presets
+from nebula_tui.waits import within
 
 SSH_KINDS = ("asyncssh", "openssh")
 _SIM_PKG = Path(__file__).resolve().parent
@@ -342,7 +343,7 @@ class _AsyncNode:
         self.conns.clear()
         if server is not None:
             # Since Python 3.12 this waits for open connections too, hence after abort().
-            await asyncio.wait_for(server.wait_closed(), 5)
+            await within(5, server.wait_closed())
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=3)
 
@@ -429,7 +430,7 @@ class _AsyncNode:
         closed.cancel()
         self._kill_group(child.pid)
         try:
-            await asyncio.wait_for(child.wait(), 2)
+            await within(2, child.wait())
         except asyncio.TimeoutError:
             pass
         process.close()

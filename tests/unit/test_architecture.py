@@ -469,3 +469,30 @@ def test_the_nodelet_imports_only_modules_shipped_with_it():
 def test_every_node_side_module_is_shipped_or_run_alone():
     probes = {m for m in package_sources() if m.startswith("nebula_tui.remote.probes.")}
     assert probes - shipped_modules() - RUN_ALONE == {NODELET}
+
+
+def wait_for_users(sources: dict[str, tuple[str, bool]]) -> list[str]:
+    """module:line of each ``asyncio.wait_for`` (called or imported): on Python 3.11 it
+    swallows a cancel that meets what it awaited just done; ``waits.within`` keeps it."""
+    found = []
+    for name, (source, _) in sources.items():
+        for node in ast.walk(ast.parse(source)):
+            if (isinstance(node, ast.Attribute) and node.attr == "wait_for"
+                    and isinstance(node.value, ast.Name) and node.value.id == "asyncio") or (
+                    isinstance(node, ast.ImportFrom) and node.module == "asyncio"
+                    and any(a.name == "wait_for" for a in node.names)):
+                found.append(f"{name}:{node.lineno}")
+    return sorted(found)
+
+
+def test_the_wait_for_check_can_fail():
+    made_up = {
+        "nebula_tui.a": ("import asyncio\nasync def f(r):\n    await asyncio.wait_for(r.read(), 1)\n", False),
+        "nebula_tui.b": ("from asyncio import wait_for\n", False),
+        "nebula_tui.c": ("from .waits import within\nasync def f(r):\n    await within(1, r.read())\n", False),
+    }
+    assert wait_for_users(made_up) == ["nebula_tui.a:3", "nebula_tui.b:1"]
+
+
+def test_every_bounded_wait_keeps_its_cancel():
+    assert wait_for_users(package_sources()) == []
