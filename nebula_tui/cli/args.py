@@ -43,6 +43,15 @@ class OneLineParser(argparse.ArgumentParser):
             # A sub-command's error needs no "argument command:" in front of it.
             raise argparse.ArgumentError(None if what == "command" else action, message) from None
 
+    def _get_values(self, action, arg_strings):
+        # `--name=--` gives a flag the value "--", as any other. argparse on Python 3.11
+        # strips a "--" from every value it is handed, leaving that flag an empty list.
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            value = self._get_value(action, "--")
+            self._check_value(action, value)
+            return value
+        return super()._get_values(action, arg_strings)
+
     def unrecognized(self, extras: list[str]) -> None:
         """Words this (sub-)command does not know: the error names them and, for a
         mistyped flag, the closest one it has."""

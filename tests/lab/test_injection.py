@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 NASTY = st.sampled_from([";", "$(", ")", "`", "'", '"', "\n", "\\", "|", "&", ">", "<", "*", "$HOME",
@@ -24,6 +24,7 @@ PRINT_ARGV = "import json, os, sys; print(json.dumps([os.getcwd(), *sys.argv[1:]
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=TEXT.filter(lambda s: "\n" not in s and len(s) <= 128), args=st.lists(TEXT, max_size=4),
        folder=TEXT.filter(lambda s: "/" not in s and s.strip(" ") not in ("", ".", "..")))
+@example(name="--", args=["日日/é\\#"], folder='bac"')  # argparse had made the name []
 def test_names_arguments_and_workdirs_run_literally(head, name, args, folder):
     workdir = Path(tempfile.mkdtemp(prefix="inj-")) / folder
     workdir.mkdir()
