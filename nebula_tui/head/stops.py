@@ -51,22 +51,12 @@ class Stops:
         nodes have been asked for its SIGUSR1 again, which they send only where it never
         went (the last head stored the stop and died before sending it); then the grace
         is a whole one, counted from that SIGUSR1."""
-        now = self.state.clock()
         for job in list(self.state.jobs.values()):
             if isinstance(job.status, Stopping):
-                left = min(grace_s, max(0.0, (job.status.kill_at or now) - now))
-                self.state.spawn(self._resume(job, left, grace_s), f"stop-{job.id}")
+                self.state.spawn(self._resume(job, grace_s), f"stop-{job.id}")
 
-    async def _resume(self, job: Job, left: float, grace_s: float) -> None:
-        began = time.monotonic()
-        asked, pause, late = job_nodes(job), STOP_POLL_S, False
-        while asked and self._current(job) is not None:  # nodes connect after the head starts
-            replies = await asyncio.gather(*(self.jobs.signal(n, job.id, "USR1", once=True) for n in asked))
-            late = late or any(r.get("first") for r in replies)
-            asked = [n for n, r in zip(asked, replies) if not r.get("ok")]
-            if asked:
-                await asyncio.sleep(pause)
-                pause = min(2 * pause, KILL_RETRY_MAX_S)
+    async def _resume(self, job: Job, grace_s: float) -> None:
+        late = await self._until_heard(job, "USR1", once=True)
         current = self._current(job)
         if current is None:
             return
@@ -75,11 +65,9 @@ class Stops:
                        f"({current.status.why}): SIGKILL in {grace_s:g} s if still running")
             self.state.record("reconcile", message, job_id=job.id, node=job.node)
             self.jobs.note(current, message)
-            self.jobs.regrace_stop(current, self.state.clock() + grace_s)
-            left = grace_s
-        else:
-            left -= time.monotonic() - began
-        await self._kill_after(job, max(0.0, left))
+            current = self.jobs.regrace_stop(current, self.state.clock() + grace_s)
+        now = self.state.clock()
+        await self._kill_after(job, min(grace_s, max(0.0, (current.status.kill_at or now) - now)))
 
     def _current(self, job: Job) -> Job | None:
         """The job as it is now, if this attempt's stop is still under way."""
@@ -104,13 +92,23 @@ class Stops:
         deadline = time.monotonic() + grace_s
         while self._current(job) is not None and time.monotonic() < deadline:
             await asyncio.sleep(min(STOP_POLL_S, max(0.0, deadline - time.monotonic())))
-        left, pause = job_nodes(job), STOP_POLL_S
-        while True:
-            if left and self._current(job) is not None:
-                replies = await asyncio.gather(*(self.jobs.signal(n, job.id, "KILL") for n in left))
-                left = [n for n, r in zip(left, replies) if not r.get("ok")]
-            current = self._current(job)
-            if current is None or (not left and self.jobs.end_stop(current)):
-                return
+        await self._until_heard(job, "KILL")
+        pause = STOP_POLL_S
+        while (current := self._current(job)) is not None and not self.jobs.end_stop(current):
+            await asyncio.sleep(pause)  # the store cannot take its end yet
+            pause = min(2 * pause, KILL_RETRY_MAX_S)
+
+    async def _until_heard(self, job: Job, name: str, once: bool = False) -> bool:
+        """SIG``name`` to each of the job's nodes, and again, less and less often, to those
+        that did not answer (away, or not yet connected to a head that just started), for
+        as long as its stop is under way. True if a node sent its first SIGUSR1 only now."""
+        left, pause, first = job_nodes(job), STOP_POLL_S, False
+        while self._current(job) is not None:
+            replies = await asyncio.gather(*(self.jobs.signal(n, job.id, name, once) for n in left))
+            first = first or any(r.get("first") for r in replies)
+            left = [n for n, r in zip(left, replies) if not r.get("ok")]
+            if not left:
+                break
             await asyncio.sleep(pause)
             pause = min(2 * pause, KILL_RETRY_MAX_S)
+        return first

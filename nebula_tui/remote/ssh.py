@@ -27,8 +27,8 @@ from asyncssh.encryption import get_default_encryption_algs
 from ..config.cluster import ClusterConfig
 from ..config.nodes import NodeConfig
 from ..model import NodeState
-from . import preflight, shipping
 from ..waits import within
+from . import preflight, shipping
 from .launcher import TMUX_SOCKET
 
 log = logging.getLogger(__name__)
