@@ -12,6 +12,7 @@ from dataclasses import asdict
 
 from .model import (LOCAL_POOL, MIB_PER_GIB, NOT_AVAILABLE, Cancelling, Evicting, GpuView, Job, JobState,
                     Stopping, fmt, format_mb, holding)
+from .forecasts import first_start, starts_text
 from .printable import printable
 from .scheduler.filters import cuda_gap
 from .scheduler.slices import offered_mb
@@ -315,6 +316,7 @@ def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False)
                 continue
             running = sum(1 for t in tasks if t["state"] in ("running", "launching"))
             rows.append((f"{array}_*", j["user"], j["name"] or "-", "array", f"{running} running",
+                         starts_text(first_start(tasks), time.time() if now is None else now) or "-",
                          f"array of {len(tasks)} tasks left ({tasks[0].get('array') or ''}): "
                          f"{running} running, {len(tasks) - running} waiting; "
                          "`nebula queue --expand` lists them"))
@@ -330,8 +332,9 @@ def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False)
         ident = str(j["id"]) if j.get("array_id") is None else f"{j['array_id']}_{j['array_index']}"
         # the word the TUI shows too (held, stopping…: ``job_phase``); a row from elsewhere
         # (a pool's) may carry only its state
-        rows.append((ident, j["user"], j["name"] or "-", j.get("phase") or j["state"], where, detail))
-    return table(("ID", "USER", "NAME", "STATE", "GPUS", "REASON / COMMAND"), rows, right={0})
+        starts = starts_text(j.get("starts"), time.time() if now is None else now) or "-"
+        rows.append((ident, j["user"], j["name"] or "-", j.get("phase") or j["state"], where, starts, detail))
+    return table(("ID", "USER", "NAME", "STATE", "GPUS", "STARTS", "REASON / COMMAND"), rows, right={0})
 
 
 def gpus_text(gpus: list[dict]) -> str:
