@@ -16,7 +16,7 @@ from .forecasts import first_start, starts_text
 from .printable import printable
 from .scheduler.filters import cuda_gap
 from .scheduler.slices import offered_mb
-from .units import duration_short, duration_text
+from .units import duration_exact, duration_short, duration_text
 
 
 def job_phase(job: Job) -> str:
@@ -435,6 +435,12 @@ def doctor_text(reply: dict) -> str:
     return "\n".join(lines)
 
 
+def time_limit_text(job: dict) -> str:
+    """The time limit the head understood ("1 h 30 min"; "none" without one)."""
+    limit = job.get("time_limit_s")
+    return duration_exact(limit) if limit else "none"
+
+
 def job_text(job: dict) -> str:
     """`nebula job N`: the job in full as text (`--json` gives every field): its state and
     why, what it asked for, where it runs and the environment its command gets there."""
@@ -449,7 +455,8 @@ def job_text(job: dict) -> str:
              + (f": {reason}" if reason and reason != job["state"] else ""),
              f"  command:   {command}",
              f"  asks:      {asks}",
-             f"  workdir:   {job.get('workdir_used') or job.get('workdir') or '$HOME'}"]
+             f"  workdir:   {job.get('workdir_used') or job.get('workdir') or '$HOME'}",
+             f"  limit:     {time_limit_text(job)}"]
     if job.get("pool"):  # sent to a batch cluster: its place there reads pool:node
         lines.append(f"  pool:      {job['pool']}")
     if job.get("image"):

@@ -209,3 +209,18 @@ def test_the_replay_places_like_the_live_head_on_the_simulated_lab(head, tmp_pat
         for b in range(len(trace)):
             if out[a].started_s < out[b].started_s:
                 assert rank[a] < rank[b], (a, b, out[a].started_s, out[b].started_s)
+
+
+def test_a_requeued_jobs_live_attempt_ends_though_its_first_attempts_exit_comes_later():
+    """A preempted attempt's own exit (its recorded end) still comes after the job was
+    requeued and started again: it must not erase the live attempt's token, or that attempt
+    never ends and holds its card for the rest of the month."""
+    one = inventory.layout("core")
+    inv = {"n1": next(iter(one.values()))[:1]}  # one card
+    cluster = setup.replay_config(inv, None, [])
+    jobs = [Request(1, 0, "alice", 1, None, 1000, preemptible=True),
+            Request(2, 10, "bob", 1, None, 100)]
+    out = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400).run()
+    assert out[2].started_s == pytest.approx(10, abs=1)  # alice's scavenger work yielded
+    assert out[1].runs == 2 and out[1].started_s >= 110  # requeued, started again after bob
+    assert out[1].state == "succeeded" and out[1].ended_s == pytest.approx(out[1].started_s + 1000, abs=1)
