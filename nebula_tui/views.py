@@ -133,8 +133,11 @@ def gpu_status(gpu: GpuView, node_up: bool) -> str:
 
 
 def gpu_json(gpu: GpuView, *, node_up: bool, cuda_version: str | None,
-             nvlink: list[dict], processes: list[dict], raw: bool = True) -> dict:
-    """The R2 descriptor plus live readings; each slice names the job holding it.
+             nvlink: list[dict], processes: list[dict], fits: dict[str, int] | None = None,
+             raw: bool = True) -> dict:
+    """The R2 descriptor plus live readings; each slice names the job holding it;
+    ``fits``: how many more jobs of the common sizes the scheduler would place on it
+    (``scheduler.slices.common_fits``: clients show it, never work it out again).
     ``raw``: with the probe's whole reading as it came (``reading``), for ``nebula gpus``."""
     r = gpu.reading
     slices = [{"id": n, "memory_mb": p.memory_mb, "state": "allocated", "job": job_id,
@@ -159,6 +162,7 @@ def gpu_json(gpu: GpuView, *, node_up: bool, cuda_version: str | None,
         "unmanaged_used_mb": gpu.unmanaged_used_mb,
         "health_score": round(gpu.health_score, 3),
         "processes": processes,
+        "fits": fits or {},
     }
     if raw:
         out["reading"] = asdict(r)
