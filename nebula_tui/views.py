@@ -489,6 +489,14 @@ def month_start(now: float, back: int = 0) -> float:
     return time.mktime((months // 12, months % 12 + 1, 1, 0, 0, 0, 0, 0, -1))
 
 
+def booking_state(booking: dict) -> str:
+    """A booking's state in words, as `nebula reservations` and the TUI both say it:
+    "broken: <why>", "under way" or "ahead" (``active``: the head's reading at its clock)."""
+    if booking.get("broken"):
+        return f"broken: {booking['broken']}"
+    return "under way" if booking.get("active") else "ahead"
+
+
 def history_text(jobs: list[dict]) -> str:
     """`nebula history`: one ended job a line, oldest first."""
     if not jobs:

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from ..model import NOT_AVAILABLE, format_mb
 from ..units import duration_short as duration
-from ..views import node_power, power_draw_text, short_model
+from ..views import booking_state, node_power, power_draw_text, short_model
 from .look import LOOK
 
 _EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -343,8 +343,7 @@ def day_clock(t: float | None, at: float | None = None) -> str:
 
 def booking_line(b: dict) -> str:
     """"deadline node02:0-3 Fri 09:00 – Fri 19:00 for alice,bob (under way)"."""
-    state = f"broken: {b['broken']}" if b.get("broken") else ("under way" if b.get("active") else "ahead")
-    return f"{b['name']} {b['gpus']} {b['when']} for {','.join(b['users'])} ({state})"
+    return f"{b['name']} {b['gpus']} {b['when']} for {','.join(b['users'])} ({booking_state(b)})"
 
 
 def bookings_count(bookings: list[dict]) -> str:

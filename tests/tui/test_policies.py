@@ -10,6 +10,7 @@ loop (``inprocess``); the TUI is the real app under Pilot.
 from __future__ import annotations
 
 import getpass
+from pathlib import Path
 
 import pytest
 from conftest import until
@@ -144,3 +145,19 @@ def test_the_queue_of_the_cli_says_the_same_word_as_the_tui():
     held = {**job, "id": 4, "state": "pending", "phase": "held", "gpus": []}
     lines = views.queue_text([job, held]).splitlines()
     assert lines[1].split()[3] == "stopping" and lines[2].split()[3] == "held"
+
+
+def test_one_booking_state_for_the_cli_and_the_tui():
+    """`nebula reservations` and the TUI each wrote a booking's state words themselves."""
+    from nebula_tui.cli import bookings as cli_bookings
+
+    for booking, word in (({"active": True}, "under way"), ({"active": False}, "ahead"),
+                          ({"active": True, "broken": "node01:0 is gone"}, "broken: node01:0 is gone")):
+        b = {"name": "paper", "gpus": "node01:0", "when": "Fri 09:00 – Fri 19:00", "users": ["ann"],
+             "created_by": "ann", "broken": None, **booking}
+        assert views.booking_state(b) == word
+        assert render.booking_line(b).endswith(f"({word})")
+        assert cli_bookings.bookings_text([b]).splitlines()[1].endswith(word)
+    for module in (render, cli_bookings):
+        source = Path(module.__file__).read_text()
+        assert '"under way"' not in source and '"ahead"' not in source, module.__name__
