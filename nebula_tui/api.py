@@ -60,7 +60,10 @@ request's ``list``, ``temperatures`` the health policy's
 * ``queue``: ``{"order": [job id, …]}``, the waiting jobs in the order the scheduler
   considers them (priority, fair share, submit time), after a pass changed it (at most
   every 0.5 s); the snapshot has it as ``"queue"``. ``queue`` and ``job`` requests give
-  each waiting job's ``queue_pos`` (its 1-based place; null before its first pass), and
+  each waiting job's ``queue_pos`` (its 1-based place; null before its first pass), the
+  ``queue`` request its ``starts`` (the last start forecast: ``start_at``, ``early``,
+  ``late`` as Unix times, null when not within ``within_s``; ``after_job``, the job
+  without a --time whose estimated end it waits for; ``node``; ``made_at``), and
   ``job`` also its ``environment`` once placed (node -> the variables its command gets);
 * ``pool``: ``{"pool": …}``, one pool's view (as in the snapshot's ``pools``), after each
   poll of it;

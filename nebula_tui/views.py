@@ -12,10 +12,11 @@ from dataclasses import asdict
 
 from .model import (LOCAL_POOL, MIB_PER_GIB, NOT_AVAILABLE, Cancelling, Evicting, GpuView, Job, JobState,
                     Stopping, fmt, format_mb, holding)
+from .forecasts import first_start, starts_text
 from .printable import printable
 from .scheduler.filters import cuda_gap
 from .scheduler.slices import offered_mb
-from .units import duration_short, duration_text
+from .units import duration_exact, duration_short, duration_text
 
 
 def job_phase(job: Job) -> str:
@@ -319,6 +320,7 @@ def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False)
                 continue
             running = sum(1 for t in tasks if t["state"] in ("running", "launching"))
             rows.append((f"{array}_*", j["user"], j["name"] or "-", "array", f"{running} running",
+                         starts_text(first_start(tasks), time.time() if now is None else now) or "-",
                          f"array of {len(tasks)} tasks left ({tasks[0].get('array') or ''}): "
                          f"{running} running, {len(tasks) - running} waiting; "
                          "`nebula queue --expand` lists them"))
@@ -334,8 +336,9 @@ def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False)
         ident = str(j["id"]) if j.get("array_id") is None else f"{j['array_id']}_{j['array_index']}"
         # the word the TUI shows too (held, stopping…: ``job_phase``); a row from elsewhere
         # (a pool's) may carry only its state
-        rows.append((ident, j["user"], j["name"] or "-", j.get("phase") or j["state"], where, detail))
-    return table(("ID", "USER", "NAME", "STATE", "GPUS", "REASON / COMMAND"), rows, right={0})
+        starts = starts_text(j.get("starts"), time.time() if now is None else now) or "-"
+        rows.append((ident, j["user"], j["name"] or "-", j.get("phase") or j["state"], where, starts, detail))
+    return table(("ID", "USER", "NAME", "STATE", "GPUS", "STARTS", "REASON / COMMAND"), rows, right={0})
 
 
 def gpus_text(gpus: list[dict]) -> str:
@@ -436,6 +439,12 @@ def doctor_text(reply: dict) -> str:
     return "\n".join(lines)
 
 
+def time_limit_text(job: dict) -> str:
+    """The time limit the head understood ("1 h 30 min"; "none" without one)."""
+    limit = job.get("time_limit_s")
+    return duration_exact(limit) if limit else "none"
+
+
 def job_text(job: dict) -> str:
     """`nebula job N`: the job in full as text (`--json` gives every field): its state and
     why, what it asked for, where it runs and the environment its command gets there."""
@@ -450,7 +459,8 @@ def job_text(job: dict) -> str:
              + (f": {reason}" if reason and reason != job["state"] else ""),
              f"  command:   {command}",
              f"  asks:      {asks}",
-             f"  workdir:   {job.get('workdir_used') or job.get('workdir') or '$HOME'}"]
+             f"  workdir:   {job.get('workdir_used') or job.get('workdir') or '$HOME'}",
+             f"  limit:     {time_limit_text(job)}"]
     if job.get("pool"):  # sent to a batch cluster: its place there reads pool:node
         lines.append(f"  pool:      {job['pool']}")
     if job.get("image"):

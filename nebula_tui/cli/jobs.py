@@ -11,7 +11,7 @@ import time
 from .. import environments
 from ..api import ApiError
 from ..printable import printable
-from ..views import job_text
+from ..views import job_text, time_limit_text
 from .args import FINISHED_STATES, USAGE_ERROR
 from .common import service_client, show
 
@@ -70,8 +70,9 @@ def cmd_submit(args, home, config) -> int:
     with service_client(home, config) as client:
         reply = client.call("submit", **request)
         job = reply["job"]
-        said = (f"Submitted array job {job['id']} ({reply.get('tasks', 1)} tasks)" if args.array
-                else f"Submitted job {job['id']}")
+        limit = f"time limit {time_limit_text(job)}"  # a Slurm user sees 90 was minutes
+        said = (f"Submitted array job {job['id']} ({reply.get('tasks', 1)} tasks, {limit})"
+                if args.array else f"Submitted job {job['id']} ({limit})")
         if not args.wait:
             return show(args, job, said)
         if not args.json:  # the id at once; with --json, one document: the ended job

@@ -56,7 +56,8 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
                    help="start once these jobs succeeded (12,13), ended (any:12), failed "
                         "(notok:12) or started (started:12); repeatable")
     p.add_argument("--time", dest="time_limit", type=duration, default=None,
-                   help="it is stopped then (SIGUSR1, SIGKILL after the grace), e.g. 30m, 2h; "
+                   help="it is stopped then (SIGUSR1, SIGKILL after the grace); as in Slurm, "
+                        "a bare number is minutes (90), or 1:30:00, 2-12, 30m, 2h, 90s; "
                         "lets it use reserved GPUs meanwhile")
     p.add_argument("--service", action="store_true",
                    help="a long-running inference service: its card keeps 2 GB spare")

@@ -180,8 +180,11 @@ class Replay:
                 self._submit(engine, event.data[0])
             else:
                 node, job_id, token, code = event.data
-                if self.running.pop((job_id, node), None) != token:
-                    continue  # that part was stopped (and its exit sent) already
+                if self.running.get((job_id, node)) != token:
+                    # that part was stopped (its exit sent) already, or this is an earlier
+                    # attempt's end: the live attempt's token stays
+                    continue
+                del self.running[(job_id, node)]
                 engine.on_node_message(node, {"type": "exit", "job": job_id, "token": token,
                                               "code": code})
         return taken
@@ -189,7 +192,8 @@ class Replay:
     def _submit(self, engine: Engine, request: Request) -> None:
         spec = JobSpec(command=("true",), name=f"r{request.key}", gpu_count=request.gpus,
                        gpu_mem_mb=request.gpu_mem_mb, nodes=request.nodes,
-                       time_limit_s=request.time_limit_s, service=request.service)
+                       time_limit_s=request.time_limit_s, service=request.service,
+                       preemptible=request.preemptible)
         try:
             job = engine.submit(request.user, spec, durable=False, wake=False)
         except RequestError as err:

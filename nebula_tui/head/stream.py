@@ -13,7 +13,7 @@ import asyncio
 from dataclasses import asdict
 
 from .. import views
-from ..model import GpuView, Job, NodeState
+from ..model import GpuView, Job, JobState, NodeState
 from ..remote.backends import topo
 from ..scheduler.slices import common_fits
 from .state import HeadState, NodeView
@@ -95,8 +95,9 @@ class Stream:
 
     def queue_json(self) -> list[dict]:
         """Every live job as the queue shows it: those holding GPUs first, then the waiting
-        ones in the scheduler's order (``queue_pos``: the place in it), then any not
-        considered yet (submitted since the last pass), then held ones."""
+        ones in the scheduler's order (``queue_pos``: the place in it; ``starts``: the
+        last forecast of its start), then any not considered yet (submitted since the last
+        pass), then held ones."""
         place = self.state.queue_place
         unplaced = len(place) + 1
 
@@ -106,7 +107,9 @@ class Stream:
             if job.held_by:
                 return (2, 0, job.submitted_at, job.id)
             return (1, place.get(job.id, unplaced), job.submitted_at, job.id)
-        return [{**views.job_json(j), "queue_pos": self.state.queue_pos(j)}
+        starts = self.state.forecasts
+        return [{**views.job_json(j), "queue_pos": self.state.queue_pos(j),
+                 "starts": starts.get(j.id) if j.state == JobState.PENDING else None}
                 for j in sorted(self.state.jobs.values(), key=rank)]
 
     def publish_queue_order(self) -> None:

@@ -18,6 +18,7 @@ class Request:
     time_limit_s: float | None = None
     nodes: int = 1
     service: bool = False
+    preemptible: bool = False  # scavenger work: yields its cards to in-quota work
 
 
 @dataclass

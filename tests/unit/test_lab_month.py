@@ -97,6 +97,33 @@ def test_slurm_like_backfills_a_short_job_but_not_a_long_one():
     assert out[4].started_s == 110  # would delay job 2: waits
 
 
+def test_slurm_like_packs_a_one_card_job_onto_the_fullest_machine_best_fit():
+    """select/cons_tres packs: the 1-card job takes n2's only card, so n1 stays whole for
+    the 2-card job behind it (worst fit put it on n1 and made the pair wait)."""
+    jobs = [Request(1, 0, "alice", 1, None, 100, 100), Request(2, 1, "bob", 2, None, 10, 10)]
+    out = baselines.slurm_like(jobs, CARDS, 1000, half_life_s=None)
+    assert [p[0] for p in out[1].placements] == ["n2"]
+    assert out[2].started_s == 1
+
+
+def test_slurm_like_reserves_for_every_blocked_job_it_tests_not_only_the_first():
+    """sched/backfill reserves for up to bf_max_job_test jobs: job 4 (second blocked) holds
+    n1 from t=100, so job 5, which would run past that, is not backfilled onto n1's free
+    card; with one reservation (EASY, bf_max_job_test=1) it is, and job 4 waits for it."""
+    cards = [baselines.Card("n1", "g1", 24576), baselines.Card("n1", "g2", 24576),
+             baselines.Card("n2", "g3", 49152)]
+    jobs = [Request(1, 0, "x", 1, 40960, 200, 200),  # the big card, until 200
+            Request(2, 0, "y", 1, None, 100, 100),  # n1's first card, until 100
+            Request(3, 1, "c", 1, 40960, 50, 50),  # blocked: only n2's card holds it
+            Request(4, 1, "d", 2, None, 50, 50),  # blocked: needs n1 whole
+            Request(5, 2, "e", 1, None, 1000, 1000)]  # n1's free card, past t=100
+    out = baselines.slurm_like(jobs, cards, 5000, half_life_s=None)
+    assert (out[3].started_s, out[4].started_s) == (200, 100)
+    assert out[5].started_s == 150
+    easy = baselines.slurm_like(jobs, cards, 5000, half_life_s=None, bf_max_job_test=1)
+    assert easy[5].started_s == 2 and easy[4].started_s == 1002
+
+
 def test_utilisation_counts_the_memory_asked_not_the_card_held():
     jobs = [Request(1, 0, "alice", 1, 8192, 1000)]
     out = baselines.slurm_like(jobs, CARDS[:1], 1000, half_life_s=None)  # whole card
@@ -209,3 +236,18 @@ def test_the_replay_places_like_the_live_head_on_the_simulated_lab(head, tmp_pat
         for b in range(len(trace)):
             if out[a].started_s < out[b].started_s:
                 assert rank[a] < rank[b], (a, b, out[a].started_s, out[b].started_s)
+
+
+def test_a_requeued_jobs_live_attempt_ends_though_its_first_attempts_exit_comes_later():
+    """A preempted attempt's own exit (its recorded end) still comes after the job was
+    requeued and started again: it must not erase the live attempt's token, or that attempt
+    never ends and holds its card for the rest of the month."""
+    one = inventory.layout("core")
+    inv = {"n1": next(iter(one.values()))[:1]}  # one card
+    cluster = setup.replay_config(inv, None, [])
+    jobs = [Request(1, 0, "alice", 1, None, 1000, preemptible=True),
+            Request(2, 10, "bob", 1, None, 100)]
+    out = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400).run()
+    assert out[2].started_s == pytest.approx(10, abs=1)  # alice's scavenger work yielded
+    assert out[1].runs == 2 and out[1].started_s >= 110  # requeued, started again after bob
+    assert out[1].state == "succeeded" and out[1].ended_s == pytest.approx(out[1].started_s + 1000, abs=1)
