@@ -16,7 +16,7 @@ from .forecasts import first_start, starts_text
 from .printable import printable
 from .scheduler.filters import cuda_gap
 from .scheduler.slices import offered_mb
-from .units import duration_exact, duration_short, duration_text
+from .units import duration_exact, duration_text
 
 
 def job_phase(job: Job) -> str:
@@ -505,56 +505,3 @@ def booking_state(booking: dict) -> str:
     if booking.get("broken"):
         return f"broken: {booking['broken']}"
     return "under way" if booking.get("active") else "ahead"
-
-
-def history_text(jobs: list[dict]) -> str:
-    """`nebula history`: one ended job a line, oldest first."""
-    if not jobs:
-        return "No ended jobs match."
-    rows = [(j["id"], j["user"], j["name"] or "-", j["state"], fmt(j["exit_code"]),
-             gpu_list(j["gpus"]) or "-", duration_short(j["wait_s"]), duration_short(j["run_s"]),
-             f"{j['gpu_hours']:.3f}", fmt(j["mean_util_pct"], "%"),
-             f"{format_mb(j['mem_used_mb_mean'])}/{format_mb(j['mem_used_mb_peak'])}"
-             if j["mem_used_mb_peak"] is not None else NOT_AVAILABLE,
-             time.strftime("%Y-%m-%d %H:%M", time.localtime(j["ended_at"])))
-            for j in jobs]
-    return table(("ID", "USER", "NAME", "STATE", "EXIT", "GPUS", "WAIT", "RUN", "GPU-H", "UTIL",
-                  "MEM MEAN/PEAK", "ENDED"), rows, right={0, 4, 6, 7, 8, 9})
-
-
-def _pct(value: float | None) -> str:
-    return NOT_AVAILABLE if value is None else f"{value:.0f}%"
-
-
-def report_text(report: dict) -> str:
-    """`nebula report`: per user and month, then capacity per node and month, then the
-    cluster day by day."""
-    stamp = lambda t: time.strftime("%Y-%m-%d %H:%M", time.localtime(t))  # noqa: E731
-    since, until = stamp(report["since"]), stamp(report["until"])
-    users = table(("MONTH", "USER", "JOBS", "GPU-H", "EFFICIENCY", "IDLE GPU-H", "MEAN WAIT"),
-                  [(u["month"], u["user"], u["jobs"], f"{u['gpu_hours']:.3f}",
-                    _pct(u["efficiency_pct"]), f"{u['idle_gpu_hours']:.3f}",
-                    duration_short(u["mean_wait_s"])) for u in report["users"]],
-                  right={2, 3, 4, 5, 6}) if report["users"] else "(no job ended in this period)"
-    capacity = ("PERIOD", "NODE", "GPUS", "AVAILABLE GPU-H", "ALLOCATED GPU-H", "ALLOCATED", "UTILISATION")
-
-    def rows(items):
-        return [(r["period"], r["node"], r["gpus"], f"{r['available_gpu_hours']:.3f}",
-                 f"{r['allocated_gpu_hours']:.3f}", _pct(r["allocated_pct"]), _pct(r["util_pct"]))
-                for r in items]
-
-    days = [r for r in report["days"] if r["node"] == "cluster"]
-    booked = table(("BOOKING", "USERS", "FROM", "TO", "BOOKED GPU-H", "USED GPU-H", "USED"), [
-        (b["name"], ",".join(b["users"]), stamp(b["start"]), stamp(b["end"]), f"{b['booked_gpu_hours']:.3f}",
-         f"{b['used_gpu_hours']:.3f}", _pct(b["used_pct"])) for b in report.get("bookings", [])],
-        right={4, 5, 6}) if report.get("bookings") else "(no booking in this period)"
-    return "\n".join([
-        f"Report {since} to {until}", "",
-        "Users (jobs that ended; efficiency: utilisation of their cards while they held them)",
-        users, "",
-        "Nodes (GPU-hours their cards had, held by jobs, and how busy the cards really were)",
-        table(capacity, rows(report["nodes"]), right={2, 3, 4, 5, 6}), "",
-        "Cluster by day",
-        table(capacity, rows(days), right={2, 3, 4, 5, 6}), "",
-        "Bookings (GPU-hours booked in this period, and those their users' jobs held on them)",
-        booked])
