@@ -86,6 +86,8 @@ class Bookings:
         self.stream = stream
         #: told (booking, why or None when it can be honoured again): the engine's notices
         self.on_broken: Callable[[dict, str | None], None] = lambda booking, why: None
+        #: each live booking's name and whether it was under way when subscribers last heard
+        self._told: tuple[tuple[str, bool], ...] = ()
 
     # ---------------------------------------------------------------- reading
     def live(self) -> list[dict]:
@@ -103,6 +105,8 @@ class Bookings:
                 "when": f"{when_text(booking['start'], now)} – {when_text(end, now)}"}
 
     def list_json(self) -> list[dict]:
+        """What subscribers get (the snapshot too): from then on :meth:`check` tells them
+        when a window opens or ends."""
         now = self.state.clock()
         return [self.json(b, now) for b in self.live()]
 
@@ -178,11 +182,20 @@ class Bookings:
 
     def check(self) -> None:
         """Say at once when a booking can no longer be honoured (one of its cards taken out
-        of service, its node drained or away), and when it can again."""
+        of service, its node drained or away), and when it can again; and tell subscribers
+        when a window opens or ends (the clock moved, nothing else did)."""
+        now = self.state.clock()
+        live = self.live()
+        self._broken_or_whole(live, now)
+        if self._told != tuple((b["name"], self.json(b, now)["active"]) for b in live):
+            self._publish()
+
+    def _broken_or_whole(self, live: list[dict], now: float) -> None:
+        if not live:
+            return
         blocked = {v.uuid: v.blocked or ("in maintenance" if v.maintenance else None)
                    for v in self.state.gpu_views()}
-        now = self.state.clock()
-        for booking in self.live():
+        for booking in live:
             why = None
             for uuid, node, index in booking["cards"]:
                 if uuid not in blocked:
@@ -275,4 +288,6 @@ class Bookings:
                 + ", ".join(late))
 
     def _publish(self) -> None:
-        self.stream.publish({"type": "bookings", "bookings": self.list_json()})
+        bookings = self.list_json()
+        self._told = tuple((b["name"], b["active"]) for b in bookings)
+        self.stream.publish({"type": "bookings", "bookings": bookings})
