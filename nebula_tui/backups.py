@@ -23,12 +23,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config.cluster import BACKUP_EVERY_S, BACKUPS_KEPT
 from .store import DatabaseDamaged, Store, head_id_file, read_head_id
 
-#: backups kept (the oldest goes when a new one is made)
-KEEP = 5
-#: the head makes a backup when its newest is this old
-EVERY_S = 3600.0
+#: backups kept (the oldest goes when a new one is made); the head makes a backup when its
+#: newest is EVERY_S old. The nodes keep acked ends as long (config's MIN_JOB_DIR_RETENTION_S).
+KEEP = BACKUPS_KEPT
+EVERY_S = BACKUP_EVERY_S
 PREFIX, SUFFIX = "state-", ".db"
 
 

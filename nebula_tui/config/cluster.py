@@ -301,9 +301,26 @@ def _build(ctx: Reader, root: Node | None, path: Path | None) -> ClusterConfig:
             admins=_admins(ctx, get(c, "admins")),
             admin_group=ctx.user(get(c, "admin_group"), "cluster.admin_group"),
             node_lease=ctx.seconds(get(c, "node_lease"), "cluster.node_lease"),
-            job_dir_retention=ctx.seconds(get(c, "job_dir_retention"), "cluster.job_dir_retention"),
+            job_dir_retention=_retention(ctx, get(c, "job_dir_retention")),
         ),
     )
+
+
+#: The head's backups (backups.py): one when the newest is this old, this many kept.
+BACKUP_EVERY_S = 3600.0
+BACKUPS_KEPT = 5
+#: A node keeps an acked end at least as long as the oldest backup kept goes back (and an
+#: hour more): a head restored from it settles the jobs that ended since from those records.
+MIN_JOB_DIR_RETENTION_S = (BACKUPS_KEPT + 1) * BACKUP_EVERY_S
+
+
+def _retention(ctx: Reader, node: Node | None) -> float | None:
+    value = ctx.seconds(node, "cluster.job_dir_retention")
+    if value is not None and value < MIN_JOB_DIR_RETENTION_S:
+        raise ctx.error(node, f"cluster.job_dir_retention must be at least {MIN_JOB_DIR_RETENTION_S / 3600:g}h: "
+                              "a head restored from its oldest backup settles the jobs that ended since from "
+                              f"the nodes' records of them; found {value:g}s")
+    return value
 
 
 def _section(ctx: Reader, node: Node | None, build: Callable[[Any], Settings]) -> Settings:

@@ -307,7 +307,8 @@ class Fleet:
                 # Ends before starts: a launch after the backup may hold a card only because
                 # a job the backup has running there ended meanwhile. Recorded after it was
                 # taken in, that end would leave both on the card for the store.
-                self._end_the_unrecorded(node, attempts, running, unacked=True)
+                self._end_the_unrecorded(node, attempts, running, listing.get("session_tokens") or {},
+                                         unacked=True)
                 transitions.adopt_unknown(node, attempts, listing.get("session_tokens") or {})
                 state.reconciled_after_restore(node)
             for job in list(state.jobs.values()):
@@ -320,7 +321,8 @@ class Fleet:
             running = self._running_here(node)
             listing = await state.links[node].request("list")
             self._stop_the_stale(node, listing.get("session_tokens") or {})
-            self._end_the_unrecorded(node, listing.get("attempts") or {}, running)
+            self._end_the_unrecorded(node, listing.get("attempts") or {}, running,
+                                     listing.get("session_tokens") or {})
         except (NodeUnavailable, asyncio.TimeoutError):
             return  # the next connection reconciles again
         except StoreUnavailable as err:
@@ -344,14 +346,15 @@ class Fleet:
         return {j.id: self.state.token(j) for j in self.state.jobs.values()
                 if j.state == JobState.RUNNING and node in job_nodes(j)}
 
-    def _end_the_unrecorded(self, node: str, attempts: dict, running: dict[int, str],
+    def _end_the_unrecorded(self, node: str, attempts: dict, running: dict[int, str], sessions: dict,
                             unacked: bool = False) -> None:
         """Running jobs of this node the node itself says are over: it has no record of
         their launch (its job directory went), or it has their end, acknowledged, which the
-        store lost (a restore). Unacknowledged ends it reports by itself, unless ``unacked``
-        (after a restore: they must be recorded before what ran later is taken in).
-        ``running``: the jobs (id -> token) that ran here before the node was asked for
-        ``attempts``."""
+        store lost (a restore: settled as the head had recorded it, ``end_from_record``).
+        Unacknowledged ends it reports by itself, unless ``unacked`` (after a restore: they
+        must be recorded before what ran later is taken in). ``running``: the jobs (id ->
+        token) that ran here before the node was asked for ``attempts``; ``sessions``: the
+        live sessions' launches (job -> token) then."""
         for job_id, token in running.items():
             job = self.state.jobs.get(job_id)
             if job is None or job.state != JobState.RUNNING or self.state.token(job) != token:
@@ -361,10 +364,9 @@ class Fleet:
             if found is None and token:
                 self.transitions.finish(job, JobState.FAILED, None, f"{node} has no record of "
                                         "its launch (its job directory was removed?)")
-            elif (found is not None and (unacked or found.get("acked"))
-                  and isinstance(found.get("exit_code"), int)):
-                self.transitions.on_exit(node, Exit(job=job.id, token=token, code=found["exit_code"],
-                                                    reason=str(found.get("reason") or "")))
+            else:
+                self.transitions.end_from_record(node, job, found, sessions.get(str(job.id)) in (token, ""),
+                                                 unacked)
 
     async def _stop_stale(self, node: str, job_id: int, token: str) -> None:
         # With its token: a relaunch that took the session's place meanwhile is left alone.

@@ -251,3 +251,42 @@ def test_a_restore_records_the_end_that_freed_a_card_before_it_takes_in_the_next
             head.run("cancel", str(second))
             head.wait_job(second)
         head.stop()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("ignores_term", [True, False], ids=["killed-after-the-grace", "ends-on-sigterm"])
+def test_a_job_cancelled_after_the_backup_is_cancelled_after_the_restore(openssh_lab, tmp_path, ignores_term):
+    """The backup holds a job running; after it the job is cancelled, its end recorded and
+    acked on the node. Restored, the head settles it from the node's record of that end:
+    cancelled, its card free, within the node's reconcile — not "running" past the lease
+    (a job killed after the cancel's grace left no exit code), nor "failed" (issue 41)."""
+    head = HeadProcess(tmp_path / "home", openssh_lab)
+    db = head.home / "state.db"
+    head.start()
+    try:
+        command = ("trap '' TERM; while :; do sleep 0.2; done" if ignores_term else "sleep 300")
+        with head.client() as client:
+            job = client.call("submit", gpu_mem_mb=4096, shell=True, command=[command])["job"]["id"]
+        wait_for(lambda: head.job(job)["state"] == "running", 30, what="the job to run")
+        card, node = _card_of(db, job), head.job(job)["node"]
+        source, target = sqlite3.connect(db), sqlite3.connect(tmp_path / "backup.db")
+        source.backup(target)
+        source.close()
+        target.close()
+        head.run("cancel", str(job))
+        assert head.wait_job(job)["state"] == "cancelled"
+        acks = next(openssh_lab.node_dir(node).rglob(f"heads/{head.head_id}/jobs")) / str(job)
+        wait_for(lambda: list(acks.glob("*/acked")), 20, what="the job's end acknowledged")
+        head.stop()
+        shutil.copy(tmp_path / "backup.db", db)  # the admin's restore
+        for suffix in ("-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        head.start()
+        ended = wait_for(lambda: (j := head.job(job))["state"] != "running" and j, 30,
+                         what="the restored head to settle the job from the node's record")
+        assert ended["state"] == "cancelled", ended
+        gpu = next(g for g in head.call("gpus")["gpus"] if g["uuid"] == card[0])
+        assert job not in [j.get("id", j) if isinstance(j, dict) else j for j in gpu["jobs"]], gpu
+        never_overcommitted(db)
+    finally:
+        head.stop()

@@ -227,6 +227,13 @@ ERRORS = [
     ),
     ("zero timeout", "cluster:\n  connect_timeout: 0\n", 2, ["connect_timeout", "> 0"]),
     (
+        # issue 41: acked ends go no sooner than the oldest backup reaches back
+        "job_dir_retention shorter than the backups reach back",
+        "cluster:\n  job_dir_retention: 10m\n",
+        2,
+        ["cluster.job_dir_retention must be at least 6h", "found 600s"],
+    ),
+    (
         "timeout not a duration",
         "cluster:\n  command_timeout: 30x\n",
         2,

@@ -187,17 +187,35 @@ def _signal_group(pid, sig):
         pass
 
 
+#: in an acked attempt's directory: the end the head recorded (state, reason, when), which
+#: a head restored from an older backup settles the job from
+ENDED_AS = "ended_as"
+
+
 def op_ack(req):
-    """The head recorded these exits: ``jobs`` is a list of [job, token] (each names one
-    attempt), so a late ack can never silence a relaunch of the same job."""
-    for job, token in req["jobs"]:
+    """The head recorded these exits: ``jobs`` is a list of [job, token] or [job, token,
+    end] (each names one attempt, so a late ack can never silence a relaunch of the same
+    job; ``end``: the state, reason and time the head recorded, kept as ``ended_as``)."""
+    for item in req["jobs"]:
+        job, token = item[0], item[1]
         parsed = parse_token(token)
         if parsed is None or parsed[0] != HEAD:
             continue
         d = attempt_dir(job_id(job), parsed[1])
         if read_text(os.path.join(d, "token")) == token:
+            end = item[2] if len(item) > 2 and isinstance(item[2], dict) else None
+            if end is not None:  # first: an ack is never without the end it acknowledges
+                write_atomic(os.path.join(d, ENDED_AS), json.dumps(end)[:2000])
             write_atomic(os.path.join(d, "acked"), str(time.time()))
     return {"ok": True}
+
+
+def _ended_as(d):
+    try:
+        end = json.loads(read_text(os.path.join(d, ENDED_AS)) or "null")
+    except ValueError:
+        return None
+    return end if isinstance(end, dict) else None
 
 
 def op_log(req):
@@ -226,6 +244,7 @@ def _attempt_info(d, with_record=False):
         "started_at": mtime(os.path.join(d, "started")) if os.path.exists(os.path.join(d, "started")) else None,
         "exit_code": int_or_none(read_text(os.path.join(d, "exit_code")) or "x"),
         "acked": os.path.exists(os.path.join(d, "acked")),
+        "ended_as": _ended_as(d),
     }
     if with_record:
         try:
