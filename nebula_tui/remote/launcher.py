@@ -290,9 +290,11 @@ def _as_user(run_as: tuple[str, ...], env: dict[str, str], facts: str, script: s
 
 
 # The wrapper's own helpers (fixed text). `fail` ends the job before its command: the
-# sentence becomes its reason (written before the exit code, which the nodelet waits for);
+# sentence becomes its reason (written before the exit code, which the nodelet waits for),
+# its data mounts' staging mounts released first where they were pinned;
 # `phase` tells what it is doing meanwhile (pulling an image).
 _WRAPPER_HELPERS = r"""fail() {
+  [ -z "${pins_py:-}" ] || python3 -c "$pins_py" release "$jobdir/mnt" >/dev/null 2>&1
   printf '%s\n' "$1" > "$jobdir/reason.tmp" && mv -f "$jobdir/reason.tmp" "$jobdir/reason"
   printf 'nebula: %s\n' "$1"
   ended 127

@@ -182,13 +182,15 @@ def test_the_cleaner_detaches_a_left_mount_and_never_deletes_through_it(nodelet,
     (data / "results.csv").write_text("epoch,loss\n")
     ask = nodelet("eeee", retention_s=1)
     jobs = tmp_path / "node" / "heads" / "eeee" / "jobs"
-    left_bound = (f"python3 -c {shlex.quote(containers.PINS_SOURCE)} pin \"$1/mnt\" root node01 "
-                  f"{shlex.quote(str(data))}; echo 0 > \"$1/exit_code\"\n")
     try:
-        assert ask("launch", job=3, token="eeee.0.p1", script=left_bound)["ok"]
+        assert ask("launch", job=3, token="eeee.0.p1", script='echo 0 > "$1/exit_code"\n')["ok"]
         wait_for(lambda: (jobs / "3" / "0" / "exit_code").exists(), 10, what="the job to end")
-        assert (jobs / "3" / "0" / "mnt" / "0" / "results.csv").exists()  # bound, not released
         assert ask("ack", jobs=[[3, "eeee.0.p1"]])["ok"]
+        # Bound after its end was seen (the watcher releases what it sees end): as a
+        # wrapper killed before its release, with no nodelet there to see it, leaves it.
+        subprocess.run([sys.executable, "-c", containers.PINS_SOURCE, "pin", str(jobs / "3" / "0" / "mnt"),
+                        "root", "node01", str(data)], check=True, capture_output=True, timeout=30)
+        assert (jobs / "3" / "0" / "mnt" / "0" / "results.csv").exists()  # bound, not released
         time.sleep(1.5)
         nodelet("eeee", retention_s=1)  # a nodelet cleans when it starts
         wait_for(lambda: not (jobs / "3").exists(), 10, what="the attempt's directory to go")
@@ -197,3 +199,33 @@ def test_the_cleaner_detaches_a_left_mount_and_never_deletes_through_it(nodelet,
                         str(jobs / "3" / "0" / "mnt")], capture_output=True, timeout=30)
     assert (data / "results.csv").read_text() == "epoch,loss\n"
     assert str(jobs) not in Path("/proc/self/mountinfo").read_text()
+
+
+@pytest.mark.parametrize("how", ["failed-after-the-pin", "killed-after-the-pin"])
+def test_a_launch_that_fails_after_its_pin_leaves_no_mount(nodelet, tmp_path, how):
+    """A wrapper that pinned its data mounts and then ended without its release (a check
+    after the pin failed, or it was killed): the nodelet detaches the staging mount as soon
+    as it sees the attempt end, before any ack or retention — not left mounted for days
+    (issue 41)."""
+    data = tmp_path / "users-data"
+    data.mkdir()
+    (data / "results.csv").write_text("epoch,loss\n")
+    ask = nodelet("ffff", interval=2)  # the watcher looks for gone sessions each interval
+    jobs = tmp_path / "node" / "heads" / "ffff" / "jobs"
+    pin = f"python3 -c {shlex.quote(containers.PINS_SOURCE)} pin \"$1/mnt\" root node01 {shlex.quote(str(data))}"
+    gate = tmp_path / "gate"
+    wait = f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.1; done"
+    script = (f"{pin}; {wait}; echo 127 > \"$1/exit_code\"\n" if how == "failed-after-the-pin" else
+              f"{pin}; {wait}; kill -KILL $$\n")
+    try:
+        assert ask("launch", job=5, token="ffff.0.p1", script=script)["ok"]
+        wait_for(lambda: (jobs / "5" / "0" / "mnt" / "0" / "results.csv").exists(), 30,
+                 what="the source bound at its staging path")
+        gate.touch()
+        wait_for(lambda: not (jobs / "5" / "0" / "mnt").exists(), 30,
+                 what="the staging mount released once the attempt ended")
+        assert str(jobs) not in Path("/proc/self/mountinfo").read_text()
+    finally:
+        subprocess.run([sys.executable, "-c", containers.PINS_SOURCE, "release",
+                        str(jobs / "5" / "0" / "mnt")], capture_output=True, timeout=30)
+    assert (data / "results.csv").read_text() == "epoch,loss\n"

@@ -9,6 +9,7 @@ import time
 
 from .cleaner import CLEAN_EVERY_S, clean_old_attempts
 from .job_dirs import attempt_dir, attempts
+from .mount_pins import release_pins
 from .node_base import INTERVAL, JOBS_DIR, emit, int_or_none, mtime, read_text, tmux_sessions
 
 
@@ -76,6 +77,9 @@ class Watcher:
         code_text = read_text(os.path.join(d, "exit_code"))
         if code_text is not None and code_text.strip():
             self.ended.add(key)
+            # A wrapper that ended before its own release (a launch that failed after its
+            # data mounts were pinned) leaves no staging mount behind it.
+            release_pins(os.path.join(d, "mnt"))
             self.phases.pop(key, None)
             self.look_log_cut(job, d)  # a cut just before the end is said before the exit
             emit({"type": "exit", "job": job, "attempt": attempt, "code": int_or_none(code_text),
@@ -91,6 +95,7 @@ class Watcher:
             # no exit code: killed, or the node rebooted.
             if read_text(os.path.join(d, "exit_code")) is None:
                 self.ended.add(key)
+                release_pins(os.path.join(d, "mnt"))  # the wrapper killed before its release
                 emit({"type": "exit", "job": job, "attempt": attempt, "code": None,
                       "token": token, "t": time.time()})
 
