@@ -387,6 +387,11 @@ class Pools(PoolBooks):
                 self._preempted(name, job)
                 return
             self.rows.pop(job.id, None)
+            asked = job.spec.gpu_count * job.spec.nodes
+            if report.gpus is not None and report.gpus != asked and not job.spec.gpu_mem_mb:
+                # Charged for what it asked (Slurm's --gres is fixed), said where it differs.
+                self.state.record("pool", f"job {job.id}: pool {name}'s accounting says "
+                                  f"{report.gpus} GPUs, it asked for {asked}", job_id=job.id)
             now = self.state.clock()
             at = report.ended_at if report.ended_at and job.started_at and \
                 report.ended_at >= job.started_at else None

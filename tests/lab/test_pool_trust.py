@@ -176,21 +176,26 @@ def test_preemptible_without_a_scavenger_qos_is_refused(head):
     assert "names no scavenger QOS" in done.stderr
 
 
-def test_preemptible_runs_in_the_scavenger_qos(slurm_lab, tmp_path):
-    made = subprocess.run(["sacctmgr", "-i", "add", "qos", "nebscav"], env=slurm_lab.env,
-                          capture_output=True, text=True)
+def test_preemptible_runs_in_the_scavenger_partition(slurm_lab, tmp_path):
+    made = subprocess.run(["scontrol", "create", "PartitionName=nebscav", "Nodes=ALL"],
+                          env=slurm_lab.env, capture_output=True, text=True)
     if made.returncode != 0 and "already exists" not in made.stdout + made.stderr:
-        pytest.skip(f"sacctmgr cannot add a QOS here: {made.stderr.strip()}")
+        pytest.skip(f"scontrol cannot add a partition here: {made.stderr.strip()}")
     head = start_head(tmp_path / "home", config(slurm_lab, tmp_path / "nodes.yaml",
-                                                scavenger_qos="nebscav"))
+                                                scavenger_partition="nebscav"))
     try:
-        job = submit(head, "--pool", "hpc", "--preemptible", "--", "true")
-        assert wait_state(head, job, {"succeeded", "failed"})["state"] == "succeeded"
-        qos = slurm_lab.cluster.run(["sacct", "-X", "-n", "-P", "-o", "QOS", "-j",
-                                     remote_id(head, job)]).split()
-        assert qos == ["nebscav"], qos
+        normal = submit(head, "--pool", "hpc", "--", "true")
+        cheap = submit(head, "--pool", "hpc", "--preemptible", "--", "true")
+        for job in (normal, cheap):
+            assert wait_state(head, job, {"succeeded", "failed"})["state"] == "succeeded"
+        where = {job: slurm_lab.cluster.run(["sacct", "-X", "-n", "-P", "-o", "Partition", "-j",
+                                             remote_id(head, job)]).split()
+                 for job in (normal, cheap)}
+        assert where == {normal: ["gpu"], cheap: ["nebscav"]}, where
     finally:
         cancel_left_and_stop(head)
+        subprocess.run(["scontrol", "delete", "PartitionName=nebscav"], env=slurm_lab.env,
+                       capture_output=True)
 
 
 def test_no_login_as_an_account_nobody_authorised(slurm_lab, tmp_path):
