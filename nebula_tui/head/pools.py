@@ -299,9 +299,10 @@ class Pools(PoolBooks):
         now = self.state.clock()
         prefix = f"{self.state.store.head_token}."
         accounts = {row["account"] for row in self.rows.values() if row["pool"] == name}
-        if pool.config.per_submitter:
+        if pool.config.per_submitter:  # the owners of what could have gone there
+            bursts = pool.config.burst_after_s is not None
             accounts |= {pool.account_for(job.user) for job in self.state.jobs.values()
-                         if not job.state.finished}
+                         if job.state == JobState.PENDING and (job.spec.pool == name or bursts)}
         else:
             accounts = {pool.config.user}
         known = {row["remote_id"] for row in self.rows.values() if row["remote_id"]}

@@ -9,8 +9,10 @@ import json
 import os
 import pwd
 import re
+import shutil
 import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -256,7 +258,7 @@ def test_one_members_account_cannot_decide_anothers_jobs(openssh_lab, slurm_lab,
     from nebula_tui.sim.slurmlab import unlock_for_ssh
 
     alice, bob = "nebowna", "nebownb"  # alice's account sorts first: the old poller
-    public = tmp_path_factory.mktemp("lies")
+    public = Path(tempfile.mkdtemp(prefix="nebula-lies-"))  # pytest's own is root's alone
     public.chmod(0o755)
     lie = public / "lie.sh"
     lie.write_text(f"""#!/bin/sh
@@ -299,5 +301,8 @@ esac
             mine = next(j for j in json.loads(head.run("history", "--json", check=True).stdout)
                         if j["id"] == jobs[bob])
             assert mine["gpu_hours"] < 0.1, mine
+            # Alice's forced command ran all along: her own job went through it.
+            assert wait_state(head, jobs[alice], {"succeeded", "failed"})["state"] == "succeeded"
             slurm_lab.revoke(alice)
             slurm_lab.revoke(bob)
+    shutil.rmtree(public, ignore_errors=True)
