@@ -103,7 +103,7 @@ class Engine:
         self.remove_node, self.reload = self.fleet.remove_node, self.fleet.reload
 
     def _job_started(self, job: Job) -> None:
-        self.metrics.job_started(job)
+        self.metrics.job_started(job, self.scheduling.first_forecasts.pop(job.id, None))
         self.limits.job_started(job)  # its --time counts from now, on the monotonic clock
 
     # the live view, as the server and tests read it
