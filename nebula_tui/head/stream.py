@@ -15,6 +15,7 @@ from dataclasses import asdict
 from .. import views
 from ..model import GpuView, Job, JobState, NodeState
 from ..remote.backends import topo
+from ..scheduler.slices import common_fits
 from .state import HeadState, NodeView
 
 #: Put in place of a subscriber's backlog when its (bounded) queue is full: the server then
@@ -84,10 +85,13 @@ class Stream:
         processes = [{"pid": p.pid, "name": p.name, "used_memory_mb": p.used_memory_mb,
                       "job_id": _int_or_none(live.process_jobs.get(str(p.pid)))}
                      for p in live.processes]
+        holds_service = any((job := self.state.jobs.get(job_id)) is not None and job.spec.service
+                            for job_id, _ in gpu.placements)
+        fits = common_fits(gpu, self.state.settings.config.service_spare_mb, holds_service)
         return views.gpu_json(gpu, node_up=node.state == NodeState.UP,
                               cuda_version=node.cuda_version,
                               nvlink=topo.nvlink_peers(node.topo, gpu.reading.index),
-                              processes=processes, raw=raw)
+                              processes=processes, fits=fits, raw=raw)
 
     def queue_json(self) -> list[dict]:
         """Every live job as the queue shows it: those holding GPUs first, then the waiting

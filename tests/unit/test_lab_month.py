@@ -21,9 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 LAB_LAYOUT = "core"  # the session's simulated lab (labfixtures)
 
 
-def nebula(*args: str, **kw) -> subprocess.CompletedProcess:
+def nebula(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "nebula_tui", *args], capture_output=True, text=True,
-                          timeout=300, cwd=REPO, **kw)
+                          timeout=timeout, cwd=REPO, **kw)
 
 
 # ------------------------------------------------------------------ workloads
@@ -195,6 +195,46 @@ def test_nebula_simulate_prints_the_table_and_the_last_line(tmp_path):
     assert any(line.startswith("lab month: wait p95 ") and "fairness" in line for line in lines)
     bad = nebula("simulate", "--add", "many cards")
     assert bad.returncode == 2 and "COUNTxMODEL@NODE" in bad.stderr and "Traceback" not in bad.stderr
+
+
+HUGE_OR_BAD = [
+    ("t.csv", "submit_s,user,gpus,duration_s\n0,alice,1000000000000,3600\n", "t.csv:2: gpus is"),
+    ("t.csv", "submit_s,user,gpus,duration_s\n0,alice,5000,3600\n", "t.csv:2: gpus is 5000"),
+    ("t.csv", "submit_s,user,gpus,duration_s\n0,alice,1,nan\n", "t.csv:2: duration_s is 'nan'"),
+    ("h.json", '[{"id": 1, "submitted_at": NaN, "user": "a", "started_at": 0, "ended_at": 5}]',
+     "h.json: not JSON (NaN is not a number JSON allows)"),
+    ("h.json", '[{"id": 1, "submitted_at": -5, "user": "a", "started_at": 0, "ended_at": 5}]',
+     "h.json: job 1: submitted_at is -5"),
+    ("h.json", '[{"id": 1, "submitted_at": 0, "user": "a", "started_at": 9, "ended_at": 5}]',
+     "h.json: job 1: ended_at is before started_at"),
+    ("h.json", '[{"id": 1, "submitted_at": 0, "user": "a", "started_at": 0, "ended_at": 5, '
+               '"gpu_count": 1000000000000}]', "h.json: job 1: gpus is 1000000000000"),
+    ("h.json", "[" * 100_000, "h.json: not JSON nested as"),
+    ("h.json", '{"jobs": 7}', "h.json: no list of jobs"),
+    ("gpus.json", '[{"node": "n", "index": 1000000000000, "uuid": "u", "model": "m", "total_memory_mb": 1}]',
+     "gpus.json: a GPU row's index (1000000000000)"),
+]
+
+
+@pytest.mark.parametrize("name, text, says", HUGE_OR_BAD, ids=[h[2][:40] for h in HUGE_OR_BAD])
+def test_huge_or_bad_inputs_are_refused_in_one_line_not_taken(tmp_path, name, text, says):
+    """A workload or inventory asking for 10^12 cards, or with NaN, negative or broken
+    values, is refused at once in one line (exit 2); before, 10^12 cards grew the replay
+    by gigabytes and NaN or a bad history hung it or raised (issue 41)."""
+    path = tmp_path / name
+    path.write_text(text)
+    args = ("--gpus", str(path)) if name == "gpus.json" else (str(path),)
+    done = subprocess.run(["sh", "-c", 'ulimit -v 2000000; exec "$@"', "sh", sys.executable, "-m", "nebula_tui",
+                           "simulate", *args, "--days", "1"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 2, (done.returncode, done.stderr[-500:])
+    assert done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("flag, value", [("--days", "nan"), ("--days", "1e9"), ("--load", "-1"),
+                                         ("--load", "inf"), ("--users", "1000000000000")])
+def test_huge_or_nonsense_flags_are_refused_in_one_line(flag, value):
+    done = nebula("simulate", flag, value, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and flag in done.stderr, done.stderr
 
 
 # ------------------------------------------------------------------ against the live head
