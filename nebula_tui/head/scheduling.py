@@ -157,6 +157,7 @@ class Scheduling:
         try:
             starts = await asyncio.to_thread(forecast.forecast, snap, self.limits.settings.max_time_s)
             self.state.forecasts = {job: start.json(snap.now) for job, start in starts.items()}
+            self.stream.publish_queue_order(starts=True)
             self.on_forecast(starts, snap.now)
         except Exception:
             log.exception("start forecast failed")

@@ -174,6 +174,22 @@ def test_a_job_refused_over_quota_counts_as_never_run():
     assert (ours.runnable, ours.never_run) == (2, 1)  # job 2 (over quota) counts; job 3 does not
 
 
+def test_the_replay_forecasts_each_start_at_submit_and_the_score_counts_it():
+    """One card; job 1 holds it for 3,000 s of its 7,200 s limit; job 2 (submitted at 60 s)
+    is forecast at 40% of job 1's limit, between a quarter of it and all of it."""
+    inv = {"node01": inventory.layout("core")["node01"][:1]}
+    cluster = setup.replay_config(inv, None, [])
+    jobs = [Request(1, 0, "alice", 1, None, 3000, 7200), Request(2, 60, "bob", 1, None, 600, 1800)]
+    out = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400).run()
+    at, early, late = out[2].forecast
+    assert (at, early, late) == pytest.approx((0.4 * 7200, 0.25 * 7200, 7200), abs=1)
+    assert out[2].started_s == pytest.approx(3000, abs=1)
+    score = metrics.forecast_score(jobs, out)
+    assert score.jobs == 1 and score.p50 == pytest.approx(abs(2880 - 3000) / 2940, abs=1e-3)
+    assert score.started == 2 and score.inside == 1.0
+    assert "of the wait" in score.text()
+
+
 def test_what_if_adds_and_removes_cards():
     inv = inventory.layout("demo")
     more = inventory.add(inv, "2x NVIDIA GeForce RTX 4090@node07")
@@ -193,6 +209,7 @@ def test_nebula_simulate_prints_the_table_and_the_last_line(tmp_path):
     lines = done.stdout.splitlines()
     assert any(line.startswith("utilisation (work served)") for line in lines)
     assert any(line.startswith("lab month: wait p95 ") and "fairness" in line for line in lines)
+    assert any(line.startswith("start forecast at submit: error p50 ") for line in lines)
     bad = nebula("simulate", "--add", "many cards")
     assert bad.returncode == 2 and "COUNTxMODEL@NODE" in bad.stderr and "Traceback" not in bad.stderr
 
