@@ -48,17 +48,19 @@ PREEMPT_GRACE_S = 60.0
 KINDS = ("early", "point", "late")
 
 
-def run_length(time_limit_s: float | None, max_time_s: float | None, kind: str) -> float:
+def run_length(time_limit_s: float | None, max_time_s: float | None, kind: str,
+               service: bool = False) -> float:
     """How long a job runs in the forecast's ``kind`` of run, from its start.
 
     With a --time: "late" is the limit, "point" and "early" a share of it. Without one:
-    "late" is the cluster's max_time (else the horizon), "point" an hour, "early" none.
+    "late" is the cluster's max_time (else the horizon), "point" an hour, "early" none;
+    a service without one runs until it is stopped: past the horizon in every run.
     The one place a job's expected end is decided (the estimate issue 35 gives jobs without
     --time goes here once it is the scheduler's)."""
     if time_limit_s is not None:
         share = {"early": EARLY_SHARE, "point": POINT_SHARE, "late": 1.0}[kind]
         return time_limit_s * share
-    if kind == "late":
+    if kind == "late" or service:
         return max_time_s or UNBOUNDED_LATE_S
     return UNTIMED_POINT_S if kind == "point" else 0.0
 
@@ -67,8 +69,8 @@ def end_of(job: scheduler.RunningJob, now: float, max_time_s: float | None, kind
     """When a running job ends in a run of ``kind``: its start + ``run_length``, or — when
     it has run past that already — half-way from now to its late end (a job without a
     known end runs at least as long again as it has: the longer it ran, the longer it runs)."""
-    late = job.started_at + run_length(job.time_limit_s, max_time_s, "late")
-    end = job.started_at + run_length(job.time_limit_s, max_time_s, kind)
+    late = job.started_at + run_length(job.time_limit_s, max_time_s, "late", job.service)
+    end = job.started_at + run_length(job.time_limit_s, max_time_s, kind, job.service)
     if kind == "late" or end > now:
         return max(end, now)
     if job.time_limit_s is None:
@@ -193,7 +195,7 @@ def forecast(snap: scheduler.Snapshot, max_time_s: float | None = None,
     runs = {}
     for kind in KINDS:
         runs[kind] = simulate(
-            snap, lambda job, k=kind: run_length(job.time_limit_s, max_time_s, k),
+            snap, lambda job, k=kind: run_length(job.time_limit_s, max_time_s, k, job.service),
             lambda job, k=kind: end_of(job, snap.now, max_time_s, k), horizon_s, only, schedule,
             STEP_SHARE if kind == "point" else 2 * STEP_SHARE)
     point, early, late = runs["point"], runs["early"], runs["late"]
