@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict
+from enum import Enum
 
 from .model import (LOCAL_POOL, MIB_PER_GIB, NOT_AVAILABLE, Cancelling, Evicting, GpuView, Job, JobState,
                     Stopping, fmt, format_mb, holding)
@@ -19,18 +20,35 @@ from .scheduler.slices import offered_mb
 from .units import duration_exact, duration_text
 
 
+class JobPhase(str, Enum):
+    """A job's state in one word as people see it (``job_json``'s ``phase``), the words of
+    every screen, the CLI and the tests' fixed head: its stored state, or a hold, a cancel,
+    an eviction or the head's own stop under way. ``screens/look.py`` gives each a style."""
+
+    PENDING = "pending"
+    HELD = "held"
+    LAUNCHING = "launching"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    EVICTING = "evicting"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+
+
 def job_phase(job: Job) -> str:
-    """Its state in one word as people see it, on every screen and in every list: a hold,
-    a cancel, an eviction or the head's own stop under way included."""
+    """Its :class:`JobPhase`'s word, on every screen and in every list."""
     if job.held_by and job.state == JobState.PENDING:
-        return "held"
+        return JobPhase.HELD.value
     if isinstance(job.status, Cancelling):
-        return "cancelling"
+        return JobPhase.CANCELLING.value
     if isinstance(job.status, Evicting):
-        return "evicting"
+        return JobPhase.EVICTING.value
     if isinstance(job.status, Stopping):
-        return "stopping"
-    return job.state.value
+        return JobPhase.STOPPING.value
+    return JobPhase(job.state.value).value
 
 
 #: How much of a job's command a list of jobs shows (the queue, the history, the event
@@ -466,7 +484,7 @@ def job_text(job: dict) -> str:
              + (f": {reason}" if reason and reason != job["state"] else ""),
              f"  command:   {command}",
              f"  asks:      {asks}",
-             f"  workdir:   {job.get('workdir_used') or job.get('workdir') or '$HOME'}",
+             f"  workdir:   {workdir_text(job)}",
              f"  limit:     {time_limit_text(job)}"]
     if job.get("pool"):  # sent to a batch cluster: its place there reads pool:node
         lines.append(f"  pool:      {job['pool']}")
@@ -504,6 +522,12 @@ def month_start(now: float, back: int = 0) -> float:
     t = time.localtime(now)
     months = t.tm_year * 12 + t.tm_mon - 1 - back
     return time.mktime((months // 12, months % 12 + 1, 1, 0, 0, 0, 0, 0, -1))
+
+
+def workdir_text(job: dict) -> str:
+    """Where the job runs, as `nebula job` and the TUI's job page say it: the folder its
+    node settled on once it started, else the one asked for, else its user's home."""
+    return job.get("workdir_used") or job.get("workdir") or "$HOME"
 
 
 def booking_state(booking: dict) -> str:
