@@ -190,10 +190,9 @@ def test_preemptible_runs_in_the_scavenger_partition(slurm_lab, tmp_path):
         cheap = submit(head, "--pool", "hpc", "--preemptible", "--", "true")
         for job in (normal, cheap):
             assert wait_state(head, job, {"succeeded", "failed"})["state"] == "succeeded"
-        where = {job: slurm_lab.cluster.run(["sacct", "-X", "-n", "-P", "-o", "Partition", "-j",
-                                             remote_id(head, job)]).split()
-                 for job in (normal, cheap)}
-        assert where == {normal: ["gpu"], cheap: ["nebscav"]}, where
+        ids = {int(remote_id(head, job)): job for job in (normal, cheap)}
+        where = {ids[j["job_id"]]: j["partition"] for j in squeue(slurm_lab) if j["job_id"] in ids}
+        assert where == {normal: "gpu", cheap: "nebscav"}, where
     finally:
         cancel_left_and_stop(head)
         subprocess.run(["scontrol", "delete", "PartitionName=nebscav"], env=slurm_lab.env,
