@@ -129,6 +129,7 @@ class JobTable(dict):
         super().__init__()
         self.holding: dict[str, dict[int, Placement]] = {}  # GPU uuid -> job id -> placement
         self.per_user: Counter[str] = Counter()
+        self._on_node: dict[str, dict[int, None]] = {}  # node -> ids of the jobs placed there
         for job in jobs:
             self[job.id] = job
 
@@ -155,6 +156,14 @@ class JobTable(dict):
 
     def _index(self, job: Job, *, add: bool) -> None:
         self.per_user[job.user] += 1 if add else -1
+        for node in dict.fromkeys(p.node for p in job.placements):
+            if add:
+                self._on_node.setdefault(node, {})[job.id] = None
+            else:
+                here = self._on_node.get(node, {})
+                here.pop(job.id, None)
+                if not here:
+                    self._on_node.pop(node, None)
         if not job.state.holds_gpus:
             return
         for p in job.placements:
@@ -171,6 +180,11 @@ class JobTable(dict):
         id, from the index: a look at the running jobs need not walk 10,000 waiting ones."""
         ids = {job_id for held in self.holding.values() for job_id in held}
         return [self[job_id] for job_id in sorted(ids)]
+
+    def on(self, node: str) -> list[Job]:
+        """The jobs placed on ``node`` (those whose ``job_nodes`` name it), by id: a node's
+        reconnect looks at its own jobs, not at every job of a 500-node cluster."""
+        return [self[job_id] for job_id in sorted(self._on_node.get(node, ()))]
 
     def held(self, uuid: str) -> tuple[tuple[int, Placement], ...]:
         """(job id, placement) of every job holding GPU ``uuid``, by job id."""
