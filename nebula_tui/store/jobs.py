@@ -11,7 +11,7 @@ import secrets
 from dataclasses import replace
 
 from ..model import (WAITING_FOR_SCHEDULER, Cancelling, Ended, Job, JobSpec, JobState, Launching,
-                     Pending, Placement, Running, Stopping, spec_fields)
+                     Pending, Placement, Running, Stopping, ended_text, spec_fields)
 from .accounting import Accounting
 from .base import StaleDecision, chunks, filters
 
@@ -239,7 +239,7 @@ class Jobs(Accounting):
                 "WHERE name = ?", [int(ran), gpu_hours, user],
             )
             detail = f" with exit code {exit_code}" if exit_code is not None else ""
-            message = f"job {job_id} {state.value}{detail}" + (f": {reason}" if reason else "")
+            message = f"job {job_id} {ended_text(state.value, reason, detail)}"
             self._event(t, "end", message, job_id=job_id, user=user)
         return gpu_hours
 
