@@ -122,7 +122,8 @@ def history_json(job: Job, usage: dict) -> dict:
     """An ended job as ``job_history`` answers: ``job_json`` plus its wait and run time
     (of its last run, when it was requeued), the GPU-hours charged (all runs), and what
     its cards did while it held them (telemetry; None without samples): mean utilisation,
-    GPU-hours held while its cards idled, mean and peak memory used per card."""
+    GPU-hours held while its cards idled, mean and peak memory used per card; the head's
+    first start forecast for it (``forecast``) and its start less that (``forecast_error_s``)."""
     started = job.started_at
     sampled = usage.get("sampled_gpu_hours") or 0.0
     return {
@@ -134,6 +135,12 @@ def history_json(job: Job, usage: dict) -> dict:
         "idle_gpu_hours": round(usage.get("idle_gpu_hours") or 0.0, 9) if sampled else None,
         "mem_used_mb_mean": _rounded(usage.get("mem_used_mb_mean")),
         "mem_used_mb_peak": _rounded(usage.get("mem_used_mb_peak")),
+        # the head's first start forecast for it, and how far its start was from it
+        "forecast": None if usage.get("forecast_at") is None else {
+            "start_at": usage["forecast_at"], "early": usage.get("forecast_early"),
+            "late": usage.get("forecast_late")},
+        "forecast_error_s": None if usage.get("forecast_at") is None or started is None
+        else round(started - usage["forecast_at"], 3),
     }
 
 

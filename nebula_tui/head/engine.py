@@ -107,7 +107,7 @@ class Engine:
         self.notifier.job_ended(job)
 
     def _job_started(self, job: Job) -> None:
-        self.metrics.job_started(job)
+        self.metrics.job_started(job, self.scheduling.first_forecasts.pop(job.id, None))
         self.limits.job_started(job)  # its --time counts from now, on the monotonic clock
 
     # the live view, as the server and tests read it

@@ -95,8 +95,8 @@ class Scheduling:
         self._forecast_at: float | None = None
         self._forecast_order: list[int] | None = None
         self._forecasting = False
-        #: told each new forecast: {job id: forecast.Start} and the time it was made
-        self.on_forecast: Callable[[dict, float], None] = lambda starts, now: None
+        #: each waiting job's first forecast start (the one kept in the store), until it starts
+        self.first_forecasts: dict[int, float | None] = {}
         #: (user, GPUs, memory asked) -> how long their recent jobs without --time ran,
         #: since this head started: what a running one is estimated to run (estimates.py)
         self.history: dict[tuple, deque[float]] = {}
@@ -158,11 +158,22 @@ class Scheduling:
             starts = await asyncio.to_thread(forecast.forecast, snap, self.limits.settings.max_time_s)
             self.state.forecasts = {job: start.json(snap.now) for job, start in starts.items()}
             self.stream.publish_queue_order(starts=True)
-            self.on_forecast(starts, snap.now)
+            self._keep_first(starts)
         except Exception:
             log.exception("start forecast failed")
         finally:
             self._forecasting = False
+
+    def _keep_first(self, starts: dict[int, forecast.Start]) -> None:
+        """Each job's first forecast after its submit, kept (store, ``first_forecasts``)
+        to score the forecast against its start: history, the metrics."""
+        new = {job: (s.at, s.early, s.late) for job, s in starts.items()
+               if job not in self.first_forecasts and job in self.state.jobs
+               and self.state.jobs[job].state == JobState.PENDING}
+        self.state.store.set_first_forecasts(new)
+        self.first_forecasts.update({job: values[0] for job, values in new.items()})
+        for job in [j for j in self.first_forecasts if j not in self.state.jobs]:
+            del self.first_forecasts[job]  # ended without starting
 
     def forecast_one(self, job: Job) -> forecast.Start | None:
         """The forecast for one job (waiting, or about to be submitted: id -1) now, on

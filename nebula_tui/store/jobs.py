@@ -135,6 +135,17 @@ class Jobs(Accounting):
                 [(reason, job_id) for job_id, reason in reasons.items()],
             )
 
+    def set_first_forecasts(self, forecasts: dict[int, tuple]) -> None:
+        """Keep each waiting job's first start forecast (expected, early, late; Unix
+        seconds or None): a job that has one keeps it."""
+        if not forecasts:
+            return
+        with self.transaction():
+            self.db.conn.executemany(
+                "UPDATE jobs SET forecast_at = ?, forecast_early = ?, forecast_late = ? "
+                "WHERE id = ? AND state = 'pending' AND forecast_at IS NULL",
+                [(*values, job_id) for job_id, values in forecasts.items()])
+
     def start_launching(self, job_id: int, placements: tuple[Placement, ...], t: float) -> str:
         """Write a job's allocation and mark it launching, in one transaction; returns the
         launch's token.
