@@ -20,8 +20,13 @@ One turn of the loop (``run``), each phase one function:
   5. ``housekeeping``: once an hour, the events log's retention (``Store.trim_events``).
   6. ``pause_after``: as long as the pass took (at most ``MAX_PASS_PAUSE_S``), so events
      of a busy head arrive in batches instead of each paying for a pass of its own.
+  7. ``forecast_if_due``: when the queue's order changed (at most every
+     ``FORECAST_GAP_S``) or ``FORECAST_EVERY_S`` went by, each waiting job's start is
+     forecast (``forecast.py``) in a thread, on the snapshot a pass would see: the loop
+     goes on meanwhile.
 
-``plan`` runs the same pass for a job not yet submitted (the submit form's preview).
+``plan`` runs the same pass for a job not yet submitted (the submit form's preview), and
+the forecast for it when it would wait.
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .. import scheduler
+from . import forecast
 from ..model import GpuView, Job, JobSpec, JobState
 from .bookings import Bookings
 from .jobs import JobTransitions
@@ -49,10 +56,16 @@ MAX_PASS_PAUSE_S = 0.2
 #: A new order of the queue goes to subscribers at most this often (seconds): it is every
 #: waiting job's id, and a busy head has a new one after nearly every pass.
 QUEUE_ORDER_EVERY_S = 0.5
+#: how many recent runs of one user's like jobs without --time their estimate looks at
+HISTORY_RUNS = 20
 HOUSEKEEPING_EVERY_S = 3600.0
 #: A pass over this many waiting jobs or more decides in a thread (``pass_now``): ~10 ms
 #: of scheduling on these machines, past which a submit would notice waiting behind it.
 THREADED_FROM = 500
+#: a start forecast is made at least this often (seconds) …
+FORECAST_EVERY_S = 180.0
+#: … and when the queue changed, but not sooner than this after the last one
+FORECAST_GAP_S = 10.0
 
 
 def pending_job(job: Job) -> scheduler.PendingJob:
@@ -94,6 +107,15 @@ class Scheduling:
         self._deciding = threading.Lock()
         #: told how long each pass took, in seconds (the metrics)
         self.on_pass: Callable[[float], None] = lambda seconds: None
+        #: the last forecast: when (monotonic) and for which order of the queue
+        self._forecast_at: float | None = None
+        self._forecast_order: list[int] | None = None
+        self._forecasting = False
+        #: each waiting job's first forecast start (the one kept in the store), until it starts
+        self.first_forecasts: dict[int, float | None] = {}
+        #: (user, GPUs, memory asked) -> how long their recent jobs without --time ran,
+        #: since this head started: what a running one is estimated to run (estimates.py)
+        self.history: dict[tuple, deque[float]] = {}
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run(), name="scheduler")
@@ -117,6 +139,7 @@ class Scheduling:
                     await self.pass_now()
                     self.on_pass(time.perf_counter() - started)
                 self.housekeeping()
+                self.forecast_if_due()
             except Exception:
                 log.exception("scheduling pass failed")
             await self.pause_after(started)
@@ -129,6 +152,52 @@ class Scheduling:
         gone = self.state.store.trim_events(self.state.clock())
         if gone:
             log.info("events log: %d rows past their retention removed", gone)
+
+    def forecast_if_due(self) -> None:
+        """Start a forecast in a thread when one is due and none is under way."""
+        now = self.state.monotonic()
+        last = self._forecast_at
+        changed = self._forecast_order != self.state.queue_order
+        if self._forecasting or (last is not None and now - last < (FORECAST_GAP_S if changed
+                                                                     else FORECAST_EVERY_S)):
+            return
+        self._forecast_at, self._forecast_order = now, list(self.state.queue_order)
+        pending = self.waiting()
+        if not pending:
+            self.state.forecasts = {}
+            return
+        self._forecasting = True
+        self.state.spawn(self._forecast(self.snapshot_for(pending)), "forecast")
+
+    async def _forecast(self, snap: scheduler.Snapshot) -> None:
+        try:
+            starts = await asyncio.to_thread(forecast.forecast, snap, self.limits.settings.max_time_s)
+            self.state.forecasts = {job: start.json(snap.now) for job, start in starts.items()}
+            self.stream.publish_queue_order(starts=True)
+            self._keep_first(starts)
+        except Exception:
+            log.exception("start forecast failed")
+        finally:
+            self._forecasting = False
+
+    def _keep_first(self, starts: dict[int, forecast.Start]) -> None:
+        """Each job's first forecast after its submit, kept (store, ``first_forecasts``)
+        to score the forecast against its start: history, the metrics."""
+        new = {job: (s.at, s.early, s.late) for job, s in starts.items()
+               if job not in self.first_forecasts and job in self.state.jobs
+               and self.state.jobs[job].state == JobState.PENDING}
+        self.state.store.set_first_forecasts(new)
+        self.first_forecasts.update({job: values[0] for job, values in new.items()})
+        for job in [j for j in self.first_forecasts if j not in self.state.jobs]:
+            del self.first_forecasts[job]  # ended without starting
+
+    def forecast_one(self, job: Job) -> forecast.Start | None:
+        """The forecast for one job (waiting, or about to be submitted: id -1) now, on
+        the loop: each run stops once it started."""
+        pending = [j for j in self.waiting() if j.id != job.id] + [job]
+        starts = forecast.forecast(self.snapshot_for(pending), self.limits.settings.max_time_s,
+                                   only=job.id)
+        return starts.get(job.id)
 
     @staticmethod
     async def pause_after(started: float) -> None:
@@ -266,7 +335,7 @@ class Scheduling:
             queue=self._pending_queue(pending),
             running=tuple(scheduler.RunningJob(j.id, j.user, j.placements, j.started_at or j.submitted_at,
                                                j.spec.time_limit_s, j.spec.service, j.spec.array_id,
-                                               j.spec.preemptible)
+                                               j.spec.preemptible, self.estimate(j))
                           for j in holding),
             users=self.shares.shares(),
             finished={job: outcome for job, (outcome, _) in ended.items()},
@@ -276,6 +345,21 @@ class Scheduling:
             power_budgets={n.name: float(n.power_budget_w) for n in state.config.nodes
                            if n.power_budget_w},
         )
+
+    def job_ended(self, job: Job) -> None:
+        """Remember how long a job without --time ran (one that succeeded: a failure says
+        nothing of how long such work runs)."""
+        if job.spec.time_limit_s is None and job.state is JobState.SUCCEEDED \
+                and job.started_at is not None and job.ended_at is not None:
+            key = (job.user, job.spec.gpu_count, job.spec.gpu_mem_mb)
+            self.history.setdefault(key, deque(maxlen=HISTORY_RUNS)).append(job.ended_at - job.started_at)
+
+    def estimate(self, job: Job) -> scheduler.Estimate | None:
+        """How long a running job without --time is expected to hold its cards."""
+        if job.spec.time_limit_s is not None:
+            return None
+        history = self.history.get((job.user, job.spec.gpu_count, job.spec.gpu_mem_mb), ())
+        return scheduler.run_estimate(None, self.limits.settings.max_time_s, tuple(history))
 
     def _pending_queue(self, pending: list[Job]) -> tuple[scheduler.PendingJob, ...]:
         """The waiting jobs as the scheduler sees them. A job's view is made once and kept
@@ -305,5 +389,7 @@ class Scheduling:
                     {"node": p.node, "index": p.gpu_index, "uuid": p.gpu_uuid,
                      "memory_mb": p.memory_mb, "exclusive": p.exclusive}
                     for p in decision.placements]}
-            return {"decision": "wait", "reason": decision.reason}
+            start = self.forecast_one(probe)
+            return {"decision": "wait", "reason": decision.reason,
+                    "starts": None if start is None else start.json(self.state.clock())}
         return {"decision": "wait", "reason": "not considered"}
