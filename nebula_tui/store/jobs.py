@@ -11,7 +11,7 @@ import secrets
 from dataclasses import replace
 
 from ..model import (WAITING_FOR_SCHEDULER, Cancelling, Ended, Job, JobSpec, JobState, Launching,
-                     Pending, Placement, Running, Stopping, spec_fields)
+                     Pending, Placement, Running, Stopping, ended_text, spec_fields)
 from .accounting import Accounting
 from .base import StaleDecision, chunks, filters
 
@@ -58,7 +58,9 @@ class Jobs(Accounting):
                  for job_id, spec in zip(ids, specs)])
             self._set_meta("job_id_floor", str(ids[-1]))
             self._event(t, "submit", message, job_id=ids[0], user=user)
-            self.ids.write(ids[-1])  # last: a failed commit leaves a gap, never a reuse
+            # last: a failed commit leaves a gap, never a reuse; not durable: its reservation
+            # reaches the disk with the group commit's sync, off the head's loop
+            self.ids.write(ids[-1], wait=durable)
         self._next_id = ids[-1] + 1
         # What was written, without reading it back (a submit's second query): a new job
         # is pending, attempt 0, exactly as ``job`` would read it.
@@ -250,7 +252,7 @@ class Jobs(Accounting):
                 "WHERE name = ?", [int(ran), gpu_hours, user],
             )
             detail = f" with exit code {exit_code}" if exit_code is not None else ""
-            message = f"job {job_id} {state.value}{detail}" + (f": {reason}" if reason else "")
+            message = f"job {job_id} {ended_text(state.value, reason, detail)}"
             self._event(t, "end", message, job_id=job_id, user=user)
         return gpu_hours
 
