@@ -460,7 +460,10 @@ def doctor_text(reply: dict) -> str:
     for node, checks in reply["nodes"].items():
         lines += [node] + [f"  {line}" for line in doctor_lines(checks)]
     failed = sum(c["status"] == "fail" for checks in reply["nodes"].values() for c in checks)
-    lines.append(f"{failed} check{'s' if failed != 1 else ''} failed" if failed else "Every check passed")
+    warned = sum(c["status"] == "warn" for checks in reply["nodes"].values() for c in checks)
+    warnings = f"{warned} warning{'s' if warned != 1 else ''}"
+    lines.append(f"{failed} check{'s' if failed != 1 else ''} failed" + (f", {warnings}" if warned else "")
+                 if failed else f"Every check passed with {warnings}" if warned else "Every check passed")
     return "\n".join(lines)
 
 
