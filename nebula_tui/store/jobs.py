@@ -58,7 +58,9 @@ class Jobs(Accounting):
                  for job_id, spec in zip(ids, specs)])
             self._set_meta("job_id_floor", str(ids[-1]))
             self._event(t, "submit", message, job_id=ids[0], user=user)
-            self.ids.write(ids[-1])  # last: a failed commit leaves a gap, never a reuse
+            # last: a failed commit leaves a gap, never a reuse; not durable: its reservation
+            # reaches the disk with the group commit's sync, off the head's loop
+            self.ids.write(ids[-1], wait=durable)
         self._next_id = ids[-1] + 1
         # What was written, without reading it back (a submit's second query): a new job
         # is pending, attempt 0, exactly as ``job`` would read it.

@@ -180,7 +180,8 @@ def test_the_replay_forecasts_each_start_at_submit_and_the_score_counts_it():
     inv = {"node01": inventory.layout("core")["node01"][:1]}
     cluster = setup.replay_config(inv, None, [])
     jobs = [Request(1, 0, "alice", 1, None, 3000, 7200), Request(2, 60, "bob", 1, None, 600, 1800)]
-    out = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400).run()
+    out = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400, forecasts=True).run()
+    assert Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400).run()[2].forecast is None
     at, early, late = out[2].forecast
     assert (at, early, late) == pytest.approx((0.4 * 7200, 0.25 * 7200, 7200), abs=1)
     assert out[2].started_s == pytest.approx(3000, abs=1)
