@@ -277,6 +277,8 @@ class Scheduling:
                 continue
             job = self.state.jobs[decision.job_id]
             if isinstance(decision, scheduler.Start):
+                if decision.scavenger:  # its user is past their quota: it runs preemptible
+                    job = self.transitions.make_scavenger(job)
                 self.transitions.begin_launch(job, decision.placements)
             elif isinstance(decision, scheduler.Preempt):
                 self.limits.preempt(job, decision.reason)
