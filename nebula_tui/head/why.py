@@ -16,6 +16,7 @@ import asyncio
 from dataclasses import replace
 
 from ..model import InvalidRequest, Job, JobSpec, JobState, RequestError
+from ..scheduler.preemption import OVER_QUOTA
 from . import forecast
 from .scheduling import Scheduling
 from .shares import Shares
@@ -46,8 +47,8 @@ def rule_of(job: Job, reason: str, refusal: str | None) -> str:
         return "pool"
     if not reason:
         return "new"
-    if refusal and reason == refusal:
-        return "quota"
+    if refusal and (reason == refusal or reason.startswith(OVER_QUOTA)):
+        return "quota"  # refused, or (quota_mode scavenge) kept to idle cards
     if job.spec.after and not reason.startswith("needs "):
         return "dependency"
     if reason.startswith("array "):
