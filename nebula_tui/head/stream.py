@@ -65,6 +65,7 @@ class Stream:
         like the stream's: `nebula gpus` has it, no subscriber shows it)."""
         status = self.status()
         return {**status, "jobs": self.queue_json(), "queue": self.state.queue_order,
+                "starts": self.state.forecasts,
                 "events": self.state.store.events(30),
                 "temperatures": asdict(self.state.settings.config.temperatures)}
 
@@ -112,9 +113,11 @@ class Stream:
                  "starts": starts.get(j.id) if j.state == JobState.PENDING else None}
                 for j in sorted(self.state.jobs.values(), key=rank)]
 
-    def publish_queue_order(self) -> None:
+    def publish_queue_order(self, starts: bool = False) -> None:
+        """The queue's order; with ``starts`` the start forecasts too (after a new one)."""
         if self.subscribers:
-            self.publish({"type": "queue", "order": self.state.queue_order})
+            event = {"type": "queue", "order": self.state.queue_order}
+            self.publish({**event, "starts": self.state.forecasts} if starts else event)
 
     # ------------------------------------------------------------------ publishing
     def publish(self, event: dict) -> None:
