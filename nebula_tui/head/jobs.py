@@ -19,8 +19,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..model import (FINISHED_STATES, Cancelling, Ended, Evicting, Job, JobState, Launching, Pending,
-                     Placement, RequestError, Running, Stopping, holding, spec_fields, with_holding)
+from ..model import (Cancelling, Ended, Evicting, Job, JobState, Launching, Pending, Placement,
+                     RequestError, Running, Stopping, holding, spec_fields, with_holding)
 from ..remote import launcher
 from ..remote.protocol import Exit, Phase, Started, job_number
 from ..remote.ssh import NodeUnavailable
@@ -173,36 +173,10 @@ class JobTransitions:
             state, reason = JobState.FAILED, self._exit_reasons.get(job.id, "")
         self.finish(job, state, code, reason)  # raises StoreUnavailable: nothing acked
         # The end goes with its ack: a head restored from an older backup settles the job
-        # from the node's record of it (end_from_record), whatever became of its exit code.
+        # from the node's record of it (nodes.py), whatever became of its exit code.
         end = {"state": state.value, "reason": reason[:500], "at": self.state.clock()}
         for part in exits:  # a gang's parts share its token
             self._ack_soon(part, job.id, token, end)
-
-    def end_from_record(self, node: str, job: Job, found: dict | None, live: bool,
-                        unacked: bool = False) -> None:
-        """A job the store has running on ``node`` whose launch the node says is over:
-        ``found`` is the node's record of that launch (an attempt of its ``list``), ``live``
-        whether its session still runs there. Settled from the end the head recorded and
-        acked (``ended_as``: a restore lost it) where there is one, else as the exit the node
-        has (its code, or none: a session killed, as a cancel's after its grace). Only an
-        acked end, or any end after a restore (``unacked``): an unacked one the node
-        reports by itself."""
-        if found is None or not (unacked or found.get("acked")):
-            return
-        code = found.get("exit_code") if isinstance(found.get("exit_code"), int) else None
-        end = found.get("ended_as") if isinstance(found.get("ended_as"), dict) else {}
-        if end.get("state") in FINISHED_STATES:
-            at = end.get("at")
-            at = at if isinstance(at, (int, float)) and not isinstance(at, bool) and \
-                (job.started_at or 0) <= at <= self.state.clock() else None
-            self.state.record("reconcile", f"job {job.id}'s end on {node}, recorded before the restore, "
-                              "taken from the node", job_id=job.id, node=node)
-            self.finish(job, JobState(end["state"]), code, str(end.get("reason") or "")[:500], at=at)
-            return
-        if code is None and (live or (not unacked and isinstance(job.status, (Stopping, Evicting)))):
-            return  # still running, or the head's own stop ends it (a KILL is acked at once)
-        self.on_exit(node, Exit(job=job.id, token=self.state.token(job), code=code,
-                                reason=str(found.get("reason") or "")))
 
     def _job_from_node(self, node: str, message: Started | Phase | Exit) -> Job | None:
         job = self.state.jobs.get(message.job) if message.job is not None else None

@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 from .. import node_admin, views
 from ..config.cluster import load_config
-from ..model import Cancelling, ConfigError, GpuReading, JobState, NodeState, RequestError
+from ..model import (FINISHED_STATES, Cancelling, ConfigError, Evicting, GpuReading, JobState, NodeState,
+                     RequestError, Stopping)
 from ..remote.protocol import (Exit, Hello, KernelLines, Phase, Probe, Started, job_number,
                                read_message)
 from ..remote.ssh import NodeLink, NodeUnavailable
@@ -350,7 +351,7 @@ class Fleet:
                             unacked: bool = False) -> None:
         """Running jobs of this node the node itself says are over: it has no record of
         their launch (its job directory went), or it has their end, acknowledged, which the
-        store lost (a restore: settled as the head had recorded it, ``end_from_record``).
+        store lost (a restore: settled as the head had recorded it, ``_end_from_record``).
         Unacknowledged ends it reports by itself, unless ``unacked`` (after a restore: they
         must be recorded before what ran later is taken in). ``running``: the jobs (id ->
         token) that ran here before the node was asked for ``attempts``; ``sessions``: the
@@ -364,9 +365,24 @@ class Fleet:
             if found is None and token:
                 self.transitions.finish(job, JobState.FAILED, None, f"{node} has no record of "
                                         "its launch (its job directory was removed?)")
-            else:
-                self.transitions.end_from_record(node, job, found, sessions.get(str(job.id)) in (token, ""),
-                                                 unacked)
+            elif found is not None and (unacked or found.get("acked")):
+                self._end_from_record(node, job, found, sessions.get(str(job.id)) in (token, ""), unacked)
+
+    def _end_from_record(self, node: str, job, found: dict, live: bool, unacked: bool) -> None:
+        """The end the head recorded and acked (``ended_as``: a restore lost it), else the exit
+        the node has: its code, or none once its session is gone (killed after a cancel's grace)."""
+        code = found.get("exit_code") if isinstance(found.get("exit_code"), int) else None
+        end = found.get("ended_as") if isinstance(found.get("ended_as"), dict) else {}
+        if end.get("state") in FINISHED_STATES:
+            at = end.get("at") if isinstance(end.get("at"), (int, float)) else None
+            at = at if at is not None and (job.started_at or 0) <= at <= self.state.clock() else None
+            self.state.record("reconcile", f"job {job.id}'s end on {node} taken from the node's record",
+                              job_id=job.id, node=node)
+            self.transitions.finish(job, JobState(end["state"]), code, str(end.get("reason") or "")[:500], at=at)
+        elif code is not None or not (live or (not unacked and isinstance(job.status, (Stopping, Evicting)))):
+            # (a job the head stops itself is acked at its SIGKILL: the stop ends it)
+            self.transitions.on_exit(node, Exit(job=job.id, token=found.get("token"), code=code,
+                                                reason=str(found.get("reason") or "")))
 
     async def _stop_stale(self, node: str, job_id: int, token: str) -> None:
         # With its token: a relaunch that took the session's place meanwhile is left alone.
