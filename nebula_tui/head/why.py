@@ -16,6 +16,7 @@ import asyncio
 from dataclasses import replace
 
 from ..model import InvalidRequest, Job, JobSpec, JobState, RequestError
+from ..scheduler.preemption import OVER_QUOTA
 from . import forecast
 from .scheduling import Scheduling
 from .shares import Shares
@@ -46,7 +47,7 @@ def rule_of(job: Job, reason: str, refusal: str | None) -> str:
         return "pool"
     if not reason:
         return "new"
-    if refusal and reason == refusal:
+    if refusal and (reason == refusal or reason.startswith(OVER_QUOTA)):
         return "quota"
     if job.spec.after and not reason.startswith("needs "):
         return "dependency"
