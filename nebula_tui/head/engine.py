@@ -183,8 +183,9 @@ class Engine:
             raise RequestError(f"--after names no job {missing[0]}; `nebula queue` lists the jobs")
         config = state.settings.config
         share = self.shares.shares().get(user)
-        if share is not None and share.refusal and not (spec.preemptible and not config.preemptible_in_quota):
-            raise RequestError(share.refusal)
+        if share is not None and share.refusal and config.quota_mode == "refuse" \
+                and not (spec.preemptible and not config.preemptible_in_quota):
+            raise RequestError(share.refusal)  # scavenge: it runs on idle cards (preemption.py)
         spec = self._fit(user, spec)
         tasks = len(spec.array.indices) if spec.array else 1
         live = state.jobs.per_user[user]

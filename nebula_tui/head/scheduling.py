@@ -178,7 +178,8 @@ class Scheduling:
 
     async def _forecast(self, snap: scheduler.Snapshot) -> None:
         try:
-            starts = await asyncio.to_thread(forecast.forecast, snap, self.limits.settings.max_time_s)
+            starts = await asyncio.to_thread(forecast.forecast, snap, self.limits.settings.max_time_s,
+                                             history=self.histories())
             self.state.forecasts = {job: start.json(snap.now) for job, start in starts.items()}
             self.stream.publish_queue_order(starts=True)
             self._keep_first(starts)
@@ -203,7 +204,7 @@ class Scheduling:
         the loop: each run stops once it started."""
         pending = [j for j in self.waiting() if j.id != job.id] + [job]
         starts = forecast.forecast(self.snapshot_for(pending), self.limits.settings.max_time_s,
-                                   only=job.id)
+                                   only=job.id, history=self.histories())
         return starts.get(job.id)
 
     @staticmethod
@@ -283,6 +284,8 @@ class Scheduling:
                 continue
             job = self.state.jobs[decision.job_id]
             if isinstance(decision, scheduler.Start):
+                if decision.scavenger:  # its user is past their quota: it runs preemptible
+                    job = self.transitions.make_scavenger(job)
                 self.transitions.begin_launch(job, decision.placements)
             elif isinstance(decision, scheduler.Preempt):
                 self.limits.preempt(job, decision.reason)
@@ -360,6 +363,10 @@ class Scheduling:
                 and job.started_at is not None and job.ended_at is not None:
             key = (job.user, job.spec.gpu_count, job.spec.gpu_mem_mb)
             self.history.setdefault(key, deque(maxlen=HISTORY_RUNS)).append(job.ended_at - job.started_at)
+
+    def histories(self) -> dict[tuple, tuple[float, ...]]:
+        """``history`` as it is now, for a forecast in a thread."""
+        return {key: tuple(runs) for key, runs in self.history.items()}
 
     def estimate(self, job: Job) -> scheduler.Estimate | None:
         """How long a running job without --time is expected to hold its cards."""
