@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 from .. import node_admin, views
 from ..config.cluster import load_config
@@ -422,6 +423,8 @@ class Fleet:
                                 key_line, fingerprint, trust)
         except node_admin.NodeAdminError as err:
             raise RequestError(str(err)) from None
+        except OSError as err:
+            raise self._cannot_write(err) from None
         return await self.reload(user)
 
     async def remove_node(self, user: str, name: str) -> dict:
@@ -434,7 +437,19 @@ class Fleet:
             node_admin.remove_node(self.state.config.path, name)
         except node_admin.NodeAdminError as err:
             raise RequestError(str(err)) from None
+        except OSError as err:
+            raise self._cannot_write(err) from None
         return await self.reload(user)
+
+    def _cannot_write(self, err: OSError) -> RequestError:
+        """The cluster file (or known_hosts) could not be rewritten: read-only for the
+        service (systemd's ProtectSystem, or the file's owner). Nothing was changed."""
+        path = self.state.config.path
+        where = err.filename or path
+        return RequestError(
+            f"the service cannot write {where} ({err.strerror or err}); nothing was changed: "
+            f"make {Path(path).parent} the service account's and writable for it "
+            "(deploy/nebula.service has ReadWritePaths=/etc/nebula)")
 
     def _holds_jobs(self, node: str) -> bool:
         return any(node in job_nodes(j) for j in self.state.jobs.values())
