@@ -474,7 +474,12 @@ class Fleet:
         if busy:
             raise RequestError(f"{busy[0]} still holds jobs; drain it (nebula node drain {busy[0]}) "
                                "and remove it once they ended")
-        state.config = new
+        old, state.config = state.config, new
+        drained, resumed = self._apply_drained(user, old, new, removed)
+        sections = [name for name in RELOADED_SECTIONS
+                    if getattr(old, name) != getattr(new, name)]
+        if "scheduler" in sections:  # weights, quota, decay: the next pass uses them
+            state.settings = new.scheduler
         for name in removed:
             await state.links.pop(name).close()
             del state.nodes[name]
@@ -493,4 +498,35 @@ class Fleet:
             self.stream.publish({"type": "node", "node": state.nodes[name].json()
                                  if name in state.nodes else {"name": name, "state": "removed"}})
         state.wake()
-        return {"added": [n.name for n in added], "removed": removed}
+        return {"added": [n.name for n in added], "removed": removed, "drained": drained,
+                "resumed": resumed, "sections": sections,
+                "restart_for": [name for name in RESTART_SECTIONS
+                                if getattr(old, name) != getattr(new, name)]}
+
+    def _apply_drained(self, user: str, old, new, removed: list[str]) -> tuple[list, list]:
+        """A node's ``drained:`` that the file changed is applied; one the file leaves as it
+        was keeps what an admin set meanwhile (``nebula node drain``)."""
+        was = {n.name: n.drained for n in old.nodes}
+        drained, resumed = [], []
+        for node in new.nodes:
+            if node.name in removed or node.name not in self.state.nodes:
+                continue
+            if node.name in was and was[node.name] != node.drained:
+                self.set_drained(user, node.name, node.drained,
+                                 f"{new.path.name} says so" if node.drained else "")
+                (drained if node.drained else resumed).append(node.name)
+        return drained, resumed
+
+
+#: the sections of nodes.yaml a reload applies at once, and those that wait for a restart
+RELOADED_SECTIONS = ("scheduler", "limits")
+RESTART_SECTIONS = ("health", "accounting", "notify", "pools")
+
+
+def reload_said(path, result: dict) -> str:
+    """The service log's line for a reload: what changed, or that nothing did."""
+    parts = [f"{name} {what}" for what in ("added", "removed", "drained", "resumed")
+             for name in result.get(what, ())]
+    parts += [f"{name} changed" for name in result.get("sections", ())]
+    parts += [f"{name} changed (applies at the next restart)" for name in result.get("restart_for", ())]
+    return f"reloaded {path}: {'; '.join(parts) or 'nothing changed'}"
