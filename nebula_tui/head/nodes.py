@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from pathlib import Path
 
 from .. import node_admin, views
 from ..config.cluster import load_config
@@ -424,7 +423,7 @@ class Fleet:
         except node_admin.NodeAdminError as err:
             raise RequestError(str(err)) from None
         except OSError as err:
-            raise self._cannot_write(err) from None
+            raise RequestError(node_admin.cannot_write(err, self.state.config.path)) from None
         return await self.reload(user)
 
     async def remove_node(self, user: str, name: str) -> dict:
@@ -438,18 +437,8 @@ class Fleet:
         except node_admin.NodeAdminError as err:
             raise RequestError(str(err)) from None
         except OSError as err:
-            raise self._cannot_write(err) from None
+            raise RequestError(node_admin.cannot_write(err, self.state.config.path)) from None
         return await self.reload(user)
-
-    def _cannot_write(self, err: OSError) -> RequestError:
-        """The cluster file (or known_hosts) could not be rewritten: read-only for the
-        service (systemd's ProtectSystem, or the file's owner). Nothing was changed."""
-        path = self.state.config.path
-        where = err.filename or path
-        return RequestError(
-            f"the service cannot write {where} ({err.strerror or err}); nothing was changed: "
-            f"make {Path(path).parent} the service account's and writable for it "
-            "(deploy/nebula.service has ReadWritePaths=/etc/nebula)")
 
     def _holds_jobs(self, node: str) -> bool:
         return any(node in job_nodes(j) for j in self.state.jobs.values())
@@ -475,9 +464,12 @@ class Fleet:
             raise RequestError(f"{busy[0]} still holds jobs; drain it (nebula node drain {busy[0]}) "
                                "and remove it once they ended")
         old, state.config = state.config, new
-        drained, resumed = self._apply_drained(user, old, new, removed)
-        sections = [name for name in RELOADED_SECTIONS
-                    if getattr(old, name) != getattr(new, name)]
+        drained, resumed = [], []  # what the file changed; what it left keeps an admin's drain
+        for name, now in node_admin.drained_changes(old, new):
+            if name in state.nodes and name not in removed:
+                self.set_drained(user, name, now, f"{new.path.name} says so" if now else "")
+                (drained if now else resumed).append(name)
+        sections, restart_for = node_admin.changed_sections(old, new)
         if "scheduler" in sections:  # weights, quota, decay: the next pass uses them
             state.settings = new.scheduler
         for name in removed:
@@ -499,34 +491,4 @@ class Fleet:
                                  if name in state.nodes else {"name": name, "state": "removed"}})
         state.wake()
         return {"added": [n.name for n in added], "removed": removed, "drained": drained,
-                "resumed": resumed, "sections": sections,
-                "restart_for": [name for name in RESTART_SECTIONS
-                                if getattr(old, name) != getattr(new, name)]}
-
-    def _apply_drained(self, user: str, old, new, removed: list[str]) -> tuple[list, list]:
-        """A node's ``drained:`` that the file changed is applied; one the file leaves as it
-        was keeps what an admin set meanwhile (``nebula node drain``)."""
-        was = {n.name: n.drained for n in old.nodes}
-        drained, resumed = [], []
-        for node in new.nodes:
-            if node.name in removed or node.name not in self.state.nodes:
-                continue
-            if node.name in was and was[node.name] != node.drained:
-                self.set_drained(user, node.name, node.drained,
-                                 f"{new.path.name} says so" if node.drained else "")
-                (drained if node.drained else resumed).append(node.name)
-        return drained, resumed
-
-
-#: the sections of nodes.yaml a reload applies at once, and those that wait for a restart
-RELOADED_SECTIONS = ("scheduler", "limits")
-RESTART_SECTIONS = ("health", "accounting", "notify", "pools")
-
-
-def reload_said(path, result: dict) -> str:
-    """The service log's line for a reload: what changed, or that nothing did."""
-    parts = [f"{name} {what}" for what in ("added", "removed", "drained", "resumed")
-             for name in result.get(what, ())]
-    parts += [f"{name} changed" for name in result.get("sections", ())]
-    parts += [f"{name} changed (applies at the next restart)" for name in result.get("restart_for", ())]
-    return f"reloaded {path}: {'; '.join(parts) or 'nothing changed'}"
+                "resumed": resumed, "sections": sections, "restart_for": restart_for}

@@ -23,10 +23,10 @@ from ..backups import BackupError, Backups
 from ..config.cluster import ClusterConfig, load_config
 from ..homedir import Home
 from ..model import ConfigError, RequestError
+from ..node_admin import reload_said
 from ..store import DatabaseDamaged, Store, StoreUnavailable
 from ..waits import within
 from .engine import Engine
-from .nodes import reload_said
 from .server import ApiServer, SocketTaken, socket_answers
 
 log = logging.getLogger(__name__)
