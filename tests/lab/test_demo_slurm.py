@@ -28,7 +28,7 @@ def _why_no_slurm() -> str | None:
         return "nebula demo --slurm runs Slurm's daemons, which need root"
     missing = slurm.missing_packages(slurm.PACKAGES)
     if missing:
-        return f"{' and '.join(missing)} not installed (scripts/setup.sh installs them as root)"
+        return f"{' and '.join(missing)} not installed (scripts/test-deps.sh installs them as root)"
     return None
 
 
