@@ -7,7 +7,12 @@
 set -eu
 cache=${NEBULA_BOX_CACHE:-/var/cache/nebula-box}
 root="$cache/root"
-[ -f "$root/.nebula-box-ready" ] && { echo "$root"; exit 0; }
+configure() {  # cheap and idempotent: run on every call, so a cached root gets it too
+    echo nebula-box >"$1/etc/hostname"
+    grep -q nebula-box "$1/etc/hosts" 2>/dev/null ||
+        printf '127.0.0.1\tlocalhost\n127.0.1.1\tnebula-box\n' >>"$1/etc/hosts"
+}
+[ -f "$root/.nebula-box-ready" ] && { configure "$root"; echo "$root"; exit 0; }
 suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
 mirror=$(sed -n 's/^URIs: *\(http[^ ]*debian\)$/\1/p; s/^deb \(http[^ ]*debian\) .*/\1/p' \
     /etc/apt/sources.list /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1)
@@ -22,7 +27,7 @@ debootstrap --variant=minbase \
     echo "box: debootstrap failed; see $cache/debootstrap.log" >&2; exit 1; }
 # No getty or network setup of its own: the box shares the host's network.
 rm -f "$root.tmp/etc/systemd/system/getty.target.wants/"* 2>/dev/null || true
-echo nebula-box >"$root.tmp/etc/hostname"
+configure "$root.tmp"
 touch "$root.tmp/.nebula-box-ready"
 mv "$root.tmp" "$root"
 echo "box: root ready in $(( $(date +%s) - start )) s" >&2
