@@ -198,11 +198,11 @@ def test_two_users_each_with_their_own_jobs_through_an_upgrade(box, wheels):
         done = box.sh(guide_blocks()["upgrade"])
         assert f"nebula {version_of(wheels['new'])}" in done.stdout
     def ended() -> bool:
-        return all(job_of(box, j)["state"] in ("completed", "failed", "cancelled") for j in jobs)
+        return all(job_of(box, j)["state"] in ("succeeded", "failed", "cancelled", "timeout") for j in jobs)
     wait_for(ended, 120, what="every job ended")
     for job, user in jobs.items():
         seen = job_of(box, job, user)
-        assert seen["state"] == "completed" and seen["user"] == user, seen
+        assert seen["state"] == "succeeded" and seen["user"] == user, seen
         assert (RUNS / str(job)).read_text() == f"ran-{job}\n", f"job {job} ran more than once"
         assert f"log-of-{job}" in nebula(box, f"logs {job}", user).stdout
     history = json.loads(nebula(box, "history --json", "root").stdout)
