@@ -1,5 +1,5 @@
 """Sizes, durations and task ranges as people write them: one parser each, for the CLI,
-the TUI's form and nodes.yaml alike (``--gpu-mem 8G``, ``--time 2h``, ``node_lease: 10m``,
+the TUI's form and nodes.yaml alike (``--gpu-mem 8G``, ``--time 90``, ``-t 1:30:00``, ``node_lease: 10m``,
 ``isolation_grace: 15s``, ``--array 0-99%8``). Pure: each raises ValueError with a
 sentence saying how to write it."""
 
@@ -16,7 +16,11 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECAS
 _UNIT_MB = {"": None, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
 _UNIT_S = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-DURATION_EXAMPLES = "600, 90s, 10m, 1h or 7d"
+#: Slurm's forms (sbatch --time): MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+_CLOCK_RE = re.compile(r"^\s*(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?\s*$")
+DURATION_EXAMPLES = "90 (minutes), 90s, 30m, 2h, 7d, 1:30:00 or 2-12"
+#: nodes.yaml's timings (node_lease: 600) keep seconds for a bare number
+SECONDS_EXAMPLES = "600 (seconds), 90s, 10m, 1h or 7d"
 
 
 def parse_size_mb(text: str) -> int:
@@ -39,23 +43,53 @@ def parse_size_mb(text: str) -> int:
     return int(round(mb))
 
 
-def parse_duration_s(value: object) -> float:
-    """``600``, ``"600s"``, ``"10m"``, ``"1h"``, ``"7d"`` -> seconds (a bare number is
-    seconds). Raises ValueError (a sentence) for anything else, and for 0 or less."""
+def parse_duration_s(value: object, bare: str = "min") -> float:
+    """A duration as typed -> seconds: ``90s``, ``30m``, ``2h``, ``7d``, and Slurm's forms
+    (what ``sbatch --time`` takes): ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
+    ``D-HH:MM:SS``. A bare number is minutes, as in Slurm (``bare="min"``, every duration
+    typed at the CLI); ``bare="s"`` keeps seconds for nodes.yaml's own timings and
+    ``bare=None`` refuses it as ambiguous. Raises ValueError (a sentence) for anything
+    else, and for 0 or less."""
+    examples = SECONDS_EXAMPLES if bare == "s" else DURATION_EXAMPLES
     if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a duration; write it like {DURATION_EXAMPLES}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
+        raise ValueError(f"{value!r} is not a duration; write it like {examples}")
+    text = str(value).strip()
+    bare_number = isinstance(value, (int, float)) or bool(re.fullmatch(r"\d+(?:\.\d+)?", text))
+    if bare_number:
+        if bare is None:
+            raise ValueError(f"'{value}': a bare number is ambiguous (seconds here before, "
+                             "minutes in Slurm); write it with its unit, e.g. 90m, 1:30:00 or 7d")
+        seconds = float(value) * _UNIT_S[bare]
+    elif (clock := _CLOCK_RE.match(text)) and (":" in text or "-" in text):
+        seconds = _clock_seconds(clock.groups(), value, examples)
     else:
-        match = _DURATION_RE.match(str(value))
+        match = _DURATION_RE.match(text)
         if not match:
-            raise ValueError(f"'{value}' is not a duration; write it like {DURATION_EXAMPLES}")
+            raise ValueError(f"'{value}' is not a duration; write it like {examples}")
         seconds = float(match.group(1)) * _UNIT_S[(match.group(2) or "").lower() or None]
     if not math.isfinite(seconds):
-        raise ValueError(f"'{value}' is not a duration; write it like {DURATION_EXAMPLES}")
+        raise ValueError(f"'{value}' is not a duration; write it like {examples}")
     if seconds <= 0:
         raise ValueError(f"'{value}' must be longer than 0 s")
     return seconds
+
+
+def _clock_seconds(groups: tuple, value: object, examples: str) -> float:
+    """Slurm's clock forms, as its ``time_str2mins`` reads them: with a day, the parts
+    after it are hours, minutes, seconds; without one, two parts are minutes and seconds
+    and three are hours, minutes and seconds."""
+    days, *parts = groups
+    parts = [int(p) for p in parts if p is not None]
+    if days is not None:
+        hours, minutes, seconds = (parts + [0, 0, 0])[:3]
+        days = int(days)
+    elif len(parts) == 2:
+        days, hours, (minutes, seconds) = 0, 0, parts
+    elif len(parts) == 3:
+        days, (hours, minutes, seconds) = 0, parts
+    else:
+        raise ValueError(f"'{value}' is not a duration; write it like {examples}")
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
 def duration_text(seconds: float) -> str:
@@ -67,6 +101,15 @@ def duration_text(seconds: float) -> str:
     if seconds < 48 * 3600:
         return f"{seconds / 3600:.0f} h"
     return f"{seconds / 86400:.0f} days"
+
+
+def duration_exact(seconds: float) -> str:
+    """A limit as it was understood, to the second: 5400 -> "1 h 30 min", 90 -> "1 min 30 s",
+    216000 -> "2 days 12 h" (what ``--time`` gave: a Slurm user checks that 90 was minutes)."""
+    s = int(round(seconds))
+    parts = [(s // 86400, " days" if s // 86400 != 1 else " day"), (s % 86400 // 3600, " h"),
+             (s % 3600 // 60, " min"), (s % 60, " s")]
+    return " ".join(f"{n}{unit}" for n, unit in parts if n) or "0 s"
 
 
 def duration_short(seconds: float | None) -> str:

@@ -48,6 +48,9 @@ SLURM_LAB_START_TIMEOUT_S = 600.0
 
 def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None = None,
              metrics: str | None = None, slurm: bool = False) -> int:
+    # The demo talks to its own head only: never to the box's shared one (a home without
+    # a socket falls back to /run/nebula's), nor to a NEBULA_SOCKET, which it would stop.
+    home = Home(home.root, home.root / "nebula.sock")
     home.ensure()
     lock = _own(home)
     if lock is None:

@@ -11,9 +11,12 @@ import time
 from .. import environments
 from ..api import ApiError
 from ..printable import printable
-from ..views import job_text
+from ..views import job_text, time_limit_text
 from .args import FINISHED_STATES, USAGE_ERROR
 from .common import service_client, show
+
+#: `nebula why` tries the forecast for several changes of the request: give it time
+WHY_TIMEOUT_S = 60.0
 
 
 def world_request(args) -> dict:
@@ -70,8 +73,9 @@ def cmd_submit(args, home, config) -> int:
     with service_client(home, config) as client:
         reply = client.call("submit", **request)
         job = reply["job"]
-        said = (f"Submitted array job {job['id']} ({reply.get('tasks', 1)} tasks)" if args.array
-                else f"Submitted job {job['id']}")
+        limit = f"time limit {time_limit_text(job)}"  # a Slurm user sees 90 was minutes
+        said = (f"Submitted array job {job['id']} ({reply.get('tasks', 1)} tasks, {limit})"
+                if args.array else f"Submitted job {job['id']} ({limit})")
         if not args.wait:
             return show(args, job, said)
         if not args.json:  # the id at once; with --json, one document: the ended job
@@ -145,6 +149,20 @@ def cmd_job(args, home, config) -> int:
     with service_client(home, config) as client:
         job = client.call("job", job=args.job)["job"]
     return show(args, job, job_text)
+
+
+def cmd_why(args, home, config) -> int:
+    """``nebula why JOB`` / ``nebula why --user NAME``: the head's answer, in words."""
+    from ..forecasts import why_text, why_user_text
+
+    if (args.job is None) == (args.user is None):
+        print("nebula why: name a job (nebula why 42) or a user (nebula why --user alice)",
+              file=sys.stderr)
+        return 2
+    fields = {"job": args.job} if args.user is None else {"user": args.user}
+    with service_client(home, config) as client:
+        answer = client.call("why", timeout=WHY_TIMEOUT_S, **fields)["why"]
+    return show(args, answer, why_user_text if args.user is not None else why_text)
 
 
 def cmd_cancel(args, home, config) -> int:

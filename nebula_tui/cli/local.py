@@ -6,6 +6,7 @@ head's own code in virtual time (simulate)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import sys
@@ -187,6 +188,14 @@ def cmd_simulate(args, home, config) -> int:
     from ..head.replay import Replay
     from ..month import compare, inventory, plots, setup, workload
 
+    # Bounded, so a replay's memory and time are: a year, up to 100 times the cards'
+    # hours of demand, a lab's users (each drawn job is built and replayed).
+    for flag, value, low, high in (("--days", args.days, 0.0, 366.0), ("--load", args.load, 0.0, 100.0),
+                                   ("--users", args.users or 1, 0, 10_000)):
+        if not math.isfinite(value) or not low < value <= high:
+            print(f"nebula simulate: {flag} is {value:g}; give a number above {low:g}, at most {high:g}",
+                  file=sys.stderr)
+            return USAGE_ERROR
     try:
         inv = inventory.from_gpus_json(Path(args.gpus_json)) if args.gpus_json else inventory.layout(args.layout)
         links = {} if args.gpus_json else inventory.layout_links(args.layout)

@@ -56,7 +56,8 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
                    help="start once these jobs succeeded (12,13), ended (any:12), failed "
                         "(notok:12) or started (started:12); repeatable")
     p.add_argument("--time", dest="time_limit", type=duration, default=None,
-                   help="it is stopped then (SIGUSR1, SIGKILL after the grace), e.g. 30m, 2h; "
+                   help="it is stopped then (SIGUSR1, SIGKILL after the grace); as in Slurm, "
+                        "a bare number is minutes (90), or 1:30:00, 2-12, 30m, 2h, 90s; "
                         "lets it use reserved GPUs meanwhile")
     p.add_argument("--service", action="store_true",
                    help="a long-running inference service: its card keeps 2 GB spare")
@@ -145,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
                             ("requeue", "stop a running job and put it back in the queue"),
                             ("release", "let a held job start again")):
         command(name, help_text).add_argument("job", type=job_id)
+    p = command("why", "why a job waits (or runs), and what would start it sooner; "
+                       "--user: a user's fair share")
+    p.add_argument("job", type=job_id, nargs="?", default=None)
+    p.add_argument("--user", default=None, help="explain this user's standing instead")
     command("cancel", "cancel jobs (several ids at once, like scancel)").add_argument(
         "jobs", type=job_id, nargs="+", metavar="job")
     p = command("attach", "attach this terminal to a running job's tmux session "

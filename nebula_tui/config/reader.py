@@ -22,7 +22,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode
 
 from ..model import ConfigError  # defined beside the plain data so clients need no yaml
-from ..units import DURATION_EXAMPLES, parse_duration_s
+from ..units import SECONDS_EXAMPLES, parse_duration_s
 
 _USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?\Z")
 _TAG = "tag:yaml.org,2002:"
@@ -266,9 +266,9 @@ class Reader:
             return None
         value = self.construct(node) if isinstance(node, ScalarNode) else None
         try:
-            return parse_duration_s(value)
+            return parse_duration_s(value, bare="s")
         except ValueError:
-            raise self.error(node, f"{what} must be a duration > 0 such as {DURATION_EXAMPLES}, "
+            raise self.error(node, f"{what} must be a duration > 0 such as {SECONDS_EXAMPLES}, "
                                    f"found {describe(node)}") from None
 
     def boolean(self, node: Node | None, what: str) -> bool | None:

@@ -107,9 +107,11 @@ def check_known(what: str, data: dict, known: tuple[str, ...], *keys: str) -> No
                                *keys, str(key))
 
 
-def _duration(section: str, key: str, value: Any) -> float:
+def _duration(section: str, key: str, value: Any, bare: str | None = "s") -> float:
+    """A timing of nodes.yaml: a bare number is seconds, or (``bare=None``, the job time
+    limits a Slurm admin would read as minutes) refused as ambiguous."""
     try:
-        return parse_duration_s(value)
+        return parse_duration_s(value, bare)
     except ValueError as err:
         raise SettingError(f"{section}.{key}: {err}", key) from None
 
@@ -193,7 +195,10 @@ def limits_settings(value: Any) -> LimitsSettings:
                       ("idle_after", "idle_after_s")):
         if key in data:
             off = data[key] in (None, 0, "0", "never", "off")
-            settings = replace(settings, **{attr: None if off else _duration("limits", key, data[key])})
+            # default_time/max_time are what --time is held to: a bare number means minutes
+            # there but seconds elsewhere in this file, so it must carry its unit.
+            bare = None if key != "idle_after" else "s"
+            settings = replace(settings, **{attr: None if off else _duration("limits", key, data[key], bare)})
     for key, attr in (("memory_grace", "memory_grace_s"), ("idle_grace", "idle_grace_s")):
         if key in data:
             settings = replace(settings, **{attr: _duration("limits", key, data[key])})

@@ -53,6 +53,7 @@ from .smoke import SmokeTest
 from .state import HeadState, job_nodes
 from .stops import Stops
 from .stream import Stream
+from .why import Why
 
 #: jobs one user may have waiting or running at once (an array's tasks each count): every
 #: list of jobs, each TUI's snapshot among them, holds them all
@@ -78,6 +79,7 @@ class Engine:
         self.attach = Attach(self.state, self.access)
         self.pools = Pools(self.state, self.stream, self.shares, self.transitions, self.access,
                            store.path.parent)
+        self.why = Why(self.state, self.scheduling, self.shares, self.pools)
         self.smoke = SmokeTest(self.state, self.stream, self.transitions, self.access)
         self.doctor = Doctor(self.state)
         self.metrics = Metrics(self.state)  # served only with --metrics (head/serve.py)
@@ -238,12 +240,13 @@ class Engine:
     def job_detail(self, job_id: int, user: str | None = None) -> dict:
         """A job as ``views.job_json`` has it (one that ended as its history shows it, to
         ``user``: GPU-hours, waits, what its cards did), with what the head computes for
-        it: its place in the queue (``queue_pos``) and, once placed, the environment each
+        it: its place in the queue (``queue_pos``), its start forecast (``starts``) and, once placed, the environment each
         of its nodes gives its command (``environment``: node -> variables)."""
         job = self.job(job_id)
         shown = (self.accounting.ended_job(user or self.state.owner, job) if job.state.finished
                  else views.job_json(job))
         return {**shown, "queue_pos": self.state.queue_pos(job),
+                "starts": self.state.forecasts.get(job.id) if job.state == JobState.PENDING else None,
                 "environment": self.transitions.environments(job)
                 if job.placements and job.pool is None else {}}
 

@@ -20,8 +20,13 @@ One turn of the loop (``run``), each phase one function:
   5. ``housekeeping``: once an hour, the events log's retention (``Store.trim_events``).
   6. ``pause_after``: as long as the pass took (at most ``MAX_PASS_PAUSE_S``), so events
      of a busy head arrive in batches instead of each paying for a pass of its own.
+  7. ``forecast_if_due``: when the queue's order changed (at most every
+     ``FORECAST_GAP_S``) or ``FORECAST_EVERY_S`` went by, each waiting job's start is
+     forecast (``forecast.py``) in a thread, on the snapshot a pass would see: the loop
+     goes on meanwhile.
 
-``plan`` runs the same pass for a job not yet submitted (the submit form's preview).
+``plan`` runs the same pass for a job not yet submitted (the submit form's preview), and
+the forecast for it when it would wait.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from .. import scheduler
+from . import forecast
 from ..model import Job, JobSpec, JobState
 from .bookings import Bookings
 from .jobs import JobTransitions
@@ -49,6 +55,10 @@ MAX_PASS_PAUSE_S = 0.2
 #: waiting job's id, and a busy head has a new one after nearly every pass.
 QUEUE_ORDER_EVERY_S = 0.5
 HOUSEKEEPING_EVERY_S = 3600.0
+#: a start forecast is made at least this often (seconds) …
+FORECAST_EVERY_S = 180.0
+#: … and when the queue changed, but not sooner than this after the last one
+FORECAST_GAP_S = 10.0
 
 
 def pending_job(job: Job) -> scheduler.PendingJob:
@@ -78,6 +88,12 @@ class Scheduling:
         self._housekept_at: float | None = None
         #: told how long each pass took, in seconds (the metrics)
         self.on_pass: Callable[[float], None] = lambda seconds: None
+        #: the last forecast: when (monotonic) and for which order of the queue
+        self._forecast_at: float | None = None
+        self._forecast_order: list[int] | None = None
+        self._forecasting = False
+        #: told each new forecast: {job id: forecast.Start} and the time it was made
+        self.on_forecast: Callable[[dict, float], None] = lambda starts, now: None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run(), name="scheduler")
@@ -101,6 +117,7 @@ class Scheduling:
                     self.schedule_pass()
                     self.on_pass(time.perf_counter() - started)
                 self.housekeeping()
+                self.forecast_if_due()
             except Exception:
                 log.exception("scheduling pass failed")
             await self.pause_after(started)
@@ -113,6 +130,41 @@ class Scheduling:
         gone = self.state.store.trim_events(self.state.clock())
         if gone:
             log.info("events log: %d rows past their retention removed", gone)
+
+    def forecast_if_due(self) -> None:
+        """Start a forecast in a thread when one is due and none is under way."""
+        now = self.state.monotonic()
+        last = self._forecast_at
+        changed = self._forecast_order != self.state.queue_order
+        if self._forecasting or (last is not None and now - last < (FORECAST_GAP_S if changed
+                                                                     else FORECAST_EVERY_S)):
+            return
+        self._forecast_at, self._forecast_order = now, list(self.state.queue_order)
+        pending = self.waiting()
+        if not pending:
+            self.state.forecasts = {}
+            return
+        self._forecasting = True
+        self.state.spawn(self._forecast(self.snapshot_for(pending)), "forecast")
+
+    async def _forecast(self, snap: scheduler.Snapshot) -> None:
+        try:
+            starts = await asyncio.to_thread(forecast.forecast, snap, self.limits.settings.max_time_s)
+            self.state.forecasts = {job: start.json(snap.now) for job, start in starts.items()}
+            self.stream.publish_queue_order(starts=True)
+            self.on_forecast(starts, snap.now)
+        except Exception:
+            log.exception("start forecast failed")
+        finally:
+            self._forecasting = False
+
+    def forecast_one(self, job: Job) -> forecast.Start | None:
+        """The forecast for one job (waiting, or about to be submitted: id -1) now, on
+        the loop: each run stops once it started."""
+        pending = [j for j in self.waiting() if j.id != job.id] + [job]
+        starts = forecast.forecast(self.snapshot_for(pending), self.limits.settings.max_time_s,
+                                   only=job.id)
+        return starts.get(job.id)
 
     @staticmethod
     async def pause_after(started: float) -> None:
@@ -232,5 +284,7 @@ class Scheduling:
                     {"node": p.node, "index": p.gpu_index, "uuid": p.gpu_uuid,
                      "memory_mb": p.memory_mb, "exclusive": p.exclusive}
                     for p in decision.placements]}
-            return {"decision": "wait", "reason": decision.reason}
+            start = self.forecast_one(probe)
+            return {"decision": "wait", "reason": decision.reason,
+                    "starts": None if start is None else start.json(self.state.clock())}
         return {"decision": "wait", "reason": "not considered"}

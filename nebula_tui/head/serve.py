@@ -64,6 +64,11 @@ def shared_mode_refusal(config: ClusterConfig) -> str | None:
     return None
 
 
+#: the exit code of a head whose home's files it cannot open: deploy/nebula.service does not
+#: restart on it (RestartPreventExitStatus), since only an admin's chown helps
+CANNOT_OPEN = 78
+
+
 def serve(home: Home, config_path: Path | None, shared_group: str | None = None,
           metrics: tuple[str, int] | None = None) -> int:
     """Run the head service in the foreground until SIGTERM/SIGINT. Returns an exit code.
@@ -91,6 +96,11 @@ def serve(home: Home, config_path: Path | None, shared_group: str | None = None,
     if shared_group and (refusal := shared_mode_refusal(config)):
         print(f"nebula serve: {refusal}", file=sys.stderr)
         return 2
+    backups = Backups(home.db)
+    if problem := backups.unusable(home.lock):
+        # Not a crash loop: the unit does not restart on this code (an admin must act).
+        print(f"nebula serve: {problem}", file=sys.stderr)
+        return CANNOT_OPEN
     lock_file = open(home.lock, "w")
     try:
         fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -103,7 +113,6 @@ def serve(home: Home, config_path: Path | None, shared_group: str | None = None,
     logging.getLogger("asyncssh").setLevel(logging.WARNING)  # one line per channel otherwise
     for handler in logging.getLogger().handlers:
         handler.addFilter(RepeatFilter())
-    backups = Backups(home.db)
     try:
         store = Store(home.db)
     except DatabaseDamaged as err:

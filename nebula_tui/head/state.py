@@ -207,6 +207,8 @@ class HeadState:
         #: fair share, submit time), and each one's 1-based place in it
         self.queue_order: list[int] = []
         self.queue_place: dict[int, int] = {}
+        #: each waiting job's start forecast (``forecast.Start.json``), the last one made
+        self.forecasts: dict[int, dict] = {}
         #: something may let a job start since the scheduling loop last looked (``wake``)
         self.capacity_changed = True
         self._wake = asyncio.Event()

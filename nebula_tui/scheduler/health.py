@@ -128,7 +128,7 @@ def policies_from_config(mapping: Mapping | None) -> dict[int, Policy]:
             raise ValueError(f"{where}: action: missing (one of {', '.join(ACTIONS)})")
         if "window" in entry:
             try:
-                base = replace(base, window_s=parse_duration_s(entry["window"]))
+                base = replace(base, window_s=parse_duration_s(entry["window"], bare="s"))
             except ValueError as exc:
                 raise ValueError(f"{where}: window: {exc}") from None
         if "admin_resume" in entry:

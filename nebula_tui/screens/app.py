@@ -52,6 +52,7 @@ from .queue import QueueScreen
 from .render import job_summary
 from .submit import SubmitScreen
 from .users import UsersScreen
+from ..forecasts import why_text
 from .widgets.dialogs import Choice, ChoiceScreen, confirm
 from .widgets.keys import (GLOBAL_KEYS, HELP_KEYS, SCREEN_KEYS, SCREENS, TABLE_KEYS, Key, bindings,
                            help_lines)
@@ -312,6 +313,17 @@ class NebulaApp(App):
         except ApiError:
             pass
 
+    @work(group="why")
+    async def show_why(self, job_id: int) -> None:
+        """The ``why`` group: the head's `nebula why` answer for a job, in a dialog."""
+        try:
+            answer = (await self.call("why", job=job_id))["why"]
+        except (OpMissing, ApiError) as err:
+            self.notify(str(err), title=f"Cannot explain job {job_id}", severity="warning")
+            return
+        self.push_screen(ChoiceScreen(f"Why job {job_id}", Text(why_text(answer)),
+                                      (Choice("c", "Close", None),)))
+
     @work(group="actions")
     async def job_action(self, op: str, job_id: int) -> None:
         """The ``actions`` group: cancel / hold / release one job; the outcome (or the
@@ -357,7 +369,7 @@ class NebulaApp(App):
                     elif kind == "user":
                         self.post_message(UserChanged(event["user"]))
                     elif kind == "queue":
-                        self.post_message(QueueOrdered(event["order"]))
+                        self.post_message(QueueOrdered(event["order"], event.get("starts")))
                     elif kind == "pool":
                         self.post_message(PoolChanged(event["pool"]))
                     elif kind == "bookings":
@@ -467,7 +479,7 @@ class NebulaApp(App):
 
     @on(QueueOrdered)
     def _queue(self, message: QueueOrdered) -> None:
-        self.cluster.apply_queue(message.order)
+        self.cluster.apply_queue(message.order, message.starts)
         self._changed("queue")
 
     @on(StreamLost)

@@ -14,6 +14,7 @@ import contextlib
 import shlex
 import subprocess
 import sys
+import time
 
 from rich.text import Text
 from textual import on, work
@@ -24,6 +25,7 @@ from textual.widgets import Log, Static
 
 from ..api import ApiError
 from ..client.cluster import FINISHED
+from ..forecasts import starts_text
 from ..model import format_mb
 from .base import ClusterScreen, OpMissing
 from .render import ago, clock, duration, job_size, job_state, run_seconds, state_text
@@ -87,6 +89,8 @@ def spec_text(job: dict) -> Text:
         Text.assemble(("Workdir   ", "bold"), job.get("workdir") or "$HOME"),
         Text.assemble(("Submitted ", "bold"), f"{clock(job['submitted_at'])} ({ago(job['submitted_at'])} ago)"),
     ]
+    if state == "pending" and (starts := starts_text(job.get("starts"), time.time())):
+        lines.append(Text.assemble(("Starts    ", "bold"), starts, (" (w: why, and what would start it sooner)", "dim")))
     if job.get("started_at"):
         lines.append(Text.assemble(("Started   ", "bold"), clock(job["started_at"])))
     if job.get("ended_at"):
@@ -330,3 +334,6 @@ class JobScreen(ClusterScreen):
 
     def action_release_job(self) -> None:
         self.app.job_action("release", self.job_id)
+
+    def action_why_job(self) -> None:
+        self.app.show_why(self.job_id)

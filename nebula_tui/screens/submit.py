@@ -8,6 +8,7 @@ is replaced by the new job's screen.
 from __future__ import annotations
 
 import re
+import time
 
 from rich.text import Text
 from textual import on, work
@@ -17,6 +18,7 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
+from ..forecasts import starts_text
 from ..api import MAX_GPU_COUNT, ApiError
 from ..model import format_mb
 from ..units import parse_size_mb
@@ -96,7 +98,11 @@ def plan_text(plan: dict, preemptible: bool = False) -> Text:
         ids = plan.get("preempts") or []
         jobs = f"job {ids[0]}" if len(ids) == 1 else "jobs " + ", ".join(map(str, ids))
         return Text.assemble(("Would start now, ", "green"), (f"preempting {jobs} (preemptible)", "bold green"))
-    return Text.assemble(("Would wait: ", "yellow"), plan.get("reason") or "no reason given")
+    when = starts_text(plan.get("starts"), time.time())
+    said = f"Would {when.replace('not within', 'not start within')}" if when.startswith("not") \
+        else f"Would start {when}"
+    start = [(said, "bold yellow"), ". "] if when else []
+    return Text.assemble(*start, ("Would wait: ", "yellow"), plan.get("reason") or "no reason given")
 
 
 class Submitted(Message):

@@ -129,7 +129,7 @@ def test_config_errors_name_code_and_field(mapping, message):
     ("10 min", 600.0), ("1h", 3600.0), ("0.5h", 1800.0),
 ])
 def test_durations(text, seconds):
-    assert parse_duration_s(text) == seconds
+    assert parse_duration_s(text, bare="s") == seconds
 
 
 # --- throttling and score ---------------------------------------------------------------------
