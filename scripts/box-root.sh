@@ -11,6 +11,11 @@ configure() {  # cheap and idempotent: run on every call, so a cached root gets 
     echo nebula-box >"$1/etc/hostname"
     grep -q nebula-box "$1/etc/hosts" 2>/dev/null ||
         printf '127.0.0.1\tlocalhost\n127.0.1.1\tnebula-box\n' >>"$1/etc/hosts"
+    # make: the README's commands (test_box runs `make setup-demo` in it); added to a root
+    # cached before it was in the list below
+    [ -x "$1/usr/bin/make" ] || chroot "$1" sh -c 'apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends make' \
+        >/dev/null 2>&1 || echo "box: could not install make in $1" >&2
 }
 [ -f "$root/.nebula-box-ready" ] && { configure "$root"; echo "$root"; exit 0; }
 suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
@@ -22,7 +27,7 @@ rm -rf "$root.tmp"
 start=$(date +%s)
 echo "box: debootstrap $suite from $mirror into $root (once; about 2 minutes)" >&2
 debootstrap --variant=minbase \
-    --include=systemd,systemd-sysv,dbus,python3,python3-venv,openssh-client,tmux,sudo,passwd,procps,iproute2 \
+    --include=systemd,systemd-sysv,dbus,python3,python3-venv,openssh-client,tmux,sudo,passwd,procps,iproute2,make \
     "$suite" "$root.tmp" "$mirror" >"$cache/debootstrap.log" 2>&1 || {
     echo "box: debootstrap failed; see $cache/debootstrap.log" >&2; exit 1; }
 # No getty or network setup of its own: the box shares the host's network.

@@ -117,9 +117,11 @@ def wheelhouse(*wheels: Path) -> Path:
     """A folder with every package the wheels need (from this machine's pip sources)."""
     house = CACHE / "wheelhouse"
     house.mkdir(parents=True, exist_ok=True)
-    for wheel in wheels:  # one at a time: two releases of one package never resolve together
+    # One at a time: two releases of one package never resolve together. setuptools: what
+    # `pip install -e .` in a checkout builds with (pyproject.toml's build-system).
+    for wanted in (*map(str, wheels), "setuptools>=68"):
         done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--dest", str(house),
-                               str(wheel)], capture_output=True, text=True, timeout=600)
+                               wanted], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     for own in house.glob("nebula_tui-*"):
         own.unlink()

@@ -250,3 +250,30 @@ def test_the_uninstall_leaves_nothing_running(box, openssh_lab):
                                text=True).stdout.splitlines()
         return [p for p in found if "sshd" not in p and "pgrep" not in p]
     wait_for(lambda: not left_on_nodes(), 30, what="nothing of the head left on the nodes")
+
+
+#: what a box's /etc holds, as paths with their size and time (a change shows in either)
+ETC = "find /etc -xdev -printf '%p %s %T@\\n' | sort"
+ENABLED = "systemctl list-unit-files --state=enabled --no-legend --no-pager"
+
+
+def test_the_readmes_demo_leaves_the_machine_as_it_was(box):
+    """`make demo` as root on a machine with systemd: what it installs (`make setup-demo`)
+    and the demo itself (headless, stopped with Ctrl-C) enable no unit, start no sshd and
+    change nothing under /etc."""
+    tracked_copy(box.share / "repo")
+    before = {"etc": box.sh(ETC).stdout, "enabled": box.sh(ENABLED).stdout}
+    done = box.sh("make setup-demo", cwd="/root/work/repo", timeout=600)
+    assert re.search(r"setup: ready: \.venv \(\d+ s\)", done.stdout), done.stdout
+    box.sh("cd /root/work/repo; .venv/bin/nebula demo --headless > demo.out 2>&1 & demo=$!; "
+           "for i in $(seq 90); do grep -q 'export NEBULA_HOME' demo.out && break; sleep 1; done; "
+           ".venv/bin/nebula status --home /root/.nebula/demo >/dev/null; kill -INT $demo; "
+           "for i in $(seq 30); do kill -0 $demo 2>/dev/null || exit 0; sleep 1; done; exit 1",
+           timeout=180)
+    # (the box shares the host's network: the host's own port 22 is not the demo's doing)
+    assert box.sh("pgrep -x sshd", check=False).returncode == 1, "an sshd runs in the box"
+    assert box.sh("dpkg-query -W -f='${Status}' openssh-server", check=False).returncode != 0
+    after = {"etc": box.sh(ETC).stdout, "enabled": box.sh(ENABLED).stdout}
+    assert after["enabled"] == before["enabled"]
+    changed = set(after["etc"].splitlines()) ^ set(before["etc"].splitlines())
+    assert not changed, sorted(changed)
