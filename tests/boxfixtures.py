@@ -123,8 +123,6 @@ def wheelhouse(*wheels: Path) -> Path:
         done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--dest", str(house),
                                wanted], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
-    for own in house.glob("nebula_tui-*"):
-        own.unlink()
     return house
 
 

@@ -146,6 +146,8 @@ def test_the_guide_installs_a_shared_head_under_systemd(box, wheels, openssh_lab
     assert "enabled" in box.sh("systemctl is-enabled nebula-backup.timer").stdout
     assert box.sh("stat -c '%U %a' /var/lib/nebula /etc/nebula/nodes.yaml").stdout.split() == [
         "nebula", "700", "nebula", "640"]
+    wait_for(lambda: box.sh("test -S /run/nebula/nebula.sock", check=False).returncode == 0, 30,
+             what="the service's socket")
     assert box.sh("stat -c '%U %G %a' /run/nebula /run/nebula/nebula.sock").stdout.split() == [
         "nebula", "gpulab", "750", "nebula", "gpulab", "660"]
 
