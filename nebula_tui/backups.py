@@ -299,8 +299,11 @@ def head_stopped(lock: Path) -> Iterator[None]:
         except BlockingIOError:
             handle.seek(0)
             pid = handle.read().strip()
-            raise BackupError(f"the head is running{f' (pid {pid})' if pid else ''}: stop it "
-                              "first (it keeps its database open)") from None
+            how = f"`kill {pid}`" if pid.isdigit() else "SIGTERM to its `nebula serve`"
+            raise BackupError(f"the head is running{f' (pid {pid})' if pid else ''} and keeps its "
+                              f"database open: stop it first — {how} (it stops cleanly; the jobs on "
+                              "the nodes run on), or `sudo systemctl stop nebula` where systemd runs "
+                              "it — then run this again") from None
         yield
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict
+from enum import Enum
 
 from .model import (LOCAL_POOL, MIB_PER_GIB, NOT_AVAILABLE, Cancelling, Evicting, GpuView, Job, JobState,
                     Stopping, fmt, format_mb, holding)
@@ -19,18 +20,35 @@ from .scheduler.slices import offered_mb
 from .units import duration_exact, duration_text
 
 
+class JobPhase(str, Enum):
+    """A job's state in one word as people see it (``job_json``'s ``phase``), the words of
+    every screen, the CLI and the tests' fixed head: its stored state, or a hold, a cancel,
+    an eviction or the head's own stop under way. ``screens/look.py`` gives each a style."""
+
+    PENDING = "pending"
+    HELD = "held"
+    LAUNCHING = "launching"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    EVICTING = "evicting"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+
+
 def job_phase(job: Job) -> str:
-    """Its state in one word as people see it, on every screen and in every list: a hold,
-    a cancel, an eviction or the head's own stop under way included."""
+    """Its :class:`JobPhase`'s word, on every screen and in every list."""
     if job.held_by and job.state == JobState.PENDING:
-        return "held"
+        return JobPhase.HELD.value
     if isinstance(job.status, Cancelling):
-        return "cancelling"
+        return JobPhase.CANCELLING.value
     if isinstance(job.status, Evicting):
-        return "evicting"
+        return JobPhase.EVICTING.value
     if isinstance(job.status, Stopping):
-        return "stopping"
-    return job.state.value
+        return JobPhase.STOPPING.value
+    return JobPhase(job.state.value).value
 
 
 #: How much of a job's command a list of jobs shows (the queue, the history, the event
@@ -104,7 +122,8 @@ def history_json(job: Job, usage: dict) -> dict:
     """An ended job as ``job_history`` answers: ``job_json`` plus its wait and run time
     (of its last run, when it was requeued), the GPU-hours charged (all runs), and what
     its cards did while it held them (telemetry; None without samples): mean utilisation,
-    GPU-hours held while its cards idled, mean and peak memory used per card."""
+    GPU-hours held while its cards idled, mean and peak memory used per card; the head's
+    first start forecast for it (``forecast``) and its start less that (``forecast_error_s``)."""
     started = job.started_at
     sampled = usage.get("sampled_gpu_hours") or 0.0
     return {
@@ -116,6 +135,12 @@ def history_json(job: Job, usage: dict) -> dict:
         "idle_gpu_hours": round(usage.get("idle_gpu_hours") or 0.0, 9) if sampled else None,
         "mem_used_mb_mean": _rounded(usage.get("mem_used_mb_mean")),
         "mem_used_mb_peak": _rounded(usage.get("mem_used_mb_peak")),
+        # the head's first start forecast for it, and how far its start was from it
+        "forecast": None if usage.get("forecast_at") is None else {
+            "start_at": usage["forecast_at"], "early": usage.get("forecast_early"),
+            "late": usage.get("forecast_late")},
+        "forecast_error_s": None if usage.get("forecast_at") is None or started is None
+        else round(started - usage["forecast_at"], 3),
     }
 
 
@@ -435,7 +460,10 @@ def doctor_text(reply: dict) -> str:
     for node, checks in reply["nodes"].items():
         lines += [node] + [f"  {line}" for line in doctor_lines(checks)]
     failed = sum(c["status"] == "fail" for checks in reply["nodes"].values() for c in checks)
-    lines.append(f"{failed} check{'s' if failed != 1 else ''} failed" if failed else "Every check passed")
+    warned = sum(c["status"] == "warn" for checks in reply["nodes"].values() for c in checks)
+    warnings = f"{warned} warning{'s' if warned != 1 else ''}"
+    lines.append(f"{failed} check{'s' if failed != 1 else ''} failed" + (f", {warnings}" if warned else "")
+                 if failed else f"Every check passed with {warnings}" if warned else "Every check passed")
     return "\n".join(lines)
 
 
@@ -459,7 +487,7 @@ def job_text(job: dict) -> str:
              + (f": {reason}" if reason and reason != job["state"] else ""),
              f"  command:   {command}",
              f"  asks:      {asks}",
-             f"  workdir:   {job.get('workdir_used') or job.get('workdir') or '$HOME'}",
+             f"  workdir:   {workdir_text(job)}",
              f"  limit:     {time_limit_text(job)}"]
     if job.get("pool"):  # sent to a batch cluster: its place there reads pool:node
         lines.append(f"  pool:      {job['pool']}")
@@ -497,6 +525,12 @@ def month_start(now: float, back: int = 0) -> float:
     t = time.localtime(now)
     months = t.tm_year * 12 + t.tm_mon - 1 - back
     return time.mktime((months // 12, months % 12 + 1, 1, 0, 0, 0, 0, 0, -1))
+
+
+def workdir_text(job: dict) -> str:
+    """Where the job runs, as `nebula job` and the TUI's job page say it: the folder its
+    node settled on once it started, else the one asked for, else its user's home."""
+    return job.get("workdir_used") or job.get("workdir") or "$HOME"
 
 
 def booking_state(booking: dict) -> str:

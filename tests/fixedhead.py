@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 from nebula_tui.scheduler.slices import COMMON_SIZES_GB, count_fit
+from nebula_tui.views import JobPhase
 
 #: The moment every screen is drawn at (2026-09-21 12:00:00 UTC).
 NOW = 1_790_000_000.0
@@ -70,7 +71,7 @@ def _job(job_id: int, user: str, name: str, state: str, *, gpus=(), count=1, mem
             "gpu_count": count, "gpu_mem_mb": mem, "workdir": None, "submitted_at": submitted,
             "started_at": started, "ended_at": ended, "exit_code": exit_code,
             "held": bool(held_by), "held_by": held_by, "attempt": 1, "gpus": list(gpus),
-            "phase": "held" if held_by and state == "pending" else state}
+            "phase": (JobPhase.HELD if held_by and state == "pending" else JobPhase(state)).value}
 
 
 def _placed(node: str, index: int, mb: int, exclusive: bool = False) -> dict:

@@ -11,6 +11,7 @@ import time
 from .. import environments
 from ..api import ApiError
 from ..printable import printable
+from ..model import ended_text
 from ..views import job_text, time_limit_text
 from .args import FINISHED_STATES, USAGE_ERROR
 from .common import service_client, show
@@ -116,11 +117,10 @@ def cmd_run(args, home, config) -> int:
 def _wait(client, job_id: int, as_json: bool = False) -> int:
     job = client.wait(job_id)
     detail = f" with exit code {job['exit_code']}" if job["exit_code"] is not None else ""
-    reason = f": {printable(job['reason'])}" if job["reason"] else ""
     if as_json:
         print(json.dumps(job, indent=2))
     else:
-        print(f"Job {job_id} {job['state']}{detail}{reason}", file=sys.stderr)
+        print(f"Job {job_id} {ended_text(job['state'], printable(job['reason'] or ''), detail)}", file=sys.stderr)
     if job["exit_code"] is not None:
         return job["exit_code"]
     return 0 if job["state"] == "succeeded" else 1
@@ -182,8 +182,9 @@ def cmd_cancel(args, home, config) -> int:
                 continue
             done.append(job)
             if not getattr(args, "json", False):
-                print(f"Cancelling job {job['id']}" if job["state"] != "cancelled"
-                      else f"Cancelled job {job['id']}")
+                # one word for every job: its nodes may still be stopping it (a pool's is gone)
+                print(f"Cancelled job {job['id']}" + ("" if job["state"] == "cancelled"
+                                                      else " (its nodes stop it now)"))
     if getattr(args, "json", False):
         print(json.dumps(done[0] if len(args.jobs) == 1 else done, indent=2))
     return 1 if failed else 0

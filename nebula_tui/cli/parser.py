@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     command("cancel", "cancel jobs (several ids at once, like scancel)").add_argument(
         "jobs", type=job_id, nargs="+", metavar="job")
     p = command("attach", "attach this terminal to a running job's tmux session "
-                          "(detach: Ctrl-b d; the job runs on)", prints=False)
+                          "(detach: Ctrl-b d, or Ctrl-b Ctrl-b d inside your own tmux; the job runs on)", prints=False)
     p.add_argument("job", type=job_id)
     p.add_argument("--rank", type=int, default=0, help="which node of a multi-node job (0 first)")
     p = command("node", "node administration (admins)", prints=False)

@@ -86,7 +86,7 @@ class Engine:
         self.transitions.on_running = self._job_started
         self.scheduling.on_pass = self.metrics.pass_done
         self.notifier = Notifier(self.state)
-        self.transitions.on_ended = self.notifier.job_ended
+        self.transitions.on_ended = self._job_ended
         self.transitions.on_requeued = self.notifier.job_requeued
         self.health.on_isolated = self.notifier.gpu_isolated
         self.bookings.on_broken = self.notifier.booking_broken
@@ -102,8 +102,12 @@ class Engine:
         self.node_key, self.add_node = self.fleet.node_key, self.fleet.add_node
         self.remove_node, self.reload = self.fleet.remove_node, self.fleet.reload
 
+    def _job_ended(self, job: Job) -> None:
+        self.scheduling.job_ended(job)  # its run length: its user's history (estimates.py)
+        self.notifier.job_ended(job)
+
     def _job_started(self, job: Job) -> None:
-        self.metrics.job_started(job)
+        self.metrics.job_started(job, self.scheduling.first_forecasts.pop(job.id, None))
         self.limits.job_started(job)  # its --time counts from now, on the monotonic clock
 
     # the live view, as the server and tests read it

@@ -153,7 +153,7 @@ class JobTransitions:
         codes = [exits[n] for n in job_nodes(job)]
         code = next((c for c in codes if c != 0), 0)
         if isinstance(job.status, Cancelling):
-            state, reason = JobState.CANCELLED, "cancelled"
+            state, reason = JobState.CANCELLED, f"cancelled by {job.status.by}"
         elif isinstance(job.status, Stopping):
             if job.status.requeue:
                 self.requeue(job, job.status.why)
@@ -481,7 +481,7 @@ class JobTransitions:
         if job is None or job.attempt != attempt or not job.state.holds_gpus:
             return  # ended (or requeued) meanwhile
         if isinstance(job.status, Cancelling):
-            self.finish(job, JobState.CANCELLED, None, "cancelled")
+            self.finish(job, JobState.CANCELLED, None, f"cancelled by {job.status.by}")
         elif not isinstance(job.status, Evicting):
             return
         elif job.spec.no_requeue:

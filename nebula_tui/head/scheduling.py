@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -54,6 +55,8 @@ MAX_PASS_PAUSE_S = 0.2
 #: A new order of the queue goes to subscribers at most this often (seconds): it is every
 #: waiting job's id, and a busy head has a new one after nearly every pass.
 QUEUE_ORDER_EVERY_S = 0.5
+#: how many recent runs of one user's like jobs without --time their estimate looks at
+HISTORY_RUNS = 20
 HOUSEKEEPING_EVERY_S = 3600.0
 #: a start forecast is made at least this often (seconds) …
 FORECAST_EVERY_S = 180.0
@@ -92,8 +95,11 @@ class Scheduling:
         self._forecast_at: float | None = None
         self._forecast_order: list[int] | None = None
         self._forecasting = False
-        #: told each new forecast: {job id: forecast.Start} and the time it was made
-        self.on_forecast: Callable[[dict, float], None] = lambda starts, now: None
+        #: each waiting job's first forecast start (the one kept in the store), until it starts
+        self.first_forecasts: dict[int, float | None] = {}
+        #: (user, GPUs, memory asked) -> how long their recent jobs without --time ran,
+        #: since this head started: what a running one is estimated to run (estimates.py)
+        self.history: dict[tuple, deque[float]] = {}
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run(), name="scheduler")
@@ -152,11 +158,22 @@ class Scheduling:
             starts = await asyncio.to_thread(forecast.forecast, snap, self.limits.settings.max_time_s)
             self.state.forecasts = {job: start.json(snap.now) for job, start in starts.items()}
             self.stream.publish_queue_order(starts=True)
-            self.on_forecast(starts, snap.now)
+            self._keep_first(starts)
         except Exception:
             log.exception("start forecast failed")
         finally:
             self._forecasting = False
+
+    def _keep_first(self, starts: dict[int, forecast.Start]) -> None:
+        """Each job's first forecast after its submit, kept (store, ``first_forecasts``)
+        to score the forecast against its start: history, the metrics."""
+        new = {job: (s.at, s.early, s.late) for job, s in starts.items()
+               if job not in self.first_forecasts and job in self.state.jobs
+               and self.state.jobs[job].state == JobState.PENDING}
+        self.state.store.set_first_forecasts(new)
+        self.first_forecasts.update({job: values[0] for job, values in new.items()})
+        for job in [j for j in self.first_forecasts if j not in self.state.jobs]:
+            del self.first_forecasts[job]  # ended without starting
 
     def forecast_one(self, job: Job) -> forecast.Start | None:
         """The forecast for one job (waiting, or about to be submitted: id -1) now, on
@@ -245,7 +262,7 @@ class Scheduling:
             queue=self._pending_queue(pending),
             running=tuple(scheduler.RunningJob(j.id, j.user, j.placements, j.started_at or j.submitted_at,
                                                j.spec.time_limit_s, j.spec.service, j.spec.array_id,
-                                               j.spec.preemptible)
+                                               j.spec.preemptible, self.estimate(j))
                           for j in holding),
             users=self.shares.shares(),
             finished={job: outcome for job, (outcome, _) in ended.items()},
@@ -255,6 +272,21 @@ class Scheduling:
             power_budgets={n.name: float(n.power_budget_w) for n in state.config.nodes
                            if n.power_budget_w},
         )
+
+    def job_ended(self, job: Job) -> None:
+        """Remember how long a job without --time ran (one that succeeded: a failure says
+        nothing of how long such work runs)."""
+        if job.spec.time_limit_s is None and job.state is JobState.SUCCEEDED \
+                and job.started_at is not None and job.ended_at is not None:
+            key = (job.user, job.spec.gpu_count, job.spec.gpu_mem_mb)
+            self.history.setdefault(key, deque(maxlen=HISTORY_RUNS)).append(job.ended_at - job.started_at)
+
+    def estimate(self, job: Job) -> scheduler.Estimate | None:
+        """How long a running job without --time is expected to hold its cards."""
+        if job.spec.time_limit_s is not None:
+            return None
+        history = self.history.get((job.user, job.spec.gpu_count, job.spec.gpu_mem_mb), ())
+        return scheduler.run_estimate(None, self.limits.settings.max_time_s, tuple(history))
 
     def _pending_queue(self, pending: list[Job]) -> tuple[scheduler.PendingJob, ...]:
         """The waiting jobs as the scheduler sees them. A job's view is made once and kept

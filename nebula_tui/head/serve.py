@@ -67,6 +67,10 @@ def shared_mode_refusal(config: ClusterConfig) -> str | None:
 #: the exit code of a head whose home's files it cannot open: deploy/nebula.service does not
 #: restart on it (RestartPreventExitStatus), since only an admin's chown helps
 CANNOT_OPEN = 78
+#: the exit code of a head that refuses its store (damaged, or a failing disk): its one line
+#: says why and the way out, which a client that started it prints at once (1 means another
+#: head already serves this home: that client waits for that one instead)
+REFUSED = 3
 
 
 def serve(home: Home, config_path: Path | None, shared_group: str | None = None,
@@ -118,10 +122,10 @@ def serve(home: Home, config_path: Path | None, shared_group: str | None = None,
     except DatabaseDamaged as err:
         print(f"nebula serve: {err}: the head will not start over it; {backups.way_out()}",
               file=sys.stderr)
-        return 1
+        return REFUSED
     except StoreUnavailable as err:  # a full or failing disk
         print(f"nebula serve: {err}", file=sys.stderr)
-        return 1
+        return REFUSED
     try:
         return asyncio.run(_serve(home, config, store, backups, shared_group, metrics))
     except SocketTaken as err:  # another head took the path between the look and the bind
@@ -130,7 +134,7 @@ def serve(home: Home, config_path: Path | None, shared_group: str | None = None,
     except DatabaseDamaged as err:
         print(f"nebula serve: {err}: the head will not go on with it; {backups.way_out()}",
               file=sys.stderr)
-        return 1
+        return REFUSED
 
 
 class RepeatFilter(logging.Filter):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ..model import GpuView, Placement, Temperatures
+from .estimates import Estimate
 
 def _empty() -> Mapping:
     return MappingProxyType({})
@@ -68,6 +69,8 @@ class RunningJob:
     service: bool = False
     array_id: int | None = None  # the array it is a task of, if any
     preemptible: bool = False  # its cards are free for normal jobs, which preempt it
+    #: how long it runs when it has no --time (estimates.run_estimate; None: the default)
+    estimate: Estimate | None = None
 
     @property
     def ends_at(self) -> float | None:

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import gc
 import json
-import os
+import time
 import signal
 import sys
 from collections.abc import Callable, Iterable
@@ -164,15 +164,12 @@ class KeyCommands(Provider):
                 yield Hit(score, matcher.highlight(label), run, help=self._help(key))
 
 
-def screenshot_dir(home: Path | None) -> Path:
-    """Where a screenshot goes: ~/Downloads where there is one, else the current directory
-    when it can be written, else the NebulaGrid home."""
-    downloads = Path("~/Downloads").expanduser()
-    if downloads.is_dir() and os.access(downloads, os.W_OK):
-        return downloads
-    if os.access(".", os.W_OK) or home is None:
-        return Path.cwd()
-    return home
+def screenshot_path(home: Path | None, now: float) -> Path:
+    """Where `P` saves: ``screenshots/`` in the NebulaGrid home (the current directory
+    without one), under an ASCII name a shell takes as it is (the window's title held an
+    em dash and the cluster's name)."""
+    folder = (home / "screenshots") if home is not None else Path.cwd()
+    return folder / time.strftime("nebula-%Y%m%d-%H%M%S.svg", time.localtime(now))
 
 
 class NebulaApp(App):
@@ -725,13 +722,14 @@ class NebulaApp(App):
             self.push_screen(HelpScreen(screen_keys(self.screen), name))
 
     def action_save_screenshot(self) -> None:
-        folder = screenshot_dir(self.home)
+        target = screenshot_path(self.home, time.time())
         try:
-            path = self.save_screenshot(path=str(folder))
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path = self.save_screenshot(filename=target.name, path=str(target.parent))
         except OSError as err:
-            self.notify(f"cannot save a screenshot in {folder}: {err}", severity="error")
+            self.notify(f"cannot save a screenshot in {target.parent}: {err}", severity="error")
             return
-        self.notify(f"Screenshot saved: {path}")
+        self.notify(f"Screenshot saved: {path}", timeout=10)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         for command in super().get_system_commands(screen):

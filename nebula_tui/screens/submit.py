@@ -102,7 +102,10 @@ def plan_text(plan: dict, preemptible: bool = False) -> Text:
     said = f"Would {when.replace('not within', 'not start within')}" if when.startswith("not") \
         else f"Would start {when}"
     start = [(said, "bold yellow"), ". "] if when else []
-    return Text.assemble(*start, ("Would wait: ", "yellow"), plan.get("reason") or "no reason given")
+    reason = plan.get("reason") or "no reason given"
+    if reason.startswith("waits "):  # "waits for its booking: …" reads "Would wait for its booking: …"
+        return Text.assemble(*start, ("Would wait ", "yellow"), reason.removeprefix("waits "))
+    return Text.assemble(*start, ("Would wait: ", "yellow"), reason)
 
 
 class Submitted(Message):

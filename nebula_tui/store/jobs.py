@@ -11,7 +11,7 @@ import secrets
 from dataclasses import replace
 
 from ..model import (WAITING_FOR_SCHEDULER, Cancelling, Ended, Job, JobSpec, JobState, Launching,
-                     Pending, Placement, Running, Stopping, spec_fields)
+                     Pending, Placement, Running, Stopping, ended_text, spec_fields)
 from .accounting import Accounting
 from .base import StaleDecision, chunks, filters
 
@@ -135,6 +135,17 @@ class Jobs(Accounting):
                 [(reason, job_id) for job_id, reason in reasons.items()],
             )
 
+    def set_first_forecasts(self, forecasts: dict[int, tuple]) -> None:
+        """Keep each waiting job's first start forecast (expected, early, late; Unix
+        seconds or None): a job that has one keeps it."""
+        if not forecasts:
+            return
+        with self.transaction():
+            self.db.conn.executemany(
+                "UPDATE jobs SET forecast_at = ?, forecast_early = ?, forecast_late = ? "
+                "WHERE id = ? AND state = 'pending' AND forecast_at IS NULL",
+                [(*values, job_id) for job_id, values in forecasts.items()])
+
     def start_launching(self, job_id: int, placements: tuple[Placement, ...], t: float) -> str:
         """Write a job's allocation and mark it launching, in one transaction; returns the
         launch's token.
@@ -239,7 +250,7 @@ class Jobs(Accounting):
                 "WHERE name = ?", [int(ran), gpu_hours, user],
             )
             detail = f" with exit code {exit_code}" if exit_code is not None else ""
-            message = f"job {job_id} {state.value}{detail}" + (f": {reason}" if reason else "")
+            message = f"job {job_id} {ended_text(state.value, reason, detail)}"
             self._event(t, "end", message, job_id=job_id, user=user)
         return gpu_hours
 

@@ -118,6 +118,11 @@ LATER_COLUMNS = (
     # normal job's need stopped and requeued it
     ("jobs", "charge", float, 1.0),
     ("jobs", "preemptions", int, 0),
+    # the first start forecast the head made for a job after its submit (head/forecast.py):
+    # the expected start and its interval, kept to score the forecast against the start
+    ("jobs", "forecast_at", float, None),
+    ("jobs", "forecast_early", float, None),
+    ("jobs", "forecast_late", float, None),
 )
 
 

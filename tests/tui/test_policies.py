@@ -161,3 +161,16 @@ def test_one_booking_state_for_the_cli_and_the_tui():
     for module in (render, cli_bookings):
         source = Path(module.__file__).read_text()
         assert '"under way"' not in source and '"ahead"' not in source, module.__name__
+
+
+@pytest.mark.parametrize("dark", [True, False])
+def test_every_job_phase_has_a_word_and_a_style(dark):
+    """`stopping` was drawn unstyled: look.py listed the phase words again and missed it."""
+    from nebula_tui.screens.look import Look
+
+    look = Look()
+    look.use_colours(dark=dark, success="#4EBF71", warning="#ffa62b", error="#ba3c5b", accent="#0178D4")
+    for phase in views.JobPhase:
+        assert phase.value.isalpha() and phase.value.islower()
+        assert look.state(phase.value), phase
+    assert {p.value for p in views.JobPhase} >= {s.value for s in JobState}

@@ -196,3 +196,37 @@ async def test_a_booking_whose_window_opens_reads_under_way_without_a_restart(tm
         await head.stop()
         head.state.store.close()
     assert set(calls) <= ONE_OFF, calls
+
+
+async def test_the_job_page_says_where_it_ran_and_draws_stopping_styled(engine, served):
+    """The page said `Workdir $HOME` for a job that ran in the folder it was submitted from
+    (`nebula job` said it right), and drew a `stopping` job in no colour at all."""
+    from nebula_tui.model import JobState
+    from nebula_tui.remote.protocol import Started
+    from nebula_tui.screens.job import JobScreen
+    from nebula_tui.screens.look import LOOK
+
+    job = engine.submit(ME, JobSpec(command=("sleep", "600")))
+    engine.transitions.begin_launch(engine.jobs[job.id], (Placement("GPU-node01-0", "node01", 0, 81920, True),))
+    engine.transitions.on_started("node01", Started(job.id, engine.state.token(engine.jobs[job.id]), "/srv/paper"))
+    assert engine.jobs[job.id].state == JobState.RUNNING
+    app = make_app(served)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.cluster.connected, what="the snapshot")
+        app.open_job(job.id)
+        await until(pilot, lambda: isinstance(app.screen, JobScreen) and "Workdir   /srv/paper" in
+                    text(app, "#job-spec"), what="the workdir it ran in")
+        engine.transitions.begin_stop(engine.jobs[job.id], JobState.TIMEOUT, "its time limit", False,
+                                      engine.state.clock() + 30)
+        await until(pilot, lambda: "stopping" in text(app, "#job-spec"), what="stopping")
+        spec = app.screen.query_one("#job-spec").content
+        word = next(span for span in spec.spans if spec.plain[span.start:span.end] == "stopping")
+        assert str(word.style) == LOOK.state("stopping") != ""
+
+
+def test_a_pool_jobs_environment_panel_does_not_wait_for_a_placement():
+    """A job running on a pool's cluster read "Set when the job is placed" while it ran."""
+    from nebula_tui.screens.job import env_text
+
+    shown = env_text({}, {"id": 4, "pool": "hpc", "phase": "running"}).plain
+    assert "placed" not in shown and "pool hpc" in shown

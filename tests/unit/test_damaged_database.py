@@ -28,7 +28,7 @@ def serve_refusal(head: HeadProcess) -> subprocess.CompletedProcess:
 
 
 def assert_one_line_refusal(done: subprocess.CompletedProcess, *words: str) -> None:
-    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert done.returncode == 3, (done.returncode, done.stderr)  # serve.REFUSED
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     for word in words:
@@ -53,6 +53,24 @@ def test_garbage_in_the_database_is_one_line_and_no_traceback(tmp_path):
     assert_one_line_refusal(done, "state.db", "cannot be read as a database",
                             "there is no backup to restore", "nebula backup --start-empty")
     assert (home / "state.db").read_bytes() == b"this is not SQLite\n" * 500, "it was written over"
+
+
+def test_a_client_whose_head_refuses_prints_the_heads_line_at_once(tmp_path):
+    """`nebula status` over a damaged database waited 20 s and said "nebula serve did not
+    start within 20s; see …/serve.log": the head's own line (why, the way out) is what helps."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    Store(home / "state.db").close()
+    (home / "state.db").write_bytes(b"this is not SQLite\n" * 500)
+    config = tmp_path / "nodes.yaml"
+    config.write_text("nodes: []\n")
+    env = {**os.environ, "NEBULA_HOME": str(home), "NEBULA_CONFIG": str(config),
+           "NEBULA_SOCKET": str(home / "nebula.sock")}
+    done = subprocess.run([sys.executable, "-m", "nebula_tui", "status"], env=env, capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert "did not start within" not in done.stderr, done.stderr
+    assert "cannot be read as a database" in done.stderr and "nebula backup --start-empty" in done.stderr
 
 
 def test_a_damaged_page_of_the_jobs_is_one_line_at_start(tmp_path):
@@ -215,6 +233,7 @@ def test_restore_refuses_while_the_head_runs(openssh_lab, tmp_path):
         for args in (("--restore", "latest"), ("--start-empty",)):
             done = head.run("backup", *args)
             assert done.returncode == 1 and "the head is running" in done.stderr, done.stderr
+            assert f"`kill {head.process.pid}`" in done.stderr and "systemctl stop nebula" in done.stderr, done.stderr
         assert head.call("status")
     finally:
         head.stop()

@@ -54,3 +54,33 @@ async def test_the_submit_preview_says_when_it_would_start(engine):  # noqa: F81
     assert plan["decision"] == "wait"
     assert plan["starts"]["start_at"] > engine.state.clock()
     assert plan["starts"]["late"] >= plan["starts"]["start_at"]
+
+
+async def test_the_first_forecast_is_kept_and_scored_at_the_start(engine):  # noqa: F811
+    held, waiting = await full_head(engine)
+    engine.scheduling.forecast_if_due()
+    for _ in range(200):
+        if engine.scheduling.first_forecasts:
+            break
+        await asyncio.sleep(0.02)
+    first = engine.scheduling.first_forecasts[waiting.id]
+    assert first == engine.state.forecasts[waiting.id]["start_at"]
+    engine.state.forecasts, engine.scheduling._forecast_at = {}, None
+    engine.scheduling.forecast_if_due()  # a later forecast does not replace the first
+    for _ in range(200):
+        if engine.state.forecasts:
+            break
+        await asyncio.sleep(0.02)
+    transitions = engine.transitions
+    transitions.finish(engine.jobs[held[0].id], JobState.SUCCEEDED, 0, "")
+    engine.scheduling.schedule_pass()
+    await asyncio.sleep(0)
+    transitions.mark_running(engine.jobs[waiting.id])
+    samples = engine.metrics.registry.get_sample_value
+    assert samples("nebula_forecast_error_seconds_count") == 1
+    started = engine.jobs[waiting.id].started_at
+    assert samples("nebula_forecast_error_seconds_sum") == abs(started - first)
+    transitions.finish(engine.jobs[waiting.id], JobState.SUCCEEDED, 0, "")
+    row = next(r for r in await engine.accounting.history(engine.owner) if r["id"] == waiting.id)
+    assert row["forecast"]["start_at"] == first and row["forecast"]["late"] >= first
+    assert row["forecast_error_s"] == round(started - first, 3)
