@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from nebula_tui import release
+from nebula_tui.head.serve import REFUSED
 from nebula_tui.store import DatabaseNewer, Store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,6 +57,6 @@ def test_serve_refuses_a_newer_database_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "nebula_tui", "serve", "--config",
                            str(tmp_path / "nodes.yaml")], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "NEBULA_HOME": str(home)})
-    assert done.returncode == 1
+    assert done.returncode == REFUSED
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "written by NebulaGrid 99.0.0" in lines[0], done.stderr
