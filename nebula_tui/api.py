@@ -111,11 +111,12 @@ from .waits import within
 #: Every kind of line in the events log (``event["kind"]``): a job's life (submit, hold,
 #: cancel, place, start, end, requeue, and what the head's limits did: idle, guard,
 #: limit), nodes (node, hardware, reconcile), GPUs' health (health, xid), what admins did
-#: (admin), the store's own notes (store) and pools (pool: a job sent to one and its id
-#: there, a pool unreachable and back). ``tests/unit/test_events.py`` holds the source to it.
+#: (admin), the store's own notes (store), pools (pool: a job sent to one and its id
+#: there, a pool unreachable and back) and a job past its user's quota run as preemptible
+#: work (quota). ``tests/unit/test_events.py`` holds the source to it.
 EVENT_KINDS = ("submit", "hold", "cancel", "place", "start", "end", "requeue", "idle", "guard",
                "limit", "node", "hardware", "reconcile", "health", "xid", "admin", "store",
-               "preempt", "pool", "booking")
+               "preempt", "pool", "booking", "quota")
 
 #: The longest request line the server reads, and a tenth of the longest reply line.
 MAX_LINE = 1 << 20

@@ -107,11 +107,16 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
 
 
 def shared_config(config: Path) -> Path:
-    """The lab's nodes.yaml with each job run as its owner, which a shared head needs."""
+    """The lab's nodes.yaml with each job run as its owner, which a shared head needs, on
+    the lab's nodes and in its Slurm pool (whose own account is the lab process's: root
+    under sudo)."""
     import yaml
 
     data = yaml.safe_load(config.read_text())
     data.setdefault("cluster", {})["run_as"] = "submitter"
+    for pool in data.get("pools") or ():  # the Slurm pool too: never the lab's own account
+        pool["user"] = "submitter"
+        pool.pop("identity", None)  # each member logs in with the head's pool key
     shared = config.with_name("nodes-shared.yaml")
     shared.write_text(yaml.safe_dump(data))
     return shared

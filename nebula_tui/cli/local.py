@@ -218,7 +218,7 @@ def cmd_simulate(args, home, config) -> int:
         workload.write_trace(requests, Path(args.save_trace))
 
     def nebula(reqs, cards, horizon_s):
-        return Replay(cluster, cards, reqs, setup.REPLAY_EPOCH, horizon_s, links).run()
+        return Replay(cluster, cards, reqs, setup.REPLAY_EPOCH, horizon_s, links, forecasts=True).run()
 
     result = compare.compare(requests, inv, horizon, cluster.scheduler.half_life_s, nebula)
     if args.json:

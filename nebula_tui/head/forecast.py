@@ -20,7 +20,8 @@ one place.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from .. import scheduler
@@ -31,16 +32,18 @@ HORIZON_S = 7 * 86400.0
 MAX_PASSES = 4000
 #: a job without --time and without the cluster's max_time: what "late" assumes it runs
 UNBOUNDED_LATE_S = HORIZON_S
-#: a job without --time: what it is expected to run (the median GPU job of the public
-#: traces runs ~20 min; Philly's mean is ~1.7 h) before it has run at all
+#: a job without --time, max_time or history: what the expected run assumes (the median
+#: GPU job of the public traces runs ~20 min, Philly's mean ~1.7 h); the scheduler's own
+#: default (a day) is a bound for its reservations, not an expectation
 UNTIMED_POINT_S = 3600.0
 #: the share of its --time a job is expected to use (point) and uses at the least (early):
 #: users ask for 1.5 to 4 times what their jobs run
 POINT_SHARE = 0.4
 EARLY_SHARE = 0.25
-#: ends within this share of the wait so far (at least MIN_STEP_S) share one pass (twice
-#: that for the interval's runs)
+#: ends within this share of the wait so far (at least MIN_STEP_S) share one pass; the
+#: interval's runs, whose ends are bounds, step coarser
 STEP_SHARE = 0.05
+BOUND_STEP_SHARE = 0.2
 MIN_STEP_S = 60.0
 #: a preempted job yields its cards after its grace; the forecast waits this long for it
 PREEMPT_GRACE_S = 60.0
@@ -48,35 +51,49 @@ PREEMPT_GRACE_S = 60.0
 KINDS = ("early", "point", "late")
 
 
-def run_length(time_limit_s: float | None, max_time_s: float | None, kind: str,
-               service: bool = False) -> float:
-    """How long a job runs in the forecast's ``kind`` of run, from its start.
+def run_length(time_limit_s: float | None, runs: Sequence[float], max_time_s: float | None,
+               kind: str, service: bool = False) -> float:
+    """How long a job runs in the forecast's ``kind`` of run, from its start: the one
+    place a job's run in the forecast is decided.
 
     With a --time: "late" is the limit, "point" and "early" a share of it. Without one:
-    "late" is the cluster's max_time (else the horizon), "point" an hour, "early" none;
-    a service without one runs until it is stopped: past the horizon in every run.
-    The one place a job's expected end is decided (the estimate issue 35 gives jobs without
-    --time goes here once it is the scheduler's)."""
+    "point" is the median of ``runs`` (how long its user's recent like jobs without --time
+    ran: the history ``scheduler.estimates`` reads, whose estimate — the longest of them,
+    else max_time, else a day — bounds the scheduler's reservations, not an expectation),
+    else ``UNTIMED_POINT_S``; "late" the cluster's max_time (else the horizon); "early"
+    none. A service without --time or history runs until it is stopped: past the horizon."""
     if time_limit_s is not None:
         share = {"early": EARLY_SHARE, "point": POINT_SHARE, "late": 1.0}[kind]
         return time_limit_s * share
-    if kind == "late" or service:
+    if kind == "late" or (service and not runs):
         return max_time_s or UNBOUNDED_LATE_S
-    return UNTIMED_POINT_S if kind == "point" else 0.0
+    if kind == "early":
+        return 0.0
+    return statistics.median(runs) if runs else UNTIMED_POINT_S
 
 
-def end_of(job: scheduler.RunningJob, now: float, max_time_s: float | None, kind: str) -> float:
-    """When a running job ends in a run of ``kind``: its start + ``run_length``, or — when
-    it has run past that already — half-way from now to its late end (a job without a
-    known end runs at least as long again as it has: the longer it ran, the longer it runs)."""
-    late = job.started_at + run_length(job.time_limit_s, max_time_s, "late", job.service)
-    end = job.started_at + run_length(job.time_limit_s, max_time_s, kind, job.service)
+def end_of(job: scheduler.RunningJob, now: float, max_time_s: float | None, kind: str,
+           runs: Sequence[float] = ()) -> float:
+    """When a running job ends in a run of ``kind``: its start + ``run_length``; past that
+    already, a job with --time half-way from now to its limit (point; early: now), one
+    without as ``estimates.expected_end`` has it (as long again as it ran; early: now)."""
+    late = job.started_at + run_length(job.time_limit_s, runs, max_time_s, "late", job.service)
+    end = job.started_at + run_length(job.time_limit_s, runs, max_time_s, kind, job.service)
     if kind == "late" or end > now:
         return max(end, now)
+    if kind == "early":
+        return now
     if job.time_limit_s is None:
-        ran = now - job.started_at
-        return min(late, now + (ran if kind == "point" else 0.0))
-    return now + (max(late, now) - now) * (0.5 if kind == "point" else 0.0)
+        expected = scheduler.Estimate(end - job.started_at, "its user's history")
+        return min(late, scheduler.estimates.expected_end(job.started_at, now, expected))
+    return now + (max(late, now) - now) * 0.5
+
+
+def _key(job: scheduler.RunningJob) -> tuple:
+    """A running job's (user, GPUs, memory asked): the key of its user's history."""
+    first = job.placements[0] if job.placements else None
+    mem = None if first is None or first.exclusive else first.memory_mb
+    return (job.user, len(job.placements), mem)
 
 
 @dataclass(frozen=True)
@@ -109,9 +126,11 @@ class _Run:
 def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], float],
              end: Callable[[scheduler.RunningJob], float], horizon_s: float = HORIZON_S,
              stop_after: int | None = None, schedule=scheduler.schedule,
-             step_share: float = STEP_SHARE) -> _Run:
+             step_share: float = STEP_SHARE,
+             estimate: Callable[[scheduler.PendingJob], scheduler.Estimate] | None = None) -> _Run:
     """Run the scheduler forward from ``snap``: ``end`` gives each running job's end,
-    ``length`` each waiting job's run once started. Stops when the queue is empty, at the
+    ``length`` each waiting job's run once started (``estimate``: the scheduler's estimate
+    of one without --time, which its reservations read once it runs). Stops when the queue is empty, at the
     horizon, or once job ``stop_after`` started."""
     now, stop = snap.now, snap.now + horizon_s
     running = {r.id: r for r in snap.running}
@@ -139,7 +158,8 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
                     run.after[job.id] = freed_by
                 running[job.id] = scheduler.RunningJob(
                     job.id, job.user, decision.placements, now, job.time_limit_s, job.service,
-                    job.array_id, job.preemptible)
+                    job.array_id, job.preemptible,
+                    estimate(job) if estimate and job.time_limit_s is None else None)
                 ends[job.id] = now + length(job)
                 if job.time_limit_s is None:
                     untimed.add(job.id)
@@ -188,16 +208,25 @@ def _slice_mb(job: scheduler.RunningJob) -> int | None:
 
 def forecast(snap: scheduler.Snapshot, max_time_s: float | None = None,
              horizon_s: float = HORIZON_S, only: int | None = None,
-             schedule=scheduler.schedule) -> dict[int, Start]:
+             schedule=scheduler.schedule,
+             history: Mapping[tuple, Sequence[float]] | None = None) -> dict[int, Start]:
     """Each waiting job's :class:`Start` (or only job ``only``'s: each run stops once it
     started). The expected run decides ``at``; the early and late runs the interval, which
-    always holds ``at``."""
+    always holds ``at``. ``history``: (user, GPUs, memory asked) -> how long their recent
+    jobs without --time ran (``Scheduling.history``), for the estimate of such a job."""
+    history = history or {}
+
+    def past(job: scheduler.PendingJob) -> tuple[float, ...]:
+        return tuple(history.get((job.user, job.gpu_count, job.gpu_mem_mb), ()))
+
+    def estimate(job: scheduler.PendingJob) -> scheduler.Estimate:
+        return scheduler.run_estimate(job.time_limit_s, max_time_s, past(job))
     runs = {}
     for kind in KINDS:
         runs[kind] = simulate(
-            snap, lambda job, k=kind: run_length(job.time_limit_s, max_time_s, k, job.service),
-            lambda job, k=kind: end_of(job, snap.now, max_time_s, k), horizon_s, only, schedule,
-            STEP_SHARE if kind == "point" else 2 * STEP_SHARE)
+            snap, lambda job, k=kind: run_length(job.time_limit_s, past(job), max_time_s, k, job.service),
+            lambda job, k=kind: end_of(job, snap.now, max_time_s, k, history.get(_key(job), ())),
+            horizon_s, only, schedule, STEP_SHARE if kind == "point" else BOUND_STEP_SHARE, estimate)
     point, early, late = runs["point"], runs["early"], runs["late"]
     result = {}
     for job in snap.queue:

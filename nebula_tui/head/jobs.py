@@ -81,6 +81,12 @@ class JobTransitions:
         active = (JobState.PENDING, JobState.LAUNCHING, JobState.RUNNING)
         self.state.jobs = JobTable(self.state.store.jobs(states=active))
 
+    def make_scavenger(self, job: Job) -> Job:
+        """Its user is past their quota (quota_mode scavenge): it runs as preemptible work."""
+        job = replace(job, spec=replace(job.spec, preemptible=True))
+        self.state.store.make_scavenger(job, self.state.settings.config.preemptible_charge, self.state.clock())
+        return self._set(job)
+
     def _set(self, job: Job) -> Job:
         """The job's new status in the live table, and out to subscribers."""
         self.state.jobs[job.id] = job

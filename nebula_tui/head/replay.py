@@ -80,7 +80,7 @@ class Replay:
     def __init__(self, config: ClusterConfig, devices: dict[str, list[dict]],
                  requests: Iterable[Request], start: float, horizon_s: float,
                  links: dict[str, dict] | None = None, folder: Path | None = None,
-                 forecasts: bool = True):
+                 forecasts: bool = False):
         self.config = config
         self.devices = devices
         self.links = links or {}
@@ -96,7 +96,8 @@ class Replay:
         #: (job, node) -> the exit event's token, while its part runs there
         self.running: dict[tuple[int, str], str] = {}
         self.passes = 0
-        #: forecast each job's start at its submit, as the head would (``Outcome.forecast``)
+        #: forecast each job's start at its submit, as the head would (``Outcome.forecast``;
+        #: ``nebula simulate`` scores them): a forecast per submit costs a long month time
         self.forecasts = forecasts
 
     # ---------------------------------------------------------------- the nodes' side

@@ -33,14 +33,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from .. import scheduler
 from . import forecast
-from ..model import Job, JobSpec, JobState
+from ..model import GpuView, Job, JobSpec, JobState
 from .bookings import Bookings
 from .jobs import JobTransitions
 from .limits import Limits
@@ -58,6 +59,9 @@ QUEUE_ORDER_EVERY_S = 0.5
 #: how many recent runs of one user's like jobs without --time their estimate looks at
 HISTORY_RUNS = 20
 HOUSEKEEPING_EVERY_S = 3600.0
+#: A pass over this many waiting jobs or more decides in a thread (``pass_now``): ~10 ms
+#: of scheduling on these machines, past which a submit would notice waiting behind it.
+THREADED_FROM = 500
 #: a start forecast is made at least this often (seconds) …
 FORECAST_EVERY_S = 180.0
 #: … and when the queue changed, but not sooner than this after the last one
@@ -75,6 +79,15 @@ def pending_job(job: Job) -> scheduler.PendingJob:
         reservation=s.reservation)
 
 
+@dataclass(frozen=True)
+class Seen:
+    """What a pass decided from, for decisions applied after the loop went on: every job
+    object then (by id), and every card's view."""
+
+    jobs: dict[int, Job]
+    gpus: dict[str, GpuView]
+
+
 class Scheduling:
     def __init__(self, state: HeadState, stream: Stream, shares: Shares, jobs: JobTransitions,
                  limits: Limits, bookings: Bookings):
@@ -89,6 +102,9 @@ class Scheduling:
         self._task: asyncio.Task | None = None
         self._order_due = False  # a "queue" event is on its way
         self._housekept_at: float | None = None
+        #: from how many waiting jobs a pass decides off the loop (``pass_now``)
+        self.threaded_from = THREADED_FROM
+        self._deciding = threading.Lock()
         #: told how long each pass took, in seconds (the metrics)
         self.on_pass: Callable[[float], None] = lambda seconds: None
         #: the last forecast: when (monotonic) and for which order of the queue
@@ -120,7 +136,7 @@ class Scheduling:
                 self.bookings.check()
                 if not self.state.holding_for_restore() and not self.pass_is_pointless():
                     self.state.capacity_changed = False
-                    self.schedule_pass()
+                    await self.pass_now()
                     self.on_pass(time.perf_counter() - started)
                 self.housekeeping()
                 self.forecast_if_due()
@@ -155,7 +171,8 @@ class Scheduling:
 
     async def _forecast(self, snap: scheduler.Snapshot) -> None:
         try:
-            starts = await asyncio.to_thread(forecast.forecast, snap, self.limits.settings.max_time_s)
+            starts = await asyncio.to_thread(forecast.forecast, snap, self.limits.settings.max_time_s,
+                                             history=self.histories())
             self.state.forecasts = {job: start.json(snap.now) for job, start in starts.items()}
             self.stream.publish_queue_order(starts=True)
             self._keep_first(starts)
@@ -180,7 +197,7 @@ class Scheduling:
         the loop: each run stops once it started."""
         pending = [j for j in self.waiting() if j.id != job.id] + [job]
         starts = forecast.forecast(self.snapshot_for(pending), self.limits.settings.max_time_s,
-                                   only=job.id)
+                                   only=job.id, history=self.histories())
         return starts.get(job.id)
 
     @staticmethod
@@ -214,19 +231,54 @@ class Scheduling:
         return [j for j in self.state.jobs.values()
                 if j.state == JobState.PENDING and not j.held_by and not j.pooled]
 
-    def schedule_pass(self) -> None:
-        """Decide for every waiting job; the Wait decisions, in the order they come, are
-        the queue's order (``HeadState.queue_order``)."""
+    async def pass_now(self) -> None:
+        """One pass, as the loop runs it. Over a long queue (``THREADED_FROM`` waiting jobs
+        or more) the pure scheduler decides in a thread of its own while the loop goes on
+        answering submits, exits and probes (the thread gives the loop the interpreter every
+        few milliseconds), so no request waits behind a whole pass; its decisions are then
+        applied only where nothing they were made from changed meanwhile
+        (``_still_valid``), and a pass follows for the rest. A short queue's pass (~1 ms)
+        runs on the loop as ``schedule_pass``."""
         pending = self.waiting()
+        if len(pending) < self.threaded_from:
+            self.schedule_pass(pending)
+            return
+        seen = dict.copy(self.state.jobs)  # the Job objects decided about (replaced on change)
+        snapshot = self.snapshot_for(pending)
+        decisions = await asyncio.to_thread(self._decide, snapshot)
+        if not self.apply(decisions, Seen(seen, {v.reading.uuid: v for v in snapshot.gpus})):
+            self.state.wake()  # something changed under the pass: decide again for it
+
+    def _decide(self, snapshot: scheduler.Snapshot) -> list[scheduler.Decision]:
+        with self._deciding:  # one pass at a time: ``plan`` may ask on the loop meanwhile
+            return scheduler.schedule(snapshot)
+
+    def schedule_pass(self, pending: list[Job] | None = None) -> None:
+        """Decide for every waiting job, on the loop; the Wait decisions, in the order they
+        come, are the queue's order (``HeadState.queue_order``)."""
+        pending = self.waiting() if pending is None else pending
         if not pending:
             self._new_order([])
             return
+        self.apply(self._decide(self.snapshot_for(pending)))
+
+    def apply(self, decisions: list[scheduler.Decision], seen: Seen | None = None) -> bool:
+        """What the decisions do: a ``Start`` is launched, a ``Preempt`` stops its victim, a
+        ``Fail`` ends its job, a ``Wait`` keeps its new reason. ``seen``: the decisions were
+        made off the loop from what it holds; each is applied only if still valid then
+        (False: some were not)."""
         reasons: dict[int, str] = {}
-        decisions = scheduler.schedule(self.snapshot_for(pending))
         self._new_order([d.job_id for d in decisions if isinstance(d, scheduler.Wait)])
+        started: dict[str, set] = {}  # GPU -> (job, placement) this pass's starts added
+        all_applied = True
         for decision in decisions:
+            if seen is not None and not self._still_valid(decision, seen, started):
+                all_applied = False
+                continue
             job = self.state.jobs[decision.job_id]
             if isinstance(decision, scheduler.Start):
+                if decision.scavenger:  # its user is past their quota: it runs preemptible
+                    job = self.transitions.make_scavenger(job)
                 self.transitions.begin_launch(job, decision.placements)
             elif isinstance(decision, scheduler.Preempt):
                 self.limits.preempt(job, decision.reason)
@@ -238,6 +290,30 @@ class Scheduling:
                 self.state.jobs[job.id] = replace(job, status=waiting)
                 self.stream.publish_job(self.state.jobs[job.id])
         self.state.store.set_reasons(reasons)
+        return all_applied
+
+    def _still_valid(self, decision: scheduler.Decision, seen: Seen,
+                     started: dict[str, set]) -> bool:
+        """Whether a decision made off the loop still holds: its job is the very object
+        decided about (any change to a job replaces it: cancelled, held, ended, requeued),
+        and a Start's cards are still in service, held by the same jobs as then (plus this
+        pass's earlier starts) and not taken further by processes of others."""
+        state = self.state
+        job = state.jobs.get(decision.job_id)
+        if job is None or job is not seen.jobs.get(decision.job_id):
+            return False
+        if not isinstance(decision, scheduler.Start):
+            return True
+        for p in decision.placements:
+            live, then = state.gpus.get(p.gpu_uuid), seen.gpus.get(p.gpu_uuid)
+            if live is None or then is None or state.blocked(live) is not None \
+                    or live.unmanaged_used_mb > then.unmanaged_used_mb:
+                return False
+            if set(state.jobs.held(p.gpu_uuid)) != set(then.placements) | started.get(p.gpu_uuid, set()):
+                return False
+        for p in decision.placements:
+            started.setdefault(p.gpu_uuid, set()).add((job.id, p))
+        return True
 
     def _new_order(self, order: list[int]) -> None:
         if self.state.set_queue_order(order) and self.stream.subscribers and not self._order_due:
@@ -281,6 +357,10 @@ class Scheduling:
             key = (job.user, job.spec.gpu_count, job.spec.gpu_mem_mb)
             self.history.setdefault(key, deque(maxlen=HISTORY_RUNS)).append(job.ended_at - job.started_at)
 
+    def histories(self) -> dict[tuple, tuple[float, ...]]:
+        """``history`` as it is now, for a forecast in a thread."""
+        return {key: tuple(runs) for key, runs in self.history.items()}
+
     def estimate(self, job: Job) -> scheduler.Estimate | None:
         """How long a running job without --time is expected to hold its cards."""
         if job.spec.time_limit_s is not None:
@@ -304,7 +384,7 @@ class Scheduling:
     def plan(self, user: str, spec: JobSpec) -> dict:
         """Where a job would go now, or why it would wait: the submit form's preview."""
         probe = Job(id=-1, user=user, spec=spec, submitted_at=self.state.clock())
-        decisions = scheduler.schedule(self.snapshot_for(self.waiting() + [probe]))
+        decisions = self._decide(self.snapshot_for(self.waiting() + [probe]))
         victims = [d.job_id for d in decisions if isinstance(d, scheduler.Preempt) and d.for_job == -1]
         for decision in decisions:
             if decision.job_id != -1:

@@ -61,6 +61,16 @@ def shared_mode_refusal(config: ClusterConfig) -> str | None:
                 f"{config.path or 'nodes.yaml'}: with run_as: {config.run_as} every user's job "
                 "runs as the nodes' login account, so one user's job could read another's "
                 "log, forge its exit code and read that account's SSH keys")
+    for pool in config.pools:  # a pool is a node too: each member runs as themselves there
+        if pool.user == "root":
+            return (f"pool {pool.name} logs in as root: on a shared head every member's pool job "
+                    f"would run as root there; give it `user: submitter` in the pools: section "
+                    f"of {config.path or 'nodes.yaml'}")
+        if not pool.per_submitter and not pool.shared_account:
+            return (f"pool {pool.name} runs every member's job as one account ({pool.user}): "
+                    "members could read, end and impersonate each other's jobs there; give it "
+                    "`user: submitter`, or `shared_account: true` if they may share that account "
+                    f"(pools: section of {config.path or 'nodes.yaml'})")
     return None
 
 

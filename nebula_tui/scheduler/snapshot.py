@@ -154,6 +154,9 @@ class SchedulerConfig:
     #: whether a preemptible job's GPU-hours count against its user's quota; when not, a
     #: user over quota may still run preemptible jobs
     preemptible_in_quota: bool = True
+    #: a job of a user past their quota: "scavenge" runs it on idle cards only, as a
+    #: preemptible job (charged ``preemptible_charge``); "refuse" keeps it waiting
+    quota_mode: str = "scavenge"
 
     @property
     def temperatures(self) -> Temperatures:
@@ -194,6 +197,8 @@ class Start:
 
     job_id: int
     placements: tuple[Placement, ...]
+    #: its user is past their quota: it starts as a preemptible job (quota_mode scavenge)
+    scavenger: bool = False
 
 
 @dataclass(slots=True)

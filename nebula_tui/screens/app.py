@@ -89,7 +89,9 @@ def screen_keys(screen) -> tuple[Key, ...]:
     """The keys that work on ``screen``: its own, its tables', then the global ones."""
     own = tuple(getattr(screen, "KEYS", ()))
     tables = TABLE_KEYS if isinstance(screen, Screen) and screen.query(RowTable) else ()
-    return own + tables + GLOBAL_KEYS
+    # a key the screen gives a meaning of its own (⏎: open the job) is listed once, with it
+    taken = {k.key for k in own}
+    return own + tuple(k for k in tables if k.key not in taken) + GLOBAL_KEYS
 
 
 class HelpScroll(VerticalScroll):

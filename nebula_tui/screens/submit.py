@@ -35,7 +35,7 @@ FIELDS = (
     ("gpu_mem", "GPU memory", "per GPU, e.g. 8G; empty = a whole card"),
     ("workdir", "Workdir", "absolute path on the node; empty = $HOME"),
     ("command", "Command", "shell command line, e.g. python train.py --epochs 3"),
-    ("reservation", "Booking", "optional: run in this booking of yours (nebula reservations)"),
+    ("reservation", "Booking", "optional: a booking of yours (nebula reservations)"),
 )
 BOOKING_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -116,6 +116,25 @@ class Submitted(Message):
         self.job = job
 
 
+#: The form's frame says so while fields lie below the fold (at 80x24 Preemptible and
+#: Submit did, with nothing to tell).
+MORE_BELOW = "↓ more below (Tab moves on)"
+
+
+class FormScroll(VerticalScroll):
+    """The form, its frame saying when there is more below."""
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        self.cue()
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self.cue)
+
+    def cue(self) -> None:
+        self.border_subtitle = MORE_BELOW if self.scroll_y < self.max_scroll_y else ""
+
+
 class SubmitScreen(ClusterScreen):
     SCREEN_TITLE = "Submit"
     KEYS = SUBMIT_KEYS
@@ -125,7 +144,7 @@ class SubmitScreen(ClusterScreen):
         self._preview_timer: Timer | None = None
 
     def compose_body(self) -> ComposeResult:
-        with VerticalScroll(id="submit-form"):
+        with FormScroll(id="submit-form"):
             yield Static("Fill in a command to see where the job would go.", id="preview")
             for ident, label, placeholder in FIELDS:
                 with Horizontal(classes="field"):
@@ -134,8 +153,10 @@ class SubmitScreen(ClusterScreen):
                 yield Static("", id=f"e-{ident}", classes="field-error")
             with Horizontal(classes="field"):
                 yield Label("", classes="field-label")
-                yield Checkbox("Preemptible (-p): runs on idle cards now, whatever your fair share; "
-                               "stopped and requeued when a normal job needs them", id="f-preemptible")
+                yield Checkbox("Preemptible (-p)", id="f-preemptible")
+            # said below the box, wrapped: as its label it was cut even at 120 columns
+            yield Static("runs on idle cards now, whatever your fair share; stopped and requeued "
+                         "when a normal job needs them", classes="field-hint")
             with Horizontal(id="submit-buttons"):
                 yield Button("Submit (ctrl+s)", id="submit", variant="primary")
                 yield Button("Back (esc)", id="back")

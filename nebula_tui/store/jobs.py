@@ -58,12 +58,23 @@ class Jobs(Accounting):
                  for job_id, spec in zip(ids, specs)])
             self._set_meta("job_id_floor", str(ids[-1]))
             self._event(t, "submit", message, job_id=ids[0], user=user)
-            self.ids.write(ids[-1])  # last: a failed commit leaves a gap, never a reuse
+            # last: a failed commit leaves a gap, never a reuse; not durable: its reservation
+            # reaches the disk with the group commit's sync, off the head's loop
+            self.ids.write(ids[-1], wait=durable)
         self._next_id = ids[-1] + 1
         # What was written, without reading it back (a submit's second query): a new job
         # is pending, attempt 0, exactly as ``job`` would read it.
         return [Job(id=job_id, user=user, spec=spec, submitted_at=t, status=Pending(WAITING_FOR_SCHEDULER))
                 for job_id, spec in zip(ids, specs)]
+
+    def make_scavenger(self, job: Job, charge: float, t: float) -> None:
+        """A job of a user past their quota starts as preemptible work: its spec says so
+        (it is preempted, and requeued, as one) and its hours are charged at ``charge``."""
+        with self.transaction():
+            self.db.execute("UPDATE jobs SET spec = ?, charge = ? WHERE id = ?",
+                            [json.dumps(spec_fields(job.spec)), charge, job.id])
+            self._event(t, "quota", f"job {job.id} of {job.user} runs as preemptible work on idle "
+                                    f"cards: its user is past their quota", job_id=job.id, user=job.user)
 
     def set_held(self, job_id: int, held_by: str | None, by: str, t: float) -> None:
         """Hold a pending job (it is not scheduled until released) or release it."""

@@ -87,11 +87,27 @@ def test_only_one_job_stops_each_run_once_it_started():
     assert forecast.forecast(snap, only=1)[1] == forecast.forecast(snap)[1]
 
 
-def test_the_run_length_is_one_function_of_the_limit():
-    assert forecast.run_length(3600.0, None, "late") == 3600.0
-    assert forecast.run_length(3600.0, None, "early") < forecast.run_length(3600.0, None, "point") < 3600.0
-    assert forecast.run_length(None, 86400.0, "late") == 86400.0
-    assert forecast.run_length(None, None, "late") == forecast.HORIZON_S
+def test_the_run_length_is_the_limit_or_the_users_history():
+    assert forecast.run_length(3600.0, (), None, "late") == 3600.0
+    assert forecast.run_length(3600.0, (), None, "early") < forecast.run_length(3600.0, (), None, "point") < 3600.0
+    # without --time: the median of how long its user's like jobs ran, else an hour
+    assert forecast.run_length(None, (600.0, 1200.0, 6000.0), None, "point") == 1200.0
+    assert forecast.run_length(None, (), None, "point") == forecast.UNTIMED_POINT_S
+    assert forecast.run_length(None, (600.0,), 86400.0, "late") == 86400.0
+    assert forecast.run_length(None, (600.0,), None, "late") == forecast.HORIZON_S
+    assert forecast.run_length(None, (600.0,), None, "early") == 0.0
+    # a service without history runs past the horizon
+    assert forecast.run_length(None, (), None, "point", service=True) == forecast.HORIZON_S
+
+
+def test_a_waiting_untimed_job_runs_as_its_users_history_says():
+    snap = lab([(10, NOW, 3600.0), (11, NOW, 3600.0)],
+               [PendingJob(1, "ann", 2, None, NOW), PendingJob(2, "bob", 2, None, NOW + 1, time_limit_s=600.0)])
+    plain = forecast.forecast(snap)
+    known = forecast.forecast(snap, history={("ann", 2, None): (900.0,)})
+    assert plain[1].at == known[1].at == NOW + 0.4 * 3600
+    assert plain[2].at == plain[1].at + forecast.UNTIMED_POINT_S  # no history: an hour
+    assert known[2].at == known[1].at + 900  # ann's like jobs ran 15 min
 
 
 def test_the_words_of_a_forecast():

@@ -162,7 +162,7 @@ def test_a_job_refused_over_quota_counts_as_never_run():
     figures count it as runnable and never run (a job no card could ever hold is not)."""
     from nebula_tui.month import compare
     inv = inventory.layout("core")
-    cluster = setup.replay_config(inv, None, ["scheduler.quota_gpu_hours=1"])
+    cluster = setup.replay_config(inv, None, ["scheduler.quota_gpu_hours=1", "scheduler.quota_mode=refuse"])
     jobs = [Request(1, 0, "alice", 1, None, 7200), Request(2, 3 * 3600, "alice", 1, None, 600),
             Request(3, 0, "bob", 64, None, 10)]
 
@@ -180,7 +180,8 @@ def test_the_replay_forecasts_each_start_at_submit_and_the_score_counts_it():
     inv = {"node01": inventory.layout("core")["node01"][:1]}
     cluster = setup.replay_config(inv, None, [])
     jobs = [Request(1, 0, "alice", 1, None, 3000, 7200), Request(2, 60, "bob", 1, None, 600, 1800)]
-    out = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400).run()
+    out = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400, forecasts=True).run()
+    assert Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400).run()[2].forecast is None
     at, early, late = out[2].forecast
     assert (at, early, late) == pytest.approx((0.4 * 7200, 0.25 * 7200, 7200), abs=1)
     assert out[2].started_s == pytest.approx(3000, abs=1)
@@ -325,6 +326,24 @@ def test_a_four_card_job_behind_a_service_and_a_stream_of_slices_starts_within_h
             jobs.append(Request(key, t + 2, f"u{key % 5}", 1, None, 3 * 3600))
             key += 1
     gang = Request(key, 3600, "gang", 4, None, 3600, 7200)
-    out = Replay(cluster, inv, jobs + [gang], setup.REPLAY_EPOCH, 4 * 86400).run()
+    out = Replay(cluster, inv, jobs + [gang], setup.REPLAY_EPOCH, 4 * 86400, forecasts=False).run()
     assert out[gang.key].started_s is not None, "the 4-card job never started"
     assert out[gang.key].started_s - gang.submit_s <= 6 * 3600
+
+
+def test_an_over_quota_job_runs_on_the_idle_card_and_is_preempted_for_in_quota_work():
+    """quota_mode scavenge (the default): alice, past a 1 GPU-hour quota, still runs on
+    the idle card, as preemptible work; bob's in-quota job preempts her, and hers runs
+    again after. With quota_mode refuse her job is refused and the card sits idle."""
+    one = inventory.layout("core")
+    inv = {"n1": next(iter(one.values()))[:1]}  # one card
+    jobs = [Request(1, 0, "alice", 1, None, 2 * 3600), Request(2, 3 * 3600, "alice", 1, None, 2 * 3600),
+            Request(3, 4 * 3600, "bob", 1, None, 3600)]
+    cluster = setup.replay_config(inv, None, ["scheduler.quota_gpu_hours=1"])
+    out = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400).run()
+    assert out[2].refused is None and out[2].runs == 2  # ran at once, preempted, ran again
+    assert out[3].started_s == pytest.approx(4 * 3600, abs=60)  # bob did not wait for her
+    assert out[2].started_s >= out[3].ended_s and out[2].state == "succeeded"
+    strict = setup.replay_config(inv, None, ["scheduler.quota_gpu_hours=1", "scheduler.quota_mode=refuse"])
+    out = Replay(strict, inv, jobs, setup.REPLAY_EPOCH, 86400).run()
+    assert out[2].refused and out[2].started_s is None
