@@ -36,8 +36,6 @@ SHUTDOWN_GRACE_S = 10.0
 #: how long a demo whose terminal closed may take to end by itself once its lab is stopped
 HANGUP_EXIT_S = 5.0
 DEMO_PROBE_INTERVAL_S = 2.0
-#: The lock the demo owning a home's lab holds while it runs (its pid inside).
-DEMO_LOCK = "demo.lock"
 #: Where a running lab's pid is kept (in the lab's directory).
 LAB_PID = "pid"
 #: What identifies a lab process in its command line (a pid may be reused); with ``--slurm``
@@ -109,11 +107,16 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
 
 
 def shared_config(config: Path) -> Path:
-    """The lab's nodes.yaml with each job run as its owner, which a shared head needs."""
+    """The lab's nodes.yaml with each job run as its owner, which a shared head needs, on
+    the lab's nodes and in its Slurm pool (whose own account is the lab process's: root
+    under sudo)."""
     import yaml
 
     data = yaml.safe_load(config.read_text())
     data.setdefault("cluster", {})["run_as"] = "submitter"
+    for pool in data.get("pools") or ():  # the Slurm pool too: never the lab's own account
+        pool["user"] = "submitter"
+        pool.pop("identity", None)  # each member logs in with the head's pool key
     shared = config.with_name("nodes-shared.yaml")
     shared.write_text(yaml.safe_dump(data))
     return shared
@@ -140,7 +143,7 @@ def _exit_cleanly(signum: int, _frame) -> None:
 def _own(home: Home):
     """Become the demo that owns this home's lab: the held lock file, or None when another
     demo process holds it."""
-    lock = open(home.root / DEMO_LOCK, "a+")
+    lock = open(home.demo_lock, "a+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -154,7 +157,7 @@ def _own(home: Home):
 
 def _owner(home: Home) -> str:
     with contextlib.suppress(OSError):
-        return (home.root / DEMO_LOCK).read_text().strip() or "?"
+        return home.demo_lock.read_text().strip() or "?"
     return "?"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -138,12 +139,32 @@ def cmd_demo(args, home, config) -> int:
     if not (getattr(args, "home", None) or os.environ.get("NEBULA_HOME")):
         home = Home.resolve("~/.nebula/demo", getattr(args, "socket", None))
     metrics = f"{args.metrics[0]}:{args.metrics[1]}" if args.metrics else None
-    if args.slurm and os.geteuid() != 0:
-        print("nebula demo: --slurm runs Slurm's daemons, which need root (slurmd starts each "
-              "job as its user); run it as root, e.g. sudo nebula demo --slurm", file=sys.stderr)
+    if args.slurm and (refusal := _slurm_demo_refusal(args, home)):
+        print(f"nebula demo: {refusal}", file=sys.stderr)
         return 1
     return run_demo(home, args.layout, headless=args.headless, shared_group=args.shared_group,
                     metrics=metrics, slurm=args.slurm)
+
+
+def _slurm_demo_refusal(args, home) -> str | None:
+    """What stops ``demo --slurm`` before anything is installed or started, or None. Not
+    root: the one sudo line, with this installation's own ``nebula`` (sudo's PATH does not
+    have the venv) and this user's home for the demo (sudo's HOME is root's)."""
+    from ..sim.lab import LabError, find_sshd
+
+    if os.geteuid() != 0:
+        here = Path(sys.executable).parent / "nebula"
+        program = str(here) if here.exists() else f"{sys.executable} -m nebula_tui"
+        line = " ".join(shlex.quote(a) for a in (
+            *program.split(" "), "demo", "--slurm", "--home", str(home.root),
+            *(["--headless"] if args.headless else [])))
+        return ("--slurm runs Slurm's daemons, which need root (slurmd starts each job as its "
+                f"user), and installs Slurm when missing; run:\n  sudo {line}")
+    try:
+        find_sshd()  # the Slurm cluster's login node is a real sshd
+    except LabError as err:
+        return f"--slurm needs {err}"
+    return None
 
 
 def cmd_tui(args, home, config) -> int:

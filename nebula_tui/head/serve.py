@@ -22,7 +22,8 @@ from pathlib import Path
 from ..backups import BackupError, Backups
 from ..config.cluster import ClusterConfig, load_config
 from ..homedir import Home
-from ..model import ConfigError
+from ..model import ConfigError, RequestError
+from ..node_admin import reload_said
 from ..store import DatabaseDamaged, Store, StoreUnavailable
 from ..waits import within
 from .engine import Engine
@@ -60,6 +61,16 @@ def shared_mode_refusal(config: ClusterConfig) -> str | None:
                 f"{config.path or 'nodes.yaml'}: with run_as: {config.run_as} every user's job "
                 "runs as the nodes' login account, so one user's job could read another's "
                 "log, forge its exit code and read that account's SSH keys")
+    for pool in config.pools:  # a pool is a node too: each member runs as themselves there
+        if pool.user == "root":
+            return (f"pool {pool.name} logs in as root: on a shared head every member's pool job "
+                    f"would run as root there; give it `user: submitter` in the pools: section "
+                    f"of {config.path or 'nodes.yaml'}")
+        if not pool.per_submitter and not pool.shared_account:
+            return (f"pool {pool.name} runs every member's job as one account ({pool.user}): "
+                    "members could read, end and impersonate each other's jobs there; give it "
+                    "`user: submitter`, or `shared_account: true` if they may share that account "
+                    f"(pools: section of {config.path or 'nodes.yaml'})")
     return None
 
 
@@ -188,6 +199,18 @@ def backup_at_stop(backups: Backups, store: Store) -> None:
         log.warning("%s", err)
 
 
+async def reload_on_hangup(engine: Engine) -> None:
+    """SIGHUP: read the cluster file again; the log says what changed, or why the file was
+    refused (``file:line``), the running configuration staying then."""
+    path = engine.config.path
+    try:
+        result = await engine.reload(engine.state.owner)
+    except RequestError as err:
+        log.warning("refused %s; the running one stays", err)
+        return
+    log.info("%s", reload_said(path, result))
+
+
 async def _serve(home: Home, config: ClusterConfig, store: Store, backups: Backups,
                  shared_group: str | None, metrics: tuple[str, int] | None) -> int:
     engine = Engine(config, store)
@@ -196,6 +219,8 @@ async def _serve(home: Home, config: ClusterConfig, store: Store, backups: Backu
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # systemctl reload (ExecReload sends SIGHUP): nodes.yaml read again, as its owner asks.
+    loop.add_signal_handler(signal.SIGHUP, lambda: engine.state.spawn(reload_on_hangup(engine), "reload"))
     if metrics:
         try:
             engine.metrics.serve_http(*metrics)

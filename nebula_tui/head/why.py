@@ -16,6 +16,7 @@ import asyncio
 from dataclasses import replace
 
 from ..model import InvalidRequest, Job, JobSpec, JobState, RequestError
+from ..scheduler.preemption import OVER_QUOTA
 from . import forecast
 from .scheduling import Scheduling
 from .shares import Shares
@@ -46,8 +47,8 @@ def rule_of(job: Job, reason: str, refusal: str | None) -> str:
         return "pool"
     if not reason:
         return "new"
-    if refusal and reason == refusal:
-        return "quota"
+    if refusal and (reason == refusal or reason.startswith(OVER_QUOTA)):
+        return "quota"  # refused, or (quota_mode scavenge) kept to idle cards
     if job.spec.after and not reason.startswith("needs "):
         return "dependency"
     if reason.startswith("array "):
@@ -74,7 +75,7 @@ def _variants(spec: JobSpec, total_mb: int | None) -> list[tuple[str, JobSpec]]:
         half = spec.gpu_mem_mb // 2 // 1024 * 1024 or 1024
         tried.append((f"--gpu-mem {half // 1024}G", replace(spec, gpu_mem_mb=half)))
     if spec.gpu_count > 1:
-        tried.append((f"--gpus {spec.gpu_count // 2}", replace(spec, gpu_count=spec.gpu_count // 2)))
+        tried.append((f"--gpu-count {spec.gpu_count // 2}", replace(spec, gpu_count=spec.gpu_count // 2)))
     if spec.time_limit_s is None or spec.time_limit_s > 3600:
         tried.append(("--time 1:00:00", replace(spec, time_limit_s=3600.0)))
     if not spec.preemptible:

@@ -94,6 +94,8 @@ async def test_reservation_a_short_job_backfills_a_long_one_waits(engine):  # no
     assert any(c["change"] == "--time 1:00:00" and c["starts"]["start_at"] <= engine.clock() + 60
                for c in answer["sooner"])
     assert [r["id"] for r in answer["ahead"]] == [gang.id]
+    halved = (await why(engine, gang))["sooner"]  # node02's two free cards take half of it now
+    assert halved[0]["change"] == "--gpu-count 2" and halved[0]["starts"]["start_at"] <= engine.clock() + 60
 
 
 async def test_blocked_a_drained_node_takes_no_new_work(engine):  # noqa: F811
