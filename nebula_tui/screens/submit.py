@@ -125,7 +125,7 @@ class SubmitScreen(ClusterScreen):
                 yield Static("", id=f"e-{ident}", classes="field-error")
             with Horizontal(classes="field"):
                 yield Label("", classes="field-label")
-                yield Checkbox("Preemptible (-p): runs on idle cards now, whatever your fair share; "
+                yield Checkbox("Preemptible (--preemptible, --qos=scavenger): runs on idle cards now, whatever your fair share; "
                                "stopped and requeued when a normal job needs them", id="f-preemptible")
             with Horizontal(id="submit-buttons"):
                 yield Button("Submit (ctrl+s)", id="submit", variant="primary")
