@@ -76,14 +76,13 @@ def submit_request(args) -> dict | None:
 
 
 def script_command(script: list[str]) -> list[str]:
-    """``nebula submit train.sh ARGS``: the script run by its ``#!`` interpreter (``sh``
-    without one), by its absolute path (the node reads it there: a shared home), as sbatch
-    runs it whether or not it is executable."""
+    """``nebula submit train.sh ARGS``: the script run by its ``#!`` interpreter (checked
+    there by ``slurm.with_directives``), by its absolute path (the node reads it there: a
+    shared home), as sbatch runs it whether or not it is executable."""
     path = os.path.abspath(script[0])
     with open(path, "rb") as f:
-        first = f.readline(4096).decode(errors="replace").strip()
-    interpreter = first[2:].split() if first.startswith("#!") else ["/bin/sh"]
-    return [*interpreter, path, *script[1:]] if interpreter else ["/bin/sh", path, *script[1:]]
+        interpreter = f.readline(4096).decode(errors="replace")[2:].split() or ["/bin/sh"]
+    return [*interpreter, path, *script[1:]]
 
 
 def cmd_submit(args, home, config) -> int:

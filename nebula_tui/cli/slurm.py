@@ -225,10 +225,16 @@ def with_directives(parser: argparse.ArgumentParser, leaf: argparse.ArgumentPars
     the command line's (so that those win, as in sbatch) and the whole parsed again. A
     script that cannot be read, or a directive that is no flag here, is a usage error."""
     path = args.script[0]
+    hint = f"; the command to run goes after `--` (nebula {args.command} -- {shlex.join(args.script)})"
     try:
         with open(path, "rb") as f:
             text = f.read(1 << 20).decode(errors="replace")
+        if not text.startswith("#!"):  # as sbatch, which says the same
+            leaf.error(f"{path} does not look like a job script: its first line must be #! and "
+                       f"an interpreter{hint}")
         words = script_directives(text)
+    except FileNotFoundError:
+        leaf.error(f"{path}: no such script{hint}")
     except (OSError, ValueError) as err:
         leaf.error(f"{path}: {getattr(err, 'strerror', None) or err}")
     if not words:

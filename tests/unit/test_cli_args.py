@@ -189,11 +189,30 @@ def test_a_scripts_directives_yield_to_the_command_line(tmp_path, capsys):
         "fromscript", 5400, 1, "%x-%j.out")
     assert request["command"] == ["/usr/bin/env", "python3", str(script), "a", "-t"]
     unnamed = tmp_path / "eval.sh"
-    unnamed.write_text("echo no directives\n")
+    unnamed.write_text("#!/bin/sh\necho no directives\n")
     args = parser.parse_args(["submit", str(unnamed)])
+    args = with_directives(parser, leaf_parser(parser, args), ["submit", str(unnamed)], args)
     args.trailing = []
     request = submit_request(args)
     assert request["name"] == "eval.sh" and request["command"] == ["/bin/sh", str(unnamed)]
+
+
+@pytest.mark.parametrize("text, says", [
+    (None, "no such script; the command to run goes after `--` (nebula submit -- python train.py)"),
+    ("echo no interpreter\n", "its first line must be #!"),
+    ("#!/bin/sh\n#SBATCH --no-such-flag\n", "lines hold what is no flag here: --no-such-flag"),
+    ("#!/bin/sh\n#SBATCH --job-name='open\n", "No closing quotation"),
+])
+def test_a_script_sbatch_would_refuse_is_a_one_line_usage_error(tmp_path, monkeypatch, capsys, text, says):
+    from nebula_tui.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    if text is not None:
+        (tmp_path / "python").write_text(text)
+    with pytest.raises(SystemExit) as info:
+        main(["--home", str(tmp_path / "home"), "submit", "python", "train.py"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and says in err and err.count("\n") == 1, err
 
 
 def test_squeue_formats_cut_and_pad_as_squeue_does():
