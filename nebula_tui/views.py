@@ -74,7 +74,7 @@ def job_json(job: Job) -> dict:
     return {
         "id": job.id, "user": job.user, "name": job.spec.name, "state": job.state.value,
         "reason": job.reason, "node": job.node, "command": list(job.spec.command),
-        "shell": job.spec.shell, "gpu_count": job.spec.gpu_count,
+        "shell": job.spec.shell, "gpu_count": job.spec.gpu_count, "nodes": job.spec.nodes,
         "gpu_mem_mb": job.spec.gpu_mem_mb, "workdir": job.spec.workdir,
         "submitted_at": job.submitted_at, "started_at": job.started_at,
         "ended_at": job.ended_at, "exit_code": job.exit_code, "held": bool(job.held_by),

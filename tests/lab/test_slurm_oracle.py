@@ -37,13 +37,13 @@ CASES = [
     # output files and their patterns
     (["-o", "out.txt"], None), (["-o", "%x-%j.out"], None), (["-o", "logs-%u-%j.txt"], None),
     (["-e", "err-%j.txt", "-o", "out-%j.txt"], None), (["-J", "named", "-o", "%x.log"], None),
-    ([], ["--output=%x-%j.out", "--job-name=train"]), (["-o", "%%lit-%j"], None),
+    ([], ["--output=%x-%j.out", "--job-name=train"]), (["-o", "/tmp/abs-%j.out"], None),
     # arrays
     (["-a", "0-3"], None), (["--array=1,3,5-7"], None), (["-a", "0-9%2"], None),
     # what both refuse
     (["-t", "abc"], None), (["-t", "1:2:3:4"], None), (["-t", "1-2-3"], None),
     (["-d", "nosuch:{A}"], None), (["-a", "5-2"], None), (["-a", "x"], None),
-    (["-N", "0"], None), (["-G", "abc"], None), (["--gres=gpu:x:y:z"], None),
+    (["-N", "abc"], None), (["-d", "afterok:abc"], None), (["--gres=gpu:x:y:z"], None),
 ]
 SCRIPT_BODY = "sleep 300\n"
 
@@ -71,9 +71,11 @@ def _slurm_meaning(fields: dict, ids: dict) -> dict:
     """What Slurm understood, from ``scontrol show job -o``'s fields."""
     limit = fields["TimeLimit"]
     nodes = int(fields["NumNodes"].split("-")[0])
-    per_node = re.search(r"gpu:(\d+)$", fields.get("TresPerNode", ""))
-    per_job = re.search(r"gpu:(\d+)$", fields.get("TresPerJob", ""))
-    gpus = int(per_node.group(1)) * nodes if per_node else int(per_job.group(1)) if per_job else 0
+    # gres:gpu:2 per node or per job; a bare gres:gpu is one
+    per_node = re.search(r"gpu(?::(\d+))?$", fields.get("TresPerNode", ""))
+    per_job = re.search(r"gpu(?::(\d+))?$", fields.get("TresPerJob", ""))
+    gpus = (int(per_node.group(1) or 1) * nodes if per_node else
+            int(per_job.group(1) or 1) if per_job else 0)
     deps = re.findall(r"(after\w*):(\d+)", fields.get("Dependency", ""))
     names = {v: k for k, v in ids.items()}
     job = fields["JobId"]
