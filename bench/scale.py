@@ -64,16 +64,16 @@ def head_main(home: str, config: str) -> None:
     from nebula_tui.head.serve import serve
     from nebula_tui.homedir import Home
 
-    timed = Scheduling.schedule_pass
+    timed = Scheduling.pass_now
     out = open(Path(home) / "passes.txt", "a", buffering=1)
 
-    def schedule_pass(self) -> None:
+    async def pass_now(self) -> None:
         wall, cpu = time.perf_counter(), time.process_time()
-        timed(self)
+        await timed(self)
         out.write(f"{(time.perf_counter() - wall) * 1000:.2f} "
                   f"{(time.process_time() - cpu) * 1000:.2f} {len(self.waiting())}\n")
 
-    Scheduling.schedule_pass = schedule_pass
+    Scheduling.pass_now = pass_now
     sys.exit(serve(Home(Path(home).resolve()), Path(config)))
 
 
@@ -187,6 +187,13 @@ def measure(nodes: int, args) -> dict:
         rss, peak = memory_mb(head.pid)
         window = [float(line.split()[0]) for line in passes.read_text().splitlines()[seen:]]
 
+        spy = None
+        if args.profile:  # py-spy (pip install py-spy into the venv) samples the head's submits
+            spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "-p",
+                                    str(head.pid), "-r", "200", "--format", "raw", "-o",
+                                    str(Path(args.profile) / f"submits-{nodes}.txt")],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1)
         submits = []
         for _ in range(args.submits):
             time.sleep(0.1 + random.random() * 0.2)
@@ -194,6 +201,9 @@ def measure(nodes: int, args) -> dict:
             with Client(socket, timeout=60) as client:
                 client.call("submit", command=["python", "train.py"])
             submits.append(time.perf_counter() - sent)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
         return {"nodes": nodes, "gpus": nodes * args.gpus, "filled_s": filled, "up_s": up,
                 "cpu": head_share, "swarm_cpu": swarm_share, "rss": rss, "peak": peak,
                 "pass_p50": statistics.median(window) if window else float("nan"),
@@ -229,6 +239,8 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=30.0, help="seconds of idle measured")
     parser.add_argument("--submits", type=int, default=40)
     parser.add_argument("--keep", action="store_true", help="keep each size's folder")
+    parser.add_argument("--profile", metavar="DIR", help="py-spy's samples of the head during "
+                        "the submits, one file a size (collapsed stacks)")
     parser.add_argument("--head", nargs=2, metavar=("HOME", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.head:

@@ -33,11 +33,11 @@ MODELS = [("NVIDIA GeForce RTX 4090", 24564, "8.9", "12.4", "PHB"),
           ("NVIDIA H100 80GB HBM3", 81559, "9.0", "12.8", "NV18")]
 
 
-def cluster(seed: int = 1):
+def cluster(seed: int = 1, nodes: int = 125):
     rnd = random.Random(seed)
     gpus, running, topologies = [], [], {}
     job_id = 1_000_000
-    for n in range(125):
+    for n in range(nodes):
         node = f"node{n:03d}"
         name, total, cap, cuda, link = MODELS[n % len(MODELS)]
         topologies[node] = {f"GPU{i}": {f"GPU{j}": (link if i // 4 == j // 4 else "SYS")

@@ -12,6 +12,10 @@ a head that stopped answering); ``subscribe`` replies with a snapshot and then s
 notok or started; ``array``: "0-99%8") and answers ``{"job", "tasks"}`` (an array's
 first task, and how many it has); ``cancel`` of an array's id cancels every task;
 ``requeue`` stops a running job and puts it back in the queue.
+``why`` (``job``, or ``user``) replies ``{"why": …}``: for a job its place, the rule that
+holds it, its start forecast, its user's fair share, the jobs ahead and holding its cards,
+and the changes that would start it sooner, each tried on the forecast; for a user their
+fair share and jobs (docs/reference.md has both shapes).
 ``logs`` (``job``, ``offset``; ``rank``: one node of a multi-node job, or ``offsets``: one
 per rank, for all of them; ``attempt``: which run, 1 the first — a job's own ``attempt``
 field counts its requeues, so its latest run is that + 1) replies ``{"data", "offset",
@@ -59,8 +63,12 @@ request's ``list``, ``temperatures`` the health policy's
   and those of their jobs): every change has one, written where it happens, at the head's time;
 * ``queue``: ``{"order": [job id, …]}``, the waiting jobs in the order the scheduler
   considers them (priority, fair share, submit time), after a pass changed it (at most
-  every 0.5 s); the snapshot has it as ``"queue"``. ``queue`` and ``job`` requests give
-  each waiting job's ``queue_pos`` (its 1-based place; null before its first pass), and
+  every 0.5 s); the snapshot has it as ``"queue"``. After each new start forecast it also
+  carries ``"starts"`` (job id -> its ``starts``, below), as the snapshot does. ``queue`` and ``job`` requests give
+  each waiting job's ``queue_pos`` (its 1-based place; null before its first pass), the
+  ``queue`` request its ``starts`` (the last start forecast: ``start_at``, ``early``,
+  ``late`` as Unix times, null when not within ``within_s``; ``after_job``, the job
+  without a --time whose estimated end it waits for; ``node``; ``made_at``), and
   ``job`` also its ``environment`` once placed (node -> the variables its command gets);
 * ``pool``: ``{"pool": …}``, one pool's view (as in the snapshot's ``pools``), after each
   poll of it;
@@ -103,11 +111,12 @@ from .waits import within
 #: Every kind of line in the events log (``event["kind"]``): a job's life (submit, hold,
 #: cancel, place, start, end, requeue, and what the head's limits did: idle, guard,
 #: limit), nodes (node, hardware, reconcile), GPUs' health (health, xid), what admins did
-#: (admin), the store's own notes (store) and pools (pool: a job sent to one and its id
-#: there, a pool unreachable and back). ``tests/unit/test_events.py`` holds the source to it.
+#: (admin), the store's own notes (store), pools (pool: a job sent to one and its id
+#: there, a pool unreachable and back) and a job past its user's quota run as preemptible
+#: work (quota). ``tests/unit/test_events.py`` holds the source to it.
 EVENT_KINDS = ("submit", "hold", "cancel", "place", "start", "end", "requeue", "idle", "guard",
                "limit", "node", "hardware", "reconcile", "health", "xid", "admin", "store",
-               "preempt", "pool", "booking")
+               "preempt", "pool", "booking", "quota")
 
 #: The longest request line the server reads, and a tenth of the longest reply line.
 MAX_LINE = 1 << 20

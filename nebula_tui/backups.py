@@ -32,6 +32,10 @@ EVERY_S = 3600.0
 PREFIX, SUFFIX = "state-", ".db"
 
 
+#: files of the home the head writes besides the database (with its -wal and -shm)
+HEAD_FILES = ("job-ids",)
+
+
 class BackupError(Exception):
     """A backup could not be made, found or put in place; ``str()`` is one sentence."""
 
@@ -54,6 +58,46 @@ class Backups:
         self.db = Path(db)
         self.folder = self.db.parent / "backups"
         self.keep = keep
+
+    # ------------------------------------------------------------ whose files
+    def _give_back(self, *paths: Path) -> None:
+        """Make ``paths`` the home's owner's (the service account's) when root made them:
+        a backup made or restored as root must stay the head's to open."""
+        if os.geteuid() != 0:
+            return
+        try:
+            home = self.db.parent.stat()
+        except OSError:
+            return
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                if path.lstat().st_uid != home.st_uid or path.lstat().st_gid != home.st_gid:
+                    os.chown(path, home.st_uid, home.st_gid, follow_symlinks=False)
+
+    def _head_files(self) -> list[Path]:
+        """The database, its WAL and shared memory, the head's id and id floor, the backups'
+        folder: what the head opens for writing."""
+        return [self.db.with_name(self.db.name + s) for s in ("", "-wal", "-shm")] + [head_id_file(self.db)] + \
+            [self.db.with_name(name) for name in HEAD_FILES] + [self.folder]
+
+    def unusable(self, *more: Path) -> str | None:
+        """One sentence when the head (this account) cannot open a file of its home (and
+        ``more``, such as its lock) — a database restored or a backup made as root and left
+        root's —, with the way out; None when all are its to open."""
+        for path in [*self._head_files(), *more]:
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                return f"cannot look at {path}: {err.strerror}"
+            if os.access(path, os.R_OK | os.W_OK | (os.X_OK if path.is_dir() else 0)):
+                continue
+            me, owner = _user(os.geteuid()), _user(st.st_uid)
+            return (f"{path} is {owner}'s ({st.st_mode & 0o777:04o}) and this head runs as {me}, "
+                    f"who cannot open it; give the home back: chown -R {me} {self.db.parent} "
+                    "(a backup made or restored as root?)")
+        return None
 
     # ---------------------------------------------------------------- making them
     def make(self, store: Store | None = None) -> Backup:
@@ -78,6 +122,7 @@ class Backups:
             finally:
                 copy.close()
             _sync(partial)
+            self._give_back(self.folder, partial)
             os.replace(partial, final)
             _sync(self.folder)
         except (OSError, DatabaseDamaged) as err:
@@ -108,11 +153,16 @@ class Backups:
     def list(self) -> list[Backup]:
         """Every backup, newest first."""
         found = []
-        with contextlib.suppress(FileNotFoundError):
+        try:
             for entry in os.scandir(self.folder):
                 if entry.name.startswith(PREFIX) and entry.name.endswith(SUFFIX) and entry.is_file():
                     stat = entry.stat()
                     found.append(Backup(Path(entry.path), stat.st_mtime, stat.st_size))
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            raise BackupError(f"cannot read {self.folder}: {_text(err)}; run it as the head's account, "
+                              f"or give the folder back: chown -R {_user(os.geteuid())} {self.folder}") from None
         return sorted(found, key=lambda b: (b.taken_at, b.name), reverse=True)
 
     def find(self, name: str) -> Backup:
@@ -140,6 +190,8 @@ class Backups:
             store = Store(backup.path, readonly=True)
         except DatabaseDamaged as err:
             return {"damaged": str(err)}
+        except Exception as err:  # sqlite3's own: a file this account may not open
+            return {"damaged": f"cannot open it ({_text(err)}; {_user(_uid(backup.path))}'s)"}
         try:
             return store.summary()
         except Exception as err:  # a page of it cannot be read
@@ -185,6 +237,7 @@ class Backups:
             while chunk := source.read(1 << 20):
                 target.write(chunk)
         _sync(partial)
+        self._give_back(partial)
         os.replace(partial, self.db)
         _sync(self.db.parent)
         self._mark_restored(Store(self.db), f"backup {backup.name}")
@@ -203,12 +256,12 @@ class Backups:
                 "the nodes run or ran, before it schedules anything; waiting jobs, the "
                 "history and quotas are not in it")
 
-    @staticmethod
-    def _mark_restored(store: Store, source: str) -> None:
+    def _mark_restored(self, store: Store, source: str) -> None:
         try:
             store.mark_restored(source)
         finally:
             store.close()
+            self._give_back(*self._head_files())
 
     def _set_aside(self) -> str:
         """Rename the database and its WAL out of the way (kept: nothing is deleted);
@@ -237,14 +290,37 @@ def head_stopped(lock: Path) -> Iterator[None]:
     except OSError as err:
         raise BackupError(f"cannot open {lock}: {err.strerror}") from None
     with handle:
+        if os.geteuid() == 0:  # root made it: it stays the head's to open
+            with contextlib.suppress(OSError):
+                home = lock.parent.stat()
+                os.chown(lock, home.st_uid, home.st_gid)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
             pid = handle.read().strip()
-            raise BackupError(f"the head is running{f' (pid {pid})' if pid else ''}: stop it "
-                              "first (it keeps its database open)") from None
+            how = f"`kill {pid}`" if pid.isdigit() else "SIGTERM to its `nebula serve`"
+            raise BackupError(f"the head is running{f' (pid {pid})' if pid else ''} and keeps its "
+                              f"database open: stop it first — {how} (it stops cleanly; the jobs on "
+                              "the nodes run on), or `sudo systemctl stop nebula` where systemd runs "
+                              "it — then run this again") from None
         yield
+
+
+def _uid(path: Path) -> int:
+    try:
+        return path.stat().st_uid
+    except OSError:
+        return -1
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return f"uid {uid}"
 
 
 def _sync(path: Path) -> None:

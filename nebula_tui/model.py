@@ -106,6 +106,17 @@ class ConfigError(Exception):
         super().__init__(f"{where}: {message}")
 
 
+def ended_text(state: str, reason: str, detail: str = "") -> str:
+    """An end in words, the reason never saying the state again: "cancelled by alice",
+    "failed with exit code 1: out of memory" (``detail``: " with exit code 1"), the events
+    log's and the CLI's alike ("cancelled: cancelled" said nothing twice)."""
+    if not reason or reason == state:
+        return state + detail
+    if reason.startswith(state + " "):
+        return reason + detail
+    return f"{state}{detail}: {reason}"
+
+
 def fmt(value: object, unit: str = "") -> str:
     """Render a reading, ``None`` (not available) as ``N/A``."""
     if value is None:

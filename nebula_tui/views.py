@@ -10,27 +10,46 @@ import shlex
 import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict
+from enum import Enum
 
 from .model import (LOCAL_POOL, MIB_PER_GIB, NOT_AVAILABLE, Cancelling, Evicting, GpuView, Job, JobState,
                     Stopping, fmt, format_mb, holding, stdio_path)
+from .forecasts import first_start, starts_text
 from .printable import printable
 from .scheduler.filters import cuda_gap
 from .scheduler.slices import offered_mb
-from .units import duration_exact, duration_short, duration_text
+from .units import duration_exact, duration_text
+
+
+class JobPhase(str, Enum):
+    """A job's state in one word as people see it (``job_json``'s ``phase``), the words of
+    every screen, the CLI and the tests' fixed head: its stored state, or a hold, a cancel,
+    an eviction or the head's own stop under way. ``screens/look.py`` gives each a style."""
+
+    PENDING = "pending"
+    HELD = "held"
+    LAUNCHING = "launching"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    EVICTING = "evicting"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
 
 
 def job_phase(job: Job) -> str:
-    """Its state in one word as people see it, on every screen and in every list: a hold,
-    a cancel, an eviction or the head's own stop under way included."""
+    """Its :class:`JobPhase`'s word, on every screen and in every list."""
     if job.held_by and job.state == JobState.PENDING:
-        return "held"
+        return JobPhase.HELD.value
     if isinstance(job.status, Cancelling):
-        return "cancelling"
+        return JobPhase.CANCELLING.value
     if isinstance(job.status, Evicting):
-        return "evicting"
+        return JobPhase.EVICTING.value
     if isinstance(job.status, Stopping):
-        return "stopping"
-    return job.state.value
+        return JobPhase.STOPPING.value
+    return JobPhase(job.state.value).value
 
 
 #: How much of a job's command a list of jobs shows (the queue, the history, the event
@@ -105,7 +124,8 @@ def history_json(job: Job, usage: dict) -> dict:
     """An ended job as ``job_history`` answers: ``job_json`` plus its wait and run time
     (of its last run, when it was requeued), the GPU-hours charged (all runs), and what
     its cards did while it held them (telemetry; None without samples): mean utilisation,
-    GPU-hours held while its cards idled, mean and peak memory used per card."""
+    GPU-hours held while its cards idled, mean and peak memory used per card; the head's
+    first start forecast for it (``forecast``) and its start less that (``forecast_error_s``)."""
     started = job.started_at
     sampled = usage.get("sampled_gpu_hours") or 0.0
     return {
@@ -117,6 +137,12 @@ def history_json(job: Job, usage: dict) -> dict:
         "idle_gpu_hours": round(usage.get("idle_gpu_hours") or 0.0, 9) if sampled else None,
         "mem_used_mb_mean": _rounded(usage.get("mem_used_mb_mean")),
         "mem_used_mb_peak": _rounded(usage.get("mem_used_mb_peak")),
+        # the head's first start forecast for it, and how far its start was from it
+        "forecast": None if usage.get("forecast_at") is None else {
+            "start_at": usage["forecast_at"], "early": usage.get("forecast_early"),
+            "late": usage.get("forecast_late")},
+        "forecast_error_s": None if usage.get("forecast_at") is None or started is None
+        else round(started - usage["forecast_at"], 3),
     }
 
 
@@ -135,8 +161,11 @@ def gpu_status(gpu: GpuView, node_up: bool) -> str:
 
 
 def gpu_json(gpu: GpuView, *, node_up: bool, cuda_version: str | None,
-             nvlink: list[dict], processes: list[dict], raw: bool = True) -> dict:
-    """The R2 descriptor plus live readings; each slice names the job holding it.
+             nvlink: list[dict], processes: list[dict], fits: dict[str, int] | None = None,
+             raw: bool = True) -> dict:
+    """The R2 descriptor plus live readings; each slice names the job holding it;
+    ``fits``: how many more jobs of the common sizes the scheduler would place on it
+    (``scheduler.slices.common_fits``: clients show it, never work it out again).
     ``raw``: with the probe's whole reading as it came (``reading``), for ``nebula gpus``."""
     r = gpu.reading
     slices = [{"id": n, "memory_mb": p.memory_mb, "state": "allocated", "job": job_id,
@@ -161,6 +190,7 @@ def gpu_json(gpu: GpuView, *, node_up: bool, cuda_version: str | None,
         "unmanaged_used_mb": gpu.unmanaged_used_mb,
         "health_score": round(gpu.health_score, 3),
         "processes": processes,
+        "fits": fits or {},
     }
     if raw:
         out["reading"] = asdict(r)
@@ -317,6 +347,7 @@ def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False)
                 continue
             running = sum(1 for t in tasks if t["state"] in ("running", "launching"))
             rows.append((f"{array}_*", j["user"], j["name"] or "-", "array", f"{running} running",
+                         starts_text(first_start(tasks), time.time() if now is None else now) or "-",
                          f"array of {len(tasks)} tasks left ({tasks[0].get('array') or ''}): "
                          f"{running} running, {len(tasks) - running} waiting; "
                          "`nebula queue --expand` lists them"))
@@ -332,8 +363,9 @@ def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False)
         ident = str(j["id"]) if j.get("array_id") is None else f"{j['array_id']}_{j['array_index']}"
         # the word the TUI shows too (held, stopping…: ``job_phase``); a row from elsewhere
         # (a pool's) may carry only its state
-        rows.append((ident, j["user"], j["name"] or "-", j.get("phase") or j["state"], where, detail))
-    return table(("ID", "USER", "NAME", "STATE", "GPUS", "REASON / COMMAND"), rows, right={0})
+        starts = starts_text(j.get("starts"), time.time() if now is None else now) or "-"
+        rows.append((ident, j["user"], j["name"] or "-", j.get("phase") or j["state"], where, starts, detail))
+    return table(("ID", "USER", "NAME", "STATE", "GPUS", "STARTS", "REASON / COMMAND"), rows, right={0})
 
 
 def gpus_text(gpus: list[dict]) -> str:
@@ -430,7 +462,10 @@ def doctor_text(reply: dict) -> str:
     for node, checks in reply["nodes"].items():
         lines += [node] + [f"  {line}" for line in doctor_lines(checks)]
     failed = sum(c["status"] == "fail" for checks in reply["nodes"].values() for c in checks)
-    lines.append(f"{failed} check{'s' if failed != 1 else ''} failed" if failed else "Every check passed")
+    warned = sum(c["status"] == "warn" for checks in reply["nodes"].values() for c in checks)
+    warnings = f"{warned} warning{'s' if warned != 1 else ''}"
+    lines.append(f"{failed} check{'s' if failed != 1 else ''} failed" + (f", {warnings}" if warned else "")
+                 if failed else f"Every check passed with {warnings}" if warned else "Every check passed")
     return "\n".join(lines)
 
 
@@ -454,7 +489,7 @@ def job_text(job: dict) -> str:
              + (f": {reason}" if reason and reason != job["state"] else ""),
              f"  command:   {command}",
              f"  asks:      {asks}",
-             f"  workdir:   {job.get('workdir_used') or job.get('workdir') or '$HOME'}",
+             f"  workdir:   {workdir_text(job)}",
              f"  limit:     {duration_exact(job.get('time_limit_s'))}"]
     for key in ("output", "error"):
         if job.get(key) and (key == "output" or job[key] != job.get("output")):
@@ -497,54 +532,15 @@ def month_start(now: float, back: int = 0) -> float:
     return time.mktime((months // 12, months % 12 + 1, 1, 0, 0, 0, 0, 0, -1))
 
 
-def history_text(jobs: list[dict]) -> str:
-    """`nebula history`: one ended job a line, oldest first."""
-    if not jobs:
-        return "No ended jobs match."
-    rows = [(j["id"], j["user"], j["name"] or "-", j["state"], fmt(j["exit_code"]),
-             gpu_list(j["gpus"]) or "-", duration_short(j["wait_s"]), duration_short(j["run_s"]),
-             f"{j['gpu_hours']:.3f}", fmt(j["mean_util_pct"], "%"),
-             f"{format_mb(j['mem_used_mb_mean'])}/{format_mb(j['mem_used_mb_peak'])}"
-             if j["mem_used_mb_peak"] is not None else NOT_AVAILABLE,
-             time.strftime("%Y-%m-%d %H:%M", time.localtime(j["ended_at"])))
-            for j in jobs]
-    return table(("ID", "USER", "NAME", "STATE", "EXIT", "GPUS", "WAIT", "RUN", "GPU-H", "UTIL",
-                  "MEM MEAN/PEAK", "ENDED"), rows, right={0, 4, 6, 7, 8, 9})
+def workdir_text(job: dict) -> str:
+    """Where the job runs, as `nebula job` and the TUI's job page say it: the folder its
+    node settled on once it started, else the one asked for, else its user's home."""
+    return job.get("workdir_used") or job.get("workdir") or "$HOME"
 
 
-def _pct(value: float | None) -> str:
-    return NOT_AVAILABLE if value is None else f"{value:.0f}%"
-
-
-def report_text(report: dict) -> str:
-    """`nebula report`: per user and month, then capacity per node and month, then the
-    cluster day by day."""
-    stamp = lambda t: time.strftime("%Y-%m-%d %H:%M", time.localtime(t))  # noqa: E731
-    since, until = stamp(report["since"]), stamp(report["until"])
-    users = table(("MONTH", "USER", "JOBS", "GPU-H", "EFFICIENCY", "IDLE GPU-H", "MEAN WAIT"),
-                  [(u["month"], u["user"], u["jobs"], f"{u['gpu_hours']:.3f}",
-                    _pct(u["efficiency_pct"]), f"{u['idle_gpu_hours']:.3f}",
-                    duration_short(u["mean_wait_s"])) for u in report["users"]],
-                  right={2, 3, 4, 5, 6}) if report["users"] else "(no job ended in this period)"
-    capacity = ("PERIOD", "NODE", "GPUS", "AVAILABLE GPU-H", "ALLOCATED GPU-H", "ALLOCATED", "UTILISATION")
-
-    def rows(items):
-        return [(r["period"], r["node"], r["gpus"], f"{r['available_gpu_hours']:.3f}",
-                 f"{r['allocated_gpu_hours']:.3f}", _pct(r["allocated_pct"]), _pct(r["util_pct"]))
-                for r in items]
-
-    days = [r for r in report["days"] if r["node"] == "cluster"]
-    booked = table(("BOOKING", "USERS", "FROM", "TO", "BOOKED GPU-H", "USED GPU-H", "USED"), [
-        (b["name"], ",".join(b["users"]), stamp(b["start"]), stamp(b["end"]), f"{b['booked_gpu_hours']:.3f}",
-         f"{b['used_gpu_hours']:.3f}", _pct(b["used_pct"])) for b in report.get("bookings", [])],
-        right={4, 5, 6}) if report.get("bookings") else "(no booking in this period)"
-    return "\n".join([
-        f"Report {since} to {until}", "",
-        "Users (jobs that ended; efficiency: utilisation of their cards while they held them)",
-        users, "",
-        "Nodes (GPU-hours their cards had, held by jobs, and how busy the cards really were)",
-        table(capacity, rows(report["nodes"]), right={2, 3, 4, 5, 6}), "",
-        "Cluster by day",
-        table(capacity, rows(days), right={2, 3, 4, 5, 6}), "",
-        "Bookings (GPU-hours booked in this period, and those their users' jobs held on them)",
-        booked])
+def booking_state(booking: dict) -> str:
+    """A booking's state in words, as `nebula reservations` and the TUI both say it:
+    "broken: <why>", "under way" or "ahead" (``active``: the head's reading at its clock)."""
+    if booking.get("broken"):
+        return f"broken: {booking['broken']}"
+    return "under way" if booking.get("active") else "ahead"

@@ -18,6 +18,9 @@ import json
 import threading
 from pathlib import Path
 
+from nebula_tui.scheduler.slices import COMMON_SIZES_GB, count_fit
+from nebula_tui.views import JobPhase
+
 #: The moment every screen is drawn at (2026-09-21 12:00:00 UTC).
 NOW = 1_790_000_000.0
 USER = "alice"
@@ -39,6 +42,10 @@ def _gpu(node: str, index: int, kind: str, *, used: int, util: float, temp: floa
         total - sum(s["memory_mb"] for s in held) - unmanaged
     slices = list(slices) + ([{"id": len(held) + 1, "memory_mb": free, "state": "free", "job": None,
                                "exclusive": False}] if free >= 4096 else [])
+    # what the head publishes: the scheduler's own count, on these numbers
+    fits = {f"{gb}G": 0 if blocked or status == "unreachable" else
+            count_fit(total, unmanaged, sum(s["memory_mb"] for s in held), len(held),
+                      any(s.get("exclusive") for s in held), gb * 1024) for gb in COMMON_SIZES_GB}
     return {
         "uuid": f"GPU-{node[-2:]}{index}00000-0000-4000-8000-00000000000{index}", "node": node,
         "index": index, "model": model, "vendor": "nvidia", "total_memory_mb": total,
@@ -47,7 +54,7 @@ def _gpu(node: str, index: int, kind: str, *, used: int, util: float, temp: floa
         "cuda_version": "12.4", "slices": slices, "jobs": sorted({s["job"] for s in held}),
         "memory_used_mb": used, "utilization_pct": util, "temperature_c": temp, "power_w": power,
         "power_limit_w": limit, "unmanaged_used_mb": unmanaged, "health_score": 1.0,
-        "processes": list(processes),
+        "processes": list(processes), "fits": fits,
     }
 
 
@@ -64,7 +71,7 @@ def _job(job_id: int, user: str, name: str, state: str, *, gpus=(), count=1, mem
             "gpu_count": count, "gpu_mem_mb": mem, "workdir": None, "submitted_at": submitted,
             "started_at": started, "ended_at": ended, "exit_code": exit_code,
             "held": bool(held_by), "held_by": held_by, "attempt": 1, "gpus": list(gpus),
-            "phase": "held" if held_by and state == "pending" else state}
+            "phase": (JobPhase.HELD if held_by and state == "pending" else JobPhase(state)).value}
 
 
 def _placed(node: str, index: int, mb: int, exclusive: bool = False) -> dict:

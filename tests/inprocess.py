@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -56,11 +57,12 @@ def cluster_file(path, nodes, extra: str = "") -> None:
     path.write_text(f"cluster:\n  name: t\n  known_hosts: {path.parent / 'kh'}\nnodes:\n{lines}\n{extra}")
 
 
-def up_engine(tmp_path, extra: str = "") -> Engine:
+def up_engine(tmp_path, extra: str = "", clock=time.time) -> Engine:
     """A head with two up nodes of two A100s each, no job yet (``extra``: nodes.yaml
-    sections, such as a ``scheduler:`` policy). The caller stops it and closes its store."""
+    sections, such as a ``scheduler:`` policy; ``clock``: the head's clock, which a test
+    may move). The caller stops it and closes its store."""
     cluster_file(tmp_path / "nodes.yaml", NODES, extra)
-    head = Engine(load_config(tmp_path / "nodes.yaml"), Store(tmp_path / "state.db"))
+    head = Engine(load_config(tmp_path / "nodes.yaml"), Store(tmp_path / "state.db"), clock)
     for node in NODES:
         head.links[node] = QuietNode()
         head.on_node_message(node, {"type": "hello", "hostname": node, "smi_table": "CUDA Version: 12.4"})

@@ -6,13 +6,14 @@ from __future__ import annotations
 import sys
 import time
 
-from ..model import fmt
+from ..model import NOT_AVAILABLE, fmt, format_mb
+from ..units import duration_short
 from .args import USAGE_ERROR
 from .common import service_client, show
 
 
 def cmd_report(args, home, config) -> int:
-    from ..views import month_start, report_text
+    from ..views import month_start
 
     if args.months is not None and args.since is not None:
         print("nebula report: give --since or --months, not both", file=sys.stderr)
@@ -35,7 +36,6 @@ def cmd_report(args, home, config) -> int:
 
 
 def cmd_history(args, home, config) -> int:
-    from ..views import history_text
 
     with service_client(home, config) as client:
         jobs = client.call("job_history", user=args.user, since=args.since, until=args.until,
@@ -65,3 +65,60 @@ def cmd_users(args, home, config) -> int:
           fmt(u.get("month_efficiency_pct"), "%"), f"{u.get('month_idle_gpu_hours') or 0:.2f}",
           duration_short(u.get("month_mean_wait_s"))) for u in users],
         right=range(1, 10)))
+
+
+def history_text(jobs: list[dict]) -> str:
+    """`nebula history`: one ended job a line, oldest first."""
+    from ..views import gpu_list, table
+
+    if not jobs:
+        return "No ended jobs match."
+    rows = [(j["id"], j["user"], j["name"] or "-", j["state"], fmt(j["exit_code"]),
+             gpu_list(j["gpus"]) or "-", duration_short(j["wait_s"]), duration_short(j["run_s"]),
+             f"{j['gpu_hours']:.3f}", fmt(j["mean_util_pct"], "%"),
+             f"{format_mb(j['mem_used_mb_mean'])}/{format_mb(j['mem_used_mb_peak'])}"
+             if j["mem_used_mb_peak"] is not None else NOT_AVAILABLE,
+             time.strftime("%Y-%m-%d %H:%M", time.localtime(j["ended_at"])))
+            for j in jobs]
+    return table(("ID", "USER", "NAME", "STATE", "EXIT", "GPUS", "WAIT", "RUN", "GPU-H", "UTIL",
+                  "MEM MEAN/PEAK", "ENDED"), rows, right={0, 4, 6, 7, 8, 9})
+
+
+def _pct(value: float | None) -> str:
+    return NOT_AVAILABLE if value is None else f"{value:.0f}%"
+
+
+def report_text(report: dict) -> str:
+    """`nebula report`: per user and month, then capacity per node and month, then the
+    cluster day by day."""
+    from ..views import table
+
+    stamp = lambda t: time.strftime("%Y-%m-%d %H:%M", time.localtime(t))  # noqa: E731
+    since, until = stamp(report["since"]), stamp(report["until"])
+    users = table(("MONTH", "USER", "JOBS", "GPU-H", "EFFICIENCY", "IDLE GPU-H", "MEAN WAIT"),
+                  [(u["month"], u["user"], u["jobs"], f"{u['gpu_hours']:.3f}",
+                    _pct(u["efficiency_pct"]), f"{u['idle_gpu_hours']:.3f}",
+                    duration_short(u["mean_wait_s"])) for u in report["users"]],
+                  right={2, 3, 4, 5, 6}) if report["users"] else "(no job ended in this period)"
+    capacity = ("PERIOD", "NODE", "GPUS", "AVAILABLE GPU-H", "ALLOCATED GPU-H", "ALLOCATED", "UTILISATION")
+
+    def rows(items):
+        return [(r["period"], r["node"], r["gpus"], f"{r['available_gpu_hours']:.3f}",
+                 f"{r['allocated_gpu_hours']:.3f}", _pct(r["allocated_pct"]), _pct(r["util_pct"]))
+                for r in items]
+
+    days = [r for r in report["days"] if r["node"] == "cluster"]
+    booked = table(("BOOKING", "USERS", "FROM", "TO", "BOOKED GPU-H", "USED GPU-H", "USED"), [
+        (b["name"], ",".join(b["users"]), stamp(b["start"]), stamp(b["end"]), f"{b['booked_gpu_hours']:.3f}",
+         f"{b['used_gpu_hours']:.3f}", _pct(b["used_pct"])) for b in report.get("bookings", [])],
+        right={4, 5, 6}) if report.get("bookings") else "(no booking in this period)"
+    return "\n".join([
+        f"Report {since} to {until}", "",
+        "Users (jobs that ended; efficiency: utilisation of their cards while they held them)",
+        users, "",
+        "Nodes (GPU-hours their cards had, held by jobs, and how busy the cards really were)",
+        table(capacity, rows(report["nodes"]), right={2, 3, 4, 5, 6}), "",
+        "Cluster by day",
+        table(capacity, rows(days), right={2, 3, 4, 5, 6}), "",
+        "Bookings (GPU-hours booked in this period, and those their users' jobs held on them)",
+        booked])

@@ -40,12 +40,11 @@ def cmd_reserve(args, home, config) -> int:
 
 
 def bookings_text(bookings: list[dict]) -> str:
-    from ..views import table
+    from ..views import booking_state, table
 
     if not bookings:
         return "No bookings under way or ahead."
-    rows = [(b["name"], b["gpus"], b["when"], ",".join(b["users"]), b["created_by"],
-             f"broken: {b['broken']}" if b.get("broken") else ("under way" if b["active"] else "ahead"))
+    rows = [(b["name"], b["gpus"], b["when"], ",".join(b["users"]), b["created_by"], booking_state(b))
             for b in bookings]
     return table(("NAME", "GPUS", "WHEN", "USERS", "BY", "STATE"), rows)
 

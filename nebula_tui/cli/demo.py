@@ -50,6 +50,9 @@ SLURM_LAB_START_TIMEOUT_S = 600.0
 
 def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None = None,
              metrics: str | None = None, slurm: bool = False) -> int:
+    # The demo talks to its own head only: never to the box's shared one (a home without
+    # a socket falls back to /run/nebula's), nor to a NEBULA_SOCKET, which it would stop.
+    home = Home(home.root, home.root / "nebula.sock")
     home.ensure()
     lock = _own(home)
     if lock is None:
@@ -106,11 +109,16 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
 
 
 def shared_config(config: Path) -> Path:
-    """The lab's nodes.yaml with each job run as its owner, which a shared head needs."""
+    """The lab's nodes.yaml with each job run as its owner, which a shared head needs, on
+    the lab's nodes and in its Slurm pool (whose own account is the lab process's: root
+    under sudo)."""
     import yaml
 
     data = yaml.safe_load(config.read_text())
     data.setdefault("cluster", {})["run_as"] = "submitter"
+    for pool in data.get("pools") or ():  # the Slurm pool too: never the lab's own account
+        pool["user"] = "submitter"
+        pool.pop("identity", None)  # each member logs in with the head's pool key
     shared = config.with_name("nodes-shared.yaml")
     shared.write_text(yaml.safe_dump(data))
     return shared

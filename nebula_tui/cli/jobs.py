@@ -11,10 +11,14 @@ import time
 from .. import environments
 from ..api import ApiError
 from ..printable import printable
+from ..model import ended_text
 from ..units import duration_exact
 from ..views import job_text
 from .args import FINISHED_STATES, USAGE_ERROR
 from .common import service_client, show
+
+#: `nebula why` tries the forecast for several changes of the request: give it time
+WHY_TIMEOUT_S = 60.0
 
 
 def world_request(args) -> dict:
@@ -164,11 +168,10 @@ def _wait(client, job_id: int, as_json: bool = False, quiet_success: bool = Fals
     as srun) and return its exit code."""
     job = client.wait(job_id)
     detail = f" with exit code {job['exit_code']}" if job["exit_code"] is not None else ""
-    reason = f": {printable(job['reason'])}" if job["reason"] else ""
     if as_json:
         print(json.dumps(job, indent=2))
     elif not (quiet_success and job["state"] == "succeeded"):
-        print(f"Job {job_id} {job['state']}{detail}{reason}", file=sys.stderr)
+        print(f"Job {job_id} {ended_text(job['state'], printable(job['reason'] or ''), detail)}", file=sys.stderr)
     if job["exit_code"] is not None:
         return job["exit_code"]
     return 0 if job["state"] == "succeeded" else 1
@@ -205,6 +208,20 @@ def cmd_job(args, home, config) -> int:
     return show(args, job, job_text)
 
 
+def cmd_why(args, home, config) -> int:
+    """``nebula why JOB`` / ``nebula why --user NAME``: the head's answer, in words."""
+    from ..forecasts import why_text, why_user_text
+
+    if (args.job is None) == (args.user is None):
+        print("nebula why: name a job (nebula why 42) or a user (nebula why --user alice)",
+              file=sys.stderr)
+        return 2
+    fields = {"job": args.job} if args.user is None else {"user": args.user}
+    with service_client(home, config) as client:
+        answer = client.call("why", timeout=WHY_TIMEOUT_S, **fields)["why"]
+    return show(args, answer, why_user_text if args.user is not None else why_text)
+
+
 def cmd_cancel(args, home, config) -> int:
     """Cancel each job named, like ``scancel 4 5 3``: every id is tried, each answered on
     its own line; exit 1 when any could not be cancelled."""
@@ -222,8 +239,9 @@ def cmd_cancel(args, home, config) -> int:
                 continue
             done.append(job)
             if not getattr(args, "json", False):
-                print(f"Cancelling job {job['id']}" if job["state"] != "cancelled"
-                      else f"Cancelled job {job['id']}")
+                # one word for every job: its nodes may still be stopping it (a pool's is gone)
+                print(f"Cancelled job {job['id']}" + ("" if job["state"] == "cancelled"
+                                                      else " (its nodes stop it now)"))
     if getattr(args, "json", False):
         print(json.dumps(done[0] if len(args.jobs) == 1 else done, indent=2))
     return 1 if failed else 0

@@ -6,6 +6,7 @@ head's own code in virtual time (simulate)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -166,6 +167,14 @@ def cmd_simulate(args, home, config) -> int:
     from ..head.replay import Replay
     from ..month import compare, inventory, plots, setup, workload
 
+    # Bounded, so a replay's memory and time are: a year, up to 100 times the cards'
+    # hours of demand, a lab's users (each drawn job is built and replayed).
+    for flag, value, low, high in (("--days", args.days, 0.0, 366.0), ("--load", args.load, 0.0, 100.0),
+                                   ("--users", args.users or 1, 0, 10_000)):
+        if not math.isfinite(value) or not low < value <= high:
+            print(f"nebula simulate: {flag} is {value:g}; give a number above {low:g}, at most {high:g}",
+                  file=sys.stderr)
+            return USAGE_ERROR
     try:
         inv = inventory.from_gpus_json(Path(args.gpus_json)) if args.gpus_json else inventory.layout(args.layout)
         links = {} if args.gpus_json else inventory.layout_links(args.layout)
@@ -188,7 +197,7 @@ def cmd_simulate(args, home, config) -> int:
         workload.write_trace(requests, Path(args.save_trace))
 
     def nebula(reqs, cards, horizon_s):
-        return Replay(cluster, cards, reqs, setup.REPLAY_EPOCH, horizon_s, links).run()
+        return Replay(cluster, cards, reqs, setup.REPLAY_EPOCH, horizon_s, links, forecasts=True).run()
 
     result = compare.compare(requests, inv, horizon, cluster.scheduler.half_life_s, nebula)
     if args.json:

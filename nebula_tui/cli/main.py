@@ -23,7 +23,7 @@ COMPLETE_COMMAND = "__complete"
 
 COMMANDS = {
     "submit": jobs.cmd_submit, "run": jobs.cmd_run, "wait": jobs.cmd_wait, "queue": jobs.cmd_queue,
-    "job": jobs.cmd_job, "cancel": jobs.cmd_cancel, "hold": jobs.cmd_hold,
+    "job": jobs.cmd_job, "why": jobs.cmd_why, "cancel": jobs.cmd_cancel, "hold": jobs.cmd_hold,
     "release": jobs.cmd_release, "requeue": jobs.cmd_requeue, "attach": jobs.cmd_attach,
     "logs": logs.cmd_logs,
     "status": cluster.cmd_status, "gpus": cluster.cmd_gpus, "events": cluster.cmd_events,

@@ -194,11 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
                             ("requeue", "stop a running job and put it back in the queue"),
                             ("release", "let a held job start again")):
         command(name, help_text).add_argument("job", type=job_id)
+    p = command("why", "why a job waits (or runs), and what would start it sooner; "
+                       "--user: a user's fair share")
+    p.add_argument("job", type=job_id, nargs="?", default=None)
+    p.add_argument("--user", default=None, help="explain this user's standing instead")
     command("cancel", "cancel jobs (several ids at once, like scancel)",
             aliases=["scancel"]).add_argument(
         "jobs", type=job_id, nargs="+", metavar="job")
     p = command("attach", "attach this terminal to a running job's tmux session "
-                          "(detach: Ctrl-b d; the job runs on)", prints=False)
+                          "(detach: Ctrl-b d, or Ctrl-b Ctrl-b d inside your own tmux; the job runs on)", prints=False)
     p.add_argument("job", type=job_id)
     p.add_argument("--rank", type=int, default=0, help="which node of a multi-node job (0 first)")
     p = command("node", "node administration (admins)", prints=False)

@@ -69,7 +69,17 @@ def attach(path: Path, job: int, rank: int = 0) -> bool:
         sock.close()
         raise ApiError("attach needs a terminal (run it in one, or read the output with "
                        f"`nebula logs {job} -f`)")
+    print(detach_keys(os.environ), file=sys.stderr, flush=True)
     return _relay(sock, rest)
+
+
+def detach_keys(environ) -> str:
+    """How to leave the job's session and keep it running. Inside the user's own tmux
+    (``$TMUX``) the first Ctrl-b goes to that tmux: it takes Ctrl-b twice."""
+    if environ.get("TMUX"):
+        return ("Attaching inside your own tmux: detach with Ctrl-b Ctrl-b d (the first Ctrl-b goes "
+                "to your tmux); the job runs on")
+    return "Attaching: detach with Ctrl-b d; the job runs on"
 
 
 # What tmux's client prints as it leaves when the session itself is gone (a detach prints

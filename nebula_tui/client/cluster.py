@@ -36,6 +36,7 @@ class Cluster:
         self.pools: dict[str, dict] = {}  # pool name -> its view (``pools/status.py``)
         self.bookings: list[dict] = []  # bookings not yet over, as ``reservations`` lists them
         self.queue_order: list[int] = []  # waiting jobs, as the scheduler orders them
+        self.starts: dict[int, dict] = {}  # waiting job -> the head's start forecast
         self.by_node: dict[str, dict[str, dict]] = {}  # node -> uuid -> GPU (same dicts)
         self.placed: dict[str, set[int]] = {}  # GPU uuid -> live jobs placed there
         self.util_trend: dict[str, deque] = {}  # GPU uuid -> recent utilisation readings
@@ -53,6 +54,7 @@ class Cluster:
         self.pools = {p["name"]: p for p in snap.get("pools", [])}
         self.bookings = list(snap.get("bookings", []))
         self.queue_order = list(snap.get("queue", []))
+        self._forecasts(snap.get("starts"))
         self.by_node = {}
         for uuid, gpu in self.gpus.items():
             self.by_node.setdefault(gpu["node"], {})[uuid] = gpu
@@ -72,6 +74,7 @@ class Cluster:
             self.jobs.pop(job["id"], None)
             self.finished[job["id"]] = job
         else:
+            job.setdefault("starts", self.starts.get(job["id"]))  # a forecast comes apart
             self.jobs[job["id"]] = job
             self._place(job, add=True)
         self.version += 1
@@ -165,9 +168,19 @@ class Cluster:
         return {f"{name}:{n['name']}": {**n, "name": f"{name}:{n['name']}", "pool": name}
                 for name, pool in self.pools.items() for n in pool.get("nodes") or ()}
 
-    def apply_queue(self, order: list[int]) -> None:
+    def apply_queue(self, order: list[int], starts: dict | None = None) -> None:
         self.queue_order = list(order)
+        self._forecasts(starts)
         self.version += 1
+
+    def _forecasts(self, starts: dict | None) -> None:
+        """The head's start forecasts (job id, as JSON writes it -> ``starts``), put on
+        the waiting jobs as their ``starts``."""
+        if starts is None:
+            return
+        self.starts = {int(job): start for job, start in starts.items()}
+        for job_id, job in self.jobs.items():
+            job["starts"] = self.starts.get(job_id) if job["state"] == "pending" else None
 
     def apply_user(self, row: dict) -> None:
         """A user's row (weight, GPU-hours, quota, jobs) as the ``users`` request has it."""

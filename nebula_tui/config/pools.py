@@ -14,7 +14,7 @@ from .reader import Reader, describe, given, is_tag
 
 POOL_KEYS = ("name", "kind", "host", "port", "user", "identity", "known_hosts", "partition",
              "account", "max_jobs", "burst_after", "workdir", "runtime", "shards_per_gpu",
-             "poll_interval")
+             "poll_interval", "scavenger_qos", "scavenger_partition", "shared_account")
 POOL_KINDS = ("slurm",)
 POOL_RUNTIMES = ("pyxis", "apptainer", "none")
 #: ``user: submitter``: the head logs in to the pool as the user who submitted the job
@@ -55,6 +55,13 @@ class PoolConfig:
     shards_per_gpu: int = 0
     #: squeue/sinfo no more often than this (seconds)
     poll_interval_s: float = 10.0
+    #: where ``--preemptible`` jobs go there (a QOS, a partition or both); neither: the
+    #: pool refuses ``--preemptible``, which would run at full price there
+    scavenger_qos: str | None = None
+    scavenger_partition: str | None = None
+    #: the admin's explicit yes to one cluster account for every member on a shared head
+    #: (``shared_account: true``): they then share its files, jobs and keys there
+    shared_account: bool = False
     #: the line of its ``name:`` in nodes.yaml (for messages that point at it)
     line: int | None = None
 
@@ -105,7 +112,7 @@ def _pool(ctx: Reader, item: Node, number: int, defaults: dict[str, Any]) -> Poo
     port = ctx.integer(get("port"), f"{where}: port", 1, 65535)
     user = ctx.user(get("user"), f"{where}: user")
     words = {}
-    for key in ("partition", "account"):
+    for key in ("partition", "account", "scavenger_qos", "scavenger_partition"):
         value = ctx.text(get(key), f"{where}: {key}")
         if value is not None and not _SLURM_NAME_RE.match(value):
             raise ctx.error(get(key), f"{where}: {key} {value!r} is not a name Slurm takes "
@@ -131,7 +138,10 @@ def _pool(ctx: Reader, item: Node, number: int, defaults: dict[str, Any]) -> Poo
         identity=identity,
         known_hosts=ctx.path(get("known_hosts"), f"{where}: known_hosts") or defaults["known_hosts"],
         partition=words["partition"], account=words["account"],
+        scavenger_qos=words["scavenger_qos"], scavenger_partition=words["scavenger_partition"],
+        shared_account=bool(ctx.boolean(get("shared_account"), f"{where}: shared_account")),
         line=item.start_mark.line + 1,
         **given(port=port, max_jobs=max_jobs,
                 burst_after_s=ctx.seconds(get("burst_after"), f"{where}: burst_after"),
                 workdir=workdir, runtime=runtime, shards_per_gpu=shards, poll_interval_s=poll))
+

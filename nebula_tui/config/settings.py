@@ -32,6 +32,10 @@ class SettingError(ValueError):
         self.keys = keys
 
 
+#: ``scheduler.quota_mode``: past their quota a user's jobs run on idle cards only as
+#: preemptible work ("scavenge"), or wait until the quota is raised ("refuse")
+QUOTA_MODES = ("scavenge", "refuse")
+
 @dataclass(frozen=True)
 class SchedulerSettings:
     """``scheduler:`` — scoring weights (R10), quota (R7) and fair-share decay (R6)."""
@@ -120,7 +124,7 @@ def scheduler_settings(value: Any) -> SchedulerSettings:
     data = as_mapping("scheduler", value)
     check_known("scheduler", data, ("weights", "hot_c", "min_health_score", "service_spare",
                                "quota_gpu_hours", "half_life", "default_vendor", "preemptible_charge",
-                               "preemptible_in_quota"))
+                               "preemptible_in_quota", "quota_mode"))
     weights = as_mapping("scheduler.weights", data.get("weights"), "weights")
     check_known("scheduler.weights", weights, tuple(_WEIGHTS), "weights")
     config = replace(SchedulerConfig(), **{_WEIGHTS[k]: _number("scheduler", ("weights", k), v)
@@ -146,6 +150,11 @@ def scheduler_settings(value: Any) -> SchedulerSettings:
             raise SettingError("scheduler.preemptible_in_quota must be true or false, found "
                                f"{data['preemptible_in_quota']!r}", "preemptible_in_quota")
         config = replace(config, preemptible_in_quota=data["preemptible_in_quota"])
+    if "quota_mode" in data:
+        if data["quota_mode"] not in QUOTA_MODES:
+            raise SettingError(f"scheduler.quota_mode must be one of {', '.join(QUOTA_MODES)}, found "
+                               f"{data['quota_mode']!r}", "quota_mode")
+        config = replace(config, quota_mode=data["quota_mode"])
     settings = SchedulerSettings(config=config)
     if "quota_gpu_hours" in data:
         settings = replace(settings, quota_gpu_hours=_number("scheduler", ("quota_gpu_hours",),

@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Callable
 
-from ..model import RequestError, format_mb
+from ..model import InvalidRequest, RequestError, format_mb
 from ..scheduler import Booking
 from ..units import duration_text
 from ..views import month_start
@@ -86,6 +86,8 @@ class Bookings:
         self.stream = stream
         #: told (booking, why or None when it can be honoured again): the engine's notices
         self.on_broken: Callable[[dict, str | None], None] = lambda booking, why: None
+        #: each live booking's name and whether it was under way when subscribers last heard
+        self._told: tuple[tuple[str, bool], ...] = ()
 
     # ---------------------------------------------------------------- reading
     def live(self) -> list[dict]:
@@ -103,6 +105,8 @@ class Bookings:
                 "when": f"{when_text(booking['start'], now)} – {when_text(end, now)}"}
 
     def list_json(self) -> list[dict]:
+        """What subscribers get (the snapshot too): from then on :meth:`check` tells them
+        when a window opens or ends."""
         now = self.state.clock()
         return [self.json(b, now) for b in self.live()]
 
@@ -125,7 +129,7 @@ class Bookings:
         if "delete" in req:
             name = req["delete"]
             if not isinstance(name, str) or not NAME_RE.match(name):
-                raise RequestError("--delete takes a booking's name; `nebula reservations` lists them")
+                raise InvalidRequest("--delete takes a booking's name; `nebula reservations` lists them")
             return {"booking": self.delete(user, name)}
         return self.create(user, req)
 
@@ -136,17 +140,17 @@ class Bookings:
         name, start, duration = req.get("name"), req.get("start"), req.get("duration_s")
         users = req.get("users") or [user]
         if not isinstance(start, (int, float)) or isinstance(start, bool) or not now - 60 <= start <= now + MAX_AHEAD_S:
-            raise RequestError("--start must be a time from now to a year ahead, e.g. \"2026-12-11 09:00\"")
+            raise InvalidRequest("--start must be a time from now to a year ahead, e.g. \"2026-12-11 09:00\"")
         start = max(start, now)
         if not isinstance(duration, (int, float)) or isinstance(duration, bool) or not 60 <= duration <= MAX_WINDOW_S:
-            raise RequestError("--duration must be from 1 minute to 31 days, e.g. 10h")
+            raise InvalidRequest("--duration must be from 1 minute to 31 days, e.g. 10h")
         if not isinstance(users, list) or not 1 <= len(users) <= 64 or \
                 not all(isinstance(u, str) and USER_RE.match(u) for u in users):
-            raise RequestError("--users must be a comma-separated list of user names, e.g. alice,bob")
+            raise InvalidRequest("--users must be a comma-separated list of user names, e.g. alice,bob")
         if name is None:
             name = f"{user}-{time.strftime('%m%d-%H%M', time.localtime(start))}"
         if not isinstance(name, str) or not NAME_RE.match(name):
-            raise RequestError("--name must be 1-64 letters, digits, dots, dashes or underscores")
+            raise InvalidRequest("--name must be 1-64 letters, digits, dots, dashes or underscores")
         end = start + duration
         cards = self._cards(req, start, end)
         hours = len(cards) * duration / 3600
@@ -178,11 +182,20 @@ class Bookings:
 
     def check(self) -> None:
         """Say at once when a booking can no longer be honoured (one of its cards taken out
-        of service, its node drained or away), and when it can again."""
+        of service, its node drained or away), and when it can again; and tell subscribers
+        when a window opens or ends (the clock moved, nothing else did)."""
+        now = self.state.clock()
+        live = self.live()
+        self._broken_or_whole(live, now)
+        if self._told != tuple((b["name"], self.json(b, now)["active"]) for b in live):
+            self._publish()
+
+    def _broken_or_whole(self, live: list[dict], now: float) -> None:
+        if not live:
+            return
         blocked = {v.uuid: v.blocked or ("in maintenance" if v.maintenance else None)
                    for v in self.state.gpu_views()}
-        now = self.state.clock()
-        for booking in self.live():
+        for booking in live:
             why = None
             for uuid, node, index in booking["cards"]:
                 if uuid not in blocked:
@@ -207,11 +220,11 @@ class Bookings:
         gpus, count = req.get("gpus"), req.get("gpu_count")
         if gpus is not None:
             if not isinstance(gpus, str) or len(gpus) > 200:
-                raise RequestError("--gpus must be NODE:INDEXES, e.g. node02:0-3")
+                raise InvalidRequest("--gpus must be NODE:INDEXES, e.g. node02:0-3")
             try:
                 wanted = parse_cards(gpus)
             except ValueError as err:
-                raise RequestError(str(err)) from None
+                raise InvalidRequest(str(err)) from None
             by_place = {(v.node, v.reading.index): v for v in views}
             chosen = []
             for node, index in wanted:
@@ -226,10 +239,10 @@ class Bookings:
                 chosen.append((view.uuid, node, index))
             return chosen
         if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 64:
-            raise RequestError("give the cards: --gpus node02:0-3, or --gpu-count N [--gpu-mem 40G]")
+            raise InvalidRequest("give the cards: --gpus node02:0-3, or --gpu-count N [--gpu-mem 40G]")
         mem = req.get("gpu_mem_mb")
         if mem is not None and (not isinstance(mem, int) or isinstance(mem, bool) or mem < 1):
-            raise RequestError("--gpu-mem must be a size such as 40G")
+            raise InvalidRequest("--gpu-mem must be a size such as 40G")
         by_node: dict[str, list] = {}
         for v in views:
             if v.blocked or v.maintenance or v.uuid in taken:
@@ -250,9 +263,9 @@ class Bookings:
         if not limit:
             raise RequestError(f"only admins ({self.access.admins_text()}) may book cards here "
                                "(limits.booking_gpu_hours is 0)")
-        since = month_start(now)
-        used = sum(len(b["cards"]) * (b["end"] - b["start"]) / 3600 for b in self.state.store.bookings()
-                   if b["created_by"] == user and b["start"] >= since)
+        # What was booked, not what the bookings table holds now: a name reused replaces
+        # its old row there, and must not give back the hours it took.
+        used = self.state.store.booked_hours(user, month_start(now))
         if used + hours > limit + 1e-9:
             raise RequestError(f"{user} may book {limit:g} GPU-hours a month (limits.booking_gpu_hours) and "
                                f"booked {used:g} this month; this one is {hours:g}; an admin may book it")
@@ -275,4 +288,6 @@ class Bookings:
                 + ", ".join(late))
 
     def _publish(self) -> None:
-        self.stream.publish({"type": "bookings", "bookings": self.list_json()})
+        bookings = self.list_json()
+        self._told = tuple((b["name"], b["active"]) for b in bookings)
+        self.stream.publish({"type": "bookings", "bookings": bookings})

@@ -53,6 +53,7 @@ from .smoke import SmokeTest
 from .state import HeadState, job_nodes
 from .stops import Stops
 from .stream import Stream
+from .why import Why
 
 #: jobs one user may have waiting or running at once (an array's tasks each count): every
 #: list of jobs, each TUI's snapshot among them, holds them all
@@ -62,6 +63,8 @@ MAX_LIVE_JOBS_PER_USER = 20_000
 class Engine:
     def __init__(self, config: ClusterConfig, store: Store, clock=time.time):
         self.state = HeadState(config, store, clock)
+        #: (what they were judged on, partial, request shape -> refusal): ``_hardware_refusal``
+        self._refusals: tuple = ((None, None, None, None), False, {})
         self.access = Access(self.state)
         self.accounting = Accounting(self.state, self.access)
         self.stream = Stream(self.state)
@@ -78,13 +81,14 @@ class Engine:
         self.attach = Attach(self.state, self.access)
         self.pools = Pools(self.state, self.stream, self.shares, self.transitions, self.access,
                            store.path.parent)
+        self.why = Why(self.state, self.scheduling, self.shares, self.pools)
         self.smoke = SmokeTest(self.state, self.stream, self.transitions, self.access)
         self.doctor = Doctor(self.state)
         self.metrics = Metrics(self.state)  # served only with --metrics (head/serve.py)
         self.transitions.on_running = self._job_started
         self.scheduling.on_pass = self.metrics.pass_done
         self.notifier = Notifier(self.state)
-        self.transitions.on_ended = self.notifier.job_ended
+        self.transitions.on_ended = self._job_ended
         self.transitions.on_requeued = self.notifier.job_requeued
         self.health.on_isolated = self.notifier.gpu_isolated
         self.bookings.on_broken = self.notifier.booking_broken
@@ -100,8 +104,12 @@ class Engine:
         self.node_key, self.add_node = self.fleet.node_key, self.fleet.add_node
         self.remove_node, self.reload = self.fleet.remove_node, self.fleet.reload
 
+    def _job_ended(self, job: Job) -> None:
+        self.scheduling.job_ended(job)  # its run length: its user's history (estimates.py)
+        self.notifier.job_ended(job)
+
     def _job_started(self, job: Job) -> None:
-        self.metrics.job_started(job)
+        self.metrics.job_started(job, self.scheduling.first_forecasts.pop(job.id, None))
         self.limits.job_started(job)  # its --time counts from now, on the monotonic clock
 
     # the live view, as the server and tests read it
@@ -175,8 +183,9 @@ class Engine:
             raise RequestError(f"--after names no job {missing[0]}; `nebula queue` lists the jobs")
         config = state.settings.config
         share = self.shares.shares().get(user)
-        if share is not None and share.refusal and not (spec.preemptible and not config.preemptible_in_quota):
-            raise RequestError(share.refusal)
+        if share is not None and share.refusal and config.quota_mode == "refuse" \
+                and not (spec.preemptible and not config.preemptible_in_quota):
+            raise RequestError(share.refusal)  # scavenge: it runs on idle cards (preemption.py)
         spec = self._fit(user, spec)
         tasks = len(spec.array.indices) if spec.array else 1
         live = state.jobs.per_user[user]
@@ -224,26 +233,44 @@ class Engine:
         if refusal is None and spec.pool in self.pools.pools:
             pass  # the pool's hardware, not the lab's, is what it needs (Pools.check)
         elif refusal is None:
-            probe = pending_job(Job(id=0, user=user, spec=spec, submitted_at=0.0))
-            hardware = self.state.hardware()
-            partial = any(node.name not in hardware for node in self.state.config.nodes)
-            refusal = admission.refusal_on(probe, hardware, self.state.settings.config,
-                                           partial=partial)
+            refusal = self._hardware_refusal(user, spec)
             if refusal is not None and spec.pool is None and self.pools.bursts_for(spec):
                 refusal = None  # a pool it may go to after waiting can run it
         if refusal is not None:
             raise UnfitRequest(refusal)
         return spec if time_limit == spec.time_limit_s else replace(spec, time_limit_s=time_limit)
 
+    def _hardware_refusal(self, user: str, spec: JobSpec) -> str | None:
+        """``admission.refusal_on`` for the spec's request on the cards known now, kept per
+        request shape until the cards' classes change: checking every node at each submit
+        made a submit's cost grow with the lab."""
+        hardware, config = self.state.hardware(), self.state.settings.config
+        basis = (hardware, config, self.state.config, self.state.config.nodes)
+        # ``hardware`` is the same object until a card's facts change; the configs are
+        # replaced by a reload, a node added or removed
+        if any(a is not b for a, b in zip(self._refusals[0], basis)):
+            partial = any(node.name not in hardware for node in self.state.config.nodes)
+            self._refusals = (basis, partial, {})
+        _, partial, known = self._refusals
+        key = (spec.gpu_count, spec.gpu_mem_mb, spec.service, spec.nodes, spec.vendor, spec.arch,
+               spec.cuda)
+        if key not in known:
+            if len(known) >= 1024:
+                known.clear()
+            probe = pending_job(Job(id=0, user=user, spec=spec, submitted_at=0.0))
+            known[key] = admission.refusal_on(probe, hardware, config, partial=partial)
+        return known[key]
+
     def job_detail(self, job_id: int, user: str | None = None) -> dict:
         """A job as ``views.job_json`` has it (one that ended as its history shows it, to
         ``user``: GPU-hours, waits, what its cards did), with what the head computes for
-        it: its place in the queue (``queue_pos``) and, once placed, the environment each
+        it: its place in the queue (``queue_pos``), its start forecast (``starts``) and, once placed, the environment each
         of its nodes gives its command (``environment``: node -> variables)."""
         job = self.job(job_id)
         shown = (self.accounting.ended_job(user or self.state.owner, job) if job.state.finished
                  else views.job_json(job))
         return {**shown, "queue_pos": self.state.queue_pos(job),
+                "starts": self.state.forecasts.get(job.id) if job.state == JobState.PENDING else None,
                 "environment": self.transitions.environments(job)
                 if job.placements and job.pool is None else {}}
 

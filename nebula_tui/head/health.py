@@ -61,6 +61,10 @@ RESET_TIMEOUT_S = 150.0
 EVICT_POLL_S = 0.2
 #: Xid history older than this is dropped (longer than any sensible repeat window).
 XID_HISTORY_S = 86400.0
+#: One bus fall reaches the head twice — the kernel's Xid 79 line and the driver's "lost"
+#: reading — in either order, a probe or two apart: within this many seconds the second
+#: report is the same fall, counted once (a card never falls twice before it answers again).
+SAME_FALL_S = 60.0
 
 
 class HealthMonitor:
@@ -82,6 +86,8 @@ class HealthMonitor:
         self._pid_jobs: dict[str, dict[str, str]] = {}  # node -> pid -> job id (last probe)
         self._throttling: set[str] = set()  # GPUs in a throttling episode now
         self._lost: set[str] = set()  # GPUs whose last probe said the driver lost them
+        # gpu -> [time, its Xid line came, the driver's loss came] of its last bus fall
+        self._falls: dict[str, list] = {}
         self._kmsg_errors: dict[str, str] = {}
         #: told of each GPU isolated, with why (notifications)
         self.on_isolated: Callable[[str, str], None] = lambda gpu, reason: None
@@ -125,10 +131,27 @@ class HealthMonitor:
                 return uuid
         return None
 
+    def _same_fall(self, gpu: str, now: float, report: int) -> bool:
+        """Whether this report of a bus fall (``report``: 1 the kernel's Xid line, 2 the
+        driver's loss) is the other half of the last fall, which then has both; else it
+        opens a new fall."""
+        last = self._falls.get(gpu)
+        if last is not None and now - last[0] <= SAME_FALL_S and not last[report]:
+            last[report] = True
+            return True
+        self._falls[gpu] = [now, report == 1, report == 2]
+        return False
+
     def on_xid(self, gpu: str, event: dict, pid_jobs: dict[str, str]) -> None:
         now = self.state.clock()
         label = self.state.label(gpu)
         history = self._xids[gpu]
+        if event.get("code") in (None, BUS_FALL_CODE) and self._same_fall(gpu, now, 1):
+            # the driver's loss of the card told of this fall first: it is isolated already
+            self._event("xid", f"{label}: Xid {event.get('code') or BUS_FALL_CODE} "
+                               f"({xid.meaning(event.get('code'))}): the fall the driver reported; "
+                               "counted once", gpu=gpu)
+            return
         action = decide(event, history, now, self.policies, gpu=label)
         history.append((now, event.get("code")))
         history[:] = [(t, c) for t, c in history if now - t <= XID_HISTORY_S]
@@ -187,35 +210,40 @@ class HealthMonitor:
     # ----------------------------------------------------------- pipelines (R17)
     async def _check(self, gpu: str, action: Action) -> None:
         """A self-test while the GPU keeps serving; a failure isolates it."""
-        passed, sentence = await self._selftest(gpu, serving=True)
+        passed, sentence = await self._selftest(gpu, serving=True, record=False)
         label = self.state.label(gpu)
         if passed:
             self._event("health", f"{label} keeps serving: {sentence}", gpu=gpu)
             return
-        code = BUS_FALL_CODE if action.code is None else action.code
-        policy = self.policies.get(code)
-        admin = bool(policy and policy.admin_resume)
-        tail = (f"check the card, then `nebula gpu resume {label}`" if admin
-                else "its jobs are checkpointed and requeued")
-        await self._isolate(gpu, Action("isolate", admin, f"Xid {action.code} "
-                                        f"({xid.meaning(action.code)}) and a failed self-test: "
-                                        f"isolated; {tail}", None, action.code))
+        # Out until an admin resumes it (a failed test keeps any card out): the one line
+        # says the test's outcome and the way back; the test is not run a second time.
+        await self._isolate(gpu, Action("isolate", True, f"Xid {action.code} "
+                                        f"({xid.meaning(action.code)}) and a failed self-test "
+                                        f"({sentence}): isolated; check the card, then "
+                                        f"`nebula gpu resume {label}`", None, action.code),
+                            tested=True)
 
-    async def _isolate(self, gpu: str, action: Action) -> None:
+    async def _isolate(self, gpu: str, action: Action, tested: bool = False) -> None:
+        """``tested``: its self-test failed just now (``action.reason`` says so)."""
         label = self.state.label(gpu)
         admin_only = action.admin_resume or self._maintenance(gpu).admin_only
+        told = self.state.gpus[gpu].maintenance
         self._set_maintenance(gpu, Maintenance(action.reason, admin_only))
-        self._event("health", f"{label} in maintenance: {action.reason}", gpu=gpu)
+        if told is None or told.reason != action.reason:  # a lost card's line is written already
+            self._event("health", f"{label} in maintenance: {action.reason}", gpu=gpu)
         self.on_isolated(gpu, action.reason)
         # The cause alone ("Xid 48 (double-bit ECC error)"), for the requeued jobs' reason.
         await self._evict(gpu, f"GPU {label} was isolated ({action.reason.split(': ')[0]})")
-        # A card that fell off the bus cannot be reset (and only a person can bring it back).
+        # A card that fell off the bus cannot be reset (and only a person can bring it back);
+        # one the driver still cannot see fails any test: its maintenance line says it all.
+        if tested or self.state.gpus[gpu].reading.lost:
+            return
         if action.code not in (None, BUS_FALL_CODE):
             ok, detail = await self._reset(gpu)
             if not ok:
                 self._keep_out(gpu, f"{action.reason}; the reset failed ({detail})")
                 return
-        passed, sentence = await self._selftest(gpu)
+        passed, sentence = await self._selftest(gpu, record=False)  # said in the line below
         if not passed:
             self._keep_out(gpu, f"{action.reason}; {sentence}")
         elif self._maintenance(gpu).admin_only:
@@ -300,8 +328,9 @@ class HealthMonitor:
                               + (f": {detail}" if detail else ""), gpu=gpu)
         return ok, detail
 
-    async def _selftest(self, gpu: str, serving: bool = False) -> tuple[bool, str]:
-        """``serving``: the card keeps its jobs while it is tested (else it has none)."""
+    async def _selftest(self, gpu: str, serving: bool = False, record: bool = True) -> tuple[bool, str]:
+        """``serving``: the card keeps its jobs while it is tested (else it has none);
+        ``record``: its own event line (else the caller's line says the outcome)."""
         node, label = self.state.gpus[gpu].node, self.state.label(gpu)
         try:
             reply = await self.state.links[node].request(
@@ -311,7 +340,8 @@ class HealthMonitor:
             passed, sentence = judge_selftest(reply.get("result") or {}, serving)
         except (NodeUnavailable, asyncio.TimeoutError, RuntimeError) as err:
             passed, sentence = False, f"self-test could not run on {node}: {err or 'timeout'}"
-        self._event("health", f"{label}: {sentence}", gpu=gpu)
+        if record:
+            self._event("health", f"{label}: {sentence}", gpu=gpu)
         return passed, sentence
 
     # ------------------------------------------------------------- lost cards
@@ -328,17 +358,23 @@ class HealthMonitor:
             label = self.state.label(gpu)
             if reading.lost and gpu not in self._lost:
                 self._lost.add(gpu)
-                self._xids[gpu].append((self.state.clock(), None))
+                now = self.state.clock()
+                told = self._same_fall(gpu, now, 2) and self.state.gpus[gpu].maintenance is not None
+                if not told:
+                    self._xids[gpu].append((now, None))
                 reason = (f"the driver lost {label} ({reading.lost}): isolated; check the slot "
                           f"and the power cable, then `nebula gpu resume {label}`")
-                self._event("health", f"{label} is lost: {reading.lost}", gpu=gpu, node=node)
                 # Out of service before anything else runs: never offered again meanwhile.
-                if self.state.gpus[gpu].maintenance is None:
-                    self._set_maintenance(gpu, Maintenance(reason, admin_only=True))
+                # One line says it all (what the driver said, what it takes) — unless its
+                # Xid 79 line came first and this fall is told already.
+                self._set_maintenance(gpu, Maintenance(reason, admin_only=True))
+                if not told:
+                    self._event("health", f"{label} in maintenance: {reason}", gpu=gpu, node=node)
                 self._start(gpu, "isolate", self._isolate(gpu, Action("isolate", True, reason, None,
                                                                       BUS_FALL_CODE)))
             elif not reading.lost and gpu in self._lost:
                 self._lost.discard(gpu)
+                self._falls.pop(gpu, None)  # back on the bus: a next report is a new fall
                 self._event("health", f"{label} answers again; it stays in maintenance until an "
                                       f"admin resumes it (`nebula gpu resume {label}` runs its "
                                       "self-test first)", gpu=gpu, node=node)
@@ -357,15 +393,15 @@ class HealthMonitor:
         live = self.state.gpus[gpu]
         if live.maintenance is None and not live.reading.lost:
             raise RequestError(f"{label} is not in maintenance")
+        if live.reading.lost:  # --force too: no resume brings back a card the driver cannot see
+            raise RequestError(f"{label} is still lost ({live.reading.lost}): no resume, forced or "
+                               f"not, brings back a card the driver cannot see; reseat it or "
+                               f"power-cycle {live.node}, and once it answers again "
+                               f"`nebula gpu resume {label}`")
         if force:
             self._cancel_pipeline(gpu)
-            self._restore(gpu, f"{label} resumed by {user} with --force, without a self-test"
-                               + (f" (the driver still reports it lost: {live.reading.lost})"
-                                  if live.reading.lost else ""))
+            self._restore(gpu, f"{label} resumed by {user} with --force, without a self-test")
             return gpu
-        if live.reading.lost:
-            raise RequestError(f"{label} is still lost ({live.reading.lost}); reseat or repair "
-                               f"it first, or `nebula gpu resume --force {label}` to take the risk")
         self._cancel_pipeline(gpu)  # the admin decided; a test still running no longer matters
         passed, sentence = await self._selftest(gpu)
         if not passed:

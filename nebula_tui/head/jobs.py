@@ -81,6 +81,12 @@ class JobTransitions:
         active = (JobState.PENDING, JobState.LAUNCHING, JobState.RUNNING)
         self.state.jobs = JobTable(self.state.store.jobs(states=active))
 
+    def make_scavenger(self, job: Job) -> Job:
+        """Its user is past their quota (quota_mode scavenge): it runs as preemptible work."""
+        job = replace(job, spec=replace(job.spec, preemptible=True))
+        self.state.store.make_scavenger(job, self.state.settings.config.preemptible_charge, self.state.clock())
+        return self._set(job)
+
     def _set(self, job: Job) -> Job:
         """The job's new status in the live table, and out to subscribers."""
         self.state.jobs[job.id] = job
@@ -153,7 +159,7 @@ class JobTransitions:
         codes = [exits[n] for n in job_nodes(job)]
         code = next((c for c in codes if c != 0), 0)
         if isinstance(job.status, Cancelling):
-            state, reason = JobState.CANCELLED, "cancelled"
+            state, reason = JobState.CANCELLED, f"cancelled by {job.status.by}"
         elif isinstance(job.status, Stopping):
             if job.status.requeue:
                 self.requeue(job, job.status.why)
@@ -481,7 +487,7 @@ class JobTransitions:
         if job is None or job.attempt != attempt or not job.state.holds_gpus:
             return  # ended (or requeued) meanwhile
         if isinstance(job.status, Cancelling):
-            self.finish(job, JobState.CANCELLED, None, "cancelled")
+            self.finish(job, JobState.CANCELLED, None, f"cancelled by {job.status.by}")
         elif not isinstance(job.status, Evicting):
             return
         elif job.spec.no_requeue:

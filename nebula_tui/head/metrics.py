@@ -86,15 +86,22 @@ class Metrics:
         self.passes = Histogram("nebula_scheduler_pass_seconds",
                                 "Duration of one scheduling pass (no DCGM field)",
                                 buckets=PASS_BUCKETS, registry=self.registry)
+        self.forecast_error = Histogram(
+            "nebula_forecast_error_seconds",
+            "How far each job's start was from the head's first start forecast for it, "
+            "either way (no DCGM field)", buckets=WAIT_BUCKETS, registry=self.registry)
         ProcessCollector(registry=self.registry)  # the head's own CPU, memory, open files
         self.registry.register(_Gathered(self))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server = None
 
     # ------------------------------------------------------------ what happens
-    def job_started(self, job: Job) -> None:
+    def job_started(self, job: Job, forecast_at: float | None = None) -> None:
+        """A job started; ``forecast_at``: the start the head first forecast for it."""
         if job.started_at is not None:
             self.wait.observe(max(0.0, job.started_at - job.submitted_at))
+            if forecast_at is not None:
+                self.forecast_error.observe(abs(job.started_at - forecast_at))
 
     def pass_done(self, seconds: float) -> None:
         self.passes.observe(seconds)

@@ -310,7 +310,7 @@ class Fleet:
                 self._end_the_unrecorded(node, attempts, running, unacked=True)
                 transitions.adopt_unknown(node, attempts, listing.get("session_tokens") or {})
                 state.reconciled_after_restore(node)
-            for job in list(state.jobs.values()):
+            for job in state.jobs.on(node):
                 if node in job_nodes(job) and job.state == JobState.LAUNCHING:
                     await transitions.launch(job, only=node)
                 if node in job_nodes(job) and isinstance(job.status, Cancelling):
@@ -341,7 +341,7 @@ class Fleet:
 
     def _running_here(self, node: str) -> dict[int, str]:
         """The jobs (id -> token) the store has running on ``node`` now."""
-        return {j.id: self.state.token(j) for j in self.state.jobs.values()
+        return {j.id: self.state.token(j) for j in self.state.jobs.on(node)
                 if j.state == JobState.RUNNING and node in job_nodes(j)}
 
     def _end_the_unrecorded(self, node: str, attempts: dict, running: dict[int, str],

@@ -5,10 +5,15 @@ A job goes to a pool when it asks (``--pool hpc``) or when it has waited a pool'
 order, at most ``max_jobs`` of ours there at once. Sending is an intent first: the store
 marks the job the pool's and keeps the token that names it there, then the pool is asked
 (``sbatch``); a head restarted in between finds the job by its token before it would
-submit again. Each pool is polled on one connection every ``poll_interval``: its report
-moves our jobs (waiting there with the pool's reason, running on ``pool:node``, ended as
-the pool says, charged elapsed × GPUs). A pool that stops answering leaves its jobs alone
-("unreachable since …") until it answers again.
+submit again. From sbatch's answer on, the job is its Slurm id. Every ``poll_interval``
+each owner's jobs are asked of the pool in that owner's account (``pools/slurm.py``): its
+report moves our jobs (waiting there with the pool's reason, running on ``pool:node``,
+ended as that account's accounting says, charged the cluster's elapsed time × GPUs). A pool
+that stops answering leaves its jobs alone ("unreachable since …"), as does one whose
+answer is not a Slurm answer ("degraded"). Nobody's account is logged in to without a
+live job of theirs there, and a refused login waits longer each time. At start the head
+asks each pool which jobs carry its tokens (after a restore: those sent since the backup)
+and adopts or ends exactly those before it sends any.
 """
 
 from __future__ import annotations
@@ -17,65 +22,21 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 
 from ..model import (Cancelling, InvalidRequest, Job, JobSpec, JobState, Pending, Placement, RequestError, Running,
-                     UnfitRequest, holding)
-from ..pools.base import (Capacity, PoolNotAuthorised, PoolRefusal, PoolSubmission,
-                          PoolUnavailable, RemoteJob)
-from ..pools.keys import head_pool_key
-from ..pools.slurm import SlurmPool
-from ..pools.status import pool_view
+                     UnfitRequest)
+from ..pools.base import (PoolDegraded, PoolNotAuthorised, PoolRefusal,
+                          PoolSubmission, PoolUnavailable, RemoteJob)
 from ..printable import printable
 from ..store import StaleDecision, StoreUnavailable
 from ..units import duration_text
-from .access import Access
-from .jobs import JobTransitions
-from .shares import Shares
-from .state import HeadState
-from .stream import Stream
+from .pool_books import MISSED_POLLS, PoolBooks, PoolView
 
 log = logging.getLogger(__name__)
 
-#: polls a job the pool no longer lists (and its accounting does not know) may miss
-#: before it is taken as ended without a word
-MISSED_POLLS = 3
-#: how long a user's refused login is believed before it is tried again
-REFUSAL_TTL_S = 60.0
 
-
-@dataclass
-class PoolView:
-    """What the head knows of one pool between polls."""
-
-    capacity: Capacity | None = None
-    unreachable_since: float | None = None
-    reason: str = ""
-    polled_at: float | None = None
-    missed: dict[int, int] = field(default_factory=dict)  # job id -> polls it was not listed
-    refused: dict[str, float] = field(default_factory=dict)  # account -> when its login was refused
-
-
-class Pools:
-    def __init__(self, state: HeadState, stream: Stream, shares: Shares,
-                 transitions: JobTransitions, access: Access, home: Path | None = None):
-        self.state = state
-        self.stream = stream
-        self.shares = shares
-        self.transitions = transitions
-        self.access = access
-        key = None
-        if home is not None and any(p.per_submitter and not p.identity for p in state.config.pools):
-            key = head_pool_key(home)
-        self.pools = {p.name: SlurmPool(p, state.config, key) for p in state.config.pools}
-        self.views = {name: PoolView() for name in self.pools}
-        self.rows: dict[int, dict] = {}  # job id -> its pool row (store.pool_jobs)
-        self._submitting: set[int] = set()
-        #: intents this head has asked its pool for already: a retry (or an intent found at
-        #: start, written by a head before) looks for the job there first
-        self._asked: set[int] = set()
-
+class Pools(PoolBooks):
     # ------------------------------------------------------------------- lifecycle
     def start(self) -> None:
         self.rows = self.state.store.pool_jobs() if self.pools else {}
@@ -120,6 +81,10 @@ class Pools:
             return f"pool {name} runs batch jobs only; `nebula run` runs here (--pool local)"
         if spec.after:
             return f"--after is not carried to pool {name}; submit it once its dependencies ended"
+        if spec.preemptible and not (config.scavenger_qos or config.scavenger_partition):
+            return (f"pool {name} names no scavenger QOS or partition (scavenger_qos: in its "
+                    "pools: entry), so --preemptible would run at full price there; leave out "
+                    f"--preemptible or --pool {name}")
         if spec.vendor not in (None, "nvidia"):
             return f"pool {name} has NVIDIA GPUs only (Slurm gres gpu); leave out --vendor {spec.vendor}"
         capacity = self.views[name].capacity
@@ -148,9 +113,12 @@ class Pools:
         pool = self.pools.get(spec.pool or "")
         if pool is None or not pool.config.per_submitter:
             return
+        account = pool.account_for(user)
         try:
-            await pool.check_login(pool.account_for(user))
+            await pool.check_login(account)
+            self.views[pool.name].refused.pop(account, None)
         except PoolNotAuthorised:
+            self.views[pool.name].refuse(account, self.state.clock())
             raise RequestError(f"{user} has not authorised the head's key on pool {pool.name}: "
                                f"run `nebula pool authorize {pool.name}` and add the line it "
                                "prints to your ~/.ssh/authorized_keys there") from None
@@ -186,7 +154,7 @@ class Pools:
                  if j.spec.pool is None and j.pool is None and j.state == JobState.PENDING
                  and not j.held_by and now - j.submitted_at >= burst_after
                  and not self.refusal(name, j.spec)
-                 and view.refused.get(pool.account_for(j.user), -1e18) < now - REFUSAL_TTL_S),
+                 and not view.refusing(pool.account_for(j.user), now)),
                 key=lambda j: (place.get(j.id, len(place) + 1), j.id))
         for job in asked[:max(0, room)]:
             self.send(name, job, f"sent to pool {name} (--pool)")
@@ -239,7 +207,7 @@ class Pools:
             row["remote_id"] = remote_id
             self.state.store.pool_submitted(job_id, remote_id, row["log_path"], self.state.clock())
         except PoolNotAuthorised as err:
-            view.refused[row["account"]] = self.state.clock()
+            view.refuse(row["account"], self.state.clock())
             self._fail(job_id, f"{err}; run `nebula pool authorize {pool.name}`")
         except PoolRefusal as err:
             self._fail(job_id, str(err))
@@ -248,72 +216,165 @@ class Pools:
         finally:
             self._submitting.discard(job_id)
 
-    def _fail(self, job_id: int, reason: str) -> None:
-        job = self.state.jobs.get(job_id)
-        self.rows.pop(job_id, None)
-        if job is not None and not job.state.finished:
-            self.transitions.finish(job, JobState.FAILED, None, printable(reason)[:500])
-
     # ------------------------------------------------------------------------ poll
     async def tick(self, name: str) -> None:
-        """One poll of pool ``name``: submissions not answered yet, cancels not done yet,
-        what the pool says of every job of ours, then the jobs it has room for."""
+        """One poll of pool ``name``: this head's jobs there found first (once), then
+        submissions not answered yet, cancels not done yet, what the pool says of every job
+        of ours, then the jobs it has room for."""
         pool, view = self.pools[name], self.views[name]
+        now = self.state.clock()
+        if not view.reconciled:
+            try:
+                await self.reconcile(name)
+            except PoolDegraded as err:
+                return self._degraded(name, str(err))
+            except PoolUnavailable as err:
+                return self._unreachable(name, str(err))  # nothing is sent before it answers
         self._asked &= set(self.rows)
         mine = {job_id: row for job_id, row in self.rows.items() if row["pool"] == name}
         for job_id, row in mine.items():
-            if not row["remote_id"]:
+            if not row["remote_id"] and not view.refusing(row["account"], now):
                 await self.submit(job_id)
-        # Whose jobs to list; with none of ours there, the pool's account (a submitter
-        # pool's: the head's own user, whose account there may have authorised its key).
-        accounts = {row["account"] for row in mine.values()}
-        try:
-            result = await pool.poll(accounts or {pool.account_for(self.state.owner)},
-                                     {row["remote_id"]: row["token"]
-                                      for row in mine.values() if row["remote_id"]})
-        except PoolNotAuthorised as err:
-            if accounts:
-                self._unreachable(name, str(err))
-            else:  # a submitter pool nobody has sent a job to yet: nothing to poll with
-                view.reason = printable(f"{err}: its status is read once a user's job went there")
+        asked = {row["remote_id"]: (row["account"], row["token"]) for row in mine.values()
+                 if row["remote_id"] and not view.refusing(row["account"], now)}
+        # Capacity is read as the pool's own account, or (user: submitter) as an owner of a
+        # live job there: never as an account nobody authorised.
+        owners = sorted({account for account, _ in asked.values()})
+        poller = owners[0] if pool.config.per_submitter and owners else (
+            None if pool.config.per_submitter else pool.config.user)
+        if not asked and poller is None:
+            view.reason = "not polled: no member's job there yet"
             self._send_waiting(name)
+            return
+        try:
+            result = await pool.poll(asked, poller)
+        except PoolNotAuthorised as err:
+            if poller is not None:
+                view.refuse(poller, now)
+            self._unreachable(name, str(err))
+            self._send_waiting(name)
+            return
+        except PoolDegraded as err:
+            self._degraded(name, str(err))  # its jobs are left as they are
             return
         except PoolUnavailable as err:
             self._unreachable(name, str(err))
             self._send_waiting(name)  # the intents are written, their sbatch retried
             return
-        if view.unreachable_since is not None:
+        for account in result.refused:
+            view.refuse(account, now)
+        if view.unreachable_since is not None or view.degraded_since is not None:
             self.state.record("pool", f"pool {name} answers again; its jobs are reconciled")
-        view.unreachable_since, view.reason = None, ""
+        view.unreachable_since, view.degraded_since, view.reason = None, None, ""
         view.capacity = result.capacity or view.capacity
-        view.polled_at = self.state.clock()
+        view.polled_at = now
         for job_id, row in mine.items():
             job = self.state.jobs.get(job_id)
             if job is None:
                 self.rows.pop(job_id, None)
                 continue
+            if row["remote_id"] not in asked:
+                continue  # not asked (its owner's login refused): left as it is
             if isinstance(job.status, Cancelling) and row["remote_id"]:  # asked while away
                 with contextlib.suppress(PoolUnavailable, PoolRefusal):
                     await pool.cancel(row["account"], row["remote_id"])
-            report = result.jobs.get(row["token"])
+            report = result.jobs.get(row["remote_id"])
             if report is None:
-                if row["remote_id"]:
-                    self._not_listed(name, job, view)
+                await self._not_listed(name, job, row, view)
                 continue
             view.missed.pop(job_id, None)
+            if not report.token_ok and job_id not in view.warned:
+                view.warned.add(job_id)
+                self.state.record("pool", f"job {job_id} rewrote its comment in pool {name}; "
+                                  f"it is followed by its Slurm id {row['remote_id']}", job_id=job_id)
             await self._apply(name, job, row, report)
         self._send_waiting(name)
         self.stream.publish({"type": "pool", "pool": self.view_json(name)})
 
-    def _not_listed(self, name: str, job: Job, view: PoolView) -> None:
-        """Neither the pool's job list nor its accounting has the job any more (it ended
-        more than MinJobAge ago while the pool did not answer, on a cluster without
-        accounting): after MISSED_POLLS polls it ends, failed, saying so."""
+    async def reconcile(self, name: str) -> None:
+        """Which jobs carrying this head's tokens the pool has, asked in each account this
+        head knows: after a restore, those sent since the backup. One the restored queue
+        still waits for is adopted (never sent again); any other is ended there."""
+        pool, view = self.pools[name], self.views[name]
+        now = self.state.clock()
+        prefix = f"{self.state.store.head_token}."
+        accounts = {row["account"] for row in self.rows.values() if row["pool"] == name}
+        if pool.config.per_submitter:  # the owners of what could have gone there
+            bursts = pool.config.burst_after_s is not None
+            accounts |= {pool.account_for(job.user) for job in self.state.jobs.values()
+                         if job.state == JobState.PENDING and (job.spec.pool == name or bursts)}
+        else:
+            accounts = {pool.config.user}
+        known = {row["remote_id"] for row in self.rows.values() if row["remote_id"]}
+        for account in sorted(accounts):
+            if view.refusing(account, now):
+                continue
+            try:
+                found = await pool.ours(account, prefix)
+            except PoolNotAuthorised:
+                view.refuse(account, now)
+                continue
+            for remote in found:
+                if remote.slurm_id not in known:
+                    await self._adopt_or_end(name, account, remote)
+        view.reconciled = True
+
+    async def _adopt_or_end(self, name: str, account: str, remote) -> None:
+        pool = self.pools[name]
+        words = remote.comment.split(".")
+        job_id = int(words[1]) if len(words) == 4 and words[1].isdigit() else None
+        job = self.state.jobs.get(job_id) if job_id is not None else None
+        row = self.rows.get(job_id) if job_id is not None else None
+        live = remote.waiting or remote.running
+        if (job is not None and job.state == JobState.PENDING and not job.held_by
+                and pool.account_for(job.user) == account
+                and (row is None or (row["pool"] == name and not row["remote_id"]))):
+            # Sent after the backup this store came from: it is that job, not a new one.
+            with contextlib.suppress(StaleDecision):
+                if row is None:
+                    self.state.store.send_to_pool(job.id, name, account, remote.comment, "",
+                                                  f"found in pool {name} after a restore",
+                                                  self.state.clock())
+                log_path = f"{await pool.workdir(account)}/job-{job.id}-{remote.comment}.out"
+                self.state.store.pool_submitted(job.id, remote.slurm_id, log_path,
+                                                self.state.clock())
+                self.rows[job.id] = {"job_id": job.id, "pool": name, "account": account,
+                                     "token": remote.comment, "remote_id": remote.slurm_id,
+                                     "log_path": log_path, "sent_at": self.state.clock()}
+                self._put(replace(job, pool=name))
+                return
+        if live:
+            with contextlib.suppress(PoolRefusal):
+                await pool.cancel(account, remote.slurm_id)
+            self.state.record("pool", f"pool {name}: its job {remote.slurm_id}, sent by this "
+                              f"head{f' for job {job_id}' if job_id is not None else ''}, is not "
+                              "in the restored queue: it is cancelled there")
+
+    async def _not_listed(self, name: str, job: Job, row: dict, view: PoolView) -> None:
+        """Neither the pool's job list nor its accounting has the job's id as its owner's.
+        It is looked for by its token among its owner's jobs (reconciled, never ended on a
+        missing line); only a cluster without accounting, whose list forgets an ended job
+        after MinJobAge, ends it, after MISSED_POLLS polls, saying so."""
         view.missed[job.id] = view.missed.get(job.id, 0) + 1
-        if view.missed[job.id] >= MISSED_POLLS:
-            view.missed.pop(job.id, None)
+        if view.missed[job.id] < MISSED_POLLS:
+            return
+        view.missed.pop(job.id, None)
+        pool = self.pools[name]
+        with contextlib.suppress(PoolUnavailable):
+            found = await pool.find(row["account"], row["token"])
+            if found is not None and found.remote_id != row["remote_id"]:
+                row["remote_id"] = found.remote_id
+                self.state.store.pool_submitted(job.id, found.remote_id, row["log_path"],
+                                                self.state.clock())
+                return
+        if pool.accounting is False:
             self._fail(job.id, f"pool {name} no longer lists it and keeps no accounting of "
                                "its end; its output may still be read with `nebula logs`")
+        elif job.id not in view.warned:
+            view.warned.add(job.id)
+            self.state.record("pool", f"job {job.id}: pool {name} lists its Slurm id "
+                              f"{row['remote_id']} neither in squeue nor in sacct as "
+                              f"{row['account']}'s; it is left as it is", job_id=job.id)
 
     async def _apply(self, name: str, job: Job, row: dict, report: RemoteJob) -> None:
         """The job's state here follows what the pool reports."""
@@ -327,10 +388,18 @@ class Pools:
                 self._preempted(name, job)
                 return
             self.rows.pop(job.id, None)
+            asked = job.spec.gpu_count * job.spec.nodes
+            if report.gpus is not None and report.gpus != asked and not job.spec.gpu_mem_mb:
+                # Charged for what it asked (Slurm's --gres is fixed), said where it differs.
+                self.state.record("pool", f"job {job.id}: pool {name}'s accounting says "
+                                  f"{report.gpus} GPUs, it asked for {asked}", job_id=job.id)
+            now = self.state.clock()
             at = report.ended_at if report.ended_at and job.started_at and \
                 report.ended_at >= job.started_at else None
             if at is not None and report.elapsed_s is not None and job.started_at:
                 at = job.started_at + report.elapsed_s  # the accounting's own elapsed time
+            if at is not None:
+                at = min(at, now)  # never past now, whatever the cluster says
             self.transitions.finish(job, state, report.exit_code, printable(reason)[:500], at=at)
             return
         if report.running and job.state == JobState.PENDING:
@@ -366,135 +435,3 @@ class Pools:
         self._put(job)
         self.shares.changed(job.user)
         return job
-
-    def _set_reason(self, job: Job, reason: str) -> None:
-        if job.reason == reason or not isinstance(job.status, Pending):
-            return
-        self.state.store.set_reasons({job.id: reason})
-        job = replace(job, status=replace(job.status, reason=reason))
-        self._put(job)
-
-    def _put(self, job: Job) -> Job:
-        """The job's new status in the live table, and out to subscribers."""
-        self.state.jobs[job.id] = job
-        self.stream.publish_job(job)
-        return job
-
-    def _unreachable(self, name: str, why: str) -> None:
-        view = self.views[name]
-        why = printable(why)[:300]
-        if view.unreachable_since is None:
-            view.unreachable_since = self.state.clock()
-            self.state.record("pool", f"pool {name} unreachable: {why}; its jobs are left as they are")
-        view.reason = why
-
-    # ---------------------------------------------------------------- users' requests
-    def _row(self, job: Job) -> dict:
-        row = self.rows.get(job.id) or self.state.store.pool_job(job.id)
-        if row is None:
-            raise RequestError(f"job {job.id} was never sent to a pool")
-        return row
-
-    async def cancel(self, user: str, job: Job) -> None:
-        """scancel, then the job ends cancelled (a job not sent yet ends at once)."""
-        self.access.check_may_manage(user, job, "cancel")
-        if job.state.finished:
-            raise RequestError(f"job {job.id} has already ended: it {job.state.phrase}")
-        row = self.rows.get(job.id)
-        if row is not None:
-            pool = self.pools[row["pool"]]
-            while job.id in self._submitting:  # its sbatch under way (bounded by its timeouts)
-                await asyncio.sleep(0.1)
-            remote = row["remote_id"] or (found.remote_id if (found := await self._find(pool, row)) else None)
-            if remote:
-                try:
-                    await pool.cancel(row["account"], remote)
-                except PoolUnavailable as err:
-                    held = holding(job.status)
-                    if not isinstance(held, Running):
-                        raise RequestError(f"{err}; cancel it again once it answers") from None
-                    # Kept, like a lab job's cancel on a node away: scancel once it answers.
-                    self.state.store.request_cancel(job.id, user, self.state.clock(), audit=user != job.user)
-                    self._put(replace(job, status=Cancelling(held, user, self.state.clock())))
-                    return
-                except PoolRefusal as err:
-                    raise RequestError(str(err)) from None
-        current = self.state.jobs.get(job.id)
-        if current is None or current.state.finished:
-            return
-        if user != job.user:
-            self.state.record("admin", f"{user} cancelled job {job.id} of {job.user}",
-                              job_id=job.id, user=user)
-        self.rows.pop(job.id, None)
-        self.transitions.finish(current, JobState.CANCELLED, None, f"cancelled by {user}")
-
-    async def _find(self, pool: SlurmPool, row: dict) -> RemoteJob | None:
-        try:
-            return await pool.find(row["account"], row["token"])
-        except PoolUnavailable as err:
-            raise RequestError(f"{err}; try again when it answers") from None
-
-    async def hold(self, user: str, job: Job, hold: bool) -> Job:
-        what = "hold" if hold else "release"
-        self.access.check_may_manage(user, job, what)
-        if job.state != JobState.PENDING:
-            raise RequestError(f"job {job.id} {job.state.phrase}; only waiting jobs can be "
-                               f"{'held' if hold else 'released'}")
-        row = self.rows.get(job.id)
-        if row is not None and row["remote_id"]:
-            try:
-                await self.pools[row["pool"]].hold(row["account"], row["remote_id"], hold)
-            except (PoolUnavailable, PoolRefusal) as err:
-                raise RequestError(str(err)) from None
-        self.state.store.set_held(job.id, user if hold else None, user, self.state.clock())
-        reason = (f"held by {user}; `nebula release {job.id}` lets it run" if hold
-                  else f"released by {user}" if row else "waiting for the scheduler")
-        job = replace(job, status=Pending(reason, held_by=user if hold else None))
-        self._put(job)
-        return job
-
-    async def requeue(self, user: str, job: Job) -> Job:
-        self.access.check_may_manage(user, job, "requeue")
-        row = self._row(job)
-        if not job.state.holds_gpus or not row.get("remote_id"):
-            raise RequestError(f"job {job.id} {job.state.phrase}; only a running job can be requeued")
-        try:
-            await self.pools[row["pool"]].requeue(row["account"], row["remote_id"])
-        except (PoolUnavailable, PoolRefusal) as err:
-            raise RequestError(str(err)) from None
-        self.state.record("requeue", f"job {job.id} is requeued in pool {row['pool']} by {user}",
-                          job_id=job.id)
-        self.transitions.requeue(job, f"requeued in pool {row['pool']} by {user}")
-        return self.state.jobs.get(job.id, job)
-
-    async def read_log(self, user: str, job: Job, offset: int) -> dict:
-        """The job's output file there, read over SSH from byte ``offset``."""
-        self.access.check_may_manage(user, job, "read the log of")
-        row = self._row(job)
-        if not row.get("log_path"):
-            return {"data": "", "offset": offset, "parts": [], "state": job.state.value,
-                    "ended": job.state.finished}
-        try:
-            data, end, size = await self.pools[row["pool"]].logs(row["account"], row["log_path"],
-                                                                 offset)
-        except (PoolUnavailable, PoolNotAuthorised) as err:
-            raise RequestError(f"cannot read the log of job {job.id}: {err}") from None
-        node = job.node or row["pool"]
-        now = self.state.jobs.get(job.id) or self.state.store.job(job.id) or job
-        return {"data": data, "offset": end,
-                "parts": [{"rank": 0, "node": node, "data": data, "offset": end, "size": size}],
-                "state": now.state.value, "ended": now.state.finished and not data}
-
-    # ----------------------------------------------------------------------- status
-    def view_json(self, name: str) -> dict:
-        """One pool as `nebula status` and the TUI show it (the head's words, one author)."""
-        pool, view = self.pools[name], self.views[name]
-        jobs = [self.state.jobs.get(i) for i, row in self.rows.items() if row["pool"] == name]
-        running = sum(1 for j in jobs if j is not None and j.state.holds_gpus)
-        pending = sum(1 for j in jobs if j is not None and j.state == JobState.PENDING)
-        return pool_view(pool.config, pool.kind, view.capacity, view.unreachable_since,
-                         view.reason, running, pending, self.state.clock(), pool.authorize())
-
-    def status(self) -> list[dict]:
-        return [self.view_json(name) for name in self.pools]
-

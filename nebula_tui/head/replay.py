@@ -29,6 +29,7 @@ from ..config.cluster import ClusterConfig
 from ..model import JobSpec, NodeState, RequestError, UnfitRequest
 from ..month.records import Outcome, Request
 from ..store import Store
+from . import forecast
 from .engine import Engine
 
 #: the head's Xid/idle/probe machinery never fires in a replay: cards read as idle and cool
@@ -78,7 +79,8 @@ class Replay:
 
     def __init__(self, config: ClusterConfig, devices: dict[str, list[dict]],
                  requests: Iterable[Request], start: float, horizon_s: float,
-                 links: dict[str, dict] | None = None, folder: Path | None = None):
+                 links: dict[str, dict] | None = None, folder: Path | None = None,
+                 forecasts: bool = False):
         self.config = config
         self.devices = devices
         self.links = links or {}
@@ -94,6 +96,9 @@ class Replay:
         #: (job, node) -> the exit event's token, while its part runs there
         self.running: dict[tuple[int, str], str] = {}
         self.passes = 0
+        #: forecast each job's start at its submit, as the head would (``Outcome.forecast``;
+        #: ``nebula simulate`` scores them): a forecast per submit costs a long month time
+        self.forecasts = forecasts
 
     # ---------------------------------------------------------------- the nodes' side
     def _push(self, at: float, kind: str, data: tuple) -> None:
@@ -201,6 +206,17 @@ class Replay:
             self.outcomes[request.key].unfit = isinstance(err, UnfitRequest)
             return
         self.by_job[job.id] = request
+        if self.forecasts:
+            self._forecast(engine, job, request)
+
+    def _forecast(self, engine: Engine, job, request: Request) -> None:
+        """The head's start forecast for the job just submitted, kept to score it."""
+        start = engine.scheduling.forecast_one(job)
+        if start is None:
+            return
+        rel = lambda t: None if t is None else t - self.start  # noqa: E731
+        at = start.at if start.at is not None else self.clock.now + forecast.HORIZON_S
+        self.outcomes[request.key].forecast = (at - self.start, rel(start.early), rel(start.late))
 
     def _collect(self, engine: Engine) -> None:
         """Each request's outcome, from the head's own store."""

@@ -20,20 +20,28 @@ One turn of the loop (``run``), each phase one function:
   5. ``housekeeping``: once an hour, the events log's retention (``Store.trim_events``).
   6. ``pause_after``: as long as the pass took (at most ``MAX_PASS_PAUSE_S``), so events
      of a busy head arrive in batches instead of each paying for a pass of its own.
+  7. ``forecast_if_due``: when the queue's order changed (at most every
+     ``FORECAST_GAP_S``) or ``FORECAST_EVERY_S`` went by, each waiting job's start is
+     forecast (``forecast.py``) in a thread, on the snapshot a pass would see: the loop
+     goes on meanwhile.
 
-``plan`` runs the same pass for a job not yet submitted (the submit form's preview).
+``plan`` runs the same pass for a job not yet submitted (the submit form's preview), and
+the forecast for it when it would wait.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from .. import scheduler
-from ..model import Job, JobSpec, JobState
+from . import forecast
+from ..model import GpuView, Job, JobSpec, JobState
 from .bookings import Bookings
 from .jobs import JobTransitions
 from .limits import Limits
@@ -48,7 +56,16 @@ MAX_PASS_PAUSE_S = 0.2
 #: A new order of the queue goes to subscribers at most this often (seconds): it is every
 #: waiting job's id, and a busy head has a new one after nearly every pass.
 QUEUE_ORDER_EVERY_S = 0.5
+#: how many recent runs of one user's like jobs without --time their estimate looks at
+HISTORY_RUNS = 20
 HOUSEKEEPING_EVERY_S = 3600.0
+#: A pass over this many waiting jobs or more decides in a thread (``pass_now``): ~10 ms
+#: of scheduling on these machines, past which a submit would notice waiting behind it.
+THREADED_FROM = 500
+#: a start forecast is made at least this often (seconds) …
+FORECAST_EVERY_S = 180.0
+#: … and when the queue changed, but not sooner than this after the last one
+FORECAST_GAP_S = 10.0
 
 
 def pending_job(job: Job) -> scheduler.PendingJob:
@@ -60,6 +77,15 @@ def pending_job(job: Job) -> scheduler.PendingJob:
         after_type=s.after_type, time_limit_s=s.time_limit_s, service=s.service,
         array_id=s.array_id, array_limit=s.array_limit, preemptible=s.preemptible,
         reservation=s.reservation)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a pass decided from, for decisions applied after the loop went on: every job
+    object then (by id), and every card's view."""
+
+    jobs: dict[int, Job]
+    gpus: dict[str, GpuView]
 
 
 class Scheduling:
@@ -76,8 +102,20 @@ class Scheduling:
         self._task: asyncio.Task | None = None
         self._order_due = False  # a "queue" event is on its way
         self._housekept_at: float | None = None
+        #: from how many waiting jobs a pass decides off the loop (``pass_now``)
+        self.threaded_from = THREADED_FROM
+        self._deciding = threading.Lock()
         #: told how long each pass took, in seconds (the metrics)
         self.on_pass: Callable[[float], None] = lambda seconds: None
+        #: the last forecast: when (monotonic) and for which order of the queue
+        self._forecast_at: float | None = None
+        self._forecast_order: list[int] | None = None
+        self._forecasting = False
+        #: each waiting job's first forecast start (the one kept in the store), until it starts
+        self.first_forecasts: dict[int, float | None] = {}
+        #: (user, GPUs, memory asked) -> how long their recent jobs without --time ran,
+        #: since this head started: what a running one is estimated to run (estimates.py)
+        self.history: dict[tuple, deque[float]] = {}
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run(), name="scheduler")
@@ -98,9 +136,10 @@ class Scheduling:
                 self.bookings.check()
                 if not self.state.holding_for_restore() and not self.pass_is_pointless():
                     self.state.capacity_changed = False
-                    self.schedule_pass()
+                    await self.pass_now()
                     self.on_pass(time.perf_counter() - started)
                 self.housekeeping()
+                self.forecast_if_due()
             except Exception:
                 log.exception("scheduling pass failed")
             await self.pause_after(started)
@@ -113,6 +152,53 @@ class Scheduling:
         gone = self.state.store.trim_events(self.state.clock())
         if gone:
             log.info("events log: %d rows past their retention removed", gone)
+
+    def forecast_if_due(self) -> None:
+        """Start a forecast in a thread when one is due and none is under way."""
+        now = self.state.monotonic()
+        last = self._forecast_at
+        changed = self._forecast_order != self.state.queue_order
+        if self._forecasting or (last is not None and now - last < (FORECAST_GAP_S if changed
+                                                                     else FORECAST_EVERY_S)):
+            return
+        self._forecast_at, self._forecast_order = now, list(self.state.queue_order)
+        pending = self.waiting()
+        if not pending:
+            self.state.forecasts = {}
+            return
+        self._forecasting = True
+        self.state.spawn(self._forecast(self.snapshot_for(pending)), "forecast")
+
+    async def _forecast(self, snap: scheduler.Snapshot) -> None:
+        try:
+            starts = await asyncio.to_thread(forecast.forecast, snap, self.limits.settings.max_time_s,
+                                             history=self.histories())
+            self.state.forecasts = {job: start.json(snap.now) for job, start in starts.items()}
+            self.stream.publish_queue_order(starts=True)
+            self._keep_first(starts)
+        except Exception:
+            log.exception("start forecast failed")
+        finally:
+            self._forecasting = False
+
+    def _keep_first(self, starts: dict[int, forecast.Start]) -> None:
+        """Each job's first forecast after its submit, kept (store, ``first_forecasts``)
+        to score the forecast against its start: history, the metrics."""
+        new = {job: (s.at, s.early, s.late) for job, s in starts.items()
+               if job not in self.first_forecasts and job in self.state.jobs
+               and self.state.jobs[job].state == JobState.PENDING}
+        self.state.store.set_first_forecasts(new)
+        self.first_forecasts.update({job: values[0] for job, values in new.items()})
+        for job in [j for j in self.first_forecasts if j not in self.state.jobs]:
+            del self.first_forecasts[job]  # ended without starting
+
+    def forecast_one(self, job: Job) -> forecast.Start | None:
+        """The forecast for one job (waiting, or about to be submitted: id -1) now, on
+        the loop: each run stops once it started."""
+        pending = [j for j in self.waiting() if j.id != job.id] + [job]
+        starts = forecast.forecast(self.snapshot_for(pending), self.limits.settings.max_time_s,
+                                   only=job.id, history=self.histories())
+        return starts.get(job.id)
 
     @staticmethod
     async def pause_after(started: float) -> None:
@@ -145,19 +231,54 @@ class Scheduling:
         return [j for j in self.state.jobs.values()
                 if j.state == JobState.PENDING and not j.held_by and not j.pooled]
 
-    def schedule_pass(self) -> None:
-        """Decide for every waiting job; the Wait decisions, in the order they come, are
-        the queue's order (``HeadState.queue_order``)."""
+    async def pass_now(self) -> None:
+        """One pass, as the loop runs it. Over a long queue (``THREADED_FROM`` waiting jobs
+        or more) the pure scheduler decides in a thread of its own while the loop goes on
+        answering submits, exits and probes (the thread gives the loop the interpreter every
+        few milliseconds), so no request waits behind a whole pass; its decisions are then
+        applied only where nothing they were made from changed meanwhile
+        (``_still_valid``), and a pass follows for the rest. A short queue's pass (~1 ms)
+        runs on the loop as ``schedule_pass``."""
         pending = self.waiting()
+        if len(pending) < self.threaded_from:
+            self.schedule_pass(pending)
+            return
+        seen = dict.copy(self.state.jobs)  # the Job objects decided about (replaced on change)
+        snapshot = self.snapshot_for(pending)
+        decisions = await asyncio.to_thread(self._decide, snapshot)
+        if not self.apply(decisions, Seen(seen, {v.reading.uuid: v for v in snapshot.gpus})):
+            self.state.wake()  # something changed under the pass: decide again for it
+
+    def _decide(self, snapshot: scheduler.Snapshot) -> list[scheduler.Decision]:
+        with self._deciding:  # one pass at a time: ``plan`` may ask on the loop meanwhile
+            return scheduler.schedule(snapshot)
+
+    def schedule_pass(self, pending: list[Job] | None = None) -> None:
+        """Decide for every waiting job, on the loop; the Wait decisions, in the order they
+        come, are the queue's order (``HeadState.queue_order``)."""
+        pending = self.waiting() if pending is None else pending
         if not pending:
             self._new_order([])
             return
+        self.apply(self._decide(self.snapshot_for(pending)))
+
+    def apply(self, decisions: list[scheduler.Decision], seen: Seen | None = None) -> bool:
+        """What the decisions do: a ``Start`` is launched, a ``Preempt`` stops its victim, a
+        ``Fail`` ends its job, a ``Wait`` keeps its new reason. ``seen``: the decisions were
+        made off the loop from what it holds; each is applied only if still valid then
+        (False: some were not)."""
         reasons: dict[int, str] = {}
-        decisions = scheduler.schedule(self.snapshot_for(pending))
         self._new_order([d.job_id for d in decisions if isinstance(d, scheduler.Wait)])
+        started: dict[str, set] = {}  # GPU -> (job, placement) this pass's starts added
+        all_applied = True
         for decision in decisions:
+            if seen is not None and not self._still_valid(decision, seen, started):
+                all_applied = False
+                continue
             job = self.state.jobs[decision.job_id]
             if isinstance(decision, scheduler.Start):
+                if decision.scavenger:  # its user is past their quota: it runs preemptible
+                    job = self.transitions.make_scavenger(job)
                 self.transitions.begin_launch(job, decision.placements)
             elif isinstance(decision, scheduler.Preempt):
                 self.limits.preempt(job, decision.reason)
@@ -169,6 +290,30 @@ class Scheduling:
                 self.state.jobs[job.id] = replace(job, status=waiting)
                 self.stream.publish_job(self.state.jobs[job.id])
         self.state.store.set_reasons(reasons)
+        return all_applied
+
+    def _still_valid(self, decision: scheduler.Decision, seen: Seen,
+                     started: dict[str, set]) -> bool:
+        """Whether a decision made off the loop still holds: its job is the very object
+        decided about (any change to a job replaces it: cancelled, held, ended, requeued),
+        and a Start's cards are still in service, held by the same jobs as then (plus this
+        pass's earlier starts) and not taken further by processes of others."""
+        state = self.state
+        job = state.jobs.get(decision.job_id)
+        if job is None or job is not seen.jobs.get(decision.job_id):
+            return False
+        if not isinstance(decision, scheduler.Start):
+            return True
+        for p in decision.placements:
+            live, then = state.gpus.get(p.gpu_uuid), seen.gpus.get(p.gpu_uuid)
+            if live is None or then is None or state.blocked(live) is not None \
+                    or live.unmanaged_used_mb > then.unmanaged_used_mb:
+                return False
+            if set(state.jobs.held(p.gpu_uuid)) != set(then.placements) | started.get(p.gpu_uuid, set()):
+                return False
+        for p in decision.placements:
+            started.setdefault(p.gpu_uuid, set()).add((job.id, p))
+        return True
 
     def _new_order(self, order: list[int]) -> None:
         if self.state.set_queue_order(order) and self.stream.subscribers and not self._order_due:
@@ -193,7 +338,7 @@ class Scheduling:
             queue=self._pending_queue(pending),
             running=tuple(scheduler.RunningJob(j.id, j.user, j.placements, j.started_at or j.submitted_at,
                                                j.spec.time_limit_s, j.spec.service, j.spec.array_id,
-                                               j.spec.preemptible)
+                                               j.spec.preemptible, self.estimate(j))
                           for j in holding),
             users=self.shares.shares(),
             finished={job: outcome for job, (outcome, _) in ended.items()},
@@ -203,6 +348,25 @@ class Scheduling:
             power_budgets={n.name: float(n.power_budget_w) for n in state.config.nodes
                            if n.power_budget_w},
         )
+
+    def job_ended(self, job: Job) -> None:
+        """Remember how long a job without --time ran (one that succeeded: a failure says
+        nothing of how long such work runs)."""
+        if job.spec.time_limit_s is None and job.state is JobState.SUCCEEDED \
+                and job.started_at is not None and job.ended_at is not None:
+            key = (job.user, job.spec.gpu_count, job.spec.gpu_mem_mb)
+            self.history.setdefault(key, deque(maxlen=HISTORY_RUNS)).append(job.ended_at - job.started_at)
+
+    def histories(self) -> dict[tuple, tuple[float, ...]]:
+        """``history`` as it is now, for a forecast in a thread."""
+        return {key: tuple(runs) for key, runs in self.history.items()}
+
+    def estimate(self, job: Job) -> scheduler.Estimate | None:
+        """How long a running job without --time is expected to hold its cards."""
+        if job.spec.time_limit_s is not None:
+            return None
+        history = self.history.get((job.user, job.spec.gpu_count, job.spec.gpu_mem_mb), ())
+        return scheduler.run_estimate(None, self.limits.settings.max_time_s, tuple(history))
 
     def _pending_queue(self, pending: list[Job]) -> tuple[scheduler.PendingJob, ...]:
         """The waiting jobs as the scheduler sees them. A job's view is made once and kept
@@ -220,7 +384,7 @@ class Scheduling:
     def plan(self, user: str, spec: JobSpec) -> dict:
         """Where a job would go now, or why it would wait: the submit form's preview."""
         probe = Job(id=-1, user=user, spec=spec, submitted_at=self.state.clock())
-        decisions = scheduler.schedule(self.snapshot_for(self.waiting() + [probe]))
+        decisions = self._decide(self.snapshot_for(self.waiting() + [probe]))
         victims = [d.job_id for d in decisions if isinstance(d, scheduler.Preempt) and d.for_job == -1]
         for decision in decisions:
             if decision.job_id != -1:
@@ -232,5 +396,7 @@ class Scheduling:
                     {"node": p.node, "index": p.gpu_index, "uuid": p.gpu_uuid,
                      "memory_mb": p.memory_mb, "exclusive": p.exclusive}
                     for p in decision.placements]}
-            return {"decision": "wait", "reason": decision.reason}
+            start = self.forecast_one(probe)
+            return {"decision": "wait", "reason": decision.reason,
+                    "starts": None if start is None else start.json(self.state.clock())}
         return {"decision": "wait", "reason": "not considered"}

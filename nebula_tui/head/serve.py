@@ -60,7 +60,26 @@ def shared_mode_refusal(config: ClusterConfig) -> str | None:
                 f"{config.path or 'nodes.yaml'}: with run_as: {config.run_as} every user's job "
                 "runs as the nodes' login account, so one user's job could read another's "
                 "log, forge its exit code and read that account's SSH keys")
+    for pool in config.pools:  # a pool is a node too: each member runs as themselves there
+        if pool.user == "root":
+            return (f"pool {pool.name} logs in as root: on a shared head every member's pool job "
+                    f"would run as root there; give it `user: submitter` in the pools: section "
+                    f"of {config.path or 'nodes.yaml'}")
+        if not pool.per_submitter and not pool.shared_account:
+            return (f"pool {pool.name} runs every member's job as one account ({pool.user}): "
+                    "members could read, end and impersonate each other's jobs there; give it "
+                    "`user: submitter`, or `shared_account: true` if they may share that account "
+                    f"(pools: section of {config.path or 'nodes.yaml'})")
     return None
+
+
+#: the exit code of a head whose home's files it cannot open: deploy/nebula.service does not
+#: restart on it (RestartPreventExitStatus), since only an admin's chown helps
+CANNOT_OPEN = 78
+#: the exit code of a head that refuses its store (damaged, or a failing disk): its one line
+#: says why and the way out, which a client that started it prints at once (1 means another
+#: head already serves this home: that client waits for that one instead)
+REFUSED = 3
 
 
 def serve(home: Home, config_path: Path | None, shared_group: str | None = None,
@@ -90,6 +109,11 @@ def serve(home: Home, config_path: Path | None, shared_group: str | None = None,
     if shared_group and (refusal := shared_mode_refusal(config)):
         print(f"nebula serve: {refusal}", file=sys.stderr)
         return 2
+    backups = Backups(home.db)
+    if problem := backups.unusable(home.lock):
+        # Not a crash loop: the unit does not restart on this code (an admin must act).
+        print(f"nebula serve: {problem}", file=sys.stderr)
+        return CANNOT_OPEN
     lock_file = open(home.lock, "w")
     try:
         fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -102,16 +126,15 @@ def serve(home: Home, config_path: Path | None, shared_group: str | None = None,
     logging.getLogger("asyncssh").setLevel(logging.WARNING)  # one line per channel otherwise
     for handler in logging.getLogger().handlers:
         handler.addFilter(RepeatFilter())
-    backups = Backups(home.db)
     try:
         store = Store(home.db)
     except DatabaseDamaged as err:
         print(f"nebula serve: {err}: the head will not start over it; {backups.way_out()}",
               file=sys.stderr)
-        return 1
+        return REFUSED
     except StoreUnavailable as err:  # a full or failing disk
         print(f"nebula serve: {err}", file=sys.stderr)
-        return 1
+        return REFUSED
     try:
         return asyncio.run(_serve(home, config, store, backups, shared_group, metrics))
     except SocketTaken as err:  # another head took the path between the look and the bind
@@ -120,7 +143,7 @@ def serve(home: Home, config_path: Path | None, shared_group: str | None = None,
     except DatabaseDamaged as err:
         print(f"nebula serve: {err}: the head will not go on with it; {backups.way_out()}",
               file=sys.stderr)
-        return 1
+        return REFUSED
 
 
 class RepeatFilter(logging.Filter):

@@ -272,12 +272,10 @@ class ApiServer:
         return {"job": views.job_json(await self.engine.requeue_job(user, job_id(req)))}
 
     async def op_status(self, user, req):
-        status = self.engine.status()
-        return {key: status[key] for key in ("summary", "nodes", "pools")}
+        return {k: v for k, v in self.engine.status().items() if k in ("summary", "nodes", "pools")}
 
     async def op_queue(self, user, req):
-        seen = self._seen_by(user, listing=True)
-        return {"jobs": [seen(job) for job in self.engine.queue_json()]}
+        return {"jobs": list(map(self._seen_by(user, listing=True), self.engine.queue_json()))}
 
     async def op_gpus(self, user, req):
         return {"gpus": self.engine.gpus_json()}
@@ -313,8 +311,7 @@ class ApiServer:
         return {"jobs": [seen(job) for job in jobs]}
 
     async def op_cancel(self, user, req):
-        job = await self.engine.cancel(user, job_id(req))
-        return {"job": views.job_json(job)}
+        return {"job": views.job_json(await self.engine.cancel(user, job_id(req)))}
 
     async def op_wait(self, user, req):
         """The job once it ended, or as it is after ``within`` seconds (the client asks again)."""
@@ -354,6 +351,9 @@ class ApiServer:
 
     async def op_resume(self, user, req):
         return {"node": self.engine.set_drained(user, text_field(req, "node"), False).json()}
+
+    async def op_why(self, user, req):  # a job's answer, or a user's standing: head/why.py
+        return {"why": await self.engine.why.request(req)}
 
     async def op_plan(self, user, req):
         return self.engine.plan(user, spec_from_request(req, self.engine.state.settings.default_vendor))

@@ -119,6 +119,37 @@ class Shares:
                                          month, half_life, now)
         return usage
 
+    def standing(self, name: str) -> dict:
+        """One user's fair share in figures (``nebula why``): their weight and its place
+        among the users' (1: first in the queue's order), the GPU-hours it comes from —
+        finished runs as they count after the half-life's decay, and held now — and this
+        month's hours, in and over their quota."""
+        now = self.state.clock()
+        half_life = self.state.settings.half_life_s
+        usage = self._usage_at(now, half_life)
+        runs = usage.finished.get(name, [])
+        decayed = sum(hours * (2.0 ** (-max(0.0, now - ended) / half_life) if half_life else 1.0)
+                      for ended, hours in runs)
+        held = counted = 0.0
+        counts = self.state.settings.config.preemptible_in_quota
+        for job in self.state.jobs.holders():
+            if job.user == name and job.started_at:
+                hours = self.held_hours(job, now)
+                held += hours
+                counted += hours if counts or not job.spec.preemptible else 0.0
+        shares = self.shares()
+        weight = shares[name].weight if name in shares else fairshare.BASE_WEIGHT
+        quota = self._quotas().get(name, self.state.settings.quota_gpu_hours)
+        month = usage.month.get(name, 0.0) + counted
+        return {"user": name, "weight": round(weight, 4),
+                "rank": 1 + sum(1 for s in shares.values() if s.weight < weight and s.name != name),
+                "users": len(set(shares) | {name}), "half_life_s": half_life,
+                "runs_counted": len(runs), "decayed_gpu_hours": round(decayed, 4),
+                "held_gpu_hours": round(held, 4), "month_gpu_hours": round(month, 4),
+                "quota_gpu_hours": quota, "in_quota_gpu_hours": round(min(month, quota), 4),
+                "over_quota_gpu_hours": round(max(0.0, month - quota), 4),
+                "refusal": shares[name].refusal if name in shares else None}
+
     def held_hours(self, job, now: float) -> float:
         """GPU-hours a running job has held until ``now`` (a slice counts its fraction; a
         preemptible job, ``scheduler.preemptible_charge`` of them)."""

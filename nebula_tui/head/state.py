@@ -129,6 +129,7 @@ class JobTable(dict):
         super().__init__()
         self.holding: dict[str, dict[int, Placement]] = {}  # GPU uuid -> job id -> placement
         self.per_user: Counter[str] = Counter()
+        self._on_node: dict[str, dict[int, None]] = {}  # node -> ids of the jobs placed there
         for job in jobs:
             self[job.id] = job
 
@@ -155,6 +156,14 @@ class JobTable(dict):
 
     def _index(self, job: Job, *, add: bool) -> None:
         self.per_user[job.user] += 1 if add else -1
+        for node in dict.fromkeys(p.node for p in job.placements):
+            if add:
+                self._on_node.setdefault(node, {})[job.id] = None
+            else:
+                here = self._on_node.get(node, {})
+                here.pop(job.id, None)
+                if not here:
+                    self._on_node.pop(node, None)
         if not job.state.holds_gpus:
             return
         for p in job.placements:
@@ -172,9 +181,50 @@ class JobTable(dict):
         ids = {job_id for held in self.holding.values() for job_id in held}
         return [self[job_id] for job_id in sorted(ids)]
 
+    def on(self, node: str) -> list[Job]:
+        """The jobs placed on ``node`` (those whose ``job_nodes`` name it), by id: a node's
+        reconnect looks at its own jobs, not at every job of a 500-node cluster."""
+        return [self[job_id] for job_id in sorted(self._on_node.get(node, ()))]
+
     def held(self, uuid: str) -> tuple[tuple[int, Placement], ...]:
         """(job id, placement) of every job holding GPU ``uuid``, by job id."""
         return tuple(sorted(self.holding.get(uuid, {}).items()))
+
+
+class GpuTable(dict):
+    """Every GPU's ``GpuLive`` by uuid, and ``facts_version``: bumped whenever a card comes,
+    goes or shows other facts of the kind a request is checked against (vendor, compute
+    capability, memory, node), so what is derived from those alone (``HeadState.hardware``,
+    asked at every submit) is kept between probes instead of rebuilt from 4,000 cards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.facts_version = 0
+
+    @staticmethod
+    def _facts(live: GpuLive) -> tuple:
+        r = live.reading
+        return (live.node, r.index, r.vendor, r.compute_cap, r.memory_total_mb)
+
+    def __setitem__(self, uuid: str, live: GpuLive) -> None:
+        before = self.get(uuid)
+        if before is None or self._facts(before) != self._facts(live):
+            self.facts_version += 1
+        super().__setitem__(uuid, live)
+
+    def __delitem__(self, uuid: str) -> None:
+        self.facts_version += 1
+        super().__delitem__(uuid)
+
+    def pop(self, uuid: str, *default):
+        if uuid in self:
+            self.facts_version += 1
+        return super().pop(uuid, *default)
+
+    def _unsupported(self, *args, **kwargs):
+        raise TypeError("GpuTable: set, pop or del one GPU at a time (facts_version follows those)")
+
+    update = setdefault = popitem = clear = __ior__ = _unsupported
 
 
 def job_nodes(job: Job) -> list[str]:
@@ -200,13 +250,15 @@ class HeadState:
         self.nodes = {n.name: NodeView(n.name, n.host, n.port, drained=n.drained,
                                        power_budget_w=n.power_budget_w)
                       for n in config.nodes}
-        self.gpus: dict[str, GpuLive] = {}
+        self.gpus = GpuTable()
         self.jobs = JobTable()  # every job not yet finished
         self.links: dict[str, NodeLink] = {}
         #: the waiting jobs in the order the last scheduling pass considered them (priority,
         #: fair share, submit time), and each one's 1-based place in it
         self.queue_order: list[int] = []
         self.queue_place: dict[int, int] = {}
+        #: each waiting job's start forecast (``forecast.Start.json``), the last one made
+        self.forecasts: dict[int, dict] = {}
         #: something may let a job start since the scheduling loop last looked (``wake``)
         self.capacity_changed = True
         self._wake = asyncio.Event()
@@ -215,6 +267,8 @@ class HeadState:
         #: after it, which covers every commit made while the first was under way
         self._sync: asyncio.Future | None = None
         self._hardware: dict[tuple, tuple] = {}  # a card's facts -> its class (``hardware``)
+        #: ``hardware``'s last answer and what it was made from (GPU facts, nodes' CUDA)
+        self._hardware_found: tuple[tuple, dict[str, dict[tuple, int]]] | None = None
         self._next_sync: asyncio.Future | None = None
         #: after a restore of the store: the nodes that have not yet told what ran since
         #: the backup (nothing is scheduled till they have, or till ``_restore_until``)
@@ -322,7 +376,7 @@ class HeadState:
         """Every GPU (or only ``node``'s: one node's readings are published once per probe,
         and building all 1,000 views of a big cluster for each would cost the head a core;
         who holds each GPU comes from the jobs' index, not a walk over every job)."""
-        return [self._view(live, self.jobs.held(uuid), self._blocked(live))
+        return [self._view(live, self.jobs.held(uuid), self.blocked(live))
                 for uuid, live in sorted(((u, g) for u, g in self.gpus.items()
                                           if node is None or g.node == node),
                                          key=lambda kv: (kv[1].node, kv[1].reading.index))]
@@ -342,7 +396,7 @@ class HeadState:
         jobs only, or sharing with room for another slice (``offered_mb``). A view is built only for a card shared
         without an exclusive holder: a full cluster of 4,000 cards answers with none."""
         for uuid, live in self.gpus.items():
-            blocked = self._blocked(live)
+            blocked = self.blocked(live)
             if blocked is not None:
                 continue
             placements = self.jobs.held(uuid)
@@ -357,7 +411,12 @@ class HeadState:
 
     def hardware(self) -> dict[str, dict[tuple, int]]:
         """``admission.node_hardware(self.gpu_views())`` without building the views (at
-        submit: 4,000 views cost the head ~100 ms for what it needs of each card, its class)."""
+        submit: 4,000 views cost the head ~100 ms for what it needs of each card, its class).
+        Kept while no card's facts and no node's CUDA version changed: a submit's cost must
+        not grow with the lab (walking 4,000 cards was most of a submit at 500 nodes)."""
+        key = (self.gpus.facts_version, tuple(view.cuda_version for view in self.nodes.values()))
+        if self._hardware_found is not None and self._hardware_found[0] == key:
+            return self._hardware_found[1]
         found: dict[str, dict[tuple, int]] = {}
         memo = self._hardware
         for live in sorted(self.gpus.values(), key=lambda g: (g.node, g.reading.index)):
@@ -368,9 +427,11 @@ class HeadState:
                 hw = memo[facts] = admission.hardware(*facts)
             counts = found.setdefault(live.node, {})
             counts[hw] = counts.get(hw, 0) + 1
+        self._hardware_found = (key, found)
         return found
 
-    def _blocked(self, live: GpuLive) -> str | None:
+    def blocked(self, live: GpuLive) -> str | None:
+        """Why no new work may go on this card now (None: it may)."""
         node = self.nodes[live.node]
         if node.drained:
             return f"node {node.name} is drained"

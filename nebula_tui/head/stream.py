@@ -13,8 +13,9 @@ import asyncio
 from dataclasses import asdict
 
 from .. import views
-from ..model import GpuView, Job, NodeState
+from ..model import GpuView, Job, JobState, NodeState
 from ..remote.backends import topo
+from ..scheduler.slices import common_fits
 from .state import HeadState, NodeView
 
 #: Put in place of a subscriber's backlog when its (bounded) queue is full: the server then
@@ -64,6 +65,7 @@ class Stream:
         like the stream's: `nebula gpus` has it, no subscriber shows it)."""
         status = self.status()
         return {**status, "jobs": self.queue_json(), "queue": self.state.queue_order,
+                "starts": self.state.forecasts,
                 "events": self.state.store.events(30),
                 "temperatures": asdict(self.state.settings.config.temperatures)}
 
@@ -84,15 +86,19 @@ class Stream:
         processes = [{"pid": p.pid, "name": p.name, "used_memory_mb": p.used_memory_mb,
                       "job_id": _int_or_none(live.process_jobs.get(str(p.pid)))}
                      for p in live.processes]
+        holds_service = any((job := self.state.jobs.get(job_id)) is not None and job.spec.service
+                            for job_id, _ in gpu.placements)
+        fits = common_fits(gpu, self.state.settings.config.service_spare_mb, holds_service)
         return views.gpu_json(gpu, node_up=node.state == NodeState.UP,
                               cuda_version=node.cuda_version,
                               nvlink=topo.nvlink_peers(node.topo, gpu.reading.index),
-                              processes=processes, raw=raw)
+                              processes=processes, fits=fits, raw=raw)
 
     def queue_json(self) -> list[dict]:
         """Every live job as the queue shows it: those holding GPUs first, then the waiting
-        ones in the scheduler's order (``queue_pos``: the place in it), then any not
-        considered yet (submitted since the last pass), then held ones."""
+        ones in the scheduler's order (``queue_pos``: the place in it; ``starts``: the
+        last forecast of its start), then any not considered yet (submitted since the last
+        pass), then held ones."""
         place = self.state.queue_place
         unplaced = len(place) + 1
 
@@ -102,12 +108,16 @@ class Stream:
             if job.held_by:
                 return (2, 0, job.submitted_at, job.id)
             return (1, place.get(job.id, unplaced), job.submitted_at, job.id)
-        return [{**views.job_json(j), "queue_pos": self.state.queue_pos(j)}
+        starts = self.state.forecasts
+        return [{**views.job_json(j), "queue_pos": self.state.queue_pos(j),
+                 "starts": starts.get(j.id) if j.state == JobState.PENDING else None}
                 for j in sorted(self.state.jobs.values(), key=rank)]
 
-    def publish_queue_order(self) -> None:
+    def publish_queue_order(self, starts: bool = False) -> None:
+        """The queue's order; with ``starts`` the start forecasts too (after a new one)."""
         if self.subscribers:
-            self.publish({"type": "queue", "order": self.state.queue_order})
+            event = {"type": "queue", "order": self.state.queue_order}
+            self.publish({**event, "starts": self.state.forecasts} if starts else event)
 
     # ------------------------------------------------------------------ publishing
     def publish(self, event: dict) -> None:

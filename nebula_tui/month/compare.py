@@ -24,12 +24,15 @@ class Comparison:
     seconds: dict[str, float]  # policy -> how long its replay took
     jobs: int
     cards: int
+    #: NebulaGrid's start forecasts at submit, scored (None: the replay made none)
+    forecast: metrics.ForecastScore | None = None
 
     def text(self) -> str:
         nebula, spreadsheet, slurm = self.figures
         took = ", ".join(f"{name} {s:.1f} s" for name, s in self.seconds.items())
+        score = f"\n{self.forecast.text()}" if self.forecast else ""
         return (f"{self.jobs} jobs on {self.cards} cards; replayed in {took}\n\n"
-                f"{metrics.table(self.figures)}\n\n{metrics.last_line(nebula, spreadsheet, slurm)}")
+                f"{metrics.table(self.figures)}{score}\n\n{metrics.last_line(nebula, spreadsheet, slurm)}")
 
 
 def cards_of(inv: dict[str, list[dict]]) -> list[baselines.Card]:
@@ -57,4 +60,5 @@ def compare(requests: Sequence[Request], inv: dict[str, list[dict]], horizon_s: 
     all_figures = tuple(metrics.figures(name, requests, outcomes, cards, horizon_s, runnable)
                         for name, outcomes in (("NebulaGrid", nebula), ("spreadsheet", sheet),
                                                ("slurm-like", slurm)))
-    return Comparison(all_figures, seconds, len(requests), len(cards))
+    return Comparison(all_figures, seconds, len(requests), len(cards),
+                      metrics.forecast_score(requests, nebula))

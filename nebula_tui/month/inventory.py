@@ -17,6 +17,14 @@ from ..sim import presets
 _KNOWN = {facts["name"]: facts for facts in presets.model_facts()}
 
 
+#: bounds on an inventory file, so a replay's memory stays bounded: its size, its cards,
+#: a card's index on its node and its memory (16 TB)
+MAX_FILE_BYTES = 64 << 20
+MAX_CARDS = 10_000
+MAX_INDEX = 1024
+MAX_CARD_MB = 16 << 20
+
+
 class InventoryError(ValueError):
     """A what-if or an inventory file that cannot be read; str() says what to write."""
 
@@ -43,12 +51,23 @@ def node_devices(spec: dict) -> list[dict]:
 def from_gpus_json(path: Path) -> dict[str, list[dict]]:
     """A head's cards from ``nebula gpus --json`` saved to a file."""
     try:
-        rows = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise InventoryError(f"{path}: not the output of `nebula gpus --json` ({err})") from None
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            raise ValueError(f"larger than {MAX_FILE_BYTES >> 20} MB")
+        rows = json.loads(raw)
+    except (OSError, ValueError, RecursionError) as err:
+        raise InventoryError(f"{path}: not the output of `nebula gpus --json` ({str(err)[:200]})") from None
     rows = rows.get("gpus", rows) if isinstance(rows, dict) else rows
+    if isinstance(rows, list) and len(rows) > MAX_CARDS:
+        raise InventoryError(f"{path}: {len(rows)} GPUs; a replay takes at most {MAX_CARDS}")
     inventory: dict[str, list[dict]] = {}
     for row in rows if isinstance(rows, list) else []:
+        index, total = (row.get(k) if isinstance(row, dict) else None for k in ("index", "total_memory_mb"))
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (index, total)) \
+                or not 0 <= index < MAX_INDEX or not 1 <= total <= MAX_CARD_MB:
+            raise InventoryError(f"{path}: a GPU row's index ({index!r}) or total_memory_mb ({total!r}) is not "
+                                 f"a card's; save `nebula gpus --json` as it prints")
         try:
             cc = str(row.get("compute_capability") or "").removeprefix("sm_")
             inventory.setdefault(str(row["node"]), []).append({

@@ -136,6 +136,49 @@ def _union(spans: list[tuple[float, float]]) -> float:
     return total
 
 
+#: the forecast is scored on the jobs that waited longer than this (a shorter wait's
+#: relative error says little)
+SCORED_WAIT_S = 600.0
+
+
+@dataclass(frozen=True)
+class ForecastScore:
+    """How the head's start forecast at submit fared against the start the replay gave:
+    |forecast − actual| ÷ actual wait (p50, p90) over the ``jobs`` that waited longer than
+    ``SCORED_WAIT_S``, and the share of all ``started`` jobs forecast whose start fell
+    inside the interval."""
+
+    jobs: int
+    p50: float
+    p90: float
+    started: int
+    inside: float
+
+    def text(self) -> str:
+        return (f"start forecast at submit: error p50 {self.p50:.0%}, p90 {self.p90:.0%} of the wait "
+                f"({self.jobs} jobs that waited over {SCORED_WAIT_S / 60:.0f} min); "
+                f"{self.inside:.0%} of {self.started} starts inside the interval")
+
+
+def forecast_score(requests: Sequence[Request], outcomes: dict[int, Outcome]) -> ForecastScore | None:
+    """The score of the forecasts ``outcomes`` carry (None when none does)."""
+    errors, inside, started = [], 0, 0
+    for r in requests:
+        o = outcomes[r.key]
+        if o.forecast is None or o.started_s is None:
+            continue
+        at, early, late = o.forecast
+        started += 1
+        inside += (early is None or early - 1 <= o.started_s) and (late is None or o.started_s <= late + 1)
+        wait = o.started_s - r.submit_s
+        if wait > SCORED_WAIT_S:
+            errors.append(abs(at - o.started_s) / wait)
+    if not started:
+        return None
+    return ForecastScore(len(errors), percentile(errors, 50) if errors else 0.0,
+                         percentile(errors, 90) if errors else 0.0, started, inside / started)
+
+
 def minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f}"
 

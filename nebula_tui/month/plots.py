@@ -26,7 +26,8 @@ def as_json(result: Comparison) -> dict:
         row["never_run_pct"] = f.never_run_pct
         row["wait_cdf_min"] = {q: percentile(f.waits_s, q) / 60 for q in CDF_POINTS}
         figures.append(row)
-    return {"jobs": result.jobs, "cards": result.cards, "seconds": result.seconds, "policies": figures}
+    return {"jobs": result.jobs, "cards": result.cards, "seconds": result.seconds, "policies": figures,
+            "forecast": asdict(result.forecast) if result.forecast else None}
 
 
 def text_chart(result: Comparison, width: int = 78, height: int = 14, color: bool = False) -> str:

@@ -36,3 +36,7 @@ class Outcome:
     #: (node, gpu uuid, memory MiB, whole card) of each card of its last start
     placements: tuple[tuple[str, str, int, bool], ...] = ()
     runs: int = 0  # starts (a requeue starts again)
+    #: the head's start forecast at submit (seconds from the start): the expected start
+    #: (the end of the forecast's horizon when it saw none within it), the interval's
+    #: early and late ends (None: none within the horizon)
+    forecast: tuple[float, float | None, float | None] | None = None

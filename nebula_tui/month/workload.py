@@ -22,6 +22,18 @@ from .records import Request
 
 TRACE_FIELDS = ("submit_s", "user", "gpus", "gpu_mem_gb", "duration_s", "time_limit_s", "nodes", "service")
 MIB_PER_GB = 1024
+#: Bounds on what a workload may ask, so a replay's memory and time stay bounded whatever
+#: the file says (a job of 10^12 cards is built card by card by the figures): a job's cards
+#: and nodes (far above any lab's; the head refuses above its own 64 as it would on a lab),
+#: a card's memory (16 TB, the head's bound), a duration or time limit (10 years), a time
+#: (the year 9999), the jobs in one file and the file's size.
+MAX_JOB_GPUS = 4096
+MAX_GPU_MEM_MB = 16 << 20
+MAX_SPAN_S = 10 * 366 * 86400.0
+MAX_TIME_S = 253402300799.0
+MAX_REQUESTS = 1_000_000
+MAX_FILE_BYTES = 256 << 20
+USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 
 
 class WorkloadError(ValueError):
@@ -32,14 +44,49 @@ def read(path: Path) -> list[Request]:
     """Any workload file, told apart by its content: a trace CSV (its header), the JSON of
     ``nebula history --json``, or ``sacct --parsable2`` output (``|``-separated)."""
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as err:
         raise WorkloadError(f"{path}: cannot read it ({err.strerror})") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise WorkloadError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MB; replay a shorter workload")
+    text = raw.decode("utf-8", "replace")
     if text.lstrip()[:1] in ("[", "{"):
-        return from_history(path, text)
-    if "|" in text.partition("\n")[0]:
-        return from_sacct(path, text)
-    return from_trace(path, text)
+        requests = from_history(path, text)
+    elif "|" in text.partition("\n")[0]:
+        requests = from_sacct(path, text)
+    else:
+        requests = from_trace(path, text)
+    if len(requests) > MAX_REQUESTS:
+        raise WorkloadError(f"{path}: {len(requests)} jobs; a replay takes at most {MAX_REQUESTS}")
+    return requests
+
+
+def checked(where: str, r: Request) -> Request:
+    """``r`` if every field is within bounds (finite, not negative, not huge); else a
+    ``WorkloadError`` naming ``where`` (the file and line, or job) and the field."""
+    def bad(field: str, value, bounds: str):
+        raise WorkloadError(f"{where}: {field} is {value!r}; it must be {bounds}")
+
+    def span(field: str, value, high: float, allow_none: bool = False):
+        if value is None and allow_none:
+            return
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
+                or not 0 <= value <= high:
+            bad(field, value, f"a number from 0 to {high:.0f}")
+
+    span("submit time", r.submit_s, MAX_TIME_S)
+    span("duration", r.duration_s, MAX_SPAN_S)
+    span("time limit", r.time_limit_s, MAX_SPAN_S, allow_none=True)
+    for field, value in (("gpus", r.gpus), ("nodes", r.nodes)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_JOB_GPUS:
+            bad(field, value, f"a whole number from 1 to {MAX_JOB_GPUS}")
+    if r.gpu_mem_mb is not None and (not isinstance(r.gpu_mem_mb, int) or isinstance(r.gpu_mem_mb, bool)
+                                     or not 1 <= r.gpu_mem_mb <= MAX_GPU_MEM_MB):
+        bad("GPU memory (MiB)", r.gpu_mem_mb, f"a whole number from 1 to {MAX_GPU_MEM_MB}")
+    if not isinstance(r.user, str) or not USER_RE.fullmatch(r.user):
+        bad("user", r.user, "a user name")
+    return r
 
 
 def _number(path: Path, line: int, field: str, value: str, kind=float, empty=None):
@@ -51,6 +98,8 @@ def _number(path: Path, line: int, field: str, value: str, kind=float, empty=Non
         raise WorkloadError(f"{path}:{line}: {field} is {value!r}, not a number") from None
     if isinstance(number, float) and not math.isfinite(number) or number < 0:
         raise WorkloadError(f"{path}:{line}: {field} is {value!r}; it must be 0 or more")
+    if number > MAX_TIME_S:  # before a huge value is built into anything
+        raise WorkloadError(f"{path}:{line}: {field} is {value!r}; it is far too large")
     return number
 
 
@@ -65,45 +114,69 @@ def from_trace(path: Path, text: str) -> list[Request]:
     requests = []
     for line, row in enumerate(rows, start=2):
         user = (row.get("user") or "").strip()
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", user):
+        if not USER_RE.fullmatch(user):
             raise WorkloadError(f"{path}:{line}: user {user!r} is not a user name")
         gpus = _number(path, line, "gpus", row.get("gpus"), int, 1)
         mem = _number(path, line, "gpu_mem_gb", row.get("gpu_mem_gb"))
         if gpus < 1:
             raise WorkloadError(f"{path}:{line}: gpus is {gpus}; a job asks for 1 or more")
-        requests.append(Request(
+        requests.append(checked(f"{path}:{line}", Request(
             key=line, submit_s=_number(path, line, "submit_s", row.get("submit_s"), empty=0.0), user=user,
             gpus=gpus, gpu_mem_mb=None if mem is None else max(1, round(mem * MIB_PER_GB)),
             duration_s=_number(path, line, "duration_s", row.get("duration_s"), empty=0.0),
             time_limit_s=_number(path, line, "time_limit_s", row.get("time_limit_s")),
             nodes=max(1, _number(path, line, "nodes", row.get("nodes"), int, 1)),
-            service=(row.get("service") or "0").strip() in ("1", "true", "yes")))
+            service=(row.get("service") or "0").strip() in ("1", "true", "yes"))))
     return _from_zero(requests)
 
 
 def from_history(path: Path, text: str) -> list[Request]:
     """``nebula history --json``: each ended job that ran, as it was asked for."""
+    def refuse_constant(name: str):
+        raise ValueError(f"{name} is not a number JSON allows")
+
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=refuse_constant)
+    except RecursionError:
+        raise WorkloadError(f"{path}: not JSON nested as `nebula history --json` prints it") from None
     except ValueError as err:
-        raise WorkloadError(f"{path}: not JSON ({err})") from None
-    rows = data.get("jobs", []) if isinstance(data, dict) else data
+        raise WorkloadError(f"{path}: not JSON ({str(err)[:200]})") from None
+    rows = data.get("jobs") if isinstance(data, dict) else data
+    if not isinstance(rows, list):
+        raise WorkloadError(f"{path}: no list of jobs; save `nebula history --json` as it prints")
     requests = []
-    for n, job in enumerate(rows if isinstance(rows, list) else [], start=1):
+    for n, job in enumerate(rows, start=1):
+        where = f"{path}: job {n}"
         try:
             started, ended = job.get("started_at"), job.get("ended_at")
             if started is None or ended is None:
                 continue  # never ran: nothing says how long it would have
-            requests.append(Request(
-                key=int(job.get("id", n)), submit_s=float(job["submitted_at"]), user=str(job["user"]),
-                gpus=int(job.get("gpu_count") or 1), gpu_mem_mb=job.get("gpu_mem_mb"),
-                duration_s=max(0.0, float(ended) - float(started)),
-                time_limit_s=job.get("time_limit_s"), nodes=int(job.get("nodes") or 1),
-                service=bool(job.get("service"))))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            raise WorkloadError(f"{path}: job {n} lacks submitted_at, user or its times; "
+            started, ended = _json_number(where, "started_at", started), _json_number(where, "ended_at", ended)
+            if ended < started:
+                raise WorkloadError(f"{where}: ended_at is before started_at; save `nebula history --json` "
+                                    f"as it prints")
+            limit = job.get("time_limit_s")
+            request = Request(
+                key=int(job.get("id", n)), submit_s=_json_number(where, "submitted_at", job["submitted_at"]),
+                user=job["user"], gpus=job.get("gpu_count") or 1, gpu_mem_mb=job.get("gpu_mem_mb"),
+                duration_s=ended - started,
+                time_limit_s=None if limit is None else _json_number(where, "time_limit_s", limit),
+                nodes=job.get("nodes") or 1, service=bool(job.get("service")))
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
+            if isinstance(err, WorkloadError):
+                raise
+            raise WorkloadError(f"{where} lacks submitted_at, user or its times; "
                                 f"save `nebula history --json` as it prints") from None
+        requests.append(checked(where, request))
     return _from_zero(requests)
+
+
+def _json_number(where: str, field: str, value) -> float:
+    """A history's time field as a float: a finite JSON number, not negative."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
+            or not 0 <= value <= MAX_TIME_S:
+        raise WorkloadError(f"{where}: {field} is {value!r}; it must be a time in seconds, 0 or more")
+    return float(value)
 
 
 #: ``sacct --parsable2 --format=`` fields a Slurm export must have (and those it may).
@@ -142,11 +215,13 @@ def from_sacct(path: Path, text: str) -> list[Request]:
         gpus = re.search(r"gres/gpu(?::[^=,]+)?=(\d+)", field("AllocTRES"))
         if start is None or end is None or not gpus:
             continue  # never ran, or ran without GPUs
-        limit = field("Timelimit")
-        requests.append(Request(
+        limit, nodes = field("Timelimit"), field("NNodes") or "1"
+        if not (nodes.isascii() and nodes.isdigit()) or len(gpus[1]) > 12 or len(nodes) > 12:
+            raise WorkloadError(f"{path}:{line}: NNodes {nodes!r} or AllocTRES's gres/gpu is not a count")
+        requests.append(checked(f"{path}:{line}", Request(
             key=line, submit_s=submit or start, user=field("User") or "unknown", gpus=int(gpus[1]),
             gpu_mem_mb=None, duration_s=max(0.0, end - start),
-            time_limit_s=_slurm_time(limit), nodes=int(field("NNodes") or 1)))
+            time_limit_s=_slurm_time(limit), nodes=int(nodes))))
     return _from_zero(requests)
 
 

@@ -3,8 +3,9 @@
 A pool is a batch cluster the head reaches over SSH; it runs a job of ours as one of its
 own, named by a token the head writes in its store first (``PoolSubmission.token``), so a
 head restarted between that write and the cluster's answer finds the job by its token
-(``find``) instead of submitting it twice. ``poll`` answers every job of ours the cluster
-still knows, in one round trip; ``capacity`` what the cluster has. A Kubernetes pool
+(``find``) instead of submitting it twice. From then on the pool's own id for it (the
+answer to ``sbatch``) is its key: ``poll`` asks each owner's account about that owner's
+jobs only; ``capacity`` what the cluster has. A Kubernetes pool
 (Jobs with ``nvidia.com/gpu``, Volcano PodGroups for gangs) would be one more module
 with these five calls.
 """
@@ -19,6 +20,11 @@ from ..model import Job, JobState
 
 class PoolUnavailable(Exception):
     """The pool's login node cannot be reached now; ``str()`` says why, in one line."""
+
+
+class PoolDegraded(PoolUnavailable):
+    """The pool answered, but not as a Slurm answers (too long, malformed): its jobs are
+    left as they are and ``status`` says so; ``str()`` says what, in one line."""
 
 
 class PoolRefusal(Exception):
@@ -58,6 +64,11 @@ class RemoteJob:
     exit_code: int | None = None
     preempted: bool = False
     elapsed_s: float | None = None  # from the cluster's accounting, when it keeps it
+    gpus: int | None = None  # its allocation's GPUs, from the cluster's accounting
+    qos: str = ""  # the QOS it ran in, as the cluster says ("" where it does not)
+    #: whether its Slurm comment still is the token it was sent with (the job may rewrite
+    #: it: it is a check, never what finds the job)
+    token_ok: bool = True
 
 
 @dataclass(frozen=True)
@@ -99,10 +110,12 @@ class Capacity:
 
 @dataclass
 class PollResult:
-    """One poll: the jobs of ours the pool knows (by token), and its capacity."""
+    """One poll: the jobs of ours the pool knows (by the Slurm id sbatch answered), and its
+    capacity (None when it was not read: nobody's account to read it with)."""
 
     jobs: dict[str, RemoteJob] = field(default_factory=dict)
     capacity: Capacity | None = None
+    refused: set[str] = field(default_factory=set)  # accounts whose login was refused
 
 
 class Pool(Protocol):
@@ -115,9 +128,10 @@ class Pool(Protocol):
         """The job a submission with ``token`` made, if the pool has it (a head restarted
         mid-submit asks before submitting again)."""
 
-    async def poll(self, accounts: set[str], ended: dict[str, str]) -> PollResult:
-        """Every job of ours the pool lists (of ``accounts``), and for ``ended`` (remote id
-        -> token) that it lists no longer, their ends from its accounting."""
+    async def poll(self, jobs: dict[str, tuple[str, str]], poller: str | None) -> PollResult:
+        """What the pool says of each of ``jobs`` (remote id -> (its account, its token)),
+        each asked in its own account, its end from that account's accounting; capacity
+        read as ``poller`` (None: not read)."""
 
     async def cancel(self, account: str, remote_id: str) -> None: ...
 

@@ -2,9 +2,14 @@
 
 One asyncssh connection per cluster account (one in all with a project account; one per
 lab user who submitted with ``user: submitter``), host keys verified against known_hosts
-as for a node. A job is ``sbatch --parsable`` with its batch script on stdin, named by its
-token in ``--comment``; ``squeue``/``sinfo`` (``--json`` where the version has it, read at
-connect with ``sinfo --version``) and ``sacct`` are polled on one connection. Every word
+as for a node. A job is ``sbatch --parsable`` with its batch script on stdin, its token in
+``--comment``; from then on the Slurm id sbatch answered is what names it. Each owner's
+jobs are asked of ``squeue``/``sacct`` in that owner's account, and only the lines Slurm
+lists under that user are believed (22.05's ``squeue --json`` ignores ``-u``, and anyone
+can write any comment): nothing one account prints moves another's jobs. Every answer is
+read with a byte bound while it is read (``MAX_OUTPUT``); a longer or malformed one is
+``PoolDegraded``. The job's command reaches the compute node in its environment, never
+on a command line, and its output is 0600 in a 0700 workdir (``umask 077``). Every word
 of ours that reaches the remote shell is quoted with ``shlex.quote``.
 """
 
@@ -22,17 +27,21 @@ import asyncssh
 from ..config.cluster import ClusterConfig
 from ..config.pools import PoolConfig
 from ..remote import preflight
+from ..remote.launcher import EVAL_COMMAND, command_text
 from ..remote.ssh import encryption_preference, known_hosts
 from ..waits import within
 from . import slurm_parse as parse
 from .authorize import authorize_view, head_address
-from .base import (Capacity, PollResult, PoolNode, PoolNotAuthorised, PoolRefusal,
+from .base import (Capacity, PollResult, PoolDegraded, PoolNode, PoolNotAuthorised, PoolRefusal,
                    PoolSubmission, PoolUnavailable, RemoteJob)
 
 #: bytes of a job's output one ``logs`` call reads at most
 LOG_CHUNK = 64 * 1024
-#: the output of a cluster command we read at most (squeue --json of 50 jobs is ~150 KB)
+#: the output of a cluster command we read at most (squeue --json of 50 jobs is ~150 KB;
+#: 22.05's lists the whole cluster's queue, whatever -u says); more is PoolDegraded
 MAX_OUTPUT = 8 << 20
+#: the error text of a cluster command we keep (the rest is read and dropped)
+MAX_ERROR = 4096
 
 
 def remote_path(path: str) -> str:
@@ -71,7 +80,11 @@ NEBULA_CONDA_TOOL=$(printf '%s\n' "$checks" | sed -n 's/^conda=//p')
 workdir=$(printf '%s\n' "$checks" | sed -n 's/^workdir=//p')
 [ -z "$workdir" ] || cd -- "$workdir" || exit 127
 eval "$NEBULA_ACTIVATE"
+unset NEBULA_PART
 """
+# The part runs from the environment too: `bash -c "$part"` would put it on argv.
+_RUN_PART = 'eval "$NEBULA_PART"'
+
 
 
 class SlurmPool:
@@ -157,15 +170,43 @@ class SlurmPool:
     async def run(self, account: str, command: str, stdin: str | None = None,
                   timeout: float | None = None) -> tuple[int, str, str]:
         """``command`` in a shell there as ``account``: (exit status, stdout, stderr)."""
+        status, out, err = await self.run_bytes(account, command, stdin, timeout)
+        return status, out.decode("utf-8", errors="replace"), err
+
+    async def run_bytes(self, account: str, command: str, stdin: str | None = None,
+                        timeout: float | None = None, limit: int = MAX_OUTPUT
+                        ) -> tuple[int, bytes, str]:
+        """As ``run``, its output as bytes; more than ``limit`` of it is PoolDegraded, found
+        while reading (the rest is never read: the command is closed)."""
         conn = await self._conn(account)
         try:
-            done = await within(timeout or self.cluster.command_timeout,
-                                conn.run(command, input=stdin, check=False))
+            return await within(timeout or self.cluster.command_timeout,
+                                self._bounded(conn, command, stdin, limit))
         except (OSError, asyncio.TimeoutError, asyncssh.Error) as err:
             self._drop(account)
             raise PoolUnavailable(self._why(err)) from None
-        out, err_text = done.stdout or "", done.stderr or ""
-        return done.exit_status if done.exit_status is not None else 255, out[:MAX_OUTPUT], err_text[:4096]
+
+    async def _bounded(self, conn: asyncssh.SSHClientConnection, command: str,
+                       stdin: str | None, limit: int) -> tuple[int, bytes, str]:
+        process = await conn.create_process(command, encoding=None)
+        errors = None
+        try:
+            if stdin is not None:
+                process.stdin.write(stdin.encode())
+            process.stdin.write_eof()
+            errors = asyncio.ensure_future(_read(process.stderr, MAX_ERROR, drain=True))
+            out = await _read(process.stdout, limit)
+            if out is None:
+                raise PoolDegraded(f"pool {self.name}: `{command.split()[0]}` answered more than "
+                                   f"{limit >> 10} KiB, more than Slurm would; not read further")
+            err = await errors
+            await process.wait_closed()
+        finally:
+            if errors is not None and not errors.done():
+                errors.cancel()
+            process.close()
+        status = process.exit_status if process.exit_status is not None else 255
+        return status, out, (err or b"").decode("utf-8", errors="replace")
 
     def _drop(self, account: str) -> None:
         conn = self._conns.pop(account, None)
@@ -185,9 +226,11 @@ class SlurmPool:
         """The pool's workdir as ``account`` sees it there (made if missing), resolved once."""
         known = self._workdirs.get(account)
         if known is None:
+            where = remote_path(self.config.workdir)
+            # 0700: the jobs' output in it is for their owner's eyes (0600, sbatch's umask)
             status, out, err = await self.run(
-                account, f"mkdir -p {remote_path(self.config.workdir)} && cd "
-                         f"{remote_path(self.config.workdir)} && pwd -P")
+                account, f"umask 077 && mkdir -p {where} && chmod 700 {where} && cd {where} "
+                         "&& pwd -P")
             lines = out.strip().splitlines()
             if status != 0 or not lines or not lines[-1].startswith("/"):
                 raise PoolRefusal(f"pool {self.name}: cannot make its workdir "
@@ -231,8 +274,13 @@ class SlurmPool:
             argv.append(f"--gres=shard:{submission.shards_per_node}")
         else:
             argv.append(f"--gres=gpu:{submission.gpus_per_node}")
-        if config.partition:
-            argv.append(f"--partition={config.partition}")
+        partition = config.partition
+        if spec.preemptible:  # the head refused it where the pool names no scavenger
+            partition = config.scavenger_partition or partition
+            if config.scavenger_qos:
+                argv.append(f"--qos={config.scavenger_qos}")
+        if partition:
+            argv.append(f"--partition={partition}")
         if config.account:
             argv.append(f"--account={config.account}")
         if spec.time_limit_s:
@@ -245,16 +293,17 @@ class SlurmPool:
         job, spec = submission.job, submission.job.spec
         env = {"NEBULA_JOB_ID": str(job.id), "NEBULA_POOL": self.name,
                "NEBULA_CHECKS": preflight.CHECKS, "NEBULA_ACTIVATE": preflight.ACTIVATE}
+        # the command and the part in the environment (srun passes it on), never in an argv
+        env.update(command_text(job))
         env.update(preflight.check_env("$node", spec.workdir, spec.submit_dir, spec.conda,
                                        spec.venv))
         env.pop("NEBULA_NODE_NAME", None)  # each node's own, set in the part
-        command = ["sh", "-c", spec.command[0]] if spec.shell else list(spec.command)
-        command = self._in_container(submission, command)
+        env["NEBULA_PART"] = _PART + "exec " + shlex.join(
+            [*(self._in_container(submission) or ()), "sh", "-c", EVAL_COMMAND]) + "\n"
         sources = [m.split(":", 1)[0] for m in spec.data_mounts]
-        part = _PART + "exec " + shlex.join(command) + "\n"
         lines = ["#!/bin/bash", f"# NebulaGrid job {job.id}, attempt {job.attempt + 1}"]
         lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
-        lines.append(f"part={shlex.quote(part)}")
+        lines.append(f"part={shlex.quote(_RUN_PART)}")
         srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
         if spec.image and self.config.runtime == "pyxis":
             srun.append(f"--container-image={spec.image}")
@@ -281,21 +330,24 @@ class SlurmPool:
                          + " ".join(shlex.quote(s) for s in sources))
         return "\n".join(lines) + "\n"
 
-    def _in_container(self, submission: PoolSubmission, command: list[str]) -> list[str]:
+    def _in_container(self, submission: PoolSubmission) -> tuple[str, ...] | None:
+        """The apptainer words before the job's command, or None (no image, or pyxis's)."""
         spec = submission.job.spec
         if not spec.image or self.config.runtime != "apptainer":
-            return command
+            return None
         binds = []
         for mount in spec.data_mounts:
             binds += ["--bind", mount]
-        return ["apptainer", "exec", "--nv", *binds, spec.image, *command]
+        return ("apptainer", "exec", "--nv", *binds, spec.image)
 
     async def submit(self, submission: PoolSubmission) -> str:
         account = submission.account
         await self.hello(account)
         workdir = await self.workdir(account)
         argv = self.sbatch_argv(submission, workdir)
-        status, out, err = await self.run(account, shlex.join(argv), stdin=self.batch_script(submission))
+        # umask 077: Slurm creates the job's output file with the umask sbatch ran under
+        status, out, err = await self.run(account, "umask 077 && " + shlex.join(argv),
+                                          stdin=self.batch_script(submission))
         if status != 0:
             raise PoolRefusal(f"pool {self.name}: sbatch refused the job: "
                               f"{(err or out).strip().splitlines()[-1][:300] if (err or out).strip() else f'exit status {status}'}")
@@ -305,35 +357,40 @@ class SlurmPool:
             raise PoolRefusal(f"pool {self.name}: {why}") from None
 
     # ------------------------------------------------------------------------- poll
-    async def _squeue(self, account: str, accounts: set[str]) -> list[parse.SlurmJob]:
-        users = ",".join(sorted(accounts))
+    async def _squeue(self, account: str) -> list[parse.SlurmJob]:
+        """The jobs Slurm lists under ``account``, asked as ``account``; whatever else it
+        prints (22.05's --json ignores -u: every user's jobs) is left out here."""
         version = await self.hello(account)
+        user = shlex.quote(account)
         if parse.has_json(version):
-            command = f"squeue --json -t all -u {shlex.quote(users)}"
+            command = f"squeue --json -t all -u {user}"
             reader = parse.parse_squeue_json
         else:
-            command = f"squeue -h -t all -u {shlex.quote(users)} -o {shlex.quote(parse.SQUEUE_FORMAT)}"
+            command = f"squeue -h -t all -u {user} -o {shlex.quote(parse.SQUEUE_FORMAT)}"
             reader = parse.parse_squeue_text
         status, out, err = await self.run(account, command)
         if status != 0:
             raise PoolUnavailable(f"pool {self.name}: squeue failed: {err.strip()[:200]}")
         try:
-            return reader(out)
+            return [job for job in reader(out) if job.user == account]
         except ValueError as why:
-            raise PoolUnavailable(f"pool {self.name}: {why}") from None
+            raise PoolDegraded(f"pool {self.name}: {why}") from None
 
-    def _report(self, job: parse.SlurmJob, accounted: parse.SlurmJob | None = None) -> RemoteJob:
+    def _report(self, job: parse.SlurmJob, accounted: parse.SlurmJob | None,
+                token: str) -> RemoteJob:
         final = accounted or job
         end = parse.end_of(final, self.name)
         return RemoteJob(
-            remote_id=job.slurm_id, token=job.comment, waiting=job.waiting and end is None,
+            remote_id=job.slurm_id, token=token, waiting=job.waiting and end is None,
             running=job.running and end is None, reason=job.reason, nodes=job.nodes,
             started_at=final.start or job.start, ended_at=final.end or job.end, end=end,
             exit_code=final.exit_code, preempted=final.state == "PREEMPTED",
-            elapsed_s=final.elapsed_s)
+            elapsed_s=final.elapsed_s, gpus=final.gpus, qos=final.qos or job.qos,
+            token_ok=not job.comment or job.comment == token)
 
     async def _sacct(self, account: str, ids: list[str]) -> dict[str, parse.SlurmJob]:
-        """The ends the cluster's accounting holds for ``ids`` ({} without accounting)."""
+        """The ends ``account``'s accounting holds for ``ids`` that are ``account``'s ({}
+        without accounting)."""
         if not ids or self.accounting is False:
             return {}
         status, out, err = await self.run(
@@ -342,42 +399,48 @@ class SlurmPool:
             self.accounting = False
             return {}
         self.accounting = True
-        return parse.parse_sacct(out)
+        return {slurm_id: job for slurm_id, job in parse.parse_sacct(out).items()
+                if job.user == account}
 
-    async def poll(self, accounts: set[str], ended: dict[str, str]) -> PollResult:
-        account = self._poller(accounts)
+    async def poll(self, jobs: dict[str, tuple[str, str]], poller: str | None) -> PollResult:
+        """Each owner's jobs asked in that owner's account (see ``Pool.poll``): listed by
+        squeue under that user with that id, or ended by that user's accounting."""
         result = PollResult()
-        listed = await self._squeue(account, accounts) if accounts else []
-        final_ids = [j.slurm_id for j in listed if parse.end_of(j, self.name) is not None]
-        gone = [remote for remote in ended if remote not in {j.slurm_id for j in listed}]
-        accounted = await self._sacct(account, final_ids + gone)
-        for job in listed:
-            if job.comment:
-                result.jobs[job.comment] = self._report(job, accounted.get(job.slurm_id))
-        for remote in gone:
-            if remote in accounted:
-                found = accounted[remote]
-                report = self._report(found, found)
-                result.jobs[ended[remote]] = RemoteJob(**{**report.__dict__, "token": ended[remote]})
-        result.capacity = await self.capacity(account)
+        owners: dict[str, dict[str, str]] = {}
+        for remote, (account, token) in jobs.items():
+            owners.setdefault(account, {})[remote] = token
+        for account, theirs in sorted(owners.items()):
+            try:
+                listed = {job.slurm_id: job for job in await self._squeue(account)
+                          if job.slurm_id in theirs}
+            except PoolNotAuthorised:  # that user revoked the key: their jobs wait
+                result.refused.add(account)
+                continue
+            settled = [remote for remote in theirs if remote not in listed
+                       or parse.end_of(listed[remote], self.name) is not None]
+            accounted = await self._sacct(account, settled)
+            for remote, token in theirs.items():
+                found, final = listed.get(remote), accounted.get(remote)
+                if found is not None or final is not None:
+                    result.jobs[remote] = self._report(found or final, final, token)
+        if poller is not None and poller not in result.refused:
+            result.capacity = await self.capacity(poller)
         return result
 
-    def _poller(self, accounts: set[str]) -> str:
-        """The connection polls go on: one already open if any (a submitter pool's users
-        each have one), else the pool's own account."""
-        for account in sorted(accounts):
-            if account in self._conns and not self._conns[account].is_closed():
-                return account
-        return min(accounts) if accounts else self.config.user
-
     async def find(self, account: str, token: str) -> RemoteJob | None:
-        for job in await self._squeue(account, {account}):
+        """The job of ``account`` sent with ``token`` (an intent whose sbatch answer was
+        lost: the one time a token finds a job, and only among that user's own)."""
+        for job in await self._squeue(account):
             if job.comment == token:
-                return self._report(job)
+                return self._report(job, None, token)
         return None
 
-    async def capacity(self, account: str | None = None) -> Capacity:
-        account = account or self._poller(set(self._conns))
+    async def ours(self, account: str, prefix: str) -> list[parse.SlurmJob]:
+        """``account``'s jobs whose comment starts with ``prefix`` (this head's tokens), as
+        squeue lists them (after a restore: what was sent since the backup)."""
+        return [job for job in await self._squeue(account) if job.comment.startswith(prefix)]
+
+    async def capacity(self, account: str) -> Capacity:
         version = await self.hello(account)
         partition = f" -p {shlex.quote(self.config.partition)}" if self.config.partition else ""
         if parse.has_json(version):
@@ -392,7 +455,7 @@ class SlurmPool:
         try:
             nodes = reader(out)
         except ValueError as why:
-            raise PoolUnavailable(f"pool {self.name}: {why}") from None
+            raise PoolDegraded(f"pool {self.name}: {why}") from None
         if self.config.partition:  # sinfo --json lists every node whatever -p says
             nodes = [n for n in nodes if not n.partitions or self.config.partition in n.partitions]
         return Capacity(parse.version_text(version),
@@ -417,20 +480,30 @@ class SlurmPool:
 
     async def logs(self, account: str, path: str, offset: int) -> tuple[str, int, int]:
         """(text from byte ``offset``, the next offset, the file's size when read)."""
-        conn = await self._conn(account)
         command = (f"[ -e {shlex.quote(path)} ] || exit 0; stat -c %s -- {shlex.quote(path)}; "
                    f"tail -c +{int(offset) + 1} -- {shlex.quote(path)} | head -c {LOG_CHUNK}")
-        try:
-            done = await within(self.cluster.command_timeout,
-                                conn.run(command, check=False, encoding=None))
-        except (OSError, asyncio.TimeoutError, asyncssh.Error) as err:
-            self._drop(account)
-            raise PoolUnavailable(self._why(err)) from None
-        size_line, _, data = (done.stdout or b"").partition(b"\n")
+        _, out, _ = await self.run_bytes(account, command, limit=LOG_CHUNK + 64)
+        size_line, _, data = out.partition(b"\n")
         size = int(size_line) if size_line.strip().isdigit() else 0
         # A full chunk is cut at its last whole character: the rest comes with the next read.
         cut = len(data) - _partial_tail(data) if len(data) >= LOG_CHUNK else len(data)
         return data[:cut].decode("utf-8", errors="replace"), int(offset) + cut, size
+
+
+async def _read(stream, limit: int, drain: bool = False) -> bytes | None:
+    """What ``stream`` gives until its end, at most ``limit`` bytes: None past that, the
+    first ``limit`` with ``drain`` (the rest read and dropped, so the command never blocks
+    on it)."""
+    data = bytearray()
+    while True:
+        chunk = await stream.read(65536)
+        if not chunk:
+            return bytes(data)
+        if len(data) + len(chunk) > limit:
+            if not drain:
+                return None
+            chunk = chunk[:max(0, limit - len(data))]
+        data += chunk
 
 
 def _partial_tail(data: bytes) -> int:

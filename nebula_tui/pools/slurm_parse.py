@@ -4,7 +4,8 @@ Slurm 22.05 has ``--json`` for ``squeue`` and ``sinfo``; older ones only the ``-
 which a pool falls back on (``has_json``, from ``sinfo --version`` read at connect). A
 job's end comes from ``sacct`` where the cluster keeps accounting, else from ``squeue -t
 all`` while the job is still listed (``MinJobAge``, 300 s by default). Any text gives an
-answer or ``ValueError``: the cluster's output is never trusted to be well-formed.
+answer or ``ValueError``: the cluster's output is never trusted to be well-formed, nor
+to be ours — each job carries the user Slurm lists it under, which the pool checks.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from dataclasses import dataclass
 from ..model import JobState
 
 #: what ``squeue -o`` prints per job when a cluster has no ``--json`` (one line, ``|``)
-SQUEUE_FORMAT = "%i|%T|%r|%N|%k|%S|%e"
+SQUEUE_FORMAT = "%i|%T|%r|%N|%k|%S|%e|%u|%q|%P"
 #: what ``sinfo -N -o`` prints per node when a cluster has no ``--json``
 SINFO_FORMAT = "%N|%G|%T|%P"
 #: the fields ``sacct`` is asked for, in this order
-SACCT_FORMAT = "JobID,State,ExitCode,Elapsed,AllocTRES,Start,End"
+SACCT_FORMAT = "JobID,State,ExitCode,Elapsed,AllocTRES,Start,End,User,QOS,Partition"
+
 
 #: Slurm's states in which a job waits, runs, or has ended (``JOB_STATE_STRING``)
 WAITING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
@@ -43,6 +45,10 @@ class SlurmJob:
     exit_code: int | None = None  # the command's exit status
     signal: int | None = None  # the signal that killed it, if one did
     elapsed_s: float | None = None  # sacct's Elapsed
+    user: str = ""  # the account Slurm lists it under ("" where the output does not say)
+    gpus: int | None = None  # the GPUs of its allocation (sacct's AllocTRES gres/gpu)
+    qos: str = ""
+    partition: str = ""
 
     @property
     def waiting(self) -> bool:
@@ -154,6 +160,13 @@ def gres_gpus(text: str) -> int:
     return total
 
 
+def tres_gpus(text: str) -> int | None:
+    """The GPUs a TRES list holds ("billing=1,cpu=1,gres/gpu=4,node=1" -> 4); None when it
+    names none (a pending job's is empty)."""
+    found = re.search(r"(?:^|,)gres/gpu=(\d+)(?:,|$)", text or "")
+    return int(found.group(1)) if found else None
+
+
 def _exit_and_signal(raw: int | None) -> tuple[int | None, int | None]:
     """squeue --json's ``exit_code`` is a wait status: the code in its high byte, or the
     signal in its low bits."""
@@ -183,6 +196,11 @@ def _json_items(text: str, key: str, needed: str, what: str) -> list[dict]:
     """The objects of the list ``key`` of a --json document that have ``needed``."""
     try:
         listed = json.loads(text)[key]
+    except RecursionError:
+        # The depth bound: json's C decoder counts its nesting against the interpreter's
+        # recursion limit (about 1,000; Slurm's answers nest 9 deep) and stops there, in
+        # constant stack, before reading on.
+        raise ValueError(f"{what} nests deeper than any Slurm answer") from None
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{what} gave no {key} list: {err}") from None
     if not isinstance(listed, list):
@@ -201,12 +219,15 @@ def parse_squeue_json(text: str) -> list[SlurmJob]:
                                         else None)
         jobs.append(_listed(str(item["job_id"]), str(state or ""), str(item.get("state_reason") or ""),
                             str(item.get("nodes") or ""), str(item.get("comment") or ""),
-                            _time(item.get("start_time")), _time(item.get("end_time")), code, signal))
+                            _time(item.get("start_time")), _time(item.get("end_time")), code, signal,
+                            user=str(item.get("user_name") or ""), qos=str(item.get("qos") or ""),
+                            partition=str(item.get("partition") or "")))
     return jobs
 
 
 def _listed(slurm_id: str, state: str, reason: str, nodes: str, comment: str, start: float | None,
-            end: float | None, code: int | None = None, signal: int | None = None) -> SlurmJob:
+            end: float | None, code: int | None = None, signal: int | None = None,
+            user: str = "", qos: str = "", partition: str = "") -> SlurmJob:
     """A job as squeue lists it: a start only once it started, an end only once it ended
     (squeue gives the expected ones before)."""
     state = state.upper()
@@ -214,7 +235,7 @@ def _listed(slurm_id: str, state: str, reason: str, nodes: str, comment: str, st
                     nodes=expand_hostlist(nodes), comment=comment,
                     start=start if state != "PENDING" else None,
                     end=end if state not in WAITING | RUNNING else None,
-                    exit_code=code, signal=signal)
+                    exit_code=code, signal=signal, user=user, qos=qos, partition=partition)
 
 
 def parse_squeue_text(text: str) -> list[SlurmJob]:
@@ -225,7 +246,9 @@ def parse_squeue_text(text: str) -> list[SlurmJob]:
         if len(fields) < 7 or not fields[0].strip():
             continue
         slurm_id, state, reason, nodes, comment, start, end = (f.strip() for f in fields[:7])
-        jobs.append(_listed(slurm_id, state, reason, nodes, comment, _iso_time(start), _iso_time(end)))
+        user, qos, partition = (f.strip() for f in (fields[7:10] + ["", "", ""])[:3])
+        jobs.append(_listed(slurm_id, state, reason, nodes, comment, _iso_time(start), _iso_time(end),
+                            user=user, qos=qos, partition=partition))
     return jobs
 
 
@@ -279,11 +302,14 @@ def parse_sacct(text: str) -> dict[str, SlurmJob]:
             continue
         start = _iso_time(fields[5]) if len(fields) > 5 else None
         end = _iso_time(fields[6]) if len(fields) > 6 else None
+        user, qos, partition = (f.strip() for f in (fields[7:10] + ["", "", ""])[:3])
         word = state.split()[0].upper() if state else ""
         found[slurm_id] = SlurmJob(slurm_id=slurm_id, state=word,
                                    reason=state if word != state.upper() else "",
                                    exit_code=None if signal else code, signal=signal or None,
-                                   elapsed_s=elapsed_s, start=start, end=end)
+                                   elapsed_s=elapsed_s, start=start, end=end, user=user,
+                                   gpus=tres_gpus(fields[4]) if len(fields) > 4 else None,
+                                   qos=qos, partition=partition)
     return found
 
 

@@ -12,7 +12,8 @@ from .base import Capacity
 
 def pool_view(config: PoolConfig, kind: str, capacity: Capacity | None,
               unreachable_since: float | None, reason: str, running: int, pending: int,
-              now: float, authorize: dict | None = None) -> dict:
+              now: float, authorize: dict | None = None,
+              degraded_since: float | None = None) -> dict:
     """The pool's view: what it has (its last poll), whether it answers, ours there."""
     version = capacity.version if capacity else None
     where = f"Slurm {version}" if version else "Slurm"
@@ -22,8 +23,12 @@ def pool_view(config: PoolConfig, kind: str, capacity: Capacity | None,
         since = time.strftime("%H:%M:%S", time.localtime(unreachable_since))
         line = (f"{config.name} ({where}): unreachable since {since} "
                 f"({duration_text(now - unreachable_since)}): {reason}")
+    elif degraded_since is not None:
+        since = time.strftime("%H:%M:%S", time.localtime(degraded_since))
+        line = (f"{config.name} ({where}): degraded since {since} "
+                f"({duration_text(now - degraded_since)}), its jobs left as they are: {reason}")
     elif capacity is None:
-        line = f"{config.name} ({where}): not reached yet"
+        line = f"{config.name} ({where}): not reached yet" + (f" ({reason})" if reason else "")
     else:
         idle = capacity.gpus_idle
         line = (f"{config.name} ({where}): {capacity.gpus_total} GPUs, "
@@ -33,6 +38,7 @@ def pool_view(config: PoolConfig, kind: str, capacity: Capacity | None,
         "name": config.name, "kind": kind, "host": config.host, "version": version,
         "partition": config.partition,
         "reachable": unreachable_since is None and capacity is not None,
+        "degraded_since": degraded_since,
         "unreachable_since": unreachable_since, "reason": reason,
         "gpus_total": capacity.gpus_total if capacity else None,
         "gpus_idle": capacity.gpus_idle if capacity else None,

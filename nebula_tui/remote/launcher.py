@@ -103,7 +103,7 @@ def slice_environment(placements: tuple[Placement, ...], totals: dict[str, int |
 
 #: Runs the text of $NEBULA_COMMAND in this shell, as ``sh -c`` would, without the text (or
 #: the variable) going to any other process.
-_EVAL_COMMAND = 'nebula_command=$NEBULA_COMMAND; unset NEBULA_COMMAND; eval "$nebula_command"'
+EVAL_COMMAND = 'nebula_command=$NEBULA_COMMAND; unset NEBULA_COMMAND; eval "$nebula_command"'
 
 
 # Runs as the job's user: enter the workdir (default: that user's home), activate the
@@ -124,7 +124,7 @@ _ENTER_AND_RUN = ('cd -- "${NEBULA_WORKDIR:-$HOME}" || { '
                   # nodelet finds the processes SIGUSR1 goes to (a trap there checkpoints);
                   # its argv is this fixed text alone; and a fresh shell, as `sh -c TEXT` was,
                   # sees none of the wrapper's functions or variables
-                  + "exec sh -c " + shlex.quote(_EVAL_COMMAND))
+                  + "exec sh -c " + shlex.quote(EVAL_COMMAND))
 
 
 def gang_environment(job: Job, node: str, master_host: str, nodes: list[str],
@@ -466,7 +466,7 @@ def _container_lines(plan: LaunchPlan) -> list[str]:
     command = ["sh", "-c", spec.command[0]] if spec.shell else list(spec.command)
     if runtime in environments.FILE_RUNTIMES:
         if spec.shell and run_as[:1] in ((), ("runuser",)):  # as podman's below
-            env, command = {**env, "NEBULA_COMMAND": spec.command[0]}, ["sh", "-c", _EVAL_COMMAND]
+            env, command = {**env, "NEBULA_COMMAND": spec.command[0]}, ["sh", "-c", EVAL_COMMAND]
         lines = containers.apptainer_lines(runtime, spec.image, env, devices, node.name,
                                            spec.workdir, spec.data_mounts, run_as)
         pinned = False
@@ -484,7 +484,7 @@ def _container_lines(plan: LaunchPlan) -> list[str]:
         # command as $NEBULA_COMMAND, unless sudo (which clears the environment) is between.
         by_name = prefix[:1] in ((), ("runuser",))
         if spec.shell and by_name:
-            env, command = {**env, "NEBULA_COMMAND": spec.command[0]}, ["sh", "-c", _EVAL_COMMAND]
+            env, command = {**env, "NEBULA_COMMAND": spec.command[0]}, ["sh", "-c", EVAL_COMMAND]
         lines = containers.podman_lines(
             runtime, spec.image, env, devices, node.name, spec.workdir, spec.data_mounts,
             job.user if run_as else None, prefix, rootless,

@@ -4,11 +4,12 @@
 ``topology`` hold the pure helpers the head and the CLI call (weights, quotas, best sets).
 """
 
-from . import admission, fairshare, topology
+from . import admission, estimates, fairshare, topology
+from .estimates import Estimate, run_estimate
 from .preemption import schedule
 from .queue import order
 from .snapshot import (Booking, Decision, Fail, PendingJob, Preempt, RunningJob, SchedulerConfig, Snapshot,
                        Start, UserShare, Wait)
 
-__all__ = ["Booking", "Decision", "Fail", "PendingJob", "Preempt", "RunningJob", "SchedulerConfig", "Snapshot", "Start",
+__all__ = ["Booking", "Decision", "Estimate", "estimates", "run_estimate", "Fail", "PendingJob", "Preempt", "RunningJob", "SchedulerConfig", "Snapshot", "Start",
            "UserShare", "Wait", "admission", "fairshare", "order", "schedule", "topology"]

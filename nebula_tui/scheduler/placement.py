@@ -639,9 +639,11 @@ class World(SetScoring):
         return found
 
     # ------------------------------------------------------------ R25: when cards free up
-    def ready_times(self, shape: Shape, ends: Mapping[int, float | None]) -> dict[str, list[float]]:
-        """Per node, for each card that may serve ``shape``, the earliest time it could take
-        one share once running jobs end at ``ends`` (−inf: now; inf: never), sorted.
+    def ready_times(self, shape: Shape, ends: Mapping[int, float | None],
+                    excluded: frozenset[str] = frozenset()) -> dict[str, list[float]]:
+        """Per node, for each card that may serve ``shape`` (not ``excluded``: another
+        reservation's), the earliest time it could take one share once running jobs end
+        at ``ends`` (−inf: now; inf: never), sorted.
 
         A card's answer at time t is :meth:`search`'s in ``future(ended by t)``: the same
         fit on the allocations left, so counting answers <= t per node tells whether that
@@ -651,7 +653,8 @@ class World(SetScoring):
         spare = self.config.service_spare_mb
         out: dict[str, list[float]] = {}
         for node, cards in self.eligible(shape).items():
-            times = sorted(self._ready(card, mem, service, spare, ends) for card in cards)
+            times = sorted(self._ready(card, mem, service, spare, ends) for card in cards
+                           if card.uuid not in excluded)
             out[node] = times
         return out
 

@@ -16,6 +16,11 @@ A pass with preemptible jobs running or waiting is two walks of ``queue.py``'s p
    keeps them off a free card), and without the quota's refusal when
    ``SchedulerConfig.preemptible_in_quota`` is off.
 
+With ``quota_mode: scavenge`` a job of a user past their quota is one of the second walk's
+too (never refused there): it runs only on cards no normal job wants, its ``Start`` says
+``scavenger`` (the head makes it preemptible, charged as one), and while it waits its
+reason begins :data:`OVER_QUOTA`.
+
 A normal job's decision is thus the one it would get with no preemptible job anywhere, so
 no normal job is ever preempted and none waits for a preemptible one
 (``tests/unit/test_preemption.py`` checks both over random queues). An admin's ``--priority``
@@ -32,13 +37,20 @@ from .reasons import join_ids
 from .snapshot import Decision, Preempt, RunningJob, Snapshot, Start, UserShare, Wait
 
 
+#: how a waiting job of a user past their quota is told so (quota_mode scavenge)
+OVER_QUOTA = "over quota: runs only on idle cards"
+
+
 def schedule(snapshot: Snapshot) -> list[Decision]:
     """The pass's decisions (``queue.schedule``'s), with preemptible jobs kept apart."""
     scavengers = {r.id for r in snapshot.running if r.preemptible}
-    if not scavengers and not any(j.preemptible for j in snapshot.queue):
+    scavenge = snapshot.config.quota_mode == "scavenge"
+    over = {name for name, share in snapshot.users.items()
+            if share is not None and share.refusal} if scavenge else set()
+    if not scavengers and not any(j.preemptible or j.user in over for j in snapshot.queue):
         return queue.schedule(snapshot)
-    normal = tuple(j for j in snapshot.queue if not j.preemptible)
-    spare = tuple(j for j in snapshot.queue if j.preemptible)
+    normal = tuple(j for j in snapshot.queue if not j.preemptible and j.user not in over)
+    spare = tuple(j for j in snapshot.queue if j.preemptible or j.user in over)
     first = queue.schedule(replace(
         snapshot, gpus=tuple(_without(view, scavengers) for view in snapshot.gpus), queue=normal,
         running=tuple(r for r in snapshot.running if not r.preemptible),
@@ -71,12 +83,25 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
         return decisions + list(preempts.values())
     taken = _with(snapshot.gpus, claimed)
     users = snapshot.users
-    if not snapshot.config.preemptible_in_quota:
-        users = {name: UserShare(share.name, share.weight) for name, share in users.items()}
+    if not snapshot.config.preemptible_in_quota or scavenge:
+        users = {name: share and UserShare(share.name, share.weight) for name, share in users.items()}
     second = queue.schedule(replace(
         snapshot, gpus=taken, queue=spare, running=snapshot.running + tuple(claimed), users=users,
         waiting_elsewhere=snapshot.waiting_elsewhere | waiting))
+    if over:
+        jobs = {j.id: j for j in spare}
+        second = [_over_quota(d, jobs[d.job_id]) if jobs[d.job_id].user in over else d for d in second]
     return decisions + second + list(preempts.values())
+
+
+def _over_quota(decision: Decision, job) -> Decision:
+    """A decision for a job of a user past their quota: a start as a scavenger, a wait
+    that says why it waits for idle cards."""
+    if isinstance(decision, Start):
+        return Start(decision.job_id, decision.placements, scavenger=not job.preemptible)
+    if isinstance(decision, Wait):
+        return Wait(decision.job_id, f"{OVER_QUOTA}; {decision.reason}")
+    return decision
 
 
 def _booked_out(snapshot: Snapshot, holders: dict[str, list[int]]) -> dict[int, Preempt]:

@@ -19,9 +19,12 @@ first), then submit time, then id. Walking it, each job is
    which it may use only when its ``--time`` ends before that reservation starts;
 5. otherwise waiting, with what blocks the cards nearest to fitting (a job ahead in this
    pass, memory and who holds it, a service's spare, the 4-share limit, a power budget);
-   the first such job gets the reservation (R25): the cards it will get earliest,
-   estimated from running jobs' start + ``--time`` (a job without ``--time`` never ends,
-   so a job waiting on one gets no reservation).
+   each of the first :data:`RESERVATIONS` such requests, in queue order, gets a
+   reservation (R25): the cards it will get earliest and no earlier reservation holds,
+   from running jobs' start + ``--time`` — or, for a job without one, the estimate of
+   ``estimates.py`` (max_time, its user's history, a stated default), which the
+   reason names. A later job may use reserved cards only when its ``--time`` ends
+   before that reservation starts.
 
 Before each slice is placed the pass decides how (``World.set_packing``): while the
 waiting whole-card jobs need every wholly free card there is, slices fill shared cards;
@@ -49,6 +52,7 @@ from operator import attrgetter, itemgetter
 from ..model import takes_whole_card
 from . import admission
 from .cards import Found, Shape
+from .estimates import expected_end, run_estimate
 from .fairshare import order_key
 from .placement import World
 from .reasons import (best_now, blocked_text, blocker, blocker_rank, blockers_text, cards_text, in_time,
@@ -104,14 +108,22 @@ _ID, _SUBMITTED = attrgetter("id"), attrgetter("submitted_at")
 
 
 
+#: how many blocked requests of one pass get a reservation, in queue order (Slurm's
+#: sched/backfill tests up to bf_max_job_test = 100 jobs; a lab's queue of distinct
+#: shapes is far shorter, and each costs a bisection)
+RESERVATIONS = 16
+
+
 @dataclass(frozen=True)
 class Reservation:
-    """Cards held for the first blocked job from ``start`` (``math.inf``: unknown)."""
+    """Cards held for a blocked job from ``start`` (``math.inf``: unknown)."""
 
     job_id: int
     start: float
     uuids: frozenset[str]
     text: str  # "node02:0-3"
+    #: how the start was estimated where a job it waits for has no --time ("" otherwise)
+    basis: str = ""
 
 
 def schedule(snapshot: Snapshot) -> list[Decision]:
@@ -163,11 +175,12 @@ class _Request:
         self.quick = impossible or None
 
     def refuse(self, may_use, reason: str) -> None:
-        """Record that jobs that may (or may not) use reserved cards cannot start (with
-        bookings: ``(may_use, the bookings' token)``)."""
+        """Record that jobs kept off the reservations numbered in ``may_use`` (``()``: none)
+        cannot start (with bookings: ``(may_use, the bookings' token)``)."""
         self.refused[may_use] = reason
-        # refused[True] also answers jobs that may not use them, unless they have their own
-        self.quick = None if False in self.refused else self.refused.get(True)
+        # refused[()] (every card) also answers jobs kept off reserved cards, unless they
+        # have their own sentence
+        self.quick = None if any(key != () for key in self.refused) else self.refused.get(())
 
 
 @dataclass(frozen=True)
@@ -195,7 +208,13 @@ class _Pass:
         services = {r.id for r in snapshot.running if r.service}
         self.world = self.world_class.build(snapshot.gpus, snapshot.topologies, services, self.config,
                                             snapshot.power_budgets)
-        self.ends: dict[int, float | None] = {r.id: r.ends_at for r in snapshot.running}
+        #: each running job's end by its --time or, without one, by its estimate
+        self.ends: dict[int, float | None] = {
+            r.id: expected_end(r.started_at, self.now, r.estimate or run_estimate(r.time_limit_s))
+            for r in snapshot.running}
+        #: running jobs without --time -> what their end is estimated from
+        self.basis: dict[int, str] = {r.id: (r.estimate or run_estimate(None)).basis
+                                      for r in snapshot.running if r.time_limit_s is None}
         self.holding = self.world.holders()  # jobs holding cards, those started by the pass too
         self.running_ids = set(self.ends) | self.holding
         self.queue = dict(zip(map(_ID, snapshot.queue), snapshot.queue))
@@ -204,8 +223,9 @@ class _Pass:
         self.by_shape: dict[Shape, _Request] = {}  # equal shapes share one request
         self.fates: dict[int, tuple[str, str]] = {}
         self._pools: dict[tuple, object] = {}
-        self.reservation: Reservation | None = None
-        self.reservation_tried = False
+        self.reservations: list[Reservation] = []
+        self.reserved: frozenset[str] = frozenset()  # every reservation's cards
+        self.reservations_tried = 0
         self.ahead: set[int] = set()  # jobs this pass started, in the order it did
         #: per array, how many of its tasks hold cards (those this pass started too)
         self.array_running = Counter(r.array_id for r in snapshot.running if r.array_id is not None)
@@ -235,10 +255,8 @@ class _Pass:
                     append(Wait(job.id, quick))
                     continue
                 refused = req.refused
-                if refused:  # the reason may depend on whether the job may use reserved cards
-                    res = self.reservation
-                    limit = job.time_limit_s
-                    reason = refused.get(res is None or (limit is not None and now + limit <= res.start))
+                if refused:  # the reason may depend on which reserved cards the job may use
+                    reason = refused.get(self.avoids(job))
                     if reason is not None:
                         append(Wait(job.id, reason))
                         continue
@@ -294,13 +312,11 @@ class _Pass:
             bars = self.booked_for(job, bars)
             if not isinstance(bars, Bars):
                 return bars
-        res = self.reservation
-        may_use = res is None or (job.time_limit_s is not None
-                                  and self.now + job.time_limit_s <= res.start)
-        key = may_use if bars.token is None else (may_use, bars.token)
+        avoid = self.avoids(job)
+        key = avoid if bars.token is None else (avoid, bars.token)
         refused = req.refused
         if refused:
-            reason = refused.get(key) or refused.get(True if bars.token is None else (True, bars.token))
+            reason = refused.get(key) or refused.get(() if bars.token is None else ((), bars.token))
             if reason is not None:
                 return Wait(job.id, reason)
         if shape.gpu_mem_mb is not None:
@@ -308,17 +324,18 @@ class _Pass:
             self.world.set_packing(demand > 0 and self.world.whole_free <= demand)
         if bars.own:  # its own booking's cards first, so the others stay for everyone
             found = self.search(shape, bars.excluded | self.others(bars.own), ("own", bars.token, bars.own),
-                                None if may_use else res)
+                                avoid)
             if isinstance(found, Found):
                 return self.start(job, found)
-        found = self.search(shape, bars.excluded, bars.token, None if may_use else res)
+        found = self.search(shape, bars.excluded, bars.token, avoid)
         if isinstance(found, Found):
             return self.start(job, found)
-        if not may_use and isinstance(self.search(shape, bars.excluded, bars.token), Found):
-            reason = f"held for job {res.job_id} ({res.text} reserved for it; {self.estimate(res.start)})"
+        if avoid and isinstance(self.search(shape, bars.excluded, bars.token), Found):
+            res = self.reservations[avoid[0]]
+            reason = f"held for job {res.job_id} ({res.text} reserved for it; {self.estimate(res)})"
             req.refuse(key, reason)
             return Wait(job.id, reason)
-        if bars.token is not None and isinstance(self.search(shape, frozenset(), None, None if may_use else res),
+        if bars.token is not None and isinstance(self.search(shape, frozenset(), None, avoid),
                                                  Found):
             reason = "; ".join(bars.texts)
             if any(b.start > self.now and b.name in bars.token for b in self.bookings):
@@ -329,20 +346,34 @@ class _Pass:
         why = self.blockers(shape, found.counts)
         if why:
             reason += f": {why}" if reason.endswith("none is free now") else f"; {why}"
-        req.refuse(True if bars.token is None else (True, bars.token), reason)
-        if not self.reservation_tried:
-            self.reservation_tried = True
-            self.reservation = self.reserve(job, shape)
-            if self.reservation and math.isfinite(self.reservation.start):
-                reason += (f"; {self.reservation.text} reserved for it, "
-                           f"{self.estimate(self.reservation.start)}")
+        req.refuse(() if bars.token is None else ((), bars.token), reason)
+        if self.reservations_tried < RESERVATIONS:
+            self.reservations_tried += 1
+            res = self.reserve(job, shape)
+            if res is not None:
+                self.reservations.append(res)
+                self.reserved = self.reserved | res.uuids
+                if math.isfinite(res.start):
+                    reason += f"; {res.text} reserved for it, {self.estimate(res)}"
         return Wait(job.id, reason)
 
-    def search(self, shape: Shape, excluded: frozenset[str], token, res: Reservation | None = None):
+    def avoids(self, job: PendingJob) -> tuple[int, ...]:
+        """The reservations whose cards ``job`` may not use: those that start before its
+        --time would end (all of them, for a job without one)."""
+        if not self.reservations:
+            return ()
+        limit = job.time_limit_s
+        if limit is None:
+            return tuple(range(len(self.reservations)))
+        ends = self.now + limit
+        return tuple(i for i, res in enumerate(self.reservations) if ends > res.start)
+
+    def search(self, shape: Shape, excluded: frozenset[str], token, avoid: tuple[int, ...] = ()):
         """``World.search`` without the ``excluded`` cards (named by ``token``; None:
-        none) nor, given ``res``, the cards reserved for the first blocked job."""
-        if res is not None:
-            excluded, token = excluded | res.uuids, (("reserved", res.job_id), token)
+        none) nor the cards of the reservations numbered in ``avoid``."""
+        if avoid:
+            held = frozenset().union(*(self.reservations[i].uuids for i in avoid))
+            excluded, token = excluded | held, (("reserved", avoid), token)
         return self.world.search(shape) if token is None else self.world.search(shape, excluded, token)
 
     # ------------------------------------------------------------ bookings
@@ -393,14 +424,17 @@ class _Pass:
             self.array_running[job.array_id] += 1
         if job.request_key in self.whole_keys:
             self.whole_demand = max(0, self.whole_demand - job.gpu_count)
-        self.ends[job.id] = None if job.time_limit_s is None else self.now + job.time_limit_s
+        estimate = run_estimate(job.time_limit_s)
+        self.ends[job.id] = self.now + estimate.seconds
+        if job.time_limit_s is None:
+            self.basis[job.id] = estimate.basis
         return Start(job.id, placements)
 
-    def estimate(self, start: float) -> str:
-        """"estimated start in ~25 min" (or why there is none)."""
-        if not math.isfinite(start):
-            return "no estimated start: running jobs have no --time"
-        return f"estimated start {in_time(max(0.0, start - self.now))}"
+    def estimate(self, res: Reservation) -> str:
+        """"estimated start in ~25 min" (and, where a job it waits for has no --time,
+        what that job's end was estimated from)."""
+        text = f"estimated start {in_time(max(0.0, res.start - self.now))}"
+        return f"{text} ({res.basis})" if res.basis else text
 
     def blockers(self, shape: Shape, counts) -> str:
         """What blocks the cards nearest to fitting ``shape`` now: on the node that came
@@ -613,16 +647,21 @@ class _Pass:
         ends = sorted({e for j in holders if (e := self.ends.get(j)) is not None})
         if not ends:
             return None
+        taken = self.reserved  # cards an earlier reservation holds are not this one's
         k, span = shape.gpu_count, shape.max_nodes
 
         def ended_by(t: float) -> set[int]:
             return {j for j in holders if (e := self.ends.get(j)) is not None and e <= t}
 
+        token = ("reserved", len(self.reservations)) if taken else None
+
         if self.world.power:
             def fits_by(t: float) -> bool:
-                return isinstance(self.world.future(ended_by(t)).search(shape), Found)
+                future = self.world.future(ended_by(t))
+                found = future.search(shape, taken, token) if token else future.search(shape)
+                return isinstance(found, Found)
         else:
-            ready_by_node = self.world.ready_times(shape, self.ends)
+            ready_by_node = self.world.ready_times(shape, self.ends, taken)
             ready = list(ready_by_node.values())
 
             def fits_by(t: float) -> bool:
@@ -650,7 +689,21 @@ class _Pass:
                 order = self.node_order
                 nodes.update(sorted((n for n, c in counts.items() if c),
                                     key=lambda n: (-counts[n], order[n]))[:span])
-        found = self.world.future(ended_by(t), nodes).search(shape)
+        future = self.world.future(ended_by(t), nodes)
+        found = future.search(shape, taken, token) if token else future.search(shape)
         assert isinstance(found, Found)
-        return Reservation(job.id, max(self.now, t), frozenset(c.uuid for c in found.cards),
-                           cards_text(found.cards))
+        return self.reservation(job, t, found)
+
+    def reservation(self, job: PendingJob, t: float, found: Found) -> Reservation:
+        """``found`` held for ``job`` from ``t``, naming the estimate of each job on those
+        cards now that has no --time."""
+        uuids = frozenset(c.uuid for c in found.cards)
+        waited: dict[str, set[int]] = {}
+        for card in self.world.cards:
+            if card.uuid in uuids:
+                for j, _ in card.allocs:
+                    if j in self.basis:
+                        waited.setdefault(self.basis[j], set()).add(j)
+        basis = "; ".join(f"{join_ids(sorted(ids))} {'has' if len(ids) == 1 else 'have'} no --time: "
+                          f"end estimated from {what}" for what, ids in sorted(waited.items()))
+        return Reservation(job.id, max(self.now, t), uuids, cards_text(found.cards), basis)

@@ -81,6 +81,32 @@ def fits(gpu: GpuView, gpu_mem_mb: int | None) -> Ask | None:
     return None if got is None else Ask(*got)
 
 
+#: The sizes people ask for most (GB): every GPU view says how many more of each fit.
+COMMON_SIZES_GB = (4, 8, 16)
+
+
+def count_fit(total_mb: int | None, unmanaged_mb: int, reserved: int, allocations: int,
+              exclusive_held: bool, gpu_mem_mb: int, keep_mb: int = 0) -> int:
+    """How many more jobs asking ``gpu_mem_mb`` each a card takes: :func:`fit` applied job
+    after job, as a pass would place them (plain numbers, as :func:`fit` takes them)."""
+    count = 0
+    while allocations < MAX_ALLOCATIONS_PER_GPU:
+        got = fit(total_mb, unmanaged_mb, reserved, allocations, exclusive_held, gpu_mem_mb, keep_mb)
+        if got is None:
+            break
+        count, reserved, allocations, exclusive_held = count + 1, reserved + got[0], allocations + 1, got[1]
+    return count
+
+
+def common_fits(gpu: GpuView, spare_mb: int, holds_service: bool) -> dict[str, int]:
+    """{"4G": n, "8G": n, "16G": n}: how many more jobs of each common size the card takes
+    now (``spare_mb`` kept free on a card that ``holds_service``), what the GPU views show."""
+    args = (gpu.reading.memory_total_mb, held_mb(gpu), reserved_mb(gpu), len(gpu.placements),
+            any(p.exclusive for _, p in gpu.placements))
+    return {f"{gb}G": 0 if gpu.blocked else count_fit(*args, gb * 1024, spare_mb if holds_service else 0)
+            for gb in COMMON_SIZES_GB}
+
+
 def fit(total_mb: int | None, unmanaged_mb: int, reserved: int, allocations: int,
         exclusive_held: bool, gpu_mem_mb: int | None, keep_mb: int = 0) -> tuple[int, bool] | None:
     """The core R3/R14 rule on plain numbers: (reserved MiB, exclusive) or None.

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ..model import GpuView, Placement, Temperatures
+from .estimates import Estimate
 
 def _empty() -> Mapping:
     return MappingProxyType({})
@@ -68,6 +69,8 @@ class RunningJob:
     service: bool = False
     array_id: int | None = None  # the array it is a task of, if any
     preemptible: bool = False  # its cards are free for normal jobs, which preempt it
+    #: how long it runs when it has no --time (estimates.run_estimate; None: the default)
+    estimate: Estimate | None = None
 
     @property
     def ends_at(self) -> float | None:
@@ -151,6 +154,9 @@ class SchedulerConfig:
     #: whether a preemptible job's GPU-hours count against its user's quota; when not, a
     #: user over quota may still run preemptible jobs
     preemptible_in_quota: bool = True
+    #: a job of a user past their quota: "scavenge" runs it on idle cards only, as a
+    #: preemptible job (charged ``preemptible_charge``); "refuse" keeps it waiting
+    quota_mode: str = "scavenge"
 
     @property
     def temperatures(self) -> Temperatures:
@@ -191,6 +197,8 @@ class Start:
 
     job_id: int
     placements: tuple[Placement, ...]
+    #: its user is past their quota: it starts as a preemptible job (quota_mode scavenge)
+    scavenger: bool = False
 
 
 @dataclass(slots=True)

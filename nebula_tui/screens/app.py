@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import gc
 import json
-import os
+import time
 import signal
 import sys
 from collections.abc import Callable, Iterable
@@ -53,6 +53,7 @@ from .queue import QueueScreen
 from .render import job_summary
 from .submit import SubmitScreen
 from .users import UsersScreen
+from ..forecasts import why_text
 from .widgets.dialogs import Choice, ChoiceScreen, confirm
 from .widgets.keys import (GLOBAL_KEYS, HELP_KEYS, SCREEN_KEYS, SCREENS, TABLE_KEYS, Key, bindings,
                            help_lines)
@@ -89,7 +90,9 @@ def screen_keys(screen) -> tuple[Key, ...]:
     """The keys that work on ``screen``: its own, its tables', then the global ones."""
     own = tuple(getattr(screen, "KEYS", ()))
     tables = TABLE_KEYS if isinstance(screen, Screen) and screen.query(RowTable) else ()
-    return own + tables + GLOBAL_KEYS
+    # a key the screen gives a meaning of its own (⏎: open the job) is listed once, with it
+    taken = {k.key for k in own}
+    return own + tuple(k for k in tables if k.key not in taken) + GLOBAL_KEYS
 
 
 class HelpScroll(VerticalScroll):
@@ -164,15 +167,12 @@ class KeyCommands(Provider):
                 yield Hit(score, matcher.highlight(label), run, help=self._help(key))
 
 
-def screenshot_dir(home: Path | None) -> Path:
-    """Where a screenshot goes: ~/Downloads where there is one, else the current directory
-    when it can be written, else the NebulaGrid home."""
-    downloads = Path("~/Downloads").expanduser()
-    if downloads.is_dir() and os.access(downloads, os.W_OK):
-        return downloads
-    if os.access(".", os.W_OK) or home is None:
-        return Path.cwd()
-    return home
+def screenshot_path(home: Path | None, now: float) -> Path:
+    """Where `P` saves: ``screenshots/`` in the NebulaGrid home (the current directory
+    without one), under an ASCII name a shell takes as it is (the window's title held an
+    em dash and the cluster's name)."""
+    folder = (home / "screenshots") if home is not None else Path.cwd()
+    return folder / time.strftime("nebula-%Y%m%d-%H%M%S.svg", time.localtime(now))
 
 
 class NebulaApp(App):
@@ -313,6 +313,17 @@ class NebulaApp(App):
         except ApiError:
             pass
 
+    @work(group="why")
+    async def show_why(self, job_id: int) -> None:
+        """The ``why`` group: the head's `nebula why` answer for a job, in a dialog."""
+        try:
+            answer = (await self.call("why", job=job_id))["why"]
+        except (OpMissing, ApiError) as err:
+            self.notify(str(err), title=f"Cannot explain job {job_id}", severity="warning")
+            return
+        self.push_screen(ChoiceScreen(f"Why job {job_id}", Text(why_text(answer)),
+                                      (Choice("c", "Close", None),)))
+
     @work(group="actions")
     async def job_action(self, op: str, job_id: int) -> None:
         """The ``actions`` group: cancel / hold / release one job; the outcome (or the
@@ -358,7 +369,7 @@ class NebulaApp(App):
                     elif kind == "user":
                         self.post_message(UserChanged(event["user"]))
                     elif kind == "queue":
-                        self.post_message(QueueOrdered(event["order"]))
+                        self.post_message(QueueOrdered(event["order"], event.get("starts")))
                     elif kind == "pool":
                         self.post_message(PoolChanged(event["pool"]))
                     elif kind == "bookings":
@@ -468,7 +479,7 @@ class NebulaApp(App):
 
     @on(QueueOrdered)
     def _queue(self, message: QueueOrdered) -> None:
-        self.cluster.apply_queue(message.order)
+        self.cluster.apply_queue(message.order, message.starts)
         self._changed("queue")
 
     @on(StreamLost)
@@ -713,13 +724,14 @@ class NebulaApp(App):
             self.push_screen(HelpScreen(screen_keys(self.screen), name))
 
     def action_save_screenshot(self) -> None:
-        folder = screenshot_dir(self.home)
+        target = screenshot_path(self.home, time.time())
         try:
-            path = self.save_screenshot(path=str(folder))
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path = self.save_screenshot(filename=target.name, path=str(target.parent))
         except OSError as err:
-            self.notify(f"cannot save a screenshot in {folder}: {err}", severity="error")
+            self.notify(f"cannot save a screenshot in {target.parent}: {err}", severity="error")
             return
-        self.notify(f"Screenshot saved: {path}")
+        self.notify(f"Screenshot saved: {path}", timeout=10)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         for command in super().get_system_commands(screen):

@@ -117,8 +117,15 @@ class ScreenBar(Horizontal):
         yield Static("", id="bar-state")
 
     def show(self, mode: str | None, crumb: str, state: Text, name: str) -> None:
-        wide = self.app.size.width >= BAR_NAME_MIN_WIDTH
-        shown = (mode, crumb, state.plain, state.style, name if wide else "", LOOK.dark)
+        width = self.app.size.width
+        wide = width >= BAR_NAME_MIN_WIDTH
+        # Narrow, the tabs are tight; the name still shows where it fits (the cluster's
+        # part of it first): at 80 columns the title was gone.
+        tabs_width = sum(len(f"{key} {title} ") for key, _, title in SCREENS) + (len(crumb) + 3 if crumb else 0)
+        room = width - tabs_width - len(state.plain) - 4
+        if not wide:
+            name = next((n for n in (name, name.rpartition(" · ")[2]) if len(n) <= room), "")
+        shown = (mode, crumb, state.plain, state.style, name, LOOK.dark)
         if shown == self._shown:
             return
         self._shown = shown
@@ -139,7 +146,7 @@ class ScreenBar(Horizontal):
             return
         lines[0].update(Content.from_markup(markup))
         right = Text()
-        if wide and name:
+        if name:
             right.append(f"{name}  ", style="bold")
         right.append_text(state)
         lines[1].update(right)

@@ -28,7 +28,7 @@ from ..views import short_model
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .look import LOOK
 from .render import (booking_line, clock, fill_bar, fits_text, free_slice_mb, gpu_label, holders_text,
-                     memory_cell, memory_fraction, memory_text, now, power_text, slices_that_fit,
+                     memory_cell, memory_fraction, memory_text, now, power_text,
                      sparkline, state_text, temp_text, util_cell)
 from .widgets.keys import GPU_DETAIL_KEYS, GPUS_KEYS
 from .widgets.rowtable import Column, RowTable, Sort
@@ -57,7 +57,7 @@ SORTS = {
     "util": Sort(lambda g: _num(g.get("utilization_pct"), -1), True),
     "temp": Sort(lambda g: _num(g.get("temperature_c"), -1), True),
     "power": Sort(lambda g: _num(g.get("power_w"), -1), True),
-    "fits": Sort(lambda g: slices_that_fit(g, 8192), True),
+    "fits": Sort(lambda g: (g.get("fits") or {}).get("8G", 0), True),
     "status": Sort(lambda g: (g.get("status", ""), g["node"], g["index"])),
     "holders": Sort(lambda g: (len(g.get("jobs") or ()), g["node"]), True),
 }

@@ -14,6 +14,7 @@ import contextlib
 import shlex
 import subprocess
 import sys
+import time
 
 from rich.text import Text
 from textual import on, work
@@ -24,7 +25,9 @@ from textual.widgets import Log, Static
 
 from ..api import ApiError
 from ..client.cluster import FINISHED
+from ..forecasts import starts_text
 from ..model import format_mb
+from ..views import workdir_text
 from .base import ClusterScreen, OpMissing
 from .render import ago, clock, duration, job_size, job_state, run_seconds, state_text
 from .widgets.keys import JOB_KEYS
@@ -84,9 +87,11 @@ def spec_text(job: dict) -> Text:
         Text.assemble(("Name      ", "bold"), job.get("name") or "-"),
         Text.assemble(("Command   ", "bold"), command),
         Text.assemble(("Asks      ", "bold"), job_size(job)),
-        Text.assemble(("Workdir   ", "bold"), job.get("workdir") or "$HOME"),
+        Text.assemble(("Workdir   ", "bold"), workdir_text(job)),
         Text.assemble(("Submitted ", "bold"), f"{clock(job['submitted_at'])} ({ago(job['submitted_at'])} ago)"),
     ]
+    if state == "pending" and (starts := starts_text(job.get("starts"), time.time())):
+        lines.append(Text.assemble(("Starts    ", "bold"), starts, (" (w: why, and what would start it sooner)", "dim")))
     if job.get("started_at"):
         lines.append(Text.assemble(("Started   ", "bold"), clock(job["started_at"])))
     if job.get("ended_at"):
@@ -100,9 +105,14 @@ def spec_text(job: dict) -> Text:
     return Text("\n").join(lines)
 
 
-def env_text(environment: dict[str, dict[str, str]]) -> Text:
+def env_text(environment: dict[str, dict[str, str]], job: dict | None = None) -> Text:
     """What the head says each of the job's nodes gives its command (R12)."""
     if not environment:
+        pool = (job or {}).get("pool")
+        if pool:  # a batch cluster's nodes: their variables are its own, unseen from here
+            return Text(f"Set by pool {pool}'s batch system on its nodes (its own variables, such as "
+                        "CUDA_VISIBLE_DEVICES, and the lab's, in the job's batch script); not seen from here.",
+                        style="dim")
         return Text("Set when the job is placed.", style="dim")
     lines = []
     for rank, (node, env) in enumerate(environment.items()):
@@ -218,7 +228,7 @@ class JobScreen(ClusterScreen):
     def _show_environment(self, job: dict) -> None:
         self.environment = job.get("environment") or {}
         self._environment_for = placement_of(job)
-        self.query_one("#job-env", Static).update(env_text(self.environment))
+        self.query_one("#job-env", Static).update(env_text(self.environment, job))
 
     @on(JobLoaded)
     def show_loaded(self, message: JobLoaded) -> None:
@@ -330,3 +340,6 @@ class JobScreen(ClusterScreen):
 
     def action_release_job(self) -> None:
         self.app.job_action("release", self.job_id)
+
+    def action_why_job(self) -> None:
+        self.app.show_why(self.job_id)

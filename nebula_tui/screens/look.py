@@ -19,16 +19,22 @@ from dataclasses import dataclass, field
 from textual.color import Color
 
 from ..model import Temperatures
+from ..views import JobPhase
 
 #: A card's heat (``Temperatures.heat``) -> role.
 HEAT_ROLE = {"hot": "bad", "warm": "warn", "cool": "ok", None: "muted"}
 
+#: Every job phase -> role (a test holds that none is left out).
+PHASE_ROLE: dict[JobPhase, str] = {
+    JobPhase.PENDING: "warn", JobPhase.HELD: "muted", JobPhase.LAUNCHING: "info",
+    JobPhase.RUNNING: "ok", JobPhase.CANCELLING: "warn", JobPhase.EVICTING: "warn",
+    JobPhase.STOPPING: "warn", JobPhase.SUCCEEDED: "ok", JobPhase.FAILED: "bad",
+    JobPhase.CANCELLED: "muted", JobPhase.TIMEOUT: "bad",
+}
+
 #: State -> role, for every state the head publishes (jobs, GPUs, nodes, slices).
 STATE_ROLE: dict[str, str] = {
-    # jobs
-    "pending": "warn", "held": "muted", "launching": "info", "running": "ok",
-    "succeeded": "ok", "failed": "bad", "cancelled": "muted", "timeout": "bad",
-    "cancelling": "warn", "evicting": "warn",
+    **{phase.value: role for phase, role in PHASE_ROLE.items()},
     # GPUs and slices
     "idle": "free", "free": "free", "busy": "info", "allocated": "info",
     "maintenance": "warn", "unreachable": "warn", "lost": "bad",

@@ -73,11 +73,13 @@ class BookingsChanged(Message):
 
 
 class QueueOrdered(Message):
-    """The scheduler's new order of the waiting jobs (their ids)."""
+    """The scheduler's new order of the waiting jobs (their ids), and its start forecasts
+    when they came with it (job id -> ``starts``)."""
 
-    def __init__(self, order: list[int]) -> None:
+    def __init__(self, order: list[int], starts: dict | None = None) -> None:
         super().__init__()
         self.order = order
+        self.starts = starts
 
 
 class StreamLost(Message):

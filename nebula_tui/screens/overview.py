@@ -96,7 +96,10 @@ class OverviewScreen(ClusterScreen):
         self.set_interval(TELEMETRY_EVERY_S, self._tick)
 
     def on_resize(self, event) -> None:
-        self.set_class(self.size.height < TICKER_MIN_HEIGHT, "short")
+        short = self.size.height < TICKER_MIN_HEIGHT
+        if short != self.has_class("short"):
+            self.set_class(short, "short")
+            self._render_ticker()
 
     def _tick(self) -> None:
         """Telemetry, at most once a second: the summary and the cards on screen."""
@@ -166,8 +169,12 @@ class OverviewScreen(ClusterScreen):
         counts = {**self._counts[1], "nodes": len(cluster.nodes)}
         text = summary_text(counts, list(cluster.jobs.values()), cluster.bookings)
         if text != self._summary_text:
+            box = self.query_one("#summary", Static)
+            # one line, or two where the width cuts it: a new layout only when that changes
+            lines = lambda t: 1 if t is None or t.cell_len <= box.size.width - 2 else 2  # noqa: E731
+            relayout = lines(text) != lines(self._summary_text)
             self._summary_text = text
-            self.query_one("#summary", Static).update(text, layout=False)  # always one line
+            box.update(text, layout=relayout)
 
     def _card_names(self) -> list[str]:
         """The nodes' cards, then one per pool."""
@@ -206,7 +213,8 @@ class OverviewScreen(ClusterScreen):
         self._render_queue()
 
     def _render_ticker(self) -> None:
-        lines = list(self.cluster.events)[-TICKER_LINES:]
+        # a short terminal's one line shows the newest; a tall one the last that fit
+        lines = list(self.cluster.events)[-(1 if self.has_class("short") else TICKER_LINES):]
         text = Text("\n").join(Text.assemble((clock(e.get("t")) + " ", "dim"),
                                              (e.get("message") or "", ""), no_wrap=True,
                                              overflow="ellipsis") for e in lines)

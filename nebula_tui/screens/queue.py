@@ -21,6 +21,7 @@ from textual.widgets import Static
 
 from ..api import ApiError
 from ..client.cluster import FINISHED
+from ..forecasts import starts_text
 from ..views import preemptible_text, running_idle_text
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .look import LOOK
@@ -84,6 +85,8 @@ def job_detail(job: dict, at: float) -> Text:
     if tag := preemptible_text(job):
         text.append(f"({tag}) ")
     text.append(state, style=LOOK.state(state))
+    if state == "pending" and (starts := starts_text(job.get("starts"), at)):
+        text.append(f", starts {starts}")
     if state == "pending" and job.get("reason"):
         text.append(f": {job['reason']}")
     elif state == "held":
@@ -268,6 +271,10 @@ class QueueScreen(ClusterScreen):
     def action_release_job(self) -> None:
         if (job_id := self._selected()) is not None:
             self.app.job_action("release", job_id)
+
+    def action_why_job(self) -> None:
+        if (job_id := self._selected()) is not None:
+            self.app.show_why(job_id)
 
     def action_toggle_mine(self) -> None:
         self.mine = not self.mine

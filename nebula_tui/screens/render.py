@@ -13,10 +13,9 @@ from collections.abc import Callable, Iterable
 
 from rich.text import Text
 
-from ..model import (MAX_ALLOCATIONS_PER_GPU, MIB_PER_GIB, MIN_SLICE_MB, NOT_AVAILABLE, format_mb,
-                     takes_whole_card)
+from ..model import NOT_AVAILABLE, format_mb
 from ..units import duration_short as duration
-from ..views import node_power, power_draw_text, short_model
+from ..views import booking_state, node_power, power_draw_text, short_model
 from .look import LOOK
 
 _EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -115,28 +114,10 @@ def is_free(gpu: dict) -> bool:
     return gpu.get("status") == "idle" and not gpu.get("jobs") and free_slice_mb(gpu) > 0
 
 
-#: The slice sizes people ask for most (GB): the GPU views say how many more of each fit.
-COMMON_SLICES_GB = (4, 8, 16)
-
-
-def slices_that_fit(gpu: dict, size_mb: int) -> int:
-    """How many more jobs asking ``size_mb`` each this card could take now (R3: at most 4
-    per card, a request over half the card takes it whole — the scheduler's own rule,
-    ``takes_whole_card`` —, nothing under 4 GB)."""
-    total = gpu.get("total_memory_mb")
-    if not total or gpu.get("status") in ("maintenance", "unreachable"):
-        return 0
-    held = len(gpu.get("jobs") or ())
-    if takes_whole_card(total, size_mb):
-        available = total - (gpu.get("unmanaged_used_mb") or 0)
-        return 1 if not held and available >= size_mb else 0
-    return max(0, min(MAX_ALLOCATIONS_PER_GPU - held, free_slice_mb(gpu) // max(size_mb, MIN_SLICE_MB)))
-
-
 def fits_text(gpu: dict) -> str:
-    """"4G×4 8G×2 16G×1": how many more slices of the common sizes fit ("-": none)."""
-    parts = [f"{gb}G×{n}" for gb in COMMON_SLICES_GB
-             if (n := slices_that_fit(gpu, gb * MIB_PER_GIB))]
+    """"4G×4 8G×2 16G×1": how many more jobs of the common sizes the head would place on
+    the card (its ``fits``: the scheduler's own rule, worked out there) ("-": none)."""
+    parts = [f"{size}×{n}" for size, n in (gpu.get("fits") or {}).items() if n]
     return " ".join(parts) or "-"
 
 
@@ -362,8 +343,7 @@ def day_clock(t: float | None, at: float | None = None) -> str:
 
 def booking_line(b: dict) -> str:
     """"deadline node02:0-3 Fri 09:00 – Fri 19:00 for alice,bob (under way)"."""
-    state = f"broken: {b['broken']}" if b.get("broken") else ("under way" if b.get("active") else "ahead")
-    return f"{b['name']} {b['gpus']} {b['when']} for {','.join(b['users'])} ({state})"
+    return f"{b['name']} {b['gpus']} {b['when']} for {','.join(b['users'])} ({booking_state(b)})"
 
 
 def bookings_count(bookings: list[dict]) -> str:

@@ -8,6 +8,7 @@ is replaced by the new job's screen.
 from __future__ import annotations
 
 import re
+import time
 
 from rich.text import Text
 from textual import on, work
@@ -17,6 +18,7 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
+from ..forecasts import starts_text
 from ..api import MAX_GPU_COUNT, ApiError
 from ..model import format_mb
 from ..units import parse_size_mb
@@ -33,7 +35,7 @@ FIELDS = (
     ("gpu_mem", "GPU memory", "per GPU, e.g. 8G; empty = a whole card"),
     ("workdir", "Workdir", "absolute path on the node; empty = $HOME"),
     ("command", "Command", "shell command line, e.g. python train.py --epochs 3"),
-    ("reservation", "Booking", "optional: run in this booking of yours (nebula reservations)"),
+    ("reservation", "Booking", "optional: a booking of yours (nebula reservations)"),
 )
 BOOKING_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -96,7 +98,14 @@ def plan_text(plan: dict, preemptible: bool = False) -> Text:
         ids = plan.get("preempts") or []
         jobs = f"job {ids[0]}" if len(ids) == 1 else "jobs " + ", ".join(map(str, ids))
         return Text.assemble(("Would start now, ", "green"), (f"preempting {jobs} (preemptible)", "bold green"))
-    return Text.assemble(("Would wait: ", "yellow"), plan.get("reason") or "no reason given")
+    when = starts_text(plan.get("starts"), time.time())
+    said = f"Would {when.replace('not within', 'not start within')}" if when.startswith("not") \
+        else f"Would start {when}"
+    start = [(said, "bold yellow"), ". "] if when else []
+    reason = plan.get("reason") or "no reason given"
+    if reason.startswith("waits "):  # "waits for its booking: …" reads "Would wait for its booking: …"
+        return Text.assemble(*start, ("Would wait ", "yellow"), reason.removeprefix("waits "))
+    return Text.assemble(*start, ("Would wait: ", "yellow"), reason)
 
 
 class Submitted(Message):
@@ -105,6 +114,25 @@ class Submitted(Message):
     def __init__(self, job: dict) -> None:
         super().__init__()
         self.job = job
+
+
+#: The form's frame says so while fields lie below the fold (at 80x24 Preemptible and
+#: Submit did, with nothing to tell).
+MORE_BELOW = "↓ more below (Tab moves on)"
+
+
+class FormScroll(VerticalScroll):
+    """The form, its frame saying when there is more below."""
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        self.cue()
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self.cue)
+
+    def cue(self) -> None:
+        self.border_subtitle = MORE_BELOW if self.scroll_y < self.max_scroll_y else ""
 
 
 class SubmitScreen(ClusterScreen):
@@ -116,7 +144,7 @@ class SubmitScreen(ClusterScreen):
         self._preview_timer: Timer | None = None
 
     def compose_body(self) -> ComposeResult:
-        with VerticalScroll(id="submit-form"):
+        with FormScroll(id="submit-form"):
             yield Static("Fill in a command to see where the job would go.", id="preview")
             for ident, label, placeholder in FIELDS:
                 with Horizontal(classes="field"):
@@ -125,8 +153,11 @@ class SubmitScreen(ClusterScreen):
                 yield Static("", id=f"e-{ident}", classes="field-error")
             with Horizontal(classes="field"):
                 yield Label("", classes="field-label")
-                yield Checkbox("Preemptible (--preemptible, --qos=scavenger): runs on idle cards now, whatever your fair share; "
-                               "stopped and requeued when a normal job needs them", id="f-preemptible")
+                # not -p: that is Slurm's partition (--pool) on the command line
+                yield Checkbox("Preemptible (--preemptible)", id="f-preemptible")
+            # said below the box, wrapped: as its label it was cut even at 120 columns
+            yield Static("runs on idle cards now, whatever your fair share; stopped and requeued "
+                         "when a normal job needs them", classes="field-hint")
             with Horizontal(id="submit-buttons"):
                 yield Button("Submit (ctrl+s)", id="submit", variant="primary")
                 yield Button("Back (esc)", id="back")

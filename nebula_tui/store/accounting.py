@@ -23,7 +23,8 @@ class Accounting(StoreBase):
 
     #: What accounting keeps of a job besides the job itself (see ``_charge_run``).
     USAGE_COLUMNS = ("gpu_hours", "sampled_gpu_hours", "busy_gpu_hours", "idle_gpu_hours",
-                     "mem_used_mb_mean", "mem_used_mb_peak")
+                     "mem_used_mb_mean", "mem_used_mb_peak", "forecast_at", "forecast_early",
+                     "forecast_late")
 
     def _charge_run(self, job_id: int, started_at: float | None, t: float) -> float:
         """Charge the job's run that ends at ``t`` (a requeue ends one too) its GPU-hours

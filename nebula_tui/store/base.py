@@ -229,7 +229,14 @@ class StoreBase:
         """Wait until every transaction committed so far is on the disk, as a durable one's
         commit waits (it syncs the WAL): the head's group commit calls it from a thread, once
         for all the submits committed meanwhile. A commit already checkpointed into the
-        database was synced by the checkpoint. ``StoreUnavailable`` when the disk fails."""
+        database was synced by the checkpoint. The id file's latest reservation goes first
+        (``IdFloor.sync``): an answered id is never handed out again after a crash of the
+        machine. ``StoreUnavailable`` when the disk fails."""
+        try:
+            self.ids.sync()
+        except OSError as err:
+            raise self._unavailable(err, "the jobs just submitted may be lost if the machine "
+                                    "crashes now") from err
         for path in (self.path.with_name(self.path.name + "-wal"), self.path):
             try:
                 fd = os.open(path, os.O_RDONLY)

@@ -18,7 +18,8 @@ class Bookings(StoreBase):
     def add_booking(self, name: str, cards: list[tuple[str, str, int]], users: list[str], start: float,
                     end: float, by: str, t: float, message: str) -> None:
         """A new booking and its line (kind ``booking``), in one transaction; a name in use
-        by a booking not yet over is refused (``ValueError``), an old one's row replaced."""
+        by a booking not yet over is refused (``ValueError``), an old one's row replaced (its
+        hours stay in ``booked``, the user's month allowance)."""
         with self.transaction():
             row = self.db.execute("SELECT end, ended_at FROM bookings WHERE name = ?", [name]).fetchone()
             if row is not None and (row[1] is None and row[0] > t):
@@ -27,6 +28,8 @@ class Bookings(StoreBase):
             self.db.execute(f"INSERT INTO bookings ({', '.join(self.BOOKING_FIELDS)}) "
                             "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
                             [name, json.dumps(cards), json.dumps(users), start, end, by, t])
+            self.db.execute("INSERT INTO booked (user, start, gpu_hours, t) VALUES (?, ?, ?, ?)",
+                            [by, start, len(cards) * (end - start) / 3600, t])
             self._event(t, "booking", message, user=by)
 
     def end_booking(self, name: str, by: str, t: float, message: str) -> None:
@@ -40,6 +43,13 @@ class Bookings(StoreBase):
         with self.transaction():
             self.db.execute("UPDATE bookings SET broken = ? WHERE name = ?", [why, name])
             self._event(t, "booking", message)
+
+    def booked_hours(self, user: str, since: float) -> float:
+        """GPU-hours ``user`` booked in bookings starting at ``since`` or later, each counted
+        in full as booked (ended early, or its name reused since, it still counts)."""
+        row = self.db.execute("SELECT SUM(gpu_hours) FROM booked WHERE user = ? AND start >= ?",
+                              [user, since]).fetchone()
+        return row[0] or 0.0
 
     def bookings(self, since: float | None = None) -> list[dict]:
         """Bookings whose window (to its early end, if any) reaches past ``since`` (None: all),

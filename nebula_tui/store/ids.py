@@ -48,15 +48,28 @@ class IdFloor:
         self._reserved = max(exact, reserved)
         self.write(self.value)
 
-    def write(self, value: int) -> None:
+    def write(self, value: int, wait: bool = True) -> None:
+        """``value`` handed out. ``wait`` False: a new reservation is forced to the disk by
+        the next ``sync`` (the group commit's, before the submit is answered) instead of
+        now, so no submit's commit waits for the disk on the head's loop."""
         sync = value >= self._reserved
         if sync:
             self._reserved = value + self.BLOCK
         line = f"{value} {self._reserved} {self._boot or '-'}"
         os.pwrite(self._file.fileno(), f"{line:<120}\n".encode(), 0)
-        if sync:
+        if sync and wait:
             os.fdatasync(self._file.fileno())
+        elif sync:
+            self._unsynced = True
         self.value = value
+
+    _unsynced = False
+
+    def sync(self) -> None:
+        """Force a reservation written with ``wait`` False to the disk (from any thread)."""
+        if self._unsynced:
+            self._unsynced = False  # first: one written meanwhile is synced now or next time
+            os.fdatasync(self._file.fileno())
 
     def close(self) -> None:
         self._file.close()

@@ -11,7 +11,7 @@ import secrets
 from dataclasses import replace
 
 from ..model import (WAITING_FOR_SCHEDULER, Cancelling, Ended, Job, JobSpec, JobState, Launching,
-                     Pending, Placement, Running, Stopping, spec_fields)
+                     Pending, Placement, Running, Stopping, ended_text, spec_fields)
 from .accounting import Accounting
 from .base import StaleDecision, chunks, filters
 
@@ -58,12 +58,23 @@ class Jobs(Accounting):
                  for job_id, spec in zip(ids, specs)])
             self._set_meta("job_id_floor", str(ids[-1]))
             self._event(t, "submit", message, job_id=ids[0], user=user)
-            self.ids.write(ids[-1])  # last: a failed commit leaves a gap, never a reuse
+            # last: a failed commit leaves a gap, never a reuse; not durable: its reservation
+            # reaches the disk with the group commit's sync, off the head's loop
+            self.ids.write(ids[-1], wait=durable)
         self._next_id = ids[-1] + 1
         # What was written, without reading it back (a submit's second query): a new job
         # is pending, attempt 0, exactly as ``job`` would read it.
         return [Job(id=job_id, user=user, spec=spec, submitted_at=t, status=Pending(WAITING_FOR_SCHEDULER))
                 for job_id, spec in zip(ids, specs)]
+
+    def make_scavenger(self, job: Job, charge: float, t: float) -> None:
+        """A job of a user past their quota starts as preemptible work: its spec says so
+        (it is preempted, and requeued, as one) and its hours are charged at ``charge``."""
+        with self.transaction():
+            self.db.execute("UPDATE jobs SET spec = ?, charge = ? WHERE id = ?",
+                            [json.dumps(spec_fields(job.spec)), charge, job.id])
+            self._event(t, "quota", f"job {job.id} of {job.user} runs as preemptible work on idle "
+                                    f"cards: its user is past their quota", job_id=job.id, user=job.user)
 
     def set_held(self, job_id: int, held_by: str | None, by: str, t: float) -> None:
         """Hold a pending job (it is not scheduled until released) or release it."""
@@ -134,6 +145,17 @@ class Jobs(Accounting):
                 "UPDATE jobs SET reason = ? WHERE id = ? AND state = 'pending'",
                 [(reason, job_id) for job_id, reason in reasons.items()],
             )
+
+    def set_first_forecasts(self, forecasts: dict[int, tuple]) -> None:
+        """Keep each waiting job's first start forecast (expected, early, late; Unix
+        seconds or None): a job that has one keeps it."""
+        if not forecasts:
+            return
+        with self.transaction():
+            self.db.conn.executemany(
+                "UPDATE jobs SET forecast_at = ?, forecast_early = ?, forecast_late = ? "
+                "WHERE id = ? AND state = 'pending' AND forecast_at IS NULL",
+                [(*values, job_id) for job_id, values in forecasts.items()])
 
     def start_launching(self, job_id: int, placements: tuple[Placement, ...], t: float) -> str:
         """Write a job's allocation and mark it launching, in one transaction; returns the
@@ -239,7 +261,7 @@ class Jobs(Accounting):
                 "WHERE name = ?", [int(ran), gpu_hours, user],
             )
             detail = f" with exit code {exit_code}" if exit_code is not None else ""
-            message = f"job {job_id} {state.value}{detail}" + (f": {reason}" if reason else "")
+            message = f"job {job_id} {ended_text(state.value, reason, detail)}"
             self._event(t, "end", message, job_id=job_id, user=user)
         return gpu_hours
 

@@ -61,6 +61,12 @@ def create_tables(db: sqlite_utils.Database) -> None:
         {"name": str, "cards": str, "users": str, "start": float, "end": float,
          "created_by": str, "created_at": float, "ended_at": float, "broken": str},
         pk="name", if_not_exists=True)
+    # What each user booked, one row per booking made: the month allowance
+    # (limits.booking_gpu_hours) counts these, whatever became of the booking's name.
+    if "booked" not in db.table_names():
+        db["booked"].create({"user": str, "start": float, "gpu_hours": float, "t": float})
+        db.execute("INSERT INTO booked (user, start, gpu_hours, t) SELECT created_by, start, "
+                   "json_array_length(cards) * (end - start) / 3600.0, created_at FROM bookings")
     db["telemetry"].create(
         {"gpu": str, "t": float, "temperature_c": float, "utilization_pct": float,
          "memory_used_mb": float, "power_w": float, "fan_pct": float,
@@ -112,6 +118,11 @@ LATER_COLUMNS = (
     # normal job's need stopped and requeued it
     ("jobs", "charge", float, 1.0),
     ("jobs", "preemptions", int, 0),
+    # the first start forecast the head made for a job after its submit (head/forecast.py):
+    # the expected start and its interval, kept to score the forecast against the start
+    ("jobs", "forecast_at", float, None),
+    ("jobs", "forecast_early", float, None),
+    ("jobs", "forecast_late", float, None),
 )
 
 

@@ -152,7 +152,7 @@ async def test_the_tui_shows_bookings_on_the_queue_gpus_overview_and_a_cards_pag
             await go(pilot, "n", SubmitScreen)
             app.screen.query_one("#f-command", Input).value = "sleep 1"
             app.screen.query_one("#f-reservation", Input).value = "later"
-            await until(pilot, lambda: "Would wait: waits for its booking: node03:0 booked for later from"
+            await until(pilot, lambda: "Would wait for its booking: node03:0 booked for later from"
                         in text(pilot, "#preview"), what="the preview")
         finally:
             reserve(head, "--delete", "shown")

@@ -17,6 +17,13 @@ NEVER_VALID = [
     (["cancel", str(1 << 70)], "job id"),
     (["job", str(1 << 70)], "job id"),
     (["logs", str(1 << 70)], "job id"),
+    # bookings (issue 41): what no cluster could book as written
+    (["reserve", "--gpus", "node01:x", "--start", "now", "--duration", "1h"], "--gpus"),
+    (["reserve", "--gpus", "node01:0", "--start", "now", "--duration", "30s"], "--duration"),
+    (["reserve", "--gpus", "node01:0", "--start", "now", "--duration", "40d"], "--duration"),
+    (["reserve", "--gpus", "node01:0", "--start", "now", "--duration", "1h", "--name", "no good"], "--name"),
+    (["reserve", "--gpu-count", "65", "--start", "now", "--duration", "1h"], "--gpu-count"),
+    (["reserve", "--delete", "no good"], "--delete"),
 ]
 
 

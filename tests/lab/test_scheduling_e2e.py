@@ -69,12 +69,16 @@ def test_after_waits_for_success_and_fails_when_the_dependency_fails(head, tmp_p
     assert unknown.returncode == 1 and "no job 999999" in unknown.stderr
 
 
-def test_over_quota_submit_is_refused_with_who_can_raise_it(head):
+def test_over_quota_work_runs_on_idle_cards_as_preemptible(head):
+    """quota_mode scavenge (the default): past the quota a job is not refused while cards
+    sit idle; it runs as preemptible work (quota_mode refuse: tests/unit/test_lab_month.py)."""
+    # a job first: a user with no usage at all has no standing to be over quota with
+    assert head.run("submit", "--gpu-mem", "4G", "--wait", "--", "true").returncode == 0
     head.run("quota", "root", "0", check=True)
     try:
-        refused = head.run("submit", "--gpu-mem", "4G", "--", "true")
-        assert refused.returncode == 1 and refused.stderr.count("\n") == 1
-        assert "GPU-hours this month" in refused.stderr and "nebula quota root" in refused.stderr
+        job = submit(head, "--gpu-mem", "4G", "--", "true")
+        done = head.wait_job(job)
+        assert done["state"] == "succeeded" and done["preemptible"] is True
         users = {u["name"]: u for u in json.loads(head.run("users", "--json", check=True).stdout)}
         assert users["root"]["quota_gpu_hours"] == 0
     finally:

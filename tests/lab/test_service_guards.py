@@ -65,6 +65,57 @@ def test_a_client_waits_for_the_shared_head_to_come_back(openssh_lab, shared_box
         shared.stop()
 
 
+def test_a_demo_never_stops_the_boxs_shared_head(openssh_lab, shared_box, tmp_path):
+    """An admin's ``nebula demo`` in a home of his own with no socket yet: the home falls
+    back to the box's shared socket for clients, but the demo talks to its own head only —
+    before, it sent the shared head ``shutdown`` at its start and its end (issue 41)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from nebula_tui.api import Client
+
+    shared = HeadProcess(tmp_path / "shared", openssh_lab, socket=shared_box)
+    shared.start(wait_nodes=False)
+    demo_home = tmp_path / "admin" / "demo"
+    script = ("import sys; from pathlib import Path; from nebula_tui import homedir; "
+              f"homedir.SYSTEM_SOCKET = Path({str(shared_box)!r}); "
+              "from nebula_tui.cli.main import main; "
+              f"sys.exit(main(['demo', '--headless', '--layout', 'core', '--home', {str(demo_home)!r}]))")
+    env = {k: v for k, v in os.environ.items() if k not in ("NEBULA_SOCKET", "NEBULA_HOME", "NEBULA_CONFIG")}
+    demo = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+    try:
+        with Client(shared_box, timeout=5) as client:
+            shared_pid = client.call("ping")["pid"]
+        deadline = time.monotonic() + 120
+        while not (demo_home / "nebula.sock").exists() and demo.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        wait_until = time.monotonic() + 60
+        while time.monotonic() < wait_until and demo.poll() is None:
+            try:
+                with Client(demo_home / "nebula.sock", timeout=5) as client:
+                    assert client.call("ping")["pid"] != shared_pid
+                break
+            except Exception:
+                time.sleep(0.5)
+        assert demo.poll() is None, demo.stderr.read()
+        with Client(shared_box, timeout=5) as client:
+            assert client.call("ping")["pid"] == shared_pid  # the shared head was left alone
+        os.killpg(demo.pid, signal.SIGINT)
+        assert demo.wait(timeout=60) == 0
+        with Client(shared_box, timeout=5) as client:  # and after the demo's clean-up too
+            assert client.call("ping")["pid"] == shared_pid
+        assert shared.process.poll() is None
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()
+        stop_service(Home(demo_home, demo_home / "nebula.sock"))
+        shared.stop()
+
+
 def test_a_service_that_does_not_stop_when_asked_is_terminated(openssh_lab, tmp_path):
     """A demo's clean-up never leaves its service behind: one that cannot answer (here
     stopped with SIGSTOP) is terminated, then killed, after the grace."""

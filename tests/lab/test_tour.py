@@ -39,11 +39,19 @@ def test_the_readmes_tour_runs_on_the_demo(headless_demo, tmp_path):  # noqa: F8
         if words[:2] == ["nebula", "demo"] or words[0] == "export" or words == ["nebula"]:
             continue  # the demo runs already (its own home); the TUI is tested elsewhere
         follows = "-f" in words
-        done = subprocess.run(["bash", "-c", f"timeout 8 {line}" if follows else line], env=env,
-                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        # a variable a line sets (`job=$(nebula submit …)`) is there for the lines after it
+        kept = tmp_path / "vars"
+        script = (f"timeout 8 {line}" if follows else line) + \
+            f'\nrc=$?; for v in $(compgen -v); do case $v in [a-z]*) printf "%s=%s\\n" "$v" "${{!v}}";; esac; done > {kept}; exit $rc'
+        done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)
+        env.update(dict(v.split("=", 1) for v in kept.read_text().splitlines() if "=" in v and v[0].islower()))
         if follows:  # follows the job until it ends: cut short, having shown its lines
             assert done.returncode == 124 and "cards: " in done.stdout, (line, done.stderr)
         else:
             assert done.returncode == 0, (line, done.stdout, done.stderr)
-        ran.append(words[1])
+        ran.append(words[1] if words[0] == "nebula" else line.split("$(", 1)[1].split()[1])
     assert {"status", "submit", "queue", "logs", "job", "cancel", "gpus", "doctor", "sim"} <= set(ran)
+    assert env.get("job", "").isdigit(), "the tour's job id, printed and kept"
+    assert not any(re.search(r"nebula (logs|job|cancel) \d", line) for line in tour_commands()), \
+        "the tour names its job by the id it printed, never a number that depends on the history"

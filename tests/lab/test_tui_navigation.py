@@ -321,18 +321,22 @@ async def test_the_theme_is_remembered(head, lab_jobs, tmp_path):
         assert again.theme == chosen
 
 
-async def test_the_screenshot_key_saves_without_a_downloads_folder(head, lab_jobs, tmp_path,
-                                                                    monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home-without-downloads"))
+async def test_the_screenshot_key_saves_an_ascii_name_in_the_home_and_says_where(head, lab_jobs, tmp_path,
+                                                                                  monkeypatch):
+    """`P` saved "NebulaGrid_—_simlab_….svg" (an em dash) into the current directory."""
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
     app = make_app(head.socket, home=tmp_path / "nebula-home")
+    folder = tmp_path / "nebula-home" / "screenshots"
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await started(pilot, lab_jobs)
         await pilot.press("P")
-        await until(pilot, lambda: list(work.glob("*.svg")), what="the screenshot in the current directory")
-    assert "nav-runner" in next(work.glob("*.svg")).read_text().replace("&#160;", " ")
+        saved = await until(pilot, lambda: next(folder.glob("*.svg"), None), what="the screenshot in the home")
+        await until(pilot, lambda: any(str(saved) in str(n.message) for n in app._notifications),
+                    what="a notice saying where")
+    assert saved.name.isascii() and " " not in saved.name and not list(work.iterdir())
+    assert "nav-runner" in saved.read_text().replace("&#160;", " ")
 
 
 async def test_keys_typed_right_after_tab_land_in_the_next_field(head, lab_jobs):

@@ -10,6 +10,7 @@ loop (``inprocess``); the TUI is the real app under Pilot.
 from __future__ import annotations
 
 import getpass
+from pathlib import Path
 
 import pytest
 from conftest import until
@@ -17,7 +18,6 @@ from inprocess import up_engine
 
 from nebula_tui import views
 from nebula_tui.model import NOT_AVAILABLE, GpuReading, JobSpec, JobState, Placement, Temperatures
-from nebula_tui.scheduler.slices import ask_for
 from nebula_tui.screens import render
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.look import LOOK
@@ -65,20 +65,41 @@ async def test_throttling_is_judged_by_the_configured_hot_c(hot_at_60):
     assert any("suspected thermal throttling" in e["message"] for e in head.store.events(10))
 
 
-def test_the_tui_says_whole_card_exactly_when_the_scheduler_takes_it_whole():
-    """A 12 GB request on a 4090 (24564 MiB, sold as 24 GB) is a slice for the scheduler;
-    the TUI counted it as a whole card (12 GB × 2 > 24564 MiB) and offered none on a card
-    already holding a job."""
-    total = 24564
-    assert ask_for(total, 12 * 1024).exclusive is False
-    gpu = {"total_memory_mb": total, "status": "busy", "jobs": [7],
-           "slices": [{"memory_mb": 8192, "state": "allocated"},
-                      {"memory_mb": total - 8192, "state": "free"}]}
-    assert render.slices_that_fit(gpu, 12 * 1024) == 1
-    for size_gb in (4, 8, 12, 13, 16, 24):  # the TUI's answer agrees with the scheduler's
-        whole = ask_for(total, size_gb * 1024).exclusive
-        assert render.slices_that_fit(gpu, size_gb * 1024) == (0 if whole else
-                                                                (total - 8192) // (size_gb * 1024))
+@pytest.mark.parametrize("total_mb, model, size_gb", [
+    (8188, "NVIDIA GeForce RTX 3070", 8), (16160, "Tesla V100-SXM2-16GB", 16),
+    (24564, "NVIDIA GeForce RTX 4090", 24), (81920, "NVIDIA A100-SXM4-80GB", 80)])
+async def test_the_gpus_screen_shows_what_the_scheduler_would_place(tmp_path, total_mb, model, size_gb):
+    """An idle 8188 MiB card takes an 8G job (the scheduler measures a whole card by its
+    nominal size) but the GPUs screen counted it against the real memory and said 0: the
+    head now publishes ``fits`` from ``scheduler.slices`` and the screen only shows it."""
+    from inprocess import gpu_row, probe
+
+    from nebula_tui.head.server import ApiServer
+
+    head = up_engine(tmp_path)
+    for node in ("node01", "node02"):
+        head.on_node_message(node, probe(node, [{**gpu_row(node, i), "memory_total_mb": total_mb, "name": model}
+                                                for i in range(2)]))
+    server = ApiServer(head, tmp_path / "nebula.sock")
+    await server.start()
+    try:
+        card = head.stream.gpus_json("node01")[0]
+        assert card["fits"][f"{min(size_gb, 16)}G"] >= 1
+        job = head.submit(ME, JobSpec(command=("true",), gpu_mem_mb=size_gb * 1024))
+        head.scheduling.schedule_pass()
+        assert head.jobs[job.id].placements, head.jobs[job.id].status  # the scheduler places it
+        if size_gb <= 16:
+            app = make_app(server.path)
+            async with app.run_test(size=(140, 40)) as pilot:
+                await until(pilot, lambda: app.cluster.connected, what="the snapshot")
+                await pilot.press("2")
+                await until(pilot, lambda: f"{size_gb}G×1" in str(app.screen.query_one("#gpu-table")
+                                                                   .get_row("GPU-node02-0")),
+                            what=f"{size_gb}G×1 on an idle {total_mb} MiB card")
+    finally:
+        await server.close()
+        await head.stop()
+        head.state.store.close()
 
 
 async def test_a_stopping_job_reads_stopping_on_every_screen(tmp_path):
@@ -124,3 +145,32 @@ def test_the_queue_of_the_cli_says_the_same_word_as_the_tui():
     held = {**job, "id": 4, "state": "pending", "phase": "held", "gpus": []}
     lines = views.queue_text([job, held]).splitlines()
     assert lines[1].split()[3] == "stopping" and lines[2].split()[3] == "held"
+
+
+def test_one_booking_state_for_the_cli_and_the_tui():
+    """`nebula reservations` and the TUI each wrote a booking's state words themselves."""
+    from nebula_tui.cli import bookings as cli_bookings
+
+    for booking, word in (({"active": True}, "under way"), ({"active": False}, "ahead"),
+                          ({"active": True, "broken": "node01:0 is gone"}, "broken: node01:0 is gone")):
+        b = {"name": "paper", "gpus": "node01:0", "when": "Fri 09:00 – Fri 19:00", "users": ["ann"],
+             "created_by": "ann", "broken": None, **booking}
+        assert views.booking_state(b) == word
+        assert render.booking_line(b).endswith(f"({word})")
+        assert cli_bookings.bookings_text([b]).splitlines()[1].endswith(word)
+    for module in (render, cli_bookings):
+        source = Path(module.__file__).read_text()
+        assert '"under way"' not in source and '"ahead"' not in source, module.__name__
+
+
+@pytest.mark.parametrize("dark", [True, False])
+def test_every_job_phase_has_a_word_and_a_style(dark):
+    """`stopping` was drawn unstyled: look.py listed the phase words again and missed it."""
+    from nebula_tui.screens.look import Look
+
+    look = Look()
+    look.use_colours(dark=dark, success="#4EBF71", warning="#ffa62b", error="#ba3c5b", accent="#0178D4")
+    for phase in views.JobPhase:
+        assert phase.value.isalpha() and phase.value.islower()
+        assert look.state(phase.value), phase
+    assert {p.value for p in views.JobPhase} >= {s.value for s in JobState}

@@ -10,6 +10,7 @@ recorded: none may ask for what the stream brings.
 from __future__ import annotations
 
 import getpass
+import time
 
 from conftest import until
 from inprocess import engine, served  # noqa: F401  (the fixtures)
@@ -127,3 +128,105 @@ async def test_a_gang_jobs_page_shows_each_nodes_environment_from_the_head(engin
         assert f"{node} (rank {rank})" in env
         assert variables["NODE_RANK"] == str(rank)
         assert all(f"{k}={v}" in env for k, v in variables.items())
+
+
+async def test_a_forecast_reaches_the_queue_by_the_stream_and_w_explains_the_job(engine, served):
+    for index in range(2):
+        for node in ("node01", "node02"):
+            held = engine.submit("root", JobSpec(command=("sleep", "600"), time_limit_s=3600.0))
+            engine.transitions.begin_launch(engine.jobs[held.id], (
+                Placement(f"GPU-{node}-{index}", node, index, 81920, True),))
+            engine.transitions.mark_running(engine.jobs[held.id])
+    waiting = engine.submit(ME, JobSpec(command=("true",), time_limit_s=600.0))
+    engine.scheduling.schedule_pass()
+    app = make_app(served)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.cluster.connected, what="the snapshot")
+        await pilot.press("3")
+        await until(pilot, lambda: isinstance(app.screen, QueueScreen), what="the queue")
+        engine.scheduling.forecast_if_due()  # in a thread; its "queue" event brings it
+        starts = await until(pilot, lambda: (app.cluster.job(waiting.id) or {}).get("starts"),
+                             what="the forecast", timeout=20)
+        assert starts["start_at"] > engine.clock()
+        table = app.screen.query_one("#queue-table", RowTable)
+        table.move_cursor(row=list(table.row_keys).index(str(waiting.id)))
+        await until(pilot, lambda: ", starts ~" in text(app, "#queue-detail"), what="the detail's start")
+        await pilot.press("w")
+        shown = await until(pilot, lambda: "Held by:" in (body := text(app, "#dialog-body")) and body,
+                            what="the why dialog", timeout=20)
+    assert f"Job {waiting.id} " in shown and "fair share: weight" in shown
+
+
+async def test_a_booking_whose_window_opens_reads_under_way_without_a_restart(tmp_path):
+    """Before its window the Queue said "ahead"; once it opened the running TUI kept
+    "ahead" and the GPUs screen never said "booked for …" (only `nebula reservations` knew):
+    the head told subscribers of a booking made or ended, not of a window opening."""
+    from inprocess import up_engine
+
+    from nebula_tui.head.server import ApiServer
+    from nebula_tui.screens.overview import OverviewScreen
+
+    clock = [time.time()]
+    head = up_engine(tmp_path, clock=lambda: clock[0])
+    head.bookings.create(ME, {"gpus": "node01:0", "start": clock[0] + 600, "duration_s": 3600,
+                              "name": "paper"})
+    server = ApiServer(head, tmp_path / "nebula.sock")
+    await server.start()
+    app = make_app(server.path)
+    calls = recording(app)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.cluster.connected, what="the snapshot")
+            await pilot.press("3")
+            await until(pilot, lambda: "(ahead)" in text(app, "#queue-bookings"), what="the booking ahead")
+            clock[0] += 700  # its window opens: the scheduling loop's turn notices
+            head.bookings.check()
+            await until(pilot, lambda: "(under way)" in text(app, "#queue-bookings"), what="under way")
+            await pilot.press("2")
+            await until(pilot, lambda: "booked for paper" in " ".join(cells(app, "gpu-table")["GPU-node01-0"]),
+                        what="the GPUs screen's booked card")
+            await pilot.press("1")
+            await until(pilot, lambda: isinstance(app.screen, OverviewScreen), what="the overview")
+            await until(pilot, lambda: "bookings: 1 under way" in text(app, "Static"), what="the summary")
+            clock[0] += 3600  # and it ends
+            head.bookings.check()
+            await until(pilot, lambda: not app.cluster.bookings, what="the booking gone")
+    finally:
+        await server.close()
+        await head.stop()
+        head.state.store.close()
+    assert set(calls) <= ONE_OFF, calls
+
+
+async def test_the_job_page_says_where_it_ran_and_draws_stopping_styled(engine, served):
+    """The page said `Workdir $HOME` for a job that ran in the folder it was submitted from
+    (`nebula job` said it right), and drew a `stopping` job in no colour at all."""
+    from nebula_tui.model import JobState
+    from nebula_tui.remote.protocol import Started
+    from nebula_tui.screens.job import JobScreen
+    from nebula_tui.screens.look import LOOK
+
+    job = engine.submit(ME, JobSpec(command=("sleep", "600")))
+    engine.transitions.begin_launch(engine.jobs[job.id], (Placement("GPU-node01-0", "node01", 0, 81920, True),))
+    engine.transitions.on_started("node01", Started(job.id, engine.state.token(engine.jobs[job.id]), "/srv/paper"))
+    assert engine.jobs[job.id].state == JobState.RUNNING
+    app = make_app(served)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.cluster.connected, what="the snapshot")
+        app.open_job(job.id)
+        await until(pilot, lambda: isinstance(app.screen, JobScreen) and "Workdir   /srv/paper" in
+                    text(app, "#job-spec"), what="the workdir it ran in")
+        engine.transitions.begin_stop(engine.jobs[job.id], JobState.TIMEOUT, "its time limit", False,
+                                      engine.state.clock() + 30)
+        await until(pilot, lambda: "stopping" in text(app, "#job-spec"), what="stopping")
+        spec = app.screen.query_one("#job-spec").content
+        word = next(span for span in spec.spans if spec.plain[span.start:span.end] == "stopping")
+        assert str(word.style) == LOOK.state("stopping") != ""
+
+
+def test_a_pool_jobs_environment_panel_does_not_wait_for_a_placement():
+    """A job running on a pool's cluster read "Set when the job is placed" while it ran."""
+    from nebula_tui.screens.job import env_text
+
+    shown = env_text({}, {"id": 4, "pool": "hpc", "phase": "running"}).plain
+    assert "placed" not in shown and "pool hpc" in shown

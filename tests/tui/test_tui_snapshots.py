@@ -1,4 +1,5 @@
-"""Snapshots of every main screen at 80x24 and 160x48, in the dark and the light theme.
+"""Snapshots of every main screen at 80x24, 120x40 and 160x48, in the dark and the light
+theme, and of the submit form and the help at each size.
 
 Pixel snapshots (pytest-textual-snapshot, files in ``__snapshots__/``): each screen is drawn
 from ``fixedhead.FixedHead`` (fixed data behind a real socket, read by the real client) at a
@@ -28,9 +29,10 @@ from nebula_tui.screens.nodes import NodesScreen
 from nebula_tui.screens.overview import OverviewScreen
 from nebula_tui.screens.queue import QueueScreen
 from nebula_tui.screens.users import UsersScreen
+from nebula_tui.screens.widgets.keys import help_lines
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
-SIZES = [(80, 24), (160, 48)]
+SIZES = [(80, 24), (120, 40), (160, 48)]
 THEMES = ["textual-dark", "textual-light"]
 
 #: Screen -> (key to reach it, its class, a word it shows once its data is drawn).
@@ -106,7 +108,10 @@ def test_main_screen_snapshot(snap_compare, fixed_head, screen, size, theme):
 
 #: What must be readable on each screen at both sizes (the facts a newcomer looks for).
 KEY_FACTS = {
-    "overview": ["1 Overview", "2/3 reachable", "9 GPUs:", "node01", "free", "bert-finetune"],
+    # the summary whole (it was cut after "0 running, 0"), the cluster's name (the title was
+    # gone at 80 columns) and the newest event (the Events panel vanished)
+    "overview": ["1 Overview", "2/3 reachable", "9 GPUs:", "node01", "free", "bert-finetune",
+                 "3 running, 3 waiting", "gpulab", "node03 is unknown: missed 3 probes"],
     "gpus": ["node01:1", "Free", "Temp", "Status", "maintenance", "unreachable"],
     "queue": ["bert-finetune", "running", "pending", "held"],
     "users": ["carol", "GPU-hours", "Weight", "Efficiency", "Idle GPU-h", "91%", "905",
@@ -145,6 +150,52 @@ async def test_key_facts_fit_at_both_sizes_and_readme_screenshots(fixed_head, si
         shown = svg_text(app.export_screenshot())
         assert "alice:12" in shown and "bob:14" in shown and "Fits" in shown
         keep(f"gpu-{width}x{height}", app.export_screenshot())
+
+
+#: The dialogs and forms: the key that opens each over the Overview, a word it shows.
+DIALOGS = {"submit": ("n", "Submit a job"), "help": ("question_mark", "Keys — Overview")}
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dialog", list(DIALOGS))
+def test_dialog_snapshot(snap_compare, fixed_head, dialog, size):
+    app = make_app(fixed_head.socket, cluster_name="gpulab")
+    key, word = DIALOGS[dialog]
+
+    async def run_before(pilot) -> None:
+        await show(pilot, "overview")
+        await pilot.press(key)
+        await until(pilot, lambda: word in svg_text(app.export_screenshot()), what=f"{dialog} drawn")
+        app.screen.set_focus(None)  # no blinking cursor in a picture
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_the_submit_form_and_the_help_fit(fixed_head, size):
+    """At 80x24 Preemptible and Submit lay below the fold with no cue, the Booking hint and
+    (even at 120x40) the Preemptible label were cut; the help listed ⏎ twice."""
+    app = make_app(fixed_head.socket, cluster_name="gpulab")
+    async with app.run_test(size=size) as pilot:
+        await show(pilot, "overview")
+        await pilot.press("question_mark")
+        await until(pilot, lambda: "Keys — Overview" in svg_text(app.export_screenshot()), what="the help")
+        assert [line for line, _ in help_lines(app.screen.key_rows)].count("⏎") == 1
+        await pilot.press("escape")
+        await pilot.press("n")
+        await until(pilot, lambda: "Submit a job" in svg_text(app.export_screenshot()), what="the form")
+        await settle(pilot)
+        shown = svg_text(app.export_screenshot())
+        assert "(nebula reservations)" in shown
+        form = app.screen.query_one("#submit-form")
+        below = form.max_scroll_y > 0
+        assert ("more below" in shown) == below, (size, shown)
+        form.scroll_end(animate=False)
+        await settle(pilot)
+        shown = svg_text(app.export_screenshot())
+        assert "Preemptible (--preemptible)" in shown and "when a normal job needs them" in shown
+        assert "Submit (ctrl+s)" in shown and "more below" not in shown
 
 
 def keep(name: str, svg: str) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "nebula_tui"
 HEAD = "nebula_tui.head"
 #: The head's rooms, lowest first: each may import only rooms before it.
-ROOMS = ("state", "access", "accounting", "stream", "shares", "launches", "jobs", "stops", "limits", "bookings", "scheduling",
-         "health", "nodes", "attach", "pools", "smoke", "doctor", "metrics", "notify", "engine", "requests", "server",
+ROOMS = ("forecast", "state", "access", "accounting", "stream", "shares", "launches", "jobs", "stops", "limits", "bookings", "scheduling", "why",
+         "health", "nodes", "attach", "pool_books", "pools", "smoke", "doctor", "metrics", "notify", "engine", "requests", "server",
          "serve", "replay")
 MAX_ROOM_LINES = 500
 

@@ -156,3 +156,24 @@ async def test_who_may_book_and_what_a_booking_refuses(tmp_path):
     finally:
         await other.stop()
         other.state.store.close()
+
+
+async def test_a_reused_booking_name_does_not_give_back_the_month_allowance(tmp_path):
+    """The allowance counts what each user booked this month, not the rows by name: ending a
+    booking and booking again under its name still counts the first (issue 41)."""
+    head = up_engine(tmp_path, "limits:\n  booking_gpu_hours: 20\n")
+    try:
+        now = head.clock()
+        ask = {"gpus": "node01:0-1", "start": now + HOUR, "duration_s": 8 * HOUR, "users": ["carol"],
+               "name": "mine"}
+        head.bookings.create("carol", ask)  # 16 of her 20
+        head.bookings.delete("carol", "mine")
+        with pytest.raises(RequestError, match="carol may book 20 GPU-hours a month .* booked 16 this month"):
+            head.bookings.create("carol", ask)
+        head.bookings.create("carol", {**ask, "gpus": "node01:0", "duration_s": 4 * HOUR})  # 16 + 4
+        head.bookings.delete("carol", "mine")
+        with pytest.raises(RequestError, match="booked 20 this month; this one is 1"):
+            head.bookings.create("carol", {**ask, "gpus": "node02:0", "duration_s": HOUR})
+    finally:
+        await head.stop()
+        head.state.store.close()

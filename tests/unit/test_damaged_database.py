@@ -28,7 +28,7 @@ def serve_refusal(head: HeadProcess) -> subprocess.CompletedProcess:
 
 
 def assert_one_line_refusal(done: subprocess.CompletedProcess, *words: str) -> None:
-    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert done.returncode == 3, (done.returncode, done.stderr)  # serve.REFUSED
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     for word in words:
@@ -53,6 +53,24 @@ def test_garbage_in_the_database_is_one_line_and_no_traceback(tmp_path):
     assert_one_line_refusal(done, "state.db", "cannot be read as a database",
                             "there is no backup to restore", "nebula backup --start-empty")
     assert (home / "state.db").read_bytes() == b"this is not SQLite\n" * 500, "it was written over"
+
+
+def test_a_client_whose_head_refuses_prints_the_heads_line_at_once(tmp_path):
+    """`nebula status` over a damaged database waited 20 s and said "nebula serve did not
+    start within 20s; see …/serve.log": the head's own line (why, the way out) is what helps."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    Store(home / "state.db").close()
+    (home / "state.db").write_bytes(b"this is not SQLite\n" * 500)
+    config = tmp_path / "nodes.yaml"
+    config.write_text("nodes: []\n")
+    env = {**os.environ, "NEBULA_HOME": str(home), "NEBULA_CONFIG": str(config),
+           "NEBULA_SOCKET": str(home / "nebula.sock")}
+    done = subprocess.run([sys.executable, "-m", "nebula_tui", "status"], env=env, capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert "did not start within" not in done.stderr, done.stderr
+    assert "cannot be read as a database" in done.stderr and "nebula backup --start-empty" in done.stderr
 
 
 def test_a_damaged_page_of_the_jobs_is_one_line_at_start(tmp_path):
@@ -215,6 +233,7 @@ def test_restore_refuses_while_the_head_runs(openssh_lab, tmp_path):
         for args in (("--restore", "latest"), ("--start-empty",)):
             done = head.run("backup", *args)
             assert done.returncode == 1 and "the head is running" in done.stderr, done.stderr
+            assert f"`kill {head.process.pid}`" in done.stderr and "systemctl stop nebula" in done.stderr, done.stderr
         assert head.call("status")
     finally:
         head.stop()
@@ -253,3 +272,92 @@ def test_an_empty_start_needs_the_heads_id(tmp_path):
     done = nebula_backup({**os.environ, "NEBULA_HOME": str(tmp_path)}, "--start-empty")
     assert done.returncode == 1 and "head-id is missing" in done.stderr, done.stderr
     assert not (tmp_path / "state.db").exists()
+
+
+def test_backups_made_or_restored_by_root_stay_the_service_accounts(tmp_path):
+    """Root runs `nebula backup` and `--restore` on the home of a head that runs as another
+    account (here nobody): every file it makes stays that account's, `--list` as that
+    account is a table, and a database left root's anyway is one line with the way out at
+    the head's start (an exit code the unit does not restart on), never a traceback (issue 41)."""
+    import pwd
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0:
+        import pytest
+
+        pytest.skip("needs root, as an admin's sudo")
+    nobody = pwd.getpwnam("nobody")
+    place = Path(tempfile.mkdtemp(prefix="nebula-owner-"))
+    place.chmod(0o755)
+    try:
+        home = place / "home"
+        home.mkdir(mode=0o700)
+        Store(home / "state.db").close()
+        for path in [home, *home.rglob("*")]:
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        config = place / "nodes.yaml"
+        config.write_text("nodes: []\n")
+        config.chmod(0o644)
+
+        def nebula(*args):  # as root, as an admin's sudo
+            return subprocess.run([sys.executable, "-m", "nebula_tui", *args, "--home", str(home)],
+                                  capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2],
+                                  env={**os.environ, "NEBULA_CONFIG": str(config)}, stdin=subprocess.DEVNULL)
+
+        made = nebula("backup")
+        assert made.returncode == 0, made.stderr
+        restored = nebula("backup", "--restore", "latest")
+        assert restored.returncode == 0, restored.stderr
+        theirs = [p for p in [home, *home.rglob("*")] if p.stat().st_uid != nobody.pw_uid]
+        assert not theirs, f"left root's: {theirs}"
+        code, out, err = as_account(nobody, ["backup", "--list", "--home", str(home)], place)
+        assert code == 0 and "Traceback" not in err, err
+        assert "damaged" not in out and out.count("state-") == 1, out
+        # A database left root's all the same (copied in by hand): one line, the way out.
+        os.chown(home / "state.db", 0, 0)
+        code, out, err = as_account(nobody, ["serve", "--home", str(home), "--config", str(config),
+                                             "--socket", str(place / "s.sock")], place)
+        assert code == 78, (code, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in err, err
+        assert "state.db is root's" in lines[0] and f"chown -R nobody {home}" in lines[0], lines[0]
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+
+
+def as_account(account, argv: list[str], place: Path) -> tuple[int, str, str]:
+    """``nebula ARGV`` in a child of this process that became ``account`` (the service
+    account), whose Python it could not reach under /root: the modules are loaded first.
+    Returns (exit code, stdout, stderr)."""
+    import nebula_tui.backups  # noqa: F401
+    import nebula_tui.cli.local  # noqa: F401
+    import nebula_tui.head.serve  # noqa: F401
+    from nebula_tui.cli.main import main
+
+    out, err = place / "out.txt", place / "err.txt"
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        code = 70
+        try:
+            with open(out, "w") as o, open(err, "w") as e:  # root's, opened before the switch
+                os.setgroups([])
+                os.setgid(account.pw_gid)
+                os.setuid(account.pw_uid)
+                os.dup2(o.fileno(), 1)
+                os.dup2(e.fileno(), 2)
+                sys.stdout, sys.stderr = os.fdopen(1, "w", closefd=False), os.fdopen(2, "w", closefd=False)
+                code = main(argv)
+                sys.stdout.flush()
+                sys.stderr.flush()
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else 1
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            sys.stderr.flush()
+            code = 71
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), out.read_text(), err.read_text()

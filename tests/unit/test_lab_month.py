@@ -21,9 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 LAB_LAYOUT = "core"  # the session's simulated lab (labfixtures)
 
 
-def nebula(*args: str, **kw) -> subprocess.CompletedProcess:
+def nebula(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "nebula_tui", *args], capture_output=True, text=True,
-                          timeout=300, cwd=REPO, **kw)
+                          timeout=timeout, cwd=REPO, **kw)
 
 
 # ------------------------------------------------------------------ workloads
@@ -97,6 +97,33 @@ def test_slurm_like_backfills_a_short_job_but_not_a_long_one():
     assert out[4].started_s == 110  # would delay job 2: waits
 
 
+def test_slurm_like_packs_a_one_card_job_onto_the_fullest_machine_best_fit():
+    """select/cons_tres packs: the 1-card job takes n2's only card, so n1 stays whole for
+    the 2-card job behind it (worst fit put it on n1 and made the pair wait)."""
+    jobs = [Request(1, 0, "alice", 1, None, 100, 100), Request(2, 1, "bob", 2, None, 10, 10)]
+    out = baselines.slurm_like(jobs, CARDS, 1000, half_life_s=None)
+    assert [p[0] for p in out[1].placements] == ["n2"]
+    assert out[2].started_s == 1
+
+
+def test_slurm_like_reserves_for_every_blocked_job_it_tests_not_only_the_first():
+    """sched/backfill reserves for up to bf_max_job_test jobs: job 4 (second blocked) holds
+    n1 from t=100, so job 5, which would run past that, is not backfilled onto n1's free
+    card; with one reservation (EASY, bf_max_job_test=1) it is, and job 4 waits for it."""
+    cards = [baselines.Card("n1", "g1", 24576), baselines.Card("n1", "g2", 24576),
+             baselines.Card("n2", "g3", 49152)]
+    jobs = [Request(1, 0, "x", 1, 40960, 200, 200),  # the big card, until 200
+            Request(2, 0, "y", 1, None, 100, 100),  # n1's first card, until 100
+            Request(3, 1, "c", 1, 40960, 50, 50),  # blocked: only n2's card holds it
+            Request(4, 1, "d", 2, None, 50, 50),  # blocked: needs n1 whole
+            Request(5, 2, "e", 1, None, 1000, 1000)]  # n1's free card, past t=100
+    out = baselines.slurm_like(jobs, cards, 5000, half_life_s=None)
+    assert (out[3].started_s, out[4].started_s) == (200, 100)
+    assert out[5].started_s == 150
+    easy = baselines.slurm_like(jobs, cards, 5000, half_life_s=None, bf_max_job_test=1)
+    assert easy[5].started_s == 2 and easy[4].started_s == 1002
+
+
 def test_utilisation_counts_the_memory_asked_not_the_card_held():
     jobs = [Request(1, 0, "alice", 1, 8192, 1000)]
     out = baselines.slurm_like(jobs, CARDS[:1], 1000, half_life_s=None)  # whole card
@@ -135,7 +162,7 @@ def test_a_job_refused_over_quota_counts_as_never_run():
     figures count it as runnable and never run (a job no card could ever hold is not)."""
     from nebula_tui.month import compare
     inv = inventory.layout("core")
-    cluster = setup.replay_config(inv, None, ["scheduler.quota_gpu_hours=1"])
+    cluster = setup.replay_config(inv, None, ["scheduler.quota_gpu_hours=1", "scheduler.quota_mode=refuse"])
     jobs = [Request(1, 0, "alice", 1, None, 7200), Request(2, 3 * 3600, "alice", 1, None, 600),
             Request(3, 0, "bob", 64, None, 10)]
 
@@ -145,6 +172,23 @@ def test_a_job_refused_over_quota_counts_as_never_run():
     result = compare.compare(jobs, inv, 86400, None, nebula)
     ours = result.figures[0]
     assert (ours.runnable, ours.never_run) == (2, 1)  # job 2 (over quota) counts; job 3 does not
+
+
+def test_the_replay_forecasts_each_start_at_submit_and_the_score_counts_it():
+    """One card; job 1 holds it for 3,000 s of its 7,200 s limit; job 2 (submitted at 60 s)
+    is forecast at 40% of job 1's limit, between a quarter of it and all of it."""
+    inv = {"node01": inventory.layout("core")["node01"][:1]}
+    cluster = setup.replay_config(inv, None, [])
+    jobs = [Request(1, 0, "alice", 1, None, 3000, 7200), Request(2, 60, "bob", 1, None, 600, 1800)]
+    out = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400, forecasts=True).run()
+    assert Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400).run()[2].forecast is None
+    at, early, late = out[2].forecast
+    assert (at, early, late) == pytest.approx((0.4 * 7200, 0.25 * 7200, 7200), abs=1)
+    assert out[2].started_s == pytest.approx(3000, abs=1)
+    score = metrics.forecast_score(jobs, out)
+    assert score.jobs == 1 and score.p50 == pytest.approx(abs(2880 - 3000) / 2940, abs=1e-3)
+    assert score.started == 2 and score.inside == 1.0
+    assert "of the wait" in score.text()
 
 
 def test_what_if_adds_and_removes_cards():
@@ -166,8 +210,49 @@ def test_nebula_simulate_prints_the_table_and_the_last_line(tmp_path):
     lines = done.stdout.splitlines()
     assert any(line.startswith("utilisation (work served)") for line in lines)
     assert any(line.startswith("lab month: wait p95 ") and "fairness" in line for line in lines)
+    assert any(line.startswith("start forecast at submit: error p50 ") for line in lines)
     bad = nebula("simulate", "--add", "many cards")
     assert bad.returncode == 2 and "COUNTxMODEL@NODE" in bad.stderr and "Traceback" not in bad.stderr
+
+
+HUGE_OR_BAD = [
+    ("t.csv", "submit_s,user,gpus,duration_s\n0,alice,1000000000000,3600\n", "t.csv:2: gpus is"),
+    ("t.csv", "submit_s,user,gpus,duration_s\n0,alice,5000,3600\n", "t.csv:2: gpus is 5000"),
+    ("t.csv", "submit_s,user,gpus,duration_s\n0,alice,1,nan\n", "t.csv:2: duration_s is 'nan'"),
+    ("h.json", '[{"id": 1, "submitted_at": NaN, "user": "a", "started_at": 0, "ended_at": 5}]',
+     "h.json: not JSON (NaN is not a number JSON allows)"),
+    ("h.json", '[{"id": 1, "submitted_at": -5, "user": "a", "started_at": 0, "ended_at": 5}]',
+     "h.json: job 1: submitted_at is -5"),
+    ("h.json", '[{"id": 1, "submitted_at": 0, "user": "a", "started_at": 9, "ended_at": 5}]',
+     "h.json: job 1: ended_at is before started_at"),
+    ("h.json", '[{"id": 1, "submitted_at": 0, "user": "a", "started_at": 0, "ended_at": 5, '
+               '"gpu_count": 1000000000000}]', "h.json: job 1: gpus is 1000000000000"),
+    ("h.json", "[" * 100_000, "h.json: not JSON nested as"),
+    ("h.json", '{"jobs": 7}', "h.json: no list of jobs"),
+    ("gpus.json", '[{"node": "n", "index": 1000000000000, "uuid": "u", "model": "m", "total_memory_mb": 1}]',
+     "gpus.json: a GPU row's index (1000000000000)"),
+]
+
+
+@pytest.mark.parametrize("name, text, says", HUGE_OR_BAD, ids=[h[2][:40] for h in HUGE_OR_BAD])
+def test_huge_or_bad_inputs_are_refused_in_one_line_not_taken(tmp_path, name, text, says):
+    """A workload or inventory asking for 10^12 cards, or with NaN, negative or broken
+    values, is refused at once in one line (exit 2); before, 10^12 cards grew the replay
+    by gigabytes and NaN or a bad history hung it or raised (issue 41)."""
+    path = tmp_path / name
+    path.write_text(text)
+    args = ("--gpus", str(path)) if name == "gpus.json" else (str(path),)
+    done = subprocess.run(["sh", "-c", 'ulimit -v 2000000; exec "$@"', "sh", sys.executable, "-m", "nebula_tui",
+                           "simulate", *args, "--days", "1"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 2, (done.returncode, done.stderr[-500:])
+    assert done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("flag, value", [("--days", "nan"), ("--days", "1e9"), ("--load", "-1"),
+                                         ("--load", "inf"), ("--users", "1000000000000")])
+def test_huge_or_nonsense_flags_are_refused_in_one_line(flag, value):
+    done = nebula("simulate", flag, value, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and flag in done.stderr, done.stderr
 
 
 # ------------------------------------------------------------------ against the live head
@@ -224,3 +309,41 @@ def test_a_requeued_jobs_live_attempt_ends_though_its_first_attempts_exit_comes_
     assert out[2].started_s == pytest.approx(10, abs=1)  # alice's scavenger work yielded
     assert out[1].runs == 2 and out[1].started_s >= 110  # requeued, started again after bob
     assert out[1].state == "succeeded" and out[1].ended_s == pytest.approx(out[1].started_s + 1000, abs=1)
+
+
+def test_a_four_card_job_behind_a_service_and_a_stream_of_slices_starts_within_hours():
+    """node02 is the core lab's only 4-card machine. A stream of slices (with --time) and
+    of 1-card jobs without --time from five users keeps its cards busy; the 4-card job
+    used to get no reservation (a job without --time "never ends") and never started in
+    four days. With each running job's end estimated, its reservation drains node02."""
+    inv = inventory.layout("core")
+    cluster = setup.replay_config(inv, None, [])
+    jobs, key = [Request(1, 0, "svc", 1, 16384, 30 * 86400, service=True)], 2
+    for t in range(0, 3 * 86400, 240):
+        jobs.append(Request(key, t + 1, f"u{key % 5}", 1, 8192, 7200, 3 * 3600))
+        key += 1
+        if t % 480 == 0:
+            jobs.append(Request(key, t + 2, f"u{key % 5}", 1, None, 3 * 3600))
+            key += 1
+    gang = Request(key, 3600, "gang", 4, None, 3600, 7200)
+    out = Replay(cluster, inv, jobs + [gang], setup.REPLAY_EPOCH, 4 * 86400, forecasts=False).run()
+    assert out[gang.key].started_s is not None, "the 4-card job never started"
+    assert out[gang.key].started_s - gang.submit_s <= 6 * 3600
+
+
+def test_an_over_quota_job_runs_on_the_idle_card_and_is_preempted_for_in_quota_work():
+    """quota_mode scavenge (the default): alice, past a 1 GPU-hour quota, still runs on
+    the idle card, as preemptible work; bob's in-quota job preempts her, and hers runs
+    again after. With quota_mode refuse her job is refused and the card sits idle."""
+    one = inventory.layout("core")
+    inv = {"n1": next(iter(one.values()))[:1]}  # one card
+    jobs = [Request(1, 0, "alice", 1, None, 2 * 3600), Request(2, 3 * 3600, "alice", 1, None, 2 * 3600),
+            Request(3, 4 * 3600, "bob", 1, None, 3600)]
+    cluster = setup.replay_config(inv, None, ["scheduler.quota_gpu_hours=1"])
+    out = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400).run()
+    assert out[2].refused is None and out[2].runs == 2  # ran at once, preempted, ran again
+    assert out[3].started_s == pytest.approx(4 * 3600, abs=60)  # bob did not wait for her
+    assert out[2].started_s >= out[3].ended_s and out[2].state == "succeeded"
+    strict = setup.replay_config(inv, None, ["scheduler.quota_gpu_hours=1", "scheduler.quota_mode=refuse"])
+    out = Replay(strict, inv, jobs, setup.REPLAY_EPOCH, 86400).run()
+    assert out[2].refused and out[2].started_s is None

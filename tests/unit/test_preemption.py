@@ -77,10 +77,25 @@ def test_a_preemptible_job_does_not_take_cards_a_normal_job_claimed_in_the_same_
 def test_the_quota_holds_preemptible_jobs_back_only_when_they_count_against_it():
     users = {"u": UserShare("u", refusal="over quota")}
     for in_quota, starts in ((True, False), (False, True)):
-        config = SchedulerConfig(preemptible_in_quota=in_quota)
+        config = SchedulerConfig(preemptible_in_quota=in_quota, quota_mode="refuse")
         got = run([card("n", 0)], [job(1, preemptible=True), job(2)], users=users, config=config)
         assert isinstance(got[1], Start) is starts
         assert got[2].reason == "over quota"
+
+
+def test_past_the_quota_a_job_runs_on_an_idle_card_as_a_scavenger_and_yields_to_in_quota_work():
+    """quota_mode scavenge (the default): no card stays idle for a quota. The over-quota
+    user's job starts on the idle card as preemptible work; an in-quota job that needs
+    that card preempts it; while it waits, it says why."""
+    users = {"u": UserShare("u", refusal="u is past the quota")}
+    got = run([card("n", 0)], [job(1)], users=users)
+    assert got[1] == Start(1, got[1].placements, scavenger=True)
+    gpus = [card("n", 0, placements=[holding(1, "n", 0)])]
+    running = (RunningJob(1, "u", (holding(1, "n", 0)[1],), 0.0, preemptible=True),)
+    got = run(gpus, [job(2, user="v"), job(3)], users=users, running=running)
+    assert got[2].reason == "would preempt job 1 (preemptible) — starting now"
+    assert isinstance(got[1], Preempt) and got[1].reason == "preempted for job 2 of v"
+    assert got[3].reason.startswith("over quota: runs only on idle cards; ")
 
 
 def test_an_after_across_the_two_kinds_waits_instead_of_failing():

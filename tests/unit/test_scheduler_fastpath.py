@@ -28,8 +28,8 @@ from nebula_tui.scheduler import (PendingJob, RunningJob, SchedulerConfig, Snaps
 from nebula_tui.scheduler.fairshare import order_key
 from nebula_tui.scheduler.filters import sm_name, version_text
 from nebula_tui.scheduler.placement import Card, Eligibility, Found, Missed, World
-from nebula_tui.scheduler.queue import Reservation, _Pass, order
-from nebula_tui.scheduler.reasons import blocked_text, cards_text, needs
+from nebula_tui.scheduler.queue import _Pass, order
+from nebula_tui.scheduler.reasons import blocked_text, needs
 from nebula_tui.scheduler.slices import fit
 from nebula_tui.scheduler.topology import best_subset, gpu_number, link_rank
 
@@ -195,9 +195,13 @@ class PlainPass(_Pass):
         if not ends:
             return None
 
+        taken = self.reserved
+
         def attempt(t):
             ended = {j for j in holders if (e := self.ends.get(j)) is not None and e <= t}
-            return self.world.future(ended).search(shape)
+            future = self.world.future(ended)
+            return future.search(shape, taken, ("reserved", len(self.reservations))) if taken \
+                else future.search(shape)
 
         if not isinstance(attempt(ends[-1]), Found):
             return None
@@ -208,9 +212,7 @@ class PlainPass(_Pass):
                 hi = mid
             else:
                 lo = mid + 1
-        found = attempt(ends[lo])
-        return Reservation(job.id, max(self.now, ends[lo]), frozenset(c.uuid for c in found.cards),
-                           cards_text(found.cards))
+        return self.reservation(job, ends[lo], attempt(ends[lo]))
 
 
 def reference_schedule(snapshot: Snapshot):

@@ -123,7 +123,9 @@ def test_reasons_name_a_service_spare():
     running = (RunningJob(7, "svc", (service[1],), NOW - 60, service=True),)
     got = run(gpus, [job(1, mem=4 * GB)], running=running)
     assert got[1] == Wait(1, "needs a GPU with ≥4 GB free; none is free now: n:0 with 6.0 GB free, "
-                             "2 GB of it kept spare beside the service of job 7")
+                             "2 GB of it kept spare beside the service of job 7; n:0 reserved for "
+                             "it, estimated start in ~24 h (job 7 has no --time: end estimated from "
+                             "the default)")
 
 
 @settings(max_examples=150, deadline=None)
@@ -275,7 +277,8 @@ def test_power_budget_caps_a_node_and_headroom_is_preferred():
     assert [isinstance(got[i], Start) for i in (1, 2, 3)] == [True, True, False]
     assert got[3] == Wait(3, "needs a whole GPU; none is free now: behind jobs 1, 2 in fair-share "
                              "order, which took a:0-1; a:2 needing 450 W with 80 W of a's 1000 W "
-                             "power budget left")
+                             "power budget left; a:0 reserved for it, estimated start in ~24 h "
+                             "(job 1 has no --time: end estimated from the default)")
     # With a second node of the same cards, the start goes where it leaves more headroom.
     b = [card("b", i, limit=450.0, draw=20.0) for i in range(3)]
     got = run(a + b, [job(1), job(2)], power_budgets={"a": 1000.0, "b": 2000.0})

@@ -11,6 +11,7 @@ import pytest
 from nebula_tui.model import MIN_SLICE_MB, GpuReading, GpuView, Placement
 from nebula_tui.scheduler import (Fail, PendingJob, RunningJob, SchedulerConfig, Snapshot, Start,
                                   UserShare, Wait, fairshare, schedule)
+from nebula_tui.scheduler import estimates
 from nebula_tui.scheduler.reasons import in_time
 from nebula_tui.scheduler.topology import link_rank, topology_penalty
 
@@ -61,7 +62,8 @@ def test_three_8g_slices_do_not_fit_a_4090_but_fit_a_3090():
     got = run([card("n1", 0)], queue)
     assert on(got[1]) == on(got[2]) == [("n1", 0)]
     assert got[3] == Wait(3, "needs a GPU with ≥8 GB free; none is free now: behind jobs 1, 2 in "
-                             "fair-share order, which took n1:0")
+                             "fair-share order, which took n1:0; n1:0 reserved for it, estimated "
+                             "start in ~24 h (jobs 1, 2 have no --time: end estimated from the default)")
     got = run([card("n1", 0, RTX3090_MB, name="RTX 3090")], queue)
     assert all(on(got[i]) == [("n1", 0)] for i in (1, 2, 3))
 
@@ -129,7 +131,8 @@ def test_running_service_protects_its_card():
     assert on(got[1]) == [("n1", 0)]
     # 24564 - 8192 - 11264 = 5108 MiB free would hold 4 GB, but 2048 of it is the spare.
     assert got[2] == Wait(2, "needs a GPU with ≥4 GB free; none is free now: behind job 1 in "
-                             "fair-share order, which took n1:0")
+                             "fair-share order, which took n1:0; n1:0 reserved for it, estimated "
+                             "start in ~24 h (jobs 1, 7 have no --time: end estimated from the default)")
     assert got[3] == Wait(3, "needs a whole GPU; none is free now: n1:0 held by jobs 1, 7")  # never whole
     got = run(gpus, [job(1, mem=11 * GB), job(2, mem=4 * GB)])  # the same card, no service
     assert on(got[2]) == [("n1", 0)]
@@ -215,7 +218,8 @@ def test_blocked_and_unhealthy_cards_are_never_used():
     got = run(gpus + [card("node06", 0)], [job(1), job(2)])
     assert on(got[1]) == [("node06", 0)]
     assert got[2] == Wait(2, "needs a whole GPU; none is free now: behind job 1 in fair-share "
-                             "order, which took node06:0")
+                             "order, which took node06:0; node06:0 reserved for it, estimated start "
+                             "in ~24 h (job 1 has no --time: end estimated from the default)")
 
 
 # ------------------------------------------------------------------ R10 scoring
@@ -356,13 +360,25 @@ def test_reservation_keeps_a_free_card_from_a_longer_job():
     assert got[3] == Wait(3, "held for job 1 (n1:0-3 reserved for it; estimated start in ~60 min)")
 
 
-def test_no_reservation_when_running_jobs_have_no_time_limit():
+def test_a_running_job_without_time_limit_still_gives_a_reservation_by_its_estimate():
+    """No --time no longer means no reservation (a gang behind a service starved): the
+    running job's end is estimated (estimates.py) and the reason says from what; a short
+    job may still use the held card, one without --time may not."""
     blocker = [held(50, "n1", i, RTX4090_MB, True) for i in range(3)]
     gpus = [card("n1", i, placements=[blocker[i]]) for i in range(3)] + [card("n1", 3)]
     running = (RunningJob(50, "x", tuple(p for _, p in blocker), NOW - 3600),)
-    got = run(gpus, [job(1, 4), job(2)], running=running)
-    assert got[1] == Wait(1, "needs 4 whole GPUs on one node; best now: n1 has 1; n1:0-2 held by job 50")
-    assert on(got[2]) == [("n1", 3)]
+    got = run(gpus, [job(1, 4), job(2), job(3, time_limit_s=3600)], running=running)
+    assert got[1] == Wait(1, "needs 4 whole GPUs on one node; best now: n1 has 1; n1:0-2 held by job 50; "
+                             "n1:0-3 reserved for it, estimated start in ~23 h (job 50 has no --time: "
+                             "end estimated from the default)")
+    assert got[2].reason.startswith("held for job 1 (n1:0-3 reserved for it")
+    assert on(got[3]) == [("n1", 3)]
+    # The lab's max_time, where it has one, is the estimate, and the reason says so.
+    estimate = estimates.run_estimate(None, max_time_s=2 * 3600)
+    running = (RunningJob(50, "x", tuple(p for _, p in blocker), NOW - 3600, estimate=estimate),)
+    got = run(gpus, [job(1, 4)], running=running)
+    assert got[1].reason.endswith("estimated start in ~60 min (job 50 has no --time: end estimated "
+                                  "from limits.max_time)")
 
 
 def test_reservation_goes_to_the_cards_that_free_up_first():

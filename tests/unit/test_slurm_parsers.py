@@ -94,3 +94,18 @@ def test_sbatch_answer_and_gres():
         parse.parse_sbatch("sbatch: error: Batch job submission failed\n")
     assert parse.gres_gpus("gpu:a100:2(S:0-1),shard:8") == 2
     assert parse.gres_gpus("gres:gpu:4") == 4 and parse.gres_gpus("(null)") == 0
+
+
+def test_each_job_carries_the_user_slurm_lists_it_under():
+    """A pool believes a line only under its owner's name (22.05's --json ignores -u)."""
+    jobs = by_comment(parse.parse_squeue_json(read("core-squeue-all.json")))
+    assert jobs["tok123"].user == "root"
+    line = "7|COMPLETED|0:0|00:01:40|billing=1,cpu=1,gres/gpu=4,node=1|||alice|scavenger|gpu\n"
+    found = parse.parse_sacct(line)["7"]
+    assert (found.user, found.gpus, found.qos, found.elapsed_s) == ("alice", 4, "scavenger", 100.0)
+    assert parse.tres_gpus("billing=1,cpu=1,node=1") is None
+
+
+def test_a_deep_json_answer_is_a_value_error_not_a_recursion_error():
+    with pytest.raises(ValueError, match="nests deeper"):
+        parse.parse_squeue_json('{"jobs":' + "[" * 200_000)

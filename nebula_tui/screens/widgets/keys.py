@@ -98,6 +98,7 @@ QUEUE_KEYS: tuple[Key, ...] = (
     Key("c", "cancel_job", "Cancel job", True, short="Cancel"),
     Key("h", "hold_job", "Hold job", False),
     Key("u", "release_job", "Release job", False),
+    Key("w", "why_job", "Why it waits, and what would start it sooner", True, short="Why"),
     Key("m", "toggle_mine", "Only my jobs", True, short="Mine"),
     Key("a", "toggle_all", "Active / all jobs (history)", True, short="All"),
 )
@@ -110,6 +111,7 @@ JOB_KEYS: tuple[Key, ...] = (
     Key("c", "cancel_job", "Cancel job", True, short="Cancel"),
     Key("h", "hold_job", "Hold job", False),
     Key("u", "release_job", "Release job", False),
+    Key("w", "why_job", "Why it waits, and what would start it sooner", True, short="Why"),
 )
 
 #: Every form with several fields. Tab is a priority key: the focus moves as it arrives,

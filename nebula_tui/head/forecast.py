@@ -1,0 +1,245 @@
+"""When each waiting job will start: the head's own scheduler run forward in virtual time
+from a frozen snapshot of now.
+
+Pure: ``forecast(snapshot, …)`` reads only the :class:`scheduler.Snapshot` a pass would
+see (nodes as they are, running jobs, the waiting queue, bookings, preemptible work,
+fair-share weights) and returns a :class:`Start` per waiting job. It is run three times
+over: once with every job ending when it is *expected* to (the point), once with each
+ending early (the interval's early end) and once with each running to its time limit (the
+late end). Each run is a loop of passes of the real ``scheduler.schedule``: the decisions
+of one pass are applied (a start takes its cards until its end, a preemption frees the
+victim's cards and requeues it), then the clock jumps to the next end or booking edge.
+
+What is frozen, and why a forecast moves: fair-share weights stay as they are now (a
+user's usage grows as their jobs run, so their later jobs move back), nobody new submits
+(a job submitted later with a better standing goes ahead), and jobs end at estimates.
+
+How long a job runs is :func:`run_length`'s one answer, so the estimate can be changed in
+one place.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from .. import scheduler
+
+#: a forecast looks this far ahead; a job not started by then is "not within 7 days"
+HORIZON_S = 7 * 86400.0
+#: the most passes one run of the forecast makes (bounds its CPU on a pathological queue)
+MAX_PASSES = 4000
+#: a job without --time and without the cluster's max_time: what "late" assumes it runs
+UNBOUNDED_LATE_S = HORIZON_S
+#: a job without --time, max_time or history: what the expected run assumes (the median
+#: GPU job of the public traces runs ~20 min, Philly's mean ~1.7 h); the scheduler's own
+#: default (a day) is a bound for its reservations, not an expectation
+UNTIMED_POINT_S = 3600.0
+#: the share of its --time a job is expected to use (point) and uses at the least (early):
+#: users ask for 1.5 to 4 times what their jobs run
+POINT_SHARE = 0.4
+EARLY_SHARE = 0.25
+#: ends within this share of the wait so far (at least MIN_STEP_S) share one pass; the
+#: interval's runs, whose ends are bounds, step coarser
+STEP_SHARE = 0.05
+BOUND_STEP_SHARE = 0.2
+MIN_STEP_S = 60.0
+#: a preempted job yields its cards after its grace; the forecast waits this long for it
+PREEMPT_GRACE_S = 60.0
+
+KINDS = ("early", "point", "late")
+
+
+def run_length(time_limit_s: float | None, runs: Sequence[float], max_time_s: float | None,
+               kind: str, service: bool = False) -> float:
+    """How long a job runs in the forecast's ``kind`` of run, from its start: the one
+    place a job's run in the forecast is decided.
+
+    With a --time: "late" is the limit, "point" and "early" a share of it. Without one:
+    "point" is the median of ``runs`` (how long its user's recent like jobs without --time
+    ran: the history ``scheduler.estimates`` reads, whose estimate — the longest of them,
+    else max_time, else a day — bounds the scheduler's reservations, not an expectation),
+    else ``UNTIMED_POINT_S``; "late" the cluster's max_time (else the horizon); "early"
+    none. A service without --time or history runs until it is stopped: past the horizon."""
+    if time_limit_s is not None:
+        share = {"early": EARLY_SHARE, "point": POINT_SHARE, "late": 1.0}[kind]
+        return time_limit_s * share
+    if kind == "late" or (service and not runs):
+        return max_time_s or UNBOUNDED_LATE_S
+    if kind == "early":
+        return 0.0
+    return statistics.median(runs) if runs else UNTIMED_POINT_S
+
+
+def end_of(job: scheduler.RunningJob, now: float, max_time_s: float | None, kind: str,
+           runs: Sequence[float] = ()) -> float:
+    """When a running job ends in a run of ``kind``: its start + ``run_length``; past that
+    already, a job with --time half-way from now to its limit (point; early: now), one
+    without as ``estimates.expected_end`` has it (as long again as it ran; early: now)."""
+    late = job.started_at + run_length(job.time_limit_s, runs, max_time_s, "late", job.service)
+    end = job.started_at + run_length(job.time_limit_s, runs, max_time_s, kind, job.service)
+    if kind == "late" or end > now:
+        return max(end, now)
+    if kind == "early":
+        return now
+    if job.time_limit_s is None:
+        expected = scheduler.Estimate(end - job.started_at, "its user's history")
+        return min(late, scheduler.estimates.expected_end(job.started_at, now, expected))
+    return now + (max(late, now) - now) * 0.5
+
+
+def _key(job: scheduler.RunningJob) -> tuple:
+    """A running job's (user, GPUs, memory asked): the key of its user's history."""
+    first = job.placements[0] if job.placements else None
+    mem = None if first is None or first.exclusive else first.memory_mb
+    return (job.user, len(job.placements), mem)
+
+
+@dataclass(frozen=True)
+class Start:
+    """A waiting job's forecast: ``at`` the expected start, ``early``…``late`` its interval
+    (None: not within the horizon); ``after`` the job whose (estimated) end it waits for,
+    when that job has no --time; ``node`` where it starts in the expected run."""
+
+    at: float | None
+    early: float | None
+    late: float | None
+    after: int | None = None
+    node: str | None = None
+
+    def json(self, now: float) -> dict:
+        return {"start_at": self.at, "early": self.early, "late": self.late,
+                "after_job": self.after, "node": self.node, "made_at": now,
+                "within_s": HORIZON_S}
+
+
+@dataclass
+class _Run:
+    """One run's result: each job's start time, the untimed job it waited for, its node."""
+
+    starts: dict[int, float]
+    after: dict[int, int]
+    node: dict[int, str]
+
+
+def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], float],
+             end: Callable[[scheduler.RunningJob], float], horizon_s: float = HORIZON_S,
+             stop_after: int | None = None, schedule=scheduler.schedule,
+             step_share: float = STEP_SHARE,
+             estimate: Callable[[scheduler.PendingJob], scheduler.Estimate] | None = None) -> _Run:
+    """Run the scheduler forward from ``snap``: ``end`` gives each running job's end,
+    ``length`` each waiting job's run once started (``estimate``: the scheduler's estimate
+    of one without --time, which its reservations read once it runs). Stops when the queue is empty, at the
+    horizon, or once job ``stop_after`` started."""
+    now, stop = snap.now, snap.now + horizon_s
+    running = {r.id: r for r in snap.running}
+    ends = {r.id: end(r) for r in running.values()}
+    untimed = {r.id for r in running.values() if r.time_limit_s is None}
+    gpus = {g.uuid: g for g in snap.gpus}
+    queue = {j.id: j for j in snap.queue}
+    finished = dict(snap.finished)
+    run = _Run({}, {}, {})
+    edges = sorted({t for b in snap.bookings for t in (b.start, b.end) if t > now})
+    freed_by: int | None = None
+    for _ in range(MAX_PASSES):
+        if not queue or now > stop:
+            break
+        view = replace(snap, now=now, gpus=tuple(gpus.values()), queue=tuple(queue.values()),
+                       running=tuple(running.values()), finished=finished,
+                       bookings=tuple(b for b in snap.bookings if b.end > now))
+        preempted = False
+        for decision in schedule(view):
+            if isinstance(decision, scheduler.Start):
+                job = queue.pop(decision.job_id)
+                run.starts[job.id] = now
+                run.node[job.id] = decision.placements[0].node if decision.placements else ""
+                if freed_by is not None:
+                    run.after[job.id] = freed_by
+                running[job.id] = scheduler.RunningJob(
+                    job.id, job.user, decision.placements, now, job.time_limit_s, job.service,
+                    job.array_id, job.preemptible,
+                    estimate(job) if estimate and job.time_limit_s is None else None)
+                ends[job.id] = now + length(job)
+                if job.time_limit_s is None:
+                    untimed.add(job.id)
+                for p in decision.placements:
+                    g = gpus[p.gpu_uuid]
+                    gpus[p.gpu_uuid] = replace(g, placements=g.placements + ((job.id, p),))
+            elif isinstance(decision, scheduler.Fail):
+                queue.pop(decision.job_id, None)
+            elif isinstance(decision, scheduler.Preempt):
+                victim = running.get(decision.job_id)
+                if victim is not None:  # it yields after its grace and waits again
+                    ends[victim.id] = min(ends[victim.id], now + PREEMPT_GRACE_S)
+                    preempted = True
+        if stop_after is not None and stop_after in run.starts:
+            break
+        upcoming = [t for t in ends.values() if t > now] + [t for t in edges if t > now]
+        if not upcoming:
+            break
+        # Ends close together share one pass: the further out, the coarser (a start hours
+        # away is forecast to within STEP_SHARE of its wait, and a pass costs ~10 ms).
+        first = min(upcoming)
+        step = max(MIN_STEP_S, step_share * (first - snap.now))
+        now = max(t for t in upcoming if t <= first + step)
+        done = [job for job, t in ends.items() if t <= now]
+        freed_by = next((job for job in done if job in untimed), None)
+        for job_id in done:
+            job = running.pop(job_id)
+            del ends[job_id]
+            finished[job_id] = "succeeded"
+            for p in job.placements:
+                g = gpus[p.gpu_uuid]
+                gpus[p.gpu_uuid] = replace(g, placements=tuple(x for x in g.placements if x[0] != job_id),
+                                           overuse=tuple(x for x in g.overuse if x[0] != job_id))
+            if preempted and job.preemptible:
+                pending = scheduler.PendingJob(job.id, job.user, len(job.placements),
+                                               _slice_mb(job), snap.now, max_nodes=len({p.node for p in job.placements}),
+                                               time_limit_s=job.time_limit_s, preemptible=True)
+                queue[job.id] = pending
+    return run
+
+
+def _slice_mb(job: scheduler.RunningJob) -> int | None:
+    first = job.placements[0] if job.placements else None
+    return None if first is None or first.exclusive else first.memory_mb
+
+
+def forecast(snap: scheduler.Snapshot, max_time_s: float | None = None,
+             horizon_s: float = HORIZON_S, only: int | None = None,
+             schedule=scheduler.schedule,
+             history: Mapping[tuple, Sequence[float]] | None = None) -> dict[int, Start]:
+    """Each waiting job's :class:`Start` (or only job ``only``'s: each run stops once it
+    started). The expected run decides ``at``; the early and late runs the interval, which
+    always holds ``at``. ``history``: (user, GPUs, memory asked) -> how long their recent
+    jobs without --time ran (``Scheduling.history``), for the estimate of such a job."""
+    history = history or {}
+
+    def past(job: scheduler.PendingJob) -> tuple[float, ...]:
+        return tuple(history.get((job.user, job.gpu_count, job.gpu_mem_mb), ()))
+
+    def estimate(job: scheduler.PendingJob) -> scheduler.Estimate:
+        return scheduler.run_estimate(job.time_limit_s, max_time_s, past(job))
+    runs = {}
+    for kind in KINDS:
+        runs[kind] = simulate(
+            snap, lambda job, k=kind: run_length(job.time_limit_s, past(job), max_time_s, k, job.service),
+            lambda job, k=kind: end_of(job, snap.now, max_time_s, k, history.get(_key(job), ())),
+            horizon_s, only, schedule, STEP_SHARE if kind == "point" else BOUND_STEP_SHARE, estimate)
+    point, early, late = runs["point"], runs["early"], runs["late"]
+    result = {}
+    for job in snap.queue:
+        if only is not None and job.id != only:
+            continue
+        at = point.starts.get(job.id)
+        lo = _least(early.starts.get(job.id), at)
+        hi = late.starts.get(job.id)
+        hi = None if hi is None else (hi if at is None else max(hi, at))
+        result[job.id] = Start(at, lo, hi, point.after.get(job.id), point.node.get(job.id))
+    return result
+
+
+def _least(*times: float | None) -> float | None:
+    known = [t for t in times if t is not None]
+    return min(known) if known else None

@@ -1,0 +1,227 @@
+"""The head's books on its pools: what it knows of each between polls (``PoolView``), the
+pool jobs' rows, and what users ask of a pool job (cancel, hold, requeue, its log) and of a
+pool (its status line). ``head/pools.py`` builds on it: which job goes where, the polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..model import (Cancelling, Job, JobState, Pending, RequestError, Running,
+                     holding)
+from ..pools.base import (Capacity, PoolNotAuthorised, PoolRefusal,
+                          PoolUnavailable, RemoteJob)
+from ..pools.keys import head_pool_key
+from ..pools.slurm import SlurmPool
+from ..pools.status import pool_view
+from ..printable import printable
+from .access import Access
+from .jobs import JobTransitions
+from .shares import Shares
+from .state import HeadState
+from .stream import Stream
+
+log = logging.getLogger(__name__)
+
+#: polls a job the pool no longer lists (and its accounting does not know) may miss
+#: before it is taken as ended without a word
+MISSED_POLLS = 3
+#: how long a user's refused login is believed before it is tried again: doubled at each
+#: refusal in a row, up to REFUSAL_MAX_S (a login node's fail2ban counts failed logins)
+REFUSAL_TTL_S = 60.0
+REFUSAL_MAX_S = 3600.0
+
+
+@dataclass
+class PoolView:
+    """What the head knows of one pool between polls."""
+
+    capacity: Capacity | None = None
+    unreachable_since: float | None = None
+    reason: str = ""
+    polled_at: float | None = None
+    missed: dict[int, int] = field(default_factory=dict)  # job id -> polls it was not listed
+    #: account -> when its login may be tried again, and its refusals in a row
+    refused: dict[str, tuple[float, int]] = field(default_factory=dict)
+    degraded_since: float | None = None  # its last answer was not a Slurm answer
+    #: this head's jobs there were asked for since it started (none sent before that)
+    reconciled: bool = False
+    warned: set[int] = field(default_factory=set)  # jobs whose odd report was said once
+
+    def refusing(self, account: str, now: float) -> bool:
+        return self.refused.get(account, (-1e18, 0))[0] > now
+
+    def refuse(self, account: str, now: float) -> None:
+        times = self.refused.get(account, (0.0, 0))[1] + 1
+        self.refused[account] = (now + min(REFUSAL_MAX_S, REFUSAL_TTL_S * 2 ** (times - 1)), times)
+
+
+
+class PoolBooks:
+    def __init__(self, state: HeadState, stream: Stream, shares: Shares,
+                 transitions: JobTransitions, access: Access, home: Path | None = None):
+        self.state = state
+        self.stream = stream
+        self.shares = shares
+        self.transitions = transitions
+        self.access = access
+        key = None
+        if home is not None and any(p.per_submitter and not p.identity for p in state.config.pools):
+            key = head_pool_key(home)
+        self.pools = {p.name: SlurmPool(p, state.config, key) for p in state.config.pools}
+        self.views = {name: PoolView() for name in self.pools}
+        self.rows: dict[int, dict] = {}  # job id -> its pool row (store.pool_jobs)
+        self._submitting: set[int] = set()
+        #: intents this head has asked its pool for already: a retry (or an intent found at
+        #: start, written by a head before) looks for the job there first
+        self._asked: set[int] = set()
+
+
+    def _fail(self, job_id: int, reason: str) -> None:
+        job = self.state.jobs.get(job_id)
+        self.rows.pop(job_id, None)
+        if job is not None and not job.state.finished:
+            self.transitions.finish(job, JobState.FAILED, None, printable(reason)[:500])
+
+    def _set_reason(self, job: Job, reason: str) -> None:
+        if job.reason == reason or not isinstance(job.status, Pending):
+            return
+        self.state.store.set_reasons({job.id: reason})
+        job = replace(job, status=replace(job.status, reason=reason))
+        self._put(job)
+
+    def _put(self, job: Job) -> Job:
+        """The job's new status in the live table, and out to subscribers."""
+        self.state.jobs[job.id] = job
+        self.stream.publish_job(job)
+        return job
+
+    def _degraded(self, name: str, why: str) -> None:
+        """The pool answered, but not as Slurm answers: its jobs stay as they are."""
+        self._trouble(name, "degraded_since", "degraded", why)
+
+    def _unreachable(self, name: str, why: str) -> None:
+        self._trouble(name, "unreachable_since", "unreachable", why)
+
+    def _trouble(self, name: str, since: str, word: str, why: str) -> None:
+        """The pool is ``word`` (said once, when it begins), for ``why``."""
+        view = self.views[name]
+        why = printable(why)[:300]
+        if getattr(view, since) is None:
+            setattr(view, since, self.state.clock())
+            self.state.record("pool", f"pool {name} {word}: {why}; its jobs are left as they are")
+        view.reason = why
+
+    # ---------------------------------------------------------------- users' requests
+    def _row(self, job: Job) -> dict:
+        row = self.rows.get(job.id) or self.state.store.pool_job(job.id)
+        if row is None:
+            raise RequestError(f"job {job.id} was never sent to a pool")
+        return row
+
+    async def cancel(self, user: str, job: Job) -> None:
+        """scancel, then the job ends cancelled (a job not sent yet ends at once)."""
+        self.access.check_may_manage(user, job, "cancel")
+        if job.state.finished:
+            raise RequestError(f"job {job.id} has already ended: it {job.state.phrase}")
+        row = self.rows.get(job.id)
+        if row is not None:
+            pool = self.pools[row["pool"]]
+            while job.id in self._submitting:  # its sbatch under way (bounded by its timeouts)
+                await asyncio.sleep(0.1)
+            remote = row["remote_id"] or (found.remote_id if (found := await self._find(pool, row)) else None)
+            if remote:
+                try:
+                    await pool.cancel(row["account"], remote)
+                except PoolUnavailable as err:
+                    held = holding(job.status)
+                    if not isinstance(held, Running):
+                        raise RequestError(f"{err}; cancel it again once it answers") from None
+                    # Kept, like a lab job's cancel on a node away: scancel once it answers.
+                    self.state.store.request_cancel(job.id, user, self.state.clock(), audit=user != job.user)
+                    self._put(replace(job, status=Cancelling(held, user, self.state.clock())))
+                    return
+                except PoolRefusal as err:
+                    raise RequestError(str(err)) from None
+        current = self.state.jobs.get(job.id)
+        if current is None or current.state.finished:
+            return
+        if user != job.user:
+            self.state.record("admin", f"{user} cancelled job {job.id} of {job.user}",
+                              job_id=job.id, user=user)
+        self.rows.pop(job.id, None)
+        self.transitions.finish(current, JobState.CANCELLED, None, f"cancelled by {user}")
+
+    async def _find(self, pool: SlurmPool, row: dict) -> RemoteJob | None:
+        try:
+            return await pool.find(row["account"], row["token"])
+        except PoolUnavailable as err:
+            raise RequestError(f"{err}; try again when it answers") from None
+
+    async def hold(self, user: str, job: Job, hold: bool) -> Job:
+        what = "hold" if hold else "release"
+        self.access.check_may_manage(user, job, what)
+        if job.state != JobState.PENDING:
+            raise RequestError(f"job {job.id} {job.state.phrase}; only waiting jobs can be "
+                               f"{'held' if hold else 'released'}")
+        row = self.rows.get(job.id)
+        if row is not None and row["remote_id"]:
+            try:
+                await self.pools[row["pool"]].hold(row["account"], row["remote_id"], hold)
+            except (PoolUnavailable, PoolRefusal) as err:
+                raise RequestError(str(err)) from None
+        self.state.store.set_held(job.id, user if hold else None, user, self.state.clock())
+        reason = (f"held by {user}; `nebula release {job.id}` lets it run" if hold
+                  else f"released by {user}" if row else "waiting for the scheduler")
+        job = replace(job, status=Pending(reason, held_by=user if hold else None))
+        self._put(job)
+        return job
+
+    async def requeue(self, user: str, job: Job) -> Job:
+        self.access.check_may_manage(user, job, "requeue")
+        row = self._row(job)
+        if not job.state.holds_gpus or not row.get("remote_id"):
+            raise RequestError(f"job {job.id} {job.state.phrase}; only a running job can be requeued")
+        try:
+            await self.pools[row["pool"]].requeue(row["account"], row["remote_id"])
+        except (PoolUnavailable, PoolRefusal) as err:
+            raise RequestError(str(err)) from None
+        self.state.record("requeue", f"job {job.id} is requeued in pool {row['pool']} by {user}",
+                          job_id=job.id)
+        self.transitions.requeue(job, f"requeued in pool {row['pool']} by {user}")
+        return self.state.jobs.get(job.id, job)
+
+    async def read_log(self, user: str, job: Job, offset: int) -> dict:
+        """The job's output file there, read over SSH from byte ``offset``."""
+        self.access.check_may_manage(user, job, "read the log of")
+        row = self._row(job)
+        if not row.get("log_path"):
+            return {"data": "", "offset": offset, "parts": [], "state": job.state.value,
+                    "ended": job.state.finished}
+        try:
+            data, end, size = await self.pools[row["pool"]].logs(row["account"], row["log_path"],
+                                                                 offset)
+        except (PoolUnavailable, PoolNotAuthorised) as err:
+            raise RequestError(f"cannot read the log of job {job.id}: {err}") from None
+        node = job.node or row["pool"]
+        now = self.state.jobs.get(job.id) or self.state.store.job(job.id) or job
+        return {"data": data, "offset": end,
+                "parts": [{"rank": 0, "node": node, "data": data, "offset": end, "size": size}],
+                "state": now.state.value, "ended": now.state.finished and not data}
+
+    # ----------------------------------------------------------------------- status
+    def view_json(self, name: str) -> dict:
+        """One pool as `nebula status` and the TUI show it (the head's words, one author)."""
+        pool, view = self.pools[name], self.views[name]
+        jobs = [self.state.jobs.get(i) for i, row in self.rows.items() if row["pool"] == name]
+        running = sum(1 for j in jobs if j is not None and j.state.holds_gpus)
+        pending = sum(1 for j in jobs if j is not None and j.state == JobState.PENDING)
+        return pool_view(pool.config, pool.kind, view.capacity, view.unreachable_since,
+                         view.reason, running, pending, self.state.clock(), pool.authorize(),
+                         degraded_since=view.degraded_since)
+
+    def status(self) -> list[dict]:
+        return [self.view_json(name) for name in self.pools]

@@ -1,0 +1,307 @@
+"""A pool that trusts nothing the cluster prints (issue 41): a real head polls the real Slurm
+of ``slurm_lab`` over its login node's real sshd, while real Unix users on the cluster try
+what a hostile one would — forge a job's end with its token, rewrite its comment, flood the
+poll, read another's command — and a restore never runs a pool job twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import asyncssh
+import pytest
+import yaml
+
+from labfixtures import cancel_left_and_stop
+from labkit.harness import HeadProcess, wait_for
+from nebula_tui.store import Store
+from support import submit
+from test_pools_e2e import remote_id, squeue, start_head, wait_state
+
+POLL = "1s"
+ME = pwd.getpwuid(os.getuid()).pw_name
+FORGER = "nebforger"
+RUNUSER = "/usr/sbin/runuser"
+
+
+def pool_row(head: HeadProcess, job: int) -> dict:
+    store = Store(head.home / "state.db", readonly=True)
+    try:
+        return store.pool_job(job)
+    finally:
+        store.close()
+
+
+def pool_line(head: HeadProcess) -> str:
+    return head.call("status")["pools"][0]["line"]
+
+
+@pytest.fixture(scope="module")
+def forced(slurm_lab, tmp_path_factory):
+    """A key of this process's user whose line on the login node runs every command through
+    a script that answers squeue as ``mode`` says (nothing: the real squeue)."""
+    root = tmp_path_factory.mktemp("forced")
+    root.chmod(0o755)
+    key = asyncssh.generate_private_key("ssh-ed25519", comment="nebula-trust-test")
+    (root / "id").write_bytes(key.export_private_key())
+    (root / "id").chmod(0o600)
+    mode = root / "mode"
+    script = root / "answer.sh"
+    script.write_text(f"""#!/bin/sh
+case "$SSH_ORIGINAL_COMMAND" in
+  squeue*)
+    case "$(cat {mode} 2>/dev/null)" in
+      big) head -c 300000000 /dev/zero | tr '\\0' ' '; exit 0 ;;
+      deep) printf '{{"jobs":'; head -c 200000 /dev/zero | tr '\\0' '['; exit 0 ;;
+    esac ;;
+esac
+exec sh -c "$SSH_ORIGINAL_COMMAND"
+""")
+    script.chmod(0o755)
+    slurm_lab.authorize(ME, f'command="{script}" {key.export_public_key().decode().strip()}')
+    return root
+
+
+def config(slurm_lab, path: Path, **extra) -> Path:
+    entry = slurm_lab.pool_entry("hpc", known_hosts=str(slurm_lab.known_hosts_path),
+                                 workdir=str(path.parent / "hpc-work"), poll_interval=POLL)
+    entry.setdefault("identity", str(slurm_lab.identity_path))
+    entry.update(extra)
+    path.write_text(yaml.safe_dump({"cluster": {"name": "trusttest"}, "pools": [entry]}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def head(slurm_lab, forced, tmp_path_factory):
+    home = tmp_path_factory.mktemp("trusthead")
+    started = start_head(home, config(slurm_lab, home / "nodes.yaml", identity=str(forced / "id")))
+    try:
+        yield started
+    finally:
+        (forced / "mode").unlink(missing_ok=True)
+        cancel_left_and_stop(started)
+
+
+@pytest.fixture(scope="module")
+def forger():
+    from test_multiuser import _sh
+
+    _sh("useradd", "-m", FORGER)
+    try:
+        yield FORGER
+    finally:
+        _sh("userdel", "-r", FORGER)
+
+
+def test_another_cluster_user_cannot_forge_a_jobs_end_with_its_token(head, slurm_lab, forger):
+    """Anyone can read a job's comment (squeue -o %k) and give their own job the same one;
+    22.05's squeue --json lists it to every user whatever -u says."""
+    job = submit(head, "--pool", "hpc", "--", "sh", "-c", "sleep 12; echo the real one")
+    wait_state(head, job, {"running"})
+    token = pool_row(head, job)["token"]
+    env = {"PATH": "/usr/bin:/bin", "SLURM_CONF": str(slurm_lab.slurm_conf)}
+    done = subprocess.run([RUNUSER, "-u", forger, "--", "sbatch", "--parsable", f"--comment={token}",
+                           "--gres=gpu:1", "--output=/dev/null", "--chdir=/tmp", "--wrap", "exit 0"],
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    forged = done.stdout.strip()
+    wait_for(lambda: any(str(j["job_id"]) == forged and j["job_state"] == "COMPLETED"
+                         for j in squeue(slurm_lab)), 30, what="the forged job to end")
+    time.sleep(3)  # three polls see it ended
+    assert head.job(job)["state"] == "running", head.job(job)["reason"]
+    ended = wait_state(head, job, {"succeeded", "failed"}, timeout=60)
+    assert ended["state"] == "succeeded", ended["reason"]
+    assert "the real one" in head.run("logs", str(job), check=True).stdout
+
+
+def test_a_job_that_rewrites_its_comment_stays_on_the_books(head):
+    job = submit(head, "--pool", "hpc", "--", "sh", "-c",
+                 'scontrol update jobid="$SLURM_JOB_ID" comment=gone; sleep 8; echo stayed')
+    ended = wait_state(head, job, {"succeeded", "failed"}, timeout=90)
+    assert ended["state"] == "succeeded", ended["reason"]
+    events = [e["message"] for e in head.call("events", job=job)["events"]]
+    assert any("rewrote its comment" in m for m in events), events
+    mine = next(j for j in json.loads(head.run("history", "--json", check=True).stdout)
+                if j["id"] == job)
+    assert mine["gpu_hours"] >= 8 / 3600 - 1e-9  # Slurm's elapsed time, all of it
+
+
+def _peak_kb(head: HeadProcess) -> int:
+    status = Path(f"/proc/{head.process.pid}/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))
+
+
+@pytest.mark.parametrize("mode,says", [("deep", "nests deeper"), ("big", "more than 8192 KiB")])
+def test_a_malformed_or_huge_answer_degrades_the_pool_and_ends_no_job(head, forced, mode, says):
+    job = submit(head, "--pool", "hpc", "--", "sleep", "60")
+    wait_state(head, job, {"running"})
+    before = _peak_kb(head)
+    (forced / "mode").write_text(mode)
+    try:
+        wait_for(lambda: "degraded since" in pool_line(head), 30, what="the pool shown degraded")
+        line = head.run("status", check=True).stdout
+        assert "its jobs left as they are" in line and says in line, line
+        time.sleep(3)
+        assert head.job(job)["state"] == "running"
+        # Read with a bound while reading: the 300 MB answer never was in the head.
+        assert _peak_kb(head) - before < 64 * 1024, (before, _peak_kb(head))
+    finally:
+        (forced / "mode").unlink(missing_ok=True)
+    wait_for(lambda: "degraded" not in pool_line(head), 30, what="the pool healthy again")
+    head.run("cancel", str(job), check=True)
+
+
+def test_the_command_is_on_no_command_line_and_the_output_is_private(head):
+    marker = f"nebula-secret-{os.getpid()}"
+    job = submit(head, "--pool", "hpc", "--command", f"sleep 6; echo {marker} >/dev/null")
+    wait_state(head, job, {"running"})
+    time.sleep(1)
+    args = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert marker not in args, [line for line in args.splitlines() if marker in line]
+    log = Path(pool_row(head, job)["log_path"])
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    assert stat.S_IMODE(log.parent.stat().st_mode) == 0o700
+    assert wait_state(head, job, {"succeeded", "failed"})["state"] == "succeeded"
+
+
+def test_preemptible_without_a_scavenger_qos_is_refused(head):
+    done = head.run("submit", "--pool", "hpc", "--preemptible", "--", "true")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "names no scavenger QOS" in done.stderr
+
+
+def test_preemptible_runs_in_the_scavenger_partition(slurm_lab, tmp_path):
+    made = subprocess.run(["scontrol", "create", "PartitionName=nebscav", "Nodes=ALL"],
+                          env=slurm_lab.env, capture_output=True, text=True)
+    if made.returncode != 0 and "already exists" not in made.stdout + made.stderr:
+        pytest.skip(f"scontrol cannot add a partition here: {made.stderr.strip()}")
+    head = start_head(tmp_path / "home", config(slurm_lab, tmp_path / "nodes.yaml",
+                                                scavenger_partition="nebscav"))
+    try:
+        normal = submit(head, "--pool", "hpc", "--", "true")
+        cheap = submit(head, "--pool", "hpc", "--preemptible", "--", "true")
+        for job in (normal, cheap):
+            assert wait_state(head, job, {"succeeded", "failed"})["state"] == "succeeded"
+        ids = {int(remote_id(head, job)): job for job in (normal, cheap)}
+        where = {ids[j["job_id"]]: j["partition"] for j in squeue(slurm_lab) if j["job_id"] in ids}
+        assert where == {normal: "gpu", cheap: "nebscav"}, where
+    finally:
+        cancel_left_and_stop(head)
+        subprocess.run(["scontrol", "delete", "PartitionName=nebscav"], env=slurm_lab.env,
+                       capture_output=True)
+
+
+def test_no_login_as_an_account_nobody_authorised(slurm_lab, tmp_path):
+    """A submitter pool with no job there: the head has no account to poll with, and does
+    not try its own (10 failed logins per 20 s before)."""
+    head = HeadProcess(tmp_path / "home", None, config=config(
+        slurm_lab, tmp_path / "nodes.yaml", user="submitter", identity=None))
+    log = slurm_lab.login_dir / "sshd.log"
+    seen = log.read_text(errors="replace").count(f"authenticating user {ME} ")
+    head.start(wait_nodes=False)
+    try:
+        time.sleep(6)  # six poll intervals
+        assert "not polled: no member's job there yet" in pool_line(head)
+    finally:
+        head.stop()
+    tried = log.read_text(errors="replace").count(f"authenticating user {ME} ")
+    assert tried == seen, log.read_text(errors="replace")[-2000:]
+
+
+def test_a_pool_job_sent_after_a_backup_is_not_sent_again_after_restoring_it(slurm_lab, tmp_path):
+    """The backup knows the job as waiting (for room in the pool); it went to Slurm after
+    the backup. The restored head finds it there by its token and adopts it."""
+    home = tmp_path / "home"
+    cfg = config(slurm_lab, tmp_path / "nodes.yaml", max_jobs=1)
+    head = start_head(home, cfg)
+    try:
+        blocker = submit(head, "--pool", "hpc", "--", "sleep", "300")
+        wait_state(head, blocker, {"running"})
+        later = submit(head, "--pool", "hpc", "--", "sh", "-c", "sleep 15; echo once")
+        wait_for(lambda: "waiting for room" in head.job(later)["reason"], 20, what="no room")
+        backup = Path(head.run("backup", check=True).stdout.split()[2])
+        head.run("cancel", str(blocker), check=True)
+        wait_state(head, later, {"running"})
+        store = Store(home / "state.db", readonly=True)
+        head_token = store.head_token
+        store.close()
+    finally:
+        head.stop()
+    head.run("backup", "--restore", str(backup), check=True)
+    head = HeadProcess(home, None, config=cfg)
+    head.start(wait_nodes=False)
+    try:
+        ended = wait_state(head, later, {"succeeded", "failed"}, timeout=90)
+        assert ended["state"] == "succeeded", ended["reason"]
+        sent = [j for j in squeue(slurm_lab)
+                if str(j.get("comment", "")).startswith(f"{head_token}.{later}.")]
+        assert len(sent) == 1, sent
+        assert "once" in head.run("logs", str(later), check=True).stdout
+    finally:
+        cancel_left_and_stop(head)
+
+
+def test_one_members_account_cannot_decide_anothers_jobs(openssh_lab, slurm_lab, tmp_path_factory):
+    """Alice's key line runs a forced command that says Bob's jobs ended, 1,800 days long.
+    Bob's jobs are asked in Bob's account: what Alice's prints moves nothing of his."""
+    from test_multiuser import as_user, lab_users, shared_head
+
+    from nebula_tui.sim.slurmlab import unlock_for_ssh
+
+    alice, bob = "nebowna", "nebownb"  # alice's account sorts first: the old poller
+    public = Path(tempfile.mkdtemp(prefix="nebula-lies-"))  # pytest's own is root's alone
+    public.chmod(0o755)
+    lie = public / "lie.sh"
+    lie.write_text(f"""#!/bin/sh
+case "$SSH_ORIGINAL_COMMAND" in
+  sacct*)
+    ids=$(printf '%s' "$SSH_ORIGINAL_COMMAND" | sed -n "s/.* -j '*\\([0-9,]*\\).*/\\1/p")
+    for id in $(printf '%s' "$ids" | tr , ' '); do
+      echo "$id|COMPLETED|0:0|1800-00:00:00|billing=1,cpu=1,gres/gpu=1,node=1|||{bob}||"
+    done ;;
+  squeue*)
+    sh -c "$SSH_ORIGINAL_COMMAND" | python3 -c 'import json, sys
+d = json.load(sys.stdin)
+for j in d["jobs"]:
+    if j.get("user_name") == "{bob}":
+        j["job_state"] = "COMPLETED"
+print(json.dumps(d))' ;;
+  *) exec sh -c "$SSH_ORIGINAL_COMMAND" ;;
+esac
+""")
+    lie.chmod(0o755)
+    entry = slurm_lab.pool_entry("hpc", user="submitter", known_hosts=str(slurm_lab.known_hosts_path),
+                                 poll_interval=POLL)
+    for _ in lab_users("nebowners", (alice, bob), ()):
+        for user in (alice, bob):
+            unlock_for_ssh(user)
+        for head in shared_head(openssh_lab, tmp_path_factory, "nebowners", {"pools": [entry]}):
+            key = (head.home / "pool_key.pub").read_text().strip()
+            slurm_lab.authorize(alice, f'from="127.0.0.1",restrict,command="{lie}" {key}')
+            slurm_lab.authorize(bob, f'from="127.0.0.1",restrict {key}')
+            jobs = {}
+            for user in (alice, bob):
+                done = as_user(head, user, "submit", "--pool", "hpc", "--", "sleep", "12")
+                assert done.returncode == 0, done.stderr
+                jobs[user] = int(re.search(r"job (\d+)", done.stdout).group(1))
+            wait_state(head, jobs[bob], {"running"})
+            time.sleep(4)  # four polls, each with Alice's lies in them
+            assert head.job(jobs[bob])["state"] == "running", head.job(jobs[bob])["reason"]
+            ended = wait_state(head, jobs[bob], {"succeeded", "failed"}, timeout=90)
+            assert ended["state"] == "succeeded", ended["reason"]
+            mine = next(j for j in json.loads(head.run("history", "--json", check=True).stdout)
+                        if j["id"] == jobs[bob])
+            assert mine["gpu_hours"] < 0.1, mine
+            # Alice's forced command ran all along: her own job went through it.
+            assert wait_state(head, jobs[alice], {"succeeded", "failed"})["state"] == "succeeded"
+            slurm_lab.revoke(alice)
+            slurm_lab.revoke(bob)
+    shutil.rmtree(public, ignore_errors=True)

@@ -1,0 +1,120 @@
+"""The start forecast (head/forecast.py): the real scheduler run forward from a snapshot,
+and its words (forecasts.starts_text)."""
+
+from __future__ import annotations
+
+import time
+
+from nebula_tui import forecasts
+from nebula_tui.head import forecast
+from nebula_tui.model import GpuReading, GpuView, Placement
+from nebula_tui.scheduler import Booking, PendingJob, RunningJob, Snapshot
+
+NOW = 1_800_000_000.0
+MB = 24576
+
+
+def card(node: str, index: int, held: tuple = ()) -> GpuView:
+    reading = GpuReading(index=index, uuid=f"GPU-{node}-{index}", name="NVIDIA GeForce RTX 4090",
+                         memory_total_mb=MB, compute_cap="8.9")
+    return GpuView(node=node, reading=reading, placements=held, cuda_version="12.4")
+
+
+def whole(job: int, node: str, index: int) -> tuple:
+    return ((job, Placement(f"GPU-{node}-{index}", node, index, MB, True)),)
+
+
+def lab(running: list[tuple[int, float, float | None]], queue: list[PendingJob], **more) -> Snapshot:
+    """Two cards on node01; ``running``: (job, started_at, --time) each holding one card."""
+    gpus, held = [], []
+    for index in range(2):
+        mine = [r for r in running if r[0] % 2 == index]
+        placements = whole(mine[0][0], "node01", index) if mine else ()
+        gpus.append(card("node01", index, placements))
+        for job, started, limit in mine:
+            held.append(RunningJob(job, "bob", placements[0][1:], started, limit))
+    return Snapshot(gpus=tuple(gpus), queue=tuple(queue), now=NOW, running=tuple(held), **more)
+
+
+def test_a_job_waits_for_the_running_one_to_end_and_the_interval_holds_the_point():
+    snap = lab([(10, NOW - 600, 3600.0), (11, NOW - 600, 7200.0)],
+               [PendingJob(1, "ann", 1, None, NOW, time_limit_s=3600.0)])
+    start = forecast.forecast(snap)[1]
+    # job 10 is expected to end at 40% of its hour, at the earliest 25%, at the latest at 60 min
+    assert start.at == NOW - 600 + 0.4 * 3600
+    assert start.early == NOW - 600 + 0.25 * 3600
+    assert start.late == NOW - 600 + 3600
+    assert start.early <= start.at <= start.late
+    assert start.node == "node01"
+
+
+def test_jobs_queue_behind_each_other_in_the_order_the_scheduler_gives():
+    snap = lab([(10, NOW, 3600.0), (11, NOW, 3600.0)],
+               [PendingJob(1, "ann", 2, None, NOW, time_limit_s=3600.0),
+                PendingJob(2, "ann", 2, None, NOW + 1, time_limit_s=3600.0)])
+    starts = forecast.forecast(snap)
+    assert starts[1].at == NOW + 0.4 * 3600
+    assert starts[2].at == starts[1].at + 0.4 * 3600  # after job 1's expected run
+    assert starts[2].late == NOW + 2 * 3600
+
+
+def test_an_untimed_holder_is_named_and_a_job_never_free_is_not_within_the_horizon():
+    snap = lab([(10, NOW - 100, None), (11, NOW - 100, None)],
+               [PendingJob(1, "ann", 1, None, NOW, time_limit_s=600.0),
+                PendingJob(2, "ann", 4, None, NOW, time_limit_s=600.0)])  # 4 cards: never here
+    starts = forecast.forecast(snap)
+    assert starts[1].after in (10, 11) and starts[1].at is not None
+    assert starts[1].late == NOW - 100 + forecast.HORIZON_S or starts[1].late is None
+    assert starts[2].at is None
+    text = forecasts.starts_text(starts[2].json(NOW), NOW)
+    assert text == "not within 7 days"
+    assert forecasts.starts_text(starts[1].json(NOW), NOW).startswith(f"after job {starts[1].after} ends (~")
+
+
+def test_a_booking_keeps_its_cards_until_it_ends():
+    booked = Booking("paper", frozenset({"GPU-node01-0", "GPU-node01-1"}), NOW, NOW + 7200,
+                     frozenset({"carol"}), "node01:0-1 booked for paper")
+    snap = lab([], [PendingJob(1, "ann", 1, None, NOW, time_limit_s=600.0)], bookings=(booked,))
+    start = forecast.forecast(snap)[1]
+    assert start.at == NOW + 7200
+
+
+def test_only_one_job_stops_each_run_once_it_started():
+    snap = lab([(10, NOW, 3600.0), (11, NOW, 3600.0)],
+               [PendingJob(1, "ann", 1, None, NOW, time_limit_s=3600.0),
+                PendingJob(2, "ann", 1, None, NOW, time_limit_s=3600.0)])
+    assert set(forecast.forecast(snap, only=1)) == {1}
+    assert forecast.forecast(snap, only=1)[1] == forecast.forecast(snap)[1]
+
+
+def test_the_run_length_is_the_limit_or_the_users_history():
+    assert forecast.run_length(3600.0, (), None, "late") == 3600.0
+    assert forecast.run_length(3600.0, (), None, "early") < forecast.run_length(3600.0, (), None, "point") < 3600.0
+    # without --time: the median of how long its user's like jobs ran, else an hour
+    assert forecast.run_length(None, (600.0, 1200.0, 6000.0), None, "point") == 1200.0
+    assert forecast.run_length(None, (), None, "point") == forecast.UNTIMED_POINT_S
+    assert forecast.run_length(None, (600.0,), 86400.0, "late") == 86400.0
+    assert forecast.run_length(None, (600.0,), None, "late") == forecast.HORIZON_S
+    assert forecast.run_length(None, (600.0,), None, "early") == 0.0
+    # a service without history runs past the horizon
+    assert forecast.run_length(None, (), None, "point", service=True) == forecast.HORIZON_S
+
+
+def test_a_waiting_untimed_job_runs_as_its_users_history_says():
+    snap = lab([(10, NOW, 3600.0), (11, NOW, 3600.0)],
+               [PendingJob(1, "ann", 2, None, NOW), PendingJob(2, "bob", 2, None, NOW + 1, time_limit_s=600.0)])
+    plain = forecast.forecast(snap)
+    known = forecast.forecast(snap, history={("ann", 2, None): (900.0,)})
+    assert plain[1].at == known[1].at == NOW + 0.4 * 3600
+    assert plain[2].at == plain[1].at + forecast.UNTIMED_POINT_S  # no history: an hour
+    assert known[2].at == known[1].at + 900  # ann's like jobs ran 15 min
+
+
+def test_the_words_of_a_forecast():
+    now = time.time()
+    at = {"start_at": now + 3600, "early": now + 1800, "late": now + 7200, "after_job": None}
+    hhmm = lambda t: time.strftime("%H:%M", time.localtime(t))  # noqa: E731
+    assert forecasts.starts_text(at, now) == f"~{hhmm(now + 3600)}, {hhmm(now + 1800)}–{hhmm(now + 7200)}"
+    assert forecasts.starts_text({**at, "start_at": now + 5, "early": now}, now) == "now"
+    assert forecasts.starts_text({**at, "late": None}, now).endswith("–later")
+    assert forecasts.starts_text(None, now) == ""

@@ -1,0 +1,86 @@
+"""The head's forecast (Scheduling.forecast_if_due, plan's ``starts``) on an in-process head:
+four A100s held by jobs with a --time, a fifth job waiting."""
+
+from __future__ import annotations
+
+import asyncio
+
+from nebula_tui.model import JobSpec, JobState
+
+from inprocess import engine  # noqa: F401 (fixture)
+
+
+async def full_head(head):
+    held = [head.submit("bob", JobSpec(command=("true",), time_limit_s=3600.0)) for _ in range(4)]
+    waiting = head.submit("ann", JobSpec(command=("true",), time_limit_s=1800.0))
+    head.scheduling.schedule_pass()
+    await asyncio.sleep(0)
+    assert all(head.jobs[j.id].state.holds_gpus for j in held)
+    assert head.jobs[waiting.id].state == JobState.PENDING
+    return held, waiting
+
+
+async def test_the_queue_carries_each_waiting_jobs_forecast(engine):  # noqa: F811
+    held, waiting = await full_head(engine)
+    engine.scheduling.forecast_if_due()
+    for _ in range(200):  # the forecast runs in a thread
+        if engine.state.forecasts:
+            break
+        await asyncio.sleep(0.02)
+    rows = {row["id"]: row for row in engine.queue_json()}
+    starts = rows[waiting.id]["starts"]
+    began = min(engine.jobs[j.id].started_at or engine.jobs[j.id].submitted_at for j in held)
+    assert starts["early"] <= starts["start_at"] <= starts["late"]
+    assert abs(starts["late"] - (began + 3600.0)) < 5
+    assert rows[held[0].id]["starts"] is None  # a job holding cards has no forecast
+
+
+async def test_a_second_forecast_waits_for_a_change_or_the_period(engine):  # noqa: F811
+    await full_head(engine)
+    engine.scheduling.forecast_if_due()
+    for _ in range(200):
+        if not engine.scheduling._forecasting:
+            break
+        await asyncio.sleep(0.02)
+    engine.state.forecasts = {}
+    engine.scheduling.forecast_if_due()  # nothing changed: not due
+    await asyncio.sleep(0.1)
+    assert engine.state.forecasts == {}
+
+
+async def test_the_submit_preview_says_when_it_would_start(engine):  # noqa: F811
+    await full_head(engine)
+    plan = engine.plan("carol", JobSpec(command=("true",), time_limit_s=600.0))
+    assert plan["decision"] == "wait"
+    assert plan["starts"]["start_at"] > engine.state.clock()
+    assert plan["starts"]["late"] >= plan["starts"]["start_at"]
+
+
+async def test_the_first_forecast_is_kept_and_scored_at_the_start(engine):  # noqa: F811
+    held, waiting = await full_head(engine)
+    engine.scheduling.forecast_if_due()
+    for _ in range(200):
+        if engine.scheduling.first_forecasts:
+            break
+        await asyncio.sleep(0.02)
+    first = engine.scheduling.first_forecasts[waiting.id]
+    assert first == engine.state.forecasts[waiting.id]["start_at"]
+    engine.state.forecasts, engine.scheduling._forecast_at = {}, None
+    engine.scheduling.forecast_if_due()  # a later forecast does not replace the first
+    for _ in range(200):
+        if engine.state.forecasts:
+            break
+        await asyncio.sleep(0.02)
+    transitions = engine.transitions
+    transitions.finish(engine.jobs[held[0].id], JobState.SUCCEEDED, 0, "")
+    engine.scheduling.schedule_pass()
+    await asyncio.sleep(0)
+    transitions.mark_running(engine.jobs[waiting.id])
+    samples = engine.metrics.registry.get_sample_value
+    assert samples("nebula_forecast_error_seconds_count") == 1
+    started = engine.jobs[waiting.id].started_at
+    assert samples("nebula_forecast_error_seconds_sum") == abs(started - first)
+    transitions.finish(engine.jobs[waiting.id], JobState.SUCCEEDED, 0, "")
+    row = next(r for r in await engine.accounting.history(engine.owner) if r["id"] == waiting.id)
+    assert row["forecast"]["start_at"] == first and row["forecast"]["late"] >= first
+    assert row["forecast_error_s"] == round(started - first, 3)
