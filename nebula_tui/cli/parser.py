@@ -359,11 +359,7 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from importlib.metadata import PackageNotFoundError, version
+        from ..release import running
 
-        try:
-            found = version("nebula-tui")
-        except PackageNotFoundError:  # run from a source tree that was never installed
-            found = "unknown"
-        print(f"nebula {found}")
+        print(f"nebula {running()}")
         parser.exit()

@@ -307,7 +307,7 @@ def test_bash_completes_commands_flags_job_ids_and_nodes(head, jobs, tmp_path):
 
 
 @pytest.mark.skipif(not shutil.which("zsh") or not shutil.which("tmux"),
-                    reason="needs zsh and tmux (scripts/setup.sh installs them as root)")
+                    reason="needs zsh and tmux (scripts/test-deps.sh installs them as root)")
 def test_zsh_completes_commands_and_job_ids(head, jobs, tmp_path):
     env, script = _completion_env(head, tmp_path, "zsh")
     functions = tmp_path / "zfunc"  # installed as zsh wants it: a file _nebula on $fpath
