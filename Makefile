@@ -1,13 +1,22 @@
-# The two commands of the README. Each one installs what is missing first.
-# Both run in the project's own virtual environment, which `setup` makes.
+# The two commands of the README. Each one installs what is missing first, saying so.
+# Both run in the project's own virtual environment, which `setup` makes. `make demo`
+# installs only that (and tmux, which its simulated nodes run jobs in): no system service,
+# no sshd, nothing under /etc. What the tests need of the system (sshd, podman, Slurm,
+# debootstrap…) is `make test-deps`'s, which `make test` runs first.
 PYTHON ?= .venv/bin/python
 
-.PHONY: demo test test-fast setup bench bench-slurm bench-recovery bench-scale bench-nodelet bench-month
+.PHONY: demo test test-deps test-fast setup setup-demo bench bench-slurm bench-recovery bench-scale bench-nodelet bench-month
 
 setup:
-	@sh scripts/setup.sh
+	@sh scripts/setup.sh test
 
-demo: setup
+setup-demo:
+	@sh scripts/setup.sh demo
+
+test-deps:
+	@sh scripts/test-deps.sh
+
+demo: setup-demo
 	$(PYTHON) -m nebula_tui demo
 
 # The suite mostly waits (for sshd, tmux, a head's next pass, a time limit): one pytest
@@ -20,7 +29,7 @@ demo: setup
 # that passed, and kept for a look after one that failed.
 JOBS ?= 3
 
-test: setup
+test: test-deps setup
 	@start=$$(date +%s); base=$$(mktemp -d /tmp/nt-XXXX); \
 	$(PYTHON) -m pytest -q --durations=25 -n $(JOBS) --dist loadgroup --no-loadscope-reorder \
 	    --basetemp=$$base; \

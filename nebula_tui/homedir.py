@@ -56,6 +56,17 @@ class Home:
     def lock(self) -> Path:
         return self.root / "serve.lock"
 
+    @property
+    def demo_lock(self) -> Path:
+        """Held by the demo that runs this home's simulated lab (``nebula demo``); it stays
+        once that demo ended, saying the home is a demo's."""
+        return self.root / "demo.lock"
+
+    @property
+    def demo_lab(self) -> Path:
+        """The demo's simulated lab: its nodes.yaml, and ``ready`` while it runs."""
+        return self.root / "lab"
+
     def ensure(self) -> None:
         """Make the home, or tighten an existing one others could read or write (it holds
         the store and the service's log), saying so in one line."""

@@ -191,3 +191,38 @@ def add_node(config_path: Path, name: str, host: str, port: int, user: str | Non
 
 def remove_node(config_path: Path, name: str) -> ClusterConfig:
     return _replace_file(config_path, remove_node_text(config_path.read_text(), name))
+
+
+def cannot_write(err: OSError, path: Path) -> str:
+    """Why the cluster file (or known_hosts) could not be rewritten, and the way out: it is
+    read-only for the service (systemd's ProtectSystem, or the file's owner)."""
+    return (f"the service cannot write {err.filename or path} ({err.strerror or err}); nothing "
+            f"was changed: make {Path(path).parent} the service account's and writable for it "
+            "(deploy/nebula.service has ReadWritePaths=/etc/nebula)")
+
+
+#: the sections of nodes.yaml a reload applies at once, and those that wait for a restart
+RELOADED_SECTIONS = ("scheduler", "limits")
+RESTART_SECTIONS = ("health", "accounting", "notify", "pools")
+
+
+def changed_sections(old: ClusterConfig, new: ClusterConfig) -> tuple[list[str], list[str]]:
+    """(sections a reload applies that changed, changed sections that need a restart)"""
+    return ([s for s in RELOADED_SECTIONS if getattr(old, s) != getattr(new, s)],
+            [s for s in RESTART_SECTIONS if getattr(old, s) != getattr(new, s)])
+
+
+def drained_changes(old: ClusterConfig, new: ClusterConfig) -> list[tuple[str, bool]]:
+    """(node, drained) for each node whose ``drained:`` the file changed: one the file
+    leaves as it was keeps what an admin set meanwhile (``nebula node drain``)."""
+    was = {n.name: n.drained for n in old.nodes}
+    return [(n.name, n.drained) for n in new.nodes if n.name in was and was[n.name] != n.drained]
+
+
+def reload_said(path, result: dict) -> str:
+    """The service log's line for a reload: what changed, or that nothing did."""
+    parts = [f"{name} {what}" for what in ("added", "removed", "drained", "resumed")
+             for name in result.get(what, ())]
+    parts += [f"{name} changed" for name in result.get("sections", ())]
+    parts += [f"{name} changed (applies at the next restart)" for name in result.get("restart_for", ())]
+    return f"reloaded {path}: {'; '.join(parts) or 'nothing changed'}"

@@ -36,8 +36,6 @@ SHUTDOWN_GRACE_S = 10.0
 #: how long a demo whose terminal closed may take to end by itself once its lab is stopped
 HANGUP_EXIT_S = 5.0
 DEMO_PROBE_INTERVAL_S = 2.0
-#: The lock the demo owning a home's lab holds while it runs (its pid inside).
-DEMO_LOCK = "demo.lock"
 #: Where a running lab's pid is kept (in the lab's directory).
 LAB_PID = "pid"
 #: What identifies a lab process in its command line (a pid may be reused); with ``--slurm``
@@ -145,7 +143,7 @@ def _exit_cleanly(signum: int, _frame) -> None:
 def _own(home: Home):
     """Become the demo that owns this home's lab: the held lock file, or None when another
     demo process holds it."""
-    lock = open(home.root / DEMO_LOCK, "a+")
+    lock = open(home.demo_lock, "a+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -159,7 +157,7 @@ def _own(home: Home):
 
 def _owner(home: Home) -> str:
     with contextlib.suppress(OSError):
-        return (home.root / DEMO_LOCK).read_text().strip() or "?"
+        return home.demo_lock.read_text().strip() or "?"
     return "?"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -138,12 +139,32 @@ def cmd_demo(args, home, config) -> int:
     if not (getattr(args, "home", None) or os.environ.get("NEBULA_HOME")):
         home = Home.resolve("~/.nebula/demo", getattr(args, "socket", None))
     metrics = f"{args.metrics[0]}:{args.metrics[1]}" if args.metrics else None
-    if args.slurm and os.geteuid() != 0:
-        print("nebula demo: --slurm runs Slurm's daemons, which need root (slurmd starts each "
-              "job as its user); run it as root, e.g. sudo nebula demo --slurm", file=sys.stderr)
+    if args.slurm and (refusal := _slurm_demo_refusal(args, home)):
+        print(f"nebula demo: {refusal}", file=sys.stderr)
         return 1
     return run_demo(home, args.layout, headless=args.headless, shared_group=args.shared_group,
                     metrics=metrics, slurm=args.slurm)
+
+
+def _slurm_demo_refusal(args, home) -> str | None:
+    """What stops ``demo --slurm`` before anything is installed or started, or None. Not
+    root: the one sudo line, with this installation's own ``nebula`` (sudo's PATH does not
+    have the venv) and this user's home for the demo (sudo's HOME is root's)."""
+    from ..sim.lab import LabError, find_sshd
+
+    if os.geteuid() != 0:
+        here = Path(sys.executable).parent / "nebula"
+        program = str(here) if here.exists() else f"{sys.executable} -m nebula_tui"
+        line = " ".join(shlex.quote(a) for a in (
+            *program.split(" "), "demo", "--slurm", "--home", str(home.root),
+            *(["--headless"] if args.headless else [])))
+        return ("--slurm runs Slurm's daemons, which need root (slurmd starts each job as its "
+                f"user), and installs Slurm when missing; run:\n  sudo {line}")
+    try:
+        find_sshd()  # the Slurm cluster's login node is a real sshd
+    except LabError as err:
+        return f"--slurm needs {err}"
+    return None
 
 
 def cmd_tui(args, home, config) -> int:
@@ -178,6 +199,9 @@ def cmd_simulate(args, home, config) -> int:
     try:
         inv = inventory.from_gpus_json(Path(args.gpus_json)) if args.gpus_json else inventory.layout(args.layout)
         links = {} if args.gpus_json else inventory.layout_links(args.layout)
+        # The built-in month is the lab's as it is: --add/--remove change the cards, not the
+        # jobs (a capacity question asks how the same work fares on other cards).
+        asked = inv
         for what in args.add:
             inv = inventory.add(inv, what)
         for node in args.remove:
@@ -187,7 +211,7 @@ def cmd_simulate(args, home, config) -> int:
         if args.workload:
             requests = workload.read(Path(args.workload))
         else:
-            requests = workload.lab_month(len(inventory.card_list(inv)), inventory.largest_node(inv),
+            requests = workload.lab_month(len(inventory.card_list(asked)), inventory.largest_node(asked),
                                           users=args.users or max(12, len(inv)),
                                           days=args.days, load=args.load, seed=args.seed)
     except (inventory.InventoryError, workload.WorkloadError, setup.SetupError, ConfigError) as err:
@@ -203,6 +227,10 @@ def cmd_simulate(args, home, config) -> int:
     if args.json:
         print(json.dumps(plots.as_json(result), indent=2))
     else:
+        if (args.add or args.remove) and not args.workload:
+            print(f"the same jobs as on the lab's {len(inventory.card_list(asked))} cards, "
+                  f"replayed on {len(inventory.card_list(inv))} (--add/--remove change the cards, "
+                  "not the workload)\n")
         print(result.text())
         print()
         print(plots.text_chart(result, color=sys.stdout.isatty()))

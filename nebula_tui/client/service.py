@@ -7,6 +7,7 @@ store, the socket, the log and the lock are) is ``homedir.Home``.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import pwd
@@ -62,6 +63,9 @@ def connect(home: Home, config_arg: str | None, autostart: bool = True) -> Clien
         # This box has the lab's shared head (perhaps restarting under systemd this very
         # moment): a private head started here would drive the lab's nodes beside it.
         return _wait_for_service(homedir.SYSTEM_SOCKET, "the lab's head service")
+    if demo_lab_gone(home, config_path):
+        raise ServiceUnavailable("no head is running and the demo lab is gone; start it with "
+                                 "`nebula demo`")
     if config_path is None:
         raise ServiceUnavailable(
             "no cluster configured and no service running: start the simulated lab with "
@@ -73,6 +77,21 @@ def connect(home: Home, config_arg: str | None, autostart: bool = True) -> Clien
         raise ServiceUnavailable(f"cannot start a head service in {home.root}: "
                                  f"{err.strerror or err}") from None
     return Client(home.socket)
+
+
+def demo_lab_gone(home: Home, config_path: Path | None) -> bool:
+    """Whether ``config_path`` is the nodes.yaml of the demo this home ran, and its lab no
+    longer runs (stopped: no ``ready``; killed: the pid in it is gone): a head started on
+    it would wait on dead nodes for ever."""
+    lab = home.demo_lab
+    if config_path is None or not home.demo_lock.exists() or \
+            Path(config_path).resolve() != (lab / "nodes.yaml").resolve():
+        return False
+    try:  # the lab process writes it once its nodes answer (sim/lab.py's write_ready)
+        pid = int(json.loads((lab / "ready").read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    return not Path(f"/proc/{pid}").exists()
 
 
 def _owner_if_not_mine(home: Home) -> str | None:

@@ -307,12 +307,13 @@ class JobTransitions:
 
     # --------------------------------------------------------------------- the end
     def finish(self, job: Job, state: JobState, code: int | None, reason: str,
-               at: float | None = None) -> None:
+               at: float | None = None, gpus: int | None = None) -> None:
         """End a job (succeeded, failed, cancelled, timeout): GPUs released, user charged.
-        ``at``: when it ended, if not now (a pool's job, as the pool reports its end)."""
+        ``at``: when it ended, if not now (a pool's job, as the pool reports its end);
+        ``gpus``: the cards it held as the pool's accounting says, if not its placements."""
         now = self.state.clock() if at is None else at
         charged = self.state.store.finish_job(job.id, state, self.state.clock(), exit_code=code,
-                                              reason=reason, ended_at=at)
+                                              reason=reason, ended_at=at, gpus=gpus)
         self.state.jobs.pop(job.id, None)
         self._exit_reasons.pop(job.id, None)
         self.shares.ended(job.id, job.user, charged, job.spec.preemptible)  # its hours now count towards its user's weight

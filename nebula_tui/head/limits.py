@@ -76,7 +76,6 @@ class Limits:
         self.state = state
         self.jobs = jobs
         self.stops = stops
-        self.settings = state.config.limits
         #: SIGUSR1 .. SIGKILL: the isolation grace (R17), for every stop of the head's
         self.grace_s = state.config.health.isolation_grace_s
         self.over: dict[int, Overuse] = {}
@@ -88,6 +87,11 @@ class Limits:
         self.idle_warned: dict[int, float] = {}
         #: job -> (attempt, its run time when first seen running, the monotonic clock then)
         self._seen_running: dict[int, tuple[int, float, float]] = {}
+
+    @property
+    def settings(self):
+        """The ``limits:`` section now (a reload of nodes.yaml may change it)."""
+        return self.state.config.limits
 
     def running(self) -> list[Job]:
         # A pool's jobs are its scheduler's to limit (their --time went with them).

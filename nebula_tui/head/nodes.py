@@ -440,6 +440,8 @@ class Fleet:
                                 key_line, fingerprint, trust)
         except node_admin.NodeAdminError as err:
             raise RequestError(str(err)) from None
+        except OSError as err:
+            raise RequestError(node_admin.cannot_write(err, self.state.config.path)) from None
         return await self.reload(user)
 
     async def remove_node(self, user: str, name: str) -> dict:
@@ -452,6 +454,8 @@ class Fleet:
             node_admin.remove_node(self.state.config.path, name)
         except node_admin.NodeAdminError as err:
             raise RequestError(str(err)) from None
+        except OSError as err:
+            raise RequestError(node_admin.cannot_write(err, self.state.config.path)) from None
         return await self.reload(user)
 
     def _holds_jobs(self, node: str) -> bool:
@@ -477,7 +481,15 @@ class Fleet:
         if busy:
             raise RequestError(f"{busy[0]} still holds jobs; drain it (nebula node drain {busy[0]}) "
                                "and remove it once they ended")
-        state.config = new
+        old, state.config = state.config, new
+        drained, resumed = [], []  # what the file changed; what it left keeps an admin's drain
+        for name, now in node_admin.drained_changes(old, new):
+            if name in state.nodes and name not in removed:
+                self.set_drained(user, name, now, f"{new.path.name} says so" if now else "")
+                (drained if now else resumed).append(name)
+        sections, restart_for = node_admin.changed_sections(old, new)
+        if "scheduler" in sections:  # weights, quota, decay: the next pass uses them
+            state.settings = new.scheduler
         for name in removed:
             await state.links.pop(name).close()
             del state.nodes[name]
@@ -496,4 +508,5 @@ class Fleet:
             self.stream.publish({"type": "node", "node": state.nodes[name].json()
                                  if name in state.nodes else {"name": name, "state": "removed"}})
         state.wake()
-        return {"added": [n.name for n in added], "removed": removed}
+        return {"added": [n.name for n in added], "removed": removed, "drained": drained,
+                "resumed": resumed, "sections": sections, "restart_for": restart_for}

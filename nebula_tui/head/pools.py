@@ -389,10 +389,13 @@ class Pools(PoolBooks):
                 return
             self.rows.pop(job.id, None)
             asked = job.spec.gpu_count * job.spec.nodes
-            if report.gpus is not None and report.gpus != asked and not job.spec.gpu_mem_mb:
-                # Charged for what it asked (Slurm's --gres is fixed), said where it differs.
+            # Charged what Slurm's accounting (AllocTRES) says it held, not what it asked
+            # nor anything the job wrote; a shard job's gres is not whole GPUs: its placements.
+            gpus = report.gpus if report.gpus is not None and not job.spec.gpu_mem_mb else None
+            if gpus is not None and gpus != asked:
                 self.state.record("pool", f"job {job.id}: pool {name}'s accounting says "
-                                  f"{report.gpus} GPUs, it asked for {asked}", job_id=job.id)
+                                  f"{gpus} GPUs, it asked for {asked}; charged for {gpus}",
+                                  job_id=job.id)
             now = self.state.clock()
             at = report.ended_at if report.ended_at and job.started_at and \
                 report.ended_at >= job.started_at else None
@@ -400,7 +403,8 @@ class Pools(PoolBooks):
                 at = job.started_at + report.elapsed_s  # the accounting's own elapsed time
             if at is not None:
                 at = min(at, now)  # never past now, whatever the cluster says
-            self.transitions.finish(job, state, report.exit_code, printable(reason)[:500], at=at)
+            self.transitions.finish(job, state, report.exit_code, printable(reason)[:500], at=at,
+                                    gpus=gpus)
             return
         if report.running and job.state == JobState.PENDING:
             self._mark_running(name, job, report)

@@ -22,7 +22,8 @@ from pathlib import Path
 from ..backups import BackupError, Backups
 from ..config.cluster import ClusterConfig, load_config
 from ..homedir import Home
-from ..model import ConfigError
+from ..model import ConfigError, RequestError
+from ..node_admin import reload_said
 from ..store import DatabaseDamaged, Store, StoreUnavailable
 from ..waits import within
 from .engine import Engine
@@ -198,6 +199,18 @@ def backup_at_stop(backups: Backups, store: Store) -> None:
         log.warning("%s", err)
 
 
+async def reload_on_hangup(engine: Engine) -> None:
+    """SIGHUP: read the cluster file again; the log says what changed, or why the file was
+    refused (``file:line``), the running configuration staying then."""
+    path = engine.config.path
+    try:
+        result = await engine.reload(engine.state.owner)
+    except RequestError as err:
+        log.warning("refused %s; the running one stays", err)
+        return
+    log.info("%s", reload_said(path, result))
+
+
 async def _serve(home: Home, config: ClusterConfig, store: Store, backups: Backups,
                  shared_group: str | None, metrics: tuple[str, int] | None) -> int:
     engine = Engine(config, store)
@@ -206,6 +219,8 @@ async def _serve(home: Home, config: ClusterConfig, store: Store, backups: Backu
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # systemctl reload (ExecReload sends SIGHUP): nodes.yaml read again, as its owner asks.
+    loop.add_signal_handler(signal.SIGHUP, lambda: engine.state.spawn(reload_on_hangup(engine), "reload"))
     if metrics:
         try:
             engine.metrics.serve_http(*metrics)

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,10 +22,12 @@ from .baselines import Card
 from .records import Outcome, Request
 
 #: request sizes the waits are broken down by
-SIZES = (("slice", lambda r: r.gpu_mem_mb is not None and r.gpus == 1),
-         ("1 card", lambda r: r.gpu_mem_mb is None and r.gpus == 1),
-         ("2-4 cards", lambda r: 2 <= r.gpus <= 4),
-         ("5+ cards", lambda r: r.gpus >= 5))
+SIZES = (("slice", lambda r: r.gpu_mem_mb is not None and r.gpus == 1 and r.nodes <= 1),
+         ("1 card", lambda r: r.gpu_mem_mb is None and r.gpus == 1 and r.nodes <= 1),
+         ("2 cards", lambda r: r.gpus == 2 and r.nodes <= 1),
+         ("3-4 cards", lambda r: 3 <= r.gpus <= 4 and r.nodes <= 1),
+         ("5+ cards", lambda r: r.gpus >= 5 and r.nodes <= 1),
+         ("multi-node", lambda r: r.nodes > 1))
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class Figures:
     wait_p50_s: float
     wait_p95_s: float
     wait_max_s: float
-    waits_by_size: dict[str, tuple[float, float, int]]  # size -> (p50, p95, jobs)
+    waits_by_size: dict[str, tuple[float, float, int, int]]  # size -> (p50, p95, jobs, never run)
     completion_mean_s: float
     fairness: float
     over_24h: int
@@ -69,6 +72,7 @@ def figures(policy: str, requests: Sequence[Request], outcomes: dict[int, Outcom
     per_user_demand: dict[str, float] = defaultdict(float)
     held_intervals: dict[str, list[tuple[float, float]]] = defaultdict(list)
     waits, by_size, completions = [], defaultdict(list), []
+    never_by_size: dict[str, int] = defaultdict(int)
     over_24h = never = 0
     for r in requests:
         o = outcomes.get(r.key)
@@ -99,6 +103,7 @@ def figures(policy: str, requests: Sequence[Request], outcomes: dict[int, Outcom
         for size, match in SIZES:
             if match(r):
                 by_size[size].append(wait)
+                never_by_size[size] += o.started_s is None
     total_mb = sum(memory.values())
     held = sum(_union(spans) for spans in held_intervals.values()) / (len(memory) * horizon_s) if memory else 0.0
     ratios = [min(1.0, per_user_served[u] / d) for u, d in per_user_demand.items() if d > 0]
@@ -106,7 +111,7 @@ def figures(policy: str, requests: Sequence[Request], outcomes: dict[int, Outcom
     return Figures(
         policy, served / offered if offered else 0.0, held, percentile(waits, 50), percentile(waits, 95),
         max(waits, default=0.0),
-        {size: (percentile(w, 50), percentile(w, 95), len(w)) for size, w in by_size.items()},
+        {size: (percentile(w, 50), percentile(w, 95), len(w), never_by_size[size]) for size, w in by_size.items()},
         sum(completions) / len(completions) if completions else 0.0, fairness, over_24h, never,
         len(runnable), [d / (total_mb * 86400) for d in by_day] if total_mb else by_day, waits)
 
@@ -191,9 +196,11 @@ def table(all_figures: Sequence[Figures]) -> str:
             ("wait p50 / p95 / max (min)", [f"{minutes(f.wait_p50_s)} / {minutes(f.wait_p95_s)} / "
                                             f"{minutes(f.wait_max_s)}" for f in all_figures])]
     for size, _ in SIZES:
-        rows.append((f"  wait p50 / p95, {size}",
-                     [(lambda w: f"{minutes(w[0])} / {minutes(w[1])} ({w[2]})")(f.waits_by_size.get(size, (0, 0, 0)))
-                      for f in all_figures]))
+        if not any(f.waits_by_size.get(size) for f in all_figures):
+            continue  # no job of that size in the month
+        rows.append((f"  {size}: wait p50 / p95, never run",
+                     [(lambda w: f"{minutes(w[0])} / {minutes(w[1])}, {w[3]} of {w[2]}")(
+                         f.waits_by_size.get(size, (0, 0, 0, 0))) for f in all_figures]))
     rows += [("completion time, mean (h)", [f"{f.completion_mean_s / 3600:.1f}" for f in all_figures]),
              ("fairness (Jain)", [f"{f.fairness:.2f}" for f in all_figures]),
              ("waited over 24 h", [str(f.over_24h) for f in all_figures]),
@@ -209,4 +216,19 @@ def last_line(nebula: Figures, spreadsheet: Figures, slurm: Figures) -> str:
             f"slurm-like {minutes(slurm.wait_p95_s)}), never run {nebula.never_run_pct:.1f}% "
             f"({spreadsheet.never_run_pct:.1f}%, {slurm.never_run_pct:.1f}%), fairness {nebula.fairness:.2f} "
             f"({spreadsheet.fairness:.2f}, {slurm.fairness:.2f}), utilisation {nebula.utilisation:.0%} "
-            f"({spreadsheet.utilisation:.0%}, {slurm.utilisation:.0%})")
+            f"({spreadsheet.utilisation:.0%}, {slurm.utilisation:.0%}){worst_class(nebula, slurm)}")
+
+
+def worst_class(nebula: Figures, slurm: Figures) -> str:
+    """", worst class: 3-4 cards p95 N min (slurm-like N)": the size whose p95 wait is
+    furthest above slurm-like's (as a ratio; the largest p95 when none is above)."""
+    def ratio(size: str) -> tuple[float, float]:
+        ours, theirs = nebula.waits_by_size[size][1], slurm.waits_by_size.get(size, (0, 0, 0, 0))[1]
+        return (ours / theirs if theirs else (math.inf if ours else 0.0), ours)
+    sizes = [size for size, _ in SIZES if size in nebula.waits_by_size]
+    if not sizes:
+        return ""
+    size = max(sizes, key=ratio)
+    theirs = slurm.waits_by_size.get(size, (0, 0, 0, 0))[1]
+    return (f", worst class: {size} p95 {minutes(nebula.waits_by_size[size][1])} min "
+            f"(slurm-like {minutes(theirs)})")

@@ -18,7 +18,7 @@ Its parts, lowest first (each imports only parts before it):
 """
 
 from .accounting import COUNTED_SQL, FINISHED_SQL
-from .base import DatabaseDamaged, StaleDecision, StoreUnavailable
+from .base import DatabaseDamaged, DatabaseNewer, StaleDecision, StoreUnavailable
 from .bookings import Bookings
 from .events import Events
 from .ids import IdFloor, head_id_file, read_head_id
@@ -32,5 +32,5 @@ class Store(Jobs, Pools, Bookings, Nodes, Telemetry, Events):
     """Durable state of the cluster: nodes, GPUs, jobs, allocations, users, events."""
 
 
-__all__ = ["COUNTED_SQL", "DEFAULT_SPAN_S", "FINISHED_SQL", "DatabaseDamaged", "IdFloor",
+__all__ = ["COUNTED_SQL", "DEFAULT_SPAN_S", "FINISHED_SQL", "DatabaseDamaged", "DatabaseNewer", "IdFloor",
            "StaleDecision", "Store", "StoreUnavailable", "head_id_file", "read_head_id", "spec_of"]

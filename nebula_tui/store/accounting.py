@@ -26,11 +26,14 @@ class Accounting(StoreBase):
                      "mem_used_mb_mean", "mem_used_mb_peak", "forecast_at", "forecast_early",
                      "forecast_late")
 
-    def _charge_run(self, job_id: int, started_at: float | None, t: float) -> float:
+    def _charge_run(self, job_id: int, started_at: float | None, t: float,
+                    gpus: int | None = None) -> float:
         """Charge the job's run that ends at ``t`` (a requeue ends one too) its GPU-hours
         times its ``charge``, and add what its cards did meanwhile (whole hours), from
-        telemetry; returns the GPU-hours charged."""
-        hours = self._gpu_hours(job_id, started_at, t)
+        telemetry; returns the GPU-hours charged. ``gpus``: the cards its allocation had
+        as the cluster's own accounting says (a pool's job), instead of its placements."""
+        hours = self._gpu_hours(job_id, started_at, t) if gpus is None else (
+            0.0 if started_at is None else max(0.0, t - started_at) / 3600 * gpus)
         charge = self.db.execute("SELECT charge FROM jobs WHERE id = ?", [job_id]).fetchone()
         charged = hours * (1.0 if charge is None or charge[0] is None else charge[0])
         usage = self._run_usage(job_id, started_at, t) if hours > 0 else None

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import sqlite_utils
 
+from .. import release
 from ..model import Placement
 from .ids import IdFloor, read_head_id, write_head_id
 from .schema import create_tables
@@ -43,6 +44,11 @@ class DatabaseDamaged(Exception):
 class StoreUnavailable(Exception):
     """A change could not be written (the disk is full, or failing): nothing of it was.
     ``str()`` is one sentence for users, naming the database and what is wrong."""
+
+
+class DatabaseNewer(StoreUnavailable):
+    """The database was written by a newer release than the one running: an older one
+    must not change it (its tables may mean what this release does not know)."""
 
 
 def _why(err: BaseException) -> str:
@@ -123,6 +129,7 @@ class StoreBase:
                     f"{self.path} has no head id: it is not the database this home had (head "
                     f"{had})" if found is None else f"{self.path} is another head's database "
                     f"(head {found}; this home's is {had})")
+            self._refuse_a_newer_release()
             self._create_schema(had)
             self._next_id = self._first_free_id()
         except sqlite3.DatabaseError as err:
@@ -208,13 +215,25 @@ class StoreBase:
             for event in written:
                 self.on_event(event)
 
+    def _refuse_a_newer_release(self) -> None:
+        written = self._meta("release") if "meta" in self.db.table_names() else None
+        mine = release.running()
+        if written and release.newer(mine, written):
+            raise DatabaseNewer(
+                f"{self.path} was written by NebulaGrid {written}, newer than this one "
+                f"({mine}): install {written} or later again, or restore a backup this "
+                f"release made (nebula backup --list)")
+
     def _create_schema(self, head: str | None = None) -> None:
-        """The tables (those missing); a new database's head id is ``head`` when given."""
+        """The tables (those missing); a new database's head id is ``head`` when given; the
+        release that opens it for writing is noted (an older one then refuses it)."""
         with self.transaction():
             create_tables(self.db)
             if not self._meta("head_token"):
                 self.db["meta"].insert({"key": "head_token", "value": head or uuid.uuid4().hex[:12]},
                                        replace=True)
+            if release.running() != "unknown":
+                self._set_meta("release", release.running())
 
     def _meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()

@@ -232,10 +232,12 @@ class Jobs(Accounting):
                 self._event(t, "start", f"job {job_id} started", job_id=job_id)
 
     def finish_job(self, job_id: int, state: JobState, t: float, exit_code: int | None = None,
-                   reason: str = "", ended_at: float | None = None) -> float | None:
+                   reason: str = "", ended_at: float | None = None,
+                   gpus: int | None = None) -> float | None:
         """End a job, release its GPUs and charge its user, in one transaction; returns the
         GPU-hours charged now (None: no such job, or it had ended already). ``ended_at``:
-        when it ended, if not at ``t`` (a pool's job, as the pool says); the line is at ``t``."""
+        when it ended, if not at ``t`` (a pool's job, as the pool says); the line is at ``t``.
+        ``gpus``: its allocation's cards as the pool's accounting says (charged, not asked)."""
         end = t if ended_at is None else ended_at
         with self.transaction():
             row = self.db.execute(
@@ -244,7 +246,7 @@ class Jobs(Accounting):
             if row is None or JobState(row[2]).finished:
                 return None
             user, started_at, _ = row
-            gpu_hours = self._charge_run(job_id, started_at, end)
+            gpu_hours = self._charge_run(job_id, started_at, end, gpus)
             ran = started_at is not None or bool(self.db.execute(
                 "SELECT gpu_hours > 0 FROM jobs WHERE id = ?", [job_id]).fetchone()[0])
             self.db.execute(

@@ -136,7 +136,7 @@ def test_version(head):
 def test_every_command_that_prints_data_takes_json(head, jobs):
     """Walk the parser: each command is either known not to print data or has --json, and
     the JSON of each is what docs/reference.md documents at its top level."""
-    no_data = {"attach", "run", "logs", "parse", "serve", "demo", "tui", "completion", "sim",
+    no_data = {"attach", "run", "srun", "logs", "parse", "serve", "demo", "tui", "completion", "sim",
                "node", "gpu", "pool"}
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
@@ -307,7 +307,7 @@ def test_bash_completes_commands_flags_job_ids_and_nodes(head, jobs, tmp_path):
 
 
 @pytest.mark.skipif(not shutil.which("zsh") or not shutil.which("tmux"),
-                    reason="needs zsh and tmux (scripts/setup.sh installs them as root)")
+                    reason="needs zsh and tmux (scripts/test-deps.sh installs them as root)")
 def test_zsh_completes_commands_and_job_ids(head, jobs, tmp_path):
     env, script = _completion_env(head, tmp_path, "zsh")
     functions = tmp_path / "zfunc"  # installed as zsh wants it: a file _nebula on $fpath

@@ -1,7 +1,7 @@
 """Container jobs run for real with podman on the simulated lab (real sshd, tmux, podman).
 
 The image is ``localhost/nebula-busybox``, made offline by ``scripts/podman-setup.sh`` (run
-by ``scripts/setup.sh`` as root) from Debian's busybox-static. The lab's cards reach
+by ``scripts/test-deps.sh`` as root) from Debian's busybox-static. The lab's cards reach
 containers as CDI devices (``sim/containers.py``), so a job sees exactly its own
 ``/dev/nvidia<N>``. Skipped, with podman's own words, where podman cannot run a container.
 """
@@ -36,7 +36,7 @@ def _podman_problem() -> str | None:
     if os.getuid() != 0:
         return "container jobs are tested as root (rootful podman); run the tests as root"
     if shutil.which("podman") is None:
-        return "podman is not installed; scripts/setup.sh installs it as root"
+        return "podman is not installed; scripts/test-deps.sh installs it as root"
     try:
         done = subprocess.run(["podman", "run", "--rm", IMAGE, "true"], capture_output=True,
                               text=True, timeout=120, cwd="/")
@@ -45,7 +45,7 @@ def _podman_problem() -> str | None:
     if done.returncode != 0:
         words = (done.stderr or done.stdout).strip().splitlines()
         return f"podman cannot run a container here: {words[-1] if words else done.returncode}" \
-               " (scripts/setup.sh as root imports the image and configures podman)"
+               " (scripts/test-deps.sh as root imports the image and configures podman)"
     return None
 
 
@@ -307,7 +307,7 @@ def test_nebula_run_with_an_image_is_a_shell_in_the_container(head):
     subprocess.run([*tmux, "kill-server"], capture_output=True)
     subprocess.run([*tmux, "-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", "100", "-y", "30",
                     "sh", "-c", f"env {env} TERM=screen {shlex.quote(sys.executable)} -m nebula_tui "
-                    f"run --image {IMAGE} --gpu-mem 4G -- sh; echo run-exit=$?; sleep 600"], check=True)
+                    f"run --pty --image {IMAGE} --gpu-mem 4G -- sh; echo run-exit=$?; sleep 600"], check=True)
 
     def screen() -> str:
         return subprocess.run([*tmux, "capture-pane", "-p", "-t", "t"], capture_output=True,

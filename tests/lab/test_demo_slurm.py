@@ -28,7 +28,7 @@ def _why_no_slurm() -> str | None:
         return "nebula demo --slurm runs Slurm's daemons, which need root"
     missing = slurm.missing_packages(slurm.PACKAGES)
     if missing:
-        return f"{' and '.join(missing)} not installed (scripts/setup.sh installs them as root)"
+        return f"{' and '.join(missing)} not installed (scripts/test-deps.sh installs them as root)"
     return None
 
 
@@ -118,4 +118,9 @@ def test_the_demo_with_slurm_says_it_needs_root(monkeypatch, capsys):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert main(["demo", "--headless", "--slurm"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "need root" in err and "sudo nebula demo --slurm" in err
+    # The one sudo line: this installation's own nebula (sudo's PATH has no venv) and this
+    # user's demo home (sudo's HOME is root's).
+    assert err.count("\n") == 2 and "need root" in err
+    line = err.splitlines()[1].split()
+    assert line[0] == "sudo" and os.path.isabs(line[1]) and line[2:4] == ["demo", "--slurm"]
+    assert line[4:6] == ["--home", str(Path.home() / ".nebula" / "demo")] and "--headless" in line

@@ -26,7 +26,7 @@ from support import submit_json
 SENDMAIL = Path("/usr/sbin/sendmail")
 pytestmark = pytest.mark.skipif(
     not SENDMAIL.exists() or not shutil.which("msmtp"),
-    reason="needs a sendmail (scripts/setup.sh installs msmtp-mta as root)")
+    reason="needs a sendmail (scripts/test-deps.sh installs msmtp-mta as root)")
 
 
 class Receiver:

@@ -5,6 +5,7 @@ poll, read another's command — and a restore never runs a pool job twice."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -77,6 +78,21 @@ def config(slurm_lab, path: Path, **extra) -> Path:
     entry.update(extra)
     path.write_text(yaml.safe_dump({"cluster": {"name": "trusttest"}, "pools": [entry]}))
     return path
+
+
+@contextlib.contextmanager
+def partition(slurm_lab, name: str, *settings: str):
+    """A partition of every node of the lab, added for one test (skipped where scontrol
+    cannot add one), deleted after."""
+    made = subprocess.run(["scontrol", "create", f"PartitionName={name}", "Nodes=ALL", *settings],
+                          env=slurm_lab.env, capture_output=True, text=True)
+    if made.returncode != 0 and "already exists" not in made.stdout + made.stderr:
+        pytest.skip(f"scontrol cannot add a partition here: {made.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["scontrol", "delete", f"PartitionName={name}"], env=slurm_lab.env,
+                       capture_output=True)
 
 
 @pytest.fixture(scope="module")
@@ -179,12 +195,13 @@ def test_preemptible_without_a_scavenger_qos_is_refused(head):
 
 
 def test_preemptible_runs_in_the_scavenger_partition(slurm_lab, tmp_path):
-    made = subprocess.run(["scontrol", "create", "PartitionName=nebscav", "Nodes=ALL"],
-                          env=slurm_lab.env, capture_output=True, text=True)
-    if made.returncode != 0 and "already exists" not in made.stdout + made.stderr:
-        pytest.skip(f"scontrol cannot add a partition here: {made.stderr.strip()}")
-    head = start_head(tmp_path / "home", config(slurm_lab, tmp_path / "nodes.yaml",
-                                                scavenger_partition="nebscav"))
+    with partition(slurm_lab, "nebscav"):
+        head = start_head(tmp_path / "home", config(slurm_lab, tmp_path / "nodes.yaml",
+                                                    scavenger_partition="nebscav"))
+        _scavenger_partition_used(head, slurm_lab)
+
+
+def _scavenger_partition_used(head: HeadProcess, slurm_lab) -> None:
     try:
         normal = submit(head, "--pool", "hpc", "--", "true")
         cheap = submit(head, "--pool", "hpc", "--preemptible", "--", "true")
@@ -195,8 +212,6 @@ def test_preemptible_runs_in_the_scavenger_partition(slurm_lab, tmp_path):
         assert where == {normal: "gpu", cheap: "nebscav"}, where
     finally:
         cancel_left_and_stop(head)
-        subprocess.run(["scontrol", "delete", "PartitionName=nebscav"], env=slurm_lab.env,
-                       capture_output=True)
 
 
 def test_no_login_as_an_account_nobody_authorised(slurm_lab, tmp_path):
@@ -305,3 +320,31 @@ esac
             slurm_lab.revoke(alice)
             slurm_lab.revoke(bob)
     shutil.rmtree(public, ignore_errors=True)
+
+
+def test_a_pool_job_is_charged_the_gpus_slurms_accounting_allocated(slurm_lab, tmp_path):
+    """A partition that gives whole nodes (OverSubscribe=EXCLUSIVE): the job asks 1 GPU,
+    Slurm allocates and accounts every GPU of the node (AllocTRES); that is what it held
+    and what it is charged, over Slurm's elapsed time."""
+    with partition(slurm_lab, "nebwhole", "OverSubscribe=EXCLUSIVE"):
+        head = start_head(tmp_path / "home", config(slurm_lab, tmp_path / "nodes.yaml",
+                                                    partition="nebwhole"))
+        _charged_what_was_allocated(head, slurm_lab)
+
+
+def _charged_what_was_allocated(head: HeadProcess, slurm_lab) -> None:
+    try:
+        job = submit(head, "--pool", "hpc", "--gpu-count", "1", "--", "sleep", "6")
+        assert wait_state(head, job, {"succeeded", "failed"}, timeout=90)["state"] == "succeeded"
+        rid = remote_id(head, job)
+        acct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", str(rid), "-o", "AllocTRES,ElapsedRaw"],
+                              env=slurm_lab.env, capture_output=True, text=True, timeout=30)
+        tres, elapsed = acct.stdout.strip().splitlines()[0].split("|")
+        held = int(re.search(r"gres/gpu=(\d+)", tres).group(1))
+        assert held > 1, tres  # the partition did give the whole node
+        mine = next(j for j in json.loads(head.run("history", "--json", check=True).stdout)
+                    if j["id"] == job)
+        assert mine["gpu_hours"] == pytest.approx(held * int(elapsed) / 3600, rel=0.01, abs=1e-6), \
+            (mine, tres, elapsed)
+    finally:
+        cancel_left_and_stop(head)

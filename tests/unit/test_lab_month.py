@@ -15,7 +15,7 @@ import pytest
 from nebula_tui.config.cluster import parse_config
 from nebula_tui.head.replay import Replay
 from nebula_tui.month import baselines, inventory, metrics, setup, workload
-from nebula_tui.month.records import Request
+from nebula_tui.month.records import Outcome, Request
 
 REPO = Path(__file__).resolve().parents[2]
 LAB_LAYOUT = "core"  # the session's simulated lab (labfixtures)
@@ -130,6 +130,22 @@ def test_utilisation_counts_the_memory_asked_not_the_card_held():
     f = metrics.figures("x", jobs, out, CARDS[:1], 1000, {1})
     assert f.utilisation == pytest.approx(8192 / 24576)
     assert f.held == pytest.approx(1.0)
+
+
+def test_each_size_class_has_its_p95_and_never_run_and_the_last_line_names_the_worst():
+    jobs = [Request(1, 0, "alice", 1, 8192, 100), Request(2, 0, "bob", 2, None, 100),
+            Request(3, 0, "carol", 2, None, 100)]
+    cards = CARDS[:2]
+    slurm = baselines.slurm_like(jobs, cards, 1000, half_life_s=None)  # 2 starts at 0, 3 at 100
+    ours = {1: Outcome(1, started_s=0, ended_s=100, placements=(("n1", "g1", 24576, True),)),
+            2: Outcome(2, started_s=100, ended_s=200, placements=(("n1", "g1", 24576, True), ("n1", "g2", 24576, True))),
+            3: Outcome(3)}  # never ran
+    a = metrics.figures("NebulaGrid", jobs, ours, cards, 1000, {1, 2, 3})
+    b = metrics.figures("slurm-like", jobs, slurm, cards, 1000, {1, 2, 3})
+    assert a.waits_by_size["2 cards"][2:] == (2, 1) and b.waits_by_size["2 cards"][3] == 0
+    table = metrics.table([a, b])
+    assert "  2 cards: wait p50 / p95, never run" in table and "1 of 2" in table
+    assert metrics.last_line(a, b, b).endswith(", worst class: 2 cards p95 17 min (slurm-like 3)")
 
 
 # ------------------------------------------------------------------ the head's own replay
@@ -347,3 +363,15 @@ def test_an_over_quota_job_runs_on_the_idle_card_and_is_preempted_for_in_quota_w
     strict = setup.replay_config(inv, None, ["scheduler.quota_gpu_hours=1", "scheduler.quota_mode=refuse"])
     out = Replay(strict, inv, jobs, setup.REPLAY_EPOCH, 86400).run()
     assert out[2].refused and out[2].started_s is None
+
+
+def test_add_and_remove_change_the_cards_not_the_built_in_months_jobs(tmp_path):
+    """Adding cards used to grow the built-in month with them (two more 4090s read as more
+    jobs never run): the same jobs now run on the changed cards, and the output says so."""
+    plain, more = tmp_path / "plain.csv", tmp_path / "more.csv"
+    base = ("simulate", "--layout", "core", "--days", "1")
+    assert nebula(*base, "--save-trace", str(plain)).returncode == 0
+    done = nebula(*base, "--add", "2x NVIDIA GeForce RTX 4090@node07", "--save-trace", str(more))
+    assert done.returncode == 0, done.stderr
+    assert more.read_text() == plain.read_text()
+    assert "the same jobs as on the lab's 9 cards, replayed on 11" in done.stdout

@@ -301,7 +301,9 @@ def make_snapshot(rnd: random.Random, nodes: int = 6, gangs_only: bool = False) 
     # bounds (which hold only while no score term can be negative) and reorders the sets.
     weights = rnd.choice([{}, {}, {}, {"w_pack": 0.0, "w_topology": 3.0}, {"w_topology": -1.0},
                           {"w_health": -2.0, "w_load": 0.5}, {"w_power": 4.0}, {"w_power": -1.0}])
-    config = SchedulerConfig(max_combinations=rnd.choice([256, 256, 8]), **weights)
+    # the reference is one walk of the queue: over-quota users wait in it (quota_mode refuse)
+    # rather than move to the preemptible walk (preemption.py, tests/unit/test_preemption.py)
+    config = SchedulerConfig(max_combinations=rnd.choice([256, 256, 8]), quota_mode="refuse", **weights)
     return Snapshot(gpus=tuple(gpus), queue=tuple(queue), now=NOW, running=tuple(running), users=users,
                     finished={2: "succeeded", 3: "failed", 4: "cancelled"}, never_ran=frozenset({4}),
                     topologies=topologies, config=config, power_budgets=budgets)

@@ -330,8 +330,12 @@ def test_fair_share_lowest_weight_first_then_priority_jumps():
 def test_quota_refusal_keeps_the_user_waiting():
     text = fairshare.quota_refusal("alice", 2012.5, 2000, ["root", "bob"])
     users = {"alice": UserShare("alice", 1.0, refusal=text)}
-    got = run([card("n1", 0)], [job(1, user="alice"), job(2, user="bob")], users=users)
+    got = run([card("n1", 0)], [job(1, user="alice"), job(2, user="bob")], users=users,
+              config=SchedulerConfig(quota_mode="refuse"))
     assert got[1] == Wait(1, text) and isinstance(got[2], Start)
+    # scavenge (the default): no refusal; the in-quota job gets the card, alice's waits for an idle one
+    got = run([card("n1", 0)], [job(1, user="alice"), job(2, user="bob")], users=users)
+    assert got[1].reason.startswith("over quota: runs only on idle cards; ") and isinstance(got[2], Start)
 
 
 # ------------------------------------------------------------------ R25 reservation, backfill
