@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import posixpath
+import re
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
@@ -276,10 +278,28 @@ class JobSpec:
     preemptible: bool = False
     #: --reservation NAME: runs on that booking's cards only, inside its window
     reservation: str | None = None
+    #: -o/-e: the files its output and error output go to on the node (relative: to its
+    #: workdir), sbatch's patterns in them (``output_file`` expands them)
+    output: str | None = None
+    error: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.array, str):  # ValueError with a sentence when it is not one
             object.__setattr__(self, "array", TaskArray.parse(self.array))
+
+
+#: sbatch's filename patterns that -o/-e take here: %j job id, %x name, %u user, %a array
+#: task, %A array id (the job's own id outside an array), %% a percent sign
+OUTPUT_PATTERNS = "jxuaA%"
+
+
+def output_file(pattern: str, job_id: int, spec: JobSpec, user: str) -> str:
+    """An -o/-e pattern with the job's values in it, as sbatch fills it (``%x-%j.out`` ->
+    ``train-12.out``). A pattern is checked at submit (``OUTPUT_PATTERNS``)."""
+    values = {"j": str(job_id), "x": spec.name or "", "u": user,
+              "a": str(spec.array_index) if spec.array_index is not None else "4294967294",
+              "A": str(spec.array_id if spec.array_id is not None else job_id), "%": "%"}
+    return re.sub(r"%([%a-zA-Z])", lambda m: values.get(m.group(1), m.group(0)), pattern)
 
 
 def spec_fields(spec: JobSpec) -> dict:
@@ -564,3 +584,13 @@ def format_mb(mb: int | None) -> str:
         gb = mb / MIB_PER_GIB
         return f"{gb:.0f} GB" if gb >= 10 or gb.is_integer() else f"{gb:.1f} GB"
     return f"{mb} MB"
+
+
+def stdio_path(job: Job, pattern: str | None) -> str | None:
+    """An -o/-e file as sbatch shows it (``scontrol show job``'s StdOut): the patterns
+    filled, a relative name under the job's workdir where that is known."""
+    if not pattern:
+        return None
+    path = output_file(pattern, job.id, job.spec, job.user)
+    base = job.workdir_used or job.spec.workdir or job.spec.submit_dir
+    return posixpath.join(base, path) if base and not path.startswith("/") else path

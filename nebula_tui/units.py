@@ -103,9 +103,12 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 86400:.0f} days"
 
 
-def duration_exact(seconds: float) -> str:
+def duration_exact(seconds: float | None) -> str:
     """A limit as it was understood, to the second: 5400 -> "1 h 30 min", 90 -> "1 min 30 s",
-    216000 -> "2 days 12 h" (what ``--time`` gave: a Slurm user checks that 90 was minutes)."""
+    216000 -> "2 days 12 h", None -> "none" (what ``--time`` gave: a Slurm user checks that
+    90 was minutes)."""
+    if not seconds:
+        return "none"
     s = int(round(seconds))
     parts = [(s // 86400, " days" if s // 86400 != 1 else " day"), (s % 86400 // 3600, " h"),
              (s % 3600 // 60, " min"), (s % 60, " s")]

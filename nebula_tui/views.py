@@ -6,13 +6,14 @@ and the TUI render them. Nothing here does I/O.
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict
 from enum import Enum
 
 from .model import (LOCAL_POOL, MIB_PER_GIB, NOT_AVAILABLE, Cancelling, Evicting, GpuView, Job, JobState,
-                    Stopping, fmt, format_mb, holding)
+                    Stopping, fmt, format_mb, holding, stdio_path)
 from .forecasts import first_start, starts_text
 from .printable import printable
 from .scheduler.filters import cuda_gap
@@ -92,7 +93,7 @@ def job_json(job: Job) -> dict:
     return {
         "id": job.id, "user": job.user, "name": job.spec.name, "state": job.state.value,
         "reason": job.reason, "node": job.node, "command": list(job.spec.command),
-        "shell": job.spec.shell, "gpu_count": job.spec.gpu_count,
+        "shell": job.spec.shell, "gpu_count": job.spec.gpu_count, "nodes": job.spec.nodes,
         "gpu_mem_mb": job.spec.gpu_mem_mb, "workdir": job.spec.workdir,
         "submitted_at": job.submitted_at, "started_at": job.started_at,
         "ended_at": job.ended_at, "exit_code": job.exit_code, "held": bool(job.held_by),
@@ -110,6 +111,7 @@ def job_json(job: Job) -> dict:
         "array_id": job.spec.array_id, "array_index": job.spec.array_index,
         "array": job.spec.array and job.spec.array.text, "after": list(job.spec.after), "after_type": job.spec.after_type,
         "time_limit_s": job.spec.time_limit_s, "vendor": job.spec.vendor,
+        "output": stdio_path(job, job.spec.output), "error": stdio_path(job, job.spec.error or job.spec.output),
         "arch": job.spec.arch, "cuda": job.spec.cuda,
         "pool": job.pool or (job.spec.pool if job.spec.pool != LOCAL_POOL else None),
         "preemptible": job.spec.preemptible, "preemptions": job.preemptions,
@@ -353,7 +355,7 @@ def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False)
         where = gpu_list(j["gpus"]) or (
             f"{j['gpu_count']}x{format_mb(j['gpu_mem_mb']) if j['gpu_mem_mb'] else 'whole'}")
         # A running job's reason is what it does before its command (pulling an image).
-        detail = j["reason"] if j["state"] == "pending" or j["reason"] else " ".join(j["command"])
+        detail = j["reason"] if j["state"] == "pending" or j["reason"] else command_line(j)
         if now is not None and (idle := running_idle_text(j, now)):
             detail = f"{idle} · {detail}"
         if tag := preemptible_text(j):
@@ -467,17 +469,17 @@ def doctor_text(reply: dict) -> str:
     return "\n".join(lines)
 
 
-def time_limit_text(job: dict) -> str:
-    """The time limit the head understood ("1 h 30 min"; "none" without one)."""
-    limit = job.get("time_limit_s")
-    return duration_exact(limit) if limit else "none"
+def command_line(job: dict) -> str:
+    """A job's command as one could type it again: shell text as given, an argv quoted
+    (``sh -c 'for i in 1 2; do …'``)."""
+    return job["command"][0] if job.get("shell") else shlex.join(job["command"])
 
 
 def job_text(job: dict) -> str:
     """`nebula job N`: the job in full as text (`--json` gives every field): its state and
     why, what it asked for, where it runs and the environment its command gets there."""
     when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))  # noqa: E731
-    command = job["command"][0] if job.get("shell") else " ".join(job["command"])
+    command = command_line(job)
     state = job.get("phase") or job["state"]
     reason = job.get("reason") or ""
     asks = f"{job['gpu_count']} GPU" + ("s" if job["gpu_count"] != 1 else "")
@@ -488,7 +490,10 @@ def job_text(job: dict) -> str:
              f"  command:   {command}",
              f"  asks:      {asks}",
              f"  workdir:   {workdir_text(job)}",
-             f"  limit:     {time_limit_text(job)}"]
+             f"  limit:     {duration_exact(job.get('time_limit_s'))}"]
+    for key in ("output", "error"):
+        if job.get(key) and (key == "output" or job[key] != job.get("output")):
+            lines.append(f"  {key + ':':<10} {job[key]}")
     if job.get("pool"):  # sent to a batch cluster: its place there reads pool:node
         lines.append(f"  pool:      {job['pool']}")
     if job.get("image"):

@@ -41,6 +41,7 @@ LAB_FOLDER = HERE / "lab"
 MACHINE_WIDE = {
     "test_pools_e2e": "slurm", "test_pool_authorize": "slurm", "test_tui_pools": "slurm",
     "test_slurm_lab": "slurm", "test_demo_slurm": "slurm", "test_pool_trust": "slurm",
+    "test_slurm_oracle": "slurm",
     **dict.fromkeys(("test_multiuser", "test_accounting", "test_remote_host", "test_attach",
                      "test_shared_box_paths", "test_node_command_lines", "test_install"),
                     "unix-users"),

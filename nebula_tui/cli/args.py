@@ -192,16 +192,6 @@ def job_id(text: str) -> int:
     return int(text)
 
 
-def after(text: str) -> tuple[str, list[int]]:
-    """``12``, ``12,13``, ``any:12``, ``notok:12,13``, ``started:12`` -> (kind, ids)."""
-    kind, _, ids = text.rpartition(":")
-    kind = kind or "ok"
-    if kind not in ("ok", "any", "notok", "started"):
-        raise argparse.ArgumentTypeError(f"'{text}': the kinds are ok, any, notok and started, "
-                                         "e.g. any:12")
-    return kind, [job_id(part) for part in ids.split(",")]
-
-
 def array(text: str) -> TaskArray:
     try:
         return TaskArray.parse(text)

@@ -12,7 +12,8 @@ from .. import environments
 from ..api import ApiError
 from ..printable import printable
 from ..model import ended_text
-from ..views import job_text, time_limit_text
+from ..units import duration_exact
+from ..views import job_text
 from .args import FINISHED_STATES, USAGE_ERROR
 from .common import service_client, show
 
@@ -41,20 +42,31 @@ def world_request(args) -> dict:
 def submit_request(args) -> dict | None:
     """The submit request of `nebula submit`/`run`'s flags; None after a usage error."""
     prog = f"nebula {args.command}"
-    if args.shell_command is not None and args.trailing:
-        print(f"{prog}: give either --command \"…\" or `-- cmd args…`, not both", file=sys.stderr)
+    script = getattr(args, "script", None) or []
+    if sum(map(bool, (args.shell_command is not None, args.trailing, script))) > 1:
+        print(f"{prog}: give one of a script, --command \"…\" or `-- cmd args…`", file=sys.stderr)
         return None
-    if args.shell_command is None and not args.trailing:
-        print(f"{prog}: nothing to run; add `-- cmd args…` or --command \"…\"", file=sys.stderr)
+    if args.shell_command is None and not args.trailing and not script:
+        print(f"{prog}: nothing to run; add `-- cmd args…`, --command \"…\" or a script",
+              file=sys.stderr)
         return None
+    for note in getattr(args, "unhonoured", None) or ():
+        print(f"{prog}: {note}", file=sys.stderr)
     kinds = {kind for kind, _ in args.after}
     if len(kinds) > 1:
         print(f"{prog}: --after: give one kind of dependency for all its jobs", file=sys.stderr)
         return None
+    if script and not args.name:  # as sbatch: a script's job is named after it
+        args.name = os.path.basename(script[0])
+    if args.gpus_per_node:  # --gres counts per node, as in Slurm
+        args.gpu_count = args.gpus_per_node * args.nodes
+    command = (script_command(script) if script else
+               [args.shell_command] if args.shell_command is not None else args.trailing)
     return {
-        "command": [args.shell_command] if args.shell_command is not None else args.trailing,
+        "command": command,
         "shell": args.shell_command is not None, "name": args.name,
         "gpu_count": args.gpu_count, "gpu_mem_mb": args.gpu_mem,
+        "output": args.output, "error": args.error,
         "workdir": os.path.abspath(args.workdir) if args.workdir else None,
         "arch": args.arch, "cuda": args.cuda, "vendor": args.vendor, "nodes": args.nodes,
         "priority": args.priority, "time_limit_s": args.time_limit,
@@ -67,6 +79,16 @@ def submit_request(args) -> dict | None:
     }
 
 
+def script_command(script: list[str]) -> list[str]:
+    """``nebula submit train.sh ARGS``: the script run by its ``#!`` interpreter (checked
+    there by ``slurm.with_directives``), by its absolute path (the node reads it there: a
+    shared home), as sbatch runs it whether or not it is executable."""
+    path = os.path.abspath(script[0])
+    with open(path, "rb") as f:
+        interpreter = f.readline(4096).decode(errors="replace")[2:].split() or ["/bin/sh"]
+    return [*interpreter, path, *script[1:]]
+
+
 def cmd_submit(args, home, config) -> int:
     request = submit_request(args)
     if request is None:
@@ -74,9 +96,14 @@ def cmd_submit(args, home, config) -> int:
     with service_client(home, config) as client:
         reply = client.call("submit", **request)
         job = reply["job"]
-        limit = f"time limit {time_limit_text(job)}"  # a Slurm user sees 90 was minutes
+        if getattr(args, "parsable", False):  # sbatch --parsable: the id alone, for scripts
+            print(job["id"])
+            return _wait(client, job["id"]) if args.wait else 0
+        limit = f"time limit {duration_exact(job['time_limit_s'])}"  # a Slurm user sees 90 was minutes
         said = (f"Submitted array job {job['id']} ({reply.get('tasks', 1)} tasks, {limit})"
                 if args.array else f"Submitted job {job['id']} ({limit})")
+        if args.command == "sbatch":  # sbatch's own words, which scripts grep
+            said = f"Submitted batch job {job['id']}"
         if not args.wait:
             return show(args, job, said)
         if not args.json:  # the id at once; with --json, one document: the ended job
@@ -85,41 +112,65 @@ def cmd_submit(args, home, config) -> int:
 
 
 def cmd_run(args, home, config) -> int:
-    """Submit an interactive job, wait for its GPUs, attach this terminal to it (R33)."""
-    from ..client.attach import attach
-
-    if not sys.stdin.isatty():
-        print("nebula run: needs a terminal; without one use `nebula submit`", file=sys.stderr)
+    """``nebula run`` is srun: the job's output streams here as it runs, its exit code is
+    this command's, Ctrl-C cancels it; the job's log keeps it all. With ``--pty`` this
+    terminal is the job's (srun --pty, R33)."""
+    if args.pty and not sys.stdin.isatty():
+        print(f"nebula {args.command}: --pty needs a terminal; without one leave it out",
+              file=sys.stderr)
         return USAGE_ERROR
     request = submit_request(args)
     if request is None:
         return USAGE_ERROR
-    with service_client(home, config) as client:
-        job = client.call("submit", interactive=True, **request)["job"]
-        print(f"Submitted job {job['id']}", file=sys.stderr, flush=True)
-        said = None
-        while job["state"] in ("pending", "launching"):
-            if job["reason"] and job["reason"] != said:
-                said = job["reason"]
-                print(f"Waiting: {printable(said)}", file=sys.stderr, flush=True)
-            time.sleep(0.2)
-            job = client.call("job", job=job["id"])["job"]
-        path = client.path
-    ended = job["state"] != "running" or attach(path, job["id"])
-    with service_client(home, config) as client:
-        job = client.call("job", job=job["id"])["job"]
-        if job["state"] == "running" and not ended:  # a detach: the job runs on
-            print(f"Detached; job {job['id']} runs on: `nebula attach {job['id']}`", file=sys.stderr)
-            return 0
-        return _wait(client, job["id"])
+    job_id = None
+    try:
+        with service_client(home, config) as client:
+            job = client.call("submit", interactive=args.pty, **request)["job"]
+            job_id = job["id"]
+            print(f"Submitted job {job_id} (time limit {duration_exact(job['time_limit_s'])})",
+                  file=sys.stderr, flush=True)
+            said = None
+            while job["state"] in ("pending", "launching"):
+                if job["reason"] and job["reason"] != said:
+                    said = job["reason"]
+                    print(f"Job {job_id}: {printable(said)}", file=sys.stderr, flush=True)
+                time.sleep(0.2)
+                job = client.call("job", job=job_id)["job"]
+            path = client.path
+        if not args.pty:
+            from argparse import Namespace
+
+            from .logs import cmd_logs
+
+            cmd_logs(Namespace(job=job_id, follow=True, rank=None, tail=None, attempt=None),
+                     home, config)
+            with service_client(home, config) as client:
+                return _wait(client, job_id, quiet_success=True)
+        from ..client.attach import attach
+
+        ended = job["state"] != "running" or attach(path, job_id)
+        with service_client(home, config) as client:
+            job = client.call("job", job=job_id)["job"]
+            if job["state"] == "running" and not ended:  # a detach: the job runs on
+                print(f"Detached; job {job_id} runs on: `nebula attach {job_id}`", file=sys.stderr)
+                return 0
+            return _wait(client, job_id)
+    except KeyboardInterrupt:  # Ctrl-C: as srun, the job is cancelled
+        if job_id is not None:
+            with service_client(home, config) as client:
+                client.call("cancel", job=job_id)
+            print(f"\nnebula {args.command}: cancelled job {job_id}", file=sys.stderr)
+        return 130
 
 
-def _wait(client, job_id: int, as_json: bool = False) -> int:
+def _wait(client, job_id: int, as_json: bool = False, quiet_success: bool = False) -> int:
+    """Wait for the job's end; say how it ended (``quiet_success``: only when it failed,
+    as srun) and return its exit code."""
     job = client.wait(job_id)
     detail = f" with exit code {job['exit_code']}" if job["exit_code"] is not None else ""
     if as_json:
         print(json.dumps(job, indent=2))
-    else:
+    elif not (quiet_success and job["state"] == "succeeded"):
         print(f"Job {job_id} {ended_text(job['state'], printable(job['reason'] or ''), detail)}", file=sys.stderr)
     if job["exit_code"] is not None:
         return job["exit_code"]
@@ -141,7 +192,13 @@ def cmd_queue(args, home, config) -> int:
             jobs = (client.call("job_history", user=args.user, state=ended, limit=args.limit)["jobs"]
                     if ended else []) + jobs
     jobs = [j for j in jobs if (args.user is None or j["user"] == args.user)
-            and (args.state is None or j["state"] in args.state)]
+            and (args.state is None or j["state"] in args.state)
+            and (args.jobs is None or j["id"] in args.jobs or j.get("array_id") in args.jobs)]
+    if args.format or args.command == "squeue":  # Slurm's shape, for scripts that parse it
+        from .slurm import SQUEUE_FORMAT, squeue_text
+
+        return show(args, jobs, lambda shown: squeue_text(
+            shown, args.format or SQUEUE_FORMAT, not args.noheader, time.time()))
     return show(args, jobs, lambda shown: queue_text(shown, time.time(), args.expand))
 
 

@@ -199,6 +199,9 @@ def cmd_simulate(args, home, config) -> int:
     try:
         inv = inventory.from_gpus_json(Path(args.gpus_json)) if args.gpus_json else inventory.layout(args.layout)
         links = {} if args.gpus_json else inventory.layout_links(args.layout)
+        # The built-in month is the lab's as it is: --add/--remove change the cards, not the
+        # jobs (a capacity question asks how the same work fares on other cards).
+        asked = inv
         for what in args.add:
             inv = inventory.add(inv, what)
         for node in args.remove:
@@ -208,7 +211,7 @@ def cmd_simulate(args, home, config) -> int:
         if args.workload:
             requests = workload.read(Path(args.workload))
         else:
-            requests = workload.lab_month(len(inventory.card_list(inv)), inventory.largest_node(inv),
+            requests = workload.lab_month(len(inventory.card_list(asked)), inventory.largest_node(asked),
                                           users=args.users or max(12, len(inv)),
                                           days=args.days, load=args.load, seed=args.seed)
     except (inventory.InventoryError, workload.WorkloadError, setup.SetupError, ConfigError) as err:
@@ -224,6 +227,10 @@ def cmd_simulate(args, home, config) -> int:
     if args.json:
         print(json.dumps(plots.as_json(result), indent=2))
     else:
+        if (args.add or args.remove) and not args.workload:
+            print(f"the same jobs as on the lab's {len(inventory.card_list(asked))} cards, "
+                  f"replayed on {len(inventory.card_list(inv))} (--add/--remove change the cards, "
+                  "not the workload)\n")
         print(result.text())
         print()
         print(plots.text_chart(result, color=sys.stdout.isatty()))

@@ -14,6 +14,7 @@ from ..printable import printable
 from . import accounting, bookings, cluster, jobs, local, logs, pools, sim
 from .args import USAGE_ERROR, leaf_parser
 from .parser import build_parser
+from .slurm import with_directives
 
 #: Exit code of a command whose output pipe closed early, as if SIGPIPE had ended it.
 BROKEN_PIPE = 128 + 13
@@ -34,6 +35,9 @@ COMMANDS = {
     "parse": local.cmd_parse, "serve": local.cmd_serve, "demo": local.cmd_demo,
     "tui": local.cmd_tui, "completion": local.cmd_completion, "sim": sim.cmd_sim,
     "simulate": local.cmd_simulate, "backup": local.cmd_backup,
+    # Slurm's names, for hands and scripts that type them
+    "sbatch": jobs.cmd_submit, "srun": jobs.cmd_run, "squeue": jobs.cmd_queue,
+    "scancel": jobs.cmd_cancel,
 }
 #: Commands that never talk to a service, so ``--host`` does not apply to them.
 LOCAL_COMMANDS = ("parse", "serve", "demo", "sim", "completion", "simulate", "backup")
@@ -66,8 +70,10 @@ def _main(argv: list[str]) -> int:
     args, extras = parser.parse_known_args(argv)
     if extras:
         leaf_parser(parser, args).unrecognized(extras)
+    if getattr(args, "script", None):  # `nebula submit train.sh`: its #SBATCH lines too
+        args = with_directives(parser, leaf_parser(parser, args), argv, args)
     args.trailing = trailing
-    if trailing and args.command not in ("submit", "run"):
+    if trailing and args.command not in ("submit", "run", "sbatch", "srun"):
         parser.error("`--` is only for `nebula submit` and `nebula run`")
     command = args.command or "tui"
     host = getattr(args, "remote_host", None) or os.environ.get("NEBULA_HOST")

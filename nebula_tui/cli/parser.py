@@ -5,15 +5,18 @@ family's module."""
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 
 from .. import environments
 from ..api import ARCH_RE, CUDA_RE, EVENT_KINDS
 from ..model import VENDORS
 from . import sim
-from .args import (FINISHED_STATES, REPORT_TABLES, STATES, OneLineParser, address, after, ahead, array,
+from .args import (FINISHED_STATES, REPORT_TABLES, STATES, OneLineParser, address, ahead, array,
                    checked, count, duration, ended_states, job_id, job_states, pattern, size_mb,
                    users, when)
+from .slurm import (GpuRequest, MailType, Qos, add_unhonoured, after, check_format, dependency,
+                    gpus, gres, slurm_states)
 
 
 def add_world_flags(p: argparse.ArgumentParser) -> None:
@@ -34,15 +37,22 @@ def add_world_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_submit_flags(p: argparse.ArgumentParser) -> None:
-    """What a job asks for: `nebula submit` and `nebula run` take the same."""
-    p.add_argument("--name", default="")
-    p.add_argument("--gpu-count", type=count, default=1, help="GPUs the job needs (default 1)")
-    p.add_argument("--gpu-mem", type=size_mb, default=None,
+    """What a job asks for: `nebula submit` and `nebula run` take the same, under
+    NebulaGrid's names and Slurm's (sbatch/srun's short and long ones, `cli/slurm.py`)."""
+    p.add_argument("--name", "-J", "--job-name", default="")
+    p.add_argument("--gpu-count", "-G", "--gpus", type=gpus, action=GpuRequest, default=1,
+                   metavar="[TYPE:]N",
+                   help="GPUs the job needs in all (default 1); a TYPE (a100, h100, nvidia, "
+                        "sm_89…) sets --arch or --vendor")
+    p.add_argument("--gres", "--gpus-per-node", dest="gpus_per_node", type=gres,
+                   action=GpuRequest, default=None, metavar="gpu[:TYPE]:N",
+                   help="GPUs per node, as Slurm's --gres: the job gets N times --nodes")
+    p.add_argument("--gpu-mem", "--mem-per-gpu", type=size_mb, default=None,
                    help="memory per GPU, e.g. 8G (default: whole cards)")
-    p.add_argument("--workdir", default=None,
+    p.add_argument("--workdir", "-D", "--chdir", default=None,
                    help="directory on the node (default: this directory where the node has "
                         "it, else the home)")
-    p.add_argument("--command", dest="shell_command", default=None,
+    p.add_argument("--command", "--wrap", dest="shell_command", default=None,
                    help="a shell command line instead of `-- cmd args…`")
     p.add_argument("--arch", type=pattern(ARCH_RE, "sm_89, '>=sm_80' or gfx90a"), default=None,
                    help="compute capability: sm_89 exactly, or '>=sm_80'")
@@ -50,15 +60,25 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
                    help="the driver must support at least this CUDA, e.g. 12.1")
     p.add_argument("--vendor", default=None, choices=(*VENDORS, "any"),
                    help="the cards' vendor (default: nodes.yaml's scheduler.default_vendor, else any)")
-    p.add_argument("--nodes", type=count, default=1, help="how many nodes the GPUs may span (default 1)")
+    p.add_argument("--nodes", "-N", type=count, default=1,
+                   help="how many nodes the GPUs may span (default 1)")
     p.add_argument("--priority", type=int, default=0, help="admins: higher runs first")
     p.add_argument("--after", type=after, action="append", default=[],
                    help="start once these jobs succeeded (12,13), ended (any:12), failed "
                         "(notok:12) or started (started:12); repeatable")
-    p.add_argument("--time", dest="time_limit", type=duration, default=None,
+    p.add_argument("--dependency", "-d", dest="after", type=dependency, action="append",
+                   metavar="TYPE:ID[:ID…]",
+                   help="Slurm's form of --after: afterok:12:13, afterany:12, afternotok:12, "
+                        "after:12 (started); a bare id is afterany")
+    p.add_argument("--time", "-t", dest="time_limit", type=duration, default=None,
                    help="it is stopped then (SIGUSR1, SIGKILL after the grace); as in Slurm, "
                         "a bare number is minutes (90), or 1:30:00, 2-12, 30m, 2h, 90s; "
                         "lets it use reserved GPUs meanwhile")
+    p.add_argument("--output", "-o", default=None, metavar="FILE",
+                   help="write its output to FILE on the node (relative: to its workdir), as "
+                        "sbatch: %%j job id, %%x name, %%u user, %%a task, %%A array id")
+    p.add_argument("--error", "-e", default=None, metavar="FILE",
+                   help="its error output to FILE (default: with --output's)")
     p.add_argument("--service", action="store_true",
                    help="a long-running inference service: its card keeps 2 GB spare")
     p.add_argument("--no-requeue", action="store_true",
@@ -68,7 +88,14 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preemptible", action="store_true",
                    help="run on any free GPU now, whatever your fair share; stopped (SIGUSR1, "
                         "grace, SIGKILL) and requeued when a normal job needs the GPU; charged less")
+    p.add_argument("--qos", action=Qos, default=None, metavar="QOS",
+                   help="Slurm's: scavenger is --preemptible")
+    p.add_argument("--pool", "-p", "--partition", dest="pool", default=None, metavar="NAME",
+                   help="run it in this pool (a Slurm cluster in nodes.yaml's pools:), or "
+                        "'local' to keep it on the lab's nodes (default: here, or a pool once "
+                        "it waited past the pool's burst_after)")
     add_world_flags(p)
+    add_unhonoured(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,27 +124,48 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help_text,
                               parents=[common, printing] if prints else [common], **kw)
 
-    p = command("submit", "submit a job: nebula submit [options] -- cmd args…")
+    p = command("submit", "submit a job: nebula submit [options] -- cmd args…, or nebula "
+                          "submit [options] script.sh [args…] (its #SBATCH/#NEBULA lines read)",
+                aliases=["sbatch"])
     add_submit_flags(p)
-    p.add_argument("--pool", default=None, metavar="NAME",
-                   help="run it in this pool (a Slurm cluster in nodes.yaml's pools:), or "
-                        "'local' to keep it on the lab's nodes (default: here, or a pool once "
-                        "it waited past the pool's burst_after)")
-    p.add_argument("--array", type=array, default=None,
+    p.add_argument("--array", "-a", type=array, default=None,
                    help="run it as tasks 0-99 (NEBULA_ARRAY_TASK_ID), at most 8 at once with 0-99%%8")
-    p.add_argument("--wait", action="store_true", help="wait for the end; exit with its code")
+    p.add_argument("--wait", "-W", action="store_true", help="wait for the end; exit with its code")
     p.add_argument("--notify", action="store_true",
                    help="mail you (and the lab's job webhooks) when it ends or is requeued")
-    p = command("run", "run a command on a terminal once it has its GPUs, like srun --pty: "
-                       "nebula run [submit options] -- bash", prints=False)
+    p.add_argument("--mail-type", dest="notify", action=MailType, metavar="TYPE",
+                   help="Slurm's: any type but NONE is --notify")
+    p.add_argument("--parsable", action="store_true",
+                   help="print the job id alone (as sbatch --parsable), for scripts")
+    p.add_argument("script", nargs=argparse.REMAINDER, metavar="script.sh [args…]",
+                   help="a job script: its #SBATCH and #NEBULA lines at the top are read as "
+                        "flags (those given here win), and the node runs it by its path")
+    p = command("run", "run a command once it has its GPUs, as srun: its output here as it "
+                       "runs, its exit code this command's, Ctrl-C cancels it; --pty: this "
+                       "terminal is the job's (nebula run --pty -- bash)", prints=False,
+                aliases=["srun"])
     add_submit_flags(p)
+    p.add_argument("--pty", action="store_true",
+                   help="give the job this terminal, as srun --pty (Ctrl-b d detaches)")
 
     command("status", "the cluster overview")
-    p = command("queue", "running and waiting jobs")
+    # -h is squeue's --noheader here (--help still helps)
+    p = command("queue", "running and waiting jobs (as squeue: nebula squeue, or -o FORMAT)",
+                aliases=["squeue"], conflict_handler="resolve")
     p.add_argument("--expand", action="store_true", help="one line per task of an array")
-    p.add_argument("--user", default=None, help="only this user's jobs")
+    p.add_argument("--user", "-u", default=None, help="only this user's jobs")
+    p.add_argument("--me", dest="user", action="store_const", const=getpass.getuser(),
+                   help="only your jobs")
     p.add_argument("--state", type=job_states, default=None, metavar="STATE[,STATE]",
                    help=f"only jobs in these states ({', '.join(STATES)})")
+    p.add_argument("--states", "-t", dest="state", type=slurm_states, metavar="STATE[,STATE]",
+                   help="squeue's: PENDING, RUNNING, R, PD…, or all")
+    p.add_argument("--jobs", "-j", type=lambda t: {job_id(w) for w in t.split(",")},
+                   default=None, metavar="ID[,ID]", help="only these jobs")
+    p.add_argument("--format", "-o", type=check_format, default=None, metavar="FORMAT",
+                   help="squeue's fields: %%i id, %%j name, %%u user, %%T state, %%t short "
+                        "state, %%M time, %%l limit, %%D nodes, %%R reason or nodes, %%P pool…")
+    p.add_argument("--noheader", "-h", action="store_true", help="with squeue's shape: no header line")
     p.add_argument("--all", action="store_true",
                    help="ended jobs too (the newest --limit of them, as in `nebula history`)")
     p.add_argument("--limit", type=count, default=100, help="with --all: how many ended jobs")
@@ -150,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "--user: a user's fair share")
     p.add_argument("job", type=job_id, nargs="?", default=None)
     p.add_argument("--user", default=None, help="explain this user's standing instead")
-    command("cancel", "cancel jobs (several ids at once, like scancel)").add_argument(
+    command("cancel", "cancel jobs (several ids at once, like scancel)",
+            aliases=["scancel"]).add_argument(
         "jobs", type=job_id, nargs="+", metavar="job")
     p = command("attach", "attach this terminal to a running job's tmux session "
                           "(detach: Ctrl-b d, or Ctrl-b Ctrl-b d inside your own tmux; the job runs on)", prints=False)

@@ -15,7 +15,7 @@ import re
 from .. import environments
 from ..api import ARCH_RE, CUDA_RE, MAX_GPU_COUNT
 from ..config.nodes import DEFAULT_PORT, valid_name
-from ..model import VENDORS, InvalidRequest, JobSpec
+from ..model import OUTPUT_PATTERNS, VENDORS, InvalidRequest, JobSpec
 from ..scheduler.snapshot import AFTER_TYPES
 from ..units import TaskArray
 
@@ -122,6 +122,11 @@ def spec_from_request(req: dict, default_vendor: str | None = None) -> JobSpec:
     reservation = req.get("reservation")
     if reservation is not None and (not isinstance(reservation, str) or not _BOOKING.match(reservation)):
         raise RequestError("--reservation must name a booking: 1-64 letters, digits, dots, dashes or underscores")
+    files = {key: _output_pattern(req, key) for key in ("output", "error")}
+    if (files["output"] or files["error"]) and (req.get("image") is not None or req.get("interactive")
+                                                or req.get("pool") not in (None, "local")):
+        raise InvalidRequest("-o/-e: a job in a container (--image), in a pool (-p) or on a "
+                             "terminal (nebula run) has its output in `nebula logs` only")
     if texts["vendor"] == ANY_VENDOR:
         texts["vendor"] = None
     elif texts["vendor"] is None and texts["arch"] is None:  # an arch says whose cards
@@ -133,7 +138,22 @@ def spec_from_request(req: dict, default_vendor: str | None = None) -> JobSpec:
                    service=bool(req.get("service")), no_requeue=bool(req.get("no_requeue")),
                    notify=bool(req.get("notify")), preemptible=bool(req.get("preemptible")),
                    reservation=reservation,
-                   **texts, **_world_fields(req))
+                   **texts, **files, **_world_fields(req))
+
+
+def _output_pattern(req: dict, key: str) -> str | None:
+    """-o/-e: a file name with sbatch's patterns (%j, %x, %u, %a, %A, %%) and no others."""
+    value = req.get(key)
+    flag = "--output" if key == "output" else "--error"
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 4096 or "\0" in value or "\n" in value:
+        raise InvalidRequest(f"{flag} must be a file name on one line (at most 4096 characters)")
+    unknown = sorted(set(re.findall(r"%(.)", value.replace("%%", ""))) - set(OUTPUT_PATTERNS))
+    if unknown:
+        raise InvalidRequest(f"{flag} {value[:80]!r}: %{unknown[0]} is not a pattern NebulaGrid fills; "
+                             "it fills %j (job id), %x (name), %u (user), %a (task), %A (array id), %%")
+    return value
 
 
 def _world_fields(req: dict) -> dict:

@@ -15,7 +15,7 @@ from importlib import resources
 from dataclasses import dataclass
 
 from .. import environments
-from ..model import GpuReading, Job, Placement
+from ..model import GpuReading, Job, Placement, output_file
 from . import containers, preflight, vendors
 from .protocol import Hello
 
@@ -113,7 +113,12 @@ EVAL_COMMAND = 'nebula_command=$NEBULA_COMMAND; unset NEBULA_COMMAND; eval "$neb
 # unless /proc hides it, while a process's environment is its user's and root's alone.
 _ENTER_AND_RUN = ('cd -- "${NEBULA_WORKDIR:-$HOME}" || { '
                   'printf "%s\\n" "nebula: cannot enter workdir ${NEBULA_WORKDIR:-$HOME}" >&2; '
-                  'exit 127; }\n' + preflight.ACTIVATE
+                  'exit 127; }\n'
+                  # -o/-e (sbatch's): the output goes to those files, relative to the workdir
+                  '[ -z "${NEBULA_OUTPUT-}" ] || exec >"$NEBULA_OUTPUT" 2>&1 || exit 127\n'
+                  '[ -z "${NEBULA_ERROR-}" ] || [ "$NEBULA_ERROR" = "${NEBULA_OUTPUT-}" ] || '
+                  'exec 2>"$NEBULA_ERROR" || exit 127\n'
+                  'unset NEBULA_OUTPUT NEBULA_ERROR\n' + preflight.ACTIVATE
                   # exec'd, not run in the subshell: the command's shell must carry the job's
                   # variables in its own environment (/proc/PID/environ), which is how the
                   # nodelet finds the processes SIGUSR1 goes to (a trap there checkpoints);
@@ -258,6 +263,13 @@ def launch_plan(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, 
     return LaunchPlan(job, placements, node, devices, tuple(env.items()), run_as, log_max_mb)
 
 
+def output_files(job: Job) -> dict[str, str]:
+    """-o/-e as the environment its user's shell reads them from (patterns filled)."""
+    return {name: output_file(pattern, job.id, job.spec, job.user)
+            for name, pattern in (("NEBULA_OUTPUT", job.spec.output), ("NEBULA_ERROR", job.spec.error))
+            if pattern}
+
+
 def command_text(job: Job) -> dict[str, str]:
     """The job's command as the environment its user's shell reads it from: shell text in
     ``NEBULA_COMMAND`` (an argv joined and quoted, run by ``exec``), never in an argv. A
@@ -369,7 +381,7 @@ def script(plan: LaunchPlan) -> str:
     if boxed:
         body += _container_lines(plan)
     else:
-        env = {**plan.environment, **command_text(job)}
+        env = {**plan.environment, **command_text(job), **output_files(job)}
         # the facts the checks found join the environment
         body.append(_as_user(run_as, env, '"NEBULA_WORKDIR=$workdir_fact" '
                              '"NEBULA_CONDA_TOOL=$conda_fact"', _ENTER_AND_RUN, "nebula-job"))

@@ -37,6 +37,7 @@ from ..client.cluster import Cluster
 from ..client.service import ServiceUnavailable, connect
 from ..homedir import Home
 from ..printable import printable, printable_json, printable_tree
+from ..views import command_line
 from . import commandline
 from ..waits import within
 from .base import ClusterScreen, OpMissing
@@ -651,8 +652,7 @@ class NebulaApp(App):
             self.notify(f"job {job_id} has already ended ({job['state']})", severity="warning")
             return
         body = Text(job_summary(job).capitalize() + ".\n")
-        command = job["command"][0] if job.get("shell") else " ".join(job["command"])
-        body.append(f"Command: {command}\n", style="dim")
+        body.append(f"Command: {command_line(job)}\n", style="dim")
         body.append("Its processes are stopped; its log stays readable.")
         if await self.push_screen_wait(confirm(f"Cancel job {job_id}?", body, "Cancel the job")):
             self.job_action("cancel", job_id)

@@ -153,7 +153,8 @@ class SubmitScreen(ClusterScreen):
                 yield Static("", id=f"e-{ident}", classes="field-error")
             with Horizontal(classes="field"):
                 yield Label("", classes="field-label")
-                yield Checkbox("Preemptible (-p)", id="f-preemptible")
+                # not -p: that is Slurm's partition (--pool) on the command line
+                yield Checkbox("Preemptible (--preemptible)", id="f-preemptible")
             # said below the box, wrapped: as its label it was cut even at 120 columns
             yield Static("runs on idle cards now, whatever your fair share; stopped and requeued "
                          "when a normal job needs them", classes="field-hint")

@@ -112,7 +112,7 @@ def test_attach_to_a_job_that_is_not_running_says_so(shared):
 
 
 def test_nebula_run_gives_a_shell_once_it_has_its_gpus_and_ends_with_it(shared, terminal):
-    terminal.open(as_user_in_terminal(shared, ALICE, "run", "--gpu-mem", "4G", "--",
+    terminal.open(as_user_in_terminal(shared, ALICE, "run", "--pty", "--gpu-mem", "4G", "--",
                                       "bash", "--norc", "--noprofile"))
     job = wait_for(lambda: next((j for j in shared.call("queue")["jobs"] if j["interactive"]
                                  and j["user"] == ALICE and j["state"] == "running"), None),

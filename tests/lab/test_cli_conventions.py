@@ -136,7 +136,7 @@ def test_version(head):
 def test_every_command_that_prints_data_takes_json(head, jobs):
     """Walk the parser: each command is either known not to print data or has --json, and
     the JSON of each is what docs/reference.md documents at its top level."""
-    no_data = {"attach", "run", "logs", "parse", "serve", "demo", "tui", "completion", "sim",
+    no_data = {"attach", "run", "srun", "logs", "parse", "serve", "demo", "tui", "completion", "sim",
                "node", "gpu", "pool"}
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")

@@ -307,7 +307,7 @@ def test_nebula_run_with_an_image_is_a_shell_in_the_container(head):
     subprocess.run([*tmux, "kill-server"], capture_output=True)
     subprocess.run([*tmux, "-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", "100", "-y", "30",
                     "sh", "-c", f"env {env} TERM=screen {shlex.quote(sys.executable)} -m nebula_tui "
-                    f"run --image {IMAGE} --gpu-mem 4G -- sh; echo run-exit=$?; sleep 600"], check=True)
+                    f"run --pty --image {IMAGE} --gpu-mem 4G -- sh; echo run-exit=$?; sleep 600"], check=True)
 
     def screen() -> str:
         return subprocess.run([*tmux, "capture-pane", "-p", "-t", "t"], capture_output=True,

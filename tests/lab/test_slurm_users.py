@@ -5,7 +5,11 @@ simulated lab's sshd nodes."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 
+from conftest import wait_for
 from support import submit
 
 
@@ -23,3 +27,86 @@ def test_time_90_is_ninety_minutes_and_is_said_so(head):
     assert "  limit:     1 h 30 min" in head.run("job", str(job), check=True).stdout
     job = submit(head, "--time", "1-2:03:04", "--gpu-mem", "4G", "--", "true")
     assert _job(head, job)["time_limit_s"] == 93784
+
+
+def test_an_sbatch_script_runs_unchanged_with_its_directives_and_the_flags_winning(head, tmp_path):
+    """`nebula submit -G 1 -t 90 train.sh` with `#SBATCH --job-name`/`--output=%x-%j.out`
+    inside: the script's lines are read, the command line wins, and the output lands in
+    the file sbatch would have written."""
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\n#SBATCH --job-name=train\n#SBATCH --output=%x-%j.out\n"
+                      "#SBATCH -t 30 --mem-per-gpu=4G\n#SBATCH --cpus-per-task=4\n\n"
+                      'echo "args: $*"\necho "to stderr" >&2\n')
+    done = head.run("submit", "-G", "1", "-t", "90", "train.sh", "a", "b c", cwd=tmp_path, check=True)
+    assert "(time limit 1 h 30 min)" in done.stdout, done.stdout
+    assert done.stderr == ("nebula submit: --cpus-per-task=4 is Slurm's and not honoured here (a job "
+                           "gets its node's CPUs, shared); ignored\n"), done.stderr
+    job = int(done.stdout.split()[2])
+    info = _job(head, job)
+    assert (info["name"], info["time_limit_s"], info["gpu_count"], info["gpu_mem_mb"]) == (
+        "train", 5400, 1, 4096)
+    assert info["output"] == str(tmp_path / f"train-{job}.out") == info["error"]
+    ended = json.loads(head.run("wait", "--json", str(job), timeout=120).stdout)
+    assert ended["state"] == "succeeded", ended
+    assert (tmp_path / f"train-{job}.out").read_text() == "args: a b c\nto stderr\n"
+
+
+def test_a_pattern_sbatch_fills_and_we_do_not_is_refused(head):
+    done = head.run("submit", "-o", "out-%N.txt", "--", "true")
+    assert done.returncode == 2 and "%N is not a pattern NebulaGrid fills" in done.stderr, done.stderr
+
+
+def test_run_streams_the_output_and_exits_with_the_commands_code(head):
+    """`nebula run` printed only "Submitted … succeeded"; srun users expect the output and
+    the exit code as theirs."""
+    done = head.run("run", "--gpu-mem", "4G", "--", "python3", "-c", "print(1); exit(3)", timeout=120)
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert done.stdout.splitlines()[-1:] == ["1"], done.stdout
+    assert "Waiting: waiting" not in done.stderr and "exit code 3" in done.stderr, done.stderr
+    job = int(done.stderr.split()[2])
+    assert "1\n" in head.run("logs", str(job), check=True).stdout  # the log has it too
+    ok = head.run("srun", "--gpu-mem", "4G", "--", "sh", "-c", "echo one; sleep 1; echo two", timeout=120)
+    assert ok.returncode == 0 and ok.stdout.splitlines()[-2:] == ["one", "two"], ok
+    assert "succeeded" not in ok.stderr  # as srun: quiet when all went well
+
+
+def test_ctrl_c_on_run_cancels_the_job(head):
+    proc = subprocess.Popen([sys.executable, "-m", "nebula_tui", "run", "--gpu-mem", "4G", "--",
+                             "sh", "-c", "echo started; sleep 300"], env=head.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "started\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    job = int(err.split()[2])
+    assert f"cancelled job {job}" in err
+    ended = json.loads(head.run("wait", "--json", str(job), timeout=60).stdout)
+    assert ended["state"] == "cancelled"
+
+
+def test_sbatch_parsable_squeue_and_scancel_speak_slurm(head):
+    job = head.run("sbatch", "--parsable", "--mem-per-gpu=4G", "--wrap", "sleep 60", check=True).stdout
+    assert job.strip().isdigit() and job.endswith("\n") and job.count("\n") == 1, job
+    job = job.strip()
+    said = head.run("sbatch", "--mem-per-gpu=4G", "-d", f"afterok:{job}", "--wrap", "true", check=True).stdout
+    assert said.startswith("Submitted batch job "), said
+    second = said.split()[-1]
+    lines = wait_for(lambda: (out := head.run("squeue", "-h", "-o", "%i %T", check=True).stdout.splitlines())
+                     and f"{job} RUNNING" in out and out, 60, what="the first job running")
+    assert f"{second} PENDING" in lines, lines
+    table = head.run("squeue", "-j", job, check=True).stdout.splitlines()
+    assert table[0].split() == ["JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "NODES",
+                                "NODELIST(REASON)"] and table[1].split()[0] == job, table
+    assert _job(head, int(second))["after_type"] == "ok"
+    head.run("scancel", job, second, check=True)
+
+
+def test_job_and_queue_print_commands_quoted(head):
+    job = submit(head, "--gpu-mem", "4G", "--", "sh", "-c", "for i in 1 2; do sleep 30; done")
+    shown = "sh -c 'for i in 1 2; do sleep 30; done'"
+    assert f"  command:   {shown}" in head.run("job", str(job), check=True).stdout
+    wait_for(lambda: shown in head.run("queue", check=True).stdout, 30, what="the quoted command")
+    head.run("cancel", str(job), check=True)

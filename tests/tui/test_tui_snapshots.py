@@ -194,7 +194,7 @@ async def test_the_submit_form_and_the_help_fit(fixed_head, size):
         form.scroll_end(animate=False)
         await settle(pilot)
         shown = svg_text(app.export_screenshot())
-        assert "Preemptible (-p)" in shown and "when a normal job needs them" in shown
+        assert "Preemptible (--preemptible)" in shown and "when a normal job needs them" in shown
         assert "Submit (ctrl+s)" in shown and "more below" not in shown
 
 

@@ -363,3 +363,15 @@ def test_an_over_quota_job_runs_on_the_idle_card_and_is_preempted_for_in_quota_w
     strict = setup.replay_config(inv, None, ["scheduler.quota_gpu_hours=1", "scheduler.quota_mode=refuse"])
     out = Replay(strict, inv, jobs, setup.REPLAY_EPOCH, 86400).run()
     assert out[2].refused and out[2].started_s is None
+
+
+def test_add_and_remove_change_the_cards_not_the_built_in_months_jobs(tmp_path):
+    """Adding cards used to grow the built-in month with them (two more 4090s read as more
+    jobs never run): the same jobs now run on the changed cards, and the output says so."""
+    plain, more = tmp_path / "plain.csv", tmp_path / "more.csv"
+    base = ("simulate", "--layout", "core", "--days", "1")
+    assert nebula(*base, "--save-trace", str(plain)).returncode == 0
+    done = nebula(*base, "--add", "2x NVIDIA GeForce RTX 4090@node07", "--save-trace", str(more))
+    assert done.returncode == 0, done.stderr
+    assert more.read_text() == plain.read_text()
+    assert "the same jobs as on the lab's 9 cards, replayed on 11" in done.stdout
