@@ -306,11 +306,15 @@ class Pools(PoolBooks):
         else:
             accounts = {pool.config.user}
         known = {row["remote_id"] for row in self.rows.values() if row["remote_id"]}
+        # A job sent after the backup was waiting in it: its accounting is searched from the
+        # oldest waiting job's submit on (squeue forgets an ended job after MinJobAge).
+        since = min((job.submitted_at for job in self.state.jobs.values()
+                     if job.state == JobState.PENDING), default=None)
         for account in sorted(accounts):
             if view.refusing(account, now):
                 continue
             try:
-                found = await pool.ours(account, prefix)
+                found = await pool.ours(account, prefix, since)
             except PoolNotAuthorised:
                 view.refuse(account, now)
                 continue
@@ -379,7 +383,7 @@ class Pools(PoolBooks):
     async def _apply(self, name: str, job: Job, row: dict, report: RemoteJob) -> None:
         """The job's state here follows what the pool reports."""
         if report.end is not None:
-            if job.state == JobState.PENDING and report.started_at and report.nodes:
+            if job.state == JobState.PENDING and report.started_at:
                 job = self._mark_running(name, job, report)  # it ran between two polls
             state, reason = report.end
             if isinstance(job.status, Cancelling):

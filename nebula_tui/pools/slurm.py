@@ -19,7 +19,10 @@ import asyncio
 import contextlib
 import math
 import os
+import re
 import shlex
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import asyncssh
@@ -435,10 +438,30 @@ class SlurmPool:
                 return self._report(job, None, token)
         return None
 
-    async def ours(self, account: str, prefix: str) -> list[parse.SlurmJob]:
+    async def ours(self, account: str, prefix: str, since: float | None = None) -> list[parse.SlurmJob]:
         """``account``'s jobs whose comment starts with ``prefix`` (this head's tokens), as
-        squeue lists them (after a restore: what was sent since the backup)."""
-        return [job for job in await self._squeue(account) if job.comment.startswith(prefix)]
+        squeue lists them (after a restore: what was sent since the backup), and, from
+        ``since``, those its accounting has that squeue forgot (ended past MinJobAge), found
+        by the ``--comment`` of their submit line (sacct keeps no comment by default)."""
+        listed = [job for job in await self._squeue(account) if job.comment.startswith(prefix)]
+        if since is None or self.accounting is False:
+            return listed
+        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
+        status, out, err = await self.run(
+            account, f"sacct -X -n -P -u {shlex.quote(account)} -S {start} "
+                     f"--format={parse.SACCT_FORMAT},SubmitLine")
+        if status != 0 or "accounting storage is disabled" in (out + err).lower():
+            return listed
+        seen = {job.slurm_id for job in listed}
+        ended = parse.parse_sacct(out)
+        for line in out.splitlines():
+            fields = line.split("|")
+            comment = re.search(r"--comment=(\S+)", "|".join(fields[10:]))
+            job = ended.get(fields[0].strip())
+            if (job is not None and comment and job.user == account and job.slurm_id not in seen
+                    and comment.group(1).startswith(prefix)):
+                listed.append(replace(job, comment=comment.group(1)))
+        return listed
 
     async def capacity(self, account: str) -> Capacity:
         version = await self.hello(account)

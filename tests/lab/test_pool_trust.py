@@ -231,6 +231,37 @@ def test_no_login_as_an_account_nobody_authorised(slurm_lab, tmp_path):
     assert tried == seen, log.read_text(errors="replace")[-2000:]
 
 
+def _backup_then_send(head: HeadProcess, home: Path, command: str) -> tuple[int, Path, str]:
+    """A job waiting for room in the pool (max_jobs 1) when the backup is made, sent there
+    after it: (the job, the backup, this head's token prefix)."""
+    blocker = submit(head, "--pool", "hpc", "--", "sleep", "300")
+    wait_state(head, blocker, {"running"})
+    later = submit(head, "--pool", "hpc", "--", "sh", "-c", command)
+    wait_for(lambda: "waiting for room" in head.job(later)["reason"], 20, what="no room")
+    backup = Path(head.run("backup", check=True).stdout.split()[2])
+    head.run("cancel", str(blocker), check=True)
+    store = Store(home / "state.db", readonly=True)
+    try:
+        return later, backup, store.head_token
+    finally:
+        store.close()
+
+
+@contextlib.contextmanager
+def _restored(head: HeadProcess, backup: Path, cfg: Path, later: int):
+    """``backup`` restored into the stopped ``head``'s home and a head started on it, once
+    ``later`` has ended there, succeeded."""
+    head.run("backup", "--restore", str(backup), check=True)
+    restored = HeadProcess(head.home, None, config=cfg)
+    restored.start(wait_nodes=False)
+    try:
+        ended = wait_state(restored, later, {"succeeded", "failed"}, timeout=90)
+        assert ended["state"] == "succeeded", ended["reason"]
+        yield restored
+    finally:
+        cancel_left_and_stop(restored)
+
+
 def test_a_pool_job_sent_after_a_backup_is_not_sent_again_after_restoring_it(slurm_lab, tmp_path):
     """The backup knows the job as waiting (for room in the pool); it went to Slurm after
     the backup. The restored head finds it there by its token and adopts it."""
@@ -238,30 +269,15 @@ def test_a_pool_job_sent_after_a_backup_is_not_sent_again_after_restoring_it(slu
     cfg = config(slurm_lab, tmp_path / "nodes.yaml", max_jobs=1)
     head = start_head(home, cfg)
     try:
-        blocker = submit(head, "--pool", "hpc", "--", "sleep", "300")
-        wait_state(head, blocker, {"running"})
-        later = submit(head, "--pool", "hpc", "--", "sh", "-c", "sleep 15; echo once")
-        wait_for(lambda: "waiting for room" in head.job(later)["reason"], 20, what="no room")
-        backup = Path(head.run("backup", check=True).stdout.split()[2])
-        head.run("cancel", str(blocker), check=True)
+        later, backup, head_token = _backup_then_send(head, home, "sleep 15; echo once")
         wait_state(head, later, {"running"})
-        store = Store(home / "state.db", readonly=True)
-        head_token = store.head_token
-        store.close()
     finally:
         head.stop()
-    head.run("backup", "--restore", str(backup), check=True)
-    head = HeadProcess(home, None, config=cfg)
-    head.start(wait_nodes=False)
-    try:
-        ended = wait_state(head, later, {"succeeded", "failed"}, timeout=90)
-        assert ended["state"] == "succeeded", ended["reason"]
+    with _restored(head, backup, cfg, later) as restored:
         sent = [j for j in squeue(slurm_lab)
                 if str(j.get("comment", "")).startswith(f"{head_token}.{later}.")]
         assert len(sent) == 1, sent
-        assert "once" in head.run("logs", str(later), check=True).stdout
-    finally:
-        cancel_left_and_stop(head)
+        assert "once" in restored.run("logs", str(later), check=True).stdout
 
 
 def test_one_members_account_cannot_decide_anothers_jobs(openssh_lab, slurm_lab, tmp_path_factory):
@@ -348,3 +364,42 @@ def _charged_what_was_allocated(head: HeadProcess, slurm_lab) -> None:
             (mine, tres, elapsed)
     finally:
         cancel_left_and_stop(head)
+
+
+@contextlib.contextmanager
+def min_job_age(slurm_lab, seconds: int):
+    """The lab's slurmctld forgets an ended job after ``seconds`` (MinJobAge), for one test."""
+    conf = Path(slurm_lab.slurm_conf)
+    before = conf.read_text()
+    conf.write_text(re.sub(r"(?m)^MinJobAge=\d+$", f"MinJobAge={seconds}", before))
+    subprocess.run(["scontrol", "reconfigure"], env=slurm_lab.env, capture_output=True, timeout=30)
+    try:
+        yield
+    finally:
+        conf.write_text(before)
+        subprocess.run(["scontrol", "reconfigure"], env=slurm_lab.env, capture_output=True,
+                       timeout=30)
+
+
+@pytest.mark.slow
+def test_a_pool_job_sent_after_a_backup_and_long_ended_is_not_sent_again(slurm_lab, tmp_path):
+    """Like the test above, but the job ended and squeue forgot it (past MinJobAge) before
+    the restore: the restored head finds it in its owner's accounting by this head's token
+    prefix, and takes its end from there instead of sending it again."""
+    home = tmp_path / "home"
+    cfg = config(slurm_lab, tmp_path / "nodes.yaml", max_jobs=1)
+    with min_job_age(slurm_lab, 2):
+        head = start_head(home, cfg)
+        try:
+            later, backup, head_token = _backup_then_send(head, home, "sleep 3; echo once")
+            assert wait_state(head, later, {"succeeded", "failed"}, timeout=90)["state"] == "succeeded"
+            sent = int(remote_id(head, later))
+        finally:
+            head.stop()
+        wait_for(lambda: all(j["job_id"] != sent for j in squeue(slurm_lab)), 200,
+                 what="squeue to forget the ended job")
+    with _restored(head, backup, cfg, later) as restored:
+        assert int(remote_id(restored, later)) == sent
+        again = [j for j in squeue(slurm_lab)
+                 if str(j.get("comment", "")).startswith(f"{head_token}.{later}.")]
+        assert again == [], again
