@@ -99,7 +99,7 @@ def cmd_submit(args, home, config) -> int:
         if getattr(args, "parsable", False):  # sbatch --parsable: the id alone, for scripts
             print(job["id"])
             return _wait(client, job["id"]) if args.wait else 0
-        limit = f"time limit {duration_exact(job['time_limit_s'])}"  # a Slurm user sees 90 was minutes
+        limit = limit_said(job)
         said = (f"Submitted array job {job['id']} ({reply.get('tasks', 1)} tasks, {limit})"
                 if args.array else f"Submitted job {job['id']} ({limit})")
         if args.command == "sbatch":  # sbatch's own words, which scripts grep
@@ -109,6 +109,13 @@ def cmd_submit(args, home, config) -> int:
         if not args.json:  # the id at once; with --json, one document: the ended job
             print(said, flush=True)
         return _wait(client, job["id"], args.json)
+
+
+def limit_said(job: dict) -> str:
+    """The time limit the head understood, as the submit reply says it: a Slurm user sees
+    that a bare 90 was minutes."""
+    limit = job["time_limit_s"]
+    return f"time limit {duration_exact(limit)}" if limit else "no time limit"
 
 
 def cmd_run(args, home, config) -> int:
@@ -127,7 +134,7 @@ def cmd_run(args, home, config) -> int:
         with service_client(home, config) as client:
             job = client.call("submit", interactive=args.pty, **request)["job"]
             job_id = job["id"]
-            print(f"Submitted job {job_id} (time limit {duration_exact(job['time_limit_s'])})",
+            print(f"Submitted job {job_id} ({limit_said(job)})",
                   file=sys.stderr, flush=True)
             said = None
             while job["state"] in ("pending", "launching"):

@@ -52,7 +52,7 @@ def metered(openssh_lab, tmp_path_factory):
 
 def test_gpu_series_carry_their_labels_and_match_what_the_head_shows(metered):
     job = int(metered.run("submit", "--gpu-count", "2", "--", "env", "NEBULA_SIM_GPU_UTIL=70",
-                          "sleep", "60", check=True).stdout.split()[-1])
+                          "sleep", "60", check=True).stdout.split()[2])
     try:
         wait_for(lambda: metered.job(job)["state"] == "running", 30, what="the job running")
         held = {g["uuid"] for g in metered.job(job)["gpus"]}
