@@ -282,6 +282,11 @@ class JobSpec:
     #: workdir), sbatch's patterns in them (``output_file`` expands them)
     output: str | None = None
     error: str | None = None
+    #: -w/--nodelist: the only nodes it may run on (empty: any); -x/--exclude: never these
+    nodelist: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    #: --export VAR=val: (name, value) pairs set in its environment on its node
+    export_env: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.array, str):  # ValueError with a sentence when it is not one

@@ -113,6 +113,8 @@ def job_json(job: Job) -> dict:
         "time_limit_s": job.spec.time_limit_s, "vendor": job.spec.vendor,
         "output": stdio_path(job, job.spec.output), "error": stdio_path(job, job.spec.error or job.spec.output),
         "arch": job.spec.arch, "cuda": job.spec.cuda,
+        "nodelist": list(job.spec.nodelist), "exclude": list(job.spec.exclude),
+        "export": dict(job.spec.export_env),
         "pool": job.pool or (job.spec.pool if job.spec.pool != LOCAL_POOL else None),
         "preemptible": job.spec.preemptible, "preemptions": job.preemptions,
         "gpus": [{"uuid": p.gpu_uuid, "node": p.node, "index": p.gpu_index,
@@ -499,9 +501,11 @@ def job_text(job: dict) -> str:
     if job.get("image"):
         lines.append(f"  image:     {job['image']}" + "".join(
             f"\n  mount:     {m}" for m in job.get("data_mounts") or ()))
-    for key in ("conda", "venv"):
-        if job.get(key):
-            lines.append(f"  {key + ':':<10} {job[key]}")
+    asked = {**job, "nodelist": ",".join(job.get("nodelist") or ()), "exclude": ",".join(job.get("exclude") or ()),
+             "export": " ".join(f"{k}={shlex.quote(v)}" for k, v in (job.get("export") or {}).items())}
+    for key in ("conda", "venv", "nodelist", "exclude", "export"):
+        if asked.get(key):
+            lines.append(f"  {key + ':':<10} {asked[key]}")
     if job.get("queue_pos"):
         lines.append(f"  queue:     position {job['queue_pos']}")
     lines.append(f"  submitted: {when(job['submitted_at'])}")

@@ -15,7 +15,7 @@ from . import sim
 from .args import (FINISHED_STATES, REPORT_TABLES, STATES, OneLineParser, address, ahead, array,
                    checked, count, duration, ended_states, job_id, job_states, pattern, size_mb,
                    users, when)
-from .slurm import (GpuRequest, MailType, Qos, add_unhonoured, after, check_format, dependency,
+from .slurm import (GpuRequest, MailType, Qos, add_unhonoured, after, check_format, dependency, export,
                     gpus, gres, slurm_states)
 
 
@@ -88,6 +88,14 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preemptible", action="store_true",
                    help="run on any free GPU now, whatever your fair share; stopped (SIGUSR1, "
                         "grace, SIGKILL) and requeued when a normal job needs the GPU; charged less")
+    p.add_argument("--nodelist", "-w", default=None, metavar="NODES",
+                   help="run only on these nodes, as Slurm's hostlist: gpu1,gpu2 or gpu[01-04]")
+    p.add_argument("--exclude", "-x", default=None, metavar="NODES",
+                   help="never run on these nodes (same form as --nodelist)")
+    p.add_argument("--export", dest="export", type=export, action="append", default=[],
+                   metavar="[ALL|NONE,]VAR=val,…",
+                   help="set these variables in the job's environment on its node (ALL and "
+                        "NONE: the node's own environment; yours is never copied whole)")
     p.add_argument("--qos", action=Qos, default=None, metavar="QOS",
                    help="Slurm's: scavenger is --preemptible")
     p.add_argument("--pool", "-p", "--partition", dest="pool", default=None, metavar="NAME",

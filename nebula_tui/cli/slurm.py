@@ -7,6 +7,7 @@ which go through the same parser as the command line."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import time
@@ -130,6 +131,23 @@ class Qos(argparse.Action):
                             "(= --preemptible)")
 
 
+def export(text: str) -> list[list[str]]:
+    """``--export``: ``ALL`` (the default), ``NONE``, ``ALL,VAR=val,…``, ``VAR=val`` or a
+    bare ``VAR`` (its value here, as Slurm takes it) -> [[VAR, val], …]. ALL and NONE mean
+    the same here: a job never gets the submitter's whole environment."""
+    pairs = []
+    for word in text.split(","):
+        if word in ("ALL", "NONE", ""):
+            continue
+        name, eq, value = word.partition("=")
+        if not eq:
+            if name not in os.environ:
+                raise argparse.ArgumentTypeError(f"--export {name}: not set here; give {name}=value")
+            value = os.environ[name]
+        pairs.append([name, value])
+    return pairs
+
+
 class MailType(argparse.Action):
     """``--mail-type=END,FAIL…`` is --notify (NONE: no mail)."""
 
@@ -155,10 +173,6 @@ UNHONOURED = (
     (("--begin",), True, "a job is queued at once; book cards with `nebula reserve`"),
     (("-H", "--hold"), False, "hold it after submitting: `nebula hold JOB`"),
     (("--comment",), True, "jobs carry a name only (-J)"),
-    (("--export",), True, "a job starts with its node login's environment; set variables "
-                          "in the command"),
-    (("-w", "--nodelist"), True, "the scheduler picks the nodes; drain a node to keep jobs off"),
-    (("-x", "--exclude"), True, "the scheduler picks the nodes; drain a node to keep jobs off"),
     (("--gpus-per-task",), True, "ask for GPUs per job (-G) or per node (--gres)"),
     (("-i", "--input"), True, "a batch job reads no input"),
     (("-M", "--clusters"), True, "choose a pool with -p"),

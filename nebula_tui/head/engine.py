@@ -230,6 +230,12 @@ class Engine:
         time_limit, refusal = admission.time_limit(spec.time_limit_s, limits.default_time_s,
                                                    limits.max_time_s)
         self.pools.check(user, spec)
+        names = {node.name for node in self.state.config.nodes}
+        for flag, asked in (("-w/--nodelist", spec.nodelist), ("-x/--exclude", spec.exclude)):
+            unknown = [n for n in asked if n not in names]
+            if unknown:
+                raise UnfitRequest(f"{flag}: {unknown[0]} is no node of this lab; "
+                                   "`nebula nodes` lists them")
         if refusal is None and spec.pool in self.pools.pools:
             pass  # the pool's hardware, not the lab's, is what it needs (Pools.check)
         elif refusal is None:
@@ -253,7 +259,7 @@ class Engine:
             self._refusals = (basis, partial, {})
         _, partial, known = self._refusals
         key = (spec.gpu_count, spec.gpu_mem_mb, spec.service, spec.nodes, spec.vendor, spec.arch,
-               spec.cuda)
+               spec.cuda, spec.nodelist, spec.exclude)
         if key not in known:
             if len(known) >= 1024:
                 known.clear()

@@ -16,6 +16,7 @@ from .. import environments
 from ..api import ARCH_RE, CUDA_RE, MAX_GPU_COUNT
 from ..config.nodes import DEFAULT_PORT, valid_name
 from ..model import OUTPUT_PATTERNS, VENDORS, InvalidRequest, JobSpec
+from ..scheduler.filters import expand_hostlist
 from ..scheduler.snapshot import AFTER_TYPES
 from ..units import TaskArray
 
@@ -137,8 +138,48 @@ def spec_from_request(req: dict, default_vendor: str | None = None) -> JobSpec:
                    time_limit_s=time_limit,
                    service=bool(req.get("service")), no_requeue=bool(req.get("no_requeue")),
                    notify=bool(req.get("notify")), preemptible=bool(req.get("preemptible")),
-                   reservation=reservation,
+                   reservation=reservation, **_node_choice(req), export_env=_export(req),
                    **texts, **files, **_world_fields(req))
+
+
+#: --export: at most this many variables, each value at most this many bytes
+MAX_EXPORTS = 64
+MAX_EXPORT_BYTES = 4096
+_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def _node_choice(req: dict) -> dict:
+    """-w/--nodelist and -x/--exclude: Slurm's hostlists (``a,b``, ``gpu[01-03]``) -> names."""
+    fields = {}
+    for key, flag in (("nodelist", "-w/--nodelist"), ("exclude", "-x/--exclude")):
+        value = req.get(key)
+        try:
+            fields[key] = expand_hostlist(value, flag) if value is not None else ()
+        except ValueError as err:
+            raise InvalidRequest(str(err)) from None
+    return fields
+
+
+def _export(req: dict) -> tuple[tuple[str, str], ...]:
+    """--export's variables: [[NAME, value], …], names as a shell has them, values bounded
+    (the run script quotes them); NEBULA_* are the job's own and cannot be set."""
+    pairs = req.get("export") or []
+    if not isinstance(pairs, list) or len(pairs) > MAX_EXPORTS:
+        raise InvalidRequest(f"--export takes at most {MAX_EXPORTS} VAR=value pairs")
+    found = {}
+    for pair in pairs:
+        if (not isinstance(pair, list) or len(pair) != 2
+                or not all(isinstance(p, str) for p in pair)):
+            raise InvalidRequest("--export takes VAR=value pairs")
+        name, value = pair
+        if not _VARIABLE.match(name) or name.startswith("NEBULA_"):
+            raise InvalidRequest(f"--export: {name[:80]!r} is no variable name you may set "
+                                 "(letters, digits, '_'; NEBULA_* are the job's own)")
+        if "\0" in value or len(value.encode()) > MAX_EXPORT_BYTES:
+            raise InvalidRequest(f"--export {name}: a value holds no NUL and at most "
+                                 f"{MAX_EXPORT_BYTES} bytes")
+        found[name] = value
+    return tuple(found.items())
 
 
 def _output_pattern(req: dict, key: str) -> str | None:

@@ -78,7 +78,7 @@ def pending_job(job: Job) -> scheduler.PendingJob:
         vendor=s.vendor, max_nodes=s.nodes, priority=s.priority, after=tuple(s.after),
         after_type=s.after_type, time_limit_s=s.time_limit_s, service=s.service,
         array_id=s.array_id, array_limit=s.array_limit, preemptible=s.preemptible,
-        reservation=s.reservation)
+        reservation=s.reservation, nodelist=s.nodelist, exclude=s.exclude)
 
 
 @dataclass(frozen=True)

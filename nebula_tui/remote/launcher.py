@@ -254,7 +254,8 @@ def launch_plan(job: Job, placements: tuple[Placement, ...], run_as: tuple[str, 
     without ``devices`` the cards are NVIDIA's by their placements."""
     node = node or NodeFacts(placements[0].node if placements else "its node")
     devices = devices or tuple(containers.Device(p.gpu_uuid, p.gpu_index) for p in placements)
-    env = {**job_environment(job, placements, devices), **(extra_env or {})}
+    # --export's variables first: the job's own (NEBULA_*, the devices) win over them
+    env = {**dict(job.spec.export_env), **job_environment(job, placements, devices), **(extra_env or {})}
     if job.spec.image is None:
         for key, value in (("NEBULA_WORKDIR", job.spec.workdir), ("NEBULA_CONDA", job.spec.conda),
                            ("NEBULA_VENV", job.spec.venv)):

@@ -107,6 +107,11 @@ def never_fits(shape: Shape, node_hw: Mapping[str, Mapping[Hardware, int]],
                config: SchedulerConfig) -> str | None:
     """Why no card of the cluster, however idle, could ever serve ``shape`` (None: some
     could). ``node_hw``: per node, how many cards of each hardware class it has."""
+    f = shape.filter
+    if f.nodes is not None or f.excluded:  # -w/-x: the other nodes' cards never count
+        node_hw = {node: counts for node, counts in node_hw.items() if f.node_ok(node)}
+        if not node_hw:
+            return "-w/-x leave no node with GPUs"
     classes = judge_hardware(shape.filter, {hw for counts in node_hw.values() for hw in counts})
     if isinstance(classes, frozenset):
         classes = judge_size(shape, classes, config.service_spare_mb)
@@ -126,7 +131,7 @@ def shape_of(job: PendingJob) -> Shape | str:
         return f"asks for {job.gpu_mem_mb} MiB per GPU"
     try:
         return Shape(job.gpu_count, job.gpu_mem_mb, job.service, max(1, job.max_nodes),
-                     make_filter(job.vendor, job.arch, job.cuda))
+                     make_filter(job.vendor, job.arch, job.cuda, job.nodelist, job.exclude))
     except ValueError as err:
         return str(err)
 

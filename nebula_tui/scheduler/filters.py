@@ -96,6 +96,12 @@ class Filter:
     vendor: str | None
     arch: ArchRequest | None
     cuda: tuple[int, ...] | None
+    #: -w/--nodelist: the only nodes it may run on (None: any); -x/--exclude: never these
+    nodes: frozenset[str] | None = None
+    excluded: frozenset[str] = frozenset()
+
+    def node_ok(self, node: str) -> bool:
+        return (self.nodes is None or node in self.nodes) and node not in self.excluded
 
     def describe(self) -> str:
         """The qualifiers shown after "needs …": "" or " (sm_89, CUDA ≥12.1)"."""
@@ -106,18 +112,76 @@ class Filter:
             parts.append(self.arch.text)
         if self.cuda:
             parts.append(f"CUDA ≥{version_text(self.cuda)}")
+        if self.nodes is not None:
+            parts.append("on " + ",".join(sorted(self.nodes)))
+        if self.excluded:
+            parts.append("not on " + ",".join(sorted(self.excluded)))
         return f" ({', '.join(parts)})" if parts else ""
 
 
-def make_filter(vendor: str | None, arch: str | None, cuda: str | None) -> Filter:
-    """Raises ValueError (a sentence) for an --arch or --cuda that cannot be understood."""
+def make_filter(vendor: str | None, arch: str | None, cuda: str | None,
+                nodes: tuple[str, ...] = (), excluded: tuple[str, ...] = ()) -> Filter:
+    """Raises ValueError (a sentence) for an --arch or --cuda that cannot be understood.
+    ``nodes`` (-w; empty: any) and ``excluded`` (-x) are node names, expanded already."""
     arch_request = parse_arch(arch) if arch else None
     cuda_version = None
     if cuda:
         cuda_version = parse_version(cuda)
         if cuda_version is None:
             raise ValueError(f"--cuda '{cuda}' is not a version like 12.1")
-    return Filter(vendor.lower() if vendor else None, arch_request, cuda_version)
+    return Filter(vendor.lower() if vendor else None, arch_request, cuda_version,
+                  frozenset(nodes) if nodes else None, frozenset(excluded))
+
+
+#: at most this many node names in one -w/-x (a lab's nodes, with room)
+MAX_HOSTLIST = 4096
+_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def expand_hostlist(text: str, flag: str = "--nodelist") -> tuple[str, ...]:
+    """Slurm's hostlist: ``a,b`` and ``node[01-03,07]`` (zero padding kept) -> the names,
+    in order, each once. Raises ValueError with a sentence naming what is wrong."""
+    if not isinstance(text, str) or not text.strip() or len(text) > 10000:
+        raise ValueError(f"{flag} takes node names like gpu1,gpu2 or gpu[01-04]")
+    # split on the commas outside brackets
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if depth not in (0, 1):
+            raise ValueError(f"{flag} {text[:80]!r}: unbalanced brackets")
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"{flag} {text[:80]!r}: unbalanced brackets")
+    parts.append(text[start:])
+    names: dict[str, None] = {}
+    for part in (p.strip() for p in parts):
+        match = re.fullmatch(r"([^\[\]]*)(?:\[([^\]]*)\]([^\[\]]*))?", part)
+        if not part or not match:
+            raise ValueError(f"{flag} {text[:80]!r}: {part!r} is no node name or range like gpu[01-04]")
+        prefix, ranges, suffix = match.group(1), match.group(2), match.group(3) or ""
+        found = [prefix] if ranges is None else []
+        for piece in (ranges.split(",") if ranges is not None else ()):
+            bounds = _RANGE.match(piece.strip())
+            if not bounds:
+                raise ValueError(f"{flag} {text[:80]!r}: [{ranges}] is no range like 01-04 or 1,3")
+            low, high = bounds.group(1), bounds.group(2) or bounds.group(1)
+            if int(high) < int(low) or int(high) - int(low) >= MAX_HOSTLIST:
+                raise ValueError(f"{flag} {text[:80]!r}: {piece} is no range (low-high, "
+                                 f"at most {MAX_HOSTLIST} names)")
+            found += [f"{prefix}{n:0{len(low)}d}{suffix}" for n in range(int(low), int(high) + 1)]
+        for name in found:
+            if not _HOST.match(name):
+                raise ValueError(f"{flag}: {name[:80]!r} is no node name")
+            names[name] = None
+            if len(names) > MAX_HOSTLIST:
+                raise ValueError(f"{flag} names more than {MAX_HOSTLIST} nodes")
+    return tuple(names)
 
 
 #: The first CUDA release that builds for each compute capability, and the driver branch

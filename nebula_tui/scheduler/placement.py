@@ -319,18 +319,25 @@ class World(SetScoring):
             ok = {hw: self.hardware_ok(card, shape) for hw, card in self.classes.items()}
             # request classes that accept the same hardware classes select the same cards
             accepted = frozenset(hw for hw, yes in ok.items() if yes)
-            found = self._by_classes.get(accepted)
-            if found is None:
-                found = self._by_classes[accepted] = self._select(ok)
+            f = shape.filter
+            if f.nodes is not None or f.excluded:  # -w/-x: its own choice of nodes
+                found = self._select(ok, f.node_ok)
+            else:
+                found = self._by_classes.get(accepted)
+                if found is None:
+                    found = self._by_classes[accepted] = self._select(ok)
             self._eligible[key] = found
             self._by_shape[id(shape)] = (shape, found)
         return found
 
-    def _select(self, ok: Mapping[tuple, bool]) -> Eligibility:
-        """The cards of the hardware classes ``ok`` accepts, node by node."""
+    def _select(self, ok: Mapping[tuple, bool], node_ok=None) -> Eligibility:
+        """The cards of the hardware classes ``ok`` accepts, node by node (only on the
+        nodes ``node_ok`` accepts, when given: -w/-x)."""
         cards: dict[str, list[Card]] = {}
         masks: dict[str, int] = {}
         for node, classes in self.takers_hw.items():
+            if node_ok is not None and not node_ok(node):
+                continue
             passed = [ok[hw] for hw in classes]
             if all(passed):  # the common case: every card of the node (one shared list)
                 if classes:

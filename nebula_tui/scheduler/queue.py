@@ -46,7 +46,7 @@ import math
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter, itemgetter
 
 from ..model import takes_whole_card
@@ -342,6 +342,14 @@ class _Pass:
                 reason += " (a job whose --time ends before then may use them now)"
             req.refuse(key, reason)
             return Wait(job.id, reason)
+        f = shape.filter
+        if (f.nodes is not None or f.excluded) and isinstance(self.search(
+                replace(shape, filter=replace(f, nodes=None, excluded=frozenset())),
+                bars.excluded, bars.token, avoid), Found):
+            reason = (f"needs {needs(shape)}; held by -w/-x alone: other nodes have "
+                      "what it needs free now")
+            req.refuse(key, reason)
+            return Wait(job.id, reason)
         reason = f"needs {needs(shape)}; {best_now(found.counts, shape, self.node_order)}"
         why = self.blockers(shape, found.counts)
         if why:
@@ -604,18 +612,28 @@ class _Pass:
         kept = admission.judge_size(shape, classes, self.config.service_spare_mb)
         if isinstance(kept, tuple):
             return kept
-        got = self._pools.get(kept)  # filters that keep the same classes count the same
+        f = shape.filter  # filters that keep the same classes (and nodes: -w/-x) count the same
+        key = kept if f.nodes is None and not f.excluded else (kept, f.nodes, f.excluded)
+        got = self._pools.get(key)
         if got is None:
             counts = []
-            for classes in self.world.node_hw.values():
-                count = sum(n for hw, n in classes.items() if hw in kept)
+            for node, classes in self.world.node_hw.items():
+                count = sum(n for hw, n in classes.items() if hw in kept) if f.node_ok(node) else 0
                 if count:
                     counts.append(count)
             counts.sort(reverse=True)
-            got = self._pools[kept] = (kept, counts, sum(counts))
+            got = self._pools[key] = (kept, counts, sum(counts))
         return got
 
     def _impossible(self, shape: Shape) -> str | None:
+        why = self._impossible_on(shape)
+        f = shape.filter
+        if why and (f.nodes is not None or f.excluded) and self._impossible_on(
+                replace(shape, filter=replace(f, nodes=None, excluded=frozenset()))) is None:
+            why += "; held by -w/-x alone: other nodes could take it"
+        return why
+
+    def _impossible_on(self, shape: Shape) -> str | None:
         sized = self._sized(shape)
         if isinstance(sized, tuple) and len(sized) == 2:
             kind, text = sized
@@ -628,7 +646,7 @@ class _Pass:
         usable = self.world.eligibility(shape)
         if sum(usable.sizes[:span]) >= k:
             return None
-        pool = [card for card in self.world.cards if card.hw in kept]
+        pool = [card for card in self.world.cards if card.hw in kept and shape.filter.node_ok(card.node)]
         return blocked_text(needs(shape), pool, usable.cards, self.node_order,
                             self.config.min_health_score)
 

@@ -47,6 +47,9 @@ class PendingJob:
     preemptible: bool = False
     #: --reservation NAME: only that booking's cards, in its window
     reservation: str | None = None
+    #: -w/--nodelist: only these nodes (empty: any); -x/--exclude: never these
+    nodelist: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
     #: the fields that make its request, as one string: jobs asking alike share one key,
     #: and a string keeps its hash, so a pass finds a job's request in one quick look-up
     request_key: str = field(init=False, repr=False, compare=False)
@@ -54,7 +57,7 @@ class PendingJob:
     def __post_init__(self) -> None:
         object.__setattr__(self, "request_key", repr((
             self.gpu_count, self.gpu_mem_mb, self.service, self.max_nodes, self.vendor, self.arch,
-            self.cuda)))
+            self.cuda, self.nodelist, self.exclude)))
 
 
 @dataclass(frozen=True)

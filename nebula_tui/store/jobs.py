@@ -379,6 +379,9 @@ def spec_of(fields: dict) -> JobSpec:
     fields["command"] = tuple(fields["command"])
     fields["after"] = tuple(fields.get("after", ()))
     fields["data_mounts"] = tuple(fields.get("data_mounts", ()))
+    for key in ("nodelist", "exclude"):
+        fields[key] = tuple(fields.get(key, ()))
+    fields["export_env"] = tuple(tuple(pair) for pair in fields.get("export_env", ()))
     return JobSpec(**fields)
 
 

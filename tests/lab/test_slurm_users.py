@@ -110,3 +110,32 @@ def test_job_and_queue_print_commands_quoted(head):
     assert f"  command:   {shown}" in head.run("job", str(job), check=True).stdout
     wait_for(lambda: shown in head.run("queue", check=True).stdout, 30, what="the quoted command")
     head.run("cancel", str(job), check=True)
+
+
+def test_nodelist_exclude_and_export_are_honoured(head):
+    """-w/-x and --export were said to be ignored; now the job runs where they say, with the
+    variable set (quoted: the value reaches the node's shell), and `nebula job` shows them."""
+    value = "two words; $HOME 'q'"
+    job = submit(head, "-w", "node0[2-3]", "-x", "node02", "--export", f"ALL,MY_SETTING={value}",
+                 "--gpu-mem", "4G", "--", "sh", "-c", 'echo "$MY_SETTING"')
+    done = head.wait_job(job, 60)
+    assert done["state"] == "succeeded", done["reason"]
+    info = _job(head, job)
+    assert {g["node"] for g in info["gpus"]} == {"node03"}, info["gpus"]
+    assert (info["nodelist"], info["exclude"]) == (["node02", "node03"], ["node02"])
+    assert head.run("logs", str(job), check=True).stdout.splitlines()[-1:] == [value]
+    text = head.run("job", str(job), check=True).stdout
+    assert "  nodelist:  node02,node03" in text and "  exclude:   node02" in text, text
+    assert f"MY_SETTING={value}" in text  # the environment its node gave it
+    for _ in range(2):  # elsewhere too: never on an excluded node
+        other = submit(head, "-x", "node01,node03", "--gpu-mem", "4G", "--", "true")
+        assert head.wait_job(other, 60)["state"] == "succeeded"
+        assert {g["node"] for g in _job(head, other)["gpus"]} == {"node02"}
+
+
+def test_a_nodelist_naming_no_node_of_the_lab_is_refused(head):
+    done = head.run("submit", "-w", "node01,node99", "--", "true")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "node99 is no node of this lab" in done.stderr, done.stderr
+    done = head.run("submit", "--export", "NEBULA_JOB_ID=3", "--", "true")
+    assert done.returncode == 2 and "NEBULA_JOB_ID" in done.stderr, done.stderr

@@ -144,10 +144,28 @@ def test_a_slurm_option_we_cannot_honour_is_said_in_one_line_and_the_job_still_g
                        "--export=ALL", "--qos=high", "-A", "lab")
     assert request is not None
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 7, lines
+    assert len(lines) == 5, lines  # -w and --export are honoured now
     assert lines[0].startswith("nebula submit: --cpus-per-task=8 is Slurm's and not honoured here (")
     assert any(line.startswith("nebula submit: --exclusive is Slurm's") for line in lines)
     assert any("--qos=high" in line for line in lines)
+    assert request["nodelist"] == "node01" and request["export"] == []
+
+
+def test_nodelist_exclude_and_export_are_asked_for_as_slurm_spells_them(monkeypatch):
+    monkeypatch.setenv("FROM_HERE", "it's here")
+    request = _request("submit", "-w", "gpu[01-02]", "--exclude=gpu03", "--export=ALL,A=1,B=x y",
+                       "--export", "FROM_HERE")
+    assert request["nodelist"] == "gpu[01-02]" and request["exclude"] == "gpu03"
+    assert request["export"] == [["A", "1"], ["B", "x y"], ["FROM_HERE", "it's here"]]
+    assert _request("submit", "--export=NONE")["export"] == []
+
+
+def test_export_of_a_variable_not_set_here_is_a_usage_error(monkeypatch, capsys):
+    monkeypatch.delenv("SURELY_UNSET_VAR", raising=False)
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["submit", "--export", "SURELY_UNSET_VAR"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "SURELY_UNSET_VAR" in err and err.count("\n") == 1, err
 
 
 def test_the_submit_form_and_the_cli_agree_on_p():
