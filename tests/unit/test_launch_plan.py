@@ -97,3 +97,20 @@ def test_what_nebula_job_shows_is_the_environment_the_job_got(head):
         assert {"NEBULA_ARRAY_TASK_ID", "XLA_PYTHON_CLIENT_MEM_FRACTION", "NEBULA_WORKDIR",
                 "CUDA_VISIBLE_DEVICES", "NEBULA_GPU_MEM_MB"} <= set(variables)
         assert variables["NEBULA_ARRAY_TASK_ID"] == str(task - first)
+
+
+def test_export_and_the_node_choice_travel_with_the_spec_and_the_jobs_own_variables_win():
+    request = {"command": ["true"], "nodelist": "gpu[01-02]", "exclude": "gpu02",
+               "export": [["MY_SETTING", "a b; $x"], ["CUDA_DEVICE_ORDER", "FASTEST_FIRST"]]}
+    spec = spec_from_request(request)
+    assert (spec.nodelist, spec.exclude) == (("gpu01", "gpu02"), ("gpu02",))
+    assert spec_of(json.loads(json.dumps(spec_fields(spec)))) == spec  # as stored
+    from nebula_tui.model import Job, Launching, Placement
+    placed = (Placement("GPU-a", "gpu01", 0, 8192, False),)
+    env = launcher.launch_plan(Job(7, "alice", spec, 1.0, Launching(placed)), placed).environment
+    assert env["MY_SETTING"] == "a b; $x" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    for bad in ([["NEBULA_JOB_ID", "1"]], [["1X", "v"]], [["X", "v" * 5000]], [["X", "a\0b"]]):
+        with pytest.raises(RequestError, match="--export"):
+            spec_from_request({"command": ["true"], "export": bad})
+    with pytest.raises(RequestError, match="-x/--exclude"):
+        spec_from_request({"command": ["true"], "exclude": "gpu[2-1]"})
