@@ -40,6 +40,9 @@ CASES = [
     ([], ["--output=%x-%j.out", "--job-name=train"]), (["-o", "/tmp/abs-%j.out"], None),
     # arrays
     (["-a", "0-3"], None), (["--array=1,3,5-7"], None), (["-a", "0-9%2"], None),
+    # the environment and the nodes: a variable set; a node neither cluster has
+    (["--export=ALL,MY_VAR=1"], None), ([], ["--export=MY_VAR=x"]),
+    (["-w", "nosuchnode99"], None), (["-x", "nosuchnode[1-2]"], None),
     # what both refuse
     (["-t", "abc"], None), (["-t", "1:2:3:4"], None), (["-t", "1-2-3"], None),
     (["-d", "nosuch:{A}"], None), (["-a", "5-2"], None), (["-a", "x"], None),
@@ -162,7 +165,8 @@ def test_sbatch_and_nebula_understand_the_same(index, sides, slurm_lab, head):
         job = __import__("json").loads(head.run("job", "--json", ours.stdout.strip(), check=True).stdout)
         theirs, mine = _slurm_meaning(fields, slurm_ids), _our_meaning(job, our_ids)
         every = " ".join([*flags, *(directives or [])])
-        if not re.search(r"(-o|-e|--output|--error)", every):  # sbatch's default file; ours: none
+        # sbatch's default file; ours: none (whole options: "--export" holds "-e")
+        if not re.search(r"(?:^|\s)(?:-o|-e|--output|--error)(?:[\s=]|$)", every):
             for key in ("output", "error"):
                 theirs.pop(key), mine.pop(key)
         assert mine == theirs
