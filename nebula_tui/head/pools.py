@@ -79,6 +79,8 @@ class Pools(PoolBooks):
                     "--image cannot run there: leave out --image or use --pool local")
         if spec.interactive:
             return f"pool {name} runs batch jobs only; `nebula run` runs here (--pool local)"
+        if spec.nodelist:  # the lab's nodes (checked at submit): never a pool's
+            return f"-w names this lab's nodes, not pool {name}'s; leave out -w or use --pool local"
         if spec.after:
             return f"--after is not carried to pool {name}; submit it once its dependencies ended"
         if spec.preemptible and not (config.scavenger_qos or config.scavenger_partition):

@@ -37,3 +37,14 @@ async def test_a_submit_too_big_for_every_card_is_refused_as_the_views_would_ref
     assert str(refused.value) == expected
     job = await engine.submit_on_disk(ME, JobSpec(command=("true",), gpu_mem_mb=40 * 1024))
     assert job.id in engine.jobs
+
+
+async def test_a_node_choice_naming_no_node_here_or_leaving_none_is_refused(engine):
+    for spec, says in ((JobSpec(command=("true",), nodelist=("node01", "node99")), "node99 is no node"),
+                       (JobSpec(command=("true",), exclude=("gpu7",)), "-x/--exclude: gpu7 is no node"),
+                       (JobSpec(command=("true",), nodelist=("node01",), exclude=("node01",)),
+                        "-w/-x leave no node with GPUs")):
+        with pytest.raises(UnfitRequest, match=says):
+            await engine.submit_on_disk(ME, spec)
+    job = await engine.submit_on_disk(ME, JobSpec(command=("true",), gpu_mem_mb=1024, exclude=("node01",)))
+    assert engine.jobs[job.id].spec.exclude == ("node01",)
