@@ -330,19 +330,19 @@ def test_a_requeued_jobs_live_attempt_ends_though_its_first_attempts_exit_comes_
 def test_a_four_card_job_behind_a_service_and_a_stream_of_slices_starts_within_hours():
     """node02 is the core lab's only 4-card machine. A stream of slices (with --time) and
     of 1-card jobs without --time from five users keeps its cards busy; the 4-card job
-    used to get no reservation (a job without --time "never ends") and never started in
-    four days. With each running job's end estimated, its reservation drains node02."""
+    used to get no reservation (a job without --time "never ends") and waited for the
+    stream to end. With each running job's end estimated, its reservation drains node02."""
     inv = inventory.layout("core")
     cluster = setup.replay_config(inv, None, [])
     jobs, key = [Request(1, 0, "svc", 1, 16384, 30 * 86400, service=True)], 2
-    for t in range(0, 3 * 86400, 240):
+    for t in range(0, 30 * 3600, 240):  # a day and more: without a reservation it ends at ~33 h
         jobs.append(Request(key, t + 1, f"u{key % 5}", 1, 8192, 7200, 3 * 3600))
         key += 1
         if t % 480 == 0:
             jobs.append(Request(key, t + 2, f"u{key % 5}", 1, None, 3 * 3600))
             key += 1
     gang = Request(key, 3600, "gang", 4, None, 3600, 7200)
-    out = Replay(cluster, inv, jobs + [gang], setup.REPLAY_EPOCH, 4 * 86400, forecasts=False).run()
+    out = Replay(cluster, inv, jobs + [gang], setup.REPLAY_EPOCH, 2 * 86400, forecasts=False).run()
     assert out[gang.key].started_s is not None, "the 4-card job never started"
     assert out[gang.key].started_s - gang.submit_s <= 6 * 3600
 
