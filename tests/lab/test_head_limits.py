@@ -174,9 +174,10 @@ def test_a_users_long_commands_keep_every_list_of_jobs_short(head):
         listed = next(j for j in json.loads(snapshot)["jobs"] if j["id"] == ids[0])
         assert listed["command"][0] == "echo" and listed["command"][-1].endswith(
             f"… ({sum(map(len, long)) - 1024:,} more characters; `nebula job {ids[0]}` shows all of it)")
-        for op in ("queue", "job_history"):
+        for op in ("queue", "job_history"):  # each job short, however many the module's tests left
             with head.client() as client:
-                assert len(json.dumps(client.call(op))) < 1 << 20, op
+                listed_jobs = client.call(op)["jobs"]
+            assert max(map(len, map(json.dumps, listed_jobs)), default=0) < 8192, op
         assert head.call("job", job=ids[0])["job"]["command"] == long
     finally:
         with head.client() as client:
