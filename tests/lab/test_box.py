@@ -176,7 +176,9 @@ def test_the_guide_installs_a_shared_head_under_systemd(box, wheels, openssh_lab
 
 def test_two_users_each_with_their_own_jobs_through_an_upgrade(box, wheels):
     submit = "submit --gpu-mem 1G --time 10m"
-    mark = f"echo ran-$NEBULA_JOB_ID >> {RUNS}/$NEBULA_JOB_ID; echo log-of-$NEBULA_JOB_ID"
+    # one file per part: a gang spread over two nodes runs its command once on each
+    mark = (f"echo ran-$NEBULA_JOB_ID >> {RUNS}/$NEBULA_JOB_ID.${{NODE_RANK:-0}}; "
+            "echo log-of-$NEBULA_JOB_ID")
     jobs: dict[int, str] = {}
 
     def submitted(user: str, args: str) -> int:
@@ -208,7 +210,10 @@ def test_two_users_each_with_their_own_jobs_through_an_upgrade(box, wheels):
     for job, user in jobs.items():
         seen = job_of(box, job, user)
         assert seen["state"] == "succeeded" and seen["user"] == user, seen
-        assert (RUNS / str(job)).read_text() == f"ran-{job}\n", f"job {job} ran more than once"
+        parts = sorted(RUNS.glob(f"{job}.*"))
+        assert parts, f"job {job} never ran"
+        for part in parts:
+            assert part.read_text() == f"ran-{job}\n", f"job {job}'s part {part.suffix} ran more than once"
         assert f"log-of-{job}" in nebula(box, f"logs {job}", user).stdout
     history = json.loads(nebula(box, "history --json", "root").stdout)
     ran = {j["id"]: j for j in (history if isinstance(history, list) else history["jobs"])}
