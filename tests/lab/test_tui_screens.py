@@ -269,10 +269,12 @@ async def test_submit_form_then_queue_then_job_log(head, jobs):
         assert f"NEBULA_GPU_LIST={placed['uuid']}" in env
         assert f"CUDA_VISIBLE_DEVICES={placed['index']}" in env
         assert f"NEBULA_JOB_ID={job_id}" in env and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in env
+        kind = "whole card" if placed["exclusive"] else "6 GB slice"
+        # the page follows the job's events: its placement may come after the log's first line
+        where = f"{placed['node']}:{placed['index']}  {kind}"
+        await until(pilot, lambda: where in text(pilot, "#job-spec"), what="the placement on the job page")
         spec = text(pilot, "#job-spec")
         assert "form-job" in spec and "echo hello-from-form; sleep 30" in spec
-        kind = "whole card" if placed["exclusive"] else "6 GB slice"
-        assert f"{placed['node']}:{placed['index']}  {kind}" in spec
         await until(pilot, lambda: "started" in text(pilot, "#job-history")
                     or "running" in text(pilot, "#job-history"), what="state history")
         assert "submitted" in text(pilot, "#job-history")
