@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from boxfixtures import build_wheel, tracked_copy
 from conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,19 +31,8 @@ def _sh(*argv: str) -> None:
 def wheel(tmp_path_factory) -> Path:
     """The wheel, built as documented from a copy of the tracked files (the build writes
     its own folders beside the sources)."""
-    src = tmp_path_factory.mktemp("src")
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
-                           check=True).stdout.decode().split("\0")
-    for name in filter(None, files):
-        if (REPO / name).is_file():
-            (src / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, src / name)
-    out = tmp_path_factory.mktemp("wheels")
-    done = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(src)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    (found,) = out.glob("nebula_tui-*.whl")
-    return found
+    src = tracked_copy(tmp_path_factory.mktemp("src"))
+    return build_wheel(src, tmp_path_factory.mktemp("wheels"))
 
 
 def test_the_wheel_carries_the_nodelet_the_shims_and_the_styles(wheel):
