@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from ..model import GpuView, format_mb
+from ..model import DEFAULT_VENDOR, GpuView, format_mb
 from ..units import duration_flag
 from .cards import Shape
 from .filters import make_filter, parse_version, sm_name, version_text
@@ -29,7 +29,7 @@ Hardware = tuple
 def hardware(vendor: str | None, compute_cap: str | None, cuda_version: str | None,
              memory_total_mb: int) -> Hardware:
     """The class of a card with these facts (its reading's, and its node's CUDA)."""
-    return ((vendor or "nvidia").lower(), parse_version(compute_cap), parse_version(cuda_version),
+    return ((vendor or DEFAULT_VENDOR).lower(), parse_version(compute_cap), parse_version(cuda_version),
             memory_total_mb)
 
 

@@ -518,3 +518,44 @@ def test_the_wait_for_check_can_fail():
 def test_every_bounded_wait_keeps_its_cancel():
     assert wait_for_users(package_sources()) == []
 
+
+
+# --------------------------------------------------------------------------- one default vendor
+def vendor_defaults(sources: dict[str, tuple[str, bool]], vendor: str = "nvidia") -> list[str]:
+    """module:line of each place that writes ``vendor`` as a default: ``x or "nvidia"``,
+    ``d.get(k, "nvidia")``, a field or parameter ``= "nvidia"`` (``model.DEFAULT_VENDOR``
+    is the one). The node side's backends name their own vendor and are left out."""
+    found = []
+    for name, (source, _) in sources.items():
+        if name == "nebula_tui.model" or under(name, "nebula_tui.remote.probes") \
+                or under(name, "nebula_tui.remote.backends"):
+            continue
+        for node in ast.walk(ast.parse(source)):
+            defaults: list[ast.expr] = []
+            if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
+                defaults = node.values[1:]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr == "get" and len(node.args) == 2:
+                defaults = [node.args[1]]
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                defaults = [node.value]
+            elif isinstance(node, ast.arguments):
+                defaults = [*node.defaults, *(d for d in node.kw_defaults if d is not None)]
+            found += [f"{name}:{d.lineno}" for d in defaults
+                      if isinstance(d, ast.Constant) and d.value == vendor]
+    return sorted(found)
+
+
+def test_the_vendor_default_check_can_fail():
+    made_up = {
+        "nebula_tui.a": ('x = v or "nvidia"\ny = d.get("vendor", "nvidia")\n', False),
+        "nebula_tui.b": ('class C:\n    vendor: str = "nvidia"\ndef f(v="nvidia"):\n    pass\n', False),
+        "nebula_tui.c": ('ok = v == "nvidia"\nz = v or DEFAULT_VENDOR\n', False),
+        "nebula_tui.remote.backends.nvidia_smi": ('x = v or "nvidia"\n', False),
+    }
+    assert vendor_defaults(made_up) == ["nebula_tui.a:1", "nebula_tui.a:2", "nebula_tui.b:2", "nebula_tui.b:3"]
+
+
+def test_one_default_vendor():
+    """A card, reading or row that names no vendor is ``model.DEFAULT_VENDOR``'s, said once."""
+    assert vendor_defaults(package_sources()) == []
