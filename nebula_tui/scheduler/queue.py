@@ -50,12 +50,13 @@ from dataclasses import dataclass, replace
 from operator import attrgetter, itemgetter
 
 from ..model import takes_whole_card
+from ..units import in_time
 from . import admission
 from .cards import Found, Shape
 from .estimates import expected_end, run_estimate
 from .fairshare import order_key
 from .placement import World
-from .reasons import (best_now, blocked_text, blocker, blocker_rank, blockers_text, cards_text, in_time,
+from .reasons import (best_now, blocked_text, blocker, blocker_rank, blockers_text, cards_text,
                       join_ids, memory_rank, needs)
 from .snapshot import Decision, Fail, PendingJob, Snapshot, Start, Wait
 

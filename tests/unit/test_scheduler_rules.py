@@ -12,7 +12,7 @@ from nebula_tui.model import MIN_SLICE_MB, GpuReading, GpuView, Placement
 from nebula_tui.scheduler import (Fail, PendingJob, RunningJob, SchedulerConfig, Snapshot, Start,
                                   UserShare, Wait, fairshare, schedule)
 from nebula_tui.scheduler import estimates
-from nebula_tui.scheduler.reasons import in_time
+from nebula_tui.units import in_time
 from nebula_tui.scheduler.topology import link_rank, topology_penalty
 
 GB = 1024
