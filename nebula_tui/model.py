@@ -127,6 +127,9 @@ def fmt(value: object, unit: str = "") -> str:
 
 #: the GPU vendors NebulaGrid drives, as jobs (--vendor) and readings name them
 VENDORS = ("nvidia", "amd", "intel", "ascend")
+#: the vendor of a card whose reading or row names none (readings before vendors were
+#: told apart were all NVIDIA's); the one place this default is written
+DEFAULT_VENDOR = VENDORS[0]
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ class GpuReading:
     pstate: str | None = None
     driver_version: str | None = None
     compute_cap: str | None = None  # as the tool prints it: "8.9" (NVIDIA), "gfx90a" (AMD)
-    vendor: str = "nvidia"
+    vendor: str = DEFAULT_VENDOR
     # The rest of the vendor-neutral reading (remote/backends/reading.py says what each is).
     base_sm_clock_mhz: float | None = None
     max_sm_clock_mhz: float | None = None

@@ -13,7 +13,7 @@ from ..api import ApiError
 from ..printable import printable
 from ..model import ended_text
 from ..units import duration_exact
-from ..views import job_text
+from .text import job_text
 from .args import FINISHED_STATES, USAGE_ERROR
 from .common import service_client, show
 
@@ -191,7 +191,7 @@ def cmd_wait(args, home, config) -> int:
 
 
 def cmd_queue(args, home, config) -> int:
-    from ..views import queue_text
+    from .text import queue_text
 
     with service_client(home, config) as client:
         jobs = client.call("queue")["jobs"]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from .. import environments
+from ..model import DEFAULT_VENDOR
 from . import vendors
 
 #: /dev/shm in the container: Docker's 64 MB default breaks PyTorch's DataLoader workers.
@@ -39,7 +40,7 @@ class Device:
 
     uuid: str
     index: int
-    vendor: str = "nvidia"
+    vendor: str = DEFAULT_VENDOR
     pci_bus_id: str | None = None
 
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ..model import NOT_AVAILABLE, GpuReading
-from ..units import parse_duration_s
+from ..units import duration_exact, parse_duration_s
 
 ACTIONS = ("isolate", "isolate_on_repeat", "reset", "selftest", "fail_job", "record")
 #: Xid 79 (fell off the bus) stands in for a bus-fall message that carried no Xid code.
@@ -143,15 +143,6 @@ def policies_from_config(mapping: Mapping | None) -> dict[int, Policy]:
 # --- decisions ---------------------------------------------------------------------------------
 
 
-def _span(seconds: float) -> str:
-    """600 -> "10 min", 45 -> "45 s", 7200 -> "2 h" (for sentences)."""
-    for unit, size in (("h", 3600), ("min", 60)):
-        if seconds >= 2 * size or (unit == "min" and seconds >= size):
-            value = seconds / size
-            return f"{value:.0f} {unit}" if value.is_integer() else f"{value:.1f} {unit}"
-    return f"{seconds:.0f} s"
-
-
 def _same_code(a: int | None, b: int | None) -> bool:
     as79 = lambda c: BUS_FALL_CODE if c is None else c  # noqa: E731
     return as79(a) == as79(b)
@@ -179,7 +170,7 @@ def decide(event: Mapping, history: Sequence[tuple[float, int | None]], now: flo
     if action == "isolate_on_repeat":
         earlier = [t for t, c in history if _same_code(c, code) and 0 <= now - t <= policy.window_s]
         if earlier:
-            window = _span(policy.window_s)
+            window = duration_exact(policy.window_s)
             what = (f"Xid {code} twice within {window} ({_meaning(policy_code)})"
                     if code is not None else f"GPU fell off the bus twice within {window}")
             reason = f"{what}: isolated; " + _isolate_tail(policy_code, policy, gpu)

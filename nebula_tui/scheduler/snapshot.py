@@ -190,6 +190,9 @@ class Snapshot:
     waiting_elsewhere: frozenset[int] = frozenset()
     #: bookings not yet over (``nebula reserve``)
     bookings: tuple[Booking, ...] = ()
+    #: waiting job -> the cards an earlier pass preempted for it (its ``Wait.holds``),
+    #: kept for it through its victims' grace and requeue (``preemption.py``)
+    holds: Mapping[int, tuple[Placement, ...]] = field(default_factory=_empty)
 
 
 # Decisions are plain slotted records, not frozen ones: a pass makes one per pending job
@@ -206,10 +209,12 @@ class Start:
 
 @dataclass(slots=True)
 class Wait:
-    """Keep the job pending; ``reason`` is the sentence users see (R5)."""
+    """Keep the job pending; ``reason`` is the sentence users see (R5). ``holds``: the
+    cards it preempts for, which the next passes keep for it (``Snapshot.holds``)."""
 
     job_id: int
     reason: str
+    holds: tuple[Placement, ...] = ()
 
 
 @dataclass(slots=True)
