@@ -385,6 +385,23 @@ def test_many_reservations_in_one_pass_decide_as_the_reference_does(seed):
     assert sum(not r for r in reasons) > 50  # starts
 
 
+def test_a_reservation_the_ready_counts_get_wrong_is_searched_for(monkeypatch):
+    """Where the cards' ready times say a request fits by a time and the future world's
+    search finds no set there, the reservation comes from searched future worlds, as the
+    reference's does (here every card is said to be ready now: every such guess is wrong)."""
+    bench = bench_cluster()
+    gpus, running, topologies = bench.cluster(seed=5, nodes=16)
+    snap = Snapshot(gpus=gpus, queue=bench.queue(400, seed=6), now=bench.NOW, running=running,
+                    users=bench.USERS, topologies=topologies)
+    expected = reference_schedule(snap)
+
+    def ready_now(self, shape, ends, excluded=frozenset()):
+        return {node: [-math.inf] * len(cards) for node, cards in self.eligible(shape).items()}
+
+    monkeypatch.setattr(World, "ready_times", ready_now)
+    assert schedule(snap) == expected
+
+
 def test_a_card_copy_has_every_slot():
     """``Card.copy`` names each slot (a loop over them cost most of a future world)."""
     card = object.__new__(Card)
