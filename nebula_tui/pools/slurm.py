@@ -36,7 +36,7 @@ from ..waits import within
 from . import slurm_parse as parse
 from .authorize import authorize_view, head_address
 from .base import (Capacity, PollResult, PoolDegraded, PoolNode, PoolNotAuthorised, PoolRefusal,
-                   PoolSubmission, PoolUnavailable, RemoteJob)
+                   PoolSubmission, PoolUnavailable, RemoteJob, sent_order)
 
 #: bytes of a job's output one ``logs`` call reads at most
 LOG_CHUNK = 64 * 1024
@@ -432,11 +432,12 @@ class SlurmPool:
 
     async def find(self, account: str, token: str) -> RemoteJob | None:
         """The job of ``account`` sent with ``token`` (an intent whose sbatch answer was
-        lost: the one time a token finds a job, and only among that user's own)."""
-        for job in await self._squeue(account):
-            if job.comment == token:
-                return self._report(job, None, token)
-        return None
+        lost: the one time a token finds a job, and only among that user's own). Comments
+        are public: of several jobs carrying it, the first sent is ours (a copy comes after)."""
+        found = [job for job in await self._squeue(account) if job.comment == token]
+        if not found:
+            return None
+        return self._report(min(found, key=lambda job: sent_order(job.slurm_id)), None, token)
 
     async def ours(self, account: str, prefix: str, since: float | None = None) -> list[parse.SlurmJob]:
         """``account``'s jobs whose comment starts with ``prefix`` (this head's tokens), as
