@@ -61,7 +61,7 @@ def parse_duration_s(value: object, bare: str = "min") -> float:
         if bare is None:
             raise ValueError(f"'{value}': a bare number is ambiguous (seconds here before, "
                              "minutes in Slurm); write it with its unit, e.g. 90m, 1:30:00 or 7d")
-        seconds = float(value) * _UNIT_S[bare]
+        seconds = float(text) * _UNIT_S[bare]
     elif (clock := _CLOCK_RE.match(text)) and (":" in text or "-" in text):
         seconds = _clock_seconds(clock.groups(), value, examples)
     else:
@@ -76,15 +76,15 @@ def parse_duration_s(value: object, bare: str = "min") -> float:
     return seconds
 
 
-def _clock_seconds(groups: tuple, value: object, examples: str) -> float:
+def _clock_seconds(groups: tuple[str | None, ...], value: object, examples: str) -> float:
     """Slurm's clock forms, as its ``time_str2mins`` reads them: with a day, the parts
     after it are hours, minutes, seconds; without one, two parts are minutes and seconds
     and three are hours, minutes and seconds."""
-    days, *parts = groups
-    parts = [int(p) for p in parts if p is not None]
-    if days is not None:
+    day_text, *rest = groups
+    parts = [int(p) for p in rest if p is not None]
+    if day_text is not None:
         hours, minutes, seconds = (parts + [0, 0, 0])[:3]
-        days = int(days)
+        days = int(day_text)
     elif len(parts) == 2:
         days, hours, (minutes, seconds) = 0, 0, parts
     elif len(parts) == 3:

@@ -18,6 +18,7 @@ from .model import (LOCAL_POOL, NOT_AVAILABLE, Cancelling, Evicting, GpuView, Jo
 from .scheduler.filters import cuda_gap
 from .scheduler.slices import offered_mb
 from .units import duration_text
+from .wire import GpuWire, JobWire
 
 
 class JobPhase(str, Enum):
@@ -84,7 +85,7 @@ def listed(job: dict) -> dict:
     return {**job, "command": kept, "data_mounts": shown}
 
 
-def job_json(job: Job) -> dict:
+def job_json(job: Job) -> JobWire:
     """A job as clients see it. ``state`` is the stored state; ``phase`` is what clients
     show (``job_phase``): also "held", "cancelling", "evicting" or "stopping", with ``cancel_by``/``cancel_since``,
     ``evicting`` or ``stopping`` (why)."""
@@ -108,7 +109,8 @@ def job_json(job: Job) -> dict:
         "idle_since": getattr(holding(status), "idle_since", None),
         "idle_unknown": getattr(holding(status), "idle_unknown", False),
         "array_id": job.spec.array_id, "array_index": job.spec.array_index,
-        "array": job.spec.array and job.spec.array.text, "after": list(job.spec.after), "after_type": job.spec.after_type,
+        "array": job.spec.array and job.spec.array.text, "after": list(job.spec.after),
+        "after_type": job.spec.after_type,
         "time_limit_s": job.spec.time_limit_s, "vendor": job.spec.vendor,
         "output": stdio_path(job, job.spec.output), "error": stdio_path(job, job.spec.error or job.spec.output),
         "arch": job.spec.arch, "cuda": job.spec.cuda,
@@ -163,7 +165,7 @@ def gpu_status(gpu: GpuView, node_up: bool) -> str:
 
 def gpu_json(gpu: GpuView, *, node_up: bool, cuda_version: str | None,
              nvlink: list[dict], processes: list[dict], fits: dict[str, int] | None = None,
-             raw: bool = True) -> dict:
+             raw: bool = True) -> GpuWire:
     """The R2 descriptor plus live readings; each slice names the job holding it;
     ``fits``: how many more jobs of the common sizes the scheduler would place on it
     (``scheduler.slices.common_fits``: clients show it, never work it out again).
@@ -176,7 +178,7 @@ def gpu_json(gpu: GpuView, *, node_up: bool, cuda_version: str | None,
     if spare:
         slices.append({"id": len(slices) + 1, "memory_mb": spare, "state": "free", "job": None,
                        "exclusive": False})
-    out = {
+    out: GpuWire = {
         "uuid": r.uuid, "node": gpu.node, "index": r.index, "model": r.name,
         "vendor": r.vendor, "total_memory_mb": r.memory_total_mb,
         "compute_capability": compute_capability(r.compute_cap), "pci_bus_id": r.pci_bus_id,

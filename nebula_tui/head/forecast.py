@@ -202,7 +202,8 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
                                            overuse=tuple(x for x in g.overuse if x[0] != job_id))
             if preempted and job.preemptible:
                 pending = scheduler.PendingJob(job.id, job.user, len(job.placements),
-                                               _slice_mb(job), snap.now, max_nodes=len({p.node for p in job.placements}),
+                                               _slice_mb(job), snap.now,
+                                               max_nodes=len({p.node for p in job.placements}),
                                                time_limit_s=job.time_limit_s, preemptible=True)
                 queue[job.id] = pending
     return run

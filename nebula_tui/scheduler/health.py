@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..model import NOT_AVAILABLE, GpuReading
 from ..units import duration_exact, parse_duration_s
@@ -93,7 +94,7 @@ def _meaning(code: int) -> str:
 
 
 
-def policies_from_config(mapping: Mapping | None) -> dict[int, Policy]:
+def policies_from_config(mapping: Mapping[Any, Any] | None) -> dict[int, Policy]:
     """The effective policies: :data:`DEFAULT_POLICIES` with the overrides of ``mapping``.
 
     ``mapping`` is the ``xid_policies`` section as YAML gives it, e.g.
@@ -144,11 +145,10 @@ def policies_from_config(mapping: Mapping | None) -> dict[int, Policy]:
 
 
 def _same_code(a: int | None, b: int | None) -> bool:
-    as79 = lambda c: BUS_FALL_CODE if c is None else c  # noqa: E731
-    return as79(a) == as79(b)
+    return (BUS_FALL_CODE if a is None else a) == (BUS_FALL_CODE if b is None else b)
 
 
-def decide(event: Mapping, history: Sequence[tuple[float, int | None]], now: float,
+def decide(event: Mapping[str, Any], history: Sequence[tuple[float, int | None]], now: float,
            policies: Mapping[int, Policy] | None = None, gpu: str = "GPU") -> Action:
     """What to do about one Xid event of one GPU.
 
@@ -277,7 +277,7 @@ SELFTEST_MAX_TEMP_C = 80.0
 SELFTEST_MAX_SERVING_TEMP_C = 90.0
 
 
-def judge_selftest(result: Mapping, serving: bool = False) -> tuple[bool, str]:
+def judge_selftest(result: Mapping[str, Any], serving: bool = False) -> tuple[bool, str]:
     """Pass or fail, and a sentence, for the node's self-test output (``serving``: the card
     keeps its jobs during the test, so its temperature is judged as a busy card's)::
 

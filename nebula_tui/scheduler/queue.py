@@ -248,7 +248,6 @@ class _Pass:
         refusing = {name for name, share in self.snap.users.items() if share is not None and share.refusal}
         decisions: list[Decision] = []
         append, decide = decisions.append, self.decide
-        now = self.now
         quick_ok = not self.bookings  # with bookings, what a job may use depends on it
         for job in jobs:
             req = get(job.request_key) or request(job)
