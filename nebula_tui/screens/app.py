@@ -524,42 +524,9 @@ class NebulaApp(App):
         self.push_screen(CommandLine(suggestions), done)
 
     def run_command(self, command: Command) -> None:
-        """Carry out a parsed ``:`` command (see ``commandline.COMMANDS``)."""
+        """Carry out a parsed ``:`` command, as its spec says (``commandline.COMMANDS``)."""
         name, args = command
-        if name in ("overview", "gpus", "queue", "users", "nodes"):
-            self.show(name)
-        elif name == "history":
-            self.on_mode("queue", lambda screen: screen.show_all(True))
-        elif name == "job":
-            self.open_job(int(args[0]))
-        elif name == "gpu":
-            uuid = self.find_gpu(args[0])
-            if uuid:
-                self.open_gpu(uuid)
-        elif name == "user":
-            self.on_mode("users", lambda screen: screen.select_user(args[0]))
-        elif name == "node":
-            if self.known_node(args[0]):
-                self.on_mode("gpus", lambda screen: screen.filter_to(f"{args[0]}:"))
-        elif name == "cancel":
-            self.ask_cancel(int(args[0]))
-        elif name in ("hold", "release"):
-            self.job_action(name, int(args[0]))
-        elif name == "drain":
-            if self.known_node(args[0]):
-                self.ask_drain(args[0], args[1] if len(args) > 1 else None)
-        elif name == "resume":
-            if self.known_node(args[0]):
-                self.node_action("resume", args[0])
-        elif name == "remove":
-            if self.known_node(args[0]):
-                self.ask_remove(args[0])
-        elif name == "submit":
-            self.action_submit_form()
-        elif name == "help":
-            self.action_help()
-        elif name == "quit":
-            self.call_later(self.action_quit)
+        commandline.BY_NAME[name].run(self, args)
 
     def find_gpu(self, name: str) -> str | None:
         """The uuid of a GPU given as node:index or uuid (None, said, when there is none)."""
