@@ -2,8 +2,8 @@
 
 The app only knows the head service's socket; everything it shows arrives over that socket
 (a subscription for live state, one request per user action). One worker (group
-``events``) reads the subscription and posts messages; the app's handlers fold them into
-``self.cluster`` and tell the visible screen what changed.
+``events``) reads the subscription and posts messages; ``folding.py`` folds them into
+``self.cluster`` and the app tells the visible screen what changed.
 
 Why one module: the app is the one place where the stream's messages meet the screens
 (folded into ``self.cluster``, told to the visible screen) and where the key map's actions
@@ -45,8 +45,8 @@ from .commandline import Command, CommandLine
 from .gpus import GpuDetailScreen, GpusScreen
 from .job import JobScreen
 from .look import LOOK
-from .messages import (BookingsChanged, EventLogged, GpusChanged, JobChanged, NodeChanged, PoolChanged,
-                       QueueOrdered, SnapshotArrived, StreamLost, UserChanged)
+from .folding import fold, message_of
+from .messages import GpusChanged, SnapshotArrived, StreamLost, StreamMessage
 from .nodes import DrainPrompt, NodesScreen
 from .overview import OverviewScreen
 from .queue import QueueScreen
@@ -356,24 +356,12 @@ class NebulaApp(App):
                         delay = RETRY_FIRST_S
                         self._gpu_events = []  # changes to an older state: superseded
                         self.post_message(SnapshotArrived(event))
-                    elif kind == "job":
-                        self.post_message(JobChanged(event["job"]))
                     elif kind == "gpus":
                         self._gpu_events.append(event)
                         if len(self._gpu_events) == 1:  # a new batch: one message for it
                             loop.call_later(TELEMETRY_BATCH_S, self._post_gpu_batch)
-                    elif kind == "node":
-                        self.post_message(NodeChanged(event["node"]))
-                    elif kind == "event":
-                        self.post_message(EventLogged(event["event"]))
-                    elif kind == "user":
-                        self.post_message(UserChanged(event["user"]))
-                    elif kind == "queue":
-                        self.post_message(QueueOrdered(event["order"], event.get("starts")))
-                    elif kind == "pool":
-                        self.post_message(PoolChanged(event["pool"]))
-                    elif kind == "bookings":
-                        self.post_message(BookingsChanged(event["bookings"]))
+                    elif (message := message_of(event)) is not None:
+                        self.post_message(message)
                     elif event.get("ok") is False:
                         raise ApiError(event.get("error", "subscription refused"))
                 reason = "the head service closed the event stream"
@@ -419,74 +407,26 @@ class NebulaApp(App):
             screens += (s for s in stack if isinstance(s, ClusterScreen))
         return screens
 
-    @on(SnapshotArrived)
-    def _snapshot(self, message: SnapshotArrived) -> None:
-        self.cluster.apply_snapshot(message.snapshot)
-        if LOOK.use_temperatures(message.snapshot.get("temperatures")):
+    @on(StreamMessage)
+    def _fold(self, message: StreamMessage) -> None:
+        """Fold a stream message into ``self.cluster`` (``folding.fold``) and tell the screens."""
+        folded = fold(self.cluster, message)
+        if folded.restyle:
             shown = self._visible()
             for screen in self._cluster_screens():
                 screen.restyle(shown=screen is shown)
-        # A big cluster's snapshot is some 100,000 objects that live until the next one:
-        # keep the garbage collector's full passes (over 100 ms each at 10,000 jobs, a
-        # stall the user feels) from walking them again and again. They are still freed
-        # by reference counting when replaced: decoded JSON holds no cycles. Garbage is
-        # collected first so that none is frozen; the app thaws everything as it ends.
-        gc.collect()
-        gc.freeze()
-        self._set_connection("connected", lost=False)
-        self._changed("all")
-
-    @on(JobChanged)
-    def _job(self, message: JobChanged) -> None:
-        before = self.cluster.apply_job(message.job)
-        live = self.cluster.live_fields_only(before, message.job)
-        self._changed("job-live" if live else "job", message.job["id"])
-
-    @on(GpusChanged)
-    def _gpus(self, message: GpusChanged) -> None:
-        changed = set()
-        for event in message.events:
-            if self.cluster.apply_gpus(event["node"], event["gpus"], event.get("gone", ()),
-                                       event.get("seen")):
-                changed.add(event["node"])
-        for node in changed:  # nodes whose readings did not move cost no screen work
-            self._changed("gpus", node)
-
-    @on(NodeChanged)
-    def _node(self, message: NodeChanged) -> None:
-        self.cluster.apply_node(message.node)
-        self._changed("node", message.node["name"])
-
-    @on(EventLogged)
-    def _event(self, message: EventLogged) -> None:
-        self.cluster.apply_event(message.event)
-        self._changed("event")
-
-    @on(UserChanged)
-    def _user(self, message: UserChanged) -> None:
-        self.cluster.apply_user(message.user)
-        self._changed("user", message.user["name"])
-
-    @on(PoolChanged)
-    def _pool(self, message: PoolChanged) -> None:
-        self.cluster.apply_pool(message.pool)
-        self._changed("pool", message.pool["name"])
-
-    @on(BookingsChanged)
-    def _bookings(self, message: BookingsChanged) -> None:
-        self.cluster.apply_bookings(message.bookings)
-        self._changed("bookings")
-
-    @on(QueueOrdered)
-    def _queue(self, message: QueueOrdered) -> None:
-        self.cluster.apply_queue(message.order, message.starts)
-        self._changed("queue")
-
-    @on(StreamLost)
-    def _lost(self, message: StreamLost) -> None:
-        self.cluster.connected = False
-        self._set_connection(f"disconnected — retrying in {message.retry_s:g}s "
-                             f"({message.reason})", lost=True)
+        if folded.snapshot:
+            # A big cluster's snapshot is some 100,000 objects that live until the next one:
+            # keep the garbage collector's full passes (over 100 ms each at 10,000 jobs, a
+            # stall the user feels) from walking them again and again. They are still freed
+            # by reference counting when replaced: decoded JSON holds no cycles. Garbage is
+            # collected first so that none is frozen; the app thaws everything as it ends.
+            gc.collect()
+            gc.freeze()
+        if folded.connection is not None:
+            self._set_connection(folded.connection[0], lost=folded.connection[1])
+        for change, key in folded.changes:
+            self._changed(change, key)
 
     def _set_connection(self, state: str, *, lost: bool) -> None:
         self.connection = (state, lost)
@@ -584,42 +524,9 @@ class NebulaApp(App):
         self.push_screen(CommandLine(suggestions), done)
 
     def run_command(self, command: Command) -> None:
-        """Carry out a parsed ``:`` command (see ``commandline.COMMANDS``)."""
+        """Carry out a parsed ``:`` command, as its spec says (``commandline.COMMANDS``)."""
         name, args = command
-        if name in ("overview", "gpus", "queue", "users", "nodes"):
-            self.show(name)
-        elif name == "history":
-            self.on_mode("queue", lambda screen: screen.show_all(True))
-        elif name == "job":
-            self.open_job(int(args[0]))
-        elif name == "gpu":
-            uuid = self.find_gpu(args[0])
-            if uuid:
-                self.open_gpu(uuid)
-        elif name == "user":
-            self.on_mode("users", lambda screen: screen.select_user(args[0]))
-        elif name == "node":
-            if self.known_node(args[0]):
-                self.on_mode("gpus", lambda screen: screen.filter_to(f"{args[0]}:"))
-        elif name == "cancel":
-            self.ask_cancel(int(args[0]))
-        elif name in ("hold", "release"):
-            self.job_action(name, int(args[0]))
-        elif name == "drain":
-            if self.known_node(args[0]):
-                self.ask_drain(args[0], args[1] if len(args) > 1 else None)
-        elif name == "resume":
-            if self.known_node(args[0]):
-                self.node_action("resume", args[0])
-        elif name == "remove":
-            if self.known_node(args[0]):
-                self.ask_remove(args[0])
-        elif name == "submit":
-            self.action_submit_form()
-        elif name == "help":
-            self.action_help()
-        elif name == "quit":
-            self.call_later(self.action_quit)
+        commandline.BY_NAME[name].run(self, args)
 
     def find_gpu(self, name: str) -> str | None:
         """The uuid of a GPU given as node:index or uuid (None, said, when there is none)."""
