@@ -176,5 +176,5 @@ class ClusterActions:
             return
         if isinstance(reply.get("node"), dict):
             self.cluster.apply_node(reply["node"])
-            self._changed("node", node)
+            self.tell_screens("node", node)
         self.notify(f"{node} {NODE_DONE.get(op, op)}")

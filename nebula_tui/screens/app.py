@@ -343,7 +343,8 @@ class NebulaApp(ClusterActions, App):
         screen = stack[-1] if stack else None
         return screen if isinstance(screen, ClusterScreen) and screen.is_mounted else None
 
-    def _changed(self, change: str, key: object = None) -> None:
+    def tell_screens(self, change: str, key: object = None) -> None:
+        """Tell the visible screen what changed; the others note it for when they are shown."""
         shown = self._visible()
         if shown is not None:
             shown.cluster_changed(change, key)
@@ -383,7 +384,7 @@ class NebulaApp(ClusterActions, App):
         if folded.connection is not None:
             self._set_connection(folded.connection[0], lost=folded.connection[1])
         for change, key in folded.changes:
-            self._changed(change, key)
+            self.tell_screens(change, key)
 
     def _set_connection(self, state: str, *, lost: bool) -> None:
         self.connection = (state, lost)
