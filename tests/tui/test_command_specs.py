@@ -1,6 +1,6 @@
 """``:`` commands are carried out as their specs say (``commandline.COMMANDS``), on the real
 app reading a fixed head over its socket: a screen, a page, a filter, and a node the cluster
-does not have, which is said instead of done."""
+does not have, which is said instead of done; an action the head cannot do, said."""
 
 from __future__ import annotations
 
@@ -50,3 +50,5 @@ async def test_commands_run_from_their_specs(fixed_head):
         await until(pilot, lambda: any("no GPU 'nosuch:0'" in n for n in notes), what="the GPU refusal")
         run(":node node02")
         await until(pilot, lambda: isinstance(app.screen, GpusScreen), what="the GPUs of node02")
+        run(":hold 16")  # the fixed head answers no hold: the action says so, in one line
+        await until(pilot, lambda: any("'hold' is not available" in n for n in notes), what="the hold's answer")
