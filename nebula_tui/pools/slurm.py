@@ -503,9 +503,13 @@ class SlurmPool:
         await self._scontrol(account, ["scontrol", "requeue", remote_id], "scontrol requeue")
 
     async def logs(self, account: str, path: str, offset: int) -> tuple[str, int, int]:
-        """(text from byte ``offset``, the next offset, the file's size when read)."""
-        command = (f"[ -e {shlex.quote(path)} ] || exit 0; stat -c %s -- {shlex.quote(path)}; "
-                   f"tail -c +{int(offset) + 1} -- {shlex.quote(path)} | head -c {LOG_CHUNK}")
+        """(text from byte ``offset``, the next offset, the file's size when read). The job
+        can replace its output: only a regular file is read, and opened without blocking
+        (a FIFO would hold the read, and the account's connection, until the timeout)."""
+        where = shlex.quote(path)
+        command = (f"[ -f {where} ] || exit 0; stat -L -c %s -- {where}; "
+                   f"dd if={where} iflag=nonblock,skip_bytes,count_bytes skip={int(offset)} "
+                   f"count={LOG_CHUNK} bs=65536 status=none")
         _, out, _ = await self.run_bytes(account, command, limit=LOG_CHUNK + 64)
         size_line, _, data = out.partition(b"\n")
         size = int(size_line) if size_line.strip().isdigit() else 0

@@ -188,6 +188,24 @@ def test_the_command_is_on_no_command_line_and_the_output_is_private(head):
     assert wait_state(head, job, {"succeeded", "failed"})["state"] == "succeeded"
 
 
+def test_a_job_that_turns_its_output_into_a_fifo_holds_no_log_read(head):
+    """The job replaces its output file with a FIFO (its own account may): a log read does
+    not wait on it until the timeout, holding the account's connection; it says nothing."""
+    job = submit(head, "--pool", "hpc", "--command",
+                 'out=$(scontrol show job "$SLURM_JOB_ID" | sed -n "s/.*StdOut=//p"); echo before; '
+                 'rm -f "$out"; mkfifo -m 600 "$out"; sleep 60')
+    wait_state(head, job, {"running"})
+    path = Path(pool_row(head, job)["log_path"])
+    wait_for(lambda: path.exists() and stat.S_ISFIFO(path.stat().st_mode), 30, what="the FIFO")
+    try:
+        read = head.run("logs", str(job))
+        assert read.returncode == 0, read.stderr
+        assert head.call("status")["pools"][0]["reachable"]
+    finally:
+        head.run("cancel", str(job))
+        wait_state(head, job, {"cancelled", "failed", "succeeded"})
+
+
 def test_preemptible_without_a_scavenger_qos_is_refused(head):
     done = head.run("submit", "--pool", "hpc", "--preemptible", "--", "true")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
