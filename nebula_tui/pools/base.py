@@ -72,6 +72,7 @@ class RemoteJob:
     elapsed_s: float | None = None  # from the cluster's accounting, when it keeps it
     gpus: int | None = None  # its allocation's GPUs, from the cluster's accounting
     qos: str = ""  # the QOS it ran in, as the cluster says ("" where it does not)
+    partition: str = ""  # the partition(s) it runs in or may run in, as the cluster says
     #: whether its Slurm comment still is the token it was sent with (the job may rewrite
     #: it: it is a check, never what finds the job)
     token_ok: bool = True

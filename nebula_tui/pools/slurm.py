@@ -389,6 +389,7 @@ class SlurmPool:
             started_at=final.start or job.start, ended_at=final.end or job.end, end=end,
             exit_code=final.exit_code, preempted=final.state == "PREEMPTED",
             elapsed_s=final.elapsed_s, gpus=final.gpus, qos=final.qos or job.qos,
+            partition=final.partition or job.partition,
             token_ok=not job.comment or job.comment == token)
 
     async def _sacct(self, account: str, ids: list[str]) -> dict[str, parse.SlurmJob]:

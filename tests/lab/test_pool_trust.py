@@ -219,6 +219,27 @@ def test_preemptible_runs_in_the_scavenger_partition(slurm_lab, tmp_path):
         _scavenger_partition_used(head, slurm_lab)
 
 
+def test_a_preemptible_job_its_owner_moves_off_the_scavenger_partition_is_charged_in_full(slurm_lab, tmp_path):
+    """While her preemptible job waits in the (down) scavenger partition, its owner moves it
+    to the normal one with scontrol, where it runs as a normal job: it is charged in full
+    (Slurm's elapsed time × the GPUs it held), not at the scavenger's quarter."""
+    with partition(slurm_lab, "nebscav", "State=DOWN"):
+        head = start_head(tmp_path / "home", config(slurm_lab, tmp_path / "nodes.yaml",
+                                                    scavenger_partition="nebscav"))
+        try:
+            job = submit(head, "--pool", "hpc", "--preemptible", "--", "sleep", "6")
+            wait_for(lambda: "PartitionDown" in head.job(job)["reason"], 30, what="it waits there")
+            moved = subprocess.run(["scontrol", "update", f"jobid={remote_id(head, job)}", "partition=gpu"],
+                                   env=slurm_lab.env, capture_output=True, text=True, timeout=30)
+            assert moved.returncode == 0, moved.stderr
+            _charged_what_was_allocated_for(head, slurm_lab, job)
+            said = [e["message"] for e in head.call("events", job=job)["events"]]
+            assert any("partition gpu, not its scavenger one: charged as a normal job" in m for m in said), said
+            assert not head.job(job)["preemptible"]
+        finally:
+            cancel_left_and_stop(head)
+
+
 def _scavenger_partition_used(head: HeadProcess, slurm_lab) -> None:
     try:
         normal = submit(head, "--pool", "hpc", "--", "true")
@@ -369,19 +390,25 @@ def test_a_pool_job_is_charged_the_gpus_slurms_accounting_allocated(slurm_lab, t
 def _charged_what_was_allocated(head: HeadProcess, slurm_lab) -> None:
     try:
         job = submit(head, "--pool", "hpc", "--gpu-count", "1", "--", "sleep", "6")
-        assert wait_state(head, job, {"succeeded", "failed"}, timeout=90)["state"] == "succeeded"
-        rid = remote_id(head, job)
-        acct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", str(rid), "-o", "AllocTRES,ElapsedRaw"],
-                              env=slurm_lab.env, capture_output=True, text=True, timeout=30)
-        tres, elapsed = acct.stdout.strip().splitlines()[0].split("|")
-        held = int(re.search(r"gres/gpu=(\d+)", tres).group(1))
-        assert held > 1, tres  # the partition did give the whole node
-        mine = next(j for j in json.loads(head.run("history", "--json", check=True).stdout)
-                    if j["id"] == job)
-        assert mine["gpu_hours"] == pytest.approx(held * int(elapsed) / 3600, rel=0.01, abs=1e-6), \
-            (mine, tres, elapsed)
+        assert _charged_what_was_allocated_for(head, slurm_lab, job) > 1  # the whole node's
     finally:
         cancel_left_and_stop(head)
+
+
+def _charged_what_was_allocated_for(head: HeadProcess, slurm_lab, job: int) -> int:
+    """Once ``job`` ended: it was charged Slurm's elapsed time × the GPUs its accounting
+    says it held, in full; those GPUs."""
+    assert wait_state(head, job, {"succeeded", "failed"}, timeout=90)["state"] == "succeeded"
+    rid = remote_id(head, job)
+    acct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", str(rid), "-o", "AllocTRES,ElapsedRaw"],
+                          env=slurm_lab.env, capture_output=True, text=True, timeout=30)
+    tres, elapsed = acct.stdout.strip().splitlines()[0].split("|")
+    held = int(re.search(r"gres/gpu=(\d+)", tres).group(1))
+    mine = next(j for j in json.loads(head.run("history", "--json", check=True).stdout)
+                if j["id"] == job)
+    assert mine["gpu_hours"] == pytest.approx(held * int(elapsed) / 3600, rel=0.01, abs=1e-6), \
+        (mine, tres, elapsed)
+    return held
 
 
 @contextlib.contextmanager
