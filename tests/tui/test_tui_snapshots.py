@@ -241,3 +241,26 @@ async def test_one_colour_per_meaning_on_every_screen(fixed_head, theme):
         jobs = app.screen.query_one("#queue-table", RowTable)
         assert _style_of(jobs, "12", "state", app) == role("ok")
         assert _style_of(jobs, "16", "state", app) == role("warn")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_the_overview_shows_a_waiting_jobs_whole_reason(fixed_head, size):
+    """The Overview's queue cut a waiting job's reason at its edge ("needs 5 GPUs with
+    ≥70 GB free on…") and only the job page said it whole: with the cursor on that job the
+    reason reads whole under the queue; on a running job nothing is added."""
+    app = make_app(fixed_head.socket, cluster_name="gpulab")
+    reason = "needs 5 GPUs with ≥70 GB free on one node; the largest node has 4 such GPUs"
+    async with app.run_test(size=size) as pilot:
+        await show(pilot, "overview")
+        queue = app.screen.query_one("#queue")
+        detail = app.screen.query_one("#overview-detail")
+        assert queue.cursor_key == "15" and not detail.display  # running: nothing added
+        while queue.cursor_key != "16":
+            await pilot.press("down")
+        await settle(pilot)
+        shown = " ".join(svg_text(app.export_screenshot()).split())
+        assert reason in shown, (size, shown)
+        assert detail.display and detail.region.height >= 1
+        await pilot.press("up")
+        await settle(pilot)
+        assert not detail.display
