@@ -5,7 +5,7 @@
 # debootstrap…) is `make test-deps`'s, which `make test` runs first.
 PYTHON ?= .venv/bin/python
 
-.PHONY: demo test test-deps test-fast setup setup-demo bench bench-slurm bench-recovery bench-scale bench-nodelet bench-month
+.PHONY: demo test test-deps test-fast lint setup setup-demo bench bench-slurm bench-recovery bench-scale bench-nodelet bench-month
 
 setup:
 	@sh scripts/setup.sh test
@@ -37,9 +37,15 @@ test: test-deps setup
 	echo "make test: $$(( $$(date +%s) - start )) s ($(JOBS) workers, $$(nproc) cores)"; \
 	exit $$status
 
-# The fast layer alone: what needs no lab, head process, demo or Slurm (tests/unit and
-# tests/tui, less the few lab tests of a mostly plain module; tests/lab is all lab).
-test-fast: setup
+# ruff (pyproject's [tool.ruff]) and mypy, strict on the modules pyproject's [tool.mypy]
+# lists (the wire's shapes, the model, the node protocol, the scheduler's checked parts).
+lint: setup
+	@$(PYTHON) -m ruff check --quiet . && $(PYTHON) -m mypy
+	@echo "make lint: ruff and mypy passed"
+
+# The fast layer alone, after lint: what needs no lab, head process, demo or Slurm
+# (tests/unit and tests/tui, less the few lab tests of a mostly plain module; tests/lab is all lab).
+test-fast: lint
 	@start=$$(date +%s); base=$$(mktemp -d /tmp/nt-XXXX); \
 	$(PYTHON) -m pytest -q --durations=10 -m "not lab" -n $(JOBS) --dist loadgroup --no-loadscope-reorder \
 	    --basetemp=$$base; \

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -80,7 +79,8 @@ def row(name: str, values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20)
-    parser.add_argument("--gap", type=float, default=0.2, help="idle seconds before each submit (plus random up to as much)")
+    parser.add_argument("--gap", type=float, default=0.2,
+                        help="idle seconds before each submit (plus random up to as much)")
     args = parser.parse_args()
     with lab_with_head("4x4") as (lab, head):
         ours = nebula_latencies(head, args.jobs, args.gap)

@@ -19,10 +19,14 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nebula_tui.api import ApiError, Client
 from nebula_tui.remote.launcher import TMUX_SOCKET, session_name
 from nebula_tui.model import FINISHED_STATES
+
+if TYPE_CHECKING:  # the lab is imported when one is made (it is heavy)
+    from nebula_tui.sim.lab import Lab
 
 FINISHED = FINISHED_STATES
 

@@ -1,3 +1,5 @@
+"""``python -m nebula_tui``: the ``nebula`` command, for a checkout without its script."""
+
 import sys
 
 from .cli import main

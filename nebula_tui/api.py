@@ -5,7 +5,8 @@ reply ``{"ok": true, …}`` or ``{"ok": false, "error": "…", "usage": bool}`` 
 request that could never be valid as written — a field out of its bounds, an empty name, a
 job id past any there can be, no such card, a --time past max_time — which a client treats
 like a usage error it caught itself: exit 2; a refusal of what is now — no such job, not
-yours, already ended — is not one: exit 1); ``wait`` (``within``: at most that many seconds) replies ``{"job", "ended"}`` when the job
+yours, already ended — is not one: exit 1); ``wait`` (``within``: at most that many seconds)
+replies ``{"job", "ended"}`` when the job
 ends or ``within`` has passed, whichever is first (a client that waits in such steps notices
 a head that stopped answering); ``subscribe`` replies with a snapshot and then streams events until the client goes.
 ``submit`` takes the fields of ``head.requests.spec_from_request`` (``after_type``: ok, any,
@@ -53,7 +54,8 @@ The subscription: first ``{"ok": true, "type": "snapshot", "nodes", "gpus", "job
 ``head.pools.Pools.view_json``, whose ``line`` `nebula status` prints; GPUs as ``views.gpu_json`` without the raw
 reading, users as the ``users`` request's rows, ``bookings`` as the ``reservations``
 request's ``list``, ``temperatures`` the health policy's
-``{"hot_c", "warm_c"}`` that clients colour temperatures by: ``model.Temperatures``), then one line per event, each with a ``type``:
+``{"hot_c", "warm_c"}`` that clients colour temperatures by: ``model.Temperatures``), then
+one line per event, each with a ``type``:
 
 * ``job``: ``{"job": …}``, a job as ``views.job_json`` (whole, after each change);
 * ``node``: ``{"node": …}``, a node (whole; ``"state": "removed"`` when it left);

@@ -16,7 +16,7 @@ import enum
 import posixpath
 import re
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import Any, ClassVar, Self
 
 from .units import MIB_PER_GIB, TaskArray
 
@@ -127,6 +127,9 @@ def fmt(value: object, unit: str = "") -> str:
 
 #: the GPU vendors NebulaGrid drives, as jobs (--vendor) and readings name them
 VENDORS = ("nvidia", "amd", "intel", "ascend")
+#: the vendor of a card whose reading or row names none (readings before vendors were
+#: told apart were all NVIDIA's); the one place this default is written
+DEFAULT_VENDOR = VENDORS[0]
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ class GpuReading:
     pstate: str | None = None
     driver_version: str | None = None
     compute_cap: str | None = None  # as the tool prints it: "8.9" (NVIDIA), "gfx90a" (AMD)
-    vendor: str = "nvidia"
+    vendor: str = DEFAULT_VENDOR
     # The rest of the vendor-neutral reading (remote/backends/reading.py says what each is).
     base_sm_clock_mhz: float | None = None
     max_sm_clock_mhz: float | None = None
@@ -307,7 +310,7 @@ def output_file(pattern: str, job_id: int, spec: JobSpec, user: str) -> str:
     return re.sub(r"%([%a-zA-Z])", lambda m: values.get(m.group(1), m.group(0)), pattern)
 
 
-def spec_fields(spec: JobSpec) -> dict:
+def spec_fields(spec: JobSpec) -> dict[str, Any]:
     """A JobSpec's JSON form (stored, in launch records; ``store.spec_of`` reads it back)."""
     fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
     if spec.array is not None:
@@ -347,12 +350,16 @@ class Pending:
 class _HoldsGpus:
     """What a launch and a run share: at least one GPU, and a gang's parts that ended."""
 
+    placements: tuple[Placement, ...]
+    exits: Exits
+
     def __post_init__(self) -> None:
         if not self.placements:
             raise ValueError("a job holding GPUs has at least one placement")
 
-    def with_exit(self, node: str, code: int | None):
-        return replace(self, exits=self.exits + ((node, code),))
+    def with_exit(self, node: str, code: int | None) -> Self:
+        # each subclass is a dataclass; this mixin is not one itself
+        return replace(self, exits=self.exits + ((node, code),))  # type: ignore[type-var]
 
 
 @dataclass(frozen=True)
@@ -392,6 +399,8 @@ Holding = Launching | Running
 class _Stopping:
     """What a cancel, an eviction and the head's own stop share: the launch or run they
     stop, whose state the job keeps meanwhile."""
+
+    holding: Holding
 
     def __post_init__(self) -> None:
         if not isinstance(self.holding, (Launching, Running)):

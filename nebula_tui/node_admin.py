@@ -74,7 +74,7 @@ def _replace_file(path: Path, text: str) -> ClusterConfig:
         f.write(text)
     try:
         os.chmod(tmp, path.stat().st_mode & 0o777)
-        config = load_config(tmp)
+        load_config(tmp)  # refuses a file the head would not start on
     except ConfigError as err:
         os.unlink(tmp)
         raise NodeAdminError(f"the edited file would not load ({err}); {path} is unchanged") from None

@@ -1,7 +1,9 @@
-"""Sizes, durations and task ranges as people write them: one parser each, for the CLI,
-the TUI's form and nodes.yaml alike (``--gpu-mem 8G``, ``--time 90``, ``-t 1:30:00``, ``node_lease: 10m``,
-``isolation_grace: 15s``, ``--array 0-99%8``). Pure: each raises ValueError with a
-sentence saying how to write it."""
+"""Sizes, durations and task ranges as people write and read them: one parser each, for
+the CLI, the TUI's form and nodes.yaml alike (``--gpu-mem 8G``, ``--time 90``, ``-t 1:30:00``,
+``node_lease: 10m``, ``isolation_grace: 15s``, ``--array 0-99%8``), and every form a
+duration is shown in (a sentence, a table cell, a flag, an age, a time ahead), so no
+other module formats one. Pure: each parser raises ValueError with a sentence saying how
+to write it."""
 
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ def parse_duration_s(value: object, bare: str = "min") -> float:
         if bare is None:
             raise ValueError(f"'{value}': a bare number is ambiguous (seconds here before, "
                              "minutes in Slurm); write it with its unit, e.g. 90m, 1:30:00 or 7d")
-        seconds = float(value) * _UNIT_S[bare]
+        seconds = float(text) * _UNIT_S[bare]
     elif (clock := _CLOCK_RE.match(text)) and (":" in text or "-" in text):
         seconds = _clock_seconds(clock.groups(), value, examples)
     else:
@@ -74,15 +76,15 @@ def parse_duration_s(value: object, bare: str = "min") -> float:
     return seconds
 
 
-def _clock_seconds(groups: tuple, value: object, examples: str) -> float:
+def _clock_seconds(groups: tuple[str | None, ...], value: object, examples: str) -> float:
     """Slurm's clock forms, as its ``time_str2mins`` reads them: with a day, the parts
     after it are hours, minutes, seconds; without one, two parts are minutes and seconds
     and three are hours, minutes and seconds."""
-    days, *parts = groups
-    parts = [int(p) for p in parts if p is not None]
-    if days is not None:
+    day_text, *rest = groups
+    parts = [int(p) for p in rest if p is not None]
+    if day_text is not None:
         hours, minutes, seconds = (parts + [0, 0, 0])[:3]
-        days = int(days)
+        days = int(day_text)
     elif len(parts) == 2:
         days, hours, (minutes, seconds) = 0, 0, parts
     elif len(parts) == 3:
@@ -113,6 +115,30 @@ def duration_exact(seconds: float | None) -> str:
     parts = [(s // 86400, " days" if s // 86400 != 1 else " day"), (s % 86400 // 3600, " h"),
              (s % 3600 // 60, " min"), (s % 60, " s")]
     return " ".join(f"{n}{unit}" for n, unit in parts if n) or "0 s"
+
+
+def duration_flag(seconds: float) -> str:
+    """A duration as a flag takes it back, in its largest whole unit: 259200 -> "3d",
+    7200 -> "2h", 90 -> "90s" (a refusal echoes ``--time`` in the form it was typed)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def duration_coarse(seconds: float) -> str:
+    """An age in its largest unit alone: "12s", "5m", "3h", "2d" (a node's last report)."""
+    s = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size:.0f}{unit}"
+    return f"{s:.0f}s"
+
+
+def in_time(seconds: float) -> str:
+    """A time ahead, for sentences: 0 -> "in under a minute", 1500 -> "in ~25 min",
+    7200 -> "in ~2 h", … "in ~3 days"."""
+    return "in under a minute" if seconds < 60 else f"in ~{duration_text(seconds)}"
 
 
 def duration_short(seconds: float | None) -> str:

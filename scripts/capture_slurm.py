@@ -25,7 +25,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -172,8 +171,8 @@ def capture(lab: SlurmLab, out: Path) -> Capture:
            "sacct, the issue's fields: completed, failed (3), timeout, cancelled (running, held, "
            "pending), node_fail")
     c.save("sacct_ended_header.txt",
-           f"sacct -X --parsable2 --format=JobID,JobName,User,Account,State,ExitCode,Elapsed,"
-           f"AllocTRES,NodeList,Reason,Comment,Start,End",
+           "sacct -X --parsable2 --format=JobID,JobName,User,Account,State,ExitCode,Elapsed,"
+           "AllocTRES,NodeList,Reason,Comment,Start,End",
            "sacct with a header and more fields (Comment is empty: the cluster does not set "
            "AccountingStoreFlags=job_comment)")
     c.save("sacct_ended_steps.txt",

@@ -53,7 +53,7 @@ def cmd_quota(args, home, config) -> int:
 
 def cmd_users(args, home, config) -> int:
     from ..units import duration_short
-    from ..views import table
+    from .text import table
 
     with service_client(home, config) as client:
         users = client.call("users")["users"]
@@ -69,7 +69,8 @@ def cmd_users(args, home, config) -> int:
 
 def history_text(jobs: list[dict]) -> str:
     """`nebula history`: one ended job a line, oldest first."""
-    from ..views import gpu_list, table
+    from ..views import gpu_list
+    from .text import table
 
     if not jobs:
         return "No ended jobs match."
@@ -91,7 +92,7 @@ def _pct(value: float | None) -> str:
 def report_text(report: dict) -> str:
     """`nebula report`: per user and month, then capacity per node and month, then the
     cluster day by day."""
-    from ..views import table
+    from .text import table
 
     stamp = lambda t: time.strftime("%Y-%m-%d %H:%M", time.localtime(t))  # noqa: E731
     since, until = stamp(report["since"]), stamp(report["until"])

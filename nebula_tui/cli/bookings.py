@@ -40,7 +40,8 @@ def cmd_reserve(args, home, config) -> int:
 
 
 def bookings_text(bookings: list[dict]) -> str:
-    from ..views import booking_state, table
+    from ..views import booking_state
+    from .text import table
 
     if not bookings:
         return "No bookings under way or ahead."

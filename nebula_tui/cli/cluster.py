@@ -15,7 +15,7 @@ from .common import service_client, show
 
 
 def cmd_status(args, home, config) -> int:
-    from ..views import status_text
+    from .text import status_text
 
     with service_client(home, config) as client:
         reply = client.call("status")
@@ -26,7 +26,7 @@ def cmd_status(args, home, config) -> int:
 
 
 def cmd_gpus(args, home, config) -> int:
-    from ..views import gpus_text
+    from .text import gpus_text
 
     with service_client(home, config) as client:
         gpus = client.call("gpus")["gpus"]
@@ -35,7 +35,7 @@ def cmd_gpus(args, home, config) -> int:
 
 def cmd_doctor(args, home, config) -> int:
     """Each node's checks as the head computed them, one line each; exit 1 when one failed."""
-    from ..views import doctor_text
+    from .text import doctor_text
 
     with service_client(home, config) as client:
         # each node's checks wait on it a few seconds at most; a node that hangs is named
@@ -48,7 +48,7 @@ def cmd_node(args, home, config) -> int:
     if args.node_command in ("add", "remove"):
         return _edit_nodes(args, home, config)
     if args.node_command == "show":
-        from ..views import node_text
+        from .text import node_text
 
         with service_client(home, config) as client:
             return show(args, client.call("node_show", node=args.node)["node"], node_text)
@@ -137,7 +137,7 @@ def cmd_gpu(args, home, config) -> int:
 
 
 def _gpu_history_text(reply: dict) -> str:
-    from ..views import table
+    from .text import table
 
     rows = [(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["t"])),
              fmt(s["temperature_c"], "C"), fmt(s["utilization_pct"], "%"), fmt(s["memory_used_mb"]),

@@ -13,7 +13,8 @@ from ..api import ApiError
 from ..printable import printable
 from ..model import ended_text
 from ..units import duration_exact
-from ..views import job_text
+from ..wire import SubmitRequest
+from .text import job_text
 from .args import FINISHED_STATES, USAGE_ERROR
 from .common import service_client, show
 
@@ -39,7 +40,7 @@ def world_request(args) -> dict:
             "warmup": args.warmup}
 
 
-def submit_request(args) -> dict | None:
+def submit_request(args) -> SubmitRequest | None:
     """The submit request of `nebula submit`/`run`'s flags; None after a usage error."""
     prog = f"nebula {args.command}"
     script = getattr(args, "script", None) or []
@@ -62,7 +63,7 @@ def submit_request(args) -> dict | None:
         args.gpu_count = args.gpus_per_node * args.nodes
     command = (script_command(script) if script else
                [args.shell_command] if args.shell_command is not None else args.trailing)
-    return {
+    request: SubmitRequest = {
         "command": command,
         "shell": args.shell_command is not None, "name": args.name,
         "gpu_count": args.gpu_count, "gpu_mem_mb": args.gpu_mem,
@@ -75,9 +76,11 @@ def submit_request(args) -> dict | None:
         "export": [pair for pairs in args.export for pair in pairs],
         "notify": getattr(args, "notify", False), **world_request(args),
         "after": [job for _, ids in args.after for job in ids],
-        "after_type": kinds.pop() if kinds else "ok", "array": str(args.array) if getattr(args, "array", None) else None,
+        "after_type": kinds.pop() if kinds else "ok",
+        "array": str(args.array) if getattr(args, "array", None) else None,
         "pool": getattr(args, "pool", None),
     }
+    return request
 
 
 def script_command(script: list[str]) -> list[str]:
@@ -191,7 +194,7 @@ def cmd_wait(args, home, config) -> int:
 
 
 def cmd_queue(args, home, config) -> int:
-    from ..views import queue_text
+    from .text import queue_text
 
     with service_client(home, config) as client:
         jobs = client.call("queue")["jobs"]

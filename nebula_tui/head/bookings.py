@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Callable
 
-from ..model import InvalidRequest, RequestError, format_mb
+from ..model import InvalidRequest, RequestError, UnfitRequest, format_mb
 from ..scheduler import Booking
 from ..units import duration_text
 from ..views import month_start
@@ -230,7 +230,7 @@ class Bookings:
             for node, index in wanted:
                 view = by_place.get((node, index))
                 if view is None:
-                    raise RequestError(f"there is no GPU {node}:{index}; `nebula gpus` lists them")
+                    raise UnfitRequest(f"there is no GPU {node}:{index}; `nebula gpus` lists them")
                 why = view.blocked or ("it is in maintenance" if view.maintenance else None)
                 if why:
                     raise RequestError(f"{node}:{index} cannot be booked: {why}")
@@ -244,15 +244,19 @@ class Bookings:
         if mem is not None and (not isinstance(mem, int) or isinstance(mem, bool) or mem < 1):
             raise InvalidRequest("--gpu-mem must be a size such as 40G")
         by_node: dict[str, list] = {}
+        sizes: dict[str, int] = {}  # node -> its cards of that size, in service or not
         for v in views:
-            if v.blocked or v.maintenance or v.uuid in taken:
-                continue
             if mem is None or (v.reading.memory_total_mb or 0) >= mem - 1024:  # 80 GB cards hold 79.6 GiB
-                by_node.setdefault(v.node, []).append((v.uuid, v.node, v.reading.index))
+                sizes[v.node] = sizes.get(v.node, 0) + 1
+                if not (v.blocked or v.maintenance or v.uuid in taken):
+                    by_node.setdefault(v.node, []).append((v.uuid, v.node, v.reading.index))
         for node, cards in by_node.items():
             if len(cards) >= count:
                 return cards[:count]
         size = f" with {format_mb(mem)}" if mem else ""
+        if views and max(sizes.values(), default=0) < count:  # no state of this cluster books it
+            raise UnfitRequest(f"no node here has {count} GPU{'s' * (count != 1)}{size} (the most on "
+                               f"one node is {max(sizes.values(), default=0)}); `nebula gpus` lists them")
         raise RequestError(f"no node has {count} GPU{'s' * (count != 1)}{size} in service and unbooked "
                            "in that window; `nebula reservations` lists the bookings")
 

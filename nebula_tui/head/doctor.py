@@ -196,7 +196,8 @@ class Doctor:
         if how is None:  # the login is the user: nothing to switch
             return line("run_as", OK, f"jobs of {user} run as the login itself")
         if how in ("runuser", "sudo"):
-            return line("run_as", OK, f"jobs can run as {user} ({'runuser: the login is root' if how == 'runuser' else 'sudo -n -u'})")
+            via = "runuser: the login is root" if how == "runuser" else "sudo -n -u"
+            return line("run_as", OK, f"jobs can run as {user} ({via})")
         return line("run_as", FAIL, f"the login cannot run a job as {user} (run_as: submitter)",
                     "log in as root, or give the login a sudoers rule: LOGIN ALL=(ALL) NOPASSWD: ALL")
 

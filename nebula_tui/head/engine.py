@@ -195,7 +195,8 @@ class Engine:
                                f"{MAX_LIVE_JOBS_PER_USER:,}; let some end (or cancel them) first")
         charge = config.preemptible_charge if spec.preemptible else 1.0
         if spec.array:
-            jobs = state.store.add_array(user, spec, spec.array.indices, spec.array.limit, state.clock(), durable, charge)
+            jobs = state.store.add_array(user, spec, spec.array.indices, spec.array.limit, state.clock(),
+                                         durable, charge)
         else:
             jobs = [state.store.add_job(user, spec, state.clock(), durable, charge)]
         for job in jobs:
@@ -270,7 +271,8 @@ class Engine:
     def job_detail(self, job_id: int, user: str | None = None) -> dict:
         """A job as ``views.job_json`` has it (one that ended as its history shows it, to
         ``user``: GPU-hours, waits, what its cards did), with what the head computes for
-        it: its place in the queue (``queue_pos``), its start forecast (``starts``) and, once placed, the environment each
+        it: its place in the queue (``queue_pos``), its start forecast (``starts``) and, once
+        placed, the environment each
         of its nodes gives its command (``environment``: node -> variables)."""
         job = self.job(job_id)
         shown = (self.accounting.ended_job(user or self.state.owner, job) if job.state.finished

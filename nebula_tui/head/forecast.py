@@ -142,15 +142,22 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
     run = _Run({}, {}, {})
     edges = sorted({t for b in snap.bookings for t in (b.start, b.end) if t > now})
     freed_by: int | None = None
+    holds = dict(snap.holds)  # the cards preempted for a job stay its own, as in the head
     for _ in range(MAX_PASSES):
         if not queue or now > stop:
             break
         view = replace(snap, now=now, gpus=tuple(gpus.values()), queue=tuple(queue.values()),
                        running=tuple(running.values()), finished=finished,
-                       bookings=tuple(b for b in snap.bookings if b.end > now))
+                       bookings=tuple(b for b in snap.bookings if b.end > now), holds=dict(holds))
         preempted = False
         for decision in schedule(view):
+            if isinstance(decision, scheduler.Wait):
+                if decision.holds:
+                    holds[decision.job_id] = decision.holds
+                else:
+                    holds.pop(decision.job_id, None)
             if isinstance(decision, scheduler.Start):
+                holds.pop(decision.job_id, None)
                 job = queue.pop(decision.job_id)
                 run.starts[job.id] = now
                 run.node[job.id] = decision.placements[0].node if decision.placements else ""
@@ -195,7 +202,8 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
                                            overuse=tuple(x for x in g.overuse if x[0] != job_id))
             if preempted and job.preemptible:
                 pending = scheduler.PendingJob(job.id, job.user, len(job.placements),
-                                               _slice_mb(job), snap.now, max_nodes=len({p.node for p in job.placements}),
+                                               _slice_mb(job), snap.now,
+                                               max_nodes=len({p.node for p in job.placements}),
                                                time_limit_s=job.time_limit_s, preemptible=True)
                 queue[job.id] = pending
     return run

@@ -314,7 +314,8 @@ class JobTransitions:
                                               reason=reason, ended_at=at, gpus=gpus)
         self.state.jobs.pop(job.id, None)
         self._exit_reasons.pop(job.id, None)
-        self.shares.ended(job.id, job.user, charged, job.spec.preemptible)  # its hours now count towards its user's weight
+        # its hours now count towards its user's weight
+        self.shares.ended(job.id, job.user, charged, job.spec.preemptible)
         self.shares.changed(job.user)
         done = replace(job, status=Ended(state, now, code, reason, job.started_at, job.node,
                                          job.placements))
@@ -401,7 +402,8 @@ class JobTransitions:
         if not isinstance(job.status, (Launching, Running)):
             return None
         try:
-            self.state.store.record_stop(job.id, ends, why, requeue, kill_at, self.state.clock() if preemption else None)
+            self.state.store.record_stop(job.id, ends, why, requeue, kill_at,
+                                         self.state.clock() if preemption else None)
         except StoreUnavailable as err:
             log.warning("job %s not stopped yet (%s): the store cannot take it: %s", job.id, why, err)
             return None

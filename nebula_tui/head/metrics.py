@@ -14,7 +14,8 @@ of the head's descriptors). Silence is not the only way to hold a slot: a client
 a header line every second never falls silent, and sixteen of them blocked every scrape. So
 a request's whole head (its request line and headers) must arrive within ``REQUEST_HEAD_S``
 of the connection, and when every slot is taken a new connection makes room by closing the
-one whose head has been coming longest: a scraper sends its head at once and is served. The head's state belongs to its event loop, so a scrape hands
+one whose head has been coming longest: a scraper sends its head at once and is served. The head's
+state belongs to its event loop, so a scrape hands
 the gathering to the loop (``_gather``) and waits for it — nothing here reads the state
 from another thread. Waits and pass times are histograms
 observed as they happen (``job_started``, ``pass_done``, which the engine wires).

@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 from .. import node_admin, views
 from ..config.cluster import load_config
-from ..model import FINISHED_STATES, Cancelling, ConfigError, Evicting, GpuReading, JobState, NodeState, RequestError, Stopping
+from ..model import (DEFAULT_VENDOR, FINISHED_STATES, Cancelling, ConfigError, Evicting, GpuReading,
+                     JobState, NodeState, RequestError, Stopping)
 from ..remote.protocol import (Exit, Hello, KernelLines, Phase, Probe, Started, job_number,
                                read_message)
 from ..remote.ssh import NodeLink, NodeUnavailable
@@ -86,7 +87,7 @@ class Fleet:
             reading = GpuReading(index=row["idx"], uuid=row["uuid"], name=row["model"],
                                  pci_bus_id=row["pci_bus_id"], memory_total_mb=row["total_mb"],
                                  driver_version=row["driver_version"],
-                                 compute_cap=row["compute_cap"], vendor=row["vendor"] or "nvidia")
+                                 compute_cap=row["compute_cap"], vendor=row["vendor"] or DEFAULT_VENDOR)
             maintenance = None
             if row["status"] == "maintenance":
                 maintenance = Maintenance(row.get("status_reason")

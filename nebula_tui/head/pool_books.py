@@ -6,7 +6,11 @@ pool (its status line). ``head/pools.py`` builds on it: which job goes where, th
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
+import re
+import secrets
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -33,6 +37,33 @@ MISSED_POLLS = 3
 #: refusal in a row, up to REFUSAL_MAX_S (a login node's fail2ban counts failed logins)
 REFUSAL_TTL_S = 60.0
 REFUSAL_MAX_S = 3600.0
+
+
+#: the mark a pool token ends with: a salt and its HMAC under the store's pool key, in hex
+_SALT_HEX, _MARK_HEX = 8, 16
+_TOKEN = re.compile(r"([0-9a-f]+)\.([0-9]+)\.([0-9]+)\.([0-9a-f]{%d})" % (_SALT_HEX + _MARK_HEX))
+
+
+def _mark(key: bytes, body: str) -> str:
+    return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()[:_MARK_HEX]
+
+
+def mint_token(key: bytes, head: str, job: Job) -> str:
+    """The token a job carries to a pool (``--comment``): ``head.job.attempt.`` and a random
+    salt marked with the store's key, so a restored head knows a token it issued, and one
+    that anybody on the cluster made up (the comments are public) from it."""
+    body = f"{head}.{job.id}.{job.attempt}.{secrets.token_hex(_SALT_HEX // 2)}"
+    return body + _mark(key, body)
+
+
+def issued_job(key: bytes, head: str, token: str) -> int | None:
+    """The job ``token`` was issued for by the head of ``head`` and ``key``; None for a
+    token it never issued (another head's, made up, or an older head's without a mark)."""
+    found = _TOKEN.fullmatch(token)
+    if found is None or found.group(1) != head:
+        return None
+    body, mark = token[:-_MARK_HEX], token[-_MARK_HEX:]
+    return int(found.group(2)) if hmac.compare_digest(_mark(key, body), mark) else None
 
 
 @dataclass

@@ -21,17 +21,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 from dataclasses import replace
 
 from ..model import (Cancelling, InvalidRequest, Job, JobSpec, JobState, Pending, Placement, RequestError, Running,
                      UnfitRequest)
 from ..pools.base import (PoolDegraded, PoolNotAuthorised, PoolRefusal,
-                          PoolSubmission, PoolUnavailable, RemoteJob)
+                          PoolSubmission, PoolUnavailable, RemoteJob, sent_order)
 from ..printable import printable
 from ..store import StaleDecision, StoreUnavailable
 from ..units import duration_text
-from .pool_books import MISSED_POLLS, PoolBooks, PoolView
+from .pool_books import MISSED_POLLS, PoolBooks, PoolView, issued_job, mint_token
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +171,7 @@ class Pools(PoolBooks):
         """The intent, then the pool is asked (in the background)."""
         pool = self.pools[name]
         account = pool.account_for(job.user)
-        token = f"{self.state.store.head_token}.{job.id}.{job.attempt}.{secrets.token_hex(4)}"
+        token = mint_token(self.state.store.pool_key(), self.state.store.head_token, job)
         note = why + pool.slices_note(job.spec)
         try:
             self.state.store.send_to_pool(job.id, name, account, token, "", note, self.state.clock())
@@ -312,6 +311,7 @@ class Pools(PoolBooks):
         # oldest waiting job's submit on (squeue forgets an ended job after MinJobAge).
         since = min((job.submitted_at for job in self.state.jobs.values()
                      if job.state == JobState.PENDING), default=None)
+        key, head = self.state.store.pool_key(), self.state.store.head_token
         for account in sorted(accounts):
             if view.refusing(account, now):
                 continue
@@ -320,21 +320,36 @@ class Pools(PoolBooks):
             except PoolNotAuthorised:
                 view.refuse(account, now)
                 continue
-            for remote in found:
-                if remote.slurm_id not in known:
+            # Every comment is public: a token is ours only with the mark our key makes,
+            # and of the jobs carrying one, only the first sent (a copy comes after it).
+            first: dict[str, object] = {}
+            for remote in sorted(found, key=lambda r: sent_order(r.slurm_id)):
+                if remote.slurm_id in known:
+                    first.setdefault(remote.comment, remote)
+                elif issued_job(key, head, remote.comment) is None or remote.comment in first:
+                    self._not_ours(name, account, remote)
+                else:
+                    first[remote.comment] = remote
                     await self._adopt_or_end(name, account, remote)
         view.reconciled = True
 
+    def _not_ours(self, name: str, account: str, remote) -> None:
+        """A job of ``account`` carrying this head's prefix but not a token it issued, or a
+        copy of one: never adopted, and left alone (it is that user's, not this head's)."""
+        self.state.record("pool", f"pool {name}: job {printable(remote.slurm_id)[:40]} of {account} carries "
+                          f"this head's token prefix but not a token it issued ({printable(remote.comment)[:80]}): "
+                          "not taken for one of its jobs")
+
     async def _adopt_or_end(self, name: str, account: str, remote) -> None:
         pool = self.pools[name]
-        words = remote.comment.split(".")
-        job_id = int(words[1]) if len(words) == 4 and words[1].isdigit() else None
+        job_id = issued_job(self.state.store.pool_key(), self.state.store.head_token, remote.comment)
         job = self.state.jobs.get(job_id) if job_id is not None else None
         row = self.rows.get(job_id) if job_id is not None else None
         live = remote.waiting or remote.running
         if (job is not None and job.state == JobState.PENDING and not job.held_by
                 and pool.account_for(job.user) == account
-                and (row is None or (row["pool"] == name and not row["remote_id"]))):
+                and (row is None or (row["pool"] == name and not row["remote_id"]
+                                     and row["token"] == remote.comment))):
             # Sent after the backup this store came from: it is that job, not a new one.
             with contextlib.suppress(StaleDecision):
                 if row is None:

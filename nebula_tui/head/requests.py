@@ -122,7 +122,7 @@ def spec_from_request(req: dict, default_vendor: str | None = None) -> JobSpec:
         texts[key] = value
     reservation = req.get("reservation")
     if reservation is not None and (not isinstance(reservation, str) or not _BOOKING.match(reservation)):
-        raise RequestError("--reservation must name a booking: 1-64 letters, digits, dots, dashes or underscores")
+        raise InvalidRequest("--reservation must name a booking: 1-64 letters, digits, dots, dashes or underscores")
     files = {key: _output_pattern(req, key) for key in ("output", "error")}
     if (files["output"] or files["error"]) and (req.get("image") is not None or req.get("interactive")
                                                 or req.get("pool") not in (None, "local")):

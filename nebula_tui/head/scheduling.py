@@ -118,6 +118,9 @@ class Scheduling:
         #: (user, GPUs, memory asked) -> how long their recent jobs without --time ran,
         #: since this head started: what a running one is estimated to run (estimates.py)
         self.history: dict[tuple, deque[float]] = {}
+        #: waiting job -> the cards a pass preempted for it (its ``Wait.holds``), theirs
+        #: until it starts or waits for no preemption (``scheduler/preemption.py``)
+        self.holds: dict[int, tuple] = {}
 
     def start(self) -> None:
         # A pass deciding in its thread hands the interpreter to the loop after at most
@@ -296,7 +299,16 @@ class Scheduling:
                 waiting = replace(job.status, reason=decision.reason)
                 self.state.jobs[job.id] = replace(job, status=waiting)
                 self.stream.publish_job(self.state.jobs[job.id])
+            if not isinstance(decision, scheduler.Preempt):
+                if isinstance(decision, scheduler.Wait) and decision.holds:
+                    self.holds[job.id] = decision.holds
+                else:
+                    self.holds.pop(job.id, None)
         self.state.store.set_reasons(reasons)
+        if self.holds:  # a job cancelled, held or sent to a pool meanwhile holds nothing
+            self.holds = {job_id: cards for job_id, cards in self.holds.items()
+                          if (job := self.state.jobs.get(job_id)) is not None
+                          and job.state == JobState.PENDING and not job.held_by and not job.pooled}
         return all_applied
 
     def _still_valid(self, decision: scheduler.Decision, seen: Seen,
@@ -352,6 +364,7 @@ class Scheduling:
             never_ran=frozenset(job for job, (_, ran) in ended.items() if not ran),
             topologies={name: view.topo.get("links", {}) for name, view in state.nodes.items()},
             config=state.settings.config,
+            holds={j.id: self.holds[j.id] for j in pending if j.id in self.holds} if self.holds else {},
             power_budgets={n.name: float(n.power_budget_w) for n in state.config.nodes
                            if n.power_budget_w},
         )

@@ -97,7 +97,12 @@ class Shares:
                     in_quota[job.user] += hours
         shares = {}
         quotas = self._quotas()  # one read of the users table, not one per user
-        for user in set(finished) | set(month) | set(held):
+        # a user who has used nothing yet is over a quota of 0 too: theirs (the users table),
+        # or the lab's (every user with a job; looked for only then, as it walks the jobs)
+        users = set(finished) | set(month) | set(held) | set(quotas)
+        if self.state.settings.quota_gpu_hours <= 0:
+            users.update(job.user for job in self.state.jobs.values())
+        for user in users:
             refusal = self.quota_refusal(user, month.get(user, 0.0) + in_quota.get(user, 0.0), quotas)
             shares[user] = scheduler.UserShare(
                 user, fairshare.user_weight(finished.get(user, []), held.get(user, 0.0), now, half_life),

@@ -28,6 +28,7 @@ from ..remote.ssh import NodeLink
 from ..scheduler import admission
 from ..scheduler.health import health_score
 from ..scheduler.slices import offered_mb
+from ..wire import NodeWire
 from ..store import Store
 from ..waits import within
 
@@ -62,7 +63,8 @@ class NodeView:
     #: R27: nodes.yaml's power_budget_w (clients sum its GPUs' power_w against it)
     power_budget_w: int | None = None
 
-    def json(self) -> dict:
+    def json(self) -> NodeWire:
+        """The node as clients see it."""
         return {"name": self.name, "host": self.host, "port": self.port,
                 "state": NodeState.DRAINED.value if self.drained and self.state == NodeState.UP
                 else self.state.value,

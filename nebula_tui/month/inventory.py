@@ -11,6 +11,8 @@ import json
 import re
 from pathlib import Path
 
+from ..model import DEFAULT_VENDOR
+
 from ..sim import presets
 
 #: Cards ``--add`` knows by name: each model the simulated lab has, by its full name.
@@ -72,7 +74,7 @@ def from_gpus_json(path: Path) -> dict[str, list[dict]]:
             cc = str(row.get("compute_capability") or "").removeprefix("sm_")
             inventory.setdefault(str(row["node"]), []).append({
                 "index": int(row["index"]), "uuid": str(row["uuid"]), "name": str(row["model"]),
-                "vendor": str(row.get("vendor") or "nvidia"),
+                "vendor": str(row.get("vendor") or DEFAULT_VENDOR),
                 "memory_total_mb": int(row["total_memory_mb"]),
                 "compute_cap": f"{cc[:-1]}.{cc[-1]}" if cc.isdigit() and len(cc) >= 2 else None,
                 "driver_version": row.get("driver_version")})
@@ -101,7 +103,7 @@ def add(inventory: dict[str, list[dict]], what: str) -> dict[str, list[dict]]:
     if not 1 <= count <= 64:
         raise InventoryError(f"--add {what!r}: between 1 and 64 cards at a time")
     cards = [dict(d) for d in inventory.get(node, [])]
-    start = 1 + max((d["index"] for d in cards if d.get("vendor", "nvidia") == facts["vendor"]), default=-1)
+    start = 1 + max((d["index"] for d in cards if d.get("vendor", DEFAULT_VENDOR) == facts["vendor"]), default=-1)
     for i in range(start, start + count):
         cards.append({**facts, "index": i, "uuid": presets.gpu_uuid(f"whatif-{node}", i),
                       "pci_bus_id": f"00000000:{0x80 + i:02X}:00.0"})

@@ -18,6 +18,12 @@ from typing import Protocol
 from ..model import Job, JobState
 
 
+def sent_order(remote_id: str) -> tuple[int, str]:
+    """Remote ids in the order the cluster gave them (numbers first, by value). A job's
+    token is public there: of several jobs carrying one, the first sent is the head's."""
+    return (int(remote_id), "") if remote_id.isdigit() else (1 << 62, remote_id)
+
+
 class PoolUnavailable(Exception):
     """The pool's login node cannot be reached now; ``str()`` says why, in one line."""
 

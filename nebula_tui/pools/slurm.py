@@ -36,7 +36,7 @@ from ..waits import within
 from . import slurm_parse as parse
 from .authorize import authorize_view, head_address
 from .base import (Capacity, PollResult, PoolDegraded, PoolNode, PoolNotAuthorised, PoolRefusal,
-                   PoolSubmission, PoolUnavailable, RemoteJob)
+                   PoolSubmission, PoolUnavailable, RemoteJob, sent_order)
 
 #: bytes of a job's output one ``logs`` call reads at most
 LOG_CHUNK = 64 * 1024
@@ -72,7 +72,8 @@ def master_port(job_id: int) -> int:
 _PART = r"""export CUDA_DEVICE_ORDER=PCI_BUS_ID
 NEBULA_GPU_LIST=
 if [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && command -v nvidia-smi >/dev/null 2>&1; then
-  NEBULA_GPU_LIST=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i "$CUDA_VISIBLE_DEVICES" 2>/dev/null | paste -sd, -)
+  NEBULA_GPU_LIST=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i "$CUDA_VISIBLE_DEVICES" 2>/dev/null \
+    | paste -sd, -)
 fi
 export NEBULA_GPU_LIST=${NEBULA_GPU_LIST:-${CUDA_VISIBLE_DEVICES:-}}
 if [ "${NNODES:-1}" -gt 1 ]; then export NODE_RANK=${SLURM_NODEID:-0}; fi
@@ -149,10 +150,8 @@ class SlurmPool:
                 conn = await within(self.cluster.connect_timeout,
                                     asyncssh.connect(self.config.host, self.config.port, **options))
             except asyncssh.PermissionDenied:
-                raise PoolNotAuthorised(
-                    f"pool {self.name} refused login as {account} with "
-                    f"{'the head' + chr(39) + 's pool key' if self.config.per_submitter else identity or 'the default SSH keys'}"
-                ) from None
+                key = "the head's pool key" if self.config.per_submitter else identity or "the default SSH keys"
+                raise PoolNotAuthorised(f"pool {self.name} refused login as {account} with {key}") from None
             except asyncssh.HostKeyNotVerifiable:
                 raise PoolUnavailable(
                     f"the host key of pool {self.name}'s login node ({self.config.host}:"
@@ -363,8 +362,9 @@ class SlurmPool:
         status, out, err = await self.run(account, "umask 077 && " + shlex.join(argv),
                                           stdin=self.batch_script(submission))
         if status != 0:
+            said = (err or out).strip()
             raise PoolRefusal(f"pool {self.name}: sbatch refused the job: "
-                              f"{(err or out).strip().splitlines()[-1][:300] if (err or out).strip() else f'exit status {status}'}")
+                              f"{said.splitlines()[-1][:300] if said else f'exit status {status}'}")
         try:
             return parse.parse_sbatch(out)
         except ValueError as why:
@@ -443,11 +443,12 @@ class SlurmPool:
 
     async def find(self, account: str, token: str) -> RemoteJob | None:
         """The job of ``account`` sent with ``token`` (an intent whose sbatch answer was
-        lost: the one time a token finds a job, and only among that user's own)."""
-        for job in await self._squeue(account):
-            if job.comment == token:
-                return self._report(job, None, token)
-        return None
+        lost: the one time a token finds a job, and only among that user's own). Comments
+        are public: of several jobs carrying it, the first sent is ours (a copy comes after)."""
+        found = [job for job in await self._squeue(account) if job.comment == token]
+        if not found:
+            return None
+        return self._report(min(found, key=lambda job: sent_order(job.slurm_id)), None, token)
 
     async def ours(self, account: str, prefix: str, since: float | None = None) -> list[parse.SlurmJob]:
         """``account``'s jobs whose comment starts with ``prefix`` (this head's tokens), as

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from .. import environments
+from ..model import DEFAULT_VENDOR
 from . import vendors
 
 #: /dev/shm in the container: Docker's 64 MB default breaks PyTorch's DataLoader workers.
@@ -39,7 +40,7 @@ class Device:
 
     uuid: str
     index: int
-    vendor: str = "nvidia"
+    vendor: str = DEFAULT_VENDOR
     pci_bus_id: str | None = None
 
 
@@ -193,7 +194,7 @@ def pin_lines(user: str, node: str, mounts: tuple[str, ...]) -> list[str]:
 
 
 #: After a pinned container's runtime returned: its staging mounts go, its exit code stays.
-RELEASE_PINS = f'set -- $?; python3 -c "$pins_py" release "$jobdir/mnt" >/dev/null 2>&1; (exit "$1")'
+RELEASE_PINS = 'set -- $?; python3 -c "$pins_py" release "$jobdir/mnt" >/dev/null 2>&1; (exit "$1")'
 
 
 def device_lines(runtime: str, devices: tuple[Device, ...], node: str) -> list[str]:
@@ -215,7 +216,8 @@ def device_lines(runtime: str, devices: tuple[Device, ...], node: str) -> list[s
     for d in devices:
         if way.get(d.vendor) == "render":
             if not d.pci_bus_id:
-                lines.append(f"fail {shlex.quote(f'{node} did not report the PCI address of GPU {d.index}, so its render device is unknown')}")
+                why = f"{node} did not report the PCI address of GPU {d.index}, so its render device is unknown"
+                lines.append(f"fail {shlex.quote(why)}")
                 continue
             pci = sysfs_pci(d.pci_bus_id)
             missing = f"{node} has no render device for GPU {d.index} (no /sys/bus/pci/devices/{pci}/drm/renderD*)"

@@ -15,7 +15,7 @@ from importlib import resources
 from dataclasses import dataclass
 
 from .. import environments
-from ..model import GpuReading, Job, Placement, output_file
+from ..model import DEFAULT_VENDOR, GpuReading, Job, Placement, output_file
 from . import containers, preflight, vendors
 from .protocol import Hello
 
@@ -189,7 +189,7 @@ def job_devices(placements: tuple[Placement, ...],
     for p in placements:
         r = readings.get(p.gpu_uuid)
         own = int(r.visible_id) if r and r.visible_id and r.visible_id.isdigit() else p.gpu_index
-        devices.append(containers.Device(p.gpu_uuid, own, r.vendor if r else "nvidia",
+        devices.append(containers.Device(p.gpu_uuid, own, r.vendor if r else DEFAULT_VENDOR,
                                          r.pci_bus_id if r else None))
     return tuple(devices)
 

@@ -10,6 +10,7 @@ messages here. The nodelet's docstring (``probes/nodelet.py``) lists every field
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,15 +30,15 @@ class Hello:
     platform: dict[str, Any] = field(default_factory=dict)
     runtimes: dict[str, str] = field(default_factory=dict)  # container runtime -> its version
     #: the hardware backends that serve it, ``{"name", "vendor"}`` each, preferred first
-    backends: tuple[dict, ...] = ()
+    backends: tuple[dict[str, Any], ...] = ()
     #: its devices' first readings (static facts: persistence mode, MIG parents, PCIe links)
-    devices: tuple[dict, ...] = ()
+    devices: tuple[dict[str, Any], ...] = ()
     #: the highest job number the node holds of this head's store (0: none)
     max_job: int = 0
     #: the highest CUDA version the node's driver supports ("12.4"), or None
     cuda_version: str | None = None
     #: the node's link matrix (``readings.hello_topology``), or None when it sent none
-    topology: dict | None = None
+    topology: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,14 +95,14 @@ class KernelLines:
 NodeMessage = Hello | Probe | Started | Phase | Exit | KernelLines
 
 
-def read_message(node: str, message: dict) -> NodeMessage | None:
+def read_message(node: str, message: dict[str, Any]) -> NodeMessage | None:
     """One line of ``node``'s, decoded from JSON, as its message; None for a kind the head
     does not know (a newer nodelet's) or a line that is no object."""
-    reader = _READERS.get(message.get("type")) if isinstance(message, dict) else None
+    reader = _READERS.get(str(message.get("type"))) if isinstance(message, dict) else None
     return reader(node, message) if reader is not None else None
 
 
-def _hello(node: str, message: dict) -> Hello:
+def _hello(node: str, message: dict[str, Any]) -> Hello:
     uid = message.get("uid")
     return Hello(hostname=_text(message.get("hostname")), python=_text(message.get("python")),
                  uid=uid if isinstance(uid, int) and not isinstance(uid, bool) else None,
@@ -111,24 +112,24 @@ def _hello(node: str, message: dict) -> Hello:
                  cuda_version=hello_cuda_version(message), topology=hello_topology(message))
 
 
-def _probe(node: str, message: dict) -> Probe:
+def _probe(node: str, message: dict[str, Any]) -> Probe:
     return Probe(view=read_probe(node, message), pid_jobs=_names(message.get("pid_jobs")),
                  pid_users=_names(message.get("pid_users")))
 
 
-def _started(node: str, message: dict) -> Started:
+def _started(node: str, message: dict[str, Any]) -> Started:
     workdir = message.get("workdir")
     return Started(job=_job(message.get("job")), token=_text(message.get("token")),
                    workdir=workdir if isinstance(workdir, str) and workdir else None)
 
 
-def _phase(node: str, message: dict) -> Phase:
+def _phase(node: str, message: dict[str, Any]) -> Phase:
     text = message.get("text")
     return Phase(job=_job(message.get("job")), token=_text(message.get("token")),
                  text=text if isinstance(text, str) else None)
 
 
-def _exit(node: str, message: dict) -> Exit:
+def _exit(node: str, message: dict[str, Any]) -> Exit:
     code = message.get("code")
     reason = message.get("reason")
     return Exit(job=_job(message.get("job")), token=_text(message.get("token")),
@@ -136,7 +137,7 @@ def _exit(node: str, message: dict) -> Exit:
                 reason=str(reason) if reason else "")
 
 
-def _kernel(node: str, message: dict) -> KernelLines:
+def _kernel(node: str, message: dict[str, Any]) -> KernelLines:
     lines = message.get("lines")
     error = message.get("error")
     return KernelLines(
@@ -144,8 +145,8 @@ def _kernel(node: str, message: dict) -> KernelLines:
         pid_jobs=_names(message.get("pid_jobs")), error=str(error) if error else "")
 
 
-_READERS = {"hello": _hello, "probe": _probe, "started": _started, "phase": _phase,
-            "exit": _exit, "kmsg": _kernel}
+_READERS: dict[str, Callable[[str, dict[str, Any]], NodeMessage]] = {
+    "hello": _hello, "probe": _probe, "started": _started, "phase": _phase, "exit": _exit, "kmsg": _kernel}
 #: Every kind of message the head reads (the ``type`` of a nodelet's line, replies aside).
 KINDS = frozenset(_READERS)
 
@@ -154,7 +155,8 @@ def _job(value: object) -> int | None:
     """A job number as the node writes it (its directory's name, or a number); None when
     it is not one."""
     try:
-        return int(value)  # type: ignore[call-overload]
+        number: int = int(value)  # type: ignore[call-overload]
+        return number
     except (TypeError, ValueError):
         return None
 
@@ -170,11 +172,11 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _mapping(value: object) -> dict:
+def _mapping(value: object) -> dict[str, Any]:
     return dict(value) if isinstance(value, dict) else {}
 
 
-def _dicts(value: object) -> tuple[dict, ...]:
+def _dicts(value: object) -> tuple[dict[str, Any], ...]:
     return tuple(v for v in value if isinstance(v, dict)) if isinstance(value, list) else ()
 
 

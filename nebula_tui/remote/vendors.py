@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..model import DEFAULT_VENDOR
+
 
 @dataclass(frozen=True)
 class Visibility:
@@ -69,8 +71,8 @@ VENDORS = (
                           "/etc/ascend_install.info")),
 )
 BY_NAME = {v.name: v for v in VENDORS}
-#: a card whose vendor is not said is NVIDIA's (the readings of the CSV era)
-DEFAULT = BY_NAME["nvidia"]
+#: the vendor of a card whose vendor is not said (``model.DEFAULT_VENDOR``)
+DEFAULT = BY_NAME[DEFAULT_VENDOR]
 
 
 def present(names) -> tuple[Vendor, ...]:

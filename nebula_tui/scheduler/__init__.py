@@ -11,5 +11,6 @@ from .queue import order
 from .snapshot import (Booking, Decision, Fail, PendingJob, Preempt, RunningJob, SchedulerConfig, Snapshot,
                        Start, UserShare, Wait)
 
-__all__ = ["Booking", "Decision", "Estimate", "estimates", "run_estimate", "Fail", "PendingJob", "Preempt", "RunningJob", "SchedulerConfig", "Snapshot", "Start",
-           "UserShare", "Wait", "admission", "fairshare", "order", "schedule", "topology"]
+__all__ = ["Booking", "Decision", "Estimate", "estimates", "run_estimate", "Fail", "PendingJob", "Preempt",
+           "RunningJob", "SchedulerConfig", "Snapshot", "Start", "UserShare", "Wait",
+           "admission", "fairshare", "order", "schedule", "topology"]

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from ..model import GpuView, format_mb
+from ..model import DEFAULT_VENDOR, GpuView, format_mb
+from ..units import duration_flag
 from .cards import Shape
 from .filters import make_filter, parse_version, sm_name, version_text
 from .reasons import needs
@@ -28,7 +29,7 @@ Hardware = tuple
 def hardware(vendor: str | None, compute_cap: str | None, cuda_version: str | None,
              memory_total_mb: int) -> Hardware:
     """The class of a card with these facts (its reading's, and its node's CUDA)."""
-    return ((vendor or "nvidia").lower(), parse_version(compute_cap), parse_version(cuda_version),
+    return ((vendor or DEFAULT_VENDOR).lower(), parse_version(compute_cap), parse_version(cuda_version),
             memory_total_mb)
 
 
@@ -169,13 +170,6 @@ def time_limit(asked_s: float | None, default_s: float | None, max_s: float | No
         if limit is None:
             limit = max_s
         elif limit > max_s:
-            return None, (f"--time {_duration(asked_s)} is longer than this cluster allows "
-                          f"(max_time {_duration(max_s)}); ask for at most that")
+            return None, (f"--time {duration_flag(asked_s)} is longer than this cluster allows "
+                          f"(max_time {duration_flag(max_s)}); ask for at most that")
     return limit, None
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"

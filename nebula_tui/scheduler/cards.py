@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..model import GpuView, Placement
+from ..model import DEFAULT_VENDOR, GpuView, Placement
 from .filters import Filter, parse_version
 from .slices import fit
 from .snapshot import SchedulerConfig
@@ -49,7 +49,7 @@ class Card:
                  reading.temperature_c, reading.vendor, self.total, self.health)
         known = memo.get(facts)
         if known is None:
-            vendor = (reading.vendor or "nvidia").lower()
+            vendor = (reading.vendor or DEFAULT_VENDOR).lower()
             capability, cuda = parse_version(reading.compute_cap), parse_version(view.cuda_version)
             thermal = thermal_penalty(reading.utilization_pct, reading.temperature_c, config)
             # what the filters and an empty card's fit depend on: cards alike answer alike

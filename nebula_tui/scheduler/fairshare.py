@@ -77,6 +77,6 @@ def quota_refusal(user: str, month_gpu_hours: float, quota_gpu_hours: float,
             f"this month; {who} can raise the quota with `nebula quota {user} {raise_to}`")
 
 
-def order_key(priority: int, weight: float, submitted_at: float, job_id: int) -> tuple:
+def order_key(priority: int, weight: float, submitted_at: float, job_id: int) -> tuple[int, float, float, int]:
     """The queue order (R6, R25): priority first, then lowest weight, then submit time, id."""
     return (-priority, weight, submitted_at, job_id)

@@ -204,7 +204,7 @@ def cuda_gap(compute_cap: str | None, cuda_version: str | None) -> str | None:
     capability, cuda = parse_version(compute_cap), parse_version(cuda_version)
     if not capability or not cuda or capability[0] == GFX_FAMILY:
         return None
-    needed = FIRST_CUDA.get(tuple(capability[:2]))
+    needed = FIRST_CUDA.get((capability[0], capability[1]))  # parse_version gives two at least
     if needed is None or tuple(cuda[:2]) >= needed[0]:
         return None
     return (f"{sm_name(capability)} needs CUDA {version_text(needed[0])} or newer, and this node's "

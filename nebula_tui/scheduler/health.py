@@ -19,9 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..model import NOT_AVAILABLE, GpuReading
-from ..units import parse_duration_s
+from ..units import duration_exact, parse_duration_s
 
 ACTIONS = ("isolate", "isolate_on_repeat", "reset", "selftest", "fail_job", "record")
 #: Xid 79 (fell off the bus) stands in for a bus-fall message that carried no Xid code.
@@ -93,7 +94,7 @@ def _meaning(code: int) -> str:
 
 
 
-def policies_from_config(mapping: Mapping | None) -> dict[int, Policy]:
+def policies_from_config(mapping: Mapping[Any, Any] | None) -> dict[int, Policy]:
     """The effective policies: :data:`DEFAULT_POLICIES` with the overrides of ``mapping``.
 
     ``mapping`` is the ``xid_policies`` section as YAML gives it, e.g.
@@ -143,21 +144,11 @@ def policies_from_config(mapping: Mapping | None) -> dict[int, Policy]:
 # --- decisions ---------------------------------------------------------------------------------
 
 
-def _span(seconds: float) -> str:
-    """600 -> "10 min", 45 -> "45 s", 7200 -> "2 h" (for sentences)."""
-    for unit, size in (("h", 3600), ("min", 60)):
-        if seconds >= 2 * size or (unit == "min" and seconds >= size):
-            value = seconds / size
-            return f"{value:.0f} {unit}" if value.is_integer() else f"{value:.1f} {unit}"
-    return f"{seconds:.0f} s"
-
-
 def _same_code(a: int | None, b: int | None) -> bool:
-    as79 = lambda c: BUS_FALL_CODE if c is None else c  # noqa: E731
-    return as79(a) == as79(b)
+    return (BUS_FALL_CODE if a is None else a) == (BUS_FALL_CODE if b is None else b)
 
 
-def decide(event: Mapping, history: Sequence[tuple[float, int | None]], now: float,
+def decide(event: Mapping[str, Any], history: Sequence[tuple[float, int | None]], now: float,
            policies: Mapping[int, Policy] | None = None, gpu: str = "GPU") -> Action:
     """What to do about one Xid event of one GPU.
 
@@ -179,7 +170,7 @@ def decide(event: Mapping, history: Sequence[tuple[float, int | None]], now: flo
     if action == "isolate_on_repeat":
         earlier = [t for t, c in history if _same_code(c, code) and 0 <= now - t <= policy.window_s]
         if earlier:
-            window = _span(policy.window_s)
+            window = duration_exact(policy.window_s)
             what = (f"Xid {code} twice within {window} ({_meaning(policy_code)})"
                     if code is not None else f"GPU fell off the bus twice within {window}")
             reason = f"{what}: isolated; " + _isolate_tail(policy_code, policy, gpu)
@@ -286,7 +277,7 @@ SELFTEST_MAX_TEMP_C = 80.0
 SELFTEST_MAX_SERVING_TEMP_C = 90.0
 
 
-def judge_selftest(result: Mapping, serving: bool = False) -> tuple[bool, str]:
+def judge_selftest(result: Mapping[str, Any], serving: bool = False) -> tuple[bool, str]:
     """Pass or fail, and a sentence, for the node's self-test output (``serving``: the card
     keeps its jobs during the test, so its temperature is judged as a busy card's)::
 

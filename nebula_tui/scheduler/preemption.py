@@ -16,6 +16,15 @@ A pass with preemptible jobs running or waiting is two walks of ``queue.py``'s p
    keeps them off a free card), and without the quota's refusal when
    ``SchedulerConfig.preemptible_in_quota`` is off.
 
+The cards a normal job preempted for stay its own until it starts (``Snapshot.holds``,
+which the head keeps from each ``Wait.holds``): before the first walk, each such job, in
+queue order, is placed over the real cards where only its own held cards lose their
+preemptible jobs and every other job's held cards are taken. So a normal job that comes
+first in a later pass (a lighter user's, an admin's ``--priority`` one) cannot take them
+during the victims' grace, nor a requeued preemptible job once they are free, and the
+preemptor does not move on to other preemptible jobs' cards; a job that no longer fits
+there (a held card left service) goes through the first walk as any other.
+
 With ``quota_mode: scavenge`` a job of a user past their quota is one of the second walk's
 too (never refused there): it runs only on cards no normal job wants, its ``Start`` says
 ``scavenger`` (the head makes it preemptible, charged as one), and while it waits its
@@ -31,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..model import GpuView
+from ..model import GpuView, Placement
 from . import queue
 from .reasons import join_ids
 from .snapshot import Decision, Preempt, RunningJob, Snapshot, Start, UserShare, Wait
@@ -47,34 +56,39 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
     scavenge = snapshot.config.quota_mode == "scavenge"
     over = {name for name, share in snapshot.users.items()
             if share is not None and share.refusal} if scavenge else set()
-    if not scavengers and not any(j.preemptible or j.user in over for j in snapshot.queue):
-        return queue.schedule(snapshot)
     normal = tuple(j for j in snapshot.queue if not j.preemptible and j.user not in over)
+    holds = {j.id: snapshot.holds[j.id] for j in normal if snapshot.holds.get(j.id)} if snapshot.holds else {}
+    if not scavengers and not holds and not any(j.preemptible or j.user in over for j in snapshot.queue):
+        return queue.schedule(snapshot)
     spare = tuple(j for j in snapshot.queue if j.preemptible or j.user in over)
-    first = queue.schedule(replace(
-        snapshot, gpus=tuple(_without(view, scavengers) for view in snapshot.gpus), queue=normal,
-        running=tuple(r for r in snapshot.running if not r.preemptible),
-        waiting_elsewhere=snapshot.waiting_elsewhere | {j.id for j in spare}))
     holders: dict[str, list[int]] = {}
     for view in snapshot.gpus:
         for job_id, _ in view.placements:
             if job_id in scavengers:
                 holders.setdefault(view.uuid, []).append(job_id)
     jobs = {j.id: j for j in normal}
+    held = _held_first(snapshot, holds, jobs, scavengers)
+    first = queue.schedule(replace(
+        snapshot, gpus=_with(tuple(_without(view, scavengers) for view in snapshot.gpus),
+                             [_claim(jobs[d.job_id], d.placements, snapshot.now) for d in held]),
+        queue=tuple(j for j in normal if j.id not in {d.job_id for d in held}),
+        running=tuple(r for r in snapshot.running if not r.preemptible)
+        + tuple(_claim(jobs[d.job_id], d.placements, snapshot.now) for d in held),
+        waiting_elsewhere=snapshot.waiting_elsewhere | {j.id for j in spare} | {d.job_id for d in held}))
     decisions: list[Decision] = []
     preempts = _booked_out(snapshot, holders)
     claimed: list[RunningJob] = []  # normal jobs' starts, and the cards they preempt for
     waiting: set[int] = set()
-    for decision in first:
+    for decision in held + first:
         if isinstance(decision, Start):
             job = jobs[decision.job_id]
-            claimed.append(RunningJob(job.id, job.user, decision.placements, snapshot.now,
-                                      job.time_limit_s, job.service, job.array_id))
+            claimed.append(_claim(job, decision.placements, snapshot.now))
             victims = sorted({v for p in decision.placements for v in holders.get(p.gpu_uuid, ())})
             if victims:
                 for victim in victims:
                     preempts.setdefault(victim, Preempt(victim, job.id, job.user))
-                decision = Wait(job.id, f"would preempt {join_ids(victims)} (preemptible) — starting now")
+                decision = Wait(job.id, f"would preempt {join_ids(victims)} (preemptible) — starting now",
+                                decision.placements)
                 waiting.add(job.id)
         elif isinstance(decision, Wait):
             waiting.add(decision.job_id)
@@ -92,6 +106,40 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
         jobs = {j.id: j for j in spare}
         second = [_over_quota(d, jobs[d.job_id]) if jobs[d.job_id].user in over else d for d in second]
     return decisions + second + list(preempts.values())
+
+
+def _claim(job, placements: tuple[Placement, ...], now: float) -> RunningJob:
+    """A normal job's start, or the cards it waits for, as a running job on them."""
+    return RunningJob(job.id, job.user, placements, now, job.time_limit_s, job.service, job.array_id)
+
+
+def _held_first(snapshot: Snapshot, holds: dict[int, tuple[Placement, ...]], jobs: dict,
+                scavengers: set[int]) -> list[Start]:
+    """The jobs cards are held for, each (in queue order) placed over the real cards where
+    its own held cards lose their preemptible jobs and the other held cards are taken:
+    the starts found (on those cards, or on cards free now). A job that fits there no longer
+    is left out, for the first walk."""
+    if not holds:
+        return []
+    claims = {job_id: _claim(jobs[job_id], cards, snapshot.now) for job_id, cards in holds.items()}
+    found: list[Start] = []
+    others = frozenset(j.id for j in snapshot.queue)
+    for job in queue.order([jobs[job_id] for job_id in holds], snapshot.users):
+        mine = {p.gpu_uuid for p in holds[job.id]}
+        rest = [claim for job_id, claim in claims.items() if job_id != job.id]
+        yielding = {job_id for view in snapshot.gpus if view.uuid in mine
+                    for job_id, _ in view.placements if job_id in scavengers}
+        gpus = tuple(_without(view, scavengers) if view.uuid in mine else view for view in snapshot.gpus)
+        decision = queue.schedule(replace(
+            snapshot, gpus=_with(gpus, rest), queue=(job,),
+            running=tuple(r for r in snapshot.running if r.id not in yielding) + tuple(rest),
+            waiting_elsewhere=snapshot.waiting_elsewhere | (others - {job.id})))[0]
+        if isinstance(decision, Start):
+            claims[job.id] = _claim(job, decision.placements, snapshot.now)
+            found.append(decision)
+        else:
+            del claims[job.id]
+    return found
 
 
 def _over_quota(decision: Decision, job) -> Decision:

@@ -50,12 +50,13 @@ from dataclasses import dataclass, replace
 from operator import attrgetter, itemgetter
 
 from ..model import takes_whole_card
+from ..units import in_time
 from . import admission
 from .cards import Found, Shape
 from .estimates import expected_end, run_estimate
 from .fairshare import order_key
 from .placement import World
-from .reasons import (best_now, blocked_text, blocker, blocker_rank, blockers_text, cards_text, in_time,
+from .reasons import (best_now, blocked_text, blocker, blocker_rank, blockers_text, cards_text,
                       join_ids, memory_rank, needs)
 from .snapshot import Decision, Fail, PendingJob, Snapshot, Start, Wait
 
@@ -235,6 +236,9 @@ class _Pass:
         self.whole_demand = self._whole_demand()
         self.bookings = tuple(b for b in snapshot.bookings if b.end > self.now)
         self._bars: dict[tuple, Bars] = {}
+        #: the lab's scarcest machines (:meth:`_scarce`), their cards, and the most cards
+        #: any other machine has
+        self.scarce, self.scarce_cards, self.scarce_rest = self._scarce()
 
     def run(self) -> list[Decision]:
         jobs = order(self.snap.queue, self.snap.users)
@@ -242,7 +246,6 @@ class _Pass:
         refusing = {name for name, share in self.snap.users.items() if share is not None and share.refusal}
         decisions: list[Decision] = []
         append, decide = decisions.append, self.decide
-        now = self.now
         quick_ok = not self.bookings  # with bookings, what a job may use depends on it
         for job in jobs:
             req = get(job.request_key) or request(job)
@@ -281,6 +284,54 @@ class _Pass:
             demand += counts[key] * shape.gpu_count
         return demand
 
+    def _scarce(self) -> tuple[tuple[str, ...], frozenset[str], int]:
+        """The machines that alone can hold the lab's largest gangs: those with the most
+        cards, when they are at most a quarter of the machines and have more than any other
+        (the demo lab's one 4-card machine of six; not a lab of 20 alike, nor two); their
+        cards; and the most cards any other machine has (0: no machine is scarce)."""
+        sizes = {node: len(cards) for node, cards in self.world.by_node.items()}
+        top = max(sizes.values(), default=0)
+        scarce = tuple(node for node, n in sizes.items() if n == top)
+        rest = max((n for n in sizes.values() if n < top), default=0)
+        if top < 2 or not rest or 4 * len(scarce) > len(sizes):
+            return (), frozenset(), 0
+        return scarce, frozenset(c.uuid for node in scarce for c in self.world.by_node[node]), rest
+
+    @staticmethod
+    def keeps_off(job: PendingJob) -> bool:
+        """Whether the scarce machines' rule applies: not to preemptible work (it yields),
+        a job an admin raised, one that runs in a booking, or a gang that may span nodes
+        (it takes the fewest, whichever they are)."""
+        return not job.preemptible and job.priority <= 0 and job.reservation is None and job.max_nodes == 1
+
+    def keep_off_scarce(self, job: PendingJob, shape: Shape, bars: Bars,
+                        avoid: tuple[int, ...]) -> Decision | None:
+        """A job without --time (a service, most of all) holds its cards with no end the
+        plan can count on: on the only machines that hold the lab's largest gangs it would keep
+        them from ever draining (the built-in month's one 4-GPU service held the demo
+        lab's only 4-GPU machine for its last nine days, and every 4-GPU job submitted
+        after it never ran). Such a job starts elsewhere when another card fits it now. A
+        service never takes those machines: one only they can hold waits, saying how it
+        runs there (in a booking, or submitted with an admin's --priority); another waits
+        for another machine. None: decide as for any job."""
+        found = self.search(shape, bars.excluded | self.scarce_cards, ("scarce", bars.token), avoid)
+        if isinstance(found, Found):
+            return self.start(job, found)
+        only_there = shape.gpu_mem_mb is None and shape.gpu_count > self.scarce_rest
+        if not job.service or not only_there and not isinstance(
+                self.search(shape, bars.excluded, bars.token, avoid), Found):
+            return None  # a job without --time may go there; nothing fits the service now anyway
+        names = ", ".join(self.scarce)
+        one = len(self.scarce) == 1
+        text = (f"a service would hold {names} with no end, {'the only machine' if one else 'the only machines'} "
+                f"with more than {self.scarce_rest} GPUs, so no job that needs {'it' if one else 'them'} "
+                "could run")
+        if only_there:
+            return Wait(job.id, f"{text}; it runs there in a booking (`nebula reserve`, then "
+                                "--reservation) or submitted with an admin's --priority")
+        return Wait(job.id, f"needs {needs(shape)}; only {names} {'has' if one else 'have'} it free now, "
+                            f"and {text}; it waits for another machine")
+
     # ------------------------------------------------------------ one job
     def decide(self, job: PendingJob, req: _Request | None = None) -> Decision:
         if req is None:
@@ -313,6 +364,10 @@ class _Pass:
             if not isinstance(bars, Bars):
                 return bars
         avoid = self.avoids(job)
+        if self.scarce and job.time_limit_s is None and self.keeps_off(job):
+            kept = self.keep_off_scarce(job, shape, bars, avoid)
+            if kept is not None:
+                return kept
         key = avoid if bars.token is None else (avoid, bars.token)
         refused = req.refused
         if refused:
@@ -667,11 +722,14 @@ class _Pass:
             return None
         taken = self.reserved  # cards an earlier reservation holds are not this one's
         k, span = shape.gpu_count, shape.max_nodes
+        if job.service and job.time_limit_s is None and self.scarce and self.keeps_off(job):
+            # never there (keep_off_scarce)
+            taken = taken | self.scarce_cards
 
         def ended_by(t: float) -> set[int]:
             return {j for j in holders if (e := self.ends.get(j)) is not None and e <= t}
 
-        token = ("reserved", len(self.reservations)) if taken else None
+        token = ("reserved", len(self.reservations), taken is not self.reserved) if taken else None
 
         if self.world.power:
             def fits_by(t: float) -> bool:

@@ -155,17 +155,6 @@ def blockers_text(found: list[tuple[Card, str]], ahead: Collection[int], shown: 
     return "; ".join(parts) + ("; …" if len(groups) > shown else "")
 
 
-def in_time(seconds: float) -> str:
-    """0 -> "in under a minute", 1500 -> "in ~25 min", 7200 -> "in ~2 h", … "in ~3 days"."""
-    if seconds < 60:
-        return "in under a minute"
-    if seconds < 90 * 60:
-        return f"in ~{round(seconds / 60)} min"
-    if seconds < 48 * 3600:
-        return f"in ~{round(seconds / 3600)} h"
-    return f"in ~{round(seconds / 86400)} days"
-
-
 def cards_text(cards: Iterable[Card]) -> str:
     """"node02:0-3", "node01:0,2 + node02:1" (ranges of indices per node, listing order)."""
     by_node: dict[str, list[int]] = {}

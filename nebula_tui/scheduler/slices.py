@@ -7,7 +7,8 @@ service keeps ``service_spare_mb`` free and is never taken whole by anyone else 
 
 "Half a card" and "the whole card" are measured against the card's *nominal* size, its
 memory rounded up to a whole GB (``model.takes_whole_card``, the one rule the clients
-show too): a 4090 reports 24564 MiB and is sold as 24 GB, so ``--gpu-mem 24G`` takes it whole and ``--gpu-mem 12G`` is half of it. Slices
+show too): a 4090 reports 24564 MiB and is sold as 24 GB, so ``--gpu-mem 24G`` takes it whole and
+``--gpu-mem 12G`` is half of it. Slices
 are fitted against the memory really there: two 12 GB slices do not fit on a 4090.
 
 "Free" is what is really free *and* not promised (the memory guard): the card's memory less
@@ -36,7 +37,7 @@ def ask_for(total_mb: int, gpu_mem_mb: int | None) -> Ask:
     No memory given, or more than half the card, means the whole card (R3); smaller
     requests are rounded up to the 4 GB minimum slice.
     """
-    if takes_whole_card(total_mb, gpu_mem_mb):
+    if gpu_mem_mb is None or takes_whole_card(total_mb, gpu_mem_mb):
         return Ask(total_mb, True)
     return Ask(max(gpu_mem_mb, MIN_SLICE_MB), False)
 
@@ -119,7 +120,7 @@ def fit(total_mb: int | None, unmanaged_mb: int, reserved: int, allocations: int
     """
     if not total_mb:
         return None
-    if takes_whole_card(total_mb, gpu_mem_mb):
+    if gpu_mem_mb is None or takes_whole_card(total_mb, gpu_mem_mb):
         if allocations:
             return None
         available = total_mb - unmanaged_mb

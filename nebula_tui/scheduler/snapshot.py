@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from ..model import GpuView, Placement, Temperatures
 from .estimates import Estimate
 
-def _empty() -> Mapping:
+def _empty() -> Mapping[Any, Any]:
     return MappingProxyType({})
 
 
@@ -121,7 +122,8 @@ class SchedulerConfig:
       the queue's whole-card jobs need every wholly free card there is (the pass decides
       before each start), (``w_pack`` + ``w_hot`` + ``w_load``) × the share of cards that
       hold none of our slices yet: a slice fills a card already shared, however hot, before
-      it opens a fresh one, so whole cards stay whole for the jobs that need them. Otherwise ``w_load`` × a quarter per job of ours on the card: the
+      it opens a fresh one, so whole cards stay whole for the jobs that need them. Otherwise
+      ``w_load`` × a quarter per job of ours on the card: the
       slice goes to the coolest, least shared card (a reading may predate jobs placed
       since, so three small jobs of one pass do not stack on one card);
     * ``w_health`` × (1 − the lowest node health score in the set) (R19);
@@ -190,6 +192,9 @@ class Snapshot:
     waiting_elsewhere: frozenset[int] = frozenset()
     #: bookings not yet over (``nebula reserve``)
     bookings: tuple[Booking, ...] = ()
+    #: waiting job -> the cards an earlier pass preempted for it (its ``Wait.holds``),
+    #: kept for it through its victims' grace and requeue (``preemption.py``)
+    holds: Mapping[int, tuple[Placement, ...]] = field(default_factory=_empty)
 
 
 # Decisions are plain slotted records, not frozen ones: a pass makes one per pending job
@@ -206,10 +211,12 @@ class Start:
 
 @dataclass(slots=True)
 class Wait:
-    """Keep the job pending; ``reason`` is the sentence users see (R5)."""
+    """Keep the job pending; ``reason`` is the sentence users see (R5). ``holds``: the
+    cards it preempts for, which the next passes keep for it (``Snapshot.holds``)."""
 
     job_id: int
     reason: str
+    holds: tuple[Placement, ...] = ()
 
 
 @dataclass(slots=True)

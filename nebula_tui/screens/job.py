@@ -91,7 +91,8 @@ def spec_text(job: dict) -> Text:
         Text.assemble(("Submitted ", "bold"), f"{clock(job['submitted_at'])} ({ago(job['submitted_at'])} ago)"),
     ]
     if state == "pending" and (starts := starts_text(job.get("starts"), time.time())):
-        lines.append(Text.assemble(("Starts    ", "bold"), starts, (" (w: why, and what would start it sooner)", "dim")))
+        lines.append(Text.assemble(("Starts    ", "bold"), starts,
+                                   (" (w: why, and what would start it sooner)", "dim")))
     if job.get("started_at"):
         lines.append(Text.assemble(("Started   ", "bold"), clock(job["started_at"])))
     if job.get("ended_at"):

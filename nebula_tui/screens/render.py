@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from rich.text import Text
 
 from ..model import NOT_AVAILABLE, format_mb
+from ..units import duration_coarse
 from ..units import duration_short as duration
 from ..views import booking_state, node_power, power_draw_text, short_model
 from .look import LOOK
@@ -293,11 +294,7 @@ def ago(t: float | None, at: float | None = None) -> str:
     """"12s", "5m", "3h", "2d" since ``t``."""
     if t is None:
         return "-"
-    s = max(0, (at or now()) - t)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size:
-            return f"{s // size:.0f}{unit}"
-    return f"{s:.0f}s"
+    return duration_coarse((at or now()) - t)
 
 
 def run_seconds(job: dict, at: float | None = None) -> float | None:

@@ -22,6 +22,7 @@ from ..forecasts import starts_text
 from ..api import MAX_GPU_COUNT, ApiError
 from ..model import format_mb
 from ..units import parse_size_mb
+from ..wire import SubmitRequest
 from .base import ClusterScreen, OpMissing
 from .widgets.keys import SUBMIT_KEYS
 
@@ -68,9 +69,9 @@ def check_field(field: str, value: str) -> str | None:
     return None
 
 
-def request_fields(values: dict[str, str], preemptible: bool = False) -> dict:
+def request_fields(values: dict[str, str], preemptible: bool = False) -> SubmitRequest:
     """The form as the fields of a ``submit`` / ``plan`` request (valid values only)."""
-    fields: dict = {"command": [values["command"].strip()], "shell": True,
+    fields: SubmitRequest = {"command": [values["command"].strip()], "shell": True,
                     "gpu_count": int(values["gpu_count"].strip() or 1)}
     if preemptible:
         fields["preemptible"] = True
@@ -172,7 +173,7 @@ class SubmitScreen(ClusterScreen):
     def preemptible(self) -> bool:
         return self.query_one("#f-preemptible", Checkbox).value
 
-    def fields(self) -> dict:
+    def fields(self) -> SubmitRequest:
         """The form as a ``submit`` / ``plan`` request."""
         return request_fields(self.values(), self.preemptible())
 

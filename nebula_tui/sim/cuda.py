@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..model import DEFAULT_VENDOR
 from . import shims
 
 SOURCE = Path(__file__).resolve().parent / "cuda_shim.c"
@@ -23,7 +24,7 @@ def build() -> Path | None:
 def install(node_dir: Path, spec: dict) -> bool:
     """Give a node with NVIDIA cards its ``lib/libcuda.so.1`` and ``cuda.tsv`` unless its
     spec says ``"cuda": false``. Returns whether it has one."""
-    cards = [g for g in spec.get("gpus", []) if g.get("vendor", "nvidia") == "nvidia"]
+    cards = [g for g in spec.get("gpus", []) if g.get("vendor", DEFAULT_VENDOR) == "nvidia"]
     built = build() if cards and spec.get("cuda", True) is not False else None
     if built is not None:
         (node_dir / "cuda.tsv").write_text("".join(

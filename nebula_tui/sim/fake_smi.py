@@ -467,7 +467,8 @@ def _gpu_rows(g: dict) -> list[str]:
 
 def _process_rows(states: list[dict]) -> list[str]:
     rows = [f"|  {g['index']:>3}   N/A  N/A  {p['pid']:>8}      C   "
-            f"{_truncate(p['name'], 40, keep_end=True):<40}  {('N/A' if p['memory_mb'] is None else str(p['memory_mb']) + 'MiB'):>10} |"
+            f"{_truncate(p['name'], 40, keep_end=True):<40}  "
+            f"{('N/A' if p['memory_mb'] is None else str(p['memory_mb']) + 'MiB'):>10} |"
             for g in states for p in g["processes"]]
     return rows or [f"|  {'No running processes found':<87}|"]
 

@@ -58,6 +58,7 @@ from typing import Any
 import asyncssh
 import yaml
 
+from nebula_tui.model import DEFAULT_VENDOR
 from nebula_tui.sim import containers as sim_containers
 from nebula_tui.sim import cuda, nvml, presets
 from nebula_tui.waits import within
@@ -691,7 +692,7 @@ class Lab:
         self._write_config()
         if sim_containers.available():  # podman jobs get these cards as CDI devices
             sim_containers.register([g for s in specs for g in s["gpus"]
-                                     if g.get("vendor", "nvidia") == "nvidia"])
+                                     if g.get("vendor", DEFAULT_VENDOR) == "nvidia"])
 
     def _write_wrapper(self, path: Path, node_dir: Path, script: Path, args: tuple = ()) -> None:
         path.write_text(

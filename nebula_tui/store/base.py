@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import sqlite3
 import time
 import uuid
@@ -243,6 +244,17 @@ class StoreBase:
     def head_token(self) -> str:
         """A random id of this store; tells this head's job directories from older ones."""
         return self._meta("head_token") or ""
+
+    def pool_key(self) -> bytes:
+        """This store's secret for the tokens its pool jobs carry (made at first use, kept
+        with the store and its backups, never sent anywhere): a token whose mark it makes is
+        one this head issued, which nobody on a cluster can forge (``head/pool_books.py``)."""
+        key = self._meta("pool_key")
+        if not key:
+            key = secrets.token_hex(32)
+            with self.transaction(durable=True):
+                self._set_meta("pool_key", key)
+        return key.encode()
 
     def sync_to_disk(self) -> None:
         """Wait until every transaction committed so far is on the disk, as a durable one's

@@ -15,7 +15,7 @@ import time
 import pytest
 import yaml
 
-from conftest import until, wait_for
+from conftest import until
 from nebula_tui.screens import users as users_screen
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.users import USER_COLUMNS, UsersScreen

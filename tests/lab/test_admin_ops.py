@@ -78,7 +78,8 @@ def test_plan_previews_the_placement(head):
 
 def test_gpu_history_has_samples(head):
     gpu = head.call("gpus")["gpus"][0]
-    reply = wait_for(lambda: (r := head.call("history", gpu=f"{gpu['node']}:{gpu['index']}", since=3600))["samples"] and r,
+    card = f"{gpu['node']}:{gpu['index']}"
+    reply = wait_for(lambda: (r := head.call("history", gpu=card, since=3600))["samples"] and r,
                      10, what="a telemetry sample")
     assert reply["gpu"] == gpu["uuid"]
     sample = reply["samples"][-1]

@@ -192,7 +192,7 @@ def test_two_users_each_with_their_own_jobs_through_an_upgrade(box, wheels):
     gang = submitted("bob", f"--name gang --gpu-count 2 --nodes 2 --command '{mark}; sleep 20'")
     wait_for(lambda: all(job_of(box, j)["state"] == "running" for j in (long, spare, gang)), 60,
              what="the three jobs running")
-    later = submitted("bob", f"--name later --command '{mark}'")
+    submitted("bob", f"--name later --command '{mark}'")
 
     # Each user alone with their own: the other's logs and cancel are refused.
     refused = nebula(box, f"logs {gang}", "alice", check=False)

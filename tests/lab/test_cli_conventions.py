@@ -144,7 +144,8 @@ def test_every_command_that_prints_data_takes_json(head, jobs):
         flags = {s for a in command._actions for s in a.option_strings}
         assert name in no_data or "--json" in flags, name
     for nested in ("node", "gpu", "pool"):
-        for name, command in next(a for a in sub.choices[nested]._actions if a.dest.endswith("_command")).choices.items():
+        commands = next(a for a in sub.choices[nested]._actions if a.dest.endswith("_command"))
+        for name, command in commands.choices.items():
             assert "--json" in {s for a in command._actions for s in a.option_strings}, (nested, name)
 
     def as_json(*argv):

@@ -92,7 +92,7 @@ def test_a_missing_key_or_known_hosts_file_is_named_with_what_makes_it(openssh_l
         assert "nebula node add" in shown
         done = head.run("doctor")
         assert done.returncode == 1
-        assert f"✗ ssh" in done.stdout and str(key) in done.stdout and str(known) in done.stdout
+        assert "✗ ssh" in done.stdout and str(key) in done.stdout and str(known) in done.stdout
     finally:
         head.stop()
 

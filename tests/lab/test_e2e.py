@@ -75,7 +75,7 @@ def test_a_gang_job_never_starts_with_part_of_its_gpus(head):
                            what="a waiting reason")
         assert waiting["state"] == "pending" and waiting["gpus"] == []
         assert waiting["reason"].startswith("needs 2 GPUs with ≥70 GB free on one node; best now: "
-                                            f"node02 has 1; node02:")
+                                            "node02 has 1; node02:")
         assert f"held by job {blocker}" in waiting["reason"]
         queue = head.run("queue", check=True).stdout
         assert "best now: node02 has 1" in queue

@@ -24,6 +24,8 @@ NEVER_VALID = [
     (["reserve", "--gpus", "node01:0", "--start", "now", "--duration", "1h", "--name", "no good"], "--name"),
     (["reserve", "--gpu-count", "65", "--start", "now", "--duration", "1h"], "--gpu-count"),
     (["reserve", "--delete", "no good"], "--delete"),
+    (["reserve", "--gpus", "node99:0", "--start", "now", "--duration", "1h"], "no GPU node99:0"),
+    (["reserve", "--gpu-count", "64", "--start", "now", "--duration", "1h"], "no node here has 64 GPUs"),
 ]
 
 

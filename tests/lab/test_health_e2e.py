@@ -8,7 +8,6 @@ the lab is shared with the rest of the session.
 
 from __future__ import annotations
 
-import ast
 import json
 import time
 from pathlib import Path
@@ -251,7 +250,7 @@ def test_xid13_runs_a_self_test_and_the_gpu_keeps_serving(health, openssh_lab, t
 def test_no_requeue_job_fails_when_its_gpu_is_isolated(health, openssh_lab, tmp_path):
     job = submit_running(health, CHECKPOINTS_AND_EXITS.format(dir=tmp_path), "--no-requeue")
     first = job["gpus"][0]
-    label, uuid = f"{first['node']}:{first['index']}", first["uuid"]
+    label = f"{first['node']}:{first['index']}"
     sim(health, "inject", "xid", "95", "--node", first["node"], "--gpu", str(first["index"]))
     ended = health.wait_job(job["id"], 20)
     assert ended["state"] == "failed" and ended["attempt"] == 0

@@ -403,3 +403,63 @@ def test_a_pool_job_sent_after_a_backup_and_long_ended_is_not_sent_again(slurm_l
         again = [j for j in squeue(slurm_lab)
                  if str(j.get("comment", "")).startswith(f"{head_token}.{later}.")]
         assert again == [], again
+
+
+def _sbatch(slurm_lab, out: Path, comment: str, script: str) -> str:
+    """A cluster user's own job (this process's account, the pool's), with ``comment``."""
+    done = subprocess.run(["sbatch", "--parsable", f"--comment={comment}", "-o", str(out),
+                           "--wrap", script], env=slurm_lab.env, capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(";")[0]
+
+
+def test_a_members_own_job_with_this_heads_token_prefix_is_not_adopted_after_a_restore(slurm_lab, tmp_path):
+    """The backup has a job waiting for room in the pool. Before the restore, a user of the
+    pool's account sends a job of her own whose comment names that job with this head's
+    (public) token prefix. The restored head does not take it for its job: it sends its
+    own, which runs its own command, and leaves hers alone."""
+    home = tmp_path / "home"
+    cfg = config(slurm_lab, tmp_path / "nodes.yaml", max_jobs=1)
+    head = start_head(home, cfg)
+    try:
+        blocker = submit(head, "--pool", "hpc", "--", "sleep", "300")
+        wait_state(head, blocker, {"running"})
+        later = submit(head, "--pool", "hpc", "--", "sh", "-c", "echo genuine")
+        wait_for(lambda: "waiting for room" in head.job(later)["reason"], 20, what="no room")
+        backup = Path(head.run("backup", check=True).stdout.split()[2])
+        store = Store(home / "state.db", readonly=True)
+        try:
+            prefix, genuine = store.head_token, store.pool_job(blocker)["token"]
+        finally:
+            store.close()
+    finally:
+        head.stop()
+    tmp_path.chmod(0o755)
+    forged = _sbatch(slurm_lab, tmp_path / "forged.out", f"{prefix}.{later}.0.{'ab' * 12}",
+                     "echo forged; sleep 20")
+    copied = _sbatch(slurm_lab, tmp_path / "copied.out", genuine, "echo copied; sleep 20")
+    head.run("backup", "--restore", str(backup), check=True)
+    restored = HeadProcess(head.home, None, config=cfg)
+    restored.start(wait_nodes=False)
+    try:
+        wait_for(lambda: restored.call("status")["pools"][0]["reachable"], 30, what="the first poll")
+        restored.run("cancel", str(blocker), check=True)
+        ended = wait_state(restored, later, {"succeeded", "failed"}, timeout=90)
+        assert ended["state"] == "succeeded", ended["reason"]
+        assert remote_id(restored, later) not in (forged, copied)
+        assert remote_id(restored, blocker) not in (forged, copied)
+        log = restored.run("logs", str(later), check=True).stdout
+        assert "genuine" in log and "forged" not in log
+        left = {str(j["job_id"]) for j in squeue(slurm_lab)
+                if j["job_state"] in ("RUNNING", "PENDING") or "RUNNING" in str(j["job_state"])}
+        assert {forged, copied} <= left  # hers: left alone, neither adopted nor cancelled
+        assert head_event(restored, forged) and head_event(restored, copied)
+    finally:
+        subprocess.run(["scancel", forged, copied], env=slurm_lab.env, capture_output=True)
+        cancel_left_and_stop(restored)
+
+
+def head_event(head: HeadProcess, slurm_id: str) -> bool:
+    return any(f"job {slurm_id} of " in e["message"] and "not a token it issued" in e["message"]
+               for e in head.call("events", limit=200)["events"])

@@ -3,8 +3,6 @@ is lost, nothing runs twice, no GPU is promised twice, and accounting adds up.""
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import shutil
 import sqlite3
@@ -18,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import wait_for
-from nebula_tui.api import ApiError, Client
+from nebula_tui.api import Client
 from labkit.harness import FINISHED, HeadProcess
 from support import session_alive
 

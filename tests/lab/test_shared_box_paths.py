@@ -11,7 +11,6 @@ swapped the symlink, then runs the real one.
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import subprocess

@@ -41,8 +41,8 @@ def test_the_readmes_tour_runs_on_the_demo(headless_demo, tmp_path):  # noqa: F8
         follows = "-f" in words
         # a variable a line sets (`job=$(nebula submit …)`) is there for the lines after it
         kept = tmp_path / "vars"
-        script = (f"timeout 8 {line}" if follows else line) + \
-            f'\nrc=$?; for v in $(compgen -v); do case $v in [a-z]*) printf "%s=%s\\n" "$v" "${{!v}}";; esac; done > {kept}; exit $rc'
+        keep = f'for v in $(compgen -v); do case $v in [a-z]*) printf "%s=%s\\n" "$v" "${{!v}}";; esac; done > {kept}'
+        script = (f"timeout 8 {line}" if follows else line) + f"\nrc=$?; {keep}; exit $rc"
         done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
                               timeout=120, cwd=tmp_path)
         env.update(dict(v.split("=", 1) for v in kept.read_text().splitlines() if "=" in v and v[0].islower()))

@@ -17,7 +17,7 @@ import pytest
 from conftest import has_op, palette_pick, until
 from textual import events
 from textual.pilot import Pilot
-from textual.widgets import Input, Static
+from textual.widgets import Input
 
 from nebula_tui.api import ApiError
 from nebula_tui.screens.app import make_app

@@ -15,7 +15,7 @@ from conftest import has_op, palette_pick, until
 from labfixtures import lab_config, serving
 from textual import events
 from textual.pilot import Pilot
-from textual.widgets import DataTable, Input, Log, Static
+from textual.widgets import DataTable, Input, Log
 
 from nebula_tui.api import ApiError
 from nebula_tui.model import format_mb

@@ -17,6 +17,7 @@ from conftest import until
 from inprocess import up_engine
 
 from nebula_tui import views
+from nebula_tui.cli import text
 from nebula_tui.model import NOT_AVAILABLE, GpuReading, JobSpec, JobState, Placement, Temperatures
 from nebula_tui.screens import render
 from nebula_tui.screens.app import make_app
@@ -143,7 +144,7 @@ def test_the_queue_of_the_cli_says_the_same_word_as_the_tui():
            "gpus": [{"node": "n1", "index": 0}], "gpu_count": 1, "gpu_mem_mb": None,
            "reason": "", "command": ["python", "t.py"]}
     held = {**job, "id": 4, "state": "pending", "phase": "held", "gpus": []}
-    lines = views.queue_text([job, held]).splitlines()
+    lines = text.queue_text([job, held]).splitlines()
     assert lines[1].split()[3] == "stopping" and lines[2].split()[3] == "held"
 
 

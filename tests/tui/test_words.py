@@ -18,7 +18,7 @@ from nebula_tui.client.attach import detach_keys
 from nebula_tui.model import JobSpec, Placement
 from nebula_tui.remote.protocol import Exit
 from nebula_tui.screens.submit import plan_text
-from nebula_tui.views import doctor_text
+from nebula_tui.cli.text import doctor_text
 
 ME = getpass.getuser()
 

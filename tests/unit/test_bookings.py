@@ -16,7 +16,7 @@ from nebula_tui.model import Placement
 from nebula_tui.scheduler import Booking, Fail, Preempt, RunningJob, Start, Wait
 
 from inprocess import up_engine
-from nebula_tui.model import RequestError
+from nebula_tui.model import InvalidRequest, RequestError, UnfitRequest
 from test_scheduler_promises import NOW, card, job, run
 
 HOUR = 3600.0
@@ -132,11 +132,15 @@ async def test_who_may_book_and_what_a_booking_refuses(tmp_path):
         with pytest.raises(RequestError, match="carol may book 20 GPU-hours a month .* booked 16 this "
                                                "month; this one is 8"):
             head.bookings.create("carol", {**ask, "gpus": "node02:0", "name": "second"})
-        for gpus, words in (("node01:1", "node01:1 is booked for first in that window"),
-                            ("node09:0", "there is no GPU node09:0"),
-                            ("node01:x", "'x' is not a GPU index or range")):
-            with pytest.raises(RequestError, match=words):
+        for gpus, words, never in (("node01:1", "node01:1 is booked for first in that window", False),
+                                   ("node09:0", "there is no GPU node09:0", True),
+                                   ("node01:x", "'x' is not a GPU index or range", True)):
+            with pytest.raises(RequestError, match=words) as refused:
                 head.bookings.create(admin, {**ask, "gpus": gpus, "name": "third"})
+            # a request no state of the cluster makes valid is the client's exit 2
+            assert isinstance(refused.value, InvalidRequest) is never, gpus
+        with pytest.raises(UnfitRequest, match=r"no node here has 3 GPUs \(the most on one node is 2\)"):
+            head.bookings.create(admin, {**ask, "gpus": None, "gpu_count": 3, "name": "third"})
         with pytest.raises(RequestError, match="a booking named first exists already"):
             head.bookings.create(admin, {**ask, "gpus": "node02:0", "name": "first"})
         with pytest.raises(RequestError, match="booking first is carol's"):

@@ -69,6 +69,20 @@ def test_a_limit_is_shown_to_the_second():
         "1 h 30 min", "1 min 30 s", "2 days 12 h", "1 day", "5 s"]
 
 
+def test_a_refused_limit_is_echoed_as_a_flag_takes_it_back():
+    from nebula_tui.units import duration_flag, parse_duration_s
+
+    shown = [duration_flag(s) for s in (259200, 7200, 5400, 90, 61)]
+    assert shown == ["3d", "2h", "90m", "90s", "61s"]
+    assert [parse_duration_s(t) for t in shown] == [259200, 7200, 5400, 90, 61]
+
+
+def test_an_age_is_shown_in_its_largest_unit():
+    from nebula_tui.units import duration_coarse
+
+    assert [duration_coarse(s) for s in (-3, 12, 300, 10799, 2 * 86400)] == ["0s", "12s", "5m", "2h", "2d"]
+
+
 # --- Slurm's flags on submit and run ---------------------------------------------------
 
 def _request(*argv: str) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nebula_tui import views
+from nebula_tui.cli import text
 from nebula_tui.scheduler.filters import cuda_gap
 
 
@@ -31,7 +31,7 @@ def test_the_nodes_page_names_the_card_and_the_fix():
     gpu = {"node": "lap02", "index": 0, "model": "NVIDIA GeForce RTX 5070 Laptop GPU",
            "memory_used_mb": 0, "total_memory_mb": 8151, "utilization_pct": 0, "temperature_c": 40,
            "power_w": 5, "status": "idle", "jobs": [], "cuda_gap": cuda_gap("12.0", "11.8")}
-    page = views.node_text({"name": "lap02", "host": "h", "port": 22, "state": "up",
+    page = text.node_text({"name": "lap02", "host": "h", "port": 22, "state": "up",
                             "health_score": 1.0, "cuda_version": "11.8", "detail": "",
                             "gpus": [gpu], "jobs": [], "events": []})
     assert "lap02:0 (RTX 5070 Laptop): sm_120 needs CUDA 12.8 or newer" in page

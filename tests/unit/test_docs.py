@@ -25,6 +25,14 @@ def test_the_readme_is_short_and_starts_with_the_two_commands():
     assert [line.split()[:2] for line in block] == [["make", "demo"], ["make", "test"]]
 
 
+def test_the_number_of_test_workers_is_said_once_in_the_makefile():
+    """``make test``'s workers are the Makefile's ``JOBS``; no document or comment counts them again."""
+    assert re.search(r"^JOBS \?= \d+$", (REPO / "Makefile").read_text(), re.MULTILINE)
+    for path in [*DOCS, REPO / "pyproject.toml"]:
+        counted = re.findall(r"\b(\d+|one|two|three|four|five|six|eight) workers\b", path.read_text())
+        assert counted == [], f"{path.name} counts the test workers ({counted}); say the Makefile's JOBS"
+
+
 def _anchor(heading: str) -> str:
     """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to dashes."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")

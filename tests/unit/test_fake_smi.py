@@ -16,7 +16,6 @@ from samples import SAMPLES
 
 from nebula_tui.remote.backends.nvidia import (
     QUERY_APPS_FIELDS,
-    QUERY_GPU_FIELDS,
     parse_plain_table,
     parse_query_apps,
     parse_query_gpu,

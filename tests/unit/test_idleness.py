@@ -7,7 +7,8 @@ import pytest
 
 from nebula_tui.head.limits import BUSY, IDLE, UNKNOWN, idleness
 from nebula_tui.model import IDLE_UTIL_PCT
-from nebula_tui.views import IDLE_UNKNOWN_TEXT, queue_text, running_idle_text
+from nebula_tui.cli.text import queue_text
+from nebula_tui.views import IDLE_UNKNOWN_TEXT, running_idle_text
 
 
 @pytest.mark.parametrize(("readings", "said"), [

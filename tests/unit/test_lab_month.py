@@ -138,7 +138,8 @@ def test_each_size_class_has_its_p95_and_never_run_and_the_last_line_names_the_w
     cards = CARDS[:2]
     slurm = baselines.slurm_like(jobs, cards, 1000, half_life_s=None)  # 2 starts at 0, 3 at 100
     ours = {1: Outcome(1, started_s=0, ended_s=100, placements=(("n1", "g1", 24576, True),)),
-            2: Outcome(2, started_s=100, ended_s=200, placements=(("n1", "g1", 24576, True), ("n1", "g2", 24576, True))),
+            2: Outcome(2, started_s=100, ended_s=200,
+                       placements=(("n1", "g1", 24576, True), ("n1", "g2", 24576, True))),
             3: Outcome(3)}  # never ran
     a = metrics.figures("NebulaGrid", jobs, ours, cards, 1000, {1, 2, 3})
     b = metrics.figures("slurm-like", jobs, slurm, cards, 1000, {1, 2, 3})

@@ -13,7 +13,7 @@ from support import submit
 from nebula_tui.cli import build_parser
 from nebula_tui.cli.jobs import submit_request
 from nebula_tui.head.requests import spec_from_request
-from nebula_tui.model import VENDORS, JobSpec, RequestError, spec_fields
+from nebula_tui.model import VENDORS, InvalidRequest, JobSpec, RequestError, spec_fields
 from nebula_tui.remote import containers, launcher, vendors
 from nebula_tui.remote.containers import Device
 from nebula_tui.store import spec_of
@@ -42,6 +42,12 @@ def test_a_bad_array_is_refused_where_it_comes_in_with_its_sentence():
         spec_from_request({"command": ["true"], "array": "5-1"})
     with pytest.raises(ValueError, match="after % comes how many"):
         JobSpec(command=("true",), array="0-3%0")
+
+
+def test_a_reservation_that_names_no_booking_is_refused_as_never_valid():
+    """(It raised NameError — RequestError was never imported — which ruff's F821 found.)"""
+    with pytest.raises(InvalidRequest, match="--reservation must name a booking"):
+        spec_from_request({"command": ["true"], "reservation": "no such; name"})
 
 
 # ------------------------------------------------------------------ the vendors' table

@@ -43,3 +43,25 @@ def test_the_demos_shared_config_runs_pool_jobs_as_their_owners(tmp_path):
     shared = parse_config(shared_config(lab).read_text(), "nodes-shared.yaml")
     assert shared.pools[0].per_submitter and shared.pools[0].identity is None
     assert shared_mode_refusal(shared) is None
+
+
+def test_a_pool_token_is_known_for_this_heads_own_and_no_made_up_or_other_heads_one():
+    """Comments are public on a cluster: a restored head adopts a job only for a token whose
+    mark only its store's key makes."""
+    from nebula_tui.head.pool_books import issued_job, mint_token
+    from nebula_tui.model import Job, JobSpec
+
+    key, other = b"k" * 64, b"o" * 64
+    job = Job(7, "alice", JobSpec(command=("true",)), 0.0)
+    token = mint_token(key, "abc123", job)
+    assert token.startswith("abc123.7.0.") and issued_job(key, "abc123", token) == 7
+    assert mint_token(key, "abc123", job) != token  # salted: each send its own
+    body, mark = token.rsplit(".", 1)
+    for forged in (f"abc123.7.0.{'ab' * 12}",                # made up, with this head's prefix
+                   token.replace(".7.", ".8."),              # another job's number on a real mark
+                   f"{body}.{mark[:-1]}{'0' if mark[-1] != '0' else '1'}",
+                   f"{body}.{mark[:8]}",                     # an older head's short nonce
+                   token + "0", "abc123.7.0", ""):
+        assert issued_job(key, "abc123", forged) is None, forged
+    assert issued_job(other, "abc123", token) is None  # another store's key
+    assert issued_job(key, "def456", token) is None

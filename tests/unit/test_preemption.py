@@ -221,3 +221,135 @@ async def test_a_cluster_full_of_preemptible_jobs_still_runs_a_pass_for_a_normal
     finally:
         await head.stop()
         head.state.store.close()
+
+
+# ------------------------------------------------------------------ cards held for the preemptor
+def _held_card(job_id: int, node: str, index: int):
+    return holding(job_id, node, index)[1]
+
+
+def test_cards_preempted_for_a_job_stay_its_own_through_the_grace():
+    """Job 2 (a heavy user's) preempted job 41; during 41's grace job 3 of a lighter user
+    comes first in the queue's order, yet the card stays job 2's; once 41 left it and was
+    requeued, job 2 starts there, not 3 and not 41."""
+    users = {"heavy": UserShare("heavy", weight=9.0), "light": UserShare("light", weight=1.0)}
+    hold = {2: (_held_card(41, "n", 0),)}
+    gpus = [card("n", 0, placements=[holding(41, "n", 0)])]
+    running = (RunningJob(41, "spare", (holding(41, "n", 0)[1],), 0.0, preemptible=True),)
+    queue = [job(2, user="heavy"), job(3, user="light")]
+    got = run(gpus, queue, running=running, users=users, holds=hold)
+    assert got[2].reason == "would preempt job 41 (preemptible) — starting now"
+    assert got[2].holds == hold[2] and isinstance(got[41], Preempt) and got[41].for_job == 2
+    assert isinstance(got[3], Wait) and "would preempt" not in got[3].reason and not got[3].holds
+    # 41 left the card and waits again, preemptible
+    got = run([card("n", 0)], queue + [job(41, user="spare", preemptible=True)], users=users, holds=hold)
+    assert isinstance(got[2], Start) and got[2].placements[0].gpu_uuid == "GPU-n-0"
+    assert isinstance(got[3], Wait) and isinstance(got[41], Wait)
+    # without the hold the lighter user's job would have taken it: what the hold is for
+    assert isinstance(run([card("n", 0)], queue, users=users)[3], Start)
+
+
+def test_a_held_job_neither_moves_to_other_preemptible_cards_nor_waits_when_cards_come_free():
+    users = {"heavy": UserShare("heavy", weight=9.0)}
+    hold = {2: (_held_card(41, "n", 0),)}
+    # its hold is on n:0 (41 stopping there); n:1 holds 42, cooler now: 2 stays on n:0
+    gpus = [card("n", 0, util=100.0, placements=[holding(41, "n", 0)]),
+            card("n", 1, placements=[holding(42, "n", 1)])]
+    running = tuple(RunningJob(i, "spare", (holding(i, "n", i - 41)[1],), 0.0, preemptible=True)
+                    for i in (41, 42))
+    got = run(gpus, [job(2, user="heavy")], running=running, users=users, holds=hold)
+    assert {d.job_id for d in got.values() if isinstance(d, Preempt)} == {41}
+    assert got[2].holds[0].gpu_uuid == "GPU-n-0"
+    # a card came free meanwhile: it starts there now rather than wait for 41's grace
+    got = run(gpus + [card("n", 2)], [job(2, user="heavy")], running=running, users=users, holds=hold)
+    assert isinstance(got[2], Start) and got[2].placements[0].gpu_uuid == "GPU-n-2"
+    # its held card left service: it is placed as any other job (it preempts 42)
+    gone = [card("n", 0, blocked="drained", placements=[holding(41, "n", 0)]), gpus[1]]
+    got = run(gone, [job(2, user="heavy")], running=running, users=users, holds=hold)
+    assert got[2].reason == "would preempt job 42 (preemptible) — starting now"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32))
+def test_held_cards_stay_their_preemptors_whoever_comes_first_later(seed):
+    """Random clusters: a pass preempts for some normal jobs (their ``Wait.holds``); then
+    some victims leave their cards and wait again, and jobs of a lighter user and an
+    admin's come first in the order. The next pass starts every preemptor, or keeps it
+    waiting on cards still held for it; no card is promised past its size, nor an
+    exclusive one twice."""
+    rng = random.Random(seed)
+    gpus, running, queue = _random_cluster(rng)
+    first = run(gpus, queue, running=running)
+    holds = {d.job_id: d.holds for d in first.values() if isinstance(d, Wait) and d.holds}
+    victims = {d.job_id for d in first.values() if isinstance(d, Preempt)}
+    gone = {v for v in victims if rng.random() < 0.5}
+    gpus = [replace(g, placements=tuple(p for p in g.placements if p[0] not in gone)) for g in gpus]
+    back = [job(v, count=len(r.placements), user="a", preemptible=True)
+            for r in running if r.id in gone for v in (r.id,)]
+    running = tuple(r for r in running if r.id not in gone)
+    later = [job(50, count=rng.randint(1, 2), user="z"), job(51, count=1, user="z", priority=9)]
+    users = {"z": UserShare("z", weight=0.01)}
+    got = run(gpus, queue + back + later, running=running, users=users, holds=holds)
+    for job_id in holds:
+        decision = got[job_id]
+        assert isinstance(decision, Start) or (isinstance(decision, Wait) and decision.holds), decision
+    yielding = {d.job_id for d in got.values() if isinstance(d, Preempt)}
+    total = {g.uuid: g.reading.memory_total_mb for g in gpus}
+    on_card = {g.uuid: [p for _, p in g.placements] for g in gpus}
+    for decision in got.values():
+        for p in decision.placements if isinstance(decision, Start) else getattr(decision, "holds", ()):
+            if not any(r.id == decision.job_id for r in running):
+                on_card[p.gpu_uuid].append(p)
+    for uuid, cards in on_card.items():
+        mine = [p for p in cards if not any(q[1] is p and q[0] in yielding for g in gpus for q in g.placements)]
+        if any(p.exclusive for p in mine):
+            assert len(mine) == 1, (uuid, mine)
+        assert sum(p.memory_mb for p in mine) <= total[uuid], (uuid, mine)
+
+
+async def test_the_head_keeps_the_preempted_cards_for_the_preemptor_until_it_starts(tmp_path):
+    """In the head: a heavy user's job preempts; a lighter user's job submitted during the
+    grace comes first in the queue's order but never gets those cards; once the victim was
+    killed and requeued, the preemptor starts on them."""
+    import asyncio
+
+    from inprocess import up_engine
+    from nebula_tui.model import JobSpec
+    from nebula_tui.store import Store
+
+    seeded = Store(tmp_path / "state.db")  # "heavy" ran 40 GPU-hours yesterday
+    old = seeded.add_job("heavy", replace(SPEC, gpu_count=4), T0)
+    seeded.start_launching(old.id, tuple(Placement(f"GPU-x-{i}", "x", i, 81920, True) for i in range(4)), T0)
+    seeded.mark_running(old.id, T0)
+    seeded.finish_job(old.id, JobState.SUCCEEDED, T0 + 10 * HOUR, exit_code=0)
+    seeded.close()
+    head = up_engine(tmp_path, "health:\n  isolation_grace: 0.5s\n", clock=lambda: T0 + 12 * HOUR)
+    sleep = ("sleep", "600")
+    try:
+        await asyncio.sleep(0.2)  # the nodes' first reconcile (they run nothing yet) is over
+        other = head.submit("other", JobSpec(command=sleep, gpu_count=2))
+        spare = head.submit("spare", JobSpec(command=sleep, gpu_count=2, preemptible=True))
+        head.scheduling.schedule_pass()
+        victim_cards = {p.gpu_uuid for p in head.jobs[spare.id].placements}
+        assert head.jobs[other.id].state.holds_gpus and len(victim_cards) == 2
+        heavy = head.submit("heavy", JobSpec(command=sleep, gpu_count=2))
+        head.scheduling.schedule_pass()
+        assert head.jobs[heavy.id].reason.startswith(f"would preempt job {spare.id} ")
+        light = head.submit("light", JobSpec(command=sleep, gpu_count=2))
+        shares = head.shares.shares()  # a user with no share yet weighs the least: light comes first
+        assert "light" not in shares and shares["heavy"].weight > 1.0
+        head.scheduling.schedule_pass()
+        assert head.jobs[heavy.id].reason.startswith(f"would preempt job {spare.id} ")
+        assert "would preempt" not in head.jobs[light.id].reason
+        for _ in range(100):  # its grace (0.5 s), the kill, the requeue
+            if head.jobs[spare.id].state == JobState.PENDING:
+                break
+            await asyncio.sleep(0.1)
+        assert head.jobs[spare.id].state == JobState.PENDING
+        head.scheduling.schedule_pass()
+        assert {p.gpu_uuid for p in head.jobs[heavy.id].placements} == victim_cards
+        assert head.jobs[light.id].state == head.jobs[spare.id].state == JobState.PENDING
+        assert not head.scheduling.holds
+    finally:
+        await head.stop()
+        head.state.store.close()

@@ -196,6 +196,8 @@ class PlainPass(_Pass):
             return None
 
         taken = self.reserved
+        if job.service and job.time_limit_s is None and self.scarce and self.keeps_off(job):
+            taken = taken | self.scarce_cards  # a service never waits for the scarce machines
 
         def attempt(t):
             ended = {j for j in holders if (e := self.ends.get(j)) is not None and e <= t}

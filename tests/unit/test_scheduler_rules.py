@@ -12,7 +12,7 @@ from nebula_tui.model import MIN_SLICE_MB, GpuReading, GpuView, Placement
 from nebula_tui.scheduler import (Fail, PendingJob, RunningJob, SchedulerConfig, Snapshot, Start,
                                   UserShare, Wait, fairshare, schedule)
 from nebula_tui.scheduler import estimates
-from nebula_tui.scheduler.reasons import in_time
+from nebula_tui.units import in_time
 from nebula_tui.scheduler.topology import link_rank, topology_penalty
 
 GB = 1024
@@ -383,6 +383,52 @@ def test_a_running_job_without_time_limit_still_gives_a_reservation_by_its_estim
     got = run(gpus, [job(1, 4)], running=running)
     assert got[1].reason.endswith("estimated start in ~60 min (job 50 has no --time: end estimated "
                                   "from limits.max_time)")
+
+
+def _gang_lab(busy_big: int = 0):
+    """A lab whose one 4-card A100 machine alone holds 4-card gangs, beside three 2-card
+    ones; the first ``busy_big`` A100s held by job 60 for an hour."""
+    held_big = [held(60, "big", i, A100_MB, True) for i in range(busy_big)]
+    gpus = [card("big", i, A100_MB, name="A100", placements=held_big[i:i + 1]) for i in range(4)]
+    gpus += [card(f"p{n}", i) for n in (1, 2, 3) for i in range(2)]
+    running = (RunningJob(60, "x", tuple(p for _, p in held_big), NOW, time_limit_s=3600),) if busy_big else ()
+    return gpus, running
+
+
+def test_a_service_never_takes_the_only_machine_that_holds_the_lab_s_gangs():
+    """The built-in month's one 4-GPU service took the demo lab's only 4-GPU machine on
+    day 21 and held it to the month's end: every 4-GPU job after it never ran (95 jobs).
+    A service that only that machine can hold waits and says how it can run there; a
+    training job of the same size starts; an admin's --priority lets it in."""
+    gpus, _ = _gang_lab()
+    got = run(gpus, [job(1, 4, service=True), job(2, 4, time_limit_s=3600)])
+    assert got[1] == Wait(1, "a service would hold big with no end, the only machine with more than 2 GPUs, "
+                             "so no job that needs it could run; it runs there in a booking (`nebula "
+                             "reserve`, then --reservation) or submitted with an admin's --priority")
+    assert on(got[2]) == [("big", i) for i in range(4)]
+    got = run(gpus, [job(1, 4, service=True, priority=5)])
+    assert on(got[1]) == [("big", i) for i in range(4)]
+    # Smaller services go to the other machines, and wait for them rather than take big.
+    got = run(gpus, [job(1, 2, service=True), job(2, 2, service=True), job(3, 2, service=True),
+                     job(4, 1, service=True)])
+    assert sorted(node for i in (1, 2, 3) for node, _ in on(got[i])) == ["p1", "p1", "p2", "p2", "p3", "p3"]
+    assert got[4] == Wait(4, "needs a whole GPU; only big has it free now, and a service would hold big with "
+                             "no end, the only machine with more than 2 GPUs, so no job that needs it could "
+                             "run; it waits for another machine")
+    # A lab of machines alike has no such machine, nor one of two machines: the service starts.
+    alike = [card(n, i) for n in ("a", "b", "c", "d", "e") for i in range(4)]
+    assert on(run(alike, [job(1, 4, service=True)])[1]) == [("a", i) for i in range(4)]
+    assert on(run(gpus[:6], [job(1, 4, service=True)])[1]) == [("big", i) for i in range(4)]
+
+
+def test_a_job_without_time_takes_another_machine_before_the_gang_machine():
+    """Best fit alone sends a 1-card job to big's last free card; without --time it would
+    hold it for as long as it likes, so it takes a card of a pair instead. With --time
+    best fit decides as before."""
+    gpus, running = _gang_lab(busy_big=3)
+    assert on(run(gpus, [job(1)], running=running)[1]) == [("p1", 0)]
+    assert on(run(gpus, [job(1, service=True)], running=running)[1]) == [("p1", 0)]
+    assert on(run(gpus, [job(1, time_limit_s=600)], running=running)[1]) == [("big", 3)]
 
 
 def test_reservation_goes_to_the_cards_that_free_up_first():

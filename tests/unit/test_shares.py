@@ -4,6 +4,7 @@ the weights come out as a read of the whole window from the store gives them."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from inprocess import engine  # noqa: F401  (the fixture)
@@ -62,3 +63,20 @@ async def test_ends_kept_in_memory_weigh_as_the_stores_window_does(engine, seed)
         for name in set(month) | set(shares._usage.month):
             assert shares._usage.month.get(name, 0.0) == pytest.approx(month.get(name, 0.0), abs=1e-12)
     assert shares._usage.read_at == began  # every end was added, none read from the store
+
+
+async def test_a_user_with_no_usage_is_over_a_zero_quota(engine) -> None:
+    """A quota of 0 GPU-hours (a user an admin stopped, or ``quota_gpu_hours: 0`` for the
+    lab) holds a user who has used nothing yet: the standings were only computed for users
+    with usage, so such a user had none and was never over quota."""
+    head = engine
+    head.state.store.set_quota("dora", 0, "admin", head.state.clock())
+    head.shares.forget()
+    shares = head.shares.shares()
+    assert "dora" in shares and shares["dora"].refusal.startswith("dora has used 0 of 0 GPU-hours this month")
+    # a user with neither usage nor a quota of their own is in the standings once a job of
+    # theirs waits, and the lab's quota of 0 holds them too
+    head.state.settings = replace(head.state.settings, quota_gpu_hours=0.0)
+    head.submit("erin", JobSpec(command=("true",)))
+    head.shares.forget()
+    assert head.shares.shares()["erin"].refusal.startswith("erin has used 0 of 0 GPU-hours")

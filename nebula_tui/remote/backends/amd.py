@@ -151,7 +151,8 @@ def _amd_processes(lines, box, uuids):
             if pid and gpu in uuids and vram is not None:
                 processes.append(rd.new_process(uuids[gpu], pid, rd.text(row.group("name")), vram))
                 continue
-        elif not closed and (_AMD_PROCESS_HEADER_RE.match(line) or rd.box_cells(line) == ["No running processes found"]):
+        elif not closed and (_AMD_PROCESS_HEADER_RE.match(line)
+                             or rd.box_cells(line) == ["No running processes found"]):
             continue
         elif not closed and _RULE_RE.match(line):
             closed = line.startswith("+") and number > box + 3  # the box's last rule
