@@ -232,6 +232,7 @@ class OverviewScreen(ClusterScreen):
             self._detail = text
             box = self.query_one("#overview-detail", Static)
             box.display = shown
+            self.set_class(shown, "detail")  # a short terminal's cards give it their room
             box.update(text)
 
     def _render_ticker(self) -> None:
