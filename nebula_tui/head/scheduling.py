@@ -351,13 +351,22 @@ class Scheduling:
         named = {dep for j in pending for dep in j.spec.after}
         ended = state.store.job_outcomes([d for d in named if d not in state.jobs]) if named else {}
         now = state.clock()
+        estimates: dict[tuple, scheduler.Estimate | None] = {}  # jobs alike share one (see estimate)
+
+        def estimate(job: Job) -> scheduler.Estimate | None:
+            key = (job.user, job.spec.gpu_count, job.spec.gpu_mem_mb, job.spec.time_limit_s is None)
+            got = estimates.get(key, estimates)
+            if got is estimates:
+                got = estimates[key] = self.estimate(job)
+            return got
+
         return scheduler.Snapshot(
             now=now, bookings=self.bookings.for_pass(now),
             gpus=tuple(state.gpu_views()),
             queue=self._pending_queue(pending),
             running=tuple(scheduler.RunningJob(j.id, j.user, j.placements, j.started_at or j.submitted_at,
                                                j.spec.time_limit_s, j.spec.service, j.spec.array_id,
-                                               j.spec.preemptible, self.estimate(j))
+                                               j.spec.preemptible, estimate(j))
                           for j in holding),
             users=self.shares.shares(),
             finished={job: outcome for job, (outcome, _) in ended.items()},

@@ -73,11 +73,18 @@ class Card:
         self.state = -1  # what its fit depends on, as a small number (set by World)
 
     def copy(self) -> Card:
-        other = object.__new__(Card)
-        for name in Card.__slots__:
-            setattr(other, name, getattr(self, name))
-        other.allocs = list(self.allocs)
-        return other
+        """The card as it is, with its own list of allocations. Written out, slot by slot:
+        a reservation over a full cluster copies every card, and a loop of getattr/setattr
+        over the slots cost most of it (test_scheduler_fastpath checks every slot is here)."""
+        o = object.__new__(Card)
+        o.uuid, o.node, o.index, o.order, o.total = self.uuid, self.node, self.index, self.order, self.total
+        o.unmanaged, o.blocked, o.health, o.model = self.unmanaged, self.blocked, self.health, self.model
+        o.vendor, o.capability, o.cuda, o.thermal = self.vendor, self.capability, self.cuda, self.thermal
+        o.allocs, o.reserved, o.exclusive = list(self.allocs), self.reserved, self.exclusive
+        o.service, o.hw, o.bit, o.spot, o.base = self.service, self.hw, self.bit, self.spot, self.base
+        o.state, o.foreign, o.first, o.over_by = self.state, self.foreign, self.first, self.over_by
+        o.owners, o.watts, o.draw, o.services = self.owners, self.watts, self.draw, self.services
+        return o
 
     def fit(self, gpu_mem_mb: int | None, service_job: bool, spare_mb: int):
         keep = spare_mb if (self.service or service_job) else 0
@@ -98,11 +105,15 @@ class Card:
             self.services += (job_id,)
 
     def drop(self, job_ids: set[int]) -> None:
-        self.allocs = [(j, p) for j, p in self.allocs if j not in job_ids]
-        self.reserved = sum(p.memory_mb for _, p in self.allocs)
-        self.exclusive = any(p.exclusive for _, p in self.allocs)
-        self.over_by = tuple((j, mb) for j, mb in self.over_by if j not in job_ids)
-        self.unmanaged = self.foreign + sum(mb for _, mb in self.over_by)
+        allocs = self.allocs = [(j, p) for j, p in self.allocs if j not in job_ids]
+        if allocs:
+            self.reserved = sum(p.memory_mb for _, p in allocs)
+            self.exclusive = any(p.exclusive for _, p in allocs)
+        else:  # the common case of a future world: every job on the card has ended
+            self.reserved, self.exclusive = 0, False
+        if self.over_by:
+            self.over_by = tuple((j, mb) for j, mb in self.over_by if j not in job_ids)
+            self.unmanaged = self.foreign + sum(mb for _, mb in self.over_by)
 
     def extra_watts(self) -> float:
         """What a start here adds to its node's power draw as the budget counts it (R27):

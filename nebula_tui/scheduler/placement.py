@@ -189,13 +189,19 @@ class World(SetScoring):
         #: request class. Shared with this world's futures, which share unchanged cards.
         self._states: dict[tuple, int] = {} if states is None else states
         floor = config.min_health_score
+        states, by_class = self._states, self.classes
         for node, node_cards in self.by_node.items():
             takers, mask = [], 0
             for position, card in enumerate(node_cards):
                 card.bit = 1 << position
                 card.spot = -1
-                card.state = self._state_number(card)
-                self.classes.setdefault(card.hw, card)
+                key = card.state_key()  # _state_number, inline: every card of every future world
+                state = states.get(key)
+                if state is None:
+                    state = states[key] = len(states)
+                card.state = state
+                if card.hw not in by_class:
+                    by_class[card.hw] = card
                 if not card.blocked and card.health >= floor:
                     card.spot = len(takers)
                     takers.append(card)
@@ -228,6 +234,10 @@ class World(SetScoring):
         self._missed: dict[tuple, tuple[int, dict[str, int]]] = {}  # see _counts
         self.node_order = {node: node_cards[0].order for node, node_cards in self.by_node.items()}
         self._answers: dict[tuple, dict] = {}  # (memory, service) -> card state -> _answer
+        #: ready_times' answers: (eligibility, memory, service) -> node -> (version, times),
+        #: for the ``ends`` mapping they were worked out from
+        self._ready_kept: dict[tuple, dict[str, tuple[int, list[float]]]] = {}
+        self._ready_for: object = None
 
     @classmethod
     def build(cls, views: Sequence[GpuView], topologies: Mapping[str, Mapping], services: Iterable[int],
@@ -378,7 +388,7 @@ class World(SetScoring):
         key = (elig.sig, shape.gpu_mem_mb, shape.service, shape.gpu_count, token)
         index = self._index.get(key)
         if index is None:
-            index = self._index[key] = self._make_index(shape, elig, skip, board)
+            index = self._index[key] = self._make_index(shape, elig, skip, board, key)
         best = self._top(shape, board, None if index.covers_board else index.full)
         cache = board.cache
         found = None if best is None else cache[best[2]][1]
@@ -431,8 +441,29 @@ class World(SetScoring):
         return dict(counts)  # the caller's own: later starts update the kept one
 
     def _make_index(self, shape: Shape, elig: Eligibility, skip: Mapping[str, int],
-                    board: _Board) -> _Index:
+                    board: _Board, key: tuple) -> _Index:
         k, full_mask = shape.gpu_count, self.takers_mask
+        if skip:
+            # Excluded cards (reservations: a new set for each one a pass adds) lie on a few
+            # nodes: the index without them, with only those nodes read again.
+            plain = key[:-1] + (None,)
+            base = self._index.get(plain)
+            if base is None:
+                base = self._index[plain] = self._make_index(shape, elig, {}, board, plain)
+            masks = elig.masks
+            partial = [(node, allowed & ~skip[node], (node, allowed & ~skip[node])) if node in skip
+                       else (node, allowed, slot) for node, allowed, slot in base.partial]
+            full = base.full
+            moved = [node for node in skip if node in full]
+            if moved:
+                full = set(full)
+                for node in moved:
+                    allowed = masks[node] & ~skip[node]
+                    if allowed != full_mask[node]:
+                        full.discard(node)
+                        partial.append((node, allowed, (node, allowed)))
+                full = frozenset(full)
+            return _Index(full, board.where.keys() <= full, partial)
         full, partial = set(), []
         for node, cards in elig.cards.items():
             if len(cards) >= k:
@@ -650,7 +681,7 @@ class World(SetScoring):
                     excluded: frozenset[str] = frozenset()) -> dict[str, list[float]]:
         """Per node, for each card that may serve ``shape`` (not ``excluded``: another
         reservation's), the earliest time it could take one share once running jobs end
-        at ``ends`` (−inf: now; inf: never), sorted.
+        at ``ends`` (−inf: now; inf: never), sorted (lists kept for later calls: read only).
 
         A card's answer at time t is :meth:`search`'s in ``future(ended by t)``: the same
         fit on the allocations left, so counting answers <= t per node tells whether that
@@ -658,11 +689,29 @@ class World(SetScoring):
         """
         mem, service = shape.gpu_mem_mb, shape.service
         spare = self.config.service_spare_mb
+        elig = self.eligibility(shape)
+        # Each of a pass's reservations asks again over every card; a node's times change
+        # only when a start changes the node (a running job's end is fixed), so they are
+        # kept per node version for the ``ends`` they were worked out from. Nodes holding
+        # an ``excluded`` card are worked out on their own.
+        if self._ready_for is not ends:
+            self._ready_for = ends
+            self._ready_kept.clear()
+        kept = self._ready_kept.setdefault((elig.sig, mem, service), {})
+        version = self.version
+        by_uuid = self.by_uuid
+        skipped = {by_uuid[uuid].node for uuid in excluded if uuid in by_uuid}
         out: dict[str, list[float]] = {}
-        for node, cards in self.eligible(shape).items():
-            times = sorted(self._ready(card, mem, service, spare, ends) for card in cards
-                           if card.uuid not in excluded)
-            out[node] = times
+        for node, cards in elig.cards.items():
+            if node in skipped:
+                out[node] = sorted(self._ready(card, mem, service, spare, ends) for card in cards
+                                   if card.uuid not in excluded)
+                continue
+            seen = kept.get(node)
+            if seen is None or seen[0] != version[node]:
+                seen = kept[node] = (version[node],
+                                     sorted(self._ready(card, mem, service, spare, ends) for card in cards))
+            out[node] = seen[1]
         return out
 
     @staticmethod

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from nebula_tui.head.server import spec_from_request
+from nebula_tui.head.requests import spec_from_request
 from nebula_tui.model import RequestError
 from nebula_tui.remote.launcher import WARMUP_SOURCE
 from nebula_tui.sim import cuda, fake_smi, faults

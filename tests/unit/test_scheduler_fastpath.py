@@ -15,9 +15,13 @@ the scheduler's own: what is compared is how the answers are computed, not the r
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import math
 import random
+from pathlib import Path
+
+import pytest
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -28,7 +32,7 @@ from nebula_tui.scheduler import (PendingJob, RunningJob, SchedulerConfig, Snaps
 from nebula_tui.scheduler.fairshare import order_key
 from nebula_tui.scheduler.filters import sm_name, version_text
 from nebula_tui.scheduler.placement import Card, Eligibility, Found, Missed, World
-from nebula_tui.scheduler.queue import _Pass, order
+from nebula_tui.scheduler.queue import RESERVATIONS, _Pass, order
 from nebula_tui.scheduler.reasons import blocked_text, needs
 from nebula_tui.scheduler.slices import fit
 from nebula_tui.scheduler.topology import best_subset, gpu_number, link_rank
@@ -352,6 +356,61 @@ def test_the_comparison_sees_every_kind_of_answer():
                     "power budget", "more than it reserved", "held by job", "whole to job",
                     "the most a card shares", "kept spare", "runs at most", "(--after any)",
                     "without starting", "(--after notok)", "estimated start"}, seen
+
+
+def bench_cluster():
+    """bench/scheduler.py, the cluster and queue the pass is timed on."""
+    path = Path(__file__).resolve().parents[2] / "bench" / "scheduler.py"
+    spec = importlib.util.spec_from_file_location("bench_scheduler", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("seed", [5, 11])
+def test_many_reservations_in_one_pass_decide_as_the_reference_does(seed):
+    """The bench's cluster cut to 16 nodes with 400 jobs waiting: every one of a pass's
+    RESERVATIONS is taken, later jobs are kept off reserved cards by their --time, and
+    many start in between (the reservation's kept ready times, timeline and closed-form
+    earliest start against the reference's bisection over fresh future worlds)."""
+    bench = bench_cluster()
+    gpus, running, topologies = bench.cluster(seed=seed, nodes=16)
+    snap = Snapshot(gpus=gpus, queue=bench.queue(400, seed=seed + 1), now=bench.NOW, running=running,
+                    users=bench.USERS, topologies=topologies)
+    decisions = schedule(snap)
+    assert decisions == reference_schedule(snap)
+    reasons = [getattr(d, "reason", "") for d in decisions]
+    assert sum("reserved for it, estimated start" in r for r in reasons) >= RESERVATIONS - 4
+    assert sum("held for job" in r for r in reasons) > 50
+    assert sum(not r for r in reasons) > 50  # starts
+
+
+def test_a_reservation_the_ready_counts_get_wrong_is_searched_for(monkeypatch):
+    """Where the cards' ready times say a request fits by a time and the future world's
+    search finds no set there, the reservation comes from searched future worlds, as the
+    reference's does (here every card is said to be ready now: every such guess is wrong)."""
+    bench = bench_cluster()
+    gpus, running, topologies = bench.cluster(seed=5, nodes=16)
+    snap = Snapshot(gpus=gpus, queue=bench.queue(400, seed=6), now=bench.NOW, running=running,
+                    users=bench.USERS, topologies=topologies)
+    expected = reference_schedule(snap)
+
+    def ready_now(self, shape, ends, excluded=frozenset()):
+        return {node: [-math.inf] * len(cards) for node, cards in self.eligible(shape).items()}
+
+    monkeypatch.setattr(World, "ready_times", ready_now)
+    assert schedule(snap) == expected
+
+
+def test_a_card_copy_has_every_slot():
+    """``Card.copy`` names each slot (a loop over them cost most of a future world)."""
+    card = object.__new__(Card)
+    for n, name in enumerate(Card.__slots__):
+        setattr(card, name, (name, n))
+    card.allocs = [(1, None)]
+    copy = card.copy()
+    assert [name for name in Card.__slots__ if getattr(copy, name) != getattr(card, name)] == []
+    assert copy.allocs is not card.allocs
 
 
 @settings(max_examples=200, deadline=None)
