@@ -3,7 +3,8 @@
 # its time: OpenSSH's sshd and client (the lab's nodes), zsh (completion tests), a sendmail
 # (mail tests), a C compiler (the simulated NVML), libfaketime (clock steps), a real Slurm
 # with its accounting (pool tests), podman (container jobs), and debootstrap with
-# systemd-container and the head box's root in /var/cache/nebula-box (tests/lab/test_box.py).
+# systemd-container and the head box's root in /var/cache/nebula-box (tests/lab/test_box.py),
+# sudo (a user running the line `nebula demo --slurm` prints).
 # `make test` runs it; `make demo` needs none of it. Not root: it says what is missing and
 # the tests that need it skip. Safe to run again: it skips what is already there.
 set -u
@@ -16,7 +17,7 @@ missing() {  # the packages of "$@" that dpkg does not have installed
             printf ' %s' "$pkg"
     done
 }
-need=$(missing tmux openssh-server openssh-client zsh libfaketime debootstrap systemd-container)
+need=$(missing tmux openssh-server openssh-client zsh libfaketime debootstrap systemd-container sudo)
 [ -e /usr/sbin/sendmail ] || need="$need msmtp-mta"
 command -v cc >/dev/null 2>&1 || need="$need gcc libc6-dev"
 slurm=$(missing slurm-wlm munge slurmdbd mariadb-server)

@@ -45,7 +45,7 @@ MACHINE_WIDE = {
     **dict.fromkeys(("test_multiuser", "test_accounting", "test_remote_host", "test_attach",
                      "test_shared_box_paths", "test_node_command_lines", "test_install"),
                     "unix-users"),
-    "test_box": "systemd",
+    "test_box": "slurm",  # its pool job runs on the session's Slurm, one at a time
 }
 
 

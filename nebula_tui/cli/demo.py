@@ -11,6 +11,10 @@ One demo per home, and nothing of it is lost by accident:
 * quitting a demo whose lab runs jobs asks whether to stop the lab with them or to leave
   it running in the background (its lab's pid stays in ``lab/pid``); the next ``nebula
   demo`` finds it, owns it again, and asks again when it quits.
+
+Run by root for another user (``sudo nebula demo --slurm --home ~alice/.nebula/demo``:
+``owner``), only the lab and its Slurm run as root; the home, the head service and the
+pool's account are that user's, so they use the demo with their own ``nebula`` at once.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,11 +53,14 @@ SLURM_LAB_START_TIMEOUT_S = 600.0
 
 
 def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None = None,
-             metrics: str | None = None, slurm: bool = False) -> int:
+             metrics: str | None = None, slurm: bool = False, owner: str | None = None) -> int:
+    """``owner``: the user root runs the demo for (see the module's docstring), or None."""
     # The demo talks to its own head only: never to the box's shared one (a home without
     # a socket falls back to /run/nebula's), nor to a NEBULA_SOCKET, which it would stop.
     home = Home(home.root, home.root / "nebula.sock")
     home.ensure()
+    if owner:
+        hand_over(home.root, owner)
     lock = _own(home)
     if lock is None:
         return _join(home, headless)
@@ -75,10 +84,12 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
             if slurm:
                 print("Starting a real Slurm beside the lab (installed first when missing: "
                       "a minute or two)…", flush=True)
-            lab = Lab.start(lab_dir, layout, home.root / "lab.log", slurm)
+            lab = Lab.start(lab_dir, layout, home.root / "lab.log", slurm, owner)
+        if owner:  # what the head reads: the lab's nodes.yaml, its key and known_hosts
+            hand_over(home.root, owner)
         if shared_group:
             config = shared_config(config)
-        supervisor = ServiceSupervisor(home, config, shared_group, metrics)
+        supervisor = ServiceSupervisor(home, config, shared_group, metrics, owner)
         supervisor.start()
         if headless:
             return _wait_headless(home, config, lab.has_slurm())
@@ -103,6 +114,10 @@ def run_demo(home: Home, layout: str, headless: bool, shared_group: str | None =
             stop_service(home)
             if lab is not None:
                 lab.stop()
+        if owner:  # what root wrote in the home meanwhile (the lab's log, its last files)
+            if lab is not None and not lab.alive():  # its nodes' folders: made anew each start
+                shutil.rmtree(lab_dir / "n", ignore_errors=True)
+            hand_over(home.root, owner)
         lock.close()  # the next demo on this home may own the lab now
 
 
@@ -120,6 +135,46 @@ def shared_config(config: Path) -> Path:
     shared = config.with_name("nodes-shared.yaml")
     shared.write_text(yaml.safe_dump(data))
     return shared
+
+
+def demo_owner(home: Path) -> str | None:
+    """The user root runs a demo for: the one who ran sudo, when the demo's home is theirs
+    (``--home`` under their home folder, as the sudo line ``nebula demo --slurm`` prints
+    names it); else None (the demo is root's own)."""
+    name = os.environ.get("SUDO_USER")
+    if os.geteuid() != 0 or not name or name == "root":
+        return None
+    try:
+        their = Path(pwd.getpwnam(name).pw_dir).resolve()
+    except KeyError:
+        return None
+    return name if their != Path("/") and their in Path(home).resolve().parents else None
+
+
+#: what stays root's in a demo's home run for another user: the lab's Slurm (its daemons'
+#: files) and its nodes' folders (where root's jobs and tmux servers run)
+ROOTS_OWN = ("lab/slurm", "lab/n")
+
+
+def hand_over(root: Path, owner: str) -> None:
+    """Make what root wrote under ``root`` (and the folders above it that root made, up to
+    the owner's home) the owner's, but for ``ROOTS_OWN``."""
+    pw = pwd.getpwnam(owner)
+    their = Path(pw.pw_dir).resolve()
+    ids = (pw.pw_uid, pw.pw_gid)
+    for up in Path(root).resolve().parents:
+        if up == their or their not in up.parents:
+            break
+        with contextlib.suppress(OSError):
+            if up.stat().st_uid == 0:
+                os.chown(up, *ids)
+    keep = {Path(root).resolve() / part for part in ROOTS_OWN}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if Path(folder, d).resolve() not in keep]
+        for name in (folder, *(os.path.join(folder, f) for f in files)):
+            with contextlib.suppress(OSError):  # a file the lab removed meanwhile
+                if os.lstat(name).st_uid == 0:
+                    os.lchown(name, *ids)
 
 
 def _stop_lab_now(home: Home, lab: Lab, supervisor: ServiceSupervisor) -> None:
@@ -189,9 +244,10 @@ class ServiceSupervisor:
     """
 
     def __init__(self, home: Home, config: Path, shared_group: str | None,
-                 metrics: str | None = None):
+                 metrics: str | None = None, user: str | None = None):
         self.home, self.config, self.shared_group = home, config, shared_group
         self.metrics = metrics  # HOST:PORT of the service's Prometheus metrics, or None
+        self.user = user  # the account it runs as (None: this process's)
         self.restarts = 0
         self._stopping = threading.Event()
         self._process: subprocess.Popen | None = None
@@ -200,7 +256,7 @@ class ServiceSupervisor:
     def start(self) -> None:
         if not self._answers():
             self._process = start_background(self.home, self.config, self.shared_group,
-                                             self.metrics)
+                                             self.metrics, self.user)
         self._thread.start()
 
     def _answers(self) -> bool:
@@ -220,7 +276,7 @@ class ServiceSupervisor:
             if not self._alive() and not self._stopping.is_set():
                 with contextlib.suppress(ServiceUnavailable):
                     self._process = start_background(self.home, self.config,
-                                                     self.shared_group, self.metrics)
+                                                     self.shared_group, self.metrics, self.user)
                     self.restarts += 1
 
     def stop(self) -> None:
@@ -240,8 +296,9 @@ class Lab:
         self.process = process
 
     @classmethod
-    def start(cls, lab_dir: Path, layout: str, log_path: Path, slurm: bool = False) -> Lab:
-        process = start_lab(lab_dir, layout, log_path, slurm)
+    def start(cls, lab_dir: Path, layout: str, log_path: Path, slurm: bool = False,
+              owner: str | None = None) -> Lab:
+        process = start_lab(lab_dir, layout, log_path, slurm, owner)
         (lab_dir / LAB_PID).write_text(f"{process.pid}\n")
         return cls(process.pid, lab_dir, process)
 
@@ -277,14 +334,16 @@ class Lab:
             (self.lab_dir / LAB_PID).unlink(missing_ok=True)
 
 
-def start_lab(lab_dir: Path, layout: str, log_path: Path, slurm: bool = False) -> subprocess.Popen:
+def start_lab(lab_dir: Path, layout: str, log_path: Path, slurm: bool = False,
+              owner: str | None = None) -> subprocess.Popen:
+    """``owner``: the user whose account the Slurm pool's jobs run in (None: this process's)."""
     ready = lab_dir / "ready"
     ready.unlink(missing_ok=True)
     with open(log_path, "ab") as log:
         lab = subprocess.Popen(
             [sys.executable, "-m", SLURM_LAB_MODULE if slurm else LAB_MODULE, "--dir",
              str(lab_dir), "--layout", layout, "--ssh", "asyncssh", "--probe-interval",
-             str(DEMO_PROBE_INTERVAL_S)],
+             str(DEMO_PROBE_INTERVAL_S), *(["--owner", owner] if slurm and owner else [])],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
         )
     timeout = SLURM_LAB_START_TIMEOUT_S if slurm else LAB_START_TIMEOUT_S
@@ -311,8 +370,8 @@ def stop_service(home: Home, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         pid, uid = client.peer()
         with contextlib.suppress(ApiError):  # one that does not answer is stopped below
             client.call("shutdown", timeout=5)
-    if uid != os.getuid():
-        return  # not ours to terminate
+    if uid != os.getuid() and os.geteuid() != 0:
+        return  # not ours to terminate (root's demo stops the head it ran for its owner)
     for sig in (None, signal.SIGTERM, signal.SIGKILL):
         if sig is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -134,7 +134,7 @@ def _size(size: int) -> str:
 
 
 def cmd_demo(args, home, config) -> int:
-    from .demo import run_demo
+    from .demo import demo_owner, run_demo
 
     if not (getattr(args, "home", None) or os.environ.get("NEBULA_HOME")):
         home = Home.resolve("~/.nebula/demo", getattr(args, "socket", None))
@@ -143,7 +143,7 @@ def cmd_demo(args, home, config) -> int:
         print(f"nebula demo: {refusal}", file=sys.stderr)
         return 1
     return run_demo(home, args.layout, headless=args.headless, shared_group=args.shared_group,
-                    metrics=metrics, slurm=args.slurm)
+                    metrics=metrics, slurm=args.slurm, owner=demo_owner(home.root))
 
 
 def _slurm_demo_refusal(args, home) -> str | None:

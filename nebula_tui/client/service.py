@@ -133,9 +133,10 @@ def _wait_for_service(path: Path, whose: str) -> Client:
 
 
 def start_background(home: Home, config_path: Path, shared_group: str | None = None,
-                     metrics: str | None = None) -> subprocess.Popen:
+                     metrics: str | None = None, user: str | None = None) -> subprocess.Popen:
     """Start ``nebula serve`` detached (like tmux starts its server) and wait until it answers.
-    ``shared_group`` and ``metrics`` (HOST:PORT) are its ``--shared-group`` and ``--metrics``."""
+    ``shared_group`` and ``metrics`` (HOST:PORT) are its ``--shared-group`` and ``--metrics``;
+    ``user``: the account it runs as (root starting a demo for the user who ran sudo)."""
     home.ensure()
     argv = [sys.executable, "-m", "nebula_tui", "serve", "--home", str(home.root),
             "--config", str(config_path)]
@@ -145,10 +146,18 @@ def start_background(home: Home, config_path: Path, shared_group: str | None = N
         argv += ["--shared-group", shared_group]
     if metrics:
         argv += ["--metrics", metrics]
+    as_user: dict = {}
+    if user is not None:
+        pw = pwd.getpwnam(user)
+        as_user = {"user": pw.pw_uid, "group": pw.pw_gid,
+                   "extra_groups": os.getgrouplist(user, pw.pw_gid),
+                   "env": {**os.environ, "HOME": pw.pw_dir, "USER": user, "LOGNAME": user}}
     with open_private_log(home.log) as out:
+        if user is not None:  # its log is its own, as when it starts itself
+            os.fchown(out.fileno(), as_user["user"], as_user["group"])
         process = subprocess.Popen(
             argv,
-            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, **as_user,
         )
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -172,7 +172,8 @@ class JobTransitions:
         else:
             state, reason = JobState.FAILED, self._exit_reasons.get(job.id, "")
         self.finish(job, state, code, reason)  # raises StoreUnavailable: nothing acked
-        # The end goes with its ack: a restored head settles the job from it (nodes.py).
+        # The end goes with its ack: a head restored from an older backup settles the job
+        # from the node's record of it (nodes.py), whatever became of its exit code.
         end = {"state": state.value, "reason": reason[:500], "at": self.state.clock()}
         for part in exits:  # a gang's parts share its token
             self._ack_soon(part, job.id, token, end)
@@ -184,8 +185,9 @@ class JobTransitions:
         return job if node in job_nodes(job) and job.state.holds_gpus else None
 
     def _ack_soon(self, node: str, job_id: int, token: str, end: dict | None = None) -> None:
-        """Tell the node its job's exit is recorded (``end``: as what, kept there); acks of one
-        moment go as one request, each naming the launch (token): a late one never silences a relaunch."""
+        """Tell the node its job's exit is recorded (``end``: as what, which it keeps); acks of
+        one moment go as one request, each naming the launch (token), so a late ack never
+        silences a relaunch."""
         batch = self._acks.setdefault(node, [])
         batch.append([job_id, token] if end is None else [job_id, token, end])
         if len(batch) == 1:

@@ -308,7 +308,8 @@ class Fleet:
                 # Ends before starts: a launch after the backup may hold a card only because
                 # a job the backup has running there ended meanwhile. Recorded after it was
                 # taken in, that end would leave both on the card for the store.
-                self._end_the_unrecorded(node, attempts, running, listing.get("session_tokens") or {}, True)
+                self._end_the_unrecorded(node, attempts, running, listing.get("session_tokens") or {},
+                                         unacked=True)
                 transitions.adopt_unknown(node, attempts, listing.get("session_tokens") or {})
                 state.reconciled_after_restore(node)
             for job in state.jobs.on(node):
@@ -321,7 +322,8 @@ class Fleet:
             running = self._running_here(node)
             listing = await state.links[node].request("list")
             self._stop_the_stale(node, listing.get("session_tokens") or {})
-            self._end_the_unrecorded(node, listing.get("attempts") or {}, running, listing.get("session_tokens") or {})
+            self._end_the_unrecorded(node, listing.get("attempts") or {}, running,
+                                     listing.get("session_tokens") or {})
         except (NodeUnavailable, asyncio.TimeoutError):
             return  # the next connection reconciles again
         except StoreUnavailable as err:
@@ -347,10 +349,13 @@ class Fleet:
 
     def _end_the_unrecorded(self, node: str, attempts: dict, running: dict[int, str], sessions: dict,
                             unacked: bool = False) -> None:
-        """Running jobs of this node the node says are over: no record of their launch (its job
-        directory went), or their end acked, which the store lost (a restore); unacked ends it
-        reports itself, unless ``unacked`` (a restore: recorded before what ran later is taken
-        in). ``running``/``sessions``: the jobs (id -> token) running here / live there before."""
+        """Running jobs of this node the node itself says are over: it has no record of
+        their launch (its job directory went), or it has their end, acknowledged, which the
+        store lost (a restore: settled as the head had recorded it, ``_end_from_record``).
+        Unacknowledged ends it reports by itself, unless ``unacked`` (after a restore: they
+        must be recorded before what ran later is taken in). ``running``: the jobs (id ->
+        token) that ran here before the node was asked for ``attempts``; ``sessions``: the
+        live sessions' launches (job -> token) then."""
         for job_id, token in running.items():
             job = self.state.jobs.get(job_id)
             if job is None or job.state != JobState.RUNNING or self.state.token(job) != token:
@@ -364,14 +369,20 @@ class Fleet:
                 self._end_from_record(node, job, found, sessions.get(str(job.id)) in (token, ""), unacked)
 
     def _end_from_record(self, node: str, job, found: dict, live: bool, unacked: bool) -> None:
-        """As the head recorded it (``ended_as``), else its exit code, or none once its session is gone."""
+        """The end the head recorded and acked (``ended_as``: a restore lost it), else the exit
+        the node has: its code, or none once its session is gone (killed after a cancel's grace)."""
         code = found.get("exit_code") if isinstance(found.get("exit_code"), int) else None
-        if isinstance(end := found.get("ended_as"), dict) and end.get("state") in FINISHED_STATES:
-            at = end.get("at") if isinstance(end.get("at"), (int, float)) else -1.0  # when, if plausible:
-            self.transitions.finish(job, JobState(end["state"]), code, str(end.get("reason") or "")[:500],
-                                    at=at if (job.started_at or 0) <= at <= self.state.clock() else None)
+        end = found.get("ended_as") if isinstance(found.get("ended_as"), dict) else {}
+        if end.get("state") in FINISHED_STATES:
+            at = end.get("at") if isinstance(end.get("at"), (int, float)) else None
+            at = at if at is not None and (job.started_at or 0) <= at <= self.state.clock() else None
+            self.state.record("reconcile", f"job {job.id}'s end on {node} taken from the node's record",
+                              job_id=job.id, node=node)
+            self.transitions.finish(job, JobState(end["state"]), code, str(end.get("reason") or "")[:500], at=at)
         elif code is not None or not (live or (not unacked and isinstance(job.status, (Stopping, Evicting)))):
-            self.transitions.on_exit(node, Exit(job.id, found.get("token"), code, str(found.get("reason") or "")))
+            # (a job the head stops itself is acked at its SIGKILL: the stop ends it)
+            self.transitions.on_exit(node, Exit(job=job.id, token=found.get("token"), code=code,
+                                                reason=str(found.get("reason") or "")))
 
     async def _stop_stale(self, node: str, job_id: int, token: str) -> None:
         # With its token: a relaunch that took the session's place meanwhile is left alone.

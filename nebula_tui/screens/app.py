@@ -2,12 +2,12 @@
 
 The app only knows the head service's socket; everything it shows arrives over that socket
 (a subscription for live state, one request per user action). One worker (group
-``events``) reads the subscription and posts messages; the app's handlers fold them into
-``self.cluster`` and tell the visible screen what changed.
+``events``) reads the subscription and posts messages; ``folding.py`` folds them into
+``self.cluster`` and the app tells the visible screen what changed.
 
-Why one module: the app is the one place where the stream's messages meet the screens
-(folded into ``self.cluster``, told to the visible screen) and where the key map's actions
-(cancel, drain, requeue …) become requests; each screen is a module of its own.
+Why one module: the app is where the stream's folded changes meet the screens and where
+navigation, preferences and quitting live; what is folded is ``folding.py``'s, what a
+person asks of the cluster is ``actions.py``'s (mixed in), each screen a module of its own.
 """
 
 from __future__ import annotations
@@ -36,25 +36,22 @@ from ..api import ApiError, AsyncClient
 from ..client.cluster import Cluster
 from ..client.service import ServiceUnavailable, connect
 from ..homedir import Home
-from ..printable import printable, printable_json, printable_tree
-from ..views import command_line
+from ..printable import printable_json
 from . import commandline
 from ..waits import within
-from .base import ClusterScreen, OpMissing
-from .commandline import Command, CommandLine
+from .actions import ClusterActions
+from .base import ClusterScreen
 from .gpus import GpuDetailScreen, GpusScreen
 from .job import JobScreen
 from .look import LOOK
-from .messages import (BookingsChanged, EventLogged, GpusChanged, JobChanged, NodeChanged, PoolChanged,
-                       QueueOrdered, SnapshotArrived, StreamLost, UserChanged)
-from .nodes import DrainPrompt, NodesScreen
+from .folding import fold, message_of
+from .messages import GpusChanged, SnapshotArrived, StreamLost, StreamMessage
+from .nodes import NodesScreen
 from .overview import OverviewScreen
 from .queue import QueueScreen
-from .render import job_summary
 from .submit import SubmitScreen
 from .users import UsersScreen
-from ..forecasts import why_text
-from .widgets.dialogs import Choice, ChoiceScreen, confirm
+from .widgets.dialogs import Choice, ChoiceScreen
 from .widgets.keys import (GLOBAL_KEYS, HELP_KEYS, SCREEN_KEYS, SCREENS, TABLE_KEYS, Key, bindings,
                            help_lines)
 from .widgets.rowtable import RowTable
@@ -67,11 +64,6 @@ RETRY_MAX_S = 10.0
 #: Telemetry is batched this long: readings of nodes reporting meanwhile (125 nodes
 #: report about once a second each) are folded in with one message (seconds).
 TELEMETRY_BATCH_S = 0.25
-
-#: What a job action says when it worked.
-DONE_VERB = {"cancel": "cancelled", "hold": "held", "release": "released"}
-#: What a node action says when it worked.
-NODE_DONE = {"drain": "drained", "resume": "resumed", "node_remove": "removed"}
 
 #: How long a command that goes to a screen waits for its first drawing (seconds).
 SCREEN_DRAWN_S = 5.0
@@ -175,7 +167,7 @@ def screenshot_path(home: Path | None, now: float) -> Path:
     return folder / time.strftime("nebula-%Y%m%d-%H%M%S.svg", time.localtime(now))
 
 
-class NebulaApp(App):
+class NebulaApp(ClusterActions, App):
     """NebulaGrid TUI: a client of one head service."""
 
     CSS_PATH = "nebula.tcss"
@@ -294,17 +286,6 @@ class NebulaApp(App):
         for screen in self._cluster_screens():
             screen.restyle(shown=screen is shown)
 
-    # ------------------------------------------------------------------ requests
-    async def call(self, op: str, **fields) -> dict:
-        """One request to the head; raises ApiError (OpMissing for an op it lacks). Every
-        string in the reply is made printable (other users' names and commands)."""
-        try:
-            return printable_tree(await self.client.call(op, **fields))
-        except ApiError as err:
-            if str(err).startswith("unknown request"):
-                raise OpMissing(f"'{op}' is not available on this service") from None
-            raise ApiError(printable(err)) from None
-
     @work(group="whoami")
     async def who_am_i(self) -> None:
         """The ``whoami`` group: ask once who the head thinks we are (peer credentials)."""
@@ -312,30 +293,6 @@ class NebulaApp(App):
             self.user = (await self.call("ping")).get("user")
         except ApiError:
             pass
-
-    @work(group="why")
-    async def show_why(self, job_id: int) -> None:
-        """The ``why`` group: the head's `nebula why` answer for a job, in a dialog."""
-        try:
-            answer = (await self.call("why", job=job_id))["why"]
-        except (OpMissing, ApiError) as err:
-            self.notify(str(err), title=f"Cannot explain job {job_id}", severity="warning")
-            return
-        self.push_screen(ChoiceScreen(f"Why job {job_id}", Text(why_text(answer)),
-                                      (Choice("c", "Close", None),)))
-
-    @work(group="actions")
-    async def job_action(self, op: str, job_id: int) -> None:
-        """The ``actions`` group: cancel / hold / release one job; the outcome (or the
-        service's refusal) becomes a notification."""
-        try:
-            await self.call(op, job=job_id)
-        except OpMissing as err:
-            self.notify(str(err), title=f"Cannot {op} job {job_id}", severity="warning")
-        except ApiError as err:
-            self.notify(str(err), title=f"Cannot {op} job {job_id}", severity="error")
-        else:
-            self.notify(f"Job {job_id} {DONE_VERB.get(op, op)}")
 
     @work(exclusive=True, group="events")
     async def stream_events(self) -> None:
@@ -356,24 +313,12 @@ class NebulaApp(App):
                         delay = RETRY_FIRST_S
                         self._gpu_events = []  # changes to an older state: superseded
                         self.post_message(SnapshotArrived(event))
-                    elif kind == "job":
-                        self.post_message(JobChanged(event["job"]))
                     elif kind == "gpus":
                         self._gpu_events.append(event)
                         if len(self._gpu_events) == 1:  # a new batch: one message for it
                             loop.call_later(TELEMETRY_BATCH_S, self._post_gpu_batch)
-                    elif kind == "node":
-                        self.post_message(NodeChanged(event["node"]))
-                    elif kind == "event":
-                        self.post_message(EventLogged(event["event"]))
-                    elif kind == "user":
-                        self.post_message(UserChanged(event["user"]))
-                    elif kind == "queue":
-                        self.post_message(QueueOrdered(event["order"], event.get("starts")))
-                    elif kind == "pool":
-                        self.post_message(PoolChanged(event["pool"]))
-                    elif kind == "bookings":
-                        self.post_message(BookingsChanged(event["bookings"]))
+                    elif (message := message_of(event)) is not None:
+                        self.post_message(message)
                     elif event.get("ok") is False:
                         raise ApiError(event.get("error", "subscription refused"))
                 reason = "the head service closed the event stream"
@@ -398,7 +343,8 @@ class NebulaApp(App):
         screen = stack[-1] if stack else None
         return screen if isinstance(screen, ClusterScreen) and screen.is_mounted else None
 
-    def _changed(self, change: str, key: object = None) -> None:
+    def tell_screens(self, change: str, key: object = None) -> None:
+        """Tell the visible screen what changed; the others note it for when they are shown."""
         shown = self._visible()
         if shown is not None:
             shown.cluster_changed(change, key)
@@ -419,74 +365,26 @@ class NebulaApp(App):
             screens += (s for s in stack if isinstance(s, ClusterScreen))
         return screens
 
-    @on(SnapshotArrived)
-    def _snapshot(self, message: SnapshotArrived) -> None:
-        self.cluster.apply_snapshot(message.snapshot)
-        if LOOK.use_temperatures(message.snapshot.get("temperatures")):
+    @on(StreamMessage)
+    def _fold(self, message: StreamMessage) -> None:
+        """Fold a stream message into ``self.cluster`` (``folding.fold``) and tell the screens."""
+        folded = fold(self.cluster, message)
+        if folded.restyle:
             shown = self._visible()
             for screen in self._cluster_screens():
                 screen.restyle(shown=screen is shown)
-        # A big cluster's snapshot is some 100,000 objects that live until the next one:
-        # keep the garbage collector's full passes (over 100 ms each at 10,000 jobs, a
-        # stall the user feels) from walking them again and again. They are still freed
-        # by reference counting when replaced: decoded JSON holds no cycles. Garbage is
-        # collected first so that none is frozen; the app thaws everything as it ends.
-        gc.collect()
-        gc.freeze()
-        self._set_connection("connected", lost=False)
-        self._changed("all")
-
-    @on(JobChanged)
-    def _job(self, message: JobChanged) -> None:
-        before = self.cluster.apply_job(message.job)
-        live = self.cluster.live_fields_only(before, message.job)
-        self._changed("job-live" if live else "job", message.job["id"])
-
-    @on(GpusChanged)
-    def _gpus(self, message: GpusChanged) -> None:
-        changed = set()
-        for event in message.events:
-            if self.cluster.apply_gpus(event["node"], event["gpus"], event.get("gone", ()),
-                                       event.get("seen")):
-                changed.add(event["node"])
-        for node in changed:  # nodes whose readings did not move cost no screen work
-            self._changed("gpus", node)
-
-    @on(NodeChanged)
-    def _node(self, message: NodeChanged) -> None:
-        self.cluster.apply_node(message.node)
-        self._changed("node", message.node["name"])
-
-    @on(EventLogged)
-    def _event(self, message: EventLogged) -> None:
-        self.cluster.apply_event(message.event)
-        self._changed("event")
-
-    @on(UserChanged)
-    def _user(self, message: UserChanged) -> None:
-        self.cluster.apply_user(message.user)
-        self._changed("user", message.user["name"])
-
-    @on(PoolChanged)
-    def _pool(self, message: PoolChanged) -> None:
-        self.cluster.apply_pool(message.pool)
-        self._changed("pool", message.pool["name"])
-
-    @on(BookingsChanged)
-    def _bookings(self, message: BookingsChanged) -> None:
-        self.cluster.apply_bookings(message.bookings)
-        self._changed("bookings")
-
-    @on(QueueOrdered)
-    def _queue(self, message: QueueOrdered) -> None:
-        self.cluster.apply_queue(message.order, message.starts)
-        self._changed("queue")
-
-    @on(StreamLost)
-    def _lost(self, message: StreamLost) -> None:
-        self.cluster.connected = False
-        self._set_connection(f"disconnected — retrying in {message.retry_s:g}s "
-                             f"({message.reason})", lost=True)
+        if folded.snapshot:
+            # A big cluster's snapshot is some 100,000 objects that live until the next one:
+            # keep the garbage collector's full passes (over 100 ms each at 10,000 jobs, a
+            # stall the user feels) from walking them again and again. They are still freed
+            # by reference counting when replaced: decoded JSON holds no cycles. Garbage is
+            # collected first so that none is frozen; the app thaws everything as it ends.
+            gc.collect()
+            gc.freeze()
+        if folded.connection is not None:
+            self._set_connection(folded.connection[0], lost=folded.connection[1])
+        for change, key in folded.changes:
+            self.tell_screens(change, key)
 
     def _set_connection(self, state: str, *, lost: bool) -> None:
         self.connection = (state, lost)
@@ -566,149 +464,6 @@ class NebulaApp(App):
     def run_key_on(self, mode: str, key: Key) -> None:
         """Run a main screen's key from anywhere: show that screen first."""
         self.on_mode(mode, lambda screen: self.run_key(key, screen))
-
-    # ------------------------------------------------------------------ command line
-    def action_command_line(self) -> None:
-        if isinstance(self.screen, ModalScreen):
-            raise SkipAction()
-        cluster = self.cluster
-        suggestions = commandline.completions(
-            list(cluster.jobs) + list(cluster.finished), cluster.nodes,
-            [f"{g['node']}:{g['index']}" for g in cluster.gpus.values()],
-            {j["user"] for j in cluster.jobs.values()} | ({self.user} if self.user else set()))
-
-        def done(command: Command | None) -> None:
-            if command is not None:
-                self.run_command(command)
-
-        self.push_screen(CommandLine(suggestions), done)
-
-    def run_command(self, command: Command) -> None:
-        """Carry out a parsed ``:`` command (see ``commandline.COMMANDS``)."""
-        name, args = command
-        if name in ("overview", "gpus", "queue", "users", "nodes"):
-            self.show(name)
-        elif name == "history":
-            self.on_mode("queue", lambda screen: screen.show_all(True))
-        elif name == "job":
-            self.open_job(int(args[0]))
-        elif name == "gpu":
-            uuid = self.find_gpu(args[0])
-            if uuid:
-                self.open_gpu(uuid)
-        elif name == "user":
-            self.on_mode("users", lambda screen: screen.select_user(args[0]))
-        elif name == "node":
-            if self.known_node(args[0]):
-                self.on_mode("gpus", lambda screen: screen.filter_to(f"{args[0]}:"))
-        elif name == "cancel":
-            self.ask_cancel(int(args[0]))
-        elif name in ("hold", "release"):
-            self.job_action(name, int(args[0]))
-        elif name == "drain":
-            if self.known_node(args[0]):
-                self.ask_drain(args[0], args[1] if len(args) > 1 else None)
-        elif name == "resume":
-            if self.known_node(args[0]):
-                self.node_action("resume", args[0])
-        elif name == "remove":
-            if self.known_node(args[0]):
-                self.ask_remove(args[0])
-        elif name == "submit":
-            self.action_submit_form()
-        elif name == "help":
-            self.action_help()
-        elif name == "quit":
-            self.call_later(self.action_quit)
-
-    def find_gpu(self, name: str) -> str | None:
-        """The uuid of a GPU given as node:index or uuid (None, said, when there is none)."""
-        for uuid, gpu in self.cluster.gpus.items():
-            if name in (uuid, f"{gpu['node']}:{gpu['index']}"):
-                return uuid
-        self.notify(f"no GPU '{name}' on this cluster; the GPU screen (2) lists them",
-                    severity="warning")
-        return None
-
-    def known_node(self, name: str) -> bool:
-        if name in self.cluster.nodes:
-            return True
-        known = ", ".join(sorted(self.cluster.nodes)) or "none yet"
-        self.notify(f"no node '{name}'; the nodes are: {known}", severity="warning")
-        return False
-
-    # ------------------------------------------------------------------ asking first
-    @work(group="ask")
-    async def ask_cancel(self, job_id: int) -> None:
-        """The ``ask`` group: cancel a job once its owner said yes, naming the job."""
-        job = self.cluster.jobs.get(job_id)
-        if job is None:
-            try:
-                job = (await self.call("job", job=job_id))["job"]
-            except ApiError as err:
-                self.notify(str(err), title=f"Cannot cancel job {job_id}", severity="error")
-                return
-        if job["state"] in ("succeeded", "failed", "cancelled", "timeout"):
-            self.notify(f"job {job_id} has already ended ({job['state']})", severity="warning")
-            return
-        body = Text(job_summary(job).capitalize() + ".\n")
-        body.append(f"Command: {command_line(job)}\n", style="dim")
-        body.append("Its processes are stopped; its log stays readable.")
-        if await self.push_screen_wait(confirm(f"Cancel job {job_id}?", body, "Cancel the job")):
-            self.job_action("cancel", job_id)
-
-    def running_on(self, node: str) -> list[dict]:
-        return sorted((j for j in self.cluster.jobs.values()
-                       if j["state"] in ("running", "launching")
-                       and any(g["node"] == node for g in j["gpus"])), key=lambda j: j["id"])
-
-    def _jobs_lines(self, jobs: list[dict]) -> str:
-        lines = [f"  {job_summary(j)}" for j in jobs[:6]]
-        if len(jobs) > 6:
-            lines.append(f"  … and {len(jobs) - 6} more")
-        return "\n".join(lines)
-
-    def ask_drain(self, node: str, reason: str | None = None) -> None:
-        """Drain once the admin gave a reason (Esc refuses), naming the node's running jobs."""
-        running = self.running_on(node)
-        if running:
-            body = (f"No new jobs start on {node}. Its {len(running)} running "
-                    f"job{'s' if len(running) > 1 else ''} go on:\n{self._jobs_lines(running)}")
-        else:
-            body = f"No new jobs start on {node}; no job runs there now."
-
-        def answered(given: str | None) -> None:
-            if given is not None:
-                self.node_action("drain", node, given or "drained from the TUI")
-
-        self.push_screen(DrainPrompt(f"Drain {node}?", body, reason or ""), answered)
-
-    @work(group="ask")
-    async def ask_remove(self, node: str) -> None:
-        running = self.running_on(node)
-        body = (f"{node} leaves nodes.yaml and the cluster."
-                + (f"\nIts {len(running)} running job{'s' if len(running) > 1 else ''}:\n"
-                   f"{self._jobs_lines(running)}" if running else "\nNo job runs there now."))
-        if await self.push_screen_wait(confirm(f"Remove {node}?", body, "Remove the node")):
-            self.node_action("node_remove", node)
-
-    @work(group="node-actions")
-    async def node_action(self, op: str, node: str, reason: str = "") -> None:
-        """The ``node-actions`` group: drain, resume or remove; a refusal becomes a
-        notification. The head's answer is folded in at once (its node event follows)."""
-        fields = {"node": node, **({"reason": reason} if op == "drain" else {})}
-        try:
-            reply = await self.call(op, **fields)
-        except OpMissing as err:
-            self.notify(str(err), title=f"Cannot {op.replace('node_', '')} {node}", severity="warning")
-            return
-        except ApiError as err:
-            self.notify(str(err), title=f"Cannot {op.replace('node_', '')} {node}", severity="error")
-            return
-        if isinstance(reply.get("node"), dict):
-            self.cluster.apply_node(reply["node"])
-            self._changed("node", node)
-        self.notify(f"{node} {NODE_DONE.get(op, op)}")
 
     # ------------------------------------------------------------------ actions
     def action_toggle_theme(self) -> None:

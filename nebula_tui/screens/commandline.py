@@ -1,7 +1,7 @@
 """The ``:`` command line (as in k9s or vim): one line that goes anywhere.
 
 ``parse`` turns what was typed into a ``Command`` or raises ``CommandError`` naming what
-is wrong and what would work; the app carries the command out (``NebulaApp.run_command``).
+is wrong and what would work; each command's ``Spec`` says how the app carries it out.
 Pure: no widgets, except ``CommandLine``, the modal that reads the line (with completion
 from the cluster's job ids, node and GPU names and users).
 """
@@ -9,8 +9,8 @@ from the cluster's job ids, node and GPU names and users).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 from textual import on
 from textual.app import ComposeResult
@@ -21,36 +21,61 @@ from textual.widgets import Input, Static
 
 
 class Spec(NamedTuple):
-    """One command: its name, what it takes (for the help), what it does."""
+    """One command: its name, what it takes (for the help), what it does, and how the app
+    carries it out (``run(app, args)``, with the arguments ``parse`` checked)."""
 
     name: str
     args: str
     description: str
+    run: Callable[[Any, tuple[str, ...]], object]
+
+
+def _show(mode: str) -> Callable[[Any, tuple[str, ...]], object]:
+    return lambda app, a: app.show(mode)
+
+
+def _on_node(then: Callable[[Any, tuple[str, ...]], object]) -> Callable[[Any, tuple[str, ...]], object]:
+    """``then`` for a node the cluster has (the app says the nodes it has otherwise)."""
+    return lambda app, a: app.known_node(a[0]) and then(app, a)
+
+
+def _gpu(app: Any, a: tuple[str, ...]) -> None:
+    uuid = app.find_gpu(a[0])
+    if uuid:
+        app.open_gpu(uuid)
 
 
 #: Every command, in the order the help lists them. Any unique prefix works (``:j 7``).
 COMMANDS: tuple[Spec, ...] = (
-    Spec("job", "ID", "open a job (running, waiting or ended)"),
-    Spec("gpu", "NODE:INDEX", "open a GPU, e.g. :gpu node02:1"),
-    Spec("user", "NAME", "a user's share and jobs"),
-    Spec("node", "NODE", "a node's GPUs"),
-    Spec("cancel", "ID", "cancel a job (asks first)"),
-    Spec("hold", "ID", "hold a waiting job"),
-    Spec("release", "ID", "release a held job"),
-    Spec("drain", "NODE [REASON]", "no new jobs on a node (asks first)"),
-    Spec("resume", "NODE", "a drained node takes jobs again"),
-    Spec("remove", "NODE", "remove a node from the cluster (asks first)"),
-    Spec("overview", "", "the overview"),
-    Spec("gpus", "", "every GPU"),
-    Spec("queue", "", "running and waiting jobs"),
-    Spec("history", "", "every job, ended ones too"),
-    Spec("users", "", "users and fair share"),
-    Spec("nodes", "", "nodes and the events log"),
-    Spec("submit", "", "the submit form"),
-    Spec("help", "", "the keys of this screen"),
-    Spec("quit", "", "leave the TUI"),
+    Spec("job", "ID", "open a job (running, waiting or ended)", lambda app, a: app.open_job(int(a[0]))),
+    Spec("gpu", "NODE:INDEX", "open a GPU, e.g. :gpu node02:1", _gpu),
+    Spec("user", "NAME", "a user's share and jobs",
+         lambda app, a: app.on_mode("users", lambda screen: screen.select_user(a[0]))),
+    Spec("node", "NODE", "a node's GPUs",
+         _on_node(lambda app, a: app.on_mode("gpus", lambda screen: screen.filter_to(f"{a[0]}:")))),
+    Spec("cancel", "ID", "cancel a job (asks first)", lambda app, a: app.ask_cancel(int(a[0]))),
+    Spec("hold", "ID", "hold a waiting job", lambda app, a: app.job_action("hold", int(a[0]))),
+    Spec("release", "ID", "release a held job", lambda app, a: app.job_action("release", int(a[0]))),
+    Spec("drain", "NODE [REASON]", "no new jobs on a node (asks first)",
+         _on_node(lambda app, a: app.ask_drain(a[0], a[1] if len(a) > 1 else None))),
+    Spec("resume", "NODE", "a drained node takes jobs again",
+         _on_node(lambda app, a: app.node_action("resume", a[0]))),
+    Spec("remove", "NODE", "remove a node from the cluster (asks first)",
+         _on_node(lambda app, a: app.ask_remove(a[0]))),
+    Spec("overview", "", "the overview", _show("overview")),
+    Spec("gpus", "", "every GPU", _show("gpus")),
+    Spec("queue", "", "running and waiting jobs", _show("queue")),
+    Spec("history", "", "every job, ended ones too",
+         lambda app, a: app.on_mode("queue", lambda screen: screen.show_all(True))),
+    Spec("users", "", "users and fair share", _show("users")),
+    Spec("nodes", "", "nodes and the events log", _show("nodes")),
+    Spec("submit", "", "the submit form", lambda app, a: app.action_submit_form()),
+    Spec("help", "", "the keys of this screen", lambda app, a: app.action_help()),
+    Spec("quit", "", "leave the TUI", lambda app, a: app.call_later(app.action_quit)),
 )
-#: Short forms that would otherwise be ambiguous prefixes.
+#: each command's spec by its name
+BY_NAME = {spec.name: spec for spec in COMMANDS}
+
 ALIASES = {"q": "quit", "j": "job", "g": "gpu", "u": "user", "h": "help", "n": "node"}
 
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")

@@ -10,7 +10,11 @@ from __future__ import annotations
 from textual.message import Message
 
 
-class SnapshotArrived(Message):
+class StreamMessage(Message):
+    """What the ``events`` worker posts: the app folds each kind (``screens/folding.py``)."""
+
+
+class SnapshotArrived(StreamMessage):
     """The stream (re)started: the whole state of the head (nodes, GPUs, queue, events)."""
 
     def __init__(self, snapshot: dict) -> None:
@@ -18,7 +22,7 @@ class SnapshotArrived(Message):
         self.snapshot = snapshot
 
 
-class JobChanged(Message):
+class JobChanged(StreamMessage):
     """One job changed; a finished one (succeeded/failed/cancelled) leaves the queue."""
 
     def __init__(self, job: dict) -> None:
@@ -26,7 +30,7 @@ class JobChanged(Message):
         self.job = job
 
 
-class GpusChanged(Message):
+class GpusChanged(StreamMessage):
     """Fresh readings arrived: ``events``, the stream's "gpus" events (each the changes to
     one node's GPUs, see ``api``; every node about once a second), in stream order.
 
@@ -40,7 +44,7 @@ class GpusChanged(Message):
         self.events = events
 
 
-class NodeChanged(Message):
+class NodeChanged(StreamMessage):
     """One node's state changed (up, unreachable, drained…)."""
 
     def __init__(self, node: dict) -> None:
@@ -48,7 +52,7 @@ class NodeChanged(Message):
         self.node = node
 
 
-class EventLogged(Message):
+class EventLogged(StreamMessage):
     """A line of the head's events log, as the head recorded it."""
 
     def __init__(self, event: dict) -> None:
@@ -56,7 +60,7 @@ class EventLogged(Message):
         self.event = event
 
 
-class UserChanged(Message):
+class UserChanged(StreamMessage):
     """One user's figures moved: their row, as the ``users`` request has it."""
 
     def __init__(self, user: dict) -> None:
@@ -64,7 +68,7 @@ class UserChanged(Message):
         self.user = user
 
 
-class BookingsChanged(Message):
+class BookingsChanged(StreamMessage):
     """The bookings not yet over, after one was made, ended or broken."""
 
     def __init__(self, bookings: list[dict]) -> None:
@@ -72,7 +76,7 @@ class BookingsChanged(Message):
         self.bookings = bookings
 
 
-class QueueOrdered(Message):
+class QueueOrdered(StreamMessage):
     """The scheduler's new order of the waiting jobs (their ids), and its start forecasts
     when they came with it (job id -> ``starts``)."""
 
@@ -82,7 +86,7 @@ class QueueOrdered(Message):
         self.starts = starts
 
 
-class StreamLost(Message):
+class StreamLost(StreamMessage):
     """The event stream broke (or never opened); the worker retries after ``retry_s``."""
 
     def __init__(self, reason: str, retry_s: float) -> None:
@@ -91,7 +95,7 @@ class StreamLost(Message):
         self.retry_s = retry_s
 
 
-class PoolChanged(Message):
+class PoolChanged(StreamMessage):
     """One pool's view after a poll that changed it (as the snapshot's ``pools`` has it)."""
 
     def __init__(self, pool: dict) -> None:

@@ -22,9 +22,11 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -205,19 +207,37 @@ DEMO_POOL = {"name": "hpc", "max_jobs": 50, "burst_after": "2m", "workdir": "~/n
 
 
 def run_lab_with_slurm(root: Path, layout: str = "demo", ssh: str = "asyncssh",
-                       probe_interval: float = 5.0) -> None:
+                       probe_interval: float = 5.0, owner: str | None = None) -> None:
     """The simulated lab of ``lab.run_lab`` with a real Slurm beside it (in ``<root>/slurm``)
-    as its pool ``hpc``, the lab's user as the pool's account; both stop on SIGTERM."""
+    as its pool ``hpc``, the lab's user as the pool's account (``owner``'s, when root runs
+    the demo for them: its jobs run there as that user, whose head reads the pool's key);
+    both stop on SIGTERM. For an ``owner`` the cluster's folder is a root-owned one in the
+    system's temporary folder, linked from ``<root>/slurm`` and removed at the end: munged
+    refuses a folder under one another user owns (their home)."""
     def interrupted(signum: int, _frame) -> None:
         raise SystemExit(128 + signum)
 
     previous = {s: signal.signal(s, interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
-    slurm = SlurmLab(Path(root) / "slurm")
+    where = Path(root) / "slurm"
+    if owner:
+        if where.is_symlink() or where.is_file():
+            where.unlink()
+        elif where.exists():
+            shutil.rmtree(where)  # an earlier demo's, as root's own: made anew each start
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.symlink_to(tempfile.mkdtemp(prefix="nebula-demo-slurm-"))
+    slurm = SlurmLab(where)
     try:
         slurm.prepare()
+        if owner:
+            pw = pwd.getpwnam(owner)
+            slurm.authorize(owner, slurm.identity_pub)
+            os.chown(slurm.identity_path, pw.pw_uid, pw.pw_gid)
+            for folder in (slurm.root, slurm.login_dir):  # the way to its key and known_hosts
+                folder.chmod(0o755)
         slurm.start()
         slurm.write_ready()
-        pool = slurm.pool_entry(identity=str(slurm.identity_path),
+        pool = slurm.pool_entry(user=owner, identity=str(slurm.identity_path),
                                 known_hosts=str(slurm.known_hosts_path), **DEMO_POOL)
         run_lab(root, layout, ssh, probe_interval, pools=[pool])
     finally:
@@ -225,6 +245,9 @@ def run_lab_with_slurm(root: Path, layout: str = "demo", ssh: str = "asyncssh",
             signal.signal(s, signal.SIG_IGN)
         slurm.stop()
         slurm.ready_path.unlink(missing_ok=True)
+        if owner:
+            shutil.rmtree(slurm.root, ignore_errors=True)
+            where.unlink(missing_ok=True)
         for s, handler in previous.items():
             signal.signal(s, handler)
 
@@ -232,9 +255,10 @@ def run_lab_with_slurm(root: Path, layout: str = "demo", ssh: str = "asyncssh",
 def main(argv: list[str] | None = None) -> int:
     parser = lab_arguments("python -m nebula_tui.sim.slurmlab",
                            "Run a simulated GPU lab with a real Slurm pool in the foreground.")
+    parser.add_argument("--owner", help="the user the pool's jobs run as (root's demo for them)")
     args = parser.parse_args(argv)
     try:
-        run_lab_with_slurm(args.dir, args.layout, args.ssh, args.probe_interval)
+        run_lab_with_slurm(args.dir, args.layout, args.ssh, args.probe_interval, args.owner)
     except (SlurmUnavailable, LabError) as exc:
         print(f"nebula lab: {exc}", file=sys.stderr)
         return 1

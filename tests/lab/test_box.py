@@ -6,11 +6,17 @@ In order, as an admin would: the previous release installed from its wheel (buil
 the commit before this version's), the service account, its key, ``nodes.yaml``, the
 service and its backup timer, the nodes added through the service; two users submitting,
 each alone with their own jobs; the upgrade to this checkout's wheel with jobs running
-(each runs once, keeps its id, log and accounting); ``systemctl reload`` with a changed
-and a broken ``nodes.yaml``; the timer's backup; the uninstall, leaving nothing on the
-nodes. What the test changes in the guide's text is said where it does: the example
-addresses become the lab's (127.0.0.1 and a port), and the nodes' half of the key step
-(the public key into the nodes' authorized_keys) is done on the lab's side.
+(each runs once, keeps its id, log and accounting, checked by its GPU-hours); ``systemctl
+reload`` with a changed and a broken ``nodes.yaml``; the timer's backup; the uninstall,
+leaving nothing on the nodes. What the test changes in the guide's text is said where it
+does: the example addresses become the lab's (127.0.0.1 and a port), and the nodes' half of
+the key step (the public key into the nodes' authorized_keys) is done on the lab's side.
+
+Where a real Slurm runs here (``slurm_lab``: root, slurm-wlm installed), ``nodes.yaml`` has
+it as pool ``hpc`` with ``user: submitter``: the box's service reaches its login node on
+127.0.0.1 as the host's sshd nodes, alice authorises the head's pool key there as
+``docs/pools.md`` says, and one of her jobs runs on that Slurm through the upgrade, its
+GPU-hours those of the cluster's own ``sacct``. Without Slurm that job is left out, saying so.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from boxfixtures import (Box, BoxCannotBoot, box_root, build_wheel, guide_blocks
                          release_wheel, tracked_copy, wheelhouse, why_no_box)
 from conftest import wait_for
 
+from nebula_tui.sim.slurmlab import unlock_for_ssh
+
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.box, pytest.mark.slow, pytest.mark.timeout(900),
@@ -39,6 +47,8 @@ pytestmark = [pytest.mark.box, pytest.mark.slow, pytest.mark.timeout(900),
 USERS = ("alice", "bob")
 #: where each job notes that it ran, on the nodes (the lab's nodes are this machine)
 RUNS = Path("/tmp/nebula-box-runs")
+#: the box's scheduler.preemptible_charge
+PREEMPTIBLE_CHARGE = 0.5
 
 
 def version_of(wheel: Path) -> str:
@@ -75,7 +85,24 @@ def host_users():
 
 
 @pytest.fixture(scope="module")
-def box(tmp_path_factory, wheels, host_users, openssh_lab):
+def slurm(request, host_users):
+    """The host's real Slurm with alice able to log in to its login node (None, said, where
+    there is none: the rest of the guide runs without a pool)."""
+    try:
+        lab = request.getfixturevalue("slurm_lab")
+    except pytest.skip.Exception as skipped:
+        print(f"box: no pool job: {skipped}")
+        yield None
+        return
+    unlock_for_ssh("alice")  # useradd leaves it locked, which sshd refuses
+    try:
+        yield lab
+    finally:
+        lab.revoke("alice")
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory, wheels, host_users, openssh_lab, slurm):
     share = tmp_path_factory.mktemp("share")
     shutil.copytree(REPO / "deploy", share / "deploy")
     (share / "dist").mkdir()
@@ -123,7 +150,7 @@ def journal(box: Box, unit: str = "nebula") -> str:
     return box.sh(f"journalctl -u {unit} --no-pager -o cat").stdout
 
 
-def test_the_guide_installs_a_shared_head_under_systemd(box, wheels, openssh_lab):
+def test_the_guide_installs_a_shared_head_under_systemd(box, wheels, openssh_lab, slurm):
     blocks = guide_blocks()
     first = wheels["old"] or wheels["new"]
     in_dist(box, first)
@@ -142,8 +169,16 @@ def test_the_guide_installs_a_shared_head_under_systemd(box, wheels, openssh_lab
     assert config["cluster"]["run_as"] == "submitter" and config["nodes"] == []
     config["cluster"]["user"] = openssh_lab.user  # the lab's login account (root here)
     config["cluster"]["probe_interval"] = 1       # the lab's pace: seconds, not minutes
+    # what a preemptible job's GPU-hours count, said here so that the figures below can
+    config.setdefault("scheduler", {})["preemptible_charge"] = PREEMPTIBLE_CHARGE
+    if slurm is not None:  # the host's Slurm as the lab's pool, each user as themselves
+        config["pools"] = [slurm.pool_entry("hpc", user="submitter", poll_interval="1s",
+                                            known_hosts="/etc/nebula/hpc_known_hosts")]
+        shutil.copy(slurm.known_hosts_path, box.share / "hpc_known_hosts")
     (box.share / "nodes.yaml").write_text(yaml.safe_dump(config))
     box.sh(blocks["config"])
+    if slurm is not None:  # the login node's host key, as its admins publish it
+        box.sh("install -m 644 /root/work/hpc_known_hosts /etc/nebula/hpc_known_hosts")
     box.sh(blocks["service"])
     assert box.sh("systemctl is-active nebula").stdout.strip() == "active"
     assert "enabled" in box.sh("systemctl is-enabled nebula-backup.timer").stdout
@@ -174,27 +209,82 @@ def test_the_guide_installs_a_shared_head_under_systemd(box, wheels, openssh_lab
     assert "serving 0 nodes from /etc/nebula/nodes.yaml" in journal(box)
 
 
-def test_two_users_each_with_their_own_jobs_through_an_upgrade(box, wheels):
+def history_of(box: Box) -> dict[int, dict]:
+    """Each ended job as `nebula history --json` says (the admin sees every user's)."""
+    history = json.loads(nebula(box, "history --json", "root").stdout)
+    return {j["id"]: j for j in (history if isinstance(history, list) else history["jobs"])}
+
+
+def report_hours(box: Box) -> dict[str, float]:
+    """Each user's GPU-hours this month, as `nebula report --json` says."""
+    hours: dict[str, float] = {}
+    for row in json.loads(nebula(box, "report --json", "root").stdout)["users"]:
+        hours[row["user"]] = hours.get(row["user"], 0.0) + row["gpu_hours"]
+    return hours
+
+
+def expected_gpu_hours(box: Box, job: dict) -> float:
+    """What the guide's accounting rule charges an ended job that ran once: its run time
+    times its cards, a slice counting its share of the card's memory, times its charge."""
+    listed = json.loads(nebula(box, "gpus --json", "root").stdout)
+    totals = {g["uuid"]: g["total_memory_mb"] for g in (listed if isinstance(listed, list) else listed["gpus"])}
+    cards = sum(1.0 if p["exclusive"] else min(1.0, p["memory_mb"] / totals[p["uuid"]])
+                for p in job["gpus"])
+    return job["run_s"] / 3600 * cards * (PREEMPTIBLE_CHARGE if job["preemptible"] else 1.0)
+
+
+def sacct_gpu_hours(slurm, name: str) -> float:
+    """GPU-hours of the one Slurm job named ``name``, from the cluster's own accounting."""
+    done = subprocess.run(["sacct", "-X", "-n", "-P", "-a", "--name", name,
+                           "--format=JobID,Elapsed,AllocTRES"], capture_output=True, text=True,
+                          env=slurm.env, timeout=30, check=True)
+    (line,) = done.stdout.split()
+    _, elapsed, tres = line.split("|")
+    h, m, s_ = (int(x) for x in elapsed.split("-")[-1].split(":"))
+    gpus = int(re.search(r"gres/gpu=(\d+)", tres).group(1))
+    return gpus * (h * 3600 + m * 60 + s_) / 3600
+
+
+def test_two_users_each_with_their_own_jobs_through_an_upgrade(box, wheels, slurm):
     submit = "submit --gpu-mem 1G --time 10m"
     # one file per part: a gang spread over two nodes runs its command once on each
     mark = (f"echo ran-$NEBULA_JOB_ID >> {RUNS}/$NEBULA_JOB_ID.${{NODE_RANK:-0}}; "
             "echo log-of-$NEBULA_JOB_ID")
     jobs: dict[int, str] = {}
 
-    def submitted(user: str, args: str) -> int:
-        done = nebula(box, f"{submit} {args}", user)
+    def submitted(user: str, args: str, how: str = submit) -> int:
+        done = nebula(box, f"{how} {args}", user)
         job = int(re.search(r"Submitted job (\d+)", done.stdout + done.stderr).group(1))
         jobs[job] = user
         return job
 
+    # One ended before the upgrade: its figures are read now and again after it.
+    early = submitted("alice", f"--name early --command '{mark}; sleep 2'")
+    wait_for(lambda: early in history_of(box), 60, what="the early job ended")
+    before = history_of(box)[early]
+    assert before["state"] == "succeeded" and before["gpu_hours"] > 0, before
+
     long = submitted("alice", f"--name long --command '{mark}; sleep 25'")
     spare = submitted("alice", f"--name spare --preemptible --command '{mark}; sleep 20'")
     gang = submitted("bob", f"--name gang --gpu-count 2 --nodes 2 --command '{mark}; sleep 20'")
-    wait_for(lambda: all(job_of(box, j)["state"] == "running" for j in (long, spare, gang)), 60,
-             what="the three jobs running")
+    across = [long, spare, gang]
+    pooled = None
+    if slurm is not None:
+        # alice authorises the head's pool key on the login node, as docs/pools.md says
+        said = nebula(box, "pool authorize hpc", "alice").stdout
+        line = next(x.strip() for x in said.splitlines() if x.strip().startswith("from="))
+        slurm.authorize("alice", line)
+        pooled = submitted("alice", f"--name box-pooled --command '{mark}; sleep 25'",
+                           "submit --pool hpc --gpu-count 1 --time 10m")
+        across.append(pooled)
+    wait_for(lambda: all(job_of(box, j)["state"] == "running" for j in across), 90,
+             what="the jobs running")
     submitted("bob", f"--name later --command '{mark}'")
 
-    # Each user alone with their own: the other's logs and cancel are refused.
+    # Each user alone with their own: the other's command line is hidden, their logs and
+    # cancel refused.
+    assert job_of(box, gang, "alice")["command"] == ["(hidden: only bob and admins see it)"]
+    assert "sleep 20" in " ".join(job_of(box, gang, "bob")["command"])
     refused = nebula(box, f"logs {gang}", "alice", check=False)
     assert refused.returncode != 0 and "bob" in refused.stderr + refused.stdout
     refused = nebula(box, f"cancel {long}", "bob", check=False)
@@ -206,7 +296,7 @@ def test_two_users_each_with_their_own_jobs_through_an_upgrade(box, wheels):
         assert f"nebula {version_of(wheels['new'])}" in done.stdout
     def ended() -> bool:
         return all(job_of(box, j)["state"] in ("succeeded", "failed", "cancelled", "timeout") for j in jobs)
-    wait_for(ended, 120, what="every job ended")
+    wait_for(ended, 180, what="every job ended")
     for job, user in jobs.items():
         seen = job_of(box, job, user)
         assert seen["state"] == "succeeded" and seen["user"] == user, seen
@@ -215,9 +305,32 @@ def test_two_users_each_with_their_own_jobs_through_an_upgrade(box, wheels):
         for part in parts:
             assert part.read_text() == f"ran-{job}\n", f"job {job}'s part {part.suffix} ran more than once"
         assert f"log-of-{job}" in nebula(box, f"logs {job}", user).stdout
-    history = json.loads(nebula(box, "history --json", "root").stdout)
-    ran = {j["id"]: j for j in (history if isinstance(history, list) else history["jobs"])}
+    ran = history_of(box)
     assert set(jobs) <= set(ran), ran.keys()
+
+    # The accounting, by its figures: the job that ended before the upgrade is charged the
+    # same after it; one that ran through it, its whole run once (neither restarted at the
+    # upgrade nor charged twice); the pool job, what Slurm's own sacct says it held.
+    assert ran[early]["gpu_hours"] == before["gpu_hours"] and ran[early]["run_s"] == before["run_s"]
+    assert abs(before["gpu_hours"] - expected_gpu_hours(box, before)) < 1e-6, before
+    for job, slept in ((long, 25), (spare, 20), (gang, 20)):
+        seen = ran[job]
+        assert slept - 1 <= seen["run_s"] < slept + 60, seen
+        expected = expected_gpu_hours(box, seen)
+        assert abs(seen["gpu_hours"] - expected) < 1e-6, (seen, expected)
+        print(f"box: job {job} ran {seen['run_s']:.1f} s on {len(seen['gpus'])} slice(s): "
+              f"{seen['gpu_hours']:.6f} GPU-h, as the rule says {expected:.6f}")
+    if pooled is not None:
+        assert ran[pooled]["node"].startswith("hpc:"), ran[pooled]
+        slurm_said = sacct_gpu_hours(slurm, "box-pooled")
+        assert slurm_said >= 25 / 3600 and abs(ran[pooled]["gpu_hours"] - slurm_said) < 1e-6, \
+            (ran[pooled], slurm_said)
+        print(f"box: pool job {pooled}: {ran[pooled]['gpu_hours']:.6f} GPU-h, sacct {slurm_said:.6f}")
+    # …and the report's totals are those jobs' sums, user by user.
+    hours = report_hours(box)
+    for user in USERS:
+        theirs = sum(ran[j]["gpu_hours"] for j, u in jobs.items() if u == user)
+        assert abs(hours.get(user, 0.0) - theirs) < 1e-5, (user, hours, theirs)
 
 
 def test_the_journal_shows_the_head_and_the_timer_makes_backups(box):

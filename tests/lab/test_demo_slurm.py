@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -124,3 +126,144 @@ def test_the_demo_with_slurm_says_it_needs_root(monkeypatch, capsys):
     line = err.splitlines()[1].split()
     assert line[0] == "sudo" and os.path.isabs(line[1]) and line[2:4] == ["demo", "--slurm"]
     assert line[4:6] == ["--home", str(Path.home() / ".nebula" / "demo")] and "--headless" in line
+
+
+# ------------------------------------------------- as the user who runs it, with real sudo
+DEMO_USER = "nebdemo"
+
+
+@pytest.fixture
+def demo_user(tmp_path_factory):
+    """A Unix user allowed `sudo` (a sudoers.d line, removed after) with an installation of
+    their own that they can run: this checkout's wheel in a venv of the system's Python (the
+    checkout's own venv may sit where only root can enter)."""
+    reason = _why_no_slurm() or (None if shutil.which("sudo") else
+                                 "sudo is not installed (scripts/test-deps.sh installs it)")
+    if reason:
+        pytest.skip(reason)
+    if not Path("/usr/bin/python3").exists():
+        pytest.skip("no /usr/bin/python3 to make the user's venv with")
+    from boxfixtures import build_wheel, tracked_copy, wheelhouse
+
+    from nebula_tui.sim.slurmlab import unlock_for_ssh
+
+    wheel = build_wheel(tracked_copy(tmp_path_factory.mktemp("src")), tmp_path_factory.mktemp("whl"))
+    venv = Path(tempfile.mkdtemp(prefix="nebula-demo-venv-"))
+    venv.chmod(0o755)
+    subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, capture_output=True)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links",
+                    str(wheelhouse(wheel)), str(wheel)], check=True, capture_output=True, timeout=300)
+    subprocess.run(["useradd", "-m", "-s", "/bin/sh", DEMO_USER], check=True, capture_output=True)
+    unlock_for_ssh(DEMO_USER)  # sshd refuses a locked account's key (the login node's)
+    sudoers = Path(f"/etc/sudoers.d/{DEMO_USER}")
+    sudoers.write_text(f"{DEMO_USER} ALL=(root) NOPASSWD: ALL\n")
+    sudoers.chmod(0o440)
+    try:
+        yield DEMO_USER, venv / "bin" / "nebula"
+    finally:
+        sudoers.unlink(missing_ok=True)
+        subprocess.run(["pkill", "-KILL", "-u", DEMO_USER], capture_output=True)
+        wait_for(lambda: subprocess.run(["userdel", "-r", DEMO_USER], capture_output=True)
+                 .returncode in (0, 6), 10, interval=0.5, what=f"{DEMO_USER} removed")
+        shutil.rmtree(venv, ignore_errors=True)
+
+
+def as_demo_user(user: str, text: str, **kw) -> subprocess.CompletedProcess:
+    """``text`` in a shell of ``user``'s own (a login environment, as on their terminal)."""
+    return subprocess.run(["runuser", "-l", user, "-c", text], capture_output=True, text=True,
+                          **{"timeout": 120, **kw})
+
+
+@pytest.mark.slow
+def test_a_user_runs_the_sudo_line_and_submits_to_the_pool_at_once(demo_user):
+    user, nebula_bin = demo_user
+    said = as_demo_user(user, f"{nebula_bin} demo --headless --slurm")
+    assert said.returncode == 1, said.stdout + said.stderr
+    line = said.stderr.splitlines()[-1].strip()
+    home = Path(f"~{user}").expanduser() / ".nebula" / "demo"
+    assert line == f"sudo {nebula_bin} demo --slurm --home {home} --headless", said.stderr
+    out = Path(tempfile.mkdtemp(prefix="nebula-demo-out-")) / "demo.out"
+    out.parent.chmod(0o755)
+    out.write_text("")
+    out.chmod(0o666)  # the user's shell writes it
+    demo = subprocess.Popen(["runuser", "-l", user, "-c", f"{line} > {out} 2>&1"],
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: "Press Ctrl-C" in out.read_text() or demo.poll() is not None, 600,
+                 interval=0.5, what="the demo to start")
+        lab_log = home.parent / "demo" / "lab.log"
+        assert demo.poll() is None, out.read_text() + (lab_log.read_text()[-3000:] if lab_log.exists() else "")
+        exports = re.search(r"export (NEBULA_HOME=\S+ NEBULA_CONFIG=\S+)", out.read_text()).group(1)
+        mine = f"export {exports}; {nebula_bin}"
+
+        # At once, as themselves: the pool answers and their job runs there as them.
+        def pool_ready() -> bool:
+            status = as_demo_user(user, f"{mine} status")
+            return status.returncode == 0 and "16 GPUs" in status.stdout
+        wait_for(pool_ready, 90, interval=1, what="the pool in the user's nebula status")
+        done = as_demo_user(user, f"{mine} submit --pool hpc --gpu-count 1 -- sh -c 'id -un; "
+                                  "echo ran-$NEBULA_JOB_ID'")
+        assert done.returncode == 0, done.stdout + done.stderr
+        job = int(re.search(r"job (\d+)", done.stdout).group(1))
+
+        def ended():
+            state = json.loads(as_demo_user(user, f"{mine} job {job} --json").stdout)
+            return state if state["state"] in ("succeeded", "failed", "cancelled") else None
+        state = wait_for(ended, 120, interval=1, what="the pool job to end")
+        assert state["state"] == "succeeded" and state["user"] == user, state
+        assert state["node"].startswith("hpc:n"), state
+        logs = as_demo_user(user, f"{mine} logs {job}")
+        assert logs.stdout.split() == [user, f"ran-{job}"], logs.stdout + logs.stderr
+    finally:
+        # Ctrl-C: on a terminal it reaches the demo through sudo's pseudo-terminal (Debian's
+        # sudoers says use_pty); here, without one, it is sent to the demo itself.
+        for pid in _demo_pids(home):
+            os.kill(pid, signal.SIGINT)
+        try:
+            wait_for(lambda: not _processes_of(home), 90, interval=0.5,
+                     what="the demo's processes gone")
+        finally:
+            if demo.poll() is None:
+                os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait(10)
+            shutil.rmtree(out.parent, ignore_errors=True)
+    # The home is the user's, all but what the lab's Slurm daemons wrote: they may use it
+    # again without sudo, and are told the demo is gone rather than given a dead lab.
+    roots = [str(p) for p in [home, *home.rglob("*")]
+             if p.lstat().st_uid == 0 and (home / "lab" / "slurm") not in [p, *p.parents]]
+    assert roots == [], roots
+    after = as_demo_user(user, f"{mine} status")
+    assert after.returncode != 0 and "the demo lab is gone" in after.stderr, after.stderr
+
+
+def _demo_pids(home: Path) -> list[int]:
+    """The `nebula demo` processes (not sudo's) of ``home``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [a.decode(errors="replace") for a in argv]
+        if entry.name.isdigit() and "demo" in words and str(home) in words and words[0] != "sudo":
+            found.append(int(entry.name))
+    return found
+
+
+def test_the_demo_with_slurm_checks_for_sshd_before_starting_anything(monkeypatch, capsys, tmp_path):
+    """A machine without OpenSSH's sshd (the Slurm login node) is told so at once, in one
+    line with the install command, instead of a lab that exits later saying "see lab.log"."""
+    import shutil as shutil_module
+
+    from nebula_tui.cli.main import main
+
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    real_which = shutil_module.which
+    monkeypatch.setattr(shutil_module, "which",
+                        lambda name, *a, **kw: None if name == "sshd" else real_which(name, *a, **kw))
+    home = tmp_path / "demo"
+    assert main(["demo", "--headless", "--slurm", "--home", str(home)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "OpenSSH server not found" in err
+    assert "apt-get install -y openssh-server" in err
+    assert not (home / "lab").exists()  # nothing started

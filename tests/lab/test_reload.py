@@ -49,3 +49,19 @@ def test_a_hangup_refuses_a_broken_file_and_keeps_the_running_one(head):
     assert said.group(1) == config
     assert head.process.poll() is None
     assert {n["name"] for n in head.call("status")["nodes"]} == {"node01", "node02"}
+
+
+def test_a_hangup_adds_a_node_and_applies_a_changed_quota(head, openssh_lab):
+    config = head.env["NEBULA_CONFIG"]
+    doc = yaml.safe_load(open(config).read().replace("cluster: [twice\n", ""))  # the fix
+    lab_nodes = yaml.safe_load(openssh_lab.config_path.read_text())["nodes"]
+    names = {n["name"] for n in doc["nodes"]}
+    new = next(n for n in lab_nodes if n["name"] not in names)  # one the first test removed
+    doc["nodes"].append(new)
+    doc.setdefault("scheduler", {})["quota_gpu_hours"] = 123
+    open(config, "w").write(yaml.safe_dump(doc))
+    said = _hangup_and_read(head, r"reloaded \S+: (.*)")
+    assert said.group(1) == f"{new['name']} added; scheduler changed", said.group(0)
+    wait_for(lambda: {n["name"]: n for n in head.call("status")["nodes"]}.get(new["name"], {})
+             .get("state") == "up", 30, what=f"{new['name']} up")
+    assert head.call("why", user="nobody-yet")["why"]["share"]["quota_gpu_hours"] == 123

@@ -28,7 +28,8 @@ def _ended_states(value: object) -> tuple[JobState, ...]:
 
 
 async def report(s: Served, user: str, req: dict) -> Reply:
-    """Per user and month, per node and day, over [since, until) (api.py: its shape)."""
+    """GPU-hours, efficiency and waits per user and month; capacity and utilisation
+    per node and cluster, per month and day, over [since, until) (Unix seconds)."""
     since, until = unix_time(req, "since", required=True), unix_time(req, "until", required=True)
     if until - since > MAX_REPORT_S:
         raise InvalidRequest(f"a report covers at most {MAX_REPORT_S // 86400} days; "
@@ -37,7 +38,8 @@ async def report(s: Served, user: str, req: dict) -> Reply:
 
 
 async def job_history(s: Served, user: str, req: dict) -> Reply:
-    """Ended jobs as views.history_json, filtered by the fields api.py lists."""
+    """Ended jobs: ``{"jobs": [views.history_json …]}``, filtered by ``user``,
+    ``since``/``until`` (Unix seconds), ``state`` (one or a list), ``node``, ``limit``."""
     texts = {}
     for key in ("user", "node"):
         value = req.get(key)

@@ -89,7 +89,8 @@ async def doctor(s: Served, user: str, req: dict) -> Reply:
 
 
 async def events(s: Served, user: str, req: dict) -> Reply:
-    """The newest ``limit`` events, filtered by kind, node, job, user and since."""
+    """The newest ``limit`` events, filtered by ``kind``, ``node``, ``job``, ``user``,
+    ``since`` (Unix seconds)."""
     limit = req.get("limit", 100)
     if not whole(limit, 1, 10000):
         raise InvalidRequest("limit must be a number from 1 to 10000")
