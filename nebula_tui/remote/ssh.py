@@ -36,6 +36,26 @@ log = logging.getLogger(__name__)
 #: Reconnect back-off: first retry after this many seconds, doubling up to the cap.
 RETRY_FIRST_S = 0.5
 RETRY_CAP_S = 10.0
+#: SSH handshakes under way at once, all links of a head together. A head starting with
+#: 500 nodes began 500 key exchanges at once: on a busy 2-core machine none ended within
+#: connect_timeout, all retried together, and the nodes never came up (bench/scale.py).
+#: A bound lets some finish, whatever the load. The wait for a turn counts in
+#: connect_timeout, so a node that swallows packets holds a turn no longer than that and
+#: a link waiting behind such nodes retries like any other timed-out attempt.
+MAX_HANDSHAKES = 32
+
+_handshakes: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+
+def handshake_turn() -> asyncio.Semaphore:
+    """This event loop's bound on handshakes at once (a head has one loop; tests start many)."""
+    loop = asyncio.get_running_loop()
+    turn = _handshakes.get(loop)
+    if turn is None:
+        for old in [other for other in _handshakes if other.is_closed()]:
+            del _handshakes[old]
+        turn = _handshakes[loop] = asyncio.Semaphore(MAX_HANDSHAKES)
+    return turn
 
 
 class NodeUnavailable(Exception):
@@ -185,8 +205,11 @@ class NodeLink:
                    "encryption_algs": list(encryption_preference())}
         if node.identity:
             options["client_keys"] = [node.identity]
-        self._conn = await within(cluster.connect_timeout,
-                                  asyncssh.connect(node.host, node.port, **options))
+        async def handshake() -> asyncssh.SSHClientConnection:
+            async with handshake_turn():
+                return await asyncssh.connect(node.host, node.port, **options)
+
+        self._conn = await within(cluster.connect_timeout, handshake())
         source = shipping.payload()
         settings = {"interval": cluster.probe_interval, "conda_lookup": preflight.CONDA_LOOKUP,
                     "head": self.head, "tmux_socket": TMUX_SOCKET,

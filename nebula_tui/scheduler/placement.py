@@ -722,7 +722,9 @@ class World(SetScoring):
             if card.foreign:
                 return math.inf
             latest = -math.inf
-            for job, _ in allocs:
+            # and what jobs hold beyond their reservations: a job's process can hold memory
+            # on a card it is not placed on (its node came back after it was requeued)
+            for job, _ in (*allocs, *card.over_by):
                 end = ends.get(job)
                 if end is None:
                     return math.inf

@@ -796,10 +796,10 @@ class _Pass:
                                     key=lambda n: (-counts[n], order[n]))[:span])
         found = searched(t, nodes)
         if not isinstance(found, Found) and nodes is not None:
-            # The counts said it fits by t and the search there disagrees: never seen in
-            # the tests, but twice in a head's forecast at 500 nodes (2026-12-07, cause
-            # not found), where the assertion here ended the forecast. The search decides:
-            # bisect again on searched future worlds, as with power budgets.
+            # The counts said it fits by t and the search there disagrees (as they did
+            # when a card's ready time overlooked memory a job held beyond its placements,
+            # and an assertion here failed whole passes at 500 nodes): the search decides,
+            # bisecting again over searched future worlds, as with power budgets.
             lo = earliest(found_by)
             if lo is None:
                 return None

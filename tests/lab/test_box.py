@@ -281,7 +281,10 @@ def test_two_users_each_with_their_own_jobs_through_an_upgrade(box, wheels, slur
              what="the jobs running")
     submitted("bob", f"--name later --command '{mark}'")
 
-    # Each user alone with their own: the other's logs and cancel are refused.
+    # Each user alone with their own: the other's command line is hidden, their logs and
+    # cancel refused.
+    assert job_of(box, gang, "alice")["command"] == ["(hidden: only bob and admins see it)"]
+    assert "sleep 20" in " ".join(job_of(box, gang, "bob")["command"])
     refused = nebula(box, f"logs {gang}", "alice", check=False)
     assert refused.returncode != 0 and "bob" in refused.stderr + refused.stdout
     refused = nebula(box, f"cancel {long}", "bob", check=False)

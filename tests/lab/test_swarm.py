@@ -51,3 +51,56 @@ def test_the_head_runs_and_cancels_a_job_on_the_swarm(swarm, tmp_path):
         assert head.wait_job(job, 10)["state"] == "cancelled"
     finally:
         head.stop()
+
+
+def test_links_take_turns_at_their_handshakes(tmp_path, monkeypatch):
+    """A head starting with many nodes runs at most MAX_HANDSHAKES SSH handshakes at once
+    (500 at once on a busy machine all ran past connect_timeout, again and again), and
+    every node still comes up."""
+    import asyncio
+
+    import asyncssh
+
+    from nebula_tui.config.cluster import load_config
+    from nebula_tui.model import NodeState
+    from nebula_tui.remote import ssh
+
+    swarm = SwarmProcess(tmp_path / "swarm", nodes=8, gpus=1, probe_interval=1)
+    swarm.start(timeout=60)
+    under_way, most = 0, 0
+    real_connect = asyncssh.connect
+
+    async def counted_connect(*args, **kwargs):
+        nonlocal under_way, most
+        under_way += 1
+        most = max(most, under_way)
+        try:
+            await asyncio.sleep(0.2)  # each handshake long enough for the others to pile up
+            return await real_connect(*args, **kwargs)
+        finally:
+            under_way -= 1
+
+    monkeypatch.setattr(ssh, "MAX_HANDSHAKES", 3)
+    monkeypatch.setattr(ssh.asyncssh, "connect", counted_connect)
+    config = load_config(swarm.config_path)
+    states: dict[str, NodeState] = {}
+
+    async def run() -> None:
+        links = [ssh.NodeLink(node, config, lambda *_: None,
+                              lambda name, state, _: states.__setitem__(name, state))
+                 for node in config.nodes]
+        for link in links:
+            link.start()
+        try:
+            async with asyncio.timeout(60):
+                while sum(s == NodeState.UP for s in states.values()) < len(links):
+                    await asyncio.sleep(0.1)
+        finally:
+            for link in links:
+                await link.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        swarm.stop()
+    assert len(states) == 8 and most == 3

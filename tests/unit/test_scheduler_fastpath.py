@@ -29,8 +29,9 @@ from hypothesis import strategies as st
 from nebula_tui.model import GpuReading, GpuView, Placement, format_mb
 from nebula_tui.scheduler import (PendingJob, RunningJob, SchedulerConfig, Snapshot, UserShare,
                                   schedule)
+from nebula_tui.scheduler.cards import Shape
 from nebula_tui.scheduler.fairshare import order_key
-from nebula_tui.scheduler.filters import sm_name, version_text
+from nebula_tui.scheduler.filters import Filter, sm_name, version_text
 from nebula_tui.scheduler.placement import Card, Eligibility, Found, Missed, World
 from nebula_tui.scheduler.queue import RESERVATIONS, _Pass, order
 from nebula_tui.scheduler.reasons import blocked_text, needs
@@ -400,6 +401,29 @@ def test_a_reservation_the_ready_counts_get_wrong_is_searched_for(monkeypatch):
 
     monkeypatch.setattr(World, "ready_times", ready_now)
     assert schedule(snap) == expected
+
+
+def test_memory_of_a_job_not_placed_on_a_card_keeps_it_from_a_whole_card_reservation():
+    """A node back after its jobs were requeued: a job's process still holds memory on a
+    card it is no longer placed on (the head counts it as that job's over-use). No end of
+    a running job frees that card, so a whole-card job reserves the card of the job that
+    ends (the ready times said the card was free now, and the pass failed on it)."""
+    def card(i, placements, overuse=()):
+        reading = GpuReading(index=i, uuid=f"G-n0-{i}", name="A100", memory_total_mb=81920,
+                             compute_cap="8.0")
+        return GpuView(node="n0", reading=reading, placements=placements, cuda_version="12.4",
+                       overuse=overuse)
+
+    held = Placement("G-n0-0", "n0", 0, 81920, True)
+    snap = Snapshot(gpus=(card(0, ((1, held),)), card(1, (), ((99, 20 * GB),))),
+                    queue=(PendingJob(id=5, user="u", gpu_count=1, gpu_mem_mb=None, submitted_at=NOW),),
+                    now=NOW, running=(RunningJob(1, "u", (held,), NOW - 60, time_limit_s=3600.0),))
+    whole = Shape(1, None, False, 1, Filter(None, None, None))
+    world = World.build(snap.gpus, {}, (), snap.config)
+    assert world.ready_times(whole, {1: NOW + 3540}) == {"n0": [NOW + 3540, math.inf]}
+    decisions = schedule(snap)
+    assert decisions == reference_schedule(snap)
+    assert "n0:0 reserved for it" in decisions[0].reason
 
 
 def test_a_card_copy_has_every_slot():
