@@ -90,6 +90,17 @@ unset NEBULA_PART
 _RUN_PART = 'eval "$NEBULA_PART"'
 
 
+def capacity_of(version: tuple[int, ...], nodes: list[parse.SlurmNode], partition: str,
+                ends_from: str) -> Capacity:
+    """What sinfo's nodes offer a pool sent to ``partition`` ("": the cluster's default,
+    every partition counted)."""
+    if partition:  # sinfo --json lists every node whatever -p says; only ours counts here
+        nodes = [replace(n, partitions=(partition,)) for n in nodes
+                 if not n.partitions or partition in n.partitions]
+    return Capacity(parse.version_text(version),
+                    tuple(PoolNode(n.name, n.state, n.gpus, n.gpus_used, n.usable, n.partitions)
+                          for n in nodes), ends_from=ends_from)
+
 
 class SlurmPool:
     """One Slurm cluster (see the module docstring). ``key`` is the head's pool key, which a
@@ -369,7 +380,7 @@ class SlurmPool:
             command = f"squeue --json -t all -u {user}"
             reader = parse.parse_squeue_json
         else:
-            command = f"squeue -h -t all -u {user} -o {shlex.quote(parse.SQUEUE_FORMAT)}"
+            command = f"squeue -h -t all -u {user} -O {shlex.quote(parse.SQUEUE_FORMAT)}"
             reader = parse.parse_squeue_text
         status, out, err = await self.run(account, command)
         if status != 0:
@@ -473,7 +484,7 @@ class SlurmPool:
             reader = parse.parse_sinfo_json
         else:
             status, out, err = await self.run(
-                account, f"sinfo -h -N{partition} -o {shlex.quote(parse.SINFO_FORMAT)}")
+                account, f"sinfo -h -N{partition} -O {shlex.quote(parse.SINFO_FORMAT)}")
             reader = parse.parse_sinfo_text
         if status != 0:
             raise PoolUnavailable(f"pool {self.name}: sinfo failed: {err.strip()[:200]}")
@@ -481,11 +492,8 @@ class SlurmPool:
             nodes = reader(out)
         except ValueError as why:
             raise PoolDegraded(f"pool {self.name}: {why}") from None
-        if self.config.partition:  # sinfo --json lists every node whatever -p says
-            nodes = [n for n in nodes if not n.partitions or self.config.partition in n.partitions]
-        return Capacity(parse.version_text(version),
-                        tuple(PoolNode(n.name, n.state, n.gpus, n.gpus_used, n.usable) for n in nodes),
-                        ends_from="sacct" if self.accounting else "squeue")
+        return capacity_of(version, nodes, self.config.partition,
+                           "sacct" if self.accounting else "squeue")
 
     # ----------------------------------------------------------------- the job's life
     async def _scontrol(self, account: str, words: list[str], what: str) -> None:
