@@ -400,8 +400,7 @@ class SlurmPool:
             started_at=final.start or job.start, ended_at=final.end or job.end, end=end,
             exit_code=final.exit_code, preempted=final.state == "PREEMPTED",
             elapsed_s=final.elapsed_s, gpus=final.gpus, qos=final.qos or job.qos,
-            partition=final.partition or job.partition,
-            token_ok=not job.comment or job.comment == token)
+            partition=final.partition or job.partition, token_ok=not job.comment or job.comment == token)
 
     async def _sacct(self, account: str, ids: list[str]) -> dict[str, parse.SlurmJob]:
         """The ends ``account``'s accounting holds for ``ids`` that are ``account``'s ({}
@@ -444,12 +443,10 @@ class SlurmPool:
 
     async def find(self, account: str, token: str) -> RemoteJob | None:
         """The job of ``account`` sent with ``token`` (an intent whose sbatch answer was
-        lost: the one time a token finds a job, and only among that user's own). Comments
-        are public: of several jobs carrying it, the first sent is ours (a copy comes after)."""
+        lost: the one time a token finds a job, and only among that user's own; of several
+        carrying it, the first sent: comments are public, and a copy comes after)."""
         found = [job for job in await self._squeue(account) if job.comment == token]
-        if not found:
-            return None
-        return self._report(min(found, key=lambda job: sent_order(job.slurm_id)), None, token)
+        return self._report(min(found, key=lambda job: sent_order(job.slurm_id)), None, token) if found else None
 
     async def ours(self, account: str, prefix: str, since: float | None = None) -> list[parse.SlurmJob]:
         """``account``'s jobs whose comment starts with ``prefix`` (this head's tokens), as
@@ -512,13 +509,11 @@ class SlurmPool:
         await self._scontrol(account, ["scontrol", "requeue", remote_id], "scontrol requeue")
 
     async def logs(self, account: str, path: str, offset: int) -> tuple[str, int, int]:
-        """(text from byte ``offset``, the next offset, the file's size when read). The job
-        can replace its output: only a regular file is read, and opened without blocking
-        (a FIFO would hold the read, and the account's connection, until the timeout)."""
+        """(text from byte ``offset``, the next offset, the file's size when read): a regular
+        file only, opened without blocking (the job may make its output a FIFO)."""
         where = shlex.quote(path)
-        command = (f"[ -f {where} ] || exit 0; stat -L -c %s -- {where}; "
-                   f"dd if={where} iflag=nonblock,skip_bytes,count_bytes skip={int(offset)} "
-                   f"count={LOG_CHUNK} bs=65536 status=none")
+        command = (f"[ -f {where} ] || exit 0; stat -L -c %s -- {where}; dd if={where} iflag=nonblock,"
+                   f"skip_bytes,count_bytes skip={int(offset)} count={LOG_CHUNK} bs=65536 status=none")
         _, out, _ = await self.run_bytes(account, command, limit=LOG_CHUNK + 64)
         size_line, _, data = out.partition(b"\n")
         size = int(size_line) if size_line.strip().isdigit() else 0
