@@ -171,7 +171,7 @@ def node_side(lab, probes: int) -> None:
 
 def timing(probes: int) -> None:
     """The nodelet's NVML path against one nvidia-smi query, on this machine's cards."""
-    from nebula_tui.remote.probes import vendor_nvidia
+    from nebula_tui.node import vendor_nvidia
 
     backend = vendor_nvidia.NvmlBackend()
     backend.initialize()

@@ -41,7 +41,7 @@ GPUS_PER_NODE = 8
 DRIVER = r'''
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
-from nebula_tui.remote.probes import vendor_nvidia
+from nebula_tui.node import vendor_nvidia
 results = {}
 for name, make in (("nvml", vendor_nvidia.NvmlBackend), ("nvidia-smi", vendor_nvidia.NvidiaSmiBackend),
                    ("nvml-calls", vendor_nvidia.NvmlBackend)):
@@ -125,7 +125,7 @@ class BenchLink:
         return {"ok": True, "sessions": [], "jobs": {}, "data": "", "offset": 0}
 
     def devices(self, tick: int) -> tuple[list[dict], list[dict]]:
-        from nebula_tui.remote.backends.reading import new_process, new_reading
+        from nebula_tui.node.backends.reading import new_process, new_reading
 
         number = int(self.node.name[4:])
         devices, processes = [], []

@@ -4,7 +4,7 @@ Each node is an SSH endpoint on 127.0.0.1 like the lab's asyncssh kind (its own 
 host key in the lab's ``known_hosts``, the lab's client key, the lab's ``nodes.yaml``), so
 the head connects, verifies and talks to it exactly as to a real node. What differs is the
 session: instead of starting python3 with the nodelet, this process answers in the
-nodelet's protocol itself (``remote/probes/nodelet.py``'s docstring), from memory —
+nodelet's protocol itself (``node/nodelet.py``'s docstring), from memory —
 
 * ``hello`` at once, then a ``probe`` every probe interval (each node at its own phase),
   its vendor-neutral readings what the nodelet's nvidia-smi backend makes of the emulated
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import asyncssh
 
-from nebula_tui.remote.backends import nvidia_smi
+from nebula_tui.node.backends import nvidia_smi
 from nebula_tui.sim import fake_smi
 from nebula_tui.sim.lab import Lab, _AsyncNode
 from nebula_tui.sim.presets import uniform_nodes

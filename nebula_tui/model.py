@@ -153,7 +153,7 @@ class GpuReading:
     driver_version: str | None = None
     compute_cap: str | None = None  # as the tool prints it: "8.9" (NVIDIA), "gfx90a" (AMD)
     vendor: str = DEFAULT_VENDOR
-    # The rest of the vendor-neutral reading (remote/backends/reading.py says what each is).
+    # The rest of the vendor-neutral reading (node/backends/reading.py says what each is).
     base_sm_clock_mhz: float | None = None
     max_sm_clock_mhz: float | None = None
     max_mem_clock_mhz: float | None = None

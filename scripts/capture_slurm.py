@@ -9,6 +9,11 @@ failed with their node (NODE_FAIL), then saves what ``sbatch``, ``squeue``, ``si
 date, the command behind every file). Takes about two minutes (a one-minute time limit).
 
     sudo .venv/bin/python scripts/capture_slurm.py [--out tests/data/slurm]
+
+``--gpu-counts`` captures instead, into tests/data/slurm/gpus/, how Slurm counts GPUs: a
+cluster whose nodes also offer GPU shards and whose n1-n2 are in a second partition
+``small``, running jobs asked with ``--gres=gpu:2``, ``--gpus-per-node``, ``--gpus``,
+``--gres=shard:2`` and ``-p small``, and one pending for Resources.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from nebula_tui.sim.slurm import SlurmUnavailable, wait_until  # noqa: E402
+from nebula_tui.pools.slurm_parse import SACCT_FORMAT, SINFO_FORMAT, SQUEUE_FORMAT  # noqa: E402
+from nebula_tui.sim.slurm import Shape, SlurmUnavailable, wait_until  # noqa: E402
 from nebula_tui.sim.slurmlab import SlurmLab, unlock_for_ssh  # noqa: E402
 
 USER = "nebcapture"
@@ -193,6 +199,44 @@ def capture(lab: SlurmLab, out: Path) -> Capture:
     return c
 
 
+#: --gpu-counts' cluster: 8 shards per node beside its 4 GPUs, n1-n2 also in ``small``
+GPU_SHAPE = Shape(shards=8, partitions=(("small", "n[1-2]"),))
+#: --gpu-counts' jobs: (name, sbatch's options), submitted in this order
+GPU_JOBS = (("gres", ("--gres=gpu:2",)), ("per-node", ("--nodes=2", "--gpus-per-node=1")),
+            ("gpus", ("--gpus=3",)), ("shard", ("--gres=shard:2",)),
+            ("small", ("--partition=small", "--gres=gpu:1")),
+            ("pending", ("--nodes=4", "--gres=gpu:4")))
+
+
+def capture_gpu_counts(lab: SlurmLab, out: Path) -> Capture:
+    """How each way of asking for GPUs reads in squeue, sinfo and sacct (the pool's own
+    commands and the ones people check them with)."""
+    c = Capture(lab, out)
+    c.ssh("mkdir -p ~/nebula")
+    ids = {name: c.sbatch(f"--job-name=nebula-{name}", f"--comment=nebula-token-{name}", *args,
+                          wrap="sleep 600") for name, args in GPU_JOBS}
+    for name, job in ids.items():
+        c.wait_state(job, ("PENDING",) if name == "pending" else ("RUNNING",))
+    wait_until(lambda: "Resources" in c.ssh(f"squeue -h -j {ids['pending']} -o %r").stdout, 60,
+               "the big job to wait for Resources", 0.5)
+    c.save("sinfo_version.txt", "sinfo --version", "the version")
+    c.save("squeue.json", "squeue --json", "squeue --json (each job's tres_alloc_str, tres_per_node, "
+           "tres_per_job, gres_detail)")
+    c.save("squeue.txt", f"squeue -h -t all -O '{SQUEUE_FORMAT}'",
+           "the pool's squeue without --json (-O ... tres-alloc: a pending job's is its request)")
+    c.save("squeue_b.txt", "squeue -h -o '%i|%T|%b|%P|%k'",
+           "squeue %b, the request per node: N/A for --gpus, one node's share for --gpus-per-node")
+    c.save("sinfo.json", "sinfo --json", "sinfo --json: each node's gres, gres_used, partitions")
+    c.save("sinfo.txt", f"sinfo -h -N -O '{SINFO_FORMAT}'",
+           "the pool's sinfo without --json: a line per node and partition, GresUsed")
+    c.save("sinfo_partitions.txt", "sinfo -h -O 'Partition:|,Gres:|,GresUsed:|,Nodes:|'",
+           "sinfo -O partition,gres,gresused: what each partition has and uses, by node group")
+    c.save("sacct.txt", f"sacct -X -n -P --format={SACCT_FORMAT}",
+           "the pool's sacct: each job's AllocTRES (the pending one's is empty)")
+    c.ssh("scancel " + " ".join(ids.values()))
+    return c
+
+
 def write_sources(c: Capture, out: Path) -> None:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -220,30 +264,58 @@ def write_sources(c: Capture, out: Path) -> None:
         "`sacct -j ID`; a batch job whose node fails is requeued unless submitted with "
         "`--no-requeue` (then NODE_FAIL); `scancel` of a job that ended minutes ago exits 0 "
         "silently; the TIMEOUT job's batch step reads CANCELLED 0:15 (SIGTERM).",
-        "",
-        "| file | what | command |",
-        "|---|---|---|",
     ]
+    write_table(c, out, lines)
+
+
+def write_table(c: Capture, out: Path, lines: list[str]) -> None:
+    """SOURCES.md: ``lines``, then each file's line (what it holds, its command)."""
+    lines += ["", "| file | what | command |", "|---|---|---|"]
     for name, what, command in c.sources:
         cell = what.replace("|", "&#124;")
         lines.append(f"| `{name}` | {cell} | `{command.replace('|', '&#124;')}` |")
     (out / "SOURCES.md").write_text("\n".join(lines) + "\n")
 
 
+def write_gpu_sources(c: Capture, out: Path) -> None:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# How a real Slurm counts GPUs",
+        "",
+        f"Captured {now} by `scripts/capture_slurm.py --gpu-counts` (as root). Slurm "
+        f"{c.lab.version} (Debian 12's `slurm-wlm`), accounting "
+        f"{'on' if c.lab.accounting else 'off'}: 4 nodes `n1`–`n4` × 4 fake GPUs and 8 GPU "
+        "shards (`Gres=gpu:4,shard:8`), partition `gpu` (every node, the default) and `small` "
+        f"(`n1`, `n2`). Every command ran on the login node as the ordinary user `{USER}`.",
+        "",
+        "Jobs (`sleep 600`, ids in this order, comment `nebula-token-NAME`): "
+        + "; ".join(f"{name}: `{' '.join(args)}`" for name, args in GPU_JOBS)
+        + ". All ran but the last, which waited for Resources.",
+    ]
+    write_table(c, out, lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=REPO / "tests" / "data" / "slurm")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--gpu-counts", action="store_true",
+                        help="capture how GPUs are counted (into tests/data/slurm/gpus)")
     args = parser.parse_args()
+    args.out = args.out or REPO / "tests" / "data" / "slurm" / ("gpus" if args.gpu_counts else "")
     args.out.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="nebula-capture-"))
     root.chmod(0o755)
     subprocess.run(["useradd", "-m", USER], capture_output=True)
     try:
         unlock_for_ssh(USER)
-        with SlurmLab(root) as lab:
+        with SlurmLab(root, GPU_SHAPE if args.gpu_counts else Shape()) as lab:
             lab.authorize(USER, lab.identity_pub)
-            c = capture(lab, args.out)
-            write_sources(c, args.out)
+            if args.gpu_counts:
+                c = capture_gpu_counts(lab, args.out)
+                write_gpu_sources(c, args.out)
+            else:
+                c = capture(lab, args.out)
+                write_sources(c, args.out)
     except SlurmUnavailable as err:
         print(f"capture: {err}", file=sys.stderr)
         return 1

@@ -44,3 +44,17 @@ def gpu(head: HeadProcess, uuid: str) -> dict:
 def session_alive(head: HeadProcess, node: str, job_id: int) -> bool:
     """Whether the job's tmux session is there on its node."""
     return head.tmux(node, "has-session", "-t", f"={head.session(job_id)}").returncode == 0
+
+
+def sinfo_partitions(text: str) -> dict[str, tuple[int, int]]:
+    """``sinfo -h -O 'Partition:|,Gres:|,GresUsed:|,Nodes:|'``: each partition's (GPUs, idle
+    GPUs), its groups of alike nodes added up (a count is the last number of the gpu item),
+    read apart from the pool's parsers to check them."""
+    found: dict[str, tuple[int, int]] = {}
+    for line in text.splitlines():
+        name, gres, used, nodes = line.split("|")[:4]
+        gpus = int(gres.split(",")[0].split(":")[-1]) * int(nodes)
+        busy = int(used.split(",")[0].split("(")[0].split(":")[-1]) * int(nodes)
+        had = found.get(name.rstrip("*"), (0, 0))
+        found[name.rstrip("*")] = (had[0] + gpus, had[1] + gpus - busy)
+    return found

@@ -87,6 +87,13 @@ class JobTransitions:
         self.state.store.make_scavenger(job, self.state.settings.config.preemptible_charge, self.state.clock())
         return self._set(job)
 
+    def charge_in_full(self, job: Job, why: str) -> Job:
+        """A preemptible job runs as a normal one after all (its pool's scavenger QOS or
+        partition left behind): charged as one, and shown as one."""
+        job = replace(job, spec=replace(job.spec, preemptible=False))
+        self.state.store.charge_in_full(job, self.state.clock(), why)
+        return self._set(job)
+
     def _set(self, job: Job) -> Job:
         """The job's new status in the live table, and out to subscribers."""
         self.state.jobs[job.id] = job

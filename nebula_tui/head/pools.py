@@ -399,6 +399,7 @@ class Pools(PoolBooks):
 
     async def _apply(self, name: str, job: Job, row: dict, report: RemoteJob) -> None:
         """The job's state here follows what the pool reports."""
+        job = self._scavenger_or_full_price(name, job, report)
         if report.end is not None:
             if job.state == JobState.PENDING and report.started_at:
                 job = self._mark_running(name, job, report)  # it ran between two polls
@@ -435,6 +436,23 @@ class Pools(PoolBooks):
         elif report.waiting and job.state == JobState.PENDING:
             why = printable(report.reason or "waiting")[:200]
             self._set_reason(job, f"pending in pool {name}: {why}")
+
+    def _scavenger_or_full_price(self, name: str, job: Job, report: RemoteJob) -> Job:
+        """A preemptible job's owner may move it, while it waits there, to another QOS or
+        partition (``scontrol update``): where the pool says it is no longer in the
+        scavenger ones, it is charged as the normal job it became, not at the scavenger's
+        fraction."""
+        config = self.pools[name].config
+        if not job.spec.preemptible:
+            return job
+        moved = [f"{what} {printable(now)[:60]}" for what, now, scavenger in (
+            ("QOS", report.qos, config.scavenger_qos), ("partition", report.partition, config.scavenger_partition))
+            if scavenger and now and now != scavenger]
+        if not moved:
+            return job
+        return self.transitions.charge_in_full(job, f"job {job.id} runs in pool {name}'s "
+                                               f"{' and '.join(moved)}, not its scavenger one: "
+                                               "charged as a normal job")
 
     def _preempted(self, name: str, job: Job) -> None:
         """The pool took the job back and will not run it again (PREEMPTED): it waits in our

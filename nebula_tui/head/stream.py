@@ -14,7 +14,7 @@ from dataclasses import asdict
 
 from .. import views
 from ..model import GpuView, Job, JobState, NodeState
-from ..remote.backends import topo
+from ..node.backends import topo
 from ..scheduler.slices import common_fits
 from .state import HeadState, NodeView
 

@@ -72,6 +72,7 @@ class RemoteJob:
     elapsed_s: float | None = None  # from the cluster's accounting, when it keeps it
     gpus: int | None = None  # its allocation's GPUs, from the cluster's accounting
     qos: str = ""  # the QOS it ran in, as the cluster says ("" where it does not)
+    partition: str = ""  # the partition(s) it runs in or may run in, as the cluster says
     #: whether its Slurm comment still is the token it was sent with (the job may rewrite
     #: it: it is a check, never what finds the job)
     token_ok: bool = True
@@ -84,6 +85,17 @@ class PoolNode:
     gpus: int
     gpus_used: int | None
     usable: bool
+    partitions: tuple[str, ...] = ()  # a node may be in several
+
+
+@dataclass(frozen=True)
+class PartitionGpus:
+    """One partition's GPUs, as ``sinfo -O partition,gres,gresused`` counts them: each of
+    its usable nodes', whatever other partitions share them."""
+
+    name: str
+    gpus: int
+    idle: int | None  # None: the cluster does not say what is in use
 
 
 @dataclass(frozen=True)
@@ -102,9 +114,7 @@ class Capacity:
 
     @property
     def gpus_idle(self) -> int | None:
-        if any(n.gpus_used is None for n in self.nodes if n.usable):
-            return None
-        return sum(max(0, n.gpus - (n.gpus_used or 0)) for n in self.nodes if n.usable)
+        return _partition("", [n for n in self.nodes if n.usable]).idle
 
     @property
     def max_gpus_per_node(self) -> int:
@@ -112,6 +122,20 @@ class Capacity:
 
     def nodes_with(self, gpus: int) -> int:
         return sum(1 for n in self.nodes if n.usable and n.gpus >= gpus)
+
+    @property
+    def partitions(self) -> tuple[PartitionGpus, ...]:
+        """Each partition's GPUs and idle GPUs, by name (a GPU of a node in two partitions
+        is idle in both: either may take it)."""
+        names = sorted({p for n in self.nodes for p in n.partitions})
+        return tuple(_partition(name, [n for n in self.nodes if n.usable and name in n.partitions])
+                     for name in names)
+
+
+def _partition(name: str, nodes: list[PoolNode]) -> PartitionGpus:
+    idle = None if any(n.gpus_used is None for n in nodes) else \
+        sum(max(0, n.gpus - (n.gpus_used or 0)) for n in nodes)
+    return PartitionGpus(name, sum(n.gpus for n in nodes), idle)
 
 
 @dataclass

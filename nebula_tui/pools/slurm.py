@@ -90,6 +90,17 @@ unset NEBULA_PART
 _RUN_PART = 'eval "$NEBULA_PART"'
 
 
+def capacity_of(version: tuple[int, ...], nodes: list[parse.SlurmNode], partition: str,
+                ends_from: str) -> Capacity:
+    """What sinfo's nodes offer a pool sent to ``partition`` ("": the cluster's default,
+    every partition counted)."""
+    if partition:  # sinfo --json lists every node whatever -p says; only ours counts here
+        nodes = [replace(n, partitions=(partition,)) for n in nodes
+                 if not n.partitions or partition in n.partitions]
+    return Capacity(parse.version_text(version),
+                    tuple(PoolNode(n.name, n.state, n.gpus, n.gpus_used, n.usable, n.partitions)
+                          for n in nodes), ends_from=ends_from)
+
 
 class SlurmPool:
     """One Slurm cluster (see the module docstring). ``key`` is the head's pool key, which a
@@ -369,7 +380,7 @@ class SlurmPool:
             command = f"squeue --json -t all -u {user}"
             reader = parse.parse_squeue_json
         else:
-            command = f"squeue -h -t all -u {user} -o {shlex.quote(parse.SQUEUE_FORMAT)}"
+            command = f"squeue -h -t all -u {user} -O {shlex.quote(parse.SQUEUE_FORMAT)}"
             reader = parse.parse_squeue_text
         status, out, err = await self.run(account, command)
         if status != 0:
@@ -389,7 +400,7 @@ class SlurmPool:
             started_at=final.start or job.start, ended_at=final.end or job.end, end=end,
             exit_code=final.exit_code, preempted=final.state == "PREEMPTED",
             elapsed_s=final.elapsed_s, gpus=final.gpus, qos=final.qos or job.qos,
-            token_ok=not job.comment or job.comment == token)
+            partition=final.partition or job.partition, token_ok=not job.comment or job.comment == token)
 
     async def _sacct(self, account: str, ids: list[str]) -> dict[str, parse.SlurmJob]:
         """The ends ``account``'s accounting holds for ``ids`` that are ``account``'s ({}
@@ -432,12 +443,10 @@ class SlurmPool:
 
     async def find(self, account: str, token: str) -> RemoteJob | None:
         """The job of ``account`` sent with ``token`` (an intent whose sbatch answer was
-        lost: the one time a token finds a job, and only among that user's own). Comments
-        are public: of several jobs carrying it, the first sent is ours (a copy comes after)."""
+        lost: the one time a token finds a job, and only among that user's own; of several
+        carrying it, the first sent: comments are public, and a copy comes after)."""
         found = [job for job in await self._squeue(account) if job.comment == token]
-        if not found:
-            return None
-        return self._report(min(found, key=lambda job: sent_order(job.slurm_id)), None, token)
+        return self._report(min(found, key=lambda job: sent_order(job.slurm_id)), None, token) if found else None
 
     async def ours(self, account: str, prefix: str, since: float | None = None) -> list[parse.SlurmJob]:
         """``account``'s jobs whose comment starts with ``prefix`` (this head's tokens), as
@@ -472,7 +481,7 @@ class SlurmPool:
             reader = parse.parse_sinfo_json
         else:
             status, out, err = await self.run(
-                account, f"sinfo -h -N{partition} -o {shlex.quote(parse.SINFO_FORMAT)}")
+                account, f"sinfo -h -N{partition} -O {shlex.quote(parse.SINFO_FORMAT)}")
             reader = parse.parse_sinfo_text
         if status != 0:
             raise PoolUnavailable(f"pool {self.name}: sinfo failed: {err.strip()[:200]}")
@@ -480,11 +489,8 @@ class SlurmPool:
             nodes = reader(out)
         except ValueError as why:
             raise PoolDegraded(f"pool {self.name}: {why}") from None
-        if self.config.partition:  # sinfo --json lists every node whatever -p says
-            nodes = [n for n in nodes if not n.partitions or self.config.partition in n.partitions]
-        return Capacity(parse.version_text(version),
-                        tuple(PoolNode(n.name, n.state, n.gpus, n.gpus_used, n.usable) for n in nodes),
-                        ends_from="sacct" if self.accounting else "squeue")
+        return capacity_of(version, nodes, self.config.partition,
+                           "sacct" if self.accounting else "squeue")
 
     # ----------------------------------------------------------------- the job's life
     async def _scontrol(self, account: str, words: list[str], what: str) -> None:
@@ -503,9 +509,11 @@ class SlurmPool:
         await self._scontrol(account, ["scontrol", "requeue", remote_id], "scontrol requeue")
 
     async def logs(self, account: str, path: str, offset: int) -> tuple[str, int, int]:
-        """(text from byte ``offset``, the next offset, the file's size when read)."""
-        command = (f"[ -e {shlex.quote(path)} ] || exit 0; stat -c %s -- {shlex.quote(path)}; "
-                   f"tail -c +{int(offset) + 1} -- {shlex.quote(path)} | head -c {LOG_CHUNK}")
+        """(text from byte ``offset``, the next offset, the file's size when read): a regular
+        file only, opened without blocking (the job may make its output a FIFO)."""
+        where = shlex.quote(path)
+        command = (f"[ -f {where} ] || exit 0; stat -L -c %s -- {where}; dd if={where} iflag=nonblock,"
+                   f"skip_bytes,count_bytes skip={int(offset)} count={LOG_CHUNK} bs=65536 status=none")
         _, out, _ = await self.run_bytes(account, command, limit=LOG_CHUNK + 64)
         size_line, _, data = out.partition(b"\n")
         size = int(size_line) if size_line.strip().isdigit() else 0

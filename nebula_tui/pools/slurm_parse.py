@@ -1,7 +1,9 @@
 """Slurm's outputs as plain data: pure functions, no I/O (tests/data/slurm holds real ones).
 
-Slurm 22.05 has ``--json`` for ``squeue`` and ``sinfo``; older ones only the ``-o`` formats,
+Slurm 22.05 has ``--json`` for ``squeue`` and ``sinfo``; older ones only the ``-O`` formats,
 which a pool falls back on (``has_json``, from ``sinfo --version`` read at connect). A
+job's GPUs are its allocation's TRES (``gres/gpu=N``), never ``squeue %b``: that is the
+request per node (N/A for ``--gpus``, one node's share for ``--gpus-per-node``). A
 job's end comes from ``sacct`` where the cluster keeps accounting, else from ``squeue -t
 all`` while the job is still listed (``MinJobAge``, 300 s by default). Any text gives an
 answer or ``ValueError``: the cluster's output is never trusted to be well-formed, nor
@@ -16,10 +18,13 @@ from dataclasses import dataclass
 
 from ..model import JobState
 
-#: what ``squeue -o`` prints per job when a cluster has no ``--json`` (one line, ``|``)
-SQUEUE_FORMAT = "%i|%T|%r|%N|%k|%S|%e|%u|%q|%P"
-#: what ``sinfo -N -o`` prints per node when a cluster has no ``--json``
-SINFO_FORMAT = "%N|%G|%T|%P"
+#: what ``squeue -O`` prints per job when a cluster has no ``--json`` (one line, each field
+#: ended by ``|``, none cut); ``-o`` has no allocated TRES (its ``%b`` is the request per node)
+SQUEUE_FORMAT = ("JobID:|,State:|,Reason:|,NodeList:|,Comment:|,StartTime:|,EndTime:|,UserName:|,"
+                 "QOS:|,Partition:|,tres-alloc:|")
+#: what ``sinfo -N -O`` prints per node and partition when a cluster has no ``--json``
+#: (``-o`` has no GPUs in use)
+SINFO_FORMAT = "NodeList:|,Gres:|,StateLong:|,Partition:|,GresUsed:|"
 #: the fields ``sacct`` is asked for, in this order
 SACCT_FORMAT = "JobID,State,ExitCode,Elapsed,AllocTRES,Start,End,User,QOS,Partition"
 
@@ -46,7 +51,7 @@ class SlurmJob:
     signal: int | None = None  # the signal that killed it, if one did
     elapsed_s: float | None = None  # sacct's Elapsed
     user: str = ""  # the account Slurm lists it under ("" where the output does not say)
-    gpus: int | None = None  # the GPUs of its allocation (sacct's AllocTRES gres/gpu)
+    gpus: int | None = None  # its allocation's GPUs (AllocTRES gres/gpu; None before one)
     qos: str = ""
     partition: str = ""
 
@@ -151,7 +156,7 @@ def gres_gpus(text: str) -> int:
     """The GPUs a gres string holds ("gpu:4", "gpu:a100:2(S:0-1),shard:8", "gres:gpu:2")."""
     total = 0
     for item in re.split(r",(?![^()]*\))", text or ""):
-        item = re.sub(r"\(.*\)", "", item.strip())
+        item = re.sub(r"\([^)]*\)", "", item.strip())  # "(IDX:0-1)", a "(null)" type
         if item.startswith("gres:"):
             item = item[len("gres:"):]
         words = item.split(":")
@@ -221,34 +226,38 @@ def parse_squeue_json(text: str) -> list[SlurmJob]:
                             str(item.get("nodes") or ""), str(item.get("comment") or ""),
                             _time(item.get("start_time")), _time(item.get("end_time")), code, signal,
                             user=str(item.get("user_name") or ""), qos=str(item.get("qos") or ""),
-                            partition=str(item.get("partition") or "")))
+                            partition=str(item.get("partition") or ""),
+                            gpus=tres_gpus(str(item.get("tres_alloc_str") or ""))))
     return jobs
 
 
 def _listed(slurm_id: str, state: str, reason: str, nodes: str, comment: str, start: float | None,
             end: float | None, code: int | None = None, signal: int | None = None,
-            user: str = "", qos: str = "", partition: str = "") -> SlurmJob:
+            user: str = "", qos: str = "", partition: str = "", gpus: int | None = None) -> SlurmJob:
     """A job as squeue lists it: a start only once it started, an end only once it ended
-    (squeue gives the expected ones before)."""
+    (squeue gives the expected ones before), GPUs once allocated (``-O tres-alloc`` gives a
+    waiting job's request)."""
     state = state.upper()
     return SlurmJob(slurm_id=slurm_id, state=state, reason="" if reason == "None" else reason,
                     nodes=expand_hostlist(nodes), comment=comment,
                     start=start if state != "PENDING" else None,
                     end=end if state not in WAITING | RUNNING else None,
-                    exit_code=code, signal=signal, user=user, qos=qos, partition=partition)
+                    exit_code=code, signal=signal, user=user, qos=qos, partition=partition,
+                    gpus=gpus if state not in WAITING else None)
 
 
 def parse_squeue_text(text: str) -> list[SlurmJob]:
-    """``squeue -h -o SQUEUE_FORMAT`` (clusters without --json); no exit codes there."""
+    """``squeue -h -O SQUEUE_FORMAT`` (clusters without --json; the first seven fields are
+    also ``-o '%i|%T|%r|%N|%k|%S|%e'``'s); no exit codes there."""
     jobs = []
     for line in text.splitlines():
         fields = line.split("|")
         if len(fields) < 7 or not fields[0].strip():
             continue
         slurm_id, state, reason, nodes, comment, start, end = (f.strip() for f in fields[:7])
-        user, qos, partition = (f.strip() for f in (fields[7:10] + ["", "", ""])[:3])
+        user, qos, partition, tres = (f.strip() for f in (fields[7:11] + [""] * 4)[:4])
         jobs.append(_listed(slurm_id, state, reason, nodes, comment, _iso_time(start), _iso_time(end),
-                            user=user, qos=qos, partition=partition))
+                            user=user, qos=qos, partition=partition, gpus=tres_gpus(tres)))
     return jobs
 
 
@@ -269,18 +278,20 @@ def parse_sinfo_json(text: str) -> list[SlurmNode]:
 
 
 def parse_sinfo_text(text: str) -> list[SlurmNode]:
-    """``sinfo -h -N -o SINFO_FORMAT``: one line per node and partition (merged here); no
-    GPUs in use there (``gpus_used`` None)."""
+    """``sinfo -h -N -O SINFO_FORMAT``: one line per node and partition (merged here). The
+    older ``-o '%N|%G|%T|%P'`` has no GPUs in use (``gpus_used`` None)."""
     merged: dict[str, SlurmNode] = {}
     for line in text.splitlines():
         fields = line.split("|")
         if len(fields) < 4 or not fields[0].strip():
             continue
         name, gres, state, partition = (f.strip() for f in fields[:4])
-        partition = partition.rstrip("*")
+        used = fields[4].strip() if len(fields) > 4 else ""
+        partition = partition.rstrip("*")  # the default partition's mark
         known = merged.get(name)
         parts = (known.partitions if known else ()) + ((partition,) if partition else ())
-        merged[name] = SlurmNode(name, state.lower(), gres_gpus(gres), None, parts)
+        merged[name] = SlurmNode(name, state.lower(), gres_gpus(gres),
+                                 gres_gpus(used) if used else None, parts)
     return list(merged.values())
 
 

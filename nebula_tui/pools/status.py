@@ -33,6 +33,10 @@ def pool_view(config: PoolConfig, kind: str, capacity: Capacity | None,
         idle = capacity.gpus_idle
         line = (f"{config.name} ({where}): {capacity.gpus_total} GPUs, "
                 f"{'?' if idle is None else idle} idle")
+        parts = capacity.partitions
+        if len(parts) > 1:  # nodes shared by partitions: each one's own, as sinfo counts
+            line += " (" + ", ".join(f"{p.name} {'?' if p.idle is None else p.idle} of {p.gpus} idle"
+                                     for p in parts) + ")"
     line += f"; ours: {running} running, {pending} pending"
     return {
         "name": config.name, "kind": kind, "host": config.host, "version": version,
@@ -43,7 +47,10 @@ def pool_view(config: PoolConfig, kind: str, capacity: Capacity | None,
         "gpus_total": capacity.gpus_total if capacity else None,
         "gpus_idle": capacity.gpus_idle if capacity else None,
         "nodes": [{"name": n.name, "state": n.state, "gpus": n.gpus, "gpus_used": n.gpus_used,
-                   "usable": n.usable} for n in (capacity.nodes if capacity else ())],
+                   "usable": n.usable, "partitions": list(n.partitions)}
+                  for n in (capacity.nodes if capacity else ())],
+        "partitions": [{"name": p.name, "gpus": p.gpus, "gpus_idle": p.idle}
+                       for p in (capacity.partitions if capacity else ())],
         "running": running, "pending": pending, "max_jobs": config.max_jobs,
         "burst_after_s": config.burst_after_s,
         "ends_from": capacity.ends_from if capacity else None, "line": printable(line),

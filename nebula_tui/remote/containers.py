@@ -26,9 +26,9 @@ from . import vendors
 
 #: /dev/shm in the container: Docker's 64 MB default breaks PyTorch's DataLoader workers.
 SHM_SIZE = "8g"
-#: The pinning of data mounts (``probes/mount_pins.py``), run by the wrapper as root with the
+#: The pinning of data mounts (``node/mount_pins.py``), run by the wrapper as root with the
 #: node's python3 when a root runtime mounts a job user's paths.
-PINS_SOURCE = ((resources.files(__package__) / "probes" / "mount_pins.py").read_text()
+PINS_SOURCE = ((resources.files("nebula_tui.node") / "mount_pins.py").read_text()
                + "\npins_main(sys.argv)\n")
 _PCI = re.compile(r"^(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 

@@ -16,8 +16,9 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from .backends import amd, ascend, intel, nvidia_smi, topo, xid
-from .backends.reading import clamp
+from ..node.backends import amd, ascend, intel, nvidia_smi, topo
+from ..node.backends.reading import clamp
+from .backends import xid
 
 #: Rows shown raw (a headerless CSV whose columns cannot be named) before the rest is cut.
 RAW_ROWS_SHOWN = 1000

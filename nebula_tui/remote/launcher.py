@@ -20,7 +20,7 @@ from . import containers, preflight, vendors
 from .protocol import Hello
 
 #: The node-side warm-up (R27), run by the wrapper with the node's python3.
-WARMUP_SOURCE = (resources.files(__package__) / "probes" / "warmup.py").read_text()
+WARMUP_SOURCE = (resources.files("nebula_tui.node") / "warmup.py").read_text()
 
 
 #: the tmux server (``tmux -L``) of jobs on every node. One for every head: a socket of

@@ -10,7 +10,7 @@ text inside the script.
 Every path a user names is resolved by a process of that user (these checks, then the
 job's own shell), never by root on the user's behalf, so a symlink leads only where the user
 could go anyway. The one runtime that opens a path as root, a root container runtime's bind
-mount, is given the source as the user opened it (``containers.pin_lines``, ``probes/
+mount, is given the source as the user opened it (``containers.pin_lines``, ``node/
 mount_pins.py``): the check here is then only the early sentence, the pin the real test.
 
 ``CONDA_LOOKUP`` is the one place that says where a conda tool is looked for; the nodelet's

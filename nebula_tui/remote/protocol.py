@@ -5,7 +5,7 @@ A node is not trusted: :func:`read_message` never raises on odd content. A field
 wrong type reads as its "missing" value (a job number that is not one: ``None``; a
 ``pid_jobs`` that is no mapping: empty), so a handler only ever checks for that. Replies
 to the head's requests are matched with their requests in ``ssh.NodeLink`` and are not
-messages here. The nodelet's docstring (``probes/nodelet.py``) lists every field it sends.
+messages here. The nodelet's docstring (``node/nodelet.py``) lists every field it sends.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The head's side of the hardware layer: a nodelet's vendor-neutral messages as model values.
 
-The nodelet (``remote/probes``) reads every vendor's devices and sends plain dicts (the keys
+The nodelet (``node/``) reads every vendor's devices and sends plain dicts (the keys
 of ``backends.reading.FIELDS``); :func:`read_probe` turns one probe message into
 ``GpuReading``/``GpuProcess`` values, the problems to show on the node and the notes of
 impossible readings the node clamped, and :func:`read_hello` the facts a hello carries
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, fields
 
 from ..model import GpuProcess, GpuReading
 from ..scheduler.topology import pcie_gbps
-from .backends import topo
-from .backends.reading import FIELDS
+from ..node.backends import topo
+from ..node.backends.reading import FIELDS
 
 _READING_FIELDS = frozenset(f.name for f in fields(GpuReading))
 _CUDA_VERSION = re.compile(r"CUDA Version:\s*(\d+\.\d+)")

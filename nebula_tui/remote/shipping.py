@@ -2,8 +2,8 @@
 
 Nodes stay agentless: nothing is installed. The node's ``python3 -c`` reads one compressed
 script from stdin. That script first puts an importer in front of ``sys.meta_path`` that
-serves the shipped modules under their own names (``nebula_tui.remote.backends.reading``,
-``nebula_tui.remote.probes.hardware``, …, and ``pynvml`` from the head's ``nvidia-ml-py``),
+serves the shipped modules under their own names (``nebula_tui.node.backends.reading``,
+``nebula_tui.node.hardware``, …, and ``pynvml`` from the head's ``nvidia-ml-py``),
 so their relative imports work as on the head and a node's own installed copies never
 shadow them; then it runs the nodelet as the main script, which imports what it uses from
 them like any module.
@@ -21,34 +21,33 @@ from importlib import resources
 #: The modules the nodelet imports, by their names on the head. Each is stdlib only and
 #: Python 3.6 syntax (tests/unit/test_hardware.py checks both).
 SHIPPED_MODULES = (
-    "nebula_tui.remote.backends.reading",
-    "nebula_tui.remote.backends.nvidia_smi",
-    "nebula_tui.remote.backends.amd",
-    "nebula_tui.remote.backends.intel",
-    "nebula_tui.remote.backends.ascend",
-    "nebula_tui.remote.backends.topo",
-    "nebula_tui.remote.probes.hardware",
-    "nebula_tui.remote.probes.vendor_nvidia",
-    "nebula_tui.remote.probes.vendor_amd",
-    "nebula_tui.remote.probes.vendor_intel",
-    "nebula_tui.remote.probes.vendor_ascend",
-    "nebula_tui.remote.probes.registry",
-    "nebula_tui.remote.probes.kmsg_cursor",
-    "nebula_tui.remote.probes.cgroups",
-    "nebula_tui.remote.probes.node_containers",
-    "nebula_tui.remote.probes.mount_pins",
-    "nebula_tui.remote.probes.tmux_control",
-    "nebula_tui.remote.probes.node_base",
-    "nebula_tui.remote.probes.job_dirs",
-    "nebula_tui.remote.probes.attribution",
-    "nebula_tui.remote.probes.kernel_log",
-    "nebula_tui.remote.probes.cleaner",
-    "nebula_tui.remote.probes.watcher",
-    "nebula_tui.remote.probes.ops",
+    "nebula_tui.node.backends.reading",
+    "nebula_tui.node.backends.nvidia_smi",
+    "nebula_tui.node.backends.amd",
+    "nebula_tui.node.backends.intel",
+    "nebula_tui.node.backends.ascend",
+    "nebula_tui.node.backends.topo",
+    "nebula_tui.node.hardware",
+    "nebula_tui.node.vendor_nvidia",
+    "nebula_tui.node.vendor_amd",
+    "nebula_tui.node.vendor_intel",
+    "nebula_tui.node.vendor_ascend",
+    "nebula_tui.node.registry",
+    "nebula_tui.node.kmsg_cursor",
+    "nebula_tui.node.cgroups",
+    "nebula_tui.node.node_containers",
+    "nebula_tui.node.mount_pins",
+    "nebula_tui.node.tmux_control",
+    "nebula_tui.node.node_base",
+    "nebula_tui.node.job_dirs",
+    "nebula_tui.node.attribution",
+    "nebula_tui.node.kernel_log",
+    "nebula_tui.node.cleaner",
+    "nebula_tui.node.watcher",
+    "nebula_tui.node.ops",
 )
 #: Their packages, shipped empty: the head's ``__init__`` files import head-only code.
-SHIPPED_PACKAGES = ("nebula_tui", "nebula_tui.remote", "nebula_tui.remote.backends",
-                    "nebula_tui.remote.probes")
+SHIPPED_PACKAGES = ("nebula_tui", "nebula_tui.node", "nebula_tui.node.backends")
 #: Shipped when the head has it (the ``nvidia-ml-py`` distribution's single module).
 THIRD_PARTY = ("pynvml",)
 #: The main script: the nodelet (it imports the modules above by their names).
@@ -105,8 +104,8 @@ def script() -> str:
         text = _source(module)
         if text is not None:  # without it, NVIDIA nodes fall back to nvidia-smi and say why
             sources[module] = text
-    probes = resources.files("nebula_tui.remote.probes")
-    main = probes.joinpath(MAIN_SCRIPT).read_text(encoding="utf-8")
+    node = resources.files("nebula_tui.node")
+    main = node.joinpath(MAIN_SCRIPT).read_text(encoding="utf-8")
     return (f"_SHIPPED_SOURCES = {sources!r}\n_SHIPPED_PACKAGES = {SHIPPED_PACKAGES!r}\n"
             + _IMPORTER + "\n\n" + main)
 

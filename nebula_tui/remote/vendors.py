@@ -1,5 +1,5 @@
 """What the head knows of each GPU vendor, one row each, as the node side's backends are one
-row each in ``probes/registry.py``: the variables that show a job its cards, how a container
+row each in ``node/registry.py``: the variables that show a job its cards, how a container
 is given them, whether the warm-up wakes them, and the tool a new node's smoke test runs.
 
 The launcher (``launcher.visible_devices``), the container lines (``containers``) and the

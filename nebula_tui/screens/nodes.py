@@ -14,6 +14,7 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.events import DescendantFocus
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
@@ -213,6 +214,7 @@ class NodesScreen(ClusterScreen):
         self._log: list[dict] = []  # the log's lines from before the stream's, oldest first
         self.events: dict[str, dict] = {}  # row key -> events log line, newest first
         self._pool_nodes: dict[str, dict] = {}  # "pool:node" -> a pool's node (read-only)
+        self._detail: Text | None = None  # the cursor row's whole words, under the tables
 
     def compose_body(self) -> ComposeResult:
         node_sorts = {"name": Sort(lambda n: n["name"]), "state": Sort(lambda n: n["state"]),
@@ -229,6 +231,7 @@ class NodesScreen(ClusterScreen):
                            id="nodes-table")
             yield RowTable(EVENT_COLUMNS, self._event_cells, sorts=event_sorts,
                            natural="newest first", id="events-table")
+            yield Static("", id="nodes-detail")
 
     def on_mount(self) -> None:
         if (table := self.live_table("#nodes-table")) is not None:
@@ -268,6 +271,27 @@ class NodesScreen(ClusterScreen):
     def _nodes_arranged(self) -> None:
         self.render_all()
 
+    @on(RowTable.Highlighted)
+    @on(DescendantFocus)
+    def _show_detail(self) -> None:
+        """The cursor row of the table in focus, whole: a node's reason or an event (their
+        columns cut them at the table's edge); nothing for a node without a reason."""
+        events_log = self.focused is not None and self.focused.id == "events-table"
+        table = self.query_one("#events-table" if events_log else "#nodes-table", RowTable)
+        key = table.cursor_key
+        text = Text("")
+        if events_log and (event := self.events.get(key or "")):
+            text = Text.assemble((f"{day_clock(event.get('t'))} {event.get('kind') or ''}: ", "dim"),
+                                 event.get("message") or "")
+        elif not events_log and (node := self.cluster.nodes.get(key or "")) and node.get("reason"):
+            text = Text.assemble((f"{node['name']} ", "bold"), state_text(node["state"]),
+                                 f": {node['reason']}")
+        if text != self._detail:
+            self._detail = text
+            box = self.query_one("#nodes-detail", Static)
+            box.display = bool(text.plain)
+            box.update(text)
+
     @on(RowTable.Arranged, "#events-table")
     def _events_arranged(self) -> None:
         self._show_events()
@@ -286,6 +310,7 @@ class NodesScreen(ClusterScreen):
         table.present(nodes, lambda n: n["name"], lambda n: " ".join(
             str(n.get(k) or "") for k in ("name", "state", "host", "reason")), "Nodes")
         self._show_events()
+        self._show_detail()
 
     def _show_events(self) -> None:
         """The log newest first: the lines loaded, then the stream's newer ones."""

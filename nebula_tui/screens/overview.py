@@ -18,7 +18,9 @@ from ..model import MIB_PER_GIB
 from ..views import preemptible_text, status_summary
 from .base import TELEMETRY_EVERY_S, ClusterScreen
 from .look import LOOK
+from .queue import job_detail
 from .render import bookings_count, clock, holders_text, job_state, job_where, node_card, pool_card, state_text
+from .render import now as clock_now
 from .widgets.keys import OVERVIEW_KEYS
 from .widgets.nodecards import NodeCards
 from .widgets.rowtable import Column, RowTable, Sort
@@ -75,6 +77,7 @@ class OverviewScreen(ClusterScreen):
         self._summary_text: Text | None = None
         self._counts: tuple[int, dict] = (-1, {})  # (cluster.counts_version, R1 counts)
         self._dirty_cards: set[str] = set()  # nodes whose card is behind the cluster
+        self._detail: Text | None = None  # the cursor job's line under the queue
 
     def compose_body(self) -> ComposeResult:
         sorts = {"id": Sort(lambda j: j["id"]), "user": Sort(lambda j: j["user"]),
@@ -85,6 +88,7 @@ class OverviewScreen(ClusterScreen):
             yield NodeCards(self._card, id="cards")
             yield RowTable(QUEUE_COLUMNS, self._job_cells, sorts=sorts, natural="running first",
                            id="queue")
+            yield Static("", id="overview-detail")
             yield Static("", id="ticker")
 
     def on_mount(self) -> None:
@@ -110,6 +114,7 @@ class OverviewScreen(ClusterScreen):
             self._render_summary()
         self._render_cards()
         self.query_one("#queue", RowTable).refresh_rows()
+        self._show_detail()
 
     # ------------------------------------------------------------------ rendering
     def cluster_changed(self, change: str, key: object = None) -> None:
@@ -157,6 +162,7 @@ class OverviewScreen(ClusterScreen):
             self._render_queue()
         else:
             self.query_one("#queue", RowTable).refresh_rows()
+        self._show_detail()
         self._render_ticker()
 
     def _render_summary(self) -> None:
@@ -211,6 +217,23 @@ class OverviewScreen(ClusterScreen):
 
     def on_row_table_arranged(self, event: RowTable.Arranged) -> None:
         self._render_queue()
+
+    def on_row_table_highlighted(self, event: RowTable.Highlighted) -> None:
+        self._show_detail()
+
+    def _show_detail(self) -> None:
+        """A waiting or held job's whole reason under the queue while the cursor is on it
+        (its row cuts the reason at the table's edge); nothing for the others."""
+        key = self.query_one("#queue", RowTable).cursor_key
+        job = self.cluster.job(int(key)) if key is not None else None
+        shown = job is not None and job_state(job) in ("pending", "held")
+        text = job_detail(job, clock_now()) if shown else Text("")
+        if text != self._detail:  # (its "waiting for 3m" changes once a minute at most)
+            self._detail = text
+            box = self.query_one("#overview-detail", Static)
+            box.display = shown
+            self.set_class(shown, "detail")  # a short terminal's cards give it their room
+            box.update(text)
 
     def _render_ticker(self) -> None:
         # a short terminal's one line shows the newest; a tall one the last that fit

@@ -254,6 +254,11 @@ def pool_card(pool: dict) -> Text:
                  style=LOOK.role("free") if idle else "dim")
     lines = [title, Text(f" ours: {pool['running']} running, {pool['pending']} pending"
                          f" (at most {pool['max_jobs']})")]
+    parts = pool.get("partitions") or []
+    if len(parts) > 1:
+        lines.append(Text(" " + ", ".join(
+            f"{p['name']} {'?' if p['gpus_idle'] is None else p['gpus_idle']}/{p['gpus']} idle"
+            for p in parts)))
     nodes = pool.get("nodes") or []
     if nodes:
         lines.append(Text(" " + ", ".join(

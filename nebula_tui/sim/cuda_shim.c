@@ -2,7 +2,7 @@
  * The simulated lab's CUDA driver: a shared library named libcuda.so.1 that a job's process
  * loads on a simulated node (the lab puts its directory on the node's LD_LIBRARY_PATH).
  *
- * It has the calls the warm-up makes (remote/probes/warmup.py) and nothing more, answered
+ * It has the calls the warm-up makes (node/warmup.py) and nothing more, answered
  * from the simulated node's state:
  *   $NEBULA_SIM_DIR/cuda.tsv     "gpu<TAB>index<TAB>uuid<TAB>memory-MiB": the node's cards
  *   $NEBULA_SIM_DIR/faults.tsv   per-card faults (the same file the simulated NVML reads)

@@ -145,6 +145,9 @@ class Shape:
     nodes: int = 4
     gpus: int = 4
     cpus: int = 8  # advertised: more than the machine's, so jobs are bound by GPUs
+    shards: int = 0  # >0: each node also offers this many GPU shards (gres/shard)
+    #: more partitions beside ``gpu`` (every node): (name, Slurm host list)
+    partitions: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -199,17 +202,21 @@ SlurmdParameters=config_overrides
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-GresTypes=gpu
+GresTypes={"gpu,shard" if shape.shards else "gpu"}
 """
     if sched:
         conf += f"SchedulerParameters={sched}\n"
     last = ports.first_node + shape.nodes - 1
     conf += (f"NodeName=n[1-{shape.nodes}] NodeHostname={host} NodeAddr=127.0.0.1 "
              f"Port=[{ports.first_node}-{last}] CPUs={shape.cpus} RealMemory=4000 "
-             f"Gres=gpu:{shape.gpus} State=UNKNOWN\n"
+             f"Gres=gpu:{shape.gpus}{f',shard:{shape.shards}' if shape.shards else ''} State=UNKNOWN\n"
              f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n")
+    conf += "".join(f"PartitionName={name} Nodes={nodes} MaxTime=INFINITE State=UP\n"
+                    for name, nodes in shape.partitions)
     gres = "AutoDetect=off\n" + "".join(
         f"NodeName=n{i} Name=gpu File={root}/dev/n{i}/nvidia[0-{shape.gpus - 1}]\n"
+        + (f"NodeName=n{i} Name=shard Count={shape.shards} File={root}/dev/n{i}/nvidia[0-{shape.gpus - 1}]\n"
+           if shape.shards else "")
         for i in range(1, shape.nodes + 1))
     return conf, gres
 

@@ -76,6 +76,14 @@ class Jobs(Accounting):
             self._event(t, "quota", f"job {job.id} of {job.user} runs as preemptible work on idle "
                                     f"cards: its user is past their quota", job_id=job.id, user=job.user)
 
+    def charge_in_full(self, job: Job, t: float, why: str) -> None:
+        """A preemptible job that no longer runs as one (its pool's scavenger QOS or
+        partition left behind): its spec says so and its hours are charged in full."""
+        with self.transaction():
+            self.db.execute("UPDATE jobs SET spec = ?, charge = 1.0 WHERE id = ?",
+                            [json.dumps(spec_fields(job.spec)), job.id])
+            self._event(t, "pool", why, job_id=job.id, user=job.user)
+
     def set_held(self, job_id: int, held_by: str | None, by: str, t: float) -> None:
         """Hold a pending job (it is not scheduled until released) or release it."""
         with self.transaction():

@@ -267,3 +267,75 @@ def test_the_demo_with_slurm_checks_for_sshd_before_starting_anything(monkeypatc
     assert err.count("\n") == 1 and "OpenSSH server not found" in err
     assert "apt-get install -y openssh-server" in err
     assert not (home / "lab").exists()  # nothing started
+
+
+MEMBER, SHARED_GROUP = "nebdemomember", "nebdemolab"
+
+
+@pytest.mark.slow
+def test_the_shared_demo_runs_a_members_pool_job_as_that_member(tmp_path):
+    """``sudo nebula demo --headless --slurm --shared-group G``: a lab member authorises the
+    head's pool key for her own account on the login node, as `nebula pool authorize`
+    says, and her ``submit --pool hpc -- id -un`` runs in Slurm as her, not as root (the
+    demo's own account) nor as another member's."""
+    from test_multiuser import RUNUSER, lab_users
+
+    from nebula_tui.sim.slurmlab import unlock_for_ssh
+
+    reason = _why_no_slurm()
+    if reason:
+        pytest.skip(reason)
+    public = Path(tempfile.mkdtemp(prefix="nebula-demo-shared-"))  # pytest's own is root's alone
+    public.chmod(0o755)
+    shutil.copytree(REPO / "nebula_tui", public / "nebula_tui", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["chmod", "-R", "a+rX", str(public / "nebula_tui")], check=True)
+    home = public / "home"
+    out = tmp_path / "demo.out"
+
+    def member(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public), "LANG": "C.UTF-8",
+               "NEBULA_SOCKET": str(home / "nebula.sock"), "NEBULA_HOME": f"/tmp/{MEMBER}-nebula"}
+        return subprocess.run([RUNUSER, "-u", MEMBER, "--", "/usr/bin/python3", "-m", "nebula_tui", *args],
+                              env=env, capture_output=True, text=True, timeout=timeout, cwd="/")
+
+    demo = None
+    try:
+        for _ in lab_users(SHARED_GROUP, (MEMBER,), ()):
+            unlock_for_ssh(MEMBER)
+            env = dict(os.environ, NEBULA_HOME=str(home), PYTHONPATH=str(REPO))
+            with open(out, "w") as sink:
+                demo = subprocess.Popen(
+                    [sys.executable, "-m", "nebula_tui", "demo", "--headless", "--slurm",
+                     "--shared-group", SHARED_GROUP], env=env, cwd=REPO, stdout=sink,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            wait_for(lambda: "Press Ctrl-C" in out.read_text() or demo.poll() is not None, 300,
+                     interval=0.3, what="the demo to start")
+            assert demo.poll() is None, out.read_text()
+            view = json.loads(wait_for(lambda: (a := member("pool", "authorize", "hpc", "--json")).returncode == 0
+                                       and a.stdout, 60, interval=0.5, what="the pool's key"))
+            assert view["per_submitter"] and view["line"], view
+            ssh = Path(f"/home/{MEMBER}/.ssh")
+            ssh.mkdir(mode=0o700, exist_ok=True)
+            (ssh / "authorized_keys").write_text(view["line"] + "\n")
+            (ssh / "authorized_keys").chmod(0o600)
+            subprocess.run(["chown", "-R", f"{MEMBER}:{MEMBER}", str(ssh)], check=True)
+            done = member("submit", "--pool", "hpc", "--", "id", "-un")
+            assert done.returncode == 0, done.stderr
+            job = int(re.search(r"job (\d+)", done.stdout).group(1))
+
+            def ended():
+                state = json.loads(member("job", str(job), "--json").stdout)
+                return state if state["state"] in ("succeeded", "failed") else None
+
+            state = wait_for(ended, 120, interval=0.5, what="the member's pool job to end")
+            assert state["state"] == "succeeded" and state["user"] == MEMBER, state
+            assert state["node"].startswith("hpc:n")
+            assert member("logs", str(job), timeout=30).stdout.split() == [MEMBER]
+    finally:
+        if demo is not None and demo.poll() is None:
+            os.kill(demo.pid, signal.SIGINT)
+            try:
+                demo.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(demo.pid, signal.SIGKILL)
+        shutil.rmtree(public, ignore_errors=True)

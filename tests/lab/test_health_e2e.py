@@ -79,14 +79,14 @@ def cancel(head: HeadProcess, job_id: int) -> None:
 def test_nodelet_reads_the_kernel_log_with_the_parsers_cursor():
     # The node runs the very code the parsers use: it is shipped with the nodelet.
     from nebula_tui.remote.backends import xid
-    from nebula_tui.remote.probes import kmsg_cursor
+    from nebula_tui.node import kmsg_cursor
     from nebula_tui.remote.ssh import nodelet_source
 
     assert xid.new_lines is kmsg_cursor.new_lines
     shipped = nodelet_source().decode()
     assert shipped.count("def new_lines(") == 1
     assert shipped.index("def new_lines(") < shipped.index("new_lines(text, self.cursor")
-    assert "def new_lines(" not in (REPO / "nebula_tui/remote/probes/nodelet.py").read_text()
+    assert "def new_lines(" not in (REPO / "nebula_tui/node/nodelet.py").read_text()
 
 
 def test_parse_xid_prints_events(health, tmp_path):

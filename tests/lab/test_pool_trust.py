@@ -188,6 +188,24 @@ def test_the_command_is_on_no_command_line_and_the_output_is_private(head):
     assert wait_state(head, job, {"succeeded", "failed"})["state"] == "succeeded"
 
 
+def test_a_job_that_turns_its_output_into_a_fifo_holds_no_log_read(head):
+    """The job replaces its output file with a FIFO (its own account may): a log read does
+    not wait on it until the timeout, holding the account's connection; it says nothing."""
+    job = submit(head, "--pool", "hpc", "--command",
+                 'out=$(scontrol show job "$SLURM_JOB_ID" | sed -n "s/.*StdOut=//p"); echo before; '
+                 'rm -f "$out"; mkfifo -m 600 "$out"; sleep 60')
+    wait_state(head, job, {"running"})
+    path = Path(pool_row(head, job)["log_path"])
+    wait_for(lambda: path.exists() and stat.S_ISFIFO(path.stat().st_mode), 30, what="the FIFO")
+    try:
+        read = head.run("logs", str(job))
+        assert read.returncode == 0, read.stderr
+        assert head.call("status")["pools"][0]["reachable"]
+    finally:
+        head.run("cancel", str(job))
+        wait_state(head, job, {"cancelled", "failed", "succeeded"})
+
+
 def test_preemptible_without_a_scavenger_qos_is_refused(head):
     done = head.run("submit", "--pool", "hpc", "--preemptible", "--", "true")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
@@ -199,6 +217,27 @@ def test_preemptible_runs_in_the_scavenger_partition(slurm_lab, tmp_path):
         head = start_head(tmp_path / "home", config(slurm_lab, tmp_path / "nodes.yaml",
                                                     scavenger_partition="nebscav"))
         _scavenger_partition_used(head, slurm_lab)
+
+
+def test_a_preemptible_job_its_owner_moves_off_the_scavenger_partition_is_charged_in_full(slurm_lab, tmp_path):
+    """While her preemptible job waits in the (down) scavenger partition, its owner moves it
+    to the normal one with scontrol, where it runs as a normal job: it is charged in full
+    (Slurm's elapsed time × the GPUs it held), not at the scavenger's quarter."""
+    with partition(slurm_lab, "nebscav", "State=DOWN"):
+        head = start_head(tmp_path / "home", config(slurm_lab, tmp_path / "nodes.yaml",
+                                                    scavenger_partition="nebscav"))
+        try:
+            job = submit(head, "--pool", "hpc", "--preemptible", "--", "sleep", "6")
+            wait_for(lambda: "PartitionDown" in head.job(job)["reason"], 30, what="it waits there")
+            moved = subprocess.run(["scontrol", "update", f"jobid={remote_id(head, job)}", "partition=gpu"],
+                                   env=slurm_lab.env, capture_output=True, text=True, timeout=30)
+            assert moved.returncode == 0, moved.stderr
+            _charged_what_was_allocated_for(head, slurm_lab, job)
+            said = [e["message"] for e in head.call("events", job=job)["events"]]
+            assert any("partition gpu, not its scavenger one: charged as a normal job" in m for m in said), said
+            assert not head.job(job)["preemptible"]
+        finally:
+            cancel_left_and_stop(head)
 
 
 def _scavenger_partition_used(head: HeadProcess, slurm_lab) -> None:
@@ -351,19 +390,25 @@ def test_a_pool_job_is_charged_the_gpus_slurms_accounting_allocated(slurm_lab, t
 def _charged_what_was_allocated(head: HeadProcess, slurm_lab) -> None:
     try:
         job = submit(head, "--pool", "hpc", "--gpu-count", "1", "--", "sleep", "6")
-        assert wait_state(head, job, {"succeeded", "failed"}, timeout=90)["state"] == "succeeded"
-        rid = remote_id(head, job)
-        acct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", str(rid), "-o", "AllocTRES,ElapsedRaw"],
-                              env=slurm_lab.env, capture_output=True, text=True, timeout=30)
-        tres, elapsed = acct.stdout.strip().splitlines()[0].split("|")
-        held = int(re.search(r"gres/gpu=(\d+)", tres).group(1))
-        assert held > 1, tres  # the partition did give the whole node
-        mine = next(j for j in json.loads(head.run("history", "--json", check=True).stdout)
-                    if j["id"] == job)
-        assert mine["gpu_hours"] == pytest.approx(held * int(elapsed) / 3600, rel=0.01, abs=1e-6), \
-            (mine, tres, elapsed)
+        assert _charged_what_was_allocated_for(head, slurm_lab, job) > 1  # the whole node's
     finally:
         cancel_left_and_stop(head)
+
+
+def _charged_what_was_allocated_for(head: HeadProcess, slurm_lab, job: int) -> int:
+    """Once ``job`` ended: it was charged Slurm's elapsed time × the GPUs its accounting
+    says it held, in full; those GPUs."""
+    assert wait_state(head, job, {"succeeded", "failed"}, timeout=90)["state"] == "succeeded"
+    rid = remote_id(head, job)
+    acct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", str(rid), "-o", "AllocTRES,ElapsedRaw"],
+                          env=slurm_lab.env, capture_output=True, text=True, timeout=30)
+    tres, elapsed = acct.stdout.strip().splitlines()[0].split("|")
+    held = int(re.search(r"gres/gpu=(\d+)", tres).group(1))
+    mine = next(j for j in json.loads(head.run("history", "--json", check=True).stdout)
+                if j["id"] == job)
+    assert mine["gpu_hours"] == pytest.approx(held * int(elapsed) / 3600, rel=0.01, abs=1e-6), \
+        (mine, tres, elapsed)
+    return held
 
 
 @contextlib.contextmanager

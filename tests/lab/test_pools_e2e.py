@@ -16,7 +16,7 @@ from labfixtures import cancel_left_and_stop
 
 from labkit.harness import HeadProcess, wait_for
 from nebula_tui.store import Store
-from support import submit
+from support import sinfo_partitions, submit
 
 POLL = "1s"
 
@@ -208,7 +208,6 @@ def test_a_job_waiting_past_burst_after_runs_in_the_pool(openssh_lab, slurm_lab,
         first = submit(head, "--", "sh", "-c", "echo burst one; sleep 3")
         second = submit(head, "--", "sh", "-c", "echo burst two")
         kept = submit(head, "--pool", "local", "--", "true")
-        assert head.job(first)["state"] == "pending" and head.job(first)["pool"] is None
         for job in (first, second):
             ended = wait_state(head, job, {"succeeded", "failed"}, timeout=90)
             assert ended["state"] == "succeeded" and ended["pool"] == "hpc", ended["reason"]
@@ -217,6 +216,9 @@ def test_a_job_waiting_past_burst_after_runs_in_the_pool(openssh_lab, slurm_lab,
         sent = [m for m in events if re.match(rf"job ({first}|{second}) sent to pool hpc after "
                                                r"\d+ s waiting here", m)]
         assert [m.split()[1] for m in sent] == [str(first), str(second)]
+        # each waited here past burst_after first (read from the head's own event, not by
+        # racing its 2 s with a poll of the state under load)
+        assert all(int(re.search(r"after (\d+) s waiting", m)[1]) >= 2 for m in sent), sent
         # max_jobs 1: the second went only once the first had ended
         assert events.index(sent[1]) > events.index(f"job {first} succeeded with exit code 0")
         assert head.job(kept)["state"] == "pending" and head.job(kept)["pool"] is None
@@ -288,3 +290,43 @@ def test_a_cancel_while_the_login_node_is_down_is_done_when_it_answers(pool_head
     ended = wait_state(pool_head, job, {"cancelled", "failed", "succeeded"})
     assert ended["state"] == "cancelled" and ended["reason"] == "cancelled by root", ended["reason"]
     assert all(j["job_id"] != slurm_id or j["job_state"] == "CANCELLED" for j in squeue(slurm_lab))
+
+
+def live_partitions(slurm_lab) -> dict[str, tuple[int, int]]:
+    """Each partition's (GPUs, idle GPUs) as ``sinfo -O partition,gres,gresused`` says now."""
+    return sinfo_partitions(slurm_lab.cluster.run(
+        ["sinfo", "-h", "-O", "Partition:|,Gres:|,GresUsed:|,Nodes:|"]))
+
+
+def test_gpu_counts_read_from_the_allocation_and_free_per_partition(pool_head, slurm_lab):
+    """On the live Slurm: jobs asked with --gpus and --gpus-per-node read their allocation
+    (AllocTRES), in squeue's JSON and in the pool's squeue -O alike (squeue %b reads N/A and
+    one node's share); the head's status says each partition's free GPUs as sinfo -O
+    partition,gres,gresused does, and its pool line says as much."""
+    from nebula_tui.pools import slurm_parse as parse
+
+    run = lambda *args: slurm_lab.cluster.sbatch("--parsable", "--output=/dev/null", *args,  # noqa: E731
+                                                 "--wrap", "sleep 120").split(";")[0]
+    asked = {run("--gpus=3"): 3, run("--nodes=2", "--gpus-per-node=1"): 2}
+    try:
+        wait_for(lambda: all(j["job_state"] == "RUNNING" for j in squeue(slurm_lab)
+                             if str(j["job_id"]) in asked), 60, what="both jobs running")
+        listed = parse.parse_squeue_json(slurm_lab.cluster.run(["squeue", "--json"]))
+        text = parse.parse_squeue_text(slurm_lab.cluster.run(
+            ["squeue", "-h", "-t", "all", "-O", parse.SQUEUE_FORMAT]))
+        for jobs in (listed, text):
+            assert {j.slurm_id: j.gpus for j in jobs if j.slurm_id in asked} == asked
+        per_node = slurm_lab.cluster.run(["squeue", "-h", "-o", "%i|%b"])
+        assert {line.split("|")[0]: line.split("|")[1] for line in per_node.splitlines()
+                if line.split("|")[0] in asked} == dict(zip(asked, ("N/A", "gres:gpu:1")))
+
+        def agrees() -> bool:
+            live = live_partitions(slurm_lab)
+            line = pool_head.run("status", check=True).stdout
+            pool = pool_head.call("status")["pools"][0]
+            return ({p["name"]: (p["gpus"], p["gpus_idle"]) for p in pool["partitions"]} == live
+                    and f"16 GPUs, {live['gpu'][1]} idle; ours: " in line)
+        wait_for(agrees, 30, interval=0.5, what="the head's partitions and line to be sinfo's")
+        assert live_partitions(slurm_lab)["gpu"][1] <= 16 - 5  # ours hold 5 GPUs
+    finally:
+        slurm_lab.cluster.run(["scancel", *asked])

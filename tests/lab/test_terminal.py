@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,9 +44,10 @@ def keys(session: str, *typed: str) -> None:
 
 
 @pytest.fixture
-def demo_terminal(tmp_path):
+def demo_terminal(tmp_path, request):
+    """``nebula demo`` in a tmux terminal of 100x32 (``indirect`` parametrising: another)."""
     home = tmp_path / "home"
-    open_demo(home, "demo")
+    open_demo(home, "demo", getattr(request, "param", (100, 32)))
     try:
         yield home
     finally:
@@ -85,6 +88,51 @@ def test_demo_renders_in_a_real_terminal_and_shows_a_job(demo_terminal):
     assert _demo_processes(home) == []
     for log in ("serve.log", "lab.log"):
         assert "Traceback" not in (home / log).read_text(), log
+
+
+def flat(text: str) -> str:
+    """A screen's words on one line (a wrapped line read across its break)."""
+    return " ".join(text.split())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("demo_terminal", [(80, 24)], indirect=True)
+def test_every_screen_fits_a_real_80x24_terminal(demo_terminal):
+    """The README's tour in a real 80x24 tmux: each screen shows what a newcomer looks for,
+    a waiting job's reason reads whole on the Overview, the form says there is more below."""
+    home = demo_terminal
+    text = wait_for(lambda: "14 GPUs: 14 idle" in (s := screen()) and s, 60, interval=0.3,
+                    what="the overview with every card")
+    assert "waiting" in text and "6/6 nodes up" in text and "Events" not in text.splitlines()[-2]
+    first = cli(home, "submit", "--name", "wide", "--vendor", "nvidia", "--gpu-count", "4", "--", "sleep", "120")
+    waits = cli(home, "submit", "--name", "waits", "--vendor", "nvidia", "--gpu-count", "4", "--", "sleep", "5")
+    job = waits.stdout.split()[2]
+    reason = wait_for(lambda: json.loads(cli(home, "job", job, "--json").stdout)["reason"], 30,
+                      interval=0.5, what=f"job {job}'s reason ({first.stdout} {waits.stdout})")
+    wait_for(lambda: "waits" in screen(), 30, interval=0.3, what="the waiting job in the queue")
+    for _ in range(3):  # the cursor to the waiting job (running first)
+        if flat(reason) in flat(screen()):
+            break
+        keys("demo", "Down")
+        time.sleep(0.5)
+    wait_for(lambda: flat(reason) in flat(screen()), 10, interval=0.3,
+             what=f"the whole reason {reason!r} on the Overview")
+    for key, words in (("2", ["node06:1", "Held by", "Status"]), ("3", ["waits", "pending", "Pos"]),
+                       ("4", ["GPU-hours", "root"]), ("5", ["node06", "Events log"])):
+        time.sleep(0.5)
+        keys("demo", key)
+        wait_for(lambda: all(w in screen() for w in words), 15, interval=0.3,
+                 what=f"screen {key} with {words}")
+    keys("demo", "1")
+    keys("demo", "n")
+    wait_for(lambda: "more below" in screen() and "Command" in screen(), 15, interval=0.3,
+             what="the submit form's cue")
+    keys("demo", "Escape")
+    wait_for(lambda: "Submit a job" not in screen(), 15, interval=0.3, what="the form closed")
+    keys("demo", "q")
+    wait_for(lambda: "Quit the demo?" in screen(), 15, interval=0.3, what="the question")
+    keys("demo", "s")
+    wait_for(lambda: "DEMO-EXITED 0" in screen(), 30, interval=0.3, what="the demo to quit")
 
 
 def cli(home: Path, *args: str) -> subprocess.CompletedProcess:

@@ -152,24 +152,67 @@ async def test_key_facts_fit_at_both_sizes_and_readme_screenshots(fixed_head, si
         keep(f"gpu-{width}x{height}", app.export_screenshot())
 
 
-#: The dialogs and forms: the key that opens each over the Overview, a word it shows.
-DIALOGS = {"submit": ("n", "Submit a job"), "help": ("question_mark", "Keys — Overview")}
+#: The dialogs, forms and pages: the screen and key that open each, a word it shows.
+DIALOGS = {"submit": ("overview", "n", "Submit a job"),
+           "help": ("overview", "question_mark", "Keys — Overview"),
+           "cancel": ("overview", "c", "Cancel job 15?"),
+           "command": ("overview", "colon", "tab completes"),
+           "job": ("overview", "enter", "Log (following)"),
+           "gpu": ("gpus", "enter", "Fits"),
+           "drain": ("nodes", "d", "Drain node01?"),
+           "remove": ("nodes", "x", "Remove node01?"),
+           "add-node": ("nodes", "a", "Add a node")}
+
+#: What each must show whole at every size (its question, its way out, its buttons).
+DIALOG_FACTS = {
+    "cancel": ["Cancel job 15?", "Its processes are stopped", "Cancel the job (y)", "Keep it (n)",
+               "esc: do nothing"],
+    "command": [":job ID", ":cancel ID", "esc closes"],
+    "job": ["Job 15", "State", "running", "Command", "torchrun", "Environment", "State history",
+            "Log (following)", "esc Back"],
+    "gpu": ["node01:0", "RTX 4090", "Held by", "alice:12", "Fits"],
+    "drain": ["Drain node01?", "job 12", "job 14", "enter drains", "Keep taking jobs", "Drain"],
+    "remove": ["Remove node01?", "job 12", "job 14", "Remove the node (y)", "Keep it (n)"],
+    "add-node": ["Add a node", "name, e.g. node05", "host, e.g. 10.0.0.15", "port (22)"],
+}
+
+
+async def open_dialog(pilot, dialog: str) -> None:
+    app = pilot.app
+    screen, key, word = DIALOGS[dialog]
+    await show(pilot, screen)
+    await pilot.press(key)
+    await until(pilot, lambda: word in svg_text(app.export_screenshot()), what=f"{dialog} drawn")
+    app.screen.set_focus(None)  # no blinking cursor in a picture
+    await settle(pilot)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("dialog", list(DIALOGS))
 def test_dialog_snapshot(snap_compare, fixed_head, dialog, size):
     app = make_app(fixed_head.socket, cluster_name="gpulab")
-    key, word = DIALOGS[dialog]
 
     async def run_before(pilot) -> None:
-        await show(pilot, "overview")
-        await pilot.press(key)
-        await until(pilot, lambda: word in svg_text(app.export_screenshot()), what=f"{dialog} drawn")
-        app.screen.set_focus(None)  # no blinking cursor in a picture
-        await settle(pilot)
+        await open_dialog(pilot, dialog)
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dialog", list(DIALOG_FACTS))
+async def test_each_dialog_and_page_shows_what_it_asks_whole(fixed_head, dialog, size):
+    """Each dialog's question, its buttons and its way out are on screen at 80x24 as at
+    160x48; the job page's top (its spec beside its environment) scrolls with a bar where
+    the terminal is short (it was cut off below Allocation with nothing to say so)."""
+    app = make_app(fixed_head.socket, cluster_name="gpulab")
+    async with app.run_test(size=size) as pilot:
+        await open_dialog(pilot, dialog)
+        shown = " ".join(svg_text(app.export_screenshot()).split())
+        for words in DIALOG_FACTS[dialog]:
+            assert words in shown, (dialog, size, words)
+        if dialog == "job":
+            top = app.screen.query_one("#job-top")
+            assert top.max_scroll_y == 0 or top.scrollbars_enabled[0], (size, top.max_scroll_y)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -241,3 +284,50 @@ async def test_one_colour_per_meaning_on_every_screen(fixed_head, theme):
         jobs = app.screen.query_one("#queue-table", RowTable)
         assert _style_of(jobs, "12", "state", app) == role("ok")
         assert _style_of(jobs, "16", "state", app) == role("warn")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_the_overview_shows_a_waiting_jobs_whole_reason(fixed_head, size):
+    """The Overview's queue cut a waiting job's reason at its edge ("needs 5 GPUs with
+    ≥70 GB free on…") and only the job page said it whole: with the cursor on that job the
+    reason reads whole under the queue; on a running job nothing is added."""
+    app = make_app(fixed_head.socket, cluster_name="gpulab")
+    reason = "needs 5 GPUs with ≥70 GB free on one node; the largest node has 4 such GPUs"
+    async with app.run_test(size=size) as pilot:
+        await show(pilot, "overview")
+        queue = app.screen.query_one("#queue")
+        detail = app.screen.query_one("#overview-detail")
+        assert queue.cursor_key == "15" and not detail.display  # running: nothing added
+        while queue.cursor_key != "16":
+            await pilot.press("down")
+        await settle(pilot)
+        shown = " ".join(svg_text(app.export_screenshot()).split())
+        assert reason in shown, (size, shown)
+        assert detail.display and detail.region.height >= 1
+        await pilot.press("up")
+        await settle(pilot)
+        assert not detail.display
+
+
+async def test_the_nodes_screen_says_a_cut_reason_and_event_whole(fixed_head):
+    """At 80x24 the Nodes screen cut a node's reason and an event at the table's edge
+    (a lost card's "GPU 0 (00000000:02:00.0): GPU…"), with no way to read them: the cursor
+    row of the table in focus is said whole under the tables."""
+    reason = "GPU 0 (00000000:02:00.0): GPU is lost, reboot the node to bring it back"
+    event = ("node01:0 in maintenance: Xid 79 (GPU fell off the bus) and a failed self-test; "
+             "its jobs were requeued")
+    data = fixed_head.data
+    data["snapshot"]["nodes"][0] = {**data["snapshot"]["nodes"][0], "reason": reason}
+    for log in (data["events"], data["snapshot"]["events"]):
+        log.append({"t": NOW - 10, "kind": "health", "message": event, "job_id": None})
+    app = make_app(fixed_head.socket, cluster_name="gpulab")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await show(pilot, "nodes")
+        detail = app.screen.query_one("#nodes-detail")
+        await until(pilot, lambda: reason in " ".join(svg_text(app.export_screenshot()).split()),
+                    what="node01's whole reason")
+        await pilot.press("down")  # node02: no reason, nothing said
+        await until(pilot, lambda: not detail.display, what="the line gone")
+        await pilot.press("tab")  # the events log, newest first
+        await until(pilot, lambda: event in " ".join(svg_text(app.export_screenshot()).split()),
+                    what="the newest event whole")

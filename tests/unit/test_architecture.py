@@ -444,10 +444,12 @@ def test_every_long_class_says_why_its_module_is_one():
 
 
 # --------------------------------------------------------------------------- the node side
+#: The folder of the code shipped to the nodes.
+NODE = "nebula_tui.node"
 #: The node side's main script: run on the node, never imported by the head.
-NODELET = "nebula_tui.remote.probes.nodelet"
+NODELET = "nebula_tui.node.nodelet"
 #: Node-side modules that are run on their own (by a job's wrapper), not imported there.
-RUN_ALONE = {"nebula_tui.remote.probes.warmup"}
+RUN_ALONE = {"nebula_tui.node.warmup"}
 
 
 def shipped_modules() -> set[str]:
@@ -468,15 +470,15 @@ def unshipped_imports(graph: dict[str, set[str]], shipped: set[str]) -> list[str
 
 def test_the_node_side_check_can_fail():
     made_up = {
-        NODELET: ("from nebula_tui.remote.probes import ops\nfrom nebula_tui.model import X\n", False),
+        NODELET: ("from nebula_tui.node import ops\nfrom nebula_tui.model import X\n", False),
         "nebula_tui.model": ("", False),
-        "nebula_tui.remote.probes.ops": ("from .job_dirs import job_id\n", False),
-        "nebula_tui.remote.probes.job_dirs": ("", False),
+        "nebula_tui.node.ops": ("from .job_dirs import job_id\n", False),
+        "nebula_tui.node.job_dirs": ("", False),
     }
     graph = import_graph(made_up)
-    assert unshipped_imports(graph, {"nebula_tui.remote.probes.ops"}) == [
+    assert unshipped_imports(graph, {"nebula_tui.node.ops"}) == [
         f"{NODELET} -> nebula_tui.model",
-        "nebula_tui.remote.probes.ops -> nebula_tui.remote.probes.job_dirs"]
+        "nebula_tui.node.ops -> nebula_tui.node.job_dirs"]
 
 
 def test_the_nodelet_imports_only_modules_shipped_with_it():
@@ -488,9 +490,25 @@ def test_the_nodelet_imports_only_modules_shipped_with_it():
     assert unshipped_imports(import_graph(sources), shipped) == []
 
 
-def test_every_node_side_module_is_shipped_or_run_alone():
-    probes = {m for m in package_sources() if m.startswith("nebula_tui.remote.probes.")}
-    assert probes - shipped_modules() - RUN_ALONE == {NODELET}
+def leaving_the_folder(graph: dict[str, set[str]], folder: str) -> list[str]:
+    """``module -> dependency`` for each import, by a module under ``folder``, of one outside it."""
+    return sorted(f"{m} -> {d}" for m in graph if under(m, folder) for d in graph[m] if not under(d, folder))
+
+
+def test_the_folder_check_can_fail():
+    graph = {f"{NODE}.ops": {f"{NODE}.job_dirs", "nebula_tui.model"}, f"{NODE}.job_dirs": set(),
+             "nebula_tui.model": set(), "nebula_tui.remote.ssh": {f"{NODE}.ops"}}
+    assert leaving_the_folder(graph, NODE) == [f"{NODE}.ops -> nebula_tui.model"]
+
+
+def test_the_node_folder_is_what_is_shipped_and_imports_nothing_outside_it():
+    """The code that runs on a node is one folder (stdlib only, Python 3.6:
+    tests/unit/test_hardware.py): every module in it is shipped (or is the main script, or
+    run alone by a job's wrapper), nothing outside it is, and none of it imports outside it."""
+    sources = package_sources()
+    in_folder = {m for m, (_, is_package) in sources.items() if under(m, NODE) and not is_package}
+    assert in_folder == shipped_modules() | RUN_ALONE | {NODELET}
+    assert leaving_the_folder(import_graph(sources), NODE) == []
 
 
 def wait_for_users(sources: dict[str, tuple[str, bool]]) -> list[str]:
@@ -528,7 +546,7 @@ def vendor_defaults(sources: dict[str, tuple[str, bool]], vendor: str = "nvidia"
     is the one). The node side's backends name their own vendor and are left out."""
     found = []
     for name, (source, _) in sources.items():
-        if name == "nebula_tui.model" or under(name, "nebula_tui.remote.probes") \
+        if name == "nebula_tui.model" or under(name, "nebula_tui.node") \
                 or under(name, "nebula_tui.remote.backends"):
             continue
         for node in ast.walk(ast.parse(source)):
@@ -552,7 +570,7 @@ def test_the_vendor_default_check_can_fail():
         "nebula_tui.a": ('x = v or "nvidia"\ny = d.get("vendor", "nvidia")\n', False),
         "nebula_tui.b": ('class C:\n    vendor: str = "nvidia"\ndef f(v="nvidia"):\n    pass\n', False),
         "nebula_tui.c": ('ok = v == "nvidia"\nz = v or DEFAULT_VENDOR\n', False),
-        "nebula_tui.remote.backends.nvidia_smi": ('x = v or "nvidia"\n', False),
+        "nebula_tui.node.backends.nvidia_smi": ('x = v or "nvidia"\n', False),
     }
     assert vendor_defaults(made_up) == ["nebula_tui.a:1", "nebula_tui.a:2", "nebula_tui.b:2", "nebula_tui.b:3"]
 

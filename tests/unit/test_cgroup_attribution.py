@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nebula_tui.remote.probes.cgroups import cgroup_container_id, pane_scope, systemd_path
+from nebula_tui.node.cgroups import cgroup_container_id, pane_scope, systemd_path
 
 ID = "776330b523656255e944e0955f8362cd68886ef61cbeb298d2b892d4f361cece"
 OTHER = "0e702541d0afa1d25709b57e0085b8110e702541d0afa1d25709b57e0085b811"

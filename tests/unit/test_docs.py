@@ -33,6 +33,38 @@ def test_the_number_of_test_workers_is_said_once_in_the_makefile():
         assert counted == [], f"{path.name} counts the test workers ({counted}); say the Makefile's JOBS"
 
 
+def paths_outside(text: str, doc: Path) -> list[str]:
+    """The paths a document names that lead outside the repository to what lies beside it: a
+    link (relative to the document) or a path in backticks (relative to the repository's
+    root, as they are written) that leaves it, or an absolute path into the folder that holds
+    it (``/etc/…`` and the like are the system's, which a document may name)."""
+    found = []
+    for quoted, linked in re.findall(r"`([^`\s]+)`|\]\(([^)\s#]+)", text):
+        path = quoted or linked
+        if re.match(r"[a-z]+:", path) or "/" not in path:
+            continue  # a web address, or a word
+        start = doc.parent if linked else REPO
+        if path.startswith("/"):
+            if Path(path).is_relative_to(REPO.parent) or path.startswith(("/work/", "/home/")):
+                found.append(path)
+        elif not (start / path).resolve().is_relative_to(REPO):
+            found.append(path)
+    return found
+
+
+def test_the_outside_path_check_can_fail():
+    doc = REPO / "docs" / "x.md"
+    text = ("see `../shared/DESIGN.md`, [it](../../shared/x.md), `/work/shared/a`, `docs/speed.md` "
+            "and [the readme](../README.md)")
+    assert paths_outside(text, doc) == ["../shared/DESIGN.md", "../../shared/x.md", "/work/shared/a"]
+
+
+def test_no_document_points_outside_the_repository():
+    """A clone of the repository is all a reader has: no document sends them beside it."""
+    for doc in DOCS:
+        assert paths_outside(doc.read_text(), doc) == [], doc.name
+
+
 def _anchor(heading: str) -> str:
     """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to dashes."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")

@@ -205,7 +205,7 @@ def test_a_process_name_cannot_hide_or_invent_processes(node_dir, tmp_path, monk
     """nvidia-smi prints a process's argv[0] unquoted: a comma in it once made the probe's
     whole list of processes unreadable (so a job hid its memory from the guard), and a
     newline in it made a row of its own (a 24 GB process no one runs, on another card)."""
-    from nebula_tui.remote.probes.vendor_nvidia import NvidiaSmiBackend
+    from nebula_tui.node.vendor_nvidia import NvidiaSmiBackend
 
     tools = tmp_path / "bin"
     tools.mkdir()

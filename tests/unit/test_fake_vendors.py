@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from nebula_tui.remote.backends import reading
+from nebula_tui.node.backends import reading
 from nebula_tui.sim import fake_smi, presets
 from nebula_tui.sim import fake_vendors as fv
 from samples import SAMPLES

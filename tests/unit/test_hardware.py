@@ -19,7 +19,7 @@ import time
 import pytest
 
 from nebula_tui.remote import shipping
-from nebula_tui.remote.probes import registry
+from nebula_tui.node import registry
 from nebula_tui.sim import faults, fake_smi, nvml, presets
 from nebula_tui.sim.lab import Lab
 

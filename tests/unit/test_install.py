@@ -36,7 +36,7 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_the_wheel_carries_the_nodelet_the_shims_and_the_styles(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for path in ("nebula_tui/remote/probes/nodelet.py", "nebula_tui/remote/probes/hardware.py",
+    for path in ("nebula_tui/node/nodelet.py", "nebula_tui/node/hardware.py",
                  "nebula_tui/remote/shipping.py", "nebula_tui/sim/nvml_shim.c",
                  "nebula_tui/sim/cuda_shim.c", "nebula_tui/screens/nebula.tcss"):
         assert path in names, path

@@ -52,7 +52,7 @@ def test_a_reservation_that_names_no_booking_is_refused_as_never_valid():
 
 # ------------------------------------------------------------------ the vendors' table
 def test_every_vendor_the_nodes_report_has_one_row_on_the_head():
-    from nebula_tui.remote.probes.registry import REGISTRY
+    from nebula_tui.node.registry import REGISTRY
     assert {vendor for _, vendor, _, _ in REGISTRY} == set(VENDORS) == set(vendors.BY_NAME)
 
 

@@ -5,8 +5,8 @@ missing, never zeros. The head's side (isolation, resume) is in ``test_health_e2
 
 from __future__ import annotations
 
-from nebula_tui.remote.backends import nvidia_smi
-from nebula_tui.remote.probes import vendor_nvidia
+from nebula_tui.node.backends import nvidia_smi
+from nebula_tui.node import vendor_nvidia
 from nebula_tui.remote.readings import gpu_reading
 from samples import SAMPLES
 

@@ -18,7 +18,7 @@ from nebula_tui.remote.backends.nvidia import (
     query_apps_argv,
     query_gpu_argv,
 )
-from nebula_tui.remote.backends.nvidia_smi import parse_query_gpu_lines
+from nebula_tui.node.backends.nvidia_smi import parse_query_gpu_lines
 from nebula_tui.remote.documents import parse_text
 
 CSV = SAMPLES / "smi_csv"

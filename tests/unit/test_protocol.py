@@ -104,7 +104,7 @@ def _kinds_sent(source: str) -> set[str]:
 
 def test_every_kind_the_nodelet_sends_has_a_reader_on_the_head():
     sent = set()
-    for path in (REPO / "nebula_tui" / "remote" / "probes").glob("*.py"):
+    for path in (REPO / "nebula_tui" / "node").glob("*.py"):
         sent |= _kinds_sent(path.read_text())
     assert {"hello", "probe", "started", "exit", "phase", "kmsg", "reply"} <= sent
     # replies are matched with their requests by the link, never handled as messages

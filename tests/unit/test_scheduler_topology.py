@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from samples import SAMPLES as SHARED_SAMPLES
-from nebula_tui.remote.backends.topo import parse_topo
+from nebula_tui.node.backends.topo import parse_topo
 from nebula_tui.scheduler.topology import best_set, link_rank
 
 _HERE = Path(__file__).resolve()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nebula_tui.remote.probes.tmux_control import TmuxControl, tmux_words
+from nebula_tui.node.tmux_control import TmuxControl, tmux_words
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 

@@ -299,7 +299,7 @@ def test_amd_smi_process_rows_are_read_for_their_numbers_and_a_forged_one_breaks
 
 
 def test_xpu_smi_ps_reads_from_both_ends_and_a_forged_line_breaks_the_list():
-    from nebula_tui.remote.backends import intel
+    from nebula_tui.node.backends import intel
 
     found, why = intel.parse_ps(xpu_ps((4242, "python 3 2 1", 0, 0, 6291456)), {0})
     assert why is None and [(p["pid"], p["device"], p["used_memory_mb"]) for p in found] == [(4242, 0, 6144)]
@@ -316,7 +316,7 @@ def test_a_forgery_every_line_of_which_parses_is_caught_by_the_forgers_own_name(
     whose own name holds a line break or a column bar makes the whole list unreadable."""
     import subprocess
 
-    from nebula_tui.remote.probes.hardware import vouched
+    from nebula_tui.node.hardware import vouched
 
     victim = subprocess.Popen(["sleep", "30"])
     forger_name = ("x" + " " * 24 + "| 1" + " " * 22 + "|\n| 1       0                 | %d"

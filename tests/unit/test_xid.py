@@ -299,7 +299,7 @@ def test_syslog_with_uptime_and_journal_monotonic_use_stamps():
 
 def test_new_lines_runs_standalone_as_shipped_to_the_nodelet():
     # The node gets kmsg_cursor.py as a module of its own: it must run without the package.
-    from nebula_tui.remote.probes import kmsg_cursor
+    from nebula_tui.node import kmsg_cursor
 
     namespace: dict = {"__name__": "nodelet"}
     exec(compile(Path(kmsg_cursor.__file__).read_text(), "kmsg_cursor", "exec"), namespace)  # noqa: S102

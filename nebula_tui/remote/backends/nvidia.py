@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from ...model import GpuProcess, GpuReading
 
 from ..readings import gpu_process, gpu_reading
-from .nvidia_smi import (  # noqa: F401  (re-exported)
+from ...node.backends.nvidia_smi import (  # noqa: F401  (re-exported)
     QUERY_APPS_FIELDS,
     QUERY_GPU_FIELDS,
     ParseError,
@@ -19,7 +19,7 @@ from .nvidia_smi import (  # noqa: F401  (re-exported)
     query_apps_argv,
     query_gpu_argv,
 )
-from .nvidia_smi import parse_query_apps_lines, parse_query_gpu_lines
+from ...node.backends.nvidia_smi import parse_query_apps_lines, parse_query_gpu_lines
 
 
 def parse_query_gpu_report(text: str, fields: Sequence[str] | None = None

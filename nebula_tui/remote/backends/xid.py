@@ -307,5 +307,5 @@ def _close(event: dict, message: _Message) -> bool:
     return event["time"] == message.time
 
 
-# --- reading only new lines: the code the nodelet runs, shared (see probes/kmsg_cursor.py)
-from ..probes.kmsg_cursor import new_lines  # noqa: E402,F401  (re-exported)
+# --- reading only new lines: the code the nodelet runs, shared (see node/kmsg_cursor.py)
+from ...node.kmsg_cursor import new_lines  # noqa: E402,F401  (re-exported)

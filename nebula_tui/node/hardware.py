@@ -33,7 +33,7 @@ import subprocess
 import threading
 import time
 
-from ..backends import reading as rd
+from .backends import reading as rd
 
 #: How long one tool call may take before it is killed (a wedged driver hangs them).
 TOOL_TIMEOUT_S = 10.0

@@ -6,7 +6,7 @@ the link matrix comes from ``rocm-smi --showtopo --json`` where rocm-smi is inst
 stdlib only, Python 3.6 syntax.
 """
 
-from ..backends import amd
+from .backends import amd
 from .hardware import OneRunBackend, links_from
 
 #: What rocm-smi is asked each probe: ids, memory, use, temperature, power, clocks, fan, pids.

@@ -10,7 +10,7 @@ node -> head
                                                container runtimes and conda tools
   {"type": "probe", "t", "devices", "processes", "problems", "clamped", "pid_jobs",
    "pid_users", "error"}                       every interval (R15): one vendor-neutral
-                                               reading per device (probes/hardware.py);
+                                               reading per device (node/hardware.py);
                                                pid_users: the Unix owner of each GPU
                                                process that is no job of ours
   {"type": "started", "job", "t", "workdir"}   a job's checks passed; where its command runs
@@ -51,16 +51,16 @@ import sys
 import threading
 import time
 
-from nebula_tui.remote.probes import ops
-from nebula_tui.remote.probes.attribution import pids_to_jobs, pids_to_users
-from nebula_tui.remote.probes.job_dirs import make_private_dir
-from nebula_tui.remote.probes.kernel_log import KernelLog
-from nebula_tui.remote.probes.node_base import (
+from nebula_tui.node import ops
+from nebula_tui.node.attribution import pids_to_jobs, pids_to_users
+from nebula_tui.node.job_dirs import make_private_dir
+from nebula_tui.node.kernel_log import KernelLog
+from nebula_tui.node.node_base import (
     CONFIG, HEAD, HEADS_DIR, INTERVAL, JOBS_DIR, NODE_DIR, emit, keep_tmux_server, list_dir,
     read_text)
-from nebula_tui.remote.probes.node_containers import conda_tools, container_runtimes
-from nebula_tui.remote.probes.ops import handle
-from nebula_tui.remote.probes.watcher import WATCHER
+from nebula_tui.node.node_containers import conda_tools, container_runtimes
+from nebula_tui.node.ops import handle
+from nebula_tui.node.watcher import WATCHER
 
 
 class NoHardware(object):
@@ -85,7 +85,7 @@ class NoHardware(object):
 def start_hardware():
     """Every vendor's backend this node has, started (one reader thread each)."""
     try:
-        from nebula_tui.remote.probes import hardware, registry
+        from nebula_tui.node import hardware, registry
     except ImportError:
         return NoHardware()
     hardware.TOOL_TIMEOUT_S = float(CONFIG.get("tool_timeout", hardware.TOOL_TIMEOUT_S))

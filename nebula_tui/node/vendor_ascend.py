@@ -3,7 +3,7 @@
 nodelet: stdlib only, Python 3.6 syntax.
 """
 
-from ..backends import ascend
+from .backends import ascend
 from .hardware import OneRunBackend
 
 

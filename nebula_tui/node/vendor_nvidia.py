@@ -16,9 +16,9 @@ Travels to the nodes with the nodelet: stdlib only (and pynvml), Python 3.6 synt
 import os
 import time
 
-from ..backends import nvidia_smi
-from ..backends import reading as rd
-from ..backends import topo
+from .backends import nvidia_smi
+from .backends import reading as rd
+from .backends import topo
 from .hardware import (Backend, ToolError, Unavailable, checked, links_from, one_line,
                        process_name, run_tool, which)
 

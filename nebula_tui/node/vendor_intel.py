@@ -5,7 +5,7 @@ more than 100 % utilisation; the node clamps it and says so. Travels to the node
 nodelet: stdlib only, Python 3.6 syntax.
 """
 
-from ..backends import intel
+from .backends import intel
 from .hardware import Backend, ToolError, Unavailable, checked, one_line, vouched
 
 
