@@ -241,7 +241,7 @@ class Engine:
             pass  # the pool's hardware, not the lab's, is what it needs (Pools.check)
         elif refusal is None:
             refusal = self._hardware_refusal(user, spec)
-            if refusal is not None and spec.pool is None and self.pools.bursts_for(spec):
+            if refusal is not None and spec.pool is None and self.pools.bursts_for(spec, user):
                 refusal = None  # a pool it may go to after waiting can run it
         if refusal is not None:
             raise UnfitRequest(refusal)

@@ -81,6 +81,10 @@ class PoolView:
     #: this head's jobs there were asked for since it started (none sent before that)
     reconciled: bool = False
     warned: set[int] = field(default_factory=set)  # jobs whose odd report was said once
+    #: account -> why its last answer was none, or not Slurm's (its jobs left as they are)
+    troubled: dict[str, str] = field(default_factory=dict)
+    #: account -> the capacity as read in it (``user: submitter``: what its owner may believe)
+    capacities: dict[str, Capacity] = field(default_factory=dict)
 
     def refusing(self, account: str, now: float) -> bool:
         return self.refused.get(account, (-1e18, 0))[0] > now
@@ -252,7 +256,7 @@ class PoolBooks:
         pending = sum(1 for j in jobs if j is not None and j.state == JobState.PENDING)
         return pool_view(pool.config, pool.kind, view.capacity, view.unreachable_since,
                          view.reason, running, pending, self.state.clock(), pool.authorize(),
-                         degraded_since=view.degraded_since)
+                         degraded_since=view.degraded_since, troubled=view.troubled)
 
     def status(self) -> list[dict]:
         return [self.view_json(name) for name in self.pools]

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from ..model import (Cancelling, InvalidRequest, Job, JobSpec, JobState, Pending, Placement, RequestError, Running,
                      UnfitRequest)
-from ..pools.base import (PoolDegraded, PoolNotAuthorised, PoolRefusal,
+from ..pools.base import (Capacity, PoolDegraded, PoolNotAuthorised, PoolRefusal,
                           PoolSubmission, PoolUnavailable, RemoteJob, sent_order)
 from ..printable import printable
 from ..store import StaleDecision, StoreUnavailable
@@ -66,12 +66,13 @@ class Pools(PoolBooks):
         if pool is None:
             known = ", ".join([*self.pools, "local"])
             raise InvalidRequest(f"no pool {spec.pool}; known: {known}")
-        refusal = self.refusal(spec.pool, spec)
+        refusal = self.refusal(spec.pool, spec, user)
         if refusal:
             raise UnfitRequest(refusal)
 
-    def refusal(self, name: str, spec: JobSpec) -> str | None:
-        """Why pool ``name`` could never run ``spec`` (None: it could, or it is not known yet)."""
+    def refusal(self, name: str, spec: JobSpec, user: str | None = None) -> str | None:
+        """Why pool ``name`` could never run ``user``'s ``spec`` (None: it could, or it is
+        not known yet)."""
         config = self.pools[name].config
         if spec.image and config.runtime == "none":
             return (f"pool {name} declares no container runtime (runtime: none in nodes.yaml); "
@@ -88,7 +89,7 @@ class Pools(PoolBooks):
                     f"--preemptible or --pool {name}")
         if spec.vendor not in (None, "nvidia"):
             return f"pool {name} has NVIDIA GPUs only (Slurm gres gpu); leave out --vendor {spec.vendor}"
-        capacity = self.views[name].capacity
+        capacity = self.capacity_for(name, user)
         if capacity is None or not capacity.nodes:
             return None  # not reached yet: its sbatch says no if it must
         best = capacity.max_gpus_per_node
@@ -101,11 +102,20 @@ class Pools(PoolBooks):
                     f"GPUs; ask for --nodes {fit} or fewer")
         return None
 
-    def bursts_for(self, spec: JobSpec) -> bool:
-        """Whether a pool that takes jobs after burst_after could run ``spec`` (as far as
-        its last capacity tells)."""
+    def capacity_for(self, name: str, user: str | None) -> Capacity | None:
+        """Pool ``name``'s capacity as ``user`` may believe it: with ``user: submitter``, as
+        read in their own account (another member's key line may answer sinfo with
+        anything), None before it was; else as the pool's account read it."""
+        pool, view = self.pools[name], self.views[name]
+        if not pool.config.per_submitter:
+            return view.capacity
+        return view.capacities.get(pool.account_for(user)) if user else None
+
+    def bursts_for(self, spec: JobSpec, user: str | None = None) -> bool:
+        """Whether a pool that takes jobs after burst_after could run ``user``'s ``spec``
+        (as far as its last capacity tells)."""
         return any(pool.config.burst_after_s is not None and self.views[name].capacity is not None
-                   and self.refusal(name, spec) is None for name, pool in self.pools.items())
+                   and self.refusal(name, spec, user) is None for name, pool in self.pools.items())
 
     async def admit(self, user: str, spec: JobSpec) -> None:
         """The checks at submit that ask the pool: with ``user: submitter``, whether the
@@ -154,7 +164,7 @@ class Pools(PoolBooks):
                 (j for j in self.state.jobs.values()
                  if j.spec.pool is None and j.pool is None and j.state == JobState.PENDING
                  and not j.held_by and now - j.submitted_at >= burst_after
-                 and not self.refusal(name, j.spec)
+                 and not self.refusal(name, j.spec, j.user)
                  and not view.refusing(pool.account_for(j.user), now)),
                 key=lambda j: (place.get(j.id, len(place) + 1), j.id))
         for job in asked[:max(0, room)]:
@@ -212,8 +222,11 @@ class Pools(PoolBooks):
             self._fail(job_id, f"{err}; run `nebula pool authorize {pool.name}`")
         except PoolRefusal as err:
             self._fail(job_id, str(err))
-        except PoolUnavailable as err:
-            self._unreachable(pool.name, str(err))  # tried again at the next poll
+        except PoolUnavailable as err:  # tried again at the next poll
+            if pool.config.per_submitter:  # that member's account's trouble alone
+                self._account_troubles(pool.name, {row["account"]: err}, keep=True)
+            else:
+                self._unreachable(pool.name, str(err))
         finally:
             self._submitting.discard(job_id)
 
@@ -264,18 +277,28 @@ class Pools(PoolBooks):
             return
         for account in result.refused:
             view.refuse(account, now)
+        if result.troubled and set(result.troubled) >= {account for account, _ in asked.values()}:
+            # Every account asked is in trouble: the pool's (its login node, its Slurm).
+            trouble = next(iter(result.troubled.values()))
+            if isinstance(trouble, PoolDegraded):
+                return self._degraded(name, str(trouble))
+            self._unreachable(name, str(trouble))
+            self._send_waiting(name)
+            return
+        self._account_troubles(name, result.troubled)
         if view.unreachable_since is not None or view.degraded_since is not None:
             self.state.record("pool", f"pool {name} answers again; its jobs are reconciled")
         view.unreachable_since, view.degraded_since, view.reason = None, None, ""
         view.capacity = result.capacity or view.capacity
+        view.capacities.update(result.capacities)
         view.polled_at = now
         for job_id, row in mine.items():
             job = self.state.jobs.get(job_id)
             if job is None:
                 self.rows.pop(job_id, None)
                 continue
-            if row["remote_id"] not in asked:
-                continue  # not asked (its owner's login refused): left as it is
+            if row["remote_id"] not in asked or row["account"] in result.troubled:
+                continue  # not asked (its owner's login refused), or no answer: left as it is
             if isinstance(job.status, Cancelling) and row["remote_id"]:  # asked while away
                 with contextlib.suppress(PoolUnavailable, PoolRefusal):
                     await pool.cancel(row["account"], row["remote_id"])
@@ -333,6 +356,21 @@ class Pools(PoolBooks):
                     await self._adopt_or_end(name, account, remote)
         view.reconciled = True
 
+    def _account_troubles(self, name: str, troubled: dict, keep: bool = False) -> None:
+        """Accounts whose answer this poll was no answer, or not Slurm's (a member's own key
+        line may run anything): said once each, their jobs left as they are, everybody
+        else's moved as their own accounts say (``keep``: the others' troubles stay)."""
+        view = self.views[name]
+        for account in [] if keep else list(view.troubled):
+            if account not in troubled:
+                del view.troubled[account]
+                self.state.record("pool", f"pool {name} answers as {account} again")
+        for account, err in troubled.items():
+            if account not in view.troubled:
+                self.state.record("pool", f"pool {name}, as {account}: {printable(str(err))[:300]}; "
+                                  f"{account}'s jobs there are left as they are")
+            view.troubled[account] = printable(str(err))[:300]
+
     def _not_ours(self, name: str, account: str, remote) -> None:
         """A job of ``account`` carrying this head's prefix but not a token it issued, or a
         copy of one: never adopted, and left alone (it is that user's, not this head's)."""
@@ -388,7 +426,7 @@ class Pools(PoolBooks):
                 self.state.store.pool_submitted(job.id, found.remote_id, row["log_path"],
                                                 self.state.clock())
                 return
-        if pool.accounting is False:
+        if pool.accounting(row["account"]) is False:
             self._fail(job.id, f"pool {name} no longer lists it and keeps no accounting of "
                                "its end; its output may still be read with `nebula logs`")
         elif job.id not in view.warned:

@@ -162,10 +162,10 @@ class Why:
         found = []
         for name, pool in getattr(self.pools, "pools", {}).items():
             try:
-                refused = self.pools.refusal(name, job.spec)
+                refused = self.pools.refusal(name, job.spec, job.user)
             except RequestError:
                 continue
-            capacity = self.pools.views[name].capacity
+            capacity = self.pools.capacity_for(name, job.user)
             idle = None if capacity is None else capacity.gpus_idle
             if refused is None and self.pools.live(name) < pool.config.max_jobs \
                     and idle is not None and idle >= job.spec.gpu_count:

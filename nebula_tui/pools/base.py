@@ -146,6 +146,10 @@ class PollResult:
     jobs: dict[str, RemoteJob] = field(default_factory=dict)
     capacity: Capacity | None = None
     refused: set[str] = field(default_factory=set)  # accounts whose login was refused
+    #: accounts that did not answer, or not as Slurm answers: their jobs are left as they are
+    troubled: dict[str, PoolUnavailable] = field(default_factory=dict)
+    #: the capacity as each account read it (``user: submitter``: each owner's own)
+    capacities: dict[str, Capacity] = field(default_factory=dict)
 
 
 class Pool(Protocol):

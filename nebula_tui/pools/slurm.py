@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import re
 import shlex
@@ -29,14 +28,13 @@ import asyncssh
 
 from ..config.cluster import ClusterConfig
 from ..config.pools import PoolConfig
-from ..remote import preflight
-from ..remote.launcher import EVAL_COMMAND, command_text
 from ..remote.ssh import encryption_preference, known_hosts
 from ..waits import within
 from . import slurm_parse as parse
 from .authorize import authorize_view, head_address
 from .base import (Capacity, PollResult, PoolDegraded, PoolNode, PoolNotAuthorised, PoolRefusal,
                    PoolSubmission, PoolUnavailable, RemoteJob, sent_order)
+from .slurm_script import batch_script, sbatch_argv
 
 #: bytes of a job's output one ``logs`` call reads at most
 LOG_CHUNK = 64 * 1024
@@ -54,40 +52,6 @@ def remote_path(path: str) -> str:
     if path.startswith("~/"):
         return '"$HOME"/' + shlex.quote(path[2:])
     return shlex.quote(path)
-
-
-def _time_limit(seconds: float) -> str:
-    """--time for Slurm, in whole minutes up (it counts minutes): D-HH:MM:00."""
-    minutes = max(1, math.ceil(seconds / 60))
-    days, minutes = divmod(minutes, 1440)
-    return f"{days}-{minutes // 60:02d}:{minutes % 60:02d}:00"
-
-
-def master_port(job_id: int) -> int:
-    return 29500 + job_id % 20000  # as a lab gang's (launcher.gang_environment)
-
-
-# The part of a job that runs on each of its nodes (one srun task per node for a gang):
-# R12's variables, the same checks as on a lab node (remote/preflight.py), then the command.
-_PART = r"""export CUDA_DEVICE_ORDER=PCI_BUS_ID
-NEBULA_GPU_LIST=
-if [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && command -v nvidia-smi >/dev/null 2>&1; then
-  NEBULA_GPU_LIST=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i "$CUDA_VISIBLE_DEVICES" 2>/dev/null \
-    | paste -sd, -)
-fi
-export NEBULA_GPU_LIST=${NEBULA_GPU_LIST:-${CUDA_VISIBLE_DEVICES:-}}
-if [ "${NNODES:-1}" -gt 1 ]; then export NODE_RANK=${SLURM_NODEID:-0}; fi
-export NEBULA_NODE_NAME=${SLURMD_NODENAME:-$(hostname)}
-checks=$(sh -c "$NEBULA_CHECKS" nebula-check "$@") || {
-  printf 'nebula: %s\n' "$checks" >&2; exit 127; }
-NEBULA_CONDA_TOOL=$(printf '%s\n' "$checks" | sed -n 's/^conda=//p')
-workdir=$(printf '%s\n' "$checks" | sed -n 's/^workdir=//p')
-[ -z "$workdir" ] || cd -- "$workdir" || exit 127
-eval "$NEBULA_ACTIVATE"
-unset NEBULA_PART
-"""
-# The part runs from the environment too: `bash -c "$part"` would put it on argv.
-_RUN_PART = 'eval "$NEBULA_PART"'
 
 
 def capacity_of(version: tuple[int, ...], nodes: list[parse.SlurmNode], partition: str,
@@ -116,8 +80,10 @@ class SlurmPool:
         self._conns: dict[str, asyncssh.SSHClientConnection] = {}
         self._opening: dict[str, asyncio.Lock] = {}
         self._workdirs: dict[str, str] = {}  # account -> its workdir, resolved there once
-        self.version: tuple[int, ...] | None = None
-        self.accounting: bool | None = None  # sacct answers (None: not asked yet)
+        # Each read in, and believed for, one account alone: any may be a member's own key
+        # line, whose forced command answers what it likes.
+        self._versions: dict[str, tuple[int, ...]] = {}
+        self._accounting: dict[str, bool] = {}  # account -> its sacct answers
         #: the head's address as the login node sees it (the local end of a connection)
         self.address: str | None = None
 
@@ -253,14 +219,19 @@ class SlurmPool:
 
     async def hello(self, account: str) -> tuple[int, ...]:
         """The cluster's Slurm version (``sinfo --version``), read once per connection."""
-        if self.version is None:
+        if account not in self._versions:
             status, out, err = await self.run(account, "sinfo --version")
             try:
-                self.version = parse.parse_version(out)
+                self._versions[account] = parse.parse_version(out)
             except ValueError:
                 raise PoolRefusal(f"pool {self.name}: sinfo --version answered "
                                   f"{(out or err).strip()[:120]!r}; is Slurm on its PATH?") from None
-        return self.version
+        return self._versions[account]
+
+    def accounting(self, account: str) -> bool | None:
+        """Whether the cluster keeps accounting, as ``account``'s sacct says (None: not
+        asked yet)."""
+        return self._accounting.get(account)
 
     # ------------------------------------------------------------------------ submit
     def log_path(self, workdir: str, submission: PoolSubmission) -> str:
@@ -275,92 +246,14 @@ class SlurmPool:
             return f"; --gpu-mem asks for a shard (1/{shards} of a GPU, its memory not fenced)"
         return f"; pool {self.name} has no GPU shards: --gpu-mem gets whole GPUs there"
 
-    def sbatch_argv(self, submission: PoolSubmission, workdir: str) -> list[str]:
-        """The sbatch flags for ``submission`` (the script comes on stdin)."""
-        job, spec, config = submission.job, submission.job.spec, self.config
-        argv = ["sbatch", "--parsable", f"--job-name={spec.name or f'nebula-{job.id}'}",
-                f"--comment={submission.token}", f"--output={self.log_path(workdir, submission)}",
-                "--open-mode=append", f"--chdir={workdir}", f"--nodes={spec.nodes}",
-                "--ntasks-per-node=1",
-                "--no-requeue" if spec.no_requeue else "--requeue"]
-        if submission.shards_per_node:
-            argv.append(f"--gres=shard:{submission.shards_per_node}")
-        else:
-            argv.append(f"--gres=gpu:{submission.gpus_per_node}")
-        partition = config.partition
-        if spec.preemptible:  # the head refused it where the pool names no scavenger
-            partition = config.scavenger_partition or partition
-            if config.scavenger_qos:
-                argv.append(f"--qos={config.scavenger_qos}")
-        if partition:
-            argv.append(f"--partition={partition}")
-        if config.account:
-            argv.append(f"--account={config.account}")
-        if spec.time_limit_s:
-            argv.append(f"--time={_time_limit(spec.time_limit_s)}")
-        return argv  # an --image goes on the srun step (pyxis) or in the part (apptainer)
-
-    def batch_script(self, submission: PoolSubmission) -> str:
-        """The batch script: the job's variables, then its part on every node (srun per
-        node for a gang, from Slurm's own node list), each behind the lab's checks."""
-        job, spec = submission.job, submission.job.spec
-        env = {"NEBULA_JOB_ID": str(job.id), "NEBULA_POOL": self.name,
-               "NEBULA_CHECKS": preflight.CHECKS, "NEBULA_ACTIVATE": preflight.ACTIVATE}
-        # the command and the part in the environment (srun passes it on), never in an argv
-        env.update(command_text(job))
-        env.update(preflight.check_env("$node", spec.workdir, spec.submit_dir, spec.conda,
-                                       spec.venv))
-        env.pop("NEBULA_NODE_NAME", None)  # each node's own, set in the part
-        env["NEBULA_PART"] = _PART + "exec " + shlex.join(
-            [*(self._in_container(submission) or ()), "sh", "-c", EVAL_COMMAND]) + "\n"
-        sources = [m.split(":", 1)[0] for m in spec.data_mounts]
-        lines = ["#!/bin/bash", f"# NebulaGrid job {job.id}, attempt {job.attempt + 1}"]
-        lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
-        lines.append(f"part={shlex.quote(_RUN_PART)}")
-        srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
-        if spec.image and self.config.runtime == "pyxis":
-            srun.append(f"--container-image={spec.image}")
-            mounts = ",".join(spec.data_mounts)
-            if mounts:
-                srun.append(f"--container-mounts={mounts}")
-        lines += [
-            'if [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then',
-            '  first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-            # the first node's address as Slurm reaches it (a node's name may not resolve)
-            "  MASTER_ADDR=$(scontrol show node -o \"$first\" 2>/dev/null | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')",
-            '  MASTER_ADDR=${MASTER_ADDR:-$first}',
-            f"  export MASTER_ADDR MASTER_PORT={master_port(job.id)}",
-            "  export NNODES=$SLURM_JOB_NUM_NODES WORLD_SIZE=$SLURM_JOB_NUM_NODES",
-            f'  exec {shlex.join(srun)} --ntasks="$NNODES" bash -c "$part" nebula-part '
-            + " ".join(shlex.quote(s) for s in sources),
-            "fi",
-        ]
-        if spec.image and self.config.runtime == "pyxis":
-            lines.append(f'exec {shlex.join(srun)} --ntasks=1 bash -c "$part" nebula-part '
-                         + " ".join(shlex.quote(s) for s in sources))
-        else:
-            lines.append('exec bash -c "$part" nebula-part '
-                         + " ".join(shlex.quote(s) for s in sources))
-        return "\n".join(lines) + "\n"
-
-    def _in_container(self, submission: PoolSubmission) -> tuple[str, ...] | None:
-        """The apptainer words before the job's command, or None (no image, or pyxis's)."""
-        spec = submission.job.spec
-        if not spec.image or self.config.runtime != "apptainer":
-            return None
-        binds = []
-        for mount in spec.data_mounts:
-            binds += ["--bind", mount]
-        return ("apptainer", "exec", "--nv", *binds, spec.image)
-
     async def submit(self, submission: PoolSubmission) -> str:
         account = submission.account
         await self.hello(account)
         workdir = await self.workdir(account)
-        argv = self.sbatch_argv(submission, workdir)
+        argv = sbatch_argv(self.config, submission, workdir, self.log_path(workdir, submission))
         # umask 077: Slurm creates the job's output file with the umask sbatch ran under
         status, out, err = await self.run(account, "umask 077 && " + shlex.join(argv),
-                                          stdin=self.batch_script(submission))
+                                          stdin=batch_script(self.config, submission))
         if status != 0:
             said = (err or out).strip()
             raise PoolRefusal(f"pool {self.name}: sbatch refused the job: "
@@ -405,41 +298,63 @@ class SlurmPool:
     async def _sacct(self, account: str, ids: list[str]) -> dict[str, parse.SlurmJob]:
         """The ends ``account``'s accounting holds for ``ids`` that are ``account``'s ({}
         without accounting)."""
-        if not ids or self.accounting is False:
+        if not ids or self._accounting.get(account) is False:
             return {}
         status, out, err = await self.run(
             account, f"sacct -X -n -P --format={parse.SACCT_FORMAT} -j {shlex.quote(','.join(ids))}")
         if status != 0 or "accounting storage is disabled" in (out + err).lower():
-            self.accounting = False
+            self._accounting[account] = False
             return {}
-        self.accounting = True
+        self._accounting[account] = True
         return {slurm_id: job for slurm_id, job in parse.parse_sacct(out).items()
                 if job.user == account}
 
     async def poll(self, jobs: dict[str, tuple[str, str]], poller: str | None) -> PollResult:
-        """Each owner's jobs asked in that owner's account (see ``Pool.poll``): listed by
-        squeue under that user with that id, or ended by that user's accounting."""
+        """Each owner's jobs asked in that owner's account (see ``Pool.poll``), all owners at
+        once: listed by squeue under that user with that id, or ended by that user's
+        accounting. One account that does not answer, or answers what Slurm would not (a
+        member's own key line may run anything), is that account's trouble alone
+        (``PollResult.troubled``): nobody else's jobs wait for it or on it."""
         result = PollResult()
         owners: dict[str, dict[str, str]] = {}
         for remote, (account, token) in jobs.items():
             owners.setdefault(account, {})[remote] = token
-        for account, theirs in sorted(owners.items()):
-            try:
-                listed = {job.slurm_id: job for job in await self._squeue(account)
-                          if job.slurm_id in theirs}
-            except PoolNotAuthorised:  # that user revoked the key: their jobs wait
-                result.refused.add(account)
+        await asyncio.gather(*(self._poll_one(account, theirs, result)
+                               for account, theirs in sorted(owners.items())))
+        readers = sorted(owners) if self.config.per_submitter else [poller] if poller else []
+        for account in readers:
+            if account in result.refused or account in result.troubled:
                 continue
+            try:
+                result.capacities[account] = await self.capacity(account)
+            except PoolNotAuthorised:
+                result.refused.add(account)
+            except PoolUnavailable as err:
+                result.troubled[account] = err
+        if poller in result.capacities:
+            result.capacity = result.capacities[poller]
+        return result
+
+    async def _poll_one(self, account: str, theirs: dict[str, str], result: PollResult) -> None:
+        try:
+            listed = {job.slurm_id: job for job in await self._squeue(account)
+                      if job.slurm_id in theirs}
             settled = [remote for remote in theirs if remote not in listed
                        or parse.end_of(listed[remote], self.name) is not None]
             accounted = await self._sacct(account, settled)
-            for remote, token in theirs.items():
-                found, final = listed.get(remote), accounted.get(remote)
-                if found is not None or final is not None:
-                    result.jobs[remote] = self._report(found or final, final, token)
-        if poller is not None and poller not in result.refused:
-            result.capacity = await self.capacity(poller)
-        return result
+        except PoolNotAuthorised:  # that user revoked the key: their jobs wait
+            result.refused.add(account)
+            return
+        except PoolUnavailable as err:  # PoolDegraded too
+            result.troubled[account] = err
+            return
+        except PoolRefusal as err:  # sinfo --version not Slurm's, in that account
+            result.troubled[account] = PoolDegraded(str(err))
+            return
+        for remote, token in theirs.items():
+            found, final = listed.get(remote), accounted.get(remote)
+            if found is not None or final is not None:
+                result.jobs[remote] = self._report(found or final, final, token)
 
     async def find(self, account: str, token: str) -> RemoteJob | None:
         """The job of ``account`` sent with ``token`` (an intent whose sbatch answer was
@@ -454,7 +369,7 @@ class SlurmPool:
         ``since``, those its accounting has that squeue forgot (ended past MinJobAge), found
         by the ``--comment`` of their submit line (sacct keeps no comment by default)."""
         listed = [job for job in await self._squeue(account) if job.comment.startswith(prefix)]
-        if since is None or self.accounting is False:
+        if since is None or self._accounting.get(account) is False:
             return listed
         start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
         status, out, err = await self.run(
@@ -490,7 +405,7 @@ class SlurmPool:
         except ValueError as why:
             raise PoolDegraded(f"pool {self.name}: {why}") from None
         return capacity_of(version, nodes, self.config.partition,
-                           "sacct" if self.accounting else "squeue")
+                           "sacct" if self._accounting.get(account) else "squeue")
 
     # ----------------------------------------------------------------- the job's life
     async def _scontrol(self, account: str, words: list[str], what: str) -> None:

@@ -13,7 +13,7 @@ from .base import Capacity
 def pool_view(config: PoolConfig, kind: str, capacity: Capacity | None,
               unreachable_since: float | None, reason: str, running: int, pending: int,
               now: float, authorize: dict | None = None,
-              degraded_since: float | None = None) -> dict:
+              degraded_since: float | None = None, troubled: dict[str, str] | None = None) -> dict:
     """The pool's view: what it has (its last poll), whether it answers, ours there."""
     version = capacity.version if capacity else None
     where = f"Slurm {version}" if version else "Slurm"
@@ -37,6 +37,10 @@ def pool_view(config: PoolConfig, kind: str, capacity: Capacity | None,
         if len(parts) > 1:  # nodes shared by partitions: each one's own, as sinfo counts
             line += " (" + ", ".join(f"{p.name} {'?' if p.idle is None else p.idle} of {p.gpus} idle"
                                      for p in parts) + ")"
+    if troubled and unreachable_since is None and degraded_since is None:
+        # one account's answers (a member's own key line may answer anything): theirs alone
+        line += "; " + "; ".join(f"as {account}: {why}, their jobs left as they are"
+                                 for account, why in sorted(troubled.items()))
     line += f"; ours: {running} running, {pending} pending"
     return {
         "name": config.name, "kind": kind, "host": config.host, "version": version,
@@ -44,6 +48,7 @@ def pool_view(config: PoolConfig, kind: str, capacity: Capacity | None,
         "reachable": unreachable_since is None and capacity is not None,
         "degraded_since": degraded_since,
         "unreachable_since": unreachable_since, "reason": reason,
+        "troubled": dict(troubled or {}),
         "gpus_total": capacity.gpus_total if capacity else None,
         "gpus_idle": capacity.gpus_idle if capacity else None,
         "nodes": [{"name": n.name, "state": n.state, "gpus": n.gpus, "gpus_used": n.gpus_used,
