@@ -136,9 +136,18 @@ def expand_hostlist(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+#: a duration as Slurm writes one: [D-][[HH:]MM:]SS[.fff], digits only (no sign, no "nan")
+_DURATION = re.compile(r"(?:\d{1,6}-)?(?:\d{1,9}:){0,2}\d{1,9}(?:\.\d{1,6})?")
+#: more GPUs than any one job's allocation holds: not Slurm's answer
+MAX_JOB_GPUS = 100_000
+
+
 def parse_elapsed(text: str) -> float:
-    """Slurm's durations ("1-02:03:04", "02:03:04", "03:04", "UNLIMITED") -> seconds."""
+    """Slurm's durations ("1-02:03:04", "02:03:04", "03:04") -> seconds; anything else
+    (a sign, "nan", an exponent: not Slurm's) is ValueError."""
     text = text.strip()
+    if not _DURATION.fullmatch(text):
+        raise ValueError(f"not a Slurm duration: {text[:40]!r}")
     days = 0
     if "-" in text:
         day, _, text = text.partition("-")
@@ -168,8 +177,8 @@ def gres_gpus(text: str) -> int:
 def tres_gpus(text: str) -> int | None:
     """The GPUs a TRES list holds ("billing=1,cpu=1,gres/gpu=4,node=1" -> 4); None when it
     names none (a pending job's is empty)."""
-    found = re.search(r"(?:^|,)gres/gpu=(\d+)(?:,|$)", text or "")
-    return int(found.group(1)) if found else None
+    found = re.search(r"(?:^|,)gres/gpu=(\d{1,9})(?:,|$)", text or "")
+    return int(found.group(1)) if found and int(found.group(1)) <= MAX_JOB_GPUS else None
 
 
 def _exit_and_signal(raw: int | None) -> tuple[int | None, int | None]:

@@ -109,3 +109,18 @@ def test_each_job_carries_the_user_slurm_lists_it_under():
 def test_a_deep_json_answer_is_a_value_error_not_a_recursion_error():
     with pytest.raises(ValueError, match="nests deeper"):
         parse.parse_squeue_json('{"jobs":' + "[" * 200_000)
+
+
+def test_a_sacct_line_with_a_duration_or_allocation_slurm_never_writes_is_not_believed():
+    """A member's own key line may answer sacct with anything: "nan" seconds (the end of her
+    job NaN, stored as no end: never in the history, its cards never released in the
+    reports), a sign or an exponent, a GPU count past any allocation. Such a line is not
+    Slurm's: skipped (her job's end comes from squeue), its GPUs not believed."""
+    real = read("sacct_ended.txt").splitlines()[0]  # 1|COMPLETED|0:0|00:00:00|…gres/gpu=1…
+    for elapsed in ("00:00:nan", "00:00:1e12", "-1-00:00:00", "00:00:inf", "+5"):
+        forged = real.replace("|00:00:00|", f"|{elapsed}|")
+        assert parse.parse_sacct(forged) == {}, elapsed
+    assert parse.parse_sacct(real)["1"].elapsed_s == 0
+    huge = real.replace("gres/gpu=1,", "gres/gpu=99999999999999999999,")
+    assert parse.parse_sacct(huge)["1"].gpus is None
+    assert parse.parse_elapsed("1-02:03:04.5") == 93784.5
