@@ -1,6 +1,7 @@
 """The head's books on its pools: what it knows of each between polls (``PoolView``), the
-pool jobs' rows, and what users ask of a pool job (cancel, hold, requeue, its log) and of a
-pool (its status line). ``head/pools.py`` builds on it: which job goes where, the polls.
+pool jobs' rows, what a pool job is charged beyond its last run (runs of its Slurm id the
+head never saw end; a preemptible job moved off the scavenger QOS or partition), and what
+users ask of a pool job (cancel, hold, requeue, its log) and of a pool (its status line). ``head/pools.py`` builds on it: which job goes where, the polls.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ REFUSAL_MAX_S = 3600.0
 #: the mark a pool token ends with: a salt and its HMAC under the store's pool key, in hex
 _SALT_HEX, _MARK_HEX = 8, 16
 _TOKEN = re.compile(r"([0-9a-f]+)\.([0-9]+)\.([0-9]+)\.([0-9a-f]{%d})" % (_SALT_HEX + _MARK_HEX))
+#: the attempt a token was sent at (``head.job.attempt.…``; older heads' tokens too)
+TOKEN_ATTEMPT = re.compile(r"[0-9a-f]+\.[0-9]+\.([0-9]+)\..*")
 
 
 def _mark(key: bytes, body: str) -> str:
@@ -80,6 +83,9 @@ class PoolView:
     degraded_since: float | None = None  # its last answer was not a Slurm answer
     #: this head's jobs there were asked for since it started (none sent before that)
     reconciled: bool = False
+    #: accounts whose jobs carrying this head's tokens could not be asked (no answer, or
+    #: not Slurm's): asked again at each poll, nothing of theirs sent before
+    unreconciled: set[str] = field(default_factory=set)
     warned: set[int] = field(default_factory=set)  # jobs whose odd report was said once
     #: account -> why its last answer was none, or not Slurm's (its jobs left as they are)
     troubled: dict[str, str] = field(default_factory=dict)
@@ -149,6 +155,42 @@ class PoolBooks:
             setattr(view, since, self.state.clock())
             self.state.record("pool", f"pool {name} {word}: {why}; its jobs are left as they are")
         view.reason = why
+
+    # ------------------------------------------------------------------- charging
+    def _earlier_runs(self, name: str, job: Job, row: dict, report: RemoteJob, asked: int) -> None:
+        """Charge the runs of the job's Slurm id before its last that the head never saw
+        end: the job requeued itself (``scontrol requeue``, its owner may) and ran again
+        between two polls, and the accounting of its id is its last run's alone. The head
+        saw ``job.attempt`` minus the attempt it was sent at of them (and charged those)."""
+        sent = TOKEN_ATTEMPT.fullmatch(row["token"] or "")
+        seen = max(0, job.attempt - int(sent.group(1))) if sent else len(report.earlier_runs)
+        missed = report.earlier_runs[seen:]
+        if not missed:
+            return
+        longest = max(0.0, self.state.clock() - (row.get("sent_at") or self.state.clock()))
+        gpu_s = sum(min(elapsed, longest) * (asked if gpus is None else gpus) for elapsed, gpus in missed)
+        charged = self.state.store.charge_pool_runs(
+            job.id, gpu_s / 3600, self.state.clock(),
+            f"ran {len(missed)} time{'s' if len(missed) > 1 else ''} in pool {name} before its "
+            f"last run (requeued there between two polls): charged {gpu_s / 3600:.4f} GPU-hours for it")
+        self.shares.charged(job.user, charged, job.spec.preemptible)
+
+    def _scavenger_or_full_price(self, name: str, job: Job, report: RemoteJob) -> Job:
+        """A preemptible job's owner may move it, while it waits there, to another QOS or
+        partition (``scontrol update``): where the pool says it is no longer in the
+        scavenger ones, it is charged as the normal job it became, not at the scavenger's
+        fraction."""
+        config = self.pools[name].config
+        if not job.spec.preemptible:
+            return job
+        moved = [f"{what} {printable(now)[:60]}" for what, now, scavenger in (
+            ("QOS", report.qos, config.scavenger_qos), ("partition", report.partition, config.scavenger_partition))
+            if scavenger and now and now != scavenger]
+        if not moved:
+            return job
+        return self.transitions.charge_in_full(job, f"job {job.id} runs in pool {name}'s "
+                                               f"{' and '.join(moved)}, not its scavenger one: "
+                                               "charged as a normal job")
 
     # ---------------------------------------------------------------- users' requests
     def _row(self, job: Job) -> dict:

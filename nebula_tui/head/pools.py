@@ -154,7 +154,8 @@ class Pools(PoolBooks):
         now = self.state.clock()
         weights = {user: share.weight for user, share in self.shares.shares().items()}
         asked = sorted((j for j in self.state.jobs.values() if j.spec.pool == name
-                        and j.pool is None and j.state == JobState.PENDING and not j.held_by),
+                        and j.pool is None and j.state == JobState.PENDING and not j.held_by
+                        and pool.account_for(j.user) not in view.unreconciled),
                        key=lambda j: (-j.spec.priority, weights.get(j.user, 1.0), j.id))
         bursting = []
         burst_after = pool.config.burst_after_s
@@ -165,7 +166,8 @@ class Pools(PoolBooks):
                  if j.spec.pool is None and j.pool is None and j.state == JobState.PENDING
                  and not j.held_by and now - j.submitted_at >= burst_after
                  and not self.refusal(name, j.spec, j.user)
-                 and not view.refusing(pool.account_for(j.user), now)),
+                 and not view.refusing(pool.account_for(j.user), now)
+                 and pool.account_for(j.user) not in view.unreconciled),
                 key=lambda j: (place.get(j.id, len(place) + 1), j.id))
         for job in asked[:max(0, room)]:
             self.send(name, job, f"sent to pool {name} (--pool)")
@@ -237,7 +239,7 @@ class Pools(PoolBooks):
         of ours, then the jobs it has room for."""
         pool, view = self.pools[name], self.views[name]
         now = self.state.clock()
-        if not view.reconciled:
+        if not view.reconciled or view.unreconciled:
             try:
                 await self.reconcile(name)
             except PoolDegraded as err:
@@ -247,7 +249,8 @@ class Pools(PoolBooks):
         self._asked &= set(self.rows)
         mine = {job_id: row for job_id, row in self.rows.items() if row["pool"] == name}
         for job_id, row in mine.items():
-            if not row["remote_id"] and not view.refusing(row["account"], now):
+            if not row["remote_id"] and not view.refusing(row["account"], now) \
+                    and row["account"] not in view.unreconciled:
                 await self.submit(job_id)
         asked = {row["remote_id"]: (row["account"], row["token"]) for row in mine.values()
                  if row["remote_id"] and not view.refusing(row["account"], now)}
@@ -318,7 +321,9 @@ class Pools(PoolBooks):
     async def reconcile(self, name: str) -> None:
         """Which jobs carrying this head's tokens the pool has, asked in each account this
         head knows: after a restore, those sent since the backup. One the restored queue
-        still waits for is adopted (never sent again); any other is ended there."""
+        still waits for is adopted (never sent again); any other is ended there. With
+        ``user: submitter``, an account that does not answer as Slurm does is asked again
+        at the next poll, and nothing of its owner's is sent before: nobody else waits."""
         pool, view = self.pools[name], self.views[name]
         now = self.state.clock()
         prefix = f"{self.state.store.head_token}."
@@ -329,6 +334,11 @@ class Pools(PoolBooks):
                          if job.state == JobState.PENDING and (job.spec.pool == name or bursts)}
         else:
             accounts = {pool.config.user}
+        retry = view.reconciled
+        if retry:  # the accounts that did not answer the first time, alone
+            accounts &= set(view.unreconciled)
+            view.unreconciled -= view.unreconciled - accounts
+        trouble: PoolUnavailable | None = None
         known = {row["remote_id"] for row in self.rows.values() if row["remote_id"]}
         # A job sent after the backup was waiting in it: its accounting is searched from the
         # oldest waiting job's submit on (squeue forgets an ended job after MinJobAge).
@@ -343,6 +353,17 @@ class Pools(PoolBooks):
             except PoolNotAuthorised:
                 view.refuse(account, now)
                 continue
+            except PoolUnavailable as err:
+                if not pool.config.per_submitter:
+                    raise  # the pool's own trouble: the pool waits
+                view.unreconciled.add(account)
+                self._account_troubles(name, {account: err}, keep=True)
+                trouble = err
+                continue
+            if account in view.unreconciled:
+                view.unreconciled.discard(account)
+                view.troubled.pop(account, None)
+                self.state.record("pool", f"pool {name} answers as {account} again")
             # Every comment is public: a token is ours only with the mark our key makes,
             # and of the jobs carrying one, only the first sent (a copy comes after it).
             first: dict[str, object] = {}
@@ -354,6 +375,9 @@ class Pools(PoolBooks):
                 else:
                     first[remote.comment] = remote
                     await self._adopt_or_end(name, account, remote)
+        if trouble is not None and not retry and accounts <= view.unreconciled:
+            view.unreconciled.clear()
+            raise trouble  # no account answered: the pool's own trouble, the pool waits
         view.reconciled = True
 
     def _account_troubles(self, name: str, troubled: dict, keep: bool = False) -> None:
@@ -362,7 +386,7 @@ class Pools(PoolBooks):
         else's moved as their own accounts say (``keep``: the others' troubles stay)."""
         view = self.views[name]
         for account in [] if keep else list(view.troubled):
-            if account not in troubled:
+            if account not in troubled and account not in view.unreconciled:
                 del view.troubled[account]
                 self.state.record("pool", f"pool {name} answers as {account} again")
         for account, err in troubled.items():
@@ -449,6 +473,7 @@ class Pools(PoolBooks):
                 return
             self.rows.pop(job.id, None)
             asked = job.spec.gpu_count * job.spec.nodes
+            self._earlier_runs(name, job, row, report, asked)
             # Charged what Slurm's accounting (AllocTRES) says it held, not what it asked
             # nor anything the job wrote; a shard job's gres is not whole GPUs: its placements.
             gpus = report.gpus if report.gpus is not None and not job.spec.gpu_mem_mb else None
@@ -474,23 +499,6 @@ class Pools(PoolBooks):
         elif report.waiting and job.state == JobState.PENDING:
             why = printable(report.reason or "waiting")[:200]
             self._set_reason(job, f"pending in pool {name}: {why}")
-
-    def _scavenger_or_full_price(self, name: str, job: Job, report: RemoteJob) -> Job:
-        """A preemptible job's owner may move it, while it waits there, to another QOS or
-        partition (``scontrol update``): where the pool says it is no longer in the
-        scavenger ones, it is charged as the normal job it became, not at the scavenger's
-        fraction."""
-        config = self.pools[name].config
-        if not job.spec.preemptible:
-            return job
-        moved = [f"{what} {printable(now)[:60]}" for what, now, scavenger in (
-            ("QOS", report.qos, config.scavenger_qos), ("partition", report.partition, config.scavenger_partition))
-            if scavenger and now and now != scavenger]
-        if not moved:
-            return job
-        return self.transitions.charge_in_full(job, f"job {job.id} runs in pool {name}'s "
-                                               f"{' and '.join(moved)}, not its scavenger one: "
-                                               "charged as a normal job")
 
     def _preempted(self, name: str, job: Job) -> None:
         """The pool took the job back and will not run it again (PREEMPTED): it waits in our

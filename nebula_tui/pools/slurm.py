@@ -293,7 +293,8 @@ class SlurmPool:
             started_at=final.start or job.start, ended_at=final.end or job.end, end=end,
             exit_code=final.exit_code, preempted=final.state == "PREEMPTED",
             elapsed_s=final.elapsed_s, gpus=final.gpus, qos=final.qos or job.qos,
-            partition=final.partition or job.partition, token_ok=not job.comment or job.comment == token)
+            partition=final.partition or job.partition, token_ok=not job.comment or job.comment == token,
+            earlier_runs=accounted.earlier if accounted else ())
 
     async def _sacct(self, account: str, ids: list[str]) -> dict[str, parse.SlurmJob]:
         """The ends ``account``'s accounting holds for ``ids`` that are ``account``'s ({}
@@ -301,7 +302,7 @@ class SlurmPool:
         if not ids or self._accounting.get(account) is False:
             return {}
         status, out, err = await self.run(
-            account, f"sacct -X -n -P --format={parse.SACCT_FORMAT} -j {shlex.quote(','.join(ids))}")
+            account, f"sacct -X -D -n -P --format={parse.SACCT_FORMAT} -j {shlex.quote(','.join(ids))}")
         if status != 0 or "accounting storage is disabled" in (out + err).lower():
             self._accounting[account] = False
             return {}

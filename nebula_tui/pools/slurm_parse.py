@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..model import JobState
 
@@ -54,6 +54,8 @@ class SlurmJob:
     gpus: int | None = None  # its allocation's GPUs (AllocTRES gres/gpu; None before one)
     qos: str = ""
     partition: str = ""
+    #: sacct -D: the runs of this job id before its last (requeued), each (elapsed, GPUs)
+    earlier: tuple[tuple[float, int | None], ...] = ()
 
     @property
     def waiting(self) -> bool:
@@ -307,8 +309,21 @@ def parse_sinfo_text(text: str) -> list[SlurmNode]:
 # -------------------------------------------------------------------------------- sacct
 def parse_sacct(text: str) -> dict[str, SlurmJob]:
     """``sacct -X -n -P --format=SACCT_FORMAT``: job id -> its state, exit code, signal,
-    elapsed time ("CANCELLED by 1000" is CANCELLED)."""
+    elapsed time ("CANCELLED by 1000" is CANCELLED). With ``-D`` a requeued job has a line
+    per run: its last run's (the latest start), the ones before in its ``earlier``."""
+    runs: dict[str, list[SlurmJob]] = {}
+    for job in _sacct_lines(text):
+        runs.setdefault(job.slurm_id, []).append(job)
     found = {}
+    for slurm_id, each in runs.items():
+        each.sort(key=lambda job: float("inf") if job.start is None else job.start)
+        found[slurm_id] = replace(each[-1], earlier=tuple((job.elapsed_s or 0.0, job.gpus)
+                                                          for job in each[:-1]))
+    return found
+
+
+def _sacct_lines(text: str) -> list[SlurmJob]:
+    found = []
     for line in text.splitlines():
         fields = line.split("|")
         if len(fields) < 4 or not fields[0].strip():
@@ -324,12 +339,12 @@ def parse_sacct(text: str) -> dict[str, SlurmJob]:
         end = _iso_time(fields[6]) if len(fields) > 6 else None
         user, qos, partition = (f.strip() for f in (fields[7:10] + ["", "", ""])[:3])
         word = state.split()[0].upper() if state else ""
-        found[slurm_id] = SlurmJob(slurm_id=slurm_id, state=word,
-                                   reason=state if word != state.upper() else "",
-                                   exit_code=None if signal else code, signal=signal or None,
-                                   elapsed_s=elapsed_s, start=start, end=end, user=user,
-                                   gpus=tres_gpus(fields[4]) if len(fields) > 4 else None,
-                                   qos=qos, partition=partition)
+        found.append(SlurmJob(slurm_id=slurm_id, state=word,
+                              reason=state if word != state.upper() else "",
+                              exit_code=None if signal else code, signal=signal or None,
+                              elapsed_s=elapsed_s, start=start, end=end, user=user,
+                              gpus=tres_gpus(fields[4]) if len(fields) > 4 else None,
+                              qos=qos, partition=partition))
     return found
 
 

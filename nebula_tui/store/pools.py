@@ -50,6 +50,20 @@ class Pools(StoreBase):
         keys = ("job_id", "pool", "account", "token", "remote_id", "log_path", "sent_at")
         return {r[0]: dict(zip(keys, r)) for r in rows}
 
+    def charge_pool_runs(self, job_id: int, gpu_hours: float, t: float, why: str) -> float:
+        """Charge a pool job for runs of its Slurm id the head never saw end (requeued there
+        between two polls): ``gpu_hours`` times its charge, to the job and its user; returns
+        what was charged."""
+        with self.transaction():
+            row = self.db.execute("SELECT user, charge FROM jobs WHERE id = ?", [job_id]).fetchone()
+            if row is None:
+                return 0.0
+            charged = max(0.0, gpu_hours) * (1.0 if row[1] is None else row[1])
+            self.db.execute("UPDATE jobs SET gpu_hours = gpu_hours + ? WHERE id = ?", [charged, job_id])
+            self.db.execute("UPDATE users SET gpu_hours = gpu_hours + ? WHERE name = ?", [charged, row[0]])
+            self._event(t, "pool", f"job {job_id} {why}", job_id=job_id)
+        return charged
+
     def leave_pool(self, job_id: int, t: float, why: str) -> None:
         """The pool let the job go without ending it (preempted, not requeued there): it
         waits here again as the lab's, and a later send gives it a new token."""

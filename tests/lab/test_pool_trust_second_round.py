@@ -4,15 +4,21 @@ the attacks that round one's fixes left open. docs/security.md lists every attac
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
+from labfixtures import cancel_left_and_stop
 from labkit.harness import wait_for
-from test_pool_trust import POLL, pool_line
-from test_pools_e2e import wait_state
+from support import submit
+from test_pool_trust import POLL, config, pool_line
+from test_pools_e2e import remote_id, squeue, start_head, wait_state
 
 
 def _members_pool(openssh_lab, slurm_lab, tmp_path_factory, group: str, members: tuple[str, str],
@@ -87,3 +93,73 @@ esac"""
         (public / "squeue").unlink()
         wait_for(lambda: f"as {alice}" not in pool_line(head), 30, what="her account answering again")
         head.run("cancel", str(hers), check=True)
+
+
+def test_a_job_that_requeues_itself_is_charged_for_every_run(slurm_lab, tmp_path):
+    """The job runs 8 s and requeues itself (`scontrol requeue`, its owner may); its owner
+    lifts the BeginTime Slurm gives a requeued job (`scontrol update StartTime=now`) and it
+    runs again, all between two polls. Slurm's accounting of the job id (`sacct -X`) has the
+    last run alone; the runs before it are its duplicates (`-D`). Before, the head charged
+    the last run only (the 8 s were free); now every run."""
+    head = start_head(tmp_path / "home", config(slurm_lab, tmp_path / "nodes.yaml", poll_interval="45s"))
+    try:
+        job = submit(head, "--pool", "hpc", "--command",
+                     f'f={tmp_path}/requeued; if [ ! -e "$f" ]; then touch "$f"; sleep 8; '
+                     'scontrol requeue "$SLURM_JOB_ID"; sleep 60; fi; echo second run')
+        wait_for(lambda: remote_id(head, job), 30, what="its Slurm id")
+        rid = remote_id(head, job)
+        wait_for(lambda: any(str(j["job_id"]) == rid and j.get("state_reason") == "BeginTime"
+                             for j in squeue(slurm_lab)), 60, what="it requeued itself")
+        lifted = subprocess.run(["scontrol", "update", f"jobid={rid}", "StartTime=now"],
+                                env=slurm_lab.env, capture_output=True, text=True, timeout=30)
+        assert lifted.returncode == 0, lifted.stderr
+        assert wait_state(head, job, {"succeeded", "failed"}, timeout=120)["state"] == "succeeded"
+        runs = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-j", rid, "-o",
+                               "State,AllocTRES,ElapsedRaw"], env=slurm_lab.env, capture_output=True,
+                              text=True, timeout=30).stdout.strip().splitlines()
+        assert len(runs) >= 2, runs  # the requeued run, then the last one
+        held = sum(int(re.search(r"gres/gpu=(\d+)", tres).group(1)) * int(elapsed)
+                   for _, tres, elapsed in (line.split("|") for line in runs))
+        assert held >= 8
+        mine = next(j for j in json.loads(head.run("history", "--json", check=True).stdout)
+                    if j["id"] == job)
+        assert mine["gpu_hours"] == pytest.approx(held / 3600, rel=0.05, abs=2 / 3600), (mine, runs)
+    finally:
+        cancel_left_and_stop(head)
+
+
+def test_one_members_garbage_at_a_restore_holds_nobody_elses_jobs(openssh_lab, slurm_lab, tmp_path_factory):
+    """A restore asks each member's account which jobs carry this head's tokens before it
+    sends any. Alice's key line answers squeue with 200,000-deep JSON then. Before: the
+    whole pool stayed degraded, nothing adopted or sent for anyone, Bob's job sent after
+    the backup waiting for ever. Now Bob's is adopted (sent once) and ends; Alice's waits,
+    unsent, until her account answers as Slurm does."""
+    alice, bob = "nebresta", "nebrestb"  # alice's account sorts first
+    lie = """case "$SSH_ORIGINAL_COMMAND" in
+  squeue*) [ -e "$here/squeue" ] && { printf '{"jobs":'; head -c 200000 /dev/zero | tr '\\0' '['; exit 0; } ;;
+esac"""
+    for head, public in _members_pool(openssh_lab, slurm_lab, tmp_path_factory, "nebrestore",
+                                      (alice, bob), lie, max_jobs=1):
+        blocker = _submitted(head, bob, "--", "sleep", "300")
+        wait_state(head, blocker, {"running"})
+        later = _submitted(head, bob, "--", "sh", "-c", "sleep 10; echo once")
+        hers = _submitted(head, alice, "--", "echo", "hers")
+        wait_for(lambda: "waiting for room" in head.job(hers)["reason"], 20, what="no room")
+        backup = head.run("backup", check=True).stdout.split()[2]
+        head.run("cancel", str(blocker), check=True)
+        wait_state(head, later, {"running"})
+        head.stop()
+        (public / "squeue").touch()
+        head.run("backup", "--restore", backup, check=True)
+        head.start()
+        ended = wait_state(head, later, {"succeeded", "failed"}, timeout=90)
+        assert ended["state"] == "succeeded", ended["reason"]
+        assert "once" in head.run("logs", str(later), check=True).stdout
+        sent = [j for j in squeue(slurm_lab) if j.get("user_name") == bob
+                and re.match(rf"[0-9a-f]+\.{later}\.", str(j.get("comment", "")))]
+        assert len(sent) == 1, sent  # adopted, not sent again
+        assert head.job(hers)["state"] == "pending"
+        assert f"as {alice}: " in pool_line(head), pool_line(head)
+        (public / "squeue").unlink()
+        assert wait_state(head, hers, {"succeeded", "failed"}, timeout=60)["state"] == "succeeded"
+
