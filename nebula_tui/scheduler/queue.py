@@ -4,7 +4,9 @@ Pure: the pass gets a frozen :class:`Snapshot` and returns one decision per pend
 in the order the jobs were considered. The engine applies them.
 
 The order (:func:`order`): admin priority (higher first), then fair-share weight (lower
-first), then submit time, then id. Walking it, each job is
+first), then submit time, then id — except that a gang (2 or more cards) that has waited
+``SchedulerConfig.gang_age_s`` comes right after the raised jobs, oldest first, so its
+reservation is made before newer small work can take its cards. Walking it, each job is
 
 1. failed when it can never run: a bad ``--arch``/``--cuda``, or an ``--after`` condition
    that can no longer come true (``ok``: the job failed, was cancelled, timed out, does
@@ -61,7 +63,8 @@ from .reasons import (best_now, blocked_text, blocker, blocker_rank, blockers_te
 from .snapshot import Decision, Fail, PendingJob, Snapshot, Start, Wait
 
 
-def order(queue: Sequence[PendingJob], users=None) -> list[PendingJob]:
+def order(queue: Sequence[PendingJob], users=None, now: float | None = None,
+          gang_age_s: float | None = None) -> list[PendingJob]:
     """The order jobs are considered in: priority, fair-share weight, submit time, id.
 
     That is ``fairshare.order_key``. A long queue is not sorted on tuples: jobs are grouped
@@ -69,14 +72,26 @@ def order(queue: Sequence[PendingJob], users=None) -> list[PendingJob]:
     by submit time (each sort is stable and starts in id order), and the groups are joined
     lightest first. The few jobs an admin raised (or lowered) are sorted apart on the whole
     key and put before (or after) the rest.
+
+    A gang (2 or more cards, not preemptible, of ordinary priority) that has waited
+    ``gang_age_s`` by ``now`` is aged: it goes after the raised jobs and before every
+    other, oldest first. Fair share alone would keep a heavy user's 4-card job behind
+    every lighter user's new 1-card job, and each of those takes a card of the gang's
+    machine as soon as one frees, before the gang's turn (and its reservation) comes; aged,
+    its reservation is made first and newer small work only backfills around it.
     """
     users = users or {}
     weights = {name: 1.0 if share is None else share.weight for name, share in users.items()}
     by_user: dict[str, list[PendingJob]] = {}
     special = []  # jobs with a priority
+    aged = []  # gangs that waited gang_age_s
+    oldest = None if gang_age_s is None or now is None else now - gang_age_s
     for job in sorted(queue, key=_ID):  # each user's jobs, in id order
         if job.priority:
             special.append(job)
+            continue
+        if oldest is not None and job.gpu_count > 1 and job.submitted_at <= oldest and not job.preemptible:
+            aged.append(job)
             continue
         mine = by_user.get(job.user)
         if mine is None:
@@ -95,6 +110,8 @@ def order(queue: Sequence[PendingJob], users=None) -> list[PendingJob]:
             mixed.add(weight)
     special.sort(key=lambda j: order_key(j.priority, weights.get(j.user, 1.0), j.submitted_at, j.id))
     jobs = [job for job in special if job.priority > 0]
+    aged.sort(key=_SUBMITTED)  # stable: ties stay in id order
+    jobs += aged
     for weight in sorted(groups):
         group = groups[weight]
         if weight in mixed:
@@ -243,7 +260,7 @@ class _Pass:
         self.scarce, self.scarce_cards, self.scarce_rest = self._scarce()
 
     def run(self) -> list[Decision]:
-        jobs = order(self.snap.queue, self.snap.users)
+        jobs = order(self.snap.queue, self.snap.users, self.now, self.config.gang_age_s)
         get, request = self.requests.get, self.request  # each job's request: alike share one
         refusing = {name for name, share in self.snap.users.items() if share is not None and share.refusal}
         decisions: list[Decision] = []
