@@ -30,7 +30,9 @@ reservation is made before newer small work can take its cards. Walking it, each
 
 Before each slice is placed the pass decides how (``World.set_packing``): while the
 waiting whole-card jobs need every wholly free card there is, slices fill shared cards;
-otherwise they go to the coolest, least shared card. Every start is applied to the pass's
+otherwise they go to the coolest, least shared card. Either way a slice breaks an idle card
+of the lab's scarce gang machines (:meth:`_Pass._scarce`) only when no other card fits it.
+Every start is applied to the pass's
 view of the cards before the next job is considered. A request refused once stays refused
 for the rest of the pass (a start only takes cards), so a long queue of jobs that cannot
 start costs one dictionary look-up each.
@@ -351,6 +353,14 @@ class _Pass:
         return Wait(job.id, f"needs {needs(shape)}; only {names} {'has' if one else 'have'} it free now, "
                             f"and {text}; it waits for another machine")
 
+    def scarce_idle(self) -> frozenset[str]:
+        """The scarce machines' cards that hold nothing now. A slice breaks such a card
+        for the lab's largest gangs (a 4-card job needs all four of the one 4-card
+        machine whole), so a slice takes any other card that fits it first — one already
+        shared, or a card of another machine — and one of these only when none does."""
+        return frozenset(c.uuid for node in self.scarce for c in self.world.by_node[node]
+                         if not c.allocs)
+
     # ------------------------------------------------------------ one job
     def decide(self, job: PendingJob, req: _Request | None = None) -> Decision:
         if req is None:
@@ -396,6 +406,12 @@ class _Pass:
         if shape.gpu_mem_mb is not None:
             demand = self.whole_demand
             self.world.set_packing(demand > 0 and self.world.whole_free <= demand)
+            if self.scarce and self.keeps_off(job):
+                idle = self.scarce_idle()
+                if idle:  # a card elsewhere (a shared one first, when packing) before one of these
+                    found = self.search(shape, bars.excluded | idle, ("scarce idle", bars.token, idle), avoid)
+                    if isinstance(found, Found):
+                        return self.start(job, found)
         if bars.own:  # its own booking's cards first, so the others stay for everyone
             found = self.search(shape, bars.excluded | self.others(bars.own), ("own", bars.token, bars.own),
                                 avoid)

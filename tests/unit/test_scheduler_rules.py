@@ -432,6 +432,29 @@ def test_a_job_without_time_takes_another_machine_before_the_gang_machine():
     assert on(run(gpus, [job(1, time_limit_s=600)], running=running)[1]) == [("big", 3)]
 
 
+def test_a_slice_fills_a_shared_card_before_it_breaks_an_idle_card_of_the_gang_machine():
+    """With no whole-card job waiting, a slice goes to the coolest, least shared card: an
+    idle A100 of big, the only machine that holds a 4-card job, which then waits for the
+    slice to end. It fills the card already shared on p1 instead, or takes an idle card of
+    another machine; big only when nothing else fits it."""
+    gpus, _ = _gang_lab()
+    shared = held(60, "p1", 0, 8 * GB)
+    whole = [held(61, f"p{n}", i, RTX4090_MB, True) for n, i in ((1, 1), (2, 0), (2, 1), (3, 0), (3, 1))]
+    pairs = [card("p1", 0, placements=[shared])] + [card(h[1].node, h[1].gpu_index, placements=[h]) for h in whole]
+    running = (RunningJob(60, "x", (shared[1],), NOW, time_limit_s=3600),
+               RunningJob(61, "y", tuple(p for _, p in whole), NOW, time_limit_s=3600))
+    got = run(gpus[:4] + pairs, [job(1, 1, 8 * GB, time_limit_s=3600)], running=running)
+    assert on(got[1]) == [("p1", 0)]
+    free_pair = gpus[:4] + pairs[:1] + [card("p1", 1)] + pairs[2:]
+    got = run(free_pair, [job(1, 1, 8 * GB, time_limit_s=3600)], running=running[:1] + (
+        RunningJob(61, "y", tuple(p for _, p in whole[1:]), NOW, time_limit_s=3600),))
+    assert on(got[1])[0][0] == "p1"
+    # Nothing else fits 16 GB now: big it is. An admin's --priority job decides as before.
+    got = run(gpus[:4] + pairs, [job(1, 1, 16 * GB, time_limit_s=3600), job(2, 1, 8 * GB, priority=2)],
+              running=running)
+    assert on(got[1])[0][0] == "big" and on(got[2])[0][0] == "big"
+
+
 def test_a_gang_that_waited_gang_age_goes_first_and_its_reservation_holds_off_new_small_work():
     """Fair share alone puts a lighter user's new 1-card job before a heavier user's 4-card
     job: each time a card of the one 4-card machine frees, the small job takes it before the
