@@ -17,6 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .. import scheduler
+from ..model import charged_gpu_hours
 from ..scheduler import fairshare
 from ..views import month_start
 from .access import Access
@@ -156,12 +157,13 @@ class Shares:
                 "refusal": shares[name].refusal if name in shares else None}
 
     def held_hours(self, job, now: float) -> float:
-        """GPU-hours a running job has held until ``now`` (a slice counts its fraction; a
-        preemptible job, ``scheduler.preemptible_charge`` of them)."""
-        fractions = [fairshare.gpu_fraction(p.memory_mb, self.state.total_mb(p.gpu_uuid), p.exclusive)
-                     for p in job.placements]
-        hours = fairshare.gpu_hours(fractions, now - (job.started_at or now))
-        return hours * self.state.settings.config.preemptible_charge if job.spec.preemptible else hours
+        """GPU-hours a running job is charged for what it held until ``now``, as the store
+        charges it when it ends (``model.charged_gpu_hours``: a slice by its gigabytes
+        against the reference card; a preemptible job, ``scheduler.preemptible_charge``)."""
+        settings = self.state.settings
+        return charged_gpu_hours(
+            [(p.memory_mb, p.exclusive) for p in job.placements], now - (job.started_at or now),
+            settings.charge_reference_mb, settings.config.preemptible_charge if job.spec.preemptible else 1.0)
 
     def quota_refusal(self, user: str, month_hours: float, quotas: dict[str, float] | None = None) -> str | None:
         quota = (self._quotas() if quotas is None else quotas).get(user, self.state.settings.quota_gpu_hours)

@@ -333,7 +333,7 @@ async def test_users_screen_shows_weights_and_hours(head, jobs):
         row = next(u for u in head.call("users")["users"] if u["name"] == me)
         assert int(cells["finished"]) == row["jobs_finished"] >= 1
         assert int(cells["jobs"]) == row["month_jobs"] >= 1  # this month's, as the report counts
-        assert float(cells["weight"]) >= 1.1  # 1.0 + 0.1 per finished job
+        assert cells["weight"] == f"{row['weight']:.2f}" and row["weight"] >= 1.0  # 1.0 + 0.02 per GPU-hour
         assert "/ 2000 h" in cells["hours"] or " h" in cells["hours"]
 
 

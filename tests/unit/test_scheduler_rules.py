@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from nebula_tui.config.settings import scheduler_settings
-from nebula_tui.model import MIN_SLICE_MB, GpuReading, GpuView, Placement
+from nebula_tui.model import MIN_SLICE_MB, GpuReading, GpuView, Placement, card_share, charged_gpu_hours
 from nebula_tui.scheduler import (Fail, PendingJob, RunningJob, SchedulerConfig, Snapshot, Start,
                                   UserShare, Wait, fairshare, schedule)
 from nebula_tui.scheduler import estimates
@@ -561,12 +561,12 @@ def test_drained_node_named_when_it_is_the_only_fit():
 # ------------------------------------------------------------------ R6/R7 arithmetic
 def test_user_weight():
     assert fairshare.user_weight([], 0.0, NOW, None) == 1.0
-    # 2 finished jobs (0.2) + 10 GPU-hours finished (0.2) + 5 held now (0.1)
+    # 10 GPU-hours finished (0.2) + 5 held now (0.1); nothing per job
     w = fairshare.user_weight([(NOW, 4.0), (NOW, 6.0)], 5.0, NOW, None)
-    assert w == pytest.approx(1.5)
+    assert w == pytest.approx(1.3)
     week = fairshare.DEFAULT_HALF_LIFE_S
     decayed = fairshare.user_weight([(NOW - week, 10.0)], 0.0, NOW, week)
-    assert decayed == pytest.approx(1.0 + (0.1 + 0.2) / 2)
+    assert decayed == pytest.approx(1.0 + 0.2 / 2)
     assert fairshare.user_weight([(NOW - 10 * week, 10.0)], 0.0, NOW) < 1.001
 
 
@@ -579,7 +579,10 @@ def test_quota_refusal_sentence():
         "an admin can raise the quota with `nebula quota carl 3000`")
 
 
-def test_slice_counts_its_fraction_of_the_card():
-    assert fairshare.gpu_fraction(6 * GB, 24 * GB, False) == 0.25
-    assert fairshare.gpu_fraction(6 * GB, 24 * GB, True) == 1.0
-    assert fairshare.gpu_hours([0.25, 1.0], 7200) == 2.5
+def test_slice_counts_its_gigabytes_against_the_reference_card():
+    assert card_share(6 * GB, False) == 0.25  # of the 24 GB reference
+    assert card_share(6 * GB, True) == 1.0  # a whole card, whatever its size
+    assert card_share(40 * GB, False) == 1.0  # never more than a card
+    assert card_share(6 * GB, False, 12 * GB) == 0.5
+    assert charged_gpu_hours([(6 * GB, False), (80 * GB, True)], 7200) == 2.5
+    assert charged_gpu_hours([(6 * GB, False)], 7200, charge=0.25) == 0.125

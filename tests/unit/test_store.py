@@ -99,10 +99,11 @@ def test_finish_charges_gpu_hours_by_share(store):
     assert alice["jobs_finished"] == 1
 
 
-def test_slice_on_unregistered_gpu_counts_as_whole(store):
-    # Without a known card size a slice cannot be a fraction: charge the whole card.
+def test_slice_on_unregistered_gpu_counts_its_gigabytes_too(store):
+    # A slice is charged against the 24 GB reference card, not its own: a card of unknown
+    # size charges an 8 GB slice what any other card does.
     run_job(store, placements=(Placement("GPU-unknown", "node09", 0, 8192, False),), hours=1.0)
-    assert user_row(store, "alice")["gpu_hours"] == pytest.approx(1.0)
+    assert user_row(store, "alice")["gpu_hours"] == pytest.approx(1 / 3)
 
 
 def test_charges_accumulate_per_user(store):
