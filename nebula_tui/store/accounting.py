@@ -155,6 +155,19 @@ class Accounting(StoreBase):
             f"{'' if preemptible else _NOT_PREEMPTIBLE}GROUP BY user", [since]).fetchall()
         return {user: hours or 0.0 for user, hours in rows}
 
+    def over_quota_usage(self, user: str, since: float) -> tuple[float, set[int]]:
+        """``user``'s jobs that ran as preemptible work past their quota, of those
+        ``usage_since`` counts: the GPU-hours they were charged, and the ids of those not
+        ended (their runs now are not charged yet)."""
+        hours, ids = 0.0, set()
+        for job_id, charged, ended in self.db.execute(
+                "SELECT id, gpu_hours, ended_at FROM jobs WHERE user = ? AND over_quota "
+                "AND (ended_at >= ? OR ended_at IS NULL)", [user, since]):
+            hours += charged or 0.0
+            if ended is None:
+                ids.add(job_id)
+        return hours, ids
+
     def finished_usage(self, since: float) -> dict[str, list[tuple[float, float]]]:
         """(ended_at, gpu_hours) of every job each user finished since ``since`` after it
         ran (R6): one cancelled while it waited, or failed because its --after job failed,

@@ -5,7 +5,7 @@ fair share, ``nebula report``, Prometheus and the replay."""
 from __future__ import annotations
 
 import pytest
-from inprocess import QuietNode, cluster_file, gpu_row, probe
+from support.inprocess import QuietNode, cluster_file, gpu_row, probe
 
 from nebula_tui.config.cluster import load_config
 from nebula_tui.head.engine import Engine
@@ -120,7 +120,7 @@ async def test_the_report_splits_each_users_hours_in_and_over_their_quota(tmp_pa
     """quota_mode scavenge: alice's first job (2 h on a card) takes her past a 1 GPU-hour
     quota; her next runs as preemptible work on an idle card, 4 h charged at a quarter.
     `nebula report` says 2 GPU-hours in quota and 1 over, in --json and in its text."""
-    from inprocess import up_engine
+    from support.inprocess import up_engine
 
     from nebula_tui.cli.accounting import report_text
 
@@ -128,11 +128,13 @@ async def test_the_report_splits_each_users_hours_in_and_over_their_quota(tmp_pa
     head = up_engine(tmp_path, "scheduler:\n  quota_gpu_hours: 1\n", clock=lambda: clock[0])
     try:
         began = clock[0]
-        for hours in (2, 4):
+        for hours, over in ((2, 0.0), (4, 1.0)):
             job = head.submit("alice", JobSpec(command=("true",)))
             head.scheduling.schedule_pass()
             head.transitions.mark_running(head.jobs[job.id])
             clock[0] += hours * 3600
+            # while it runs, `nebula why --user` counts its hours over the quota already
+            assert head.shares.standing("alice")["over_quota_gpu_hours"] == pytest.approx(over)
             head.transitions.finish(head.jobs[job.id], JobState.SUCCEEDED, 0, "")
         assert head.state.store.job(job.id).spec.preemptible  # the second ran as scavenger work
         clock[0] += 60
@@ -140,6 +142,9 @@ async def test_the_report_splits_each_users_hours_in_and_over_their_quota(tmp_pa
         (alice,) = report["users"]
         assert (alice["gpu_hours"], alice["in_quota_gpu_hours"], alice["over_quota_gpu_hours"]) == (
             pytest.approx(3.0), pytest.approx(2.0), pytest.approx(1.0))
+        share = head.shares.standing("alice")  # `nebula why --user alice`: the same split
+        assert (share["in_quota_gpu_hours"], share["over_quota_gpu_hours"]) == (pytest.approx(2.0),
+                                                                                pytest.approx(1.0))
         text = report_text(report)
         header = next(line for line in text.splitlines() if line.startswith("MONTH"))
         row = next(line for line in text.splitlines() if " alice " in line).split()
