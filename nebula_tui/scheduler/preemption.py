@@ -124,7 +124,8 @@ def _held_first(snapshot: Snapshot, holds: dict[int, tuple[Placement, ...]], job
     claims = {job_id: _claim(jobs[job_id], cards, snapshot.now) for job_id, cards in holds.items()}
     found: list[Start] = []
     others = frozenset(j.id for j in snapshot.queue)
-    for job in queue.order([jobs[job_id] for job_id in holds], snapshot.users):
+    for job in queue.order([jobs[job_id] for job_id in holds], snapshot.users, snapshot.now,
+                           snapshot.config.gang_age_s):
         mine = {p.gpu_uuid for p in holds[job.id]}
         rest = [claim for job_id, claim in claims.items() if job_id != job.id]
         yielding = {job_id for view in snapshot.gpus if view.uuid in mine
