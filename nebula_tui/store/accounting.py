@@ -99,16 +99,18 @@ class Accounting(StoreBase):
     # ------------------------------------------------------------------ sums
     def user_months(self, since: float, until: float) -> list[dict]:
         """Per user and calendar month (local time) of the jobs that ended in [since,
-        until): how many, GPU-hours charged, sampled, busy and idle GPU-hours, and the
-        sum and count of the waits of those that started."""
+        until): how many, GPU-hours charged (and of them, those of jobs that ran as
+        preemptible work past their user's quota), sampled, busy and idle GPU-hours, and
+        the sum and count of the waits of those that started."""
         rows = self.db.execute(
             "SELECT user, strftime('%Y-%m', ended_at, 'unixepoch', 'localtime') AS month, "
-            "COUNT(*), SUM(gpu_hours), SUM(sampled_gpu_hours), SUM(busy_gpu_hours), "
+            "COUNT(*), SUM(gpu_hours), SUM(CASE WHEN over_quota THEN gpu_hours ELSE 0 END), "
+            "SUM(sampled_gpu_hours), SUM(busy_gpu_hours), "
             "SUM(idle_gpu_hours), SUM(started_at - submitted_at), COUNT(started_at) "
             "FROM jobs WHERE ended_at >= ? AND ended_at < ? GROUP BY user, month "
             "ORDER BY month, user", [since, until]).fetchall()
-        keys = ("user", "month", "jobs", "gpu_hours", "sampled_gpu_hours", "busy_gpu_hours",
-                "idle_gpu_hours", "wait_s_sum", "started")
+        keys = ("user", "month", "jobs", "gpu_hours", "over_quota_gpu_hours", "sampled_gpu_hours",
+                "busy_gpu_hours", "idle_gpu_hours", "wait_s_sum", "started")
         return [dict(zip(keys, r)) for r in rows]
 
     def held_between(self, since: float, until: float) -> list[tuple[str, float, float | None, float]]:
@@ -152,6 +154,19 @@ class Accounting(StoreBase):
             "SELECT user, SUM(gpu_hours) FROM jobs WHERE (ended_at >= ? OR ended_at IS NULL) "
             f"{'' if preemptible else _NOT_PREEMPTIBLE}GROUP BY user", [since]).fetchall()
         return {user: hours or 0.0 for user, hours in rows}
+
+    def over_quota_usage(self, user: str, since: float) -> tuple[float, set[int]]:
+        """``user``'s jobs that ran as preemptible work past their quota, of those
+        ``usage_since`` counts: the GPU-hours they were charged, and the ids of those not
+        ended (their runs now are not charged yet)."""
+        hours, ids = 0.0, set()
+        for job_id, charged, ended in self.db.execute(
+                "SELECT id, gpu_hours, ended_at FROM jobs WHERE user = ? AND over_quota "
+                "AND (ended_at >= ? OR ended_at IS NULL)", [user, since]):
+            hours += charged or 0.0
+            if ended is None:
+                ids.add(job_id)
+        return hours, ids
 
     def finished_usage(self, since: float) -> dict[str, list[tuple[float, float]]]:
         """(ended_at, gpu_hours) of every job each user finished since ``since`` after it

@@ -71,7 +71,7 @@ class Jobs(Accounting):
         """A job of a user past their quota starts as preemptible work: its spec says so
         (it is preempted, and requeued, as one) and its hours are charged at ``charge``."""
         with self.transaction():
-            self.db.execute("UPDATE jobs SET spec = ?, charge = ? WHERE id = ?",
+            self.db.execute("UPDATE jobs SET spec = ?, charge = ?, over_quota = 1 WHERE id = ?",
                             [json.dumps(spec_fields(job.spec)), charge, job.id])
             self._event(t, "quota", f"job {job.id} of {job.user} runs as preemptible work on idle "
                                     f"cards: its user is past their quota", job_id=job.id, user=job.user)

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from conftest import wait_for
-from reliability import needs_own_clock
+from labkit.harness import wait_for
+from support.reliability import needs_own_clock
 from labkit.harness import HeadProcess
 
 
@@ -69,7 +69,7 @@ def test_a_wall_clock_step_neither_cancels_an_idle_job_nor_kills_an_over_user_ea
     """Idle for a moment, over its reservation for a moment: with an hour of idleness and an
     hour of over-use allowed, two hours of wall clock that did not pass act on neither."""
     needs_own_clock()
-    from labfixtures import lab_config
+    from support.labfixtures import lab_config
 
     config = lab_config(openssh_lab, "clock-limits", limits={
         "memory_overuse": "kill", "memory_grace": "1h", "idle_after": "1h",

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from labfixtures import cancel_left_and_stop
+from support.labfixtures import cancel_left_and_stop
 from labkit.harness import wait_for
-from support import submit
+from support.head import submit
 from test_pool_trust import POLL, config, pool_line
-from test_pools_e2e import remote_id, squeue, start_head, wait_state
+from support.slurmfixtures import remote_id, squeue, start_head, wait_state
 
 
 def _members_pool(openssh_lab, slurm_lab, tmp_path_factory, group: str, members: tuple[str, str],
@@ -26,7 +26,7 @@ def _members_pool(openssh_lab, slurm_lab, tmp_path_factory, group: str, members:
     """A shared head for ``group`` whose pool hpc runs each member's jobs in their own
     account; the first member's key line runs ``lie`` (a shell script's body, in a public
     folder, given that folder as $1), the second's is plain. Yields (head, folder)."""
-    from test_multiuser import lab_users, shared_head
+    from support.users import lab_users, shared_head
 
     from nebula_tui.sim.slurmlab import unlock_for_ssh
 
@@ -56,7 +56,7 @@ def _members_pool(openssh_lab, slurm_lab, tmp_path_factory, group: str, members:
 
 
 def _submitted(head, user: str, *args: str) -> int:
-    from test_multiuser import as_user
+    from support.users import as_user
 
     done = as_user(head, user, "submit", "--pool", "hpc", *args)
     assert done.returncode == 0, done.stderr

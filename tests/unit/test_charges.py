@@ -5,7 +5,7 @@ fair share, ``nebula report``, Prometheus and the replay."""
 from __future__ import annotations
 
 import pytest
-from inprocess import QuietNode, cluster_file, gpu_row, probe
+from support.inprocess import QuietNode, cluster_file, gpu_row, probe
 
 from nebula_tui.config.cluster import load_config
 from nebula_tui.head.engine import Engine
@@ -114,3 +114,42 @@ def test_the_replay_charges_a_slice_as_the_live_head_does_wherever_it_lands():
         assert out[1].state == "succeeded"
         charged[core[node][card]["name"]] = out[1].charged_gpu_hours
     assert charged == {"NVIDIA A100-SXM4-80GB": pytest.approx(1.0), "NVIDIA GeForce RTX 4090": pytest.approx(1.0)}
+
+
+async def test_the_report_splits_each_users_hours_in_and_over_their_quota(tmp_path):
+    """quota_mode scavenge: alice's first job (2 h on a card) takes her past a 1 GPU-hour
+    quota; her next runs as preemptible work on an idle card, 4 h charged at a quarter.
+    `nebula report` says 2 GPU-hours in quota and 1 over, in --json and in its text."""
+    from support.inprocess import up_engine
+
+    from nebula_tui.cli.accounting import report_text
+
+    clock = [1_800_000_000.0]
+    head = up_engine(tmp_path, "scheduler:\n  quota_gpu_hours: 1\n", clock=lambda: clock[0])
+    try:
+        began = clock[0]
+        for hours, over in ((2, 0.0), (4, 1.0)):
+            job = head.submit("alice", JobSpec(command=("true",)))
+            head.scheduling.schedule_pass()
+            head.transitions.mark_running(head.jobs[job.id])
+            clock[0] += hours * 3600
+            # while it runs, `nebula why --user` counts its hours over the quota already
+            assert head.shares.standing("alice")["over_quota_gpu_hours"] == pytest.approx(over)
+            head.transitions.finish(head.jobs[job.id], JobState.SUCCEEDED, 0, "")
+        assert head.state.store.job(job.id).spec.preemptible  # the second ran as scavenger work
+        clock[0] += 60
+        report = await head.accounting.report("alice", began - 60, clock[0])
+        (alice,) = report["users"]
+        assert (alice["gpu_hours"], alice["in_quota_gpu_hours"], alice["over_quota_gpu_hours"]) == (
+            pytest.approx(3.0), pytest.approx(2.0), pytest.approx(1.0))
+        share = head.shares.standing("alice")  # `nebula why --user alice`: the same split
+        assert (share["in_quota_gpu_hours"], share["over_quota_gpu_hours"]) == (pytest.approx(2.0),
+                                                                                pytest.approx(1.0))
+        text = report_text(report)
+        header = next(line for line in text.splitlines() if line.startswith("MONTH"))
+        row = next(line for line in text.splitlines() if " alice " in line).split()
+        assert header.split()[3:7] == ["GPU-H", "IN", "QUOTA", "OVER"]
+        assert row[3:6] == ["3.000", "2.000", "1.000"]
+    finally:
+        await head.stop()
+        head.state.store.close()
