@@ -1,7 +1,8 @@
 """The head's books on its pools: what it knows of each between polls (``PoolView``), the
 pool jobs' rows, what a pool job is charged beyond its last run (runs of its Slurm id the
 head never saw end; a preemptible job moved off the scavenger QOS or partition), and what
-users ask of a pool job (cancel, hold, requeue, its log) and of a pool (its status line). ``head/pools.py`` builds on it: which job goes where, the polls.
+users ask of a pool job (cancel, hold, requeue, its log) and of a pool (its status line).
+``head/pools.py`` builds on it: which job goes where, the polls.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ MISSED_POLLS = 3
 #: refusal in a row, up to REFUSAL_MAX_S (a login node's fail2ban counts failed logins)
 REFUSAL_TTL_S = 60.0
 REFUSAL_MAX_S = 3600.0
+
+
+#: how far before its send a run of a job's Slurm id may start and still be its own (the
+#: cluster's clock against the head's)
+RUN_SLACK_S = 300.0
 
 
 #: the mark a pool token ends with: a salt and its HMAC under the store's pool key, in hex
@@ -164,11 +170,15 @@ class PoolBooks:
         saw ``job.attempt`` minus the attempt it was sent at of them (and charged those)."""
         sent = TOKEN_ATTEMPT.fullmatch(row["token"] or "")
         seen = max(0, job.attempt - int(sent.group(1))) if sent else len(report.earlier_runs)
-        missed = report.earlier_runs[seen:]
+        # A run that started before the job was sent is another job's (Slurm's ids begin
+        # again after its state is lost): never charged here.
+        sent_at = row.get("sent_at") or self.state.clock()
+        missed = [run for run in report.earlier_runs[seen:]
+                  if run[2] is None or run[2] >= sent_at - RUN_SLACK_S]
         if not missed:
             return
-        longest = max(0.0, self.state.clock() - (row.get("sent_at") or self.state.clock()))
-        gpu_s = sum(min(elapsed, longest) * (asked if gpus is None else gpus) for elapsed, gpus in missed)
+        longest = max(0.0, self.state.clock() - sent_at)
+        gpu_s = sum(min(elapsed, longest) * (asked if gpus is None else gpus) for elapsed, gpus, _ in missed)
         charged = self.state.store.charge_pool_runs(
             job.id, gpu_s / 3600, self.state.clock(),
             f"ran {len(missed)} time{'s' if len(missed) > 1 else ''} in pool {name} before its "

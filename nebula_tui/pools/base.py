@@ -76,9 +76,9 @@ class RemoteJob:
     #: whether its Slurm comment still is the token it was sent with (the job may rewrite
     #: it: it is a check, never what finds the job)
     token_ok: bool = True
-    #: the runs of its id before the last one (requeued there), each (elapsed, GPUs), from
-    #: the cluster's accounting
-    earlier_runs: tuple[tuple[float, int | None], ...] = ()
+    #: the runs of its id before the last one (requeued there), each (elapsed, GPUs, start),
+    #: from the cluster's accounting
+    earlier_runs: tuple[tuple[float, int | None, float | None], ...] = ()
 
 
 @dataclass(frozen=True)

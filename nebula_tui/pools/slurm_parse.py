@@ -54,8 +54,9 @@ class SlurmJob:
     gpus: int | None = None  # its allocation's GPUs (AllocTRES gres/gpu; None before one)
     qos: str = ""
     partition: str = ""
-    #: sacct -D: the runs of this job id before its last (requeued), each (elapsed, GPUs)
-    earlier: tuple[tuple[float, int | None], ...] = ()
+    #: sacct -D: the runs of this job id before its last (requeued), each (elapsed, GPUs,
+    #: start)
+    earlier: tuple[tuple[float, int | None, float | None], ...] = ()
 
     @property
     def waiting(self) -> bool:
@@ -317,7 +318,7 @@ def parse_sacct(text: str) -> dict[str, SlurmJob]:
     found = {}
     for slurm_id, each in runs.items():
         each.sort(key=lambda job: float("inf") if job.start is None else job.start)
-        found[slurm_id] = replace(each[-1], earlier=tuple((job.elapsed_s or 0.0, job.gpus)
+        found[slurm_id] = replace(each[-1], earlier=tuple((job.elapsed_s or 0.0, job.gpus, job.start)
                                                           for job in each[:-1]))
     return found
 

@@ -19,15 +19,13 @@ from pathlib import Path
 
 import asyncssh
 import pytest
-import yaml
 
 from support.labfixtures import cancel_left_and_stop
 from labkit.harness import HeadProcess, wait_for
 from nebula_tui.store import Store
 from support.head import submit
-from support.slurmfixtures import remote_id, squeue, start_head, wait_state
+from support.slurmfixtures import POLL, config, pool_line, remote_id, squeue, start_head, wait_state
 
-POLL = "1s"
 ME = pwd.getpwuid(os.getuid()).pw_name
 FORGER = "nebforger"
 RUNUSER = "/usr/sbin/runuser"
@@ -39,10 +37,6 @@ def pool_row(head: HeadProcess, job: int) -> dict:
         return store.pool_job(job)
     finally:
         store.close()
-
-
-def pool_line(head: HeadProcess) -> str:
-    return head.call("status")["pools"][0]["line"]
 
 
 @pytest.fixture(scope="module")
@@ -69,15 +63,6 @@ exec sh -c "$SSH_ORIGINAL_COMMAND"
     script.chmod(0o755)
     slurm_lab.authorize(ME, f'command="{script}" {key.export_public_key().decode().strip()}')
     return root
-
-
-def config(slurm_lab, path: Path, **extra) -> Path:
-    entry = slurm_lab.pool_entry("hpc", known_hosts=str(slurm_lab.known_hosts_path),
-                                 workdir=str(path.parent / "hpc-work"), poll_interval=POLL)
-    entry.setdefault("identity", str(slurm_lab.identity_path))
-    entry.update(extra)
-    path.write_text(yaml.safe_dump({"cluster": {"name": "trusttest"}, "pools": [entry]}))
-    return path
 
 
 @contextlib.contextmanager

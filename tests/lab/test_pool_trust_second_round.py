@@ -17,8 +17,7 @@ import pytest
 from support.labfixtures import cancel_left_and_stop
 from labkit.harness import wait_for
 from support.head import submit
-from test_pool_trust import POLL, config, pool_line
-from support.slurmfixtures import remote_id, squeue, start_head, wait_state
+from support.slurmfixtures import POLL, config, pool_line, remote_id, squeue, start_head, wait_state
 
 
 def _members_pool(openssh_lab, slurm_lab, tmp_path_factory, group: str, members: tuple[str, str],

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from labkit.harness import HeadProcess, wait_for
 from nebula_tui.sim.slurm import SlurmUnavailable
@@ -95,3 +96,23 @@ def wait_state(head: HeadProcess, job: int, states: set[str], timeout: float = 6
         raise AssertionError(f"{err}: it is {shown['state']} ({shown['reason']}); "
                              f"events: {head.call('events', job=job)['events']}") from None
     return head.job(job)
+
+
+#: the poll interval of the trust tests' pools
+POLL = "1s"
+
+
+def pool_line(head: HeadProcess) -> str:
+    """The head's status line of its one pool."""
+    return head.call("status")["pools"][0]["line"]
+
+
+def config(slurm_lab, path: Path, **extra) -> Path:
+    """nodes.yaml at ``path`` with the lab's Slurm as pool hpc (``extra``: its keys), polled
+    every POLL."""
+    entry = slurm_lab.pool_entry("hpc", known_hosts=str(slurm_lab.known_hosts_path),
+                                 workdir=str(path.parent / "hpc-work"), poll_interval=POLL)
+    entry.setdefault("identity", str(slurm_lab.identity_path))
+    entry.update(extra)
+    path.write_text(yaml.safe_dump({"cluster": {"name": "trusttest"}, "pools": [entry]}))
+    return path

@@ -128,5 +128,5 @@ def test_a_sacct_line_with_a_duration_or_allocation_slurm_never_writes_is_not_be
 
 def test_sacct_d_gives_a_requeued_jobs_last_run_and_the_runs_before_it():
     runs = parse.parse_sacct(read("sacct_requeued.txt"))
-    assert runs["6"].state == "PENDING" and runs["6"].earlier == ((15.0, 1),)
+    assert runs["6"].state == "PENDING" and runs["6"].earlier == ((15.0, 1, None),)
     assert runs["5"].state == "NODE_FAIL" and runs["5"].earlier == ()
