@@ -175,6 +175,12 @@ class Pools(PoolBooks):
         for job in bursting[:max(0, room)]:
             waited = duration_text(now - job.submitted_at)
             self.send(name, job, f"sent to pool {name} after {waited} waiting here")
+        for job in self.state.jobs.values():
+            account = pool.account_for(job.user)
+            if (account in view.unreconciled and job.spec.pool == name and job.pool is None
+                    and job.state == JobState.PENDING and not job.held_by):
+                self._set_reason(job, f"waiting for pool {name} to answer as {account}: its jobs "
+                                      "there are asked for first (after a restore, never sent twice)")
         for job in asked[max(0, room + len(asked)):]:
             self._set_reason(job, f"waiting for room in pool {name} ({self.live(name)} of ours "
                                   f"there, max_jobs {pool.config.max_jobs})")
@@ -346,12 +352,16 @@ class Pools(PoolBooks):
                      if job.state == JobState.PENDING), default=None)
         key, head = self.state.store.pool_key(), self.state.store.head_token
         for account in sorted(accounts):
+            # A refused login is asked again once its backoff is over: a job of its owner's
+            # sent since the backup may be there, so nothing of theirs is sent before.
             if view.refusing(account, now):
+                view.unreconciled.add(account)
                 continue
             try:
                 found = await pool.ours(account, prefix, since)
             except PoolNotAuthorised:
                 view.refuse(account, now)
+                view.unreconciled.add(account)
                 continue
             except PoolUnavailable as err:
                 if not pool.config.per_submitter:
@@ -517,7 +527,8 @@ class Pools(PoolBooks):
         placements = tuple(
             Placement(f"{name}:{report.remote_id}:{node}:{i}", f"{name}:{printable(node)[:63]}",
                       i, 0, True)
-            for node in (report.nodes or ("?",)) for i in range(max(1, job.spec.gpu_count)))
+            # at most the nodes it asked for: the list is what its owner's account printed
+            for node in (report.nodes[:job.spec.nodes] or ("?",)) for i in range(max(1, job.spec.gpu_count)))
         started = report.started_at or self.state.clock()
         self.state.store.pool_running(job.id, placements, started, self.state.clock())
         job = replace(job, status=Running(placements, started, token=self.rows[job.id]["token"]))

@@ -156,9 +156,61 @@ esac"""
         assert "once" in head.run("logs", str(later), check=True).stdout
         sent = [j for j in squeue(slurm_lab) if j.get("user_name") == bob
                 and re.match(rf"[0-9a-f]+\.{later}\.", str(j.get("comment", "")))]
-        assert len(sent) == 1, sent  # adopted, not sent again
+        said = [e["message"] for e in head.call("events", limit=200)["events"]]
+        assert len(sent) == 1, ([(j["job_id"], j["job_state"]) for j in sent], said)  # adopted, not sent again
         assert head.job(hers)["state"] == "pending"
         assert f"as {alice}: " in pool_line(head), pool_line(head)
         (public / "squeue").unlink()
         assert wait_state(head, hers, {"succeeded", "failed"}, timeout=60)["state"] == "succeeded"
 
+
+
+def test_a_members_key_line_cannot_give_her_job_a_hundred_thousand_nodes(
+        openssh_lab, slurm_lab, tmp_path_factory):
+    """Her forced command lists her one-node job on `x[1-99999]`. Before: the head took
+    99,999 placements for it (a row each, in every `queue` answer to everyone). A job runs
+    on at most the nodes it asked for."""
+    alice, bob = "nebnodea", "nebnodeb"
+    lie = """case "$SSH_ORIGINAL_COMMAND" in
+  squeue*) sh -c "$SSH_ORIGINAL_COMMAND" | python3 -c 'import json, sys
+d = json.load(sys.stdin)
+for j in d["jobs"]:
+    if j.get("job_state") == "RUNNING":
+        j["nodes"] = "x[1-99999]"
+print(json.dumps(d))'; exit 0 ;;
+esac"""
+    for head, _ in _members_pool(openssh_lab, slurm_lab, tmp_path_factory, "nebnodes", (alice, bob), lie):
+        hers = _submitted(head, alice, "--", "sleep", "20")
+        wait_state(head, hers, {"running"})
+        assert len(head.job(hers)["gpus"]) == 1, len(head.job(hers)["gpus"])
+        head.run("cancel", str(hers), check=True)
+
+
+def test_a_job_whose_owners_login_is_refused_at_a_restore_is_not_sent_twice(
+        openssh_lab, slurm_lab, tmp_path_factory):
+    """Bob's job went to the pool after the backup; when the restored head starts, his
+    account refuses its key (he took the line out for a while). Before: his account was
+    skipped, the restore counted done, and once his login worked again his job was sent a
+    second time. Now his account is asked for this head's jobs first, and his is adopted."""
+    alice, bob = "nebrefa", "nebrefb"
+    for head, _ in _members_pool(openssh_lab, slurm_lab, tmp_path_factory, "nebrefused", (alice, bob),
+                                 "", max_jobs=1):
+        blocker = _submitted(head, bob, "--", "sleep", "300")
+        wait_state(head, blocker, {"running"})
+        later = _submitted(head, bob, "--", "sh", "-c", "sleep 5; echo once")
+        wait_for(lambda: "waiting for room" in head.job(later)["reason"], 20, what="no room")
+        backup = head.run("backup", check=True).stdout.split()[2]
+        head.run("cancel", str(blocker), check=True)
+        wait_state(head, later, {"running"})
+        head.stop()
+        line = (slurm_lab.login_dir / "keys" / bob).read_text()
+        slurm_lab.revoke(bob)
+        head.run("backup", "--restore", backup, check=True)
+        head.start()
+        time.sleep(5)  # refused, and waiting out its backoff
+        slurm_lab.authorize(bob, line)
+        ended = wait_state(head, later, {"succeeded", "failed"}, timeout=150)
+        assert ended["state"] == "succeeded", ended["reason"]
+        sent = [j for j in squeue(slurm_lab) if j.get("user_name") == bob
+                and re.match(rf"[0-9a-f]+\.{later}\.", str(j.get("comment", "")))]
+        assert len(sent) == 1, [(j["job_id"], j["job_state"]) for j in sent]
