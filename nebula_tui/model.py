@@ -15,6 +15,7 @@ import dataclasses
 import enum
 import posixpath
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Self
 
@@ -608,3 +609,28 @@ def stdio_path(job: Job, pattern: str | None) -> str | None:
     path = output_file(pattern, job.id, job.spec, job.user)
     base = job.workdir_used or job.spec.workdir or job.spec.submit_dir
     return posixpath.join(base, path) if base and not path.startswith("/") else path
+
+
+# ------------------------------------------------------------------ what a run is charged
+#: the card a slice's gigabytes are charged against (``scheduler.charge_reference``): 24 GB,
+#: the commonest card of a lab's workstations (3090, 4090, A10, L4); fixed rather than the
+#: lab's median card so a charge does not move when cards are bought or retired
+DEFAULT_CHARGE_REFERENCE_MB = 24 * 1024
+
+
+def card_share(memory_mb: int, exclusive: bool, reference_mb: int = DEFAULT_CHARGE_REFERENCE_MB) -> float:
+    """How many cards one placement is charged as: a whole card 1.0 (whatever its size),
+    a slice its memory over the reference card's, at most 1.0 — not its share of the card
+    it landed on (8 GB is 1/3 wherever it runs, not 0.1 of an A100 and 0.33 of a 4090)."""
+    if exclusive or reference_mb <= 0:
+        return 1.0
+    return min(1.0, memory_mb / reference_mb)
+
+
+def charged_gpu_hours(cards: Iterable[tuple[int, bool]], seconds: float,
+                      reference_mb: int = DEFAULT_CHARGE_REFERENCE_MB, charge: float = 1.0) -> float:
+    """The GPU-hours a run is charged: its ``cards`` ((memory MB, exclusive) each) held
+    for ``seconds``, each counted as ``card_share`` says, times ``charge`` (a preemptible
+    job's ``scheduler.preemptible_charge``, else 1)."""
+    shares = sum(card_share(memory_mb, exclusive, reference_mb) for memory_mb, exclusive in cards)
+    return shares * max(0.0, seconds) / 3600.0 * charge

@@ -96,11 +96,12 @@ def report_text(report: dict) -> str:
 
     stamp = lambda t: time.strftime("%Y-%m-%d %H:%M", time.localtime(t))  # noqa: E731
     since, until = stamp(report["since"]), stamp(report["until"])
-    users = table(("MONTH", "USER", "JOBS", "GPU-H", "EFFICIENCY", "IDLE GPU-H", "MEAN WAIT"),
-                  [(u["month"], u["user"], u["jobs"], f"{u['gpu_hours']:.3f}",
-                    _pct(u["efficiency_pct"]), f"{u['idle_gpu_hours']:.3f}",
+    users = table(("MONTH", "USER", "JOBS", "GPU-H", "IN QUOTA", "OVER QUOTA", "EFFICIENCY", "IDLE GPU-H",
+                   "MEAN WAIT"),
+                  [(u["month"], u["user"], u["jobs"], f"{u['gpu_hours']:.3f}", f"{u['in_quota_gpu_hours']:.3f}",
+                    f"{u['over_quota_gpu_hours']:.3f}", _pct(u["efficiency_pct"]), f"{u['idle_gpu_hours']:.3f}",
                     duration_short(u["mean_wait_s"])) for u in report["users"]],
-                  right={2, 3, 4, 5, 6}) if report["users"] else "(no job ended in this period)"
+                  right={2, 3, 4, 5, 6, 7, 8}) if report["users"] else "(no job ended in this period)"
     capacity = ("PERIOD", "NODE", "GPUS", "AVAILABLE GPU-H", "ALLOCATED GPU-H", "ALLOCATED", "UTILISATION")
 
     def rows(items):
@@ -115,7 +116,8 @@ def report_text(report: dict) -> str:
         right={4, 5, 6}) if report.get("bookings") else "(no booking in this period)"
     return "\n".join([
         f"Report {since} to {until}", "",
-        "Users (jobs that ended; efficiency: utilisation of their cards while they held them)",
+        "Users (jobs that ended; GPU-hours charged, in their quota and over it — run as preemptible "
+        "work on idle cards, charged at its rate; efficiency: utilisation of their cards while they held them)",
         users, "",
         "Nodes (GPU-hours their cards had, held by jobs, and how busy the cards really were)",
         table(capacity, rows(report["nodes"]), right={2, 3, 4, 5, 6}), "",

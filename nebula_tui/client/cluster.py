@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..model import FINISHED_STATES
+from ..scheduler import fairshare
 
 FINISHED = FINISHED_STATES
 
@@ -221,4 +222,4 @@ def user_weight(row: dict) -> float:
     """A user's fair-share weight: the service's figure, else R6 from their usage."""
     if isinstance(row.get("weight"), (int, float)):
         return float(row["weight"])
-    return 1.0 + 0.1 * (row.get("jobs_finished") or 0) + 0.02 * (row.get("gpu_hours") or 0.0)
+    return fairshare.BASE_WEIGHT + fairshare.PER_GPU_HOUR * (row.get("gpu_hours") or 0.0)

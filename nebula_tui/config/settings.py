@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..model import VENDORS
+from ..model import DEFAULT_CHARGE_REFERENCE_MB, VENDORS
 from ..scheduler import fairshare
 from ..scheduler.health import DEFAULT_POLICIES, Policy, policies_from_config
 from ..scheduler.snapshot import SchedulerConfig
@@ -43,6 +43,8 @@ class SchedulerSettings:
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
     quota_gpu_hours: float = fairshare.DEFAULT_QUOTA_GPU_HOURS
     half_life_s: float | None = fairshare.DEFAULT_HALF_LIFE_S
+    #: the card a slice's gigabytes are charged against (``model.card_share``), MiB
+    charge_reference_mb: int = DEFAULT_CHARGE_REFERENCE_MB
     #: the vendor of a job that names none (a mixed lab whose code is mostly CUDA says
     #: "nvidia"); None: any card
     default_vendor: str | None = None
@@ -124,7 +126,8 @@ def scheduler_settings(value: Any) -> SchedulerSettings:
     data = as_mapping("scheduler", value)
     check_known("scheduler", data, ("weights", "hot_c", "min_health_score", "service_spare",
                                "quota_gpu_hours", "half_life", "default_vendor", "preemptible_charge",
-                               "preemptible_in_quota", "quota_mode"))
+                               "preemptible_in_quota", "quota_mode", "charge_reference",
+                               "gang_age"))
     weights = as_mapping("scheduler.weights", data.get("weights"), "weights")
     check_known("scheduler.weights", weights, tuple(_WEIGHTS), "weights")
     config = replace(SchedulerConfig(), **{_WEIGHTS[k]: _number("scheduler", ("weights", k), v)
@@ -155,6 +158,10 @@ def scheduler_settings(value: Any) -> SchedulerSettings:
             raise SettingError(f"scheduler.quota_mode must be one of {', '.join(QUOTA_MODES)}, found "
                                f"{data['quota_mode']!r}", "quota_mode")
         config = replace(config, quota_mode=data["quota_mode"])
+    if "gang_age" in data:
+        age = data["gang_age"]
+        config = replace(config, gang_age_s=None if age in (0, "0", None, "never")
+                         else _duration("scheduler", "gang_age", age))
     settings = SchedulerSettings(config=config)
     if "quota_gpu_hours" in data:
         settings = replace(settings, quota_gpu_hours=_number("scheduler", ("quota_gpu_hours",),
@@ -162,6 +169,11 @@ def scheduler_settings(value: Any) -> SchedulerSettings:
     if data.get("default_vendor") is not None:
         settings = replace(settings, default_vendor=_choice("scheduler", "default_vendor",
                                                             data["default_vendor"], VENDORS))
+    if "charge_reference" in data:
+        try:
+            settings = replace(settings, charge_reference_mb=parse_size_mb(str(data["charge_reference"])))
+        except ValueError as err:
+            raise SettingError(f"scheduler.charge_reference: {err}", "charge_reference") from None
     if "half_life" in data:
         half_life = data["half_life"]
         seconds = None if half_life in (0, "0", None, "never") else _duration("scheduler", "half_life", half_life)

@@ -128,8 +128,13 @@ def _booking_rows(store: Store, since: float, until: float) -> list[dict]:
 
 def _user_row(row: dict) -> dict:
     sampled = row["sampled_gpu_hours"] or 0.0
+    over = row["over_quota_gpu_hours"] or 0.0
     return {"month": row["month"], "user": row["user"], "jobs": row["jobs"],
             "gpu_hours": round(row["gpu_hours"] or 0.0, 6),
+            # of them, those of jobs that ran past the user's quota, as preemptible work on
+            # idle cards (charged scheduler.preemptible_charge), and the rest
+            "in_quota_gpu_hours": round((row["gpu_hours"] or 0.0) - over, 6),
+            "over_quota_gpu_hours": round(over, 6),
             "efficiency_pct": round(100 * row["busy_gpu_hours"] / sampled, 1) if sampled else None,
             "idle_gpu_hours": round(row["idle_gpu_hours"] or 0.0, 6),
             "mean_wait_s": round(row["wait_s_sum"] / row["started"], 1) if row["started"] else None}

@@ -320,7 +320,8 @@ class JobTransitions:
         ``gpus``: the cards it held as the pool's accounting says, if not its placements."""
         now = self.state.clock() if at is None else at
         charged = self.state.store.finish_job(job.id, state, self.state.clock(), exit_code=code,
-                                              reason=reason, ended_at=at, gpus=gpus)
+                                              reason=reason, ended_at=at, gpus=gpus,
+                                              reference_mb=self.state.settings.charge_reference_mb)
         self.state.jobs.pop(job.id, None)
         self._exit_reasons.pop(job.id, None)
         # its hours now count towards its user's weight
@@ -344,7 +345,8 @@ class JobTransitions:
     def requeue(self, job: Job, reason: str) -> None:
         """Put a job that held GPUs back in the queue (its allocation released), as a new
         attempt: one transition, whatever it was doing."""
-        charged = self.state.store.requeue(job.id, reason, self.state.clock())
+        charged = self.state.store.requeue(job.id, reason, self.state.clock(),
+                                           self.state.settings.charge_reference_mb)
         self.shares.charged(job.user, charged, job.spec.preemptible)
         self._exit_reasons.pop(job.id, None)
         self.on_requeued(job, reason)

@@ -195,7 +195,7 @@ class Metrics:
     def _user_families(self) -> list:
         state = self.state
         total = CounterMetricFamily("nebula_user_gpu_hours", "GPU-hours charged to each user, "
-                                    "a slice its share of the card (no DCGM field)", labels=("user",))
+                                    "a slice its GB over the reference card's (no DCGM field)", labels=("user",))
         month = GaugeMetricFamily("nebula_user_month_gpu_hours", "GPU-hours charged to each user "
                                   "this calendar month (no DCGM field)", labels=("user",))
         this_month = state.store.usage_since(month_start(state.clock()))

@@ -226,6 +226,7 @@ class Replay:
 
     def _collect(self, engine: Engine) -> None:
         """Each request's outcome, from the head's own store."""
+        charged = engine.store.charged_hours(list(self.by_job))
         for job_id, request in self.by_job.items():
             job = engine.jobs.get(job_id) or engine.store.job(job_id)
             outcome = self.outcomes[request.key]
@@ -237,6 +238,7 @@ class Replay:
             outcome.ended_s = None if job.ended_at is None else job.ended_at - self.start
             outcome.placements = tuple((p.node, p.gpu_uuid, p.memory_mb, p.exclusive)
                                        for p in job.placements)
+            outcome.charged_gpu_hours = charged.get(job_id) or 0.0
 
 
 async def _settle() -> None:

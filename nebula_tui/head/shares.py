@@ -17,6 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .. import scheduler
+from ..model import charged_gpu_hours
 from ..scheduler import fairshare
 from ..views import month_start
 from .access import Access
@@ -128,7 +129,8 @@ class Shares:
         """One user's fair share in figures (``nebula why``): their weight and its place
         among the users' (1: first in the queue's order), the GPU-hours it comes from —
         finished runs as they count after the half-life's decay, and held now — and this
-        month's hours, in and over their quota."""
+        month's hours, in and over their quota (over: those of the jobs that ran as
+        preemptible work past the quota, as ``nebula report`` counts them)."""
         now = self.state.clock()
         half_life = self.state.settings.half_life_s
         usage = self._usage_at(now, half_life)
@@ -137,11 +139,13 @@ class Shares:
                       for ended, hours in runs)
         held = counted = 0.0
         counts = self.state.settings.config.preemptible_in_quota
+        over, over_jobs = self.state.store.over_quota_usage(name, month_start(now))
         for job in self.state.jobs.holders():
             if job.user == name and job.started_at:
                 hours = self.held_hours(job, now)
                 held += hours
                 counted += hours if counts or not job.spec.preemptible else 0.0
+                over += hours if job.id in over_jobs else 0.0
         shares = self.shares()
         weight = shares[name].weight if name in shares else fairshare.BASE_WEIGHT
         quota = self._quotas().get(name, self.state.settings.quota_gpu_hours)
@@ -151,17 +155,20 @@ class Shares:
                 "users": len(set(shares) | {name}), "half_life_s": half_life,
                 "runs_counted": len(runs), "decayed_gpu_hours": round(decayed, 4),
                 "held_gpu_hours": round(held, 4), "month_gpu_hours": round(month, 4),
-                "quota_gpu_hours": quota, "in_quota_gpu_hours": round(min(month, quota), 4),
-                "over_quota_gpu_hours": round(max(0.0, month - quota), 4),
+                "quota_gpu_hours": quota,
+                # over-quota work is preemptible: in ``month`` only when that counts
+                "in_quota_gpu_hours": round(max(0.0, month - (over if counts else 0.0)), 4),
+                "over_quota_gpu_hours": round(over, 4),
                 "refusal": shares[name].refusal if name in shares else None}
 
     def held_hours(self, job, now: float) -> float:
-        """GPU-hours a running job has held until ``now`` (a slice counts its fraction; a
-        preemptible job, ``scheduler.preemptible_charge`` of them)."""
-        fractions = [fairshare.gpu_fraction(p.memory_mb, self.state.total_mb(p.gpu_uuid), p.exclusive)
-                     for p in job.placements]
-        hours = fairshare.gpu_hours(fractions, now - (job.started_at or now))
-        return hours * self.state.settings.config.preemptible_charge if job.spec.preemptible else hours
+        """GPU-hours a running job is charged for what it held until ``now``, as the store
+        charges it when it ends (``model.charged_gpu_hours``: a slice by its gigabytes
+        against the reference card; a preemptible job, ``scheduler.preemptible_charge``)."""
+        settings = self.state.settings
+        return charged_gpu_hours(
+            [(p.memory_mb, p.exclusive) for p in job.placements], now - (job.started_at or now),
+            settings.charge_reference_mb, settings.config.preemptible_charge if job.spec.preemptible else 1.0)
 
     def quota_refusal(self, user: str, month_hours: float, quotas: dict[str, float] | None = None) -> str | None:
         quota = (self._quotas() if quotas is None else quotas).get(user, self.state.settings.quota_gpu_hours)

@@ -45,6 +45,7 @@ class Figures:
     never_run: int
     runnable: int
     utilisation_by_day: list[float]
+    #: the waits of the runnable jobs that started (those that never did are ``never_run``)
     waits_s: list[float]
 
     @property
@@ -71,7 +72,7 @@ def figures(policy: str, requests: Sequence[Request], outcomes: dict[int, Outcom
     per_user_served: dict[str, float] = defaultdict(float)
     per_user_demand: dict[str, float] = defaultdict(float)
     held_intervals: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    waits, by_size, completions = [], defaultdict(list), []
+    waits, started_waits, by_size, completions = [], [], defaultdict(list), []
     never_by_size: dict[str, int] = defaultdict(int)
     over_24h = never = 0
     for r in requests:
@@ -99,6 +100,8 @@ def figures(policy: str, requests: Sequence[Request], outcomes: dict[int, Outcom
             if o.ended_s is not None:
                 completions.append(o.ended_s - r.submit_s)
         waits.append(wait)
+        if o.started_s is not None:
+            started_waits.append(wait)
         over_24h += wait > 86400
         for size, match in SIZES:
             if match(r):
@@ -113,7 +116,7 @@ def figures(policy: str, requests: Sequence[Request], outcomes: dict[int, Outcom
         max(waits, default=0.0),
         {size: (percentile(w, 50), percentile(w, 95), len(w), never_by_size[size]) for size, w in by_size.items()},
         sum(completions) / len(completions) if completions else 0.0, fairness, over_24h, never,
-        len(runnable), [d / (total_mb * 86400) for d in by_day] if total_mb else by_day, waits)
+        len(runnable), [d / (total_mb * 86400) for d in by_day] if total_mb else by_day, started_waits)
 
 
 def _typical(memory: dict[str, int]) -> int:

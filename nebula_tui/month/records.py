@@ -36,6 +36,9 @@ class Outcome:
     #: (node, gpu uuid, memory MiB, whole card) of each card of its last start
     placements: tuple[tuple[str, str, int, bool], ...] = ()
     runs: int = 0  # starts (a requeue starts again)
+    #: the GPU-hours the head charged its runs that ended (``model.charged_gpu_hours``,
+    #: what the quota, fair share and ``nebula report`` count)
+    charged_gpu_hours: float = 0.0
     #: the head's start forecast at submit (seconds from the start): the expected start
     #: (the end of the forecast's horizon when it saw none within it), the interval's
     #: early and late ends (None: none within the horizon)

@@ -1,11 +1,16 @@
 """R6 fair share and R7 quotas: pure arithmetic the engine feeds from the store.
 
-A user's weight grows with what they used: 1.0 + 0.1 per finished job + 0.02 per GPU-hour
-(a slice counts its fraction of the card's memory). Only jobs that ran count: one
-cancelled while it waited, or failed because its ``--after`` job failed, used nothing
-(the store hands over only jobs that held GPUs). The queue runs the lowest weight first.
-With a half-life, each finished job's contribution halves every ``half_life_s`` seconds, so
-old usage is forgiven; hours held by jobs still running count in full.
+A user's weight grows with what they used: 1.0 + 0.02 per GPU-hour charged, and nothing per
+job (a sweep of many short jobs weighs what one job of the same GPU-hours weighs). What a
+run is charged is ``model.charged_gpu_hours``, the one function the store (quota, ``nebula
+report``, Prometheus, the replay) and the live standings both use: a whole card counts 1
+whatever its size; a slice counts its gigabytes over the reference card's
+(``scheduler.charge_reference``, 24 GB unless set), at most 1, so it costs the same on
+whichever card it landed. Only jobs that ran count: one cancelled while it waited, or
+failed because its ``--after`` job failed, used nothing (the store hands over only jobs
+that held GPUs). The queue runs the lowest weight first. With a half-life, each finished
+job's contribution halves every ``half_life_s`` seconds, so old usage is forgiven; hours
+held by jobs still running count in full.
 """
 
 from __future__ import annotations
@@ -14,24 +19,11 @@ import math
 from collections.abc import Sequence
 
 BASE_WEIGHT = 1.0
-PER_FINISHED_JOB = 0.1
 PER_GPU_HOUR = 0.02
 #: the half-life we recommend: last week's usage counts half, last month's about a twentieth
 DEFAULT_HALF_LIFE_S = 7 * 24 * 3600.0
 #: R7: GPU-hours per user per calendar month unless an admin set another quota
 DEFAULT_QUOTA_GPU_HOURS = 2000.0
-
-
-def gpu_fraction(memory_mb: int, total_mb: int | None, exclusive: bool) -> float:
-    """How much of a card a placement counts as (R7): 1.0 whole, else its memory share."""
-    if exclusive or not total_mb:
-        return 1.0
-    return min(1.0, memory_mb / total_mb)
-
-
-def gpu_hours(fractions: Sequence[float], seconds: float) -> float:
-    """GPU-hours of a job holding cards (``gpu_fraction`` each) for ``seconds``."""
-    return sum(fractions) * max(0.0, seconds) / 3600.0
 
 
 def user_weight(finished: Sequence[tuple[float, float]], held_gpu_hours: float, now: float,
@@ -45,7 +37,7 @@ def user_weight(finished: Sequence[tuple[float, float]], held_gpu_hours: float, 
         decay = 1.0
         if half_life_s and half_life_s > 0:
             decay = 2.0 ** (-max(0.0, now - ended_at) / half_life_s)
-        weight += (PER_FINISHED_JOB + PER_GPU_HOUR * max(0.0, hours)) * decay
+        weight += PER_GPU_HOUR * max(0.0, hours) * decay
     return weight
 
 

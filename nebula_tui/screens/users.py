@@ -130,8 +130,8 @@ class UsersScreen(ClusterScreen):
                  "finished": Sort(lambda u: u.get("jobs_finished", 0), True)}
         with Vertical(id="body"):
             yield Static(month_text(None), id="users-month")
-            yield Static(Text("Lowest weight runs first: 1.0 + 0.1 per finished job "
-                              "+ 0.02 per GPU-hour.", style="dim"), id="users-note")
+            yield Static(Text("Lowest weight runs first: 1.0 + 0.02 per GPU-hour charged.",
+                              style="dim"), id="users-note")
             yield RowTable(USER_COLUMNS, self._cells, sorts=sorts, natural="fair-share order",
                            id="users-table")
             yield RowTable(USER_JOB_COLUMNS, self._job_cells, sorts=JOB_SORTS,

@@ -5,7 +5,7 @@ reports, fair share and quotas read.
 
 from __future__ import annotations
 
-from ..model import IDLE_UTIL_PCT, JobState
+from ..model import DEFAULT_CHARGE_REFERENCE_MB, IDLE_UTIL_PCT, JobState, charged_gpu_hours
 from .base import StoreBase, chunks
 from .telemetry import SAMPLE_WEIGHT_SQL
 
@@ -27,13 +27,23 @@ class Accounting(StoreBase):
                      "forecast_late")
 
     def _charge_run(self, job_id: int, started_at: float | None, t: float,
-                    gpus: int | None = None) -> float:
-        """Charge the job's run that ends at ``t`` (a requeue ends one too) its GPU-hours
-        times its ``charge``, and add what its cards did meanwhile (whole hours), from
-        telemetry; returns the GPU-hours charged. ``gpus``: the cards its allocation had
-        as the cluster's own accounting says (a pool's job), instead of its placements."""
-        hours = self._gpu_hours(job_id, started_at, t) if gpus is None else (
-            0.0 if started_at is None else max(0.0, t - started_at) / 3600 * gpus)
+                    gpus: int | None = None,
+                    reference_mb: int = DEFAULT_CHARGE_REFERENCE_MB) -> float:
+        """Charge the job's run that ends at ``t`` (a requeue ends one too) what
+        ``model.charged_gpu_hours`` says (its cards, a slice by its gigabytes against
+        the ``reference_mb`` card, times its ``charge``), and add what its cards did
+        meanwhile (whole hours), from telemetry; returns the GPU-hours charged. ``gpus``:
+        the cards its allocation had as the cluster's own accounting says (a pool's job),
+        instead of its placements."""
+        if started_at is None:
+            cards: list[tuple[int, bool]] = []
+        elif gpus is None:
+            cards = self.db.execute("SELECT memory_mb, exclusive FROM allocations "
+                                    "WHERE job_id = ? AND released_at IS NULL", [job_id]).fetchall()
+        else:
+            cards = [(0, True)] * gpus
+        seconds = 0.0 if started_at is None else t - started_at
+        hours = charged_gpu_hours(cards, seconds, reference_mb)
         charge = self.db.execute("SELECT charge FROM jobs WHERE id = ?", [job_id]).fetchone()
         charged = hours * (1.0 if charge is None or charge[0] is None else charge[0])
         usage = self._run_usage(job_id, started_at, t) if hours > 0 else None
@@ -75,20 +85,6 @@ class Accounting(StoreBase):
             return None
         return (busy / weighed / 100, idle / weighed, mem / mem_weight if mem_weight else None, peak)
 
-    def _gpu_hours(self, job_id: int, started_at: float | None, t: float) -> float:
-        """R7: whole-card hours; a slice counts its fraction of the card's memory."""
-        if started_at is None:
-            return 0.0
-        rows = self.db.execute(
-            "SELECT a.memory_mb, a.exclusive, g.total_mb FROM allocations a "
-            "LEFT JOIN gpus g ON g.uuid = a.gpu_uuid "
-            "WHERE a.job_id = ? AND a.released_at IS NULL", [job_id],
-        ).fetchall()
-        hours = max(0.0, t - started_at) / 3600
-        share = sum(1.0 if excl or not total else min(1.0, mem / total)
-                    for mem, excl, total in rows)
-        return hours * share
-
     # ------------------------------------------------------------------ users
     def users(self) -> list[dict]:
         return [dict(r) for r in self.db["users"].rows_where(order_by="name")]
@@ -103,16 +99,18 @@ class Accounting(StoreBase):
     # ------------------------------------------------------------------ sums
     def user_months(self, since: float, until: float) -> list[dict]:
         """Per user and calendar month (local time) of the jobs that ended in [since,
-        until): how many, GPU-hours charged, sampled, busy and idle GPU-hours, and the
-        sum and count of the waits of those that started."""
+        until): how many, GPU-hours charged (and of them, those of jobs that ran as
+        preemptible work past their user's quota), sampled, busy and idle GPU-hours, and
+        the sum and count of the waits of those that started."""
         rows = self.db.execute(
             "SELECT user, strftime('%Y-%m', ended_at, 'unixepoch', 'localtime') AS month, "
-            "COUNT(*), SUM(gpu_hours), SUM(sampled_gpu_hours), SUM(busy_gpu_hours), "
+            "COUNT(*), SUM(gpu_hours), SUM(CASE WHEN over_quota THEN gpu_hours ELSE 0 END), "
+            "SUM(sampled_gpu_hours), SUM(busy_gpu_hours), "
             "SUM(idle_gpu_hours), SUM(started_at - submitted_at), COUNT(started_at) "
             "FROM jobs WHERE ended_at >= ? AND ended_at < ? GROUP BY user, month "
             "ORDER BY month, user", [since, until]).fetchall()
-        keys = ("user", "month", "jobs", "gpu_hours", "sampled_gpu_hours", "busy_gpu_hours",
-                "idle_gpu_hours", "wait_s_sum", "started")
+        keys = ("user", "month", "jobs", "gpu_hours", "over_quota_gpu_hours", "sampled_gpu_hours",
+                "busy_gpu_hours", "idle_gpu_hours", "wait_s_sum", "started")
         return [dict(zip(keys, r)) for r in rows]
 
     def held_between(self, since: float, until: float) -> list[tuple[str, float, float | None, float]]:
@@ -157,6 +155,19 @@ class Accounting(StoreBase):
             f"{'' if preemptible else _NOT_PREEMPTIBLE}GROUP BY user", [since]).fetchall()
         return {user: hours or 0.0 for user, hours in rows}
 
+    def over_quota_usage(self, user: str, since: float) -> tuple[float, set[int]]:
+        """``user``'s jobs that ran as preemptible work past their quota, of those
+        ``usage_since`` counts: the GPU-hours they were charged, and the ids of those not
+        ended (their runs now are not charged yet)."""
+        hours, ids = 0.0, set()
+        for job_id, charged, ended in self.db.execute(
+                "SELECT id, gpu_hours, ended_at FROM jobs WHERE user = ? AND over_quota "
+                "AND (ended_at >= ? OR ended_at IS NULL)", [user, since]):
+            hours += charged or 0.0
+            if ended is None:
+                ids.add(job_id)
+        return hours, ids
+
     def finished_usage(self, since: float) -> dict[str, list[tuple[float, float]]]:
         """(ended_at, gpu_hours) of every job each user finished since ``since`` after it
         ran (R6): one cancelled while it waited, or failed because its --after job failed,
@@ -185,9 +196,17 @@ class Accounting(StoreBase):
                 found[job_id] = (state, bool(ran))
         return found
 
+    def charged_hours(self, job_ids: list[int]) -> dict[int, float]:
+        """The GPU-hours each of these jobs was charged for its runs that ended."""
+        return self._column_of("gpu_hours", job_ids)
+
     def job_states(self, job_ids: list[int]) -> dict[int, str]:
-        found: dict[int, str] = {}
+        return self._column_of("state", job_ids)
+
+    def _column_of(self, column: str, job_ids: list[int]) -> dict:
+        """job id -> one column of the ``jobs`` row of each of these jobs."""
+        found: dict = {}
         for chunk in chunks(job_ids, 500):
             found.update(self.db.execute(
-                f"SELECT id, state FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk).fetchall())
+                f"SELECT id, {column} FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk).fetchall())
         return found

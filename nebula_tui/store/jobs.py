@@ -10,8 +10,8 @@ import json
 import secrets
 from dataclasses import replace
 
-from ..model import (WAITING_FOR_SCHEDULER, Cancelling, Ended, Job, JobSpec, JobState, Launching,
-                     Pending, Placement, Running, Stopping, ended_text, spec_fields)
+from ..model import (DEFAULT_CHARGE_REFERENCE_MB, WAITING_FOR_SCHEDULER, Cancelling, Ended, Job, JobSpec,
+                     JobState, Launching, Pending, Placement, Running, Stopping, ended_text, spec_fields)
 from .accounting import Accounting
 from .base import StaleDecision, chunks, filters
 
@@ -71,7 +71,7 @@ class Jobs(Accounting):
         """A job of a user past their quota starts as preemptible work: its spec says so
         (it is preempted, and requeued, as one) and its hours are charged at ``charge``."""
         with self.transaction():
-            self.db.execute("UPDATE jobs SET spec = ?, charge = ? WHERE id = ?",
+            self.db.execute("UPDATE jobs SET spec = ?, charge = ?, over_quota = 1 WHERE id = ?",
                             [json.dumps(spec_fields(job.spec)), charge, job.id])
             self._event(t, "quota", f"job {job.id} of {job.user} runs as preemptible work on idle "
                                     f"cards: its user is past their quota", job_id=job.id, user=job.user)
@@ -123,14 +123,15 @@ class Jobs(Accounting):
         with self.transaction():
             self.db.execute(f"UPDATE jobs SET {_NO_STOP} WHERE id = ?", [job_id])
 
-    def requeue(self, job_id: int, reason: str, t: float) -> float:
+    def requeue(self, job_id: int, reason: str, t: float,
+                reference_mb: int = DEFAULT_CHARGE_REFERENCE_MB) -> float:
         """Back to pending, its allocation released (lost node, isolated GPU); returns the
-        GPU-hours its run was charged."""
+        GPU-hours its run was charged (a slice against the ``reference_mb`` card)."""
         held = 0.0
         with self.transaction():
             row = self.db.execute("SELECT user, started_at FROM jobs WHERE id = ?", [job_id]).fetchone()
             if row is not None:  # the GPU time it held until now is still charged (R7)
-                held = self._charge_run(job_id, row[1], t)
+                held = self._charge_run(job_id, row[1], t, reference_mb=reference_mb)
                 self.db.execute("UPDATE users SET gpu_hours = gpu_hours + ? WHERE name = ?",
                                 [held, row[0]])
             self.db.execute(
@@ -241,11 +242,13 @@ class Jobs(Accounting):
 
     def finish_job(self, job_id: int, state: JobState, t: float, exit_code: int | None = None,
                    reason: str = "", ended_at: float | None = None,
-                   gpus: int | None = None) -> float | None:
+                   gpus: int | None = None,
+                   reference_mb: int = DEFAULT_CHARGE_REFERENCE_MB) -> float | None:
         """End a job, release its GPUs and charge its user, in one transaction; returns the
         GPU-hours charged now (None: no such job, or it had ended already). ``ended_at``:
         when it ended, if not at ``t`` (a pool's job, as the pool says); the line is at ``t``.
-        ``gpus``: its allocation's cards as the pool's accounting says (charged, not asked)."""
+        ``gpus``: its allocation's cards as the pool's accounting says (charged, not asked).
+        ``reference_mb``: the card a slice is charged against (``scheduler.charge_reference``)."""
         end = t if ended_at is None else ended_at
         with self.transaction():
             row = self.db.execute(
@@ -254,7 +257,7 @@ class Jobs(Accounting):
             if row is None or JobState(row[2]).finished:
                 return None
             user, started_at, _ = row
-            gpu_hours = self._charge_run(job_id, started_at, end, gpus)
+            gpu_hours = self._charge_run(job_id, started_at, end, gpus, reference_mb)
             ran = started_at is not None or bool(self.db.execute(
                 "SELECT gpu_hours > 0 FROM jobs WHERE id = ?", [job_id]).fetchone()[0])
             self.db.execute(

@@ -123,6 +123,9 @@ LATER_COLUMNS = (
     ("jobs", "forecast_at", float, None),
     ("jobs", "forecast_early", float, None),
     ("jobs", "forecast_late", float, None),
+    # 1: it runs as preemptible work because its user was past their quota
+    # (``scheduler.quota_mode: scavenge``): its hours are the report's over-quota hours
+    ("jobs", "over_quota", int, 0),
 )
 
 

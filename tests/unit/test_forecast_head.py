@@ -10,7 +10,6 @@ import pytest
 from nebula_tui.head import forecast
 from nebula_tui.model import JobSpec, JobState
 
-from inprocess import engine  # noqa: F401 (fixture)
 
 
 async def full_head(head):

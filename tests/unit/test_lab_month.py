@@ -192,6 +192,32 @@ def test_a_job_refused_over_quota_counts_as_never_run():
     assert (ours.runnable, ours.never_run) == (2, 1)  # job 2 (over quota) counts; job 3 does not
 
 
+def test_the_wait_cdf_stops_short_of_one_by_the_jobs_that_never_ran(tmp_path):
+    """On a month where half the runnable jobs never ran (alice's second job, over a
+    refusing quota), the CDF reaches one half, not 1: a job that never started is not
+    counted as started at the month's end. The JSON's points past it are null, and the
+    plot's legend says the share that never ran."""
+    from nebula_tui.month import compare, plots
+    inv = inventory.layout("core")
+    cluster = setup.replay_config(inv, None, ["scheduler.quota_gpu_hours=1", "scheduler.quota_mode=refuse"])
+    jobs = [Request(1, 0, "alice", 1, None, 7200), Request(2, 3 * 3600, "alice", 1, None, 600)]
+    result = compare.compare(jobs, inv, 86400, None,
+                             lambda reqs, cards, horizon: Replay(cluster, cards, reqs, setup.REPLAY_EPOCH,
+                                                                horizon).run())
+    ours = result.figures[0]
+    assert (ours.runnable, ours.never_run) == (2, 1)
+    hours, shares, never = plots.wait_cdf(ours)
+    assert shares[-1] == pytest.approx(0.5) and never == pytest.approx(0.5)
+    cdf = plots.as_json(result)["policies"][0]["wait_cdf_min"]
+    assert cdf[10] == pytest.approx(0.0, abs=1) and cdf[50] is None and cdf[100] is None
+    pytest.importorskip("matplotlib")
+    _, cdf_axes = plots.figure(result).axes
+    (curve,) = [line for line in cdf_axes.get_lines() if line.get_label() == f"{ours.policy} (never ran: 50.0%)"]
+    assert max(curve.get_ydata()) == pytest.approx(0.5)
+    plots.png(result, tmp_path / "month.png")
+    assert (tmp_path / "month.png").stat().st_size > 0
+
+
 def test_the_replay_forecasts_each_start_at_submit_and_the_score_counts_it():
     """One card; job 1 holds it for 3,000 s of its 7,200 s limit; job 2 (submitted at 60 s)
     is forecast at 40% of job 1's limit, in an interval of the default factors of its

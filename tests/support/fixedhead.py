@@ -183,7 +183,8 @@ def lab() -> dict:
     allocated = sum(u["month_gpu_hours"] for u in users)
     report = {"since": since, "until": NOW, "days": [],
               "users": [{"month": "2026-09", "user": u["name"], "jobs": u["month_jobs"],
-                         "gpu_hours": u["month_gpu_hours"], "efficiency_pct": u["month_efficiency_pct"],
+                         "gpu_hours": u["month_gpu_hours"], "in_quota_gpu_hours": u["month_gpu_hours"],
+                         "over_quota_gpu_hours": 0.0, "efficiency_pct": u["month_efficiency_pct"],
                          "idle_gpu_hours": u["month_idle_gpu_hours"], "mean_wait_s": u["month_mean_wait_s"]}
                         for u in users],
               "nodes": [{"period": "2026-09", "node": "cluster", "gpus": 9,
