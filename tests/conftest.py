@@ -1,29 +1,17 @@
-"""Shared fixtures: a real simulated lab (OpenSSH sshd nodes) and a real head service.
-
-``head`` starts ``nebula serve`` as its own process against the session's lab, with a
-fresh home (SQLite store, socket) per test module, and drives it through the real CLI.
+"""The suite's collection rules: which tests are ``lab`` tests and which run together under
+pytest-xdist. The fixtures come from the plugin ``support.plugin`` (the package
+``tests/support/``, importable as ``support`` through pyproject's pytest ``pythonpath``).
 """
 
 from __future__ import annotations
 
-import socket
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-#: The helpers beside this file (labfixtures, support, inprocess…) and the test modules of
-#: each layer's folder are imported by name, also across folders (a lab test takes a fixture
-#: of a unit test's module), so each is on ``sys.path`` once, under its own name.
+pytest_plugins = ["support.plugin"]
+
 HERE = Path(__file__).resolve().parent
-LAYERS = ("unit", "tui", "lab")
-sys.path[:0] = [str(HERE), *(str(HERE / layer) for layer in LAYERS)]
-
-from labfixtures import asyncssh_lab, openssh_lab  # noqa: E402,F401  (fixtures)
-from slurmfixtures import slurm_lab  # noqa: E402,F401  (fixture)
-
-from labkit.harness import HeadProcess, wait_for  # noqa: E402,F401
 
 #: A test reaches the simulated lab (real sshd, tmux, a head process, Slurm) when it asks for
 #: one of these; it is then marked ``lab``, in whichever folder it is. Tests that start a lab
@@ -36,7 +24,7 @@ LAB_FOLDER = HERE / "lab"
 
 #: Modules whose tests share something of the whole machine, so that under pytest-xdist
 #: they run in one worker, one after another: one real Slurm cluster (and the demo's own),
-#: and the Unix users and groups made with test_multiuser's ``lab_users`` (modules borrow
+#: and the Unix users and groups made with support.users' ``lab_users`` (modules borrow
 #: each other's, by the same names, and each removes them when it ends).
 MACHINE_WIDE = {
     "test_pools_e2e": "slurm", "test_pool_authorize": "slurm", "test_tui_pools": "slurm",
@@ -70,62 +58,3 @@ def pytest_collection_modifyitems(config, items):
                 -sum(1 for i in group if i.get_closest_marker("lab")))
 
     items[:] = [item for group in sorted(groups.values(), key=weight) for item in group]
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now: nothing listens there until something binds it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def until(pilot, predicate, timeout: float = 30.0, what: str = "condition"):
-    """Let the app run (events, renders) until ``predicate()`` is truthy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-
-def palette_options(app) -> str:
-    """The command palette's current entries, as text."""
-    found = app.screen.query("CommandList")
-    if not found:
-        return ""
-    options = found.first()
-    return "\n".join(str(options.get_option_at_index(i).prompt) for i in range(options.option_count))
-
-
-async def palette_pick(pilot, typed: str, entry: str) -> None:
-    """Open the command palette, type ``typed``, and choose once ``entry`` is offered."""
-    await pilot.press("ctrl+p")
-    await until(pilot, lambda: pilot.app.screen.query("CommandInput"), what="the palette")
-    await pilot.press(*typed)
-    await until(pilot, lambda: entry in palette_options(pilot.app), what=f"the palette's {entry!r}")
-    await pilot.press("enter")
-
-
-def has_op(head, op: str, **fields) -> bool:
-    """Whether the service knows ``op`` (any answer but "unknown request" means yes)."""
-    from nebula_tui.api import ApiError
-
-    try:
-        head.call(op, **fields)
-    except ApiError as err:
-        return not str(err).startswith("unknown request")
-    return True
-
-
-@pytest.fixture(scope="module")
-def head(openssh_lab, tmp_path_factory):
-    """A fresh head service (own store and socket) on the session's OpenSSH lab."""
-    h = HeadProcess(tmp_path_factory.mktemp("home"), openssh_lab)
-    h.start()
-    try:
-        yield h
-    finally:
-        h.stop()

@@ -126,7 +126,8 @@ def scheduler_settings(value: Any) -> SchedulerSettings:
     data = as_mapping("scheduler", value)
     check_known("scheduler", data, ("weights", "hot_c", "min_health_score", "service_spare",
                                "quota_gpu_hours", "half_life", "default_vendor", "preemptible_charge",
-                               "preemptible_in_quota", "quota_mode", "charge_reference"))
+                               "preemptible_in_quota", "quota_mode", "charge_reference",
+                               "gang_age"))
     weights = as_mapping("scheduler.weights", data.get("weights"), "weights")
     check_known("scheduler.weights", weights, tuple(_WEIGHTS), "weights")
     config = replace(SchedulerConfig(), **{_WEIGHTS[k]: _number("scheduler", ("weights", k), v)
@@ -157,6 +158,10 @@ def scheduler_settings(value: Any) -> SchedulerSettings:
             raise SettingError(f"scheduler.quota_mode must be one of {', '.join(QUOTA_MODES)}, found "
                                f"{data['quota_mode']!r}", "quota_mode")
         config = replace(config, quota_mode=data["quota_mode"])
+    if "gang_age" in data:
+        age = data["gang_age"]
+        config = replace(config, gang_age_s=None if age in (0, "0", None, "never")
+                         else _duration("scheduler", "gang_age", age))
     settings = SchedulerSettings(config=config)
     if "quota_gpu_hours" in data:
         settings = replace(settings, quota_gpu_hours=_number("scheduler", ("quota_gpu_hours",),

@@ -43,7 +43,7 @@ from dataclasses import replace
 from ..model import GpuView, Placement
 from . import queue
 from .reasons import join_ids
-from .snapshot import Decision, Preempt, RunningJob, Snapshot, Start, UserShare, Wait
+from .snapshot import Decision, PendingJob, Preempt, RunningJob, Snapshot, Start, UserShare, Wait
 
 
 #: how a waiting job of a user past their quota is told so (quota_mode scavenge)
@@ -108,12 +108,12 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
     return decisions + second + list(preempts.values())
 
 
-def _claim(job, placements: tuple[Placement, ...], now: float) -> RunningJob:
+def _claim(job: PendingJob, placements: tuple[Placement, ...], now: float) -> RunningJob:
     """A normal job's start, or the cards it waits for, as a running job on them."""
     return RunningJob(job.id, job.user, placements, now, job.time_limit_s, job.service, job.array_id)
 
 
-def _held_first(snapshot: Snapshot, holds: dict[int, tuple[Placement, ...]], jobs: dict,
+def _held_first(snapshot: Snapshot, holds: dict[int, tuple[Placement, ...]], jobs: dict[int, PendingJob],
                 scavengers: set[int]) -> list[Start]:
     """The jobs cards are held for, each (in queue order) placed over the real cards where
     its own held cards lose their preemptible jobs and the other held cards are taken:
@@ -124,7 +124,8 @@ def _held_first(snapshot: Snapshot, holds: dict[int, tuple[Placement, ...]], job
     claims = {job_id: _claim(jobs[job_id], cards, snapshot.now) for job_id, cards in holds.items()}
     found: list[Start] = []
     others = frozenset(j.id for j in snapshot.queue)
-    for job in queue.order([jobs[job_id] for job_id in holds], snapshot.users):
+    for job in queue.order([jobs[job_id] for job_id in holds], snapshot.users, snapshot.now,
+                           snapshot.config.gang_age_s):
         mine = {p.gpu_uuid for p in holds[job.id]}
         rest = [claim for job_id, claim in claims.items() if job_id != job.id]
         yielding = {job_id for view in snapshot.gpus if view.uuid in mine
@@ -142,7 +143,7 @@ def _held_first(snapshot: Snapshot, holds: dict[int, tuple[Placement, ...]], job
     return found
 
 
-def _over_quota(decision: Decision, job) -> Decision:
+def _over_quota(decision: Decision, job: PendingJob) -> Decision:
     """A decision for a job of a user past their quota: a start as a scavenger, a wait
     that says why it waits for idle cards."""
     if isinstance(decision, Start):
@@ -176,7 +177,7 @@ def _without(view: GpuView, jobs: set[int]) -> GpuView:
 
 def _with(views: tuple[GpuView, ...], claimed: list[RunningJob]) -> tuple[GpuView, ...]:
     """The cards with the first walk's starts and claims on them, for the second."""
-    extra: dict[str, list] = {}
+    extra: dict[str, list[tuple[int, Placement]]] = {}
     for job in claimed:
         for placement in job.placements:
             extra.setdefault(placement.gpu_uuid, []).append((job.id, placement))

@@ -4,7 +4,9 @@ Pure: the pass gets a frozen :class:`Snapshot` and returns one decision per pend
 in the order the jobs were considered. The engine applies them.
 
 The order (:func:`order`): admin priority (higher first), then fair-share weight (lower
-first), then submit time, then id. Walking it, each job is
+first), then submit time, then id — except that a gang (2 or more cards) that has waited
+``SchedulerConfig.gang_age_s`` comes right after the raised jobs, oldest first, so its
+reservation is made before newer small work can take its cards. Walking it, each job is
 
 1. failed when it can never run: a bad ``--arch``/``--cuda``, or an ``--after`` condition
    that can no longer come true (``ok``: the job failed, was cancelled, timed out, does
@@ -28,7 +30,9 @@ first), then submit time, then id. Walking it, each job is
 
 Before each slice is placed the pass decides how (``World.set_packing``): while the
 waiting whole-card jobs need every wholly free card there is, slices fill shared cards;
-otherwise they go to the coolest, least shared card. Every start is applied to the pass's
+otherwise they go to the coolest, least shared card. Either way a slice breaks an idle card
+of the lab's scarce gang machines (:meth:`_Pass._scarce`) only when no other card fits it.
+Every start is applied to the pass's
 view of the cards before the next job is considered. A request refused once stays refused
 for the rest of the pass (a start only takes cards), so a long queue of jobs that cannot
 start costs one dictionary look-up each.
@@ -61,7 +65,8 @@ from .reasons import (best_now, blocked_text, blocker, blocker_rank, blockers_te
 from .snapshot import Decision, Fail, PendingJob, Snapshot, Start, Wait
 
 
-def order(queue: Sequence[PendingJob], users=None) -> list[PendingJob]:
+def order(queue: Sequence[PendingJob], users=None, now: float | None = None,
+          gang_age_s: float | None = None) -> list[PendingJob]:
     """The order jobs are considered in: priority, fair-share weight, submit time, id.
 
     That is ``fairshare.order_key``. A long queue is not sorted on tuples: jobs are grouped
@@ -69,14 +74,26 @@ def order(queue: Sequence[PendingJob], users=None) -> list[PendingJob]:
     by submit time (each sort is stable and starts in id order), and the groups are joined
     lightest first. The few jobs an admin raised (or lowered) are sorted apart on the whole
     key and put before (or after) the rest.
+
+    A gang (2 or more cards, not preemptible, of ordinary priority) that has waited
+    ``gang_age_s`` by ``now`` is aged: it goes after the raised jobs and before every
+    other, oldest first. Fair share alone would keep a heavy user's 4-card job behind
+    every lighter user's new 1-card job, and each of those takes a card of the gang's
+    machine as soon as one frees, before the gang's turn (and its reservation) comes; aged,
+    its reservation is made first and newer small work only backfills around it.
     """
     users = users or {}
     weights = {name: 1.0 if share is None else share.weight for name, share in users.items()}
     by_user: dict[str, list[PendingJob]] = {}
     special = []  # jobs with a priority
+    aged = []  # gangs that waited gang_age_s
+    oldest = None if gang_age_s is None or now is None else now - gang_age_s
     for job in sorted(queue, key=_ID):  # each user's jobs, in id order
         if job.priority:
             special.append(job)
+            continue
+        if oldest is not None and job.gpu_count > 1 and job.submitted_at <= oldest and not job.preemptible:
+            aged.append(job)
             continue
         mine = by_user.get(job.user)
         if mine is None:
@@ -95,6 +112,8 @@ def order(queue: Sequence[PendingJob], users=None) -> list[PendingJob]:
             mixed.add(weight)
     special.sort(key=lambda j: order_key(j.priority, weights.get(j.user, 1.0), j.submitted_at, j.id))
     jobs = [job for job in special if job.priority > 0]
+    aged.sort(key=_SUBMITTED)  # stable: ties stay in id order
+    jobs += aged
     for weight in sorted(groups):
         group = groups[weight]
         if weight in mixed:
@@ -243,7 +262,7 @@ class _Pass:
         self.scarce, self.scarce_cards, self.scarce_rest = self._scarce()
 
     def run(self) -> list[Decision]:
-        jobs = order(self.snap.queue, self.snap.users)
+        jobs = order(self.snap.queue, self.snap.users, self.now, self.config.gang_age_s)
         get, request = self.requests.get, self.request  # each job's request: alike share one
         refusing = {name for name, share in self.snap.users.items() if share is not None and share.refusal}
         decisions: list[Decision] = []
@@ -334,6 +353,14 @@ class _Pass:
         return Wait(job.id, f"needs {needs(shape)}; only {names} {'has' if one else 'have'} it free now, "
                             f"and {text}; it waits for another machine")
 
+    def scarce_idle(self) -> frozenset[str]:
+        """The scarce machines' cards that hold nothing now. A slice breaks such a card
+        for the lab's largest gangs (a 4-card job needs all four of the one 4-card
+        machine whole), so a slice takes any other card that fits it first — one already
+        shared, or a card of another machine — and one of these only when none does."""
+        return frozenset(c.uuid for node in self.scarce for c in self.world.by_node[node]
+                         if not c.allocs)
+
     # ------------------------------------------------------------ one job
     def decide(self, job: PendingJob, req: _Request | None = None) -> Decision:
         if req is None:
@@ -379,6 +406,12 @@ class _Pass:
         if shape.gpu_mem_mb is not None:
             demand = self.whole_demand
             self.world.set_packing(demand > 0 and self.world.whole_free <= demand)
+            if self.scarce and self.keeps_off(job):
+                idle = self.scarce_idle()
+                if idle:  # a card elsewhere (a shared one first, when packing) before one of these
+                    found = self.search(shape, bars.excluded | idle, ("scarce idle", bars.token, idle), avoid)
+                    if isinstance(found, Found):
+                        return self.start(job, found)
         if bars.own:  # its own booking's cards first, so the others stay for everyone
             found = self.search(shape, bars.excluded | self.others(bars.own), ("own", bars.token, bars.own),
                                 avoid)

@@ -15,14 +15,14 @@ import time
 import pytest
 import yaml
 
-from conftest import until
+from support.tui import until
 from nebula_tui.screens import users as users_screen
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.users import USER_COLUMNS, UsersScreen
 from labkit.harness import HeadProcess
 from nebula_tui.views import month_start
-from test_multiuser import ALICE, BOB, GROUP, as_user, shared_head, submit_as, users  # noqa: F401
-from support import submit_json
+from support.users import ALICE, BOB, GROUP, as_user, shared_head, submit_as
+from support.head import submit_json
 
 #: What the test's jobs tell the simulated nvidia-smi they do (per card).
 BUSY_UTIL, BUSY_MEM_MB = 40, 3072

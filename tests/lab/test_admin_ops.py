@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import wait_for
+from labkit.harness import wait_for
 
 from nebula_tui.api import ApiError
-from support import submit
+from support.head import submit
 
 
 def node(head, name: str) -> dict:

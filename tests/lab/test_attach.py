@@ -22,15 +22,15 @@ import asyncssh
 import pytest
 import yaml
 
-from conftest import wait_for
+from labkit.harness import wait_for
 from nebula_tui.head import attach
-from test_multiuser import as_user, lab_users, shared_head, submit_as
+from support.users import as_user, lab_users, shared_head, submit_as
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None or shutil.which("setpriv") is None,
                                 reason="needs tmux and setpriv")
 
 TMUX = ["tmux", "-L", "nebula-attach-test"]
-# Users of their own: test_multiuser's may be created and removed meanwhile by another run.
+# Users of their own: support.users' GROUP may be created and removed meanwhile by another run.
 # CAROL is an admin: she may attach to anyone's job.
 GROUP, ALICE, BOB, CAROL = "nebattlab", "nebattann", "nebattbob", "nebattcar"
 

@@ -13,12 +13,14 @@ import time
 
 import pytest
 
-from conftest import wait_for
-from labfixtures import lab_config, serving
-from test_preemption_lab import CHECKPOINTING, GRACE_S, cancelled_after, state_is, submit
+from labkit.harness import wait_for
+from support.labfixtures import lab_config, serving
+from support.head import CHECKPOINTING, cancelled_after, state_is, submit
 
 #: how far ahead the booking starts: long enough for the jobs before it to be placed
 LEAD_S = 25
+
+GRACE_S = 3  # the head's isolation grace
 
 
 @pytest.fixture(scope="module")
@@ -118,12 +120,12 @@ def test_its_own_users_jobs_run_on_it_and_a_drain_is_said_at_once(head):
 async def test_the_tui_shows_bookings_on_the_queue_gpus_overview_and_a_cards_page(head):
     from textual.widgets import Input
 
-    from conftest import until
+    from support.tui import until
     from nebula_tui.screens.app import make_app
     from nebula_tui.screens.gpus import GpuDetailScreen, GpusScreen
     from nebula_tui.screens.queue import QueueScreen
     from nebula_tui.screens.submit import SubmitScreen
-    from test_tui_screens import SIZE, go, rows, started, text
+    from support.tui import SIZE, go, rows, started, text
 
     app = make_app(head.socket)
     async with app.run_test(size=SIZE, notifications=True) as pilot:

@@ -1,5 +1,5 @@
 """The admin guide, run as written under a real systemd: docs/admin-guide.md's blocks tagged
-``box:…`` in a Debian booted by systemd-nspawn (tests/boxfixtures.py), against the
+``box:…`` in a Debian booted by systemd-nspawn (tests/support/boxfixtures.py), against the
 simulated lab's sshd nodes on 127.0.0.1.
 
 In order, as an admin would: the previous release installed from its wheel (built from
@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from boxfixtures import (Box, BoxCannotBoot, box_root, build_wheel, guide_blocks, previous_release,
+from support.boxfixtures import (Box, BoxCannotBoot, box_root, build_wheel, guide_blocks, previous_release,
                          release_wheel, tracked_copy, wheelhouse, why_no_box)
-from conftest import wait_for
+from labkit.harness import wait_for
 
 from nebula_tui.sim.slurmlab import unlock_for_ssh
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from labkit.harness import wait_for
 from nebula_tui.cli import build_parser
-from support import submit
+from support.head import submit
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import wait_for
+from labkit.harness import wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 

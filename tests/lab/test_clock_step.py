@@ -1,6 +1,7 @@
 """A step of the head's wall clock (NTP, an admin's `date -s`) is not time that passed: a
 node silent for 8 s while the clock jumps 700 s keeps its jobs (the review's job was
-requeued and ran twice)."""
+requeued and ran twice). That a step stops no job before its time limit and cancels no idle
+job is the head's rule on its own clocks: tests/unit/test_limits_clock.py steps them."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import time
 
 import pytest
 
-from conftest import wait_for
-from reliability import needs_own_clock
+from labkit.harness import wait_for
+from support.reliability import needs_own_clock
 from labkit.harness import HeadProcess
 
 
@@ -47,29 +48,12 @@ def test_a_wall_clock_step_during_a_short_silence_requeues_nothing(openssh_lab, 
         head.stop()
 
 
-def test_a_wall_clock_step_stops_no_job_before_its_time_limit(openssh_lab, tmp_path):
-    needs_own_clock()
-    head = HeadProcess(tmp_path / "home", openssh_lab, own_clock=True)
-    head.start()
-    try:
-        job = int(head.run("submit", "--time", "1h", "--gpu-mem", "4G", "--", "sleep", "120",
-                           check=True).stdout.split()[2])
-        wait_for(lambda: head.job(job)["state"] == "running", 20, what="the job running")
-        head.step_clock(+7200)  # two hours on the wall clock, a moment of its run
-        time.sleep(4)  # a periodic pass or two
-        assert head.job(job)["state"] == "running"
-        assert head.run("cancel", str(job)).returncode == 0
-        assert head.wait_job(job)["state"] == "cancelled"
-    finally:
-        head.stop()
-
-
 @pytest.mark.slow
 def test_a_wall_clock_step_neither_cancels_an_idle_job_nor_kills_an_over_user_early(openssh_lab, tmp_path):
     """Idle for a moment, over its reservation for a moment: with an hour of idleness and an
     hour of over-use allowed, two hours of wall clock that did not pass act on neither."""
     needs_own_clock()
-    from labfixtures import lab_config
+    from support.labfixtures import lab_config
 
     config = lab_config(openssh_lab, "clock-limits", limits={
         "memory_overuse": "kill", "memory_grace": "1h", "idle_after": "1h",

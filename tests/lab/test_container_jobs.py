@@ -22,34 +22,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import wait_for
+from labkit.harness import wait_for
 from nebula_tui.api import ApiError
 from labkit.harness import HeadProcess
-import support
-from support import running
+import support.head
+from support.containers import IMAGE, PROBLEM
+from support.head import log, running, submit
 
-IMAGE = "localhost/nebula-busybox"
 GRACE_S = 3
 
-
-def _podman_problem() -> str | None:
-    if os.getuid() != 0:
-        return "container jobs are tested as root (rootful podman); run the tests as root"
-    if shutil.which("podman") is None:
-        return "podman is not installed; scripts/test-deps.sh installs it as root"
-    try:
-        done = subprocess.run(["podman", "run", "--rm", IMAGE, "true"], capture_output=True,
-                              text=True, timeout=120, cwd="/")
-    except subprocess.TimeoutExpired:
-        return "podman run did not finish in 120 s"
-    if done.returncode != 0:
-        words = (done.stderr or done.stdout).strip().splitlines()
-        return f"podman cannot run a container here: {words[-1] if words else done.returncode}" \
-               " (scripts/test-deps.sh as root imports the image and configures podman)"
-    return None
-
-
-PROBLEM = _podman_problem()
 pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
 
 
@@ -77,12 +58,9 @@ def head(openssh_lab, tmp_path_factory):
         h.stop()
 
 
-def submit(head, *args) -> int:
-    return support.submit(head, "--image", IMAGE, *args)
-
-
-def log(head, job_id: int) -> str:
-    return head.run("logs", str(job_id), check=True).stdout
+def submit_in_image(head, *args) -> int:
+    """``nebula submit --image IMAGE ARGS``: the job runs in this module's image."""
+    return submit(head, "--image", IMAGE, *args)
 
 
 def _sim_dirs() -> dict[str, str]:
@@ -121,7 +99,7 @@ def test_a_job_sees_its_cards_variables_and_data_and_keeps_its_exit_code(head, t
     data = tmp_path / "llama-dataset"
     data.mkdir()
     (data / "shard-0.txt").write_text("tokens\n")
-    job_id = submit(head, "--name", "llama-ft-001", "--gpu-count", "2", "--gpu-mem", "24G",
+    job_id = submit_in_image(head, "--name", "llama-ft-001", "--gpu-count", "2", "--gpu-mem", "24G",
                     "--workdir", "/workspace", "--data-mount", f"{data}:/workspace/data:ro",
                     "--command", "pwd; ls /dev | grep nvidia; env; cat data/shard-0.txt; "
                                  "touch data/x 2>/dev/null || echo read-only; exit 3")
@@ -144,12 +122,12 @@ def test_a_job_sees_its_cards_variables_and_data_and_keeps_its_exit_code(head, t
 
 
 def test_its_memory_shows_on_its_cards_while_it_runs(head):
-    job_id = submit(head, "--gpu-mem", "6G", "--", "sleep", "30")
+    job_id = submit_in_image(head, "--gpu-mem", "6G", "--", "sleep", "30")
     job = running(head, job_id)
     card = job["gpus"][0]
 
     def used():
-        gpu = support.gpu(head, card["uuid"])
+        gpu = support.head.gpu(head, card["uuid"])
         return gpu["memory_used_mb"] >= 6 * 1024 and gpu
     wait_for(used, 20, what="the container's process on its card")
     head.call("cancel", job=job_id)
@@ -160,19 +138,19 @@ def test_its_gpu_processes_are_its_own_by_their_cgroup_and_guarded(head):
     """The container's processes are children of podman's monitor, not of the job's tmux
     pane: the node tells them the job's by the container their cgroup names. So its card
     shows no unmanaged memory, and memory beyond its reservation is the guard's."""
-    job_id = submit(head, "--gpu-mem", "4G", "--", "env", "NEBULA_SIM_GPU_MEM=12G", "sleep", "60")
+    job_id = submit_in_image(head, "--gpu-mem", "4G", "--", "env", "NEBULA_SIM_GPU_MEM=12G", "sleep", "60")
     card = running(head, job_id)["gpus"][0]
     try:
         def attributed():
             # its command's 12 GB, and what the simulated card gives the container's init; a
             # probe may first catch the container before `env` has become `sleep` (8 GB). The
             # card may be the laptop's 8 GB one, which shows no more than it has.
-            gpu = support.gpu(head, card["uuid"])
+            gpu = support.head.gpu(head, card["uuid"])
             held = min(12 * 1024, gpu["total_memory_mb"])
             return (gpu["processes"] and all(p["job_id"] == job_id for p in gpu["processes"])
                     and gpu["memory_used_mb"] >= held and gpu)
         def instead():
-            gpu = support.gpu(head, card["uuid"])
+            gpu = support.head.gpu(head, card["uuid"])
             job = head.call("job", job=job_id)["job"]
             events = [e["message"] for e in head.call("events", limit=30)["events"]]
             return (f"card: {gpu}\njob: {job['state']} {job.get('reason')}\n"
@@ -195,7 +173,7 @@ def test_its_gpu_processes_are_its_own_by_their_cgroup_and_guarded(head):
 def test_sigusr1_reaches_the_command_inside_the_container(head, tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    job_id = submit(head, "--no-requeue", "--data-mount", f"{ckpt}:/ckpt",
+    job_id = submit_in_image(head, "--no-requeue", "--data-mount", f"{ckpt}:/ckpt",
                     "--command", "trap 'echo saved > /ckpt/step-100; exit 0' USR1; "
                                  "while :; do sleep 0.2; done")
     job = running(head, job_id)
@@ -212,7 +190,7 @@ def test_sigusr1_reaches_the_command_inside_the_container(head, tmp_path):
 
 
 def test_cancel_stops_the_container(head):
-    job_id = submit(head, "--command", "trap 'echo bye; exit 0' TERM; while :; do sleep 0.2; done")
+    job_id = submit_in_image(head, "--command", "trap 'echo bye; exit 0' TERM; while :; do sleep 0.2; done")
     running(head, job_id)
     wait_for(lambda: containers_of(head, job_id), 20, what="the container to be up")
     head.call("cancel", job=job_id)
@@ -284,7 +262,7 @@ def test_the_head_killed_mid_run_readopts_the_container(openssh_lab, tmp_path):
     flag = tmp_path / "flag"
     flag.mkdir()
     try:
-        job_id = submit(head, "--data-mount", f"{flag}:/flag", "--command",
+        job_id = submit_in_image(head, "--data-mount", f"{flag}:/flag", "--command",
                         "echo started; while [ ! -e /flag/go ]; do sleep 0.2; done; echo done; exit 4")
         running(head, job_id)
         wait_for(lambda: containers_of(head, job_id), 20, what="the container to be up")
@@ -349,7 +327,7 @@ def test_a_setuid_program_in_a_users_image_gives_them_no_root_on_the_node(
     """Rootful podman runs a lab user's command by their uid. A setuid-root program of their
     image would make it root inside the container, and root there reads every host file a
     data mount shows: here one only root may read."""
-    from test_multiuser import lab_users, shared_head, submit_as
+    from support.users import lab_users, shared_head, submit_as
 
     _setuid_image(tmp_path)
     request.addfinalizer(lambda: subprocess.run(["podman", "rmi", "-f", SETUID_IMAGE],

@@ -143,7 +143,7 @@ def demo_user(tmp_path_factory):
         pytest.skip(reason)
     if not Path("/usr/bin/python3").exists():
         pytest.skip("no /usr/bin/python3 to make the user's venv with")
-    from boxfixtures import build_wheel, tracked_copy, wheelhouse
+    from support.boxfixtures import build_wheel, tracked_copy, wheelhouse
 
     from nebula_tui.sim.slurmlab import unlock_for_ssh
 
@@ -278,7 +278,7 @@ def test_the_shared_demo_runs_a_members_pool_job_as_that_member(tmp_path):
     head's pool key for her own account on the login node, as `nebula pool authorize`
     says, and her ``submit --pool hpc -- id -un`` runs in Slurm as her, not as root (the
     demo's own account) nor as another member's."""
-    from test_multiuser import RUNUSER, lab_users
+    from support.users import RUNUSER, lab_users
 
     from nebula_tui.sim.slurmlab import unlock_for_ssh
 

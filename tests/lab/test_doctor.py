@@ -10,8 +10,8 @@ import re
 
 import pytest
 import yaml
-from conftest import wait_for
-from labfixtures import serving
+from labkit.harness import wait_for
+from support.labfixtures import serving
 
 from labkit.harness import HeadProcess
 from nebula_tui.views import DOCTOR_MARKS
@@ -99,7 +99,7 @@ def test_a_missing_key_or_known_hosts_file_is_named_with_what_makes_it(openssh_l
 
 async def test_the_nodes_screen_shows_a_nodes_checks(head):
     """D on the Nodes screen: the head's checks of the node under the cursor, as the CLI's."""
-    from conftest import until
+    from support.tui import until
 
     from nebula_tui.screens.app import make_app
     from nebula_tui.screens.nodes import DoctorScreen, NodesScreen

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from conftest import wait_for
-from support import gpu, running, submit
+from labkit.harness import wait_for
+from support.head import gpu, running, submit
 
 
 def test_a_job_on_a_slice_runs_nvidia_smi_and_frees_the_slice(head):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import wait_for
+from labkit.harness import wait_for
 from nebula_tui.sim import faults
 from nebula_tui.views import REASON_MAX, one_line
 

@@ -12,7 +12,8 @@ import sys
 import time
 
 import pytest
-from conftest import until, wait_for
+from support.tui import until
+from labkit.harness import wait_for
 
 from nebula_tui.api import ApiError
 from nebula_tui.screens.app import HelpScreen, make_app

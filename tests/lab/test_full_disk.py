@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from conftest import wait_for
-from reliability import fill, small_disk
+from labkit.harness import wait_for
+from support.reliability import fill, small_disk
 from labkit.harness import HeadProcess
 from nebula_tui.model import JobSpec
 from nebula_tui.store import Store, StoreUnavailable

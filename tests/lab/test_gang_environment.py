@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-from conftest import until, wait_for
+from support.tui import until
+from labkit.harness import wait_for
 
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.job import JobScreen

@@ -14,8 +14,7 @@ import time
 
 import pytest
 
-from conftest import wait_for
-from inprocess import engine, served  # noqa: F401  (the fixtures)
+from labkit.harness import wait_for
 from labkit.harness import HeadProcess
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
-from labfixtures import lab_config, serving
+from labkit.harness import wait_for
+from support.labfixtures import lab_config, serving
 from nebula_tui.sim import faults
 from labkit.harness import HeadProcess
-from support import gpu
+from support.head import gpu
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 3

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from labfixtures import lab_config, serving
-import support
+from support.labfixtures import lab_config, serving
+from support.head import submit
 
 
 @pytest.fixture(scope="module")
@@ -18,12 +18,13 @@ def head(openssh_lab, tmp_path_factory):
     yield from serving(openssh_lab, tmp_path_factory.mktemp("logs-home"), path)
 
 
-def submit(head, *args: str) -> int:
-    return support.submit(head, "--gpu-mem", "4G", *args)
+def submit_slice(head, *args: str) -> int:
+    """``nebula submit --gpu-mem 4G ARGS``: a slice, so that the module's jobs share a card."""
+    return submit(head, "--gpu-mem", "4G", *args)
 
 
 def test_logs_without_follow_prints_the_whole_log(head):
-    job = submit(head, "--", "seq", "1", "100000")  # 588,895 bytes: nine replies' worth
+    job = submit_slice(head, "--", "seq", "1", "100000")  # 588,895 bytes: nine replies' worth
     assert head.wait_job(job, timeout=60)["state"] == "succeeded"
     done = head.run("logs", str(job), check=True)
     assert done.stdout == "".join(f"{i}\n" for i in range(1, 100001))
@@ -34,7 +35,7 @@ def test_logs_without_follow_prints_the_whole_log(head):
 def test_a_log_past_limits_log_max_is_cut_with_a_line_and_the_job_runs_on(head):
     # its last write must reach its terminal, or it exits 3 (or dies of SIGPIPE: 141)
     writes = "head -c 3000000 /dev/zero | tr '\\0' x; echo; echo written-after-the-cap || exit 3"
-    job = submit(head, "--command", writes)
+    job = submit_slice(head, "--command", writes)
     ended = head.wait_job(job, timeout=60)
     assert ended["state"] == "succeeded" and ended["exit_code"] == 0, ended
     text = head.run("logs", str(job), check=True).stdout

@@ -14,15 +14,16 @@ import time
 
 import pytest
 
-from conftest import until, wait_for
-from labfixtures import lab_config, serving
+from support.tui import until
+from labkit.harness import wait_for
+from support.labfixtures import lab_config, serving
 from nebula_tui.model import JobState
 from nebula_tui.screens.app import make_app
 from nebula_tui.sim import faults
 from nebula_tui.screens.queue import QueueScreen
 from nebula_tui.screens.widgets.rowtable import RowTable
 from nebula_tui.store import Store
-from support import running, submit
+from support.head import running, submit
 
 GRACE_S = 3
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import free_port, wait_for
+from support.head import free_port
+from labkit.harness import wait_for
 from labkit.harness import HeadProcess
 
 REPO = Path(__file__).resolve().parents[2]

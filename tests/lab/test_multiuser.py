@@ -10,95 +10,19 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import wait_for
+from labkit.harness import wait_for
 from labkit.harness import HeadProcess
+from support.users import ALICE, BOB, GROUP, RUNUSER, STRANGER, as_user, submit_as
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("runuser") or not Path("/usr/bin/python3").exists(),
     reason="needs root (to create users), runuser and /usr/bin/python3")
-
-REPO = Path(__file__).resolve().parents[2]
-GROUP = "nebtestlab"
-RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"
-ALICE, BOB, STRANGER = "nebalice", "nebbob", "nebeve"
-
-
-def _sh(*argv: str) -> None:
-    subprocess.run(argv, check=False, capture_output=True)
-
-
-def lab_users(group: str, members: tuple[str, ...], outsiders: tuple[str, ...]):
-    """Create a group with ``members`` and users outside it; remove them all afterwards."""
-    _sh("groupadd", group)
-    for name in members:
-        _sh("useradd", "-m", "-G", group, name)
-        # A user left by an earlier run (userdel refuses while its processes linger) is
-        # still put in this run's group, which is new.
-        _sh("usermod", "-a", "-G", group, name)
-    for name in outsiders:
-        _sh("useradd", "-m", name)
-    try:
-        yield
-    finally:
-        for name in (*members, *outsiders):
-            _sh("userdel", "-r", name)
-        _sh("groupdel", group)
-
-
-@pytest.fixture(scope="module")
-def users():
-    yield from lab_users(GROUP, (ALICE, BOB), (STRANGER,))
-
-
-def shared_head(lab, tmp_path_factory, group: str, sections: dict | None = None):
-    """A head as root in shared-box mode for ``group``; clients run as other users from a
-    copy of the package they can read (the checkout may sit in a directory only root can
-    enter). ``sections``: top-level sections of nodes.yaml to add (``{"accounting": …}``)."""
-    public = Path(tempfile.mkdtemp(prefix="nebula-shared-"))
-    public.chmod(0o755)
-    shutil.copytree(REPO / "nebula_tui", public / "nebula_tui",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(["chmod", "-R", "a+rX", str(public / "nebula_tui")], check=True)
-    config = yaml.safe_load(lab.config_path.read_text())
-    config["cluster"]["run_as"] = "submitter"
-    config.update(sections or {})
-    home = tmp_path_factory.mktemp("sharedhome")
-    (home / "nodes.yaml").write_text(yaml.safe_dump(config))
-    head = HeadProcess(home, lab, config=home / "nodes.yaml",
-                       socket=public / "run" / "nebula.sock", serve_args=("--shared-group", group))
-    head.start()
-    head.public = public
-    try:
-        yield head
-    finally:
-        head.stop()
-        shutil.rmtree(public, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def shared(openssh_lab, users, tmp_path_factory):
-    yield from shared_head(openssh_lab, tmp_path_factory, GROUP)
-
-
-def as_user(head, user: str, *args: str) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(head.public), "LANG": "C.UTF-8",
-           "NEBULA_SOCKET": str(head.socket), "NEBULA_HOME": f"/tmp/{user}-nebula"}
-    return subprocess.run([RUNUSER, "-u", user, "--", "/usr/bin/python3", "-m", "nebula_tui", *args],
-                          env=env, capture_output=True, text=True, timeout=60, cwd="/")
-
-
-def submit_as(head, user: str, *args: str) -> int:
-    done = as_user(head, user, "submit", *args)
-    assert done.returncode == 0, done.stderr
-    return int(done.stdout.split()[2])
-
 
 def test_each_job_belongs_to_the_user_the_kernel_names(shared):
     a = submit_as(shared, ALICE, "--gpu-mem", "4G", "--", "true")

@@ -5,35 +5,10 @@ from __future__ import annotations
 
 import asyncssh
 import pytest
-import yaml
 
-from conftest import until, wait_for
-from labkit.harness import HeadProcess
-
-
-@pytest.fixture
-def small_cluster(openssh_lab, tmp_path):
-    """The lab without node03, with a known_hosts of its own that does not know node03."""
-    config = yaml.safe_load(openssh_lab.config_path.read_text())
-    config["nodes"] = [n for n in config["nodes"] if n["name"] != "node03"]
-    known = tmp_path / "known_hosts"
-    port3 = openssh_lab.port("node03")
-    known.write_text("".join(l + "\n" for l in openssh_lab.known_hosts_path.read_text().splitlines()
-                             if not l.startswith(f"[127.0.0.1]:{port3} ")))
-    config["cluster"]["known_hosts"] = str(known)
-    path = tmp_path / "nodes.yaml"
-    path.write_text("# our lab\n" + yaml.safe_dump(config, sort_keys=False))
-    head = HeadProcess(tmp_path / "home", openssh_lab, config=path)
-    head.start(wait_nodes=False)
-    head.path, head.known = path, known
-    try:
-        yield head
-    finally:
-        head.stop()
-
-
-def fingerprint(lab, node: str) -> str:
-    return asyncssh.read_private_key(str(lab.host_key_path(node))).get_fingerprint()
+from support.labfixtures import fingerprint
+from support.tui import until
+from labkit.harness import wait_for
 
 
 def test_adding_a_node_needs_its_fingerprint_then_it_comes_up(small_cluster, openssh_lab):

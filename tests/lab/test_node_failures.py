@@ -11,7 +11,8 @@ import asyncssh
 import pytest
 import yaml
 
-from conftest import free_port, wait_for
+from support.head import free_port
+from labkit.harness import wait_for
 from labkit.harness import HeadProcess
 
 

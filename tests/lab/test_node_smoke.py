@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from test_node_admin import fingerprint, small_cluster  # noqa: F401  (fixture)
+from support.labfixtures import fingerprint
 
 
 @pytest.mark.slow

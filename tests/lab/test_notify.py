@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import free_port, wait_for
+from support.head import free_port
+from labkit.harness import wait_for
 from nebula_tui.sim import faults
 from labkit.harness import HeadProcess
-from support import submit_json
+from support.head import submit_json
 
 SENDMAIL = Path("/usr/sbin/sendmail")
 pytestmark = pytest.mark.skipif(

@@ -21,11 +21,11 @@ import asyncssh
 import pytest
 import yaml
 
-from labfixtures import cancel_left_and_stop
+from support.labfixtures import cancel_left_and_stop
 from labkit.harness import HeadProcess, wait_for
 from nebula_tui.store import Store
-from support import submit
-from test_pools_e2e import remote_id, squeue, start_head, wait_state
+from support.head import submit
+from support.slurmfixtures import remote_id, squeue, start_head, wait_state
 
 POLL = "1s"
 ME = pwd.getpwuid(os.getuid()).pw_name
@@ -108,13 +108,13 @@ def head(slurm_lab, forced, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def forger():
-    from test_multiuser import _sh
+    from support.users import quiet
 
-    _sh("useradd", "-m", FORGER)
+    quiet("useradd", "-m", FORGER)
     try:
         yield FORGER
     finally:
-        _sh("userdel", "-r", FORGER)
+        quiet("userdel", "-r", FORGER)
 
 
 def test_another_cluster_user_cannot_forge_a_jobs_end_with_its_token(head, slurm_lab, forger):
@@ -322,7 +322,7 @@ def test_a_pool_job_sent_after_a_backup_is_not_sent_again_after_restoring_it(slu
 def test_one_members_account_cannot_decide_anothers_jobs(openssh_lab, slurm_lab, tmp_path_factory):
     """Alice's key line runs a forced command that says Bob's jobs ended, 1,800 days long.
     Bob's jobs are asked in Bob's account: what Alice's prints moves nothing of his."""
-    from test_multiuser import as_user, lab_users, shared_head
+    from support.users import as_user, lab_users, shared_head
 
     from nebula_tui.sim.slurmlab import unlock_for_ssh
 

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labfixtures import cancel_left_and_stop
+from support.labfixtures import cancel_left_and_stop
 
 from labkit.harness import HeadProcess, wait_for
 from nebula_tui.store import Store
-from support import sinfo_partitions, submit
+from support.head import sinfo_partitions, submit
+from support.slurmfixtures import remote_id, squeue, start_head, wait_state
 
 POLL = "1s"
 
@@ -29,17 +30,6 @@ def pool_config(slurm_lab, path: Path, **extra) -> Path:
     return path
 
 
-def start_head(home: Path, config: Path) -> HeadProcess:
-    head = HeadProcess(home, None, config=config)
-    head.start(wait_nodes=False)
-    try:
-        wait_for(lambda: head.call("status")["pools"][0]["reachable"], 30, what="the pool's first poll")
-    except BaseException:
-        head.stop()  # a head that is not handed over is not left running
-        raise
-    return head
-
-
 @pytest.fixture(scope="module")
 def pool_head(slurm_lab, tmp_path_factory):
     home = tmp_path_factory.mktemp("poolhead")
@@ -48,30 +38,6 @@ def pool_head(slurm_lab, tmp_path_factory):
         yield head
     finally:
         cancel_left_and_stop(head)
-
-
-def squeue(slurm_lab) -> list[dict]:
-    out = slurm_lab.cluster.run(["squeue", "--json"])
-    return json.loads(out)["jobs"]
-
-
-def remote_id(head: HeadProcess, job: int) -> str:
-    store = Store(head.home / "state.db", readonly=True)
-    try:
-        return store.pool_job(job)["remote_id"]
-    finally:
-        store.close()
-
-
-def wait_state(head: HeadProcess, job: int, states: set[str], timeout: float = 60) -> dict:
-    try:
-        wait_for(lambda: head.job(job)["state"] in states, timeout, interval=0.3,
-                 what=f"job {job} to be {'/'.join(sorted(states))}")
-    except AssertionError as err:
-        shown = head.job(job)
-        raise AssertionError(f"{err}: it is {shown['state']} ({shown['reason']}); "
-                             f"events: {head.call('events', job=job)['events']}") from None
-    return head.job(job)
 
 
 @pytest.mark.slow
@@ -195,7 +161,7 @@ def test_the_login_node_down_and_back(pool_head, slurm_lab):
 def test_a_job_waiting_past_burst_after_runs_in_the_pool(openssh_lab, slurm_lab, tmp_path):
     """The lab's nodes are drained: jobs wait here, and once past burst_after they go to the
     pool in the queue's order, at most max_jobs (1) there at once."""
-    from labfixtures import lab_config, serving
+    from support.labfixtures import lab_config, serving
 
     entry = slurm_lab.pool_entry("hpc", identity=str(slurm_lab.identity_path),
                                  known_hosts=str(slurm_lab.known_hosts_path),
@@ -231,7 +197,7 @@ def test_each_lab_user_submits_as_themselves(openssh_lab, slurm_lab, tmp_path_fa
     """``user: submitter``: the head logs in to the login node as the submitting user with
     its pool key; a user who authorised it runs as themselves there, one who has not is
     refused at submit with the command that does it."""
-    from test_multiuser import as_user, lab_users, shared_head
+    from support.users import as_user, lab_users, shared_head
 
     from nebula_tui.sim.slurmlab import unlock_for_ssh
 

@@ -8,48 +8,21 @@ four is in the way of any normal 70 GB job.
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 
 import pytest
 
-from conftest import wait_for
-from labfixtures import lab_config, serving
-from support import submit
+from labkit.harness import wait_for
+from support.labfixtures import lab_config, serving
+from support.head import CHECKPOINTING, cancelled_after, state_is, submit
 
 GRACE_S = 3
-#: a job that says it saw SIGUSR1 (its checkpoint) and runs on until it is killed. Its own
-#: argv, not --command text: the nodelet signals the processes whose environment names the
-#: job, and a --command job's shell got that variable by export, after its exec (notes).
-CHECKPOINTING = ("sh", "-c", "trap 'echo checkpoint-on-usr1' USR1; echo ready; while true; do sleep 0.2; done")
 
 
 @pytest.fixture(scope="module")
 def head(openssh_lab, tmp_path_factory):
     path = lab_config(openssh_lab, "preemption", health={"isolation_grace": f"{GRACE_S}s"})
     yield from serving(openssh_lab, tmp_path_factory.mktemp("preemption-home"), path)
-
-
-def state_is(head, job_id: int, state: str, timeout: float = 30) -> dict:
-    try:
-        return wait_for(lambda: (j := head.job(job_id))["state"] == state and j, timeout,
-                        what=f"job {job_id} to be {state}")
-    except AssertionError as err:  # say where it stands
-        job = head.job(job_id)
-        raise AssertionError(f"{err}; it is {job['state']}: {job['reason']}") from None
-
-
-@contextlib.contextmanager
-def cancelled_after(head):
-    """A list to put the test's jobs in; each is cancelled, and its end awaited, at the end."""
-    jobs: list[int] = []
-    try:
-        yield jobs
-    finally:
-        for job in jobs:
-            head.run("cancel", str(job))
-        for job in jobs:
-            head.wait_job(job, timeout=40)
 
 
 @pytest.mark.slow
@@ -120,8 +93,8 @@ async def test_the_tui_submits_a_preemptible_job_and_shows_it_on_the_queue(head)
     from nebula_tui.screens.app import make_app
     from nebula_tui.screens.queue import QueueScreen
     from nebula_tui.screens.submit import SubmitScreen
-    from conftest import until
-    from test_tui_screens import SIZE, go, rows, started, text
+    from support.tui import until
+    from support.tui import SIZE, go, rows, started, text
 
     app = make_app(head.socket)
     async with app.run_test(size=SIZE, notifications=True) as pilot:

@@ -9,38 +9,21 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import wait_for
+from labkit.harness import wait_for
 from nebula_tui.api import Client
 from labkit.harness import FINISHED, HeadProcess
-from support import session_alive
+from support.head import session_alive
+from support.stores import never_overcommitted
 
 
 def node_of(head, name: str) -> dict:
     return next(n for n in head.call("status")["nodes"] if n["name"] == name)
-
-
-def never_overcommitted(db_path) -> None:
-    """Replay every allocation ever made: at no moment was a GPU promised twice."""
-    db = sqlite3.connect(db_path)
-    totals = dict(db.execute("SELECT uuid, total_mb FROM gpus"))
-    changes = defaultdict(list)
-    for gpu, mem, excl, start, end in db.execute(
-            "SELECT gpu_uuid, memory_mb, exclusive, created_at, COALESCE(released_at, 1e18) FROM allocations"):
-        changes[gpu] += [(start, 1, mem, excl), (end, -1, mem, excl)]
-    for gpu, events in changes.items():
-        held = count = exclusive = 0
-        for _, sign, mem, excl in sorted(events, key=lambda e: (e[0], e[1])):  # releases first
-            held += sign * mem
-            count += sign
-            exclusive += sign * excl
-            assert held <= totals[gpu] and count <= 4, f"{gpu} over-committed"
-            assert not exclusive or count == 1, f"{gpu}: an exclusive card was shared"
 
 
 @pytest.mark.slow

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from labkit.harness import wait_for
 from labkit.harness import FINISHED, HeadProcess
-from test_recovery import never_overcommitted
+from support.stores import never_overcommitted
 
 SEQUENCES = 2
 STEPS = 8

@@ -8,8 +8,8 @@ import signal
 
 import pytest
 import yaml
-from conftest import wait_for
-from labfixtures import serving
+from labkit.harness import wait_for
+from support.labfixtures import serving
 
 
 @pytest.fixture(scope="module")

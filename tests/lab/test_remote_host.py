@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port, wait_for
+from support.head import free_port
+from labkit.harness import wait_for
 from nebula_tui.sim.lab import find_sshd, port_open
-from test_multiuser import ALICE, BOB, shared, users  # noqa: F401  (fixtures)
+from support.users import ALICE, BOB
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("runuser") or not shutil.which("ssh-keygen")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from conftest import wait_for
-from samples import SAMPLES
-from support import submit
+from labkit.harness import wait_for
+from support.samples import SAMPLES
+from support.head import submit
 
 
 def test_arch_and_cuda_filters_say_what_is_missing(head):

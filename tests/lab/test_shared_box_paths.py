@@ -20,29 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from labkit.harness import wait_for
 from nebula_tui.remote import containers
-from test_container_jobs import IMAGE, PROBLEM
-from test_job_identity import nodelet  # noqa: F401  (fixture)
-from test_multiuser import RUNUSER, as_user, lab_users, shared_head, submit_as
+from support.containers import IMAGE, PROBLEM
+from support.users import MALLORY, RUNUSER, VICTOR, as_user, submit_as
 
 pytestmark = pytest.mark.skipif(PROBLEM is not None or shutil.which("runuser") is None,
                                 reason=PROBLEM or "needs runuser")
 
-GROUP = "nebtestpaths"
-MALLORY, VICTOR = "nebmallory", "nebvictor"
 SECRET = "victor-private-notes-7731"
 HARMLESS = "mallory-own-notes"
-
-
-@pytest.fixture(scope="module")
-def members():
-    yield from lab_users(GROUP, (MALLORY, VICTOR), ())
-
-
-@pytest.fixture(scope="module")
-def shared(openssh_lab, members, tmp_path_factory):
-    yield from shared_head(openssh_lab, tmp_path_factory, GROUP)
 
 
 def _as(user: str, *argv: str) -> None:
@@ -50,7 +37,7 @@ def _as(user: str, *argv: str) -> None:
 
 
 @pytest.fixture
-def homes(members):
+def homes(box_users):
     """Victor's 0700 home holds a readable directory and note (0755/0644: the home's mode
     is what keeps them private, as on most boxes); Mallory's holds notes of her own and a
     symlink to each, made by her."""
@@ -92,22 +79,22 @@ def gate(openssh_lab, tmp_path):
             shim.unlink(missing_ok=True)
 
 
-def test_a_symlink_swapped_after_the_checks_mounts_what_was_checked(shared, homes, gate):
+def test_a_symlink_swapped_after_the_checks_mounts_what_was_checked(box_shared, homes, gate):
     mallory, victor = homes
-    job = submit_as(shared, MALLORY, "--image", IMAGE, "--gpu-mem", "4G",
+    job = submit_as(box_shared, MALLORY, "--image", IMAGE, "--gpu-mem", "4G",
                     "--data-mount", f"{mallory}/dirlink:/data/dir:rw",
                     "--data-mount", f"{mallory}/filelink:/data/file:ro",
                     "--command", "cat /data/dir/note.txt /data/file; "
                                  "echo written > /data/dir/left-by-job || echo cannot-write")
-    wait_for(lambda: (gate / "reached").exists() or shared.job(job)["state"] not in
+    wait_for(lambda: (gate / "reached").exists() or box_shared.job(job)["state"] not in
              ("pending", "launching", "running") or None, 60,
              what="the job's podman run at the gate")
     # Both checks passed on Mallory's own notes: now point the links at Victor's.
     _as(MALLORY, "ln", "-sfn", f"{victor}/notes", f"{mallory}/dirlink")
     _as(MALLORY, "ln", "-sfn", f"{victor}/notes/note.txt", f"{mallory}/filelink")
     (gate / "open").touch()
-    ended = shared.wait_job(job, 90)
-    log = as_user(shared, MALLORY, "logs", str(job)).stdout
+    ended = box_shared.wait_job(job, 90)
+    log = as_user(box_shared, MALLORY, "logs", str(job)).stdout
     assert SECRET not in log, log
     assert not (victor / "notes" / "left-by-job").exists()
     # What was checked is what was mounted: her own notes, writable through :rw.
@@ -116,32 +103,32 @@ def test_a_symlink_swapped_after_the_checks_mounts_what_was_checked(shared, home
     assert (mallory / "notes" / "left-by-job").read_text() == "written\n"
 
 
-def test_a_symlink_into_another_home_is_refused_as_its_user(shared, homes):
+def test_a_symlink_into_another_home_is_refused_as_its_user(box_shared, homes):
     mallory, victor = homes
     _as(MALLORY, "ln", "-sfn", f"{victor}/notes", f"{mallory}/dirlink")
-    job = submit_as(shared, MALLORY, "--image", IMAGE, "--gpu-mem", "4G",
+    job = submit_as(box_shared, MALLORY, "--image", IMAGE, "--gpu-mem", "4G",
                     "--data-mount", f"{mallory}/dirlink:/data/dir:ro", "--", "ls", "/data/dir")
-    ended = shared.wait_job(job, 60)
+    ended = box_shared.wait_job(job, 60)
     assert ended["state"] == "failed"
     assert f"--data-mount's source {mallory}/dirlink does not exist on" in ended["reason"]
     assert f"or {MALLORY} cannot reach it" in ended["reason"]
-    assert "note.txt" not in as_user(shared, MALLORY, "logs", str(job)).stdout
+    assert "note.txt" not in as_user(box_shared, MALLORY, "logs", str(job)).stdout
 
 
-def test_no_mount_is_left_on_the_node_after_the_job(shared, homes, openssh_lab):
+def test_no_mount_is_left_on_the_node_after_the_job(box_shared, homes, openssh_lab):
     mallory, _ = homes
-    job = submit_as(shared, MALLORY, "--image", IMAGE, "--gpu-mem", "4G",
+    job = submit_as(box_shared, MALLORY, "--image", IMAGE, "--gpu-mem", "4G",
                     "--data-mount", f"{mallory}/dirlink:/data/dir:ro", "--", "ls", "/data/dir")
-    assert shared.wait_job(job, 60)["state"] == "succeeded"
+    assert box_shared.wait_job(job, 60)["state"] == "succeeded"
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(openssh_lab.root) not in mounts and f"{mallory}" not in mounts, mounts
     # nor after a cancel: while it runs its source is bound under its job directory
-    job = submit_as(shared, MALLORY, "--image", IMAGE, "--gpu-mem", "4G",
+    job = submit_as(box_shared, MALLORY, "--image", IMAGE, "--gpu-mem", "4G",
                     "--data-mount", f"{mallory}/dirlink:/data/dir:ro", "--", "sleep", "120")
     wait_for(lambda: f"/jobs/{job}/0/mnt/0 " in Path("/proc/self/mountinfo").read_text() or None,
              60, what="the job's source bound at its staging path")
-    as_user(shared, MALLORY, "cancel", str(job))
-    assert shared.wait_job(job, 60)["state"] == "cancelled"
+    as_user(box_shared, MALLORY, "cancel", str(job))
+    assert box_shared.wait_job(job, 60)["state"] == "cancelled"
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(openssh_lab.root) not in mounts and f"{mallory}" not in mounts, mounts
 

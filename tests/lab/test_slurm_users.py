@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 
-from conftest import wait_for
-from support import submit
+from labkit.harness import wait_for
+from support.head import submit
 
 
 def _job(head, job: int) -> dict:

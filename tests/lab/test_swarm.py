@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import wait_for
+from labkit.harness import wait_for
 from labkit.harness import HeadProcess
 from nebula_tui.sim.presets import uniform_nodes
 from labkit.swarm import SwarmProcess

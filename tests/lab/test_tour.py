@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from test_terminal import headless_demo  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.lab  # a demo of its own
 

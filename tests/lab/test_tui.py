@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import until
+from support.tui import until
 from textual.pilot import Pilot
 from textual.widgets import Static
 
@@ -18,7 +18,7 @@ from nebula_tui.screens.widgets.dialogs import ChoiceScreen
 from nebula_tui.screens.gpus import GpusScreen
 from nebula_tui.screens.widgets.nodecards import NodeCards
 from nebula_tui.screens.widgets.rowtable import RowTable
-from support import submit
+from support.head import submit
 
 EXPECTED_MODELS = {
     "node01": ["RTX 4090", "RTX 4090", "RTX 4060 Laptop"],

@@ -3,8 +3,8 @@ newline shows as escapes in the queue, never reaching the terminal as control co
 
 from __future__ import annotations
 
-from conftest import until
-from test_tui_screens import SIZE, go, rows, started
+from support.tui import until
+from support.tui import SIZE, go, rows, started
 
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.queue import QueueScreen

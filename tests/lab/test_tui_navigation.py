@@ -14,7 +14,8 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import has_op, palette_pick, until
+from support.head import has_op
+from support.tui import palette_pick, until
 from textual import events
 from textual.pilot import Pilot
 from textual.widgets import Input
@@ -32,7 +33,7 @@ from nebula_tui.screens.queue import QueueScreen
 from nebula_tui.screens.widgets.rowtable import RowTable
 from nebula_tui.screens.submit import SubmitScreen
 from nebula_tui.screens.users import UsersScreen
-from support import submit
+from support.head import submit
 
 SIZE = (140, 44)
 

@@ -8,8 +8,8 @@ import re
 
 import pytest
 import yaml
-from conftest import until
-from labfixtures import cancel_left_and_stop
+from support.tui import until
+from support.labfixtures import cancel_left_and_stop
 
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.widgets.nodecards import NodeCards

@@ -11,8 +11,9 @@ import re
 
 import pytest
 import yaml
-from conftest import has_op, palette_pick, until
-from labfixtures import lab_config, serving
+from support.head import has_op
+from support.tui import SIZE, go, palette_pick, rows, started, text, until
+from support.labfixtures import lab_config, serving
 from textual import events
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Log
@@ -31,26 +32,7 @@ from nebula_tui.screens.queue import QueueScreen
 from nebula_tui.screens.widgets.rowtable import RowTable
 from nebula_tui.screens.submit import SubmitScreen, check_field
 from nebula_tui.screens.users import USER_COLUMNS, UsersScreen
-from support import submit
-
-SIZE = (140, 44)
-
-
-def rows(pilot: Pilot, ident: str) -> dict[str, list[str]]:
-    """The table's rows as text in display order, keyed by row key ({} before it mounts)."""
-    found = pilot.app.screen.query(f"#{ident}")
-    if not found:
-        return {}
-    t = found.first()
-    if isinstance(t, RowTable):  # the big tables: every row, not only those on screen
-        return {key: [str(c) for c in t.get_row(key)] for key in t.row_keys}
-    assert isinstance(t, DataTable)
-    return {row.key.value: [str(c) for c in t.get_row(row.key)] for row in t.ordered_rows}
-
-
-def text(pilot: Pilot, selector: str) -> str:
-    return "\n".join(str(w.content) for w in pilot.app.screen.query(selector))
-
+from support.head import submit
 
 def toasts(app) -> str:
     return "\n".join(str(t.render()) for t in app.screen.query("Toast"))
@@ -73,18 +55,6 @@ def jobs(head):
             pass
     for job_id in ids:
         head.wait_job(job_id)
-
-
-async def started(pilot: Pilot) -> None:
-    await until(pilot, lambda: len(pilot.app.cluster.gpus) == 9 and pilot.app.cluster.connected,
-                what="the snapshot")
-
-
-async def go(pilot: Pilot, key: str, screen_type) -> None:
-    await pilot.press(key)
-    await until(pilot, lambda: isinstance(pilot.app.screen, screen_type),
-                what=f"{screen_type.__name__}")
-    await pilot.pause()
 
 
 def select_row(pilot: Pilot, ident: str, key: str) -> None:

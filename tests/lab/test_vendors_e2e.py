@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import wait_for
+from labkit.harness import wait_for
 from nebula_tui.sim import fake_smi, faults, presets
 from labkit.harness import HeadProcess
 from nebula_tui.sim.lab import Lab, find_sshd
-from support import submit
+from support.head import submit
 
 pytestmark = pytest.mark.lab  # a lab of their own
 

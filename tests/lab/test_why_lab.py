@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from conftest import wait_for
-from support import submit
+from labkit.harness import wait_for
+from support.head import submit
 
 
 def test_why_names_the_dependency_and_the_queue_forecasts_the_start(head, tmp_path):

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import wait_for
-from labfixtures import serving
+from labkit.harness import wait_for
+from support.labfixtures import serving
 from nebula_tui.model import Job, JobSpec, Placement
 from nebula_tui.remote import launcher
 from nebula_tui.remote.protocol import Hello

@@ -5,8 +5,8 @@ does not have, which is said instead of done; an action the head cannot do, said
 from __future__ import annotations
 
 import pytest
-from conftest import until
-from fixedhead import FixedHead
+from support.tui import until
+from support.fixedhead import FixedHead
 
 from nebula_tui.screens import commandline
 from nebula_tui.screens.app import make_app

@@ -13,8 +13,8 @@ import getpass
 from pathlib import Path
 
 import pytest
-from conftest import until
-from inprocess import up_engine
+from support.tui import until
+from support.inprocess import up_engine
 
 from nebula_tui import views
 from nebula_tui.cli import text
@@ -73,7 +73,7 @@ async def test_the_gpus_screen_shows_what_the_scheduler_would_place(tmp_path, to
     """An idle 8188 MiB card takes an 8G job (the scheduler measures a whole card by its
     nominal size) but the GPUs screen counted it against the real memory and said 0: the
     head now publishes ``fits`` from ``scheduler.slices`` and the screen only shows it."""
-    from inprocess import gpu_row, probe
+    from support.inprocess import gpu_row, probe
 
     from nebula_tui.head.server import ApiServer
 

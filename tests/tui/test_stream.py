@@ -13,9 +13,8 @@ import asyncio
 import json
 
 import pytest
-from conftest import until
-from inprocess import MODEL, NODES, cluster_file, drain, gpu_row, probe
-from inprocess import engine  # noqa: F401  (the fixture)
+from support.tui import until
+from support.inprocess import MODEL, NODES, cluster_file, drain, gpu_row, probe
 
 from nebula_tui.head import server
 from nebula_tui.head.engine import Engine

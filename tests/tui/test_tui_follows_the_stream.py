@@ -12,8 +12,7 @@ from __future__ import annotations
 import getpass
 import time
 
-from conftest import until
-from inprocess import engine, served  # noqa: F401  (the fixtures)
+from support.tui import until
 from textual.widgets import DataTable
 
 from nebula_tui.model import JobSpec, Placement
@@ -161,7 +160,7 @@ async def test_a_booking_whose_window_opens_reads_under_way_without_a_restart(tm
     """Before its window the Queue said "ahead"; once it opened the running TUI kept
     "ahead" and the GPUs screen never said "booked for …" (only `nebula reservations` knew):
     the head told subscribers of a booking made or ended, not of a window opening."""
-    from inprocess import up_engine
+    from support.inprocess import up_engine
 
     from nebula_tui.head.server import ApiServer
     from nebula_tui.screens.overview import OverviewScreen

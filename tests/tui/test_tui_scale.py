@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from conftest import until
+from support.tui import until
 
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.gpus import SORTS, GpusScreen

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import until
-from fixedhead import NOW, FixedHead
+from support.tui import until
+from support.fixedhead import NOW, FixedHead
 
 from nebula_tui.screens import render
 from nebula_tui.screens.app import make_app

@@ -12,7 +12,6 @@ import asyncio
 import getpass
 import sys
 
-from inprocess import engine, served  # noqa: F401  (the fixtures)
 
 from nebula_tui.client.attach import detach_keys
 from nebula_tui.model import JobSpec, Placement

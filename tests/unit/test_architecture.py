@@ -578,3 +578,49 @@ def test_the_vendor_default_check_can_fail():
 def test_one_default_vendor():
     """A card, reading or row that names no vendor is ``model.DEFAULT_VENDOR``'s, said once."""
     assert vendor_defaults(package_sources()) == []
+
+
+# --------------------------------------------------------------------------- the tests' own imports
+TESTS = PACKAGE.parent / "tests"
+
+
+def suite_sources(root: Path = TESTS) -> dict[str, str]:
+    """path under tests/ -> source, for every Python file of the suite (support/ included)."""
+    return {str(path.relative_to(root)): path.read_text() for path in sorted(root.rglob("*.py"))}
+
+
+def imports_of_test_modules(sources: dict[str, str]) -> list[str]:
+    """path:line of each import of a test module (``test_*``) or of ``conftest``: what two test
+    modules share lives in ``tests/support/`` and its fixtures in ``support.plugin``."""
+    found = []
+    for path, source in sources.items():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            if any(n.split(".")[-1].startswith("test_") or n.split(".")[0] == "conftest" for n in names):
+                found.append(f"{path}:{node.lineno}")
+    return sorted(found)
+
+
+def test_the_test_import_check_can_fail():
+    made_up = {
+        "lab/test_a.py": "from test_b import helper\nimport test_c\nfrom support.head import submit\n",
+        "unit/test_d.py": "def f():\n    from conftest import until\n\nimport os, support.tui\n",
+        "support/x.py": "from unit.test_store import store\n",
+    }
+    assert imports_of_test_modules(made_up) == ["lab/test_a.py:1", "lab/test_a.py:2", "support/x.py:1",
+                                                "unit/test_d.py:2"]
+
+
+def test_no_test_module_imports_another_test_module():
+    assert imports_of_test_modules(suite_sources()) == []
+
+
+def test_the_suite_puts_nothing_on_the_import_path_by_hand():
+    """``tests/`` reaches the import path through pyproject's pytest ``pythonpath`` alone."""
+    assert [path for path, source in suite_sources().items() if "sys.path" in source
+            and path != "unit/test_architecture.py"] == []

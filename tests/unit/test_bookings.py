@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from nebula_tui.model import Placement
 from nebula_tui.scheduler import Booking, Fail, Preempt, RunningJob, Start, Wait
 
-from inprocess import up_engine
+from support.inprocess import up_engine
 from nebula_tui.model import InvalidRequest, RequestError, UnfitRequest
-from test_scheduler_promises import NOW, card, job, run
+from support.scheduling import NOW, card, job, run
 
 HOUR = 3600.0
 

@@ -5,7 +5,7 @@ fair share, ``nebula report``, Prometheus and the replay."""
 from __future__ import annotations
 
 import pytest
-from inprocess import QuietNode, cluster_file, gpu_row, probe
+from support.inprocess import QuietNode, cluster_file, gpu_row, probe
 
 from nebula_tui.config.cluster import load_config
 from nebula_tui.head.engine import Engine
@@ -120,7 +120,7 @@ async def test_the_report_splits_each_users_hours_in_and_over_their_quota(tmp_pa
     """quota_mode scavenge: alice's first job (2 h on a card) takes her past a 1 GPU-hour
     quota; her next runs as preemptible work on an idle card, 4 h charged at a quarter.
     `nebula report` says 2 GPU-hours in quota and 1 over, in --json and in its text."""
-    from inprocess import up_engine
+    from support.inprocess import up_engine
 
     from nebula_tui.cli.accounting import report_text
 

@@ -13,12 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import wait_for
+from labkit.harness import wait_for
 from nebula_tui.backups import Backups
 from nebula_tui.model import JobSpec
 from labkit.harness import HeadProcess
 from nebula_tui.store import Store, head_id_file
-from support import running, session_alive, submit
+from support.head import running, session_alive, submit
 
 
 def serve_refusal(head: HeadProcess) -> subprocess.CompletedProcess:

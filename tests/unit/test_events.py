@@ -12,8 +12,7 @@ import asyncio
 import getpass
 from pathlib import Path
 
-from inprocess import drain
-from inprocess import engine  # noqa: F401  (the fixture)
+from support.inprocess import drain
 
 from nebula_tui.api import EVENT_KINDS
 from nebula_tui.model import JobSpec, JobState, NodeState, Placement

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from samples import SAMPLES
+from support.samples import SAMPLES
 
 from nebula_tui.remote.backends.nvidia import (
     QUERY_APPS_FIELDS,

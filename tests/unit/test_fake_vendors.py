@@ -13,7 +13,7 @@ import json
 from nebula_tui.node.backends import reading
 from nebula_tui.sim import fake_smi, presets
 from nebula_tui.sim import fake_vendors as fv
-from samples import SAMPLES
+from support.samples import SAMPLES
 
 OTHER = SAMPLES / "other_vendors"
 

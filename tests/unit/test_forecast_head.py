@@ -7,7 +7,6 @@ import asyncio
 
 from nebula_tui.model import JobSpec, JobState
 
-from inprocess import engine  # noqa: F401 (fixture)
 
 
 async def full_head(head):

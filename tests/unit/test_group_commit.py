@@ -14,7 +14,6 @@ import time
 
 import pytest
 
-from inprocess import engine  # noqa: F401  (the fixture)
 
 from nebula_tui.model import JobSpec
 from nebula_tui.store import StoreUnavailable

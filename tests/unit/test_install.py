@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from boxfixtures import build_wheel, tracked_copy
-from conftest import wait_for
+from support.boxfixtures import build_wheel, tracked_copy
+from labkit.harness import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "admin-guide.md"

@@ -9,22 +9,18 @@ that jobs on the nodes already had; a launch that meets another launch's directo
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
-from nebula_tui.remote.ssh import nodelet_source
+from labkit.harness import wait_for
 from labkit.harness import HeadProcess
-from support import running, session_alive, submit
+from support.head import running, session_alive, submit
 
 
 @pytest.mark.slow
@@ -158,39 +154,6 @@ def test_the_id_file_is_private_and_survives_a_full_store(tmp_path):
 
 
 # ------------------------------------------------------------------ the nodelet alone
-@pytest.fixture
-def nodelet(tmp_path):
-    """Start nodelets for heads on one node directory; each is (process, ask)."""
-    env = dict(os.environ, NEBULA_NODE_DIR=str(tmp_path / "node"), TMUX_TMPDIR=str(tmp_path))
-    script = tmp_path / "nodelet.py"  # what the head ships to a node
-    script.write_bytes(nodelet_source())
-    started = []
-
-    def start(head: str, **settings):
-        proc = subprocess.Popen([sys.executable, "-S", str(script), json.dumps(
-            {"interval": 60, "head": head, **settings})], env=env, text=True, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        started.append((proc, head))
-        assert json.loads(proc.stdout.readline())["type"] == "hello"
-        ids = iter(range(1, 10**6))
-
-        def ask(op: str, **fields) -> dict:
-            request_id = next(ids)
-            proc.stdin.write(json.dumps({"id": request_id, "op": op, **fields}) + "\n")
-            proc.stdin.flush()
-            while True:
-                message = json.loads(proc.stdout.readline())
-                if message.get("type") == "reply" and message.get("id") == request_id:
-                    return message
-        return ask
-
-    yield start
-    for proc, head in started:
-        proc.stdin.close()
-        proc.wait(timeout=10)
-        subprocess.run(["tmux", "-L", "nebula", "kill-server"], env=env, capture_output=True)
-
-
 def wrapped(command: str) -> str:
     """The run script the head would send for a job running ``command``."""
     from nebula_tui.model import Job, JobSpec, Launching, Placement

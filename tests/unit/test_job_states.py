@@ -10,7 +10,6 @@ import asyncio
 import getpass
 
 import pytest
-from inprocess import engine  # noqa: F401  (the fixture)
 
 from nebula_tui import views
 from nebula_tui.model import (Cancelling, Ended, Evicting, Job, JobSpec, JobState, Launching,

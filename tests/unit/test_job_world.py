@@ -19,15 +19,12 @@ from nebula_tui.model import RequestError
 from nebula_tui.remote.launcher import WARMUP_SOURCE
 from nebula_tui.sim import cuda, fake_smi, faults
 from labkit.harness import wait_for
-import support
+from support.head import log, submit
 
 
-def submit(head, *args, **kw) -> dict:
-    return head.wait_job(support.submit(head, *args, **kw), 60)
-
-
-def log(head, job_id: int) -> str:
-    return head.run("logs", str(job_id), check=True).stdout
+def finished(head, *args, **kw) -> dict:
+    """``nebula submit ARGS``, then the job once it has ended (60 s at most)."""
+    return head.wait_job(submit(head, *args, **kw), 60)
 
 
 # ------------------------------------------------------------------ bad input at submit
@@ -69,14 +66,14 @@ def test_the_service_refuses_the_same_with_the_same_sentence(fields, words):
 def test_a_venv_is_activated_before_the_command(head, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    job = submit(head, "--venv", str(venv), "--", "python", "-c",
+    job = finished(head, "--venv", str(venv), "--", "python", "-c",
                  "import os, sys; print(sys.prefix); print(os.environ['VIRTUAL_ENV'])")
     assert job["state"] == "succeeded", log(head, job["id"])
     assert log(head, job["id"]).split() == [str(venv), str(venv)]
 
 
 def test_a_missing_venv_fails_at_once_naming_the_node(head, tmp_path):
-    job = submit(head, "--venv", str(tmp_path / "nope"), "--", "python", "-c", "print(1)")
+    job = finished(head, "--venv", str(tmp_path / "nope"), "--", "python", "-c", "print(1)")
     assert job["state"] == "failed" and job["exit_code"] == 127
     assert job["reason"] == (f"{job['node']} has no venv at {tmp_path / 'nope'} (no bin/activate "
                              f"there for root); make it with python3 -m venv {tmp_path / 'nope'}")
@@ -88,7 +85,7 @@ CONDA = shutil.which("micromamba") or shutil.which("conda") or shutil.which("mam
 
 @pytest.mark.skipif(CONDA is not None, reason="this machine has a conda tool")
 def test_conda_without_a_conda_tool_fails_at_once_saying_what_was_looked_for(head):
-    job = submit(head, "--conda", "torch", "--", "python", "-c", "print(1)")
+    job = finished(head, "--conda", "torch", "--", "python", "-c", "print(1)")
     assert job["state"] == "failed"
     assert job["reason"].startswith(f"{job['node']} has no conda, mamba or micromamba for root "
                                     "(looked on PATH and in ~/miniforge3")
@@ -101,9 +98,9 @@ def test_conda_without_a_conda_tool_fails_at_once_saying_what_was_looked_for(hea
 def test_a_conda_env_is_activated_and_a_missing_one_named(head, tmp_path):
     prefix = tmp_path / "envs" / "nebula-test"
     subprocess.run([CONDA, "create", "-y", "-q", "-p", str(prefix)], check=True, timeout=600)
-    job = submit(head, "--conda", str(prefix), "--command", "echo $CONDA_PREFIX")
+    job = finished(head, "--conda", str(prefix), "--command", "echo $CONDA_PREFIX")
     assert log(head, job["id"]).strip() == str(prefix)
-    job = submit(head, "--conda", "no-such-env-xyz", "--", "true")
+    job = finished(head, "--conda", "no-such-env-xyz", "--", "true")
     assert job["state"] == "failed" and "has no conda env no-such-env-xyz" in job["reason"]
 
 
@@ -111,7 +108,7 @@ def test_a_conda_env_is_activated_and_a_missing_one_named(head, tmp_path):
 def test_without_workdir_it_runs_where_it_was_submitted_when_the_node_has_it(head, tmp_path):
     here = tmp_path / "project"
     here.mkdir()
-    job = submit(head, "--", "pwd", cwd=here)
+    job = finished(head, "--", "pwd", cwd=here)
     assert log(head, job["id"]).strip() == str(here)
     assert (job["submit_dir"], job["workdir_used"]) == (str(here), str(here))  # `nebula job`
 
@@ -140,7 +137,7 @@ def warmed(head, *args) -> tuple[dict, str, list[tuple[str, int]]]:
     and its cards."""
     before = wait_for(lambda: (lambda s: s if "P0" not in s.values() else None)(pstates(head)),
                       fake_smi.WAKE_HOLD_S + 30, 0.5, "every card out of P0 (an earlier wake)")
-    job = submit(head, "--warmup", *args, "--", "echo", "ran")
+    job = finished(head, "--warmup", *args, "--", "echo", "ran")
     cards = [(g["node"], g["index"]) for g in job["gpus"]]
     assert job["state"] == "succeeded", log(head, job["id"])
     assert [before[c] for c in cards] == ["P8"] * len(cards)  # idle before
@@ -173,7 +170,7 @@ def test_a_card_failing_in_cuda_skips_the_warmup_and_the_job_still_runs(head, op
     try:
         for node, index in nvidia:
             faults.set_fault(openssh_lab.node_dir(node), index, ecc_uncorrected=1)
-        job = submit(head, "--warmup", "--", "echo", "ran")
+        job = finished(head, "--warmup", "--", "echo", "ran")
     finally:
         for node, index in nvidia:
             faults.clear_gpu_faults(openssh_lab.node_dir(node), index)

@@ -1,6 +1,6 @@
 """The simulated lab, exercised over real SSH the way the head service uses it.
 
-The `openssh_lab` and `asyncssh_lab` fixtures come from labfixtures.py via conftest.py.
+The `openssh_lab` and `asyncssh_lab` fixtures come from support/labfixtures.py through the plugin support.plugin.
 """
 
 from __future__ import annotations

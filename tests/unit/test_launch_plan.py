@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import submit
+from support.head import submit
 
 from nebula_tui.cli import build_parser
 from nebula_tui.cli.jobs import submit_request

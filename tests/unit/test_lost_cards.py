@@ -8,7 +8,7 @@ from __future__ import annotations
 from nebula_tui.node.backends import nvidia_smi
 from nebula_tui.node import vendor_nvidia
 from nebula_tui.remote.readings import gpu_reading
-from samples import SAMPLES
+from support.samples import SAMPLES
 
 FIELDS = ("index", "uuid", "name", "pci.bus_id", "memory.total", "memory.used",
           "utilization.gpu", "temperature.gpu", "power.draw", "fan.speed")

@@ -16,7 +16,7 @@ import threading
 
 import pytest
 
-from conftest import wait_for
+from labkit.harness import wait_for
 
 from nebula_tui.remote.ssh import nodelet_source
 

@@ -9,7 +9,7 @@ from nebula_tui.scheduler import Start, Wait
 from nebula_tui.scheduler.admission import refusal
 from nebula_tui.scheduler.filters import expand_hostlist
 
-from test_scheduler_rules import card, job, run
+from support.scheduling import card, job, run
 
 
 @pytest.mark.parametrize("text, names", [

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from samples import SAMPLES
+from support.samples import SAMPLES
 
 from nebula_tui.remote.backends.nvidia import (
     QUERY_GPU_FIELDS,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from samples import SAMPLES
+from support.samples import SAMPLES
 
 REPO = Path(__file__).resolve().parents[2]
 

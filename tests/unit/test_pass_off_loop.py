@@ -12,7 +12,6 @@ import asyncio
 import getpass
 import threading
 
-from inprocess import engine  # noqa: F401  (the fixture)
 
 from nebula_tui.model import JobSpec, JobState
 

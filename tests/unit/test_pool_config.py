@@ -6,28 +6,7 @@ import pytest
 
 from nebula_tui.config.cluster import parse_config
 from nebula_tui.model import ConfigError
-
-GOOD = """cluster:
-  user: nebula
-  identity: /keys/id_ed25519
-nodes:
-  - name: node01
-    host: 10.0.0.11
-pools:
-  - name: hpc
-    kind: slurm
-    host: login.hpc.example.edu
-    user: submitter
-    partition: gpu
-    account: gpulab
-    burst_after: 10m
-  - name: proj
-    kind: slurm
-    host: 10.1.0.5
-    port: 2222
-    runtime: pyxis
-    shards_per_gpu: 4
-"""
+from support.samples import GOOD_POOL_CONFIG as GOOD
 
 
 def test_defaults_and_what_is_given():

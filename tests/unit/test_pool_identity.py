@@ -9,9 +9,9 @@ import yaml
 from nebula_tui.cli.demo import shared_config
 from nebula_tui.config.cluster import parse_config
 from nebula_tui.head.serve import shared_mode_refusal
-from test_pool_config import GOOD
+from support.samples import GOOD_POOL_CONFIG as GOOD
 
-# the cluster and node of test_pool_config's GOOD, shared, with one pool to vary
+# the cluster and node of GOOD_POOL_CONFIG, shared, with one pool to vary
 BASE = GOOD.split("pools:")[0].replace("cluster:\n", "cluster:\n  run_as: submitter\n") + """pools:
   - name: hpc
     kind: slurm

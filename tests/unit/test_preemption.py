@@ -18,8 +18,8 @@ from dataclasses import replace
 from nebula_tui.model import JobState, Placement, Stopping
 from nebula_tui.scheduler import Preempt, RunningJob, SchedulerConfig, Start, UserShare, Wait
 
-from test_scheduler_promises import GB, card, job, run
-from test_store import HOUR, SPEC, T0, db_path, store  # noqa: F401 (fixtures)
+from support.scheduling import GB, card, job, run
+from support.stores import HOUR, SPEC, T0
 
 
 def holding(job_id: int, node: str, index: int, mb: int = 24564, exclusive: bool = True):
@@ -199,7 +199,7 @@ def test_the_settings_of_preemptible_jobs():
 async def test_a_cluster_full_of_preemptible_jobs_still_runs_a_pass_for_a_normal_one(tmp_path):
     import getpass
 
-    from inprocess import up_engine
+    from support.inprocess import up_engine
     from nebula_tui.model import JobSpec
 
     head = up_engine(tmp_path)  # two nodes of two A100s
@@ -313,7 +313,7 @@ async def test_the_head_keeps_the_preempted_cards_for_the_preemptor_until_it_sta
     killed and requeued, the preemptor starts on them."""
     import asyncio
 
-    from inprocess import up_engine
+    from support.inprocess import up_engine
     from nebula_tui.model import JobSpec
     from nebula_tui.store import Store
 

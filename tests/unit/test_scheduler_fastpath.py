@@ -131,6 +131,15 @@ class PlainWorld(World):
         return Missed({node: len(f) for node, f in per_node.items()})
 
 
+def plain_key(job, weight, now, gang_age_s):
+    """The queue order written out: ``order_key``, except that a gang of ordinary priority
+    that waited ``gang_age_s`` comes after the raised jobs and before the rest, oldest first."""
+    if gang_age_s is not None and job.priority == 0 and job.gpu_count > 1 and not job.preemptible \
+            and job.submitted_at <= now - gang_age_s:
+        return (0, 0, job.submitted_at, job.id)
+    return (-job.priority, 1, *order_key(0, weight(job.user), job.submitted_at, job.id)[1:])
+
+
 class PlainPass(_Pass):
     world_class = PlainWorld
 
@@ -141,8 +150,7 @@ class PlainPass(_Pass):
             share = users.get(user)
             return 1.0 if share is None else share.weight
 
-        jobs = sorted(self.snap.queue, key=lambda j: order_key(j.priority, weight(j.user),
-                                                               j.submitted_at, j.id))
+        jobs = sorted(self.snap.queue, key=lambda j: plain_key(j, weight, self.now, self.config.gang_age_s))
         return [self.decide(job) for job in jobs]
 
     def _impossible(self, shape):
@@ -439,19 +447,24 @@ def test_a_card_copy_has_every_slot():
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 40), st.sampled_from("abcdef"), st.integers(0, 3),
-                          st.sampled_from([0, 0, 0, 1, -1])), max_size=40, unique_by=lambda t: t[0]),
-       st.dictionaries(st.sampled_from("abcde"), st.sampled_from([None, 1.0, 1.0, 1.5, 2.0])))
-def test_queue_order_is_the_fair_share_key(rows, weights):
+                          st.sampled_from([0, 0, 0, 1, -1]), st.sampled_from([1, 1, 2, 4]),
+                          st.booleans()), max_size=40, unique_by=lambda t: t[0]),
+       st.dictionaries(st.sampled_from("abcde"), st.sampled_from([None, 1.0, 1.0, 1.5, 2.0])),
+       st.sampled_from([None, 0.0, 5.0, 20.0]))
+def test_queue_order_is_the_fair_share_key(rows, weights, gang_age):
     """``order`` groups jobs by weight instead of sorting on tuples: it must give
     ``order_key``'s order, ties included (users sharing a weight, equal submit times, users
-    with no share, priorities either way), whatever order the queue comes in."""
-    jobs = [PendingJob(id=i, user=user, gpu_count=1, gpu_mem_mb=None, submitted_at=float(t),
-                       priority=prio) for i, user, t, prio in rows]
+    with no share, priorities either way), whatever order the queue comes in; and with
+    ``gang_age`` it puts the gangs that waited that long (by now = 30) first, oldest first."""
+    jobs = [PendingJob(id=i, user=user, gpu_count=count, gpu_mem_mb=None, submitted_at=float(t),
+                       priority=prio, preemptible=spare) for i, user, t, prio, count, spare in rows]
     users = {name: None if w is None else UserShare(name, w) for name, w in weights.items()}
 
     def weight(user):
         share = users.get(user)
         return 1.0 if share is None else share.weight
 
-    expected = sorted(jobs, key=lambda j: order_key(j.priority, weight(j.user), j.submitted_at, j.id))
-    assert [j.id for j in order(tuple(jobs), users)] == [j.id for j in expected]
+    expected = sorted(jobs, key=lambda j: plain_key(j, weight, 30.0, gang_age))
+    assert [j.id for j in order(tuple(jobs), users, 30.0, gang_age)] == [j.id for j in expected]
+    plain = sorted(jobs, key=lambda j: order_key(j.priority, weight(j.user), j.submitted_at, j.id))
+    assert [j.id for j in order(tuple(jobs), users)] == [j.id for j in plain]

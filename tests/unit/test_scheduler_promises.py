@@ -15,47 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nebula_tui.model import GpuReading, GpuView, Placement, nominal_mb
+from nebula_tui.model import nominal_mb
 from nebula_tui.model import takes_whole_card as whole
-from nebula_tui.scheduler import (Fail, PendingJob, RunningJob, Snapshot, Start, Wait, admission,
-                                  fairshare, schedule)
+from nebula_tui.scheduler import (Fail, RunningJob, Start, Wait, admission,
+                                  fairshare)
 from nebula_tui.scheduler.slices import fit
-
-GB = 1024
-RTX4090_MB, H100_MB, L4_MB, LAPTOP_MB, A100_MB = 24564, 81559, 23034, 8188, 81920
-NOW = 2_000_000.0
+from support.scheduling import (A100_MB, GB, H100_MB, L4_MB, LAPTOP_MB, NOW, RTX4090_MB, card, held, job, on,
+                                run)
 
 
-def card(node: str, index: int, total: int | None = RTX4090_MB, *, temp: float = 35.0,
-         util: float = 0.0, placements=(), unmanaged: int = 0, owners=(), overuse=(),
-         limit: float | None = None, draw: float | None = None, cap: str = "8.9",
-         blocked: str | None = None) -> GpuView:
-    reading = GpuReading(index=index, uuid=f"GPU-{node}-{index}", name="card", memory_total_mb=total,
-                         compute_cap=cap, temperature_c=temp, utilization_pct=util,
-                         power_limit_w=limit, power_w=draw)
-    return GpuView(node=node, reading=reading, placements=tuple(placements), unmanaged_used_mb=unmanaged,
-                   unmanaged_procs=tuple(owners), overuse=tuple(overuse), cuda_version="12.4",
-                   blocked=blocked)
-
-
-def job(id: int, count: int = 1, mem: int | None = None, **kw) -> PendingJob:
-    kw.setdefault("submitted_at", NOW - 1000 + id)
-    kw.setdefault("user", "u")
-    return PendingJob(id=id, gpu_count=count, gpu_mem_mb=mem, **kw)
-
-
-def held(job_id: int, node: str, index: int, mb: int, exclusive: bool = False):
-    return (job_id, Placement(f"GPU-{node}-{index}", node, index, mb, exclusive))
-
-
-def run(gpus, queue, **kw) -> dict[int, object]:
-    snapshot = Snapshot(gpus=tuple(gpus), queue=tuple(queue), now=NOW, **kw)
-    return {d.job_id: d for d in schedule(snapshot)}
-
-
-def on(decision) -> list[tuple[str, int]]:
-    assert isinstance(decision, Start), decision
-    return [(p.node, p.gpu_index) for p in decision.placements]
 
 
 # ------------------------------------------------------------------ nominal sizes (R3)

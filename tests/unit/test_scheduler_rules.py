@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from nebula_tui.config.settings import scheduler_settings
 from nebula_tui.model import MIN_SLICE_MB, GpuReading, GpuView, Placement, card_share, charged_gpu_hours
 from nebula_tui.scheduler import (Fail, PendingJob, RunningJob, SchedulerConfig, Snapshot, Start,
                                   UserShare, Wait, fairshare, schedule)
@@ -429,6 +430,65 @@ def test_a_job_without_time_takes_another_machine_before_the_gang_machine():
     assert on(run(gpus, [job(1)], running=running)[1]) == [("p1", 0)]
     assert on(run(gpus, [job(1, service=True)], running=running)[1]) == [("p1", 0)]
     assert on(run(gpus, [job(1, time_limit_s=600)], running=running)[1]) == [("big", 3)]
+
+
+def test_a_slice_fills_a_shared_card_before_it_breaks_an_idle_card_of_the_gang_machine():
+    """With no whole-card job waiting, a slice goes to the coolest, least shared card: an
+    idle A100 of big, the only machine that holds a 4-card job, which then waits for the
+    slice to end. It fills the card already shared on p1 instead, or takes an idle card of
+    another machine; big only when nothing else fits it."""
+    gpus, _ = _gang_lab()
+    shared = held(60, "p1", 0, 8 * GB)
+    whole = [held(61, f"p{n}", i, RTX4090_MB, True) for n, i in ((1, 1), (2, 0), (2, 1), (3, 0), (3, 1))]
+    pairs = [card("p1", 0, placements=[shared])] + [card(h[1].node, h[1].gpu_index, placements=[h]) for h in whole]
+    running = (RunningJob(60, "x", (shared[1],), NOW, time_limit_s=3600),
+               RunningJob(61, "y", tuple(p for _, p in whole), NOW, time_limit_s=3600))
+    got = run(gpus[:4] + pairs, [job(1, 1, 8 * GB, time_limit_s=3600)], running=running)
+    assert on(got[1]) == [("p1", 0)]
+    free_pair = gpus[:4] + pairs[:1] + [card("p1", 1)] + pairs[2:]
+    got = run(free_pair, [job(1, 1, 8 * GB, time_limit_s=3600)], running=running[:1] + (
+        RunningJob(61, "y", tuple(p for _, p in whole[1:]), NOW, time_limit_s=3600),))
+    assert on(got[1])[0][0] == "p1"
+    # Nothing else fits 16 GB now: big it is. An admin's --priority job decides as before.
+    got = run(gpus[:4] + pairs, [job(1, 1, 16 * GB, time_limit_s=3600), job(2, 1, 8 * GB, priority=2)],
+              running=running)
+    assert on(got[1])[0][0] == "big" and on(got[2])[0][0] == "big"
+
+
+def test_a_gang_that_waited_gang_age_goes_first_and_its_reservation_holds_off_new_small_work():
+    """Fair share alone puts a lighter user's new 1-card job before a heavier user's 4-card
+    job: each time a card of the one 4-card machine frees, the small job takes it before the
+    gang's turn (and its reservation) comes, so the gang waits as long as small work comes.
+    Past scheduler.gang_age the gang goes first: its reservation holds big, and the small
+    job runs there only if its --time ends before the reservation starts."""
+    gpus, running = _gang_lab(busy_big=1)  # big:0 held for another hour
+    pairs = [held(61, f"p{n}", i, RTX4090_MB, True) for n in (1, 2, 3) for i in range(2)]
+    gpus = gpus[:4] + [card(f"p{n}", i, placements=[pairs[2 * (n - 1) + i]]) for n in (1, 2, 3) for i in range(2)]
+    running += (RunningJob(61, "y", tuple(p for _, p in pairs), NOW, time_limit_s=86400),)
+    users = {"heavy": UserShare("heavy", 3.0), "light": UserShare("light", 1.0)}
+    gang = job(1, 4, user="heavy", time_limit_s=3600, submitted_at=NOW - 7 * 3600)
+    small = job(2, user="light", time_limit_s=2 * 3600, submitted_at=NOW - 60)
+    got = run(gpus, [gang, small], running=running, users=users)
+    assert got[1].reason.endswith("big:0-3 reserved for it, estimated start in ~60 min")
+    assert got[2] == Wait(2, "held for job 1 (big:0-3 reserved for it; estimated start in ~60 min)")
+    # a short job still backfills before the reservation
+    quick = job(3, user="light", time_limit_s=1800, submitted_at=NOW - 30)
+    assert on(run(gpus, [gang, quick], running=running, users=users)[3]) == [("big", 1)]
+    # Before gang_age, or with ageing off, fair share decides: the small job takes big:1.
+    young = job(1, 4, user="heavy", time_limit_s=3600, submitted_at=NOW - 5 * 3600)
+    assert on(run(gpus, [young, small], running=running, users=users)[2]) == [("big", 1)]
+    off = SchedulerConfig(gang_age_s=None)
+    assert on(run(gpus, [gang, small], running=running, users=users, config=off)[2]) == [("big", 1)]
+    # Aged gangs go oldest first, after an admin's --priority and before everything else.
+    older = job(4, 2, user="light", submitted_at=NOW - 9 * 3600)
+    raised = job(5, user="light", priority=3)
+    order = [d.job_id for d in schedule(Snapshot(gpus=tuple(gpus), queue=(small, gang, raised, older),
+                                                 running=running, users=users, now=NOW))]
+    assert order == [5, 4, 1, 2]
+    # nodes.yaml: scheduler.gang_age, a duration; 0 or never turns ageing off
+    assert scheduler_settings({"gang_age": "2h"}).config.gang_age_s == 7200
+    assert scheduler_settings({"gang_age": 0}).config.gang_age_s is None
+    assert SchedulerConfig().gang_age_s == 6 * 3600
 
 
 def test_reservation_goes_to_the_cards_that_free_up_first():

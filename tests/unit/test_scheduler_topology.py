@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from samples import SAMPLES as SHARED_SAMPLES
+from support.samples import SAMPLES as SHARED_SAMPLES
 from nebula_tui.node.backends.topo import parse_topo
 from nebula_tui.scheduler.topology import best_set, link_rank
 

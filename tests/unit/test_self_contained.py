@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from samples import SAMPLES
+from support.samples import SAMPLES
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,6 @@ import random
 from dataclasses import replace
 
 import pytest
-from inprocess import engine  # noqa: F401  (the fixture)
 
 from nebula_tui.model import JobSpec, JobState, Placement
 from nebula_tui.views import month_start

@@ -14,7 +14,7 @@ from nebula_tui.pools import slurm_parse as parse
 from nebula_tui.pools.slurm import capacity_of
 from nebula_tui.pools.status import pool_view
 from nebula_tui.screens import render
-from support import sinfo_partitions
+from support.head import sinfo_partitions
 
 DATA = Path(__file__).parents[1] / "data" / "slurm" / "gpus"
 

@@ -6,34 +6,9 @@ import sqlite3
 
 import pytest
 
-from nebula_tui.model import JobSpec, JobState, Launching, Pending, Placement, Running, Stopping
+from nebula_tui.model import JobState, Launching, Pending, Placement, Running, Stopping
 from nebula_tui.store import Store
-
-T0 = 1_700_000_000.0
-HOUR = 3600.0
-CARD_MB = 24576
-
-SPEC = JobSpec(command=("python", "train.py", "--lr", "3e-4"), name="train", gpu_count=2,
-               gpu_mem_mb=8192, workdir="/data/x", shell=False)
-SLICES = (Placement("GPU-a", "node01", 0, 8192, False),   # a third of a 24 GiB card
-          Placement("GPU-b", "node01", 1, CARD_MB, True))  # the whole card
-
-
-@pytest.fixture
-def db_path(tmp_path):
-    return tmp_path / "state.db"
-
-
-@pytest.fixture
-def store(db_path):
-    s = Store(db_path)
-    s.register_gpus("node01", [
-        {"uuid": "GPU-a", "idx": 0, "model": "RTX 4090", "total_mb": CARD_MB},
-        {"uuid": "GPU-b", "idx": 1, "model": "RTX 4090", "total_mb": CARD_MB},
-    ], T0)
-    yield s
-    s.close()
-
+from support.stores import CARD_MB, HOUR, SLICES, SPEC, T0
 
 def user_row(store: Store, name: str) -> dict:
     (row,) = [u for u in store.users() if u["name"] == name]

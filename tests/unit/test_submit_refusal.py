@@ -12,7 +12,6 @@ import getpass
 
 import pytest
 
-from inprocess import engine  # noqa: F401  (the fixture)
 
 from nebula_tui.head.scheduling import pending_job
 from nebula_tui.model import Job, JobSpec, UnfitRequest

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from nebula_tui.remote.documents import parse_text
-from samples import SAMPLES
+from support.samples import SAMPLES
 
 OTHER = SAMPLES / "other_vendors"
 

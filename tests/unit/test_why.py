@@ -9,7 +9,6 @@ import asyncio
 from nebula_tui import forecasts
 from nebula_tui.model import JobSpec, JobState
 
-from inprocess import engine  # noqa: F401 (fixture)
 
 GB = 1024
 

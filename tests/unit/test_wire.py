@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import getpass
 
-from inprocess import engine  # noqa: F401  (the fixture)
 
 from nebula_tui import views
 from nebula_tui.cli import build_parser

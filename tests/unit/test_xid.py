@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from samples import SAMPLES as ALL_SAMPLES
+from support.samples import SAMPLES as ALL_SAMPLES
 
 from nebula_tui.remote.backends import xid
 from nebula_tui.remote.backends.xid import new_lines, parse_xid, pci_key, pci_matches

@@ -20,6 +20,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncssh
 import pytest
 import yaml
 
@@ -93,3 +94,29 @@ def cancel_left_and_stop(head: HeadProcess) -> None:
                 head.call("cancel", job=job["id"])
     finally:
         head.stop()
+
+
+@pytest.fixture
+def small_cluster(openssh_lab, tmp_path):
+    """The lab without node03, with a known_hosts of its own that does not know node03."""
+    config = yaml.safe_load(openssh_lab.config_path.read_text())
+    config["nodes"] = [n for n in config["nodes"] if n["name"] != "node03"]
+    known = tmp_path / "known_hosts"
+    port3 = openssh_lab.port("node03")
+    known.write_text("".join(l + "\n" for l in openssh_lab.known_hosts_path.read_text().splitlines()
+                             if not l.startswith(f"[127.0.0.1]:{port3} ")))
+    config["cluster"]["known_hosts"] = str(known)
+    path = tmp_path / "nodes.yaml"
+    path.write_text("# our lab\n" + yaml.safe_dump(config, sort_keys=False))
+    head = HeadProcess(tmp_path / "home", openssh_lab, config=path)
+    head.start(wait_nodes=False)
+    head.path, head.known = path, known
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+def fingerprint(lab, node: str) -> str:
+    """The node's host key's fingerprint, as ``nebula node add`` shows it to be checked."""
+    return asyncssh.read_private_key(str(lab.host_key_path(node))).get_fingerprint()

@@ -1,4 +1,5 @@
-"""A session-wide real Slurm cluster with its login node (imported by conftest.py).
+"""A session-wide real Slurm cluster with its login node (a fixture of ``support.plugin``), and
+what the pool tests ask of a head that sends jobs to it.
 
 ``slurm_lab`` yields a started :class:`nebula_tui.sim.slurm.SlurmLab`: 4 slurmd × 4 fake
 GPUs, partition ``gpu``, accounting (``sacct``) when slurmdbd and MariaDB are installed,
@@ -15,14 +16,17 @@ slurm.conf and munge socket.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from labkit.harness import HeadProcess, wait_for
 from nebula_tui.sim.slurm import SlurmUnavailable
 from nebula_tui.sim.slurmlab import SlurmLab
+from nebula_tui.store import Store
 
 _SLURM: list = []  # one cluster per session, even when two conftests import this module
 
@@ -52,3 +56,42 @@ def slurm_lab():
         _SLURM.clear()
         lab.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def start_head(home: Path, config: Path) -> HeadProcess:
+    """A head with no lab nodes, only the pool(s) of ``config``, once it has polled one."""
+    head = HeadProcess(home, None, config=config)
+    head.start(wait_nodes=False)
+    try:
+        wait_for(lambda: head.call("status")["pools"][0]["reachable"], 30, what="the pool's first poll")
+    except BaseException:
+        head.stop()  # a head that is not handed over is not left running
+        raise
+    return head
+
+
+def squeue(slurm_lab) -> list[dict]:
+    """Slurm's own queue (``squeue --json``'s jobs)."""
+    out = slurm_lab.cluster.run(["squeue", "--json"])
+    return json.loads(out)["jobs"]
+
+
+def remote_id(head: HeadProcess, job: int) -> str:
+    """The Slurm job id the head's store keeps for its pool job ``job``."""
+    store = Store(head.home / "state.db", readonly=True)
+    try:
+        return store.pool_job(job)["remote_id"]
+    finally:
+        store.close()
+
+
+def wait_state(head: HeadProcess, job: int, states: set[str], timeout: float = 60) -> dict:
+    """The job once its state is one of ``states``; on a timeout, its reason and events."""
+    try:
+        wait_for(lambda: head.job(job)["state"] in states, timeout, interval=0.3,
+                 what=f"job {job} to be {'/'.join(sorted(states))}")
+    except AssertionError as err:
+        shown = head.job(job)
+        raise AssertionError(f"{err}: it is {shown['state']} ({shown['reason']}); "
+                             f"events: {head.call('events', job=job)['events']}") from None
+    return head.job(job)

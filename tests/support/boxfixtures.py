@@ -26,7 +26,7 @@ import textwrap
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "admin-guide.md"
 CACHE = Path(os.environ.get("NEBULA_BOX_CACHE", "/var/cache/nebula-box"))
 BOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
