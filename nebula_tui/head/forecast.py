@@ -9,9 +9,9 @@ once, with every job ending when it is *expected* to: a loop of passes of the re
 its end, a preemption frees the victim's cards and requeues it), then the clock jumps to
 the next end or booking edge. That gives each job its *simulated* start.
 
-What is frozen, and why a forecast moves: fair-share weights stay as they are now (a
-user's usage grows as their jobs run, so their later jobs move back), nobody new submits
-(a job submitted later with a better standing goes ahead), and jobs end at estimates.
+What is assumed, and why a forecast moves: nobody new submits (a job submitted later with
+a better standing goes ahead), jobs end at estimates, and fair-share weights grow only by
+the GPU-hours the run's jobs hold (no decay, no admin's change).
 What that costs on this cluster is measured: :class:`Calibration` learns, from each job
 that started, how its wait compared with its simulated wait, and the forecast's interval
 is the simulated wait stretched by what it learned.
@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from .. import scheduler
+from ..model import card_share
+from ..scheduler import fairshare
 
 #: a forecast looks this far ahead; a job not started by then is "not within 7 days"
 HORIZON_S = 7 * 86400.0
@@ -109,12 +111,11 @@ class Calibration:
     the forecast was made.
 
     The simulation knows no job not yet submitted (a user with a lighter fair share who
-    submits later goes ahead), keeps fair-share weights as they are and ends jobs at
-    estimates; the ratio measures what that costs on this cluster. The interval is the
-    simulated wait stretched by its quantiles (``INTERVAL_QUANTILES``), so that it holds
-    that share of starts on this cluster's own past. The expected start stays the
-    simulated one: on the lab months, stretching it by the median ratio made it no better
-    (docs/lab-month.md)."""
+    submits later goes ahead) and ends jobs at estimates; the ratio measures what that
+    costs on this cluster. The interval is the simulated wait stretched by its quantiles
+    (``INTERVAL_QUANTILES``), so that it holds that share of starts on this cluster's own
+    past. The expected start stays the simulated one: on the lab months, stretching it by
+    the median ratio made it no better (docs/lab-month.md)."""
 
     def __init__(self, pairs: Iterable[tuple[float, float]] = ()) -> None:
         self.ratios: deque[float] = deque(maxlen=CALIBRATION_RUNS)
@@ -201,11 +202,16 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
     edges = sorted({t for b in snap.bookings for t in (b.start, b.end) if t > now})
     freed_by: int | None = None
     holds = dict(snap.holds)  # the cards preempted for a job stay its own, as in the head
+    # Fair share moves as the run goes: each user's weight grows by the GPU-hours their jobs
+    # hold in it, as the head's does (a heavy user's waiting jobs fall back as theirs run).
+    users = dict(snap.users)
+    charge = snap.config.preemptible_charge
+    cards = {r.id: _cards(r, charge) for r in running.values()}
     for _ in range(MAX_PASSES):
         if not queue or now > stop:
             break
         view = replace(snap, now=now, gpus=tuple(gpus.values()), queue=tuple(queue.values()),
-                       running=tuple(running.values()), finished=finished,
+                       running=tuple(running.values()), finished=finished, users=users,
                        bookings=tuple(b for b in snap.bookings if b.end > now), holds=dict(holds))
         preempted = False
         for decision in schedule(view):
@@ -226,6 +232,7 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
                     job.array_id, job.preemptible,
                     estimate(job) if estimate and job.time_limit_s is None else None)
                 ends[job.id] = now + length(job)
+                cards[job.id] = _cards(running[job.id], charge)
                 if job.time_limit_s is None:
                     untimed.add(job.id)
                 for p in decision.placements:
@@ -247,7 +254,8 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
         # away is forecast to within STEP_SHARE of its wait, and a pass costs ~10 ms).
         first = min(upcoming)
         step = max(MIN_STEP_S, step_share * (first - snap.now))
-        now = max(t for t in upcoming if t <= first + step)
+        before, now = now, max(t for t in upcoming if t <= first + step)
+        users = _charged(users, running.values(), cards, now - before)
         done = [job for job, t in ends.items() if t <= now]
         freed_by = next((job for job in done if job in untimed), None)
         for job_id in done:
@@ -265,6 +273,26 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
                                                time_limit_s=job.time_limit_s, preemptible=True)
                 queue[job.id] = pending
     return run
+
+
+def _cards(job: scheduler.RunningJob, preemptible_charge: float) -> float:
+    """How many cards a running job is charged as per hour (``model.card_share``)."""
+    shares = sum(card_share(p.memory_mb, p.exclusive) for p in job.placements)
+    return shares * (preemptible_charge if job.preemptible else 1.0)
+
+
+def _charged(users: Mapping[str, scheduler.UserShare | None], running: Iterable[scheduler.RunningJob],
+             cards: Mapping[int, float], seconds: float) -> dict[str, scheduler.UserShare | None]:
+    """The users' fair-share standing after their running jobs held their cards ``seconds``
+    longer (``fairshare.user_weight``: each GPU-hour adds ``PER_GPU_HOUR``)."""
+    hours: dict[str, float] = {}
+    for job in running:
+        hours[job.user] = hours.get(job.user, 0.0) + cards.get(job.id, 0.0) * seconds / 3600.0
+    now = dict(users)
+    for user, used in hours.items():
+        share = now.get(user) or scheduler.UserShare(user)
+        now[user] = replace(share, weight=share.weight + fairshare.PER_GPU_HOUR * used)
+    return now
 
 
 def _slice_mb(job: scheduler.RunningJob) -> int | None:

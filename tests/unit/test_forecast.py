@@ -82,6 +82,23 @@ def test_the_calibration_stretches_the_interval_by_what_the_head_learned():
                                                                              simulated=NOW)
 
 
+def test_a_users_weight_grows_in_the_forecast_as_their_jobs_run():
+    """ann's job 10 holds card 0 for its 10 h; carol's job 11 holds card 1 until 2 h from
+    now. ann starts lighter than bob (1.00 against 1.01), but by then her running job
+    charged her 2 GPU-hours (+0.04): bob's job takes the freed card first, as the head
+    would give it."""
+    from nebula_tui.scheduler import UserShare
+    gpus = (card("node01", 0, whole(10, "node01", 0)), card("node01", 1, whole(11, "node01", 1)))
+    running = (RunningJob(10, "ann", whole(10, "node01", 0)[0][1:], NOW, 25 * 3600.0),
+               RunningJob(11, "carol", whole(11, "node01", 1)[0][1:], NOW, 5 * 3600.0))
+    queue = (PendingJob(1, "ann", 1, None, NOW, time_limit_s=3600.0),
+             PendingJob(2, "bob", 1, None, NOW, time_limit_s=3600.0))
+    users = {"ann": UserShare("ann", 1.00), "bob": UserShare("bob", 1.01), "carol": UserShare("carol", 1.0)}
+    starts = forecast.forecast(Snapshot(gpus=gpus, queue=queue, now=NOW, running=running, users=users))
+    assert starts[2].at == NOW + 0.4 * 5 * 3600  # carol's card, when her job ends
+    assert starts[1].at == starts[2].at + 0.4 * 3600  # after bob's
+
+
 def test_jobs_queue_behind_each_other_in_the_order_the_scheduler_gives():
     snap = lab([(10, NOW, 3600.0), (11, NOW, 3600.0)],
                [PendingJob(1, "ann", 2, None, NOW, time_limit_s=3600.0),
