@@ -1,18 +1,28 @@
-"""The nodelet's messages to the head, typed: each line a node sends is read here once, into
-one frozen message, and the head's handlers take its fields (never the raw dict).
+"""The wire between the head and its nodelets, typed both ways: each line a node sends is
+read here once, into one frozen message, and the head's handlers take its fields (never the
+raw dict); each request the head sends is one of the ``*Request`` shapes below, checked
+against them before it leaves (``request_problems``), and each reply one of the ``*Reply``
+shapes.
 
 A node is not trusted: :func:`read_message` never raises on odd content. A field of the
 wrong type reads as its "missing" value (a job number that is not one: ``None``; a
 ``pid_jobs`` that is no mapping: empty), so a handler only ever checks for that. Replies
 to the head's requests are matched with their requests in ``ssh.NodeLink`` and are not
 messages here. The nodelet's docstring (``node/nodelet.py``) lists every field it sends.
+
+The requests are ``TypedDict``s of their fields (the ``id`` and ``op`` the link adds are
+not among them): on the wire still the plain JSON object the nodelet reads, while
+``REQUESTS`` names each op's shape, so that ``request_problems`` refuses an op or a field
+the nodelet does not know, or a required field left out, and
+``tests/unit/test_protocol.py`` holds the nodelet's ``ops.OPS`` and what each op reads
+to the same list.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from .readings import ProbeView, hello_cuda_version, hello_topology, read_probe
 
@@ -186,3 +196,140 @@ def _names(value: object) -> dict[str, str]:
     if not isinstance(value, dict):
         return {}
     return {str(k): str(v) for k, v in value.items() if v is not None}
+
+
+# ------------------------------------------------------------------ head -> node
+class LaunchRequest(TypedDict):
+    """Write the job's run script and start its tmux session, once per launch token."""
+
+    job: int
+    token: str  # ``<head>:<attempt>``: whose launch, which attempt
+    script: str  # the run script the head wrote (``remote/launcher.py``), already quoted
+    user: str | None  # run it as this Unix user (a shared box), or as the login
+    record: dict[str, Any]  # what the node keeps of the job (``launch_record``)
+
+
+class CancelRequest(TypedDict):
+    """SIGTERM the job's processes, kill its session ``grace`` seconds later."""
+
+    job: int
+    grace: float
+    token: NotRequired[str]  # only this launch's session: a relaunch's is left alone
+
+
+class AckRequest(TypedDict):
+    """The head recorded these exits: ``[job, token]`` or ``[job, token, end]`` each."""
+
+    jobs: list[list[Any]]
+
+
+class LogRequest(TypedDict):
+    """Read part of the job's output log (an attempt's, when given)."""
+
+    job: int
+    offset: NotRequired[int]
+    limit: NotRequired[int]
+    attempt: NotRequired[int]
+
+
+class ListRequest(TypedDict):
+    """Every job directory and tmux session of this head's, for the reconcile."""
+
+    records: NotRequired[bool]  # with each attempt's launch record
+
+
+class SignalRequest(TypedDict):
+    """USR1 or TERM to the job's processes, KILL to its session."""
+
+    job: int
+    signal: str
+    once: NotRequired[bool]  # no USR1 when this attempt had one already
+
+
+class NoteRequest(TypedDict):
+    """Append one line of the head's to the job's log."""
+
+    job: int
+    text: str
+
+
+class SelftestRequest(TypedDict):
+    """The GPU self-test on one card (the reply's ``result``: ``scheduler.health``'s input)."""
+
+    gpu: str
+    command: list[str] | None  # the site's own test, or None for the built-in ones
+
+
+class ResetRequest(TypedDict):
+    """``nvidia-smi -r`` of one card."""
+
+    gpu: str
+
+
+#: op -> the shape of its fields: every request the nodelet serves (``node/ops.py``'s OPS)
+REQUESTS: dict[str, type] = {
+    "launch": LaunchRequest, "cancel": CancelRequest, "ack": AckRequest, "log": LogRequest,
+    "list": ListRequest, "signal": SignalRequest, "note": NoteRequest, "selftest": SelftestRequest,
+    "reset": ResetRequest,
+}
+
+
+def request_problems(op: str, fields: dict[str, Any]) -> list[str]:
+    """What is wrong with request ``op`` of ``fields`` by its shape ([] when nothing): an op
+    the nodelet does not serve, a field it does not read, a required field left out."""
+    shape = REQUESTS.get(op)
+    if shape is None:
+        return [f"no such node request: {op!r}"]
+    known: dict[str, object] = shape.__annotations__
+    # Read from the annotations' text: under ``from __future__ import annotations`` Python
+    # 3.11's ``__required_keys__`` does not see a ``NotRequired`` written as a string.
+    required = {name for name, kind in known.items()
+                if not getattr(kind, "__forward_arg__", str(kind)).startswith("NotRequired[")}
+    return [*(f"{op}: no field {name!r}" for name in sorted(set(fields) - set(known))),
+            *(f"{op}: {name!r} missing" for name in sorted(required - set(fields)))]
+
+
+# ------------------------------------------------------------------ node -> head: replies
+class Reply(TypedDict):
+    """Every reply: ``ok``, and when not, the node's one line of why."""
+
+    ok: bool
+    error: NotRequired[str]
+
+
+class LaunchReply(Reply):
+    already: NotRequired[bool]  # this launch had started before (a head's retry)
+
+
+class CancelReply(Reply):
+    alive: NotRequired[bool]
+
+
+class LogReply(Reply):
+    exists: NotRequired[bool]
+    data: NotRequired[str]
+    offset: NotRequired[int]  # where the next read starts
+    size: NotRequired[int]
+
+
+class ListReply(Reply):
+    jobs: NotRequired[dict[str, dict[str, Any]]]  # job -> its latest attempt
+    attempts: NotRequired[dict[str, dict[str, dict[str, Any]]]]  # job -> attempt -> facts
+    sessions: NotRequired[list[str]]
+    session_tokens: NotRequired[dict[str, str | None]]
+
+
+class SignalReply(Reply):
+    pids: NotRequired[list[int]]
+    alive: NotRequired[bool]
+    first: NotRequired[bool]  # the attempt's first USR1
+
+
+class SelftestReply(Reply):
+    result: NotRequired[dict[str, Any]]
+
+
+class ResetReply(Reply):
+    reset: NotRequired[bool]
+    detail: NotRequired[str]
+

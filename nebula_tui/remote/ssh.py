@@ -28,7 +28,7 @@ from ..config.cluster import ClusterConfig
 from ..config.nodes import NodeConfig
 from ..model import NodeState
 from ..waits import within
-from . import preflight, shipping
+from . import preflight, protocol, shipping
 from .launcher import TMUX_SOCKET
 
 log = logging.getLogger(__name__)
@@ -326,8 +326,12 @@ class NodeLink:
 
         Raises NodeUnavailable when the node is not connected or the link breaks, and
         asyncio.TimeoutError when it does not answer within ``timeout`` (default: the
-        cluster's command_timeout).
+        cluster's command_timeout). A request that is not of its op's shape
+        (``protocol.REQUESTS``) is the head's own mistake: ValueError, and nothing is sent.
         """
+        problems = protocol.request_problems(op, fields)
+        if problems:
+            raise ValueError("; ".join(problems))
         if self._process is None or self.state != NodeState.UP:
             raise NodeUnavailable(f"{self.node.name} is {self.state.value}")
         request_id = next(self._ids)

@@ -17,17 +17,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from ..model import DEFAULT_VENDOR, GpuView, format_mb
 from ..units import duration_flag
 from .cards import Shape
-from .filters import make_filter, parse_version, sm_name, version_text
+from .filters import Filter, make_filter, parse_version, sm_name, version_text
 from .reasons import needs
 from .slices import fit
 from .snapshot import PendingJob, SchedulerConfig
 
 #: (vendor, capability, cuda, total MiB), as cards.Card.hw
-Hardware = tuple
+Hardware = tuple[str, tuple[int, ...] | None, tuple[int, ...] | None, int | None]
 
 
 def hardware(vendor: str | None, compute_cap: str | None, cuda_version: str | None,
-             memory_total_mb: int) -> Hardware:
+             memory_total_mb: int | None) -> Hardware:
     """The class of a card with these facts (its reading's, and its node's CUDA)."""
     return ((vendor or DEFAULT_VENDOR).lower(), parse_version(compute_cap), parse_version(cuda_version),
             memory_total_mb)
@@ -48,7 +48,7 @@ def node_hardware(gpus: Sequence[GpuView]) -> dict[str, dict[Hardware, int]]:
     return node_hw
 
 
-def judge_hardware(f, classes: Iterable[Hardware]) -> tuple[str, str] | frozenset:
+def judge_hardware(f: Filter, classes: Iterable[Hardware]) -> tuple[str, str] | frozenset[Hardware]:
     """The classes filter ``f`` accepts, or ("what" | "plain", the sentence's end) when it
     accepts none ("what": the end follows "needs …; ", "plain": it is the whole sentence)."""
     pool = list(classes)
@@ -78,7 +78,7 @@ def judge_hardware(f, classes: Iterable[Hardware]) -> tuple[str, str] | frozense
     return frozenset(pool)
 
 
-def judge_size(shape: Shape, classes: frozenset, spare_mb: int) -> tuple[str, str] | frozenset:
+def judge_size(shape: Shape, classes: frozenset[Hardware], spare_mb: int) -> tuple[str, str] | frozenset[Hardware]:
     """Of ``classes``, those whose empty card could hold one share of ``shape`` (a service
     keeps ``spare_mb`` beside it), or ("what", the sentence's end) when none could."""
     spare = spare_mb if shape.service else 0
@@ -170,6 +170,6 @@ def time_limit(asked_s: float | None, default_s: float | None, max_s: float | No
         if limit is None:
             limit = max_s
         elif limit > max_s:
-            return None, (f"--time {duration_flag(asked_s)} is longer than this cluster allows "
+            return None, (f"--time {duration_flag(limit)} is longer than this cluster allows "
                           f"(max_time {duration_flag(max_s)}); ask for at most that")
     return limit, None

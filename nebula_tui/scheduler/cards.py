@@ -13,6 +13,11 @@ from .filters import Filter, parse_version
 from .slices import fit
 from .snapshot import SchedulerConfig
 
+#: What a card's readings make of it, worked out once per pass for cards alike: its vendor,
+#: compute capability, CUDA, thermal penalty, hardware class and the unchanging score terms.
+Version = tuple[int, ...] | None
+Known = tuple[str, Version, Version, float, tuple[str, Version, Version, int | None], float]
+
 
 class Card:
     """One GPU as the pass sees it: static facts plus our allocations, updated per start."""
@@ -23,7 +28,7 @@ class Card:
                  "over_by", "owners", "watts", "draw", "services")
 
     def __init__(self, view: GpuView, order: int, services: frozenset[int],
-                 config: SchedulerConfig, memo: dict | None = None) -> None:
+                 config: SchedulerConfig, memo: dict[tuple[object, ...], Known] | None = None) -> None:
         reading = view.reading
         self.uuid = reading.uuid
         self.node = view.node
@@ -56,7 +61,8 @@ class Card:
             hw = (vendor, capability, cuda, self.total)
             # the score's terms of this card that no start changes (see SetScoring.solo_score)
             base = thermal + config.w_health * (1.0 - self.health)
-            known = memo[facts] = (vendor, capability, cuda, thermal, hw, base)
+            known = (vendor, capability, cuda, thermal, hw, base)
+            memo[facts] = known
         self.vendor, self.capability, self.cuda, self.thermal, self.hw, self.base = known
         self.allocs: list[tuple[int, Placement]] = list(view.placements)
         self.reserved, self.exclusive, self.service = 0, False, False
@@ -86,12 +92,12 @@ class Card:
         o.owners, o.watts, o.draw, o.services = self.owners, self.watts, self.draw, self.services
         return o
 
-    def fit(self, gpu_mem_mb: int | None, service_job: bool, spare_mb: int):
+    def fit(self, gpu_mem_mb: int | None, service_job: bool, spare_mb: int) -> tuple[int, bool] | None:
         keep = spare_mb if (self.service or service_job) else 0
         return fit(self.total, self.unmanaged, self.reserved, len(self.allocs), self.exclusive,
                    gpu_mem_mb, keep)
 
-    def state_key(self) -> tuple:
+    def state_key(self) -> tuple[object, ...]:
         """What a request's fit on this card and the changing part of its score depend on."""
         return (self.total, self.unmanaged, self.reserved, len(self.allocs), self.exclusive,
                 self.service)

@@ -43,7 +43,7 @@ from dataclasses import replace
 from ..model import GpuView, Placement
 from . import queue
 from .reasons import join_ids
-from .snapshot import Decision, Preempt, RunningJob, Snapshot, Start, UserShare, Wait
+from .snapshot import Decision, PendingJob, Preempt, RunningJob, Snapshot, Start, UserShare, Wait
 
 
 #: how a waiting job of a user past their quota is told so (quota_mode scavenge)
@@ -79,11 +79,17 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
     preempts = _booked_out(snapshot, holders)
     claimed: list[RunningJob] = []  # normal jobs' starts, and the cards they preempt for
     waiting: set[int] = set()
+    from_hold = {d.job_id for d in held}
     for decision in held + first:
         if isinstance(decision, Start):
             job = jobs[decision.job_id]
             claimed.append(_claim(job, decision.placements, snapshot.now))
-            victims = sorted({v for p in decision.placements for v in holders.get(p.gpu_uuid, ())})
+            # A held job was placed beside the preemptible jobs of every card but its held
+            # ones: only those yield (preempting the rest, which it fits beside, sent their
+            # requeued copies back onto its freed cards, pass after pass at one instant).
+            mine = {p.gpu_uuid for p in holds[job.id]} if job.id in from_hold else None
+            victims = sorted({v for p in decision.placements if mine is None or p.gpu_uuid in mine
+                              for v in holders.get(p.gpu_uuid, ())})
             if victims:
                 for victim in victims:
                     preempts.setdefault(victim, Preempt(victim, job.id, job.user))
@@ -108,12 +114,12 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
     return decisions + second + list(preempts.values())
 
 
-def _claim(job, placements: tuple[Placement, ...], now: float) -> RunningJob:
+def _claim(job: PendingJob, placements: tuple[Placement, ...], now: float) -> RunningJob:
     """A normal job's start, or the cards it waits for, as a running job on them."""
     return RunningJob(job.id, job.user, placements, now, job.time_limit_s, job.service, job.array_id)
 
 
-def _held_first(snapshot: Snapshot, holds: dict[int, tuple[Placement, ...]], jobs: dict,
+def _held_first(snapshot: Snapshot, holds: dict[int, tuple[Placement, ...]], jobs: dict[int, PendingJob],
                 scavengers: set[int]) -> list[Start]:
     """The jobs cards are held for, each (in queue order) placed over the real cards where
     its own held cards lose their preemptible jobs and the other held cards are taken:
@@ -143,7 +149,7 @@ def _held_first(snapshot: Snapshot, holds: dict[int, tuple[Placement, ...]], job
     return found
 
 
-def _over_quota(decision: Decision, job) -> Decision:
+def _over_quota(decision: Decision, job: PendingJob) -> Decision:
     """A decision for a job of a user past their quota: a start as a scavenger, a wait
     that says why it waits for idle cards."""
     if isinstance(decision, Start):
@@ -177,7 +183,7 @@ def _without(view: GpuView, jobs: set[int]) -> GpuView:
 
 def _with(views: tuple[GpuView, ...], claimed: list[RunningJob]) -> tuple[GpuView, ...]:
     """The cards with the first walk's starts and claims on them, for the second."""
-    extra: dict[str, list] = {}
+    extra: dict[str, list[tuple[int, Placement]]] = {}
     for job in claimed:
         for placement in job.placements:
             extra.setdefault(placement.gpu_uuid, []).append((job.id, placement))

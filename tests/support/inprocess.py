@@ -13,6 +13,7 @@ import pytest
 from nebula_tui.config.cluster import load_config
 from nebula_tui.head.engine import Engine
 from nebula_tui.model import NodeState
+from nebula_tui.remote.protocol import request_problems
 from nebula_tui.store import Store
 
 NODES = ("node01", "node02")
@@ -38,12 +39,14 @@ def probe(node: str, rows: list[dict]) -> dict:
 
 class QuietNode:
     """A node link whose nodelet runs nothing: the engine's requests (reconcile, launch)
-    get the nodelet's empty replies, and are kept in ``requests`` as (op, fields)."""
+    get the nodelet's empty replies, and are kept in ``requests`` as (op, fields), each
+    held to its shape (``protocol.REQUESTS``) as the real link holds it."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict]] = []
 
     async def request(self, op: str, timeout: float | None = None, **fields) -> dict:
+        assert not request_problems(op, fields), request_problems(op, fields)  # as NodeLink
         self.requests.append((op, fields))
         return {"ok": True, "sessions": [], "jobs": {}}
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nebula_tui.remote.protocol import (KINDS, Exit, Hello, KernelLines, Phase, Probe, Started,
-                                        job_number, read_message)
+from nebula_tui.remote.protocol import (KINDS, REQUESTS, Exit, Hello, KernelLines, Phase, Probe, Started,
+                                        job_number, read_message, request_problems)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -109,3 +109,70 @@ def test_every_kind_the_nodelet_sends_has_a_reader_on_the_head():
     assert {"hello", "probe", "started", "exit", "phase", "kmsg", "reply"} <= sent
     # replies are matched with their requests by the link, never handled as messages
     assert sent - {"reply"} == KINDS
+
+
+# ------------------------------------------------------------------ head -> node requests
+def fields_read(source: str) -> dict[str, set[str]]:
+    """op -> the request fields the nodelet's handler of that op reads (``req["x"]`` and
+    ``req.get("x")``), in the handler and in the module's functions it hands ``req`` to."""
+    tree = ast.parse(source)
+    functions = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+
+    def reads(name: str, seen: set[str]) -> set[str]:
+        if name in seen or name not in functions:
+            return set()
+        seen.add(name)
+        found = set()
+        for node in ast.walk(functions[name]):
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
+                    and node.value.id == "req" and isinstance(node.slice, ast.Constant):
+                found.add(node.slice.value)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "req" \
+                    and node.func.attr == "get" and isinstance(node.args[0], ast.Constant):
+                found.add(node.args[0].value)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and any(isinstance(a, ast.Name) and a.id == "req" for a in node.args):
+                found |= reads(node.func.id, seen)
+        return found
+
+    table = next(n.value for n in tree.body if isinstance(n, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "OPS" for t in n.targets))
+    return {key.value: reads(value.id, set()) - {"id", "op"}
+            for key, value in zip(table.keys, table.values)}
+
+
+def shape_problems(source: str) -> list[str]:
+    """Where the nodelet's requests and the protocol's shapes part: an op one side has
+    and the other not, a field a handler reads that its shape does not name."""
+    read = fields_read(source)
+    found = [f"op {op!r} on one side only" for op in sorted(set(read) ^ set(REQUESTS))]
+    for op in sorted(set(read) & set(REQUESTS)):
+        shape = REQUESTS[op]
+        found += [f"{op} reads {name!r}" for name in sorted(read[op] - set(shape.__annotations__))]
+    return found
+
+
+def test_the_request_shape_check_can_fail():
+    made_up = ('def op_log(req):\n    return _read(req, req["job"])\n'
+               'def _read(req, job):\n    return req.get("since")\n'
+               'def op_dance(req):\n    pass\n'
+               'OPS = {"log": op_log, "dance": op_dance}\n')
+    problems = shape_problems(made_up)
+    assert "op 'dance' on one side only" in problems and "log reads 'since'" in problems
+    assert "op 'launch' on one side only" in problems and not any("'job'" in p for p in problems)
+
+
+def test_every_request_the_nodelet_serves_has_its_shape_and_reads_only_its_fields():
+    assert shape_problems((REPO / "nebula_tui" / "node" / "ops.py").read_text()) == []
+
+
+@pytest.mark.parametrize("op, fields, problems", [
+    ("log", {"job": 3, "offset": 0}, []),
+    ("launch", {"job": 3, "token": "h:1", "script": "", "user": None, "record": {}}, []),
+    ("cancel", {"job": 3}, ["cancel: 'grace' missing"]),
+    ("signal", {"job": 3, "signal": "USR1", "twice": True}, ["signal: no field 'twice'"]),
+    ("dance", {}, ["no such node request: 'dance'"]),
+])
+def test_a_request_is_held_to_its_shape(op, fields, problems):
+    assert request_problems(op, fields) == problems
