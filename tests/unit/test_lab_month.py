@@ -4,6 +4,7 @@ simulated lab, job for job."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -64,6 +65,23 @@ def test_the_built_in_month_is_deterministic_and_every_parameter_names_its_sourc
     assert all(1 <= r.gpus <= 4 for r in a) and len({r.user for r in a}) > 3
     for name, measured in workload.PARAMETERS.items():
         assert any(study in measured.source for study in ("Philly", "Helios", "PAI")), name
+
+
+def test_the_second_month_is_the_file_its_script_writes_with_a_concentrated_user_and_a_long_service():
+    """bench/months/concentrated.csv, the month docs/lab-month.md measures beside the
+    built-in one: what bench/month_concentrated.py writes, one user holding about 40% of
+    its GPU-hours, and a 2-card service from day 1 to the month's end."""
+    spec = importlib.util.spec_from_file_location("month_concentrated", REPO / "bench" / "month_concentrated.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    jobs = workload.read(script.TRACE)
+    drawn = script.month()
+    assert [(r.user, r.gpus, r.gpu_mem_mb, r.service) for r in jobs] == \
+        [(r.user, r.gpus, r.gpu_mem_mb, r.service) for r in drawn]
+    heavy = sum(script.gpu_hours(r) for r in jobs if r.user == script.HEAVY) / sum(map(script.gpu_hours, jobs))
+    assert 0.38 <= heavy <= 0.46
+    longest = max((r for r in jobs if r.service), key=lambda r: r.duration_s)
+    assert longest.gpus == 2 and longest.duration_s >= 28 * 86400 and longest.time_limit_s is None
 
 
 def test_the_built_in_durations_match_the_philly_run_times_they_were_checked_against():
