@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from labkit.harness import wait_for
-from support.head import submit
+from support.head import submit, submitted_id
 
 
 def _job(head, job: int) -> dict:
@@ -22,7 +22,7 @@ def test_time_90_is_ninety_minutes_and_is_said_so(head):
     what was understood."""
     done = head.run("submit", "--time", "90", "--gpu-mem", "4G", "--", "sleep", "1", check=True)
     assert "(time limit 1 h 30 min)" in done.stdout, done.stdout
-    job = int(done.stdout.split()[2])
+    job = submitted_id(done.stdout)
     assert _job(head, job)["time_limit_s"] == 5400
     assert "  limit:     1 h 30 min" in head.run("job", str(job), check=True).stdout
     job = submit(head, "--time", "1-2:03:04", "--gpu-mem", "4G", "--", "true")
@@ -41,7 +41,7 @@ def test_an_sbatch_script_runs_unchanged_with_its_directives_and_the_flags_winni
     assert "(time limit 1 h 30 min)" in done.stdout, done.stdout
     assert done.stderr == ("nebula submit: --cpus-per-task=4 is Slurm's and not honoured here (a job "
                            "gets its node's CPUs, shared); ignored\n"), done.stderr
-    job = int(done.stdout.split()[2])
+    job = submitted_id(done.stdout)
     info = _job(head, job)
     assert (info["name"], info["time_limit_s"], info["gpu_count"], info["gpu_mem_mb"]) == (
         "train", 5400, 1, 4096)
