@@ -465,3 +465,18 @@ def test_add_and_remove_change_the_cards_not_the_built_in_months_jobs(tmp_path):
     assert done.returncode == 0, done.stderr
     assert more.read_text() == plain.read_text()
     assert "the same jobs as on the lab's 9 cards, replayed on 11" in done.stdout
+
+
+def test_the_replay_keeps_a_preempted_jobs_first_start_for_the_score():
+    """One card: bob's preemptible job 1 starts at once; ann's job 2 (at 60 s) preempts it,
+    and job 1 starts again when job 2 ends. The forecast at its submit foretold the first
+    start, and the score reads that one, not the restart."""
+    inv = {"node01": inventory.layout("core")["node01"][:1]}
+    cluster = setup.replay_config(inv, None, [])
+    jobs = [Request(1, 0, "bob", 1, None, 3600, 7200, preemptible=True),
+            Request(2, 60, "ann", 1, None, 1800, 3600)]
+    out = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400, forecasts=True).run()
+    assert out[1].runs >= 2 and out[1].first_started_s == 0 and out[1].started_s >= 60 + 1800
+    assert out[1].forecast == (0, 0, 0)
+    score = metrics.forecast_score(jobs, out)
+    assert score.jobs == 0 and score.inside == 1.0  # job 1 started as foretold; job 2 waited ~1 min
