@@ -79,11 +79,17 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
     preempts = _booked_out(snapshot, holders)
     claimed: list[RunningJob] = []  # normal jobs' starts, and the cards they preempt for
     waiting: set[int] = set()
+    from_hold = {d.job_id for d in held}
     for decision in held + first:
         if isinstance(decision, Start):
             job = jobs[decision.job_id]
             claimed.append(_claim(job, decision.placements, snapshot.now))
-            victims = sorted({v for p in decision.placements for v in holders.get(p.gpu_uuid, ())})
+            # A held job was placed beside the preemptible jobs of every card but its held
+            # ones: only those yield (preempting the rest, which it fits beside, sent their
+            # requeued copies back onto its freed cards, pass after pass at one instant).
+            mine = {p.gpu_uuid for p in holds[job.id]} if job.id in from_hold else None
+            victims = sorted({v for p in decision.placements if mine is None or p.gpu_uuid in mine
+                              for v in holders.get(p.gpu_uuid, ())})
             if victims:
                 for victim in victims:
                     preempts.setdefault(victim, Preempt(victim, job.id, job.user))

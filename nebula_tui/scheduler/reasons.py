@@ -7,6 +7,7 @@ user reads the reason now, not at a wall-clock time in some other time zone.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from typing import Any
 
 from ..model import MAX_ALLOCATIONS_PER_GPU, MIN_SLICE_MB, format_mb, takes_whole_card
 from .cards import Card, Shape
@@ -35,7 +36,8 @@ def best_now(counts: Mapping[str, int], shape: Shape, order: Mapping[str, int]) 
     return "best now: " + ", ".join(f"{n} has {counts[n]}" for n in shown)
 
 
-def blocker(card: Card, shape: Shape, spare_mb: int, power: list[float] | None) -> tuple[tuple, str] | None:
+def blocker(card: Card, shape: Shape, spare_mb: int, power: list[float] | None
+            ) -> tuple[tuple[float, ...], str] | None:
     """What keeps ``card`` from taking one share of ``shape`` now: (how near it came, what
     blocks it, as "held by job 4" follows "node01:0"), or None when nothing does (it fits).
 
@@ -50,18 +52,19 @@ def blocker(card: Card, shape: Shape, spare_mb: int, power: list[float] | None) 
     jobs = [job for job, _ in card.allocs]
     if kind == 0:  # blockers_text names the jobs of every such card together
         return rank, BEHIND
-    if kind == 1:
-        if card.total and takes_whole_card(card.total, mem):
+    if kind == 1:  # only a card with a size: memory_rank judges no other
+        total = card.total or 0
+        if total and takes_whole_card(total, mem):
             if jobs:
                 return rank, f"held by {join_ids(sorted(jobs))}"
-            what = "in use" if mem is None else f"with {format_mb(card.total - card.unmanaged)} free"
+            what = "in use" if mem is None else f"with {format_mb(total - card.unmanaged)} free"
             return rank, f"{what} ({_held_text(card)})"
-        free = max(0, card.total - card.reserved - card.unmanaged)
-        if free < max(mem, MIN_SLICE_MB):
+        free = max(0, total - card.reserved - card.unmanaged)
+        if free < max(mem or 0, MIN_SLICE_MB):
             return rank, f"with {format_mb(free)} free ({_held_text(card)})"
         beside = f"the service of {join_ids(list(card.services))}" if card.services else "a service"
         return rank, f"with {format_mb(free)} free, {format_mb(spare_mb)} of it kept spare beside {beside}"
-    if kind == 2:
+    if kind == 2 and power is not None:  # kind 2 comes of a power budget alone
         budget, counted = power
         return rank, (f"needing {card.watts:.0f} W with {max(0.0, budget - counted):.0f} W of "
                       f"{card.node}'s {budget:.0f} W power budget left")
@@ -70,7 +73,8 @@ def blocker(card: Card, shape: Shape, spare_mb: int, power: list[float] | None) 
     return rank, f"whole to {join_ids(jobs)}"
 
 
-def blocker_rank(card: Card, shape: Shape, spare_mb: int, power: list[float] | None) -> tuple | None:
+def blocker_rank(card: Card, shape: Shape, spare_mb: int, power: list[float] | None
+                 ) -> tuple[float, ...] | None:
     """(kind, shortfall, listing order) of what blocks ``card`` (see :func:`blocker`):
     kind 0 taken by jobs ahead in the pass, 1 memory, 2 power, 3 shares, 4 held whole."""
     got = memory_rank(card.state_key(), shape, spare_mb)
@@ -87,7 +91,7 @@ def blocker_rank(card: Card, shape: Shape, spare_mb: int, power: list[float] | N
     return None
 
 
-def memory_rank(state: tuple, shape: Shape, spare_mb: int) -> tuple[int, float] | None:
+def memory_rank(state: tuple[Any, ...], shape: Shape, spare_mb: int) -> tuple[int, float] | None:
     """(kind, shortfall) of what blocks a card in ``state`` (Card.state_key) for ``shape``
     on its memory and shares alone, or None when they let it."""
     total, held, reserved, allocations, exclusive, service = state
@@ -104,7 +108,7 @@ def memory_rank(state: tuple, shape: Shape, spare_mb: int) -> tuple[int, float] 
         return (4, 0)
     if allocations >= MAX_ALLOCATIONS_PER_GPU:
         return (3, 0)
-    ask = max(mem, MIN_SLICE_MB)
+    ask = max(mem or 0, MIN_SLICE_MB)  # a size: a whole-card request was judged above
     free = max(0, total - reserved - held)
     if free < ask:
         return (1, ask - free)
@@ -163,8 +167,10 @@ def cards_text(cards: Iterable[Card]) -> str:
     parts = []
     for node, indices in by_node.items():
         indices = sorted(indices)
-        runs, start = [], indices[0]
-        for prev, cur in zip(indices, indices[1:] + [None]):
+        runs: list[str] = []
+        start: int | None = indices[0]
+        following: list[int | None] = [*indices[1:], None]
+        for prev, cur in zip(indices, following):
             if cur != prev + 1:
                 runs.append(f"{start}" if start == prev else f"{start}-{prev}")
                 start = cur
@@ -176,7 +182,7 @@ def join_ids(ids: list[int]) -> str:
     return f"job {ids[0]}" if len(ids) == 1 else "jobs " + ", ".join(str(i) for i in ids)
 
 
-def blocked_text(what: str, pool: Iterable[Card], usable: Mapping[str, list],
+def blocked_text(what: str, pool: Iterable[Card], usable: Mapping[str, Collection[object]],
                  node_order: Mapping[str, int], min_health: float) -> str:
     """A request that would fit but whose cards take no new work now: say what blocks them
     (drained, unknown, maintenance, low health; the first three) and the best usable node."""

@@ -16,19 +16,33 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 from math import comb
 
 from ..model import MAX_ALLOCATIONS_PER_GPU
 from .cards import Card, Shape
+from .snapshot import SchedulerConfig
 from .topology import BEST_RANK, UNKNOWN_RANK, best_subset, set_links, topology_penalty
+
+#: one node's cards a request fits, each with what it would take there (MiB, exclusive)
+Fitting = list[tuple[Card, tuple[int, bool]]]
 
 
 class SetScoring:
     """The scores of one world's sets (mixed into :class:`placement.World`)."""
 
+    # What the world it is mixed into holds (placement.World sets them; declared, not set here)
+    config: SchedulerConfig
+    packing: bool
+    ranks: Mapping[str, Mapping[tuple[int, int], float]]
+    by_node: dict[str, list[Card]]
+    takers: dict[str, list[Card]]
+    power: dict[str, list[float]]
+
     def __init__(self) -> None:
-        self._pair_memo: dict = {}  # node, and (link table, cards) -> pair link terms
+        #: node, and (link table, cards) -> pair link terms
+        self._pair_memo: dict[object, dict[tuple[int, int], float]] = {}
 
     def share_term(self, card: Card, got: tuple[int, bool]) -> float:
         """A slice's term for one card (a set takes the mean over its cards).
@@ -40,7 +54,9 @@ class SetScoring:
         coolest, least shared card that fits. Either way the card the request fills best
         wins ties, so a 13 GB job takes a 24 GB card whole before it opens an 80 GB one.
         """
-        left = (card.total - card.reserved - card.unmanaged - got[0]) / card.total
+        total = card.total
+        assert total  # a card a share fits has a size
+        left = (total - card.reserved - card.unmanaged - got[0]) / total
         config = self.config
         if self.packing:
             fresh = config.w_pack + max(0.0, config.w_hot) + max(0.0, config.w_load)
@@ -83,7 +99,7 @@ class SetScoring:
         return min(config.w_hot, config.w_load, config.w_pack, config.w_health, config.w_topology,
                    config.w_power, config.w_fit) >= 0
 
-    def best_on_node(self, shape: Shape, feasible: list, k: int) -> tuple[float, list]:
+    def best_on_node(self, shape: Shape, feasible: Fitting, k: int) -> tuple[float, Fitting]:
         """(score, [(card, fit)…]) of the best k of one node's feasible cards; the score is
         inf when no k of them fit the node's power budget together."""
         config = self.config
@@ -110,7 +126,7 @@ class SetScoring:
         combo = best_subset(len(feasible), k, score, config.max_combinations)
         return score(combo), [feasible[i] for i in combo]
 
-    def _best_pair(self, shape: Shape, feasible: list, node: str) -> tuple[float, list]:
+    def _best_pair(self, shape: Shape, feasible: Fitting, node: str) -> tuple[float, Fitting]:
         """:meth:`best_on_node` for two of one node's cards (the commonest gang): every
         pair in best_subset's order, scored with :meth:`_set_scorer`'s arithmetic on plain
         locals, the link term of each pair of the node's cards worked out once per pass."""
@@ -147,7 +163,7 @@ class SetScoring:
                     best, best_score = (a, b), value
         return best_score, [feasible[best[0]], feasible[best[1]]]
 
-    def _best_pruned(self, shape: Shape, feasible: list, k: int) -> tuple[float, list]:
+    def _best_pruned(self, shape: Shape, feasible: Fitting, k: int) -> tuple[float, Fitting]:
         """:meth:`best_on_node` for k >= 3 of one node's cards: best_subset's exhaustive
         search, in its order, scored by :meth:`_set_scorer`, that drops every combination
         whose first cards already cannot beat the best so far. As cards join a set its
@@ -163,7 +179,7 @@ class SetScoring:
         budget, counted = (math.inf, 0.0) if power is None else power
         extra = [c.extra_watts() for c, _ in feasible]
         n = len(feasible)
-        best: list = [math.inf, None]
+        best: list[Any] = [math.inf, None]  # the best score so far and its combination
         combo: list[int] = []
 
         def grow(start: int, hottest: float, frailest: float, watts: float) -> None:
@@ -209,7 +225,7 @@ class SetScoring:
             self._pair_memo[node] = links
         return links
 
-    def _set_scorer(self, shape: Shape, feasible: list) -> Callable[[tuple[int, ...]], float]:
+    def _set_scorer(self, shape: Shape, feasible: Fitting) -> Callable[[tuple[int, ...]], float]:
         """``combo -> set_score(shape, [feasible[i] for i in combo])`` for one node's cards,
         with each card's terms worked out once (the same arithmetic, in the same order)."""
         cards = [c for c, _ in feasible]
@@ -241,7 +257,9 @@ class SetScoring:
             if power is not None:
                 value = self.powered(value, power, sum([extra[i] for i in combo]))
             if size > 1:
-                weakest, total, pairs = BEST_RANK, 0, 0
+                weakest: float = BEST_RANK
+                total: float = 0
+                pairs = 0
                 for a, b in itertools.combinations(combo, 2):
                     rank = table.get((index[a], index[b]), UNKNOWN_RANK)
                     if rank < weakest:
@@ -267,7 +285,7 @@ class SetScoring:
             value = self.powered(value, power, card.extra_watts())
         return value
 
-    def set_score(self, shape: Shape, chosen: list) -> float:
+    def set_score(self, shape: Shape, chosen: Fitting) -> float:
         """The R10 penalty of a set (lower is better; inf past a node's power budget); see
         :class:`SchedulerConfig`."""
         config = self.config

@@ -99,17 +99,19 @@ def rank_table(links: Mapping[str, Mapping[str, str]]) -> dict[tuple[int, int], 
     return table
 
 
-def topology_penalty(weakest: int, mixed: bool, mean: float) -> float:
+def topology_penalty(weakest: float, mixed: bool, mean: float) -> float:
     """0 (best) … <1: weakest link first, then mixed models, then the mean link."""
     return ((BEST_RANK - weakest) + 0.5 * mixed + 0.25 * (BEST_RANK - mean) / _SPAN) / _SPAN
 
 
-def set_links(members: Sequence[tuple[str, int]], ranks: Mapping[str, Mapping[tuple[int, int], int]]
-              ) -> tuple[int, float]:
+def set_links(members: Sequence[tuple[str, int]], ranks: Mapping[str, Mapping[tuple[int, int], float]]
+              ) -> tuple[float, float]:
     """(weakest rank, mean rank) over every pair of (node, gpu index) members."""
     if len(members) < 2:
         return BEST_RANK, float(BEST_RANK)
-    weakest, total, pairs = BEST_RANK, 0, 0
+    weakest: float = BEST_RANK
+    total: float = 0
+    pairs = 0
     for (node_a, a), (node_b, b) in itertools.combinations(members, 2):
         rank = ranks.get(node_a, {}).get((a, b), UNKNOWN_RANK) if node_a == node_b else CROSS_NODE_RANK
         weakest = min(weakest, rank)
@@ -132,22 +134,30 @@ def best_subset(n: int, k: int, score: Callable[[tuple[int, ...]], float],
     if comb(n, k) <= max_combinations:
         # min by (score, combo): combinations come in increasing order, so on equal scores
         # the first one seen wins.
-        best, best_score = None, None
+        first: tuple[int, ...] | None = None
+        first_score = 0.0
         for combo in itertools.combinations(range(n), k):
             value = score(combo)
-            if best is None or value < best_score:
-                best, best_score = combo, value
-        return best
+            if first is None or value < first_score:
+                first, first_score = combo, value
+        assert first is not None  # 1 <= k < n: there is a combination
+        return first
+
+    def ranked(combo: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
+        return score(combo), combo
+
     best: tuple[float, tuple[int, ...]] | None = None
     for seed in range(n):
         chosen = [seed]
         while len(chosen) < k:
             options = [tuple(sorted(chosen + [c])) for c in range(n) if c not in chosen]
-            chosen = list(min(options, key=lambda c: (score(c), c)))
+            picked = min(options, key=ranked)
+            chosen = list(picked)
         candidate = tuple(chosen)
         key = (score(candidate), candidate)
         if best is None or key < best:
             best = key
+    assert best is not None  # n >= 1 seeds
     return best[1]
 
 
@@ -165,7 +175,7 @@ def best_set(links: Mapping[str, Mapping[str, str]], k: int,
     if k > len(ordered):
         raise ValueError(f"the machine has {len(ordered)} GPUs; cannot choose {k}")
     ranks = {"node": rank_table(links)}
-    numbers = [gpu_number(n) for n in ordered]
+    numbers = [-1 if (i := gpu_number(n)) is None else i for n in ordered]  # -1: no index, links unknown
 
     def score(combo: tuple[int, ...]) -> float:
         weakest, mean = set_links([("node", numbers[i]) for i in combo], ranks)

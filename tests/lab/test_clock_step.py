@@ -1,6 +1,7 @@
 """A step of the head's wall clock (NTP, an admin's `date -s`) is not time that passed: a
 node silent for 8 s while the clock jumps 700 s keeps its jobs (the review's job was
-requeued and ran twice)."""
+requeued and ran twice). That a step stops no job before its time limit and cancels no idle
+job is the head's rule on its own clocks: tests/unit/test_limits_clock.py steps them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from labkit.harness import wait_for
 from support.reliability import needs_own_clock
 from labkit.harness import HeadProcess
+from support.head import submit
 
 
 def node_state(head, name: str) -> str:
@@ -23,7 +25,7 @@ def test_a_wall_clock_step_during_a_short_silence_requeues_nothing(openssh_lab, 
     head = HeadProcess(tmp_path / "home", openssh_lab, own_clock=True)  # lease: 600 s
     head.start()
     try:
-        job = int(head.run("submit", "--gpu-mem", "4G", "--", "sleep", "120", check=True).stdout.split()[2])
+        job = submit(head, "--gpu-mem", "4G", "--", "sleep", "120")
         node = wait_for(lambda: (j := head.job(job))["state"] == "running" and j["node"], 20,
                         what="the job running")
         openssh_lab.stop_node(node)
@@ -47,23 +49,6 @@ def test_a_wall_clock_step_during_a_short_silence_requeues_nothing(openssh_lab, 
         head.stop()
 
 
-def test_a_wall_clock_step_stops_no_job_before_its_time_limit(openssh_lab, tmp_path):
-    needs_own_clock()
-    head = HeadProcess(tmp_path / "home", openssh_lab, own_clock=True)
-    head.start()
-    try:
-        job = int(head.run("submit", "--time", "1h", "--gpu-mem", "4G", "--", "sleep", "120",
-                           check=True).stdout.split()[2])
-        wait_for(lambda: head.job(job)["state"] == "running", 20, what="the job running")
-        head.step_clock(+7200)  # two hours on the wall clock, a moment of its run
-        time.sleep(4)  # a periodic pass or two
-        assert head.job(job)["state"] == "running"
-        assert head.run("cancel", str(job)).returncode == 0
-        assert head.wait_job(job)["state"] == "cancelled"
-    finally:
-        head.stop()
-
-
 @pytest.mark.slow
 def test_a_wall_clock_step_neither_cancels_an_idle_job_nor_kills_an_over_user_early(openssh_lab, tmp_path):
     """Idle for a moment, over its reservation for a moment: with an hour of idleness and an
@@ -77,10 +62,8 @@ def test_a_wall_clock_step_neither_cancels_an_idle_job_nor_kills_an_over_user_ea
     head = HeadProcess(tmp_path / "home", openssh_lab, config=config, own_clock=True)
     head.start()
     try:
-        idle = int(head.run("submit", "--gpu-mem", "4G", "--", "env", "NEBULA_SIM_GPU_UTIL=0",
-                            "sleep", "120", check=True).stdout.split()[2])
-        greedy = int(head.run("submit", "--gpu-mem", "4G", "--", "env", "NEBULA_SIM_GPU_MEM=8G",
-                              "sleep", "120", check=True).stdout.split()[2])
+        idle = submit(head, "--gpu-mem", "4G", "--", "env", "NEBULA_SIM_GPU_UTIL=0", "sleep", "120")
+        greedy = submit(head, "--gpu-mem", "4G", "--", "env", "NEBULA_SIM_GPU_MEM=8G", "sleep", "120")
         wait_for(lambda: head.job(idle)["idle_since"], 20, what="the idle mark")
         events = lambda: " ".join(e["message"] for e in head.call("events", limit=300)["events"])
         wait_for(lambda: f"job {greedy} holds 8 GB" in events(), 20, what="the guard's warning")

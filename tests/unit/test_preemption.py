@@ -18,7 +18,7 @@ from dataclasses import replace
 from nebula_tui.model import JobState, Placement, Stopping
 from nebula_tui.scheduler import Preempt, RunningJob, SchedulerConfig, Start, UserShare, Wait
 
-from support.scheduling import GB, card, job, run
+from support.scheduling import GB, card, held, job, run
 from support.stores import HOUR, SPEC, T0
 
 
@@ -353,3 +353,22 @@ async def test_the_head_keeps_the_preempted_cards_for_the_preemptor_until_it_sta
     finally:
         await head.stop()
         head.state.store.close()
+
+
+def test_a_held_job_that_fits_beside_another_preemptible_job_starts_without_preempting_it():
+    """Job 10's hold is on n:0, free now. Slices pack onto shared cards (a whole-card job
+    waits), and n:1 also holds a preemptible job with room beside it: job 10 starts, and
+    nothing is preempted for it. It used to preempt that job too, whose requeued copy then
+    took the held card, and so on at the same instant: the built-in month's replay never
+    got past its day 24."""
+    users = {"heavy": UserShare("heavy", weight=9.0)}
+    hold = {10: (Placement("GPU-n-0", "n", 0, 8 * GB, False),)}
+    slices = [held(1, "n", 0, 16 * GB), held(2, "n", 1, 8 * GB), held(3, "n", 1, 8 * GB)]
+    gpus = [card("n", 0, 64 * GB, util=100.0, placements=slices[:1]),
+            card("n", 1, 64 * GB, placements=slices[1:])]
+    running = (RunningJob(1, "a", (slices[0][1],), 0.0), RunningJob(2, "a", (slices[1][1],), 0.0),
+               RunningJob(3, "spare", (slices[2][1],), 0.0, preemptible=True))
+    queue = [job(10, mem=8 * GB, user="heavy"), job(11, user="b")]
+    got = run(gpus, queue, running=running, users=users, holds=hold)
+    assert isinstance(got[10], Start), got[10]
+    assert not [d for d in got.values() if isinstance(d, Preempt)]
