@@ -154,8 +154,7 @@ esac"""
         ended = wait_state(head, later, {"succeeded", "failed"}, timeout=90)
         assert ended["state"] == "succeeded", ended["reason"]
         assert "once" in head.run("logs", str(later), check=True).stdout
-        sent = [j for j in squeue(slurm_lab) if j.get("user_name") == bob
-                and re.match(rf"[0-9a-f]+\.{later}\.", str(j.get("comment", "")))]
+        sent = _sent_with_token_of(head, slurm_lab, later)
         said = [e["message"] for e in head.call("events", limit=200)["events"]]
         assert len(sent) == 1, ([(j["job_id"], j["job_state"]) for j in sent], said)  # adopted, not sent again
         assert head.job(hers)["state"] == "pending"
@@ -211,6 +210,20 @@ def test_a_job_whose_owners_login_is_refused_at_a_restore_is_not_sent_twice(
         slurm_lab.authorize(bob, line)
         ended = wait_state(head, later, {"succeeded", "failed"}, timeout=150)
         assert ended["state"] == "succeeded", ended["reason"]
-        sent = [j for j in squeue(slurm_lab) if j.get("user_name") == bob
-                and re.match(rf"[0-9a-f]+\.{later}\.", str(j.get("comment", "")))]
+        sent = _sent_with_token_of(head, slurm_lab, later)
         assert len(sent) == 1, [(j["job_id"], j["job_state"]) for j in sent]
+
+
+def _sent_with_token_of(head, slurm_lab, job: int) -> list[dict]:
+    """The Slurm jobs carrying a token of ``head``'s for ``job`` (by its head's own id: a
+    Unix user made by a later test may get an earlier one's uid, and squeue names its
+    jobs after the uid)."""
+    from nebula_tui.store import Store
+
+    store = Store(head.home / "state.db", readonly=True)
+    try:
+        prefix = f"{store.head_token}.{job}."
+    finally:
+        store.close()
+    return [j for j in squeue(slurm_lab) if str(j.get("comment", "")).startswith(prefix)]
+
