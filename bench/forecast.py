@@ -7,8 +7,9 @@ The lab is 20 nodes × 8 cards (4090s, A100s, H100s with their topologies, as
 ``bench/scheduler.py`` makes them), most cards held by running jobs (70% with a --time,
 the rest without), and a queue from 12 users mixing
 slices, whole cards, 2- and 4-card jobs, 8-card gangs, --after and preemptible work. The
-forecast is ``head.forecast.forecast``: three runs of the real scheduler forward (expected,
-early, late ends). CPU time is ``time.process_time``: what the head's process spends.
+forecast is ``head.forecast.forecast``: one run of the real scheduler forward (each job
+ending when it is expected to), the interval from the calibration. CPU time is
+``time.process_time``: what the head's process spends.
 """
 
 from __future__ import annotations

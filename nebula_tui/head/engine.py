@@ -110,6 +110,7 @@ class Engine:
 
     def _job_started(self, job: Job) -> None:
         self.metrics.job_started(job, self.scheduling.first_forecasts.pop(job.id, None))
+        self.scheduling.job_started(job)  # the forecast's calibration learns from its wait
         self.limits.job_started(job)  # its --time counts from now, on the monotonic clock
 
     # the live view, as the server and tests read it

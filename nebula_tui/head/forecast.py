@@ -3,16 +3,18 @@ from a frozen snapshot of now.
 
 Pure: ``forecast(snapshot, …)`` reads only the :class:`scheduler.Snapshot` a pass would
 see (nodes as they are, running jobs, the waiting queue, bookings, preemptible work,
-fair-share weights) and returns a :class:`Start` per waiting job. It is run three times
-over: once with every job ending when it is *expected* to (the point), once with each
-ending early (the interval's early end) and once with each running to its time limit (the
-late end). Each run is a loop of passes of the real ``scheduler.schedule``: the decisions
-of one pass are applied (a start takes its cards until its end, a preemption frees the
-victim's cards and requeues it), then the clock jumps to the next end or booking edge.
+fair-share weights) and returns a :class:`Start` per waiting job. It runs the scheduler
+once, with every job ending when it is *expected* to: a loop of passes of the real
+``scheduler.schedule``, the decisions of one pass applied (a start takes its cards until
+its end, a preemption frees the victim's cards and requeues it), then the clock jumps to
+the next end or booking edge. That gives each job its *simulated* start.
 
-What is frozen, and why a forecast moves: fair-share weights stay as they are now (a
-user's usage grows as their jobs run, so their later jobs move back), nobody new submits
-(a job submitted later with a better standing goes ahead), and jobs end at estimates.
+What is assumed, and why a forecast moves: nobody new submits (a job submitted later with
+a better standing goes ahead), jobs end at estimates, and fair-share weights grow only by
+the GPU-hours the run's jobs hold (no decay, no admin's change).
+What that costs on this cluster is measured: :class:`Calibration` learns, from each job
+that started, how its wait compared with its simulated wait, and the forecast's interval
+is the simulated wait stretched by what it learned.
 
 How long a job runs is :func:`run_length`'s one answer, so the estimate can be changed in
 one place.
@@ -21,68 +23,61 @@ one place.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from .. import scheduler
+from ..model import card_share
+from ..scheduler import fairshare
 
 #: a forecast looks this far ahead; a job not started by then is "not within 7 days"
 HORIZON_S = 7 * 86400.0
 #: the most passes one run of the forecast makes (bounds its CPU on a pathological queue)
 MAX_PASSES = 4000
-#: a job without --time and without the cluster's max_time: what "late" assumes it runs
+#: a job without --time and without the cluster's max_time: the longest it may run
 UNBOUNDED_LATE_S = HORIZON_S
 #: a job without --time, max_time or history: what the expected run assumes (the median
 #: GPU job of the public traces runs ~20 min, Philly's mean ~1.7 h); the scheduler's own
 #: default (a day) is a bound for its reservations, not an expectation
 UNTIMED_POINT_S = 3600.0
-#: the share of its --time a job is expected to use (point) and uses at the least (early):
-#: users ask for 1.5 to 4 times what their jobs run
+#: the share of its --time a job is expected to use: users ask for 1.5 to 4 times what
+#: their jobs run
 POINT_SHARE = 0.4
-EARLY_SHARE = 0.25
-#: ends within this share of the wait so far (at least MIN_STEP_S) share one pass; the
-#: interval's runs, whose ends are bounds, step coarser
+#: ends within this share of the wait so far (at least MIN_STEP_S) share one pass
 STEP_SHARE = 0.05
-BOUND_STEP_SHARE = 0.2
 MIN_STEP_S = 60.0
 #: a preempted job yields its cards after its grace; the forecast waits this long for it
 PREEMPT_GRACE_S = 60.0
 
-KINDS = ("early", "point", "late")
-
 
 def run_length(time_limit_s: float | None, runs: Sequence[float], max_time_s: float | None,
                kind: str, service: bool = False) -> float:
-    """How long a job runs in the forecast's ``kind`` of run, from its start: the one
-    place a job's run in the forecast is decided.
+    """How long a job runs from its start, the one place a job's run in the forecast is
+    decided: ``kind`` "point" the expected run, "late" the longest it may.
 
-    With a --time: "late" is the limit, "point" and "early" a share of it. Without one:
-    "point" is the median of ``runs`` (how long its user's recent like jobs without --time
-    ran: the history ``scheduler.estimates`` reads, whose estimate — the longest of them,
-    else max_time, else a day — bounds the scheduler's reservations, not an expectation),
-    else ``UNTIMED_POINT_S``; "late" the cluster's max_time (else the horizon); "early"
-    none. A service without --time or history runs until it is stopped: past the horizon."""
+    With a --time: "late" is the limit, "point" a share of it. Without one: "point" is the
+    median of ``runs`` (how long its user's recent like jobs without --time ran: the
+    history ``scheduler.estimates`` reads, whose estimate — the longest of them, else
+    max_time, else a day — bounds the scheduler's reservations, not an expectation), else
+    ``UNTIMED_POINT_S``; "late" the cluster's max_time (else the horizon). A service
+    without --time or history runs until it is stopped: past the horizon."""
     if time_limit_s is not None:
-        share = {"early": EARLY_SHARE, "point": POINT_SHARE, "late": 1.0}[kind]
-        return time_limit_s * share
+        return time_limit_s * (POINT_SHARE if kind == "point" else 1.0)
     if kind == "late" or (service and not runs):
         return max_time_s or UNBOUNDED_LATE_S
-    if kind == "early":
-        return 0.0
     return statistics.median(runs) if runs else UNTIMED_POINT_S
 
 
-def end_of(job: scheduler.RunningJob, now: float, max_time_s: float | None, kind: str,
+def end_of(job: scheduler.RunningJob, now: float, max_time_s: float | None,
            runs: Sequence[float] = ()) -> float:
-    """When a running job ends in a run of ``kind``: its start + ``run_length``; past that
-    already, a job with --time half-way from now to its limit (point; early: now), one
-    without as ``estimates.expected_end`` has it (as long again as it ran; early: now)."""
+    """When a running job is expected to end: its start + ``run_length``; past that
+    already, a job with --time half-way from now to its limit, one without as
+    ``estimates.expected_end`` has it (as long again as it ran)."""
     late = job.started_at + run_length(job.time_limit_s, runs, max_time_s, "late", job.service)
-    end = job.started_at + run_length(job.time_limit_s, runs, max_time_s, kind, job.service)
-    if kind == "late" or end > now:
-        return max(end, now)
-    if kind == "early":
-        return now
+    end = job.started_at + run_length(job.time_limit_s, runs, max_time_s, "point", job.service)
+    if end > now:
+        return end
     if job.time_limit_s is None:
         expected = scheduler.Estimate(end - job.started_at, "its user's history")
         return min(late, scheduler.estimates.expected_end(job.started_at, now, expected))
@@ -96,6 +91,68 @@ def _key(job: scheduler.RunningJob) -> tuple:
     return (job.user, len(job.placements), mem)
 
 
+#: the calibration learns from the latest this many started jobs' first forecasts …
+CALIBRATION_RUNS = 200
+#: … and is used once it holds this many (before: ``DEFAULT_FACTORS``)
+CALIBRATION_MIN = 20
+#: waits are compared padded by this much (the scored waits' floor, 10 min): a job forecast
+#: to start now that waited an hour counts, and a one-minute wait's ratio does not swing
+PAD_S = 600.0
+#: the interval: these quantiles of the ratio of the actual to the simulated (padded) wait
+INTERVAL_QUANTILES = (0.1, 0.9)
+#: (early, late) factors before the head has seen enough starts: about those the lab months
+#: of docs/lab-month.md learned by their end
+DEFAULT_FACTORS = (0.5, 4.0)
+
+
+class Calibration:
+    """What the head learned of its own forecasts: for each of the latest started jobs that
+    were forecast to wait, (actual wait + PAD_S) ÷ (simulated wait + PAD_S), both from when
+    the forecast was made.
+
+    The simulation knows no job not yet submitted (a user with a lighter fair share who
+    submits later goes ahead) and ends jobs at estimates; the ratio measures what that
+    costs on this cluster. The interval is the simulated wait stretched by its quantiles
+    (``INTERVAL_QUANTILES``), so that it holds that share of starts on this cluster's own
+    past. The expected start stays the simulated one: on the lab months, stretching it by
+    the median ratio made it no better (docs/lab-month.md)."""
+
+    def __init__(self, pairs: Iterable[tuple[float, float]] = ()) -> None:
+        self.ratios: deque[float] = deque(maxlen=CALIBRATION_RUNS)
+        for simulated, actual in pairs:
+            self.learn(simulated, actual)
+
+    def copy(self) -> Calibration:
+        """A copy to read in a thread while the head's own learns on."""
+        other = Calibration()
+        other.ratios.extend(self.ratios)
+        return other
+
+    def learn(self, simulated_wait_s: float, actual_wait_s: float) -> None:
+        self.ratios.append((max(0.0, actual_wait_s) + PAD_S) / (max(0.0, simulated_wait_s) + PAD_S))
+
+    def factors(self) -> tuple[float, float]:
+        """(early, late) factors of the padded wait."""
+        if len(self.ratios) < CALIBRATION_MIN:
+            return DEFAULT_FACTORS
+        ratios = sorted(self.ratios)
+        lo, hi = INTERVAL_QUANTILES
+        return min(1.0, _quantile(ratios, lo)), max(1.0, _quantile(ratios, hi))
+
+    def apply(self, now: float, simulated: float) -> tuple[float, float]:
+        """The interval (early, late) around the simulated start ``simulated``."""
+        padded = max(0.0, simulated - now) + PAD_S
+        low, high = self.factors()
+        return now + max(0.0, low * padded - PAD_S), now + high * padded - PAD_S
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    k = (len(ordered) - 1) * q
+    f = int(k)
+    c = min(f + 1, len(ordered) - 1)
+    return ordered[f] + (ordered[c] - ordered[f]) * (k - f)
+
+
 @dataclass(frozen=True)
 class Start:
     """A waiting job's forecast: ``at`` the expected start, ``early``…``late`` its interval
@@ -107,11 +164,13 @@ class Start:
     late: float | None
     after: int | None = None
     node: str | None = None
+    #: the start the scheduler's run gave, before the calibration: what it learns from
+    simulated: float | None = None
 
     def json(self, now: float) -> dict:
         return {"start_at": self.at, "early": self.early, "late": self.late,
                 "after_job": self.after, "node": self.node, "made_at": now,
-                "within_s": HORIZON_S}
+                "simulated_at": self.simulated, "within_s": HORIZON_S}
 
 
 @dataclass
@@ -143,11 +202,16 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
     edges = sorted({t for b in snap.bookings for t in (b.start, b.end) if t > now})
     freed_by: int | None = None
     holds = dict(snap.holds)  # the cards preempted for a job stay its own, as in the head
+    # Fair share moves as the run goes: each user's weight grows by the GPU-hours their jobs
+    # hold in it, as the head's does (a heavy user's waiting jobs fall back as theirs run).
+    users = dict(snap.users)
+    charge = snap.config.preemptible_charge
+    cards = {r.id: _cards(r, charge) for r in running.values()}
     for _ in range(MAX_PASSES):
         if not queue or now > stop:
             break
         view = replace(snap, now=now, gpus=tuple(gpus.values()), queue=tuple(queue.values()),
-                       running=tuple(running.values()), finished=finished,
+                       running=tuple(running.values()), finished=finished, users=users,
                        bookings=tuple(b for b in snap.bookings if b.end > now), holds=dict(holds))
         preempted = False
         for decision in schedule(view):
@@ -168,6 +232,7 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
                     job.array_id, job.preemptible,
                     estimate(job) if estimate and job.time_limit_s is None else None)
                 ends[job.id] = now + length(job)
+                cards[job.id] = _cards(running[job.id], charge)
                 if job.time_limit_s is None:
                     untimed.add(job.id)
                 for p in decision.placements:
@@ -189,7 +254,8 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
         # away is forecast to within STEP_SHARE of its wait, and a pass costs ~10 ms).
         first = min(upcoming)
         step = max(MIN_STEP_S, step_share * (first - snap.now))
-        now = max(t for t in upcoming if t <= first + step)
+        before, now = now, max(t for t in upcoming if t <= first + step)
+        users = _charged(users, running.values(), cards, now - before)
         done = [job for job, t in ends.items() if t <= now]
         freed_by = next((job for job in done if job in untimed), None)
         for job_id in done:
@@ -209,6 +275,26 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
     return run
 
 
+def _cards(job: scheduler.RunningJob, preemptible_charge: float) -> float:
+    """How many cards a running job is charged as per hour (``model.card_share``)."""
+    shares = sum(card_share(p.memory_mb, p.exclusive) for p in job.placements)
+    return shares * (preemptible_charge if job.preemptible else 1.0)
+
+
+def _charged(users: Mapping[str, scheduler.UserShare | None], running: Iterable[scheduler.RunningJob],
+             cards: Mapping[int, float], seconds: float) -> dict[str, scheduler.UserShare | None]:
+    """The users' fair-share standing after their running jobs held their cards ``seconds``
+    longer (``fairshare.user_weight``: each GPU-hour adds ``PER_GPU_HOUR``)."""
+    hours: dict[str, float] = {}
+    for job in running:
+        hours[job.user] = hours.get(job.user, 0.0) + cards.get(job.id, 0.0) * seconds / 3600.0
+    now = dict(users)
+    for user, used in hours.items():
+        share = now.get(user) or scheduler.UserShare(user)
+        now[user] = replace(share, weight=share.weight + fairshare.PER_GPU_HOUR * used)
+    return now
+
+
 def _slice_mb(job: scheduler.RunningJob) -> int | None:
     first = job.placements[0] if job.placements else None
     return None if first is None or first.exclusive else first.memory_mb
@@ -217,37 +303,37 @@ def _slice_mb(job: scheduler.RunningJob) -> int | None:
 def forecast(snap: scheduler.Snapshot, max_time_s: float | None = None,
              horizon_s: float = HORIZON_S, only: int | None = None,
              schedule=scheduler.schedule,
-             history: Mapping[tuple, Sequence[float]] | None = None) -> dict[int, Start]:
-    """Each waiting job's :class:`Start` (or only job ``only``'s: each run stops once it
-    started). The expected run decides ``at``; the early and late runs the interval, which
-    always holds ``at``. ``history``: (user, GPUs, memory asked) -> how long their recent
-    jobs without --time ran (``Scheduling.history``), for the estimate of such a job."""
+             history: Mapping[tuple, Sequence[float]] | None = None,
+             calibration: Calibration | None = None) -> dict[int, Start]:
+    """Each waiting job's :class:`Start` (or only job ``only``'s: the run stops once it
+    started). One run of the scheduler with every job ending when it is expected to
+    gives each job its simulated start, the expected one; ``calibration`` (the head's,
+    learned from its past forecasts; else its defaults) the interval around it.
+    ``history``: (user, GPUs, memory asked) -> how long their recent jobs without --time
+    ran (``Scheduling.history``), for the estimate of such a job."""
     history = history or {}
+    calibration = calibration or Calibration()
 
     def past(job: scheduler.PendingJob) -> tuple[float, ...]:
         return tuple(history.get((job.user, job.gpu_count, job.gpu_mem_mb), ()))
 
     def estimate(job: scheduler.PendingJob) -> scheduler.Estimate:
         return scheduler.run_estimate(job.time_limit_s, max_time_s, past(job))
-    runs = {}
-    for kind in KINDS:
-        runs[kind] = simulate(
-            snap, lambda job, k=kind: run_length(job.time_limit_s, past(job), max_time_s, k, job.service),
-            lambda job, k=kind: end_of(job, snap.now, max_time_s, k, history.get(_key(job), ())),
-            horizon_s, only, schedule, STEP_SHARE if kind == "point" else BOUND_STEP_SHARE, estimate)
-    point, early, late = runs["point"], runs["early"], runs["late"]
+    point = simulate(
+        snap, lambda job: run_length(job.time_limit_s, past(job), max_time_s, "point", job.service),
+        lambda job: end_of(job, snap.now, max_time_s, history.get(_key(job), ())),
+        horizon_s, only, schedule, STEP_SHARE, estimate)
     result = {}
     for job in snap.queue:
         if only is not None and job.id != only:
             continue
-        at = point.starts.get(job.id)
-        lo = _least(early.starts.get(job.id), at)
-        hi = late.starts.get(job.id)
-        hi = None if hi is None else (hi if at is None else max(hi, at))
-        result[job.id] = Start(at, lo, hi, point.after.get(job.id), point.node.get(job.id))
+        simulated = point.starts.get(job.id)
+        if simulated is None:
+            result[job.id] = Start(None, None, None)
+            continue
+        # a start on the pass of now is the scheduler's own decision, not a forecast
+        early, late = (calibration.apply(snap.now, simulated) if simulated > snap.now
+                       else (simulated, simulated))
+        result[job.id] = Start(simulated, early, late, point.after.get(job.id), point.node.get(job.id),
+                               simulated)
     return result
-
-
-def _least(*times: float | None) -> float | None:
-    known = [t for t in times if t is not None]
-    return min(known) if known else None

@@ -95,6 +95,8 @@ class Replay:
         self.by_job: dict[int, Request] = {}
         #: (job, node) -> the exit event's token, while its part runs there
         self.running: dict[tuple[int, str], str] = {}
+        #: job -> when it was first launched (a preempted or requeued job starts again)
+        self.first_launch: dict[int, float] = {}
         self.passes = 0
         #: forecast each job's start at its submit, as the head would (``Outcome.forecast``;
         #: ``nebula simulate`` scores them): a forecast per submit costs a long month time
@@ -110,6 +112,7 @@ class Replay:
         if request is None:
             return
         self.running[(job_id, node)] = token
+        self.first_launch.setdefault(job_id, self.clock.now)
         self._push(self.clock.now + request.duration_s, "exit", (node, job_id, token, 0))
 
     def stopped(self, node: str, job_id: int) -> None:
@@ -215,8 +218,11 @@ class Replay:
         if start is None:
             return
         rel = lambda t: None if t is None else t - self.start  # noqa: E731
-        at = start.at if start.at is not None else self.clock.now + forecast.HORIZON_S
-        self.outcomes[request.key].forecast = (at - self.start, rel(start.early), rel(start.late))
+        if start.at is None:  # "not within 7 days": its interval is from the horizon on
+            at = self.clock.now + forecast.HORIZON_S
+            self.outcomes[request.key].forecast = (at - self.start, at - self.start, None)
+            return
+        self.outcomes[request.key].forecast = (start.at - self.start, rel(start.early), rel(start.late))
 
     def _collect(self, engine: Engine) -> None:
         """Each request's outcome, from the head's own store."""
@@ -227,6 +233,8 @@ class Replay:
             outcome.state = job.state.value if job.state.finished else None
             outcome.runs = job.attempt + (1 if job.started_at is not None else 0)
             outcome.started_s = None if job.started_at is None else job.started_at - self.start
+            first = self.first_launch.get(job_id)
+            outcome.first_started_s = None if first is None else first - self.start
             outcome.ended_s = None if job.ended_at is None else job.ended_at - self.start
             outcome.placements = tuple((p.node, p.gpu_uuid, p.memory_mb, p.exclusive)
                                        for p in job.placements)

@@ -115,6 +115,11 @@ class Scheduling:
         self._forecasting = False
         #: each waiting job's first forecast start (the one kept in the store), until it starts
         self.first_forecasts: dict[int, float | None] = {}
+        #: each waiting job's first simulated start (``forecast.Start.simulated``) and when
+        #: it was made: at its start, what the calibration learns from
+        self.first_simulated: dict[int, tuple[float, float]] = {}
+        #: the ratio of actual to simulated waits, learned from the jobs that started
+        self.calibration = forecast.Calibration()
         #: (user, GPUs, memory asked) -> how long their recent jobs without --time ran,
         #: since this head started: what a running one is estimated to run (estimates.py)
         self.history: dict[tuple, deque[float]] = {}
@@ -182,32 +187,52 @@ class Scheduling:
     async def _forecast(self, snap: scheduler.Snapshot) -> None:
         try:
             starts = await asyncio.to_thread(forecast.forecast, snap, self.limits.settings.max_time_s,
-                                             history=self.histories())
+                                             history=self.histories(), calibration=self.calibration.copy())
             self.state.forecasts = {job: start.json(snap.now) for job, start in starts.items()}
             self.stream.publish_queue_order(starts=True)
-            self._keep_first(starts)
+            self._keep_first(starts, snap.now)
         except Exception:
             log.exception("start forecast failed")
         finally:
             self._forecasting = False
 
-    def _keep_first(self, starts: dict[int, forecast.Start]) -> None:
+    def _keep_first(self, starts: dict[int, forecast.Start], now: float) -> None:
         """Each job's first forecast after its submit, kept (store, ``first_forecasts``)
-        to score the forecast against its start: history, the metrics."""
+        to score the forecast against its start: history, the metrics; and its simulated
+        start, for the calibration to learn from."""
         new = {job: (s.at, s.early, s.late) for job, s in starts.items()
                if job not in self.first_forecasts and job in self.state.jobs
                and self.state.jobs[job].state == JobState.PENDING}
         self.state.store.set_first_forecasts(new)
         self.first_forecasts.update({job: values[0] for job, values in new.items()})
+        self._keep_simulated({job: starts[job] for job in new}, now)
         for job in [j for j in self.first_forecasts if j not in self.state.jobs]:
             del self.first_forecasts[job]  # ended without starting
+        for job in [j for j in self.first_simulated if j not in self.state.jobs]:
+            del self.first_simulated[job]
+
+    def _keep_simulated(self, starts: dict[int, forecast.Start], now: float) -> None:
+        for job, start in starts.items():
+            # a start on the pass of now is the scheduler's decision: nothing to learn
+            if start.simulated is not None and start.simulated > now and job not in self.first_simulated:
+                self.first_simulated[job] = (now, start.simulated)
+
+    def job_started(self, job: Job) -> None:
+        """A job started: the calibration learns how its wait compared with the simulated one."""
+        first = self.first_simulated.pop(job.id, None)
+        if first is not None and job.started_at is not None:
+            made, simulated = first
+            self.calibration.learn(simulated - made, job.started_at - made)
 
     def forecast_one(self, job: Job) -> forecast.Start | None:
         """The forecast for one job (waiting, or about to be submitted: id -1) now, on
         the loop: each run stops once it started."""
         pending = [j for j in self.waiting() if j.id != job.id] + [job]
-        starts = forecast.forecast(self.snapshot_for(pending), self.limits.settings.max_time_s,
-                                   only=job.id, history=self.histories())
+        snap = self.snapshot_for(pending)
+        starts = forecast.forecast(snap, self.limits.settings.max_time_s, only=job.id,
+                                   history=self.histories(), calibration=self.calibration)
+        if job.id in self.state.jobs:
+            self._keep_simulated(starts, snap.now)
         return starts.get(job.id)
 
     @staticmethod

@@ -138,8 +138,10 @@ class Why:
                                                   for flag, spec in variants]
         snaps = [(flag, probe.id, self.scheduling.snapshot_for(pending + [probe])) for flag, probe in probes]
         max_time, history = self.scheduling.limits.settings.max_time_s, self.scheduling.histories()
+        calibration = self.scheduling.calibration.copy()
         starts = await asyncio.to_thread(
-            lambda: [(flag, forecast.forecast(snap, max_time, only=probe, history=history).get(probe))
+            lambda: [(flag, forecast.forecast(snap, max_time, only=probe, history=history,
+                                              calibration=calibration).get(probe))
                      for flag, probe, snap in snaps])
         own, alone = starts[0][1], starts[1][1]
         answer["starts"] = own.json(now) if own else None

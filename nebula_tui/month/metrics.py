@@ -151,7 +151,7 @@ SCORED_WAIT_S = 600.0
 
 @dataclass(frozen=True)
 class ForecastScore:
-    """How the head's start forecast at submit fared against the start the replay gave:
+    """How the head's start forecast at submit fared against the (first) start the replay gave:
     |forecast − actual| ÷ actual wait (p50, p90) over the ``jobs`` that waited longer than
     ``SCORED_WAIT_S``, and the share of all ``started`` jobs forecast whose start fell
     inside the interval."""
@@ -173,14 +173,16 @@ def forecast_score(requests: Sequence[Request], outcomes: dict[int, Outcome]) ->
     errors, inside, started = [], 0, 0
     for r in requests:
         o = outcomes[r.key]
-        if o.forecast is None or o.started_s is None:
+        # what was foretold is its first start: a job preempted or requeued starts again later
+        began = o.started_s if o.first_started_s is None else o.first_started_s
+        if o.forecast is None or began is None:
             continue
         at, early, late = o.forecast
         started += 1
-        inside += (early is None or early - 1 <= o.started_s) and (late is None or o.started_s <= late + 1)
-        wait = o.started_s - r.submit_s
+        inside += (early is None or early - 1 <= began) and (late is None or began <= late + 1)
+        wait = began - r.submit_s
         if wait > SCORED_WAIT_S:
-            errors.append(abs(at - o.started_s) / wait)
+            errors.append(abs(at - began) / wait)
     if not started:
         return None
     return ForecastScore(len(errors), percentile(errors, 50) if errors else 0.0,

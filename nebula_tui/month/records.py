@@ -30,7 +30,7 @@ class Outcome:
     #: refused because no card here could ever run it as asked (a refusal for now, such as
     #: a user over quota, is not: that job could have run, and counts as never run)
     unfit: bool = False
-    started_s: float | None = None
+    started_s: float | None = None  # its last start (a requeued job starts again)
     ended_s: float | None = None
     state: str | None = None  # the head's final state, None when still waiting/running
     #: (node, gpu uuid, memory MiB, whole card) of each card of its last start
@@ -43,3 +43,5 @@ class Outcome:
     #: (the end of the forecast's horizon when it saw none within it), the interval's
     #: early and late ends (None: none within the horizon)
     forecast: tuple[float, float | None, float | None] | None = None
+    #: its first start: what the forecast at submit foretold (None: as ``started_s``)
+    first_started_s: float | None = None

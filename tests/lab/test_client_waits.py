@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from support.head import submit
 
 def _run(head, *args: str, timeout_s: str = "3") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "nebula_tui", *args],
@@ -19,7 +20,7 @@ def _run(head, *args: str, timeout_s: str = "3") -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_clients_of_a_stopped_head_give_up_in_one_line(head):
-    job = int(head.run("submit", "--gpu-mem", "4G", "--", "sleep", "300", check=True).stdout.split()[2])
+    job = submit(head, "--gpu-mem", "4G", "--", "sleep", "300")
     try:
         os.kill(head.process.pid, signal.SIGSTOP)
         try:
@@ -39,7 +40,7 @@ def test_clients_of_a_stopped_head_give_up_in_one_line(head):
 def test_wait_outlasts_its_timeout_while_the_head_answers(head):
     """A job longer than the client's timeout is waited for to its end: the wait is asked
     for in steps, each answered by a head that is alive."""
-    job = int(head.run("submit", "--gpu-mem", "4G", "--", "sleep", "5", check=True).stdout.split()[2])
+    job = submit(head, "--gpu-mem", "4G", "--", "sleep", "5")
     done = _run(head, "wait", str(job), timeout_s="1")
     assert done.returncode == 0, done.stderr
     assert f"Job {job} succeeded" in done.stderr

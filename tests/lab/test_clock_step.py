@@ -12,6 +12,7 @@ import pytest
 from labkit.harness import wait_for
 from support.reliability import needs_own_clock
 from labkit.harness import HeadProcess
+from support.head import submit
 
 
 def node_state(head, name: str) -> str:
@@ -24,7 +25,7 @@ def test_a_wall_clock_step_during_a_short_silence_requeues_nothing(openssh_lab, 
     head = HeadProcess(tmp_path / "home", openssh_lab, own_clock=True)  # lease: 600 s
     head.start()
     try:
-        job = int(head.run("submit", "--gpu-mem", "4G", "--", "sleep", "120", check=True).stdout.split()[2])
+        job = submit(head, "--gpu-mem", "4G", "--", "sleep", "120")
         node = wait_for(lambda: (j := head.job(job))["state"] == "running" and j["node"], 20,
                         what="the job running")
         openssh_lab.stop_node(node)
@@ -61,10 +62,8 @@ def test_a_wall_clock_step_neither_cancels_an_idle_job_nor_kills_an_over_user_ea
     head = HeadProcess(tmp_path / "home", openssh_lab, config=config, own_clock=True)
     head.start()
     try:
-        idle = int(head.run("submit", "--gpu-mem", "4G", "--", "env", "NEBULA_SIM_GPU_UTIL=0",
-                            "sleep", "120", check=True).stdout.split()[2])
-        greedy = int(head.run("submit", "--gpu-mem", "4G", "--", "env", "NEBULA_SIM_GPU_MEM=8G",
-                              "sleep", "120", check=True).stdout.split()[2])
+        idle = submit(head, "--gpu-mem", "4G", "--", "env", "NEBULA_SIM_GPU_UTIL=0", "sleep", "120")
+        greedy = submit(head, "--gpu-mem", "4G", "--", "env", "NEBULA_SIM_GPU_MEM=8G", "sleep", "120")
         wait_for(lambda: head.job(idle)["idle_since"], 20, what="the idle mark")
         events = lambda: " ".join(e["message"] for e in head.call("events", limit=300)["events"])
         wait_for(lambda: f"job {greedy} holds 8 GB" in events(), 20, what="the guard's warning")

@@ -27,7 +27,7 @@ from nebula_tui.api import ApiError
 from labkit.harness import HeadProcess
 import support.head
 from support.containers import IMAGE, PROBLEM
-from support.head import log, running, submit
+from support.head import log, running, submit, submitted_id
 
 GRACE_S = 3
 
@@ -201,7 +201,7 @@ def test_cancel_stops_the_container(head):
 
 def test_a_failed_pull_fails_the_job_with_the_runtimes_words_and_frees_the_card(head):
     done = head.run("submit", "--image", "127.0.0.1:1/lab/none:1", "--", "true", check=True)
-    job = head.wait_job(int(done.stdout.split()[2]), 60)
+    job = head.wait_job(submitted_id(done.stdout), 60)
     assert job["state"] == "failed"
     assert job["reason"].startswith("pulling 127.0.0.1:1/lab/none:1 on node0")
     assert "connection refused" in job["reason"]
@@ -227,7 +227,7 @@ def test_a_pull_shows_as_the_jobs_state_until_it_fails(head):
     thread.start()
     try:
         done = head.run("submit", "--image", f"127.0.0.1:{port}/lab/slow:1", "--", "true", check=True)
-        job_id = int(done.stdout.split()[2])
+        job_id = submitted_id(done.stdout)
         pulling = wait_for(lambda: (j := head.job(job_id))["reason"].startswith("pulling image")
                            and j, 30, what="the pull to show")
         assert pulling["state"] == "running"
@@ -249,7 +249,7 @@ def test_a_mount_source_missing_on_the_node_fails_the_job_at_once(head, tmp_path
     gone = tmp_path / "not-here"
     done = head.run("submit", "--image", IMAGE, "--data-mount", f"{gone}:/data", "--", "true",
                     check=True)
-    job = head.wait_job(int(done.stdout.split()[2]), 30)
+    job = head.wait_job(submitted_id(done.stdout), 30)
     assert job["state"] == "failed"
     assert job["reason"] == f"--data-mount's source {gone} does not exist on {job['node']} " \
                             f"(or root cannot reach it)"

@@ -6,13 +6,13 @@ import json
 import sqlite3
 
 from labkit.harness import wait_for
-from support.head import gpu, running, submit
+from support.head import gpu, running, submit, submitted_id
 
 
 def test_a_job_on_a_slice_runs_nvidia_smi_and_frees_the_slice(head):
     done = head.run("submit", "--gpu-mem", "4G", "--wait", "--", "nvidia-smi")
     assert done.returncode == 0, done.stderr
-    job_id = int(done.stdout.split()[2])
+    job_id = submitted_id(done.stdout)
     job = head.job(job_id)
     assert job["state"] == "succeeded" and job["exit_code"] == 0
     log = head.run("logs", str(job_id), check=True).stdout
@@ -25,7 +25,7 @@ def test_job_sees_its_devices_and_the_exit_code_is_recorded(head):
     done = head.run("submit", "--name", "env check", "--gpu-mem", "6G", "--wait", "--",
                     "sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES $NEBULA_GPU_LIST $NEBULA_JOB_ID"; exit 3')
     assert done.returncode == 3
-    job_id = int(done.stdout.split()[2])
+    job_id = submitted_id(done.stdout)
     job = head.job(job_id)
     assert job["state"] == "failed" and job["exit_code"] == 3
     stored = sqlite3.connect(head.home / "state.db").execute(
@@ -95,7 +95,7 @@ def test_arguments_reach_the_node_literally(head):
     nasty = ["a;b", "$(echo pwned)", "`id`", "it's", 'say "hi"', "line\nbreak", "*"]
     done = head.run("submit", "--gpu-mem", "4G", "--wait", "--", "printf", "[%s]\\n", *nasty)
     assert done.returncode == 0, done.stderr
-    job_id = int(done.stdout.split()[2])
+    job_id = submitted_id(done.stdout)
     log = head.run("logs", str(job_id), check=True).stdout
     assert log == "".join(f"[{arg}]\n" for arg in nasty)
 
@@ -105,14 +105,14 @@ def test_shell_command_and_workdir(head, tmp_path):
     done = head.run("submit", "--gpu-mem", "4G", "--workdir", str(tmp_path), "--wait",
                     "--command", "cat marker.txt && echo \" and $((1+2))\"")
     assert done.returncode == 0, done.stderr
-    job_id = int(done.stdout.split()[2])
+    job_id = submitted_id(done.stdout)
     assert head.run("logs", str(job_id), check=True).stdout == "here and 3\n"
 
 
 def test_missing_workdir_fails_clearly(head):
     done = head.run("submit", "--gpu-mem", "4G", "--workdir", "/no/such/dir", "--wait", "--", "true")
     assert done.returncode == 127
-    job_id = int(done.stdout.split()[2])
+    job_id = submitted_id(done.stdout)
     assert head.job(job_id)["reason"].startswith("--workdir /no/such/dir does not exist on node0")
     assert head.run("logs", str(job_id)).stdout == f"nebula: {head.job(job_id)['reason']}\n"
 

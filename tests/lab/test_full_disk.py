@@ -12,6 +12,7 @@ from support.reliability import fill, small_disk
 from labkit.harness import HeadProcess
 from nebula_tui.model import JobSpec
 from nebula_tui.store import Store, StoreUnavailable
+from support.head import submit
 
 
 def test_a_submit_on_a_full_disk_fails_and_loses_nothing(tmp_path):
@@ -42,7 +43,7 @@ def test_a_full_disk_loses_no_exit_and_says_what_it_is(openssh_lab, tmp_path):
         head = HeadProcess(home, openssh_lab)
         head.start()
         try:
-            job = int(head.run("submit", "--gpu-mem", "4G", "--", "sleep", "4", check=True).stdout.split()[2])
+            job = submit(head, "--gpu-mem", "4G", "--", "sleep", "4")
             node = wait_for(lambda: (j := head.job(job))["state"] == "running" and j["node"], 20,
                             what="the job running")
             attempt = (openssh_lab.node_dir(node) / "node" / "heads" / head.head_id / "jobs"
@@ -65,7 +66,7 @@ def test_a_full_disk_loses_no_exit_and_says_what_it_is(openssh_lab, tmp_path):
             done = head.wait_job(job, timeout=20)
             assert (done["state"], done["exit_code"]) == ("succeeded", 0)
             wait_for(lambda: (attempt / "acked").exists(), 10, what="the exit acknowledged")
-            after = int(head.run("submit", "--gpu-mem", "4G", "--", "true", check=True).stdout.split()[2])
+            after = submit(head, "--gpu-mem", "4G", "--", "true")
             assert after > job and head.wait_job(after)["state"] == "succeeded"
             assert node_state(head, other) == "up"
         finally:
@@ -87,7 +88,7 @@ def test_a_nodes_full_job_disk_at_launch_and_while_a_job_writes(openssh_lab, tmp
             head.run("node", "drain", name, check=True)
         with small_disk(jobs_dir, mb=4):
             filler = fill(jobs_dir)
-            full = int(head.run("submit", "--gpu-mem", "4G", "--", "true", check=True).stdout.split()[2])
+            full = submit(head, "--gpu-mem", "4G", "--", "true")
             refused = head.wait_job(full, timeout=30)
             assert refused["state"] == "failed" and "\n" not in refused["reason"], refused
             assert refused["reason"].startswith("launch failed on node01: the disk of its job "
@@ -102,7 +103,7 @@ def test_a_nodes_full_job_disk_at_launch_and_while_a_job_writes(openssh_lab, tmp
             tail = head.run("logs", str(writer), "-n", "1", check=True).stdout
             assert tail.startswith("nebula: the log stops here (tee: ") and "No space left" in tail, tail
             assert f"job {writer} runs on" in tail
-        after = int(head.run("submit", "--gpu-mem", "4G", "--", "true", check=True).stdout.split()[2])
+        after = submit(head, "--gpu-mem", "4G", "--", "true")
         assert head.wait_job(after, timeout=30)["state"] == "succeeded"
     finally:
         for name in others:

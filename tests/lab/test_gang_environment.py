@@ -11,6 +11,7 @@ from labkit.harness import wait_for
 
 from nebula_tui.screens.app import make_app
 from nebula_tui.screens.job import JobScreen
+from support.head import submitted_id
 
 SIZE = (160, 60)
 
@@ -34,7 +35,7 @@ async def test_a_gang_jobs_environment_on_its_page_is_what_each_node_gave_it(hea
     # Five cards with ≥20 GB exist only across nodes: node02's four A100s and a 24 GB card.
     done = head.run("submit", "--gpu-count", "5", "--gpu-mem", "20G", "--nodes", "2", "--",
                     "sh", "-c", 'env > "$NEBULA_SIM_DIR/env-$NEBULA_JOB_ID"; sleep 300', check=True)
-    job_id = int(done.stdout.split()[2])
+    job_id = submitted_id(done.stdout)
     try:
         job = wait_for(lambda: (j := head.job(job_id))["state"] == "running" and j, 30,
                        what="the gang to run")

@@ -18,7 +18,7 @@ from labkit.harness import wait_for
 from support.labfixtures import lab_config, serving
 from nebula_tui.sim import faults
 from labkit.harness import HeadProcess
-from support.head import gpu
+from support.head import gpu, submitted_id
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 3
@@ -65,7 +65,7 @@ def event_with(head: HeadProcess, text: str, timeout: float = 20, since: float =
 
 def submit_running(head: HeadProcess, command: str, *flags: str) -> dict:
     done = head.run("submit", *flags, "--command", command, check=True)
-    job_id = int(done.stdout.split()[2])
+    job_id = submitted_id(done.stdout)
     return wait_for(lambda: (j := head.job(job_id))["state"] == "running" and j, 20,
                     what=f"job {job_id} to run")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
+from support.head import log, submitted_id
 
 NASTY = st.sampled_from([";", "$(", ")", "`", "'", '"', "\n", "\\", "|", "&", ">", "<", "*", "$HOME",
                          "${IFS}", "-", " ", "#", "!", "~", "\t", "%s", "'\"'"])
@@ -34,8 +35,8 @@ def test_names_arguments_and_workdirs_run_literally(head, name, args, folder):
     done = head.run("submit", f"--name={name}", "--gpu-mem", "4G", "--workdir", str(workdir), "--wait",
                     "--", sys.executable, "-c", PRINT_ARGV, *env_args)
     assert done.returncode == 0, done.stderr
-    job = int(done.stdout.split()[2])
+    job = submitted_id(done.stdout)
     assert head.job(job)["name"] == name
-    ran = json.loads(head.run("logs", str(job), check=True).stdout)
+    ran = json.loads(log(head, job))
     assert ran == [str(workdir), *env_args]
     assert list(canary.iterdir()) == []

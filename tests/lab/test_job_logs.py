@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from support.labfixtures import lab_config, serving
-from support.head import submit
+from support.head import log, submit
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_a_log_past_limits_log_max_is_cut_with_a_line_and_the_job_runs_on(head):
     job = submit_slice(head, "--command", writes)
     ended = head.wait_job(job, timeout=60)
     assert ended["state"] == "succeeded" and ended["exit_code"] == 0, ended
-    text = head.run("logs", str(job), check=True).stdout
+    text = log(head, job)
     kept, cut, rest = text.partition("\nnebula: the log is cut here, at 1 MiB (limits.log_max)")
     assert kept == "x" * (1 << 20), len(kept)
     assert cut and f"job {job} runs on" in rest and rest.count("\n") == 1, rest

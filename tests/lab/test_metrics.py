@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from support.head import free_port
+from support.head import free_port, submit
 from labkit.harness import wait_for
 from labkit.harness import HeadProcess
 
@@ -52,8 +52,7 @@ def metered(openssh_lab, tmp_path_factory):
 
 
 def test_gpu_series_carry_their_labels_and_match_what_the_head_shows(metered):
-    job = int(metered.run("submit", "--gpu-count", "2", "--", "env", "NEBULA_SIM_GPU_UTIL=70",
-                          "sleep", "60", check=True).stdout.split()[2])
+    job = submit(metered, "--gpu-count", "2", "--", "env", "NEBULA_SIM_GPU_UTIL=70", "sleep", "60")
     try:
         wait_for(lambda: metered.job(job)["state"] == "running", 30, what="the job running")
         held = {g["uuid"] for g in metered.job(job)["gpus"]}

@@ -19,6 +19,7 @@ import yaml
 from labkit.harness import wait_for
 from labkit.harness import HeadProcess
 from support.users import ALICE, BOB, GROUP, RUNUSER, STRANGER, as_user, submit_as
+from support.head import submitted_id
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("runuser") or not Path("/usr/bin/python3").exists(),
@@ -83,7 +84,7 @@ def test_only_the_group_reaches_the_socket_and_nobody_the_store(shared):
 def test_jobs_run_as_their_owner(shared):
     done = as_user(shared, ALICE, "submit", "--gpu-mem", "4G", "--wait", "--", "sh", "-c", "id -un; pwd")
     assert done.returncode == 0, done.stderr
-    job = int(done.stdout.split()[2])
+    job = submitted_id(done.stdout)
     log = as_user(shared, ALICE, "logs", str(job)).stdout.split()
     assert log == [ALICE, "/"]  # where it was submitted from (as_user's cwd), which the node has
 
@@ -108,7 +109,7 @@ def test_one_users_job_cannot_reach_anothers_files_on_its_node(shared, openssh_l
     attack = (f"cat {jobdir}/output.log; echo 0 > {jobdir}/exit_code; "
               f"cat {openssh_lab.identity_path}; echo attack-over")
     done = as_user(shared, BOB, "submit", "--gpu-mem", "4G", "--wait", "--", "sh", "-c", attack)
-    job = int(done.stdout.split()[2])
+    job = submitted_id(done.stdout)
     log = as_user(shared, BOB, "logs", str(job)).stdout
     assert "attack-over" in log and log.count("Permission denied") == 3, log
     assert "alice-secret" not in log and "PRIVATE KEY" not in log
@@ -143,7 +144,7 @@ def test_other_users_see_neither_escapes_nor_command_lines(shared):
     done = as_user(shared, BOB, "submit", "--name", "t\x1b]0;title\x07", "--after", str(blocker), "--", "sh", "-c",
                    "TOKEN=hunter2 true", f"{name}\n  999  alice  fake  running  node01:0  rm -rf ~")
     assert done.returncode == 0, done.stderr
-    job = int(done.stdout.split()[2])
+    job = submitted_id(done.stdout)
     try:
         seen = as_user(shared, ALICE, "queue").stdout
         assert "\x1b" not in seen and "\x07" not in seen and "\r" not in seen

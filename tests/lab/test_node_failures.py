@@ -11,7 +11,7 @@ import asyncssh
 import pytest
 import yaml
 
-from support.head import free_port
+from support.head import free_port, submitted_id
 from labkit.harness import wait_for
 from labkit.harness import HeadProcess
 
@@ -57,7 +57,7 @@ def test_unreachable_node_is_down_and_the_rest_keeps_working(broken_cluster):
     wait_for(lambda: node(broken_cluster, "node02")["state"] == "up", 20, what="node02 up")
     done = broken_cluster.run("submit", "--gpu-mem", "4G", "--wait", "--", "true")
     assert done.returncode == 0, done.stderr
-    job = broken_cluster.job(int(done.stdout.split()[2]))
+    job = broken_cluster.job(submitted_id(done.stdout))
     assert job["node"] in ("node02", "node03")
 
 
@@ -91,7 +91,7 @@ def test_a_node_that_hangs_with_its_connection_open_is_unknown_then_back(head, o
         # The rest of the lab keeps working meanwhile.
         done = head.run("submit", "--gpu-mem", "4G", "--wait", "--", "true")
         assert done.returncode == 0, done.stderr
-        assert head.job(int(done.stdout.split()[2]))["node"] != "node02"
+        assert head.job(submitted_id(done.stdout))["node"] != "node02"
     finally:
         openssh_lab.thaw_node("node02")
     # Resumed, it answers again and its GPUs take work.
@@ -140,7 +140,7 @@ def test_a_nodes_sshd_killed_and_restarted_loses_nothing_and_runs_nothing_twice(
         def job(seconds: int, code: int) -> int:
             done = head.run("submit", "--gpu-mem", "4G", "--command",
                             f'echo "$NEBULA_JOB_ID" >> {starts}; sleep {seconds}; exit {code}', check=True)
-            return int(done.stdout.split()[2])
+            return submitted_id(done.stdout)
 
         short, long = job(3, 5), job(14, 0)
         wait_for(lambda: all(head.job(j)["state"] == "running" for j in (short, long)), 30,

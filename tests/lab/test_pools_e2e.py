@@ -16,7 +16,7 @@ from support.labfixtures import cancel_left_and_stop
 
 from labkit.harness import HeadProcess, wait_for
 from nebula_tui.store import Store
-from support.head import sinfo_partitions, submit
+from support.head import log, sinfo_partitions, submit
 from support.slurmfixtures import remote_id, squeue, start_head, wait_state
 
 POLL = "1s"
@@ -49,7 +49,7 @@ def test_a_job_runs_in_the_pool_and_its_output_is_read(pool_head):
     ended = wait_state(pool_head, job, {"succeeded", "failed"})
     assert ended["state"] == "succeeded", ended["reason"]
     assert ended["node"].startswith("hpc:n")
-    logs = pool_head.run("logs", str(job), check=True).stdout
+    logs = log(pool_head, job)
     assert f"{job} 0,1 PCI_BUS_ID 0,1" in logs
     assert "  pool:      hpc" in pool_head.run("job", str(job), check=True).stdout  # no nvidia-smi there: the indices
     history = json.loads(pool_head.run("history", "--json", check=True).stdout)
@@ -81,7 +81,7 @@ def test_a_failing_exit_code_and_a_multi_node_job(pool_head):
     done = wait_state(pool_head, gang, {"succeeded", "failed"})
     assert done["state"] == "succeeded", done["reason"]
     assert len({g["node"] for g in done["gpus"]}) == 2
-    logs = pool_head.run("logs", str(gang), check=True).stdout
+    logs = log(pool_head, gang)
     port = 29500 + gang % 20000
     for rank in (0, 1):
         assert f"rank={rank} of=2 master=127.0.0.1:{port} world=2" in logs
@@ -154,7 +154,7 @@ def test_the_login_node_down_and_back(pool_head, slurm_lab):
         slurm_lab.start_login()
     ended = wait_state(pool_head, job, {"succeeded", "failed"}, timeout=60)
     assert ended["state"] == "succeeded", ended["reason"]
-    assert "survived" in pool_head.run("logs", str(job), check=True).stdout
+    assert "survived" in log(pool_head, job)
 
 
 @pytest.mark.slow
@@ -177,7 +177,7 @@ def test_a_job_waiting_past_burst_after_runs_in_the_pool(openssh_lab, slurm_lab,
         for job in (first, second):
             ended = wait_state(head, job, {"succeeded", "failed"}, timeout=90)
             assert ended["state"] == "succeeded" and ended["pool"] == "hpc", ended["reason"]
-        assert "burst one" in head.run("logs", str(first), check=True).stdout
+        assert "burst one" in log(head, first)
         events = [e["message"] for e in head.call("events", limit=200)["events"]]  # oldest first
         sent = [m for m in events if re.match(rf"job ({first}|{second}) sent to pool hpc after "
                                                r"\d+ s waiting here", m)]

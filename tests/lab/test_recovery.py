@@ -18,7 +18,7 @@ import yaml
 from labkit.harness import wait_for
 from nebula_tui.api import Client
 from labkit.harness import FINISHED, HeadProcess
-from support.head import session_alive
+from support.head import session_alive, submit
 from support.stores import never_overcommitted
 
 
@@ -68,7 +68,7 @@ def test_chaos_head_killed_20_times_while_200_jobs_flow(openssh_lab, tmp_path):
 
 @pytest.mark.slow
 def test_node_sshd_stopped_30s_while_its_job_runs(head, openssh_lab):
-    job = int(head.run("submit", "--gpu-mem", "4G", "--", "sleep", "120", check=True).stdout.split()[2])
+    job = submit(head, "--gpu-mem", "4G", "--", "sleep", "120")
     try:
         node = wait_for(lambda: (j := head.job(job))["state"] == "running" and j["node"], 20,
                         what="the job to run")
@@ -98,7 +98,7 @@ def test_a_node_silent_past_its_lease_has_its_jobs_requeued(openssh_lab, tmp_pat
     head = HeadProcess(tmp_path / "home", openssh_lab, config=tmp_path / "nodes.yaml")
     head.start()
     try:
-        job = int(head.run("submit", "--gpu-mem", "4G", "--", "sleep", "120", check=True).stdout.split()[2])
+        job = submit(head, "--gpu-mem", "4G", "--", "sleep", "120")
         first = wait_for(lambda: (j := head.job(job))["state"] == "running" and j, 20, what="running")
         openssh_lab.stop_node(first["node"])
         try:

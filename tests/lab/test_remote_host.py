@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from support.head import free_port
+from support.head import free_port, submitted_id
 from labkit.harness import wait_for
 from nebula_tui.sim.lab import find_sshd, port_open
 from support.users import ALICE, BOB
@@ -152,7 +152,7 @@ def test_a_users_jobs_over_ssh_are_charged_to_that_user(box, shared):
     before = {u["name"]: u for u in shared.call("users")["users"]}
     done = laptop(box, "submit", "--gpu-mem", "4G", "--wait", "--", "sh", "-c", "id -un")
     assert done.returncode == 0, done.stderr
-    job = int(done.stdout.split()[2])
+    job = submitted_id(done.stdout)
     assert shared.job(job)["user"] == ALICE  # the login on the box, as the kernel says
     assert laptop(box, "logs", str(job)).stdout == f"{ALICE}\n"  # and it ran as her
     # Bob, through a jump host (ProxyJump admin-box in ~/.ssh/config), is Bob.

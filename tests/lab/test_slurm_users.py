@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from labkit.harness import wait_for
-from support.head import submit
+from support.head import log, submit, submitted_id
 
 
 def _job(head, job: int) -> dict:
@@ -22,7 +22,7 @@ def test_time_90_is_ninety_minutes_and_is_said_so(head):
     what was understood."""
     done = head.run("submit", "--time", "90", "--gpu-mem", "4G", "--", "sleep", "1", check=True)
     assert "(time limit 1 h 30 min)" in done.stdout, done.stdout
-    job = int(done.stdout.split()[2])
+    job = submitted_id(done.stdout)
     assert _job(head, job)["time_limit_s"] == 5400
     assert "  limit:     1 h 30 min" in head.run("job", str(job), check=True).stdout
     job = submit(head, "--time", "1-2:03:04", "--gpu-mem", "4G", "--", "true")
@@ -41,7 +41,7 @@ def test_an_sbatch_script_runs_unchanged_with_its_directives_and_the_flags_winni
     assert "(time limit 1 h 30 min)" in done.stdout, done.stdout
     assert done.stderr == ("nebula submit: --cpus-per-task=4 is Slurm's and not honoured here (a job "
                            "gets its node's CPUs, shared); ignored\n"), done.stderr
-    job = int(done.stdout.split()[2])
+    job = submitted_id(done.stdout)
     info = _job(head, job)
     assert (info["name"], info["time_limit_s"], info["gpu_count"], info["gpu_mem_mb"]) == (
         "train", 5400, 1, 4096)
@@ -64,7 +64,7 @@ def test_run_streams_the_output_and_exits_with_the_commands_code(head):
     assert done.stdout.splitlines()[-1:] == ["1"], done.stdout
     assert "Waiting: waiting" not in done.stderr and "exit code 3" in done.stderr, done.stderr
     job = int(done.stderr.split()[2])
-    assert "1\n" in head.run("logs", str(job), check=True).stdout  # the log has it too
+    assert "1\n" in log(head, job)  # the log has it too
     ok = head.run("srun", "--gpu-mem", "4G", "--", "sh", "-c", "echo one; sleep 1; echo two", timeout=120)
     assert ok.returncode == 0 and ok.stdout.splitlines()[-2:] == ["one", "two"], ok
     assert "succeeded" not in ok.stderr  # as srun: quiet when all went well
@@ -123,7 +123,7 @@ def test_nodelist_exclude_and_export_are_honoured(head):
     info = _job(head, job)
     assert {g["node"] for g in info["gpus"]} == {"node03"}, info["gpus"]
     assert (info["nodelist"], info["exclude"]) == (["node02", "node03"], ["node02"])
-    assert head.run("logs", str(job), check=True).stdout.splitlines()[-1:] == [value]
+    assert log(head, job).splitlines()[-1:] == [value]
     text = head.run("job", str(job), check=True).stdout
     assert "  nodelist:  node02,node03" in text and "  exclude:   node02" in text, text
     assert f"MY_SETTING={value}" in text  # the environment its node gave it

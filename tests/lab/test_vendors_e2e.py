@@ -21,7 +21,7 @@ from labkit.harness import wait_for
 from nebula_tui.sim import fake_smi, faults, presets
 from labkit.harness import HeadProcess
 from nebula_tui.sim.lab import Lab, find_sshd
-from support.head import submit
+from support.head import log, submit
 
 pytestmark = pytest.mark.lab  # a lab of their own
 
@@ -68,7 +68,7 @@ def mixed(tmp_path_factory):
 def devices_seen(head: HeadProcess, job: int) -> dict:
     done = head.wait_job(job, 60)
     assert done["state"] == "succeeded", done
-    return json.loads(head.run("logs", str(job), check=True).stdout.strip().splitlines()[-1])
+    return json.loads(log(head, job).strip().splitlines()[-1])
 
 
 def test_status_shows_every_vendors_node(mixed):

@@ -17,6 +17,7 @@ from nebula_tui.model import Job, JobSpec, Placement
 from nebula_tui.remote import launcher
 from nebula_tui.remote.protocol import Hello
 from nebula_tui.sim.lab import Lab
+from support.head import submitted_id
 
 pytestmark = pytest.mark.lab  # a lab of their own
 
@@ -37,7 +38,7 @@ def test_a_wsl2_nodes_jobs_run_with_their_variables_and_the_guard_says_it_cannot
     done = wsl.run("submit", "--gpu-mem", "4G", "--command",
                    f'env | grep -E "^(CUDA_VISIBLE_DEVICES|NEBULA_GPU_MEM_MB|NEBULA_JOB_ID)=" '
                    f'| sort > {out}; sleep 30', check=True)
-    job_id = int(done.stdout.split()[2])
+    job_id = submitted_id(done.stdout)
     job = wait_for(lambda: (j := wsl.job(job_id))["state"] == "running" and j, 30,
                    what="the job to run on the WSL2 node")
     assert job["gpus"][0]["node"] == "laptop01"

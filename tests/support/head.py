@@ -1,9 +1,12 @@
-"""What the lab tests do to a head again and again, written once.
+"""What the tests do to a head process again and again, written once.
 
-A job is submitted through the real CLI (``nebula submit``) and its id read from what the
-CLI prints; ``running`` waits until the head says the job runs; ``session_alive`` asks the
-job's node's own tmux server whether its session is there; ``gpu`` reads one card as the
-head shows it; ``log`` reads a job's output as ``nebula logs`` prints it.
+A job is submitted through the real CLI (``submit``) and its id read from what the CLI
+prints (``submitted_id``, also for a submit run another way: as another user, without
+``check``); ``running`` and ``state_is`` wait until the head says the job is so;
+``session_alive`` asks the job's node's own tmux server whether its session is there;
+``gpu`` reads one card as the head shows it; ``log`` reads a job's output as ``nebula
+logs`` prints it; ``cancelled_after`` cancels a test's jobs however it ends; ``has_op``
+asks whether the head knows a request; ``free_port`` finds a port for a listener.
 """
 
 from __future__ import annotations

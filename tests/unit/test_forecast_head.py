@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from nebula_tui.head import forecast
 from nebula_tui.model import JobSpec, JobState
 
 
@@ -19,6 +22,15 @@ async def full_head(head):
     return held, waiting
 
 
+async def forecast_made(head, done) -> None:
+    """A forecast started, and waited for (it runs in a thread) until ``done()``."""
+    head.scheduling.forecast_if_due()
+    for _ in range(200):
+        if done():
+            return
+        await asyncio.sleep(0.02)
+
+
 async def test_the_queue_carries_each_waiting_jobs_forecast(engine):  # noqa: F811
     held, waiting = await full_head(engine)
     engine.scheduling.forecast_if_due()
@@ -30,7 +42,8 @@ async def test_the_queue_carries_each_waiting_jobs_forecast(engine):  # noqa: F8
     starts = rows[waiting.id]["starts"]
     began = min(engine.jobs[j.id].started_at or engine.jobs[j.id].submitted_at for j in held)
     assert starts["early"] <= starts["start_at"] <= starts["late"]
-    assert abs(starts["late"] - (began + 3600.0)) < 5
+    # the held jobs are expected to end at 40% of their hour: the simulated start
+    assert abs(starts["simulated_at"] - (began + 0.4 * 3600.0)) < 5
     assert rows[held[0].id]["starts"] is None  # a job holding cards has no forecast
 
 
@@ -57,11 +70,7 @@ async def test_the_submit_preview_says_when_it_would_start(engine):  # noqa: F81
 
 async def test_the_first_forecast_is_kept_and_scored_at_the_start(engine):  # noqa: F811
     held, waiting = await full_head(engine)
-    engine.scheduling.forecast_if_due()
-    for _ in range(200):
-        if engine.scheduling.first_forecasts:
-            break
-        await asyncio.sleep(0.02)
+    await forecast_made(engine, lambda: engine.scheduling.first_forecasts)
     first = engine.scheduling.first_forecasts[waiting.id]
     assert first == engine.state.forecasts[waiting.id]["start_at"]
     engine.state.forecasts, engine.scheduling._forecast_at = {}, None
@@ -83,3 +92,22 @@ async def test_the_first_forecast_is_kept_and_scored_at_the_start(engine):  # no
     row = next(r for r in await engine.accounting.history(engine.owner) if r["id"] == waiting.id)
     assert row["forecast"]["start_at"] == first and row["forecast"]["late"] >= first
     assert row["forecast_error_s"] == round(started - first, 3)
+
+
+async def test_a_start_teaches_the_calibration_how_its_wait_compared(engine):  # noqa: F811
+    """The first simulated start of a waiting job is kept with when it was made; at its
+    start the calibration learns (actual wait + pad) ÷ (simulated wait + pad)."""
+    held, waiting = await full_head(engine)
+    await forecast_made(engine, lambda: engine.scheduling.first_simulated)
+    made, simulated = engine.scheduling.first_simulated[waiting.id]
+    assert simulated > made and not engine.scheduling.calibration.ratios
+    transitions = engine.transitions
+    transitions.finish(engine.jobs[held[0].id], JobState.SUCCEEDED, 0, "")
+    engine.scheduling.schedule_pass()
+    await asyncio.sleep(0)
+    transitions.mark_running(engine.jobs[waiting.id])
+    started = engine.jobs[waiting.id].started_at
+    pad = forecast.PAD_S
+    assert list(engine.scheduling.calibration.ratios) == [
+        pytest.approx((started - made + pad) / (simulated - made + pad))]
+    assert waiting.id not in engine.scheduling.first_simulated

@@ -12,6 +12,7 @@ from nebula_tui.api import ApiError
 from nebula_tui.config.cluster import load_config, parse_config
 from nebula_tui.model import ConfigError
 from labkit.harness import HeadProcess
+from support.head import submit
 
 
 def test_deeply_nested_yaml_is_one_line_not_a_recursion_error():
@@ -116,8 +117,8 @@ def test_a_request_line_over_the_limit_is_refused_in_one_line(head):
 
 def test_hold_and_release_toggles_are_rate_limited(head):
     # It waits for a running job (a request no card could serve is refused at submit).
-    blocker = int(head.run("submit", "--gpu-mem", "4G", "--", "sleep", "600", check=True).stdout.split()[2])
-    job = int(head.run("submit", "--after", str(blocker), "--", "true", check=True).stdout.split()[2])
+    blocker = submit(head, "--gpu-mem", "4G", "--", "sleep", "600")
+    job = submit(head, "--after", str(blocker), "--", "true")
     refused = 0
     with head.client() as client:
         for n in range(400):

@@ -4,6 +4,7 @@ simulated lab, job for job."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from nebula_tui.config.cluster import parse_config
+from nebula_tui.head import forecast
 from nebula_tui.head.replay import Replay
 from nebula_tui.month import baselines, inventory, metrics, setup, workload
 from nebula_tui.month.records import Outcome, Request
@@ -63,6 +65,23 @@ def test_the_built_in_month_is_deterministic_and_every_parameter_names_its_sourc
     assert all(1 <= r.gpus <= 4 for r in a) and len({r.user for r in a}) > 3
     for name, measured in workload.PARAMETERS.items():
         assert any(study in measured.source for study in ("Philly", "Helios", "PAI")), name
+
+
+def test_the_second_month_is_the_file_its_script_writes_with_a_concentrated_user_and_a_long_service():
+    """bench/months/concentrated.csv, the month docs/lab-month.md measures beside the
+    built-in one: what bench/month_concentrated.py writes, one user holding about 40% of
+    its GPU-hours, and a 2-card service from day 1 to the month's end."""
+    spec = importlib.util.spec_from_file_location("month_concentrated", REPO / "bench" / "month_concentrated.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    jobs = workload.read(script.TRACE)
+    drawn = script.month()
+    assert [(r.user, r.gpus, r.gpu_mem_mb, r.service) for r in jobs] == \
+        [(r.user, r.gpus, r.gpu_mem_mb, r.service) for r in drawn]
+    heavy = sum(script.gpu_hours(r) for r in jobs if r.user == script.HEAVY) / sum(map(script.gpu_hours, jobs))
+    assert 0.38 <= heavy <= 0.46
+    longest = max((r for r in jobs if r.service), key=lambda r: r.duration_s)
+    assert longest.gpus == 2 and longest.duration_s >= 28 * 86400 and longest.time_limit_s is None
 
 
 def test_the_built_in_durations_match_the_philly_run_times_they_were_checked_against():
@@ -219,19 +238,63 @@ def test_the_wait_cdf_stops_short_of_one_by_the_jobs_that_never_ran(tmp_path):
 
 def test_the_replay_forecasts_each_start_at_submit_and_the_score_counts_it():
     """One card; job 1 holds it for 3,000 s of its 7,200 s limit; job 2 (submitted at 60 s)
-    is forecast at 40% of job 1's limit, between a quarter of it and all of it."""
+    is forecast at 40% of job 1's limit, in an interval of the default factors of its
+    padded wait (the head has seen no start to learn from yet)."""
     inv = {"node01": inventory.layout("core")["node01"][:1]}
     cluster = setup.replay_config(inv, None, [])
     jobs = [Request(1, 0, "alice", 1, None, 3000, 7200), Request(2, 60, "bob", 1, None, 600, 1800)]
     out = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400, forecasts=True).run()
     assert Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400).run()[2].forecast is None
-    at, early, late = out[2].forecast
-    assert (at, early, late) == pytest.approx((0.4 * 7200, 0.25 * 7200, 7200), abs=1)
+    assert out[1].forecast == (0, 0, 0)  # it starts on the pass of its submit
+    wait, pad = 0.4 * 7200 - 60, forecast.PAD_S
+    low, high = forecast.DEFAULT_FACTORS
+    assert out[2].forecast == pytest.approx((0.4 * 7200, 60 + low * (wait + pad) - pad,
+                                             60 + high * (wait + pad) - pad), abs=1)
     assert out[2].started_s == pytest.approx(3000, abs=1)
     score = metrics.forecast_score(jobs, out)
     assert score.jobs == 1 and score.p50 == pytest.approx(abs(2880 - 3000) / 2940, abs=1e-3)
     assert score.started == 2 and score.inside == 1.0
     assert "of the wait" in score.text()
+
+
+def test_a_start_forecast_not_within_the_horizon_is_outside_when_it_starts_sooner():
+    """Job 1 is a service held to the cluster's max_time, 20 days (the forecast expects 40%
+    of it: past the horizon), that ends after an hour: job 2, forecast "not within 7
+    days", starts then — outside its interval."""
+    inv = {"node01": inventory.layout("core")["node01"][:1]}
+    cluster = setup.replay_config(inv, None, ["limits.max_time=20d"])
+    jobs = [Request(1, 0, "alice", 1, None, 3600, None, service=True),
+            Request(2, 60, "bob", 1, None, 600, 1800)]
+    out = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400, forecasts=True).run()
+    at, early, late = out[2].forecast
+    assert at == early == pytest.approx(60 + forecast.HORIZON_S) and late is None
+    assert out[2].started_s == pytest.approx(3600, abs=1)
+    score = metrics.forecast_score(jobs, out)
+    assert (score.started, score.inside) == (2, 0.5)
+    assert score.jobs == 1 and score.p50 == pytest.approx((60 + forecast.HORIZON_S - 3600) / 3540, abs=1e-3)
+
+
+def test_the_forecast_score_is_the_error_over_the_wait_of_jobs_that_waited_over_10_minutes():
+    """Ten jobs that waited an hour, forecast 6, 12, … 60 min off; one that waited 5 min
+    (not scored for the error, but counted for the interval); one never started and one
+    without a forecast (neither counted); two forecast right, one of them preempted and
+    started again later (what was foretold is its first start)."""
+    requests = [Request(k, 0, "ann", 1, None, 60) for k in range(15)]
+    outcomes = {}
+    for k in range(9):  # forecast k+1 tenths of the hour late, inside [0, 2 h]
+        outcomes[k] = Outcome(k, started_s=3600, forecast=(3600 + 360 * (k + 1), 0, 7200))
+    outcomes[9] = Outcome(9, started_s=3600, forecast=(3600 * 2, 3601.5, None))  # 1.5 s before its interval
+    outcomes[10] = Outcome(10, started_s=300, forecast=(3600, 0, 400))  # 5 min: only the interval
+    outcomes[11] = Outcome(11, started_s=None, forecast=(60, 0, 120))  # never ran
+    outcomes[12] = Outcome(12, started_s=600, forecast=None)  # made no forecast
+    outcomes[13] = Outcome(13, started_s=7200, forecast=(7200, 7200, 7200))  # spot on
+    outcomes[14] = Outcome(14, started_s=9000, first_started_s=3600, forecast=(3600, 3600, 3700))
+    score = metrics.forecast_score(requests, outcomes)
+    errors = sorted([(k + 1) / 10 for k in range(10)] + [0.0, 0.0])
+    assert score.jobs == 12
+    assert score.p50 == metrics.percentile(errors, 50) == 0.5
+    assert score.p90 == metrics.percentile(errors, 90) == 0.9
+    assert score.started == 13 and score.inside == pytest.approx(12 / 13)
 
 
 def test_what_if_adds_and_removes_cards():
@@ -402,3 +465,18 @@ def test_add_and_remove_change_the_cards_not_the_built_in_months_jobs(tmp_path):
     assert done.returncode == 0, done.stderr
     assert more.read_text() == plain.read_text()
     assert "the same jobs as on the lab's 9 cards, replayed on 11" in done.stdout
+
+
+def test_the_replay_keeps_a_preempted_jobs_first_start_for_the_score():
+    """One card: bob's preemptible job 1 starts at once; ann's job 2 (at 60 s) preempts it,
+    and job 1 starts again when job 2 ends. The forecast at its submit foretold the first
+    start, and the score reads that one, not the restart."""
+    inv = {"node01": inventory.layout("core")["node01"][:1]}
+    cluster = setup.replay_config(inv, None, [])
+    jobs = [Request(1, 0, "bob", 1, None, 3600, 7200, preemptible=True),
+            Request(2, 60, "ann", 1, None, 1800, 3600)]
+    out = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400, forecasts=True).run()
+    assert out[1].runs >= 2 and out[1].first_started_s == 0 and out[1].started_s >= 60 + 1800
+    assert out[1].forecast == (0, 0, 0)
+    score = metrics.forecast_score(jobs, out)
+    assert score.jobs == 0 and score.inside == 1.0  # job 1 started as foretold; job 2 waited ~1 min
