@@ -185,7 +185,7 @@ def cmd_simulate(args, home, config) -> int:
     """``nebula simulate``: a lab month through the head's own scheduler in virtual time
     (``head/replay.py``), against the spreadsheet and Slurm-like baselines."""
     from ..model import ConfigError
-    from ..head.replay import Replay
+    from ..head.replay import Replay, ReplayStalled
     from ..month import compare, inventory, plots, setup, workload
 
     # Bounded, so a replay's memory and time are: a year, up to 100 times the cards'
@@ -223,7 +223,11 @@ def cmd_simulate(args, home, config) -> int:
     def nebula(reqs, cards, horizon_s):
         return Replay(cluster, cards, reqs, setup.REPLAY_EPOCH, horizon_s, links, forecasts=True).run()
 
-    result = compare.compare(requests, inv, horizon, cluster.scheduler.half_life_s, nebula)
+    try:
+        result = compare.compare(requests, inv, horizon, cluster.scheduler.half_life_s, nebula)
+    except ReplayStalled as err:
+        print(f"nebula simulate: {err}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(plots.as_json(result), indent=2))
     else:

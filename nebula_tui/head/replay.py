@@ -35,6 +35,16 @@ from .engine import Engine
 #: the head's Xid/idle/probe machinery never fires in a replay: cards read as idle and cool
 _IDLE_DEVICE = {"memory_used_mb": 0, "utilization_pct": 0.0, "temperature_c": 35.0, "power_w": 30.0}
 
+#: passes at one virtual instant past which a replay is a loop, not a cascade (per job
+#: replayed, at least this many): every job starts at most a few times in an instant, and a
+#: preemption's exit comes a grace later. Decisions that undo each other pass after pass
+#: would otherwise hold the clock still and never end.
+MAX_PASSES_PER_INSTANT = 1000
+
+
+class ReplayStalled(RuntimeError):
+    """The scheduler went on passing without the virtual clock moving (a loop)."""
+
 
 @dataclass
 class _Clock:
@@ -141,6 +151,8 @@ class Replay:
             for request in self.requests:
                 self._push(self.start + request.submit_s, "submit", (request,))
             end = self.start + self.horizon_s
+            instant, passes_here = self.clock.now, 0
+            bound = max(MAX_PASSES_PER_INSTANT, 2 * len(self.requests))
             while self.events:
                 due = engine.limits.next_due()
                 at = self.events[0].at
@@ -159,6 +171,13 @@ class Replay:
                     engine.scheduling.schedule_pass()
                     self.passes += 1
                     await _settle()
+                    passes_here = passes_here + 1 if self.clock.now == instant else 1
+                    instant = self.clock.now
+                    if passes_here > bound:
+                        raise ReplayStalled(
+                            f"the replay stopped at day {(instant - self.start) / 86400:.1f}: {passes_here} "
+                            "scheduling passes without time moving (decisions undoing each other); "
+                            "please report it with the trace (--save-trace)")
             self.clock.now = max(self.clock.now, end)
             self._collect(engine)
         finally:

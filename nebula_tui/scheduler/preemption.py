@@ -19,7 +19,8 @@ A pass with preemptible jobs running or waiting is two walks of ``queue.py``'s p
 The cards a normal job preempted for stay its own until it starts (``Snapshot.holds``,
 which the head keeps from each ``Wait.holds``): before the first walk, each such job, in
 queue order, is placed over the real cards where only its own held cards lose their
-preemptible jobs and every other job's held cards are taken. So a normal job that comes
+preemptible jobs and every other job's held cards are taken; only the preemptible jobs on
+its held cards yield (elsewhere it was placed beside them, as they are). So a normal job that comes
 first in a later pass (a lighter user's, an admin's ``--priority`` one) cannot take them
 during the victims' grace, nor a requeued preemptible job once they are free, and the
 preemptor does not move on to other preemptible jobs' cards; a job that no longer fits

@@ -480,3 +480,37 @@ def test_the_replay_keeps_a_preempted_jobs_first_start_for_the_score():
     assert out[1].forecast == (0, 0, 0)
     score = metrics.forecast_score(jobs, out)
     assert score.jobs == 0 and score.inside == 1.0  # job 1 started as foretold; job 2 waited ~1 min
+
+
+def test_the_built_in_month_replays_to_its_end():
+    """The month `nebula simulate` replays by default reaches its last day: a scheduling
+    loop (decisions undoing each other at one instant) once held its clock still at day 24."""
+    inv = inventory.layout("demo")
+    cluster = setup.replay_config(inv, None, [])
+    jobs = workload.lab_month(len(inventory.card_list(inv)), inventory.largest_node(inv),
+                              users=max(12, len(inv)), days=30, seed=2026)
+    replay = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 30 * 86400)
+    out = replay.run()
+    assert replay.clock.now == setup.REPLAY_EPOCH + 30 * 86400
+    assert sum(1 for o in out.values() if o.started_s is not None) > 0.9 * len(jobs)
+
+
+def test_a_replay_whose_passes_never_let_time_move_stops_in_one_line(monkeypatch):
+    """Were each pass to undo the last one's decisions for ever (a preemption's requeued
+    copies taking back the cards it freed, each an event of the same instant), the replay
+    says so and ends, instead of holding the clock, and whoever waits on `nebula simulate`."""
+    from nebula_tui.head.replay import ReplayStalled
+    from nebula_tui.head.scheduling import Scheduling
+    inv = inventory.layout("core")
+    replay = Replay(setup.replay_config(inv, None, []), inv, [Request(1, 0, "alice", 1, None, 3600)],
+                    setup.REPLAY_EPOCH, 86400)
+    real_pass = Scheduling.schedule_pass
+
+    def a_pass_whose_decisions_come_back_at_once(self, *args, **kwargs):
+        result = real_pass(self, *args, **kwargs)
+        replay._push(replay.clock.now, "exit", ("node01", 1, "an earlier attempt's", 0))
+        return result
+
+    monkeypatch.setattr(Scheduling, "schedule_pass", a_pass_whose_decisions_come_back_at_once)
+    with pytest.raises(ReplayStalled, match=r"stopped at day 0\.0: 1001 scheduling passes without time moving"):
+        replay.run()
