@@ -36,6 +36,7 @@ from support.boxfixtures import (Box, BoxCannotBoot, box_root, build_wheel, guid
                          release_wheel, tracked_copy, wheelhouse, why_no_box)
 from labkit.harness import wait_for
 
+from nebula_tui.model import charged_gpu_hours
 from nebula_tui.sim.slurmlab import unlock_for_ssh
 
 REPO = Path(__file__).resolve().parents[2]
@@ -223,14 +224,20 @@ def report_hours(box: Box) -> dict[str, float]:
     return hours
 
 
-def expected_gpu_hours(box: Box, job: dict) -> float:
-    """What the guide's accounting rule charges an ended job that ran once: its run time
-    times its cards, a slice counting its share of the card's memory, times its charge."""
+def expected_gpu_hours(box: Box, job: dict, by_the_old_release: bool = False) -> float:
+    """What the accounting rule of the release that ended the job charges it, had it run
+    once: its run time times its cards times its charge, a slice counting its gigabytes over
+    the reference card's (``model.charged_gpu_hours``) — or, by the previous release, its
+    share of the memory of the card it ran on."""
+    charge = PREEMPTIBLE_CHARGE if job["preemptible"] else 1.0
+    if not by_the_old_release:
+        return charged_gpu_hours([(p["memory_mb"], p["exclusive"]) for p in job["gpus"]], job["run_s"],
+                                 charge=charge)
     listed = json.loads(nebula(box, "gpus --json", "root").stdout)
     totals = {g["uuid"]: g["total_memory_mb"] for g in (listed if isinstance(listed, list) else listed["gpus"])}
     cards = sum(1.0 if p["exclusive"] else min(1.0, p["memory_mb"] / totals[p["uuid"]])
                 for p in job["gpus"])
-    return job["run_s"] / 3600 * cards * (PREEMPTIBLE_CHARGE if job["preemptible"] else 1.0)
+    return job["run_s"] / 3600 * cards * charge
 
 
 def sacct_gpu_hours(slurm, name: str) -> float:
@@ -312,7 +319,7 @@ def test_two_users_each_with_their_own_jobs_through_an_upgrade(box, wheels, slur
     # same after it; one that ran through it, its whole run once (neither restarted at the
     # upgrade nor charged twice); the pool job, what Slurm's own sacct says it held.
     assert ran[early]["gpu_hours"] == before["gpu_hours"] and ran[early]["run_s"] == before["run_s"]
-    assert abs(before["gpu_hours"] - expected_gpu_hours(box, before)) < 1e-6, before
+    assert abs(before["gpu_hours"] - expected_gpu_hours(box, before, wheels["old"] is not None)) < 1e-6, before
     for job, slept in ((long, 25), (spare, 20), (gang, 20)):
         seen = ran[job]
         assert slept - 1 <= seen["run_s"] < slept + 60, seen

@@ -45,7 +45,10 @@ def paths_outside(text: str, doc: Path) -> list[str]:
             continue  # a web address, or a word
         start = doc.parent if linked else REPO
         if path.startswith("/"):
-            if Path(path).is_relative_to(REPO.parent) or path.startswith(("/work/", "/home/")):
+            # into a folder beside the clone (the folder that holds it may be /tmp itself)
+            beside = Path(path).relative_to(REPO.parent).parts[:1] if Path(path).is_relative_to(REPO.parent) else ()
+            if (beside and beside[0] != REPO.name and (REPO.parent / beside[0]).exists()) \
+                    or path.startswith(("/work/", "/home/")):
                 found.append(path)
         elif not (start / path).resolve().is_relative_to(REPO):
             found.append(path)
