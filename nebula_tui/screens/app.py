@@ -338,10 +338,13 @@ class NebulaApp(ClusterActions, App):
     # ------------------------------------------------------------------ handlers
     def _visible(self) -> ClusterScreen | None:
         """The screen on top when it renders cluster data and is ready to (None while
-        starting, shutting down, or under a modal)."""
+        starting, shutting down, or under a modal). A screen just pushed is mounted before
+        its widgets are: until its first showing has drawn it (``drawn``) it only notes what
+        it missed, which that showing catches up on."""
         stack = self.screen_stack
         screen = stack[-1] if stack else None
-        return screen if isinstance(screen, ClusterScreen) and screen.is_mounted else None
+        ready = isinstance(screen, ClusterScreen) and screen.is_mounted and screen.drawn.is_set()
+        return screen if ready else None
 
     def tell_screens(self, change: str, key: object = None) -> None:
         """Tell the visible screen what changed; the others note it for when they are shown."""
