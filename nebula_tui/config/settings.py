@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..model import DEFAULT_CHARGE_REFERENCE_MB, VENDORS
+from ..model import VENDORS
 from ..scheduler import fairshare
 from ..scheduler.health import DEFAULT_POLICIES, Policy, policies_from_config
 from ..scheduler.snapshot import SchedulerConfig
@@ -43,11 +43,15 @@ class SchedulerSettings:
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
     quota_gpu_hours: float = fairshare.DEFAULT_QUOTA_GPU_HOURS
     half_life_s: float | None = fairshare.DEFAULT_HALF_LIFE_S
-    #: the card a slice's gigabytes are charged against (``model.card_share``), MiB
-    charge_reference_mb: int = DEFAULT_CHARGE_REFERENCE_MB
     #: the vendor of a job that names none (a mixed lab whose code is mostly CUDA says
     #: "nvidia"); None: any card
     default_vendor: str | None = None
+
+    @property
+    def charge_reference_mb(self) -> int:
+        """The card a slice's gigabytes are charged against (the scheduler's, so that the
+        forecast charges as the store does)."""
+        return self.config.charge_reference_mb
 
 
 @dataclass(frozen=True)
@@ -171,7 +175,8 @@ def scheduler_settings(value: Any) -> SchedulerSettings:
                                                             data["default_vendor"], VENDORS))
     if "charge_reference" in data:
         try:
-            settings = replace(settings, charge_reference_mb=parse_size_mb(str(data["charge_reference"])))
+            settings = replace(settings, config=replace(settings.config,
+                                                        charge_reference_mb=parse_size_mb(str(data["charge_reference"]))))
         except ValueError as err:
             raise SettingError(f"scheduler.charge_reference: {err}", "charge_reference") from None
     if "half_life" in data:

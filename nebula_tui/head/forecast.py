@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from .. import scheduler
-from ..model import card_share
+from ..model import charged_gpu_hours
 from ..scheduler import fairshare
 
 #: a forecast looks this far ahead; a job not started by then is "not within 7 days"
@@ -205,8 +205,7 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
     # Fair share moves as the run goes: each user's weight grows by the GPU-hours their jobs
     # hold in it, as the head's does (a heavy user's waiting jobs fall back as theirs run).
     users = dict(snap.users)
-    charge = snap.config.preemptible_charge
-    cards = {r.id: _cards(r, charge) for r in running.values()}
+    cards = {r.id: _cards(r, snap.config) for r in running.values()}
     for _ in range(MAX_PASSES):
         if not queue or now > stop:
             break
@@ -232,7 +231,7 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
                     job.array_id, job.preemptible,
                     estimate(job) if estimate and job.time_limit_s is None else None)
                 ends[job.id] = now + length(job)
-                cards[job.id] = _cards(running[job.id], charge)
+                cards[job.id] = _cards(running[job.id], snap.config)
                 if job.time_limit_s is None:
                     untimed.add(job.id)
                 for p in decision.placements:
@@ -275,10 +274,11 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
     return run
 
 
-def _cards(job: scheduler.RunningJob, preemptible_charge: float) -> float:
-    """How many cards a running job is charged as per hour (``model.card_share``)."""
-    shares = sum(card_share(p.memory_mb, p.exclusive) for p in job.placements)
-    return shares * (preemptible_charge if job.preemptible else 1.0)
+def _cards(job: scheduler.RunningJob, config: scheduler.SchedulerConfig) -> float:
+    """The GPU-hours a running job is charged per hour it holds its cards, as the head
+    charges it (``model.charged_gpu_hours``, with the lab's reference card and charge)."""
+    return charged_gpu_hours([(p.memory_mb, p.exclusive) for p in job.placements], 3600.0,
+                             config.charge_reference_mb, config.preemptible_charge if job.preemptible else 1.0)
 
 
 def _charged(users: Mapping[str, scheduler.UserShare | None], running: Iterable[scheduler.RunningJob],

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from ..model import GpuView, Placement, Temperatures
+from ..model import DEFAULT_CHARGE_REFERENCE_MB, GpuView, Placement, Temperatures
 from .estimates import Estimate
 
 def _empty() -> Mapping[Any, Any]:
@@ -156,6 +156,8 @@ class SchedulerConfig:
     max_combinations: int = 256
     #: a preemptible job's GPU-hours count at this fraction in fair share (and the quota)
     preemptible_charge: float = 0.25
+    #: the card a slice's gigabytes are charged against (``model.card_share``), MiB
+    charge_reference_mb: int = DEFAULT_CHARGE_REFERENCE_MB
     #: whether a preemptible job's GPU-hours count against its user's quota; when not, a
     #: user over quota may still run preemptible jobs
     preemptible_in_quota: bool = True

@@ -153,3 +153,15 @@ async def test_the_report_splits_each_users_hours_in_and_over_their_quota(tmp_pa
     finally:
         await head.stop()
         head.state.store.close()
+
+
+def test_the_forecast_charges_a_running_slice_against_the_labs_reference_card(tmp_path):
+    """The forecast grows each user's fair share by what their running jobs are charged,
+    with the reference card the lab set (it read the built-in 24 GB whatever the setting)."""
+    from nebula_tui.head import forecast
+    from nebula_tui.scheduler import RunningJob
+    cluster_file(tmp_path / "nodes.yaml", ("node01",), "scheduler:\n  charge_reference: 8G\n")
+    config = load_config(tmp_path / "nodes.yaml").scheduler.config
+    a_slice = RunningJob(1, "alice", (Placement("GPU-node01-1", "node01", 1, 8 * GB, False),), 0.0)
+    assert forecast._cards(a_slice, config) == pytest.approx(1.0)
+    assert forecast._cards(a_slice, type(config)()) == pytest.approx(8 / 24)
