@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from ..api import ApiError, Client
-from ..client.service import ServiceUnavailable, start_background
+from ..client.service import START_TIMEOUT_S, ServiceUnavailable, start_background
 from ..homedir import Home
 
 LAB_START_TIMEOUT_S = 30.0
@@ -267,8 +267,10 @@ class ServiceSupervisor:
         return True
 
     def _alive(self) -> bool:
-        if self._process is not None:
-            return self._process.poll() is None
+        if self._process is not None and self._process.poll() is None:
+            return True
+        # Not our child (left by an earlier demo, or started by a client that found the
+        # socket silent after a crash, before we noticed): watch it through its socket.
         return self._answers()
 
     def _watch(self) -> None:
@@ -280,7 +282,11 @@ class ServiceSupervisor:
                     self.restarts += 1
 
     def stop(self) -> None:
+        """Stop watching, and wait for a restart under way: a service still starting when
+        the demo stops the one that answers would otherwise outlive the demo."""
         self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(START_TIMEOUT_S + RESTART_CHECK_S)
 
 
 class LabUnavailable(Exception):

@@ -276,6 +276,25 @@ def test_headless_demo_serves_other_commands_until_interrupted(headless_demo):
 
 
 @pytest.mark.slow
+def test_a_service_a_client_restarted_after_a_kill_is_watched_not_fought(headless_demo):
+    """Killed, the service may be started again by the next client before the demo's
+    supervisor looks: the supervisor then watches that one rather than starting others
+    beside it, and Ctrl-C still stops it (the fixture checks no socket is left)."""
+    home, _, run = headless_demo
+    old = subprocess.run(["pgrep", "-f", f"serve --home {home}"], capture_output=True, text=True).stdout.split()
+    demo = int(Path(f"/proc/{old[0]}/stat").read_text().rpartition(")")[2].split()[1])  # its parent
+    os.kill(demo, signal.SIGSTOP)  # the supervisor cannot look until this client has acted
+    try:
+        os.kill(int(old[0]), 9)
+        assert "GPUs: 14" in run("status").stdout  # this client starts the service itself
+    finally:
+        os.kill(demo, signal.SIGCONT)
+    time.sleep(3)  # six of the supervisor's looks
+    log = (home / "serve.log").read_text()
+    assert "another head service answers" not in log, log[-2000:]
+
+
+@pytest.mark.slow
 def test_attach_opens_the_jobs_session_in_a_real_terminal(headless_demo):
     """`nebula attach JOB` in a terminal: the job's own tmux session with its output;
     detaching (C-b d) returns to the shell and leaves the job running."""
