@@ -137,6 +137,8 @@ class JobTable(dict):
         #: ``held``'s answers, each dropped when its GPU's holders change: the same tuple
         #: object while they stay the same (what a kept GPU view is checked against)
         self._held: dict[str, tuple[tuple[int, Placement], ...]] = {}
+        #: ids of the pending jobs: a pass looks at those (``waiting``), not at every job
+        self._pending: set[int] = set()
         for job in jobs:
             self[job.id] = job
 
@@ -163,6 +165,11 @@ class JobTable(dict):
 
     def _index(self, job: Job, *, add: bool) -> None:
         self.per_user[job.user] += 1 if add else -1
+        if job.state == JobState.PENDING:
+            if add:
+                self._pending.add(job.id)
+            else:
+                self._pending.discard(job.id)
         for node in dict.fromkeys(p.node for p in job.placements):
             if add:
                 self._on_node.setdefault(node, {})[job.id] = None
@@ -188,6 +195,12 @@ class JobTable(dict):
         id, from the index: a look at the running jobs need not walk 10,000 waiting ones."""
         ids = {job_id for held in self.holding.values() for job_id in held}
         return [self[job_id] for job_id in sorted(ids)]
+
+    def pending(self) -> list[Job]:
+        """The pending jobs (held ones and those a pool runs too), by id, from the index: a
+        pass over a queue of thousands need not walk the running jobs too, nor ask each
+        job its state."""
+        return [self[job_id] for job_id in sorted(self._pending)]
 
     def on(self, node: str) -> list[Job]:
         """The jobs placed on ``node`` (those whose ``job_nodes`` name it), by id: a node's
