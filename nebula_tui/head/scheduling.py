@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 from .. import scheduler
 from . import forecast
 from ..model import GpuView, Job, JobSpec, JobState
+from ..wire import PlanView
 from .bookings import Bookings
 from .jobs import JobTransitions
 from .limits import Limits
@@ -467,7 +468,7 @@ class Scheduling:
         self.pending_views = views  # only jobs still waiting are kept
         return tuple(view for _, view in views.values())
 
-    def plan(self, user: str, spec: JobSpec) -> dict:
+    def plan(self, user: str, spec: JobSpec) -> PlanView:
         """Where a job would go now, or why it would wait: the submit form's preview."""
         probe = Job(id=-1, user=user, spec=spec, submitted_at=self.state.clock())
         decisions = self._decide(self.snapshot_for(self.waiting() + [probe]))

@@ -28,7 +28,7 @@ from ..remote.ssh import NodeLink
 from ..scheduler import admission
 from ..scheduler.health import health_score
 from ..scheduler.slices import offered_mb
-from ..wire import NodeWire
+from ..wire import NodeWire, StartForecast
 from ..store import Store
 from ..waits import within
 
@@ -276,7 +276,7 @@ class HeadState:
         self.queue_order: list[int] = []
         self.queue_place: dict[int, int] = {}
         #: each waiting job's start forecast (``forecast.Start.json``), the last one made
-        self.forecasts: dict[int, dict] = {}
+        self.forecasts: dict[int, StartForecast] = {}
         #: something may let a job start since the scheduling loop last looked (``wake``)
         self.capacity_changed = True
         self._wake = asyncio.Event()

@@ -495,6 +495,44 @@ def test_the_built_in_month_replays_to_its_end():
     assert sum(1 for o in out.values() if o.started_s is not None) > 0.9 * len(jobs)
 
 
+def test_the_replay_reads_fair_share_usage_once_and_keeps_what_each_read_would_give(monkeypatch):
+    """The replay's head reads its users' finished runs from the store once, then keeps
+    them by the ends it is told of. Wherever the live head would have read them again (a
+    minute on), what it kept is what that read gives: the same runs per user, those before
+    the half-life window left out (a 1-hour half-life moves the window within the replay),
+    and the same hours this month. Reading them again at each virtual minute was about a
+    fifth of a long replay."""
+    from nebula_tui.head.shares import Shares
+    from nebula_tui.store import Store
+    reads, compared = [], []
+    real_read, real_usage_at = Store.finished_usage, Shares._usage_at
+
+    def counted_read(self, since):
+        reads.append(since)
+        return real_read(self, since)
+
+    def checked(self, now, half_life):
+        usage = real_usage_at(self, now, half_life)
+        if usage.read_at == now:  # read, or kept where it would have been read
+            store = self.state.store
+            fresh = real_read(store, now - 10 * half_life)
+            assert {u: sorted(r) for u, r in usage.finished.items()} == {u: sorted(r) for u, r in fresh.items()}
+            month = {u: h for u, h in store.usage_since(usage.month_from).items() if h}
+            assert {u: h for u, h in usage.month.items() if h} == pytest.approx(month)
+            compared.append(sum(map(len, fresh.values())))
+        return usage
+
+    monkeypatch.setattr(Store, "finished_usage", counted_read)
+    monkeypatch.setattr(Shares, "_usage_at", checked)
+    inv = inventory.layout("core")
+    cluster = setup.replay_config(inv, None, ["scheduler.half_life=1h"])
+    jobs = workload.lab_month(len(inventory.card_list(inv)), inventory.largest_node(inv), days=2, seed=7)
+    Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 2 * 86400).run()
+    assert len(reads) == 1
+    assert len(compared) > 100 and max(compared) > 20
+    assert min(compared[len(compared) // 2:]) < max(compared)  # runs left the window
+
+
 def test_a_replay_whose_passes_never_let_time_move_stops_in_one_line(monkeypatch):
     """Were each pass to undo the last one's decisions for ever (a preemption's requeued
     copies taking back the cards it freed, each an event of the same instant), the replay
