@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from .. import scheduler
 from ..model import charged_gpu_hours
 from ..scheduler import fairshare
+from ..wire import StartForecast
 
 #: a forecast looks this far ahead; a job not started by then is "not within 7 days"
 HORIZON_S = 7 * 86400.0
@@ -167,7 +168,7 @@ class Start:
     #: the start the scheduler's run gave, before the calibration: what it learns from
     simulated: float | None = None
 
-    def json(self, now: float) -> dict:
+    def json(self, now: float) -> StartForecast:
         return {"start_at": self.at, "early": self.early, "late": self.late,
                 "after_job": self.after, "node": self.node, "made_at": now,
                 "simulated_at": self.simulated, "within_s": HORIZON_S}
