@@ -137,6 +137,9 @@ class JobTable(dict):
         #: ``held``'s answers, each dropped when its GPU's holders change: the same tuple
         #: object while they stay the same (what a kept GPU view is checked against)
         self._held: dict[str, tuple[tuple[int, Placement], ...]] = {}
+        #: bumped by every change (set, pop, del): what is derived from the jobs alone
+        #: (the waiting and holding lists a pass reads) is kept while it stays the same
+        self.version = 0
         for job in jobs:
             self[job.id] = job
 
@@ -144,16 +147,19 @@ class JobTable(dict):
         before = self.get(job_id)
         if before is not None:
             self._index(before, add=False)
+        self.version += 1
         super().__setitem__(job_id, job)
         self._index(job, add=True)
 
     def __delitem__(self, job_id: int) -> None:
         self._index(self[job_id], add=False)
+        self.version += 1
         super().__delitem__(job_id)
 
     def pop(self, job_id: int, *default):
         if job_id in self:
             self._index(self[job_id], add=False)
+            self.version += 1
         return super().pop(job_id, *default)
 
     def _unsupported(self, *args, **kwargs):
