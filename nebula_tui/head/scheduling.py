@@ -380,7 +380,7 @@ class Scheduling:
             if set(state.jobs.held(p.gpu_uuid)) != set(then.placements) | started.get(p.gpu_uuid, set()):
                 return False
         for p in decision.placements:
-            started.setdefault(p.gpu_uuid, set()).add((job.id, p))
+            started.setdefault(p.gpu_uuid, set()).add((decision.job_id, p))
         return True
 
     def _new_order(self, order: list[int]) -> None:
@@ -404,10 +404,11 @@ class Scheduling:
 
         def estimate(job: Job) -> scheduler.Estimate | None:
             key = (job.user, job.spec.gpu_count, job.spec.gpu_mem_mb, job.spec.time_limit_s is None)
-            got = estimates.get(key, estimates)
-            if got is estimates:
+            try:
+                return estimates[key]
+            except KeyError:
                 got = estimates[key] = self.estimate(job)
-            return got
+                return got
 
         return scheduler.Snapshot(
             now=now, bookings=self.bookings.for_pass(now),
@@ -479,15 +480,16 @@ class Scheduling:
         decisions = self._decide(self.snapshot_for(self.waiting() + [probe]))
         victims = [d.job_id for d in decisions if isinstance(d, scheduler.Preempt) and d.for_job == -1]
         for decision in decisions:
-            if decision.job_id != -1:
-                continue
-            if victims:  # it would start once they yielded: one pass and their grace
-                return {"decision": "preempt", "reason": decision.reason, "preempts": victims}
+            if decision.job_id != -1 or isinstance(decision, scheduler.Preempt):
+                continue  # (a Preempt names its victim)
             if isinstance(decision, scheduler.Start):
                 return {"decision": "start", "gpus": [
                     {"node": p.node, "index": p.gpu_index, "uuid": p.gpu_uuid,
                      "memory_mb": p.memory_mb, "exclusive": p.exclusive}
                     for p in decision.placements]}
+            if victims:  # it would start once they yielded: one pass and their grace
+                return {"decision": "preempt", "reason": decision.reason, "preempts": victims}
+
             start = self.forecast_one(probe)
             return {"decision": "wait", "reason": decision.reason,
                     "starts": None if start is None else start.json(self.state.clock())}
