@@ -28,7 +28,7 @@ from ..remote.ssh import NodeLink
 from ..scheduler import admission
 from ..scheduler.health import health_score
 from ..scheduler.slices import offered_mb
-from ..wire import NodeWire
+from ..wire import NodeWire, StartForecast
 from ..store import Store
 from ..waits import within
 
@@ -137,6 +137,9 @@ class JobTable(dict):
         #: ``held``'s answers, each dropped when its GPU's holders change: the same tuple
         #: object while they stay the same (what a kept GPU view is checked against)
         self._held: dict[str, tuple[tuple[int, Placement], ...]] = {}
+        #: bumped by every change (set, pop, del): what is derived from the jobs alone
+        #: (the waiting and holding lists a pass reads) is kept while it stays the same
+        self.version = 0
         for job in jobs:
             self[job.id] = job
 
@@ -144,16 +147,19 @@ class JobTable(dict):
         before = self.get(job_id)
         if before is not None:
             self._index(before, add=False)
+        self.version += 1
         super().__setitem__(job_id, job)
         self._index(job, add=True)
 
     def __delitem__(self, job_id: int) -> None:
         self._index(self[job_id], add=False)
+        self.version += 1
         super().__delitem__(job_id)
 
     def pop(self, job_id: int, *default):
         if job_id in self:
             self._index(self[job_id], add=False)
+            self.version += 1
         return super().pop(job_id, *default)
 
     def _unsupported(self, *args, **kwargs):
@@ -270,7 +276,7 @@ class HeadState:
         self.queue_order: list[int] = []
         self.queue_place: dict[int, int] = {}
         #: each waiting job's start forecast (``forecast.Start.json``), the last one made
-        self.forecasts: dict[int, dict] = {}
+        self.forecasts: dict[int, StartForecast] = {}
         #: something may let a job start since the scheduling loop last looked (``wake``)
         self.capacity_changed = True
         self._wake = asyncio.Event()

@@ -106,3 +106,31 @@ async def test_a_drained_node_and_a_new_driver_are_seen_on_every_card_of_that_no
     hello = views(engine)
     only_changed(drained, hello, {"GPU-node02-0", "GPU-node02-1"})
     assert hello["GPU-node02-1"].cuda_version == "12.8"
+
+
+async def test_the_waiting_and_holding_lists_follow_every_change_of_the_job_table(engine):
+    """A pass's lists of waiting and holding jobs (a walk over every unfinished job) are
+    kept while the job table is unchanged, and made again after any change to it."""
+    sched = engine.scheduling
+
+    def lists() -> tuple[list[int], list[int]]:
+        waiting, holding = sched._jobs_lists()
+        assert [j.id for j in sched.waiting()] == [j.id for j in waiting]
+        return [j.id for j in waiting], [j.id for j in holding]
+
+    first = engine.submit(ME, JobSpec(command=("true",), gpu_count=1))
+    assert sched._jobs_lists()[0] is sched._jobs_lists()[0]  # nothing changed: the same list
+    assert lists() == ([first.id], [])
+    second = engine.submit(ME, JobSpec(command=("true",), gpu_count=1))
+    assert lists() == ([first.id, second.id], [])
+    await engine.hold_job(ME, second.id, True)
+    assert lists() == ([first.id], [])
+    engine.scheduling.schedule_pass()
+    assert engine.jobs[first.id].state == JobState.LAUNCHING
+    assert lists() == ([], [first.id])
+    await engine.hold_job(ME, second.id, False)
+    assert lists() == ([second.id], [first.id])
+    started = engine.jobs[first.id]
+    engine.on_node_message(started.placements[0].node, {
+        "type": "exit", "job": str(first.id), "token": started.launch_token, "code": 0, "reason": None})
+    assert lists() == ([second.id], [])

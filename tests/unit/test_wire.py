@@ -1,20 +1,79 @@
-"""The shapes of ``nebula_tui/wire.py`` are the ones that travel: a real head's job, GPU and
-node carry exactly their fields, and what the CLI and the TUI's form send, and the head
-reads of a submit request, are fields of ``SubmitRequest``. (mypy holds the annotated
-builders to them; this holds the running code, which builds them as plain dicts.)"""
+"""The shapes of ``nebula_tui/wire.py`` are the ones that travel: a real head's replies on
+its socket are of their shapes, keys and types; its job, GPU and node carry exactly their
+fields; and what the CLI and the TUI's form send, and the head reads of a submit request,
+are fields of ``SubmitRequest``. (mypy holds the annotated builders to them; this holds
+the running code, and what JSON makes of it.) ``tests/lab/test_e2e.py`` holds a head
+process on the lab to them too."""
 
 from __future__ import annotations
 
 import getpass
 
+from support.shapes import mismatches, reply_mismatches
 
 from nebula_tui import views
+from nebula_tui.api import AsyncClient
 from nebula_tui.cli import build_parser
 from nebula_tui.cli.jobs import submit_request
 from nebula_tui.head.requests import spec_from_request
-from nebula_tui.model import JobSpec
+from nebula_tui.model import JobSpec, Placement
 from nebula_tui.screens.submit import request_fields
-from nebula_tui.wire import GpuWire, JobWire, NodeWire, SubmitRequest
+from nebula_tui.wire import (GpusReply, GpuWire, HistoryReply, JobDetailReply, JobReply, JobWire, NodeWire, PlanView,
+                             QueueReply, StatusReply, SubmitReply, SubmitRequest, WaitReply)
+
+ME = getpass.getuser()
+
+
+async def test_a_served_heads_replies_are_of_their_wire_shapes(engine, served):
+    """Every reply a client reads a job, the queue, a GPU or the status from, over the
+    head's real socket: a running job (placed, with its environment), a waiting one, an
+    ended one (its history row), the plan of one more, the status and the GPUs."""
+    client = AsyncClient(served)
+    replies: list[tuple[str, dict, object]] = []
+
+    async def ask(op: str, shape: object, **fields) -> dict:
+        reply = await client.call(op, **fields)
+        replies.append((op, reply, shape))
+        return reply
+
+    ran = (await ask("submit", SubmitReply, command=["sleep", "60"], gpu_count=1, name="ran"))["job"]["id"]
+    engine.transitions.begin_launch(engine.jobs[ran], (Placement("GPU-node01-0", "node01", 0, 81920, True),))
+    engine.transitions.mark_running(engine.jobs[ran])
+    waits = (await ask("submit", SubmitReply, command=["true"], gpu_count=2, gpu_mem_mb=8192))["job"]["id"]
+    await ask("submit", SubmitReply, command=["true"], array="0-2%1")
+    await ask("hold", JobReply, job=waits)
+    await ask("release", JobReply, job=waits)
+    await ask("job", JobDetailReply, job=ran)
+    await ask("job", JobDetailReply, job=waits)
+    await ask("queue", QueueReply)
+    await ask("plan", PlanView, command=["true"], gpu_count=1)
+    await ask("plan", PlanView, command=["true"], gpu_count=2)
+    await ask("cancel", JobReply, job=waits)
+    await ask("wait", WaitReply, job=waits, within=1)
+    await ask("job", JobDetailReply, job=waits)
+    history = await ask("job_history", HistoryReply, user=ME)
+    await ask("status", StatusReply)
+    await ask("gpus", GpusReply)
+
+    assert [job["id"] for job in history["jobs"]] == [waits]
+    assert {op for op, _, _ in replies} >= {"submit", "job", "queue", "plan", "wait", "job_history",
+                                            "status", "gpus"}
+    found = [line for op, reply, shape in replies for line in reply_mismatches(reply, shape, op)]
+    assert not found, "\n".join(found)
+
+
+def test_the_shapes_check_finds_what_a_reply_lacks_adds_or_types_wrong(engine):
+    """The check above can fail: a key gone, one too many, and a value of another type,
+    each nested where the shapes nest them."""
+    job = engine.submit(ME, JobSpec(command=("true",), gpu_count=1))
+    row = views.queue_row(job, 1, None)
+    assert mismatches({"jobs": [row]}, QueueReply) == []
+    gone = {key: value for key, value in row.items() if key != "starts"}
+    assert mismatches({"jobs": [gone]}, QueueReply) == ["QueueReply.jobs[0]: no starts"]
+    assert mismatches({"jobs": [{**row, "stray": 1}]}, QueueReply) == ["QueueReply.jobs[0]: stray not in QueueRow"]
+    assert mismatches({"jobs": [{**row, "gpu_count": "1"}]}, QueueReply) == [
+        "QueueReply.jobs[0].gpu_count: '1' (str), not int"]
+    assert mismatches({"jobs": [{**row, "held": 0}]}, QueueReply) == ["QueueReply.jobs[0].held: 0 (int), not bool"]
 
 
 def keys(shape: type) -> tuple[frozenset[str], frozenset[str]]:
