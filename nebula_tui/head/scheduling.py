@@ -322,14 +322,27 @@ class Scheduling:
         made off the loop from what it holds; each is applied only if still valid then
         (False: some were not)."""
         reasons: dict[int, str] = {}
-        self._new_order([d.job_id for d in decisions if isinstance(d, scheduler.Wait)])
+        wait = scheduler.Wait
+        self._new_order([d.job_id for d in decisions if type(d) is wait])
         started: dict[str, set] = {}  # GPU -> (job, placement) this pass's starts added
         all_applied = True
+        jobs, holds = self.state.jobs, self.holds
         for decision in decisions:
             if seen is not None and not self._still_valid(decision, seen, started):
                 all_applied = False
                 continue
-            job = self.state.jobs[decision.job_id]
+            job = jobs[decision.job_id]
+            if type(decision) is wait:  # most decisions of a long queue: its reason, kept or new
+                if job.reason != decision.reason:
+                    reasons[job.id] = decision.reason
+                    waiting = replace(job.status, reason=decision.reason)
+                    jobs[job.id] = replace(job, status=waiting)
+                    self.stream.publish_job(jobs[job.id])
+                if decision.holds:
+                    holds[job.id] = decision.holds
+                elif holds:
+                    holds.pop(job.id, None)
+                continue
             if isinstance(decision, scheduler.Start):
                 if decision.scavenger:  # its user is past their quota: it runs preemptible
                     job = self.transitions.make_scavenger(job)
@@ -338,16 +351,8 @@ class Scheduling:
                 self.limits.preempt(job, decision.reason)
             elif isinstance(decision, scheduler.Fail):
                 self.transitions.finish(job, JobState.FAILED, None, decision.reason)
-            elif job.reason != decision.reason:
-                reasons[job.id] = decision.reason
-                waiting = replace(job.status, reason=decision.reason)
-                self.state.jobs[job.id] = replace(job, status=waiting)
-                self.stream.publish_job(self.state.jobs[job.id])
             if not isinstance(decision, scheduler.Preempt):
-                if isinstance(decision, scheduler.Wait) and decision.holds:
-                    self.holds[job.id] = decision.holds
-                else:
-                    self.holds.pop(job.id, None)
+                self.holds.pop(job.id, None)
         self.state.store.set_reasons(reasons)
         if self.holds:  # a job cancelled, held or sent to a pool meanwhile holds nothing
             self.holds = {job_id: cards for job_id, cards in self.holds.items()

@@ -14,10 +14,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "nebula_tui"
 HEAD = "nebula_tui.head"
 #: The head's rooms, lowest first: each may import only rooms before it.
-ROOMS = ("forecast", "state", "access", "accounting", "stream", "shares", "launches", "jobs", "stops", "limits",
-         "bookings", "scheduling", "why", "health", "nodes", "attach", "pool_books", "pools", "smoke", "doctor",
-         "metrics", "notify", "engine", "requests", "ops.base", "ops.jobs", "ops.accounting", "ops.cluster", "ops",
-         "server", "serve", "replay")
+ROOMS = ("forecast", "state", "access", "accounting", "stream", "shares", "launches", "jobs", "stops",
+         "limits", "bookings", "scheduling", "why", "health", "reconcile", "nodes", "attach", "pool_books",
+         "pools", "smoke", "doctor", "metrics", "notify", "engine", "requests", "ops.base", "ops.jobs",
+         "ops.accounting", "ops.cluster", "ops", "server", "serve", "replay")
 
 
 def package_sources(root: Path = PACKAGE) -> dict[str, tuple[str, bool]]:
