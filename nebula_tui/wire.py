@@ -2,7 +2,8 @@
 ``remote/protocol.py`` types the node's wire): what the head sends (a job, a queue row, a
 job's page, an ended job, a GPU, a node, the status and its summary, a start forecast, a
 plan, the replies that carry them, named ``<Op>Reply``, and the event stream's snapshot
-and events), and a submit request as a client sends it (``cli.jobs.submit_request``, read by ``head.requests.spec_from_request``).
+and events), and a submit request as a client sends it (``cli.jobs.submit_request``, read
+by ``head.requests.spec_from_request``).
 
 They are ``TypedDict``s: on the wire a shape is still the plain JSON object it always was, so
 nothing about the protocol changes. ``views`` builds each one and mypy checks it there (and
