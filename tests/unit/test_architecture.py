@@ -302,8 +302,9 @@ STORE = "nebula_tui.store"
 STORE_PARTS = ("ids", "schema", "base", "telemetry", "events", "nodes", "bookings", "pools", "accounting",
                "jobs")
 #: All the store may import from the rest of the package: plain data.
-#: (release.py: the running version, which the database notes; it imports nothing of ours)
-STORE_MAY_IMPORT = ("nebula_tui.model", "nebula_tui.release")
+#: (release.py: the running version, which the database notes; wire.py: the shape of an
+#: events-log line, which the store reads out; neither imports anything of ours)
+STORE_MAY_IMPORT = ("nebula_tui.model", "nebula_tui.release", "nebula_tui.wire")
 #: The libraries that speak SQL, which only the store imports.
 SQL_LIBRARIES = ("sqlite3", "sqlite_utils")
 
