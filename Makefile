@@ -38,7 +38,8 @@ test: test-deps setup
 	exit $$status
 
 # ruff (pyproject's [tool.ruff]) and mypy, strict on the modules pyproject's [tool.mypy]
-# lists (the wire's shapes, the model, the node protocol, the scheduler's checked parts).
+# lists (the wire's shapes and views that builds them, the model, the node protocol, the whole
+# scheduler), and the head's rooms that send those shapes, where they are annotated.
 lint: setup
 	@$(PYTHON) -m ruff check --quiet . && $(PYTHON) -m mypy
 	@echo "make lint: ruff and mypy passed"

@@ -4,6 +4,9 @@ words only, every figure the head's (``head/forecast.py``)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+
+from .wire import QueueRow, StartForecast
 
 
 def clock_text(t: float, now: float) -> str:
@@ -12,7 +15,7 @@ def clock_text(t: float, now: float) -> str:
     return time.strftime(fmt, time.localtime(t))
 
 
-def starts_text(starts: dict | None, now: float) -> str:
+def starts_text(starts: StartForecast | None, now: float) -> str:
     """A forecast start (``forecast.Start.json``) in words: "now", "~14:20, 13:50–16:40",
     "after job 42 ends (~14:20), 13:50–16:40", "not within 7 days"; "" without one."""
     if not starts:
@@ -31,7 +34,7 @@ def starts_text(starts: dict | None, now: float) -> str:
     return f"{point}, {clock_text(early, now)}–{clock_text(late, now) if late is not None else 'later'}"
 
 
-def first_start(tasks: list[dict]) -> dict | None:
+def first_start(tasks: Sequence[QueueRow]) -> StartForecast | None:
     """The earliest forecast start among an array's tasks."""
     known = [t["starts"] for t in tasks if (t.get("starts") or {}).get("start_at") is not None]
     return min(known, key=lambda s: s["start_at"], default=None)

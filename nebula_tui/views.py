@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from enum import Enum
+from typing import Any, TypeVar
 
 from .model import (LOCAL_POOL, NOT_AVAILABLE, Cancelling, Evicting, GpuView, Job, JobState,
                     Stopping, holding, stdio_path)
 from .scheduler.filters import cuda_gap
 from .scheduler.slices import offered_mb
 from .units import duration_text
-from .wire import GpuWire, JobWire
+from .wire import (EndedJobDetail, GpuSlice, GpuWire, HistoryJob, JobDetail, JobWire, NodeDetail, NodeWire,
+                   PlacedCard, QueueRow, StartForecast, StatusSummary)
+
+#: a job in any of the shapes that carry one (a queue row, a job's page, an ended job)
+J = TypeVar("J", bound=JobWire)
 
 
 class JobPhase(str, Enum):
@@ -58,12 +64,11 @@ def job_phase(job: Job) -> str:
 LISTED_COMMAND_CHARS = 1024
 
 
-def listed(job: dict) -> dict:
+def listed(job: J) -> J:
     """``job`` (as ``job_json``) as a list shows it: its command cut after
     LISTED_COMMAND_CHARS characters, the last word saying how much more there is, and its
     data mounts that fit in as many (then how many more)."""
-    command = job.get("command") or []
-    mounts = job.get("data_mounts") or []
+    command, mounts = job["command"], job["data_mounts"]
     size = sum(len(word) for word in command)
     if size <= LISTED_COMMAND_CHARS and sum(len(m) for m in mounts) <= LISTED_COMMAND_CHARS:
         return job
@@ -82,7 +87,9 @@ def listed(job: dict) -> dict:
             shown.append(f"… ({len(mounts) - len(shown)} more)")
             break
         shown.append(mount)
-    return {**job, "command": kept, "data_mounts": shown}
+    short = job.copy()
+    short["command"], short["data_mounts"] = kept, shown
+    return short
 
 
 def job_json(job: Job) -> JobWire:
@@ -109,7 +116,7 @@ def job_json(job: Job) -> JobWire:
         "idle_since": getattr(holding(status), "idle_since", None),
         "idle_unknown": getattr(holding(status), "idle_unknown", False),
         "array_id": job.spec.array_id, "array_index": job.spec.array_index,
-        "array": job.spec.array and job.spec.array.text, "after": list(job.spec.after),
+        "array": job.spec.array.text if job.spec.array else None, "after": list(job.spec.after),
         "after_type": job.spec.after_type,
         "time_limit_s": job.spec.time_limit_s, "vendor": job.spec.vendor,
         "output": stdio_path(job, job.spec.output), "error": stdio_path(job, job.spec.error or job.spec.output),
@@ -123,18 +130,38 @@ def job_json(job: Job) -> JobWire:
     }
 
 
-def history_json(job: Job, usage: dict) -> dict:
+def queue_row(job: Job, queue_pos: int | None, starts: StartForecast | None) -> QueueRow:
+    """A live job as ``queue`` lists it: ``job_json`` with its place among the waiting and
+    its last start forecast."""
+    return {**job_json(job), "queue_pos": queue_pos, "starts": starts}
+
+
+def job_detail(shown: JobWire, queue_pos: int | None, starts: StartForecast | None,
+               environment: dict[str, dict[str, str]]) -> JobDetail:
+    """A job as ``job`` answers: ``shown`` with its place, forecast and environment."""
+    return {**shown, "queue_pos": queue_pos, "starts": starts, "environment": environment}
+
+
+def ended_job_detail(shown: HistoryJob, queue_pos: int | None, starts: StartForecast | None,
+                     environment: dict[str, dict[str, str]]) -> EndedJobDetail:
+    """An ended job as ``job`` answers: its history row with the same extras."""
+    return {**shown, "queue_pos": queue_pos, "starts": starts, "environment": environment}
+
+
+def history_json(job: Job, usage: Mapping[str, Any]) -> HistoryJob:
     """An ended job as ``job_history`` answers: ``job_json`` plus its wait and run time
     (of its last run, when it was requeued), the GPU-hours charged (all runs), and what
     its cards did while it held them (telemetry; None without samples): mean utilisation,
     GPU-hours held while its cards idled, mean and peak memory used per card; the head's
     first start forecast for it (``forecast``) and its start less that (``forecast_error_s``)."""
     started = job.started_at
+    # (an ended job has its end; one read before it was written counts as ending at once)
+    ended = job.ended_at if job.ended_at is not None else (started or job.submitted_at)
     sampled = usage.get("sampled_gpu_hours") or 0.0
     return {
         **job_json(job),
-        "wait_s": round((started if started is not None else job.ended_at) - job.submitted_at, 3),
-        "run_s": round(job.ended_at - started, 3) if started is not None else 0.0,
+        "wait_s": round((started if started is not None else ended) - job.submitted_at, 3),
+        "run_s": round(ended - started, 3) if started is not None else 0.0,
         "gpu_hours": round(usage.get("gpu_hours") or 0.0, 9),
         "mean_util_pct": round(100 * usage["busy_gpu_hours"] / sampled, 1) if sampled else None,
         "idle_gpu_hours": round(usage.get("idle_gpu_hours") or 0.0, 9) if sampled else None,
@@ -164,16 +191,16 @@ def gpu_status(gpu: GpuView, node_up: bool) -> str:
 
 
 def gpu_json(gpu: GpuView, *, node_up: bool, cuda_version: str | None,
-             nvlink: list[dict], processes: list[dict], fits: dict[str, int] | None = None,
+             nvlink: list[dict[str, Any]], processes: list[dict[str, Any]], fits: dict[str, int] | None = None,
              raw: bool = True) -> GpuWire:
     """The R2 descriptor plus live readings; each slice names the job holding it;
     ``fits``: how many more jobs of the common sizes the scheduler would place on it
     (``scheduler.slices.common_fits``: clients show it, never work it out again).
     ``raw``: with the probe's whole reading as it came (``reading``), for ``nebula gpus``."""
     r = gpu.reading
-    slices = [{"id": n, "memory_mb": p.memory_mb, "state": "allocated", "job": job_id,
-               "exclusive": p.exclusive}
-              for n, (job_id, p) in enumerate(gpu.placements, start=1)]
+    slices: list[GpuSlice] = [{"id": n, "memory_mb": p.memory_mb, "state": "allocated", "job": job_id,
+                               "exclusive": p.exclusive}
+                              for n, (job_id, p) in enumerate(gpu.placements, start=1)]
     spare = offered_mb(gpu)
     if spare:
         slices.append({"id": len(slices) + 1, "memory_mb": spare, "state": "free", "job": None,
@@ -219,18 +246,19 @@ def short_model(name: str) -> str:
     return name.removesuffix(" GPU").removesuffix(" Graphics").strip()
 
 
-def status_summary(nodes: list[dict], gpus: list[dict]) -> dict:
-    """The numbers of R1, from node and GPU dicts as the head publishes them."""
-    counts = {"idle": 0, "busy": 0, "maintenance": 0, "unreachable": 0}
+def status_summary(nodes: Sequence[NodeWire], gpus: Sequence[GpuWire]) -> StatusSummary:
+    """The numbers of R1, from node and GPU dicts as the head publishes them (each GPU
+    counted under its ``gpu_status``; "lost" is counted, and shown by none yet)."""
+    counts = {"idle": 0, "busy": 0, "maintenance": 0, "unreachable": 0, "lost": 0}
     total = free = 0
     for g in gpus:
         counts[g["status"]] = counts.get(g["status"], 0) + 1
         total += g["total_memory_mb"] or 0
-        free += sum(s["memory_mb"] for s in g["slices"] if s["state"] == "free")
-    by_node: dict[str, list[dict]] = {}
+        free += sum(s["memory_mb"] or 0 for s in g["slices"] if s["state"] == "free")
+    by_node: dict[str, list[GpuWire]] = {}
     for g in gpus:
         by_node.setdefault(g["node"], []).append(g)
-    details = []
+    details: list[NodeDetail] = []
     for node in nodes:
         mine = by_node.get(node["name"], [])
         models: dict[str, int] = {}
@@ -241,11 +269,12 @@ def status_summary(nodes: list[dict], gpus: list[dict]) -> dict:
             "name": node["name"], "state": node["state"], "reason": node.get("reason") or "",
             "models": models, "load_pct": round(sum(utils) / len(utils)) if utils else None,
         })
-    return {"nodes": len(nodes), "gpus": len(gpus), **counts,
-            "total_vram_mb": total, "free_vram_mb": free, "node_details": details}
+    return {"nodes": len(nodes), "gpus": len(gpus), "idle": counts["idle"], "busy": counts["busy"],
+            "maintenance": counts["maintenance"], "unreachable": counts["unreachable"],
+            "lost": counts["lost"], "total_vram_mb": total, "free_vram_mb": free, "node_details": details}
 
 
-def gpu_list(gpus: list[dict]) -> str:
+def gpu_list(gpus: Sequence[PlacedCard | GpuWire]) -> str:
     """A job's cards, node by node: "node01:0,1 node02:3"."""
     by_node: dict[str, list[str]] = {}
     for g in gpus:
@@ -253,10 +282,10 @@ def gpu_list(gpus: list[dict]) -> str:
     return " ".join(f"{node}:{','.join(indices)}" for node, indices in by_node.items())
 
 
-def node_power(node: dict, gpus: list[dict]) -> tuple[float | None, int | None]:
+def node_power(node: NodeWire, gpus: Sequence[GpuWire]) -> tuple[float | None, int | None]:
     """(what the node draws now: its cards' power summed, None when no card reads any; its
     nodes.yaml ``power_budget_w``, None when it has none)."""
-    read = [g["power_w"] for g in gpus if g.get("power_w") is not None]
+    read = [w for g in gpus if (w := g.get("power_w")) is not None]
     return (sum(read) if read else None), node.get("power_budget_w")
 
 
@@ -275,17 +304,17 @@ def idle_text(seconds: float, gpus: int) -> str:
 IDLE_UNKNOWN_TEXT = "idle unknown (no utilisation reading)"
 
 
-def running_idle_text(job: dict, now: float) -> str:
+def running_idle_text(job: JobWire, now: float) -> str:
     """What ``nebula queue`` and the TUI say of a running job's idleness: "idle 3 h on 2
     GPUs", "idle unknown (no utilisation reading)", or "" (in use, or not running)."""
     if job.get("state") != "running":
         return ""
-    if job.get("idle_since") is not None:
-        return idle_text(max(0.0, now - job["idle_since"]), len(job["gpus"]))
+    if (since := job.get("idle_since")) is not None:
+        return idle_text(max(0.0, now - since), len(job["gpus"]))
     return IDLE_UNKNOWN_TEXT if job.get("idle_unknown") else ""
 
 
-def preemptible_text(job: dict) -> str:
+def preemptible_text(job: JobWire) -> str:
     """"preemptible", "preemptible, preempted 2 times" (the queue's tag), or "" for a normal job."""
     times = job.get("preemptions") or 0
     return ("" if not job.get("preemptible") else
@@ -317,16 +346,16 @@ def one_line(text: str, limit: int = REASON_MAX) -> str:
 DOCTOR_MARKS = {"ok": "✓", "fail": "✗", "warn": "!", "skip": "-"}
 
 
-def doctor_lines(checks: list[dict]) -> list[str]:
+def doctor_lines(checks: Sequence[Mapping[str, str | None]]) -> list[str]:
     """One node's checks (``nebula doctor``, the TUI's node page), one line each: the mark,
     the check, what was found and, when it is not fine, the fix."""
-    width = max((len(c["check"]) for c in checks), default=0)
-    return [f"{DOCTOR_MARKS.get(c['status'], '?')} {c['check']:<{width}}  {c['text']}"
+    width = max((len(c["check"] or "") for c in checks), default=0)
+    return [f"{DOCTOR_MARKS.get(c['status'] or '', '?')} {c['check']:<{width}}  {c['text']}"
             + (f" — fix: {c['fix']}" if c.get("fix") and c["status"] in ("fail", "warn") else "")
             for c in checks]
 
 
-def command_line(job: dict) -> str:
+def command_line(job: JobWire) -> str:
     """A job's command as one could type it again: shell text as given, an argv quoted
     (``sh -c 'for i in 1 2; do …'``)."""
     return job["command"][0] if job.get("shell") else shlex.join(job["command"])
@@ -340,13 +369,14 @@ def month_start(now: float, back: int = 0) -> float:
     return time.mktime((months // 12, months % 12 + 1, 1, 0, 0, 0, 0, 0, -1))
 
 
-def workdir_text(job: dict) -> str:
+def workdir_text(job: JobWire) -> str:
     """Where the job runs, as `nebula job` and the TUI's job page say it: the folder its
     node settled on once it started, else the one asked for, else its user's home."""
     return job.get("workdir_used") or job.get("workdir") or "$HOME"
 
 
-def booking_state(booking: dict) -> str:
+def booking_state(booking: Mapping[str, object]) -> str:
+
     """A booking's state in words, as `nebula reservations` and the TUI both say it:
     "broken: <why>", "under way" or "ahead" (``active``: the head's reading at its clock)."""
     if booking.get("broken"):

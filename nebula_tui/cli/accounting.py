@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 
 from ..model import NOT_AVAILABLE, fmt, format_mb
 from ..units import duration_short
+from ..wire import HistoryJob
 from .args import USAGE_ERROR
 from .common import service_client, show
 
@@ -67,7 +69,7 @@ def cmd_users(args, home, config) -> int:
         right=range(1, 10)))
 
 
-def history_text(jobs: list[dict]) -> str:
+def history_text(jobs: Sequence[HistoryJob]) -> str:
     """`nebula history`: one ended job a line, oldest first."""
     from ..views import gpu_list
     from .text import table

@@ -13,7 +13,7 @@ from ..api import ApiError
 from ..printable import printable
 from ..model import ended_text
 from ..units import duration_exact
-from ..wire import SubmitRequest
+from ..wire import JobWire, SubmitRequest
 from .text import job_text
 from .args import FINISHED_STATES, USAGE_ERROR
 from .common import service_client, show
@@ -115,7 +115,7 @@ def cmd_submit(args, home, config) -> int:
         return _wait(client, job["id"], args.json)
 
 
-def limit_said(job: dict) -> str:
+def limit_said(job: JobWire) -> str:
     """The time limit the head understood, as the submit reply says it: a Slurm user sees
     that a bare 90 was minutes."""
     limit = job["time_limit_s"]

@@ -11,8 +11,10 @@ import os
 import re
 import shlex
 import time
+from collections.abc import Sequence
 
 from ..model import VENDORS
+from ..wire import QueueRow
 from .args import job_id
 
 #: ``-G TYPE:N``: a card model (as Slurm's gres types name them) -> the --arch it means
@@ -298,11 +300,11 @@ def slurm_clock(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def _nodes(job: dict) -> list[str]:
+def _nodes(job: QueueRow) -> list[str]:
     return list(dict.fromkeys(g["node"] for g in job.get("gpus") or ()))
 
 
-def _field(letter: str, job: dict, now: float) -> str | None:
+def _field(letter: str, job: QueueRow, now: float) -> str | None:
     """One squeue field of a job (as ``nebula queue --json`` gives it); None: not one of
     the fields NebulaGrid fills."""
     state = SLURM_STATES.get(job["state"], job["state"].upper())
@@ -342,7 +344,7 @@ def check_format(text: str) -> str:
     return text
 
 
-def squeue_text(jobs: list[dict], fmt: str, header: bool, now: float) -> str:
+def squeue_text(jobs: Sequence[QueueRow], fmt: str, header: bool, now: float) -> str:
     """Jobs as squeue prints them with ``-o fmt``: each field cut to its width and padded
     (``%.8j``: right-aligned); a header line of the field names unless ``-h``."""
     def line(get) -> str:

@@ -17,6 +17,7 @@ from ..printable import printable
 from ..units import duration_exact
 from ..views import (command_line, doctor_lines, gpu_list, node_power, power_draw_text, preemptible_text,
                      running_idle_text, short_model, workdir_text)
+from ..wire import EndedJobDetail, GpuWire, JobDetail, QueueRow
 
 
 def status_text(summary: dict) -> str:
@@ -59,7 +60,7 @@ def table(header: Sequence[str], rows: Iterable[Sequence[object]], right: Collec
         for row in cells)
 
 
-def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False) -> str:
+def queue_text(jobs: Sequence[QueueRow], now: float | None = None, expand: bool = False) -> str:
     """`nebula queue`: running jobs first, then waiting ones with their reasons; a running
     job its GPUs left idle says so. An array's tasks are one line unless ``expand``."""
     if not jobs:
@@ -98,7 +99,7 @@ def queue_text(jobs: list[dict], now: float | None = None, expand: bool = False)
     return table(("ID", "USER", "NAME", "STATE", "GPUS", "STARTS", "REASON / COMMAND"), rows, right={0})
 
 
-def gpus_text(gpus: list[dict]) -> str:
+def gpus_text(gpus: Sequence[GpuWire]) -> str:
     """`nebula gpus`: one card a line, with what it holds and how it runs."""
     if not gpus:
         return "No GPUs reported yet."
@@ -166,7 +167,7 @@ def doctor_text(reply: dict) -> str:
     return "\n".join(lines)
 
 
-def job_text(job: dict) -> str:
+def job_text(job: JobDetail | EndedJobDetail) -> str:
     """`nebula job N`: the job in full as text (`--json` gives every field): its state and
     why, what it asked for, where it runs and the environment its command gets there."""
     when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))  # noqa: E731

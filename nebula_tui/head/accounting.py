@@ -17,6 +17,7 @@ import time
 from .. import views
 from ..model import InvalidRequest, Job, JobState, RequestError
 from ..store import Store
+from ..wire import HistoryJob
 from .access import Access
 from .state import HeadState
 
@@ -41,7 +42,7 @@ class Accounting:
     # ------------------------------------------------------------------ history
     async def history(self, user: str, *, who: str | None = None, since: float | None = None,
                       until: float | None = None, states: tuple[JobState, ...] = (),
-                      node: str | None = None, limit: int = 1000) -> list[dict]:
+                      node: str | None = None, limit: int = 1000) -> list[HistoryJob]:
         """Ended jobs (``views.history_json``), oldest first: the newest ``limit`` that
         ended in [since, until), of ``who``, in ``states``, on ``node``."""
         who = self._visible_owner(user, who)
@@ -49,11 +50,13 @@ class Accounting:
             user=who, since=since, until=until, states=states, node=node, limit=limit))
         return [views.history_json(job, usage) for job, usage in rows]
 
-    def ended_job(self, user: str, job: Job) -> dict:
-        """One ended job as history shows it (``nebula job N`` of a job that ended)."""
+    def ended_job(self, user: str, job: Job) -> HistoryJob | None:
+        """One ended job as history shows it (``nebula job N`` of a job that ended); None
+        while its history row is not written yet (it is shown as ``views.job_json``)."""
         self._visible_owner(user, job.user)
         rows = self.state.store.ended_jobs(job_id=job.id, limit=1)
-        return views.history_json(*rows[0]) if rows else views.job_json(job)
+        return views.history_json(*rows[0]) if rows else None
+
 
     def _visible_owner(self, user: str, who: str | None) -> str | None:
         """The owner whose jobs ``user`` may list (``who``, or None for everyone's)."""
@@ -169,7 +172,8 @@ def _node_rows(periods, cards, held, busy, now) -> list[dict]:
     a slice its share), both as a percentage, and the cards' mean utilisation."""
     rows = []
     for name, start, end in periods:
-        totals = {"available": 0.0, "allocated": 0.0, "sampled": 0.0, "used": 0.0, "gpus": 0}
+        totals = {"available": 0.0, "allocated": 0.0, "sampled": 0.0, "used": 0.0}
+        gpus = 0
         for node in sorted(cards):
             available = sum(_overlap(seen, now, start, end) for seen in cards[node]) / 3600
             allocated = sum(_overlap(t0, t1 if t1 is not None else now, start, end) * share
@@ -177,9 +181,11 @@ def _node_rows(periods, cards, held, busy, now) -> list[dict]:
             sampled, used = busy.get((node, name), (0.0, 0.0))
             rows.append(_capacity_row(name, node, len(cards[node]), available, allocated, sampled, used))
             for key, value in (("available", available), ("allocated", allocated),
-                               ("sampled", sampled), ("used", used), ("gpus", len(cards[node]))):
+                               ("sampled", sampled), ("used", used)):
                 totals[key] += value
-        rows.append(_capacity_row(name, "cluster", totals["gpus"], totals["available"],
+            gpus += len(cards[node])
+        rows.append(_capacity_row(name, "cluster", gpus, totals["available"],
+
                                   totals["allocated"], totals["sampled"], totals["used"]))
     return rows
 

@@ -35,6 +35,7 @@ from ..model import Job, JobSpec, JobState, Pending, RequestError, UnfitRequest
 from ..remote.ssh import NodeUnavailable
 from ..scheduler import admission
 from ..store import Store
+from ..wire import EndedJobDetail, JobDetail, PlanView, StatusView, StreamSnapshot
 from .access import Access
 from .accounting import Accounting
 from .attach import Attach
@@ -123,14 +124,14 @@ class Engine:
     jobs = property(lambda self: self.state.jobs)
     links = property(lambda self: self.state.links)
 
-    def subscribe(self, queue: asyncio.Queue) -> dict:
+    def subscribe(self, queue: asyncio.Queue) -> StreamSnapshot:
         """A new subscriber: the stream's snapshot, with every user's row (``users``) and
         each pool's view (``pools``, as ``Pools.view_json``; a "pool" event after each poll)
         and the bookings (``bookings``)."""
         return {**self.stream.subscribe(queue), "users": self.shares.users_json(),
                 "pools": self.pools.status(), "bookings": self.bookings.list_json()}
 
-    def status(self) -> dict:
+    def status(self) -> StatusView:
         """`nebula status`: nodes, GPUs and their summary (the stream's), and each pool."""
         return {**self.stream.status(), "pools": self.pools.status()}
 
@@ -209,7 +210,7 @@ class Engine:
             state.wake(capacity=False)
         return jobs[0]
 
-    def plan(self, user: str, spec: JobSpec) -> dict:
+    def plan(self, user: str, spec: JobSpec) -> PlanView:
         """The submit form's preview: where the job would go now, or why it would wait; a
         request submit would refuse is refused here in the same words (not "would wait")."""
         return self.scheduling.plan(user, self._fit(user, spec))
@@ -269,19 +270,21 @@ class Engine:
             known[key] = admission.refusal_on(probe, hardware, config, partial=partial)
         return known[key]
 
-    def job_detail(self, job_id: int, user: str | None = None) -> dict:
+    def job_detail(self, job_id: int, user: str | None = None) -> JobDetail | EndedJobDetail:
         """A job as ``views.job_json`` has it (one that ended as its history shows it, to
         ``user``: GPU-hours, waits, what its cards did), with what the head computes for
         it: its place in the queue (``queue_pos``), its start forecast (``starts``) and, once
         placed, the environment each
         of its nodes gives its command (``environment``: node -> variables)."""
         job = self.job(job_id)
-        shown = (self.accounting.ended_job(user or self.state.owner, job) if job.state.finished
-                 else views.job_json(job))
-        return {**shown, "queue_pos": self.state.queue_pos(job),
-                "starts": self.state.forecasts.get(job.id) if job.state == JobState.PENDING else None,
-                "environment": self.transitions.environments(job)
-                if job.placements and job.pool is None else {}}
+        ended = self.accounting.ended_job(user or self.state.owner, job) if job.state.finished else None
+        queue_pos = self.state.queue_pos(job)
+        starts = self.state.forecasts.get(job.id) if job.state == JobState.PENDING else None
+        environment = self.transitions.environments(job) if job.placements and job.pool is None else {}
+        if ended is not None:
+            return views.ended_job_detail(ended, queue_pos, starts, environment)
+        return views.job_detail(views.job_json(job), queue_pos, starts, environment)
+
 
     def job(self, job_id: int) -> Job:
         job = self.state.jobs.get(job_id) or self.state.store.job(job_id)

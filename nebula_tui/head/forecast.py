@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from .. import scheduler
 from ..model import charged_gpu_hours
 from ..scheduler import fairshare
+from ..wire import StartForecast
 
 #: a forecast looks this far ahead; a job not started by then is "not within 7 days"
 HORIZON_S = 7 * 86400.0
@@ -239,7 +240,7 @@ class Start:
     #: the start the scheduler's run gave, before the calibration: what it learns from
     simulated: float | None = None
 
-    def json(self, now: float) -> dict:
+    def json(self, now: float) -> StartForecast:
         return {"start_at": self.at, "early": self.early, "late": self.late,
                 "after_job": self.after, "node": self.node, "made_at": now,
                 "simulated_at": self.simulated, "within_s": HORIZON_S}
@@ -277,6 +278,7 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
     # Fair share moves as the run goes: each user's weight grows by the GPU-hours their jobs
     # hold in it, as the head's does (a heavy user's waiting jobs fall back as theirs run).
     users = dict(snap.users)
+
     cards = {r.id: _cards(r, snap.config) for r in running.values()}
     for _ in range(MAX_PASSES):
         if not queue or now > stop:
@@ -330,19 +332,19 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
         done = [job for job, t in ends.items() if t <= now]
         freed_by = next((job for job in done if job in untimed), None)
         for job_id in done:
-            job = running.pop(job_id)
+            gone = running.pop(job_id)
             del ends[job_id]
             finished[job_id] = "succeeded"
-            for p in job.placements:
+            for p in gone.placements:
                 g = gpus[p.gpu_uuid]
                 gpus[p.gpu_uuid] = replace(g, placements=tuple(x for x in g.placements if x[0] != job_id),
                                            overuse=tuple(x for x in g.overuse if x[0] != job_id))
-            if preempted and job.preemptible:
-                pending = scheduler.PendingJob(job.id, job.user, len(job.placements),
-                                               _slice_mb(job), snap.now,
-                                               max_nodes=len({p.node for p in job.placements}),
-                                               time_limit_s=job.time_limit_s, preemptible=True)
-                queue[job.id] = pending
+            if preempted and gone.preemptible:
+                pending = scheduler.PendingJob(gone.id, gone.user, len(gone.placements),
+                                               _slice_mb(gone), snap.now,
+                                               max_nodes=len({p.node for p in gone.placements}),
+                                               time_limit_s=gone.time_limit_s, preemptible=True)
+                queue[gone.id] = pending
     return run
 
 
@@ -353,8 +355,9 @@ def _cards(job: scheduler.RunningJob, config: scheduler.SchedulerConfig) -> floa
                              config.charge_reference_mb, config.preemptible_charge if job.preemptible else 1.0)
 
 
-def _charged(users: Mapping[str, scheduler.UserShare | None], running: Iterable[scheduler.RunningJob],
-             cards: Mapping[int, float], seconds: float) -> dict[str, scheduler.UserShare | None]:
+def _charged(users: Mapping[str, scheduler.UserShare], running: Iterable[scheduler.RunningJob],
+             cards: Mapping[int, float], seconds: float) -> dict[str, scheduler.UserShare]:
+
     """The users' fair-share standing after their running jobs held their cards ``seconds``
     longer (``fairshare.user_weight``: each GPU-hour adds ``PER_GPU_HOUR``)."""
     hours: dict[str, float] = {}

@@ -146,6 +146,7 @@ class Replay:
         store = Store(folder / "state.db")
         engine = Engine(self.config, store, clock=self.clock)
         engine.state.monotonic = self.clock  # time limits and leases count virtual seconds
+        engine.shares.usage_kept = True  # its store has no other writer: read it once
         try:
             self._bring_up(engine)
             for request in self.requests:

@@ -43,11 +43,12 @@ from dataclasses import dataclass, replace
 from .. import scheduler
 from . import forecast
 from ..model import GpuView, Job, JobSpec, JobState
+from ..wire import PlanView
 from .bookings import Bookings
 from .jobs import JobTransitions
 from .limits import Limits
 from .shares import Shares
-from .state import HeadState, job_nodes
+from .state import HeadState, JobTable, job_nodes
 from .stream import Stream
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,10 @@ class Scheduling:
         self.bookings = bookings
         #: the scheduler's view of each waiting job, kept while its spec is the same object
         self.pending_views: dict[int, tuple[JobSpec, scheduler.PendingJob]] = {}
+        #: each running job's scheduler view, kept while the job and its estimate stay (``_running``)
+        self.running_views: dict[int, tuple] = {}
+        #: ``_jobs_lists``' answer and the job table (and its version) it was made from
+        self._jobs_kept: tuple[JobTable, int, list[Job], list[Job]] | None = None
         self._task: asyncio.Task | None = None
         self._order_due = False  # a "queue" event is on its way
         self._housekept_at: float | None = None
@@ -266,9 +271,23 @@ class Scheduling:
         return not self.state.capacity_changed and not self.state.any_gpu_offers()
 
     def waiting(self) -> list[Job]:
-        """The jobs a pass considers: pending, not held, not a pool's."""
-        return [j for j in self.state.jobs.values()
-                if j.state == JobState.PENDING and not j.held_by and not j.pooled]
+        """The jobs a pass considers: pending, not held, not a pool's (a list of the
+        caller's own, from the one kept while the job table is unchanged)."""
+        return list(self._jobs_lists()[0])
+
+    def _jobs_lists(self) -> tuple[list[Job], list[Job]]:
+        """The waiting jobs (see ``waiting``) and those holding GPUs on the lab's own cards,
+        in the table's order. Each is a walk over every unfinished job (14,000 at 500 nodes):
+        kept while the table is the same one at the same ``JobTable.version`` (any job set,
+        popped or deleted bumps it; jobs are frozen, so none changes otherwise)."""
+        jobs = self.state.jobs
+        kept = self._jobs_kept
+        if kept is None or kept[0] is not jobs or kept[1] != jobs.version:
+            waiting = [j for j in jobs.values()
+                       if j.state == JobState.PENDING and not j.held_by and not j.pooled]
+            holding = [j for j in jobs.values() if j.state.holds_gpus and j.pool is None]
+            kept = self._jobs_kept = (jobs, jobs.version, waiting, holding)
+        return kept[2], kept[3]
 
     async def pass_now(self) -> None:
         """One pass, as the loop runs it. Over a long queue (``THREADED_FROM`` waiting jobs
@@ -307,14 +326,27 @@ class Scheduling:
         made off the loop from what it holds; each is applied only if still valid then
         (False: some were not)."""
         reasons: dict[int, str] = {}
-        self._new_order([d.job_id for d in decisions if isinstance(d, scheduler.Wait)])
+        wait = scheduler.Wait
+        self._new_order([d.job_id for d in decisions if type(d) is wait])
         started: dict[str, set] = {}  # GPU -> (job, placement) this pass's starts added
         all_applied = True
+        jobs, holds = self.state.jobs, self.holds
         for decision in decisions:
             if seen is not None and not self._still_valid(decision, seen, started):
                 all_applied = False
                 continue
-            job = self.state.jobs[decision.job_id]
+            job = jobs[decision.job_id]
+            if type(decision) is wait:  # most decisions of a long queue: its reason, kept or new
+                if job.reason != decision.reason:
+                    reasons[job.id] = decision.reason
+                    waiting = replace(job.status, reason=decision.reason)
+                    jobs[job.id] = replace(job, status=waiting)
+                    self.stream.publish_job(jobs[job.id])
+                if decision.holds:
+                    holds[job.id] = decision.holds
+                elif holds:
+                    holds.pop(job.id, None)
+                continue
             if isinstance(decision, scheduler.Start):
                 if decision.scavenger:  # its user is past their quota: it runs preemptible
                     job = self.transitions.make_scavenger(job)
@@ -323,16 +355,8 @@ class Scheduling:
                 self.limits.preempt(job, decision.reason)
             elif isinstance(decision, scheduler.Fail):
                 self.transitions.finish(job, JobState.FAILED, None, decision.reason)
-            elif job.reason != decision.reason:
-                reasons[job.id] = decision.reason
-                waiting = replace(job.status, reason=decision.reason)
-                self.state.jobs[job.id] = replace(job, status=waiting)
-                self.stream.publish_job(self.state.jobs[job.id])
             if not isinstance(decision, scheduler.Preempt):
-                if isinstance(decision, scheduler.Wait) and decision.holds:
-                    self.holds[job.id] = decision.holds
-                else:
-                    self.holds.pop(job.id, None)
+                self.holds.pop(job.id, None)
         self.state.store.set_reasons(reasons)
         if self.holds:  # a job cancelled, held or sent to a pool meanwhile holds nothing
             self.holds = {job_id: cards for job_id, cards in self.holds.items()
@@ -360,7 +384,7 @@ class Scheduling:
             if set(state.jobs.held(p.gpu_uuid)) != set(then.placements) | started.get(p.gpu_uuid, set()):
                 return False
         for p in decision.placements:
-            started.setdefault(p.gpu_uuid, set()).add((job.id, p))
+            started.setdefault(p.gpu_uuid, set()).add((decision.job_id, p))
         return True
 
     def _new_order(self, order: list[int]) -> None:
@@ -376,7 +400,7 @@ class Scheduling:
     def snapshot_for(self, pending: list[Job]) -> scheduler.Snapshot:
         """Everything a pass looks at, from memory (the store only for old dependencies)."""
         state = self.state
-        holding = [j for j in state.jobs.values() if j.state.holds_gpus and j.pool is None]
+        holding = self._jobs_lists()[1]
         named = {dep for j in pending for dep in j.spec.after}
         ended = state.store.job_outcomes([d for d in named if d not in state.jobs]) if named else {}
         now = state.clock()
@@ -384,19 +408,17 @@ class Scheduling:
 
         def estimate(job: Job) -> scheduler.Estimate | None:
             key = (job.user, job.spec.gpu_count, job.spec.gpu_mem_mb, job.spec.time_limit_s is None)
-            got = estimates.get(key, estimates)
-            if got is estimates:
+            try:
+                return estimates[key]
+            except KeyError:
                 got = estimates[key] = self.estimate(job)
-            return got
+                return got
 
         return scheduler.Snapshot(
             now=now, bookings=self.bookings.for_pass(now),
             gpus=tuple(state.gpu_views()),
             queue=self._pending_queue(pending),
-            running=tuple(scheduler.RunningJob(j.id, j.user, j.placements, j.started_at or j.submitted_at,
-                                               j.spec.time_limit_s, j.spec.service, j.spec.array_id,
-                                               j.spec.preemptible, estimate(j))
-                          for j in holding),
+            running=self._running(holding, estimate),
             users=self.shares.shares(),
             finished={job: outcome for job, (outcome, _) in ended.items()},
             never_ran=frozenset(job for job, (_, ran) in ended.items() if not ran),
@@ -432,6 +454,23 @@ class Scheduling:
         history = self.history.get((job.user, job.spec.gpu_count, job.spec.gpu_mem_mb), ())
         return scheduler.run_estimate(None, self.limits.settings.max_time_s, tuple(history))
 
+    def _running(self, holding: list[Job], estimate: Callable[[Job], scheduler.Estimate | None]
+                 ) -> tuple[scheduler.RunningJob, ...]:
+        """The jobs holding GPUs as the scheduler sees them. A job's view is kept while it is
+        the same ``Job`` object (frozen: any change to a job replaces it) and its estimate
+        is equal: 4,000 running jobs are not rebuilt for every pass."""
+        kept, views = self.running_views, {}
+        for j in holding:
+            guess = estimate(j)
+            seen = kept.get(j.id)
+            if seen is None or seen[0] is not j or seen[1] != guess:
+                seen = (j, guess, scheduler.RunningJob(
+                    j.id, j.user, j.placements, j.started_at or j.submitted_at, j.spec.time_limit_s,
+                    j.spec.service, j.spec.array_id, j.spec.preemptible, guess))
+            views[j.id] = seen
+        self.running_views = views  # only jobs still holding GPUs are kept
+        return tuple(view for _, _, view in views.values())
+
     def _pending_queue(self, pending: list[Job]) -> tuple[scheduler.PendingJob, ...]:
         """The waiting jobs as the scheduler sees them. A job's view is made once and kept
         while its spec stays the same object and its submit time the same (a new reason
@@ -445,21 +484,22 @@ class Scheduling:
         self.pending_views = views  # only jobs still waiting are kept
         return tuple(view for _, view in views.values())
 
-    def plan(self, user: str, spec: JobSpec) -> dict:
+    def plan(self, user: str, spec: JobSpec) -> PlanView:
         """Where a job would go now, or why it would wait: the submit form's preview."""
         probe = Job(id=-1, user=user, spec=spec, submitted_at=self.state.clock())
         decisions = self._decide(self.snapshot_for(self.waiting() + [probe]))
         victims = [d.job_id for d in decisions if isinstance(d, scheduler.Preempt) and d.for_job == -1]
         for decision in decisions:
-            if decision.job_id != -1:
-                continue
-            if victims:  # it would start once they yielded: one pass and their grace
-                return {"decision": "preempt", "reason": decision.reason, "preempts": victims}
+            if decision.job_id != -1 or isinstance(decision, scheduler.Preempt):
+                continue  # (a Preempt names its victim)
             if isinstance(decision, scheduler.Start):
                 return {"decision": "start", "gpus": [
                     {"node": p.node, "index": p.gpu_index, "uuid": p.gpu_uuid,
                      "memory_mb": p.memory_mb, "exclusive": p.exclusive}
                     for p in decision.placements]}
+            if victims:  # it would start once they yielded: one pass and their grace
+                return {"decision": "preempt", "reason": decision.reason, "preempts": victims}
+
             start = self.forecast_one(probe)
             return {"decision": "wait", "reason": decision.reason,
                     "starts": None if start is None else start.json(self.state.clock())}

@@ -13,8 +13,10 @@ row as a ``user`` event, the changes of one moment together.
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections import defaultdict
 from dataclasses import dataclass
+from operator import itemgetter
 
 from .. import scheduler
 from ..model import charged_gpu_hours
@@ -26,6 +28,7 @@ from .state import HeadState
 from .stream import Stream
 
 SHARES_TTL_S = 60.0
+_ENDED_AT = itemgetter(0)
 #: The ``user`` events of changes this close together go out together (seconds).
 USERS_EVERY_S = 0.2
 
@@ -51,6 +54,13 @@ class Shares:
         self._shares: dict[str, scheduler.UserShare] | None = None
         self._shares_at = 0.0
         self._usage: _Usage | None = None
+        #: True: what the weights come from is read from the store once, then kept only by
+        #: the ends and charges told here (``ended``, ``charged``), its window moved on as a
+        #: read would move it. The replay's head sets it: no one else writes its store, and
+        #: reading a month's every finished job again at each virtual minute was a fifth of
+        #: a long replay. The live head reads the store again once a minute (an admin's
+        #: edit, a restored backup).
+        self.usage_kept = False
         self._changed: set[str] = set()  # users whose row goes out with the next batch
 
     def forget(self) -> None:
@@ -116,13 +126,19 @@ class Shares:
         a new month or under another half-life; else the kept one with the ends since."""
         month = month_start(now)
         usage = self._usage
-        if usage is None or now - usage.read_at >= SHARES_TTL_S or usage.month_from != month \
-                or usage.half_life != half_life:
-            store = self.state.store
-            since = now - 10 * half_life if half_life else 0.0
-            in_quota = self.state.settings.config.preemptible_in_quota
-            usage = self._usage = _Usage(store.finished_usage(since), store.usage_since(month, in_quota),
-                                         month, half_life, now)
+        since = now - 10 * half_life if half_life else 0.0
+        if usage is None or usage.month_from != month or usage.half_life != half_life:
+            pass  # read it
+        elif now - usage.read_at < SHARES_TTL_S:
+            return usage
+        elif self.usage_kept:
+            _drop_before(usage.finished, since)  # what the read would have left out
+            usage.read_at = now
+            return usage
+        store = self.state.store
+        in_quota = self.state.settings.config.preemptible_in_quota
+        usage = self._usage = _Usage(store.finished_usage(since), store.usage_since(month, in_quota),
+                                     month, half_life, now)
         return usage
 
     def standing(self, name: str) -> dict:
@@ -224,3 +240,16 @@ class Shares:
                          "quota_gpu_hours": self.state.settings.quota_gpu_hours
                          if row.get("quota_gpu_hours") is None else row["quota_gpu_hours"]})
         return rows
+
+
+def _drop_before(finished: dict[str, list[tuple[float, float]]], since: float) -> None:
+    """Leave out the runs that ended before ``since``, as ``Store.finished_usage(since)``
+    would (each user's runs are in the order they ended; a user left without any is
+    gone, as from the store's answer)."""
+    for user in [u for u, runs in finished.items() if runs and runs[0][0] < since]:
+        runs = finished[user]
+        kept = bisect.bisect_left(runs, since, key=_ENDED_AT)
+        if kept == len(runs):
+            del finished[user]
+        else:
+            del runs[:kept]

@@ -28,7 +28,7 @@ from ..remote.ssh import NodeLink
 from ..scheduler import admission
 from ..scheduler.health import health_score
 from ..scheduler.slices import offered_mb
-from ..wire import NodeWire
+from ..wire import NodeWire, StartForecast
 from ..store import Store
 from ..waits import within
 
@@ -83,9 +83,11 @@ class Maintenance:
     admin_only: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class GpuLive:
-    """What the head knows of one GPU between probes."""
+    """What the head knows of one GPU between probes. Frozen: a change is a new object
+    put in ``HeadState.gpus`` (a probe, an isolation), so a GPU view made from one
+    (``HeadState.gpu_views``) stays right while the same object is there."""
 
     node: str
     reading: GpuReading
@@ -132,6 +134,12 @@ class JobTable(dict):
         self.holding: dict[str, dict[int, Placement]] = {}  # GPU uuid -> job id -> placement
         self.per_user: Counter[str] = Counter()
         self._on_node: dict[str, dict[int, None]] = {}  # node -> ids of the jobs placed there
+        #: ``held``'s answers, each dropped when its GPU's holders change: the same tuple
+        #: object while they stay the same (what a kept GPU view is checked against)
+        self._held: dict[str, tuple[tuple[int, Placement], ...]] = {}
+        #: bumped by every change (set, pop, del): what is derived from the jobs alone
+        #: (the waiting and holding lists a pass reads) is kept while it stays the same
+        self.version = 0
         for job in jobs:
             self[job.id] = job
 
@@ -139,16 +147,19 @@ class JobTable(dict):
         before = self.get(job_id)
         if before is not None:
             self._index(before, add=False)
+        self.version += 1
         super().__setitem__(job_id, job)
         self._index(job, add=True)
 
     def __delitem__(self, job_id: int) -> None:
         self._index(self[job_id], add=False)
+        self.version += 1
         super().__delitem__(job_id)
 
     def pop(self, job_id: int, *default):
         if job_id in self:
             self._index(self[job_id], add=False)
+            self.version += 1
         return super().pop(job_id, *default)
 
     def _unsupported(self, *args, **kwargs):
@@ -169,6 +180,7 @@ class JobTable(dict):
         if not job.state.holds_gpus:
             return
         for p in job.placements:
+            self._held.pop(p.gpu_uuid, None)
             if add:
                 self.holding.setdefault(p.gpu_uuid, {})[job.id] = p
             else:
@@ -189,8 +201,12 @@ class JobTable(dict):
         return [self[job_id] for job_id in sorted(self._on_node.get(node, ()))]
 
     def held(self, uuid: str) -> tuple[tuple[int, Placement], ...]:
-        """(job id, placement) of every job holding GPU ``uuid``, by job id."""
-        return tuple(sorted(self.holding.get(uuid, {}).items()))
+        """(job id, placement) of every job holding GPU ``uuid``, by job id: the same
+        tuple object until a job starts or stops holding it."""
+        found = self._held.get(uuid)
+        if found is None:
+            found = self._held[uuid] = tuple(sorted(self.holding.get(uuid, {}).items()))
+        return found
 
 
 class GpuTable(dict):
@@ -260,7 +276,7 @@ class HeadState:
         self.queue_order: list[int] = []
         self.queue_place: dict[int, int] = {}
         #: each waiting job's start forecast (``forecast.Start.json``), the last one made
-        self.forecasts: dict[int, dict] = {}
+        self.forecasts: dict[int, StartForecast] = {}
         #: something may let a job start since the scheduling loop last looked (``wake``)
         self.capacity_changed = True
         self._wake = asyncio.Event()
@@ -271,6 +287,10 @@ class HeadState:
         self._hardware: dict[tuple, tuple] = {}  # a card's facts -> its class (``hardware``)
         #: ``hardware``'s last answer and what it was made from (GPU facts, nodes' CUDA)
         self._hardware_found: tuple[tuple, dict[str, dict[tuple, int]]] | None = None
+        #: ``gpu_views``' kept views: uuid -> (GpuLive, holders, blocked, CUDA, health, view)
+        self._views: dict[str, tuple] = {}
+        #: every GPU's uuid in (node, index) order, and the ``facts_version`` it holds for
+        self._order: tuple[int, list[str]] | None = None
         self._next_sync: asyncio.Future | None = None
         #: after a restore of the store: the nodes that have not yet told what ran since
         #: the backup (nothing is scheduled till they have, or till ``_restore_until``)
@@ -377,19 +397,54 @@ class HeadState:
     def gpu_views(self, node: str | None = None) -> list[GpuView]:
         """Every GPU (or only ``node``'s: one node's readings are published once per probe,
         and building all 1,000 views of a big cluster for each would cost the head a core;
-        who holds each GPU comes from the jobs' index, not a walk over every job)."""
-        return [self._view(live, self.jobs.held(uuid), self.blocked(live))
-                for uuid, live in sorted(((u, g) for u, g in self.gpus.items()
-                                          if node is None or g.node == node),
-                                         key=lambda kv: (kv[1].node, kv[1].reading.index))]
+        who holds each GPU comes from the jobs' index, not a walk over every job).
+
+        A view is kept between calls and given again while everything it is made of is
+        the same: the same ``GpuLive`` object (frozen; a probe or an isolation puts a new
+        one), the same holders' tuple (``JobTable.held``, a new one when a job starts or
+        stops holding the card), and equal blocking reason, CUDA version and health score
+        (the node's, read now). So a pass at 4,000 cards builds views only for the cards
+        whose readings or jobs changed since the last one."""
+        if node is None:
+            order = self._order
+            if order is None or order[0] != self.gpus.facts_version:
+                # (node, index) are among a card's facts: the order holds until they change
+                order = self._order = (self.gpus.facts_version, sorted(
+                    self.gpus, key=lambda u: (self.gpus[u].node, self.gpus[u].reading.index)))
+            uuids = order[1]
+        else:
+            uuids = sorted((u for u, g in self.gpus.items() if g.node == node),
+                           key=lambda u: self.gpus[u].reading.index)
+        kept, gpus, held, nodes = self._views, self.gpus, self.jobs.held, self.nodes
+        health: dict[str, float] = {}
+        views = []
+        for uuid in uuids:
+            live = gpus[uuid]
+            placements = held(uuid)
+            blocked = self.blocked(live)
+            name = live.node
+            score = health.get(name)
+            if score is None:
+                score = health[name] = self.health_score(name)
+            cuda = nodes[name].cuda_version
+            seen = kept.get(uuid)
+            if seen is None or seen[0] is not live or seen[1] is not placements \
+                    or seen[2] != blocked or seen[3] != cuda or seen[4] != score:
+                seen = kept[uuid] = (live, placements, blocked, cuda, score,
+                                     self._view(live, placements, blocked, cuda, score))
+            views.append(seen[5])
+        if node is None and len(kept) > len(uuids):  # cards gone from the cluster
+            for uuid in [u for u in kept if u not in gpus]:
+                del kept[uuid]
+        return views
 
     def _view(self, live: GpuLive, placements: tuple[tuple[int, Placement], ...],
-              blocked: str | None) -> GpuView:
+              blocked: str | None, cuda: str | None = None, health: float | None = None) -> GpuView:
         return GpuView(node=live.node, reading=live.reading, blocked=blocked,
                        maintenance=live.maintenance is not None, placements=placements,
                        unmanaged_used_mb=live.unmanaged_used_mb,
-                       cuda_version=self.nodes[live.node].cuda_version,
-                       health_score=self.health_score(live.node),
+                       cuda_version=self.nodes[live.node].cuda_version if cuda is None else cuda,
+                       health_score=self.health_score(live.node) if health is None else health,
                        overuse=live.overuse(placements) if live.job_used else (),
                        unmanaged_procs=live.owners)
 

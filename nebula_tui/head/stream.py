@@ -10,10 +10,12 @@ is written down in ``api.py``'s docstring.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict
+from collections.abc import Mapping
 
 from .. import views
 from ..model import GpuView, Job, JobState, NodeState
+from ..wire import (ClusterStatus, EventRow, GpusEvent, GpuWire, JobEvent, LogEvent, NodeEvent, QueueEvent, QueueRow,
+                    StartForecast, StreamState)
 from ..node.backends import topo
 from ..scheduler.slices import common_fits
 from .state import HeadState, NodeView
@@ -33,10 +35,10 @@ class Stream:
         self.subscribers: set[asyncio.Queue] = set()
         #: What every subscriber holds of each node's GPUs (the last "gpus" event applied
         #: to the snapshot it started from): GPU events carry only the changes against it.
-        self.published: dict[str, dict[str, dict]] = {}  # node -> uuid -> GPU as sent
+        self.published: dict[str, dict[str, GpuWire]] = {}  # node -> uuid -> GPU as sent
 
     # ---------------------------------------------------------------- subscribers
-    def subscribe(self, queue: asyncio.Queue) -> dict:
+    def subscribe(self, queue: asyncio.Queue) -> StreamState:
         """A new subscriber: returns the snapshot it starts from, and puts every event
         from now on in ``queue`` (``unsubscribe`` stops that).
 
@@ -45,7 +47,7 @@ class Stream:
         nobody listened) are first sent to the subscribers already listening, as events.
         """
         snap = self.snapshot()
-        by_node: dict[str, list[dict]] = {name: [] for name in self.published}
+        by_node: dict[str, list[GpuWire]] = {name: [] for name in self.published}
         for gpu in snap["gpus"]:
             by_node.setdefault(gpu["node"], []).append(gpu)
         for node, gpus in by_node.items():
@@ -60,16 +62,21 @@ class Stream:
     def unsubscribe(self, queue: asyncio.Queue) -> None:
         self.subscribers.discard(queue)
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> StreamState:
         """The whole state a subscriber starts from (GPUs without the raw probe reading,
         like the stream's: `nebula gpus` has it, no subscriber shows it)."""
         status = self.status()
+        heat = self.state.settings.config.temperatures
         return {**status, "jobs": self.queue_json(), "queue": self.state.queue_order,
-                "starts": self.state.forecasts,
+                "starts": self.starts_json(),
                 "events": self.state.store.events(30),
-                "temperatures": asdict(self.state.settings.config.temperatures)}
+                "temperatures": {"hot_c": heat.hot_c, "warm_c": heat.warm_c}}
 
-    def status(self) -> dict:
+    def starts_json(self) -> dict[str, StartForecast]:
+        """The start forecasts by job id, as JSON keys are: strings (clients read them back)."""
+        return {str(job_id): start for job_id, start in self.state.forecasts.items()}
+
+    def status(self) -> ClusterStatus:
         """Nodes, GPUs and their R1 summary: what `nebula status` shows, without the
         10,000 jobs of a busy queue that a snapshot also carries."""
         nodes = [n.json() for n in self.state.nodes.values()]
@@ -77,10 +84,10 @@ class Stream:
         return {"nodes": nodes, "gpus": gpus, "summary": views.status_summary(nodes, gpus)}
 
     # ---------------------------------------------------------------- JSON views
-    def gpus_json(self, node: str | None = None, raw: bool = True) -> list[dict]:
+    def gpus_json(self, node: str | None = None, raw: bool = True) -> list[GpuWire]:
         return [self.gpu_json(g, raw) for g in self.state.gpu_views(node)]
 
-    def gpu_json(self, gpu: GpuView, raw: bool = True) -> dict:
+    def gpu_json(self, gpu: GpuView, raw: bool = True) -> GpuWire:
         node = self.state.nodes[gpu.node]
         live = self.state.gpus[gpu.uuid]
         processes = [{"pid": p.pid, "name": p.name, "used_memory_mb": p.used_memory_mb,
@@ -94,7 +101,7 @@ class Stream:
                               nvlink=topo.nvlink_peers(node.topo, gpu.reading.index),
                               processes=processes, fits=fits, raw=raw)
 
-    def queue_json(self) -> list[dict]:
+    def queue_json(self) -> list[QueueRow]:
         """Every live job as the queue shows it: those holding GPUs first, then the waiting
         ones in the scheduler's order (``queue_pos``: the place in it; ``starts``: the
         last forecast of its start), then any not considered yet (submitted since the last
@@ -109,18 +116,20 @@ class Stream:
                 return (2, 0, job.submitted_at, job.id)
             return (1, place.get(job.id, unplaced), job.submitted_at, job.id)
         starts = self.state.forecasts
-        return [{**views.job_json(j), "queue_pos": self.state.queue_pos(j),
-                 "starts": starts.get(j.id) if j.state == JobState.PENDING else None}
+        return [views.queue_row(j, self.state.queue_pos(j), starts.get(j.id) if j.state == JobState.PENDING else None)
                 for j in sorted(self.state.jobs.values(), key=rank)]
+
 
     def publish_queue_order(self, starts: bool = False) -> None:
         """The queue's order; with ``starts`` the start forecasts too (after a new one)."""
         if self.subscribers:
-            event = {"type": "queue", "order": self.state.queue_order}
-            self.publish({**event, "starts": self.state.forecasts} if starts else event)
+            event: QueueEvent = {"type": "queue", "order": self.state.queue_order}
+            if starts:
+                event["starts"] = self.starts_json()
+            self.publish(event)
 
     # ------------------------------------------------------------------ publishing
-    def publish(self, event: dict) -> None:
+    def publish(self, event: Mapping[str, object]) -> None:
         for queue in list(self.subscribers):
             try:
                 queue.put_nowait(event)
@@ -136,17 +145,20 @@ class Stream:
         queue.put_nowait(RESYNC)
         self.subscribers.discard(queue)
 
-    def publish_event(self, event: dict) -> None:
+    def publish_event(self, row: EventRow) -> None:
         """A line of the events log the store committed (``Store.on_event``), as it is."""
         if self.subscribers:
-            self.publish({"type": "event", "event": event})
+            event: LogEvent = {"type": "event", "event": row}
+            self.publish(event)
 
     def publish_job(self, job: Job) -> None:
         if self.subscribers:
-            self.publish({"type": "job", "job": views.job_json(job)})
+            event: JobEvent = {"type": "job", "job": views.job_json(job)}
+            self.publish(event)
 
     def publish_node(self, view: NodeView) -> None:
-        self.publish({"type": "node", "node": view.json()})
+        event: NodeEvent = {"type": "node", "node": view.json()}
+        self.publish(event)
 
     def publish_gpus(self, node: str) -> None:
         """One "gpus" event for ``node`` (after each of its probes, and after anything that
@@ -161,7 +173,7 @@ class Stream:
                 event["seen"] = view.last_seen
             self.publish(event)
 
-    def gpu_changes(self, node: str, gpus: list[dict]) -> dict:
+    def gpu_changes(self, node: str, gpus: list[GpuWire]) -> GpusEvent:
         """The "gpus" event that brings subscribers from what they hold of ``node``'s GPUs
         to ``gpus`` (and makes ``gpus`` what they hold):
 
@@ -173,16 +185,20 @@ class Stream:
         power, a few dozen bytes a GPU, instead of every GPU's ~700-byte descriptor.
         """
         before = self.published.get(node, {})
-        changes: dict[str, dict] = {}
+        changes: dict[str, Mapping[str, object]] = {}  # a whole GPU, or its changed fields
+
         for gpu in gpus:
             old = before.get(gpu["uuid"])
             if old is None or old.keys() != gpu.keys():
                 changes[gpu["uuid"]] = gpu
             elif old != gpu:
-                changes[gpu["uuid"]] = {k: v for k, v in gpu.items() if old[k] != v}
+                fields: Mapping[str, object] = old  # (the same keys as gpu's)
+                changes[gpu["uuid"]] = {k: v for k, v in gpu.items() if fields[k] != v}
+
         now = {gpu["uuid"]: gpu for gpu in gpus}
         self.published[node] = now
-        event = {"type": "gpus", "node": node, "gpus": changes}
+        event: GpusEvent = {"type": "gpus", "node": node, "gpus": changes}
+
         gone = [uuid for uuid in before if uuid not in now]
         if gone:
             event["gone"] = gone

@@ -16,14 +16,11 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from ..model import DEFAULT_VENDOR, GpuView, format_mb
 from ..units import duration_flag
-from .cards import Shape
+from .cards import Hardware, Shape
 from .filters import Filter, make_filter, parse_version, sm_name, version_text
 from .reasons import needs
 from .slices import fit
 from .snapshot import PendingJob, SchedulerConfig
-
-#: (vendor, capability, cuda, total MiB), as cards.Card.hw
-Hardware = tuple[str, tuple[int, ...] | None, tuple[int, ...] | None, int | None]
 
 
 def hardware(vendor: str | None, compute_cap: str | None, cuda_version: str | None,

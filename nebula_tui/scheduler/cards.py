@@ -16,7 +16,10 @@ from .snapshot import SchedulerConfig
 #: What a card's readings make of it, worked out once per pass for cards alike: its vendor,
 #: compute capability, CUDA, thermal penalty, hardware class and the unchanging score terms.
 Version = tuple[int, ...] | None
-Known = tuple[str, Version, Version, float, tuple[str, Version, Version, int | None], float]
+#: a card's hardware class: (vendor, compute capability, CUDA, memory MiB); cards of one
+#: class pass the same filters and fit an empty-card request alike
+Hardware = tuple[str, Version, Version, int | None]
+Known = tuple[str, Version, Version, float, Hardware, float]
 
 
 class Card:

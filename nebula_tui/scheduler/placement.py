@@ -19,15 +19,36 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar, overload
 
 from ..model import GpuView, Placement
-from .cards import Card, Found, Shape
-from .scoring import SetScoring
+from .cards import Card, Found, Hardware, Known, Shape
+from .filters import Filter
+from .scoring import Fitting, SetScoring
 from .slices import fit
 from .snapshot import SchedulerConfig
 from .topology import rank_table
+
+#: what a card can give one share of a request: (MiB, exclusive)
+Fit = tuple[int, bool]
+#: a node's best set for a request class: (score, [(card, fit)]), or None when none fits
+Best = tuple[float, Fitting] | None
+#: where a best set is kept: the node (all its takers allowed) or (node, allowed mask)
+Slot = str | tuple[str, int]
+#: slot -> (the node's version it was worked out at, its best set)
+BestCache = dict[Slot, tuple[int, Best]]
+#: a request class as the search's index knows it: (eligibility sig, memory, service,
+#: gang size, the token of the excluded cards or None)
+IndexKey = tuple[int, int | None, bool, int, object]
+#: (memory, service, gang size): one board, one best cache
+ClassKey = tuple[int | None, bool, int]
+#: a node's NVLink/PCIe matrix as its agent reports it (row -> column -> link code)
+Links = Mapping[str, Mapping[str, str]]
+#: one node's pair ranks (topology.rank_table)
+RankTable = dict[tuple[int, int], float]
+_T = TypeVar("_T")
 
 
 class _Fits:
@@ -43,7 +64,7 @@ class _Fits:
         self.pairs: list[tuple[Card, tuple[int, bool]] | None] = [None] * size
         self.scores: list[float] = [math.inf] * size
         self.dirty: list[int] = list(range(size))
-        self.feasible: list | None = None
+        self.feasible: Fitting | None = None
         self.mask = 0  # the bits (Card.bit) of the cards that fit
 
 
@@ -62,7 +83,7 @@ class _Board:
 
     __slots__ = ("entries", "where", "cursor", "cache", "lazy", "loose")
 
-    def __init__(self, cursor: int, cache: dict, lazy: bool) -> None:
+    def __init__(self, cursor: int, cache: BestCache, lazy: bool) -> None:
         self.entries: list[tuple[float, int, str]] = []
         self.where: dict[str, tuple[float, int, str]] = {}  # node -> its entry
         self.cursor = cursor  # how many of the world's changes the board has seen
@@ -80,7 +101,7 @@ class _Index:
 
     full: frozenset[str]
     covers_board: bool  # full holds every node of the board: its first entry is the best
-    partial: list[tuple[str, int, tuple]]
+    partial: list[tuple[str, int, Slot]]
 
 
 @dataclass
@@ -107,17 +128,24 @@ class Eligibility:
     sizes: list[int]  # how many such cards each node has, most first
 
 
-class LazyRanks(dict):
+class LazyRanks(dict[str, RankTable]):
     """node -> ``rank_table(links)``, worked out the first time a node is asked for (only
     nodes a gang is scored on need one), and once per distinct matrix: nodes built alike
     share one read-only table."""
 
-    def __init__(self, topologies: Mapping[str, Mapping]) -> None:
+    def __init__(self, topologies: Mapping[str, Links]) -> None:
         super().__init__()
         self.topologies = topologies
-        self._alike: dict[tuple, dict] = {}
+        self._alike: dict[tuple[tuple[str, tuple[tuple[str, str], ...]], ...], RankTable] = {}
 
-    def get(self, node, default=None):
+    @overload
+    def get(self, node: str, default: None = None, /) -> RankTable | None: ...
+    @overload
+    def get(self, node: str, default: RankTable, /) -> RankTable: ...
+    @overload
+    def get(self, node: str, default: _T, /) -> RankTable | _T: ...
+
+    def get(self, node: str, default: object = None, /) -> object:
         table = dict.get(self, node)
         if table is None:
             links = self.topologies.get(node)
@@ -130,13 +158,13 @@ class LazyRanks(dict):
             self[node] = table
         return table
 
-    def __missing__(self, node):
+    def __missing__(self, node: str) -> RankTable:
         table = self.get(node)
         if table is None:
             raise KeyError(node)
         return table
 
-    def __contains__(self, node) -> bool:
+    def __contains__(self, node: object) -> bool:
         return dict.__contains__(self, node) or node in self.topologies
 
 
@@ -156,8 +184,8 @@ class World(SetScoring):
       out on their own only the nodes it may use in part (mixed hardware, a reservation).
     """
 
-    def __init__(self, cards: list[Card], ranks: Mapping[str, Mapping[tuple[int, int], int]],
-                 config: SchedulerConfig, states: dict[tuple, int] | None = None,
+    def __init__(self, cards: list[Card], ranks: Mapping[str, Mapping[tuple[int, int], float]],
+                 config: SchedulerConfig, states: dict[tuple[object, ...], int] | None = None,
                  budgets: Mapping[str, float] | None = None, packing: bool = False) -> None:
         super().__init__()
         self.cards = cards
@@ -177,21 +205,22 @@ class World(SetScoring):
         #: per node, cards holding none of our allocations (a quick bound for whole cards)
         self.empty = {node: sum(1 for c in cards if not c.allocs) for node, cards in self.by_node.items()}
         #: one card of each hardware class (what the filters and the empty-card fit look at)
-        self.classes: dict[tuple, Card] = {}
+        self.classes: dict[Hardware, Card] = {}
         #: per node, the cards that take new work (not blocked, healthy enough), their mask,
         #: and their hardware classes (one on most nodes)
         self.takers: dict[str, list[Card]] = {}
         self.takers_mask: dict[str, int] = {}
-        self.takers_hw: dict[str, tuple] = {}
+        self.takers_hw: dict[str, tuple[Hardware, ...]] = {}
         #: per node, how many of its cards (all of them) are of each hardware class
-        self.node_hw: dict[str, dict[tuple, int]] = {}
+        self.node_hw: dict[str, dict[Hardware, int]] = {}
         #: card state (Card.state_key) -> a number naming it: cheap to hash per card and
         #: request class. Shared with this world's futures, which share unchanged cards.
-        self._states: dict[tuple, int] = {} if states is None else states
+        self._states: dict[tuple[object, ...], int] = {} if states is None else states
         floor = config.min_health_score
         states, by_class = self._states, self.classes
         for node, node_cards in self.by_node.items():
-            takers, mask = [], 0
+            takers: list[Card] = []
+            mask = 0
             for position, card in enumerate(node_cards):
                 card.bit = 1 << position
                 card.spot = -1
@@ -209,7 +238,7 @@ class World(SetScoring):
             self.takers[node] = takers
             self.takers_mask[node] = mask
             self.takers_hw[node] = tuple(dict.fromkeys(c.hw for c in takers))
-            classes: dict[tuple, int] = {}
+            classes: dict[Hardware, int] = {}
             for card in node_cards:
                 classes[card.hw] = classes.get(card.hw, 0) + 1
             self.node_hw[node] = classes
@@ -221,30 +250,32 @@ class World(SetScoring):
                               if not c.allocs and not c.unmanaged)
         self._changes: list[str] = []  # nodes changed by starts, in order
         self.touched: set[str] = set()  # cards changed by starts (their uuids)
-        self._eligible: dict[tuple, Eligibility] = {}
-        self._by_classes: dict[frozenset, Eligibility] = {}  # accepted hardware classes
+        self._eligible: dict[tuple[Filter, int | None, bool], Eligibility] = {}
+        self._by_classes: dict[frozenset[Hardware], Eligibility] = {}  # accepted hardware classes
         self._by_shape: dict[int, tuple[Shape, Eligibility]] = {}
-        self._sigs: dict[tuple, int] = {}
-        self._index: dict[tuple, _Index] = {}
-        self._boards: dict[tuple, _Board] = {}
-        self._fits: dict[tuple, _Fits] = {}  # (node, memory, service)
+        self._sigs: dict[tuple[tuple[str, ...], tuple[int, ...]], int] = {}
+        self._index: dict[IndexKey, _Index] = {}
+        self._boards: dict[ClassKey, _Board] = {}
+        self._fits: dict[tuple[str, int | None, bool], _Fits] = {}  # (node, memory, service)
         self._node_fits: dict[str, list[_Fits]] = {node: [] for node in self.by_node}
-        self._best: dict[tuple, dict] = {}  # (memory, service, k) -> slot -> (version, best)
+        self._best: dict[ClassKey, BestCache] = {}
         self._excluded: dict[object, dict[str, int]] = {}
-        self._missed: dict[tuple, tuple[int, dict[str, int]]] = {}  # see _counts
+        #: (eligibility sig, memory, service, token) -> (changes seen, counts); see _counts
+        self._missed: dict[tuple[int, int | None, bool, object], tuple[int, dict[str, int]]] = {}
         self.node_order = {node: node_cards[0].order for node, node_cards in self.by_node.items()}
-        self._answers: dict[tuple, dict] = {}  # (memory, service) -> card state -> _answer
+        #: (memory, service) -> card state (Card.state) -> _answer
+        self._answers: dict[tuple[int | None, bool], dict[int, tuple[Fit | None, float]]] = {}
         #: ready_times' answers: (eligibility, memory, service) -> node -> (version, times),
         #: for the ``ends`` mapping they were worked out from
-        self._ready_kept: dict[tuple, dict[str, tuple[int, list[float]]]] = {}
+        self._ready_kept: dict[tuple[int, int | None, bool], dict[str, tuple[int, list[float]]]] = {}
         self._ready_for: object = None
 
     @classmethod
-    def build(cls, views: Sequence[GpuView], topologies: Mapping[str, Mapping], services: Iterable[int],
+    def build(cls, views: Sequence[GpuView], topologies: Mapping[str, Links], services: Iterable[int],
               config: SchedulerConfig, budgets: Mapping[str, float] | None = None) -> World:
-        services = frozenset(services)
-        memo: dict = {}
-        cards = [Card(v, i, services, config, memo) for i, v in enumerate(views)]
+        held = frozenset(services)
+        memo: dict[tuple[object, ...], Known] = {}
+        cards = [Card(v, i, held, config, memo) for i, v in enumerate(views)]
         return cls(cards, LazyRanks(topologies), config, budgets=budgets)
 
     def set_packing(self, packing: bool) -> None:
@@ -340,7 +371,7 @@ class World(SetScoring):
             self._by_shape[id(shape)] = (shape, found)
         return found
 
-    def _select(self, ok: Mapping[tuple, bool], node_ok=None) -> Eligibility:
+    def _select(self, ok: Mapping[Hardware, bool], node_ok: Callable[[str], bool] | None = None) -> Eligibility:
         """The cards of the hardware classes ``ok`` accepts, node by node (only on the
         nodes ``node_ok`` accepts, when given: -w/-x)."""
         cards: dict[str, list[Card]] = {}
@@ -408,9 +439,9 @@ class World(SetScoring):
             # _across_nodes takes the nodes with the most such cards first: it needs no others
             order = self.node_order
             top = sorted((n for n, c in counts.items() if c), key=lambda n: (-counts[n], order[n]))
-            found = self._across_nodes(shape, self._per_node(shape, top[:shape.max_nodes], elig.masks, skip))
-            if found is not None:
-                return found
+            across = self._across_nodes(shape, self._per_node(shape, top[:shape.max_nodes], elig.masks, skip))
+            if across is not None:
+                return across
         return Missed(counts)
 
     def _counts(self, shape: Shape, elig: Eligibility, skip: Mapping[str, int], token: object
@@ -441,7 +472,7 @@ class World(SetScoring):
         return dict(counts)  # the caller's own: later starts update the kept one
 
     def _make_index(self, shape: Shape, elig: Eligibility, skip: Mapping[str, int],
-                    board: _Board, key: tuple) -> _Index:
+                    board: _Board, key: IndexKey) -> _Index:
         k, full_mask = shape.gpu_count, self.takers_mask
         if skip:
             # Excluded cards (reservations: a new set for each one a pass adds) lie on a few
@@ -451,29 +482,30 @@ class World(SetScoring):
             if base is None:
                 base = self._index[plain] = self._make_index(shape, elig, {}, board, plain)
             masks = elig.masks
-            partial = [(node, allowed & ~skip[node], (node, allowed & ~skip[node])) if node in skip
-                       else (node, allowed, slot) for node, allowed, slot in base.partial]
+            partial: list[tuple[str, int, Slot]] = [
+                (node, allowed & ~skip[node], (node, allowed & ~skip[node])) if node in skip
+                else (node, allowed, slot) for node, allowed, slot in base.partial]
             full = base.full
             moved = [node for node in skip if node in full]
             if moved:
-                full = set(full)
+                whole = set(full)
                 for node in moved:
                     allowed = masks[node] & ~skip[node]
                     if allowed != full_mask[node]:
-                        full.discard(node)
+                        whole.discard(node)
                         partial.append((node, allowed, (node, allowed)))
-                full = frozenset(full)
+                full = frozenset(whole)
             return _Index(full, board.where.keys() <= full, partial)
-        full, partial = set(), []
+        whole, partial = set(), []
         for node, cards in elig.cards.items():
             if len(cards) >= k:
                 allowed = elig.masks[node] & ~skip[node] if node in skip else elig.masks[node]
                 if allowed == full_mask[node]:
-                    full.add(node)
+                    whole.add(node)
                 else:
                     partial.append((node, allowed, (node, allowed)))
         # nodes leave a board (a start only takes cards) but never join it again
-        return _Index(frozenset(full), board.where.keys() <= full, partial)
+        return _Index(frozenset(whole), board.where.keys() <= whole, partial)
 
     def _board(self, shape: Shape) -> _Board:
         """The class's board, brought up to date with the starts since it was last read."""
@@ -536,7 +568,7 @@ class World(SetScoring):
         board.where[node] = entry = (found[0], self.node_order[node], node)
         return entry
 
-    def _top(self, shape: Shape, board: _Board, full: frozenset[str] | None):
+    def _top(self, shape: Shape, board: _Board, full: frozenset[str] | None) -> tuple[float, int, str] | None:
         """The board's best entry among ``full`` nodes (None: any node), or None. A bound
         found first is replaced by the node's score, until a score comes first."""
         entries, loose = board.entries, board.loose
@@ -558,11 +590,11 @@ class World(SetScoring):
                 insort(entries, exact)
 
     def _per_node(self, shape: Shape, nodes: Iterable[str], masks: Mapping[str, int],
-                  skip: Mapping[str, int]) -> dict[str, list]:
+                  skip: Mapping[str, int]) -> dict[str, Fitting]:
         """Per node of ``nodes``, [(card, fit)] of its allowed cards that can take one share now."""
         mem, service = shape.gpu_mem_mb, shape.service
         takers = self.takers_mask
-        per_node = {}
+        per_node: dict[str, Fitting] = {}
         for node in nodes:
             fitting = self._fitting(node, mem, service)
             allowed = masks[node] & ~skip[node] if node in skip else masks[node]
@@ -584,7 +616,7 @@ class World(SetScoring):
                 self._excluded[token] = bits
         return bits
 
-    def _fitting(self, node: str, gpu_mem_mb: int | None, service: bool) -> list:
+    def _fitting(self, node: str, gpu_mem_mb: int | None, service: bool) -> Fitting:
         """[(card, fit)] of the node's takers that can take one share now."""
         fits = self._fits_now(node, gpu_mem_mb, service)
         feasible = fits.feasible
@@ -617,7 +649,7 @@ class World(SetScoring):
                     value = card.base + known[1]
                     if power is not None:  # the node's budget is the same for every state
                         value = self.powered(value, power, card.extra_watts())
-                if value == math.inf:
+                if got is None or value == math.inf:
                     pairs[spot], scores[spot] = None, math.inf
                     fits.mask &= ~card.bit
                 else:
@@ -627,27 +659,28 @@ class World(SetScoring):
             fits.feasible = None
         return fits
 
-    def _answer(self, card: Card, gpu_mem_mb: int | None, service: bool) -> tuple:
+    def _answer(self, card: Card, gpu_mem_mb: int | None, service: bool) -> tuple[Fit | None, float]:
         """(fit or None, what the card's state adds to its fixed score terms) for a request."""
         if gpu_mem_mb is None:  # whole cards: empty of ours and of anyone else's memory
-            if card.allocs or card.unmanaged:
+            # (a card of unknown size takes nothing, as slices.fit says: never eligible)
+            if card.allocs or card.unmanaged or card.total is None:
                 return None, 0.0
             return (card.total, True), 0.0
+
         got = fit(card.total, card.unmanaged, card.reserved, len(card.allocs), card.exclusive,
                   gpu_mem_mb, self.config.service_spare_mb if (card.service or service) else 0)
         if got is None:
             return None, 0.0
         return got, self.share_term(card, got)
 
-    def _feasible(self, shape: Shape, node: str, allowed: int) -> list:
+    def _feasible(self, shape: Shape, node: str, allowed: int) -> Fitting:
         """[(card, fit)] of the node's ``allowed`` cards that can take one share of ``shape``."""
         fitting = self._fitting(node, shape.gpu_mem_mb, shape.service)
         if allowed == self.takers_mask[node]:
             return fitting
         return [pair for pair in fitting if pair[0].bit & allowed]
 
-    def _best_for(self, shape: Shape, node: str, allowed: int, cache: dict, slot: object
-                  ) -> tuple[float, list] | None:
+    def _best_for(self, shape: Shape, node: str, allowed: int, cache: BestCache, slot: Slot) -> Best:
         """The node's best set for ``shape`` among its ``allowed`` cards, or None; kept in
         ``cache`` at ``slot`` until a start changes the node."""
         k = shape.gpu_count
@@ -663,11 +696,13 @@ class World(SetScoring):
             if fit:
                 # the kept scores lack the node's fit term, which set_score adds before the
                 # power term: worked in its place, as rounding may tie or part two cards
+                # (a finite score is a card that fits: its pair is there)
                 pairs = fits.pairs
-                scores = [value if value == math.inf else self.solo_score(shape, *pairs[i], fit)
-                          for i, value in enumerate(scores)]
+                scores = [math.inf if value == math.inf or (pair := pairs[i]) is None
+                          else self.solo_score(shape, *pair, fit) for i, value in enumerate(scores)]
             best = min(scores) if scores else math.inf
-            found = None if best == math.inf else (best, [fits.pairs[scores.index(best)]])
+            chosen = None if best == math.inf else fits.pairs[scores.index(best)]
+            found: Best = None if chosen is None else (best, [chosen])
         else:
             feasible = self._feasible(shape, node, allowed)
             found = self.best_on_node(shape, feasible, k) if len(feasible) >= k else None
@@ -742,12 +777,13 @@ class World(SetScoring):
                 return t
         return math.inf
 
-    def _across_nodes(self, shape: Shape, per_node: dict[str, list]) -> Found | None:
+    def _across_nodes(self, shape: Shape, per_node: dict[str, Fitting]) -> Found | None:
         """Fewest nodes first (R8): take from the nodes with the most fitting cards."""
         k = shape.gpu_count
         order = {node: cards[0].order for node, cards in self.by_node.items()}
         nodes = sorted((n for n, f in per_node.items() if f), key=lambda n: (-len(per_node[n]), order[n]))
-        taken, need = [], k
+        taken: list[tuple[str, int]] = []
+        need = k
         for node in nodes:
             if need == 0:
                 break
@@ -756,8 +792,9 @@ class World(SetScoring):
             need -= take
         if need or len(taken) > shape.max_nodes:
             return None
-        chosen = []
+        chosen: Fitting = []
         for node, take in taken:
+
             score, part = self.best_on_node(shape, per_node[node], take)
             if score == math.inf:
                 return None  # that node cannot power its part

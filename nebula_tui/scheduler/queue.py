@@ -45,27 +45,30 @@ world, the reservation, the refusals it remembers); the rules that stand alone a
 
 from __future__ import annotations
 
+import enum
 import gc
 import math
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter, itemgetter
+from typing import Final, Literal, NamedTuple
 
 from ..model import takes_whole_card
 from ..units import in_time
 from . import admission
-from .cards import Found, Shape
+from .cards import Card, Found, Hardware, Shape
+from .filters import Filter
 from .estimates import expected_end, run_estimate
 from .fairshare import order_key
 from .placement import Missed, World
 from .reasons import (best_now, blocked_text, blocker, blocker_rank, blockers_text, cards_text,
                       join_ids, memory_rank, needs)
-from .snapshot import Decision, Fail, PendingJob, Snapshot, Start, Wait
+from .snapshot import Decision, Fail, PendingJob, Snapshot, Start, UserShare, Wait
 
 
-def order(queue: Sequence[PendingJob], users=None, now: float | None = None,
+def order(queue: Sequence[PendingJob], users: Mapping[str, UserShare | None] | None = None, now: float | None = None,
           gang_age_s: float | None = None) -> list[PendingJob]:
     """The order jobs are considered in: priority, fair-share weight, submit time, id.
 
@@ -160,7 +163,31 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
             gc.enable()
 
 
-_UNKNOWN = object()
+class _Unknown(enum.Enum):
+    """Not worked out yet (a cache's answer may itself be None)."""
+
+    UNKNOWN = 0
+
+
+_UNKNOWN: Final = _Unknown.UNKNOWN
+#: the cards bookings keep a job off, named for the search's cache (Bars.token)
+Token = tuple[object, ...]
+#: which reservations' cards a refused request was kept off (their numbers: ``()`` for
+#: none), and with bookings, their token too: the key of ``_Request.refused``
+RefusalKey = tuple[int, ...] | tuple[tuple[int, ...], Token]
+#: why no card could serve a request, as admission words it: ("what" | "plain", the end)
+Refused = tuple[str, str]
+
+
+class _Sized(NamedTuple):
+    """The hardware classes that pass a request's filters and could hold one share when
+    empty, each node's count of such cards (most first), and their total."""
+
+    kept: frozenset[Hardware]
+    counts: list[int]
+    total: int
+
+
 _KEY = attrgetter("request_key")
 _FIRST = itemgetter(0)
 #: how many of the nearest blocked cards a waiting reason puts in words (cards blocked
@@ -186,15 +213,15 @@ class _Request:
 
     def __init__(self, shape: Shape | str) -> None:
         self.shape = shape
-        self.impossible: object = _UNKNOWN
-        self.refused: dict[bool, str] = {}
+        self.impossible: str | None | Literal[_Unknown.UNKNOWN] = _UNKNOWN
+        self.refused: dict[RefusalKey, str] = {}
         self.quick: str | None = None
 
     def judged(self, impossible: str | None) -> None:
         self.impossible = impossible
         self.quick = impossible or None
 
-    def refuse(self, may_use, reason: str) -> None:
+    def refuse(self, may_use: RefusalKey, reason: str) -> None:
         """Record that jobs kept off the reservations numbered in ``may_use`` (``()``: none)
         cannot start (with bookings: ``(may_use, the bookings' token)``)."""
         self.refused[may_use] = reason
@@ -210,7 +237,7 @@ class Bars:
     of active bookings it is one of the users of (tried first)."""
 
     excluded: frozenset[str] = frozenset()
-    token: tuple | None = None
+    token: Token | None = None
     texts: tuple[str, ...] = ()
     own: frozenset[str] = frozenset()
 
@@ -242,21 +269,29 @@ class _Pass:
         self.requests: dict[str, _Request] = {}  # by PendingJob.request_key
         self.by_shape: dict[Shape, _Request] = {}  # equal shapes share one request
         self.fates: dict[int, tuple[str, str]] = {}
-        self._pools: dict[tuple, object] = {}
+        #: what each filter's hardware classes are, and each (filter, memory, service)'s
+        #: sized classes and counts (:meth:`_hardware`, :meth:`_sized`); ``_counted``:
+        #: counts by the classes kept (and nodes: -w/-x), shared by filters that keep alike
+        self._by_filter: dict[Filter, Refused | frozenset[Hardware]] = {}
+        self._by_size: dict[tuple[Filter, int | None, bool], Refused | _Sized] = {}
+        self._counted: dict[object, _Sized] = {}
         self.reservations: list[Reservation] = []
         self.reserved: frozenset[str] = frozenset()  # every reservation's cards
         self.reservations_tried = 0
-        self._avoids: dict[tuple, tuple[int, ...]] = {}  # (--time, reservations) -> avoids
-        self._timeline: tuple | None = None  # see timeline()
+        self._avoids: dict[tuple[float | None, int], tuple[int, ...]] = {}  # (--time, reservations) -> avoids
+        self._timeline: tuple[list[float], list[int], list[float]] | None = None  # see timeline()
         self.ahead: set[int] = set()  # jobs this pass started, in the order it did
         #: per array, how many of its tasks hold cards (those this pass started too)
         self.array_running = Counter(r.array_id for r in snapshot.running if r.array_id is not None)
-        self._blockers: dict[tuple, str] = {}
-        self._ranks: dict[tuple, dict] = {}  # (memory, service) -> card state -> memory_rank
+        #: (memory, service, filter, node or None, world's changes) -> blockers' text
+        self._blockers: dict[tuple[int | None, bool, Filter, str | None, int], str] = {}
+        #: (memory, service) -> card state (Card.state, or a state_key: Card.first) -> memory_rank
+        self._ranks: dict[tuple[int | None, bool],
+                          dict[int | tuple[object, ...], tuple[int, float] | None]] = {}
         self.whole_keys: set[str] = set()
         self.whole_demand = self._whole_demand()
         self.bookings = tuple(b for b in snapshot.bookings if b.end > self.now)
-        self._bars: dict[tuple, Bars] = {}
+        self._bars: dict[tuple[str, str | None, tuple[bool, ...]], Bars] = {}
         #: the lab's scarcest machines (:meth:`_scarce`), their cards, and the most cards
         #: any other machine has
         self.scarce, self.scarce_cards, self.scarce_rest = self._scarce()
@@ -296,10 +331,12 @@ class _Pass:
         demand = 0
         for key, job in dict(zip(map(_KEY, queue), queue)).items():
             shape = self.request(job).shape
-            if type(shape) is str or self.impossible(shape):
+            if isinstance(shape, str) or self.impossible(shape):
                 continue
             mem = shape.gpu_mem_mb
-            if mem is not None and not any(takes_whole_card(hw[3], mem) for hw in self._sized(shape)[0]):
+            sized = self._sized(shape)  # (what a possible request is)
+            if mem is not None and isinstance(sized, _Sized) and not any(
+                    hw[3] is not None and takes_whole_card(hw[3], mem) for hw in sized.kept):
                 continue
             self.whole_keys.add(key)
             demand += counts[key] * shape.gpu_count
@@ -372,7 +409,9 @@ class _Pass:
                 return Fail(job.id, why + "; this job will not run")
             if fate == "wait":
                 return Wait(job.id, why)
-        elif type(shape) is str:  # the fate of a job without --after: its request alone
+        # the fate of a job without --after is its request's alone (with --after, fate
+        # has failed a request that cannot be understood)
+        if isinstance(shape, str):
             return Fail(job.id, shape)
         share = self.snap.users.get(job.user)
         if share is not None and share.refusal:
@@ -383,21 +422,22 @@ class _Pass:
                                 f"(%{job.array_limit}); waits for one of them to end")
         impossible = req.impossible
         if impossible is _UNKNOWN:
-            req.judged(self._impossible(shape))
-            impossible = req.impossible
+            impossible = self._impossible(shape)
+            req.judged(impossible)
         if impossible:
             return Wait(job.id, impossible)
         bars = self.bars(job) if self.bookings else _NO_BARS
         if job.reservation is not None:
-            bars = self.booked_for(job, bars)
-            if not isinstance(bars, Bars):
-                return bars
+            booked = self.booked_for(job, bars)
+            if not isinstance(booked, Bars):
+                return booked
+            bars = booked
         avoid = self.avoids(job)
         if self.scarce and job.time_limit_s is None and self.keeps_off(job):
             kept = self.keep_off_scarce(job, shape, bars, avoid)
             if kept is not None:
                 return kept
-        key = avoid if bars.token is None else (avoid, bars.token)
+        key: RefusalKey = avoid if bars.token is None else (avoid, bars.token)
         refused = req.refused
         if refused:
             reason = refused.get(key) or refused.get(() if bars.token is None else ((), bars.token))
@@ -421,8 +461,8 @@ class _Pass:
         if isinstance(found, Found):
             return self.start(job, found)
         if avoid and isinstance(self.search(shape, bars.excluded, bars.token), Found):
-            res = self.reservations[avoid[0]]
-            reason = f"held for job {res.job_id} ({res.text} reserved for it; {self.estimate(res)})"
+            held = self.reservations[avoid[0]]
+            reason = f"held for job {held.job_id} ({held.text} reserved for it; {self.estimate(held)})"
             req.refuse(key, reason)
             return Wait(job.id, reason)
         if bars.token is not None and isinstance(self.search(shape, frozenset(), None, avoid),
@@ -440,6 +480,7 @@ class _Pass:
                       "what it needs free now")
             req.refuse(key, reason)
             return Wait(job.id, reason)
+
         reason = f"needs {needs(shape)}; {best_now(found.counts, shape, self.node_order)}"
         why = self.blockers(shape, found.counts)
         if why:
@@ -474,11 +515,12 @@ class _Pass:
             self._avoids[key] = got
         return got
 
-    def search(self, shape: Shape, excluded: frozenset[str], token, avoid: tuple[int, ...] = ()):
+    def search(self, shape: Shape, excluded: frozenset[str], token: object, avoid: tuple[int, ...] = ()
+               ) -> Found | Missed:
         """``World.search`` without the ``excluded`` cards (named by ``token``; None:
         none) nor the cards of the reservations numbered in ``avoid``."""
         if avoid:
-            held = frozenset().union(*(self.reservations[i].uuids for i in avoid))
+            held = frozenset[str]().union(*(self.reservations[i].uuids for i in avoid))
             excluded, token = excluded | held, (("reserved", avoid), token)
         return self.world.search(shape) if token is None else self.world.search(shape, excluded, token)
 
@@ -494,7 +536,10 @@ class _Pass:
         key = (job.user, job.reservation, clear)
         got = self._bars.get(key)
         if got is None:
-            excluded, names, texts, own = set(), [], [], set()
+            excluded: set[str] = set()
+            own: set[str] = set()
+            names: list[str] = []
+            texts: list[str] = []
             for booking, ok in zip(self.bookings, clear):
                 if booking.start <= now and (job.user in booking.users or job.reservation == booking.name):
                     own |= booking.uuids
@@ -531,8 +576,8 @@ class _Pass:
         if job.request_key in self.whole_keys:
             self.whole_demand = max(0, self.whole_demand - job.gpu_count)
         estimate = run_estimate(job.time_limit_s)
-        self.ends[job.id] = self.now + estimate.seconds
-        self._on_timeline(job.id, self.ends[job.id])
+        end = self.ends[job.id] = self.now + estimate.seconds
+        self._on_timeline(job.id, end)
         if job.time_limit_s is None:
             self.basis[job.id] = estimate.basis
         return Start(job.id, placements)
@@ -543,7 +588,7 @@ class _Pass:
         text = f"estimated start {in_time(max(0.0, res.start - self.now))}"
         return f"{text} ({res.basis})" if res.basis else text
 
-    def blockers(self, shape: Shape, counts) -> str:
+    def blockers(self, shape: Shape, counts: Mapping[str, int]) -> str:
         """What blocks the cards nearest to fitting ``shape`` now: on the node that came
         closest when some cards fit, else anywhere (:func:`reasons.blocker`).
 
@@ -567,7 +612,7 @@ class _Pass:
         pools = [eligible.get(node, [])] if node is not None else eligible.values()
         spare, power, ahead, touched = self.config.service_spare_mb, world.power, self.ahead, world.touched
         by_state = self._ranks.setdefault((shape.gpu_mem_mb, shape.service), {})
-        ranked = []
+        ranked: list[tuple[tuple[float, ...], Card]] = []
         left = _SCANNED
         for cards in pools:
             if left <= 0:
@@ -576,25 +621,28 @@ class _Pass:
                 cards = cards[:left]
             left -= len(cards)
             for card in cards:
+                rank: tuple[float, ...] | None
                 if card.node in power:
                     rank = blocker_rank(card, shape, spare, power[card.node])
                 else:  # what memory_rank says of a state, asked once per state
-                    rank = by_state.get(card.state, _UNKNOWN)
-                    if rank is _UNKNOWN:
-                        rank = by_state[card.state] = memory_rank(card.state_key(), shape, spare)
-                    if rank is not None:
+                    kind = by_state.get(card.state, _UNKNOWN)
+                    if kind is _UNKNOWN:
+                        kind = by_state[card.state] = memory_rank(card.state_key(), shape, spare)
+                    rank = None
+                    if kind is not None:
                         if card.uuid in touched:  # did jobs of this pass take what it had?
                             before = by_state.get(card.first, _UNKNOWN)
                             if before is _UNKNOWN:
                                 before = by_state[card.first] = memory_rank(card.first, shape, spare)
                             if before is None:
-                                rank = (0, 0)
-                        rank = rank + (card.order,)
+                                kind = (0, 0)
+                        rank = kind + (card.order,)
                 if rank is not None:
                     ranked.append((rank, card))
         ranked.sort(key=_FIRST)
-        found = [(card, blocker(card, shape, spare, power.get(card.node))[1])
-                 for _, card in ranked[:_PHRASED]]
+        # (a card with a rank has a blocker: both read the same rule)
+        found = [(card, why[1]) for _, card in ranked[:_PHRASED]
+                 if (why := blocker(card, shape, spare, power.get(card.node))) is not None]
         text = self._blockers[key] = blockers_text(found, ahead)
         return text
 
@@ -679,32 +727,33 @@ class _Pass:
         req = self.by_shape.get(shape)
         if req is None:
             req = self.by_shape[shape] = _Request(shape)
-        if req.impossible is _UNKNOWN:
-            req.judged(self._impossible(shape))
-        return req.impossible
+        impossible = req.impossible
+        if impossible is _UNKNOWN:
+            impossible = self._impossible(shape)
+            req.judged(impossible)
+        return impossible
 
-    def _hardware(self, f) -> tuple[str, str] | frozenset:
+    def _hardware(self, f: Filter) -> Refused | frozenset[Hardware]:
         """The hardware classes ``f`` accepts, or ("what"|"plain", the sentence's end).
 
         Filters look only at a card's class (vendor, capability, CUDA, memory), so each
         distinct filter is judged once per pass over the classes, not the cards.
         """
-        key = ("filter", f)
-        got = self._pools.get(key)
+        got = self._by_filter.get(f)
         if got is None:
-            got = self._pools[key] = admission.judge_hardware(f, self.world.classes)
+            got = self._by_filter[f] = admission.judge_hardware(f, self.world.classes)
         return got
 
-    def _sized(self, shape: Shape):
+    def _sized(self, shape: Shape) -> Refused | _Sized:
         """(classes, sorted node counts desc, total) of cards that pass the filters and could
         hold one share when empty, or ("what", the sentence's end) when none could."""
         key = (shape.filter, shape.gpu_mem_mb, shape.service)
-        got = self._pools.get(key)
+        got = self._by_size.get(key)
         if got is None:
-            got = self._pools[key] = self._judge_size(shape)
+            got = self._by_size[key] = self._judge_size(shape)
         return got
 
-    def _judge_size(self, shape: Shape):
+    def _judge_size(self, shape: Shape) -> Refused | _Sized:
         classes = self._hardware(shape.filter)
         if isinstance(classes, tuple):
             return classes
@@ -713,15 +762,15 @@ class _Pass:
             return kept
         f = shape.filter  # filters that keep the same classes (and nodes: -w/-x) count the same
         key = kept if f.nodes is None and not f.excluded else (kept, f.nodes, f.excluded)
-        got = self._pools.get(key)
+        got = self._counted.get(key)
         if got is None:
             counts = []
-            for node, classes in self.world.node_hw.items():
-                count = sum(n for hw, n in classes.items() if hw in kept) if f.node_ok(node) else 0
+            for node, on_node in self.world.node_hw.items():
+                count = sum(n for hw, n in on_node.items() if hw in kept) if f.node_ok(node) else 0
                 if count:
                     counts.append(count)
             counts.sort(reverse=True)
-            got = self._pools[key] = (kept, counts, sum(counts))
+            got = self._counted[key] = _Sized(kept, counts, sum(counts))
         return got
 
     def _impossible(self, shape: Shape) -> str | None:
@@ -734,7 +783,7 @@ class _Pass:
 
     def _impossible_on(self, shape: Shape) -> str | None:
         sized = self._sized(shape)
-        if isinstance(sized, tuple) and len(sized) == 2:
+        if not isinstance(sized, _Sized):
             kind, text = sized
             return text if kind == "plain" else f"needs {needs(shape)}; {text}"
         kept, counts, total = sized
@@ -774,7 +823,7 @@ class _Pass:
 
         token = ("reserved", len(self.reservations), taken is not self.reserved) if taken else None
 
-        def searched(t: float, nodes=None) -> Found | Missed:
+        def searched(t: float, nodes: Collection[str] | None = None) -> Found | Missed:
             future = self.world.future(ended_by(t), nodes)
             return future.search(shape, taken, token) if token else future.search(shape)
 
@@ -791,7 +840,7 @@ class _Pass:
                 counts = sorted((bisect_right(times, t) for times in ready), reverse=True)
                 return sum(counts[:span]) >= k
 
-        def earliest(fits_by) -> int | None:
+        def earliest(fits_by: Callable[[float], bool]) -> int | None:
             """The index of the first end by which ``fits_by`` (None: never)."""
             if not fits_by(ends[-1]):
                 return None
@@ -812,11 +861,12 @@ class _Pass:
             if lo == len(ends):
                 return None
         else:
-            lo = earliest(fits_by)
-            if lo is None:
+            first = earliest(fits_by)
+            if first is None:
                 return None
+            lo = first
         t = ends[lo]
-        nodes = None
+        nodes: set[str] | None = None
         if not self.world.power:
             # The future world needs only the nodes the search there can choose: those with k
             # cards free by then, and for a job that may span nodes, the ones it would take
@@ -833,10 +883,11 @@ class _Pass:
             # when a card's ready time overlooked memory a job held beyond its placements,
             # and an assertion here failed whole passes at 500 nodes): the search decides,
             # bisecting again over searched future worlds, as with power budgets.
-            lo = earliest(found_by)
-            if lo is None:
+            first = earliest(found_by)
+            if first is None:
                 return None
-            t = ends[lo]
+            t = ends[first]
+
             found = searched(t)
         assert isinstance(found, Found)
         return self.reservation(job, t, found)

@@ -25,6 +25,7 @@ from textual_plotext import PlotextPlot
 from ..api import ApiError
 from ..model import MIB_PER_GIB, NOT_AVAILABLE, format_mb
 from ..views import short_model
+from ..wire import GpuWire
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .look import LOOK
 from .render import (booking_line, clock, fill_bar, fits_text, free_slice_mb, gpu_label, holders_text,
@@ -65,7 +66,7 @@ SORTS = {
 STEADY_SORTS = frozenset({"gpu", "model"})
 
 
-def gpu_row(gpu: dict, holders: str, trend) -> tuple:
+def gpu_row(gpu: GpuWire, holders: str, trend) -> tuple:
     free = free_slice_mb(gpu)
     return (gpu_label(gpu), short_model(gpu["model"]),
             Text(format_mb(free), style=LOOK.role("free")) if free else Text("0", style="dim"),
@@ -74,14 +75,14 @@ def gpu_row(gpu: dict, holders: str, trend) -> tuple:
             sparkline(trend or (), 10, 0, 100), holders)
 
 
-def gpu_text(gpu: dict, holders: str) -> str:
+def gpu_text(gpu: GpuWire, holders: str) -> str:
     """What the filter matches: the row's words, the uuid and who holds the card."""
     return " ".join((gpu_label(gpu), gpu["model"], short_model(gpu["model"]),
                      gpu.get("status", ""), gpu.get("uuid", ""), holders,
                      *(f"job{j}" for j in gpu.get("jobs") or ())))
 
 
-def gpu_detail_line(gpu: dict, holders: str) -> Text:
+def gpu_detail_line(gpu: GpuWire, holders: str) -> Text:
     """The card under the cursor, in full: memory, power, what fits, who holds it, and a
     maintenance reason (which names the command that brings it back)."""
     text = Text(f"{gpu_label(gpu)} ", style="bold")
@@ -238,7 +239,7 @@ def plot_range(field: str, gpu: dict, values: list[float], hot_c: float) -> tupl
     return 0, float(limit or max(top * 1.25, 50))
 
 
-def nvlink_text(gpu: dict) -> str:
+def nvlink_text(gpu: GpuWire) -> str:
     """"GPU1 (NV12), GPU3 (NV4)", or "none"."""
     peers = []
     for peer in gpu.get("nvlink") or []:
@@ -250,7 +251,7 @@ def nvlink_text(gpu: dict) -> str:
     return ", ".join(peers) or "none"
 
 
-def descriptor_text(gpu: dict) -> Text:
+def descriptor_text(gpu: GpuWire) -> Text:
     """The R2 descriptor, one field a line."""
     fields = (
         ("UUID", gpu["uuid"]), ("Node", f"{gpu['node']} (GPU {gpu['index']})"),
@@ -272,7 +273,7 @@ def descriptor_text(gpu: dict) -> Text:
     return text
 
 
-def live_text(gpu: dict, holders: str, hot_c: float, bookings: list[dict] = ()) -> Text:
+def live_text(gpu: GpuWire, holders: str, hot_c: float, bookings: list[dict] = ()) -> Text:
     """The card now: memory, what fits, load, heat, power, who holds it, its bookings
     under way or in the coming week."""
     free = free_slice_mb(gpu)

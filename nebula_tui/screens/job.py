@@ -28,6 +28,7 @@ from ..client.cluster import FINISHED
 from ..forecasts import starts_text
 from ..model import format_mb
 from ..views import workdir_text
+from ..wire import JobWire
 from .base import ClusterScreen, OpMissing
 from .render import ago, clock, duration, job_size, job_state, run_seconds, state_text
 from .widgets.keys import JOB_KEYS
@@ -64,7 +65,7 @@ class AttachReady(Message):
         self.argv = argv
 
 
-def end_line(job: dict) -> str:
+def end_line(job: JobWire) -> str:
     """The log's last line once the job has ended: how, when, after how long."""
     code = job.get("exit_code")
     how = job["state"] + (f", exit code {code}" if code is not None else "")
@@ -76,7 +77,7 @@ def end_line(job: dict) -> str:
     return f"── job {job['id']} ended{when}{after}: {how} ──"
 
 
-def spec_text(job: dict) -> Text:
+def spec_text(job: JobWire) -> Text:
     state = job_state(job)
     command = job["command"][0] if job.get("shell") else shlex.join(job["command"])
     reason = job.get("reason") or ""
@@ -123,7 +124,7 @@ def env_text(environment: dict[str, dict[str, str]], job: dict | None = None) ->
     return Text("\n").join(lines)
 
 
-def placement_of(job: dict | None) -> tuple:
+def placement_of(job: JobWire | None) -> tuple:
     """The GPUs a job holds, as a key: its environment changes only with them."""
     return tuple((g["uuid"], g["memory_mb"]) for g in (job or {}).get("gpus", ()))
 

@@ -10,6 +10,8 @@ answer arrives as a node event and a log line too.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -21,6 +23,7 @@ from textual.widgets import Button, Input, Static
 from ..api import ApiError
 from ..model import format_mb
 from ..views import doctor_lines, node_power
+from ..wire import GpuWire, NodeWire
 from .base import TELEMETRY_EVERY_S, ClusterScreen
 from .look import LOOK
 from .render import ago, day_clock, free_slice_mb, node_power_text, state_text
@@ -180,11 +183,11 @@ class AddNodePrompt(ModalScreen[None]):
         self.dismiss(None)
 
 
-def node_free_mb(gpus: list[dict]) -> int:
+def node_free_mb(gpus: Sequence[GpuWire]) -> int:
     return sum(free_slice_mb(g) for g in gpus)
 
 
-def node_cells(node: dict, gpus: list[dict], running: int) -> tuple:
+def node_cells(node: NodeWire, gpus: Sequence[GpuWire], running: int) -> tuple:
     return (node["name"], state_text(node["state"]), str(len(gpus)),
             format_mb(node_free_mb(gpus)), node_power_text(node, gpus), str(running),
             ago(node.get("last_seen")),

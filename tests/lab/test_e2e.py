@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 
 from labkit.harness import wait_for
 from support.head import gpu, running, submit, submitted_id
+from support.shapes import reply_mismatches
+
+from nebula_tui.wire import (GpusReply, HistoryReply, JobDetailReply, JobReply, PlanView, QueueReply, StatusReply,
+                             SubmitReply, WaitReply)
 
 
 def test_a_job_on_a_slice_runs_nvidia_smi_and_frees_the_slice(head):
@@ -188,6 +193,39 @@ def test_gpus_json_has_the_r2_descriptor(head):
     assert {p["link"] for p in a100["nvlink"]} == {"NV12"} and len(a100["nvlink"]) == 3
     rtx3090 = next(g for g in gpus if g["node"] == "node03" and g["index"] == 0)
     assert rtx3090["nvlink"] == [{"gpu": 1, "link": "NV4"}]
+
+
+def test_the_heads_replies_are_of_the_shapes_both_ends_import(head):
+    """What the head process sends a client about jobs, the queue, GPUs and the status is of
+    its shape in ``nebula_tui/wire.py``, keys and types: a job running on a node (with its
+    environment), one waiting for it (--after), both once ended (their history rows)."""
+    since = time.time() - 1
+    replies = []
+
+    def ask(op, shape, **fields):
+        reply = head.call(op, **fields)
+        replies.append((op, reply, shape))
+        return reply
+
+    ran = ask("submit", SubmitReply, command=["sleep", "30"], gpu_count=1, gpu_mem_mb=4096)["job"]["id"]
+    after = ask("submit", SubmitReply, command=["true"], gpu_count=1, after=[ran])["job"]["id"]
+    try:
+        running(head, ran)
+        ask("job", JobDetailReply, job=ran)
+        ask("job", JobDetailReply, job=after)
+        ask("queue", QueueReply)
+        ask("plan", PlanView, command=["true"], gpu_count=1)
+        ask("status", StatusReply)
+        ask("gpus", GpusReply)
+    finally:
+        ask("cancel", JobReply, job=ran)
+        for job_id in (ran, after):
+            wait_for(lambda: ask("wait", WaitReply, job=job_id, within=5)["ended"], 60, what=f"job {job_id} to end")
+    ask("job", JobDetailReply, job=ran)
+    history = ask("job_history", HistoryReply, since=since)
+    assert {ran, after} <= {job["id"] for job in history["jobs"]}
+    found = [line for op, reply, shape in replies for line in reply_mismatches(reply, shape, op)]
+    assert not found, "\n".join(found)
 
 
 def test_bad_input_gets_one_line_and_touches_nothing(head):

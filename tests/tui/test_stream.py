@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 
 import pytest
 from support.tui import until
@@ -111,7 +112,7 @@ async def test_a_late_subscriber_brings_the_others_up_to_date_first(engine):
     early: asyncio.Queue = asyncio.Queue()
     first = client_of(engine.subscribe(early))
     live = engine.gpus["GPU-node01-0"]
-    live.maintenance = Maintenance("a test")  # changed without publishing
+    engine.gpus["GPU-node01-0"] = replace(live, maintenance=Maintenance("a test"))  # not published
     second = client_of(engine.subscribe(asyncio.Queue()))
     assert second.gpus["GPU-node01-0"]["status"] == "maintenance"
     fold(first, drain(early))

@@ -495,6 +495,69 @@ def test_the_built_in_month_replays_to_its_end():
     assert sum(1 for o in out.values() if o.started_s is not None) > 0.9 * len(jobs)
 
 
+def test_the_replay_reads_fair_share_usage_once_and_keeps_what_each_read_would_give(monkeypatch):
+    """The replay's head reads its users' finished runs from the store once, then keeps
+    them by the ends it is told of. Wherever the live head would have read them again (a
+    minute on), what it kept is what that read gives: the same runs per user, those before
+    the half-life window left out (a 1-hour half-life moves the window within the replay),
+    and the same hours this month. Reading them again at each virtual minute was about a
+    fifth of a long replay."""
+    from nebula_tui.head.shares import Shares
+    from nebula_tui.store import Store
+    reads, compared = [], []
+    real_read, real_usage_at = Store.finished_usage, Shares._usage_at
+
+    def counted_read(self, since):
+        reads.append(since)
+        return real_read(self, since)
+
+    def checked(self, now, half_life):
+        usage = real_usage_at(self, now, half_life)
+        if usage.read_at == now:  # read, or kept where it would have been read
+            store = self.state.store
+            fresh = real_read(store, now - 10 * half_life)
+            assert {u: sorted(r) for u, r in usage.finished.items()} == {u: sorted(r) for u, r in fresh.items()}
+            month = {u: h for u, h in store.usage_since(usage.month_from).items() if h}
+            assert {u: h for u, h in usage.month.items() if h} == pytest.approx(month)
+            compared.append(sum(map(len, fresh.values())))
+        return usage
+
+    monkeypatch.setattr(Store, "finished_usage", counted_read)
+    monkeypatch.setattr(Shares, "_usage_at", checked)
+    inv = inventory.layout("core")
+    cluster = setup.replay_config(inv, None, ["scheduler.half_life=1h"])
+    jobs = workload.lab_month(len(inventory.card_list(inv)), inventory.largest_node(inv), days=2, seed=7)
+    Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 2 * 86400).run()
+    assert len(reads) == 1
+    assert len(compared) > 100 and max(compared) > 20
+    assert min(compared[len(compared) // 2:]) < max(compared)  # runs left the window
+
+
+def test_three_days_of_a_busy_month_replay_to_the_same_starts_placements_and_charges():
+    """What the replay decides, pinned: 3 days of the built-in generator's month at twice
+    the demo lab's hours, with a 40 GPU-hour quota (so over-quota work runs as scavenger
+    jobs and is preempted), gangs and slices. The figures were taken before the replay was
+    made faster (2026-12-07): a change meant only to make it faster must leave them as they
+    are. A change to what the scheduler decides changes them: then take them again, and
+    say in docs/lab-month.md what moved."""
+    import hashlib
+    inv = inventory.layout("demo")
+    jobs = workload.lab_month(len(inventory.card_list(inv)), inventory.largest_node(inv), days=3, load=2,
+                              seed=2026)
+    out = Replay(setup.replay_config(inv, None, ["scheduler.quota_gpu_hours=40"]), inv, jobs,
+                 setup.REPLAY_EPOCH, 3 * 86400, inventory.layout_links("demo")).run()
+    got = [out[r.key] for r in sorted(jobs, key=lambda r: r.key)]
+    waits = sum(o.first_started_s - r.submit_s for o, r in zip(got, sorted(jobs, key=lambda r: r.key))
+                if o.first_started_s is not None)
+    figures = (len(jobs), sum(1 for o in got if o.first_started_s is not None), sum(o.runs for o in got),
+               sum(1 for o in got if o.refused), sum(1 for o in got if o.state == "succeeded"), round(waits),
+               round(sum(o.charged_gpu_hours for o in got), 3),
+               sum(1 for o in got for p in o.placements if not p[3]))
+    assert figures == (651, 456, 561, 0, 436, 2100386, 277.682, 235)
+    every = repr([(o.key, o.first_started_s, o.started_s, o.ended_s, o.placements) for o in got])
+    assert hashlib.sha256(every.encode()).hexdigest()[:16] == "e43e0ac37d7b5f7e"
+
+
 def test_a_replay_whose_passes_never_let_time_move_stops_in_one_line(monkeypatch):
     """Were each pass to undo the last one's decisions for ever (a preemption's requeued
     copies taking back the cards it freed, each an event of the same instant), the replay

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...model import InvalidRequest, JobState
+from ...wire import HistoryReply
 from ..requests import number, text_field, unix_time, whole
 from .base import Handler, Served
 
@@ -37,7 +38,8 @@ async def report(s: Served, user: str, req: dict) -> Reply:
     return {"report": await s.engine.accounting.report(user, since, until)}
 
 
-async def job_history(s: Served, user: str, req: dict) -> Reply:
+async def job_history(s: Served, user: str, req: dict) -> HistoryReply:
+
     """Ended jobs: ``{"jobs": [views.history_json …]}``, filtered by ``user``,
     ``since``/``until`` (Unix seconds), ``state`` (one or a list), ``node``, ``limit``."""
     texts = {}

@@ -6,13 +6,17 @@ request -> the reply's fields, or a ``RequestError`` that becomes a one-line ref
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ... import views
 from ...model import RequestError
+from ...wire import JobWire
 from ..engine import Engine
+
+#: a job in any shape that carries one (``views.J``)
+J = TypeVar("J", bound=JobWire)
 
 TOGGLES_PER_S = 10.0
 TOGGLE_BURST = 100
@@ -45,20 +49,23 @@ class Served:
     #: hold and release toggles per user (each writes an event): 1,500 a second once
     toggles: RateLimit = field(default_factory=lambda: RateLimit(TOGGLES_PER_S, TOGGLE_BURST))
 
-    def seen_by(self, user: str, listing: bool = False) -> Callable[[dict], dict]:
+    def seen_by(self, user: str, listing: bool = False) -> Callable[[J], J]:
         """What ``user`` sees of a job (as views.job_json): another user's command line only
         as an admin, or with ``cluster.commands_visible_to: everyone`` (it can hold a
         password, as ``TOKEN=hunter2`` once did); in a ``listing`` (many jobs), only the
         start of a long command (``views.listed``)."""
         everyone = self.engine.access.sees_commands_of_all(user)
-        shown = views.listed if listing else (lambda job: job)
 
-        def seen(job: dict) -> dict:
-            if everyone or job.get("user") == user:
-                return shown(job)
-            return {**job, "command": [f"(hidden: only {job.get('user')} and admins see it)"]}
+        def seen(job: J) -> J:
+            if everyone or job["user"] == user:
+                return views.listed(job) if listing else job
+            hidden = job.copy()
+            hidden["command"] = [f"(hidden: only {job['user']} and admins see it)"]
+            return hidden
         return seen
 
 
-#: A request's handler: (context, the caller's Unix user, the request) -> the reply's fields.
-Handler = Callable[[Served, str, dict[str, Any]], Awaitable[dict[str, Any]]]
+#: A request's handler: (context, the caller's Unix user, the request) -> the reply's fields
+#: (most of them as ``wire`` types them: ``SubmitReply``, ``QueueReply``…).
+Handler = Callable[[Served, str, dict[str, Any]], Awaitable[Mapping[str, Any]]]
+

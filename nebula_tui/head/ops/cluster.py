@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from ...model import InvalidRequest, RequestError
+from ...wire import GpusReply, StatusReply
 from ..requests import job_id, number, port_field, text_field, unix_time, whole
 from .accounting import MAX_REPORT_S
 from .base import Handler, Served
@@ -20,11 +21,13 @@ async def ping(s: Served, user: str, req: dict) -> Reply:
     return {"pid": os.getpid(), "user": user}
 
 
-async def status(s: Served, user: str, req: dict) -> Reply:
-    return {k: v for k, v in s.engine.status().items() if k in ("summary", "nodes", "pools")}
+async def status(s: Served, user: str, req: dict) -> StatusReply:
+    status = s.engine.status()
+    return {"summary": status["summary"], "nodes": status["nodes"], "pools": status["pools"]}
 
 
-async def gpus(s: Served, user: str, req: dict) -> Reply:
+async def gpus(s: Served, user: str, req: dict) -> GpusReply:
+
     return {"gpus": s.engine.gpus_json()}
 
 

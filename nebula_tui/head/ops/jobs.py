@@ -10,6 +10,7 @@ from typing import Any
 from ... import views
 from ...api import MAX_GPU_COUNT, MAX_WAIT_STEP_S
 from ...model import InvalidRequest
+from ...wire import JobDetailReply, JobReply, PlanView, QueueReply, SubmitReply, WaitReply
 from ..requests import job_id, number, spec_from_request, whole
 from .base import Handler, Served
 
@@ -19,36 +20,36 @@ MAX_ATTEMPT = 10 ** 9  # a job's runs, 1 the first (a launch token holds at most
 Reply = dict[str, Any]
 
 
-async def submit(s: Served, user: str, req: dict) -> Reply:
+async def submit(s: Served, user: str, req: dict) -> SubmitReply:
     job = await s.engine.submit_on_disk(user, spec_from_request(req, s.engine.state.settings.default_vendor))
     tasks = len(job.spec.array.indices) if job.spec.array else 1
     return {"job": views.job_json(job), "tasks": tasks}
 
 
-async def plan(s: Served, user: str, req: dict) -> Reply:
+async def plan(s: Served, user: str, req: dict) -> PlanView:
     """Where a job of this request would go now, submitting nothing."""
     return s.engine.plan(user, spec_from_request(req, s.engine.state.settings.default_vendor))
 
 
-async def requeue(s: Served, user: str, req: dict) -> Reply:
+async def requeue(s: Served, user: str, req: dict) -> JobReply:
     return {"job": views.job_json(await s.engine.requeue_job(user, job_id(req)))}
 
 
-async def cancel(s: Served, user: str, req: dict) -> Reply:
+async def cancel(s: Served, user: str, req: dict) -> JobReply:
     return {"job": views.job_json(await s.engine.cancel(user, job_id(req)))}
 
 
-async def hold(s: Served, user: str, req: dict) -> Reply:
+async def hold(s: Served, user: str, req: dict) -> JobReply:
     s.toggles.check(user, "hold or release")
     return {"job": views.job_json(await s.engine.hold_job(user, job_id(req), True))}
 
 
-async def release(s: Served, user: str, req: dict) -> Reply:
+async def release(s: Served, user: str, req: dict) -> JobReply:
     s.toggles.check(user, "hold or release")
     return {"job": views.job_json(await s.engine.hold_job(user, job_id(req), False))}
 
 
-async def wait(s: Served, user: str, req: dict) -> Reply:
+async def wait(s: Served, user: str, req: dict) -> WaitReply:
     """The job once it ended, or as it is after ``within`` seconds (the client asks again)."""
     job, within = job_id(req), req.get("within")
     if within is not None and not number(within, 1, MAX_WAIT_STEP_S):
@@ -57,11 +58,12 @@ async def wait(s: Served, user: str, req: dict) -> Reply:
     return {"job": s.seen_by(user)(views.job_json(ended)), "ended": ended.state.finished}
 
 
-async def job(s: Served, user: str, req: dict) -> Reply:
+async def job(s: Served, user: str, req: dict) -> JobDetailReply:
     return {"job": s.seen_by(user)(s.engine.job_detail(job_id(req), user))}
 
 
-async def queue(s: Served, user: str, req: dict) -> Reply:
+async def queue(s: Served, user: str, req: dict) -> QueueReply:
+
     return {"jobs": list(map(s.seen_by(user, listing=True), s.engine.queue_json()))}
 
 
