@@ -8,6 +8,7 @@ import time
 from textual.pilot import Pilot
 from textual.widgets import DataTable
 
+from nebula_tui.screens.commandline import CommandLine
 from nebula_tui.screens.widgets.rowtable import RowTable
 
 
@@ -68,8 +69,20 @@ async def started(pilot: Pilot) -> None:
 
 
 async def go(pilot: Pilot, key: str, screen_type) -> None:
-    """Press ``key`` and wait for a screen of ``screen_type``."""
+    """Press ``key`` and wait for a screen of ``screen_type``, mounted."""
     await pilot.press(key)
-    await until(pilot, lambda: isinstance(pilot.app.screen, screen_type),
+    await until(pilot, lambda: isinstance(pilot.app.screen, screen_type) and pilot.app.screen.is_mounted,
                 what=f"{screen_type.__name__}")
     await pilot.pause()
+
+
+def table(pilot: Pilot, ident: str) -> RowTable:
+    """The screen's big table ``ident``."""
+    return pilot.app.screen.query_one(f"#{ident}", RowTable)
+
+
+async def command(pilot: Pilot, line: str) -> None:
+    """Type ``line`` on the ``:`` command line and run it."""
+    await pilot.press("colon")
+    await until(pilot, lambda: isinstance(pilot.app.screen, CommandLine), what="the command line")
+    await pilot.press(*line, "enter")
