@@ -60,6 +60,8 @@ MAX_PASS_PAUSE_S = 0.2
 QUEUE_ORDER_EVERY_S = 0.5
 #: how many recent runs of one user's like jobs without --time their estimate looks at
 HISTORY_RUNS = 20
+#: … and of how many recent jobs with --time the forecast reads the share of it they used
+SHARE_RUNS = 500
 HOUSEKEEPING_EVERY_S = 3600.0
 #: A pass over this many waiting jobs or more decides in a thread (``pass_now``): ~10 ms
 #: of scheduling on these machines, past which a submit would notice waiting behind it.
@@ -128,6 +130,8 @@ class Scheduling:
         #: (user, GPUs, memory asked) -> how long their recent jobs without --time ran,
         #: since this head started: what a running one is estimated to run (estimates.py)
         self.history: dict[tuple, deque[float]] = {}
+        #: the share of its --time each recent job with one used (the forecast's estimate)
+        self.time_shares: deque[float] = deque(maxlen=SHARE_RUNS)
         #: waiting job -> the cards a pass preempted for it (its ``Wait.holds``), theirs
         #: until it starts or waits for no preemption (``scheduler/preemption.py``)
         self.holds: dict[int, tuple] = {}
@@ -426,16 +430,22 @@ class Scheduling:
         )
 
     def job_ended(self, job: Job) -> None:
-        """Remember how long a job without --time ran (one that succeeded: a failure says
-        nothing of how long such work runs)."""
-        if job.spec.time_limit_s is None and job.state is JobState.SUCCEEDED \
-                and job.started_at is not None and job.ended_at is not None:
+        """Remember how long a job ran: one without --time that succeeded in its user's
+        like runs (a failure says nothing of how long such work runs), one with --time
+        that succeeded or reached it by the share of it used."""
+        if job.started_at is None or job.ended_at is None:
+            return
+        ran, limit = job.ended_at - job.started_at, job.spec.time_limit_s
+        if limit is None and job.state is JobState.SUCCEEDED:
             key = (job.user, job.spec.gpu_count, job.spec.gpu_mem_mb)
-            self.history.setdefault(key, deque(maxlen=HISTORY_RUNS)).append(job.ended_at - job.started_at)
+            self.history.setdefault(key, deque(maxlen=HISTORY_RUNS)).append(ran)
+        elif limit and job.state in (JobState.SUCCEEDED, JobState.TIMEOUT):
+            self.time_shares.append(min(1.0, ran / limit))
 
-    def histories(self) -> dict[tuple, tuple[float, ...]]:
-        """``history`` as it is now, for a forecast in a thread."""
-        return {key: tuple(runs) for key, runs in self.history.items()}
+    def histories(self) -> forecast.History:
+        """What the head saw of run lengths until now, for a forecast in a thread."""
+        return forecast.History({key: tuple(runs) for key, runs in self.history.items()},
+                                tuple(self.time_shares))
 
     def estimate(self, job: Job) -> scheduler.Estimate | None:
         """How long a running job without --time is expected to hold its cards."""
