@@ -1,8 +1,9 @@
 """The shapes that travel between the head and its clients, as types both ends import (as
 ``remote/protocol.py`` types the node's wire): what the head sends (a job, a queue row, a
 job's page, an ended job, a GPU, a node, the status and its summary, a start forecast, a
-plan, and the replies that carry them, named ``<Op>Reply``), and a submit request as a
-client sends it (``cli.jobs.submit_request``, read by ``head.requests.spec_from_request``).
+plan, the replies that carry them, named ``<Op>Reply``, and the event stream's snapshot
+and events), and a submit request as a client sends it (``cli.jobs.submit_request``, read
+by ``head.requests.spec_from_request``).
 
 They are ``TypedDict``s: on the wire a shape is still the plain JSON object it always was, so
 nothing about the protocol changes. ``views`` builds each one and mypy checks it there (and
@@ -14,6 +15,7 @@ package.
 
 # (no ``from __future__ import annotations``: the annotations are evaluated when a class is
 # made, so that ``NotRequired`` lands in its ``__optional_keys__``, as tests read them)
+from collections.abc import Mapping
 from typing import Any, Literal, NotRequired, TypedDict
 
 
@@ -255,6 +257,98 @@ class PlanView(TypedDict):
     gpus: NotRequired[list[PlacedCard]]
     preempts: NotRequired[list[int]]
     starts: NotRequired[StartForecast | None]
+
+
+# ----------------------------------------------------------------- the event stream
+class EventRow(TypedDict):
+    """A line of the head's events log (``events``, the snapshot's latest, "event" events)."""
+
+    t: float
+    kind: str
+    message: str
+    job_id: int | None
+    node: str | None
+    gpu: str | None
+    user: str | None
+
+
+class TemperaturesView(TypedDict):
+    """The health policy's thresholds clients colour temperatures by (``model.Temperatures``)."""
+
+    hot_c: float
+    warm_c: float
+
+
+class StreamState(ClusterStatus):
+    """What the stream holds (``head.stream.Stream.snapshot``): the cluster's status, every
+    live job as ``queue`` lists it, the waiting ones' order and start forecasts (by job id,
+    as JSON keys are strings), the latest events and the temperature thresholds."""
+
+    jobs: list[QueueRow]
+    queue: list[int]
+    starts: dict[str, StartForecast]
+    events: list[EventRow]
+    temperatures: TemperaturesView
+
+
+class StreamSnapshot(StreamState):
+    """``subscribe``'s first line (beside ``"ok": true, "type": "snapshot"``), and again
+    after a subscriber fell behind: the stream's state, and the users' rows, each pool's
+    view and the bookings (their rooms word those)."""
+
+    users: list[dict[str, Any]]
+    pools: list[dict[str, Any]]
+    bookings: list[dict[str, Any]]
+
+
+class JobEvent(TypedDict):
+    """A job, whole, after each change."""
+
+    type: Literal["job"]
+    job: JobWire
+
+
+class NodeEvent(TypedDict):
+    type: Literal["node"]
+    node: NodeWire
+
+
+class LogEvent(TypedDict):
+    """A line the events log committed."""
+
+    type: Literal["event"]
+    event: EventRow
+
+
+class QueueEvent(TypedDict):
+    """The waiting jobs' order; after a forecast, the start forecasts too."""
+
+    type: Literal["queue"]
+    order: list[int]
+    starts: NotRequired[dict[str, StartForecast]]
+
+
+class GpusEvent(TypedDict):
+    """A node's GPUs against what subscribers hold: a GPU new to them whole, else only its
+    changed fields (``head.stream.Stream.gpu_changes``); ``gone``: GPUs no longer there."""
+
+    type: Literal["gpus"]
+    node: str
+    gpus: dict[str, Mapping[str, Any]]
+    gone: NotRequired[list[str]]
+    #: when the node last reported (the Nodes screen's "Seen"), once it has
+    seen: NotRequired[float | None]
+
+
+class TickEvent(TypedDict):
+    """A quiet stream's heartbeat."""
+
+    type: Literal["tick"]
+
+
+#: what ``head.stream.Stream`` publishes itself (the users', pools' and bookings' rooms
+#: publish "user", "pool" and "bookings" events of their own words)
+StreamEvent = JobEvent | NodeEvent | LogEvent | QueueEvent | GpusEvent | TickEvent
 
 
 # ----------------------------------------------------------------- the replies that carry them

@@ -35,7 +35,7 @@ from ..model import Job, JobSpec, JobState, Pending, RequestError, UnfitRequest
 from ..remote.ssh import NodeUnavailable
 from ..scheduler import admission
 from ..store import Store
-from ..wire import EndedJobDetail, JobDetail, PlanView, StatusView
+from ..wire import EndedJobDetail, JobDetail, PlanView, StatusView, StreamSnapshot
 from .access import Access
 from .accounting import Accounting
 from .attach import Attach
@@ -124,7 +124,7 @@ class Engine:
     jobs = property(lambda self: self.state.jobs)
     links = property(lambda self: self.state.links)
 
-    def subscribe(self, queue: asyncio.Queue) -> dict:
+    def subscribe(self, queue: asyncio.Queue) -> StreamSnapshot:
         """A new subscriber: the stream's snapshot, with every user's row (``users``) and
         each pool's view (``pools``, as ``Pools.view_json``; a "pool" event after each poll)
         and the bookings (``bookings``)."""

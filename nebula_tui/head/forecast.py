@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .. import scheduler
 from ..model import charged_gpu_hours
@@ -52,37 +52,109 @@ MIN_STEP_S = 60.0
 PREEMPT_GRACE_S = 60.0
 
 
-def run_length(time_limit_s: float | None, runs: Sequence[float], max_time_s: float | None,
-               kind: str, service: bool = False) -> float:
-    """How long a job runs from its start, the one place a job's run in the forecast is
-    decided: ``kind`` "point" the expected run, "late" the longest it may.
+#: a job's estimate is read from its like runs (or, with --time, the shares of it used)
+#: once at least this many of them ran longer than it has so far
+MIN_TAIL = 5
 
-    With a --time: "late" is the limit, "point" a share of it. Without one: "point" is the
-    median of ``runs`` (how long its user's recent like jobs without --time ran: the
-    history ``scheduler.estimates`` reads, whose estimate — the longest of them, else
-    max_time, else a day — bounds the scheduler's reservations, not an expectation), else
-    ``UNTIMED_POINT_S``; "late" the cluster's max_time (else the horizon). A service
-    without --time or history runs until it is stopped: past the horizon."""
+
+@dataclass(frozen=True)
+class History:
+    """How long jobs ran, as the head saw them end (what a job's expected run is read
+    from), and how long those running now have run so far.
+
+    ``like``: (user, GPUs, memory asked) -> its recent runs without --time (the history
+    ``scheduler.estimates`` also reads); ``shares``: the share of its --time each recent
+    job with one used. ``going_like``, ``going_shares``: the same of the jobs running now,
+    so far (runs not yet ended: ``seeing`` fills them from a snapshot)."""
+
+    like: Mapping[tuple, Sequence[float]] = field(default_factory=dict)
+    shares: Sequence[float] = ()
+    going_like: Mapping[tuple, Sequence[float]] = field(default_factory=dict)
+    going_shares: Sequence[float] = ()
+
+    def seeing(self, snap: scheduler.Snapshot) -> History:
+        """This history with ``snap``'s running jobs' runs so far."""
+        like: dict[tuple, list[float]] = {}
+        shares = []
+        for job in snap.running:
+            ran = max(0.0, snap.now - job.started_at)
+            if job.time_limit_s:
+                shares.append(ran / job.time_limit_s)
+            elif job.time_limit_s is None and not job.service:
+                like.setdefault(_key(job), []).append(ran)
+        return replace(self, going_like=like, going_shares=tuple(shares))
+
+
+def residual(runs: Sequence[float], elapsed: float, going: Sequence[float] = ()) -> float | None:
+    """How much longer a job that has run ``elapsed`` runs, by ``runs`` (how long like
+    jobs ran) and ``going`` (how long like jobs still running have run so far): the median
+    of its residual life, L − elapsed, over the like runs L longer than it — a
+    heavy-tailed run that has gone long is likely to go on long. The runs still going
+    count as the product-limit (Kaplan–Meier) estimate counts a run not yet ended, so the
+    long runs not yet over do not make it short. None when fewer than ``MIN_TAIL`` ended
+    runs were longer, or when the median lies past the longest of them."""
+    ended = sorted(r for r in runs if r > elapsed)
+    if len(ended) < MIN_TAIL:
+        return None
+    still = sorted(g for g in going if g > elapsed)
+    at_risk, survival, leaving = len(ended) + len(still), 1.0, 0
+    for run in ended:
+        while leaving < len(still) and still[leaving] < run:
+            leaving += 1
+            at_risk -= 1
+        survival *= 1.0 - 1.0 / at_risk
+        at_risk -= 1
+        if survival <= 0.5:
+            return run - elapsed
+    return None
+
+
+def remaining(time_limit_s: float | None, elapsed: float, like: Sequence[float], past: History,
+              max_time_s: float | None, service: bool = False, key: tuple | None = None) -> float:
+    """How much longer a job that has run ``elapsed`` seconds (0: one not started) is
+    expected to run: the one place a job's run in the forecast is decided. ``like``: its
+    user's like runs without --time (``key`` names them in ``past.going_like``).
+
+    With a --time: the residual life (``residual``) of the shares of their --time the
+    lab's recent jobs used, at most what is left of the limit; with too few of them, a
+    share (``POINT_SHARE``) of the limit, and once past that half-way to it. Without one:
+    the residual life of its like runs; with too few of those, their median (else
+    ``UNTIMED_POINT_S``), and once past that as long again as it ran
+    (``estimates.expected_end``). A service without like runs runs until it is stopped.
+    Never past the cluster's max_time (else the horizon)."""
     if time_limit_s is not None:
-        return time_limit_s * (POINT_SHARE if kind == "point" else 1.0)
-    if kind == "late" or (service and not runs):
-        return max_time_s or UNBOUNDED_LATE_S
-    return statistics.median(runs) if runs else UNTIMED_POINT_S
+        left = max(0.0, time_limit_s - elapsed)
+        share = residual(past.shares, elapsed / time_limit_s, past.going_shares) if time_limit_s > 0 else None
+        if share is not None:
+            return min(left, share * time_limit_s)
+        point = POINT_SHARE * time_limit_s - elapsed
+        return point if point > 0 else 0.5 * left
+    late = max(0.0, (max_time_s or UNBOUNDED_LATE_S) - elapsed)
+    if service and not like:
+        return late
+    rest = residual(like, elapsed, past.going_like.get(key, ()) if key else ())
+    if rest is None:
+        point = statistics.median(like) if like else UNTIMED_POINT_S
+        rest = point - elapsed if elapsed < point else elapsed
+    return min(rest, late)
+
+
+def run_length(time_limit_s: float | None, runs: Sequence[float], max_time_s: float | None,
+               kind: str, service: bool = False, past: History | None = None,
+               key: tuple | None = None) -> float:
+    """How long a job runs from its start: ``kind`` "point" the expected run
+    (``remaining`` from 0), "late" the longest it may (its --time, else the cluster's
+    max_time, else the horizon). ``runs``: its user's like runs without --time."""
+    if kind == "late":
+        return time_limit_s if time_limit_s is not None else (max_time_s or UNBOUNDED_LATE_S)
+    return remaining(time_limit_s, 0.0, runs, past or History(), max_time_s, service, key)
 
 
 def end_of(job: scheduler.RunningJob, now: float, max_time_s: float | None,
-           runs: Sequence[float] = ()) -> float:
-    """When a running job is expected to end: its start + ``run_length``; past that
-    already, a job with --time half-way from now to its limit, one without as
-    ``estimates.expected_end`` has it (as long again as it ran)."""
-    late = job.started_at + run_length(job.time_limit_s, runs, max_time_s, "late", job.service)
-    end = job.started_at + run_length(job.time_limit_s, runs, max_time_s, "point", job.service)
-    if end > now:
-        return end
-    if job.time_limit_s is None:
-        expected = scheduler.Estimate(end - job.started_at, "its user's history")
-        return min(late, scheduler.estimates.expected_end(job.started_at, now, expected))
-    return now + (max(late, now) - now) * 0.5
+           runs: Sequence[float] = (), past: History | None = None) -> float:
+    """When a running job is expected to end: now + ``remaining`` after what it ran."""
+    return now + remaining(job.time_limit_s, max(0.0, now - job.started_at), runs, past or History(),
+                           max_time_s, job.service, _key(job))
 
 
 def _key(job: scheduler.RunningJob) -> tuple:
@@ -206,6 +278,7 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
     # Fair share moves as the run goes: each user's weight grows by the GPU-hours their jobs
     # hold in it, as the head's does (a heavy user's waiting jobs fall back as theirs run).
     users = dict(snap.users)
+
     cards = {r.id: _cards(r, snap.config) for r in running.values()}
     for _ in range(MAX_PASSES):
         if not queue or now > stop:
@@ -259,19 +332,19 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
         done = [job for job, t in ends.items() if t <= now]
         freed_by = next((job for job in done if job in untimed), None)
         for job_id in done:
-            job = running.pop(job_id)
+            gone = running.pop(job_id)
             del ends[job_id]
             finished[job_id] = "succeeded"
-            for p in job.placements:
+            for p in gone.placements:
                 g = gpus[p.gpu_uuid]
                 gpus[p.gpu_uuid] = replace(g, placements=tuple(x for x in g.placements if x[0] != job_id),
                                            overuse=tuple(x for x in g.overuse if x[0] != job_id))
-            if preempted and job.preemptible:
-                pending = scheduler.PendingJob(job.id, job.user, len(job.placements),
-                                               _slice_mb(job), snap.now,
-                                               max_nodes=len({p.node for p in job.placements}),
-                                               time_limit_s=job.time_limit_s, preemptible=True)
-                queue[job.id] = pending
+            if preempted and gone.preemptible:
+                pending = scheduler.PendingJob(gone.id, gone.user, len(gone.placements),
+                                               _slice_mb(gone), snap.now,
+                                               max_nodes=len({p.node for p in gone.placements}),
+                                               time_limit_s=gone.time_limit_s, preemptible=True)
+                queue[gone.id] = pending
     return run
 
 
@@ -282,8 +355,9 @@ def _cards(job: scheduler.RunningJob, config: scheduler.SchedulerConfig) -> floa
                              config.charge_reference_mb, config.preemptible_charge if job.preemptible else 1.0)
 
 
-def _charged(users: Mapping[str, scheduler.UserShare | None], running: Iterable[scheduler.RunningJob],
-             cards: Mapping[int, float], seconds: float) -> dict[str, scheduler.UserShare | None]:
+def _charged(users: Mapping[str, scheduler.UserShare], running: Iterable[scheduler.RunningJob],
+             cards: Mapping[int, float], seconds: float) -> dict[str, scheduler.UserShare]:
+
     """The users' fair-share standing after their running jobs held their cards ``seconds``
     longer (``fairshare.user_weight``: each GPU-hour adds ``PER_GPU_HOUR``)."""
     hours: dict[str, float] = {}
@@ -304,7 +378,7 @@ def _slice_mb(job: scheduler.RunningJob) -> int | None:
 def forecast(snap: scheduler.Snapshot, max_time_s: float | None = None,
              horizon_s: float = HORIZON_S, only: int | None = None,
              schedule=scheduler.schedule,
-             history: Mapping[tuple, Sequence[float]] | None = None,
+             history: History | Mapping[tuple, Sequence[float]] | None = None,
              calibration: Calibration | None = None) -> dict[int, Start]:
     """Each waiting job's :class:`Start` (or only job ``only``'s: the run stops once it
     started). One run of the scheduler with every job ending when it is expected to
@@ -312,17 +386,18 @@ def forecast(snap: scheduler.Snapshot, max_time_s: float | None = None,
     learned from its past forecasts; else its defaults) the interval around it.
     ``history``: (user, GPUs, memory asked) -> how long their recent jobs without --time
     ran (``Scheduling.history``), for the estimate of such a job."""
-    history = history or {}
+    known = (history if isinstance(history, History) else History(history or {})).seeing(snap)
     calibration = calibration or Calibration()
 
     def past(job: scheduler.PendingJob) -> tuple[float, ...]:
-        return tuple(history.get((job.user, job.gpu_count, job.gpu_mem_mb), ()))
+        return tuple(known.like.get((job.user, job.gpu_count, job.gpu_mem_mb), ()))
 
     def estimate(job: scheduler.PendingJob) -> scheduler.Estimate:
         return scheduler.run_estimate(job.time_limit_s, max_time_s, past(job))
     point = simulate(
-        snap, lambda job: run_length(job.time_limit_s, past(job), max_time_s, "point", job.service),
-        lambda job: end_of(job, snap.now, max_time_s, history.get(_key(job), ())),
+        snap, lambda job: run_length(job.time_limit_s, past(job), max_time_s, "point", job.service, known,
+                               (job.user, job.gpu_count, job.gpu_mem_mb)),
+        lambda job: end_of(job, snap.now, max_time_s, known.like.get(_key(job), ()), known),
         horizon_s, only, schedule, STEP_SHARE, estimate)
     result = {}
     for job in snap.queue:

@@ -224,7 +224,10 @@ class JobTransitions:
     def adopt_unknown(self, node: str, attempts: dict, sessions: dict) -> None:
         """After a restore: launches on this node the store does not know, of jobs it has
         only as waiting (or not at all: their ids were lost with the backup), are taken in
-        as they are, running or ended, so none of them runs a second time."""
+        as they are, running or ended, so none of them runs a second time. The ended ones
+        first: a card a launch holds now may have been another's that ended before it, and
+        taken in after it, that other would hold the card beside it for the store."""
+        found_here = []
         state = self.state
         for name, found in attempts.items():
             latest_first = sorted(((int(a), info) for a, info in (found or {}).items() if a.isdigit()),
@@ -248,8 +251,11 @@ class JobTransitions:
                 except (KeyError, TypeError, ValueError) as err:
                     log.warning("%s: the record of job %s is not understood: %s", node, job_id, err)
                     continue
-                log.warning("%s ran job %s after the store's backup: taken in again", node, job_id)
-                self.adopt(node, job, info.get("exit_code"), alive)
+                found_here.append((alive, job, info.get("exit_code")))
+                break  # its latest launch here is what it is now
+        for alive, job, exit_code in sorted(found_here, key=lambda found: found[0]):
+            log.warning("%s ran job %s after the store's backup: taken in again", node, job.id)
+            self.adopt(node, job, exit_code, alive)
 
     # ---------------------------------------------------------------------- launch
     def begin_launch(self, job: Job, placements: tuple[Placement, ...]) -> None:
@@ -286,8 +292,7 @@ class JobTransitions:
         if confirmed >= set(nodes):
             self.mark_running(current)
         elif confirmed != launching.confirmed:
-            launching = replace(launching, confirmed=confirmed)
-            self._set(replace(current, status=with_holding(current.status, launching)))
+            self.confirm(current, confirmed)
 
     def environments(self, job: Job) -> dict[str, dict[str, str]]:
         """Each of the job's nodes -> the environment its launch plan gives the command."""
@@ -304,13 +309,20 @@ class JobTransitions:
             return None
         return {**reply, "node": node}
 
-    def mark_running(self, job: Job) -> None:
-        """Launching → running (a cancel or an eviction under way stays so)."""
+    def mark_running(self, job: Job, at: float | None = None) -> None:
+        """Launching → running (a cancel or an eviction under way stays so), from ``at`` if
+        it started before now (its node's word, after a restore), else now."""
         now = self.state.clock()
-        self.state.store.mark_running(job.id, now)
+        started = now if at is None else min(at, now)
+        self.state.store.mark_running(job.id, started)
         launching = holding(job.status)
-        running = Running(launching.placements, now, launching.exits, token=launching.token)
+        running = Running(launching.placements, started, launching.exits, token=launching.token)
         self.on_running(self._set(replace(job, status=with_holding(job.status, running))))
+
+    def confirm(self, job: Job, confirmed: frozenset[str]) -> None:
+        """A gang's launch confirmed on ``confirmed``, not yet on every node of it."""
+        launching = replace(holding(job.status), confirmed=confirmed)
+        self._set(replace(job, status=with_holding(job.status, launching)))
 
     # --------------------------------------------------------------------- the end
     def finish(self, job: Job, state: JobState, code: int | None, reason: str,

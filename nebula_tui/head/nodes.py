@@ -3,29 +3,27 @@
 A node's link reports its state (``on_node_state``) and its nodelet's messages
 (``on_node_message``): the hello (driver, topology), each probe (GPU readings, processes,
 telemetry), job starts and exits (handed to the jobs room) and kernel lines (to the health
-room). After every (re)connect ``reconcile`` makes the node and the store agree. Drain,
-resume, add, remove and reload change which nodes take work.
+room). After every (re)connect the reconciler (``reconcile.py``) makes the node and the
+store agree. Drain, resume, add, remove and reload change which nodes take work.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 from .. import node_admin, views
 from ..config.cluster import load_config
-from ..model import (DEFAULT_VENDOR, FINISHED_STATES, Cancelling, ConfigError, Evicting, GpuReading,
-                     JobState, NodeState, RequestError, Stopping)
-from ..remote.protocol import (Exit, Hello, KernelLines, Phase, Probe, Started, job_number,
-                               read_message)
-from ..remote.ssh import NodeLink, NodeUnavailable
+from ..model import DEFAULT_VENDOR, ConfigError, GpuReading, NodeState, RequestError
+from ..remote.protocol import Exit, Hello, KernelLines, Phase, Probe, Started, read_message
+from ..remote.ssh import NodeLink
 from ..store import StoreUnavailable
 from ..units import duration_short
 from .access import Access
 from .health import HealthMonitor
-from .jobs import CANCEL_GRACE_S, JobTransitions
+from .jobs import JobTransitions
+from .reconcile import Reconciler
 from .state import GpuLive, HeadState, Maintenance, NodeView, job_nodes
 from .stream import Stream
 
@@ -44,6 +42,7 @@ class Fleet:
         self.state = state
         self.stream = stream
         self.transitions = jobs
+        self.reconciler = Reconciler(state, jobs)
         self.health = health
         self.access = access
         #: told after each probe of a node (and its GPUs) was taken in: the engine wires
@@ -133,7 +132,7 @@ class Fleet:
             return
         self.stream.publish_gpus(node)
         if state == NodeState.UP:
-            self.state.spawn(self.reconcile(node), f"reconcile-{node}")
+            self.state.spawn(self.reconciler.reconcile(node), f"reconcile-{node}")
         self.state.wake()
 
     def _record(self, node: str, text: str) -> None:
@@ -285,111 +284,7 @@ class Fleet:
                 "pci_bus_id": r.pci_bus_id, "driver_version": r.driver_version,
                 "cuda_version": self.state.nodes[node].cuda_version}
 
-    # ------------------------------------------------------------------- reconcile
-    async def reconcile(self, node: str) -> None:
-        """After (re)connecting, make the node and the store agree (R23).
-
-        Launch intents the node never saw are carried out (the launch token makes that
-        idempotent); cancels it missed are sent again; sessions of launches this store
-        issued whose job is no longer this node's (declared lost and requeued meanwhile) are
-        stopped, so no job runs twice. Exits the node recorded while we were away arrive as
-        exit messages; a job running here by the store that the node has no record of, or
-        whose end the node has and the store lost, is ended (no job "runs" without a
-        process). After a restore of the store, the ends the node has of jobs the store has
-        running are recorded first, then launches it does not know are taken in
-        (``JobTransitions.adopt_unknown``), before anything is scheduled.
-        """
-        state, transitions = self.state, self.transitions
-        try:
-            if node in state.unreconciled:  # first: before any relaunch of an older attempt
-                running = self._running_here(node)
-                listing = await state.links[node].request("list", records=True)
-                attempts = listing.get("attempts") or {}
-                # Ends before starts: a launch after the backup may hold a card only because
-                # a job the backup has running there ended meanwhile. Recorded after it was
-                # taken in, that end would leave both on the card for the store.
-                self._end_the_unrecorded(node, attempts, running, listing.get("session_tokens") or {},
-                                         unacked=True)
-                transitions.adopt_unknown(node, attempts, listing.get("session_tokens") or {})
-                state.reconciled_after_restore(node)
-            for job in state.jobs.on(node):
-                if node in job_nodes(job) and job.state == JobState.LAUNCHING:
-                    await transitions.launch(job, only=node)
-                if node in job_nodes(job) and isinstance(job.status, Cancelling):
-                    state.spawn(transitions.cancel_on_node(job, only=node), f"cancel-{job.id}")
-            # Only launches the node had answered before it was asked for its list can be
-            # missing from the list: one that starts while the list is on its way is not.
-            running = self._running_here(node)
-            listing = await state.links[node].request("list")
-            self._stop_the_stale(node, listing.get("session_tokens") or {})
-            self._end_the_unrecorded(node, listing.get("attempts") or {}, running,
-                                     listing.get("session_tokens") or {})
-        except (NodeUnavailable, asyncio.TimeoutError):
-            return  # the next connection reconciles again
-        except StoreUnavailable as err:
-            log.warning("reconcile of %s stopped: %s", node, err)
-
-    def _stop_the_stale(self, node: str, sessions: dict) -> None:
-        state = self.state
-        for name, token in sessions.items():  # job -> the token of its live session
-            job_id = job_number(int(name) if name.isdigit() else 0)
-            current = state.jobs.get(job_id)
-            if (job_id and state.ours(token)
-                    and (current is None or node not in job_nodes(current)
-                         or token != state.token(current))):
-                log.warning("stopping stale session of job %s on %s", job_id, node)
-                state.record("reconcile", f"stopped a stale copy of job {job_id} on {node}",
-                             job_id=job_id, node=node)
-                state.spawn(self._stop_stale(node, job_id, token), f"stale-{job_id}")
-
-    def _running_here(self, node: str) -> dict[int, str]:
-        """The jobs (id -> token) the store has running on ``node`` now."""
-        return {j.id: self.state.token(j) for j in self.state.jobs.on(node)
-                if j.state == JobState.RUNNING and node in job_nodes(j)}
-
-    def _end_the_unrecorded(self, node: str, attempts: dict, running: dict[int, str], sessions: dict,
-                            unacked: bool = False) -> None:
-        """Running jobs of this node the node itself says are over: it has no record of
-        their launch (its job directory went), or it has their end, acknowledged, which the
-        store lost (a restore: settled as the head had recorded it, ``_end_from_record``).
-        Unacknowledged ends it reports by itself, unless ``unacked`` (after a restore: they
-        must be recorded before what ran later is taken in). ``running``: the jobs (id ->
-        token) that ran here before the node was asked for ``attempts``; ``sessions``: the
-        live sessions' launches (job -> token) then."""
-        for job_id, token in running.items():
-            job = self.state.jobs.get(job_id)
-            if job is None or job.state != JobState.RUNNING or self.state.token(job) != token:
-                continue  # ended or launched again meanwhile: the list says nothing of it
-            found = next((a for a in (attempts.get(str(job.id)) or {}).values()
-                          if isinstance(a, dict) and a.get("token") == token), None)
-            if found is None and token:
-                self.transitions.finish(job, JobState.FAILED, None, f"{node} has no record of "
-                                        "its launch (its job directory was removed?)")
-            elif found is not None and (unacked or found.get("acked")):
-                self._end_from_record(node, job, found, sessions.get(str(job.id)) in (token, ""), unacked)
-
-    def _end_from_record(self, node: str, job, found: dict, live: bool, unacked: bool) -> None:
-        """The end the head recorded and acked (``ended_as``: a restore lost it), else the exit
-        the node has: its code, or none once its session is gone (killed after a cancel's grace)."""
-        code = found.get("exit_code") if isinstance(found.get("exit_code"), int) else None
-        end = found.get("ended_as") if isinstance(found.get("ended_as"), dict) else {}
-        if end.get("state") in FINISHED_STATES:
-            at = end.get("at") if isinstance(end.get("at"), (int, float)) else None
-            at = at if at is not None and (job.started_at or 0) <= at <= self.state.clock() else None
-            self.state.record("reconcile", f"job {job.id}'s end on {node} taken from the node's record",
-                              job_id=job.id, node=node)
-            self.transitions.finish(job, JobState(end["state"]), code, str(end.get("reason") or "")[:500], at=at)
-        elif code is not None or not (live or (not unacked and isinstance(job.status, (Stopping, Evicting)))):
-            # (a job the head stops itself is acked at its SIGKILL: the stop ends it)
-            self.transitions.on_exit(node, Exit(job=job.id, token=found.get("token"), code=code,
-                                                reason=str(found.get("reason") or "")))
-
-    async def _stop_stale(self, node: str, job_id: int, token: str) -> None:
-        # With its token: a relaunch that took the session's place meanwhile is left alone.
-        with contextlib.suppress(NodeUnavailable, asyncio.TimeoutError):
-            await self.state.links[node].request("cancel", timeout=CANCEL_GRACE_S + 30, job=job_id,
-                                                 grace=CANCEL_GRACE_S, token=token)
-
+    # --------------------------------------------------------------------- one node
     def show(self, name: str) -> dict:
         """`nebula node show`: the node with the whole of its reason (a tool's output, an
         error's text), its retries, host facts, GPUs, jobs and latest events."""

@@ -8,6 +8,7 @@ users ask of a pool job (cancel, hold, requeue, its log) and of a pool (its stat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -16,7 +17,7 @@ import secrets
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..model import (Cancelling, Job, JobState, Pending, RequestError, Running,
+from ..model import (Cancelling, Job, JobState, Pending, Placement, RequestError, Running,
                      holding)
 from ..pools.base import (Capacity, PoolNotAuthorised, PoolRefusal,
                           PoolUnavailable, RemoteJob)
@@ -95,6 +96,8 @@ class PoolView:
     warned: set[int] = field(default_factory=set)  # jobs whose odd report was said once
     #: account -> why its last answer was none, or not Slurm's (its jobs left as they are)
     troubled: dict[str, str] = field(default_factory=dict)
+    #: job id -> why it was cancelled there: its request grown past what was sent
+    grown: dict[int, str] = field(default_factory=dict)
     #: account -> the capacity as read in it (``user: submitter``: what its owner may believe)
     capacities: dict[str, Capacity] = field(default_factory=dict)
 
@@ -201,6 +204,77 @@ class PoolBooks:
         return self.transitions.charge_in_full(job, f"job {job.id} runs in pool {name}'s "
                                                f"{' and '.join(moved)}, not its scavenger one: "
                                                "charged as a normal job")
+
+    async def _grown(self, name: str, job: Job, row: dict, report: RemoteJob) -> None:
+        """A job's owner may change its request there while it waits (``scontrol update
+        jobid=… gres=gpu:8``: Slurm lets a user do that to their own pending job), past what
+        the head sent, checked and shows: such a job is cancelled there, once, saying why
+        (its end, and the GPUs its allocation held, come as for any cancel)."""
+        view = self.views[name]
+        if job.id in view.grown or job.spec.gpu_mem_mb:  # a shard job's gres is not whole GPUs
+            return
+        sent_gpus, sent_nodes = job.spec.gpu_count * job.spec.nodes, job.spec.nodes
+        grown = [f"{now} {what}" for what, now, sent in (
+            ("GPUs", report.requested_gpus, sent_gpus), ("nodes", report.requested_nodes, sent_nodes))
+            if now is not None and now > sent]
+        if not grown:
+            return
+        view.grown[job.id] = (f"cancelled: its request in pool {name} was changed to "
+                              f"{' on '.join(grown)}, more than it was sent with ({sent_gpus} "
+                              f"GPU{'s' if sent_gpus != 1 else ''} on {sent_nodes} node"
+                              f"{'s' if sent_nodes != 1 else ''})")
+        self.state.record("pool", f"job {job.id}: {view.grown[job.id]}", job_id=job.id)
+        with contextlib.suppress(PoolUnavailable, PoolRefusal):
+            await self.pools[name].cancel(row["account"], row["remote_id"])
+
+    # ------------------------------------------------------- what a poll moves
+    def _account_troubles(self, name: str, troubled: dict, keep: bool = False) -> None:
+        """Accounts whose answer this poll was no answer, or not Slurm's (a member's own key
+        line may run anything): said once each, their jobs left as they are, everybody
+        else's moved as their own accounts say (``keep``: the others' troubles stay)."""
+        view = self.views[name]
+        for account in [] if keep else list(view.troubled):
+            if account not in troubled and account not in view.unreconciled:
+                del view.troubled[account]
+                self.state.record("pool", f"pool {name} answers as {account} again")
+        for account, err in troubled.items():
+            if account not in view.troubled:
+                self.state.record("pool", f"pool {name}, as {account}: {printable(str(err))[:300]}; "
+                                  f"{account}'s jobs there are left as they are")
+            view.troubled[account] = printable(str(err))[:300]
+
+    def _not_ours(self, name: str, account: str, remote) -> None:
+        """A job of ``account`` carrying this head's prefix but not a token it issued, or a
+        copy of one: never adopted, and left alone (it is that user's, not this head's)."""
+        self.state.record("pool", f"pool {name}: job {printable(remote.slurm_id)[:40]} of {account} carries "
+                          f"this head's token prefix but not a token it issued ({printable(remote.comment)[:80]}): "
+                          "not taken for one of its jobs")
+
+    def _preempted(self, name: str, job: Job) -> None:
+        """The pool took the job back and will not run it again (PREEMPTED): it waits in our
+        queue again, as a new attempt, to be sent (or run here) afresh."""
+        why = f"requeued: preempted in pool {name}"
+        self.rows.pop(job.id, None)
+        if job.state.holds_gpus:
+            self.transitions.requeue(job, why)
+        self.state.store.leave_pool(job.id, self.state.clock(), why)
+        job = self.state.jobs.get(job.id)
+        if job is not None:
+            job = replace(job, pool=None, status=Pending(why))
+            self._put(job)
+
+    def _mark_running(self, name: str, job: Job, report: RemoteJob) -> Job:
+        placements = tuple(
+            Placement(f"{name}:{report.remote_id}:{node}:{i}", f"{name}:{printable(node)[:63]}",
+                      i, 0, True)
+            # at most the nodes it asked for: the list is what its owner's account printed
+            for node in (report.nodes[:job.spec.nodes] or ("?",)) for i in range(max(1, job.spec.gpu_count)))
+        started = report.started_at or self.state.clock()
+        self.state.store.pool_running(job.id, placements, started, self.state.clock())
+        job = replace(job, status=Running(placements, started, token=self.rows[job.id]["token"]))
+        self._put(job)
+        self.shares.changed(job.user)
+        return job
 
     # ---------------------------------------------------------------- users' requests
     def _row(self, job: Job) -> dict:

@@ -23,8 +23,7 @@ import contextlib
 import logging
 from dataclasses import replace
 
-from ..model import (Cancelling, InvalidRequest, Job, JobSpec, JobState, Pending, Placement, RequestError, Running,
-                     UnfitRequest)
+from ..model import (Cancelling, InvalidRequest, Job, JobSpec, JobState, Pending, RequestError, UnfitRequest)
 from ..pools.base import (Capacity, PoolDegraded, PoolNotAuthorised, PoolRefusal,
                           PoolSubmission, PoolUnavailable, RemoteJob, sent_order)
 from ..printable import printable
@@ -258,11 +257,13 @@ class Pools(PoolBooks):
             if not row["remote_id"] and not view.refusing(row["account"], now) \
                     and row["account"] not in view.unreconciled:
                 await self.submit(job_id)
-        asked = {row["remote_id"]: (row["account"], row["token"]) for row in mine.values()
+        # Keyed by owner and id: an id is what one account answered (a member's key line may
+        # answer sbatch with another's id), so it is asked, and believed, in that account alone.
+        asked = {(row["account"], row["remote_id"]): row["token"] for row in mine.values()
                  if row["remote_id"] and not view.refusing(row["account"], now)}
         # Capacity is read as the pool's own account, or (user: submitter) as an owner of a
         # live job there: never as an account nobody authorised.
-        owners = sorted({account for account, _ in asked.values()})
+        owners = sorted({account for account, _ in asked})
         poller = owners[0] if pool.config.per_submitter and owners else (
             None if pool.config.per_submitter else pool.config.user)
         if not asked and poller is None:
@@ -286,8 +287,13 @@ class Pools(PoolBooks):
             return
         for account in result.refused:
             view.refuse(account, now)
-        if result.troubled and set(result.troubled) >= {account for account, _ in asked.values()}:
-            # Every account asked is in trouble: the pool's (its login node, its Slurm).
+        answered = pool.config.per_submitter and all(
+            isinstance(trouble, PoolDegraded) for trouble in result.troubled.values())
+        if result.troubled and set(result.troubled) >= set(owners) and not answered:
+            # Every account asked is in trouble: the pool's (its login node, its Slurm). Not
+            # where each (user: submitter) answered, though not as Slurm does: a member's own
+            # key line may, and she may be the only one with jobs there; the others' jobs are
+            # still sent (each in its own account).
             trouble = next(iter(result.troubled.values()))
             if isinstance(trouble, PoolDegraded):
                 return self._degraded(name, str(trouble))
@@ -306,12 +312,13 @@ class Pools(PoolBooks):
             if job is None:
                 self.rows.pop(job_id, None)
                 continue
-            if row["remote_id"] not in asked or row["account"] in result.troubled:
+            key = (row["account"], row["remote_id"])
+            if key not in asked or row["account"] in result.troubled:
                 continue  # not asked (its owner's login refused), or no answer: left as it is
             if isinstance(job.status, Cancelling) and row["remote_id"]:  # asked while away
                 with contextlib.suppress(PoolUnavailable, PoolRefusal):
                     await pool.cancel(row["account"], row["remote_id"])
-            report = result.jobs.get(row["remote_id"])
+            report = result.jobs.get(key)
             if report is None:
                 await self._not_listed(name, job, row, view)
                 continue
@@ -345,7 +352,8 @@ class Pools(PoolBooks):
             accounts &= set(view.unreconciled)
             view.unreconciled -= view.unreconciled - accounts
         trouble: PoolUnavailable | None = None
-        known = {row["remote_id"] for row in self.rows.values() if row["remote_id"]}
+        # each account's own ids: another's row may hold the same id (its key line's answer)
+        known = {(row["account"], row["remote_id"]) for row in self.rows.values() if row["remote_id"]}
         # A job sent after the backup was waiting in it: its accounting is searched from the
         # oldest waiting job's submit on (squeue forgets an ended job after MinJobAge).
         since = min((job.submitted_at for job in self.state.jobs.values()
@@ -378,7 +386,7 @@ class Pools(PoolBooks):
             # and of the jobs carrying one, only the first sent (a copy comes after it).
             first: dict[str, object] = {}
             for remote in sorted(found, key=lambda r: sent_order(r.slurm_id)):
-                if remote.slurm_id in known:
+                if (account, remote.slurm_id) in known:
                     first.setdefault(remote.comment, remote)
                 elif issued_job(key, head, remote.comment) is None or remote.comment in first:
                     self._not_ours(name, account, remote)
@@ -389,28 +397,6 @@ class Pools(PoolBooks):
             view.unreconciled.clear()
             raise trouble  # no account answered: the pool's own trouble, the pool waits
         view.reconciled = True
-
-    def _account_troubles(self, name: str, troubled: dict, keep: bool = False) -> None:
-        """Accounts whose answer this poll was no answer, or not Slurm's (a member's own key
-        line may run anything): said once each, their jobs left as they are, everybody
-        else's moved as their own accounts say (``keep``: the others' troubles stay)."""
-        view = self.views[name]
-        for account in [] if keep else list(view.troubled):
-            if account not in troubled and account not in view.unreconciled:
-                del view.troubled[account]
-                self.state.record("pool", f"pool {name} answers as {account} again")
-        for account, err in troubled.items():
-            if account not in view.troubled:
-                self.state.record("pool", f"pool {name}, as {account}: {printable(str(err))[:300]}; "
-                                  f"{account}'s jobs there are left as they are")
-            view.troubled[account] = printable(str(err))[:300]
-
-    def _not_ours(self, name: str, account: str, remote) -> None:
-        """A job of ``account`` carrying this head's prefix but not a token it issued, or a
-        copy of one: never adopted, and left alone (it is that user's, not this head's)."""
-        self.state.record("pool", f"pool {name}: job {printable(remote.slurm_id)[:40]} of {account} carries "
-                          f"this head's token prefix but not a token it issued ({printable(remote.comment)[:80]}): "
-                          "not taken for one of its jobs")
 
     async def _adopt_or_end(self, name: str, account: str, remote) -> None:
         pool = self.pools[name]
@@ -472,12 +458,17 @@ class Pools(PoolBooks):
     async def _apply(self, name: str, job: Job, row: dict, report: RemoteJob) -> None:
         """The job's state here follows what the pool reports."""
         job = self._scavenger_or_full_price(name, job, report)
+        if report.end is None:
+            await self._grown(name, job, row, report)
         if report.end is not None:
             if job.state == JobState.PENDING and report.started_at:
                 job = self._mark_running(name, job, report)  # it ran between two polls
             state, reason = report.end
             if isinstance(job.status, Cancelling):
                 state, reason = JobState.CANCELLED, f"cancelled by {job.status.by}"
+            elif job.id in self.views[name].grown and state == JobState.CANCELLED:
+                reason = self.views[name].grown[job.id]
+            self.views[name].grown.pop(job.id, None)
             if report.preempted and not job.spec.no_requeue:
                 self._preempted(name, job)
                 return
@@ -509,29 +500,3 @@ class Pools(PoolBooks):
         elif report.waiting and job.state == JobState.PENDING:
             why = printable(report.reason or "waiting")[:200]
             self._set_reason(job, f"pending in pool {name}: {why}")
-
-    def _preempted(self, name: str, job: Job) -> None:
-        """The pool took the job back and will not run it again (PREEMPTED): it waits in our
-        queue again, as a new attempt, to be sent (or run here) afresh."""
-        why = f"requeued: preempted in pool {name}"
-        self.rows.pop(job.id, None)
-        if job.state.holds_gpus:
-            self.transitions.requeue(job, why)
-        self.state.store.leave_pool(job.id, self.state.clock(), why)
-        job = self.state.jobs.get(job.id)
-        if job is not None:
-            job = replace(job, pool=None, status=Pending(why))
-            self._put(job)
-
-    def _mark_running(self, name: str, job: Job, report: RemoteJob) -> Job:
-        placements = tuple(
-            Placement(f"{name}:{report.remote_id}:{node}:{i}", f"{name}:{printable(node)[:63]}",
-                      i, 0, True)
-            # at most the nodes it asked for: the list is what its owner's account printed
-            for node in (report.nodes[:job.spec.nodes] or ("?",)) for i in range(max(1, job.spec.gpu_count)))
-        started = report.started_at or self.state.clock()
-        self.state.store.pool_running(job.id, placements, started, self.state.clock())
-        job = replace(job, status=Running(placements, started, token=self.rows[job.id]["token"]))
-        self._put(job)
-        self.shares.changed(job.user)
-        return job

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Literal, TypeGuard, overload
 
 from .. import environments
 from ..api import ARCH_RE, CUDA_RE, MAX_GPU_COUNT
@@ -36,18 +37,25 @@ MAX_TIME_LIMIT_S = 366 * 86400.0
 MAX_UNIX_TIME = 253402300799.0
 
 
-def whole(value: object, low: int, high: int) -> bool:
+def whole(value: object, low: int, high: int) -> TypeGuard[int]:
     """A JSON number that is a whole number in [low, high] (true and false are not)."""
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
-def number(value: object, low: float, high: float) -> bool:
+def number(value: object, low: float, high: float) -> TypeGuard[float]:
     """A JSON number in [low, high] (true and false are not; NaN fails every comparison,
     so finite bounds keep out NaN and the infinities too)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
 
 
+@overload
+def unix_time(req: dict, key: str, required: Literal[True]) -> float: ...
+@overload
+def unix_time(req: dict, key: str, required: bool = False) -> float | None: ...
+
+
 def unix_time(req: dict, key: str, required: bool = False) -> float | None:
+
     """Field ``key`` as a time in Unix seconds (None when absent and not ``required``)."""
     value = req.get(key)
     if value is None and not required:

@@ -60,6 +60,8 @@ MAX_PASS_PAUSE_S = 0.2
 QUEUE_ORDER_EVERY_S = 0.5
 #: how many recent runs of one user's like jobs without --time their estimate looks at
 HISTORY_RUNS = 20
+#: … and of how many recent jobs with --time the forecast reads the share of it they used
+SHARE_RUNS = 500
 HOUSEKEEPING_EVERY_S = 3600.0
 #: A pass over this many waiting jobs or more decides in a thread (``pass_now``): ~10 ms
 #: of scheduling on these machines, past which a submit would notice waiting behind it.
@@ -128,6 +130,8 @@ class Scheduling:
         #: (user, GPUs, memory asked) -> how long their recent jobs without --time ran,
         #: since this head started: what a running one is estimated to run (estimates.py)
         self.history: dict[tuple, deque[float]] = {}
+        #: the share of its --time each recent job with one used (the forecast's estimate)
+        self.time_shares: deque[float] = deque(maxlen=SHARE_RUNS)
         #: waiting job -> the cards a pass preempted for it (its ``Wait.holds``), theirs
         #: until it starts or waits for no preemption (``scheduler/preemption.py``)
         self.holds: dict[int, tuple] = {}
@@ -322,14 +326,27 @@ class Scheduling:
         made off the loop from what it holds; each is applied only if still valid then
         (False: some were not)."""
         reasons: dict[int, str] = {}
-        self._new_order([d.job_id for d in decisions if isinstance(d, scheduler.Wait)])
+        wait = scheduler.Wait
+        self._new_order([d.job_id for d in decisions if type(d) is wait])
         started: dict[str, set] = {}  # GPU -> (job, placement) this pass's starts added
         all_applied = True
+        jobs, holds = self.state.jobs, self.holds
         for decision in decisions:
             if seen is not None and not self._still_valid(decision, seen, started):
                 all_applied = False
                 continue
-            job = self.state.jobs[decision.job_id]
+            job = jobs[decision.job_id]
+            if type(decision) is wait:  # most decisions of a long queue: its reason, kept or new
+                if job.reason != decision.reason:
+                    reasons[job.id] = decision.reason
+                    waiting = replace(job.status, reason=decision.reason)
+                    jobs[job.id] = replace(job, status=waiting)
+                    self.stream.publish_job(jobs[job.id])
+                if decision.holds:
+                    holds[job.id] = decision.holds
+                elif holds:
+                    holds.pop(job.id, None)
+                continue
             if isinstance(decision, scheduler.Start):
                 if decision.scavenger:  # its user is past their quota: it runs preemptible
                     job = self.transitions.make_scavenger(job)
@@ -338,16 +355,8 @@ class Scheduling:
                 self.limits.preempt(job, decision.reason)
             elif isinstance(decision, scheduler.Fail):
                 self.transitions.finish(job, JobState.FAILED, None, decision.reason)
-            elif job.reason != decision.reason:
-                reasons[job.id] = decision.reason
-                waiting = replace(job.status, reason=decision.reason)
-                self.state.jobs[job.id] = replace(job, status=waiting)
-                self.stream.publish_job(self.state.jobs[job.id])
             if not isinstance(decision, scheduler.Preempt):
-                if isinstance(decision, scheduler.Wait) and decision.holds:
-                    self.holds[job.id] = decision.holds
-                else:
-                    self.holds.pop(job.id, None)
+                self.holds.pop(job.id, None)
         self.state.store.set_reasons(reasons)
         if self.holds:  # a job cancelled, held or sent to a pool meanwhile holds nothing
             self.holds = {job_id: cards for job_id, cards in self.holds.items()
@@ -375,7 +384,7 @@ class Scheduling:
             if set(state.jobs.held(p.gpu_uuid)) != set(then.placements) | started.get(p.gpu_uuid, set()):
                 return False
         for p in decision.placements:
-            started.setdefault(p.gpu_uuid, set()).add((job.id, p))
+            started.setdefault(p.gpu_uuid, set()).add((decision.job_id, p))
         return True
 
     def _new_order(self, order: list[int]) -> None:
@@ -399,10 +408,11 @@ class Scheduling:
 
         def estimate(job: Job) -> scheduler.Estimate | None:
             key = (job.user, job.spec.gpu_count, job.spec.gpu_mem_mb, job.spec.time_limit_s is None)
-            got = estimates.get(key, estimates)
-            if got is estimates:
+            try:
+                return estimates[key]
+            except KeyError:
                 got = estimates[key] = self.estimate(job)
-            return got
+                return got
 
         return scheduler.Snapshot(
             now=now, bookings=self.bookings.for_pass(now),
@@ -420,16 +430,22 @@ class Scheduling:
         )
 
     def job_ended(self, job: Job) -> None:
-        """Remember how long a job without --time ran (one that succeeded: a failure says
-        nothing of how long such work runs)."""
-        if job.spec.time_limit_s is None and job.state is JobState.SUCCEEDED \
-                and job.started_at is not None and job.ended_at is not None:
+        """Remember how long a job ran: one without --time that succeeded in its user's
+        like runs (a failure says nothing of how long such work runs), one with --time
+        that succeeded or reached it by the share of it used."""
+        if job.started_at is None or job.ended_at is None:
+            return
+        ran, limit = job.ended_at - job.started_at, job.spec.time_limit_s
+        if limit is None and job.state is JobState.SUCCEEDED:
             key = (job.user, job.spec.gpu_count, job.spec.gpu_mem_mb)
-            self.history.setdefault(key, deque(maxlen=HISTORY_RUNS)).append(job.ended_at - job.started_at)
+            self.history.setdefault(key, deque(maxlen=HISTORY_RUNS)).append(ran)
+        elif limit and job.state in (JobState.SUCCEEDED, JobState.TIMEOUT):
+            self.time_shares.append(min(1.0, ran / limit))
 
-    def histories(self) -> dict[tuple, tuple[float, ...]]:
-        """``history`` as it is now, for a forecast in a thread."""
-        return {key: tuple(runs) for key, runs in self.history.items()}
+    def histories(self) -> forecast.History:
+        """What the head saw of run lengths until now, for a forecast in a thread."""
+        return forecast.History({key: tuple(runs) for key, runs in self.history.items()},
+                                tuple(self.time_shares))
 
     def estimate(self, job: Job) -> scheduler.Estimate | None:
         """How long a running job without --time is expected to hold its cards."""
@@ -474,15 +490,16 @@ class Scheduling:
         decisions = self._decide(self.snapshot_for(self.waiting() + [probe]))
         victims = [d.job_id for d in decisions if isinstance(d, scheduler.Preempt) and d.for_job == -1]
         for decision in decisions:
-            if decision.job_id != -1:
-                continue
-            if victims:  # it would start once they yielded: one pass and their grace
-                return {"decision": "preempt", "reason": decision.reason, "preempts": victims}
+            if decision.job_id != -1 or isinstance(decision, scheduler.Preempt):
+                continue  # (a Preempt names its victim)
             if isinstance(decision, scheduler.Start):
                 return {"decision": "start", "gpus": [
                     {"node": p.node, "index": p.gpu_index, "uuid": p.gpu_uuid,
                      "memory_mb": p.memory_mb, "exclusive": p.exclusive}
                     for p in decision.placements]}
+            if victims:  # it would start once they yielded: one pass and their grace
+                return {"decision": "preempt", "reason": decision.reason, "preempts": victims}
+
             start = self.forecast_one(probe)
             return {"decision": "wait", "reason": decision.reason,
                     "starts": None if start is None else start.json(self.state.clock())}

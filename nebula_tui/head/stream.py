@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import asdict
 
 from .. import views
 from ..model import GpuView, Job, JobState, NodeState
-from ..wire import ClusterStatus, GpuWire, QueueRow
+from ..wire import (ClusterStatus, EventRow, GpusEvent, GpuWire, JobEvent, LogEvent, NodeEvent, QueueEvent, QueueRow,
+                    StartForecast, StreamState)
 from ..node.backends import topo
 from ..scheduler.slices import common_fits
 from .state import HeadState, NodeView
@@ -38,7 +38,7 @@ class Stream:
         self.published: dict[str, dict[str, GpuWire]] = {}  # node -> uuid -> GPU as sent
 
     # ---------------------------------------------------------------- subscribers
-    def subscribe(self, queue: asyncio.Queue) -> dict:
+    def subscribe(self, queue: asyncio.Queue) -> StreamState:
         """A new subscriber: returns the snapshot it starts from, and puts every event
         from now on in ``queue`` (``unsubscribe`` stops that).
 
@@ -62,14 +62,19 @@ class Stream:
     def unsubscribe(self, queue: asyncio.Queue) -> None:
         self.subscribers.discard(queue)
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> StreamState:
         """The whole state a subscriber starts from (GPUs without the raw probe reading,
         like the stream's: `nebula gpus` has it, no subscriber shows it)."""
         status = self.status()
+        heat = self.state.settings.config.temperatures
         return {**status, "jobs": self.queue_json(), "queue": self.state.queue_order,
-                "starts": self.state.forecasts,
+                "starts": self.starts_json(),
                 "events": self.state.store.events(30),
-                "temperatures": asdict(self.state.settings.config.temperatures)}
+                "temperatures": {"hot_c": heat.hot_c, "warm_c": heat.warm_c}}
+
+    def starts_json(self) -> dict[str, StartForecast]:
+        """The start forecasts by job id, as JSON keys are: strings (clients read them back)."""
+        return {str(job_id): start for job_id, start in self.state.forecasts.items()}
 
     def status(self) -> ClusterStatus:
         """Nodes, GPUs and their R1 summary: what `nebula status` shows, without the
@@ -118,11 +123,13 @@ class Stream:
     def publish_queue_order(self, starts: bool = False) -> None:
         """The queue's order; with ``starts`` the start forecasts too (after a new one)."""
         if self.subscribers:
-            event = {"type": "queue", "order": self.state.queue_order}
-            self.publish({**event, "starts": self.state.forecasts} if starts else event)
+            event: QueueEvent = {"type": "queue", "order": self.state.queue_order}
+            if starts:
+                event["starts"] = self.starts_json()
+            self.publish(event)
 
     # ------------------------------------------------------------------ publishing
-    def publish(self, event: dict) -> None:
+    def publish(self, event: Mapping[str, object]) -> None:
         for queue in list(self.subscribers):
             try:
                 queue.put_nowait(event)
@@ -138,17 +145,20 @@ class Stream:
         queue.put_nowait(RESYNC)
         self.subscribers.discard(queue)
 
-    def publish_event(self, event: dict) -> None:
+    def publish_event(self, row: EventRow) -> None:
         """A line of the events log the store committed (``Store.on_event``), as it is."""
         if self.subscribers:
-            self.publish({"type": "event", "event": event})
+            event: LogEvent = {"type": "event", "event": row}
+            self.publish(event)
 
     def publish_job(self, job: Job) -> None:
         if self.subscribers:
-            self.publish({"type": "job", "job": views.job_json(job)})
+            event: JobEvent = {"type": "job", "job": views.job_json(job)}
+            self.publish(event)
 
     def publish_node(self, view: NodeView) -> None:
-        self.publish({"type": "node", "node": view.json()})
+        event: NodeEvent = {"type": "node", "node": view.json()}
+        self.publish(event)
 
     def publish_gpus(self, node: str) -> None:
         """One "gpus" event for ``node`` (after each of its probes, and after anything that
@@ -163,7 +173,7 @@ class Stream:
                 event["seen"] = view.last_seen
             self.publish(event)
 
-    def gpu_changes(self, node: str, gpus: list[GpuWire]) -> dict:
+    def gpu_changes(self, node: str, gpus: list[GpuWire]) -> GpusEvent:
         """The "gpus" event that brings subscribers from what they hold of ``node``'s GPUs
         to ``gpus`` (and makes ``gpus`` what they hold):
 
@@ -187,7 +197,8 @@ class Stream:
 
         now = {gpu["uuid"]: gpu for gpu in gpus}
         self.published[node] = now
-        event = {"type": "gpus", "node": node, "gpus": changes}
+        event: GpusEvent = {"type": "gpus", "node": node, "gpus": changes}
+
         gone = [uuid for uuid in before if uuid not in now]
         if gone:
             event["gone"] = gone

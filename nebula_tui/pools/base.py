@@ -76,6 +76,10 @@ class RemoteJob:
     #: whether its Slurm comment still is the token it was sent with (the job may rewrite
     #: it: it is a check, never what finds the job)
     token_ok: bool = True
+    #: what it asks of the pool now, its GPUs in all and its nodes (None: not said); its
+    #: owner may change a waiting job's request there
+    requested_gpus: int | None = None
+    requested_nodes: int | None = None
     #: the runs of its id before the last one (requeued there), each (elapsed, GPUs, start),
     #: from the cluster's accounting
     earlier_runs: tuple[tuple[float, int | None, float | None], ...] = ()
@@ -143,10 +147,13 @@ def _partition(name: str, nodes: list[PoolNode]) -> PartitionGpus:
 
 @dataclass
 class PollResult:
-    """One poll: the jobs of ours the pool knows (by the Slurm id sbatch answered), and its
+    """One poll: the jobs of ours the pool knows (by their owner and the Slurm id sbatch
+    answered there), and its
     capacity (None when it was not read: nobody's account to read it with)."""
 
-    jobs: dict[str, RemoteJob] = field(default_factory=dict)
+    #: (account, remote id) -> the job: an id is one account's answer (a member's own key
+    #: line may answer sbatch with another member's id), never another account's job
+    jobs: dict[tuple[str, str], RemoteJob] = field(default_factory=dict)
     capacity: Capacity | None = None
     refused: set[str] = field(default_factory=set)  # accounts whose login was refused
     #: accounts that did not answer, or not as Slurm answers: their jobs are left as they are
@@ -165,10 +172,11 @@ class Pool(Protocol):
         """The job a submission with ``token`` made, if the pool has it (a head restarted
         mid-submit asks before submitting again)."""
 
-    async def poll(self, jobs: dict[str, tuple[str, str]], poller: str | None) -> PollResult:
-        """What the pool says of each of ``jobs`` (remote id -> (its account, its token)),
-        each asked in its own account, its end from that account's accounting; capacity
-        read as ``poller`` (None: not read)."""
+    async def poll(self, jobs: dict[tuple[str, str], str], poller: str | None) -> PollResult:
+        """What the pool says of each of ``jobs`` ((its account, its remote id) -> its
+        token), each asked in its own account, its end from that account's accounting;
+        capacity read as ``poller`` (None: not read). A remote id names a job only in its
+        owner's account: the answers are keyed the same way."""
 
     async def cancel(self, account: str, remote_id: str) -> None: ...
 

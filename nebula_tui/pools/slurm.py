@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import shlex
 import time
 from dataclasses import replace
@@ -294,7 +293,8 @@ class SlurmPool:
             exit_code=final.exit_code, preempted=final.state == "PREEMPTED",
             elapsed_s=final.elapsed_s, gpus=final.gpus, qos=final.qos or job.qos,
             partition=final.partition or job.partition, token_ok=not job.comment or job.comment == token,
-            earlier_runs=accounted.earlier if accounted else ())
+            earlier_runs=accounted.earlier if accounted else (),
+            requested_gpus=job.requested_gpus, requested_nodes=job.requested_nodes)
 
     async def _sacct(self, account: str, ids: list[str]) -> dict[str, parse.SlurmJob]:
         """The ends ``account``'s accounting holds for ``ids`` that are ``account``'s ({}
@@ -310,7 +310,7 @@ class SlurmPool:
         return {slurm_id: job for slurm_id, job in parse.parse_sacct(out).items()
                 if job.user == account}
 
-    async def poll(self, jobs: dict[str, tuple[str, str]], poller: str | None) -> PollResult:
+    async def poll(self, jobs: dict[tuple[str, str], str], poller: str | None) -> PollResult:
         """Each owner's jobs asked in that owner's account (see ``Pool.poll``), all owners at
         once: listed by squeue under that user with that id, or ended by that user's
         accounting. One account that does not answer, or answers what Slurm would not (a
@@ -318,7 +318,7 @@ class SlurmPool:
         (``PollResult.troubled``): nobody else's jobs wait for it or on it."""
         result = PollResult()
         owners: dict[str, dict[str, str]] = {}
-        for remote, (account, token) in jobs.items():
+        for (account, remote), token in jobs.items():
             owners.setdefault(account, {})[remote] = token
         await asyncio.gather(*(self._poll_one(account, theirs, result)
                                for account, theirs in sorted(owners.items())))
@@ -355,7 +355,7 @@ class SlurmPool:
         for remote, token in theirs.items():
             found, final = listed.get(remote), accounted.get(remote)
             if found is not None or final is not None:
-                result.jobs[remote] = self._report(found or final, final, token)
+                result.jobs[(account, remote)] = self._report(found or final, final, token)
 
     async def find(self, account: str, token: str) -> RemoteJob | None:
         """The job of ``account`` sent with ``token`` (an intent whose sbatch answer was
@@ -380,13 +380,13 @@ class SlurmPool:
             return listed
         seen = {job.slurm_id for job in listed}
         ended = parse.parse_sacct(out)
-        for line in out.splitlines():
+        for line in parse.lines(out):  # a job's name may hold \r: never a line of its own
             fields = line.split("|")
-            comment = re.search(r"--comment=(\S+)", "|".join(fields[10:]))
+            comment = parse.submit_line_comment("|".join(fields[10:]))
             job = ended.get(fields[0].strip())
             if (job is not None and comment and job.user == account and job.slurm_id not in seen
-                    and comment.group(1).startswith(prefix)):
-                listed.append(replace(job, comment=comment.group(1)))
+                    and comment.startswith(prefix)):
+                listed.append(replace(job, comment=comment))
         return listed
 
     async def capacity(self, account: str) -> Capacity:

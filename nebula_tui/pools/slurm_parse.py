@@ -54,6 +54,10 @@ class SlurmJob:
     gpus: int | None = None  # its allocation's GPUs (AllocTRES gres/gpu; None before one)
     qos: str = ""
     partition: str = ""
+    #: what the job asks of Slurm now (its owner may ``scontrol update`` a waiting job's
+    #: request): its GPUs in all, its nodes (None: the output does not say)
+    requested_gpus: int | None = None
+    requested_nodes: int | None = None
     #: sacct -D: the runs of this job id before its last (requeued), each (elapsed, GPUs,
     #: start)
     earlier: tuple[tuple[float, int | None, float | None], ...] = ()
@@ -178,10 +182,18 @@ def gres_gpus(text: str) -> int:
 
 
 def tres_gpus(text: str) -> int | None:
-    """The GPUs a TRES list holds ("billing=1,cpu=1,gres/gpu=4,node=1" -> 4); None when it
-    names none (a pending job's is empty)."""
+    """The GPUs a TRES list holds ("billing=1,cpu=1,gres/gpu=4,node=1" -> 4); where it has
+    typed counts alone (``AccountingStorageTRES=gres/gpu:a100``, no untyped ``gres/gpu``),
+    their sum; None when it names none (a pending job's is empty)."""
     found = re.search(r"(?:^|,)gres/gpu=(\d{1,9})(?:,|$)", text or "")
-    return int(found.group(1)) if found and int(found.group(1)) <= MAX_JOB_GPUS else None
+    if found:
+        count = int(found.group(1))
+    else:
+        typed = re.findall(r"(?:^|,)gres/gpu:[^=,]+=(\d{1,9})(?=,|$)", text or "")
+        if not typed:
+            return None
+        count = sum(int(n) for n in typed)
+    return count if count <= MAX_JOB_GPUS else None
 
 
 def _exit_and_signal(raw: int | None) -> tuple[int | None, int | None]:
@@ -240,7 +252,27 @@ def parse_squeue_json(text: str) -> list[SlurmJob]:
                             user=str(item.get("user_name") or ""), qos=str(item.get("qos") or ""),
                             partition=str(item.get("partition") or ""),
                             gpus=tres_gpus(str(item.get("tres_alloc_str") or ""))))
+        jobs[-1] = replace(jobs[-1], requested_nodes=_count(item.get("node_count")),
+                           requested_gpus=_requested_gpus(item, _count(item.get("node_count"))))
     return jobs
+
+
+def _count(value) -> int | None:
+    """A count of squeue --json's (a number, or newer openapi's {"set", "number"})."""
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set", True) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_JOB_GPUS \
+        else None
+
+
+def _requested_gpus(item: dict, nodes: int | None) -> int | None:
+    """The GPUs a job asks for in all: its requested TRES's (``gres/gpu=N``), else its
+    per-node gres (``gres:gpu:N``) times its nodes."""
+    asked = tres_gpus(str(item.get("tres_req_str") or ""))
+    if asked is not None:
+        return asked
+    per_node = gres_gpus(str(item.get("tres_per_node") or ""))
+    return per_node * nodes if per_node and nodes else None
 
 
 def _listed(slurm_id: str, state: str, reason: str, nodes: str, comment: str, start: float | None,
@@ -262,7 +294,7 @@ def parse_squeue_text(text: str) -> list[SlurmJob]:
     """``squeue -h -O SQUEUE_FORMAT`` (clusters without --json; the first seven fields are
     also ``-o '%i|%T|%r|%N|%k|%S|%e'``'s); no exit codes there."""
     jobs = []
-    for line in text.splitlines():
+    for line in lines(text):
         fields = line.split("|")
         if len(fields) < 7 or not fields[0].strip():
             continue
@@ -293,7 +325,7 @@ def parse_sinfo_text(text: str) -> list[SlurmNode]:
     """``sinfo -h -N -O SINFO_FORMAT``: one line per node and partition (merged here). The
     older ``-o '%N|%G|%T|%P'`` has no GPUs in use (``gpus_used`` None)."""
     merged: dict[str, SlurmNode] = {}
-    for line in text.splitlines():
+    for line in lines(text):
         fields = line.split("|")
         if len(fields) < 4 or not fields[0].strip():
             continue
@@ -323,9 +355,24 @@ def parse_sacct(text: str) -> dict[str, SlurmJob]:
     return found
 
 
+def submit_line_comment(text: str) -> str | None:
+    """The ``--comment`` our sbatch gave, from sacct's ``SubmitLine`` (the command line as
+    typed, its words joined by spaces, nothing quoted): the last one, since a job's name
+    comes before it and may hold `` --comment=…`` itself; None without one."""
+    found = re.findall(r"(?:^| )--comment=(\S+)", text)
+    return found[-1] if found else None
+
+
+def lines(text: str) -> list[str]:
+    """A command's output lines: cut at newlines only. ``str.splitlines`` also cuts at
+    \\r, \\x1c-\\x1e and \\x85, which a job's name (in sacct's SubmitLine) may hold: a
+    line a user wrote would be read as one of Slurm's."""
+    return text.split("\n")
+
+
 def _sacct_lines(text: str) -> list[SlurmJob]:
     found = []
-    for line in text.splitlines():
+    for line in lines(text):
         fields = line.split("|")
         if len(fields) < 4 or not fields[0].strip():
             continue

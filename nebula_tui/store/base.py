@@ -28,6 +28,7 @@ import sqlite_utils
 
 from .. import release
 from ..model import Placement
+from ..wire import EventRow
 from .ids import IdFloor, read_head_id, write_head_id
 from .schema import create_tables
 
@@ -114,7 +115,7 @@ class StoreBase:
         self.db = sqlite_utils.Database(conn)
         self._columns: list[str] | None = None
         #: told every events-log line once its transaction committed (the head publishes them)
-        self.on_event: Callable[[dict], None] | None = None
+        self.on_event: Callable[[EventRow], None] | None = None
         self._written: list[dict] = []  # lines of the transaction under way
         try:
             self.db.execute("PRAGMA busy_timeout=30000")

@@ -4,6 +4,7 @@ in its own transaction (``StoreBase._event``), or alone by ``add_event``.
 
 from __future__ import annotations
 
+from ..wire import EventRow
 from .base import StoreBase, filters
 
 
@@ -36,7 +37,7 @@ class Events(StoreBase):
 
     def events(self, limit: int = 50, *, kind: str | None = None, node: str | None = None,
                job_id: int | None = None, user: str | None = None,
-               since: float | None = None) -> list[dict]:
+               since: float | None = None) -> list[EventRow]:
         """The newest ``limit`` events that match, oldest first; ``user``'s are those they
         did and those of their jobs (a job's start or placement names no user)."""
         where, params = filters((("kind = ?", kind), ("node = ?", node), ("job_id = ?", job_id),

@@ -6,60 +6,17 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from support.labfixtures import cancel_left_and_stop
 from labkit.harness import wait_for
 from support.head import submit
-from support.slurmfixtures import POLL, config, pool_line, remote_id, squeue, start_head, wait_state
-
-
-def _members_pool(openssh_lab, slurm_lab, tmp_path_factory, group: str, members: tuple[str, str],
-                  lie: str, **extra):
-    """A shared head for ``group`` whose pool hpc runs each member's jobs in their own
-    account; the first member's key line runs ``lie`` (a shell script's body, in a public
-    folder, given that folder as $1), the second's is plain. Yields (head, folder)."""
-    from support.users import lab_users, shared_head
-
-    from nebula_tui.sim.slurmlab import unlock_for_ssh
-
-    first, second = members
-    public = Path(tempfile.mkdtemp(prefix="nebula-lies-"))  # pytest's own is root's alone
-    public.chmod(0o755)
-    script = public / "lie.sh"
-    script.write_text(f"#!/bin/sh\nhere={public}\n{lie}\nexec sh -c \"$SSH_ORIGINAL_COMMAND\"\n")
-    script.chmod(0o755)
-    entry = slurm_lab.pool_entry("hpc", user="submitter", known_hosts=str(slurm_lab.known_hosts_path),
-                                 poll_interval=POLL, **extra)
-    try:
-        for _ in lab_users(group, members, ()):
-            for user in members:
-                unlock_for_ssh(user)
-            for head in shared_head(openssh_lab, tmp_path_factory, group, {"pools": [entry]}):
-                key = (head.home / "pool_key.pub").read_text().strip()
-                slurm_lab.authorize(first, f'from="127.0.0.1",restrict,command="{script}" {key}')
-                slurm_lab.authorize(second, f'from="127.0.0.1",restrict {key}')
-                try:
-                    yield head, public
-                finally:
-                    slurm_lab.revoke(first)
-                    slurm_lab.revoke(second)
-    finally:
-        shutil.rmtree(public, ignore_errors=True)
-
-
-def _submitted(head, user: str, *args: str) -> int:
-    from support.users import as_user
-
-    done = as_user(head, user, "submit", "--pool", "hpc", *args)
-    assert done.returncode == 0, done.stderr
-    return int(re.search(r"job (\d+)", done.stdout).group(1))
+from support.poolmembers import members_pool, sent_with_token_of
+from support.users import submit_as
+from support.slurmfixtures import config, pool_line, remote_id, squeue, start_head, wait_state
 
 
 def test_one_members_key_line_answering_garbage_stops_nobody_elses_pool_jobs(
@@ -73,15 +30,15 @@ def test_one_members_key_line_answering_garbage_stops_nobody_elses_pool_jobs(
   sinfo\\ --json*) [ -e "$here/sinfo" ] && { echo '{"nodes":[{"name":"x","gres":"gpu:0","state":"idle"}]}'; exit 0; } ;;
   squeue*) [ -e "$here/squeue" ] && { printf '{"jobs":'; head -c 200000 /dev/zero | tr '\\0' '['; exit 0; } ;;
 esac"""
-    for head, public in _members_pool(openssh_lab, slurm_lab, tmp_path_factory, "nebgarbage",
+    for head, public in members_pool(openssh_lab, slurm_lab, tmp_path_factory, "nebgarbage",
                                       (alice, bob), lie):
-        hers = _submitted(head, alice, "--", "sleep", "120")
-        his = _submitted(head, bob, "--", "sleep", "15")
+        hers = submit_as(head, alice, "--pool", "hpc", "--", "sleep", "120")
+        his = submit_as(head, bob, "--pool", "hpc", "--", "sleep", "15")
         wait_state(head, hers, {"running"})
         wait_state(head, his, {"running"})
         (public / "sinfo").touch()
         time.sleep(4)  # four polls with her sinfo in them
-        later = _submitted(head, bob, "--gpu-count", "1", "--", "echo", "sent")
+        later = submit_as(head, bob, "--pool", "hpc", "--gpu-count", "1", "--", "echo", "sent")
         (public / "squeue").touch()
         for job in (his, later):
             ended = wait_state(head, job, {"succeeded", "failed"}, timeout=90)
@@ -137,12 +94,12 @@ def test_one_members_garbage_at_a_restore_holds_nobody_elses_jobs(openssh_lab, s
     lie = """case "$SSH_ORIGINAL_COMMAND" in
   squeue*) [ -e "$here/squeue" ] && { printf '{"jobs":'; head -c 200000 /dev/zero | tr '\\0' '['; exit 0; } ;;
 esac"""
-    for head, public in _members_pool(openssh_lab, slurm_lab, tmp_path_factory, "nebrestore",
+    for head, public in members_pool(openssh_lab, slurm_lab, tmp_path_factory, "nebrestore",
                                       (alice, bob), lie, max_jobs=1):
-        blocker = _submitted(head, bob, "--", "sleep", "300")
+        blocker = submit_as(head, bob, "--pool", "hpc", "--", "sleep", "300")
         wait_state(head, blocker, {"running"})
-        later = _submitted(head, bob, "--", "sh", "-c", "sleep 10; echo once")
-        hers = _submitted(head, alice, "--", "echo", "hers")
+        later = submit_as(head, bob, "--pool", "hpc", "--", "sh", "-c", "sleep 10; echo once")
+        hers = submit_as(head, alice, "--pool", "hpc", "--", "echo", "hers")
         wait_for(lambda: "waiting for room" in head.job(hers)["reason"], 20, what="no room")
         backup = head.run("backup", check=True).stdout.split()[2]
         head.run("cancel", str(blocker), check=True)
@@ -154,7 +111,7 @@ esac"""
         ended = wait_state(head, later, {"succeeded", "failed"}, timeout=90)
         assert ended["state"] == "succeeded", ended["reason"]
         assert "once" in head.run("logs", str(later), check=True).stdout
-        sent = _sent_with_token_of(head, slurm_lab, later)
+        sent = sent_with_token_of(head, slurm_lab, later)
         said = [e["message"] for e in head.call("events", limit=200)["events"]]
         assert len(sent) == 1, ([(j["job_id"], j["job_state"]) for j in sent], said)  # adopted, not sent again
         assert head.job(hers)["state"] == "pending"
@@ -178,8 +135,8 @@ for j in d["jobs"]:
         j["nodes"] = "x[1-99999]"
 print(json.dumps(d))'; exit 0 ;;
 esac"""
-    for head, _ in _members_pool(openssh_lab, slurm_lab, tmp_path_factory, "nebnodes", (alice, bob), lie):
-        hers = _submitted(head, alice, "--", "sleep", "20")
+    for head, _ in members_pool(openssh_lab, slurm_lab, tmp_path_factory, "nebnodes", (alice, bob), lie):
+        hers = submit_as(head, alice, "--pool", "hpc", "--", "sleep", "20")
         wait_state(head, hers, {"running"})
         assert len(head.job(hers)["gpus"]) == 1, len(head.job(hers)["gpus"])
         head.run("cancel", str(hers), check=True)
@@ -192,11 +149,11 @@ def test_a_job_whose_owners_login_is_refused_at_a_restore_is_not_sent_twice(
     skipped, the restore counted done, and once his login worked again his job was sent a
     second time. Now his account is asked for this head's jobs first, and his is adopted."""
     alice, bob = "nebrefa", "nebrefb"
-    for head, _ in _members_pool(openssh_lab, slurm_lab, tmp_path_factory, "nebrefused", (alice, bob),
+    for head, _ in members_pool(openssh_lab, slurm_lab, tmp_path_factory, "nebrefused", (alice, bob),
                                  "", max_jobs=1):
-        blocker = _submitted(head, bob, "--", "sleep", "300")
+        blocker = submit_as(head, bob, "--pool", "hpc", "--", "sleep", "300")
         wait_state(head, blocker, {"running"})
-        later = _submitted(head, bob, "--", "sh", "-c", "sleep 5; echo once")
+        later = submit_as(head, bob, "--pool", "hpc", "--", "sh", "-c", "sleep 5; echo once")
         wait_for(lambda: "waiting for room" in head.job(later)["reason"], 20, what="no room")
         backup = head.run("backup", check=True).stdout.split()[2]
         head.run("cancel", str(blocker), check=True)
@@ -210,20 +167,5 @@ def test_a_job_whose_owners_login_is_refused_at_a_restore_is_not_sent_twice(
         slurm_lab.authorize(bob, line)
         ended = wait_state(head, later, {"succeeded", "failed"}, timeout=150)
         assert ended["state"] == "succeeded", ended["reason"]
-        sent = _sent_with_token_of(head, slurm_lab, later)
+        sent = sent_with_token_of(head, slurm_lab, later)
         assert len(sent) == 1, [(j["job_id"], j["job_state"]) for j in sent]
-
-
-def _sent_with_token_of(head, slurm_lab, job: int) -> list[dict]:
-    """The Slurm jobs carrying a token of ``head``'s for ``job`` (by its head's own id: a
-    Unix user made by a later test may get an earlier one's uid, and squeue names its
-    jobs after the uid)."""
-    from nebula_tui.store import Store
-
-    store = Store(head.home / "state.db", readonly=True)
-    try:
-        prefix = f"{store.head_token}.{job}."
-    finally:
-        store.close()
-    return [j for j in squeue(slurm_lab) if str(j.get("comment", "")).startswith(prefix)]
-

@@ -15,6 +15,9 @@ import pytest
 from labkit.harness import wait_for
 from support.labfixtures import lab_config, serving
 from support.head import CHECKPOINTING, cancelled_after, state_is, submit
+from support.shapes import reply_mismatches
+
+from nebula_tui.wire import PlanView
 
 GRACE_S = 3
 
@@ -83,8 +86,10 @@ def test_the_preview_says_what_a_normal_job_would_preempt(head):
         plan = head.call("plan", command=["true"], gpu_mem_mb=70 * 1024)
         assert plan["decision"] == "preempt" and plan["preempts"] == [spare]
         assert head.job(spare)["phase"] == "running"  # a preview preempts nobody
-        assert head.call("plan", command=["true"], gpu_mem_mb=70 * 1024, preemptible=True) \
-            ["decision"] == "wait"  # preemptible jobs never preempt each other
+        waits = head.call("plan", command=["true"], gpu_mem_mb=70 * 1024, preemptible=True)
+        assert waits["decision"] == "wait"  # preemptible jobs never preempt each other
+        # both answers are of the shape the submit form reads (wire.PlanView)
+        assert reply_mismatches(plan, PlanView, "plan") + reply_mismatches(waits, PlanView, "plan") == []
 
 
 async def test_the_tui_submits_a_preemptible_job_and_shows_it_on_the_queue(head):

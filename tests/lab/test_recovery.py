@@ -174,29 +174,48 @@ def _card_of(db_path, job: int) -> tuple[str, int]:
         db.close()
 
 
+#: The lab's sm_89 cards are node01's two RTX 4090s and its RTX 4060 Laptop (8188 MiB).
+ADA = "sm_89"
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("acked", [True, False], ids=["end-acked", "head-died-before-its-ack"])
+@pytest.mark.parametrize("when", ["end-acked", "head-died-before-its-ack", "backup-during-its-launch"])
 def test_a_restore_records_the_end_that_freed_a_card_before_it_takes_in_the_next_job(
-        openssh_lab, tmp_path, acked):
-    """The backup holds a job running on a card that has room for one; after the backup
-    that job ends and a later one takes its card. Restored, the store learns both from the
-    node: it records the first one's end before it takes the second one in, so at no
-    moment does it hold both on the card. Whether the node had the end's ack or not (the
+        openssh_lab, tmp_path, when):
+    """The backup holds a job running on a card that has room for one (or launching there:
+    the backup was taken after its card was written, before its node answered); after the
+    backup that job ends and a later one takes its card. Restored, the store learns both
+    from the node: it records the first one's end before it takes the second one in, so at
+    no moment does it hold both on the card. Whether the node had the end's ack or not (the
     head died before it went) makes no difference."""
     head = HeadProcess(tmp_path / "home", openssh_lab)
     db, gate, ran = head.home / "state.db", tmp_path / "gate", tmp_path / "ran.txt"
-    second = None
+    filler = second = None
     head.start()
     try:
         with head.client() as client:
-            first = client.call("submit", gpu_mem_mb=4096, shell=True, command=[
-                f"while [ ! -e {gate} ]; do sleep 0.2; done"])["job"]["id"]
-        wait_for(lambda: head.job(first)["state"] == "running", 30, what="the first job to run")
+            # Both 4090s taken, so the laptop card is the only sm_89 card left for the jobs.
+            filler = client.call("submit", gpu_count=2, gpu_mem_mb=24564, arch=ADA, shell=True,
+                                 command=["sleep 600"])["job"]["id"]
+        wait_for(lambda: head.job(filler)["state"] == "running", 30, what="the 4090s taken")
+        if when == "backup-during-its-launch":  # its launch waits on the node till the backup
+            openssh_lab.freeze_node("node01")
+        try:
+            with head.client() as client:
+                first = client.call("submit", gpu_mem_mb=4096, arch=ADA, shell=True, command=[
+                    f"while [ ! -e {gate} ]; do sleep 0.2; done"])["job"]["id"]
+            wait_for(lambda: head.job(first)["state"] == (
+                "launching" if when == "backup-during-its-launch" else "running"), 30,
+                what="the first job placed")
+            source, target = sqlite3.connect(db), sqlite3.connect(tmp_path / "backup.db")
+            source.backup(target)
+            source.close()  # open, it would write its view of the store over the restored one
+            target.close()
+        finally:
+            if when == "backup-during-its-launch":
+                openssh_lab.thaw_node("node01")
         card, node = _card_of(db, first), head.job(first)["node"]
-        source, target = sqlite3.connect(db), sqlite3.connect(tmp_path / "backup.db")
-        source.backup(target)
-        source.close()  # open, it would write its view of the store over the restored one
-        target.close()
+        assert node == "node01" and card[1] < 2 * 4096, card
         gate.touch()
         assert head.wait_job(first)["state"] == "succeeded"
 
@@ -205,17 +224,15 @@ def test_a_restore_records_the_end_that_freed_a_card_before_it_takes_in_the_next
             return not gpu["jobs"] and not gpu["unmanaged_used_mb"]
         wait_for(card_free, 20, what="the first job's card free again")
         with head.client() as client:
-            second = client.call("submit", gpu_mem_mb=4096, shell=True, command=[
+            second = client.call("submit", gpu_mem_mb=4096, arch=ADA, shell=True, command=[
                 f'echo "$NEBULA_JOB_ID" >> {ran}; sleep 300'])["job"]["id"]
         wait_for(lambda: head.job(second)["state"] == "running", 30, what="the second job to run")
-        # Best fit: the second job takes the card the first one left, the only card in the
-        # lab with room for one such job and not two.
-        assert _card_of(db, second) == card and card[1] < 2 * 4096, card
+        assert _card_of(db, second) == card  # the card the first one left
         jobs_dir = openssh_lab.node_dir(node).rglob(f"heads/{head.head_id}/jobs")
         acks = next(jobs_dir) / str(first)
         wait_for(lambda: list(acks.glob("*/acked")), 20, what="the first job's end acknowledged")
         head.stop()
-        if not acked:  # as if the head had died before its ack reached the node
+        if when == "head-died-before-its-ack":  # as if its ack had not reached the node
             for mark in acks.glob("*/acked"):
                 mark.unlink()
         shutil.copy(tmp_path / "backup.db", db)  # the admin's restore
@@ -228,9 +245,10 @@ def test_a_restore_records_the_end_that_freed_a_card_before_it_takes_in_the_next
         never_overcommitted(db)
         assert ran.read_text().split() == [str(second)], "a job ran twice"
     finally:
-        if second is not None:  # the lab is shared: its card is left free
-            head.run("cancel", str(second))
-            head.wait_job(second)
+        for job in (second, filler):  # the lab is shared: their cards are left free
+            if job is not None:
+                head.run("cancel", str(job))
+                head.wait_job(job)
         head.stop()
 
 

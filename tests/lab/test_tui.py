@@ -1,7 +1,8 @@
 """The TUI's first screen against a real head service on the simulated lab (Pilot).
 
 Assertions are on what is on screen: the overview text, the node cards, the events ticker
-and the queue table. The other screens are in ``test_tui_screens.py``.
+and the queue table. The other screens are in ``test_tui_screens.py``; what needs no node's
+real run (a refusal, no head at all) is ``tests/tui/test_first_screen.py``.
 """
 
 from __future__ import annotations
@@ -144,22 +145,6 @@ async def test_job_appears_and_cancel_removes_it(head, jobs):
                     what=f"job {job_id} to leave its card")
 
 
-async def test_cancel_refused_is_a_notification(head):
-    app = make_app(head.home / "nebula.sock")
-    async with app.run_test(size=(120, 40), notifications=True) as pilot:
-        await until(pilot, lambda: gpu_count(pilot) == 9, what="9 GPUs")
-        # An empty queue: c says there is nothing to cancel.
-        await until(pilot, lambda: not rows(pilot, "queue"), what="empty queue")
-        await pilot.press("c")
-        await until(pilot, lambda: any("queue is empty" in str(t.render())
-                                       for t in app.screen.query("Toast")), what="warning toast")
-        # The service refuses (no such job): its reason shows as a notification.
-        app.job_action("cancel", 999_999)
-        await until(pilot, lambda: any("no job 999999" in str(t.render())
-                                       for t in app.screen.query("Toast")), what="refusal toast")
-        assert app.is_running
-
-
 async def test_small_terminal_and_help(head):
     app = make_app(head.home / "nebula.sock")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -185,16 +170,6 @@ async def test_small_terminal_and_help(head):
         await until(pilot, lambda: not isinstance(app.screen, HelpScreen), what="help closed")
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, what="quit")
-
-
-async def test_reconnects_after_stream_breaks(tmp_path):
-    """No service at the socket: the TUI says so and keeps retrying instead of crashing."""
-    app = make_app(tmp_path / "nope.sock")
-    async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.sub_title.startswith("disconnected — retrying"),
-                    what="disconnected banner")
-        banner = app.screen.query_one("#connection", Static)
-        assert banner.has_class("lost") and banner.display
 
 
 @pytest.mark.slow

@@ -1,32 +1,12 @@
-"""The TUI renders other users' text as text: a job name or command holding ESC, BEL or a
-newline shows as escapes in the queue, never reaching the terminal as control codes."""
+"""The TUI renders a job's own log as text: what needs the job's real run on the lab. A job
+name or command holding ESC, BEL or a newline in the queue is ``tests/tui/test_escapes.py``'s."""
 
 from __future__ import annotations
 
 from support.tui import until
-from support.tui import SIZE, go, rows, started
+from support.tui import SIZE, started
 
 from nebula_tui.screens.app import make_app
-from nebula_tui.screens.queue import QueueScreen
-
-
-async def test_control_characters_in_a_job_show_as_escapes_in_the_queue(head):
-    # It waits for a running job (a request no card could serve is refused at submit).
-    blocker = head.call("submit", command=["sleep", "600"], gpu_mem_mb=4096)["job"]["id"]
-    job = head.call("submit", name="t\x1b]0;pwned\x07", after=[blocker],
-                    command=["echo", "\x1b[2J\nfake line"])["job"]["id"]
-    try:
-        app = make_app(head.socket)
-        async with app.run_test(size=SIZE) as pilot:
-            await started(pilot)
-            await go(pilot, "3", QueueScreen)
-            await until(pilot, lambda: str(job) in rows(pilot, "queue-table"), what="the job")
-            row = " ".join(rows(pilot, "queue-table")[str(job)])
-            assert "\\x1b]0;pwned\\x07" in row
-            assert not any(c in row for c in "\x1b\x07\n")
-    finally:
-        head.call("cancel", job=job)
-        head.call("cancel", job=blocker)
 
 
 async def test_a_jobs_log_on_its_page_draws_no_escape_sequence(head):

@@ -6,6 +6,7 @@ this checks of what a real head sent over its socket, as JSON decoded it."""
 from __future__ import annotations
 
 import types
+from collections.abc import Mapping
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints, is_typeddict
 
 
@@ -37,7 +38,7 @@ def mismatches(value: object, shape: Any, where: str = "") -> list[str]:
         if not isinstance(value, list):
             return [f"{where}: {type(value).__name__}, not a list"]
         return [line for i, item in enumerate(value) for line in mismatches(item, args[0], f"{where}[{i}]")]
-    if origin is dict:
+    if origin in (dict, Mapping):
         if not isinstance(value, dict):
             return [f"{where}: {type(value).__name__}, not an object"]
         return [line for k, v in value.items()

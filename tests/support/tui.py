@@ -8,6 +8,7 @@ import time
 from textual.pilot import Pilot
 from textual.widgets import DataTable
 
+from nebula_tui.screens.commandline import CommandLine
 from nebula_tui.screens.widgets.rowtable import RowTable
 
 
@@ -61,15 +62,28 @@ def text(pilot: Pilot, selector: str) -> str:
     return "\n".join(str(w.content) for w in pilot.app.screen.query(selector))
 
 
-async def started(pilot: Pilot) -> None:
-    """Wait for the first snapshot of the session's lab (its 9 cards) and a connection."""
-    await until(pilot, lambda: len(pilot.app.cluster.gpus) == 9 and pilot.app.cluster.connected,
+async def started(pilot: Pilot, gpus: int = 9) -> None:
+    """Wait for the first snapshot (the session's lab has 9 cards, the in-process head 4) and
+    a connection."""
+    await until(pilot, lambda: len(pilot.app.cluster.gpus) == gpus and pilot.app.cluster.connected,
                 what="the snapshot")
 
 
 async def go(pilot: Pilot, key: str, screen_type) -> None:
-    """Press ``key`` and wait for a screen of ``screen_type``."""
+    """Press ``key`` and wait for a screen of ``screen_type``, mounted."""
     await pilot.press(key)
-    await until(pilot, lambda: isinstance(pilot.app.screen, screen_type),
+    await until(pilot, lambda: isinstance(pilot.app.screen, screen_type) and pilot.app.screen.is_mounted,
                 what=f"{screen_type.__name__}")
     await pilot.pause()
+
+
+def table(pilot: Pilot, ident: str) -> RowTable:
+    """The screen's big table ``ident``."""
+    return pilot.app.screen.query_one(f"#{ident}", RowTable)
+
+
+async def command(pilot: Pilot, line: str) -> None:
+    """Type ``line`` on the ``:`` command line and run it."""
+    await pilot.press("colon")
+    await until(pilot, lambda: isinstance(pilot.app.screen, CommandLine), what="the command line")
+    await pilot.press(*line, "enter")

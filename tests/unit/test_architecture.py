@@ -14,10 +14,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "nebula_tui"
 HEAD = "nebula_tui.head"
 #: The head's rooms, lowest first: each may import only rooms before it.
-ROOMS = ("forecast", "state", "access", "accounting", "stream", "shares", "launches", "jobs", "stops", "limits",
-         "bookings", "scheduling", "why", "health", "nodes", "attach", "pool_books", "pools", "smoke", "doctor",
-         "metrics", "notify", "engine", "requests", "ops.base", "ops.jobs", "ops.accounting", "ops.cluster", "ops",
-         "server", "serve", "replay")
+ROOMS = ("forecast", "state", "access", "accounting", "stream", "shares", "launches", "jobs", "stops",
+         "limits", "bookings", "scheduling", "why", "health", "reconcile", "nodes", "attach", "pool_books",
+         "pools", "smoke", "doctor", "metrics", "notify", "engine", "requests", "ops.base", "ops.jobs",
+         "ops.accounting", "ops.cluster", "ops", "server", "serve", "replay")
 
 
 def package_sources(root: Path = PACKAGE) -> dict[str, tuple[str, bool]]:
@@ -302,8 +302,9 @@ STORE = "nebula_tui.store"
 STORE_PARTS = ("ids", "schema", "base", "telemetry", "events", "nodes", "bookings", "pools", "accounting",
                "jobs")
 #: All the store may import from the rest of the package: plain data.
-#: (release.py: the running version, which the database notes; it imports nothing of ours)
-STORE_MAY_IMPORT = ("nebula_tui.model", "nebula_tui.release")
+#: (release.py: the running version, which the database notes; wire.py: the shape of an
+#: events-log line, which the store reads out; neither imports anything of ours)
+STORE_MAY_IMPORT = ("nebula_tui.model", "nebula_tui.release", "nebula_tui.wire")
 #: The libraries that speak SQL, which only the store imports.
 SQL_LIBRARIES = ("sqlite3", "sqlite_utils")
 

@@ -158,6 +158,48 @@ def test_a_waiting_untimed_job_runs_as_its_users_history_says():
     assert known[2].at == known[1].at + 900  # ann's like jobs ran 15 min
 
 
+def test_a_job_that_ran_past_the_median_of_its_like_runs_is_expected_to_run_on():
+    """Residual life: bob's like runs without --time were five short (5–25 min) and five
+    long (5.5–17 h). His job that has run 3.3 h, past their median, is not expected to end
+    in as long again as it ran (3.3 h more) but in what the runs longer than it say: the
+    median of L − 3.3 h over them (the five long ones: 11.1 h − 3.3 h)."""
+    runs = (300.0, 600.0, 900.0, 1200.0, 1500.0, 20000.0, 30000.0, 40000.0, 50000.0, 60000.0)
+    ran = 12000.0
+    snap = lab([(10, NOW - ran, None), (11, NOW, 360000.0)], [PendingJob(1, "ann", 1, None, NOW, time_limit_s=600.0)])
+    start = forecast.forecast(snap, history={("bob", 1, None): runs})[1]
+    assert start.at == NOW + 40000.0 - ran
+    assert start.after == 10  # it waits for bob's untimed job
+    # one that has run only a minute is expected to end by the like runs' median
+    assert forecast.end_of(snap.running[0], NOW - ran + 60, None, runs,
+                           forecast.History({("bob", 1, None): runs})) == NOW - ran + 1500.0
+
+
+def test_a_job_with_time_is_expected_to_use_what_the_labs_jobs_used_of_theirs():
+    """The lab's jobs with --time used 10% (six) or 90% (five) of it. One that has run
+    half its hour is expected to run to 90% of it (not half-way to its limit: 75%); one
+    not yet started, the median share of all: 10%."""
+    shares = (0.1,) * 6 + (0.9,) * 5
+    snap = lab([(10, NOW - 1800.0, 3600.0), (11, NOW, 36000.0)],
+               [PendingJob(1, "ann", 1, None, NOW, time_limit_s=3600.0),
+                PendingJob(2, "ann", 1, None, NOW, time_limit_s=3600.0)])
+    past = forecast.History(shares=shares)
+    starts = forecast.forecast(snap, history=past)
+    assert starts[1].at == NOW - 1800.0 + 0.9 * 3600.0
+    assert starts[2].at == starts[1].at + 0.1 * 3600.0
+    # without that history: 40% of the limit, then half-way to it
+    assert forecast.forecast(snap)[1].at == NOW + 0.5 * 1800.0
+
+
+def test_runs_still_going_count_in_the_residual_life():
+    """Five like runs ended (1000–5000 s), five more still run past 6000 s: the
+    product-limit estimate puts the median at 5000 s, not at the ended runs' 3000 s; with
+    fewer than MIN_TAIL runs longer than it has run, none."""
+    ended = (1000.0, 2000.0, 3000.0, 4000.0, 5000.0)
+    assert forecast.residual(ended, 0.0) == 3000.0
+    assert forecast.residual(ended, 0.0, (6000.0,) * 5) == 5000.0
+    assert forecast.residual(ended, 1500.0) is None
+
+
 def test_the_words_of_a_forecast():
     now = time.time()
     at = {"start_at": now + 3600, "early": now + 1800, "late": now + 7200, "after_job": None}

@@ -111,3 +111,15 @@ async def test_a_start_teaches_the_calibration_how_its_wait_compared(engine):  #
     assert list(engine.scheduling.calibration.ratios) == [
         pytest.approx((started - made + pad) / (simulated - made + pad))]
     assert waiting.id not in engine.scheduling.first_simulated
+
+
+async def test_the_head_learns_the_share_of_its_time_a_job_used(engine):  # noqa: F811
+    """A job with --time that succeeded or ran out of it teaches the forecast the share of
+    its --time it used; a failed one does not (it says nothing of how long such work runs)."""
+    held, _ = await full_head(engine)
+    outcomes = (JobState.SUCCEEDED, JobState.TIMEOUT, JobState.FAILED)
+    for job, state in zip(held, outcomes):
+        engine.transitions.mark_running(engine.jobs[job.id])
+        engine.transitions.finish(engine.jobs[job.id], state, 0, "")
+    ran = [(engine.store.job(j.id).ended_at - engine.store.job(j.id).started_at) / 3600.0 for j in held[:2]]
+    assert engine.scheduling.histories().shares == pytest.approx(tuple(ran), abs=1e-3)  # seconds of an hour

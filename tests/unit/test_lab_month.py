@@ -533,6 +533,31 @@ def test_the_replay_reads_fair_share_usage_once_and_keeps_what_each_read_would_g
     assert min(compared[len(compared) // 2:]) < max(compared)  # runs left the window
 
 
+def test_three_days_of_a_busy_month_replay_to_the_same_starts_placements_and_charges():
+    """What the replay decides, pinned: 3 days of the built-in generator's month at twice
+    the demo lab's hours, with a 40 GPU-hour quota (so over-quota work runs as scavenger
+    jobs and is preempted), gangs and slices. The figures were taken before the replay was
+    made faster (2026-12-07): a change meant only to make it faster must leave them as they
+    are. A change to what the scheduler decides changes them: then take them again, and
+    say in docs/lab-month.md what moved."""
+    import hashlib
+    inv = inventory.layout("demo")
+    jobs = workload.lab_month(len(inventory.card_list(inv)), inventory.largest_node(inv), days=3, load=2,
+                              seed=2026)
+    out = Replay(setup.replay_config(inv, None, ["scheduler.quota_gpu_hours=40"]), inv, jobs,
+                 setup.REPLAY_EPOCH, 3 * 86400, inventory.layout_links("demo")).run()
+    got = [out[r.key] for r in sorted(jobs, key=lambda r: r.key)]
+    waits = sum(o.first_started_s - r.submit_s for o, r in zip(got, sorted(jobs, key=lambda r: r.key))
+                if o.first_started_s is not None)
+    figures = (len(jobs), sum(1 for o in got if o.first_started_s is not None), sum(o.runs for o in got),
+               sum(1 for o in got if o.refused), sum(1 for o in got if o.state == "succeeded"), round(waits),
+               round(sum(o.charged_gpu_hours for o in got), 3),
+               sum(1 for o in got for p in o.placements if not p[3]))
+    assert figures == (651, 456, 561, 0, 436, 2100386, 277.682, 235)
+    every = repr([(o.key, o.first_started_s, o.started_s, o.ended_s, o.placements) for o in got])
+    assert hashlib.sha256(every.encode()).hexdigest()[:16] == "e43e0ac37d7b5f7e"
+
+
 def test_a_replay_whose_passes_never_let_time_move_stops_in_one_line(monkeypatch):
     """Were each pass to undo the last one's decisions for ever (a preemption's requeued
     copies taking back the cards it freed, each an event of the same instant), the replay

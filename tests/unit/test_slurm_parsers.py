@@ -130,3 +130,36 @@ def test_sacct_d_gives_a_requeued_jobs_last_run_and_the_runs_before_it():
     runs = parse.parse_sacct(read("sacct_requeued.txt"))
     assert runs["6"].state == "PENDING" and runs["6"].earlier == ((15.0, 1, None),)
     assert runs["5"].state == "NODE_FAIL" and runs["5"].earlier == ()
+
+
+def test_a_job_name_in_sacct_submitline_is_neither_a_line_nor_the_comment():
+    """Real SubmitLines of jobs whose names hold \\r, \\x1e, `|` and ` --comment=FAKE`
+    (issue 41, third round): Python's splitlines cuts at \\r and \\x1e, so a name could
+    write a line of its own into what a restore reads; and the name comes before the
+    comment our sbatch gives. Each line is one job, and the comment is the last one."""
+    text = (DATA / "sacct_submitline_names.txt").read_bytes().decode()  # read_text makes \r a line
+    assert sorted(parse.parse_sacct(text)) == ["1", "2", "3", "4", "5", "6"]
+    comments = [parse.submit_line_comment("|".join(line.split("|")[10:]))
+                for line in parse.lines(text) if line]
+    assert comments == ["REAL"] * 5 + ["REAL2"]
+    assert parse.submit_line_comment("sbatch --parsable --wrap true") is None
+
+
+def test_squeue_json_gives_what_a_job_asks_for_now():
+    """A waiting job's request (``tres_req_str``, else its per-node gres times its nodes):
+    its owner may grow it there (``scontrol update gres=gpu:4``)."""
+    jobs = parse.parse_squeue_json(read("core-squeue-all.json"))
+    assert [(job.requested_gpus, job.requested_nodes) for job in jobs][:3] == [(2, 1), (8, 2), (16, 4)]
+
+
+def test_an_allocation_with_typed_gpus_alone_is_counted_not_charged_as_asked():
+    """A cluster whose AccountingStorageTRES names typed GPUs only (``gres/gpu:a100``, as
+    slurm.conf(5) allows) writes AllocTRES without an untyped count. Before, such a job
+    had no GPUs in its allocation and was charged what it asked for, so a request its
+    owner grew there (``scontrol update gres=gpu:a100:4``) was charged as sent. The typed
+    counts are summed; an untyped count, where there is one, is the total."""
+    assert parse.tres_gpus("billing=4,cpu=4,gres/gpu:a100=4,mem=16000M,node=1") == 4
+    assert parse.tres_gpus("cpu=8,gres/gpu:a100=2,gres/gpu:v100=3,node=2") == 5
+    assert parse.tres_gpus("cpu=8,gres/gpu=5,gres/gpu:a100=2,gres/gpu:v100=3,node=2") == 5
+    assert parse.tres_gpus("cpu=1,gres/gpumem=80G,node=1") is None
+    assert parse.tres_gpus(f"gres/gpu:a100={parse.MAX_JOB_GPUS + 1}") is None

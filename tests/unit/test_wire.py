@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 
+from support.inprocess import gpu_row, probe
 from support.shapes import mismatches, reply_mismatches
 
 from nebula_tui import views
@@ -19,7 +20,8 @@ from nebula_tui.head.requests import spec_from_request
 from nebula_tui.model import JobSpec, Placement
 from nebula_tui.screens.submit import request_fields
 from nebula_tui.wire import (GpusReply, GpuWire, HistoryReply, JobDetailReply, JobReply, JobWire, NodeWire, PlanView,
-                             QueueReply, StatusReply, SubmitReply, SubmitRequest, WaitReply)
+                             QueueReply, StatusReply, StreamEvent, StreamSnapshot, SubmitReply, SubmitRequest,
+                             WaitReply)
 
 ME = getpass.getuser()
 
@@ -60,6 +62,30 @@ async def test_a_served_heads_replies_are_of_their_wire_shapes(engine, served):
                                             "status", "gpus"}
     found = [line for op, reply, shape in replies for line in reply_mismatches(reply, shape, op)]
     assert not found, "\n".join(found)
+
+
+async def test_a_served_heads_stream_is_of_its_wire_shapes(engine, served):
+    """The subscription over the head's socket: its snapshot, then the events a submit, a
+    drain, a probe and a new forecast make (a job, the events log, a node, the GPUs' changes,
+    the queue with its forecasts), each of its shape."""
+    client = AsyncClient(served)
+    stream = client.events()
+    snapshot = await anext(stream)
+    assert snapshot.pop("type") == "snapshot"
+    await client.call("submit", command=["true"], gpu_count=1)
+    await client.call("drain", node="node02", reason="shapes")
+    engine.on_node_message("node01", probe("node01", [gpu_row("node01", i, util=40) for i in range(2)]))
+    engine.state.forecasts[1] = {"start_at": None, "early": None, "late": None, "after_job": None, "node": None,
+                                 "made_at": 1.0, "simulated_at": None, "within_s": 7 * 86400.0}
+    engine.stream.publish_queue_order(starts=True)
+    events: list[dict] = []
+    while not {"job", "event", "node", "gpus", "queue"} <= {e["type"] for e in events}:
+        events.append(await anext(stream))
+    await stream.aclose()
+    found = reply_mismatches(snapshot, StreamSnapshot, "snapshot")
+    found += [line for e in events for line in mismatches(e, StreamEvent, f"{e['type']} event")]
+    assert not found, "\n".join(found)
+    assert snapshot["jobs"] == [] and next(e for e in events if e["type"] == "queue")["starts"]["1"]["made_at"] == 1.0
 
 
 def test_the_shapes_check_finds_what_a_reply_lacks_adds_or_types_wrong(engine):

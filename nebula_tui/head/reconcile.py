@@ -1,0 +1,164 @@
+"""Reconcile: after every (re)connect of a node, the node and the store are made to agree.
+
+What the store has launching, running or being cancelled on the node is held against the
+node's own list of its job directories and live sessions (the nodelet's ``list``): launches
+it never saw are made, cancels sent again, stale sessions of this store's stopped, and ends
+the store lost recorded. After a restore of the store from a backup, what the node ran
+since is taken in (``JobTransitions.adopt_unknown``) once what the store holds there is
+settled, before anything is scheduled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from ..model import FINISHED_STATES, Cancelling, Evicting, JobState, Stopping, holding
+from ..remote.protocol import Exit, job_number
+from ..remote.ssh import NodeUnavailable
+from ..store import StoreUnavailable
+from .jobs import CANCEL_GRACE_S, JobTransitions
+from .state import HeadState, job_nodes
+
+log = logging.getLogger(__name__)
+
+
+class Reconciler:
+    def __init__(self, state: HeadState, transitions: JobTransitions):
+        self.state = state
+        self.transitions = transitions
+
+    async def reconcile(self, node: str) -> None:
+        """After (re)connecting, make the node and the store agree (R23).
+
+        Launch intents the node never saw are carried out (the launch token makes that
+        idempotent); cancels it missed are sent again; sessions of launches this store
+        issued whose job is no longer this node's (declared lost and requeued meanwhile) are
+        stopped, so no job runs twice. Exits the node recorded while we were away arrive as
+        exit messages; a job running here by the store that the node has no record of, or
+        whose end the node has and the store lost, is ended (no job "runs" without a
+        process). After a restore of the store, the ends the node has of jobs the store has
+        running are recorded first, then launches it does not know are taken in
+        (``JobTransitions.adopt_unknown``), before anything is scheduled.
+        """
+        state, transitions = self.state, self.transitions
+        try:
+            if node in state.unreconciled:  # first: before any relaunch of an older attempt
+                held = self._held_here(node)
+                listing = await state.links[node].request("list", records=True)
+                attempts = listing.get("attempts") or {}
+                # Ends before starts: a launch after the backup may hold a card only because
+                # a job the backup has running (or launching: the backup was taken between
+                # its intent and its node's answer) there ended meanwhile. Recorded after it
+                # was taken in, that end would leave both on the card for the store.
+                self._confirm_the_launched(node, attempts, held)
+                self._end_the_unrecorded(node, attempts, held, listing.get("session_tokens") or {},
+                                         unacked=True)
+                transitions.adopt_unknown(node, attempts, listing.get("session_tokens") or {})
+                state.reconciled_after_restore(node)
+            for job in state.jobs.on(node):
+                if node in job_nodes(job) and job.state == JobState.LAUNCHING:
+                    await transitions.launch(job, only=node)
+                if node in job_nodes(job) and isinstance(job.status, Cancelling):
+                    state.spawn(transitions.cancel_on_node(job, only=node), f"cancel-{job.id}")
+            # Only launches the node had answered before it was asked for its list can be
+            # missing from the list: one that starts while the list is on its way is not.
+            running = self._running_here(node)
+            listing = await state.links[node].request("list")
+            self._stop_the_stale(node, listing.get("session_tokens") or {})
+            self._end_the_unrecorded(node, listing.get("attempts") or {}, running,
+                                     listing.get("session_tokens") or {})
+        except (NodeUnavailable, asyncio.TimeoutError):
+            return  # the next connection reconciles again
+        except StoreUnavailable as err:
+            log.warning("reconcile of %s stopped: %s", node, err)
+
+    def _stop_the_stale(self, node: str, sessions: dict) -> None:
+        state = self.state
+        for name, token in sessions.items():  # job -> the token of its live session
+            job_id = job_number(int(name) if name.isdigit() else 0)
+            current = state.jobs.get(job_id)
+            if (job_id and state.ours(token)
+                    and (current is None or node not in job_nodes(current)
+                         or token != state.token(current))):
+                log.warning("stopping stale session of job %s on %s", job_id, node)
+                state.record("reconcile", f"stopped a stale copy of job {job_id} on {node}",
+                             job_id=job_id, node=node)
+                state.spawn(self._stop_stale(node, job_id, token), f"stale-{job_id}")
+
+    def _running_here(self, node: str) -> dict[int, str]:
+        """The jobs (id -> token) the store has running on ``node`` now."""
+        return {j.id: self.state.token(j) for j in self.state.jobs.on(node)
+                if j.state == JobState.RUNNING and node in job_nodes(j)}
+
+    def _held_here(self, node: str) -> dict[int, str]:
+        """The jobs (id -> token) the store has launching or running on ``node`` now."""
+        return {j.id: self.state.token(j) for j in self.state.jobs.on(node)
+                if j.state.holds_gpus and node in job_nodes(j)}
+
+    def _confirm_the_launched(self, node: str, attempts: dict, held: dict[int, str]) -> None:
+        """After a restore: a job the store has launching whose launch this node started (the
+        backup was taken before the node's answer) is confirmed here, as ``launch`` would
+        have, and running once every node of it has, from when its node started it (so its
+        run is charged); its end, if it has one, is then recorded like any running job's."""
+        for job_id, token in held.items():
+            job = self.state.jobs.get(job_id)
+            if job is None or job.state != JobState.LAUNCHING or self.state.token(job) != token:
+                continue
+            found = next((a for a in (attempts.get(str(job_id)) or {}).values()
+                          if isinstance(a, dict) and a.get("token") == token), None)
+            if found is None or not found.get("started"):
+                continue  # the launch never got here, or not that far: it is made below
+            launching = holding(job.status)
+            confirmed = launching.confirmed | {node}
+            if confirmed >= set(job_nodes(job)):
+                at = found.get("started_at")
+                self.transitions.mark_running(job, at if isinstance(at, (int, float)) else None)
+            else:
+                self.transitions.confirm(job, confirmed)
+
+    def _end_the_unrecorded(self, node: str, attempts: dict, running: dict[int, str], sessions: dict,
+                            unacked: bool = False) -> None:
+        """Running jobs of this node the node itself says are over: it has no record of
+        their launch (its job directory went), or it has their end, acknowledged, which the
+        store lost (a restore: settled as the head had recorded it, ``_end_from_record``).
+        Unacknowledged ends it reports by itself, unless ``unacked`` (after a restore: they
+        must be recorded before what ran later is taken in). ``running``: the jobs (id ->
+        token) that ran here before the node was asked for ``attempts``; ``sessions``: the
+        live sessions' launches (job -> token) then."""
+        for job_id, token in running.items():
+            job = self.state.jobs.get(job_id)
+            if job is None or not job.state.holds_gpus or self.state.token(job) != token:
+                continue  # ended or launched again meanwhile: the list says nothing of it
+            found = next((a for a in (attempts.get(str(job.id)) or {}).values()
+                          if isinstance(a, dict) and a.get("token") == token), None)
+            if job.state == JobState.LAUNCHING and found is None:
+                continue  # its launch has not reached the node: reconcile makes it
+            if found is None and token:
+                self.transitions.finish(job, JobState.FAILED, None, f"{node} has no record of "
+                                        "its launch (its job directory was removed?)")
+            elif found is not None and (unacked or found.get("acked")):
+                self._end_from_record(node, job, found, sessions.get(str(job.id)) in (token, ""), unacked)
+
+    def _end_from_record(self, node: str, job, found: dict, live: bool, unacked: bool) -> None:
+        """The end the head recorded and acked (``ended_as``: a restore lost it), else the exit
+        the node has: its code, or none once its session is gone (killed after a cancel's grace)."""
+        code = found.get("exit_code") if isinstance(found.get("exit_code"), int) else None
+        end = found.get("ended_as") if isinstance(found.get("ended_as"), dict) else {}
+        if end.get("state") in FINISHED_STATES:
+            at = end.get("at") if isinstance(end.get("at"), (int, float)) else None
+            at = at if at is not None and (job.started_at or 0) <= at <= self.state.clock() else None
+            self.state.record("reconcile", f"job {job.id}'s end on {node} taken from the node's record",
+                              job_id=job.id, node=node)
+            self.transitions.finish(job, JobState(end["state"]), code, str(end.get("reason") or "")[:500], at=at)
+        elif code is not None or not (live or (not unacked and isinstance(job.status, (Stopping, Evicting)))):
+            # (a job the head stops itself is acked at its SIGKILL: the stop ends it)
+            self.transitions.on_exit(node, Exit(job=job.id, token=found.get("token"), code=code,
+                                                reason=str(found.get("reason") or "")))
+
+    async def _stop_stale(self, node: str, job_id: int, token: str) -> None:
+        # With its token: a relaunch that took the session's place meanwhile is left alone.
+        with contextlib.suppress(NodeUnavailable, asyncio.TimeoutError):
+            await self.state.links[node].request("cancel", timeout=CANCEL_GRACE_S + 30, job=job_id,
+                                                 grace=CANCEL_GRACE_S, token=token)
