@@ -6,6 +6,10 @@ showed last (``nodes``, ``gpus``), every job not yet ended (``jobs``, indexed by
 they hold) and the link to each node. It also owns the two ways of getting work done
 later: ``wake`` (ask the scheduling loop for a pass) and ``spawn`` (a background task,
 cancelled when the head stops). It imports no other room.
+
+Why one module: every room reads and changes the same live view, and the caches kept on it
+(the job table's version, each GPU's and each running job's view) are correct only
+where every change to what they are made of is in sight.
 """
 
 from __future__ import annotations
