@@ -44,7 +44,7 @@ class Reconciler:
         """
         state, transitions = self.state, self.transitions
         try:
-            if node in state.unreconciled:  # first: before any relaunch of an older attempt
+            if state.owes_restore_reconcile(node):  # first: before any relaunch of an older attempt
                 held = self._held_here(node)
                 listing = await state.links[node].request("list", records=True)
                 attempts = listing.get("attempts") or {}

@@ -298,6 +298,9 @@ class HeadState:
         #: after a restore of the store: the nodes that have not yet told what ran since
         #: the backup (nothing is scheduled till they have, or till ``_restore_until``)
         self.unreconciled: set[str] = set()
+        #: those of them the wait went on without: each is reconciled as if in time when it
+        #: is back, and till then no new work goes on its cards (``blocked``)
+        self.late_after_restore: set[str] = set()
         self._restore_until = 0.0
 
     # ------------------------------------------------------------ getting work done
@@ -353,10 +356,17 @@ class HeadState:
     def holding_for_restore(self) -> bool:
         """Whether scheduling waits for nodes to tell what ran since a restored backup."""
         if self.unreconciled and self.monotonic() > self._restore_until:
-            self.reconciled_after_restore(*self.unreconciled)
+            late = set(self.unreconciled)
+            self.reconciled_after_restore(*late)
+            self.late_after_restore |= late
         return bool(self.unreconciled)
 
+    def owes_restore_reconcile(self, node: str) -> bool:
+        """Whether ``node`` has not yet told what it ran since the restored backup."""
+        return node in self.unreconciled or node in self.late_after_restore
+
     def reconciled_after_restore(self, *nodes: str) -> None:
+        self.late_after_restore.difference_update(nodes)
         if not self.unreconciled:
             return
         self.unreconciled.difference_update(nodes)
@@ -494,6 +504,8 @@ class HeadState:
             return f"node {node.name} is drained"
         if node.state != NodeState.UP:
             return f"node {node.name} is {node.state.value}"
+        if node.name in self.late_after_restore:
+            return f"node {node.name} has not yet told what it ran since the restored backup"
         if live.maintenance is not None:  # its reason says what to do (a lost card's too)
             why = live.maintenance.reason
             return f"GPU in maintenance: {why}" if why else "GPU in maintenance"

@@ -114,3 +114,73 @@ async def test_a_job_the_backup_has_launching_is_settled_from_its_node_before_th
     finally:
         store.close()
     never_overcommitted(tmp_path / "state.db")
+
+
+class LateNode(ListingNode):
+    """node01 back after the head stopped waiting for it: its ``list`` answers only once
+    ``answer`` is set (the scheduler may pass meanwhile)."""
+
+    def __init__(self, attempts: dict, sessions: dict) -> None:
+        super().__init__(attempts, sessions)
+        self.answer = asyncio.Event()
+
+    async def request(self, op: str, timeout: float | None = None, **fields) -> dict:
+        if op == "list":
+            await self.answer.wait()
+        return await super().request(op, timeout, **fields)
+
+
+def node_up(head, node: str, link) -> None:
+    head.links[node] = link
+    head.on_node_message(node, {"type": "hello", "hostname": node, "smi_table": "CUDA Version: 12.4"})
+    head.on_node_message(node, probe(node, [gpu_row(node, i) for i in range(2)]))
+    head.on_node_state(node, NodeState.UP, "")
+
+
+async def test_a_node_back_after_the_restore_wait_is_reconciled_as_one_in_time(tmp_path):
+    """The restored head waited a node lease for node01 and went on without it. Since the
+    backup node01 ran job 5 (ended) and runs job 6 on a whole card: back later, both are
+    taken in as they are there, as if it had answered in time; and till it has told, no
+    new work goes on its cards (four waiting whole-card jobs: two start, on node02)."""
+    store = Store(tmp_path / "state.db")
+    t = time.time() - 60
+    waiting = [store.add_job(ME, JobSpec(command=("true",)), t).id for _ in range(4)]
+    store.mark_restored("a backup")
+    token = {job: f"{store.head_token}.0.{job:04x}" for job in (5, 6)}
+    node01 = LateNode({"6": {"0": attempt(6, token[6], t + 20, None)},
+                       "5": {"0": attempt(5, token[5], t, 0)}}, {"6": token[6]})
+    cluster_file(tmp_path / "nodes.yaml", NODES)
+    now = [0.0]
+    head = Engine(load_config(tmp_path / "nodes.yaml"), store, time.time)
+    head.state.monotonic = lambda: now[0]
+    head.state.await_nodes_after_restore()
+    head.transitions.load()
+    try:
+        node_up(head, "node02", ListingNode())
+        for _ in range(100):
+            if "node02" not in head.state.unreconciled:
+                break
+            await asyncio.sleep(0.01)
+        now[0] += head.state.config.node_lease + 1  # node01 still away: the wait ends
+        assert not head.state.holding_for_restore() and not store.restore_pending
+        node_up(head, "node01", node01)
+        await asyncio.sleep(0.05)
+        head.scheduling.schedule_pass()  # while node01's list is on its way
+        await asyncio.sleep(0.05)
+        placed = {j.id: j.placements for j in map(store.job, waiting) if j.placements}
+        assert len(placed) == 2 and all(p.node == "node02" for ps in placed.values() for p in ps)
+        node01.answer.set()
+        for _ in range(100):
+            if store.job(6) is not None and store.job(6).state == JobState.RUNNING:
+                break
+            await asyncio.sleep(0.01)
+        assert store.job(5) is not None, "what node01 ran since the backup was never taken in"
+        assert store.job(5).state == JobState.SUCCEEDED
+        assert store.job(6).state == JobState.RUNNING and store.job(6).placements == (CARD,)
+        head.scheduling.schedule_pass()  # node01's other card is free now: one more starts
+        await asyncio.sleep(0.05)
+        assert sum(bool(store.job(j).placements) for j in waiting) == 3
+    finally:
+        await head.stop()
+        store.close()
+    never_overcommitted(tmp_path / "state.db")
