@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -171,8 +172,19 @@ def measure(nodes: int, args) -> dict:
             with Client(socket, timeout=60) as client:
                 return client.call(op, **fields)
 
-        wait_until(lambda: all(n["state"] == "up" for n in call("status")["nodes"]), 600,
-                   "every node to be up")
+        last: list[dict] = []
+
+        def all_up() -> bool:
+            last[:] = call("status")["nodes"]
+            return all(n["state"] == "up" for n in last)
+
+        try:
+            wait_until(all_up, 600, "every node to be up")
+        except SystemExit as timeout:  # say how far it got, and what kept the rest down
+            down = Counter(f"{n['state']} ({n['reason'][:60]})" for n in last if n["state"] != "up")
+            raise SystemExit(f"{timeout}: {len(last) - sum(down.values())} of {len(last)} up; "
+                             + "; ".join(f"{k} x{v}" for k, v in down.most_common(4))
+                             + (f" (head log: {root / 'head.log'})" if args.keep else "")) from None
         up = time.monotonic() - started
         passes = root / "home" / "passes.txt"
         wait_until(lambda: passes.exists() and passes.read_text().strip(), 120, "a first pass")

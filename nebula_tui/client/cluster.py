@@ -11,6 +11,7 @@ from collections import deque
 
 from ..model import FINISHED_STATES
 from ..scheduler import fairshare
+from ..wire import EventRow, NodeWire, StartForecast, StreamSnapshot
 
 FINISHED = FINISHED_STATES
 
@@ -28,16 +29,20 @@ COUNTED_FIELDS = frozenset({"status", "total_memory_mb", "slices"})
 
 class Cluster:
     def __init__(self) -> None:
-        self.nodes: dict[str, dict] = {}
+        self.nodes: dict[str, NodeWire] = {}
+        #: GPUs as ``wire.GpuWire``, each change merged into a new dict (``apply_gpus``)
         self.gpus: dict[str, dict] = {}
-        self.jobs: dict[int, dict] = {}  # live jobs only (pending, launching, running)
+        #: live jobs only (pending, launching, running): queue rows (``wire.QueueRow``) from
+        #: the snapshot, then each as its latest "job" event has it (``wire.JobWire``) with its
+        #: ``starts`` put on
+        self.jobs: dict[int, dict] = {}
         self.finished: dict[int, dict] = {}  # jobs seen finishing while we watched
-        self.events: deque[dict] = deque(maxlen=EVENTS_KEPT)
+        self.events: deque[EventRow] = deque(maxlen=EVENTS_KEPT)
         self.users: dict[str, dict] = {}  # user name -> their row of the ``users`` request
         self.pools: dict[str, dict] = {}  # pool name -> its view (``pools/status.py``)
         self.bookings: list[dict] = []  # bookings not yet over, as ``reservations`` lists them
         self.queue_order: list[int] = []  # waiting jobs, as the scheduler orders them
-        self.starts: dict[int, dict] = {}  # waiting job -> the head's start forecast
+        self.starts: dict[int, StartForecast] = {}  # waiting job -> the head's start forecast
         self.by_node: dict[str, dict[str, dict]] = {}  # node -> uuid -> GPU (same dicts)
         self.placed: dict[str, set[int]] = {}  # GPU uuid -> live jobs placed there
         self.util_trend: dict[str, deque] = {}  # GPU uuid -> recent utilisation readings
@@ -46,7 +51,7 @@ class Cluster:
         self.counts_version = 0  # bumped when GPUs come or go, or change a COUNTED_FIELDS value
 
     # ------------------------------------------------------------------ folding
-    def apply_snapshot(self, snap: dict) -> None:
+    def apply_snapshot(self, snap: StreamSnapshot) -> None:
         self.nodes = {n["name"]: n for n in snap.get("nodes", [])}
         self.gpus = {g["uuid"]: g for g in snap.get("gpus", [])}
         self.jobs = {j["id"]: j for j in snap.get("jobs", []) if j["state"] not in FINISHED}
@@ -150,11 +155,11 @@ class Cluster:
             self.version += 1
         return changed
 
-    def apply_node(self, node: dict) -> None:
+    def apply_node(self, node: NodeWire) -> None:
         self.nodes[node["name"]] = node
         self.version += 1
 
-    def apply_event(self, event: dict) -> None:
+    def apply_event(self, event: EventRow) -> None:
         """A line of the head's events log (every change has its own, at the head's time)."""
         self.events.append(event)
         self.version += 1
@@ -169,12 +174,12 @@ class Cluster:
         return {f"{name}:{n['name']}": {**n, "name": f"{name}:{n['name']}", "pool": name}
                 for name, pool in self.pools.items() for n in pool.get("nodes") or ()}
 
-    def apply_queue(self, order: list[int], starts: dict | None = None) -> None:
+    def apply_queue(self, order: list[int], starts: dict[str, StartForecast] | None = None) -> None:
         self.queue_order = list(order)
         self._forecasts(starts)
         self.version += 1
 
-    def _forecasts(self, starts: dict | None) -> None:
+    def _forecasts(self, starts: dict[str, StartForecast] | None) -> None:
         """The head's start forecasts (job id, as JSON writes it -> ``starts``), put on
         the waiting jobs as their ``starts``."""
         if starts is None:
@@ -214,7 +219,7 @@ class Cluster:
     def node_gpus(self, node: str) -> list[dict]:
         return list(self.by_node.get(node, {}).values())
 
-    def job_events(self, job_id: int) -> list[dict]:
+    def job_events(self, job_id: int) -> list[EventRow]:
         return [e for e in self.events if e.get("job_id") == job_id]
 
 

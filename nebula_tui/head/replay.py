@@ -12,7 +12,10 @@ to the scheduler or to the head's rooms changes the replay: nothing here decides
 One turn: the clock jumps to the next event (a submit, an exit, a time limit due); the
 events of that moment are handed to the head; the spawned launch tasks run; then one
 scheduling pass, phases as ``Scheduling.run`` has them (exits the store could not take,
-time limits, the pass). A pass with nothing new is skipped, as the head skips it.
+time limits, the pass). A pass with nothing new is skipped, as the head skips it. Its store
+has no writer but this head, so the users' finished runs fair share weighs are read from
+it once and then kept by the ends (``Shares.usage_kept``), not read again each virtual
+minute.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 The weights the scheduler reads are recomputed when a job ends (``ended``) and at most
 once a minute otherwise, so a pass costs no SQL. What they are computed from — each user's
 finished runs of the half-life window and hours this month — is read from the store at
-most once a minute too; a job's end adds its own run to it, so an end does not read the
-window's every finished job again (70 days of a busy lab's). ``users_json`` is the row of
+most once a minute too (never again in a replay: ``usage_kept``); a job's end adds its own
+run to it, so an end does not read the window's every finished job again (70 days of a busy
+lab's). ``users_json`` is the row of
 each user that the ``users`` request returns; when a user's figures move (``changed``: a job of
 theirs was submitted, started, charged or ended, their quota was set) subscribers get that
 row as a ``user`` event, the changes of one moment together.

@@ -6,6 +6,10 @@ showed last (``nodes``, ``gpus``), every job not yet ended (``jobs``, indexed by
 they hold) and the link to each node. It also owns the two ways of getting work done
 later: ``wake`` (ask the scheduling loop for a pass) and ``spawn`` (a background task,
 cancelled when the head stops). It imports no other room.
+
+Why one module: every room reads and changes the same live view, and the caches kept on it
+(the job table's version, each GPU's and each running job's view) are correct only
+where every change to what they are made of is in sight.
 """
 
 from __future__ import annotations
@@ -134,8 +138,7 @@ class JobTable(dict):
         self.holding: dict[str, dict[int, Placement]] = {}  # GPU uuid -> job id -> placement
         self.per_user: Counter[str] = Counter()
         self._on_node: dict[str, dict[int, None]] = {}  # node -> ids of the jobs placed there
-        #: ``held``'s answers, each dropped when its GPU's holders change: the same tuple
-        #: object while they stay the same (what a kept GPU view is checked against)
+        #: ``held``'s answers, each dropped when its GPU's holders change (see gpu_views)
         self._held: dict[str, tuple[tuple[int, Placement], ...]] = {}
         #: bumped by every change (set, pop, del): what is derived from the jobs alone
         #: (the waiting and holding lists a pass reads) is kept while it stays the same
@@ -397,14 +400,11 @@ class HeadState:
     def gpu_views(self, node: str | None = None) -> list[GpuView]:
         """Every GPU (or only ``node``'s: one node's readings are published once per probe,
         and building all 1,000 views of a big cluster for each would cost the head a core;
-        who holds each GPU comes from the jobs' index, not a walk over every job).
-
-        A view is kept between calls and given again while everything it is made of is
-        the same: the same ``GpuLive`` object (frozen; a probe or an isolation puts a new
-        one), the same holders' tuple (``JobTable.held``, a new one when a job starts or
-        stops holding the card), and equal blocking reason, CUDA version and health score
-        (the node's, read now). So a pass at 4,000 cards builds views only for the cards
-        whose readings or jobs changed since the last one."""
+        who holds each GPU comes from the jobs' index, not a walk over every job). A view is
+        given again while it is made of the same ``GpuLive`` (frozen: a probe or an isolation
+        puts a new one) and holders' tuple (``JobTable.held``) and of an equal blocking
+        reason, CUDA version and health score: a pass at 4,000 cards builds views only for
+        the cards whose readings or jobs changed since the last one."""
         if node is None:
             order = self._order
             if order is None or order[0] != self.gpus.facts_version:

@@ -433,6 +433,11 @@ class _Pass:
                 return booked
             bars = booked
         avoid = self.avoids(job)
+        if shape.gpu_mem_mb is not None:
+            # A slice without an end holds its card for as long as it likes: it fills a shared
+            # card even while no whole-card job waits, or it would break a whole card for good.
+            demand = self.whole_demand
+            self.world.set_packing(job.service or demand > 0 and self.world.whole_free <= demand)
         if self.scarce and job.time_limit_s is None and self.keeps_off(job):
             kept = self.keep_off_scarce(job, shape, bars, avoid)
             if kept is not None:
@@ -444,8 +449,6 @@ class _Pass:
             if reason is not None:
                 return Wait(job.id, reason)
         if shape.gpu_mem_mb is not None:
-            demand = self.whole_demand
-            self.world.set_packing(demand > 0 and self.world.whole_free <= demand)
             if self.scarce and self.keeps_off(job):
                 idle = self.scarce_idle()
                 if idle:  # a card elsewhere (a shared one first, when packing) before one of these

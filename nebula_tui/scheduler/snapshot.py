@@ -167,7 +167,7 @@ class SchedulerConfig:
     #: a gang (a job of 2 or more cards) waiting this long goes before every job of
     #: ordinary priority, oldest first, so its reservation is made before newer small work
     #: takes the cards it needs (Slurm's age factor, bounded); None: fair share alone
-    gang_age_s: float | None = 6 * 3600.0
+    gang_age_s: float | None = 4 * 3600.0
 
     @property
     def temperatures(self) -> Temperatures:

@@ -2,7 +2,9 @@
 
 Each test presses keys the way a user would and asserts on what the screen then shows.
 Requests the service may not have yet (hold, drain, plan, history, attach_info) are probed
-first; a test that needs one the service lacks is skipped with the op's name.
+first; a test that needs one the service lacks is skipped with the op's name. What needs
+no real job, log or card of the lab (keys, help, palette, the form's checks, drain and
+resume) is ``tests/tui/test_screens.py``, against the in-process head.
 """
 
 from __future__ import annotations
@@ -12,25 +14,24 @@ import re
 import pytest
 import yaml
 from support.head import has_op
-from support.tui import SIZE, go, palette_pick, rows, started, text, until
+from support.tui import SIZE, go, rows, started, text, until
 from support.labfixtures import lab_config, serving
-from textual import events
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Log
 
 from nebula_tui.api import ApiError
 from nebula_tui.model import format_mb
-from nebula_tui.screens.app import HelpScreen, make_app
+from nebula_tui.screens.app import make_app
 from nebula_tui.screens.gpus import GpuDetailScreen, GpusScreen
 from nebula_tui.screens.job import JobScreen
 from nebula_tui.screens.look import LOOK
 from nebula_tui.screens.widgets.nodecards import NodeCards
 from nebula_tui.screens.widgets.dialogs import ChoiceScreen
-from nebula_tui.screens.nodes import DrainPrompt, NodesScreen
+from nebula_tui.screens.nodes import NodesScreen
 from nebula_tui.screens.overview import OverviewScreen
 from nebula_tui.screens.queue import QueueScreen
 from nebula_tui.screens.widgets.rowtable import RowTable
-from nebula_tui.screens.submit import SubmitScreen, check_field
+from nebula_tui.screens.submit import SubmitScreen
 from nebula_tui.screens.users import USER_COLUMNS, UsersScreen
 from support.head import submit
 
@@ -279,15 +280,6 @@ async def test_submit_form_then_queue_then_job_log(head, jobs):
         assert head.wait_job(job_id)["state"] == "cancelled"
 
 
-def test_form_checks_fields_like_the_cli():
-    assert check_field("gpu_mem", "8G") is None and check_field("gpu_mem", "8GiB") is None
-    assert check_field("gpu_mem", "8192M") is None
-    assert "not a size" in check_field("gpu_mem", "eight")
-    assert check_field("gpu_count", "0") and check_field("gpu_count", "2") is None
-    assert check_field("workdir", "data") and check_field("workdir", "/data") is None
-    assert check_field("command", " ") and check_field("name", "x" * 129)
-
-
 # ============================================================================ users
 async def test_users_screen_shows_weights_and_hours(head, jobs):
     job_id = submit(head, "--gpu-mem", "4G", "--", "true")
@@ -305,94 +297,6 @@ async def test_users_screen_shows_weights_and_hours(head, jobs):
         assert int(cells["jobs"]) == row["month_jobs"] >= 1  # this month's, as the report counts
         assert cells["weight"] == f"{row['weight']:.2f}" and row["weight"] >= 1.0  # 1.0 + 0.02 per GPU-hour
         assert "/ 2000 h" in cells["hours"] or " h" in cells["hours"]
-
-
-# ============================================================================ nodes
-async def test_nodes_drain_resume_and_events_log(head):
-    app = make_app(head.socket)
-    async with app.run_test(size=SIZE, notifications=True) as pilot:
-        await started(pilot)
-        await go(pilot, "5", NodesScreen)
-        await until(pilot, lambda: len(rows(pilot, "nodes-table")) == 3, what="3 nodes")
-        assert all("up" == c[1] for c in rows(pilot, "nodes-table").values())
-        await until(pilot, lambda: rows(pilot, "events-table"), what="events log")
-        assert any("is up" in c[2] for c in rows(pilot, "events-table").values())
-
-        select_row(pilot, "nodes-table", "node03")
-        await pilot.press("d")
-        await until(pilot, lambda: isinstance(app.screen, DrainPrompt), what="drain prompt")
-        await pilot.press(*"fan swap")
-        await pilot.press("enter")
-        if not has_op(head, "resume", node="nope"):
-            await until(pilot, lambda: "not available" in toasts(app), what="no drain op")
-            return
-        try:
-            await until(pilot, lambda: rows(pilot, "nodes-table")["node03"][1] == "drained",
-                        what="node03 drained")
-            await until(pilot, lambda: any("drain" in c[2] for c in rows(pilot, "events-table").values()),
-                        timeout=15, what="drain in the events log")
-            select_row(pilot, "nodes-table", "node03")
-            await pilot.press("u")
-            await until(pilot, lambda: rows(pilot, "nodes-table")["node03"][1] == "up",
-                        what="node03 resumed")
-        finally:
-            try:
-                head.call("resume", node="node03")
-            except ApiError:
-                pass
-
-
-# ============================================================================ keys
-async def test_palette_help_and_theme_read_the_same_keys(head):
-    app = make_app(head.socket)
-    async with app.run_test(size=SIZE) as pilot:
-        await started(pilot)
-        await go(pilot, "3", QueueScreen)
-        await pilot.press("question_mark")
-        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
-        help_text = text(pilot, "#help-keys")
-        for word in ("Hold job", "Release job", "Only my jobs", "Cancel job", "Submit a job", "Quit"):
-            assert word in help_text
-        await pilot.press("escape")
-        await until(pilot, lambda: isinstance(app.screen, QueueScreen), what="help closed")
-
-        dark = app.current_theme.dark
-        await pilot.press("t")
-        await until(pilot, lambda: app.current_theme.dark != dark, what="theme toggled")
-        await pilot.press("t")
-        await until(pilot, lambda: app.current_theme.dark == dark, what="theme back")
-
-        await palette_pick(pilot, "Nodes", "Nodes")
-        await until(pilot, lambda: isinstance(app.screen, NodesScreen), what="nodes via palette")
-
-
-async def test_screen_keys_typed_quickly_act_in_the_order_typed(head):
-    """Screen keys typed faster than screens switch, delivered as the terminal driver
-    delivers them (no wait in between): the last key's screen is the one shown. (Digits
-    typed while the GPU screen mounted went into its hidden filter, which had the focus
-    then: "42141" ended on GPUs. And keys went to the focused widget first, which a switch
-    changes, so keys typed meanwhile could run in either order.)"""
-    app = make_app(head.socket)
-    async with app.run_test(size=SIZE) as pilot:
-        await started(pilot)
-        for keys, mode, screen_type in (("42141", "overview", OverviewScreen),
-                                         ("53253", "queue", QueueScreen),
-                                         ("21432", "gpus", GpusScreen)):
-            for key in keys:
-                app.post_message(events.Key(key, key))
-            await pilot.pause(1.0)
-            await pilot.pause()
-            assert (app.current_mode, type(app.screen)) == (mode, screen_type), keys
-        await pilot.press("question_mark")  # help keeps the screen under it
-        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
-        await pilot.press("1")
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, HelpScreen) and app.current_mode == "gpus"
-        await pilot.press("escape")
-        await pilot.press("slash", "1", "2")  # digits typed into the filter stay there
-        await until(pilot, lambda: app.screen.query_one("#filter", Input).value == "12",
-                    what="digits in the filter")
-        assert app.current_mode == "gpus"
 
 
 @pytest.fixture(scope="module")

@@ -62,9 +62,10 @@ def text(pilot: Pilot, selector: str) -> str:
     return "\n".join(str(w.content) for w in pilot.app.screen.query(selector))
 
 
-async def started(pilot: Pilot) -> None:
-    """Wait for the first snapshot of the session's lab (its 9 cards) and a connection."""
-    await until(pilot, lambda: len(pilot.app.cluster.gpus) == 9 and pilot.app.cluster.connected,
+async def started(pilot: Pilot, gpus: int = 9) -> None:
+    """Wait for the first snapshot (the session's lab has 9 cards, the in-process head 4) and
+    a connection."""
+    await until(pilot, lambda: len(pilot.app.cluster.gpus) == gpus and pilot.app.cluster.connected,
                 what="the snapshot")
 
 

@@ -49,19 +49,13 @@ def attempt(job_id: int, token: str, started_at: float, exit_code: int | None) -
             "record": launch_record(job), "reason": ""}
 
 
-async def test_a_restore_takes_in_the_launches_that_ended_before_those_still_running(tmp_path):
-    """After the backup, job 4 ran on a whole card and ended, then job 5 took the card and
-    runs. The node lists job 5 first: taken in in that order, job 4 would hold the card
-    beside job 5 from its taking in to its end."""
-    store = Store(tmp_path / "state.db")
-    store.mark_restored("a backup")
-    t = time.time() - 60
-    token = {job: f"{store.head_token}.0.{job:04x}" for job in (4, 5)}  # the head's before the restore
-    node01 = ListingNode({"5": {"0": attempt(5, token[5], t + 20, None)},
-                          "4": {"0": attempt(4, token[4], t, 0)}}, {"5": token[5]})
+async def reconciled(tmp_path, store: Store, node01: ListingNode) -> None:
+    """A head on ``store`` (restored: it waits for its nodes) whose node01 answers as
+    ``node01`` does, until every node has been reconciled; then stopped."""
     cluster_file(tmp_path / "nodes.yaml", NODES)
     head = Engine(load_config(tmp_path / "nodes.yaml"), store, time.time)
     head.state.await_nodes_after_restore()  # as its start does, the store being restored
+    head.transitions.load()
     try:
         for node in NODES:
             head.links[node] = node01 if node == "node01" else ListingNode()
@@ -74,9 +68,49 @@ async def test_a_restore_takes_in_the_launches_that_ended_before_those_still_run
                 break
             await asyncio.sleep(0.01)
         assert not store.restore_pending, "the nodes were never reconciled"
+    finally:
+        await head.stop()
+
+
+async def test_a_restore_takes_in_the_launches_that_ended_before_those_still_running(tmp_path):
+    """After the backup, job 4 ran on a whole card and ended, then job 5 took the card and
+    runs. The node lists job 5 first: taken in in that order, job 4 would hold the card
+    beside job 5 from its taking in to its end."""
+    store = Store(tmp_path / "state.db")
+    store.mark_restored("a backup")
+    t = time.time() - 60
+    token = {job: f"{store.head_token}.0.{job:04x}" for job in (4, 5)}  # the head's before the restore
+    node01 = ListingNode({"5": {"0": attempt(5, token[5], t + 20, None)},
+                          "4": {"0": attempt(4, token[4], t, 0)}}, {"5": token[5]})
+    try:
+        await reconciled(tmp_path, store, node01)
         assert store.job(4).state == JobState.SUCCEEDED
         assert store.job(5).state == JobState.RUNNING and store.job(5).placements == (CARD,)
     finally:
-        await head.stop()
+        store.close()
+    never_overcommitted(tmp_path / "state.db")
+
+
+async def test_a_job_the_backup_has_launching_is_settled_from_its_node_before_the_next_is_taken_in(tmp_path):
+    """The backup was taken after job 4's card was written, before its node answered; it
+    ran there and ended (its end acked), then job 5 took the card. Restored, job 4 ran from
+    when its node started it and ended as the node's record says, before job 5 is taken
+    in: never both on the card."""
+    store = Store(tmp_path / "state.db")
+    t = time.time() - 60
+    four = store.add_job(ME, JobSpec(command=("true",)), t).id
+    token4 = store.start_launching(four, (CARD,), t)
+    store.mark_restored("a backup")
+    token5 = f"{store.head_token}.0.0005"
+    ended = attempt(four, token4, t + 1, 0)
+    ended.update(acked=True, ended_as={"state": "succeeded", "reason": "", "at": t + 10})
+    node01 = ListingNode({str(four): {"0": ended}, "5": {"0": attempt(5, token5, t + 20, None)}},
+                         {"5": token5})
+    try:
+        await reconciled(tmp_path, store, node01)
+        assert store.job(four).state == JobState.SUCCEEDED
+        assert store.job(four).started_at == t + 1  # its run is charged from its start
+        assert store.job(5).state == JobState.RUNNING and store.job(5).placements == (CARD,)
+    finally:
         store.close()
     never_overcommitted(tmp_path / "state.db")

@@ -102,6 +102,19 @@ def test_packing_only_keeps_the_whole_cards_the_queue_needs():
     assert on(got[4]) == [("n1", 2)]
 
 
+def test_a_service_slice_fills_a_shared_card_even_while_no_whole_card_job_waits():
+    """With no whole-card job waiting, a slice spreads to the coolest, least shared card. A
+    service has no end, though: on an idle card it would break that card (and its node's
+    pair) for the month, so it fills a card already shared. A slice with --time spreads."""
+    shared = held(60, "n1", 0, 8 * GB)
+    gpus = [card("n1", 0, placements=[shared]), card("n1", 1), card("n2", 0), card("n2", 1)]
+    running = (RunningJob(60, "x", (shared[1],), NOW, time_limit_s=3600),)
+    got = run(gpus, [job(1, mem=4 * GB, service=True)], running=running)
+    assert on(got[1]) == [("n1", 0)]
+    got = run(gpus, [job(1, mem=4 * GB, time_limit_s=3600)], running=running)
+    assert on(got[1]) != [("n1", 0)]
+
+
 def test_whole_card_reservation_is_what_is_really_free():
     got = run([card("n1", 0, unmanaged=2 * GB)], [job(1, mem=13 * GB)])
     (p,) = got[1].placements
@@ -475,7 +488,7 @@ def test_a_gang_that_waited_gang_age_goes_first_and_its_reservation_holds_off_ne
     quick = job(3, user="light", time_limit_s=1800, submitted_at=NOW - 30)
     assert on(run(gpus, [gang, quick], running=running, users=users)[3]) == [("big", 1)]
     # Before gang_age, or with ageing off, fair share decides: the small job takes big:1.
-    young = job(1, 4, user="heavy", time_limit_s=3600, submitted_at=NOW - 5 * 3600)
+    young = job(1, 4, user="heavy", time_limit_s=3600, submitted_at=NOW - 3 * 3600)
     assert on(run(gpus, [young, small], running=running, users=users)[2]) == [("big", 1)]
     off = SchedulerConfig(gang_age_s=None)
     assert on(run(gpus, [gang, small], running=running, users=users, config=off)[2]) == [("big", 1)]
@@ -488,7 +501,7 @@ def test_a_gang_that_waited_gang_age_goes_first_and_its_reservation_holds_off_ne
     # nodes.yaml: scheduler.gang_age, a duration; 0 or never turns ageing off
     assert scheduler_settings({"gang_age": "2h"}).config.gang_age_s == 7200
     assert scheduler_settings({"gang_age": 0}).config.gang_age_s is None
-    assert SchedulerConfig().gang_age_s == 6 * 3600
+    assert SchedulerConfig().gang_age_s == 4 * 3600
 
 
 def test_reservation_goes_to_the_cards_that_free_up_first():
