@@ -24,7 +24,7 @@ import logging
 from dataclasses import replace
 
 from ..model import (Cancelling, InvalidRequest, Job, JobSpec, JobState, Pending, RequestError, UnfitRequest)
-from ..pools.base import (Capacity, PoolDegraded, PoolNotAuthorised, PoolRefusal,
+from ..pools.base import (Capacity, PoolDegraded, PoolNotAuthorised, PoolRefusal, PoolSilent,
                           PoolSubmission, PoolUnavailable, RemoteJob, sent_order)
 from ..printable import printable
 from ..store import StaleDecision, StoreUnavailable
@@ -287,13 +287,13 @@ class Pools(PoolBooks):
             return
         for account in result.refused:
             view.refuse(account, now)
-        answered = pool.config.per_submitter and all(
-            isinstance(trouble, PoolDegraded) for trouble in result.troubled.values())
-        if result.troubled and set(result.troubled) >= set(owners) and not answered:
+        logged_in = pool.config.per_submitter and all(
+            isinstance(trouble, (PoolDegraded, PoolSilent)) for trouble in result.troubled.values())
+        if result.troubled and set(result.troubled) >= set(owners) and not logged_in:
             # Every account asked is in trouble: the pool's (its login node, its Slurm). Not
-            # where each (user: submitter) answered, though not as Slurm does: a member's own
-            # key line may, and she may be the only one with jobs there; the others' jobs are
-            # still sent (each in its own account).
+            # where each (user: submitter) let the head in, then answered what Slurm would
+            # not, or nothing in time: a member's own key line may, and she may be the only
+            # one with jobs there; the others' jobs are still sent (each in its own account).
             trouble = next(iter(result.troubled.values()))
             if isinstance(trouble, PoolDegraded):
                 return self._degraded(name, str(trouble))

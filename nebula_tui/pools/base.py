@@ -33,6 +33,12 @@ class PoolDegraded(PoolUnavailable):
     left as they are and ``status`` says so; ``str()`` says what, in one line."""
 
 
+class PoolSilent(PoolUnavailable):
+    """The login worked, then a command did not answer in time: with ``user: submitter`` that
+    account's own doing as likely as the cluster's (a member's key line, her shell's start-up
+    files); ``str()`` says which command, in one line."""
+
+
 class PoolRefusal(Exception):
     """The pool refused a request (its scheduler said no); ``str()`` is one line."""
 

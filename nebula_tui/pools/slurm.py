@@ -32,7 +32,7 @@ from ..waits import within
 from . import slurm_parse as parse
 from .authorize import authorize_view, head_address
 from .base import (Capacity, PollResult, PoolDegraded, PoolNode, PoolNotAuthorised, PoolRefusal,
-                   PoolSubmission, PoolUnavailable, RemoteJob, sent_order)
+                   PoolSilent, PoolSubmission, PoolUnavailable, RemoteJob, sent_order)
 from .slurm_script import batch_script, sbatch_argv
 
 #: bytes of a job's output one ``logs`` call reads at most
@@ -157,10 +157,14 @@ class SlurmPool:
         """As ``run``, its output as bytes; more than ``limit`` of it is PoolDegraded, found
         while reading (the rest is never read: the command is closed)."""
         conn = await self._conn(account)
+        limit_s = timeout or self.cluster.command_timeout
         try:
-            return await within(timeout or self.cluster.command_timeout,
-                                self._bounded(conn, command, stdin, limit))
-        except (OSError, asyncio.TimeoutError, asyncssh.Error) as err:
+            return await within(limit_s, self._bounded(conn, command, stdin, limit))
+        except asyncio.TimeoutError:  # logged in: the command there is what kept silent
+            self._drop(account)
+            raise PoolSilent(f"pool {self.name}: `{' '.join(command.split()[:3])[:60]}` did not "
+                             f"answer in {limit_s:g} s as {account}") from None
+        except (OSError, asyncssh.Error) as err:
             self._drop(account)
             raise PoolUnavailable(self._why(err)) from None
 

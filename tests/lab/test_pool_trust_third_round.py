@@ -11,6 +11,8 @@ import pwd
 import subprocess
 import time
 
+import pytest
+
 from labkit.harness import wait_for
 from nebula_tui.config.cluster import load_config
 from nebula_tui.pools.slurm import SlurmPool
@@ -135,30 +137,44 @@ def test_a_job_name_cannot_write_a_line_into_the_accounting_a_restore_reads(slur
     assert found == {(rid, token)}, found
 
 
-def test_one_members_garbage_when_only_she_has_jobs_there_stops_nobody_elses_burst(
-        openssh_lab, slurm_lab, tmp_path_factory):
-    """Alice is the only member with a job in the pool, and her key line answers squeue with
-    what Slurm never writes. Before: every account polled was in trouble, so the head took
-    it for the pool's: `status` said the pool degraded and no poll sent anything, so Bob's
-    job, waiting here on drained nodes past burst_after, never went to the pool. Her
-    account's trouble is hers alone, however few accounts are asked."""
-    alice, bob = "nebbursta", "nebburstb"
-    lie = """case "$SSH_ORIGINAL_COMMAND" in
+
+
+
+_GARBAGE = """case "$SSH_ORIGINAL_COMMAND" in
   squeue*) [ -e "$here/squeue" ] && { echo 'not json'; exit 0; } ;;
 esac"""
-    for head, public in members_pool(openssh_lab, slurm_lab, tmp_path_factory, "nebburst", (alice, bob),
-                                     lie, burst_after="2s"):
+_SILENCE = """case "$SSH_ORIGINAL_COMMAND" in
+  squeue*) [ -e "$here/squeue" ] && { sleep 8; exit 0; } ;;
+esac"""
+
+
+@pytest.mark.parametrize("lie, cluster, shown", [(_GARBAGE, {}, "degraded"),
+                                                 (_SILENCE, {"command_timeout": "3s"}, "unreachable")],
+                         ids=["garbage", "silence"])
+def test_one_members_trouble_when_only_she_has_jobs_there_stops_nobody_elses_burst(
+        openssh_lab, slurm_lab, tmp_path_factory, request, lie, cluster, shown):
+    """Alice is the only member with a job in the pool; her key line (or her ~/.bashrc) lets
+    the head in, then answers squeue with what Slurm never writes, or with nothing before
+    command_timeout. Before: every account polled was in trouble, so the head took it for
+    the pool's: `status` said the pool degraded (or unreachable) and nothing was sent for
+    anyone, so Bob's job, waiting here on drained nodes past burst_after, never went to the
+    pool. A login that worked and then an odd answer, or none, is that account's trouble
+    alone, however few accounts are asked."""
+    word = request.node.callspec.id
+    alice, bob = f"neb{word}a", f"neb{word}b"
+    for head, public in members_pool(openssh_lab, slurm_lab, tmp_path_factory, f"neb{word}", (alice, bob),
+                                     lie, cluster=cluster, burst_after="2s"):
         hers = submit_as(head, alice, "--pool", "hpc", "--", "sleep", "120")
         wait_state(head, hers, {"running"})
         (public / "squeue").touch()
-        wait_for(lambda: f"as {alice}" in pool_line(head) or "degraded" in pool_line(head), 30,
-                 what="her garbage read")
+        wait_for(lambda: f"as {alice}" in pool_line(head) or shown in pool_line(head), 30,
+                 what="her answer read")
         for node in openssh_lab.nodes:
             head.run("node", "drain", node, "--reason", "test", check=True)
         his = submit_as(head, bob, "--", "sh", "-c", "echo burst")
         ended = wait_state(head, his, {"succeeded", "failed"}, timeout=60)
         assert ended["state"] == "succeeded" and ended["pool"] == "hpc", ended
-        assert f"as {alice}: " in pool_line(head) and "degraded" not in pool_line(head), pool_line(head)
+        assert f"as {alice}: " in pool_line(head) and shown not in pool_line(head), pool_line(head)
         assert head.job(hers)["state"] == "running"
         (public / "squeue").unlink()
         head.run("cancel", str(hers), check=True)

@@ -13,10 +13,12 @@ from support.slurmfixtures import POLL, squeue
 
 
 def members_pool(openssh_lab, slurm_lab, tmp_path_factory, group: str, members: tuple[str, str],
-                 lie: str, **extra):
+                 lie: str, cluster: dict | None = None, **extra):
     """A shared head for ``group`` whose pool hpc runs each member's jobs in their own
     account; the first member's key line runs ``lie`` (a shell script's body, in a public
-    folder, given that folder as $here), the second's is plain. Yields (head, folder)."""
+    folder, given that folder as $here), the second's is plain. ``cluster``: keys of its
+    cluster section (``command_timeout``); ``extra``: of the pool's entry. Yields (head,
+    folder)."""
     from support.users import lab_users, shared_head
 
     from nebula_tui.sim.slurmlab import unlock_for_ssh
@@ -33,7 +35,8 @@ def members_pool(openssh_lab, slurm_lab, tmp_path_factory, group: str, members: 
         for _ in lab_users(group, members, ()):
             for user in members:
                 unlock_for_ssh(user)
-            for head in shared_head(openssh_lab, tmp_path_factory, group, {"pools": [entry]}):
+            for head in shared_head(openssh_lab, tmp_path_factory, group,
+                                    {"pools": [entry], "cluster": cluster or {}}):
                 key = (head.home / "pool_key.pub").read_text().strip()
                 slurm_lab.authorize(first, f'from="127.0.0.1",restrict,command="{script}" {key}')
                 slurm_lab.authorize(second, f'from="127.0.0.1",restrict {key}')

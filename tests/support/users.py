@@ -61,7 +61,9 @@ def shared_head(lab, tmp_path_factory, group: str, sections: dict | None = None)
     subprocess.run(["chmod", "-R", "a+rX", str(public / "nebula_tui")], check=True)
     config = yaml.safe_load(lab.config_path.read_text())
     config["cluster"]["run_as"] = "submitter"
-    config.update(sections or {})
+    sections = dict(sections or {})
+    config["cluster"].update(sections.pop("cluster", {}))  # keys of the lab's own cluster section
+    config.update(sections)
     home = tmp_path_factory.mktemp("sharedhome")
     (home / "nodes.yaml").write_text(yaml.safe_dump(config))
     head = HeadProcess(home, lab, config=home / "nodes.yaml",
