@@ -300,7 +300,7 @@ class HeadState:
         self.unreconciled: set[str] = set()
         #: those of them the wait went on without: each is reconciled as if in time when it
         #: is back, and till then no new work goes on its cards (``blocked``)
-        self.late_after_restore: set[str] = set()
+        self.late_after_restore: set[str] = store.restore_late & set(self.nodes)
         self._restore_until = 0.0
 
     # ------------------------------------------------------------ getting work done
@@ -356,22 +356,26 @@ class HeadState:
     def holding_for_restore(self) -> bool:
         """Whether scheduling waits for nodes to tell what ran since a restored backup."""
         if self.unreconciled and self.monotonic() > self._restore_until:
-            late = set(self.unreconciled)
-            self.reconciled_after_restore(*late)
-            self.late_after_restore |= late
+            self.late_after_restore |= self.unreconciled
+            self.unreconciled.clear()
+            self.store.restore_done(self.late_after_restore)
+            self.wake()
         return bool(self.unreconciled)
 
     def owes_restore_reconcile(self, node: str) -> bool:
         """Whether ``node`` has not yet told what it ran since the restored backup."""
         return node in self.unreconciled or node in self.late_after_restore
 
-    def reconciled_after_restore(self, *nodes: str) -> None:
-        self.late_after_restore.difference_update(nodes)
-        if not self.unreconciled:
+    def reconciled_after_restore(self, node: str) -> None:
+        if node in self.late_after_restore:
+            self.late_after_restore.discard(node)
+            self.store.restore_late_told(node)
+            self.wake()
+        if node not in self.unreconciled:
             return
-        self.unreconciled.difference_update(nodes)
+        self.unreconciled.discard(node)
         if not self.unreconciled:
-            self.store.restore_done()
+            self.store.restore_done(self.late_after_restore)
             self.wake()
 
     def cancel_tasks(self) -> None:

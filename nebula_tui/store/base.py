@@ -21,7 +21,7 @@ import secrets
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import sqlite_utils
@@ -317,6 +317,7 @@ class StoreBase:
         a second time."""
         with self.transaction():
             self._set_meta("restore_pending", "1")
+            self._set_late([])  # every node is waited for again
             self._event(time.time(), "store", f"the database was restored from {source}; "
                         "nothing is scheduled until every node has told what ran since")
 
@@ -354,11 +355,33 @@ class StoreBase:
                 "newest_job": self.db.execute("SELECT MAX(id) FROM jobs").fetchone()[0],
                 "running": states.get("running", 0), "waiting": states.get("pending", 0)}
 
-    def restore_done(self) -> None:
+    def restore_done(self, late: Iterable[str] = ()) -> None:
+        """Scheduling goes on; ``late``: the nodes it went on without (``restore_late``)."""
+        late = sorted(late)
         with self.transaction():
             self.db.execute("DELETE FROM meta WHERE key = 'restore_pending'")
+            self._set_late(late)
             self._event(time.time(), "store", "every node has told what ran since the backup; "
-                        "scheduling goes on")
+                        "scheduling goes on" if not late else
+                        f"{', '.join(late)} did not tell what ran since the backup within a node "
+                        "lease; scheduling goes on, and each is asked when it is back")
+
+    @property
+    def restore_late(self) -> set[str]:
+        """The nodes a restored store went on scheduling without: not yet asked what they ran
+        since the backup (each is, when it is back; their cards take no new work till then)."""
+        value = self._meta("restore_late")
+        return set(value.split(",")) if value else set()
+
+    def restore_late_told(self, node: str) -> None:
+        with self.transaction():
+            self._set_late(sorted(self.restore_late - {node}))
+
+    def _set_late(self, late: list[str]) -> None:
+        if late:
+            self._set_meta("restore_late", ",".join(late))
+        else:
+            self.db.execute("DELETE FROM meta WHERE key = 'restore_late'")
 
     #: an events line's fields, in the table's order
     EVENT_FIELDS = ("t", "kind", "message", "job_id", "node", "gpu", "user")

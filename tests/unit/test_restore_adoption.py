@@ -137,6 +137,25 @@ def node_up(head, node: str, link) -> None:
     head.on_node_state(node, NodeState.UP, "")
 
 
+async def past_the_wait(tmp_path, store: Store) -> Engine:
+    """A head on the restored ``store`` whose wait for its nodes ended with only node02
+    told (node01 away a node lease, on the head's monotonic clock)."""
+    cluster_file(tmp_path / "nodes.yaml", NODES)
+    now = [0.0]
+    head = Engine(load_config(tmp_path / "nodes.yaml"), store, time.time)
+    head.state.monotonic = lambda: now[0]
+    head.state.await_nodes_after_restore()
+    head.transitions.load()
+    node_up(head, "node02", ListingNode())
+    for _ in range(100):
+        if "node02" not in head.state.unreconciled:
+            break
+        await asyncio.sleep(0.01)
+    now[0] += head.state.config.node_lease + 1
+    assert not head.state.holding_for_restore() and not store.restore_pending
+    return head
+
+
 async def test_a_node_back_after_the_restore_wait_is_reconciled_as_one_in_time(tmp_path):
     """The restored head waited a node lease for node01 and went on without it. Since the
     backup node01 ran job 5 (ended) and runs job 6 on a whole card: back later, both are
@@ -149,20 +168,8 @@ async def test_a_node_back_after_the_restore_wait_is_reconciled_as_one_in_time(t
     token = {job: f"{store.head_token}.0.{job:04x}" for job in (5, 6)}
     node01 = LateNode({"6": {"0": attempt(6, token[6], t + 20, None)},
                        "5": {"0": attempt(5, token[5], t, 0)}}, {"6": token[6]})
-    cluster_file(tmp_path / "nodes.yaml", NODES)
-    now = [0.0]
-    head = Engine(load_config(tmp_path / "nodes.yaml"), store, time.time)
-    head.state.monotonic = lambda: now[0]
-    head.state.await_nodes_after_restore()
-    head.transitions.load()
+    head = await past_the_wait(tmp_path, store)
     try:
-        node_up(head, "node02", ListingNode())
-        for _ in range(100):
-            if "node02" not in head.state.unreconciled:
-                break
-            await asyncio.sleep(0.01)
-        now[0] += head.state.config.node_lease + 1  # node01 still away: the wait ends
-        assert not head.state.holding_for_restore() and not store.restore_pending
         node_up(head, "node01", node01)
         await asyncio.sleep(0.05)
         head.scheduling.schedule_pass()  # while node01's list is on its way
@@ -184,3 +191,32 @@ async def test_a_node_back_after_the_restore_wait_is_reconciled_as_one_in_time(t
         await head.stop()
         store.close()
     never_overcommitted(tmp_path / "state.db")
+
+
+async def test_a_node_late_for_the_restore_wait_is_still_asked_after_the_head_restarts(tmp_path):
+    """The wait for node01 ended, then the head restarted before node01 was back: the new
+    head still keeps new work off its cards and takes in what it ran since the backup."""
+    store = Store(tmp_path / "state.db")
+    t = time.time() - 60
+    store.mark_restored("a backup")
+    token = f"{store.head_token}.0.0005"
+    await (await past_the_wait(tmp_path, store)).stop()
+    head = Engine(load_config(tmp_path / "nodes.yaml"), store, time.time)  # restarted
+    head.transitions.load()
+    try:
+        node01 = LateNode({"5": {"0": attempt(5, token, t, None)}}, {"5": token})
+        node_up(head, "node01", node01)
+        await asyncio.sleep(0.05)
+        blocked = [v.blocked for v in head.state.gpu_views("node01")]
+        assert all(b and "restored backup" in b for b in blocked), blocked
+        node01.answer.set()
+        for _ in range(100):
+            if store.job(5) is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert store.job(5) is not None, "the restarted head never asked node01"
+        assert store.job(5).state == JobState.RUNNING and store.job(5).placements == (CARD,)
+        assert not store.restore_late
+    finally:
+        await head.stop()
+        store.close()
