@@ -69,7 +69,8 @@ def test_a_job_that_requeues_itself_is_charged_for_every_run(slurm_lab, tmp_path
         lifted = subprocess.run(["scontrol", "update", f"jobid={rid}", "StartTime=now"],
                                 env=slurm_lab.env, capture_output=True, text=True, timeout=30)
         assert lifted.returncode == 0, lifted.stderr
-        assert wait_state(head, job, {"succeeded", "failed"}, timeout=120)["state"] == "succeeded"
+        ended = wait_state(head, job, {"succeeded", "failed"}, timeout=120)
+        assert ended["state"] == "succeeded", ended["reason"]
         runs = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-j", rid, "-o",
                                "State,AllocTRES,ElapsedRaw"], env=slurm_lab.env, capture_output=True,
                               text=True, timeout=30).stdout.strip().splitlines()
