@@ -278,7 +278,6 @@ def simulate(snap: scheduler.Snapshot, length: Callable[[scheduler.PendingJob], 
     # Fair share moves as the run goes: each user's weight grows by the GPU-hours their jobs
     # hold in it, as the head's does (a heavy user's waiting jobs fall back as theirs run).
     users = dict(snap.users)
-
     cards = {r.id: _cards(r, snap.config) for r in running.values()}
     for _ in range(MAX_PASSES):
         if not queue or now > stop:
@@ -357,7 +356,6 @@ def _cards(job: scheduler.RunningJob, config: scheduler.SchedulerConfig) -> floa
 
 def _charged(users: Mapping[str, scheduler.UserShare], running: Iterable[scheduler.RunningJob],
              cards: Mapping[int, float], seconds: float) -> dict[str, scheduler.UserShare]:
-
     """The users' fair-share standing after their running jobs held their cards ``seconds``
     longer (``fairshare.user_weight``: each GPU-hour adds ``PER_GPU_HOUR``)."""
     hours: dict[str, float] = {}

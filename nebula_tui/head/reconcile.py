@@ -106,8 +106,7 @@ class Reconciler:
             job = self.state.jobs.get(job_id)
             if job is None or job.state != JobState.LAUNCHING or self.state.token(job) != token:
                 continue
-            found = next((a for a in (attempts.get(str(job_id)) or {}).values()
-                          if isinstance(a, dict) and a.get("token") == token), None)
+            found = _attempt(attempts, job_id, token)
             if found is None or not found.get("started"):
                 continue  # the launch never got here, or not that far: it is made below
             launching = holding(job.status)
@@ -131,8 +130,7 @@ class Reconciler:
             job = self.state.jobs.get(job_id)
             if job is None or not job.state.holds_gpus or self.state.token(job) != token:
                 continue  # ended or launched again meanwhile: the list says nothing of it
-            found = next((a for a in (attempts.get(str(job.id)) or {}).values()
-                          if isinstance(a, dict) and a.get("token") == token), None)
+            found = _attempt(attempts, job.id, token)
             if job.state == JobState.LAUNCHING and found is None:
                 continue  # its launch has not reached the node: reconcile makes it
             if found is None and token:
@@ -162,3 +160,10 @@ class Reconciler:
         with contextlib.suppress(NodeUnavailable, asyncio.TimeoutError):
             await self.state.links[node].request("cancel", timeout=CANCEL_GRACE_S + 30, job=job_id,
                                                  grace=CANCEL_GRACE_S, token=token)
+
+
+def _attempt(attempts: dict, job_id: int, token: str) -> dict | None:
+    """The node's record of the launch of job ``job_id`` with ``token`` (the nodelet's
+    ``list``: job -> attempt -> record), or None when it has none."""
+    return next((a for a in (attempts.get(str(job_id)) or {}).values()
+                 if isinstance(a, dict) and a.get("token") == token), None)

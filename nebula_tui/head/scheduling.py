@@ -499,7 +499,6 @@ class Scheduling:
                     for p in decision.placements]}
             if victims:  # it would start once they yielded: one pass and their grace
                 return {"decision": "preempt", "reason": decision.reason, "preempts": victims}
-
             start = self.forecast_one(probe)
             return {"decision": "wait", "reason": decision.reason,
                     "starts": None if start is None else start.json(self.state.clock())}
