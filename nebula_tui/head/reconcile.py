@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 
-from ..model import FINISHED_STATES, Cancelling, Evicting, JobState, Stopping, holding
+from ..model import FINISHED_STATES, Cancelling, Evicting, JobState, NodeState, Stopping, holding
 from ..remote.protocol import Exit, job_number
 from ..remote.ssh import NodeUnavailable
 from ..store import StoreUnavailable
@@ -25,9 +25,13 @@ log = logging.getLogger(__name__)
 
 
 class Reconciler:
+    #: how long after a store failure a reconcile is tried again, the node still connected
+    retry_s = 15.0
+
     def __init__(self, state: HeadState, transitions: JobTransitions):
         self.state = state
         self.transitions = transitions
+        self._retrying: set[str] = set()
 
     async def reconcile(self, node: str) -> None:
         """After (re)connecting, make the node and the store agree (R23).
@@ -76,6 +80,20 @@ class Reconciler:
             return  # the next connection reconciles again
         except StoreUnavailable as err:
             log.warning("reconcile of %s stopped: %s", node, err)
+            if node not in self._retrying:  # else a node owed a restore's answer stays blocked
+                self._retrying.add(node)
+                state.spawn(self._again(node), f"reconcile-again-{node}")
+
+    async def _again(self, node: str) -> None:
+        """The reconcile the store stopped, after ``retry_s``, while the node is still up (a
+        reconnect reconciles anyway)."""
+        try:
+            await asyncio.sleep(self.retry_s)
+        finally:
+            self._retrying.discard(node)
+        view = self.state.nodes.get(node)
+        if view is not None and view.state == NodeState.UP:
+            await self.reconcile(node)
 
     def _stop_the_stale(self, node: str, sessions: dict) -> None:
         state = self.state

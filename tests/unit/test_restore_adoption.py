@@ -261,3 +261,43 @@ async def test_a_late_nodes_copy_of_a_job_the_head_started_elsewhere_meanwhile_i
         await head.stop()
         store.close()
     never_overcommitted(tmp_path / "state.db")
+
+
+async def test_a_restore_reconcile_the_store_could_not_write_is_tried_again_without_a_reconnect(tmp_path):
+    """node01, late for the restore wait, is back while the disk fails: taking in what it
+    ran since the backup cannot be written. It is tried again while node01 stays connected,
+    and once the disk is back its cards are taken in and take work again (before, they
+    stayed blocked till node01 happened to reconnect)."""
+    from nebula_tui.store import StoreUnavailable
+
+    store = Store(tmp_path / "state.db")
+    t = time.time() - 60
+    store.mark_restored("a backup")
+    token = f"{store.head_token}.0.0005"
+    node01 = LateNode({"5": {"0": attempt(5, token, t, None)}}, {"5": token})
+    node01.answer.set()
+    head = await past_the_wait(tmp_path, store)
+    head.fleet.reconciler.retry_s = 0.05
+    adopt_launch, failures = store.adopt_launch, [1, 1]
+
+    def failing(*args, **kwargs):
+        if failures:
+            failures.pop()
+            raise StoreUnavailable("the head could not write its database (x): the disk failed")
+        return adopt_launch(*args, **kwargs)
+
+    store.adopt_launch = failing
+    try:
+        node_up(head, "node01", node01)
+        for _ in range(200):
+            if store.job(5) is not None and not store.restore_late:
+                break
+            await asyncio.sleep(0.01)
+        assert not failures, "the disk never failed: the test did not test"
+        assert store.job(5) is not None and store.job(5).state == JobState.RUNNING
+        assert not store.restore_late
+        assert not any(v.blocked for v in head.state.gpu_views("node01"))
+    finally:
+        await head.stop()
+        store.close()
+    never_overcommitted(tmp_path / "state.db")
