@@ -259,10 +259,9 @@ class PoolBooks:
         if job.state.holds_gpus:
             self.transitions.requeue(job, why)
         self.state.store.leave_pool(job.id, self.state.clock(), why)
-        job = self.state.jobs.get(job.id)
-        if job is not None:
-            job = replace(job, pool=None, status=Pending(why))
-            self._put(job)
+        now = self.state.jobs.get(job.id)
+        if now is not None:
+            self._put(replace(now, pool=None, status=Pending(why)))
 
     def _mark_running(self, name: str, job: Job, report: RemoteJob) -> Job:
         placements = tuple(
