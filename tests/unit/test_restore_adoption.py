@@ -9,6 +9,8 @@ import asyncio
 import getpass
 import time
 
+import pytest
+
 from nebula_tui.config.cluster import load_config
 from nebula_tui.head.engine import Engine
 from nebula_tui.head.jobs import launch_record
@@ -49,16 +51,17 @@ def attempt(job_id: int, token: str, started_at: float, exit_code: int | None) -
             "record": launch_record(job), "reason": ""}
 
 
-async def reconciled(tmp_path, store: Store, node01: ListingNode) -> None:
+async def reconciled(tmp_path, store: Store, node01: ListingNode, node02: ListingNode | None = None) -> None:
     """A head on ``store`` (restored: it waits for its nodes) whose node01 answers as
-    ``node01`` does, until every node has been reconciled; then stopped."""
+    ``node01`` does (and node02 as ``node02``), until every node has been reconciled; then
+    stopped. node01 comes up first."""
     cluster_file(tmp_path / "nodes.yaml", NODES)
     head = Engine(load_config(tmp_path / "nodes.yaml"), store, time.time)
     head.state.await_nodes_after_restore()  # as its start does, the store being restored
     head.transitions.load()
     try:
         for node in NODES:
-            head.links[node] = node01 if node == "node01" else ListingNode()
+            head.links[node] = {"node01": node01, "node02": node02}.get(node) or ListingNode()
             head.on_node_message(node, {"type": "hello", "hostname": node,
                                         "smi_table": "CUDA Version: 12.4"})
             head.on_node_message(node, probe(node, [gpu_row(node, i) for i in range(2)]))
@@ -299,5 +302,38 @@ async def test_a_restore_reconcile_the_store_could_not_write_is_tried_again_with
         assert not any(v.blocked for v in head.state.gpu_views("node01"))
     finally:
         await head.stop()
+        store.close()
+    never_overcommitted(tmp_path / "state.db")
+
+
+@pytest.mark.parametrize("later_on", ["node01", "node02"])
+async def test_a_job_requeued_and_relaunched_since_the_backup_is_taken_in_at_its_later_attempt(tmp_path, later_on):
+    """The backup has job X running on one node; since, X was preempted there (its end
+    acked, with no end kept: a requeue is its own record) and runs again, attempt 1, on the
+    other. Whichever node answers first, X is taken in running at attempt 1 where it runs:
+    not failed by its first attempt's end while its second runs on, untracked."""
+    earlier_on = "node02" if later_on == "node01" else "node01"
+    store = Store(tmp_path / "state.db")
+    t = time.time() - 60
+    x = store.add_job(ME, JobSpec(command=("true",)), t).id
+    first = Placement(f"GPU-{earlier_on}-0", earlier_on, 0, 81920, True)
+    token0 = store.start_launching(x, (first,), t)
+    store.mark_running(x, t + 1)
+    store.mark_restored("a backup")
+    ended = attempt(x, token0, t + 1, 143)
+    ended["acked"] = True
+    token1 = f"{store.head_token}.1.{x:04x}"
+    second = Placement(f"GPU-{later_on}-0", later_on, 0, 81920, True)
+    running = attempt(x, token1, t + 30, None)
+    record = Job(x, ME, JobSpec(command=("true",)), t, attempt=1, status=Launching((second,)))
+    running["record"] = launch_record(record)
+    nodes = {earlier_on: ListingNode({str(x): {"0": ended}}),
+             later_on: ListingNode({str(x): {"1": running}}, {str(x): token1})}
+    try:
+        await reconciled(tmp_path, store, nodes["node01"], nodes["node02"])
+        job = store.job(x)
+        assert job.state == JobState.RUNNING, (job.state, job.reason)
+        assert job.attempt == 1 and job.placements == (second,)
+    finally:
         store.close()
     never_overcommitted(tmp_path / "state.db")
