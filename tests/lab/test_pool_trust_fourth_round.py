@@ -11,8 +11,9 @@ from labkit.harness import wait_for
 from nebula_tui.pools.slurm import MAX_OUTPUT
 from support.head import submit
 from support.labfixtures import cancel_left_and_stop
-from support.slurmfixtures import config, min_job_age, pool_line, start_head, succeeded_and_charged
-from support.users import quiet
+from support.poolmembers import members_pool
+from support.slurmfixtures import config, min_job_age, pool_line, start_head, succeeded_and_charged, wait_state
+from support.users import quiet, submit_as
 
 RUNUSER = "/usr/sbin/runuser"
 OUTSIDER = "nebflood41"
@@ -54,3 +55,22 @@ def test_another_cluster_users_long_queue_blinds_no_pool_poll(slurm_lab, tmp_pat
         cancel_left_and_stop(head)
         quiet("userdel", "-r", OUTSIDER)
 
+
+def test_one_member_cannot_keep_every_place_in_the_pool(openssh_lab, slurm_lab, tmp_path_factory):
+    """Alice sends as many pool jobs as the pool's max_jobs (2) and keeps them there (long,
+    or held by her own `scontrol hold`: uncharged while they wait). Before: Bob's `--pool
+    hpc` job waited "for room" for as long as she liked. Now one lab user holds at most
+    max_jobs_per_user of the places, half of them by default where several members send
+    there: her second job waits here, saying why, and his goes."""
+    alice, bob = "nebcapa", "nebcapb"
+    for head, _ in members_pool(openssh_lab, slurm_lab, tmp_path_factory, "nebcap", (alice, bob), "",
+                                max_jobs=2):
+        hers = [submit_as(head, alice, "--pool", "hpc", "--", "sleep", "120") for _ in range(2)]
+        wait_state(head, hers[0], {"running"})
+        his = submit_as(head, bob, "--pool", "hpc", "--", "sh", "-c", "echo his turn")
+        ended = wait_state(head, his, {"succeeded", "failed"}, timeout=60)
+        assert ended["state"] == "succeeded" and ended["pool"] == "hpc", ended
+        second = head.job(hers[1])
+        assert second["state"] == "pending" and "max_jobs_per_user 1" in second["reason"], second
+        for job in hers:
+            head.run("cancel", str(job), check=True)
