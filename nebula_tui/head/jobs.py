@@ -239,8 +239,10 @@ class JobTransitions:
                     continue
                 job_id = job_number(int(name) if name.isdigit() else 0)
                 known = state.jobs.get(job_id) or state.store.job(job_id)
-                later = known is not None and known.state == JobState.LAUNCHING \
-                    and attempt > known.attempt  # requeued after the backup
+                # Requeued after the backup and launched again: the node's attempt is newer
+                # than all the store knows, launching, running or ended by its older attempt
+                # (whichever node tells first), so it stands.
+                later = known is not None and attempt > known.attempt
                 if not job_id or (known is not None and known.state != JobState.PENDING
                                   and not later):
                     continue  # what the store knows of it later than that stands

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 
-from ..model import FINISHED_STATES, Cancelling, Evicting, JobState, Stopping, holding
+from ..model import FINISHED_STATES, Cancelling, Evicting, JobState, NodeState, Stopping, holding
 from ..remote.protocol import Exit, job_number
 from ..remote.ssh import NodeUnavailable
 from ..store import StoreUnavailable
@@ -25,9 +25,13 @@ log = logging.getLogger(__name__)
 
 
 class Reconciler:
+    #: how long after a store failure a reconcile is tried again, the node still connected
+    retry_s = 15.0
+
     def __init__(self, state: HeadState, transitions: JobTransitions):
         self.state = state
         self.transitions = transitions
+        self._retrying: set[str] = set()
 
     async def reconcile(self, node: str) -> None:
         """After (re)connecting, make the node and the store agree (R23).
@@ -46,6 +50,7 @@ class Reconciler:
         try:
             if state.owes_restore_reconcile(node):  # first: before any relaunch of an older attempt
                 held = self._held_here(node)
+                late = node in state.late_after_restore
                 listing = await state.links[node].request("list", records=True)
                 attempts = listing.get("attempts") or {}
                 # Ends before starts: a launch after the backup may hold a card only because
@@ -56,6 +61,8 @@ class Reconciler:
                 self._end_the_unrecorded(node, attempts, held, listing.get("session_tokens") or {},
                                          unacked=True)
                 transitions.adopt_unknown(node, attempts, listing.get("session_tokens") or {})
+                if late:
+                    self._stop_the_untaken(node, listing.get("session_tokens") or {})
                 state.reconciled_after_restore(node)
             for job in state.jobs.on(node):
                 if node in job_nodes(job) and job.state == JobState.LAUNCHING:
@@ -73,6 +80,20 @@ class Reconciler:
             return  # the next connection reconciles again
         except StoreUnavailable as err:
             log.warning("reconcile of %s stopped: %s", node, err)
+            if node not in self._retrying:  # else a node owed a restore's answer stays blocked
+                self._retrying.add(node)
+                state.spawn(self._again(node), f"reconcile-again-{node}")
+
+    async def _again(self, node: str) -> None:
+        """The reconcile the store stopped, after ``retry_s``, while the node is still up (a
+        reconnect reconciles anyway)."""
+        try:
+            await asyncio.sleep(self.retry_s)
+        finally:
+            self._retrying.discard(node)
+        view = self.state.nodes.get(node)
+        if view is not None and view.state == NodeState.UP:
+            await self.reconcile(node)
 
     def _stop_the_stale(self, node: str, sessions: dict) -> None:
         state = self.state
@@ -86,6 +107,24 @@ class Reconciler:
                 state.record("reconcile", f"stopped a stale copy of job {job_id} on {node}",
                              job_id=job_id, node=node)
                 state.spawn(self._stop_stale(node, job_id, token), f"stale-{job_id}")
+
+    def _stop_the_untaken(self, node: str, sessions: dict) -> None:
+        """A node back after the restore wait: a live session of a launch made since the
+        backup that ``adopt_unknown`` did not take in is of a job the head has given other
+        cards (or ended) while it went on without this node. Nothing accounts for this copy,
+        and the cards it holds look free: it is stopped, as a lost node's stale copies are."""
+        state = self.state
+        for name, token in sessions.items():
+            job_id = job_number(int(name) if name.isdigit() else 0)
+            if not job_id or not isinstance(token, str) or state.ours(token):
+                continue
+            where = state.jobs.get(job_id)
+            now = (f"it runs on {', '.join(job_nodes(where))}" if where is not None and job_nodes(where)
+                   else "the head has it otherwise")
+            log.warning("stopping job %s's copy on %s launched after the backup: %s", job_id, node, now)
+            state.record("reconcile", f"stopped a copy of job {job_id} on {node} launched after the "
+                         f"restored backup; {now}", job_id=job_id, node=node)
+            state.spawn(self._stop_stale(node, job_id, token), f"untaken-{job_id}")
 
     def _running_here(self, node: str) -> dict[int, str]:
         """The jobs (id -> token) the store has running on ``node`` now."""
