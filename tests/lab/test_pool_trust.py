@@ -103,6 +103,7 @@ def forger():
         quiet("userdel", "-r", FORGER)
 
 
+@pytest.mark.slow
 def test_another_cluster_user_cannot_forge_a_jobs_end_with_its_token(head, slurm_lab, forger):
     """Anyone can read a job's comment (squeue -o %k) and give their own job the same one;
     22.05's squeue --json lists it to every user whatever -u says."""
@@ -287,6 +288,7 @@ def _restored(head: HeadProcess, backup: Path, cfg: Path, later: int):
         cancel_left_and_stop(restored)
 
 
+@pytest.mark.slow
 def test_a_pool_job_sent_after_a_backup_is_not_sent_again_after_restoring_it(slurm_lab, tmp_path):
     """The backup knows the job as waiting (for room in the pool); it went to Slurm after
     the backup. The restored head finds it there by its token and adopts it."""
@@ -305,6 +307,7 @@ def test_a_pool_job_sent_after_a_backup_is_not_sent_again_after_restoring_it(slu
         assert "once" in restored.run("logs", str(later), check=True).stdout
 
 
+@pytest.mark.slow
 def test_one_members_account_cannot_decide_anothers_jobs(openssh_lab, slurm_lab, tmp_path_factory):
     """Alice's key line runs a forced command that says Bob's jobs ended, 1,800 days long.
     Bob's jobs are asked in Bob's account: what Alice's prints moves nothing of his."""

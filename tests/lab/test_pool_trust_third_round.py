@@ -36,6 +36,7 @@ def pool_row(head, job: int) -> dict:
         store.close()
 
 
+@pytest.mark.slow
 def test_a_members_key_line_answering_sbatch_with_another_members_job_id_moves_nothing_of_his(
         openssh_lab, slurm_lab, tmp_path_factory):
     """Alice's forced command runs her sbatch but answers it with Bob's running job's Slurm
@@ -147,6 +148,7 @@ esac"""
 @pytest.mark.parametrize("lie, cluster, shown", [(_GARBAGE, {}, "degraded"),
                                                  (_SILENCE, {"command_timeout": "3s"}, "unreachable")],
                          ids=["garbage", "silence"])
+@pytest.mark.slow
 def test_one_members_trouble_when_only_she_has_jobs_there_stops_nobody_elses_burst(
         openssh_lab, slurm_lab, tmp_path_factory, request, lie, cluster, shown):
     """Alice is the only member with a job in the pool; her key line (or her ~/.bashrc) lets
