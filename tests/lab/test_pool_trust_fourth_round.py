@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import time
 
+import pytest
+
 from labkit.harness import wait_for
 from nebula_tui.pools.slurm import MAX_OUTPUT
 from support.head import submit
@@ -23,6 +25,7 @@ def _queue_bytes(slurm_lab) -> int:
     return len(slurm_lab.cluster.run(["squeue", "--json"]))
 
 
+@pytest.mark.slow
 def test_another_cluster_users_long_queue_blinds_no_pool_poll(slurm_lab, tmp_path):
     """An outsider with a cluster account fills the queue with held jobs whose fields are as
     long as Slurm allows (a 1,024-character name and comment, 4,000-character output paths):
@@ -56,6 +59,7 @@ def test_another_cluster_users_long_queue_blinds_no_pool_poll(slurm_lab, tmp_pat
         quiet("userdel", "-r", OUTSIDER)
 
 
+@pytest.mark.slow
 def test_one_member_cannot_keep_every_place_in_the_pool(openssh_lab, slurm_lab, tmp_path_factory):
     """Alice sends as many pool jobs as the pool's max_jobs (2) and keeps them there (long,
     or held by her own `scontrol hold`: uncharged while they wait). Before: Bob's `--pool
