@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
-from ..model import FINISHED_STATES, Cancelling, Evicting, JobState, NodeState, Stopping, holding
+from ..model import FINISHED_STATES, Cancelling, Evicting, JobState, NodeState, Stopping, launching
 from ..remote.protocol import Exit, job_number
 from ..remote.ssh import NodeUnavailable
 from ..store import StoreUnavailable
@@ -126,17 +127,17 @@ class Reconciler:
                          f"restored backup; {now}", job_id=job_id, node=node)
             state.spawn(self._stop_stale(node, job_id, token), f"untaken-{job_id}")
 
-    def _running_here(self, node: str) -> dict[int, str]:
+    def _running_here(self, node: str) -> dict[int, str | None]:
         """The jobs (id -> token) the store has running on ``node`` now."""
         return {j.id: self.state.token(j) for j in self.state.jobs.on(node)
                 if j.state == JobState.RUNNING and node in job_nodes(j)}
 
-    def _held_here(self, node: str) -> dict[int, str]:
+    def _held_here(self, node: str) -> dict[int, str | None]:
         """The jobs (id -> token) the store has launching or running on ``node`` now."""
         return {j.id: self.state.token(j) for j in self.state.jobs.on(node)
                 if j.state.holds_gpus and node in job_nodes(j)}
 
-    def _confirm_the_launched(self, node: str, attempts: dict, held: dict[int, str]) -> None:
+    def _confirm_the_launched(self, node: str, attempts: dict, held: dict[int, str | None]) -> None:
         """After a restore: a job the store has launching whose launch this node started (the
         backup was taken before the node's answer) is confirmed here, as ``launch`` would
         have, and running once every node of it has, from when its node started it (so its
@@ -148,15 +149,14 @@ class Reconciler:
             found = _attempt(attempts, job_id, token)
             if found is None or not found.get("started"):
                 continue  # the launch never got here, or not that far: it is made below
-            launching = holding(job.status)
-            confirmed = launching.confirmed | {node}
+            confirmed = launching(job.status).confirmed | {node}
             if confirmed >= set(job_nodes(job)):
                 at = found.get("started_at")
                 self.transitions.mark_running(job, at if isinstance(at, (int, float)) else None)
             else:
                 self.transitions.confirm(job, confirmed)
 
-    def _end_the_unrecorded(self, node: str, attempts: dict, running: dict[int, str], sessions: dict,
+    def _end_the_unrecorded(self, node: str, attempts: dict, running: dict[int, str | None], sessions: dict,
                             unacked: bool = False) -> None:
         """Running jobs of this node the node itself says are over: it has no record of
         their launch (its job directory went), or it has their end, acknowledged, which the
@@ -182,7 +182,8 @@ class Reconciler:
         """The end the head recorded and acked (``ended_as``: a restore lost it), else the exit
         the node has: its code, or none once its session is gone (killed after a cancel's grace)."""
         code = found.get("exit_code") if isinstance(found.get("exit_code"), int) else None
-        end = found.get("ended_as") if isinstance(found.get("ended_as"), dict) else {}
+        ended_as = found.get("ended_as")
+        end: dict[str, Any] = ended_as if isinstance(ended_as, dict) else {}
         if end.get("state") in FINISHED_STATES:
             at = end.get("at") if isinstance(end.get("at"), (int, float)) else None
             at = at if at is not None and (job.started_at or 0) <= at <= self.state.clock() else None
@@ -201,7 +202,7 @@ class Reconciler:
                                                  grace=CANCEL_GRACE_S, token=token)
 
 
-def _attempt(attempts: dict, job_id: int, token: str) -> dict | None:
+def _attempt(attempts: dict, job_id: int, token: str | None) -> dict | None:
     """The node's record of the launch of job ``job_id`` with ``token`` (the nodelet's
     ``list``: job -> attempt -> record), or None when it has none."""
     return next((a for a in (attempts.get(str(job_id)) or {}).values()

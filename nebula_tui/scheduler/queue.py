@@ -493,8 +493,8 @@ class _Pass:
         if isinstance(found, Found):
             return self.start(job, found)
         if avoid and isinstance(self.search(shape, bars.excluded, bars.token), Found):
-            held = self.reservations[avoid[0]]
-            reason = f"held for job {held.job_id} ({held.text} reserved for it; {self.estimate(held)})"
+            holder = self.reservations[avoid[0]]
+            reason = f"held for job {holder.job_id} ({holder.text} reserved for it; {self.estimate(holder)})"
             req.refuse(key, reason)
             return Wait(job.id, reason)
         if bars.token is not None and isinstance(self.search(shape, frozenset(), None, avoid),

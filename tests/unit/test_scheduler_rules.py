@@ -443,7 +443,6 @@ def test_services_hold_at_most_half_the_cards_so_work_that_ends_keeps_some():
     together hold at most half the lab's cards (scheduler.service_share); past it a whole
     card service waits and says why, a job that ends starts, and a service slice may
     still fill a card a service holds. The first service always may start."""
-    gpus = [card(n, i) for n in ("n1", "n2", "n3", "n4") for i in range(2)]
     svc = lambda jid, node, i, mb=RTX4090_MB, excl=True: (jid, Placement(f"GPU-{node}-{i}", node, i, mb, excl))
     two = [svc(50, "n1", 0), svc(50, "n1", 1), svc(51, "n2", 0), svc(51, "n2", 1)]
     lab = [card(n, i, placements=[p for p in two if p[1].node == n and p[1].gpu_index == i])
