@@ -24,7 +24,8 @@ from support.labfixtures import cancel_left_and_stop
 from labkit.harness import HeadProcess, wait_for
 from nebula_tui.store import Store
 from support.head import submit
-from support.slurmfixtures import POLL, config, pool_line, remote_id, squeue, start_head, wait_state
+from support.slurmfixtures import (POLL, config, min_job_age, pool_line, remote_id, squeue, start_head,
+                                  wait_state)
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 FORGER = "nebforger"
@@ -397,21 +398,6 @@ def _charged_what_was_allocated_for(head: HeadProcess, slurm_lab, job: int) -> i
     assert mine["gpu_hours"] == pytest.approx(held * int(elapsed) / 3600, rel=0.01, abs=1e-6), \
         (mine, tres, elapsed)
     return held
-
-
-@contextlib.contextmanager
-def min_job_age(slurm_lab, seconds: int):
-    """The lab's slurmctld forgets an ended job after ``seconds`` (MinJobAge), for one test."""
-    conf = Path(slurm_lab.slurm_conf)
-    before = conf.read_text()
-    conf.write_text(re.sub(r"(?m)^MinJobAge=\d+$", f"MinJobAge={seconds}", before))
-    subprocess.run(["scontrol", "reconfigure"], env=slurm_lab.env, capture_output=True, timeout=30)
-    try:
-        yield
-    finally:
-        conf.write_text(before)
-        subprocess.run(["scontrol", "reconfigure"], env=slurm_lab.env, capture_output=True,
-                       timeout=30)
 
 
 @pytest.mark.slow

@@ -20,7 +20,8 @@ from nebula_tui.store import Store
 from support.head import submit
 from support.labfixtures import cancel_left_and_stop
 from support.poolmembers import members_pool
-from support.slurmfixtures import config, pool_line, remote_id, squeue, start_head, wait_state
+from support.slurmfixtures import (config, pool_line, remote_id, squeue, start_head, succeeded_and_charged,
+                                  wait_state)
 from support.users import submit_as
 
 RUNUSER = "/usr/sbin/runuser"
@@ -62,12 +63,7 @@ esac"""
         time.sleep(5)  # five polls with her answer in them
         assert head.job(his)["state"] == "running", head.job(his)["reason"]
         assert any(str(j["job_id"]) == rid and j["job_state"] == "RUNNING" for j in squeue(slurm_lab))
-        ended = wait_state(head, his, {"succeeded", "failed"}, timeout=90)
-        assert ended["state"] == "succeeded", ended["reason"]
-        assert "the real one" in head.run("logs", str(his), check=True).stdout
-        charged = next(j for j in json.loads(head.run("history", "--json", check=True).stdout)
-                       if j["id"] == his)["gpu_hours"]
-        assert charged >= 20 / 3600, charged
+        succeeded_and_charged(head, his, "the real one", 20)
         (public / "rid").unlink()
         assert "degraded" not in pool_line(head), pool_line(head)
 
