@@ -12,7 +12,10 @@ to the scheduler or to the head's rooms changes the replay: nothing here decides
 One turn: the clock jumps to the next event (a submit, an exit, a time limit due); the
 events of that moment are handed to the head; the spawned launch tasks run; then one
 scheduling pass, phases as ``Scheduling.run`` has them (exits the store could not take,
-time limits, the pass). A pass with nothing new is skipped, as the head skips it. Its store
+time limits, the pass). A pass with nothing new is skipped, as the head skips it; so is one
+after submits alone while no waiting job's request fits any card
+(``Scheduling.only_waits_now``): it could only have kept every job waiting, and a month
+whose queue grows without end has thousands of them. Its store
 has no writer but this head, so the users' finished runs fair share weighs are read from
 it once and then kept by the ends (``Shares.usage_kept``), not read again each virtual
 minute.
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config.cluster import ClusterConfig
-from ..model import JobSpec, NodeState, RequestError, UnfitRequest
+from ..model import Job, JobSpec, NodeState, RequestError, UnfitRequest
 from ..month.records import Outcome, Request
 from ..store import Store
 from . import forecast
@@ -111,6 +114,11 @@ class Replay:
         #: job -> when it was first launched (a preempted or requeued job starts again)
         self.first_launch: dict[int, float] = {}
         self.passes = 0
+        #: passes not run: only submits came, and no waiting job's request fits any cards
+        #: (``Scheduling.only_waits_now``), so they could only have kept every job waiting
+        self.skipped = 0
+        #: skip those passes (off: every event has its pass, what the skip is checked against)
+        self.skip_waits = True
         #: forecast each job's start at its submit, as the head would (``Outcome.forecast``;
         #: ``nebula simulate`` scores them): a forecast per submit costs a long month time
         self.forecasts = forecasts
@@ -150,6 +158,7 @@ class Replay:
         engine = Engine(self.config, store, clock=self.clock)
         engine.state.monotonic = self.clock  # time limits and leases count virtual seconds
         engine.shares.usage_kept = True  # its store has no other writer: read it once
+        engine.scheduling.keep_waiting = self.skip_waits  # a pass that could only keep jobs waiting is skipped
         try:
             self._bring_up(engine)
             for request in self.requests:
@@ -165,12 +174,15 @@ class Replay:
                 if at > end:
                     break
                 self.clock.now = max(self.clock.now, at)
-                changed = self._take_events(engine)
+                changed, submitted = self._take_events(engine)
                 await _settle()
                 engine.transitions.retry_exits()
                 engine.limits.check()
                 await _settle()
-                if changed or engine.state.capacity_changed:
+                if changed and submitted is not None and not engine.state.capacity_changed \
+                        and engine.scheduling.only_waits_now(submitted):
+                    self.skipped += 1  # it could only have kept every job waiting
+                elif changed or engine.state.capacity_changed:
                     engine.state.capacity_changed = False
                     engine.scheduling.schedule_pass()
                     self.passes += 1
@@ -201,15 +213,20 @@ class Replay:
                                                "devices": devices, "processes": []})
             engine.on_node_state(node.name, NodeState.UP, "")
 
-    def _take_events(self, engine: Engine) -> bool:
-        """Hand the head every event due now; True when any was."""
+    def _take_events(self, engine: Engine) -> tuple[bool, list[Job] | None]:
+        """Hand the head every event due now: whether any was, and the jobs submitted
+        when nothing else was taken (None: something else was)."""
         taken = False
+        submitted: list[Job] | None = []
         while self.events and self.events[0].at <= self.clock.now:
             event = heapq.heappop(self.events)
             taken = True
             if event.kind == "submit":
-                self._submit(engine, event.data[0])
+                job = self._submit(engine, event.data[0])
+                if job is not None and submitted is not None:
+                    submitted.append(job)
             else:
+                submitted = None
                 node, job_id, token, code = event.data
                 if self.running.get((job_id, node)) != token:
                     # that part was stopped (its exit sent) already, or this is an earlier
@@ -218,9 +235,9 @@ class Replay:
                 del self.running[(job_id, node)]
                 engine.on_node_message(node, {"type": "exit", "job": job_id, "token": token,
                                               "code": code})
-        return taken
+        return taken, submitted
 
-    def _submit(self, engine: Engine, request: Request) -> None:
+    def _submit(self, engine: Engine, request: Request) -> Job | None:
         spec = JobSpec(command=("true",), name=f"r{request.key}", gpu_count=request.gpus,
                        gpu_mem_mb=request.gpu_mem_mb, nodes=request.nodes,
                        time_limit_s=request.time_limit_s, service=request.service,
@@ -230,10 +247,11 @@ class Replay:
         except RequestError as err:
             self.outcomes[request.key].refused = str(err)
             self.outcomes[request.key].unfit = isinstance(err, UnfitRequest)
-            return
+            return None
         self.by_job[job.id] = request
         if self.forecasts:
             self._forecast(engine, job, request)
+        return job
 
     def _forecast(self, engine: Engine, job, request: Request) -> None:
         """The head's start forecast for the job just submitted, kept to score it."""
