@@ -38,8 +38,9 @@ test: test-deps setup
 	exit $$status
 
 # ruff (pyproject's [tool.ruff]) and mypy, strict on the modules pyproject's [tool.mypy]
-# lists (the wire's shapes and views that builds them, the model, the node protocol, the whole
-# scheduler), and the head's rooms that send those shapes, where they are annotated.
+# lists (the wire's shapes and requests and views that builds them, the model, the node
+# protocol, the whole scheduler, the head's request handlers and checks, why, bookings and a
+# pool's view), and the head's other rooms that send those shapes, where they are annotated.
 lint: setup
 	@$(PYTHON) -m ruff check --quiet . && $(PYTHON) -m mypy
 	@echo "make lint: ruff and mypy passed"

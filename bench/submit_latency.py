@@ -50,9 +50,35 @@ def nebula_latencies(head: HeadProcess, jobs: int, gap: float, jitter: float | N
             sent = time.time()
             job = client.call("submit", command=["date", "+%s.%N"], **memory)["job"]
             done = client.call("wait", timeout=60, job=job["id"])["job"]
-            first_line = client.call("logs", job=done["id"], offset=0)["data"].split()[0]
-            samples.append(float(first_line) - sent)
+            written = first_line(client, done)
+            if written is None:
+                print(f"job {done['id']} ({done['state']}): no line in its log within "
+                      f"{LOG_WAIT_S:.0f} s of its end; left out", file=sys.stderr)
+                continue
+            samples.append(written - sent)
+    if not samples:
+        raise SystemExit("no job wrote its line: see the lines above")
     return samples
+
+
+#: how long after a job's end its log may take to show its line (a head before the
+#: nodelet waited for the wrapper's tee reported an end before the log was whole)
+LOG_WAIT_S = 5.0
+
+
+def first_line(client, job: dict) -> float | None:
+    """The time the job wrote (its log's first word), or None when none came."""
+    deadline = time.time() + LOG_WAIT_S
+    while True:
+        words = client.call("logs", job=job["id"], offset=0)["data"].split()
+        if words:
+            try:
+                return float(words[0])
+            except ValueError:
+                return None  # it said something else: a failure's sentence
+        if time.time() > deadline:
+            return None
+        time.sleep(0.05)
 
 
 async def raw_latencies(lab: Lab, jobs: int, gap: float) -> list[float]:

@@ -109,6 +109,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 from .waits import within
+from .wire import WaitRequest
 
 #: Every kind of line in the events log (``event["kind"]``): a job's life (submit, hold,
 #: cancel, place, start, end, requeue, and what the head's limits did: idle, guard,
@@ -240,7 +241,7 @@ class Client:
         stops answering meanwhile is noticed within two of them."""
         while True:
             within = min(self.timeout, MAX_WAIT_STEP_S)
-            reply = self.call("wait", timeout=within + self.timeout, job=job, within=within)
+            reply = self.call("wait", timeout=within + self.timeout, **WaitRequest(job=job, within=within))
             if reply.get("ended"):
                 return reply["job"]
 

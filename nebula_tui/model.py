@@ -478,6 +478,31 @@ def holding(status: Status) -> Holding | None:
     return None
 
 
+def held(status: Status) -> Holding:
+    """The launch or run of a status that holds GPUs (``holding``, for callers that checked
+    it does); ValueError when it holds none."""
+    found = holding(status)
+    if found is None:
+        raise ValueError(f"a {type(status).__name__.lower()} job holds no GPUs")
+    return found
+
+
+def launching(status: Status) -> Launching:
+    """The launch of a status still launching (cancelling, evicting or stopping it too);
+    ValueError for any other."""
+    found = holding(status)
+    if not isinstance(found, Launching):
+        raise ValueError(f"a {type(status).__name__.lower()} job is not launching")
+    return found
+
+
+def stopping(status: Status) -> Stopping:
+    """A status the head is stopping (for callers that checked it is); ValueError else."""
+    if not isinstance(status, Stopping):
+        raise ValueError(f"a {type(status).__name__.lower()} job is not being stopped")
+    return status
+
+
 def with_holding(status: Status, held: Holding) -> Status:
     """``status`` with its launch or run replaced by ``held`` (a cancel, an eviction or a
     stop stays what it is while the job starts or its parts end)."""

@@ -125,8 +125,7 @@ def job_json(job: Job) -> JobWire:
         "export": dict(job.spec.export_env),
         "pool": job.pool or (job.spec.pool if job.spec.pool != LOCAL_POOL else None),
         "preemptible": job.spec.preemptible, "preemptions": job.preemptions,
-        "gpus": [{"uuid": p.gpu_uuid, "node": p.node, "index": p.gpu_index,
-                  "memory_mb": p.memory_mb, "exclusive": p.exclusive} for p in job.placements],
+        "gpus": placed_cards(job),
     }
 
 
@@ -272,6 +271,12 @@ def status_summary(nodes: Sequence[NodeWire], gpus: Sequence[GpuWire]) -> Status
     return {"nodes": len(nodes), "gpus": len(gpus), "idle": counts["idle"], "busy": counts["busy"],
             "maintenance": counts["maintenance"], "unreachable": counts["unreachable"],
             "lost": counts["lost"], "total_vram_mb": total, "free_vram_mb": free, "node_details": details}
+
+
+def placed_cards(job: Job) -> list[PlacedCard]:
+    """The cards (or slices) a job holds, as clients see them."""
+    return [{"uuid": p.gpu_uuid, "node": p.node, "index": p.gpu_index,
+             "memory_mb": p.memory_mb, "exclusive": p.exclusive} for p in job.placements]
 
 
 def gpu_list(gpus: Sequence[PlacedCard | GpuWire]) -> str:

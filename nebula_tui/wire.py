@@ -1,9 +1,9 @@
 """The shapes that travel between the head and its clients, as types both ends import (as
 ``remote/protocol.py`` types the node's wire): what the head sends (a job, a queue row, a
 job's page, an ended job, a GPU, a node, the status and its summary, a start forecast, a
-plan, the replies that carry them, named ``<Op>Reply``, and the event stream's snapshot
-and events), and a submit request as a client sends it (``cli.jobs.submit_request``, read
-by ``head.requests.spec_from_request``).
+plan, a pool, a user's row, a booking, ``why``'s answers, the replies that carry them, named
+``<Op>Reply``, and the event stream's snapshot and events), and the requests as a client
+sends them (a submit: ``cli.jobs.submit_request``, read by ``head.requests.spec_from_request``).
 
 They are ``TypedDict``s: on the wire a shape is still the plain JSON object it always was, so
 nothing about the protocol changes. ``views`` builds each one and mypy checks it there (and
@@ -11,6 +11,15 @@ in the head's rooms that put them in replies); the CLI's text and the TUI's scre
 them by these names. ``tests/unit/test_wire.py`` and ``tests/lab/test_e2e.py`` hold a real
 head's answers to them, keys and types. Plain data only: this module imports nothing of the
 package.
+
+The requests besides submit are typed here too (``JobRequest``, ``LogsRequest``…, one per op
+in ``REQUESTS``): each handler in ``head/ops/`` takes its op's type, and each call a client
+makes builds its fields with it (``**JobRequest(job=…)``), so that a field renamed at one end
+is a mypy error or a failing ``test_wire`` at the other.
+
+Why one module: it is the one contract both ends import, each shape beside the shapes it
+nests and the reply that carries it; split, a client would import half a wire and the
+head the other half.
 """
 
 # (no ``from __future__ import annotations``: the annotations are evaluated when a class is
@@ -242,10 +251,108 @@ class ClusterStatus(TypedDict):
     summary: StatusSummary
 
 
+# ----------------------------------------------------------------- pools, users, bookings
+class PoolNodeView(TypedDict):
+    """A node of a pool's cluster as its last poll read it (``pools.base.PoolNode``)."""
+
+    name: str
+    state: str
+    gpus: int
+    gpus_used: int | None
+    usable: bool
+    partitions: list[str]
+
+
+class PoolPartitionView(TypedDict):
+    """A partition's GPUs (``pools.base.PartitionGpus``; None: the cluster does not say)."""
+
+    name: str
+    gpus: int
+    gpus_idle: int | None
+
+
+class PoolAuthorize(TypedDict):
+    """``nebula pool authorize``'s view (``pools.authorize.authorize_view``): the key line a
+    submitter adds (None: one account logs in, or no key yet) and its comment."""
+
+    pool: str
+    host: str
+    port: int
+    per_submitter: bool
+    account: str | None
+    address: str | None
+    line: str | None
+    comment: str | None
+
+
+class PoolWire(TypedDict):
+    """One pool as ``status``, the stream and the TUI show it (``pools.status.pool_view``):
+    what its last poll read, whether it answers, our jobs there, and ``line``, the head's
+    sentence for it."""
+
+    name: str
+    kind: str
+    host: str
+    version: str | None
+    partition: str | None
+    reachable: bool
+    degraded_since: float | None
+    unreachable_since: float | None
+    reason: str
+    troubled: dict[str, str]
+    gpus_total: int | None
+    gpus_idle: int | None
+    nodes: list[PoolNodeView]
+    partitions: list[PoolPartitionView]
+    running: int
+    pending: int
+    max_jobs: int
+    burst_after_s: float | None
+    ends_from: str | None
+    line: str
+    authorize: PoolAuthorize | None
+
+
+class UserRow(TypedDict):
+    """A user as ``users`` lists them (``head.shares.Shares.users_json``): the store's row
+    (all time), this month's figures, their fair-share weight and monthly quota."""
+
+    name: str
+    jobs_finished: int
+    gpu_hours: float
+    created_at: float
+    quota_gpu_hours: float | None
+    running_jobs: int
+    month_jobs: int
+    month_efficiency_pct: float | None
+    month_idle_gpu_hours: float
+    month_mean_wait_s: float | None
+    weight: float
+    month_gpu_hours: float
+
+
+class BookingView(TypedDict):
+    """A booking (reservation) as clients see it (``head.bookings.Bookings.json``): its
+    cards as a label (``gpus``) and by uuid, who may use them, its window and ``when`` in
+    words, whether it is on now, and why it can no longer be honoured (``broken``)."""
+
+    name: str
+    gpus: str
+    uuids: list[str]
+    users: list[str]
+    start: float
+    end: float
+    created_by: str
+    active: bool
+    broken: str | None
+    gpu_hours: float
+    when: str
+
+
 class StatusView(ClusterStatus):
     """``Engine.status``: the cluster's status and each pool's (``head.pools`` words it)."""
 
-    pools: list[dict[str, Any]]
+    pools: list[PoolWire]
 
 
 class PlanView(TypedDict):
@@ -296,9 +403,9 @@ class StreamSnapshot(StreamState):
     after a subscriber fell behind: the stream's state, and the users' rows, each pool's
     view and the bookings (their rooms word those)."""
 
-    users: list[dict[str, Any]]
-    pools: list[dict[str, Any]]
-    bookings: list[dict[str, Any]]
+    users: list[UserRow]
+    pools: list[PoolWire]
+    bookings: list[BookingView]
 
 
 class JobEvent(TypedDict):
@@ -346,9 +453,31 @@ class TickEvent(TypedDict):
     type: Literal["tick"]
 
 
-#: what ``head.stream.Stream`` publishes itself (the users', pools' and bookings' rooms
-#: publish "user", "pool" and "bookings" events of their own words)
-StreamEvent = JobEvent | NodeEvent | LogEvent | QueueEvent | GpusEvent | TickEvent
+class UserEvent(TypedDict):
+    """A user's row after their figures moved (``head.shares``, at most every few seconds)."""
+
+    type: Literal["user"]
+    user: UserRow
+
+
+class PoolEvent(TypedDict):
+    """A pool's view after its poll changed it (``head.pools``)."""
+
+    type: Literal["pool"]
+    pool: PoolWire
+
+
+class BookingsEvent(TypedDict):
+    """The live bookings after one was made, ended, broke, or its window opened or ended."""
+
+    type: Literal["bookings"]
+    bookings: list[BookingView]
+
+
+#: every event a subscriber reads after the snapshot: what ``head.stream.Stream`` publishes
+#: itself, and the users', pools' and bookings' rooms' events
+StreamEvent = (JobEvent | NodeEvent | LogEvent | QueueEvent | GpusEvent | TickEvent
+               | UserEvent | PoolEvent | BookingsEvent)
 
 
 # ----------------------------------------------------------------- the replies that carry them
@@ -393,7 +522,120 @@ class StatusReply(TypedDict):
 
     summary: StatusSummary
     nodes: list[NodeWire]
-    pools: list[dict[str, Any]]
+    pools: list[PoolWire]
+
+
+class UsersReply(TypedDict):
+    users: list[UserRow]
+
+
+class BookingsReply(TypedDict):
+    """``reserve`` with ``list``: the bookings under way or ahead."""
+
+    bookings: list[BookingView]
+
+
+class BookingReply(TypedDict):
+    """``reserve`` with ``delete``: the booking as it ended."""
+
+    booking: BookingView
+
+
+class BookingMade(BookingReply):
+    """``reserve`` that books: the booking, and ``note`` naming the jobs that may still hold
+    its cards when it starts ("" when none)."""
+
+    note: str
+
+
+ReserveReply = BookingsReply | BookingReply | BookingMade
+
+
+# ----------------------------------------------------------------- why
+class Standing(TypedDict):
+    """A user's fair share in figures (``head.shares.Shares.standing``): their weight and
+    its rank among the users' (1: first), the GPU-hours it comes from, this month's hours in
+    and over their quota, and the sentence a submit of theirs is refused with (None: none)."""
+
+    user: str
+    weight: float
+    rank: int
+    users: int
+    half_life_s: float | None
+    runs_counted: int
+    decayed_gpu_hours: float
+    held_gpu_hours: float
+    month_gpu_hours: float
+    quota_gpu_hours: float | None
+    in_quota_gpu_hours: float
+    over_quota_gpu_hours: float
+    refusal: str | None
+
+
+class WhyJobRow(TypedDict):
+    """A job a ``why`` answer names (one ahead, one holding the cards, a user's own): its
+    request, cards (``node:index``), when its --time ends it, its last start forecast."""
+
+    id: int
+    user: str
+    state: str
+    gpu_count: int
+    gpu_mem_mb: int | None
+    gpus: list[str]
+    time_limit_s: float | None
+    ends_by: float | None
+    starts: StartForecast | None
+
+
+class WhyWaitingRow(WhyJobRow):
+    """A user's waiting job: its place in the queue and the scheduler's reason."""
+
+    queue_pos: int | None
+    reason: str | None
+
+
+class WhySooner(TypedDict):
+    """A change that starts the job sooner (the flag as typed) and its forecast; a pool
+    with room for it now names the pool and its idle GPUs (its start is not forecast)."""
+
+    change: str
+    starts: StartForecast | None
+    pool: NotRequired[str]
+    gpus_idle: NotRequired[int]
+
+
+class WhyJob(TypedDict):
+    """``why`` for a job (``head.why.Why.job``): its place, the rule that holds it
+    (``head.why.RULES``) and the reason, its user's standing, its forecast (and first in the
+    queue's, once forecast), the jobs ahead and holding its cards, and changes that start
+    it sooner."""
+
+    job: int
+    user: str
+    state: str
+    queue_pos: int | None
+    waiting: int
+    rule: str
+    reason: str
+    share: Standing
+    now: float
+    starts: StartForecast | None
+    ahead: list[WhyJobRow]
+    holding: list[WhyJobRow]
+    sooner: list[WhySooner]
+    first_in_queue: NotRequired[StartForecast | None]
+
+
+class WhyUser(TypedDict):
+    """``why`` for a user (``head.why.Why.user``): their standing and their live jobs."""
+
+    share: Standing
+    running: list[WhyJobRow]
+    waiting: list[WhyWaitingRow]
+
+
+class WhyReply(TypedDict):
+    why: WhyJob | WhyUser
 
 
 class SubmitRequest(TypedDict, total=False):
@@ -434,3 +676,165 @@ class SubmitRequest(TypedDict, total=False):
     submit_dir: str | None
     warmup: bool
     interactive: bool
+
+
+# ----------------------------------------------------------------- the other requests
+# What a client sends for each op besides ``submit`` (beside ``"op"``). The head checks every
+# field whatever its type here (a client may send anything: each handler in ``head/ops/``
+# refuses a bad field in one line naming it); these say what a client that means well sends,
+# and are what the handlers and the CLI's and TUI's calls name. ``total=False``: a field left
+# out takes the head's default (``tests/unit/test_wire.py`` holds the two ends to them).
+class NoFields(TypedDict):
+    """``ping``, ``status``, ``gpus``, ``queue``, ``users``, ``reload``, ``shutdown``."""
+
+
+class JobRequest(TypedDict):
+    """``cancel``, ``requeue``, ``hold``, ``release``, ``job``, ``attach_info``: one job, by id
+    (text of digits is taken too, as a shell passes it)."""
+
+    job: int | str
+
+
+class WaitRequest(JobRequest, total=False):
+    """``wait``: ask again after ``within`` seconds if it has not ended (None: the head's)."""
+
+    within: float | None
+
+
+class LogsRequest(JobRequest, total=False):
+    """``logs``: from byte ``offset`` of one node's log (``rank``; None: the first), or from
+    ``offsets``, one per rank; of run ``attempt`` (None: the latest)."""
+
+    offset: int
+    rank: int | None
+    offsets: list[int] | None
+    attempt: int | None
+
+
+class AttachRequest(JobRequest, total=False):
+    """``attach``: the connection becomes a terminal on the job's rank ``rank``."""
+
+    rank: int
+    cols: int
+    rows: int
+    term: str | None
+
+
+class WhyRequest(TypedDict, total=False):
+    """``why``: a user's standing when ``user`` is given, else the job's answer."""
+
+    job: int | str
+    user: str
+
+
+class GpuHistoryRequest(TypedDict, total=False):
+    """``history``: one GPU's telemetry (uuid, or ``node:index``) over ``since`` seconds."""
+
+    gpu: str
+    since: float
+
+
+class GpuResumeRequest(TypedDict, total=False):
+    gpu: str
+    force: bool
+
+
+class NodeRequest(TypedDict):
+    """``resume``, ``node_smoke``, ``node_remove``, ``node_show``: one node, by name."""
+
+    node: str
+
+
+class DrainRequest(NodeRequest, total=False):
+    reason: str | None
+
+
+class NodeKeyRequest(TypedDict, total=False):
+    """``node_key``: the host key a node's sshd offers (port: 22 when left out)."""
+
+    host: str
+    port: int
+
+
+class NodeAddRequest(NodeKeyRequest, total=False):
+    """``node_add``: the node's name, where it answers, the login (None: the config's), and
+    the host key's fingerprint as ``node_key`` gave it (``trust``)."""
+
+    node: str
+    user: str | None
+    identity: str | None
+    trust: str
+
+
+class DoctorRequest(TypedDict, total=False):
+    """``doctor``: these nodes (none: every one)."""
+
+    nodes: list[str]
+
+
+class EventsRequest(TypedDict, total=False):
+    """``events``: the newest ``limit``, of one ``kind``, node, job or user, since (Unix s)."""
+
+    limit: int
+    kind: str | None
+    node: str | None
+    job: int | str | None
+    user: str | None
+    since: float | None
+
+
+class ReportRequest(TypedDict):
+    """``report``: use over [since, until), Unix seconds."""
+
+    since: float
+    until: float
+
+
+class JobHistoryRequest(TypedDict, total=False):
+    """``job_history``: ended jobs of ``user`` on ``node`` in [since, until), of one ended
+    state or a list of them, the newest ``limit``."""
+
+    user: str | None
+    node: str | None
+    since: float | None
+    until: float | None
+    state: str | list[str] | None
+    limit: int
+
+
+class QuotaRequest(TypedDict):
+    """``quota``: a user's GPU-hours a month."""
+
+    user: str
+    hours: float
+
+
+class ReserveRequest(TypedDict, total=False):
+    """``reserve``: ``list`` lists the bookings, ``delete`` ends one by name; anything else
+    books: from ``start`` for ``duration_s``, cards by place (``gpus``: ``node02:0-3``) or
+    by count and size, for ``users`` (the asker when left out), named ``name`` (one made up
+    when None)."""
+
+    list: bool
+    delete: str
+    name: str | None
+    start: float
+    duration_s: float
+    users: list[str]
+    gpus: str
+    gpu_count: int
+    gpu_mem_mb: int | None
+
+
+#: what each op's request holds (``subscribe`` holds nothing but its op)
+REQUESTS: dict[str, type] = {
+    "submit": SubmitRequest, "plan": SubmitRequest, "wait": WaitRequest, "logs": LogsRequest,
+    **dict.fromkeys(("cancel", "requeue", "hold", "release", "job", "attach_info"), JobRequest),
+    "attach": AttachRequest, "why": WhyRequest, "history": GpuHistoryRequest,
+    "gpu_resume": GpuResumeRequest, "drain": DrainRequest,
+    **dict.fromkeys(("resume", "node_smoke", "node_remove", "node_show"), NodeRequest),
+    "node_key": NodeKeyRequest, "node_add": NodeAddRequest, "doctor": DoctorRequest,
+    "events": EventsRequest, "report": ReportRequest, "job_history": JobHistoryRequest,
+    "quota": QuotaRequest, "reserve": ReserveRequest,
+    **dict.fromkeys(("ping", "status", "gpus", "queue", "users", "reload", "shutdown", "subscribe"), NoFields),
+}

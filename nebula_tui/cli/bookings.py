@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from ..wire import ReserveRequest
 from .args import USAGE_ERROR
 from .common import service_client, show
 
@@ -14,7 +15,7 @@ def cmd_reserve(args, home, config) -> int:
             print("nebula reserve: --delete NAME takes no other flag", file=sys.stderr)
             return USAGE_ERROR
         with service_client(home, config) as client:
-            booking = client.call("reserve", delete=args.delete)["booking"]
+            booking = client.call("reserve", **ReserveRequest(delete=args.delete))["booking"]
         return show(args, booking, f"Booking {booking['name']} ended")
     if (args.gpus is None) == (args.gpu_count is None):
         print("nebula reserve: give the GPUs: --gpus node02:0-3, or --gpu-count N [--gpu-mem 40G] "
@@ -24,7 +25,7 @@ def cmd_reserve(args, home, config) -> int:
         print("nebula reserve: give --start WHEN and --duration, e.g. --start '2026-12-11 09:00' "
               "--duration 10h", file=sys.stderr)
         return USAGE_ERROR
-    fields = {"start": args.start, "duration_s": args.duration, "name": args.name}
+    fields = ReserveRequest(start=args.start, duration_s=args.duration, name=args.name)
     if args.users:
         fields["users"] = args.users
     if args.gpus is not None:
@@ -52,5 +53,5 @@ def bookings_text(bookings: list[dict]) -> str:
 
 def cmd_reservations(args, home, config) -> int:
     with service_client(home, config) as client:
-        bookings = client.call("reserve", list=True)["bookings"]
+        bookings = client.call("reserve", **ReserveRequest(list=True))["bookings"]
     return show(args, bookings, bookings_text)

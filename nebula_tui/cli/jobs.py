@@ -13,7 +13,7 @@ from ..api import ApiError
 from ..printable import printable
 from ..model import ended_text
 from ..units import duration_exact
-from ..wire import JobWire, SubmitRequest
+from ..wire import JobHistoryRequest, JobRequest, JobWire, SubmitRequest, WhyRequest
 from .text import job_text
 from .args import FINISHED_STATES, USAGE_ERROR
 from .common import service_client, show
@@ -133,10 +133,11 @@ def cmd_run(args, home, config) -> int:
     request = submit_request(args)
     if request is None:
         return USAGE_ERROR
+    request["interactive"] = args.pty
     job_id = None
     try:
         with service_client(home, config) as client:
-            job = client.call("submit", interactive=args.pty, **request)["job"]
+            job = client.call("submit", **request)["job"]
             job_id = job["id"]
             print(f"Submitted job {job_id} ({limit_said(job)})",
                   file=sys.stderr, flush=True)
@@ -146,7 +147,7 @@ def cmd_run(args, home, config) -> int:
                     said = job["reason"]
                     print(f"Job {job_id}: {printable(said)}", file=sys.stderr, flush=True)
                 time.sleep(0.2)
-                job = client.call("job", job=job_id)["job"]
+                job = client.call("job", **JobRequest(job=job_id))["job"]
             path = client.path
         if not args.pty:
             from argparse import Namespace
@@ -161,7 +162,7 @@ def cmd_run(args, home, config) -> int:
 
         ended = job["state"] != "running" or attach(path, job_id)
         with service_client(home, config) as client:
-            job = client.call("job", job=job_id)["job"]
+            job = client.call("job", **JobRequest(job=job_id))["job"]
             if job["state"] == "running" and not ended:  # a detach: the job runs on
                 print(f"Detached; job {job_id} runs on: `nebula attach {job_id}`", file=sys.stderr)
                 return 0
@@ -169,7 +170,7 @@ def cmd_run(args, home, config) -> int:
     except KeyboardInterrupt:  # Ctrl-C: as srun, the job is cancelled
         if job_id is not None:
             with service_client(home, config) as client:
-                client.call("cancel", job=job_id)
+                client.call("cancel", **JobRequest(job=job_id))
             print(f"\nnebula {args.command}: cancelled job {job_id}", file=sys.stderr)
         return 130
 
@@ -200,8 +201,8 @@ def cmd_queue(args, home, config) -> int:
         jobs = client.call("queue")["jobs"]
         if args.all:
             ended = [s for s in (args.state or FINISHED_STATES) if s in FINISHED_STATES]
-            jobs = (client.call("job_history", user=args.user, state=ended, limit=args.limit)["jobs"]
-                    if ended else []) + jobs
+            history = JobHistoryRequest(user=args.user, state=ended, limit=args.limit)
+            jobs = (client.call("job_history", **history)["jobs"] if ended else []) + jobs
     jobs = [j for j in jobs if (args.user is None or j["user"] == args.user)
             and (args.state is None or j["state"] in args.state)
             and (args.jobs is None or j["id"] in args.jobs or j.get("array_id") in args.jobs)]
@@ -215,7 +216,7 @@ def cmd_queue(args, home, config) -> int:
 
 def cmd_job(args, home, config) -> int:
     with service_client(home, config) as client:
-        job = client.call("job", job=args.job)["job"]
+        job = client.call("job", **JobRequest(job=args.job))["job"]
     return show(args, job, job_text)
 
 
@@ -227,7 +228,7 @@ def cmd_why(args, home, config) -> int:
         print("nebula why: name a job (nebula why 42) or a user (nebula why --user alice)",
               file=sys.stderr)
         return 2
-    fields = {"job": args.job} if args.user is None else {"user": args.user}
+    fields = WhyRequest(job=args.job) if args.user is None else WhyRequest(user=args.user)
     with service_client(home, config) as client:
         answer = client.call("why", timeout=WHY_TIMEOUT_S, **fields)["why"]
     return show(args, answer, why_user_text if args.user is not None else why_text)
@@ -241,7 +242,7 @@ def cmd_cancel(args, home, config) -> int:
     with service_client(home, config) as client:
         for job_id in dict.fromkeys(args.jobs):  # an id given twice is cancelled once
             try:
-                job = client.call("cancel", job=job_id)["job"]
+                job = client.call("cancel", **JobRequest(job=job_id))["job"]
             except ApiError as err:
                 if len(args.jobs) == 1:
                     raise
@@ -261,7 +262,7 @@ def cmd_cancel(args, home, config) -> int:
 def _on_job(args, home, config, op: str, done: str) -> int:
     """A request about one job whose answer is the job: ``done`` (or it, with --json)."""
     with service_client(home, config) as client:
-        job = client.call(op, job=args.job)["job"]
+        job = client.call(op, **JobRequest(job=args.job))["job"]
     return show(args, job, done)
 
 

@@ -7,6 +7,7 @@ import sys
 import time
 
 from ..printable import printable_log
+from ..wire import LogsRequest
 from .common import service_client
 
 
@@ -39,8 +40,8 @@ def cmd_logs(args, home, config) -> int:
     ends = None
     with service_client(home, config) as client:
         while True:
-            reply = client.call("logs", job=args.job, offset=0, offsets=offsets,
-                                attempt=args.attempt)
+            reply = client.call("logs", **LogsRequest(job=args.job, offset=0, offsets=offsets,
+                                                          attempt=args.attempt))
             parts = reply.get("parts") or [{"rank": 0, "node": "", **reply}]
             offsets = [p["offset"] for p in parts]
             ends = ends or [p.get("size") for p in parts]
@@ -66,8 +67,8 @@ def cmd_logs(args, home, config) -> int:
 def _follow_one(client, args, offset: int = 0) -> int:
     ends = None
     while True:
-        reply = client.call("logs", job=args.job, offset=offset, rank=args.rank,
-                            attempt=args.attempt)
+        reply = client.call("logs", **LogsRequest(job=args.job, offset=offset, rank=args.rank,
+                                                      attempt=args.attempt))
         sys.stdout.write(_shown(reply["data"]))
         sys.stdout.flush()
         offset = reply["offset"]
@@ -89,7 +90,7 @@ def _print_tail(client, args, lines: int, rank: int) -> int:
     kept: deque[str] = deque(maxlen=lines + 1)  # +1: the unfinished last line, if any
     offset, partial = 0, ""
     while True:
-        reply = client.call("logs", job=args.job, offset=offset, rank=rank, attempt=args.attempt)
+        reply = client.call("logs", **LogsRequest(job=args.job, offset=offset, rank=rank, attempt=args.attempt))
         if not reply["data"]:
             break
         offset = reply["offset"]

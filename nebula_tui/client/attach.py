@@ -20,6 +20,7 @@ import tty
 from pathlib import Path
 
 from ..api import ApiError, no_answer, reply_timeout
+from ..wire import AttachRequest
 
 
 def _size() -> tuple[int, int]:
@@ -44,8 +45,8 @@ def attach(path: Path, job: int, rank: int = 0) -> bool:
     try:
         sock.connect(str(path))
         cols, rows = _size()
-        _send(sock, {"op": "attach", "job": job, "rank": rank, "cols": cols, "rows": rows,
-                     "term": os.environ.get("TERM", "xterm-256color")})
+        _send(sock, {"op": "attach", **AttachRequest(job=job, rank=rank, cols=cols, rows=rows,
+                                                     term=os.environ.get("TERM", "xterm-256color"))})
         buffered = b""
         while b"\n" not in buffered:
             chunk = sock.recv(65536)

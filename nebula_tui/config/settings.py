@@ -131,7 +131,7 @@ def scheduler_settings(value: Any) -> SchedulerSettings:
     check_known("scheduler", data, ("weights", "hot_c", "min_health_score", "service_spare",
                                "quota_gpu_hours", "half_life", "default_vendor", "preemptible_charge",
                                "preemptible_in_quota", "quota_mode", "charge_reference",
-                               "gang_age"))
+                               "gang_age", "service_share"))
     weights = as_mapping("scheduler.weights", data.get("weights"), "weights")
     check_known("scheduler.weights", weights, tuple(_WEIGHTS), "weights")
     config = replace(SchedulerConfig(), **{_WEIGHTS[k]: _number("scheduler", ("weights", k), v)
@@ -162,6 +162,12 @@ def scheduler_settings(value: Any) -> SchedulerSettings:
             raise SettingError(f"scheduler.quota_mode must be one of {', '.join(QUOTA_MODES)}, found "
                                f"{data['quota_mode']!r}", "quota_mode")
         config = replace(config, quota_mode=data["quota_mode"])
+    if "service_share" in data:
+        share = _number("scheduler", ("service_share",), data["service_share"])
+        if not 0 < share <= 1:
+            raise SettingError("scheduler.service_share must be a fraction above 0, at most 1 (1: no bound), "
+                               f"found {share:g}", "service_share")
+        config = replace(config, service_share=share)
     if "gang_age" in data:
         age = data["gang_age"]
         config = replace(config, gang_age_s=None if age in (0, "0", None, "never")

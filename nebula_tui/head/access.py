@@ -32,7 +32,7 @@ class Access:
         config = self.state.config
         if user in ("root", self.state.owner) or user in config.admins:
             return True
-        return bool(config.admin_group) and user in group_members(config.admin_group)
+        return bool(config.admin_group) and user in group_members(config.admin_group or "")
 
     def sees_commands_of_all(self, user: str) -> bool:
         """Whether ``user`` sees every job's command line, not only their own jobs'."""

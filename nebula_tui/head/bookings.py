@@ -22,11 +22,13 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..model import InvalidRequest, RequestError, UnfitRequest, format_mb
 from ..scheduler import Booking
 from ..units import duration_text
 from ..views import month_start
+from ..wire import BookingMade, BookingView, ReserveReply, ReserveRequest
 from .access import Access
 from .state import HeadState
 from .stream import Stream
@@ -36,6 +38,11 @@ USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\$?$")
 MAX_WINDOW_S = 31 * 86400.0
 MAX_AHEAD_S = 366 * 86400.0
 
+#: a booking as the store keeps it (``Store.bookings``): its cards as (uuid, node, index)
+Row = dict[str, Any]
+#: a booked card: (uuid, node, index)
+Card = tuple[str, str, int]
+
 
 def when_text(t: float, now: float) -> str:
     """"Fri 09:00" within the coming week, else "Fri 11 Dec 09:00" (local time)."""
@@ -43,7 +50,7 @@ def when_text(t: float, now: float) -> str:
     return time.strftime("%a %H:%M" if abs(t - now) < 6 * 86400 else "%a %d %b %H:%M", local)
 
 
-def cards_label(cards: list[tuple[str, str, int]]) -> str:
+def cards_label(cards: list[Card]) -> str:
     """"node02:0-3", "node01:1,node02:0" for people."""
     by_node: dict[str, list[int]] = {}
     for _, node, index in cards:
@@ -51,8 +58,9 @@ def cards_label(cards: list[tuple[str, str, int]]) -> str:
     parts = []
     for node, indices in by_node.items():
         indices.sort()
-        runs, first = [], indices[0]
-        for a, b in zip(indices, indices[1:] + [None]):
+        runs: list[str] = []
+        first: int | None = indices[0]
+        for a, b in zip(indices, [*indices[1:], None]):
             if b != a + 1:
                 runs.append(str(first) if first == a else f"{first}-{a}")
                 first = b
@@ -62,7 +70,8 @@ def cards_label(cards: list[tuple[str, str, int]]) -> str:
 
 def parse_cards(text: str) -> list[tuple[str, int]]:
     """"node02:0-3" / "node01:0,2,node02:1" -> [(node, index)]; ValueError says what is wrong."""
-    found, node = [], None
+    found: list[tuple[str, int]] = []
+    node: str | None = None
     for item in text.split(","):
         item = item.strip()
         if ":" in item:
@@ -85,16 +94,16 @@ class Bookings:
         self.access = access
         self.stream = stream
         #: told (booking, why or None when it can be honoured again): the engine's notices
-        self.on_broken: Callable[[dict, str | None], None] = lambda booking, why: None
+        self.on_broken: Callable[[Row, str | None], None] = lambda booking, why: None
         #: each live booking's name and whether it was under way when subscribers last heard
         self._told: tuple[tuple[str, bool], ...] = ()
 
     # ---------------------------------------------------------------- reading
-    def live(self) -> list[dict]:
+    def live(self) -> list[Row]:
         """Bookings not yet over, by start."""
         return self.state.store.bookings(since=self.state.clock())
 
-    def json(self, booking: dict, now: float | None = None) -> dict:
+    def json(self, booking: Row, now: float | None = None) -> BookingView:
         now = self.state.clock() if now is None else now
         end = min(booking["end"], booking["ended_at"] or booking["end"])
         return {"name": booking["name"], "gpus": cards_label(booking["cards"]),
@@ -104,7 +113,7 @@ class Bookings:
                 "gpu_hours": round(len(booking["cards"]) * (booking["end"] - booking["start"]) / 3600, 4),
                 "when": f"{when_text(booking['start'], now)} – {when_text(end, now)}"}
 
-    def list_json(self) -> list[dict]:
+    def list_json(self) -> list[BookingView]:
         """What subscribers get (the snapshot too): from then on :meth:`check` tells them
         when a window opens or ends."""
         now = self.state.clock()
@@ -121,7 +130,7 @@ class Bookings:
         return tuple(out)
 
     # ---------------------------------------------------------------- changing
-    def request(self, user: str, req: dict) -> dict:
+    def request(self, user: str, req: ReserveRequest) -> ReserveReply:
         """The ``reserve`` request: ``{"list": true}`` lists, ``{"delete": NAME}`` ends one,
         anything else makes one (``create``)."""
         if req.get("list") is True:
@@ -133,7 +142,7 @@ class Bookings:
             return {"booking": self.delete(user, name)}
         return self.create(user, req)
 
-    def create(self, user: str, req: dict) -> dict:
+    def create(self, user: str, req: ReserveRequest) -> BookingMade:
         """Book cards from ``req`` (the ``reserve`` request); the booking's JSON and a
         ``note`` naming jobs that may still hold its cards when it starts."""
         now = self.state.clock()
@@ -168,7 +177,7 @@ class Bookings:
         self._publish()
         return {"booking": self.json(booking, now), "note": self._in_the_way(cards, start, set(users))}
 
-    def delete(self, user: str, name: str) -> dict:
+    def delete(self, user: str, name: str) -> BookingView:
         booking = next((b for b in self.live() if b["name"] == name), None)
         if booking is None:
             raise RequestError(f"no booking named {name} is under way or ahead; `nebula reservations` lists them")
@@ -190,7 +199,7 @@ class Bookings:
         if self._told != tuple((b["name"], self.json(b, now)["active"]) for b in live):
             self._publish()
 
-    def _broken_or_whole(self, live: list[dict], now: float) -> None:
+    def _broken_or_whole(self, live: list[Row], now: float) -> None:
         if not live:
             return
         blocked = {v.uuid: v.blocked or ("in maintenance" if v.maintenance else None)
@@ -213,7 +222,7 @@ class Bookings:
             self._publish()
 
     # ---------------------------------------------------------------- rules
-    def _cards(self, req: dict, start: float, end: float) -> list[tuple[str, str, int]]:
+    def _cards(self, req: ReserveRequest, start: float, end: float) -> list[Card]:
         views = self.state.gpu_views()
         taken = {c[0]: b["name"] for b in self.live() for c in b["cards"]
                  if b["start"] < end and start < min(b["end"], b["ended_at"] or b["end"])}
@@ -243,7 +252,7 @@ class Bookings:
         mem = req.get("gpu_mem_mb")
         if mem is not None and (not isinstance(mem, int) or isinstance(mem, bool) or mem < 1):
             raise InvalidRequest("--gpu-mem must be a size such as 40G")
-        by_node: dict[str, list] = {}
+        by_node: dict[str, list[Card]] = {}
         sizes: dict[str, int] = {}  # node -> its cards of that size, in service or not
         for v in views:
             if mem is None or (v.reading.memory_total_mb or 0) >= mem - 1024:  # 80 GB cards hold 79.6 GiB
@@ -274,7 +283,7 @@ class Bookings:
             raise RequestError(f"{user} may book {limit:g} GPU-hours a month (limits.booking_gpu_hours) and "
                                f"booked {used:g} this month; this one is {hours:g}; an admin may book it")
 
-    def _in_the_way(self, cards, start: float, users: set[str]) -> str:
+    def _in_the_way(self, cards: list[Card], start: float, users: set[str]) -> str:
         """The running jobs of others still holding these cards at ``start``."""
         uuids = {c[0] for c in cards}
         late = []

@@ -80,7 +80,7 @@ class Doctor:
         config, view = self.state.config.node(name), self.state.nodes[name]
         key = config.identity or "the default keys in ~/.ssh"
         where = f"{config.host}:{config.port}"
-        checks = []
+        checks: list[dict] = []
         if view.state == NodeState.UP:
             checks.append(line("ssh", OK, f"{config.user}@{where} with {key}, host key checked "
                                           f"against {config.known_hosts}"))
@@ -99,10 +99,10 @@ class Doctor:
         except (NodeUnavailable, asyncio.TimeoutError, OSError) as err:
             return checks + [line("node", FAIL, f"the checks did not run: {err or 'no answer'}",
                                   "see the ssh line")]
-        checks += [self._python(found), self._tmux(found), *self._vendors(name, found),
-                   self._clock(found, sent, answered), self._disk(found, view.hello.node_dir),
-                   self._run_as(user, found), *self._runtimes(name, found), self._hidepid(found)]
-        return [c for c in checks if c is not None]
+        found_checks = [self._python(found), self._tmux(found), *self._vendors(name, found),
+                        self._clock(found, sent, answered), self._disk(found, view.hello.node_dir),
+                        self._run_as(user, found), *self._runtimes(name, found), self._hidepid(found)]
+        return checks + [c for c in found_checks if c is not None]
 
     async def _run_script(self, user: str, name: str) -> tuple[dict[str, str], float, float]:
         view = self.state.nodes[name]
@@ -139,7 +139,7 @@ class Doctor:
         view = self.state.nodes[name]
         checks = []
         backends = view.hello.backends
-        for vendor in sorted({b.get("vendor") for b in backends if b.get("vendor")}):
+        for vendor in sorted({v for b in backends if (v := b.get("vendor"))}):
             used = ", ".join(b["name"] for b in backends if b.get("vendor") == vendor)
             cards = sum(1 for g in self.state.gpus.values() if g.node == name and g.reading.vendor == vendor)
             if view.reason:  # an up node's reason is what its last probe could not read

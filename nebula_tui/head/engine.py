@@ -76,6 +76,7 @@ class Engine:
         self.bookings = Bookings(self.state, self.access, self.stream)
         self.scheduling = Scheduling(self.state, self.stream, self.shares, self.transitions, self.limits,
                                      self.bookings)
+        self.scheduling.learn_from_store()  # the run lengths it learned before a restart
         self.health = HealthMonitor(self.state, self.stream, self.transitions, self.access)
         store.on_event = self.stream.publish_event  # every events-log line, once committed
         self.fleet = Fleet(self.state, self.stream, self.transitions, self.health, self.access)

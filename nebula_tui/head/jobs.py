@@ -18,9 +18,11 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from ..model import (Cancelling, Ended, Evicting, Job, JobState, Launching, Pending, Placement,
-                     RequestError, Running, Stopping, holding, spec_fields, with_holding)
+                     RequestError, Running, Stopping, held, holding, launching, spec_fields, stopping,
+                     with_holding)
 from ..remote import launcher
 from ..remote.protocol import Exit, Phase, Started, job_number
 from ..remote.ssh import NodeUnavailable
@@ -66,7 +68,7 @@ class JobTransitions:
         #: told of each job that ended, and of each requeue with its reason (notifications)
         self.on_ended: Callable[[Job], None] = lambda job: None
         self.on_requeued: Callable[[Job, str], None] = lambda job, reason: None
-        self._acks: dict[str, list[int]] = {}
+        self._acks: dict[str, list[list[object]]] = {}  # node -> [job, token(, end)] each
         #: why a part could not start, as its node said (the first one): the job's reason
         #: when it ends failed; nodes say it again after a restart (their exits are unacked)
         self._exit_reasons: dict[int, str] = {}
@@ -123,7 +125,7 @@ class JobTransitions:
         job = self._job_from_node(node, message)
         text = message.text
         running = holding(job.status) if job is not None else None
-        if isinstance(running, Running) and text is not None and text[:200] != running.doing:
+        if job is not None and isinstance(running, Running) and text is not None and text[:200] != running.doing:
             self._set(replace(job, status=with_holding(job.status, replace(running, doing=text[:200]))))
 
     def on_exit(self, node: str, message: Exit) -> None:
@@ -147,21 +149,22 @@ class JobTransitions:
         token = message.token
         job = self._job_from_node(node, message)
         if job is None:
-            if self.state.ours(token) and message.job is not None:
+            if token is not None and self.state.ours(token) and message.job is not None:
                 # Ours but already finished (the head crashed before its ack): ack it now.
                 self._ack_soon(node, message.job, token)
             return
         code = message.code
+        assert token is not None  # the job's own launch token (_job_from_node)
         if isinstance(job.status, Evicting):
-            self._evicted_exit(job, code)
+            self._evicted_exit(job, job.status, code)
             self._ack_soon(node, job.id, token)  # the eviction's requeue is its own record
             return
         if message.reason:  # its part could not start: the node said why
             self._exit_reasons.setdefault(job.id, message.reason[:500])
-        held = holding(job.status).with_exit(node, code)
-        exits = dict(held.exits)
+        ran = held(job.status).with_exit(node, code)
+        exits = dict(ran.exits)
         if set(exits) < set(job_nodes(job)):
-            self._set(replace(job, status=with_holding(job.status, held)))
+            self._set(replace(job, status=with_holding(job.status, ran)))
             return  # a gang ends when every node's part has ended (each part acked then)
         codes = [exits[n] for n in job_nodes(job)]
         code = next((c for c in codes if c != 0), 0)
@@ -233,14 +236,16 @@ class JobTransitions:
             latest_first = sorted(((int(a), info) for a, info in (found or {}).items() if a.isdigit()),
                                   key=lambda pair: -pair[0])
             for attempt, info in latest_first:
-                token = info.get("token") if isinstance(info, dict) else None
+                token: Any = info.get("token") if isinstance(info, dict) else None  # a node's word
                 record = info.get("record") if token else None
                 if not isinstance(record, dict) or state.ours(token):
                     continue
                 job_id = job_number(int(name) if name.isdigit() else 0)
                 known = state.jobs.get(job_id) or state.store.job(job_id)
-                later = known is not None and known.state == JobState.LAUNCHING \
-                    and attempt > known.attempt  # requeued after the backup
+                # Requeued after the backup and launched again: the node's attempt is newer
+                # than all the store knows, launching, running or ended by its older attempt
+                # (whichever node tells first), so it stands.
+                later = known is not None and attempt > known.attempt
                 if not job_id or (known is not None and known.state != JobState.PENDING
                                   and not later):
                     continue  # what the store knows of it later than that stands
@@ -287,11 +292,11 @@ class JobTransitions:
             self.finish(current, JobState.FAILED, None,
                         f"launch failed on {failed[0].get('node')}: {failed[0].get('error')}")
             return
-        launching = holding(current.status)
-        confirmed = launching.confirmed | {r["node"] for r in replies if isinstance(r, dict)}
+        launch = launching(current.status)
+        confirmed = launch.confirmed | {r["node"] for r in replies if isinstance(r, dict)}
         if confirmed >= set(nodes):
             self.mark_running(current)
-        elif confirmed != launching.confirmed:
+        elif confirmed != launch.confirmed:
             self.confirm(current, confirmed)
 
     def environments(self, job: Job) -> dict[str, dict[str, str]]:
@@ -315,14 +320,14 @@ class JobTransitions:
         now = self.state.clock()
         started = now if at is None else min(at, now)
         self.state.store.mark_running(job.id, started)
-        launching = holding(job.status)
-        running = Running(launching.placements, started, launching.exits, token=launching.token)
+        launch = held(job.status)
+        running = Running(launch.placements, started, launch.exits, token=launch.token)
         self.on_running(self._set(replace(job, status=with_holding(job.status, running))))
 
     def confirm(self, job: Job, confirmed: frozenset[str]) -> None:
         """A gang's launch confirmed on ``confirmed``, not yet on every node of it."""
-        launching = replace(holding(job.status), confirmed=confirmed)
-        self._set(replace(job, status=with_holding(job.status, launching)))
+        launch = replace(launching(job.status), confirmed=confirmed)
+        self._set(replace(job, status=with_holding(job.status, launch)))
 
     # --------------------------------------------------------------------- the end
     def finish(self, job: Job, state: JobState, code: int | None, reason: str,
@@ -396,7 +401,7 @@ class JobTransitions:
             return
         now = self.state.clock()
         self.state.store.request_cancel(job.id, user, now, audit=user != job.user)
-        self._set(replace(job, status=Cancelling(holding(job.status), user, now)))
+        self._set(replace(job, status=Cancelling(held(job.status), user, now)))
         self.state.spawn(self.cancel_on_node(job), f"cancel-{job.id}")
 
     async def cancel_on_node(self, job: Job, only: str | None = None) -> None:
@@ -438,19 +443,19 @@ class JobTransitions:
         moves to ``kill_at``, a whole grace later, in the store too if it can take it."""
         with contextlib.suppress(StoreUnavailable):  # else: the earlier kill_at after a restart
             self.state.store.move_kill_at(job.id, kill_at)
-        return self._set(replace(job, status=replace(job.status, kill_at=kill_at)))
+        return self._set(replace(job, status=replace(stopping(job.status), kill_at=kill_at)))
 
     def undo_stop(self, job: Job) -> None:
         """No node heard the stop (away): the job runs on as it was, asked again later."""
         with contextlib.suppress(StoreUnavailable):  # else: killed at its kill_at after a restart
             self.state.store.clear_stop(job.id)
-        self._set(replace(job, status=job.status.holding))
+        self._set(replace(job, status=stopping(job.status).holding))
 
     def end_stop(self, job: Job) -> bool:
         """A stopping job's sessions are killed (a killed session reports no exit): it
         ends as its stop said, or goes back in the queue. False while the store cannot
         take it."""
-        status = job.status
+        status = stopping(job.status)
         try:
             if status.requeue:
                 self.requeue(job, status.why)
@@ -492,8 +497,8 @@ class JobTransitions:
         self._set(replace(job, status=Evicting(job.status, why)))
         return True
 
-    def _evicted_exit(self, job: Job, code: int | None) -> None:
-        if job.status.stopping:
+    def _evicted_exit(self, job: Job, evicting: Evicting, code: int | None) -> None:
+        if evicting.stopping:
             return  # another node's part of the same gang, being killed
         detail = f"exit code {code}" if code is not None else "no exit code"
         self.state.record("health", f"job {job.id} ended after SIGUSR1 ({detail})", job_id=job.id)

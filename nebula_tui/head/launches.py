@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..config.nodes import NodeConfig
 from ..model import Job, Placement
 from ..remote import launcher
+from ..remote.protocol import Hello
 from .state import HeadState, job_nodes
 
 
@@ -18,7 +19,8 @@ class Launches:
     def __init__(self, state: HeadState):
         self.state = state
         #: per node: the hello and config its launcher facts were read from, and the facts
-        self._facts: dict[str, tuple[dict, tuple, launcher.NodeFacts]] = {}
+        #: node -> (the hello they were read from, (runtime, warmup) of its config, the facts)
+        self._facts: dict[str, tuple[Hello, tuple[str | None, bool], launcher.NodeFacts]] = {}
 
     def plan(self, job: Job, node: str) -> launcher.LaunchPlan:
         """The plan of the job's part on ``node``: its cards there, their devices, the

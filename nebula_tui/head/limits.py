@@ -200,7 +200,7 @@ class Limits:
         for job_id in live.memory_unread:
             job = self.state.jobs.get(job_id)
             mine = [p for p in job.placements if p.gpu_uuid == uuid] if job is not None else []
-            if not mine or mine[0].exclusive or (job_id, uuid) in self.unjudged:
+            if job is None or not mine or mine[0].exclusive or (job_id, uuid) in self.unjudged:
                 continue
             self.unjudged.add((job_id, uuid))
             self._tell(job, "guard", f"the memory guard cannot judge job {job_id} on "
@@ -263,8 +263,8 @@ class Limits:
     def _idle_actions(self, now: float, running: list[Job]) -> None:
         after, grace = self.settings.idle_after_s, self.settings.idle_grace_s
         cancel = self.settings.idle_action == "cancel"
-        for job in running:
-            if job.status.idle_since is None or after is None:
+        for job in running:  # (running: each job's status is a Running)
+            if not isinstance(job.status, Running) or job.status.idle_since is None or after is None:
                 continue
             since = self.idle_from.setdefault(job.id, now)  # marked before a restart: anew
             if now - since < after:

@@ -94,7 +94,7 @@ class Metrics:
         ProcessCollector(registry=self.registry)  # the head's own CPU, memory, open files
         self.registry.register(_Gathered(self))
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._server = None
+        self._server: BoundedHttpServer | None = None
 
     # ------------------------------------------------------------ what happens
     def job_started(self, job: Job, forecast_at: float | None = None) -> None:
@@ -185,8 +185,8 @@ class Metrics:
             live.add_metric([s.value], n)
         ended = CounterMetricFamily("nebula_jobs_ended", "Jobs that ended, by end state "
                                     "(no DCGM field)", labels=("state",))
-        for s, n in state.store.ended_counts().items():
-            ended.add_metric([s], n)
+        for name, n in state.store.ended_counts().items():
+            ended.add_metric([name], n)
         waiting = GaugeMetricFamily("nebula_queue_oldest_wait_seconds",
                                     "How long the longest-waiting job has waited (no DCGM field)")
         waiting.add_metric([], now - oldest if oldest is not None else 0.0)

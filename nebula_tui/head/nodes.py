@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from .. import node_admin, views
 from ..config.cluster import load_config
@@ -112,7 +114,7 @@ class Fleet:
             view.silent_since = None
         elif view.silent_since is None:
             view.silent_since = self.state.monotonic()
-        elif state != NodeState.UP and now - (view.summarised_at or now) >= DOWN_SUMMARY_EVERY_S:
+        elif now - (view.summarised_at or now) >= DOWN_SUMMARY_EVERY_S:  # (not up)
             away = self.state.monotonic() - view.silent_since
             self._record(node, f"{node} still {state.value} after {view.failed_attempts} "
                                f"attempts in {duration_short(away)}"
@@ -155,10 +157,11 @@ class Fleet:
         (``remote/protocol.py``), which its handler takes."""
         try:
             typed = read_message(node, message)
-            handler = {Hello: self._on_hello, Probe: self._on_probe,
+            handlers: dict[type, Callable[[str, Any], None]] = {Hello: self._on_hello, Probe: self._on_probe,
                        Started: self.transitions.on_started, Exit: self.transitions.on_exit,
                        Phase: self.transitions.on_phase,
-                       KernelLines: self.health.on_kernel_message}.get(type(typed))
+                       KernelLines: self.health.on_kernel_message}
+            handler = handlers.get(type(typed))
             if handler is not None:
                 handler(node, typed)
         except Exception:  # a strange message must never take the head down
@@ -327,16 +330,14 @@ class Fleet:
                        identity: str | None, trust: str) -> dict:
         """R21: add a node to the cluster file, trusting the host key the admin confirmed."""
         self.access.check_admin(user, "add nodes")
-        if self.state.config.path is None:
-            raise RequestError("this service was started without a cluster file")
+        path = self._cluster_file()
         try:
             key_line, fingerprint = await node_admin.read_host_key(host, port)
-            node_admin.add_node(self.state.config.path, name, host, port, login, identity,
-                                key_line, fingerprint, trust)
+            node_admin.add_node(path, name, host, port, login, identity, key_line, fingerprint, trust)
         except node_admin.NodeAdminError as err:
             raise RequestError(str(err)) from None
         except OSError as err:
-            raise RequestError(node_admin.cannot_write(err, self.state.config.path)) from None
+            raise RequestError(node_admin.cannot_write(err, path)) from None
         return await self.reload(user)
 
     async def remove_node(self, user: str, name: str) -> dict:
@@ -345,13 +346,21 @@ class Fleet:
         if self._holds_jobs(name):
             raise RequestError(f"{name} still holds jobs; drain it (nebula node drain {name}) "
                                "and remove it once they ended")
+        path = self._cluster_file()  # (without one, removing failed on None, a traceback)
         try:
-            node_admin.remove_node(self.state.config.path, name)
+            node_admin.remove_node(path, name)
         except node_admin.NodeAdminError as err:
             raise RequestError(str(err)) from None
         except OSError as err:
-            raise RequestError(node_admin.cannot_write(err, self.state.config.path)) from None
+            raise RequestError(node_admin.cannot_write(err, path)) from None
         return await self.reload(user)
+
+    def _cluster_file(self) -> Path:
+        """The file nodes are added to, removed from and reloaded from; a refusal when the
+        service was started without one."""
+        if self.state.config.path is None:
+            raise RequestError("this service was started without a cluster file")
+        return self.state.config.path
 
     def _holds_jobs(self, node: str) -> bool:
         return any(node in job_nodes(j) for j in self.state.jobs.values())
@@ -364,10 +373,9 @@ class Fleet:
         """
         state = self.state
         self.access.check_admin(user, "reload the cluster file")
-        if state.config.path is None:
-            raise RequestError("this service was started without a cluster file")
+        path = self._cluster_file()
         try:  # in a thread: a big or hostile file must not stop the head answering
-            new = await asyncio.to_thread(load_config, state.config.path)
+            new = await asyncio.to_thread(load_config, path)
         except ConfigError as err:
             raise RequestError(str(err)) from None
         names = {n.name for n in new.nodes}
@@ -377,10 +385,11 @@ class Fleet:
             raise RequestError(f"{busy[0]} still holds jobs; drain it (nebula node drain {busy[0]}) "
                                "and remove it once they ended")
         old, state.config = state.config, new
-        drained, resumed = [], []  # what the file changed; what it left keeps an admin's drain
+        drained: list[str] = []  # what the file changed; what it left keeps an admin's drain
+        resumed: list[str] = []
         for name, now in node_admin.drained_changes(old, new):
             if name in state.nodes and name not in removed:
-                self.set_drained(user, name, now, f"{new.path.name} says so" if now else "")
+                self.set_drained(user, name, now, f"{path.name} says so" if now else "")
                 (drained if now else resumed).append(name)
         sections, restart_for = node_admin.changed_sections(old, new)
         if "scheduler" in sections:  # weights, quota, decay: the next pass uses them

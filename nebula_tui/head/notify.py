@@ -69,7 +69,7 @@ class Notifier:
         code = f" with exit code {job.exit_code}" if job.exit_code not in (None, 0) else ""
         reason = f": {job.reason}" if job.reason and state != "succeeded" else ""
         ran = duration_short(job.ended_at - job.started_at) if job.started_at and job.ended_at else None
-        where = f" on {views.gpu_list(_gpus(job))}" if job.placements else ""
+        where = f" on {views.gpu_list(views.placed_cards(job))}" if job.placements else ""
         text = (f"job {job.id}{_name(job)} of {job.user} {state}{code}{where}"
                 + (f" after {ran}" if ran else "") + reason)
         notice = Notice(f"job_{state}", text, f"job {job.id}{_name(job)} {state}{code}",
@@ -149,6 +149,7 @@ class Notifier:
         job = notice.facts.get("job")
         more = f"\n\nnebula job {job}\nnebula logs {job}\n" if job is not None else "\n"
         message.set_content(notice.text + more)
+        assert self._sendmail is not None  # no mail is queued without one (_enqueue's callers)
         process = await asyncio.create_subprocess_exec(
             *self._sendmail, "-t", "-oi", stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
@@ -181,10 +182,6 @@ def _find_sendmail(configured: str | None) -> list[str] | None:
 
 def _name(job: Job) -> str:
     return f" ({job.spec.name})" if job.spec.name else ""
-
-
-def _gpus(job: Job) -> list[dict]:
-    return [{"node": p.node, "index": p.gpu_index} for p in job.placements]
 
 
 def _facts(job: Job) -> dict:

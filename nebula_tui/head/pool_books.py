@@ -30,6 +30,7 @@ from .jobs import JobTransitions
 from .shares import Shares
 from .state import HeadState
 from .stream import Stream
+from ..wire import PoolWire
 
 log = logging.getLogger(__name__)
 
@@ -258,10 +259,9 @@ class PoolBooks:
         if job.state.holds_gpus:
             self.transitions.requeue(job, why)
         self.state.store.leave_pool(job.id, self.state.clock(), why)
-        job = self.state.jobs.get(job.id)
-        if job is not None:
-            job = replace(job, pool=None, status=Pending(why))
-            self._put(job)
+        now = self.state.jobs.get(job.id)
+        if now is not None:
+            self._put(replace(now, pool=None, status=Pending(why)))
 
     def _mark_running(self, name: str, job: Job, report: RemoteJob) -> Job:
         placements = tuple(
@@ -374,7 +374,7 @@ class PoolBooks:
                 "state": now.state.value, "ended": now.state.finished and not data}
 
     # ----------------------------------------------------------------------- status
-    def view_json(self, name: str) -> dict:
+    def view_json(self, name: str) -> PoolWire:
         """One pool as `nebula status` and the TUI show it (the head's words, one author)."""
         pool, view = self.pools[name], self.views[name]
         jobs = [self.state.jobs.get(i) for i, row in self.rows.items() if row["pool"] == name]
@@ -384,5 +384,5 @@ class PoolBooks:
                          view.reason, running, pending, self.state.clock(), pool.authorize(),
                          degraded_since=view.degraded_since, troubled=view.troubled)
 
-    def status(self) -> list[dict]:
+    def status(self) -> list[PoolWire]:
         return [self.view_json(name) for name in self.pools]

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
-from ..model import FINISHED_STATES, Cancelling, Evicting, JobState, Stopping, holding
+from ..model import FINISHED_STATES, Cancelling, Evicting, JobState, NodeState, Stopping, launching
 from ..remote.protocol import Exit, job_number
 from ..remote.ssh import NodeUnavailable
 from ..store import StoreUnavailable
@@ -25,9 +26,13 @@ log = logging.getLogger(__name__)
 
 
 class Reconciler:
+    #: how long after a store failure a reconcile is tried again, the node still connected
+    retry_s = 15.0
+
     def __init__(self, state: HeadState, transitions: JobTransitions):
         self.state = state
         self.transitions = transitions
+        self._retrying: set[str] = set()
 
     async def reconcile(self, node: str) -> None:
         """After (re)connecting, make the node and the store agree (R23).
@@ -46,6 +51,7 @@ class Reconciler:
         try:
             if state.owes_restore_reconcile(node):  # first: before any relaunch of an older attempt
                 held = self._held_here(node)
+                late = node in state.late_after_restore
                 listing = await state.links[node].request("list", records=True)
                 attempts = listing.get("attempts") or {}
                 # Ends before starts: a launch after the backup may hold a card only because
@@ -56,6 +62,8 @@ class Reconciler:
                 self._end_the_unrecorded(node, attempts, held, listing.get("session_tokens") or {},
                                          unacked=True)
                 transitions.adopt_unknown(node, attempts, listing.get("session_tokens") or {})
+                if late:
+                    self._stop_the_untaken(node, listing.get("session_tokens") or {})
                 state.reconciled_after_restore(node)
             for job in state.jobs.on(node):
                 if node in job_nodes(job) and job.state == JobState.LAUNCHING:
@@ -73,6 +81,20 @@ class Reconciler:
             return  # the next connection reconciles again
         except StoreUnavailable as err:
             log.warning("reconcile of %s stopped: %s", node, err)
+            if node not in self._retrying:  # else a node owed a restore's answer stays blocked
+                self._retrying.add(node)
+                state.spawn(self._again(node), f"reconcile-again-{node}")
+
+    async def _again(self, node: str) -> None:
+        """The reconcile the store stopped, after ``retry_s``, while the node is still up (a
+        reconnect reconciles anyway)."""
+        try:
+            await asyncio.sleep(self.retry_s)
+        finally:
+            self._retrying.discard(node)
+        view = self.state.nodes.get(node)
+        if view is not None and view.state == NodeState.UP:
+            await self.reconcile(node)
 
     def _stop_the_stale(self, node: str, sessions: dict) -> None:
         state = self.state
@@ -87,17 +109,35 @@ class Reconciler:
                              job_id=job_id, node=node)
                 state.spawn(self._stop_stale(node, job_id, token), f"stale-{job_id}")
 
-    def _running_here(self, node: str) -> dict[int, str]:
+    def _stop_the_untaken(self, node: str, sessions: dict) -> None:
+        """A node back after the restore wait: a live session of a launch made since the
+        backup that ``adopt_unknown`` did not take in is of a job the head has given other
+        cards (or ended) while it went on without this node. Nothing accounts for this copy,
+        and the cards it holds look free: it is stopped, as a lost node's stale copies are."""
+        state = self.state
+        for name, token in sessions.items():
+            job_id = job_number(int(name) if name.isdigit() else 0)
+            if not job_id or not isinstance(token, str) or state.ours(token):
+                continue
+            where = state.jobs.get(job_id)
+            now = (f"it runs on {', '.join(job_nodes(where))}" if where is not None and job_nodes(where)
+                   else "the head has it otherwise")
+            log.warning("stopping job %s's copy on %s launched after the backup: %s", job_id, node, now)
+            state.record("reconcile", f"stopped a copy of job {job_id} on {node} launched after the "
+                         f"restored backup; {now}", job_id=job_id, node=node)
+            state.spawn(self._stop_stale(node, job_id, token), f"untaken-{job_id}")
+
+    def _running_here(self, node: str) -> dict[int, str | None]:
         """The jobs (id -> token) the store has running on ``node`` now."""
         return {j.id: self.state.token(j) for j in self.state.jobs.on(node)
                 if j.state == JobState.RUNNING and node in job_nodes(j)}
 
-    def _held_here(self, node: str) -> dict[int, str]:
+    def _held_here(self, node: str) -> dict[int, str | None]:
         """The jobs (id -> token) the store has launching or running on ``node`` now."""
         return {j.id: self.state.token(j) for j in self.state.jobs.on(node)
                 if j.state.holds_gpus and node in job_nodes(j)}
 
-    def _confirm_the_launched(self, node: str, attempts: dict, held: dict[int, str]) -> None:
+    def _confirm_the_launched(self, node: str, attempts: dict, held: dict[int, str | None]) -> None:
         """After a restore: a job the store has launching whose launch this node started (the
         backup was taken before the node's answer) is confirmed here, as ``launch`` would
         have, and running once every node of it has, from when its node started it (so its
@@ -109,15 +149,14 @@ class Reconciler:
             found = _attempt(attempts, job_id, token)
             if found is None or not found.get("started"):
                 continue  # the launch never got here, or not that far: it is made below
-            launching = holding(job.status)
-            confirmed = launching.confirmed | {node}
+            confirmed = launching(job.status).confirmed | {node}
             if confirmed >= set(job_nodes(job)):
                 at = found.get("started_at")
                 self.transitions.mark_running(job, at if isinstance(at, (int, float)) else None)
             else:
                 self.transitions.confirm(job, confirmed)
 
-    def _end_the_unrecorded(self, node: str, attempts: dict, running: dict[int, str], sessions: dict,
+    def _end_the_unrecorded(self, node: str, attempts: dict, running: dict[int, str | None], sessions: dict,
                             unacked: bool = False) -> None:
         """Running jobs of this node the node itself says are over: it has no record of
         their launch (its job directory went), or it has their end, acknowledged, which the
@@ -143,7 +182,8 @@ class Reconciler:
         """The end the head recorded and acked (``ended_as``: a restore lost it), else the exit
         the node has: its code, or none once its session is gone (killed after a cancel's grace)."""
         code = found.get("exit_code") if isinstance(found.get("exit_code"), int) else None
-        end = found.get("ended_as") if isinstance(found.get("ended_as"), dict) else {}
+        ended_as = found.get("ended_as")
+        end: dict[str, Any] = ended_as if isinstance(ended_as, dict) else {}
         if end.get("state") in FINISHED_STATES:
             at = end.get("at") if isinstance(end.get("at"), (int, float)) else None
             at = at if at is not None and (job.started_at or 0) <= at <= self.state.clock() else None
@@ -162,7 +202,7 @@ class Reconciler:
                                                  grace=CANCEL_GRACE_S, token=token)
 
 
-def _attempt(attempts: dict, job_id: int, token: str) -> dict | None:
+def _attempt(attempts: dict, job_id: int, token: str | None) -> dict | None:
     """The node's record of the launch of job ``job_id`` with ``token`` (the nodelet's
     ``list``: job -> attempt -> record), or None when it has none."""
     return next((a for a in (attempts.get(str(job_id)) or {}).values()

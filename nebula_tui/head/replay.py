@@ -28,6 +28,7 @@ import heapq
 import os
 import tempfile
 from collections.abc import Iterable
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -204,7 +205,7 @@ class Replay:
     def _bring_up(self, engine: Engine) -> None:
         for node in self.config.nodes:
             engine.links[node.name] = _SimNode(self, node.name)
-            hello = {"type": "hello", "hostname": node.name, "smi_table": "CUDA Version: 12.4"}
+            hello: dict[str, Any] = {"type": "hello", "hostname": node.name, "smi_table": "CUDA Version: 12.4"}
             if node.name in self.links:
                 hello["links"] = self.links[node.name]
             engine.on_node_message(node.name, hello)

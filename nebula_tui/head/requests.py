@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Literal, TypeGuard, overload
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypeGuard, cast, overload
 
 from .. import environments
 from ..api import ARCH_RE, CUDA_RE, MAX_GPU_COUNT
@@ -49,12 +50,12 @@ def number(value: object, low: float, high: float) -> TypeGuard[float]:
 
 
 @overload
-def unix_time(req: dict, key: str, required: Literal[True]) -> float: ...
+def unix_time(req: Mapping[str, object], key: str, required: Literal[True]) -> float: ...
 @overload
-def unix_time(req: dict, key: str, required: bool = False) -> float | None: ...
+def unix_time(req: Mapping[str, object], key: str, required: bool = False) -> float | None: ...
 
 
-def unix_time(req: dict, key: str, required: bool = False) -> float | None:
+def unix_time(req: Mapping[str, object], key: str, required: bool = False) -> float | None:
 
     """Field ``key`` as a time in Unix seconds (None when absent and not ``required``)."""
     value = req.get(key)
@@ -65,7 +66,7 @@ def unix_time(req: dict, key: str, required: bool = False) -> float | None:
     return float(value)
 
 
-def spec_from_request(req: dict, default_vendor: str | None = None) -> JobSpec:
+def spec_from_request(req: Mapping[str, object], default_vendor: str | None = None) -> JobSpec:
     """Validate a submit request field by field; raise InvalidRequest naming the field. A
     request naming neither a vendor nor an arch gets ``default_vendor`` (nodes.yaml's);
     "any" asks for none."""
@@ -140,14 +141,17 @@ def spec_from_request(req: dict, default_vendor: str | None = None) -> JobSpec:
         texts["vendor"] = None
     elif texts["vendor"] is None and texts["arch"] is None:  # an arch says whose cards
         texts["vendor"] = default_vendor
+    hosts = _node_choice(req)
     return JobSpec(command=tuple(command), name=name, gpu_count=gpu_count,
                    gpu_mem_mb=gpu_mem, workdir=workdir, shell=shell, nodes=nodes,
                    priority=priority, after=tuple(after), after_type=after_type, array=array,
                    time_limit_s=time_limit,
                    service=bool(req.get("service")), no_requeue=bool(req.get("no_requeue")),
                    notify=bool(req.get("notify")), preemptible=bool(req.get("preemptible")),
-                   reservation=reservation, **_node_choice(req), export_env=_export(req),
-                   **texts, **files, **_world_fields(req))
+                   reservation=reservation, nodelist=hosts["nodelist"], exclude=hosts["exclude"],
+                   export_env=_export(req),
+                   arch=texts["arch"], cuda=texts["cuda"], vendor=texts["vendor"],
+                   output=files["output"], error=files["error"], **_world_fields(req))
 
 
 #: --export: at most this many variables, each value at most this many bytes
@@ -156,19 +160,20 @@ MAX_EXPORT_BYTES = 4096
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
-def _node_choice(req: dict) -> dict:
+def _node_choice(req: Mapping[str, object]) -> dict[str, tuple[str, ...]]:
     """-w/--nodelist and -x/--exclude: Slurm's hostlists (``a,b``, ``gpu[01-03]``) -> names."""
-    fields = {}
+    fields: dict[str, tuple[str, ...]] = {}
     for key, flag in (("nodelist", "-w/--nodelist"), ("exclude", "-x/--exclude")):
         value = req.get(key)
         try:
-            fields[key] = expand_hostlist(value, flag) if value is not None else ()
+            # (it refuses what is not text with the same sentence)
+            fields[key] = expand_hostlist(cast(str, value), flag) if value is not None else ()
         except ValueError as err:
             raise InvalidRequest(str(err)) from None
     return fields
 
 
-def _export(req: dict) -> tuple[tuple[str, str], ...]:
+def _export(req: Mapping[str, object]) -> tuple[tuple[str, str], ...]:
     """--export's variables: [[NAME, value], …], names as a shell has them, values bounded
     (the run script quotes them); NEBULA_* are the job's own and cannot be set."""
     pairs = req.get("export") or []
@@ -190,7 +195,7 @@ def _export(req: dict) -> tuple[tuple[str, str], ...]:
     return tuple(found.items())
 
 
-def _output_pattern(req: dict, key: str) -> str | None:
+def _output_pattern(req: Mapping[str, object], key: str) -> str | None:
     """-o/-e: a file name with sbatch's patterns (%j, %x, %u, %a, %A, %%) and no others."""
     value = req.get(key)
     flag = "--output" if key == "output" else "--error"
@@ -205,13 +210,14 @@ def _output_pattern(req: dict, key: str) -> str | None:
     return value
 
 
-def _world_fields(req: dict) -> dict:
+def _world_fields(req: Mapping[str, object]) -> dict[str, Any]:
     """What the job runs in (image, mounts, conda/venv, submit dir), each checked by
     ``environments``; a bad value is refused with its sentence."""
-    checks = {"image": environments.image_reference, "runtime": environments.runtime_name,
-              "conda": environments.conda_env, "venv": environments.venv_path,
-              "submit_dir": lambda d: environments.absolute(d, "the submit directory")}
-    fields: dict = {}
+    checks: dict[str, Callable[[Any], str]] = {
+        "image": environments.image_reference, "runtime": environments.runtime_name,
+        "conda": environments.conda_env, "venv": environments.venv_path,
+        "submit_dir": lambda d: environments.absolute(d, "the submit directory")}
+    fields: dict[str, Any] = {}
     try:
         for key, check in checks.items():
             if req.get(key) is not None:
@@ -243,21 +249,21 @@ _EXAMPLES = {"arch": "sm_89, '>=sm_80' or gfx90a", "cuda": "12.1",
              "vendor": "nvidia, amd, intel, ascend or any"}
 
 
-def text_field(req: dict, field: str) -> str:
+def text_field(req: Mapping[str, object], field: str) -> str:
     value = req.get(field)
     if not isinstance(value, str) or not value:
         raise InvalidRequest(f"{field}: give a name")
     return value
 
 
-def port_field(req: dict) -> int:
+def port_field(req: Mapping[str, object]) -> int:
     port = req.get("port", DEFAULT_PORT)
     if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
         raise InvalidRequest("port must be a number from 1 to 65535")
     return port
 
 
-def job_id(req: dict) -> int:
+def job_id(req: Mapping[str, object]) -> int:
     value = req.get("job")
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
@@ -267,22 +273,22 @@ def job_id(req: dict) -> int:
     return value
 
 
-def attach_fields(req: dict) -> tuple[int, int, tuple[int, int]]:
+def attach_fields(req: Mapping[str, object]) -> tuple[int, int, tuple[int, int]]:
     """(job, rank, (columns, rows)) of an attach request."""
-    rank, size = req.get("rank") or 0, (req.get("cols") or 80, req.get("rows") or 24)
-    if not whole(rank, 0, MAX_GPU_COUNT) or not all(whole(side, 1, 1 << 16) for side in size):
+    rank, cols, rows = req.get("rank") or 0, req.get("cols") or 80, req.get("rows") or 24
+    if not whole(rank, 0, MAX_GPU_COUNT) or not whole(cols, 1, 1 << 16) or not whole(rows, 1, 1 << 16):
         raise InvalidRequest("attach takes a job id, a rank and a terminal size (whole numbers)")
-    return job_id(req), rank, size
+    return job_id(req), rank, (cols, rows)
 
 
-def refusal(err: Exception) -> dict:
+def refusal(err: Exception) -> dict[str, object]:
     """The reply to a refused request: ``usage`` when it could never be valid as written
     (``InvalidRequest``: the client exits 2, as on a mistake it catches itself), not for a
     refusal of what is now (no such job, not theirs, a store that fails: exit 1)."""
     return {"ok": False, "error": str(err), "usage": isinstance(err, InvalidRequest)}
 
 
-def parse_request(line: bytes) -> dict:
+def parse_request(line: bytes) -> dict[str, Any]:
     """A request line as a JSON object; InvalidRequest (one line) for anything else: not
     JSON, nested deeper than MAX_JSON_DEPTH (which would exhaust Python's recursion), or
     text that is not Unicode (a lone surrogate, which no store or terminal can take)."""

@@ -62,6 +62,8 @@ QUEUE_ORDER_EVERY_S = 0.5
 HISTORY_RUNS = 20
 #: … and of how many recent jobs with --time the forecast reads the share of it they used
 SHARE_RUNS = 500
+#: a head that starts learns run lengths from this many of the store's latest ended jobs
+LEARNED_AT_START = 2000
 HOUSEKEEPING_EVERY_S = 3600.0
 #: A pass over this many waiting jobs or more decides in a thread (``pass_now``): ~10 ms
 #: of scheduling on these machines, past which a submit would notice waiting behind it.
@@ -494,6 +496,14 @@ class Scheduling:
 
     def _budgets(self) -> dict[str, float]:
         return {n.name: float(n.power_budget_w) for n in self.state.config.nodes if n.power_budget_w}
+
+    def learn_from_store(self) -> None:
+        """A head that starts again knows how long jobs ran before it stopped: the store's
+        latest ended jobs are learned as their ends were (``job_ended``), oldest first, so
+        the estimates and forecasts after a restart read the runs they read before it."""
+        ended = (JobState.SUCCEEDED, JobState.TIMEOUT)
+        for job, _ in self.state.store.ended_jobs(states=ended, limit=LEARNED_AT_START):
+            self.job_ended(job)
 
     def job_ended(self, job: Job) -> None:
         """Remember how long a job ran: one without --time that succeeded in its user's

@@ -23,6 +23,7 @@ from .. import scheduler
 from ..model import charged_gpu_hours
 from ..scheduler import fairshare
 from ..views import month_start
+from ..wire import Standing, UserRow
 from .access import Access
 from .accounting import Accounting
 from .state import HeadState
@@ -142,7 +143,7 @@ class Shares:
                                      month, half_life, now)
         return usage
 
-    def standing(self, name: str) -> dict:
+    def standing(self, name: str) -> Standing:
         """One user's fair share in figures (``nebula why``): their weight and its place
         among the users' (1: first in the queue's order), the GPU-hours it comes from —
         finished runs as they count after the half-life's decay, and held now — and this
@@ -217,7 +218,7 @@ class Shares:
             if row["name"] in names:
                 self.stream.publish({"type": "user", "user": row})
 
-    def users_json(self) -> list[dict]:
+    def users_json(self) -> list[UserRow]:
         running: dict[str, int] = defaultdict(int)
         for job in self.state.jobs.values():
             if job.state.holds_gpus:
@@ -226,11 +227,12 @@ class Shares:
         since = month_start(self.state.clock())
         month = self.state.store.usage_since(since)
         figures = self.accounting.month_figures(since)
-        rows = []
+        rows: list[UserRow] = []
         for row in self.state.store.users():
             name = row["name"]
             ended = figures.get(name, {})
-            rows.append({**row, "running_jobs": running.get(name, 0),
+            rows.append({"name": name, "jobs_finished": row["jobs_finished"], "gpu_hours": row["gpu_hours"],
+                         "created_at": row["created_at"], "running_jobs": running.get(name, 0),
                          # this month's ended jobs, as `nebula report` counts them
                          "month_jobs": ended.get("jobs", 0),
                          "month_efficiency_pct": ended.get("efficiency_pct"),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ..model import Job, JobState, Stopping
+from ..model import Job, JobState, Stopping, stopping
 from .jobs import JobTransitions
 from .state import HeadState, job_nodes
 
@@ -62,12 +62,12 @@ class Stops:
             return
         if late:
             message = (f"job {job.id} got its SIGUSR1 only after the head restarted "
-                       f"({current.status.why}): SIGKILL in {grace_s:g} s if still running")
+                       f"({stopping(current.status).why}): SIGKILL in {grace_s:g} s if still running")
             self.state.record("reconcile", message, job_id=job.id, node=job.node)
             self.jobs.note(current, message)
             current = self.jobs.regrace_stop(current, self.state.clock() + grace_s)
         now = self.state.clock()
-        await self._kill_after(job, min(grace_s, max(0.0, (current.status.kill_at or now) - now)))
+        await self._kill_after(job, min(grace_s, max(0.0, (stopping(current.status).kill_at or now) - now)))
 
     def _current(self, job: Job) -> Job | None:
         """The job as it is now, if this attempt's stop is still under way."""

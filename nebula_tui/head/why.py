@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from collections.abc import Mapping
+from typing import Protocol
 
 from ..model import InvalidRequest, Job, JobSpec, JobState, RequestError
+from ..pools.base import Capacity
+from ..pools.slurm import SlurmPool
 from ..scheduler.preemption import OVER_QUOTA
+from ..wire import WhyJob, WhyJobRow, WhyRequest, WhySooner, WhyUser, WhyWaitingRow
 from . import forecast
 from .scheduling import Scheduling
 from .shares import Shares
@@ -90,16 +95,27 @@ def _sooner(start: forecast.Start | None, than: forecast.Start | None) -> bool:
     return than is None or than.at is None or start.at < than.at - SOONER_BY_S
 
 
+class PoolsSeen(Protocol):
+    """What an answer reads of the pools (``head.pools.Pools``, a room above this one):
+    which could take a job now."""
+
+    @property
+    def pools(self) -> Mapping[str, SlurmPool]: ...
+    def refusal(self, name: str, spec: JobSpec, user: str | None = None) -> str | None: ...
+    def capacity_for(self, name: str, user: str | None) -> Capacity | None: ...
+    def live(self, name: str) -> int: ...
+
+
 class Why:
-    def __init__(self, state: HeadState, scheduling: Scheduling, shares: Shares, pools):
+    def __init__(self, state: HeadState, scheduling: Scheduling, shares: Shares, pools: PoolsSeen):
         self.state = state
         self.scheduling = scheduling
         self.shares = shares
         self.pools = pools  # head/pools.py's Pools: which pool could take it now
 
-    async def request(self, req: dict) -> dict:
+    async def request(self, req: WhyRequest) -> WhyJob | WhyUser:
         """The ``why`` request: ``user`` (a name) for a user's standing, else ``job`` (an id)."""
-        name, job_id = req.get("user"), req.get("job")
+        name, job_id = req.get("user"), req.get("job")  # checked here, whatever a client sent
         if name is not None:
             if not isinstance(name, str) or not 0 < len(name) <= 64:
                 raise InvalidRequest("user must be a name of at most 64 characters")
@@ -113,13 +129,13 @@ class Why:
             raise RequestError(f"no job {job_id}; `nebula queue` lists the jobs")
         return await self.job(job)
 
-    async def job(self, job: Job) -> dict:
+    async def job(self, job: Job) -> WhyJob:
         """The answer for one job (api.py: ``why``; docs/reference.md its shape)."""
         state = self.state
         now = state.clock()
         standing = self.shares.standing(job.user)
         reason = job.reason or ""
-        answer = {"job": job.id, "user": job.user, "state": job.state.value,
+        answer: WhyJob = {"job": job.id, "user": job.user, "state": job.state.value,
                   "queue_pos": state.queue_pos(job), "waiting": len(state.queue_order),
                   "rule": rule_of(job, reason, standing["refusal"]), "reason": reason,
                   "share": standing, "now": now, "starts": None, "ahead": [], "holding": [],
@@ -152,16 +168,16 @@ class Why:
             answer["holding"] = [self._job_row(j) for j in state.jobs.holders()
                                  if own.node in {p.node for p in j.placements}][:SHOWN]
         for flag, start in starts[2:]:
-            if _sooner(start, own):
+            if flag is not None and start is not None and start.at is not None and _sooner(start, own):
                 answer["sooner"].append({"change": flag, "starts": start.json(now)})
                 if start.at <= now + 60:
                     break  # the smallest change that starts it now: enough
         answer["sooner"] += self._pools(job)
         return answer
 
-    def _pools(self, job: Job) -> list[dict]:
+    def _pools(self, job: Job) -> list[WhySooner]:
         """Pools that could take the job as it is and have room for one more now."""
-        found = []
+        found: list[WhySooner] = []
         for name, pool in getattr(self.pools, "pools", {}).items():
             try:
                 refused = self.pools.refusal(name, job.spec, job.user)
@@ -177,7 +193,7 @@ class Why:
     def _card_mb(self) -> int | None:
         return max((g.reading.memory_total_mb or 0 for g in self.state.gpus.values()), default=None) or None
 
-    def _job_row(self, job: Job) -> dict:
+    def _job_row(self, job: Job) -> WhyJobRow:
         ends = None
         if job.state.holds_gpus and job.started_at and job.spec.time_limit_s:
             ends = job.started_at + job.spec.time_limit_s
@@ -187,11 +203,13 @@ class Why:
                 "time_limit_s": job.spec.time_limit_s, "ends_by": ends,
                 "starts": self.state.forecasts.get(job.id)}
 
-    def user(self, name: str) -> dict:
+    def user(self, name: str) -> WhyUser:
         """A user's standing: fair share, quota, their jobs running and waiting."""
         mine = [j for j in self.state.jobs.values() if j.user == name]
+        waiting: list[WhyWaitingRow] = [
+            {**self._job_row(j), "queue_pos": self.state.queue_pos(j), "reason": j.reason}
+            for j in sorted(mine, key=lambda j: self.state.queue_place.get(j.id, 1 << 30))
+            if j.state == JobState.PENDING]
         return {"share": self.shares.standing(name),
                 "running": [self._job_row(j) for j in mine if j.state.holds_gpus],
-                "waiting": [{**self._job_row(j), "queue_pos": self.state.queue_pos(j), "reason": j.reason}
-                            for j in sorted(mine, key=lambda j: self.state.queue_place.get(j.id, 1 << 30))
-                            if j.state == JobState.PENDING]}
+                "waiting": waiting}

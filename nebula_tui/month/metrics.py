@@ -3,6 +3,9 @@
 * utilisation — work served: the memory-hours of the jobs that ran (a job counts the
   memory it asked for on each card, a whole-card job the card's), over the memory-hours
   the cards offered; a card held whole by an 8 GB job counts 8 GB of work, not 24;
+  and the part of it served to jobs that end (not services): a service's hours are work
+  the trace says ran, but a policy that fills the lab's largest cards with services shows
+  a higher figure while its batch jobs wait;
 * held — the share of card-hours with any job on the card, whole or a slice;
 * waits — from submit to start, p50/p95/max, overall and by size; a job some card could
   run that never started counts its whole wait until the month's end;
@@ -47,6 +50,8 @@ class Figures:
     utilisation_by_day: list[float]
     #: the waits of the runnable jobs that started (those that never did are ``never_run``)
     waits_s: list[float]
+    #: the part of ``utilisation`` served to jobs that end (not ``--service``)
+    utilisation_batch: float = 0.0
 
     @property
     def never_run_pct(self) -> float:
@@ -68,7 +73,7 @@ def figures(policy: str, requests: Sequence[Request], outcomes: dict[int, Outcom
     offered = sum(memory.values()) * horizon_s
     days = max(1, int(horizon_s // 86400))
     by_day = [0.0] * days
-    served = 0.0
+    served = batch = 0.0
     per_user_served: dict[str, float] = defaultdict(float)
     per_user_demand: dict[str, float] = defaultdict(float)
     held_intervals: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -93,6 +98,8 @@ def figures(policy: str, requests: Sequence[Request], outcomes: dict[int, Outcom
                 else sum(memory[u] for _, u, _, _ in o.placements)
             run = max(0.0, end - o.started_s)
             served += work_mb * run
+            if not r.service:
+                batch += work_mb * run
             per_user_served[r.user] += work_mb * run
             _spread(by_day, o.started_s, end, work_mb)
             for _, uuid, _, _ in o.placements:
@@ -116,7 +123,8 @@ def figures(policy: str, requests: Sequence[Request], outcomes: dict[int, Outcom
         max(waits, default=0.0),
         {size: (percentile(w, 50), percentile(w, 95), len(w), never_by_size[size]) for size, w in by_size.items()},
         sum(completions) / len(completions) if completions else 0.0, fairness, over_24h, never,
-        len(runnable), [d / (total_mb * 86400) for d in by_day] if total_mb else by_day, started_waits)
+        len(runnable), [d / (total_mb * 86400) for d in by_day] if total_mb else by_day, started_waits,
+        batch / offered if offered else 0.0)
 
 
 def _typical(memory: dict[str, int]) -> int:
@@ -197,6 +205,7 @@ def table(all_figures: Sequence[Figures]) -> str:
     """The side-by-side table, one column per policy."""
     rows = [("", [f.policy for f in all_figures]),
             ("utilisation (work served)", [f"{f.utilisation:.0%}" for f in all_figures]),
+            ("  of it, jobs that end (not services)", [f"{f.utilisation_batch:.0%}" for f in all_figures]),
             ("held (cards allocated)", [f"{f.held:.0%}" for f in all_figures]),
             ("wait p50 / p95 / max (min)", [f"{minutes(f.wait_p50_s)} / {minutes(f.wait_p95_s)} / "
                                             f"{minutes(f.wait_max_s)}" for f in all_figures])]

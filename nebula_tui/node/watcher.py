@@ -15,6 +15,10 @@ from .node_base import INTERVAL, JOBS_DIR, emit, int_or_none, mtime, read_text, 
 
 WATCH_EVERY = 0.02  # seconds between looks for started/ended jobs: ends are reported at once
 PHASE_EVERY = 0.25  # seconds between looks at what starting jobs are doing (for display)
+#: An exit is reported once the wrapper's tee has written the job's last output to its log
+#: (``logged``), or this long (seconds) after the exit code when it has not: a process the
+#: job left behind holding its output keeps tee open, and must not keep the job running.
+LOG_GRACE_S = 0.5
 
 
 class Watcher:
@@ -76,6 +80,9 @@ class Watcher:
                   "workdir": read_text(os.path.join(d, "workdir")) or None})
         code_text = read_text(os.path.join(d, "exit_code"))
         if code_text is not None and code_text.strip():
+            if not os.path.exists(os.path.join(d, "logged")) \
+                    and time.time() - mtime(os.path.join(d, "exit_code")) < LOG_GRACE_S:
+                return  # the log is not whole yet: a `wait` then `logs` would read it short
             self.ended.add(key)
             # A wrapper that ended before its own release (a launch that failed after its
             # data mounts were pinned) leaves no staging mount behind it.

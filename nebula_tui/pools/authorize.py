@@ -11,6 +11,7 @@ import contextlib
 import socket
 
 from ..config.pools import PoolConfig
+from ..wire import PoolAuthorize
 
 #: OpenSSH's ``restrict``: no terminal, no port, agent or X11 forwarding, no ~/.ssh/rc —
 #: commands only, all the head runs there (sbatch, squeue, sinfo, sacct, scancel, tail).
@@ -28,7 +29,8 @@ def head_address(host: str, port: int, resolve: bool = True) -> str | None:
                                                     flags=flags)[0]
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
             probe.connect(where)
-            return probe.getsockname()[0]
+            address: str = probe.getsockname()[0]
+            return address
     return None
 
 
@@ -38,11 +40,11 @@ def authorized_keys_line(public_key: str, address: str | None) -> str:
     return f"{options} {public_key.strip()}"
 
 
-def authorize_view(config: PoolConfig, public_key: str | None, address: str | None) -> dict:
+def authorize_view(config: PoolConfig, public_key: str | None, address: str | None) -> PoolAuthorize:
     """What ``nebula pool authorize NAME`` shows for pool ``config``: for a submitter pool
     the line each user adds (``line``), the key's comment that marks it for revoking; for a
     pool with one account, who logs in (nothing for a user to add)."""
-    view = {"pool": config.name, "host": config.host, "port": config.port,
+    view: PoolAuthorize = {"pool": config.name, "host": config.host, "port": config.port,
             "per_submitter": config.per_submitter,
             "account": None if config.per_submitter else config.user,
             "address": address, "line": None, "comment": None}

@@ -28,6 +28,7 @@ import asyncssh
 from ..config.cluster import ClusterConfig
 from ..config.pools import PoolConfig
 from ..remote.ssh import encryption_preference, known_hosts
+from ..wire import PoolAuthorize
 from ..waits import within
 from . import slurm_parse as parse
 from .authorize import authorize_view, head_address
@@ -127,7 +128,7 @@ class SlurmPool:
             self.address = (conn.get_extra_info("sockname") or (None,))[0]
             return conn
 
-    def authorize(self) -> dict:
+    def authorize(self) -> PoolAuthorize:
         """What ``nebula pool authorize`` shows: the line of the key a submitter logs in
         with (its ``.pub`` beside it), from the head's address (``pools/authorize.py``)."""
         identity, public_key = self._identity(), None

@@ -7,13 +7,14 @@ import time
 from ..config.pools import PoolConfig
 from ..printable import printable
 from ..units import duration_text
+from ..wire import PoolAuthorize, PoolWire
 from .base import Capacity
 
 
 def pool_view(config: PoolConfig, kind: str, capacity: Capacity | None,
               unreachable_since: float | None, reason: str, running: int, pending: int,
-              now: float, authorize: dict | None = None,
-              degraded_since: float | None = None, troubled: dict[str, str] | None = None) -> dict:
+              now: float, authorize: PoolAuthorize | None = None,
+              degraded_since: float | None = None, troubled: dict[str, str] | None = None) -> PoolWire:
     """The pool's view: what it has (its last poll), whether it answers, ours there."""
     version = capacity.version if capacity else None
     where = f"Slurm {version}" if version else "Slurm"

@@ -409,6 +409,10 @@ def script(plan: LaunchPlan) -> str:
         _WRAPPER_HELPERS + containers.HELPERS + "{",
         *body,  # never re-indented: a quoted word may span lines
         '} 2>&1 | ' + _log_writer(plan.log_max_mb),
+        # The exit code above is written before tee has copied the last output to the log:
+        # the watcher reports the exit once this says the log is whole (or after a grace,
+        # when a process the job left behind keeps its output open).
+        '{ : > "$jobdir/logged"; } 2>/dev/null',
     ]
     return "\n".join(lines) + "\n"
 

@@ -32,6 +32,8 @@ Before each slice is placed the pass decides how (``World.set_packing``): while 
 waiting whole-card jobs need every wholly free card there is, slices fill shared cards;
 otherwise they go to the coolest, least shared card. Either way a slice breaks an idle card
 of the lab's scarce gang machines (:meth:`_Pass._scarce`) only when no other card fits it.
+Services together hold at most ``SchedulerConfig.service_share`` of the cards
+(:meth:`_Pass.service_held`), so work that ends always has cards to run on.
 Every start is applied to the pass's
 view of the cards before the next job is considered. A request refused once stays refused
 for the rest of the pass (a start only takes cards), so a long queue of jobs that cannot
@@ -390,6 +392,29 @@ class _Pass:
         return Wait(job.id, f"needs {needs(shape)}; only {names} {'has' if one else 'have'} it free now, "
                             f"and {text}; it waits for another machine")
 
+    def service_held(self, job: PendingJob, shape: Shape, bars: Bars,
+                     avoid: tuple[int, ...]) -> Decision | None:
+        """A service holds its cards with no end: the concentrated month's second 2-card
+        service took the last two whole cards outside the gang machine for its last five
+        days, and the 1-card jobs that came after waited p95 893 min where slurm-like's
+        (which left that service waiting) waited 320. So services together hold at most
+        ``service_share`` of the lab's cards; past it a service only fills a card a service
+        already holds (a slice), or waits for one to end. The first service always may
+        start (a small lab's only service is never refused). None: decide as for any job."""
+        takers = [c for cards in self.world.takers.values() for c in cards]
+        held = frozenset(c.uuid for c in takers if c.service)
+        room = math.floor(self.config.service_share * len(takers)) - len(held)
+        if not held or room >= shape.gpu_count:
+            return None
+        if shape.gpu_mem_mb is not None:  # a slice may still share a card a service holds
+            others = frozenset(c.uuid for c in takers if not c.service)
+            found = self.search(shape, bars.excluded | others, ("services", bars.token, held), avoid)
+            if isinstance(found, Found):
+                return self.start(job, found)
+        return Wait(job.id, f"services hold {len(held)} of the lab's {len(takers)} cards, the most they may "
+                            f"({self.config.service_share:.0%}, scheduler.service_share), so work that ends "
+                            "keeps cards to run on; it waits for a service to end")
+
     def scarce_idle(self) -> frozenset[str]:
         """The scarce machines' cards that hold nothing now. A slice breaks such a card
         for the lab's largest gangs (a 4-card job needs all four of the one 4-card
@@ -438,6 +463,10 @@ class _Pass:
             # card even while no whole-card job waits, or it would break a whole card for good.
             demand = self.whole_demand
             self.world.set_packing(job.service or demand > 0 and self.world.whole_free <= demand)
+        if job.service and self.config.service_share < 1 and self.keeps_off(job):
+            held = self.service_held(job, shape, bars, avoid)
+            if held is not None:
+                return held
         if self.scarce and job.time_limit_s is None and self.keeps_off(job):
             kept = self.keep_off_scarce(job, shape, bars, avoid)
             if kept is not None:
@@ -464,8 +493,8 @@ class _Pass:
         if isinstance(found, Found):
             return self.start(job, found)
         if avoid and isinstance(self.search(shape, bars.excluded, bars.token), Found):
-            held = self.reservations[avoid[0]]
-            reason = f"held for job {held.job_id} ({held.text} reserved for it; {self.estimate(held)})"
+            holder = self.reservations[avoid[0]]
+            reason = f"held for job {holder.job_id} ({holder.text} reserved for it; {self.estimate(holder)})"
             req.refuse(key, reason)
             return Wait(job.id, reason)
         if bars.token is not None and isinstance(self.search(shape, frozenset(), None, avoid),

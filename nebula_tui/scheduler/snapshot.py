@@ -168,6 +168,10 @@ class SchedulerConfig:
     #: ordinary priority, oldest first, so its reservation is made before newer small work
     #: takes the cards it needs (Slurm's age factor, bounded); None: fair share alone
     gang_age_s: float | None = 4 * 3600.0
+    #: services (--service: no end) hold at most this share of the lab's cards, so work
+    #: that ends always has cards to flow through (a QOS GrpTRES on services, as in
+    #: Slurm); a service past it waits. 1: no bound. The first service always may start.
+    service_share: float = 0.5
 
     @property
     def temperatures(self) -> Temperatures:

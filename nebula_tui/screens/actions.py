@@ -17,6 +17,7 @@ from ..client.cluster import Cluster
 from ..forecasts import why_text
 from ..printable import printable, printable_tree
 from ..views import command_line
+from ..wire import DrainRequest, JobRequest, NodeRequest, WhyRequest
 from . import commandline
 from .base import OpMissing
 from .commandline import Command, CommandLine
@@ -51,7 +52,7 @@ class ClusterActions:
     async def show_why(self, job_id: int) -> None:
         """The ``why`` group: the head's `nebula why` answer for a job, in a dialog."""
         try:
-            answer = (await self.call("why", job=job_id))["why"]
+            answer = (await self.call("why", **WhyRequest(job=job_id)))["why"]
         except (OpMissing, ApiError) as err:
             self.notify(str(err), title=f"Cannot explain job {job_id}", severity="warning")
             return
@@ -63,7 +64,7 @@ class ClusterActions:
         """The ``actions`` group: cancel / hold / release one job; the outcome (or the
         service's refusal) becomes a notification."""
         try:
-            await self.call(op, job=job_id)
+            await self.call(op, **JobRequest(job=job_id))
         except OpMissing as err:
             self.notify(str(err), title=f"Cannot {op} job {job_id}", severity="warning")
         except ApiError as err:
@@ -113,7 +114,7 @@ class ClusterActions:
         job = self.cluster.jobs.get(job_id)
         if job is None:
             try:
-                job = (await self.call("job", job=job_id))["job"]
+                job = (await self.call("job", **JobRequest(job=job_id)))["job"]
             except ApiError as err:
                 self.notify(str(err), title=f"Cannot cancel job {job_id}", severity="error")
                 return
@@ -165,7 +166,7 @@ class ClusterActions:
     async def node_action(self, op: str, node: str, reason: str = "") -> None:
         """The ``node-actions`` group: drain, resume or remove; a refusal becomes a
         notification. The head's answer is folded in at once (its node event follows)."""
-        fields = {"node": node, **({"reason": reason} if op == "drain" else {})}
+        fields = DrainRequest(node=node, reason=reason) if op == "drain" else NodeRequest(node=node)
         try:
             reply = await self.call(op, **fields)
         except OpMissing as err:

@@ -25,7 +25,7 @@ from textual_plotext import PlotextPlot
 from ..api import ApiError
 from ..model import MIB_PER_GIB, NOT_AVAILABLE, format_mb
 from ..views import short_model
-from ..wire import GpuWire
+from ..wire import GpuHistoryRequest, GpuWire
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .look import LOOK
 from .render import (booking_line, clock, fill_bar, fits_text, free_slice_mb, gpu_label, holders_text,
@@ -401,7 +401,7 @@ class GpuDetailScreen(ClusterScreen):
         """The ``history`` group: one ``history`` request at a time for this GPU."""
         note = self.query_one("#gpu-history-note", Static)
         try:
-            reply = await self.app.call("history", gpu=self.uuid, since=HISTORY_SPAN_S)
+            reply = await self.app.call("history", **GpuHistoryRequest(gpu=self.uuid, since=HISTORY_SPAN_S))
         except OpMissing:
             note.update(Text("History is not available on this service (no 'history' request).",
                              style=LOOK.role("warn")))

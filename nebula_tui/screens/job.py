@@ -28,7 +28,7 @@ from ..client.cluster import FINISHED
 from ..forecasts import starts_text
 from ..model import format_mb
 from ..views import workdir_text
-from ..wire import JobWire
+from ..wire import EventsRequest, JobRequest, JobWire, LogsRequest
 from .base import ClusterScreen, OpMissing
 from .render import ago, clock, duration, job_size, job_state, run_seconds, state_text
 from .widgets.keys import JOB_KEYS
@@ -175,12 +175,12 @@ class JobScreen(ClusterScreen):
     async def load_job(self) -> None:
         """The ``job-load`` group: the job and its events log lines, once per screen."""
         try:
-            job = (await self.app.call("job", job=self.job_id))["job"]
+            job = (await self.app.call("job", **JobRequest(job=self.job_id)))["job"]
         except ApiError as err:
             self.query_one("#job-spec", Static).update(Text(str(err), style="red"))
             return
         try:
-            events = (await self.app.call("events", limit=2000))["events"]
+            events = (await self.app.call("events", **EventsRequest(limit=2000)))["events"]
         except ApiError:
             events = []
         mine = sorted((e for e in events if e.get("job_id") == self.job_id),
@@ -193,7 +193,7 @@ class JobScreen(ClusterScreen):
         the job has ended and everything is read, or when follow is switched off."""
         while self.follow:
             try:
-                reply = await self.app.call("logs", job=self.job_id, offset=self.log_offset)
+                reply = await self.app.call("logs", **LogsRequest(job=self.job_id, offset=self.log_offset))
             except ApiError as err:
                 self.post_message(LogChunk(f"[cannot read the log: {err}]\n", "?"))
                 return
@@ -210,7 +210,7 @@ class JobScreen(ClusterScreen):
     async def fetch_attach(self) -> None:
         """The ``attach`` group: ask the head how to attach; the handler runs it."""
         try:
-            argv = (await self.app.call("attach_info", job=self.job_id))["argv"]
+            argv = (await self.app.call("attach_info", **JobRequest(job=self.job_id)))["argv"]
         except OpMissing as err:
             self.notify(str(err), title="Cannot attach", severity="warning")
             return
@@ -224,7 +224,7 @@ class JobScreen(ClusterScreen):
     async def load_environment(self) -> None:
         """The ``job-environment`` group: the job's environment, once per placement."""
         with contextlib.suppress(ApiError):
-            job = (await self.app.call("job", job=self.job_id))["job"]
+            job = (await self.app.call("job", **JobRequest(job=self.job_id)))["job"]
             self._show_environment(job)
 
     def _show_environment(self, job: dict) -> None:

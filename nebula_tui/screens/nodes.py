@@ -23,7 +23,7 @@ from textual.widgets import Button, Input, Static
 from ..api import ApiError
 from ..model import format_mb
 from ..views import doctor_lines, node_power
-from ..wire import GpuWire, NodeWire
+from ..wire import DoctorRequest, EventsRequest, GpuWire, NodeAddRequest, NodeKeyRequest, NodeWire
 from .base import TELEMETRY_EVERY_S, ClusterScreen
 from .look import LOOK
 from .render import ago, day_clock, free_slice_mb, node_power_text, state_text
@@ -103,7 +103,7 @@ class DoctorScreen(ModalScreen[None]):
     async def check(self) -> None:
         box = self.query_one("#doctor-lines", Static)
         try:
-            reply = await self.app.call("doctor", nodes=[self.node])
+            reply = await self.app.call("doctor", **DoctorRequest(nodes=[self.node]))
         except ApiError as err:
             box.update(Text(f"not checked: {err}", style=LOOK.role("bad")))
             return
@@ -160,7 +160,7 @@ class AddNodePrompt(ModalScreen[None]):
         """The ``node-actions`` group: ask the head for the key the node presents."""
         self._say("reading the node's host key…")
         try:
-            fingerprint = (await self.app.call("node_key", host=host, port=port))["fingerprint"]
+            fingerprint = (await self.app.call("node_key", **NodeKeyRequest(host=host, port=port)))["fingerprint"]
         except ApiError as err:
             self._say(f"[b]cannot add:[/b] {err}")
             return
@@ -172,7 +172,7 @@ class AddNodePrompt(ModalScreen[None]):
     @work(exclusive=True, group="node-actions")
     async def add(self, name: str, host: str, port: int, fingerprint: str) -> None:
         try:
-            await self.app.call("node_add", node=name, host=host, port=port, trust=fingerprint)
+            await self.app.call("node_add", **NodeAddRequest(node=name, host=host, port=port, trust=fingerprint))
         except ApiError as err:
             self._say(f"[b]not added:[/b] {err}")
             return
@@ -330,7 +330,7 @@ class NodesScreen(ClusterScreen):
     async def reload(self) -> None:
         """The ``events-log`` group: the log's older lines (the stream brings new ones)."""
         try:
-            self._log = (await self.app.call("events", limit=EVENTS_SHOWN))["events"]
+            self._log = (await self.app.call("events", **EventsRequest(limit=EVENTS_SHOWN)))["events"]
         except ApiError as err:
             if (table := self.live_table("#events-table")) is not None:
                 table.border_subtitle = f"cannot load: {err}"

@@ -23,6 +23,7 @@ from ..api import ApiError
 from ..client.cluster import FINISHED
 from ..forecasts import starts_text
 from ..views import preemptible_text, running_idle_text
+from ..wire import JobHistoryRequest
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .look import LOOK
 from .render import (booking_line, duration, elapsed_text, exit_text, job_size, job_state, job_where,
@@ -149,7 +150,7 @@ class QueueScreen(ClusterScreen):
     async def load_history(self) -> None:
         """The ``job-history`` group: the ended jobs (newest first) for the "all" view."""
         try:
-            reply = await self.app.call("job_history", limit=HISTORY_LIMIT)
+            reply = await self.app.call("job_history", **JobHistoryRequest(limit=HISTORY_LIMIT))
         except OpMissing:
             self.history_note = "this service keeps no history: ended jobs seen since the TUI started"
         except ApiError as err:

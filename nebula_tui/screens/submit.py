@@ -221,7 +221,7 @@ class SubmitScreen(ClusterScreen):
         self.preview(self.fields())
 
     @work(exclusive=True, group="plan")
-    async def preview(self, fields: dict) -> None:
+    async def preview(self, fields: SubmitRequest) -> None:
         """The ``plan`` group: where the job would go now; the newest form wins."""
         box = self.query_one("#preview", Static)
         try:
@@ -236,7 +236,7 @@ class SubmitScreen(ClusterScreen):
         box.update(plan_text(plan, bool(fields.get("preemptible"))))
 
     @work(exclusive=True, group="submit")
-    async def send(self, fields: dict) -> None:
+    async def send(self, fields: SubmitRequest) -> None:
         """The ``submit`` group: submit once; the handler opens the job."""
         try:
             reply = await self.app.call("submit", **fields)

@@ -25,6 +25,7 @@ from ..client.cluster import user_weight
 from ..model import fmt
 from ..units import duration_short
 from ..views import month_start
+from ..wire import ReportRequest
 from .base import ClusterScreen, OpMissing
 from .render import elapsed_text, fill_bar, job_state, job_where, now, state_text
 from .widgets.keys import USERS_KEYS
@@ -179,7 +180,7 @@ class UsersScreen(ClusterScreen):
         """The ``month-report`` group: the head's report of this month, its cluster row."""
         t = now()
         try:
-            report = (await self.app.call("report", since=month_start(t), until=t))["report"]
+            report = (await self.app.call("report", **ReportRequest(since=month_start(t), until=t)))["report"]
         except OpMissing:
             self._month_note = "This service keeps no monthly report."
         except ApiError as err:

@@ -208,7 +208,9 @@ class Jobs(Accounting):
             self.db.execute("UPDATE allocations SET released_at = ? WHERE job_id = ? "
                             "AND released_at IS NULL", [t, job.id])
             self.db.execute(
+                # (an older attempt's end, told first by its node, is not this one's)
                 "UPDATE jobs SET state = 'running', node = ?, reason = '', started_at = ?, "
+                "ended_at = NULL, exit_code = NULL, "
                 f"attempt = ?, launch_token = ?, cancel_by = NULL, cancel_at = NULL, {_NO_STOP} "
                 "WHERE id = ?",
                 [placements[0].node, job.started_at, job.attempt, token, job.id])

@@ -9,6 +9,7 @@ import pytest
 
 from nebula_tui.head import forecast
 from nebula_tui.model import JobSpec, JobState
+from support.inprocess import up_engine
 
 
 
@@ -123,3 +124,33 @@ async def test_the_head_learns_the_share_of_its_time_a_job_used(engine):  # noqa
         engine.transitions.finish(engine.jobs[job.id], state, 0, "")
     ran = [(engine.store.job(j.id).ended_at - engine.store.job(j.id).started_at) / 3600.0 for j in held[:2]]
     assert engine.scheduling.histories().shares == pytest.approx(tuple(ran), abs=1e-3)  # seconds of an hour
+
+
+async def test_a_head_started_again_keeps_the_run_lengths_it_learned(tmp_path):
+    """The runs the forecast (and the scheduler's estimate) learned from are the store's: a
+    head started again on it knows them as the one before knew them, not from nothing."""
+    first = up_engine(tmp_path)
+    try:
+        held, waiting = await full_head(first)
+        untimed = first.submit("bob", JobSpec(command=("true",)))
+        for job, state in zip(held[:2], (JobState.SUCCEEDED, JobState.TIMEOUT)):
+            first.transitions.mark_running(first.jobs[job.id])
+            first.transitions.finish(first.jobs[job.id], state, 0, "")
+        first.scheduling.schedule_pass()
+        await asyncio.sleep(0)
+        first.transitions.mark_running(first.jobs[untimed.id])
+        first.transitions.finish(first.jobs[untimed.id], JobState.SUCCEEDED, 0, "")
+        learned = first.scheduling.histories()
+        assert learned.like and len(learned.shares) == 2
+    finally:
+        await first.stop()
+        first.state.store.close()
+    again = up_engine(tmp_path)
+    try:
+        known = again.scheduling.histories()
+        assert set(known.like) == set(learned.like)  # the store keeps times to the millisecond
+        assert all(known.like[key] == pytest.approx(runs, abs=1e-3) for key, runs in learned.like.items())
+        assert known.shares == pytest.approx(learned.shares, abs=1e-3)
+    finally:
+        await again.stop()
+        again.state.store.close()

@@ -151,6 +151,20 @@ def test_utilisation_counts_the_memory_asked_not_the_card_held():
     assert f.held == pytest.approx(1.0)
 
 
+def test_utilisation_also_says_how_much_of_it_was_work_that_ends_not_services():
+    """Slurm-like's higher utilisation on four of five months was its services' hours (a
+    4-card service on the lab's 80 GB cards counts 320 GB an hour): the table says, beside
+    work served, the part served to jobs that end, so a policy that runs services instead of
+    batch work shows it."""
+    jobs = [Request(1, 0, "alice", 1, None, 1000, service=True), Request(2, 0, "bob", 1, None, 500)]
+    cards = CARDS[:2]
+    out = {1: Outcome(1, started_s=0, placements=(("n1", "g1", 24576, True),)),
+           2: Outcome(2, started_s=0, ended_s=500, placements=(("n1", "g2", 24576, True),))}
+    f = metrics.figures("x", jobs, out, cards, 1000, {1, 2})
+    assert f.utilisation == pytest.approx(0.75) and f.utilisation_batch == pytest.approx(0.25)
+    assert "  of it, jobs that end (not services)" in metrics.table([f])
+
+
 def test_each_size_class_has_its_p95_and_never_run_and_the_last_line_names_the_worst():
     jobs = [Request(1, 0, "alice", 1, 8192, 100), Request(2, 0, "bob", 2, None, 100),
             Request(3, 0, "carol", 2, None, 100)]

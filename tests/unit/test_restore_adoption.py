@@ -9,6 +9,8 @@ import asyncio
 import getpass
 import time
 
+import pytest
+
 from nebula_tui.config.cluster import load_config
 from nebula_tui.head.engine import Engine
 from nebula_tui.head.jobs import launch_record
@@ -49,16 +51,17 @@ def attempt(job_id: int, token: str, started_at: float, exit_code: int | None) -
             "record": launch_record(job), "reason": ""}
 
 
-async def reconciled(tmp_path, store: Store, node01: ListingNode) -> None:
+async def reconciled(tmp_path, store: Store, node01: ListingNode, node02: ListingNode | None = None) -> None:
     """A head on ``store`` (restored: it waits for its nodes) whose node01 answers as
-    ``node01`` does, until every node has been reconciled; then stopped."""
+    ``node01`` does (and node02 as ``node02``), until every node has been reconciled; then
+    stopped. node01 comes up first."""
     cluster_file(tmp_path / "nodes.yaml", NODES)
     head = Engine(load_config(tmp_path / "nodes.yaml"), store, time.time)
     head.state.await_nodes_after_restore()  # as its start does, the store being restored
     head.transitions.load()
     try:
         for node in NODES:
-            head.links[node] = node01 if node == "node01" else ListingNode()
+            head.links[node] = {"node01": node01, "node02": node02}.get(node) or ListingNode()
             head.on_node_message(node, {"type": "hello", "hostname": node,
                                         "smi_table": "CUDA Version: 12.4"})
             head.on_node_message(node, probe(node, [gpu_row(node, i) for i in range(2)]))
@@ -220,3 +223,117 @@ async def test_a_node_late_for_the_restore_wait_is_still_asked_after_the_head_re
     finally:
         await head.stop()
         store.close()
+
+
+async def test_a_late_nodes_copy_of_a_job_the_head_started_elsewhere_meanwhile_is_stopped(tmp_path):
+    """The backup has job W waiting; node01 started it since, then was away past the
+    restore wait, and the head, going on without it, started W on node02. When node01 is
+    back its copy of W, which no launch of the store accounts for, is stopped (with the
+    token of its launch) and said so: one copy of W runs, on the cards the store gives it."""
+    store = Store(tmp_path / "state.db")
+    t = time.time() - 60
+    w = store.add_job(ME, JobSpec(command=("true",)), t).id
+    store.mark_restored("a backup")
+    token = f"{store.head_token}.0.{w:04x}"
+    node01 = LateNode({str(w): {"0": attempt(w, token, t + 20, None)}}, {str(w): token})
+    asked = []
+    answer = node01.request
+
+    async def request(op: str, timeout: float | None = None, **fields) -> dict:
+        asked.append((op, fields))
+        return await answer(op, timeout, **fields)
+
+    node01.request = request
+    head = await past_the_wait(tmp_path, store)
+    try:
+        node_up(head, "node01", node01)
+        await asyncio.sleep(0.05)
+        head.scheduling.schedule_pass()  # while node01's list is on its way: W goes to node02
+        await asyncio.sleep(0.05)
+        assert store.job(w).placements and store.job(w).placements[0].node == "node02"
+        node01.answer.set()
+        for _ in range(100):
+            if any(op == "cancel" for op, _ in asked):
+                break
+            await asyncio.sleep(0.01)
+        cancels = [fields for op, fields in asked if op == "cancel"]
+        assert cancels and cancels[0]["job"] == w and cancels[0]["token"] == token, asked
+        assert store.job(w).state.holds_gpus and store.job(w).placements[0].node == "node02"
+        assert any("copy" in e["message"] and "node02" in e["message"] for e in store.events(50, job_id=w))
+    finally:
+        await head.stop()
+        store.close()
+    never_overcommitted(tmp_path / "state.db")
+
+
+async def test_a_restore_reconcile_the_store_could_not_write_is_tried_again_without_a_reconnect(tmp_path):
+    """node01, late for the restore wait, is back while the disk fails: taking in what it
+    ran since the backup cannot be written. It is tried again while node01 stays connected,
+    and once the disk is back its cards are taken in and take work again (before, they
+    stayed blocked till node01 happened to reconnect)."""
+    from nebula_tui.store import StoreUnavailable
+
+    store = Store(tmp_path / "state.db")
+    t = time.time() - 60
+    store.mark_restored("a backup")
+    token = f"{store.head_token}.0.0005"
+    node01 = LateNode({"5": {"0": attempt(5, token, t, None)}}, {"5": token})
+    node01.answer.set()
+    head = await past_the_wait(tmp_path, store)
+    head.fleet.reconciler.retry_s = 0.05
+    adopt_launch, failures = store.adopt_launch, [1, 1]
+
+    def failing(*args, **kwargs):
+        if failures:
+            failures.pop()
+            raise StoreUnavailable("the head could not write its database (x): the disk failed")
+        return adopt_launch(*args, **kwargs)
+
+    store.adopt_launch = failing
+    try:
+        node_up(head, "node01", node01)
+        for _ in range(200):
+            if store.job(5) is not None and not store.restore_late:
+                break
+            await asyncio.sleep(0.01)
+        assert not failures, "the disk never failed: the test did not test"
+        assert store.job(5) is not None and store.job(5).state == JobState.RUNNING
+        assert not store.restore_late
+        assert not any(v.blocked for v in head.state.gpu_views("node01"))
+    finally:
+        await head.stop()
+        store.close()
+    never_overcommitted(tmp_path / "state.db")
+
+
+@pytest.mark.parametrize("later_on", ["node01", "node02"])
+async def test_a_job_requeued_and_relaunched_since_the_backup_is_taken_in_at_its_later_attempt(tmp_path, later_on):
+    """The backup has job X running on one node; since, X was preempted there (its end
+    acked, with no end kept: a requeue is its own record) and runs again, attempt 1, on the
+    other. Whichever node answers first, X is taken in running at attempt 1 where it runs:
+    not failed by its first attempt's end while its second runs on, untracked."""
+    earlier_on = "node02" if later_on == "node01" else "node01"
+    store = Store(tmp_path / "state.db")
+    t = time.time() - 60
+    x = store.add_job(ME, JobSpec(command=("true",)), t).id
+    first = Placement(f"GPU-{earlier_on}-0", earlier_on, 0, 81920, True)
+    token0 = store.start_launching(x, (first,), t)
+    store.mark_running(x, t + 1)
+    store.mark_restored("a backup")
+    ended = attempt(x, token0, t + 1, 143)
+    ended["acked"] = True
+    token1 = f"{store.head_token}.1.{x:04x}"
+    second = Placement(f"GPU-{later_on}-0", later_on, 0, 81920, True)
+    running = attempt(x, token1, t + 30, None)
+    record = Job(x, ME, JobSpec(command=("true",)), t, attempt=1, status=Launching((second,)))
+    running["record"] = launch_record(record)
+    nodes = {earlier_on: ListingNode({str(x): {"0": ended}}),
+             later_on: ListingNode({str(x): {"1": running}}, {str(x): token1})}
+    try:
+        await reconciled(tmp_path, store, nodes["node01"], nodes["node02"])
+        job = store.job(x)
+        assert job.state == JobState.RUNNING, (job.state, job.reason)
+        assert job.attempt == 1 and job.placements == (second,)
+    finally:
+        store.close()
+    never_overcommitted(tmp_path / "state.db")

@@ -422,9 +422,10 @@ def test_a_service_never_takes_the_only_machine_that_holds_the_lab_s_gangs():
     assert on(got[2]) == [("big", i) for i in range(4)]
     got = run(gpus, [job(1, 4, service=True, priority=5)])
     assert on(got[1]) == [("big", i) for i in range(4)]
-    # Smaller services go to the other machines, and wait for them rather than take big.
+    # Smaller services go to the other machines, and wait for them rather than take big
+    # (with services allowed all the cards: scheduler.service_share has its own test).
     got = run(gpus, [job(1, 2, service=True), job(2, 2, service=True), job(3, 2, service=True),
-                     job(4, 1, service=True)])
+                     job(4, 1, service=True)], config=SchedulerConfig(service_share=1.0))
     assert sorted(node for i in (1, 2, 3) for node, _ in on(got[i])) == ["p1", "p1", "p2", "p2", "p3", "p3"]
     assert got[4] == Wait(4, "needs a whole GPU; only big has it free now, and a service would hold big with "
                              "no end, the only machine with more than 2 GPUs, so no job that needs it could "
@@ -433,6 +434,46 @@ def test_a_service_never_takes_the_only_machine_that_holds_the_lab_s_gangs():
     alike = [card(n, i) for n in ("a", "b", "c", "d", "e") for i in range(4)]
     assert on(run(alike, [job(1, 4, service=True)])[1]) == [("a", i) for i in range(4)]
     assert on(run(gpus[:6], [job(1, 4, service=True)])[1]) == [("big", i) for i in range(4)]
+
+
+def test_services_hold_at_most_half_the_cards_so_work_that_ends_keeps_some():
+    """The concentrated month: its second 2-card service took the last two whole cards
+    outside the gang machine for the month's last five days, and the 1-card jobs that came
+    after waited p95 893 min (slurm-like, which left that service waiting: 320). Services
+    together hold at most half the lab's cards (scheduler.service_share); past it a whole
+    card service waits and says why, a job that ends starts, and a service slice may
+    still fill a card a service holds. The first service always may start."""
+    svc = lambda jid, node, i, mb=RTX4090_MB, excl=True: (jid, Placement(f"GPU-{node}-{i}", node, i, mb, excl))
+    two = [svc(50, "n1", 0), svc(50, "n1", 1), svc(51, "n2", 0), svc(51, "n2", 1)]
+    lab = [card(n, i, placements=[p for p in two if p[1].node == n and p[1].gpu_index == i])
+           for n in ("n1", "n2", "n3", "n4") for i in range(2)]
+    running = (RunningJob(50, "a", tuple(p for _, p in two[:2]), NOW - 60, service=True),
+               RunningJob(51, "b", tuple(p for _, p in two[2:]), NOW - 60, service=True))
+    queue = [job(1, 2, service=True), job(2, 2, time_limit_s=3600), job(3, 1, service=True)]
+    got = run(lab, queue, running=running)
+    says = ("services hold 4 of the lab's 8 cards, the most they may (50%, scheduler.service_share), so "
+            "work that ends keeps cards to run on; it waits for a service to end")
+    assert got[1] == Wait(1, says) and got[3] == Wait(3, says)
+    assert {node for node, _ in on(got[2])} <= {"n3", "n4"}
+    # Under the bound (one service holds two cards), the same service starts.
+    assert len(on(run(lab, queue, running=running[:1])[1])) == 2
+    # At the bound a service slice fills a card a service already holds, and only that.
+    sliced = [svc(50, "n1", 0), svc(50, "n1", 1), svc(51, "n2", 0, 8 * GB, False), svc(52, "n3", 0)]
+    lab = [card(n, i, placements=[p for p in sliced if p[1].node == n and p[1].gpu_index == i])
+           for n in ("n1", "n2", "n3", "n4") for i in range(2)]
+    running = (RunningJob(50, "a", (sliced[0][1], sliced[1][1]), NOW - 60, service=True),
+               RunningJob(51, "b", (sliced[2][1],), NOW - 60, service=True),
+               RunningJob(52, "c", (sliced[3][1],), NOW - 60, service=True))
+    got = run(lab, [job(1, mem=4 * GB, service=True), job(2, mem=4 * GB, service=True, submitted_at=NOW),
+                    job(3, service=True)], running=running)
+    assert on(got[1]) == on(got[2]) == [("n2", 0)] and isinstance(got[3], Wait)
+    # 1 (no bound) lets it in; a lab's first service starts even where half is no card.
+    assert len(on(run(lab, [job(1, 2, service=True)], running=running,
+                      config=SchedulerConfig(service_share=1.0))[1])) == 2
+    assert on(run([card("n1", 0)], [job(1, service=True)])[1]) == [("n1", 0)]
+    assert scheduler_settings({"service_share": 0.75}).config.service_share == 0.75
+    with pytest.raises(ValueError, match="service_share must be a fraction"):
+        scheduler_settings({"service_share": 0})
 
 
 def test_a_job_without_time_takes_another_machine_before_the_gang_machine():

@@ -1,27 +1,36 @@
 """The shapes of ``nebula_tui/wire.py`` are the ones that travel: a real head's replies on
-its socket are of their shapes, keys and types; its job, GPU and node carry exactly their
-fields; and what the CLI and the TUI's form send, and the head reads of a submit request,
-are fields of ``SubmitRequest``. (mypy holds the annotated builders to them; this holds
-the running code, and what JSON makes of it.) ``tests/lab/test_e2e.py`` holds a head
+its socket are of their shapes, keys and types (the jobs', GPUs' and status's, and the
+pools', users', bookings' and ``why``'s, in replies and on the stream); its job, GPU and
+node carry exactly their fields; what the CLI and the TUI's form send, and the head reads
+of a submit request, are fields of ``SubmitRequest``; and every other request is typed at
+both ends: each op's handler takes its type in ``wire.REQUESTS``, and every call a client
+makes builds its fields with that type. (mypy holds the annotated builders to them; this
+holds the running code, and what JSON makes of it.) ``tests/lab/test_e2e.py`` holds a head
 process on the lab to them too."""
 
 from __future__ import annotations
 
+import ast
 import getpass
+from pathlib import Path
+from typing import get_type_hints
 
-from support.inprocess import gpu_row, probe
+from support.inprocess import gpu_row, probe, up_engine
 from support.shapes import mismatches, reply_mismatches
 
-from nebula_tui import views
+from nebula_tui import views, wire
 from nebula_tui.api import AsyncClient
 from nebula_tui.cli import build_parser
 from nebula_tui.cli.jobs import submit_request
+from nebula_tui.head import ops
 from nebula_tui.head.requests import spec_from_request
+from nebula_tui.head.server import ApiServer
 from nebula_tui.model import JobSpec, Placement
 from nebula_tui.screens.submit import request_fields
-from nebula_tui.wire import (GpusReply, GpuWire, HistoryReply, JobDetailReply, JobReply, JobWire, NodeWire, PlanView,
-                             QueueReply, StatusReply, StreamEvent, StreamSnapshot, SubmitReply, SubmitRequest,
-                             WaitReply)
+from nebula_tui.wire import (BookingMade, BookingReply, BookingsReply, GpusReply, GpuWire, HistoryReply,
+                             JobDetailReply, JobReply, JobWire, NodeWire, PlanView, QueueReply, StatusReply,
+                             StreamEvent, StreamSnapshot, SubmitReply, SubmitRequest, UsersReply, WaitReply,
+                             WhyJob, WhyReply, WhyUser)
 
 ME = getpass.getuser()
 
@@ -158,3 +167,126 @@ def test_a_submit_request_is_sent_and_read_as_its_wire_fields(tmp_path, monkeypa
     spec_from_request(request)
     assert request.read and request.read <= optional, request.read - optional
     assert not sent  # (nothing is required of a request: the head checks each field)
+
+
+POOL = """pools:
+  - name: hpc
+    kind: slurm
+    host: 127.0.0.1
+    user: gpulab
+"""
+
+
+async def test_a_served_heads_pool_user_booking_and_why_answers_are_of_their_wire_shapes(tmp_path):
+    """A head with a pool (not reached yet) on its real socket: the status's pools, the
+    users, a booking made, listed and ended, ``why`` for a waiting job (ahead of it, holding
+    its cards, the changes that start it sooner) and for a user; and the snapshot and the
+    events a subscriber reads meanwhile (a user's row, the bookings)."""
+    engine = up_engine(tmp_path, POOL)
+    server = ApiServer(engine, tmp_path / "nebula.sock")
+    await server.start()
+    try:
+        client = AsyncClient(server.path)
+        stream = client.events()
+        snapshot = await anext(stream)
+        assert snapshot.pop("type") == "snapshot"
+        replies: list[tuple[str, dict, object]] = []
+
+        async def ask(op: str, shape: object, **fields) -> dict:
+            reply = await client.call(op, **fields)
+            replies.append((op, reply, shape))
+            return reply
+
+        for node, hours in (("node01", 1), ("node02", 3)):  # both nodes' cards held, node01's for less
+            held = (await client.call("submit", command=["sleep", "1"], gpu_count=2,
+                                      time_limit_s=hours * 3600.0))["job"]
+            engine.transitions.begin_launch(engine.jobs[held["id"]], tuple(
+                Placement(f"GPU-{node}-{i}", node, i, 81920, True) for i in range(2)))
+            engine.transitions.mark_running(engine.jobs[held["id"]])
+        ahead = (await client.call("submit", command=["true"], gpu_count=1, time_limit_s=7200.0))["job"]["id"]
+        waits = (await client.call("submit", command=["true"], gpu_count=2, time_limit_s=7200.0))["job"]["id"]
+        engine.scheduling.schedule_pass()
+        await client.call("quota", user=ME, hours=100.0)  # the user's row, and their event
+        now = engine.clock()
+        await ask("reserve", BookingMade, gpus="node01:0", start=now + 86400, duration_s=3600.0, name="b1")
+        await ask("reserve", BookingsReply, list=True)
+        await ask("reserve", BookingReply, delete="b1")
+        await ask("status", StatusReply)
+        await ask("users", UsersReply)
+        job_answer = (await ask("why", WhyReply, job=waits))["why"]
+        user_answer = (await ask("why", WhyReply, user=ME))["why"]
+
+        events: list[dict] = []
+        while not {"user", "bookings"} <= {e["type"] for e in events}:
+            events.append(await anext(stream))
+        await stream.aclose()
+    finally:
+        await server.close()
+        await engine.stop()
+        engine.state.store.close()
+
+    found = [line for op, reply, shape in replies for line in reply_mismatches(reply, shape, op)]
+    found += reply_mismatches({"ok": True, **snapshot}, StreamSnapshot, "snapshot")
+    found += [line for e in events for line in mismatches(e, StreamEvent, f"{e['type']} event")]
+    # each why answer is of its own arm, not only of the union
+    found += mismatches(job_answer, WhyJob, "why job") + mismatches(user_answer, WhyUser, "why user")
+    assert not found, "\n".join(found)
+    status = next(reply for op, reply, _ in replies if op == "status")
+    assert [pool["name"] for pool in status["pools"]] == ["hpc"] and snapshot["pools"][0]["name"] == "hpc"
+    assert job_answer["ahead"][0]["id"] == ahead and job_answer["holding"] and job_answer["sooner"]
+    assert len(user_answer["running"]) == 2 and len(user_answer["waiting"]) == 2
+
+
+def test_each_ops_handler_takes_its_wire_request():
+    """Every op the head answers has its request's type in ``wire.REQUESTS``, and its
+    handler names that type (those answered outside the table: attach and subscribe)."""
+    assert set(wire.REQUESTS) == set(ops.OPS) | {"attach", "subscribe"}
+    wrong = {op: get_type_hints(handler).get("req") for op, handler in ops.OPS.items()
+             if get_type_hints(handler).get("req") is not wire.REQUESTS[op]}
+    assert not wrong, wrong
+
+
+PACKAGE = Path(wire.__file__).parent
+
+
+def client_calls() -> list[tuple[str, int, str | None, ast.Call]]:
+    """Every request a client makes outside the head: (file, line, its op or None when the
+    op is a variable, the call): ``….call("op", …)`` and ``{"op": "attach", …}``."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "head" in path.relative_to(PACKAGE).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "call"
+                    and node.args and not (isinstance(node.args[0], ast.Name) and node.args[0].id == "op"
+                                           and path.name == "actions.py" and node.keywords
+                                           and node.keywords[0].value.__class__ is ast.Name
+                                           and node.keywords[0].arg is None and node.keywords[0].value.id == "fields"
+                                           and len(node.keywords) == 1 and _is_passthrough(node))):
+                first = node.args[0]
+                op = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+                found.append((path.name, node.lineno, op, node))
+    return found
+
+
+def _is_passthrough(node: ast.Call) -> bool:
+    """``self.client.call(op, **fields)``: the TUI's one wrapper that hands its caller's
+    request on (each of its callers is a call checked here)."""
+    return isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "client"
+
+
+def test_every_call_a_client_makes_builds_its_fields_with_the_ops_wire_request():
+    """No field goes as a bare keyword (``job=…``): each is in a request built by the op's
+    type (``**JobRequest(job=…)``), or in one a function typed so returned (``**request``)."""
+    calls = client_calls()
+    assert len(calls) > 30
+    bare, other = [], []
+    for name, line, op, call in calls:
+        for keyword in call.keywords:
+            if keyword.arg is not None and keyword.arg != "timeout":
+                bare.append(f"{name}:{line} {op}: {keyword.arg}=")
+            value = keyword.value
+            if keyword.arg is None and isinstance(value, ast.Call) and isinstance(value.func, ast.Name) \
+                    and op is not None and value.func.id != wire.REQUESTS[op].__name__:
+                other.append(f"{name}:{line} {op}: {value.func.id}, not {wire.REQUESTS[op].__name__}")
+    assert not bare and not other, "\n".join(bare + other)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...model import InvalidRequest, JobState
-from ...wire import HistoryReply
+from ...wire import (HistoryReply, JobHistoryRequest, NoFields, QuotaRequest, ReportRequest, ReserveReply,
+                     ReserveRequest, UsersReply)
 from ..requests import number, text_field, unix_time, whole
 from .base import Handler, Served
 
@@ -28,7 +29,7 @@ def _ended_states(value: object) -> tuple[JobState, ...]:
     return tuple(ended[n] for n in names)
 
 
-async def report(s: Served, user: str, req: dict) -> Reply:
+async def report(s: Served, user: str, req: ReportRequest) -> Reply:
     """GPU-hours, efficiency and waits per user and month; capacity and utilisation
     per node and cluster, per month and day, over [since, until) (Unix seconds)."""
     since, until = unix_time(req, "since", required=True), unix_time(req, "until", required=True)
@@ -38,7 +39,7 @@ async def report(s: Served, user: str, req: dict) -> Reply:
     return {"report": await s.engine.accounting.report(user, since, until)}
 
 
-async def job_history(s: Served, user: str, req: dict) -> HistoryReply:
+async def job_history(s: Served, user: str, req: JobHistoryRequest) -> HistoryReply:
 
     """Ended jobs: ``{"jobs": [views.history_json …]}``, filtered by ``user``,
     ``since``/``until`` (Unix seconds), ``state`` (one or a list), ``node``, ``limit``."""
@@ -60,11 +61,11 @@ async def job_history(s: Served, user: str, req: dict) -> HistoryReply:
     return {"jobs": [seen(job) for job in jobs]}
 
 
-async def users(s: Served, user: str, req: dict) -> Reply:
+async def users(s: Served, user: str, req: NoFields) -> UsersReply:
     return {"users": s.engine.users_json()}
 
 
-async def quota(s: Served, user: str, req: dict) -> Reply:
+async def quota(s: Served, user: str, req: QuotaRequest) -> Reply:
     hours = req.get("hours")
     if not number(hours, 0, 1e9):
         raise InvalidRequest("the quota is a number of GPU-hours per month, e.g. 3000")
@@ -72,7 +73,7 @@ async def quota(s: Served, user: str, req: dict) -> Reply:
     return {}
 
 
-async def reserve(s: Served, user: str, req: dict) -> Reply:
+async def reserve(s: Served, user: str, req: ReserveRequest) -> ReserveReply:
     """A booking made, ended or listed: head/bookings.py checks its fields."""
     return s.engine.bookings.request(user, req)
 

@@ -66,6 +66,8 @@ class Served:
 
 
 #: A request's handler: (context, the caller's Unix user, the request) -> the reply's fields
-#: (most of them as ``wire`` types them: ``SubmitReply``, ``QueueReply``…).
-Handler = Callable[[Served, str, dict[str, Any]], Awaitable[Mapping[str, Any]]]
+#: (most of them as ``wire`` types them: ``SubmitReply``, ``QueueReply``…). Each handler names
+#: its request's type in ``wire`` (``wire.REQUESTS``); the table holds them all, so the
+#: request is the parsed JSON object here, whose fields the handler checks.
+Handler = Callable[[Served, str, Any], Awaitable[Mapping[str, Any]]]
 

@@ -9,7 +9,8 @@ import os
 from typing import Any
 
 from ...model import InvalidRequest, RequestError
-from ...wire import GpusReply, StatusReply
+from ...wire import (DoctorRequest, DrainRequest, EventsRequest, GpuHistoryRequest, GpuResumeRequest, GpusReply,
+                     NodeAddRequest, NodeKeyRequest, NodeRequest, NoFields, StatusReply)
 from ..requests import job_id, number, port_field, text_field, unix_time, whole
 from .accounting import MAX_REPORT_S
 from .base import Handler, Served
@@ -17,21 +18,21 @@ from .base import Handler, Served
 Reply = dict[str, Any]
 
 
-async def ping(s: Served, user: str, req: dict) -> Reply:
+async def ping(s: Served, user: str, req: NoFields) -> Reply:
     return {"pid": os.getpid(), "user": user}
 
 
-async def status(s: Served, user: str, req: dict) -> StatusReply:
+async def status(s: Served, user: str, req: NoFields) -> StatusReply:
     status = s.engine.status()
     return {"summary": status["summary"], "nodes": status["nodes"], "pools": status["pools"]}
 
 
-async def gpus(s: Served, user: str, req: dict) -> GpusReply:
+async def gpus(s: Served, user: str, req: NoFields) -> GpusReply:
 
     return {"gpus": s.engine.gpus_json()}
 
 
-async def history(s: Served, user: str, req: dict) -> Reply:
+async def history(s: Served, user: str, req: GpuHistoryRequest) -> Reply:
     """A GPU's telemetry over the last ``since`` seconds."""
     since = req.get("since", 3600)
     if not number(since, 1, MAX_REPORT_S):
@@ -40,28 +41,28 @@ async def history(s: Served, user: str, req: dict) -> Reply:
     return {"gpu": gpu, "samples": s.engine.history(gpu, float(since))}
 
 
-async def gpu_resume(s: Served, user: str, req: dict) -> Reply:
+async def gpu_resume(s: Served, user: str, req: GpuResumeRequest) -> Reply:
     """An admin brings a GPU in maintenance back into service (R16/R17)."""
     gpu = await s.engine.health.resume(user, text_field(req, "gpu"), force=req.get("force") is True)
     return {"gpu": next(g for g in s.engine.gpus_json() if g["uuid"] == gpu)}
 
 
-async def drain(s: Served, user: str, req: dict) -> Reply:
+async def drain(s: Served, user: str, req: DrainRequest) -> Reply:
     reason = req.get("reason") or ""
     if not isinstance(reason, str) or len(reason) > 200 or not reason.isprintable():
         raise InvalidRequest("reason must be one line of at most 200 characters")
     return {"node": s.engine.set_drained(user, text_field(req, "node"), True, reason).json()}
 
 
-async def resume(s: Served, user: str, req: dict) -> Reply:
+async def resume(s: Served, user: str, req: NodeRequest) -> Reply:
     return {"node": s.engine.set_drained(user, text_field(req, "node"), False).json()}
 
 
-async def node_key(s: Served, user: str, req: dict) -> Reply:
+async def node_key(s: Served, user: str, req: NodeKeyRequest) -> Reply:
     return {"fingerprint": await s.engine.node_key(user, text_field(req, "host"), port_field(req))}
 
 
-async def node_add(s: Served, user: str, req: dict) -> Reply:
+async def node_add(s: Served, user: str, req: NodeAddRequest) -> Reply:
     login, identity = req.get("user"), req.get("identity")
     for value, what in ((login, "user"), (identity, "identity")):
         if value is not None and not isinstance(value, str):
@@ -70,20 +71,20 @@ async def node_add(s: Served, user: str, req: dict) -> Reply:
                                    login, identity, text_field(req, "trust"))
 
 
-async def node_smoke(s: Served, user: str, req: dict) -> Reply:
+async def node_smoke(s: Served, user: str, req: NodeRequest) -> Reply:
     """The smoke job on a node (just added): ``{"job", "gpu", "model", "output", "ended"}``."""
     return await s.engine.smoke.run(user, text_field(req, "node"))
 
 
-async def node_remove(s: Served, user: str, req: dict) -> Reply:
+async def node_remove(s: Served, user: str, req: NodeRequest) -> Reply:
     return await s.engine.remove_node(user, text_field(req, "node"))
 
 
-async def node_show(s: Served, user: str, req: dict) -> Reply:
+async def node_show(s: Served, user: str, req: NodeRequest) -> Reply:
     return {"node": s.engine.fleet.show(text_field(req, "node"))}
 
 
-async def doctor(s: Served, user: str, req: dict) -> Reply:
+async def doctor(s: Served, user: str, req: DoctorRequest) -> Reply:
     nodes = req.get("nodes") or []
     if not isinstance(nodes, list) or len(nodes) > 10_000 or not all(
             isinstance(n, str) and n for n in nodes):
@@ -91,7 +92,7 @@ async def doctor(s: Served, user: str, req: dict) -> Reply:
     return await s.engine.doctor.check(user, list(dict.fromkeys(nodes)))
 
 
-async def events(s: Served, user: str, req: dict) -> Reply:
+async def events(s: Served, user: str, req: EventsRequest) -> Reply:
     """The newest ``limit`` events, filtered by ``kind``, ``node``, ``job``, ``user``,
     ``since`` (Unix seconds)."""
     limit = req.get("limit", 100)
@@ -108,11 +109,11 @@ async def events(s: Served, user: str, req: dict) -> Reply:
     return {"events": s.engine.store.events(limit, job_id=job, since=since, **names)}
 
 
-async def reload(s: Served, user: str, req: dict) -> Reply:
+async def reload(s: Served, user: str, req: NoFields) -> Reply:
     return await s.engine.reload(user)
 
 
-async def shutdown(s: Served, user: str, req: dict) -> Reply:
+async def shutdown(s: Served, user: str, req: NoFields) -> Reply:
     if not s.engine.is_admin(user):
         raise RequestError("only an admin may stop the service")
     if s.on_shutdown:

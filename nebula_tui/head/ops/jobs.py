@@ -10,7 +10,8 @@ from typing import Any
 from ... import views
 from ...api import MAX_GPU_COUNT, MAX_WAIT_STEP_S
 from ...model import InvalidRequest
-from ...wire import JobDetailReply, JobReply, PlanView, QueueReply, SubmitReply, WaitReply
+from ...wire import (JobDetailReply, JobReply, JobRequest, LogsRequest, NoFields, PlanView, QueueReply, SubmitReply,
+                     SubmitRequest, WaitReply, WaitRequest, WhyReply, WhyRequest)
 from ..requests import job_id, number, spec_from_request, whole
 from .base import Handler, Served
 
@@ -20,36 +21,36 @@ MAX_ATTEMPT = 10 ** 9  # a job's runs, 1 the first (a launch token holds at most
 Reply = dict[str, Any]
 
 
-async def submit(s: Served, user: str, req: dict) -> SubmitReply:
+async def submit(s: Served, user: str, req: SubmitRequest) -> SubmitReply:
     job = await s.engine.submit_on_disk(user, spec_from_request(req, s.engine.state.settings.default_vendor))
     tasks = len(job.spec.array.indices) if job.spec.array else 1
     return {"job": views.job_json(job), "tasks": tasks}
 
 
-async def plan(s: Served, user: str, req: dict) -> PlanView:
+async def plan(s: Served, user: str, req: SubmitRequest) -> PlanView:
     """Where a job of this request would go now, submitting nothing."""
     return s.engine.plan(user, spec_from_request(req, s.engine.state.settings.default_vendor))
 
 
-async def requeue(s: Served, user: str, req: dict) -> JobReply:
+async def requeue(s: Served, user: str, req: JobRequest) -> JobReply:
     return {"job": views.job_json(await s.engine.requeue_job(user, job_id(req)))}
 
 
-async def cancel(s: Served, user: str, req: dict) -> JobReply:
+async def cancel(s: Served, user: str, req: JobRequest) -> JobReply:
     return {"job": views.job_json(await s.engine.cancel(user, job_id(req)))}
 
 
-async def hold(s: Served, user: str, req: dict) -> JobReply:
+async def hold(s: Served, user: str, req: JobRequest) -> JobReply:
     s.toggles.check(user, "hold or release")
     return {"job": views.job_json(await s.engine.hold_job(user, job_id(req), True))}
 
 
-async def release(s: Served, user: str, req: dict) -> JobReply:
+async def release(s: Served, user: str, req: JobRequest) -> JobReply:
     s.toggles.check(user, "hold or release")
     return {"job": views.job_json(await s.engine.hold_job(user, job_id(req), False))}
 
 
-async def wait(s: Served, user: str, req: dict) -> WaitReply:
+async def wait(s: Served, user: str, req: WaitRequest) -> WaitReply:
     """The job once it ended, or as it is after ``within`` seconds (the client asks again)."""
     job, within = job_id(req), req.get("within")
     if within is not None and not number(within, 1, MAX_WAIT_STEP_S):
@@ -58,16 +59,16 @@ async def wait(s: Served, user: str, req: dict) -> WaitReply:
     return {"job": s.seen_by(user)(views.job_json(ended)), "ended": ended.state.finished}
 
 
-async def job(s: Served, user: str, req: dict) -> JobDetailReply:
+async def job(s: Served, user: str, req: JobRequest) -> JobDetailReply:
     return {"job": s.seen_by(user)(s.engine.job_detail(job_id(req), user))}
 
 
-async def queue(s: Served, user: str, req: dict) -> QueueReply:
+async def queue(s: Served, user: str, req: NoFields) -> QueueReply:
 
     return {"jobs": list(map(s.seen_by(user, listing=True), s.engine.queue_json()))}
 
 
-async def logs(s: Served, user: str, req: dict) -> Reply:
+async def logs(s: Served, user: str, req: LogsRequest) -> Reply:
     offset = req.get("offset", 0)
     if not whole(offset, 0, MAX_OFFSET):
         raise InvalidRequest("offset must be a byte position >= 0")
@@ -83,11 +84,11 @@ async def logs(s: Served, user: str, req: dict) -> Reply:
     return await s.engine.read_log(user, job_id(req), offset, rank, offsets, attempt)
 
 
-async def attach_info(s: Served, user: str, req: dict) -> Reply:
+async def attach_info(s: Served, user: str, req: JobRequest) -> Reply:
     return {"argv": s.engine.attach_argv(user, job_id(req))}
 
 
-async def why(s: Served, user: str, req: dict) -> Reply:
+async def why(s: Served, user: str, req: WhyRequest) -> WhyReply:
     """A job's answer, or a user's standing: head/why.py."""
     return {"why": await s.engine.why.request(req)}
 
