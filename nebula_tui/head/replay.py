@@ -14,7 +14,7 @@ events of that moment are handed to the head; the spawned launch tasks run; then
 scheduling pass, phases as ``Scheduling.run`` has them (exits the store could not take,
 time limits, the pass). A pass with nothing new is skipped, as the head skips it; so is one
 after submits alone while no waiting job's request fits any card
-(``Scheduling.only_waits_now``): it could only have kept every job waiting, and a month
+(``Replay._only_waits``): it could only have kept every job waiting, and a month
 whose queue grows without end has thousands of them. Its store
 has no writer but this head, so the users' finished runs fair share weighs are read from
 it once and then kept by the ends (``Shares.usage_kept``), not read again each virtual
@@ -33,11 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config.cluster import ClusterConfig
-from ..model import Job, JobSpec, NodeState, RequestError, UnfitRequest
+from ..model import Job, JobSpec, JobState, NodeState, RequestError, UnfitRequest
 from ..month.records import Outcome, Request
 from ..store import Store
 from . import forecast
+from ..scheduler import NothingFits
 from .engine import Engine
+from .scheduling import pending_job
 
 #: the head's Xid/idle/probe machinery never fires in a replay: cards read as idle and cool
 _IDLE_DEVICE = {"memory_used_mb": 0, "utilization_pct": 0.0, "temperature_c": 35.0, "power_w": 30.0}
@@ -116,10 +118,11 @@ class Replay:
         self.first_launch: dict[int, float] = {}
         self.passes = 0
         #: passes not run: only submits came, and no waiting job's request fits any cards
-        #: (``Scheduling.only_waits_now``), so they could only have kept every job waiting
+        #: (``Replay._only_waits``), so they could only have kept every job waiting
         self.skipped = 0
         #: skip those passes (off: every event has its pass, what the skip is checked against)
         self.skip_waits = True
+        self._fits: NothingFits | None = None  # the cards the waiting requests were last searched on
         #: forecast each job's start at its submit, as the head would (``Outcome.forecast``;
         #: ``nebula simulate`` scores them): a forecast per submit costs a long month time
         self.forecasts = forecasts
@@ -181,7 +184,7 @@ class Replay:
                 engine.limits.check()
                 await _settle()
                 if changed and submitted is not None and not engine.state.capacity_changed \
-                        and engine.scheduling.only_waits_now(submitted):
+                        and self._only_waits(engine, submitted):
                     self.skipped += 1  # it could only have kept every job waiting
                 elif changed or engine.state.capacity_changed:
                     engine.state.capacity_changed = False
@@ -201,6 +204,41 @@ class Replay:
             await engine.stop()
             store.close()
         return self.outcomes
+
+    def _only_waits(self, engine: Engine, submitted: list[Job]) -> bool:
+        """Whether a pass now could decide nothing but waits, when only ``submitted`` came
+        since the last one (nothing ended, no card changed). True when no waiting job's
+        request fits any cards as they are (``scheduler.NothingFits``), none holds cards it
+        preempted for, and no job names a dependency or a booking (time alone can fail
+        those). A skipped pass changes no job; its waiting reasons come with the next pass.
+        Fair share's weights are looked at as the pass would have (they are recomputed at
+        most once a minute from the first look after one), so the next pass orders alike."""
+        scheduling, state = engine.scheduling, engine.state
+        waiting = scheduling.waiting_requests
+        if waiting is None or scheduling.waiting_named or scheduling.holds:
+            return False
+        for job in submitted:
+            if job.spec.after or job.spec.reservation is not None:
+                scheduling.waiting_requests = None  # known again after the next pass
+                return False
+            if job.state == JobState.PENDING and not job.held_by and not job.pooled:
+                view = pending_job(job)
+                waiting.setdefault(view.request_key, view)
+        if engine.bookings.for_pass(state.clock()):
+            return False
+        gpus = tuple(state.gpu_views())
+        fits = self._fits
+        if fits is None or len(fits.gpus) != len(gpus) or any(a is not b for a, b in zip(fits.gpus, gpus)):
+            jobs = state.jobs
+            holders = [held for job_id in {j for view in gpus for j, _ in view.placements}
+                       if (held := jobs.get(job_id)) is not None and held.state.holds_gpus and held.pool is None]
+            fits = self._fits = NothingFits(gpus, scheduling.topologies(), {j.id for j in holders if j.spec.service},
+                                            {j.id for j in holders if j.spec.preemptible},
+                                            state.settings.config, scheduling.budgets())
+        if any(fits.fits(job) for job in waiting.values()):
+            return False
+        engine.shares.shares()
+        return True
 
     def _bring_up(self, engine: Engine) -> None:
         for node in self.config.nodes:

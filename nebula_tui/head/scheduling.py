@@ -137,13 +137,12 @@ class Scheduling:
         #: waiting job -> the cards a pass preempted for it (its ``Wait.holds``), theirs
         #: until it starts or waits for no preemption (``scheduler/preemption.py``)
         self.holds: dict[int, tuple] = {}
-        #: the replay's (``only_waits_now``): the requests of the jobs the last pass kept
-        #: waiting (key -> one such job; None: not kept), whether one of them names a
-        #: dependency or a booking, and the cards those requests were last searched on
+        #: the replay's (``Replay._only_waits``): the requests of the jobs the last pass kept
+        #: waiting (key -> one such job; None: not kept), and whether one of them names a
+        #: dependency or a booking
         self.keep_waiting = False
-        self._waiting: dict[str, scheduler.PendingJob] | None = None
-        self._waiting_named = False
-        self._nothing_fits: scheduler.NothingFits | None = None
+        self.waiting_requests: dict[str, scheduler.PendingJob] | None = None
+        self.waiting_named = False
 
     def start(self) -> None:
         # A pass deciding in its thread hands the interpreter to the loop after at most
@@ -326,48 +325,12 @@ class Scheduling:
         pending = self.waiting() if pending is None else pending
         if not pending:
             self._new_order([])
-            self._waiting = {} if self.keep_waiting else None
+            self.waiting_requests = {} if self.keep_waiting else None
             return
         self.apply(self._decide(self.snapshot_for(pending)))
 
-    def only_waits_now(self, submitted: list[Job]) -> bool:
-        """Whether a pass now could decide nothing but waits, when only ``submitted`` came
-        since the last one (nothing ended, no card changed): the replay skips such a pass
-        (``keep_waiting``). True when no waiting job's request fits any cards as they are
-        (``scheduler.NothingFits``), none holds cards it preempted for, and no job names a
-        dependency or a booking (time alone can fail those). A skipped pass changes no job;
-        its waiting reasons come with the next pass. Fair share's weights are looked at as
-        the pass would have (they are recomputed at most once a minute from the first look
-        after it), so the next pass orders as it would have."""
-        waiting = self._waiting
-        if waiting is None or self._waiting_named or self.holds:
-            return False
-        for job in submitted:
-            if job.spec.after or job.spec.reservation is not None:
-                self._waiting = None  # known again after the next pass
-                return False
-            if job.state == JobState.PENDING and not job.held_by and not job.pooled:
-                view = pending_job(job)
-                waiting.setdefault(view.request_key, view)
-        now = self.state.clock()
-        if self.bookings.for_pass(now):
-            return False
-        gpus = tuple(self.state.gpu_views())
-        fits = self._nothing_fits
-        if fits is None or len(fits.gpus) != len(gpus) or any(a is not b for a, b in zip(fits.gpus, gpus)):
-            jobs = self.state.jobs
-            holders = [held for job_id in {j for view in gpus for j, _ in view.placements}
-                       if (held := jobs.get(job_id)) is not None and held.state.holds_gpus and held.pool is None]
-            fits = self._nothing_fits = scheduler.NothingFits(
-                gpus, self._topologies(), {j.id for j in holders if j.spec.service},
-                {j.id for j in holders if j.spec.preemptible}, self.state.settings.config, self._budgets())
-        if any(fits.fits(job) for job in waiting.values()):
-            return False
-        self.shares.shares()
-        return True
-
     def _keep_waiting(self, decisions: list[scheduler.Decision]) -> None:
-        """The requests of the jobs ``decisions`` keep waiting (``only_waits_now``)."""
+        """The requests of the jobs ``decisions`` keep waiting (``waiting_requests``)."""
         views, wait = self.pending_views, scheduler.Wait
         waiting: dict[str, scheduler.PendingJob] = {}
         named = False
@@ -376,7 +339,7 @@ class Scheduling:
                 view = views[d.job_id][1]
                 waiting.setdefault(view.request_key, view)
                 named = named or bool(view.after) or view.reservation is not None
-        self._waiting, self._waiting_named = waiting, named
+        self.waiting_requests, self.waiting_named = waiting, named
 
     def apply(self, decisions: list[scheduler.Decision], seen: Seen | None = None) -> bool:
         """What the decisions do: a ``Start`` is launched, a ``Preempt`` stops its victim, a
@@ -420,7 +383,7 @@ class Scheduling:
             if all_applied:
                 self._keep_waiting(decisions)
             else:
-                self._waiting = None
+                self.waiting_requests = None
         if self.holds:  # a job cancelled, held or sent to a pool meanwhile holds nothing
             self.holds = {job_id: cards for job_id, cards in self.holds.items()
                           if (job := self.state.jobs.get(job_id)) is not None
@@ -485,16 +448,16 @@ class Scheduling:
             users=self.shares.shares(),
             finished={job: outcome for job, (outcome, _) in ended.items()},
             never_ran=frozenset(job for job, (_, ran) in ended.items() if not ran),
-            topologies=self._topologies(),
+            topologies=self.topologies(),
             config=state.settings.config,
             holds={j.id: self.holds[j.id] for j in pending if j.id in self.holds} if self.holds else {},
-            power_budgets=self._budgets(),
+            power_budgets=self.budgets(),
         )
 
-    def _topologies(self) -> dict[str, dict]:
+    def topologies(self) -> dict[str, dict]:
         return {name: view.topo.get("links", {}) for name, view in self.state.nodes.items()}
 
-    def _budgets(self) -> dict[str, float]:
+    def budgets(self) -> dict[str, float]:
         return {n.name: float(n.power_budget_w) for n in self.state.config.nodes if n.power_budget_w}
 
     def learn_from_store(self) -> None:

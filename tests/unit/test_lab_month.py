@@ -574,7 +574,7 @@ def test_three_days_of_a_busy_month_replay_to_the_same_starts_placements_and_cha
 
 def test_skipping_the_passes_that_could_only_keep_jobs_waiting_changes_no_decision():
     """The replay skips a pass when only submits came since the last one and no waiting
-    job's request fits any card (``Scheduling.only_waits_now``). A day of a month
+    job's request fits any card (``Replay._only_waits``). A day of a month
     asking eight times what the demo lab's cards can run (its queue grows all along) replay
     with those passes skipped and with every pass run: each job's first and last start,
     end, cards, runs, state and charge are the same, and dozens of passes were
