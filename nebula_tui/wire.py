@@ -525,6 +525,45 @@ class StatusReply(TypedDict):
     pools: list[PoolWire]
 
 
+class PingReply(TypedDict):
+    """``ping``: the head's process and who it takes the caller for (the socket's peer)."""
+
+    pid: int
+    user: str
+
+
+class NodeReply(TypedDict):
+    """``drain`` and ``resume``: the node as it is now."""
+
+    node: NodeWire
+
+
+class GpuReply(TypedDict):
+    """``gpu_resume``: the GPU back in service."""
+
+    gpu: GpuWire
+
+
+class NodeKeyReply(TypedDict):
+    """``node_key``: the fingerprint of the host key the would-be node offers."""
+
+    fingerprint: str
+
+
+class AttachInfoReply(TypedDict):
+    """``attach_info``: the command line that attaches a terminal to the job."""
+
+    argv: list[str]
+
+
+class EventsReply(TypedDict):
+    events: list[EventRow]
+
+
+class NoReply(TypedDict):
+    """``quota`` and ``shutdown``: nothing but ``"ok": true``."""
+
+
 class UsersReply(TypedDict):
     users: list[UserRow]
 

@@ -43,6 +43,7 @@ Format (every key but ``nodes[].name`` and ``nodes[].host`` is optional)::
         user: submitter                 # known_hosts); "submitter": each user's own account
         partition: gpu                  # --partition; account: --account
         max_jobs: 50                    # at most this many of ours pending or running there
+        max_jobs_per_user: 25           # of them one lab user's (default: half where several send)
         burst_after: 10m                # a job waiting this long here may go there (absent: only --pool)
         workdir: ~/nebula               # where its scripts' output lives on the cluster
         runtime: none                   # pyxis | apptainer | none: what --image becomes

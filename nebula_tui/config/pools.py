@@ -13,7 +13,7 @@ from .nodes import DEFAULT_PORT, HOST_RE, named_entry
 from .reader import Reader, describe, given, is_tag
 
 POOL_KEYS = ("name", "kind", "host", "port", "user", "identity", "known_hosts", "partition",
-             "account", "max_jobs", "burst_after", "workdir", "runtime", "shards_per_gpu",
+             "account", "max_jobs", "max_jobs_per_user", "burst_after", "workdir", "runtime", "shards_per_gpu",
              "poll_interval", "scavenger_qos", "scavenger_partition", "shared_account")
 POOL_KINDS = ("slurm",)
 POOL_RUNTIMES = ("pyxis", "apptainer", "none")
@@ -45,6 +45,9 @@ class PoolConfig:
     account: str | None = None
     #: at most this many of our jobs pending or running there
     max_jobs: int = 50
+    #: at most this many of them one lab user's; None: half of max_jobs (rounded up) where
+    #: several members send there (``user: submitter``, ``shared_account``), else max_jobs
+    max_jobs_per_user: int | None = None
     #: a job waiting this long here may be sent there; None: only ``--pool``
     burst_after_s: float | None = None
     #: where its scripts' output lives on the cluster
@@ -68,6 +71,14 @@ class PoolConfig:
     @property
     def per_submitter(self) -> bool:
         return self.user == SUBMITTER
+
+    @property
+    def user_cap(self) -> int:
+        """How many of the pool's ``max_jobs`` places one lab user may hold: one member's
+        waiting (or held) jobs there must not keep every other member out."""
+        if self.max_jobs_per_user is not None:
+            return min(self.max_jobs_per_user, self.max_jobs)
+        return -(-self.max_jobs // 2) if self.per_submitter or self.shared_account else self.max_jobs
 
 
 
@@ -122,11 +133,18 @@ def _pool(ctx: Reader, item: Node, number: int, defaults: dict[str, Any]) -> Poo
     if workdir is not None and not _POOL_WORKDIR_RE.match(workdir):
         raise ctx.error(get("workdir"), f"{where}: workdir {workdir!r} must be ~/a/path or "
                         "/a/path (letters, digits, '_', '.', '/', '+', '-')")
+    if workdir is not None and not workdir.startswith("~") and (user or defaults["user"]) == SUBMITTER:
+        # One folder for every member: the first to make it owns it (0700), every other
+        # member's jobs are refused there, and a cluster user who makes it first refuses all.
+        raise ctx.error(get("workdir"), f"{where}: workdir {workdir} would be one folder for every "
+                        "member (user: submitter), made by the first and refused to the others; "
+                        "give a path under ~ (each member's own home there)")
     runtime = ctx.text(get("runtime"), f"{where}: runtime")
     if runtime is not None and runtime not in POOL_RUNTIMES:
         raise ctx.error(get("runtime"), f"{where}: runtime {runtime!r} is not one a pool "
                         f"declares; use one of {', '.join(POOL_RUNTIMES)}")
     max_jobs = ctx.integer(get("max_jobs"), f"{where}: max_jobs", 1, 100_000)
+    per_user = ctx.integer(get("max_jobs_per_user"), f"{where}: max_jobs_per_user", 1, 100_000)
     shards = ctx.integer(get("shards_per_gpu"), f"{where}: shards_per_gpu", 0, 1024)
     poll = ctx.seconds(get("poll_interval"), f"{where}: poll_interval")
     identity = ctx.path(get("identity"), f"{where}: identity")
@@ -141,7 +159,7 @@ def _pool(ctx: Reader, item: Node, number: int, defaults: dict[str, Any]) -> Poo
         scavenger_qos=words["scavenger_qos"], scavenger_partition=words["scavenger_partition"],
         shared_account=bool(ctx.boolean(get("shared_account"), f"{where}: shared_account")),
         line=item.start_mark.line + 1,
-        **given(port=port, max_jobs=max_jobs,
+        **given(port=port, max_jobs=max_jobs, max_jobs_per_user=per_user,
                 burst_after_s=ctx.seconds(get("burst_after"), f"{where}: burst_after"),
                 workdir=workdir, runtime=runtime, shards_per_gpu=shards, poll_interval_s=poll))
 

@@ -141,8 +141,28 @@ class Pools(PoolBooks):
             self._send_waiting(job.spec.pool)
 
     # --------------------------------------------------------------------- sending
-    def live(self, name: str) -> int:
-        return sum(1 for row in self.rows.values() if row["pool"] == name)
+    def live(self, name: str, user: str | None = None) -> int:
+        """Our jobs in pool ``name`` (``user``'s alone, if given)."""
+        return sum(1 for job_id, row in self.rows.items() if row["pool"] == name and (
+            user is None or getattr(self.state.jobs.get(job_id), "user", None) == user))
+
+    def _within_caps(self, name: str, jobs: list[Job], room: int) -> tuple[list[Job], list[Job]]:
+        """Of ``jobs`` (in the order they would go), those that go now, at most ``room``, none
+        past its user's share of the pool's places (``max_jobs_per_user``: one member's jobs
+        waiting or held there must not keep every other member out), and those left."""
+        cap = self.pools[name].config.user_cap
+        held: dict[str, int] = {}
+        going: list[Job] = []
+        left: list[Job] = []
+        for job in jobs:
+            if job.user not in held:
+                held[job.user] = self.live(name, job.user)
+            if len(going) < room and held[job.user] < cap:
+                held[job.user] += 1
+                going.append(job)
+            else:
+                left.append(job)
+        return going, left
 
     def _send_waiting(self, name: str) -> None:
         """Send the jobs that asked for pool ``name`` (as the queue orders: priority, then
@@ -168,10 +188,11 @@ class Pools(PoolBooks):
                  and not view.refusing(pool.account_for(j.user), now)
                  and pool.account_for(j.user) not in view.unreconciled),
                 key=lambda j: (place.get(j.id, len(place) + 1), j.id))
-        for job in asked[:max(0, room)]:
+        going, waiting = self._within_caps(name, asked, room)
+        for job in going:
             self.send(name, job, f"sent to pool {name} (--pool)")
-        room -= len(asked)
-        for job in bursting[:max(0, room)]:
+        room -= len(going)
+        for job in self._within_caps(name, bursting, room)[0]:
             waited = duration_text(now - job.submitted_at)
             self.send(name, job, f"sent to pool {name} after {waited} waiting here")
         for job in self.state.jobs.values():
@@ -180,9 +201,16 @@ class Pools(PoolBooks):
                     and job.state == JobState.PENDING and not job.held_by):
                 self._set_reason(job, f"waiting for pool {name} to answer as {account}: its jobs "
                                       "there are asked for first (after a restore, never sent twice)")
-        for job in asked[max(0, room + len(asked)):]:
-            self._set_reason(job, f"waiting for room in pool {name} ({self.live(name)} of ours "
-                                  f"there, max_jobs {pool.config.max_jobs})")
+        cap = pool.config.user_cap
+        for job in waiting:
+            mine = self.live(name, job.user)
+            if mine >= cap:
+                self._set_reason(job, f"waiting for room in pool {name}: {job.user} has {mine} "
+                                      f"of its places, as many as one user may (max_jobs_per_user "
+                                      f"{cap} of max_jobs {pool.config.max_jobs})")
+            else:
+                self._set_reason(job, f"waiting for room in pool {name} ({self.live(name)} of "
+                                      f"ours there, max_jobs {pool.config.max_jobs})")
 
     def send(self, name: str, job: Job, why: str) -> None:
         """The intent, then the pool is asked (in the background)."""

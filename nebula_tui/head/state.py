@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import os
 import pwd
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable
@@ -39,67 +38,6 @@ from ..waits import within
 
 #: A refusal naming an unknown node lists the known ones up to this many.
 NODES_NAMED = 12
-#: The group commit's thread ends after this long with nothing to sync (seconds); the next
-#: submit starts another.
-SYNC_IDLE_S = 30.0
-
-
-class GroupCommit:
-    """``HeadState.on_disk``'s syncs: one thread of its own runs ``sync`` (the store's
-    ``sync_to_disk``) for every caller that came while none was under way, and one that
-    comes during a sync waits for the next, which starts when that one ends.
-
-    Each caller waits on a plain future of its loop, settled by the thread in one hand-over
-    (``call_soon_threadsafe``): the answer is on its way one turn of the loop after the
-    sync ends. Through ``asyncio.to_thread`` and a shielded task it took four turns, each
-    behind whatever else the busy loop had ready (launches, exits, a pass)."""
-
-    def __init__(self, sync: Callable[[], None]):
-        self._sync = sync
-        self._lock = threading.Lock()
-        self._asked = threading.Condition(self._lock)
-        self._waiting: list[asyncio.Future] = []
-        self._thread: threading.Thread | None = None
-
-    async def on_disk(self) -> None:
-        waiter = asyncio.get_running_loop().create_future()
-        with self._lock:
-            self._waiting.append(waiter)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
-                self._thread.start()
-            else:
-                self._asked.notify()
-        await waiter
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                if not self._waiting:
-                    self._asked.wait(SYNC_IDLE_S)
-                    if not self._waiting:
-                        self._thread = None
-                        return
-                batch, self._waiting = self._waiting, []
-            try:
-                self._sync()
-                failed = None
-            except Exception as err:  # StoreUnavailable: each caller hears it
-                failed = err
-            for loop in {waiter.get_loop() for waiter in batch}:
-                with contextlib.suppress(RuntimeError):  # a loop closed meanwhile: nobody waits
-                    loop.call_soon_threadsafe(_settle, [w for w in batch if w.get_loop() is loop],
-                                              failed)
-
-
-def _settle(waiters: list[asyncio.Future], failed: Exception | None) -> None:
-    for waiter in waiters:
-        if waiter.done():
-            continue  # its caller was cancelled; the sync went on for the others
-        if failed is None:
-            waiter.set_result(None)
-        else:
-            waiter.set_exception(failed)
 
 
 @dataclass
@@ -346,8 +284,9 @@ class HeadState:
         self.capacity_changed = True
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
-        #: the group commit (``on_disk``); the store's sync is looked up at each sync
-        self._group_commit = GroupCommit(lambda: self.store.sync_to_disk())
+        #: the group commit (``on_disk``): the sync to the disk on its way, and the one
+        #: after it, which covers every commit made while the first was under way
+        self._sync: asyncio.Future | None = None
         self._hardware: dict[tuple, tuple] = {}  # a card's facts -> its class (``hardware``)
         #: ``hardware``'s last answer and what it was made from (GPU facts, nodes' CUDA)
         self._hardware_found: tuple[tuple, dict[str, dict[tuple, int]]] | None = None
@@ -355,6 +294,7 @@ class HeadState:
         self._views: dict[str, tuple] = {}
         #: every GPU's uuid in (node, index) order, and the ``facts_version`` it holds for
         self._order: tuple[int, list[str]] | None = None
+        self._next_sync: asyncio.Future | None = None
         #: after a restore of the store: the nodes that have not yet told what ran since
         #: the backup (nothing is scheduled till they have, or till ``_restore_until``)
         self.unreconciled: set[str] = set()
@@ -382,11 +322,23 @@ class HeadState:
 
     async def on_disk(self) -> None:
         """Until every store transaction committed before this call is on the disk (group
-        commit, ``GroupCommit``): one sync, in a thread, serves every caller that came while
-        none was under way. Meanwhile the loop goes on (launches, exits, other requests),
-        where a durable commit stopped it for the whole sync. ``StoreUnavailable`` when the
-        disk fails."""
-        await self._group_commit.on_disk()
+        commit): one sync, in a thread, serves every caller that came while none was under
+        way; one that comes during a sync waits for the next, which starts when that one
+        ends. Meanwhile the loop goes on (launches, exits, other requests), where a durable
+        commit stopped it for the whole sync. ``StoreUnavailable`` when the disk fails."""
+        if self._sync is None or self._sync.done():
+            self._sync = asyncio.ensure_future(asyncio.to_thread(self.store.sync_to_disk))
+            await asyncio.shield(self._sync)
+            return
+        if self._next_sync is None:
+            self._next_sync = asyncio.ensure_future(self._sync_after(self._sync))
+        await asyncio.shield(self._next_sync)
+
+    async def _sync_after(self, running: asyncio.Future) -> None:
+        with contextlib.suppress(Exception):
+            await running  # its own callers hear how it went
+        self._sync, self._next_sync = self._next_sync, None
+        await asyncio.to_thread(self.store.sync_to_disk)
 
     def spawn(self, coro: Coroutine, name: str) -> asyncio.Task:
         """Run ``coro`` in the background; it is cancelled when the head stops."""

@@ -103,7 +103,7 @@ class PoolsSeen(Protocol):
     def pools(self) -> Mapping[str, SlurmPool]: ...
     def refusal(self, name: str, spec: JobSpec, user: str | None = None) -> str | None: ...
     def capacity_for(self, name: str, user: str | None) -> Capacity | None: ...
-    def live(self, name: str) -> int: ...
+    def live(self, name: str, user: str | None = None) -> int: ...
 
 
 class Why:
@@ -186,6 +186,7 @@ class Why:
             capacity = self.pools.capacity_for(name, job.user)
             idle = None if capacity is None else capacity.gpus_idle
             if refused is None and self.pools.live(name) < pool.config.max_jobs \
+                    and self.pools.live(name, job.user) < pool.config.user_cap \
                     and idle is not None and idle >= job.spec.gpu_count:
                 found.append({"change": f"--pool {name}", "pool": name, "gpus_idle": idle, "starts": None})
         return found

@@ -8,9 +8,11 @@ jobs are asked of ``squeue``/``sacct`` in that owner's account, and only the lin
 lists under that user are believed (22.05's ``squeue --json`` ignores ``-u``, and anyone
 can write any comment): nothing one account prints moves another's jobs. Every answer is
 read with a byte bound while it is read (``MAX_OUTPUT``); a longer or malformed one is
-``PoolDegraded``. The job's command reaches the compute node in its environment, never
-on a command line, and its output is 0600 in a 0700 workdir (``umask 077``). Every word
-of ours that reaches the remote shell is quoted with ``shlex.quote``.
+``PoolDegraded``; squeue's other users' job records are dropped as each is read, outside
+that bound (anyone may queue thousands of long ones). The job's command reaches the
+compute node in its environment, never on a command line, and its output is 0600 in a
+0700 workdir (``umask 077``). Every word of ours that reaches the remote shell is quoted
+with ``shlex.quote``.
 """
 
 from __future__ import annotations
@@ -39,10 +41,15 @@ from .slurm_script import batch_script, sbatch_argv
 #: bytes of a job's output one ``logs`` call reads at most
 LOG_CHUNK = 64 * 1024
 #: the output of a cluster command we read at most (squeue --json of 50 jobs is ~150 KB;
-#: 22.05's lists the whole cluster's queue, whatever -u says); more is PoolDegraded
+#: 22.05's lists the whole cluster's queue, whatever -u says: other users' records are read
+#: and dropped, never counted here); more is PoolDegraded
 MAX_OUTPUT = 8 << 20
 #: the error text of a cluster command we keep (the rest is read and dropped)
 MAX_ERROR = 4096
+#: squeue --json's whole answer, other users' records included, read at most: some 60,000
+#: jobs of 4 KiB (Slurm's MaxJobCount is 10,000 by default). Read at about 100 MB/s and
+#: dropped as read: time, not memory (a member's key line may send this much each poll)
+MAX_QUEUE_OUTPUT = 256 << 20
 
 
 def remote_path(path: str) -> str:
@@ -153,14 +160,16 @@ class SlurmPool:
         return status, out.decode("utf-8", errors="replace"), err
 
     async def run_bytes(self, account: str, command: str, stdin: str | None = None,
-                        timeout: float | None = None, limit: int = MAX_OUTPUT
+                        timeout: float | None = None, limit: int = MAX_OUTPUT, sink=None
                         ) -> tuple[int, bytes, str]:
         """As ``run``, its output as bytes; more than ``limit`` of it is PoolDegraded, found
-        while reading (the rest is never read: the command is closed)."""
+        while reading (the rest is never read: the command is closed). ``sink``: a
+        ``SqueueJsonStream`` the output is fed to as it comes instead (b"" returned), whose
+        ``own`` bytes ``limit`` bounds."""
         conn = await self._conn(account)
         limit_s = timeout or self.cluster.command_timeout
         try:
-            return await within(limit_s, self._bounded(conn, command, stdin, limit))
+            return await within(limit_s, self._bounded(conn, command, stdin, limit, sink))
         except asyncio.TimeoutError:  # logged in: the command there is what kept silent
             self._drop(account)
             raise PoolSilent(f"pool {self.name}: `{' '.join(command.split()[:3])[:60]}` did not "
@@ -170,7 +179,7 @@ class SlurmPool:
             raise PoolUnavailable(self._why(err)) from None
 
     async def _bounded(self, conn: asyncssh.SSHClientConnection, command: str,
-                       stdin: str | None, limit: int) -> tuple[int, bytes, str]:
+                       stdin: str | None, limit: int, sink=None) -> tuple[int, bytes, str]:
         process = await conn.create_process(command, encoding=None)
         errors = None
         try:
@@ -178,7 +187,8 @@ class SlurmPool:
                 process.stdin.write(stdin.encode())
             process.stdin.write_eof()
             errors = asyncio.ensure_future(_read(process.stderr, MAX_ERROR, drain=True))
-            out = await _read(process.stdout, limit)
+            out = await (_feed(process.stdout, sink, limit) if sink is not None
+                         else _read(process.stdout, limit))
             if out is None:
                 raise PoolDegraded(f"pool {self.name}: `{command.split()[0]}` answered more than "
                                    f"{limit >> 10} KiB, more than Slurm would; not read further")
@@ -273,19 +283,23 @@ class SlurmPool:
         prints (22.05's --json ignores -u: every user's jobs) is left out here."""
         version = await self.hello(account)
         user = shlex.quote(account)
-        if parse.has_json(version):
-            command = f"squeue --json -t all -u {user}"
-            reader = parse.parse_squeue_json
-        else:
-            command = f"squeue -h -t all -u {user} -O {shlex.quote(parse.SQUEUE_FORMAT)}"
-            reader = parse.parse_squeue_text
-        status, out, err = await self.run(account, command)
-        if status != 0:
-            raise PoolUnavailable(f"pool {self.name}: squeue failed: {err.strip()[:200]}")
         try:
-            return [job for job in reader(out) if job.user == account]
+            if parse.has_json(version):
+                # Read as it comes, other users' records dropped as each ends: anyone may
+                # queue thousands of long ones, which bound nothing of ours.
+                stream = parse.SqueueJsonStream(account)
+                status, _, err = await self.run_bytes(account, f"squeue --json -t all -u {user}",
+                                                      sink=stream)
+                listed = parse.squeue_json_jobs(stream.close()) if status == 0 else []
+            else:
+                status, out, err = await self.run(
+                    account, f"squeue -h -t all -u {user} -O {shlex.quote(parse.SQUEUE_FORMAT)}")
+                listed = parse.parse_squeue_text(out) if status == 0 else []
         except ValueError as why:
             raise PoolDegraded(f"pool {self.name}: {why}") from None
+        if status != 0:
+            raise PoolUnavailable(f"pool {self.name}: squeue failed: {err.strip()[:200]}")
+        return [job for job in listed if job.user == account]
 
     def _report(self, job: parse.SlurmJob, accounted: parse.SlurmJob | None,
                 token: str) -> RemoteJob:
@@ -457,6 +471,20 @@ async def _read(stream, limit: int, drain: bool = False) -> bytes | None:
                 return None
             chunk = chunk[:max(0, limit - len(data))]
         data += chunk
+
+
+async def _feed(stream, sink, limit: int) -> bytes | None:
+    """``stream`` fed to ``sink`` until its end: None once more than ``limit`` of it is not
+    other users' records; ValueError once the whole passes MAX_QUEUE_OUTPUT."""
+    while True:
+        chunk = await stream.read(65536)
+        if not chunk:
+            return b""
+        sink.feed(chunk)
+        if sink.own > limit:
+            return None
+        if sink.total > MAX_QUEUE_OUTPUT:
+            raise ValueError(f"squeue --json listed more than {MAX_QUEUE_OUTPUT >> 20} MiB of jobs")
 
 
 def _partial_tail(data: bytes) -> int:

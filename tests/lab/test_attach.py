@@ -176,6 +176,7 @@ def refusal(done: subprocess.CompletedProcess) -> str:
     return done.stderr.strip()
 
 
+@pytest.mark.slow
 def test_one_user_holds_at_most_four_attaches_and_every_way_one_ends_frees_its_place(
         shared, terminal, openssh_lab):
     # Four to attach to, and a spare for the probes and re-attaches.

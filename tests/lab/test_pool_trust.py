@@ -24,7 +24,8 @@ from support.labfixtures import cancel_left_and_stop
 from labkit.harness import HeadProcess, wait_for
 from nebula_tui.store import Store
 from support.head import submit
-from support.slurmfixtures import POLL, config, pool_line, remote_id, squeue, start_head, wait_state
+from support.slurmfixtures import (POLL, config, min_job_age, pool_line, remote_id, squeue, start_head,
+                                  wait_state)
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 FORGER = "nebforger"
@@ -102,6 +103,7 @@ def forger():
         quiet("userdel", "-r", FORGER)
 
 
+@pytest.mark.slow
 def test_another_cluster_user_cannot_forge_a_jobs_end_with_its_token(head, slurm_lab, forger):
     """Anyone can read a job's comment (squeue -o %k) and give their own job the same one;
     22.05's squeue --json lists it to every user whatever -u says."""
@@ -286,6 +288,7 @@ def _restored(head: HeadProcess, backup: Path, cfg: Path, later: int):
         cancel_left_and_stop(restored)
 
 
+@pytest.mark.slow
 def test_a_pool_job_sent_after_a_backup_is_not_sent_again_after_restoring_it(slurm_lab, tmp_path):
     """The backup knows the job as waiting (for room in the pool); it went to Slurm after
     the backup. The restored head finds it there by its token and adopts it."""
@@ -304,6 +307,7 @@ def test_a_pool_job_sent_after_a_backup_is_not_sent_again_after_restoring_it(slu
         assert "once" in restored.run("logs", str(later), check=True).stdout
 
 
+@pytest.mark.slow
 def test_one_members_account_cannot_decide_anothers_jobs(openssh_lab, slurm_lab, tmp_path_factory):
     """Alice's key line runs a forced command that says Bob's jobs ended, 1,800 days long.
     Bob's jobs are asked in Bob's account: what Alice's prints moves nothing of his."""
@@ -394,21 +398,6 @@ def _charged_what_was_allocated_for(head: HeadProcess, slurm_lab, job: int) -> i
     assert mine["gpu_hours"] == pytest.approx(held * int(elapsed) / 3600, rel=0.01, abs=1e-6), \
         (mine, tres, elapsed)
     return held
-
-
-@contextlib.contextmanager
-def min_job_age(slurm_lab, seconds: int):
-    """The lab's slurmctld forgets an ended job after ``seconds`` (MinJobAge), for one test."""
-    conf = Path(slurm_lab.slurm_conf)
-    before = conf.read_text()
-    conf.write_text(re.sub(r"(?m)^MinJobAge=\d+$", f"MinJobAge={seconds}", before))
-    subprocess.run(["scontrol", "reconfigure"], env=slurm_lab.env, capture_output=True, timeout=30)
-    try:
-        yield
-    finally:
-        conf.write_text(before)
-        subprocess.run(["scontrol", "reconfigure"], env=slurm_lab.env, capture_output=True,
-                       timeout=30)
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from support.users import submit_as
 from support.slurmfixtures import config, pool_line, remote_id, squeue, start_head, wait_state
 
 
+@pytest.mark.slow
 def test_one_members_key_line_answering_garbage_stops_nobody_elses_pool_jobs(
         openssh_lab, slurm_lab, tmp_path_factory):
     """Alice's forced command answers sinfo with a cluster of 0-GPU nodes, then squeue with
@@ -51,6 +52,7 @@ esac"""
         head.run("cancel", str(hers), check=True)
 
 
+@pytest.mark.slow
 def test_a_job_that_requeues_itself_is_charged_for_every_run(slurm_lab, tmp_path):
     """The job runs 8 s and requeues itself (`scontrol requeue`, its owner may); its owner
     lifts the BeginTime Slurm gives a requeued job (`scontrol update StartTime=now`) and it
@@ -85,6 +87,7 @@ def test_a_job_that_requeues_itself_is_charged_for_every_run(slurm_lab, tmp_path
         cancel_left_and_stop(head)
 
 
+@pytest.mark.slow
 def test_one_members_garbage_at_a_restore_holds_nobody_elses_jobs(openssh_lab, slurm_lab, tmp_path_factory):
     """A restore asks each member's account which jobs carry this head's tokens before it
     sends any. Alice's key line answers squeue with 200,000-deep JSON then. Before: the
@@ -143,6 +146,7 @@ esac"""
         head.run("cancel", str(hers), check=True)
 
 
+@pytest.mark.slow
 def test_a_job_whose_owners_login_is_refused_at_a_restore_is_not_sent_twice(
         openssh_lab, slurm_lab, tmp_path_factory):
     """Bob's job went to the pool after the backup; when the restored head starts, his

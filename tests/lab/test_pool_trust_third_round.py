@@ -20,7 +20,8 @@ from nebula_tui.store import Store
 from support.head import submit
 from support.labfixtures import cancel_left_and_stop
 from support.poolmembers import members_pool
-from support.slurmfixtures import config, pool_line, remote_id, squeue, start_head, wait_state
+from support.slurmfixtures import (config, pool_line, remote_id, squeue, start_head, succeeded_and_charged,
+                                  wait_state)
 from support.users import submit_as
 
 RUNUSER = "/usr/sbin/runuser"
@@ -35,6 +36,7 @@ def pool_row(head, job: int) -> dict:
         store.close()
 
 
+@pytest.mark.slow
 def test_a_members_key_line_answering_sbatch_with_another_members_job_id_moves_nothing_of_his(
         openssh_lab, slurm_lab, tmp_path_factory):
     """Alice's forced command runs her sbatch but answers it with Bob's running job's Slurm
@@ -61,12 +63,7 @@ esac"""
         time.sleep(5)  # five polls with her answer in them
         assert head.job(his)["state"] == "running", head.job(his)["reason"]
         assert any(str(j["job_id"]) == rid and j["job_state"] == "RUNNING" for j in squeue(slurm_lab))
-        ended = wait_state(head, his, {"succeeded", "failed"}, timeout=90)
-        assert ended["state"] == "succeeded", ended["reason"]
-        assert "the real one" in head.run("logs", str(his), check=True).stdout
-        charged = next(j for j in json.loads(head.run("history", "--json", check=True).stdout)
-                       if j["id"] == his)["gpu_hours"]
-        assert charged >= 20 / 3600, charged
+        succeeded_and_charged(head, his, "the real one", 20)
         (public / "rid").unlink()
         assert "degraded" not in pool_line(head), pool_line(head)
 
@@ -151,6 +148,7 @@ esac"""
 @pytest.mark.parametrize("lie, cluster, shown", [(_GARBAGE, {}, "degraded"),
                                                  (_SILENCE, {"command_timeout": "3s"}, "unreachable")],
                          ids=["garbage", "silence"])
+@pytest.mark.slow
 def test_one_members_trouble_when_only_she_has_jobs_there_stops_nobody_elses_burst(
         openssh_lab, slurm_lab, tmp_path_factory, request, lie, cluster, shown):
     """Alice is the only member with a job in the pool; her key line (or her ~/.bashrc) lets

@@ -16,8 +16,11 @@ slurm.conf and munge socket.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -71,6 +74,17 @@ def start_head(home: Path, config: Path) -> HeadProcess:
     return head
 
 
+def succeeded_and_charged(head: HeadProcess, job: int, said: str, ran_s: float, timeout: float = 90) -> None:
+    """The pool job ends succeeded, its log says ``said``, and it is charged for at least
+    ``ran_s`` seconds of a GPU (its history row)."""
+    ended = wait_state(head, job, {"succeeded", "failed"}, timeout=timeout)
+    assert ended["state"] == "succeeded", ended["reason"]
+    assert said in head.run("logs", str(job), check=True).stdout
+    charged = next(j for j in json.loads(head.run("history", "--json", check=True).stdout)
+                   if j["id"] == job)["gpu_hours"]
+    assert charged >= ran_s / 3600, charged
+
+
 def squeue(slurm_lab) -> list[dict]:
     """Slurm's own queue (``squeue --json``'s jobs)."""
     out = slurm_lab.cluster.run(["squeue", "--json"])
@@ -116,3 +130,18 @@ def config(slurm_lab, path: Path, **extra) -> Path:
     entry.update(extra)
     path.write_text(yaml.safe_dump({"cluster": {"name": "trusttest"}, "pools": [entry]}))
     return path
+
+
+@contextlib.contextmanager
+def min_job_age(slurm_lab, seconds: int):
+    """The lab's slurmctld forgets an ended job after ``seconds`` (MinJobAge), for one test."""
+    conf = Path(slurm_lab.slurm_conf)
+    before = conf.read_text()
+    conf.write_text(re.sub(r"(?m)^MinJobAge=\d+$", f"MinJobAge={seconds}", before))
+    subprocess.run(["scontrol", "reconfigure"], env=slurm_lab.env, capture_output=True, timeout=30)
+    try:
+        yield
+    finally:
+        conf.write_text(before)
+        subprocess.run(["scontrol", "reconfigure"], env=slurm_lab.env, capture_output=True,
+                       timeout=30)

@@ -197,6 +197,40 @@ async def test_a_booking_whose_window_opens_reads_under_way_without_a_restart(tm
     assert set(calls) <= ONE_OFF, calls
 
 
+async def test_the_queue_shows_the_idle_mark_the_head_puts_on_a_running_job(tmp_path):
+    """A running job whose card reads idle is marked by the head at once (with idle_after
+    set), and the Queue's "where" says so from the stream. The mark's timing and what
+    follows it (warning, cancel) are the head's rule on its clock:
+    tests/unit/test_limits_clock.py; the lab's end to end run: tests/lab/test_limits_e2e.py."""
+    from support.inprocess import gpu_row, probe, up_engine
+
+    from nebula_tui.head.server import ApiServer
+
+    head = up_engine(tmp_path, "limits:\n  idle_after: 10m\n  idle_action: cancel\n")
+    server = ApiServer(head, tmp_path / "nebula.sock")
+    await server.start()
+    app = make_app(server.path)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.cluster.connected, what="the snapshot")
+            await pilot.press("3")
+            await until(pilot, lambda: isinstance(app.screen, QueueScreen), what="the queue screen")
+            job = head.submit(ME, JobSpec(command=("sleep", "120"))).id
+            start(head, job)
+            head.on_node_message("node01", probe("node01", [gpu_row("node01", i, util=0) for i in range(2)]))
+            assert head.jobs[job].status.idle_since is not None
+
+            def where() -> str:
+                row = cells(app, "queue-table").get(str(job))
+                return row[-1] if row else ""
+            shown = await until(pilot, lambda: "idle" in (w := where()) and w, what="the idle mark in the queue")
+            assert shown.startswith("node01:0") and shown.endswith(" on 1 GPU"), shown
+    finally:
+        await server.close()
+        await head.stop()
+        head.state.store.close()
+
+
 async def test_the_job_page_says_where_it_ran_and_draws_stopping_styled(engine, served):
     """The page said `Workdir $HOME` for a job that ran in the folder it was submitted from
     (`nebula job` said it right), and drew a `stopping` job in no colour at all."""

@@ -124,3 +124,24 @@ async def test_a_step_of_the_wall_clock_cancels_no_idle_job(clocked):
     await settle()
     assert not [e for e in head.state.store.events(job_id=job) if f"job {job} is idle" in e["message"]]
     assert signals(head, job) == []
+
+
+async def test_a_card_that_reports_no_utilisation_is_idle_unknown_and_never_cancelled(clocked):
+    """N/A utilisation cannot tell an idle job from a busy one: the job says "idle unknown"
+    and is neither marked, warned nor cancelled, hours past idle_after and idle_grace; read
+    again as idle, it is marked at once and no longer unknown. (The nodelet's parsers that
+    read N/A are tests/lab/test_limits_e2e.py's, end to end.)"""
+    head, wall, mono = clocked
+    job = running(head)
+    unread = [{**gpu_row("node01", i), "utilization_pct": None} for i in range(2)]
+    head.on_node_message("node01", probe("node01", unread))
+    status = head.jobs[job].status
+    assert (status.idle_since, status.idle_unknown) == (None, True)
+    for _ in range(3):  # an hour each: past idle_after (10 min) and idle_grace (30 min) twice
+        head.on_node_message("node01", probe("node01", unread))
+        await after(head, wall, mono, 3600)
+    assert signals(head, job) == [] and not isinstance(head.jobs[job].status, Stopping)
+    assert not [e for e in head.state.store.events(job_id=job) if f"job {job} is idle" in e["message"]]
+    head.on_node_message("node01", probe("node01", [gpu_row("node01", i, util=0) for i in range(2)]))
+    status = head.jobs[job].status
+    assert (status.idle_since, status.idle_unknown) == (wall[0], False)

@@ -18,12 +18,24 @@ def test_defaults_and_what_is_given():
     assert (proj.runtime, proj.shards_per_gpu) == ("pyxis", 4)
 
 
+def test_one_user_holds_half_the_places_of_a_pool_several_members_send_to():
+    """One member's waiting or held jobs there must not keep the others out: half of
+    max_jobs (rounded up) by default where several members send (user: submitter), all of
+    them for a project account alone, what the admin writes otherwise."""
+    hpc, proj = parse_config(GOOD, "nodes.yaml").pools
+    assert (hpc.user_cap, proj.user_cap) == (25, 50)
+    text = GOOD.replace("    burst_after: 10m\n", "    burst_after: 10m\n    max_jobs: 5\n    max_jobs_per_user: 4\n")
+    assert parse_config(text, "nodes.yaml").pools[0].user_cap == 4
+
+
 @pytest.mark.parametrize("entry, line, says", [
     ("  - name: hpc\n    kind: k8s\n    host: a", 3, "kind 'k8s' is not a pool kind"),
     ("  - name: hpc\n    host: a", 2, "missing required key 'kind'"),
     ("  - name: hpc\n    kind: slurm", 2, "missing required key 'host'"),
     ("  - name: hpc\n    kind: slurm\n    host: a\n    partition: 'gpu; rm -rf ~'", 5, "not a name Slurm takes"),
     ("  - name: hpc\n    kind: slurm\n    host: a\n    workdir: '~/my dir'", 5, "workdir"),
+    ("  - name: hpc\n    kind: slurm\n    host: a\n    user: submitter\n    workdir: /scratch/nebula", 6,
+     "one folder for every member"),
     ("  - name: hpc\n    kind: slurm\n    host: -oProxyCommand=x", 4, "is not a hostname"),
     ("  - name: hpc\n    kind: slurm\n    host: a\n    runtime: docker", 5, "pyxis, apptainer, none"),
     ("  - name: hpc\n    kind: slurm\n    host: a\n    max_jobs: 0", 5, "max_jobs must be an integer"),

@@ -3,6 +3,7 @@ captured from Debian's slurm-wlm 22.05.8 (tests/data/slurm/SOURCES-core.md)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,57 @@ def test_each_job_carries_the_user_slurm_lists_it_under():
 def test_a_deep_json_answer_is_a_value_error_not_a_recursion_error():
     with pytest.raises(ValueError, match="nests deeper"):
         parse.parse_squeue_json('{"jobs":' + "[" * 200_000)
+
+
+def _streamed(text: str, user: str, size: int) -> parse.SqueueJsonStream:
+    stream = parse.SqueueJsonStream(user)
+    data = text.encode()
+    for at in range(0, len(data), size):
+        stream.feed(data[at:at + size])
+    return stream
+
+
+@pytest.mark.parametrize("size", [1, 7, 4096, 1 << 20])
+def test_squeue_json_read_as_it_comes_keeps_the_users_own_jobs_exactly(size):
+    """22.05's squeue --json lists the whole cluster's queue whatever -u says, so the poll
+    reads it a record at a time (in chunks cut anywhere, inside a string, after a
+    backslash), keeping its user's records, the same jobs parse_squeue_json reads."""
+    text = read("core-squeue-all.json").replace('"comment": "tok2"', '"comment": "tok2\\\" }]"')
+    whole = parse.parse_squeue_json(text)
+    assert any(job.comment == 'tok2" }]' for job in whole)
+    for user in ("root", "nobody"):
+        kept = parse.squeue_json_jobs(_streamed(text, user, size).close())
+        assert kept == [job for job in whole if job.user == user]
+        assert kept or user == "nobody"
+
+
+def test_other_users_long_queue_counts_against_no_bound_of_ours():
+    """An outsider queues a thousand records as long as Slurm allows: they are read and
+    dropped as each ends; what counts against MAX_OUTPUT is the document and our own."""
+    document = json.loads(read("core-squeue-all.json"))
+    theirs = dict(document["jobs"][0], user_name="outsider", comment="c" * 1024, name="n" * 1024)
+    document["jobs"] += [theirs] * 1000
+    text = json.dumps(document, indent=2)
+    stream = _streamed(text, "root", 65536)
+    assert len(parse.squeue_json_jobs(stream.close())) == len(read("core-squeue-all.json").split('"job_id"')) - 1
+    assert stream.others > 4_000_000 and stream.own < 100_000, (stream.own, stream.others)
+    # A name of bytes that are no UTF-8 (Slurm keeps what sbatch was given) is not an
+    # answer Slurm never writes: the record is read (and dropped) all the same.
+    raw = text.encode().replace(b'"nnnn', b'"\xff\xfe', 1)
+    stream = parse.SqueueJsonStream("root")
+    for at in range(0, len(raw), 1000):
+        stream.feed(raw[at:at + 1000])
+    assert len(stream.close()) == len(read("core-squeue-all.json").split('"job_id"')) - 1
+
+
+@pytest.mark.parametrize("text, says", [
+    ("not json", "no jobs list"), ('{"jobs": [{"job_id": 1, "user_name": "root"', "no jobs list"),
+    ('{"jobs":' + "[" * 200_000, "nests deeper"),
+    ('{"jobs": [{"job_id": 1, "name": "' + "x" * (parse.MAX_JOB_JSON + 1) + '"}]}', "more than"),
+], ids=["not-json", "cut-short", "deep", "one-huge-record"])
+def test_squeue_json_read_as_it_comes_refuses_what_slurm_never_writes(text, says):
+    with pytest.raises(ValueError, match=says):
+        _streamed(text, "root", 4096).close()
 
 
 def test_a_sacct_line_with_a_duration_or_allocation_slurm_never_writes_is_not_believed():

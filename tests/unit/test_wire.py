@@ -27,10 +27,10 @@ from nebula_tui.head.requests import spec_from_request
 from nebula_tui.head.server import ApiServer
 from nebula_tui.model import JobSpec, Placement
 from nebula_tui.screens.submit import request_fields
-from nebula_tui.wire import (BookingMade, BookingReply, BookingsReply, GpusReply, GpuWire, HistoryReply,
-                             JobDetailReply, JobReply, JobWire, NodeWire, PlanView, QueueReply, StatusReply,
-                             StreamEvent, StreamSnapshot, SubmitReply, SubmitRequest, UsersReply, WaitReply,
-                             WhyJob, WhyReply, WhyUser)
+from nebula_tui.wire import (AttachInfoReply, BookingMade, BookingReply, BookingsReply, EventsReply, GpusReply, GpuWire,
+                             HistoryReply, JobDetailReply, JobReply, JobWire, NodeReply, NodeWire, NoReply, PingReply,
+                             PlanView, QueueReply, StatusReply, StreamEvent, StreamSnapshot, SubmitReply,
+                             SubmitRequest, UsersReply, WaitReply, WhyJob, WhyReply, WhyUser)
 
 ME = getpass.getuser()
 
@@ -180,8 +180,9 @@ POOL = """pools:
 async def test_a_served_heads_pool_user_booking_and_why_answers_are_of_their_wire_shapes(tmp_path):
     """A head with a pool (not reached yet) on its real socket: the status's pools, the
     users, a booking made, listed and ended, ``why`` for a waiting job (ahead of it, holding
-    its cards, the changes that start it sooner) and for a user; and the snapshot and the
-    events a subscriber reads meanwhile (a user's row, the bookings)."""
+    its cards, the changes that start it sooner) and for a user, and the smaller answers
+    (ping, a quota set, a drain and resume, the events log, how to attach); and the snapshot
+    and the events a subscriber reads meanwhile (a user's row, the bookings)."""
     engine = up_engine(tmp_path, POOL)
     server = ApiServer(engine, tmp_path / "nebula.sock")
     await server.start()
@@ -206,7 +207,12 @@ async def test_a_served_heads_pool_user_booking_and_why_answers_are_of_their_wir
         ahead = (await client.call("submit", command=["true"], gpu_count=1, time_limit_s=7200.0))["job"]["id"]
         waits = (await client.call("submit", command=["true"], gpu_count=2, time_limit_s=7200.0))["job"]["id"]
         engine.scheduling.schedule_pass()
-        await client.call("quota", user=ME, hours=100.0)  # the user's row, and their event
+        await ask("quota", NoReply, user=ME, hours=100.0)  # the user's row, and their event
+        await ask("ping", PingReply)
+        await ask("drain", NodeReply, node="node02", reason="shapes")
+        await ask("resume", NodeReply, node="node02")
+        await ask("events", EventsReply, limit=50)
+        await ask("attach_info", AttachInfoReply, job=held["id"])
         now = engine.clock()
         await ask("reserve", BookingMade, gpus="node01:0", start=now + 86400, duration_s=3600.0, name="b1")
         await ask("reserve", BookingsReply, list=True)

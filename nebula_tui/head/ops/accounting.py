@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...model import InvalidRequest, JobState
-from ...wire import (HistoryReply, JobHistoryRequest, NoFields, QuotaRequest, ReportRequest, ReserveReply,
+from ...wire import (HistoryReply, JobHistoryRequest, NoFields, NoReply, QuotaRequest, ReportRequest, ReserveReply,
                      ReserveRequest, UsersReply)
 from ..requests import number, text_field, unix_time, whole
 from .base import Handler, Served
@@ -65,7 +65,7 @@ async def users(s: Served, user: str, req: NoFields) -> UsersReply:
     return {"users": s.engine.users_json()}
 
 
-async def quota(s: Served, user: str, req: QuotaRequest) -> Reply:
+async def quota(s: Served, user: str, req: QuotaRequest) -> NoReply:
     hours = req.get("hours")
     if not number(hours, 0, 1e9):
         raise InvalidRequest("the quota is a number of GPU-hours per month, e.g. 3000")

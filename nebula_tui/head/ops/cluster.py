@@ -9,8 +9,9 @@ import os
 from typing import Any
 
 from ...model import InvalidRequest, RequestError
-from ...wire import (DoctorRequest, DrainRequest, EventsRequest, GpuHistoryRequest, GpuResumeRequest, GpusReply,
-                     NodeAddRequest, NodeKeyRequest, NodeRequest, NoFields, StatusReply)
+from ...wire import (DoctorRequest, DrainRequest, EventsReply, EventsRequest, GpuHistoryRequest, GpuReply,
+                     GpuResumeRequest, GpusReply, NodeAddRequest, NodeKeyReply, NodeKeyRequest, NodeReply,
+                     NodeRequest, NoFields, NoReply, PingReply, StatusReply)
 from ..requests import job_id, number, port_field, text_field, unix_time, whole
 from .accounting import MAX_REPORT_S
 from .base import Handler, Served
@@ -18,7 +19,7 @@ from .base import Handler, Served
 Reply = dict[str, Any]
 
 
-async def ping(s: Served, user: str, req: NoFields) -> Reply:
+async def ping(s: Served, user: str, req: NoFields) -> PingReply:
     return {"pid": os.getpid(), "user": user}
 
 
@@ -41,24 +42,24 @@ async def history(s: Served, user: str, req: GpuHistoryRequest) -> Reply:
     return {"gpu": gpu, "samples": s.engine.history(gpu, float(since))}
 
 
-async def gpu_resume(s: Served, user: str, req: GpuResumeRequest) -> Reply:
+async def gpu_resume(s: Served, user: str, req: GpuResumeRequest) -> GpuReply:
     """An admin brings a GPU in maintenance back into service (R16/R17)."""
     gpu = await s.engine.health.resume(user, text_field(req, "gpu"), force=req.get("force") is True)
     return {"gpu": next(g for g in s.engine.gpus_json() if g["uuid"] == gpu)}
 
 
-async def drain(s: Served, user: str, req: DrainRequest) -> Reply:
+async def drain(s: Served, user: str, req: DrainRequest) -> NodeReply:
     reason = req.get("reason") or ""
     if not isinstance(reason, str) or len(reason) > 200 or not reason.isprintable():
         raise InvalidRequest("reason must be one line of at most 200 characters")
     return {"node": s.engine.set_drained(user, text_field(req, "node"), True, reason).json()}
 
 
-async def resume(s: Served, user: str, req: NodeRequest) -> Reply:
+async def resume(s: Served, user: str, req: NodeRequest) -> NodeReply:
     return {"node": s.engine.set_drained(user, text_field(req, "node"), False).json()}
 
 
-async def node_key(s: Served, user: str, req: NodeKeyRequest) -> Reply:
+async def node_key(s: Served, user: str, req: NodeKeyRequest) -> NodeKeyReply:
     return {"fingerprint": await s.engine.node_key(user, text_field(req, "host"), port_field(req))}
 
 
@@ -92,7 +93,7 @@ async def doctor(s: Served, user: str, req: DoctorRequest) -> Reply:
     return await s.engine.doctor.check(user, list(dict.fromkeys(nodes)))
 
 
-async def events(s: Served, user: str, req: EventsRequest) -> Reply:
+async def events(s: Served, user: str, req: EventsRequest) -> EventsReply:
     """The newest ``limit`` events, filtered by ``kind``, ``node``, ``job``, ``user``,
     ``since`` (Unix seconds)."""
     limit = req.get("limit", 100)
@@ -113,7 +114,7 @@ async def reload(s: Served, user: str, req: NoFields) -> Reply:
     return await s.engine.reload(user)
 
 
-async def shutdown(s: Served, user: str, req: NoFields) -> Reply:
+async def shutdown(s: Served, user: str, req: NoFields) -> NoReply:
     if not s.engine.is_admin(user):
         raise RequestError("only an admin may stop the service")
     if s.on_shutdown:

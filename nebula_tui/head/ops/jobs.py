@@ -10,8 +10,8 @@ from typing import Any
 from ... import views
 from ...api import MAX_GPU_COUNT, MAX_WAIT_STEP_S
 from ...model import InvalidRequest
-from ...wire import (JobDetailReply, JobReply, JobRequest, LogsRequest, NoFields, PlanView, QueueReply, SubmitReply,
-                     SubmitRequest, WaitReply, WaitRequest, WhyReply, WhyRequest)
+from ...wire import (AttachInfoReply, JobDetailReply, JobReply, JobRequest, LogsRequest, NoFields, PlanView, QueueReply,
+                     SubmitReply, SubmitRequest, WaitReply, WaitRequest, WhyReply, WhyRequest)
 from ..requests import job_id, number, spec_from_request, whole
 from .base import Handler, Served
 
@@ -84,7 +84,7 @@ async def logs(s: Served, user: str, req: LogsRequest) -> Reply:
     return await s.engine.read_log(user, job_id(req), offset, rank, offsets, attempt)
 
 
-async def attach_info(s: Served, user: str, req: JobRequest) -> Reply:
+async def attach_info(s: Served, user: str, req: JobRequest) -> AttachInfoReply:
     return {"argv": s.engine.attach_argv(user, job_id(req))}
 
 
