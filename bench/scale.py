@@ -79,7 +79,7 @@ def head_main(home: str, config: str) -> None:
 
 
 # ======================================================================= the store
-def prefill(home: Path, specs: list[dict], pending: int) -> dict[str, dict[int, list[int]]]:
+def prefill(home: Path, specs: list[dict], pending: int) -> dict[str, dict[int, dict]]:
     """A full lab's store: every GPU registered and running a one-GPU job, ``pending``
     one-GPU jobs waiting. Returns the running jobs per node for the swarm."""
     from nebula_tui.model import JobSpec, Placement
@@ -105,16 +105,18 @@ def prefill(home: Path, specs: list[dict], pending: int) -> dict[str, dict[int, 
                         "cuda_version": spec["cuda_version"]} for g in spec["gpus"]]
         store.register_gpus(spec["name"], descriptors, t0)
         gpus += [(spec["name"], g) for g in spec["gpus"]]
-    running: dict[str, dict[int, list[int]]] = {}
+    running: dict[str, dict[int, dict]] = {}
     for n in range(len(gpus) + pending):
         job = store.add_job(users[n % N_USERS], JobSpec(command=("python", "train.py"),
                                                         name=f"train-{n + 1}"), t0 + n * 0.01)
         if n < len(gpus):
             node, g = gpus[n]
             placement = Placement(g["uuid"], node, g["index"], g["memory_total_mb"], True)
-            store.start_launching(job.id, (placement,), t0 + 600)
+            token = store.start_launching(job.id, (placement,), t0 + 600)
             store.mark_running(job.id, t0 + 600)
-            running.setdefault(node, {})[job.id] = [g["index"]]
+            # the launch's token: the head's reconcile adopts the swarm's job by it (without
+            # it, every one failed as "no record of its launch" and the cards looked free)
+            running.setdefault(node, {})[job.id] = {"gpus": [g["index"]], "token": token}
     store.close()
     return running
 

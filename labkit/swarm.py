@@ -57,12 +57,17 @@ _JOB_UTIL = 90.0
 class SwarmNode(_AsyncNode):
     """One simulated node: the lab's asyncssh endpoint, whose sessions are fake nodelets."""
 
-    def __init__(self, lab: Lab, name: str, spec: dict, running: dict[int, list[int]]):
+    def __init__(self, lab: Lab, name: str, spec: dict, running: dict[int, list[int] | dict]):
         super().__init__(lab, name)
         self.spec = spec
         self.jobs: dict[int, dict] = {}  # job id -> {"gpus": [index], "token", "pid"}
-        for job, gpus in running.items():
-            self._add(int(job), gpus, None)
+        for job, held in running.items():
+            # {"gpus": [...], "token": ...}: a job the head's store launched here under that
+            # token (its reconcile adopts it); a bare list of GPUs: one without a record
+            if isinstance(held, dict):
+                self._add(int(job), held["gpus"], held.get("token"))
+            else:
+                self._add(int(job), held, None)
 
     def _add(self, job: int, gpus: list[int], token: str | None) -> None:
         self.jobs[job] = {"gpus": gpus, "token": token, "pid": 100000 + job, "t": time.time()}
@@ -210,7 +215,7 @@ class SwarmProcess:
     tests: ``start()`` returns once every node listens; ``config_path`` is its nodes.yaml."""
 
     def __init__(self, root: Path, nodes: int, gpus: int = 8, probe_interval: float = 5.0,
-                 running: dict[str, dict[int, list[int]]] | None = None):
+                 running: dict[str, dict[int, list[int] | dict]] | None = None):
         self.root = Path(root)
         self.argv = [sys.executable, "-m", "labkit.swarm", "--dir", str(self.root / "lab"),
                      "--nodes", str(nodes), "--gpus", str(gpus), "--probe-interval", str(probe_interval)]
@@ -256,7 +261,7 @@ class SwarmProcess:
 
 
 async def run_swarm(root: Path, nodes: int, gpus: int, probe_interval: float,
-                    running: dict[str, dict[int, list[int]]]) -> None:
+                    running: dict[str, dict[int, list[int] | dict]]) -> None:
     specs = uniform_nodes(nodes, gpus)
     lab = Lab(root, ssh="asyncssh", specs=specs, probe_interval=probe_interval)
     lab.prepare()
@@ -281,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, required=True)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--probe-interval", type=float, default=5.0)
-    parser.add_argument("--jobs", type=Path, help="JSON {node: {job id: [GPU index, …]}} running at start")
+    parser.add_argument("--jobs", type=Path, help="JSON {node: {job id: [GPU index, …] or "
+                        "{gpus: [...], token: launch token}}} running at start")
     args = parser.parse_args(argv)
     running = json.loads(args.jobs.read_text()) if args.jobs else {}
     asyncio.run(run_swarm(args.dir, args.nodes, args.gpus, args.probe_interval, running))
