@@ -208,7 +208,7 @@ class Gate:
                 reference = CommitReference(folder)
                 submit = repeat(lambda: head.submit(USERS[1], SPEC, durable=False, wake=False), 40)
                 submit()  # the store's caches warm, as a running head's are
-                found["submit"] = ratio(submit, repeat(reference.commit, 40), rounds + 3,
+                found["submit"] = ratio(submit, repeat(reference.commit, 40), 3 * rounds,
                                         self.slow.get("submit", 1.0))
                 reference.db.close()
             if self.snapshot is None and "tui_key" in names:

@@ -12,7 +12,10 @@ to the scheduler or to the head's rooms changes the replay: nothing here decides
 One turn: the clock jumps to the next event (a submit, an exit, a time limit due); the
 events of that moment are handed to the head; the spawned launch tasks run; then one
 scheduling pass, phases as ``Scheduling.run`` has them (exits the store could not take,
-time limits, the pass). A pass with nothing new is skipped, as the head skips it. Its store
+time limits, the pass). A pass with nothing new is skipped, as the head skips it; so is one
+after submits alone while no waiting job's request fits any card
+(``Replay._only_waits``): it could only have kept every job waiting, and a month
+whose queue grows without end has thousands of them. Its store
 has no writer but this head, so the users' finished runs fair share weighs are read from
 it once and then kept by the ends (``Shares.usage_kept``), not read again each virtual
 minute.
@@ -30,11 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config.cluster import ClusterConfig
-from ..model import JobSpec, NodeState, RequestError, UnfitRequest
+from ..model import Job, JobSpec, JobState, NodeState, RequestError, UnfitRequest
 from ..month.records import Outcome, Request
 from ..store import Store
 from . import forecast
+from ..scheduler import NothingFits
 from .engine import Engine
+from .scheduling import pending_job
 
 #: the head's Xid/idle/probe machinery never fires in a replay: cards read as idle and cool
 _IDLE_DEVICE = {"memory_used_mb": 0, "utilization_pct": 0.0, "temperature_c": 35.0, "power_w": 30.0}
@@ -112,6 +117,12 @@ class Replay:
         #: job -> when it was first launched (a preempted or requeued job starts again)
         self.first_launch: dict[int, float] = {}
         self.passes = 0
+        #: passes not run: only submits came, and no waiting job's request fits any cards
+        #: (``Replay._only_waits``), so they could only have kept every job waiting
+        self.skipped = 0
+        #: skip those passes (off: every event has its pass, what the skip is checked against)
+        self.skip_waits = True
+        self._fits: NothingFits | None = None  # the cards the waiting requests were last searched on
         #: forecast each job's start at its submit, as the head would (``Outcome.forecast``;
         #: ``nebula simulate`` scores them): a forecast per submit costs a long month time
         self.forecasts = forecasts
@@ -151,6 +162,7 @@ class Replay:
         engine = Engine(self.config, store, clock=self.clock)
         engine.state.monotonic = self.clock  # time limits and leases count virtual seconds
         engine.shares.usage_kept = True  # its store has no other writer: read it once
+        engine.scheduling.keep_waiting = self.skip_waits  # a pass that could only keep jobs waiting is skipped
         try:
             self._bring_up(engine)
             for request in self.requests:
@@ -166,12 +178,15 @@ class Replay:
                 if at > end:
                     break
                 self.clock.now = max(self.clock.now, at)
-                changed = self._take_events(engine)
+                changed, submitted = self._take_events(engine)
                 await _settle()
                 engine.transitions.retry_exits()
                 engine.limits.check()
                 await _settle()
-                if changed or engine.state.capacity_changed:
+                if changed and submitted is not None and not engine.state.capacity_changed \
+                        and self._only_waits(engine, submitted):
+                    self.skipped += 1  # it could only have kept every job waiting
+                elif changed or engine.state.capacity_changed:
                     engine.state.capacity_changed = False
                     engine.scheduling.schedule_pass()
                     self.passes += 1
@@ -190,6 +205,41 @@ class Replay:
             store.close()
         return self.outcomes
 
+    def _only_waits(self, engine: Engine, submitted: list[Job]) -> bool:
+        """Whether a pass now could decide nothing but waits, when only ``submitted`` came
+        since the last one (nothing ended, no card changed). True when no waiting job's
+        request fits any cards as they are (``scheduler.NothingFits``), none holds cards it
+        preempted for, and no job names a dependency or a booking (time alone can fail
+        those). A skipped pass changes no job; its waiting reasons come with the next pass.
+        Fair share's weights are looked at as the pass would have (they are recomputed at
+        most once a minute from the first look after one), so the next pass orders alike."""
+        scheduling, state = engine.scheduling, engine.state
+        waiting = scheduling.waiting_requests
+        if waiting is None or scheduling.waiting_named or scheduling.holds:
+            return False
+        for job in submitted:
+            if job.spec.after or job.spec.reservation is not None:
+                scheduling.waiting_requests = None  # known again after the next pass
+                return False
+            if job.state == JobState.PENDING and not job.held_by and not job.pooled:
+                view = pending_job(job)
+                waiting.setdefault(view.request_key, view)
+        if engine.bookings.for_pass(state.clock()):
+            return False
+        gpus = tuple(state.gpu_views())
+        fits = self._fits
+        if fits is None or len(fits.gpus) != len(gpus) or any(a is not b for a, b in zip(fits.gpus, gpus)):
+            jobs = state.jobs
+            holders = [held for job_id in {j for view in gpus for j, _ in view.placements}
+                       if (held := jobs.get(job_id)) is not None and held.state.holds_gpus and held.pool is None]
+            fits = self._fits = NothingFits(gpus, scheduling.topologies(), {j.id for j in holders if j.spec.service},
+                                            {j.id for j in holders if j.spec.preemptible},
+                                            state.settings.config, scheduling.budgets())
+        if any(fits.fits(job) for job in waiting.values()):
+            return False
+        engine.shares.shares()
+        return True
+
     def _bring_up(self, engine: Engine) -> None:
         for node in self.config.nodes:
             engine.links[node.name] = _SimNode(self, node.name)
@@ -202,15 +252,20 @@ class Replay:
                                                "devices": devices, "processes": []})
             engine.on_node_state(node.name, NodeState.UP, "")
 
-    def _take_events(self, engine: Engine) -> bool:
-        """Hand the head every event due now; True when any was."""
+    def _take_events(self, engine: Engine) -> tuple[bool, list[Job] | None]:
+        """Hand the head every event due now: whether any was, and the jobs submitted
+        when nothing else was taken (None: something else was)."""
         taken = False
+        submitted: list[Job] | None = []
         while self.events and self.events[0].at <= self.clock.now:
             event = heapq.heappop(self.events)
             taken = True
             if event.kind == "submit":
-                self._submit(engine, event.data[0])
+                job = self._submit(engine, event.data[0])
+                if job is not None and submitted is not None:
+                    submitted.append(job)
             else:
+                submitted = None
                 node, job_id, token, code = event.data
                 if self.running.get((job_id, node)) != token:
                     # that part was stopped (its exit sent) already, or this is an earlier
@@ -219,9 +274,9 @@ class Replay:
                 del self.running[(job_id, node)]
                 engine.on_node_message(node, {"type": "exit", "job": job_id, "token": token,
                                               "code": code})
-        return taken
+        return taken, submitted
 
-    def _submit(self, engine: Engine, request: Request) -> None:
+    def _submit(self, engine: Engine, request: Request) -> Job | None:
         spec = JobSpec(command=("true",), name=f"r{request.key}", gpu_count=request.gpus,
                        gpu_mem_mb=request.gpu_mem_mb, nodes=request.nodes,
                        time_limit_s=request.time_limit_s, service=request.service,
@@ -231,10 +286,11 @@ class Replay:
         except RequestError as err:
             self.outcomes[request.key].refused = str(err)
             self.outcomes[request.key].unfit = isinstance(err, UnfitRequest)
-            return
+            return None
         self.by_job[job.id] = request
         if self.forecasts:
             self._forecast(engine, job, request)
+        return job
 
     def _forecast(self, engine: Engine, job, request: Request) -> None:
         """The head's start forecast for the job just submitted, kept to score it."""

@@ -137,6 +137,12 @@ class Scheduling:
         #: waiting job -> the cards a pass preempted for it (its ``Wait.holds``), theirs
         #: until it starts or waits for no preemption (``scheduler/preemption.py``)
         self.holds: dict[int, tuple] = {}
+        #: the replay's (``Replay._only_waits``): the requests of the jobs the last pass kept
+        #: waiting (key -> one such job; None: not kept), and whether one of them names a
+        #: dependency or a booking
+        self.keep_waiting = False
+        self.waiting_requests: dict[str, scheduler.PendingJob] | None = None
+        self.waiting_named = False
 
     def start(self) -> None:
         # A pass deciding in its thread hands the interpreter to the loop after at most
@@ -319,8 +325,21 @@ class Scheduling:
         pending = self.waiting() if pending is None else pending
         if not pending:
             self._new_order([])
+            self.waiting_requests = {} if self.keep_waiting else None
             return
         self.apply(self._decide(self.snapshot_for(pending)))
+
+    def _keep_waiting(self, decisions: list[scheduler.Decision]) -> None:
+        """The requests of the jobs ``decisions`` keep waiting (``waiting_requests``)."""
+        views, wait = self.pending_views, scheduler.Wait
+        waiting: dict[str, scheduler.PendingJob] = {}
+        named = False
+        for d in decisions:
+            if type(d) is wait:
+                view = views[d.job_id][1]
+                waiting.setdefault(view.request_key, view)
+                named = named or bool(view.after) or view.reservation is not None
+        self.waiting_requests, self.waiting_named = waiting, named
 
     def apply(self, decisions: list[scheduler.Decision], seen: Seen | None = None) -> bool:
         """What the decisions do: a ``Start`` is launched, a ``Preempt`` stops its victim, a
@@ -360,6 +379,11 @@ class Scheduling:
             if not isinstance(decision, scheduler.Preempt):
                 self.holds.pop(job.id, None)
         self.state.store.set_reasons(reasons)
+        if self.keep_waiting:
+            if all_applied:
+                self._keep_waiting(decisions)
+            else:
+                self.waiting_requests = None
         if self.holds:  # a job cancelled, held or sent to a pool meanwhile holds nothing
             self.holds = {job_id: cards for job_id, cards in self.holds.items()
                           if (job := self.state.jobs.get(job_id)) is not None
@@ -424,12 +448,17 @@ class Scheduling:
             users=self.shares.shares(),
             finished={job: outcome for job, (outcome, _) in ended.items()},
             never_ran=frozenset(job for job, (_, ran) in ended.items() if not ran),
-            topologies={name: view.topo.get("links", {}) for name, view in state.nodes.items()},
+            topologies=self.topologies(),
             config=state.settings.config,
             holds={j.id: self.holds[j.id] for j in pending if j.id in self.holds} if self.holds else {},
-            power_budgets={n.name: float(n.power_budget_w) for n in state.config.nodes
-                           if n.power_budget_w},
+            power_budgets=self.budgets(),
         )
+
+    def topologies(self) -> dict[str, dict]:
+        return {name: view.topo.get("links", {}) for name, view in self.state.nodes.items()}
+
+    def budgets(self) -> dict[str, float]:
+        return {n.name: float(n.power_budget_w) for n in self.state.config.nodes if n.power_budget_w}
 
     def learn_from_store(self) -> None:
         """A head that starts again knows how long jobs ran before it stopped: the store's

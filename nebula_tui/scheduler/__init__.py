@@ -6,11 +6,11 @@
 
 from . import admission, estimates, fairshare, topology
 from .estimates import Estimate, run_estimate
-from .preemption import schedule
+from .preemption import NothingFits, schedule
 from .queue import order
 from .snapshot import (Booking, Decision, Fail, PendingJob, Preempt, RunningJob, SchedulerConfig, Snapshot,
                        Start, UserShare, Wait)
 
-__all__ = ["Booking", "Decision", "Estimate", "estimates", "run_estimate", "Fail", "PendingJob", "Preempt",
-           "RunningJob", "SchedulerConfig", "Snapshot", "Start", "UserShare", "Wait",
+__all__ = ["Booking", "Decision", "Estimate", "estimates", "run_estimate", "Fail", "NothingFits", "PendingJob",
+           "Preempt", "RunningJob", "SchedulerConfig", "Snapshot", "Start", "UserShare", "Wait",
            "admission", "fairshare", "order", "schedule", "topology"]

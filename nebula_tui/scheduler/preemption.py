@@ -39,12 +39,15 @@ job comes first in the first walk, so it too starts at once by preempting.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 
 from ..model import GpuView, Placement
-from . import queue
+from . import admission, queue
+from .cards import Found
+from .placement import Links, World
 from .reasons import join_ids
-from .snapshot import Decision, PendingJob, Preempt, RunningJob, Snapshot, Start, UserShare, Wait
+from .snapshot import Decision, PendingJob, Preempt, RunningJob, SchedulerConfig, Snapshot, Start, UserShare, Wait
 
 
 #: how a waiting job of a user past their quota is told so (quota_mode scavenge)
@@ -113,6 +116,36 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
         jobs = {j.id: j for j in spare}
         second = [_over_quota(d, jobs[d.job_id]) if jobs[d.job_id].user in over else d for d in second]
     return decisions + second + list(preempts.values())
+
+
+class NothingFits:
+    """The cards as a pass would see them, asked whether a request could start anywhere.
+
+    A pass starts a job only where its request fits, and preempts only where a normal job
+    fits once every preemptible job is gone; every other rule of the pass (reservations,
+    bookings, the scarce machines, packing, the order) only keeps jobs off cards. So when
+    no waiting job's request fits these cards with the preemptible jobs' allocations gone,
+    a pass over them decides nothing but waits — unless it fails a job (a request that
+    cannot be read, an --after that can no longer come true, a booking gone), which the
+    caller rules out. Each distinct request is searched once while the cards stay these."""
+
+    def __init__(self, gpus: tuple[GpuView, ...], topologies: Mapping[str, Links], services: Collection[int],
+                 preemptible: set[int], config: SchedulerConfig, budgets: Mapping[str, float] | None = None) -> None:
+        self.gpus = gpus
+        self.world = World.build(tuple(_without(view, preemptible) for view in gpus), topologies, services,
+                                 config, budgets)
+        self._unfit: set[str] = set()  # request keys that fit nowhere
+
+    def fits(self, job: PendingJob) -> bool:
+        """Whether ``job``'s request fits some cards now (or cannot be read: a pass fails it)."""
+        key = job.request_key
+        if key in self._unfit:
+            return False
+        shape = admission.shape_of(job)
+        if isinstance(shape, str) or isinstance(self.world.search(shape), Found):
+            return True
+        self._unfit.add(key)
+        return False
 
 
 def _claim(job: PendingJob, placements: tuple[Placement, ...], now: float) -> RunningJob:

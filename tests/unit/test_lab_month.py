@@ -572,6 +572,33 @@ def test_three_days_of_a_busy_month_replay_to_the_same_starts_placements_and_cha
     assert hashlib.sha256(every.encode()).hexdigest()[:16] == "3c02aa721635c3b6"
 
 
+def test_skipping_the_passes_that_could_only_keep_jobs_waiting_changes_no_decision():
+    """The replay skips a pass when only submits came since the last one and no waiting
+    job's request fits any card (``Replay._only_waits``). A day of a month
+    asking eight times what the demo lab's cards can run (its queue grows all along) replay
+    with those passes skipped and with every pass run: each job's first and last start,
+    end, cards, runs, state and charge are the same, and dozens of passes were
+    skipped. (``NothingFits`` itself is checked over random clusters with preemptible
+    jobs in tests/unit/test_preemption.py.)"""
+    inv = inventory.layout("demo")
+    jobs = workload.lab_month(len(inventory.card_list(inv)), inventory.largest_node(inv), days=1, load=8,
+                              seed=2026)
+    outcomes, replays = [], []
+    for skip in (True, False):
+        replay = Replay(setup.replay_config(inv, None, []), inv, jobs, setup.REPLAY_EPOCH, 86400,
+                        inventory.layout_links("demo"))
+        replay.skip_waits = skip
+        out = replay.run()
+        outcomes.append({k: (o.first_started_s, o.started_s, o.ended_s, o.placements, o.runs, o.state,
+                             round(o.charged_gpu_hours, 9)) for k, o in out.items()})
+        replays.append(replay)
+    skipping, every = replays
+    assert every.skipped == 0 and skipping.skipped > 50
+    assert skipping.passes + skipping.skipped == every.passes
+    assert sum(1 for o in outcomes[1].values() if o[1] is not None) > 150
+    assert outcomes[0] == outcomes[1]
+
+
 def test_a_replay_whose_passes_never_let_time_move_stops_in_one_line(monkeypatch):
     """Were each pass to undo the last one's decisions for ever (a preemption's requeued
     copies taking back the cards it freed, each an event of the same instant), the replay

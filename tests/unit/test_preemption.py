@@ -162,6 +162,31 @@ def test_no_normal_job_is_ever_preempted_nor_delayed_by_a_preemptible_one(seed):
                 assert not (p.exclusive and others) and not any(q.exclusive for q in others)
 
 
+def test_when_no_waiting_request_fits_the_cards_a_pass_only_keeps_jobs_waiting():
+    """``NothingFits``, which lets the replay skip a pass, never says so of a pass that would
+    start, preempt or fail a job: over random clusters (cards held whole or in slices, by
+    normal and preemptible jobs, with and without --time; queues of gangs, slices,
+    admins' and preemptible jobs, with and without --time), whenever no waiting job's
+    request fits, the pass's every decision is a wait that holds no cards."""
+    from nebula_tui.scheduler import NothingFits
+    seen = {True: 0, False: 0}
+    for seed in range(400):
+        rng = random.Random(seed)
+        gpus, running, queue = _random_cluster(rng)
+        if rng.random() < 0.7:  # a full lab more often: that is where no request fits
+            gpus = [g if g.placements else card(g.node, g.reading.index,
+                                                placements=[holding(99, g.node, g.reading.index)])
+                    for g in gpus]
+            running += (RunningJob(99, "c", tuple(p for g in gpus for j, p in g.placements if j == 99), 0.0),)
+        fits = NothingFits(tuple(gpus), {}, (), {r.id for r in running if r.preemptible}, SchedulerConfig())
+        nothing = not any(fits.fits(j) for j in queue)
+        seen[nothing] += 1
+        got = run(gpus, queue, running=running)
+        if nothing:
+            assert all(isinstance(d, Wait) and not d.holds for d in got.values()), (seed, got)
+    assert seen[True] > 50 and seen[False] > 50, seen
+
+
 # ------------------------------------------------------------------ what the store keeps
 def test_a_preemptible_run_is_charged_its_fraction_and_its_preemptions_are_counted(store):
     whole = (Placement("GPU-a", "node01", 0, 24564, True),)
