@@ -37,6 +37,7 @@ from .authorize import authorize_view, head_address
 from .base import (Capacity, PollResult, PoolDegraded, PoolNode, PoolNotAuthorised, PoolRefusal,
                    PoolSilent, PoolSubmission, PoolUnavailable, RemoteJob, sent_order)
 from .slurm_script import batch_script, sbatch_argv
+from .squeue_stream import SqueueJsonStream
 
 #: bytes of a job's output one ``logs`` call reads at most
 LOG_CHUNK = 64 * 1024
@@ -164,7 +165,7 @@ class SlurmPool:
                         ) -> tuple[int, bytes, str]:
         """As ``run``, its output as bytes; more than ``limit`` of it is PoolDegraded, found
         while reading (the rest is never read: the command is closed). ``sink``: a
-        ``SqueueJsonStream`` the output is fed to as it comes instead (b"" returned), whose
+        ``squeue_stream.SqueueJsonStream`` the output is fed to as it comes instead (b"" returned), whose
         ``own`` bytes ``limit`` bounds."""
         conn = await self._conn(account)
         limit_s = timeout or self.cluster.command_timeout
@@ -287,7 +288,7 @@ class SlurmPool:
             if parse.has_json(version):
                 # Read as it comes, other users' records dropped as each ends: anyone may
                 # queue thousands of long ones, which bound nothing of ours.
-                stream = parse.SqueueJsonStream(account)
+                stream = SqueueJsonStream(account)
                 status, _, err = await self.run_bytes(account, f"squeue --json -t all -u {user}",
                                                       sink=stream)
                 listed = parse.squeue_json_jobs(stream.close()) if status == 0 else []

@@ -244,7 +244,7 @@ def test_no_login_as_an_account_nobody_authorised(slurm_lab, tmp_path):
     """A submitter pool with no job there: the head has no account to poll with, and does
     not try its own (10 failed logins per 20 s before)."""
     head = HeadProcess(tmp_path / "home", None, config=config(
-        slurm_lab, tmp_path / "nodes.yaml", user="submitter", identity=None))
+        slurm_lab, tmp_path / "nodes.yaml", user="submitter", identity=None, workdir="~/nebula"))
     log = slurm_lab.login_dir / "sshd.log"
     seen = log.read_text(errors="replace").count(f"authenticating user {ME} ")
     head.start(wait_nodes=False)

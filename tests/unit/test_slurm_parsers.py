@@ -10,6 +10,7 @@ import pytest
 
 from nebula_tui.model import JobState
 from nebula_tui.pools import slurm_parse as parse
+from nebula_tui.pools.squeue_stream import MAX_JOB_JSON, SqueueJsonStream
 
 DATA = Path(__file__).parents[1] / "data" / "slurm"
 
@@ -112,8 +113,8 @@ def test_a_deep_json_answer_is_a_value_error_not_a_recursion_error():
         parse.parse_squeue_json('{"jobs":' + "[" * 200_000)
 
 
-def _streamed(text: str, user: str, size: int) -> parse.SqueueJsonStream:
-    stream = parse.SqueueJsonStream(user)
+def _streamed(text: str, user: str, size: int) -> SqueueJsonStream:
+    stream = SqueueJsonStream(user)
     data = text.encode()
     for at in range(0, len(data), size):
         stream.feed(data[at:at + size])
@@ -147,7 +148,7 @@ def test_other_users_long_queue_counts_against_no_bound_of_ours():
     # A name of bytes that are no UTF-8 (Slurm keeps what sbatch was given) is not an
     # answer Slurm never writes: the record is read (and dropped) all the same.
     raw = text.encode().replace(b'"nnnn', b'"\xff\xfe', 1)
-    stream = parse.SqueueJsonStream("root")
+    stream = SqueueJsonStream("root")
     for at in range(0, len(raw), 1000):
         stream.feed(raw[at:at + 1000])
     assert len(stream.close()) == len(read("core-squeue-all.json").split('"job_id"')) - 1
@@ -156,7 +157,7 @@ def test_other_users_long_queue_counts_against_no_bound_of_ours():
 @pytest.mark.parametrize("text, says", [
     ("not json", "no jobs list"), ('{"jobs": [{"job_id": 1, "user_name": "root"', "no jobs list"),
     ('{"jobs":' + "[" * 200_000, "nests deeper"),
-    ('{"jobs": [{"job_id": 1, "name": "' + "x" * (parse.MAX_JOB_JSON + 1) + '"}]}', "more than"),
+    ('{"jobs": [{"job_id": 1, "name": "' + "x" * (MAX_JOB_JSON + 1) + '"}]}', "more than"),
 ], ids=["not-json", "cut-short", "deep", "one-huge-record"])
 def test_squeue_json_read_as_it_comes_refuses_what_slurm_never_writes(text, says):
     with pytest.raises(ValueError, match=says):
