@@ -287,6 +287,27 @@ class ServiceSupervisor:
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join(START_TIMEOUT_S + RESTART_CHECK_S)
+        self._end_a_start_that_lost()
+
+    def _end_a_start_that_lost(self) -> None:
+        """A service this supervisor started that is not the one answering ends now. A
+        client's won the race while ours was still starting (a restart waits for whichever
+        answers); once the demo stops the one that answers, ours would take the home over
+        and outlive the demo. Still starting, it has nothing to save: killed."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        try:
+            with Client(self.home.socket, timeout=2) as client:
+                answering, _ = client.peer()
+        except ApiError:
+            answering = None
+        if answering == process.pid:
+            return  # the one answering: stopped through its socket, as any
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(10)
 
 
 class LabUnavailable(Exception):

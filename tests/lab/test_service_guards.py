@@ -138,3 +138,41 @@ def test_a_service_that_does_not_stop_when_asked_is_terminated(openssh_lab, tmp_
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_a_demo_restart_that_lost_the_race_does_not_outlive_the_demo(openssh_lab, tmp_path):
+    """The demo's supervisor restarted its killed service, but a client's answered first
+    while the supervisor's own was still starting (here held there with SIGSTOP). Stopping
+    the demo ends that one too: before, once the demo stopped the service that answered,
+    the supervisor's took the home over and ran on after the demo (CI's teardown found
+    the socket still there)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from nebula_tui.cli.demo import ServiceSupervisor
+
+    home = Home(tmp_path / "home")
+    answering = start_background(home, openssh_lab.config_path)  # the client's, which won
+    supervisor = ServiceSupervisor(home, openssh_lab.config_path, None)
+    supervisor.start()  # one answers: it watches that one
+    starting = subprocess.Popen([sys.executable, "-m", "nebula_tui", "serve", "--home", str(home.root),
+                                 "--config", str(openssh_lab.config_path)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    os.kill(starting.pid, signal.SIGSTOP)  # still importing: not yet at the home's lock
+    supervisor._process = starting  # the restart it made when the old service was killed
+    try:
+        supervisor.stop()
+        stop_service(home)  # the demo's clean-up, in its order
+        assert answering.wait(timeout=10) == 0
+        if starting.poll() is None:
+            os.kill(starting.pid, signal.SIGCONT)
+        time.sleep(3)  # time to take the lock and serve, had it lived
+        assert starting.poll() is not None, "the supervisor's own start outlived the demo"
+        assert not home.socket.exists()
+    finally:
+        for process in (answering, starting):
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGCONT)
+                process.kill()
