@@ -98,16 +98,13 @@ class Reconciler:
 
     def _stop_the_stale(self, node: str, sessions: dict) -> None:
         state = self.state
-        for name, token in sessions.items():  # job -> the token of its live session
-            job_id = job_number(int(name) if name.isdigit() else 0)
+        for job_id, token in _live(sessions):
             current = state.jobs.get(job_id)
-            if (job_id and state.ours(token)
-                    and (current is None or node not in job_nodes(current)
-                         or token != state.token(current))):
+            if state.ours(token) and (current is None or node not in job_nodes(current)
+                                      or token != state.token(current)):
                 log.warning("stopping stale session of job %s on %s", job_id, node)
-                state.record("reconcile", f"stopped a stale copy of job {job_id} on {node}",
-                             job_id=job_id, node=node)
-                state.spawn(self._stop_stale(node, job_id, token), f"stale-{job_id}")
+                self._stop_copy(node, job_id, token, f"stopped a stale copy of job {job_id} on {node}",
+                                "stale")
 
     def _stop_the_untaken(self, node: str, sessions: dict) -> None:
         """A node back after the restore wait: a live session of a launch made since the
@@ -115,17 +112,20 @@ class Reconciler:
         cards (or ended) while it went on without this node. Nothing accounts for this copy,
         and the cards it holds look free: it is stopped, as a lost node's stale copies are."""
         state = self.state
-        for name, token in sessions.items():
-            job_id = job_number(int(name) if name.isdigit() else 0)
-            if not job_id or not isinstance(token, str) or state.ours(token):
+        for job_id, token in _live(sessions):
+            if not isinstance(token, str) or state.ours(token):
                 continue
             where = state.jobs.get(job_id)
             now = (f"it runs on {', '.join(job_nodes(where))}" if where is not None and job_nodes(where)
                    else "the head has it otherwise")
             log.warning("stopping job %s's copy on %s launched after the backup: %s", job_id, node, now)
-            state.record("reconcile", f"stopped a copy of job {job_id} on {node} launched after the "
-                         f"restored backup; {now}", job_id=job_id, node=node)
-            state.spawn(self._stop_stale(node, job_id, token), f"untaken-{job_id}")
+            self._stop_copy(node, job_id, token, f"stopped a copy of job {job_id} on {node} launched "
+                            f"after the restored backup; {now}", "untaken")
+
+    def _stop_copy(self, node: str, job_id: int, token: str, said: str, kind: str) -> None:
+        """Stop the session of ``job_id``'s launch ``token`` on ``node``, ``said`` in the log."""
+        self.state.record("reconcile", said, job_id=job_id, node=node)
+        self.state.spawn(self._stop_stale(node, job_id, token), f"{kind}-{job_id}")
 
     def _running_here(self, node: str) -> dict[int, str | None]:
         """The jobs (id -> token) the store has running on ``node`` now."""
@@ -200,6 +200,15 @@ class Reconciler:
         with contextlib.suppress(NodeUnavailable, asyncio.TimeoutError):
             await self.state.links[node].request("cancel", timeout=CANCEL_GRACE_S + 30, job=job_id,
                                                  grace=CANCEL_GRACE_S, token=token)
+
+
+def _live(sessions: dict):
+    """(job id, token) of each live session in a node's ``list`` (job -> token), names that
+    are not a job's number left out."""
+    for name, token in sessions.items():
+        job_id = job_number(int(name) if name.isdigit() else 0)
+        if job_id:
+            yield job_id, token
 
 
 def _attempt(attempts: dict, job_id: int, token: str | None) -> dict | None:

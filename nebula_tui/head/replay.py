@@ -28,16 +28,16 @@ import heapq
 import os
 import tempfile
 from collections.abc import Iterable
-from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..config.cluster import ClusterConfig
 from ..model import Job, JobSpec, JobState, NodeState, RequestError, UnfitRequest
 from ..month.records import Outcome, Request
+from ..scheduler import NothingFits
 from ..store import Store
 from . import forecast
-from ..scheduler import NothingFits
 from .engine import Engine
 from .scheduling import pending_job
 
@@ -229,9 +229,7 @@ class Replay:
         gpus = tuple(state.gpu_views())
         fits = self._fits
         if fits is None or len(fits.gpus) != len(gpus) or any(a is not b for a, b in zip(fits.gpus, gpus)):
-            jobs = state.jobs
-            holders = [held for job_id in {j for view in gpus for j, _ in view.placements}
-                       if (held := jobs.get(job_id)) is not None and held.state.holds_gpus and held.pool is None]
+            holders = [j for j in state.jobs.holders() if j.state.holds_gpus and j.pool is None]
             fits = self._fits = NothingFits(gpus, scheduling.topologies(), {j.id for j in holders if j.spec.service},
                                             {j.id for j in holders if j.spec.preemptible},
                                             state.settings.config, scheduling.budgets())
