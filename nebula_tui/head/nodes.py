@@ -22,6 +22,7 @@ from ..remote.protocol import Exit, Hello, KernelLines, Phase, Probe, Started, r
 from ..remote.ssh import NodeLink
 from ..store import StoreUnavailable
 from ..units import duration_short
+from ..wire import ReloadReply, ShownNode
 from .access import Access
 from .health import HealthMonitor
 from .jobs import JobTransitions
@@ -295,7 +296,7 @@ class Fleet:
                 "cuda_version": self.state.nodes[node].cuda_version}
 
     # --------------------------------------------------------------------- one node
-    def show(self, name: str) -> dict:
+    def show(self, name: str) -> ShownNode:
         """`nebula node show`: the node with the whole of its reason (a tool's output, an
         error's text), its retries, host facts, GPUs, jobs and latest events."""
         view = self.state.node(name)
@@ -334,7 +335,7 @@ class Fleet:
             raise RequestError(str(err)) from None
 
     async def add_node(self, user: str, name: str, host: str, port: int, login: str | None,
-                       identity: str | None, trust: str) -> dict:
+                       identity: str | None, trust: str) -> ReloadReply:
         """R21: add a node to the cluster file, trusting the host key the admin confirmed."""
         self.access.check_admin(user, "add nodes")
         path = self._cluster_file()
@@ -347,7 +348,7 @@ class Fleet:
             raise RequestError(node_admin.cannot_write(err, path)) from None
         return await self.reload(user)
 
-    async def remove_node(self, user: str, name: str) -> dict:
+    async def remove_node(self, user: str, name: str) -> ReloadReply:
         self.access.check_admin(user, "remove nodes")
         self.state.node(name)
         if self._holds_jobs(name):
@@ -372,7 +373,7 @@ class Fleet:
     def _holds_jobs(self, node: str) -> bool:
         return any(node in job_nodes(j) for j in self.state.jobs.values())
 
-    async def reload(self, user: str) -> dict:
+    async def reload(self, user: str) -> ReloadReply:
         """Read nodes.yaml again: start links to added nodes, stop those of removed ones.
 
         A node that still holds jobs cannot be removed (drain it and let them finish).
