@@ -171,6 +171,13 @@ class Fleet:
     def _on_hello(self, node: str, message: Hello) -> None:
         view = self.state.nodes[node]
         view.hello = message
+        # Ends the node reports from before now were not heard at once: each is charged
+        # from when the node says, no earlier than the head last knew its jobs ran
+        # (``JobTransitions.ended_at``).
+        now = self.state.clock()
+        known = max(view.last_seen or 0.0, self.state.store.alive_before or 0.0)
+        view.unheard = (known, now) if known else None
+        view.clock_offset = now - message.t if message.t is not None else 0.0
         # The highest job number the node holds of this store: never handed out again.
         self.state.store.raise_id_floor(message.max_job)
         view.cuda_version = message.cuda_version
