@@ -14,7 +14,7 @@ import ast
 import asyncio
 import getpass
 from pathlib import Path
-from typing import get_type_hints
+from typing import get_args, get_type_hints
 
 from support.inprocess import gpu_row, probe, up_engine
 from support.shapes import mismatches, reply_mismatches
@@ -308,6 +308,8 @@ def test_each_ops_handler_takes_its_wire_request():
 
 
 PACKAGE = Path(wire.__file__).parent
+#: the TUI's modules, whose calls are not yet held to their replies' types
+TUI_FILES = {path.name for path in (PACKAGE / "screens").rglob("*.py")}
 
 
 def client_calls() -> list[tuple[str, int, str | None, ast.Call]]:
@@ -334,6 +336,29 @@ def _is_passthrough(node: ast.Call) -> bool:
     """``self.client.call(op, **fields)``: the TUI's one wrapper that hands its caller's
     request on (each of its callers is a call checked here)."""
     return isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "client"
+
+
+def reply_arms(shape: object) -> set[str]:
+    """The names of a reply's shapes: itself, or each arm of a union (``reserve``'s)."""
+    return {arm.__name__ for arm in get_args(shape)} or {shape.__name__}  # type: ignore[attr-defined]
+
+
+def test_every_call_a_client_makes_reads_its_reply_as_the_ops_wire_reply():
+    """Each call names the op's reply type (``client.call("logs", LogsReply, …)``: mypy then
+    reads the reply as it), one of ``wire.REPLIES[op]``'s; a call whose op is a variable
+    names a reply type all the same (a ``.call`` with no op and no request is none of the
+    head's: tmux's, an event loop's). (The TUI's screens: below, once they are typed.)"""
+    calls = [c for c in client_calls() if c[0] not in TUI_FILES
+             and (c[2] is not None or any(k.arg is None for k in c[3].keywords))]
+    assert len(calls) > 30
+    wrong = []
+    for name, line, op, call in calls:
+        named = call.args[1].id if len(call.args) > 1 and isinstance(call.args[1], ast.Name) else None
+        allowed = reply_arms(wire.REPLIES[op]) if op is not None else {
+            arm for shape in wire.REPLIES.values() for arm in reply_arms(shape)}
+        if named not in allowed:
+            wrong.append(f"{name}:{line} {op}: {named}, not {' or '.join(sorted(allowed)) if op else 'a reply'}")
+    assert not wrong, "\n".join(wrong)
 
 
 def test_every_call_a_client_makes_builds_its_fields_with_the_ops_wire_request():
