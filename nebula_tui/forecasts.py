@@ -4,9 +4,10 @@ words only, every figure the head's (``head/forecast.py``)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from .wire import QueueRow, StartForecast
+from .wire import StartForecast
 
 
 def clock_text(t: float, now: float) -> str:
@@ -34,8 +35,9 @@ def starts_text(starts: StartForecast | None, now: float) -> str:
     return f"{point}, {clock_text(early, now)}–{clock_text(late, now) if late is not None else 'later'}"
 
 
-def first_start(tasks: Sequence[QueueRow]) -> StartForecast | None:
-    """The earliest forecast start among an array's tasks."""
+def first_start(tasks: Sequence[Mapping[str, Any]]) -> StartForecast | None:
+    """The earliest forecast start among an array's tasks (``QueueRow``s; a row without
+    ``starts``, as ``job_history``'s, has none)."""
     known = [t["starts"] for t in tasks if (t.get("starts") or {}).get("start_at") is not None]
     return min(known, key=lambda s: s["start_at"], default=None)
 

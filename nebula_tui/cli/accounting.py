@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 from ..model import NOT_AVAILABLE, fmt, format_mb
 from ..units import duration_short
-from ..wire import HistoryJob, JobHistoryRequest, QuotaRequest, ReportRequest
+from ..wire import (HistoryJob, HistoryReply, JobHistoryRequest, NoReply, QuotaRequest, ReportReply, ReportRequest,
+                    UsersReply)
 from .args import USAGE_ERROR
 from .common import service_client, show
 
@@ -23,7 +24,7 @@ def cmd_report(args, home, config) -> int:
     now = time.time()
     since = args.since if args.since is not None else month_start(now, back=(args.months or 1) - 1)
     with service_client(home, config) as client:
-        report = client.call("report", timeout=120, **ReportRequest(
+        report = client.call("report", ReportReply, timeout=120, **ReportRequest(
             since=since, until=args.until if args.until is not None else now))["report"]
     if args.csv:
         import csv
@@ -40,7 +41,7 @@ def cmd_report(args, home, config) -> int:
 def cmd_history(args, home, config) -> int:
 
     with service_client(home, config) as client:
-        jobs = client.call("job_history", **JobHistoryRequest(
+        jobs = client.call("job_history", HistoryReply, **JobHistoryRequest(
             user=args.user, since=args.since, until=args.until,
             state=list(args.state) if args.state else None, node=args.node, limit=args.limit))["jobs"]
     return show(args, jobs, history_text)
@@ -48,7 +49,7 @@ def cmd_history(args, home, config) -> int:
 
 def cmd_quota(args, home, config) -> int:
     with service_client(home, config) as client:
-        client.call("quota", **QuotaRequest(user=args.user, hours=args.hours))
+        client.call("quota", NoReply, **QuotaRequest(user=args.user, hours=args.hours))
     return show(args, {"user": args.user, "quota_gpu_hours": args.hours},
                  f"Quota of {args.user}: {args.hours:g} GPU-hours a month")
 
@@ -58,7 +59,7 @@ def cmd_users(args, home, config) -> int:
     from .text import table
 
     with service_client(home, config) as client:
-        users = client.call("users")["users"]
+        users = client.call("users", UsersReply)["users"]
     return show(args, users, lambda users: table(
         ("USER", "WEIGHT", "FINISHED", "RUNNING", "GPU-H MONTH", "QUOTA", "JOBS MONTH",
          "EFFICIENCY", "IDLE GPU-H", "MEAN WAIT"),

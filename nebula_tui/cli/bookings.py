@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..wire import ReserveRequest
+from ..wire import BookingMade, BookingReply, BookingsReply, ReserveRequest
 from .args import USAGE_ERROR
 from .common import service_client, show
 
@@ -15,7 +15,7 @@ def cmd_reserve(args, home, config) -> int:
             print("nebula reserve: --delete NAME takes no other flag", file=sys.stderr)
             return USAGE_ERROR
         with service_client(home, config) as client:
-            booking = client.call("reserve", **ReserveRequest(delete=args.delete))["booking"]
+            booking = client.call("reserve", BookingReply, **ReserveRequest(delete=args.delete))["booking"]
         return show(args, booking, f"Booking {booking['name']} ended")
     if (args.gpus is None) == (args.gpu_count is None):
         print("nebula reserve: give the GPUs: --gpus node02:0-3, or --gpu-count N [--gpu-mem 40G] "
@@ -31,9 +31,9 @@ def cmd_reserve(args, home, config) -> int:
     if args.gpus is not None:
         fields["gpus"] = args.gpus
     else:
-        fields.update(gpu_count=args.gpu_count, gpu_mem_mb=args.gpu_mem)
+        fields["gpu_count"], fields["gpu_mem_mb"] = args.gpu_count, args.gpu_mem
     with service_client(home, config) as client:
-        reply = client.call("reserve", **fields)
+        reply = client.call("reserve", BookingMade, **fields)
     b = reply["booking"]
     text = (f"Booked {b['gpus']} for {b['name']}: {b['when']}, for {', '.join(b['users'])}"
             + (f"\nNote: {reply['note']}" if reply.get("note") else ""))
@@ -53,5 +53,5 @@ def bookings_text(bookings: list[dict]) -> str:
 
 def cmd_reservations(args, home, config) -> int:
     with service_client(home, config) as client:
-        bookings = client.call("reserve", **ReserveRequest(list=True))["bookings"]
+        bookings = client.call("reserve", BookingsReply, **ReserveRequest(list=True))["bookings"]
     return show(args, bookings, bookings_text)

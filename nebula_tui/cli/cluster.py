@@ -11,8 +11,9 @@ import time
 from ..api import ApiError
 from ..model import fmt
 from ..printable import printable, printable_log
-from ..wire import (DoctorRequest, DrainRequest, EventsRequest, GpuHistoryRequest, GpuResumeRequest, NodeAddRequest,
-                    NodeKeyRequest, NodeRequest)
+from ..wire import (DoctorReply, DoctorRequest, DrainRequest, EventsReply, EventsRequest, GpuHistoryReply,
+                    GpuHistoryRequest, GpuReply, GpuResumeRequest, GpusReply, NodeAddRequest, NodeKeyReply,
+                    NodeKeyRequest, NodeReply, NodeRequest, NodeShowReply, ReloadReply, SmokeReply, StatusReply)
 from .common import service_client, show
 
 
@@ -20,7 +21,7 @@ def cmd_status(args, home, config) -> int:
     from .text import status_text
 
     with service_client(home, config) as client:
-        reply = client.call("status")
+        reply = client.call("status", StatusReply)
     summary = reply["summary"]
     if reply.get("pools"):
         summary = {**summary, "pools": reply["pools"]}
@@ -31,7 +32,7 @@ def cmd_gpus(args, home, config) -> int:
     from .text import gpus_text
 
     with service_client(home, config) as client:
-        gpus = client.call("gpus")["gpus"]
+        gpus = client.call("gpus", GpusReply)["gpus"]
     return show(args, gpus, gpus_text)
 
 
@@ -41,7 +42,7 @@ def cmd_doctor(args, home, config) -> int:
 
     with service_client(home, config) as client:
         # each node's checks wait on it a few seconds at most; a node that hangs is named
-        reply = client.call("doctor", timeout=60, **DoctorRequest(nodes=args.nodes))
+        reply = client.call("doctor", DoctorReply, timeout=60, **DoctorRequest(nodes=args.nodes))
     show(args, reply, doctor_text)
     return 0 if reply["passed"] else 1
 
@@ -53,12 +54,12 @@ def cmd_node(args, home, config) -> int:
         from .text import node_text
 
         with service_client(home, config) as client:
-            return show(args, client.call("node_show", **NodeRequest(node=args.node))["node"], node_text)
+            return show(args, client.call("node_show", NodeShowReply, **NodeRequest(node=args.node))["node"], node_text)
     with service_client(home, config) as client:
         if args.node_command == "drain":
-            node = client.call("drain", **DrainRequest(node=args.node, reason=args.reason))["node"]
+            node = client.call("drain", NodeReply, **DrainRequest(node=args.node, reason=args.reason))["node"]
             return show(args, node, f"Drained {args.node}: running jobs go on, no new ones start there")
-        node = client.call("resume", **NodeRequest(node=args.node))["node"]
+        node = client.call("resume", NodeReply, **NodeRequest(node=args.node))["node"]
     return show(args, node, f"Resumed {args.node}")
 
 
@@ -66,9 +67,10 @@ def _edit_nodes(args, home, config) -> int:
     """node add/remove: the service edits its cluster file; adding asks to trust the key."""
     with service_client(home, config) as client:
         if args.node_command == "remove":
-            client.call("node_remove", **NodeRequest(node=args.node))
+            client.call("node_remove", ReloadReply, **NodeRequest(node=args.node))
             return show(args, {"node": args.node, "removed": True}, f"Removed {args.node}")
-        fingerprint = client.call("node_key", **NodeKeyRequest(host=args.host, port=args.port))["fingerprint"]
+        fingerprint = client.call("node_key", NodeKeyReply,
+                                  **NodeKeyRequest(host=args.host, port=args.port))["fingerprint"]
         trust = args.trust
         if trust is None:
             if not sys.stdin.isatty():
@@ -83,7 +85,7 @@ def _edit_nodes(args, home, config) -> int:
                 print("nebula node: host key not trusted; nothing was changed", file=sys.stderr)
                 return 1
             trust = fingerprint
-        client.call("node_add", timeout=60, **NodeAddRequest(
+        client.call("node_add", ReloadReply, timeout=60, **NodeAddRequest(
             node=args.node, host=args.host, port=args.port, user=args.user, identity=args.identity, trust=trust))
         added = {"node": args.node, "host": args.host, "port": args.port, "fingerprint": fingerprint}
         if not args.json:
@@ -93,7 +95,7 @@ def _edit_nodes(args, home, config) -> int:
         if not args.json:
             print(f"Smoke test: a 4 GB job of the vendor's tool on {args.node} …", flush=True)
         try:
-            smoke = client.call("node_smoke", timeout=180, **NodeRequest(node=args.node))
+            smoke = client.call("node_smoke", SmokeReply, timeout=180, **NodeRequest(node=args.node))
         except ApiError as err:
             smoke = {"error": str(err)}
     return _smoke_result(args, {**added, "smoke": smoke})
@@ -129,12 +131,12 @@ def _smoke_result(args, added: dict) -> int:
 def cmd_gpu(args, home, config) -> int:
     if args.gpu_command == "resume":
         with service_client(home, config) as client:
-            gpu = client.call("gpu_resume", **GpuResumeRequest(gpu=args.gpu, force=args.force))["gpu"]
+            gpu = client.call("gpu_resume", GpuReply, **GpuResumeRequest(gpu=args.gpu, force=args.force))["gpu"]
         how = "forced, without a self-test" if args.force else "its self-test passed"
         return show(args, gpu, f"Resumed {gpu['node']}:{gpu['index']} ({gpu['uuid']}) — {how}: "
                                 "it takes new jobs again")
     with service_client(home, config) as client:
-        reply = client.call("history", **GpuHistoryRequest(gpu=args.gpu, since=args.since))
+        reply = client.call("history", GpuHistoryReply, **GpuHistoryRequest(gpu=args.gpu, since=args.since))
     return show(args, reply, _gpu_history_text)
 
 
@@ -155,7 +157,7 @@ def cmd_events(args, home, config) -> int:
     from ..views import one_line
 
     with service_client(home, config) as client:
-        events = client.call("events", **EventsRequest(
+        events = client.call("events", EventsReply, **EventsRequest(
             limit=args.limit, kind=args.kind, node=args.node, job=args.job, user=args.user, since=args.since))["events"]
     return show(args, events, lambda events: "\n".join(
         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['t']))}  {e['kind']:<7} "

@@ -13,7 +13,8 @@ from ..api import ApiError
 from ..printable import printable
 from ..model import ended_text
 from ..units import duration_exact
-from ..wire import JobHistoryRequest, JobRequest, JobWire, SubmitRequest, WhyRequest
+from ..wire import (HistoryReply, JobDetailReply, JobHistoryRequest, JobReply, JobRequest, JobWire, QueueReply,
+                    SubmitReply, SubmitRequest, WhyReply, WhyRequest)
 from .text import job_text
 from .args import FINISHED_STATES, USAGE_ERROR
 from .common import service_client, show
@@ -22,7 +23,7 @@ from .common import service_client, show
 WHY_TIMEOUT_S = 60.0
 
 
-def world_request(args) -> dict:
+def world_request(args) -> SubmitRequest:
     """The submit fields of ``add_world_flags``, plus where this was submitted from; a
     combination that cannot work is a usage error here."""
     try:
@@ -98,7 +99,7 @@ def cmd_submit(args, home, config) -> int:
     if request is None:
         return USAGE_ERROR
     with service_client(home, config) as client:
-        reply = client.call("submit", **request)
+        reply = client.call("submit", SubmitReply, **request)
         job = reply["job"]
         if getattr(args, "parsable", False):  # sbatch --parsable: the id alone, for scripts
             print(job["id"])
@@ -137,7 +138,7 @@ def cmd_run(args, home, config) -> int:
     job_id = None
     try:
         with service_client(home, config) as client:
-            job = client.call("submit", **request)["job"]
+            job = client.call("submit", SubmitReply, **request)["job"]
             job_id = job["id"]
             print(f"Submitted job {job_id} ({limit_said(job)})",
                   file=sys.stderr, flush=True)
@@ -147,7 +148,7 @@ def cmd_run(args, home, config) -> int:
                     said = job["reason"]
                     print(f"Job {job_id}: {printable(said)}", file=sys.stderr, flush=True)
                 time.sleep(0.2)
-                job = client.call("job", **JobRequest(job=job_id))["job"]
+                job = client.call("job", JobDetailReply, **JobRequest(job=job_id))["job"]
             path = client.path
         if not args.pty:
             from argparse import Namespace
@@ -162,7 +163,7 @@ def cmd_run(args, home, config) -> int:
 
         ended = job["state"] != "running" or attach(path, job_id)
         with service_client(home, config) as client:
-            job = client.call("job", **JobRequest(job=job_id))["job"]
+            job = client.call("job", JobDetailReply, **JobRequest(job=job_id))["job"]
             if job["state"] == "running" and not ended:  # a detach: the job runs on
                 print(f"Detached; job {job_id} runs on: `nebula attach {job_id}`", file=sys.stderr)
                 return 0
@@ -170,7 +171,7 @@ def cmd_run(args, home, config) -> int:
     except KeyboardInterrupt:  # Ctrl-C: as srun, the job is cancelled
         if job_id is not None:
             with service_client(home, config) as client:
-                client.call("cancel", **JobRequest(job=job_id))
+                client.call("cancel", JobReply, **JobRequest(job=job_id))
             print(f"\nnebula {args.command}: cancelled job {job_id}", file=sys.stderr)
         return 130
 
@@ -198,11 +199,11 @@ def cmd_queue(args, home, config) -> int:
     from .text import queue_text
 
     with service_client(home, config) as client:
-        jobs = client.call("queue")["jobs"]
+        jobs = client.call("queue", QueueReply)["jobs"]
         if args.all:
             ended = [s for s in (args.state or FINISHED_STATES) if s in FINISHED_STATES]
             history = JobHistoryRequest(user=args.user, state=ended, limit=args.limit)
-            jobs = (client.call("job_history", **history)["jobs"] if ended else []) + jobs
+            jobs = (client.call("job_history", HistoryReply, **history)["jobs"] if ended else []) + jobs
     jobs = [j for j in jobs if (args.user is None or j["user"] == args.user)
             and (args.state is None or j["state"] in args.state)
             and (args.jobs is None or j["id"] in args.jobs or j.get("array_id") in args.jobs)]
@@ -216,7 +217,7 @@ def cmd_queue(args, home, config) -> int:
 
 def cmd_job(args, home, config) -> int:
     with service_client(home, config) as client:
-        job = client.call("job", **JobRequest(job=args.job))["job"]
+        job = client.call("job", JobDetailReply, **JobRequest(job=args.job))["job"]
     return show(args, job, job_text)
 
 
@@ -230,7 +231,7 @@ def cmd_why(args, home, config) -> int:
         return 2
     fields = WhyRequest(job=args.job) if args.user is None else WhyRequest(user=args.user)
     with service_client(home, config) as client:
-        answer = client.call("why", timeout=WHY_TIMEOUT_S, **fields)["why"]
+        answer = client.call("why", WhyReply, timeout=WHY_TIMEOUT_S, **fields)["why"]
     return show(args, answer, why_user_text if args.user is not None else why_text)
 
 
@@ -242,7 +243,7 @@ def cmd_cancel(args, home, config) -> int:
     with service_client(home, config) as client:
         for job_id in dict.fromkeys(args.jobs):  # an id given twice is cancelled once
             try:
-                job = client.call("cancel", **JobRequest(job=job_id))["job"]
+                job = client.call("cancel", JobReply, **JobRequest(job=job_id))["job"]
             except ApiError as err:
                 if len(args.jobs) == 1:
                     raise
@@ -262,7 +263,7 @@ def cmd_cancel(args, home, config) -> int:
 def _on_job(args, home, config, op: str, done: str) -> int:
     """A request about one job whose answer is the job: ``done`` (or it, with --json)."""
     with service_client(home, config) as client:
-        job = client.call(op, **JobRequest(job=args.job))["job"]
+        job = client.call(op, JobReply, **JobRequest(job=args.job))["job"]
     return show(args, job, done)
 
 

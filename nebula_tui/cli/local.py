@@ -42,7 +42,7 @@ def cmd_parse(args, home, config) -> int:
     try:
         with stream:
             result = documents.parse_stream(args.kind, stream, fields)
-        if args.best is not None:
+        if args.best is not None and isinstance(result, dict):  # (topo's: a dict)
             from ..scheduler.topology import best_set
 
             result["best"] = best_set(result["links"], args.best, result["gpus"])

@@ -7,7 +7,7 @@ import sys
 import time
 
 from ..printable import printable_log
-from ..wire import LogsRequest
+from ..wire import LogsReply, LogsRequest
 from .common import service_client
 
 
@@ -40,7 +40,7 @@ def cmd_logs(args, home, config) -> int:
     ends = None
     with service_client(home, config) as client:
         while True:
-            reply = client.call("logs", **LogsRequest(job=args.job, offset=0, offsets=offsets,
+            reply = client.call("logs", LogsReply, **LogsRequest(job=args.job, offset=0, offsets=offsets,
                                                           attempt=args.attempt))
             parts = reply.get("parts") or [{"rank": 0, "node": "", **reply}]
             offsets = [p["offset"] for p in parts]
@@ -67,7 +67,7 @@ def cmd_logs(args, home, config) -> int:
 def _follow_one(client, args, offset: int = 0) -> int:
     ends = None
     while True:
-        reply = client.call("logs", **LogsRequest(job=args.job, offset=offset, rank=args.rank,
+        reply = client.call("logs", LogsReply, **LogsRequest(job=args.job, offset=offset, rank=args.rank,
                                                       attempt=args.attempt))
         sys.stdout.write(_shown(reply["data"]))
         sys.stdout.flush()
@@ -90,7 +90,8 @@ def _print_tail(client, args, lines: int, rank: int) -> int:
     kept: deque[str] = deque(maxlen=lines + 1)  # +1: the unfinished last line, if any
     offset, partial = 0, ""
     while True:
-        reply = client.call("logs", **LogsRequest(job=args.job, offset=offset, rank=rank, attempt=args.attempt))
+        reply = client.call("logs", LogsReply,
+                            **LogsRequest(job=args.job, offset=offset, rank=rank, attempt=args.attempt))
         if not reply["data"]:
             break
         offset = reply["offset"]

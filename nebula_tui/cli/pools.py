@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import sys
 
+from ..wire import StatusReply
 from .args import USAGE_ERROR
 from .common import service_client, show
 
 
 def cmd_pool(args, home, config) -> int:
     with service_client(home, config) as client:
-        pools = client.call("status").get("pools") or []
+        pools = client.call("status", StatusReply).get("pools") or []
     found = {p["name"]: p for p in pools}
     pool = found.get(args.pool)
     if pool is None:

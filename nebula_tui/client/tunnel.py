@@ -24,7 +24,10 @@ import shutil
 import signal
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import asyncssh
 
@@ -36,6 +39,8 @@ from .service import ServiceUnavailable
 CONNECT_TIMEOUT_S = 20.0
 #: The signals that end a client with no chance for its ``with`` block to unwind.
 ENDING_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
+#: what ``signal.signal`` takes and ``signal.getsignal`` gives back
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 #: The longest path a Unix socket may have (Linux's sun_path is 108 bytes with its NUL).
 SOCKET_PATH_MAX = 107
 
@@ -114,7 +119,8 @@ class Tunnel:
         if await _answers(conn, tried[0]):
             return tried[0]
         if not self.remote_socket:  # no shared service: the login's own, under its home
-            home = (await conn.run('printf %s "$HOME"', check=True, timeout=self._timeout)).stdout
+            out = (await conn.run('printf %s "$HOME"', check=True, timeout=self._timeout)).stdout
+            home = out.decode() if isinstance(out, bytes) else out or ""
             tried.append(f"{home}/.nebula/nebula.sock")
             if await _answers(conn, tried[1]):
                 return tried[1]
@@ -139,12 +145,12 @@ class Tunnel:
         self._release_ending_signals()
 
     # ------------------------------------------------------------------ signals
-    def _catch_ending_signals(self) -> dict[int, object]:
+    def _catch_ending_signals(self) -> dict[int, _Handler]:
         """Handle SIGHUP and SIGTERM (those not ignored) until ``close``; returns what was
         there before. Only the main thread may; a tunnel opened elsewhere handles none."""
         if threading.current_thread() is not threading.main_thread():
             return {}
-        previous = {}
+        previous: dict[int, _Handler] = {}
         for signo in ENDING_SIGNALS:
             handler = signal.getsignal(signo)
             if handler is not signal.SIG_IGN:

@@ -177,6 +177,7 @@ class Scheduling:
             await self.pause_after(started)
 
     def housekeeping(self) -> None:
+        self.state.store.mark_alive(self.state.clock())  # (at most every ALIVE_EVERY_S)
         now = self.state.monotonic()
         if self._housekept_at is not None and now - self._housekept_at < HOUSEKEEPING_EVERY_S:
             return

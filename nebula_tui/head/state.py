@@ -53,6 +53,10 @@ class NodeView:
     #: when it stopped answering, on the monotonic clock (the node lease): a step of the
     #: wall clock (NTP, an admin's date) must never make a short silence look long
     silent_since: float | None = None
+    #: what the head did not hear of it before this connection's hello: (the last moment
+    #: it still knew the node's jobs ran, the hello), the head's clock (``Nodes._on_hello``)
+    unheard: tuple[float, float] | None = None
+    clock_offset: float = 0.0  # the head's clock minus the node's, at its hello
     cuda_version: str | None = None
     topo: dict = field(default_factory=dict)
     hello: Hello = field(default_factory=Hello)

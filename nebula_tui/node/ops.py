@@ -243,6 +243,7 @@ def _attempt_info(d, with_record=False):
         "started": os.path.exists(os.path.join(d, "started")),
         "started_at": mtime(os.path.join(d, "started")) if os.path.exists(os.path.join(d, "started")) else None,
         "exit_code": int_or_none(read_text(os.path.join(d, "exit_code")) or "x"),
+        "ended_at": mtime(os.path.join(d, "exit_code")) if os.path.exists(os.path.join(d, "exit_code")) else None,
         "acked": os.path.exists(os.path.join(d, "acked")),
         "ended_as": _ended_as(d),
     }
