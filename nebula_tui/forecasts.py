@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .wire import StartForecast
+from .wire import StartForecast, WhyJob, WhyUser
 
 
 def clock_text(t: float, now: float) -> str:
@@ -88,7 +88,7 @@ def _row_text(row: dict, now: float) -> str:
     return f"job {row['id']} ({row['user']}, {what}{where}{when})"
 
 
-def why_text(why: dict) -> str:
+def why_text(why: WhyJob | WhyUser) -> str:
     """`nebula why JOB`: the head's answer as one screen."""
     now = why.get("now") or time.time()
     pos = why.get("queue_pos")

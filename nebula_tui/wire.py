@@ -323,7 +323,9 @@ class UserRow(TypedDict):
     jobs_finished: int
     gpu_hours: float
     created_at: float
-    quota_gpu_hours: float | None
+    #: their own quota, else nodes.yaml's ``scheduler.quota_gpu_hours`` (never none: the
+    #: Users screen and ``nebula users`` print it as a number)
+    quota_gpu_hours: float
     running_jobs: int
     month_jobs: int
     month_efficiency_pct: float | None

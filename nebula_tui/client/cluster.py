@@ -218,7 +218,7 @@ class Cluster:
         """Ids of the live jobs placed on one GPU (from GPU and job events both, whichever
         arrived first)."""
         gpu = self.gpus.get(uuid)
-        ids = {j for j in (gpu["jobs"] if gpu else ()) if j in self.jobs} | self.placed.get(uuid, set())
+        ids = {j for j in (gpu.get("jobs", ()) if gpu else ()) if j in self.jobs} | self.placed.get(uuid, set())
         return sorted(ids)
 
     def holders(self) -> dict[str, list[int]]:

@@ -14,7 +14,9 @@ throttling detector's "hot" and "warm"), which the head sends in its snapshot
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from textual.color import Color
 
@@ -79,7 +81,7 @@ class Look:
                          warning=theme.warning or "#ffa62b", error=theme.error or "#ba3c5b",
                          accent=theme.primary or "#0178D4")
 
-    def use_temperatures(self, published: dict | None) -> bool:
+    def use_temperatures(self, published: Mapping[str, Any] | None) -> bool:
         """Draw by the thresholds the head published (its snapshot's ``temperatures``);
         True when they changed. A head that sends none leaves the defaults."""
         known = {k: float(v) for k, v in (published or {}).items()

@@ -247,7 +247,7 @@ class RowTable(ScrollView, can_focus=True):
             self._cells.clear()
         else:
             old = {k: cells for k in keys if (cells := self._cells.pop(k, None)) is not None}
-            visible = [k if k in keys else None for k in visible]
+            visible = [k if k in keys else None for k in visible]  # type: ignore[misc]  # (None: unchanged)
         grew = False
         for row, key in enumerate(visible, start=first):
             if key is None:  # unchanged: its cells and line stand
@@ -355,7 +355,7 @@ class RowTable(ScrollView, can_focus=True):
         return [self.column_keys[n] for n in self._shown_columns]
 
     # ------------------------------------------------------------------ sort and filter
-    def arrange(self, items: Iterable[T], key_of: Callable[[T], str],
+    def arrange(self, items: Iterable[T], key_of: Callable[[T], str],  # type: ignore[override]
                 text_of: Callable[[T], str] | None = None) -> list[str]:
         """The keys of ``items`` (in the screen's natural order) as this table shows them:
         only those whose ``text_of`` holds the filter, sorted by the chosen column."""
@@ -407,7 +407,7 @@ class RowTable(ScrollView, can_focus=True):
         return f"{self.columns[self.column_keys.index(self.sort_column)]} {self._arrow()}"
 
     def _arrow(self) -> str:
-        sort = self.sorts[self.sort_column]
+        sort = self.sorts[self.sort_column or ""]
         return ARROWS[sort.descending != self.sort_reverse]
 
     def set_title(self, name: str, shown: int, total: int | None = None) -> None:
