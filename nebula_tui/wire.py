@@ -782,7 +782,7 @@ class Standing(TypedDict):
     decayed_gpu_hours: float
     held_gpu_hours: float
     month_gpu_hours: float
-    quota_gpu_hours: float | None
+    quota_gpu_hours: float
     in_quota_gpu_hours: float
     over_quota_gpu_hours: float
     refusal: str | None

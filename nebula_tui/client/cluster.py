@@ -53,7 +53,7 @@ class Cluster:
         self.starts: dict[int, StartForecast] = {}  # waiting job -> the head's start forecast
         self.by_node: dict[str, dict[str, GpuWire]] = {}  # node -> uuid -> GPU (same dicts)
         self.placed: dict[str, set[int]] = {}  # GPU uuid -> live jobs placed there
-        self.util_trend: dict[str, deque] = {}  # GPU uuid -> recent utilisation readings
+        self.util_trend: dict[str, deque[float | None]] = {}  # GPU uuid -> recent utilisation readings
         self.connected = False
         self.version = 0  # bumped on every change; cheap "anything new?" for timers
         self.counts_version = 0  # bumped when GPUs come or go, or change a COUNTED_FIELDS value

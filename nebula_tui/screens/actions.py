@@ -7,7 +7,7 @@ screens, and nothing else of it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from rich.text import Text
 from textual import work
@@ -20,7 +20,7 @@ from ..forecasts import why_text
 from ..printable import printable, printable_tree
 from ..views import command_line
 from ..wire import (DrainRequest, JobDetailReply, JobReply, JobRequest, NodeReply, NodeRequest, NodeWire, ReloadReply,
-                    WhyReply, WhyRequest)
+                    WhyJob, WhyReply, WhyRequest)
 from . import commandline
 from .base import OpMissing
 from .commandline import Command, CommandLine
@@ -74,7 +74,7 @@ class ClusterActions(_Mixin):
     async def show_why(self, job_id: int) -> None:
         """The ``why`` group: the head's `nebula why` answer for a job, in a dialog."""
         try:
-            answer = (await self.call("why", WhyReply, **WhyRequest(job=job_id)))["why"]
+            answer = cast(WhyJob, (await self.call("why", WhyReply, **WhyRequest(job=job_id)))["why"])  # (a job's)
         except (OpMissing, ApiError) as err:
             self.notify(str(err), title=f"Cannot explain job {job_id}", severity="warning")
             return

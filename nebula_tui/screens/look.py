@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from textual.color import Color
+from textual.theme import Theme
 
 from ..model import Temperatures
 from ..views import JobPhase
@@ -75,7 +76,7 @@ class Look:
                        for role, colour in roles.items()}
         self.styles[""] = ""
 
-    def use_theme(self, theme) -> None:
+    def use_theme(self, theme: Theme) -> None:
         """Take the roles' colours from a Textual theme (``App.current_theme``)."""
         self.use_colours(dark=theme.dark, success=theme.success or "#4EBF71",
                          warning=theme.warning or "#ffa62b", error=theme.error or "#ba3c5b",

@@ -241,13 +241,13 @@ class RowTable(ScrollView, can_focus=True):
         recompute those of them on screen and repaint the lines whose cells differ. Rows
         off screen are recomputed when scrolled to."""
         first, last = self._visible_rows()
-        visible = self._keys[first:last]
+        visible: list[str | None] = list(self._keys[first:last])  # (None: a row left as it is)
         if keys is None:
-            old = {k: self._cells[k] for k in visible if k in self._cells}
+            old = {k: self._cells[k] for k in visible if k is not None and k in self._cells}
             self._cells.clear()
         else:
             old = {k: cells for k in keys if (cells := self._cells.pop(k, None)) is not None}
-            visible = [k if k in keys else None for k in visible]  # type: ignore[misc]  # (None: unchanged)
+            visible = [k if k in keys else None for k in visible]
         grew = False
         for row, key in enumerate(visible, start=first):
             if key is None:  # unchanged: its cells and line stand
