@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..model import NOT_AVAILABLE, fmt, format_mb
 from ..units import duration_short
@@ -29,7 +30,8 @@ def cmd_report(args, home, config) -> int:
     if args.csv:
         import csv
 
-        rows = report[args.csv]
+        tables: Mapping[str, Any] = report
+        rows = tables[args.csv]
         columns = list(rows[0]) if rows else []
         writer = csv.DictWriter(sys.stdout, fieldnames=columns, lineterminator="\n")
         writer.writeheader()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from ..api import ApiError
 from ..model import fmt
@@ -22,7 +24,7 @@ def cmd_status(args, home, config) -> int:
 
     with service_client(home, config) as client:
         reply = client.call("status", StatusReply)
-    summary = reply["summary"]
+    summary: Mapping[str, Any] = reply["summary"]
     if reply.get("pools"):
         summary = {**summary, "pools": reply["pools"]}
     return show(args, summary, status_text)
@@ -94,6 +96,7 @@ def _edit_nodes(args, home, config) -> int:
             return show(args, added, "") if args.json else 0
         if not args.json:
             print(f"Smoke test: a 4 GB job of the vendor's tool on {args.node} …", flush=True)
+        smoke: Mapping[str, Any]
         try:
             smoke = client.call("node_smoke", SmokeReply, timeout=180, **NodeRequest(node=args.node))
         except ApiError as err:

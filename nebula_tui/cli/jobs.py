@@ -13,8 +13,8 @@ from ..api import ApiError
 from ..printable import printable
 from ..model import ended_text
 from ..units import duration_exact
-from ..wire import (HistoryReply, JobDetailReply, JobHistoryRequest, JobReply, JobRequest, JobWire, QueueReply,
-                    SubmitReply, SubmitRequest, WhyReply, WhyRequest)
+from ..wire import (HistoryJob, HistoryReply, JobDetailReply, JobHistoryRequest, JobReply, JobRequest, JobWire,
+                    QueueReply, QueueRow, SubmitReply, SubmitRequest, WhyReply, WhyRequest)
 from .text import job_text
 from .args import FINISHED_STATES, USAGE_ERROR
 from .common import service_client, show
@@ -199,11 +199,11 @@ def cmd_queue(args, home, config) -> int:
     from .text import queue_text
 
     with service_client(home, config) as client:
-        jobs = client.call("queue", QueueReply)["jobs"]
+        jobs: list[QueueRow | HistoryJob] = list(client.call("queue", QueueReply)["jobs"])
         if args.all:
             ended = [s for s in (args.state or FINISHED_STATES) if s in FINISHED_STATES]
             history = JobHistoryRequest(user=args.user, state=ended, limit=args.limit)
-            jobs = (client.call("job_history", HistoryReply, **history)["jobs"] if ended else []) + jobs
+            jobs = [*(client.call("job_history", HistoryReply, **history)["jobs"] if ended else []), *jobs]
     jobs = [j for j in jobs if (args.user is None or j["user"] == args.user)
             and (args.state is None or j["state"] in args.state)
             and (args.jobs is None or j["id"] in args.jobs or j.get("array_id") in args.jobs)]
@@ -238,7 +238,7 @@ def cmd_why(args, home, config) -> int:
 def cmd_cancel(args, home, config) -> int:
     """Cancel each job named, like ``scancel 4 5 3``: every id is tried, each answered on
     its own line; exit 1 when any could not be cancelled."""
-    done: list[dict] = []
+    done: list[JobWire] = []
     failed = 0
     with service_client(home, config) as client:
         for job_id in dict.fromkeys(args.jobs):  # an id given twice is cancelled once
