@@ -57,8 +57,10 @@ class KeyFooter(Footer):
     _shown_keys: tuple | None = None
 
     def on_resize(self) -> None:
-        # At 80 columns the keys need every cell: the palette has its key in the help.
+        # At 80 columns the keys need every cell: the palette has its key in the help, and
+        # the keys go closer together (the queue's and a job's ten reach past 80 otherwise).
         wide = self.size.width >= PALETTE_MIN_WIDTH
+        self.compact = self.size.width < COMPACT_BELOW_WIDTH
         if wide != self.show_command_palette:
             self.show_command_palette = wide
             self.call_after_refresh(self.recompose)
@@ -71,8 +73,10 @@ class KeyFooter(Footer):
             super().bindings_changed(screen)
 
 
-#: Below this many columns the footer leaves out the command palette's entry.
+#: Below this many columns the footer leaves out the command palette's entry …
 PALETTE_MIN_WIDTH = 110
+#: … and below this many it sets its keys closer together.
+COMPACT_BELOW_WIDTH = 100
 #: Below this many columns the bar leaves out the program's and the cluster's name.
 BAR_NAME_MIN_WIDTH = 110
 
