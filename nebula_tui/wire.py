@@ -323,7 +323,9 @@ class UserRow(TypedDict):
     jobs_finished: int
     gpu_hours: float
     created_at: float
-    quota_gpu_hours: float | None
+    #: their own quota, else nodes.yaml's ``scheduler.quota_gpu_hours`` (never none: the
+    #: Users screen and ``nebula users`` print it as a number)
+    quota_gpu_hours: float
     running_jobs: int
     month_jobs: int
     month_efficiency_pct: float | None
@@ -780,7 +782,7 @@ class Standing(TypedDict):
     decayed_gpu_hours: float
     held_gpu_hours: float
     month_gpu_hours: float
-    quota_gpu_hours: float | None
+    quota_gpu_hours: float
     in_quota_gpu_hours: float
     over_quota_gpu_hours: float
     refusal: str | None

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
-from ..wire import BookingMade, BookingReply, BookingsReply, ReserveRequest
+from ..wire import BookingMade, BookingReply, BookingView, BookingsReply, ReserveRequest
+from ..homedir import Home
 from .args import USAGE_ERROR
 from .common import service_client, show
 
 
-def cmd_reserve(args, home, config) -> int:
+def cmd_reserve(args: argparse.Namespace, home: Home, config: str | None) -> int:
     if args.delete is not None:
         if any(v is not None for v in (args.gpus, args.gpu_count, args.start, args.duration, args.users)):
             print("nebula reserve: --delete NAME takes no other flag", file=sys.stderr)
@@ -40,7 +42,7 @@ def cmd_reserve(args, home, config) -> int:
     return show(args, reply, text)
 
 
-def bookings_text(bookings: list[dict]) -> str:
+def bookings_text(bookings: list[BookingView]) -> str:
     from ..views import booking_state
     from .text import table
 
@@ -51,7 +53,7 @@ def bookings_text(bookings: list[dict]) -> str:
     return table(("NAME", "GPUS", "WHEN", "USERS", "BY", "STATE"), rows)
 
 
-def cmd_reservations(args, home, config) -> int:
+def cmd_reservations(args: argparse.Namespace, home: Home, config: str | None) -> int:
     with service_client(home, config) as client:
         bookings = client.call("reserve", BookingsReply, **ReserveRequest(list=True))["bookings"]
     return show(args, bookings, bookings_text)

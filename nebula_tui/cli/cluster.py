@@ -4,9 +4,12 @@ resume)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from ..api import ApiError
 from ..model import fmt
@@ -14,21 +17,22 @@ from ..printable import printable, printable_log
 from ..wire import (DoctorReply, DoctorRequest, DrainRequest, EventsReply, EventsRequest, GpuHistoryReply,
                     GpuHistoryRequest, GpuReply, GpuResumeRequest, GpusReply, NodeAddRequest, NodeKeyReply,
                     NodeKeyRequest, NodeReply, NodeRequest, NodeShowReply, ReloadReply, SmokeReply, StatusReply)
+from ..homedir import Home
 from .common import service_client, show
 
 
-def cmd_status(args, home, config) -> int:
+def cmd_status(args: argparse.Namespace, home: Home, config: str | None) -> int:
     from .text import status_text
 
     with service_client(home, config) as client:
         reply = client.call("status", StatusReply)
-    summary = reply["summary"]
+    summary: Mapping[str, Any] = reply["summary"]
     if reply.get("pools"):
         summary = {**summary, "pools": reply["pools"]}
     return show(args, summary, status_text)
 
 
-def cmd_gpus(args, home, config) -> int:
+def cmd_gpus(args: argparse.Namespace, home: Home, config: str | None) -> int:
     from .text import gpus_text
 
     with service_client(home, config) as client:
@@ -36,7 +40,7 @@ def cmd_gpus(args, home, config) -> int:
     return show(args, gpus, gpus_text)
 
 
-def cmd_doctor(args, home, config) -> int:
+def cmd_doctor(args: argparse.Namespace, home: Home, config: str | None) -> int:
     """Each node's checks as the head computed them, one line each; exit 1 when one failed."""
     from .text import doctor_text
 
@@ -47,7 +51,7 @@ def cmd_doctor(args, home, config) -> int:
     return 0 if reply["passed"] else 1
 
 
-def cmd_node(args, home, config) -> int:
+def cmd_node(args: argparse.Namespace, home: Home, config: str | None) -> int:
     if args.node_command in ("add", "remove"):
         return _edit_nodes(args, home, config)
     if args.node_command == "show":
@@ -63,7 +67,7 @@ def cmd_node(args, home, config) -> int:
     return show(args, node, f"Resumed {args.node}")
 
 
-def _edit_nodes(args, home, config) -> int:
+def _edit_nodes(args: argparse.Namespace, home: Home, config: str | None) -> int:
     """node add/remove: the service edits its cluster file; adding asks to trust the key."""
     with service_client(home, config) as client:
         if args.node_command == "remove":
@@ -94,6 +98,7 @@ def _edit_nodes(args, home, config) -> int:
             return show(args, added, "") if args.json else 0
         if not args.json:
             print(f"Smoke test: a 4 GB job of the vendor's tool on {args.node} …", flush=True)
+        smoke: Mapping[str, Any]
         try:
             smoke = client.call("node_smoke", SmokeReply, timeout=180, **NodeRequest(node=args.node))
         except ApiError as err:
@@ -101,7 +106,7 @@ def _edit_nodes(args, home, config) -> int:
     return _smoke_result(args, {**added, "smoke": smoke})
 
 
-def _smoke_result(args, added: dict) -> int:
+def _smoke_result(args: argparse.Namespace, added: dict[str, Any]) -> int:
     """The smoke test's verdict, and the job's output: exit 0 only when it succeeded."""
     smoke, node = added["smoke"], added["node"]
     ok = smoke.get("ended") and smoke["job"]["state"] == "succeeded"
@@ -128,7 +133,7 @@ def _smoke_result(args, added: dict) -> int:
     return 0 if ok else 1
 
 
-def cmd_gpu(args, home, config) -> int:
+def cmd_gpu(args: argparse.Namespace, home: Home, config: str | None) -> int:
     if args.gpu_command == "resume":
         with service_client(home, config) as client:
             gpu = client.call("gpu_resume", GpuReply, **GpuResumeRequest(gpu=args.gpu, force=args.force))["gpu"]
@@ -140,7 +145,7 @@ def cmd_gpu(args, home, config) -> int:
     return show(args, reply, _gpu_history_text)
 
 
-def _gpu_history_text(reply: dict) -> str:
+def _gpu_history_text(reply: GpuHistoryReply) -> str:
     from .text import table
 
     rows = [(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["t"])),
@@ -153,7 +158,7 @@ def _gpu_history_text(reply: dict) -> str:
     return text if rows else text + "\n(no samples yet: one is taken every 30 s)"
 
 
-def cmd_events(args, home, config) -> int:
+def cmd_events(args: argparse.Namespace, home: Home, config: str | None) -> int:
     from ..views import one_line
 
     with service_client(home, config) as client:

@@ -21,7 +21,7 @@ from ..views import (command_line, doctor_lines, gpu_list, node_power, power_dra
 from ..wire import DoctorReply, EndedJobDetail, GpuWire, HistoryJob, JobDetail, QueueRow, ShownNode
 
 
-def status_text(summary: dict) -> str:
+def status_text(summary: Mapping[str, Any]) -> str:
     """R1, exactly:  Cluster Overview / Nodes / GPUs / Total VRAM / Node Details."""
     parts = [f"{summary['idle']} idle", f"{summary['busy']} busy",
              f"{summary['maintenance']} maintenance"]
@@ -146,7 +146,7 @@ def node_text(node: ShownNode) -> str:
     return "\n".join(lines)
 
 
-def platform_lines(platform: dict) -> list[str]:
+def platform_lines(platform: Mapping[str, Any]) -> list[str]:
     """What is different about a node's kind of machine, for its page: a WSL2 node's GPUs
     are served by the Windows driver, and that changes what NebulaGrid can see there."""
     if platform.get("kind") != "wsl2":
@@ -174,7 +174,10 @@ def doctor_text(reply: DoctorReply) -> str:
 def job_text(job: JobDetail | EndedJobDetail) -> str:
     """`nebula job N`: the job in full as text (`--json` gives every field): its state and
     why, what it asked for, where it runs and the environment its command gets there."""
-    when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))  # noqa: E731
+
+    def when(t: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
     command = command_line(job)
     state = job.get("phase") or job["state"]
     reason = job.get("reason") or ""
@@ -203,11 +206,11 @@ def job_text(job: JobDetail | EndedJobDetail) -> str:
     if job.get("queue_pos"):
         lines.append(f"  queue:     position {job['queue_pos']}")
     lines.append(f"  submitted: {when(job['submitted_at'])}")
-    if job.get("started_at"):
-        lines.append(f"  started:   {when(job['started_at'])}")
-    if job.get("ended_at"):
+    if started := job.get("started_at"):
+        lines.append(f"  started:   {when(started)}")
+    if ended_at := job.get("ended_at"):
         code = "" if job.get("exit_code") is None else f", exit code {job['exit_code']}"
-        lines.append(f"  ended:     {when(job['ended_at'])}{code}")
+        lines.append(f"  ended:     {when(ended_at)}{code}")
     ended: Mapping[str, Any] = job
     if ended.get("gpu_hours") is not None:  # an ended job: what its run cost and did
         load = ended["mean_util_pct"]

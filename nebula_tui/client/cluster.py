@@ -53,7 +53,7 @@ class Cluster:
         self.starts: dict[int, StartForecast] = {}  # waiting job -> the head's start forecast
         self.by_node: dict[str, dict[str, GpuWire]] = {}  # node -> uuid -> GPU (same dicts)
         self.placed: dict[str, set[int]] = {}  # GPU uuid -> live jobs placed there
-        self.util_trend: dict[str, deque] = {}  # GPU uuid -> recent utilisation readings
+        self.util_trend: dict[str, deque[float | None]] = {}  # GPU uuid -> recent utilisation readings
         self.connected = False
         self.version = 0  # bumped on every change; cheap "anything new?" for timers
         self.counts_version = 0  # bumped when GPUs come or go, or change a COUNTED_FIELDS value
@@ -218,7 +218,7 @@ class Cluster:
         """Ids of the live jobs placed on one GPU (from GPU and job events both, whichever
         arrived first)."""
         gpu = self.gpus.get(uuid)
-        ids = {j for j in (gpu["jobs"] if gpu else ()) if j in self.jobs} | self.placed.get(uuid, set())
+        ids = {j for j in (gpu.get("jobs", ()) if gpu else ()) if j in self.jobs} | self.placed.get(uuid, set())
         return sorted(ids)
 
     def holders(self) -> dict[str, list[int]]:

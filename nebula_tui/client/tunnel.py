@@ -24,10 +24,10 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncssh
 
@@ -41,6 +41,7 @@ CONNECT_TIMEOUT_S = 20.0
 ENDING_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
 #: what ``signal.signal`` takes and ``signal.getsignal`` gives back
 _Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+T = TypeVar("T")
 #: The longest path a Unix socket may have (Linux's sun_path is 108 bytes with its NUL).
 SOCKET_PATH_MAX = 107
 
@@ -83,10 +84,10 @@ class Tunnel:
     def __enter__(self) -> "Tunnel":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _run(self, coro, timeout: float):
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     async def _open(self) -> None:
@@ -164,7 +165,7 @@ class Tunnel:
             if signal.getsignal(signo) == self._ended_by:
                 signal.signal(signo, handler if handler is not None else signal.SIG_DFL)
 
-    def _ended_by(self, signo: int, frame) -> None:
+    def _ended_by(self, signo: int, frame: FrameType | None) -> None:
         """Clean up, then die of the signal as if it had never been caught (or let the
         handler that was there before have it)."""
         handler = self._previous.get(signo, signal.SIG_DFL)
