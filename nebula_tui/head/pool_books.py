@@ -31,7 +31,7 @@ from .jobs import JobTransitions
 from .shares import Shares
 from .state import HeadState
 from .stream import Stream
-from ..wire import PoolWire
+from ..wire import LogsReply, PoolWire
 
 log = logging.getLogger(__name__)
 
@@ -416,12 +416,12 @@ class PoolBooks:
         self.transitions.requeue(job, f"requeued in pool {row['pool']} by {user}")
         return self.state.jobs.get(job.id, job)
 
-    async def read_log(self, user: str, job: Job, offset: int) -> dict:
+    async def read_log(self, user: str, job: Job, offset: int) -> LogsReply:
         """The job's output file there, read over SSH from byte ``offset``."""
         self.access.check_may_manage(user, job, "read the log of")
         row = self._row(job)
         if not row.get("log_path"):
-            return {"data": "", "offset": offset, "parts": [], "state": job.state.value,
+            return {"data": "", "offset": offset, "size": 0, "parts": [], "state": job.state.value,
                     "ended": job.state.finished}
         try:
             data, end, size = await self.pools[row["pool"]].logs(row["account"], row["log_path"],
@@ -430,7 +430,7 @@ class PoolBooks:
             raise RequestError(f"cannot read the log of job {job.id}: {err}") from None
         node = job.node or row["pool"]
         now = self.state.jobs.get(job.id) or self.state.store.job(job.id) or job
-        return {"data": data, "offset": end,
+        return {"data": data, "offset": end, "size": size,
                 "parts": [{"rank": 0, "node": node, "data": data, "offset": end, "size": size}],
                 "state": now.state.value, "ended": now.state.finished and not data}
 
