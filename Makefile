@@ -40,7 +40,8 @@ test: test-deps setup
 # ruff (pyproject's [tool.ruff]) and mypy, strict on the modules pyproject's [tool.mypy]
 # lists (the wire's shapes and requests and views that builds them, the model, the node
 # protocol, the whole scheduler, the head's request handlers and checks, why, bookings and a
-# pool's view), and the head's other rooms that send those shapes, where they are annotated.
+# pool's view, the protocol's clients), the head's other rooms that send those shapes, where
+# they are annotated, and the CLI, the client's rooms and the TUI that read them, every body.
 lint: setup
 	@$(PYTHON) -m ruff check --quiet . && $(PYTHON) -m mypy
 	@echo "make lint: ruff and mypy passed"

@@ -23,14 +23,18 @@ from nebula_tui.head.replay import Replay  # noqa: E402
 from nebula_tui.month import inventory, metrics, setup, workload  # noqa: E402
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def month_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments that name a month: a trace, or the built-in month's seed; its days and lab."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("trace", nargs="?", help="a trace CSV (default: the built-in month)")
     parser.add_argument("--days", type=float, default=30.0)
     parser.add_argument("--layout", default="demo")
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--dump", help="write each started job's forecast and start here")
-    args = parser.parse_args()
+    return parser
+
+
+def month(args: argparse.Namespace) -> tuple:
+    """(cards, links, cluster config, requests) of the month ``args`` name."""
     inv = inventory.layout(args.layout)
     links = inventory.layout_links(args.layout)
     cluster = setup.replay_config(inv, None, [])
@@ -40,6 +44,14 @@ def main() -> int:
         extra = {} if args.seed is None else {"seed": args.seed}
         requests = workload.lab_month(len(inventory.card_list(inv)), inventory.largest_node(inv),
                                       users=max(12, len(inv)), days=args.days, **extra)
+    return inv, links, cluster, requests
+
+
+def main() -> int:
+    parser = month_parser(__doc__.splitlines()[0])
+    parser.add_argument("--dump", help="write each started job's forecast and start here")
+    args = parser.parse_args()
+    inv, links, cluster, requests = month(args)
     started, cpu = time.perf_counter(), time.process_time()
     outcomes = Replay(cluster, inv, requests, setup.REPLAY_EPOCH, args.days * 86400, links,
                       forecasts=True).run()

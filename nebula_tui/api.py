@@ -107,9 +107,15 @@ import socket
 import struct
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar, overload
 
 from .waits import within
-from .wire import WaitRequest
+from .wire import JobWire, WaitReply, WaitRequest
+
+#: A reply's shape in ``wire``, as a caller names it: ``client.call("logs", LogsReply, …)``
+#: is read as a ``LogsReply`` (``wire.REPLIES`` says which each op has; the JSON is not
+#: checked here, ``tests/unit/test_wire.py`` holds the head to it).
+R = TypeVar("R")
 
 #: Every kind of line in the events log (``event["kind"]``): a job's life (submit, hold,
 #: cancel, place, start, end, requeue, and what the head's limits did: idle, guard,
@@ -217,44 +223,53 @@ class Client:
         pid, uid, _gid = struct.unpack("3i", creds)
         return pid, uid
 
-    def __enter__(self):
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def call(self, op: str, timeout: float | None = None, **fields) -> dict:
+    @overload
+    def call(self, op: str, reply: type[R], timeout: float | None = None, **fields: Any) -> R: ...
+
+    @overload
+    def call(self, op: str, reply: None = None, timeout: float | None = None, **fields: Any) -> dict[str, Any]: ...
+
+    def call(self, op: str, reply: type[Any] | None = None, timeout: float | None = None, **fields: Any) -> Any:
         """One request; raises ApiError with the service's reason when it refuses, or when
-        no reply came within ``timeout`` seconds (at least the client's own timeout)."""
+        no reply came within ``timeout`` seconds (at least the client's own timeout). Read
+        as ``reply``, the op's shape in ``wire``, when one is named."""
         self.sock.settimeout(max(timeout or 0, self.timeout))
         try:
             self.sock.sendall(json.dumps({"op": op, **fields}).encode() + b"\n")
         except (BrokenPipeError, ConnectionResetError):
             pass  # refused before it was read whole (too long): the reply says why
-        reply = self._read()
-        if not reply.get("ok"):
-            raise ApiError(reply.get("error", "request failed"), usage=bool(reply.get("usage")))
-        return reply
+        answer = self._read()
+        if not answer.get("ok"):
+            raise ApiError(answer.get("error", "request failed"), usage=bool(answer.get("usage")))
+        return answer
 
-    def wait(self, job: int) -> dict:
+    def wait(self, job: int) -> JobWire:
         """The job once it ended, asked for in steps of the client's timeout, so a head that
         stops answering meanwhile is noticed within two of them."""
         while True:
             within = min(self.timeout, MAX_WAIT_STEP_S)
-            reply = self.call("wait", timeout=within + self.timeout, **WaitRequest(job=job, within=within))
+            reply = self.call("wait", WaitReply, timeout=within + self.timeout,
+                              **WaitRequest(job=job, within=within))
             if reply.get("ended"):
                 return reply["job"]
 
-    def _read(self) -> dict:
+    def _read(self) -> dict[str, Any]:
         try:
             line = self._file.readline()
         except socket.timeout:
             raise no_answer(self.path, self.sock, self.sock.gettimeout() or self.timeout) from None
         if not line:
             raise ApiError("the head service closed the connection")
-        return json.loads(line)
+        reply: dict[str, Any] = json.loads(line)
+        return reply
 
-    def events(self) -> Iterator[dict]:
+    def events(self) -> Iterator[dict[str, Any]]:
         """Subscribe: the snapshot first, then every event."""
         self.sock.settimeout(None)
         self.sock.sendall(b'{"op": "subscribe"}\n')
@@ -268,9 +283,15 @@ class AsyncClient:
     def __init__(self, path: Path):
         self.path = Path(path)
 
-    async def call(self, op: str, **fields) -> dict:
+    @overload
+    async def call(self, op: str, reply: type[R], **fields: Any) -> R: ...
+
+    @overload
+    async def call(self, op: str, reply: None = None, **fields: Any) -> dict[str, Any]: ...
+
+    async def call(self, op: str, reply: type[Any] | None = None, **fields: Any) -> Any:
         """One request; ApiError when refused, or when no reply came within the
-        ``reply_timeout``."""
+        ``reply_timeout``. Read as ``reply``, the op's shape in ``wire``, when one is named."""
         seconds = reply_timeout()
         reader, writer = await self._open_within(seconds)
         try:
@@ -283,12 +304,12 @@ class AsyncClient:
             writer.close()
         if not line:
             raise ApiError("the head service closed the connection")
-        reply = json.loads(line)
-        if not reply.get("ok"):
-            raise ApiError(reply.get("error", "request failed"))
-        return reply
+        answer: dict[str, Any] = json.loads(line)
+        if not answer.get("ok"):
+            raise ApiError(answer.get("error", "request failed"))
+        return answer
 
-    async def events(self, decode: Callable[[bytes], dict] = json.loads) -> AsyncIterator[dict]:
+    async def events(self, decode: Callable[[bytes], Any] = json.loads) -> AsyncIterator[dict[str, Any]]:
         """Subscribe: the snapshot first, then every event, each line read with ``decode``.
         The snapshot is waited for at most the ``reply_timeout``, and each line after it at
         most that and a ``HEARTBEAT_S`` more (a head with nothing to say ticks): a head that
@@ -313,7 +334,7 @@ class AsyncClient:
             writer.close()
         raise ApiError("the head service closed the event stream")
 
-    async def _open_within(self, seconds: float):
+    async def _open_within(self, seconds: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         try:
             return await within(seconds, asyncio.open_unix_connection(str(self.path), limit=64 * MAX_LINE))
         except TimeoutError:

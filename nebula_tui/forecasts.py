@@ -4,9 +4,10 @@ words only, every figure the head's (``head/forecast.py``)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from .wire import QueueRow, StartForecast
+from .wire import StartForecast, Standing, WhyJob, WhyJobRow, WhySooner, WhyUser
 
 
 def clock_text(t: float, now: float) -> str:
@@ -34,8 +35,9 @@ def starts_text(starts: StartForecast | None, now: float) -> str:
     return f"{point}, {clock_text(early, now)}–{clock_text(late, now) if late is not None else 'later'}"
 
 
-def first_start(tasks: Sequence[QueueRow]) -> StartForecast | None:
-    """The earliest forecast start among an array's tasks."""
+def first_start(tasks: Sequence[Mapping[str, Any]]) -> StartForecast | None:
+    """The earliest forecast start among an array's tasks (``QueueRow``s; a row without
+    ``starts``, as ``job_history``'s, has none)."""
     known = [t["starts"] for t in tasks if (t.get("starts") or {}).get("start_at") is not None]
     return min(known, key=lambda s: s["start_at"], default=None)
 
@@ -60,7 +62,7 @@ def _hours(value: float) -> str:
     return f"{value:.1f}" if value >= 10 or value == 0 else f"{value:.2g}"
 
 
-def share_text(share: dict) -> str:
+def share_text(share: Standing) -> str:
     """A user's fair share in one paragraph."""
     half = share.get("half_life_s")
     decay = f"half-life {half / 86400:g} days" if half else "no decay"
@@ -72,13 +74,14 @@ def share_text(share: dict) -> str:
             f"over {_hours(share['over_quota_gpu_hours'])})")
 
 
-def _row_text(row: dict, now: float) -> str:
-    what = (f"{row['gpu_count']} GPU{'s' if row['gpu_count'] != 1 else ''}" if row.get("gpu_mem_mb") is None
-            else f"{row['gpu_mem_mb'] // 1024} GB slice")
+def _row_text(row: WhyJobRow, now: float) -> str:
+    mem = row.get("gpu_mem_mb")
+    what = (f"{row['gpu_count']} GPU{'s' if row['gpu_count'] != 1 else ''}" if mem is None
+            else f"{mem // 1024} GB slice")
     where = f" on {', '.join(row['gpus'])}" if row.get("gpus") else ""
     when = ""
-    if row.get("ends_by"):
-        when = f", ends by {clock_text(row['ends_by'], now)}"
+    if ends_by := row.get("ends_by"):
+        when = f", ends by {clock_text(ends_by, now)}"
     elif row.get("state") in ("running", "launching"):
         when = ", no --time"
     elif row.get("starts"):
@@ -86,7 +89,7 @@ def _row_text(row: dict, now: float) -> str:
     return f"job {row['id']} ({row['user']}, {what}{where}{when})"
 
 
-def why_text(why: dict) -> str:
+def why_text(why: WhyJob) -> str:
     """`nebula why JOB`: the head's answer as one screen."""
     now = why.get("now") or time.time()
     pos = why.get("queue_pos")
@@ -94,8 +97,7 @@ def why_text(why: dict) -> str:
     lines = [f"Job {why['job']} ({why['user']}) is {why['state']}{place}.",
              f"Held by: {RULE_TEXT.get(why['rule'], why['rule'])}"
              + (f" — {why['reason']}" if why.get("reason") and why["rule"] not in ("running", "ended") else "")]
-    if why.get("starts"):
-        start = why["starts"]
+    if start := why.get("starts"):
         node = f" (on {start['node']})" if start.get("node") and start.get("start_at") else ""
         lines.append(f"Starts: {starts_text(start, now)}{node}")
     lines.append(share_text(why["share"]))
@@ -113,19 +115,19 @@ def why_text(why: dict) -> str:
     return "\n".join(lines)
 
 
-def sooner_text(change: dict, now: float) -> str:
+def sooner_text(change: WhySooner, now: float) -> str:
     """"with --gpu-mem 16G it would start now on node03", "as --preemptible it would …"."""
     flag = change["change"]
     if change.get("pool"):
         return f"on pool {change['pool']}: {change['gpus_idle']} GPUs idle there now ({flag})"
-    start = change.get("starts") or {}
+    start = change.get("starts")
     words = "as --preemptible" if flag == "--preemptible" else f"with {flag}"
     when = starts_text(start, now)
-    node = f" on {start['node']}" if start.get("node") else ""
+    node = f" on {start['node']}" if start and start.get("node") else ""
     return f"{words} it would start {when}{node}"
 
 
-def why_user_text(why: dict) -> str:
+def why_user_text(why: WhyUser) -> str:
     """`nebula why --user NAME`: their fair share and jobs."""
     now = time.time()
     lines = [share_text(why["share"])]
@@ -135,6 +137,6 @@ def why_user_text(why: dict) -> str:
                                                       if why["running"] else ""))
     lines.append(f"Waiting: {len(why['waiting'])}")
     for row in why["waiting"][:10]:
-        pos = f"{_ordinal(row['queue_pos'])} in the queue" if row.get("queue_pos") else "not ordered yet"
+        pos = f"{_ordinal(place)} in the queue" if (place := row.get("queue_pos")) else "not ordered yet"
         lines.append(f"  {_row_text(row, now)}: {pos}; {row.get('reason') or ''}".rstrip("; "))
     return "\n".join(lines)

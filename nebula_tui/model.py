@@ -534,6 +534,18 @@ class Job:
             raise TypeError(f"job {self.id}: {self.status!r} is not a job status")
         object.__setattr__(self, "state", self.status.state)  # read on every pass: kept
 
+    def with_reason(self, reason: str) -> Job:
+        """This waiting job with another waiting reason (the scheduler's sentence), copied
+        field by field: ``dataclasses.replace`` reads every field's definition, and a long
+        queue's passes give 100,000s of jobs a new sentence."""
+        status = self.status
+        if not isinstance(status, Pending):
+            raise ValueError(f"job {self.id} does not wait: it has no waiting reason")
+        job = object.__new__(Job)
+        job.__dict__.update(self.__dict__)
+        job.__dict__["status"] = Pending(reason, status.held_by)
+        return job
+
     @property
     def pooled(self) -> bool:
         """Whether a pool runs it (sent there, or asked for with --pool): never placed here."""

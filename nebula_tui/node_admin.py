@@ -21,6 +21,7 @@ from .config.cluster import ClusterConfig, load_config
 from .config.nodes import DEFAULT_PORT
 from .model import ConfigError
 from .waits import within
+from .wire import ReloadReply
 
 class NodeAdminError(Exception):
     """An add or remove that cannot be done; str() says why and what to do."""
@@ -219,7 +220,7 @@ def drained_changes(old: ClusterConfig, new: ClusterConfig) -> list[tuple[str, b
     return [(n.name, n.drained) for n in new.nodes if n.name in was and was[n.name] != n.drained]
 
 
-def reload_said(path, result: dict) -> str:
+def reload_said(path, result: ReloadReply) -> str:
     """The service log's line for a reload: what changed, or that nothing did."""
     parts = [f"{name} {what}" for what in ("added", "removed", "drained", "resumed")
              for name in result.get(what, ())]

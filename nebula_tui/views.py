@@ -20,7 +20,7 @@ from .model import (LOCAL_POOL, NOT_AVAILABLE, Cancelling, Evicting, GpuView, Jo
 from .scheduler.filters import cuda_gap
 from .scheduler.slices import offered_mb
 from .units import duration_text
-from .wire import (EndedJobDetail, GpuSlice, GpuWire, HistoryJob, JobDetail, JobWire, NodeDetail, NodeWire,
+from .wire import (DoctorCheck, EndedJobDetail, GpuSlice, GpuWire, HistoryJob, JobDetail, JobWire, NodeDetail, NodeWire,
                    PlacedCard, QueueRow, StartForecast, StatusSummary)
 
 #: a job in any of the shapes that carry one (a queue row, a job's page, an ended job)
@@ -351,7 +351,7 @@ def one_line(text: str, limit: int = REASON_MAX) -> str:
 DOCTOR_MARKS = {"ok": "✓", "fail": "✗", "warn": "!", "skip": "-"}
 
 
-def doctor_lines(checks: Sequence[Mapping[str, str | None]]) -> list[str]:
+def doctor_lines(checks: Sequence[DoctorCheck]) -> list[str]:
     """One node's checks (``nebula doctor``, the TUI's node page), one line each: the mark,
     the check, what was found and, when it is not fine, the fix."""
     width = max((len(c["check"] or "") for c in checks), default=0)

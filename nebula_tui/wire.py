@@ -1,9 +1,11 @@
 """The shapes that travel between the head and its clients, as types both ends import (as
 ``remote/protocol.py`` types the node's wire): what the head sends (a job, a queue row, a
 job's page, an ended job, a GPU, a node, the status and its summary, a start forecast, a
-plan, a pool, a user's row, a booking, ``why``'s answers, the replies that carry them, named
-``<Op>Reply``, and the event stream's snapshot and events), and the requests as a client
-sends them (a submit: ``cli.jobs.submit_request``, read by ``head.requests.spec_from_request``).
+plan, a pool, a user's row, a booking, ``why``'s answers, a log's piece, a GPU's samples, a
+node shown, the doctor's checks, a reload's changes, the report, the replies that carry them,
+named ``<Op>Reply`` (``REPLIES``: op -> its reply), and the event stream's snapshot and
+events), and the requests as a client sends them (a submit: ``cli.jobs.submit_request``,
+read by ``head.requests.spec_from_request``).
 
 They are ``TypedDict``s: on the wire a shape is still the plain JSON object it always was, so
 nothing about the protocol changes. ``views`` builds each one and mypy checks it there (and
@@ -321,7 +323,9 @@ class UserRow(TypedDict):
     jobs_finished: int
     gpu_hours: float
     created_at: float
-    quota_gpu_hours: float | None
+    #: their own quota, else nodes.yaml's ``scheduler.quota_gpu_hours`` (never none: the
+    #: Users screen and ``nebula users`` print it as a number)
+    quota_gpu_hours: float
     running_jobs: int
     month_jobs: int
     month_efficiency_pct: float | None
@@ -590,6 +594,179 @@ class BookingMade(BookingReply):
 ReserveReply = BookingsReply | BookingReply | BookingMade
 
 
+class LogPart(TypedDict):
+    """One rank's piece of a job's log: from which node, the text read, where the next
+    read starts, and the log's size there as it was read (None: the node did not say)."""
+
+    rank: int
+    node: str
+    data: str
+    offset: int
+    size: int | None
+
+
+class LogsReply(TypedDict):
+    """``logs``: the first asked rank's piece (``data``, ``offset``, ``size``) and every
+    asked rank's (``parts``), the job's state, and ``ended`` (that log will not grow)."""
+
+    data: str
+    offset: int
+    size: int | None
+    parts: list[LogPart]
+    state: str
+    ended: bool
+
+
+class TelemetrySample(TypedDict):
+    """A GPU's recorded reading (``store.telemetry``; older than a day, a 10-minute mean)."""
+
+    t: float
+    temperature_c: float | None
+    utilization_pct: float | None
+    memory_used_mb: float | None
+    power_w: float | None
+    fan_pct: float | None
+    sm_clock_mhz: float | None
+    mem_clock_mhz: float | None
+
+
+class GpuHistoryReply(TypedDict):
+    """``history``: the GPU (its uuid) and its samples, oldest first."""
+
+    gpu: str
+    samples: list[TelemetrySample]
+
+
+class NodeFacts(TypedDict):
+    """What a node's nodelet said of itself when it connected (None: not heard from yet)."""
+
+    hostname: str | None
+    python: str | None
+    uid: int | None
+    node_dir: str | None
+
+
+class ShownNode(NodeWire):
+    """A node as ``node_show`` answers (``head.nodes.Fleet.show``): the node, the whole of
+    its reason, its drain's reason, its failed connection tries and since when it is silent
+    (Unix s), its health, CUDA, facts and platform, its GPUs, its jobs and latest events."""
+
+    detail: str
+    drain_reason: str
+    failed_attempts: int
+    silent_since: float | None
+    health_score: float
+    cuda_version: str | None
+    facts: NodeFacts
+    platform: dict[str, Any]
+    gpus: list[GpuWire]
+    jobs: list[int]
+    events: list[EventRow]
+
+
+class NodeShowReply(TypedDict):
+    node: ShownNode
+
+
+class ReloadReply(TypedDict):
+    """``reload``, and ``node_add`` and ``node_remove`` (which reload the cluster file they
+    edit): the nodes added, removed, drained and resumed by the file, the sections it
+    changed that apply now, and those that need a restart."""
+
+    added: list[str]
+    removed: list[str]
+    drained: list[str]
+    resumed: list[str]
+    sections: list[str]
+    restart_for: list[str]
+
+
+class SmokeReply(TypedDict):
+    """``node_smoke``: the smoke job as it is, on which card (``node:index``) of which model,
+    its output, and whether it ended (False: not within the head's wait)."""
+
+    job: JobWire
+    gpu: str
+    model: str
+    output: str
+    ended: bool
+
+
+class DoctorCheck(TypedDict):
+    """One of a node's checks (``head.doctor.line``): its name, ``status`` (ok, fail, warn,
+    skip), what was found, and the fix ("" when none)."""
+
+    check: str
+    status: Literal["ok", "fail", "warn", "skip"]
+    text: str
+    fix: str
+
+
+class DoctorReply(TypedDict):
+    """``doctor``: each node's checks, and whether none failed."""
+
+    nodes: dict[str, list[DoctorCheck]]
+    passed: bool
+
+
+class ReportUserRow(TypedDict):
+    """A user's month in the report (and the Users screen's month figures): the jobs that
+    ended then, their GPU-hours (within and over the quota), efficiency, idle GPU-hours and
+    mean wait."""
+
+    month: str
+    user: str
+    jobs: int
+    gpu_hours: float
+    in_quota_gpu_hours: float
+    over_quota_gpu_hours: float
+    efficiency_pct: float | None
+    idle_gpu_hours: float
+    mean_wait_s: float | None
+
+
+class ReportNodeRow(TypedDict):
+    """A node's (or, ``node`` "cluster", the whole cluster's) month or day: its cards'
+    GPU-hours available and held by jobs, that as a percentage, and their mean utilisation."""
+
+    period: str
+    node: str
+    gpus: int
+    available_gpu_hours: float
+    allocated_gpu_hours: float
+    allocated_pct: float | None
+    util_pct: float | None
+
+
+class ReportBookingRow(TypedDict):
+    """A booking overlapping the report's period: its GPU-hours then, and those its users'
+    jobs held on its cards."""
+
+    name: str
+    users: list[str]
+    created_by: str
+    start: float
+    end: float
+    booked_gpu_hours: float
+    used_gpu_hours: float
+    used_pct: float | None
+
+
+class Report(TypedDict):
+    """The accounting report of [since, until) (``head.accounting``)."""
+
+    since: float
+    until: float
+    users: list[ReportUserRow]
+    nodes: list[ReportNodeRow]
+    days: list[ReportNodeRow]
+    bookings: list[ReportBookingRow]
+
+
+class ReportReply(TypedDict):
+    report: Report
+
+
 # ----------------------------------------------------------------- why
 class Standing(TypedDict):
     """A user's fair share in figures (``head.shares.Shares.standing``): their weight and
@@ -605,7 +782,7 @@ class Standing(TypedDict):
     decayed_gpu_hours: float
     held_gpu_hours: float
     month_gpu_hours: float
-    quota_gpu_hours: float | None
+    quota_gpu_hours: float
     in_quota_gpu_hours: float
     over_quota_gpu_hours: float
     refusal: str | None
@@ -876,4 +1053,21 @@ REQUESTS: dict[str, type] = {
     "events": EventsRequest, "report": ReportRequest, "job_history": JobHistoryRequest,
     "quota": QuotaRequest, "reserve": ReserveRequest,
     **dict.fromkeys(("ping", "status", "gpus", "queue", "users", "reload", "shutdown", "subscribe"), NoFields),
+}
+
+
+#: what each op replies (beside ``"ok": true``): each handler in ``head/ops/`` returns its
+#: op's type, and each call a client makes names it (``client.call("logs", LogsReply, …)``)
+#: and reads the reply as it (``subscribe`` answers with the stream: ``StreamSnapshot``,
+#: then ``StreamEvent``s; ``attach`` makes the connection a terminal)
+REPLIES: dict[str, Any] = {
+    "submit": SubmitReply, "plan": PlanView, "wait": WaitReply, "logs": LogsReply,
+    **dict.fromkeys(("cancel", "requeue", "hold", "release"), JobReply),
+    "job": JobDetailReply, "queue": QueueReply, "attach_info": AttachInfoReply, "why": WhyReply,
+    "ping": PingReply, "status": StatusReply, "gpus": GpusReply, "history": GpuHistoryReply,
+    "gpu_resume": GpuReply, "drain": NodeReply, "resume": NodeReply, "node_key": NodeKeyReply,
+    **dict.fromkeys(("node_add", "node_remove", "reload"), ReloadReply),
+    "node_smoke": SmokeReply, "node_show": NodeShowReply, "doctor": DoctorReply,
+    "events": EventsReply, "shutdown": NoReply, "report": ReportReply, "job_history": HistoryReply,
+    "users": UsersReply, "quota": NoReply, "reserve": ReserveReply,
 }

@@ -3,18 +3,22 @@ still use (users, quota)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from ..model import NOT_AVAILABLE, fmt, format_mb
 from ..units import duration_short
-from ..wire import HistoryJob, JobHistoryRequest, QuotaRequest, ReportRequest
+from ..wire import (HistoryJob, HistoryReply, JobHistoryRequest, NoReply, QuotaRequest, Report, ReportNodeRow,
+                    ReportReply, ReportRequest, UsersReply)
+from ..homedir import Home
 from .args import USAGE_ERROR
 from .common import service_client, show
 
 
-def cmd_report(args, home, config) -> int:
+def cmd_report(args: argparse.Namespace, home: Home, config: str | None) -> int:
     from ..views import month_start
 
     if args.months is not None and args.since is not None:
@@ -23,12 +27,13 @@ def cmd_report(args, home, config) -> int:
     now = time.time()
     since = args.since if args.since is not None else month_start(now, back=(args.months or 1) - 1)
     with service_client(home, config) as client:
-        report = client.call("report", timeout=120, **ReportRequest(
+        report = client.call("report", ReportReply, timeout=120, **ReportRequest(
             since=since, until=args.until if args.until is not None else now))["report"]
     if args.csv:
         import csv
 
-        rows = report[args.csv]
+        tables: Mapping[str, Any] = report
+        rows = tables[args.csv]
         columns = list(rows[0]) if rows else []
         writer = csv.DictWriter(sys.stdout, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
@@ -37,28 +42,28 @@ def cmd_report(args, home, config) -> int:
     return show(args, report, report_text)
 
 
-def cmd_history(args, home, config) -> int:
+def cmd_history(args: argparse.Namespace, home: Home, config: str | None) -> int:
 
     with service_client(home, config) as client:
-        jobs = client.call("job_history", **JobHistoryRequest(
+        jobs = client.call("job_history", HistoryReply, **JobHistoryRequest(
             user=args.user, since=args.since, until=args.until,
             state=list(args.state) if args.state else None, node=args.node, limit=args.limit))["jobs"]
     return show(args, jobs, history_text)
 
 
-def cmd_quota(args, home, config) -> int:
+def cmd_quota(args: argparse.Namespace, home: Home, config: str | None) -> int:
     with service_client(home, config) as client:
-        client.call("quota", **QuotaRequest(user=args.user, hours=args.hours))
+        client.call("quota", NoReply, **QuotaRequest(user=args.user, hours=args.hours))
     return show(args, {"user": args.user, "quota_gpu_hours": args.hours},
                  f"Quota of {args.user}: {args.hours:g} GPU-hours a month")
 
 
-def cmd_users(args, home, config) -> int:
+def cmd_users(args: argparse.Namespace, home: Home, config: str | None) -> int:
     from ..units import duration_short
     from .text import table
 
     with service_client(home, config) as client:
-        users = client.call("users")["users"]
+        users = client.call("users", UsersReply)["users"]
     return show(args, users, lambda users: table(
         ("USER", "WEIGHT", "FINISHED", "RUNNING", "GPU-H MONTH", "QUOTA", "JOBS MONTH",
          "EFFICIENCY", "IDLE GPU-H", "MEAN WAIT"),
@@ -91,12 +96,14 @@ def _pct(value: float | None) -> str:
     return NOT_AVAILABLE if value is None else f"{value:.0f}%"
 
 
-def report_text(report: dict) -> str:
+def report_text(report: Report) -> str:
     """`nebula report`: per user and month, then capacity per node and month, then the
     cluster day by day."""
     from .text import table
 
-    stamp = lambda t: time.strftime("%Y-%m-%d %H:%M", time.localtime(t))  # noqa: E731
+    def stamp(t: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
     since, until = stamp(report["since"]), stamp(report["until"])
     users = table(("MONTH", "USER", "JOBS", "GPU-H", "IN QUOTA", "OVER QUOTA", "EFFICIENCY", "IDLE GPU-H",
                    "MEAN WAIT"),
@@ -106,7 +113,7 @@ def report_text(report: dict) -> str:
                   right={2, 3, 4, 5, 6, 7, 8}) if report["users"] else "(no job ended in this period)"
     capacity = ("PERIOD", "NODE", "GPUS", "AVAILABLE GPU-H", "ALLOCATED GPU-H", "ALLOCATED", "UTILISATION")
 
-    def rows(items):
+    def rows(items: Iterable[ReportNodeRow]) -> list[tuple[str, str, int, str, str, str, str]]:
         return [(r["period"], r["node"], r["gpus"], f"{r['available_gpu_hours']:.3f}",
                  f"{r['allocated_gpu_hours']:.3f}", _pct(r["allocated_pct"]), _pct(r["util_pct"]))
                 for r in items]

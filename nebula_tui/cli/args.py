@@ -8,6 +8,7 @@ import argparse
 import difflib
 import sys
 import time
+from typing import NoReturn
 
 from ..model import JobState
 from ..units import TaskArray, parse_duration_s, parse_size_mb
@@ -20,7 +21,7 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line naming the flag and this (sub-)command's own
     ``--help``, not a usage dump; a mistyped choice gets "did you mean …?"."""
 
-    def error(self, message: str) -> None:
+    def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: {message} (see `{self.prog} --help`)", file=sys.stderr)
         raise SystemExit(USAGE_ERROR)
 
@@ -52,7 +53,7 @@ class OneLineParser(argparse.ArgumentParser):
             return value
         return super()._get_values(action, arg_strings)
 
-    def unrecognized(self, extras: list[str]) -> None:
+    def unrecognized(self, extras: list[str]) -> NoReturn:
         """Words this (sub-)command does not know: the error names them and, for a
         mistyped flag, the closest one it has."""
         message = f"unrecognized arguments: {' '.join(extras)}"
@@ -74,12 +75,13 @@ def _did_you_mean(word: str, choices: list[str]) -> str:
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
-def leaf_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
-    """The innermost sub-command parser that ``args`` went through (``nebula node drain``)."""
+def leaf_parser(parser: OneLineParser, args: argparse.Namespace) -> OneLineParser:
+    """The innermost sub-command parser that ``args`` went through (``nebula node drain``;
+    each is a ``OneLineParser``: ``cli.parser`` makes them so)."""
     while True:
         sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-        name = getattr(args, sub.dest, None) if sub else None
-        if name is None:
+        name = getattr(args, sub.dest, None) if sub is not None else None
+        if sub is None or name is None:
             return parser
         parser = sub.choices[name]
 

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
-from ..wire import ReserveRequest
+from ..wire import BookingMade, BookingReply, BookingView, BookingsReply, ReserveRequest
+from ..homedir import Home
 from .args import USAGE_ERROR
 from .common import service_client, show
 
 
-def cmd_reserve(args, home, config) -> int:
+def cmd_reserve(args: argparse.Namespace, home: Home, config: str | None) -> int:
     if args.delete is not None:
         if any(v is not None for v in (args.gpus, args.gpu_count, args.start, args.duration, args.users)):
             print("nebula reserve: --delete NAME takes no other flag", file=sys.stderr)
             return USAGE_ERROR
         with service_client(home, config) as client:
-            booking = client.call("reserve", **ReserveRequest(delete=args.delete))["booking"]
+            booking = client.call("reserve", BookingReply, **ReserveRequest(delete=args.delete))["booking"]
         return show(args, booking, f"Booking {booking['name']} ended")
     if (args.gpus is None) == (args.gpu_count is None):
         print("nebula reserve: give the GPUs: --gpus node02:0-3, or --gpu-count N [--gpu-mem 40G] "
@@ -31,16 +33,16 @@ def cmd_reserve(args, home, config) -> int:
     if args.gpus is not None:
         fields["gpus"] = args.gpus
     else:
-        fields.update(gpu_count=args.gpu_count, gpu_mem_mb=args.gpu_mem)
+        fields["gpu_count"], fields["gpu_mem_mb"] = args.gpu_count, args.gpu_mem
     with service_client(home, config) as client:
-        reply = client.call("reserve", **fields)
+        reply = client.call("reserve", BookingMade, **fields)
     b = reply["booking"]
     text = (f"Booked {b['gpus']} for {b['name']}: {b['when']}, for {', '.join(b['users'])}"
             + (f"\nNote: {reply['note']}" if reply.get("note") else ""))
     return show(args, reply, text)
 
 
-def bookings_text(bookings: list[dict]) -> str:
+def bookings_text(bookings: list[BookingView]) -> str:
     from ..views import booking_state
     from .text import table
 
@@ -51,7 +53,7 @@ def bookings_text(bookings: list[dict]) -> str:
     return table(("NAME", "GPUS", "WHEN", "USERS", "BY", "STATE"), rows)
 
 
-def cmd_reservations(args, home, config) -> int:
+def cmd_reservations(args: argparse.Namespace, home: Home, config: str | None) -> int:
     with service_client(home, config) as client:
-        bookings = client.call("reserve", **ReserveRequest(list=True))["bookings"]
+        bookings = client.call("reserve", BookingsReply, **ReserveRequest(list=True))["bookings"]
     return show(args, bookings, bookings_text)

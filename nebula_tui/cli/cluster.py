@@ -4,71 +4,77 @@ resume)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from ..api import ApiError
 from ..model import fmt
 from ..printable import printable, printable_log
-from ..wire import (DoctorRequest, DrainRequest, EventsRequest, GpuHistoryRequest, GpuResumeRequest, NodeAddRequest,
-                    NodeKeyRequest, NodeRequest)
+from ..wire import (DoctorReply, DoctorRequest, DrainRequest, EventsReply, EventsRequest, GpuHistoryReply,
+                    GpuHistoryRequest, GpuReply, GpuResumeRequest, GpusReply, NodeAddRequest, NodeKeyReply,
+                    NodeKeyRequest, NodeReply, NodeRequest, NodeShowReply, ReloadReply, SmokeReply, StatusReply)
+from ..homedir import Home
 from .common import service_client, show
 
 
-def cmd_status(args, home, config) -> int:
+def cmd_status(args: argparse.Namespace, home: Home, config: str | None) -> int:
     from .text import status_text
 
     with service_client(home, config) as client:
-        reply = client.call("status")
-    summary = reply["summary"]
+        reply = client.call("status", StatusReply)
+    summary: Mapping[str, Any] = reply["summary"]
     if reply.get("pools"):
         summary = {**summary, "pools": reply["pools"]}
     return show(args, summary, status_text)
 
 
-def cmd_gpus(args, home, config) -> int:
+def cmd_gpus(args: argparse.Namespace, home: Home, config: str | None) -> int:
     from .text import gpus_text
 
     with service_client(home, config) as client:
-        gpus = client.call("gpus")["gpus"]
+        gpus = client.call("gpus", GpusReply)["gpus"]
     return show(args, gpus, gpus_text)
 
 
-def cmd_doctor(args, home, config) -> int:
+def cmd_doctor(args: argparse.Namespace, home: Home, config: str | None) -> int:
     """Each node's checks as the head computed them, one line each; exit 1 when one failed."""
     from .text import doctor_text
 
     with service_client(home, config) as client:
         # each node's checks wait on it a few seconds at most; a node that hangs is named
-        reply = client.call("doctor", timeout=60, **DoctorRequest(nodes=args.nodes))
+        reply = client.call("doctor", DoctorReply, timeout=60, **DoctorRequest(nodes=args.nodes))
     show(args, reply, doctor_text)
     return 0 if reply["passed"] else 1
 
 
-def cmd_node(args, home, config) -> int:
+def cmd_node(args: argparse.Namespace, home: Home, config: str | None) -> int:
     if args.node_command in ("add", "remove"):
         return _edit_nodes(args, home, config)
     if args.node_command == "show":
         from .text import node_text
 
         with service_client(home, config) as client:
-            return show(args, client.call("node_show", **NodeRequest(node=args.node))["node"], node_text)
+            return show(args, client.call("node_show", NodeShowReply, **NodeRequest(node=args.node))["node"], node_text)
     with service_client(home, config) as client:
         if args.node_command == "drain":
-            node = client.call("drain", **DrainRequest(node=args.node, reason=args.reason))["node"]
+            node = client.call("drain", NodeReply, **DrainRequest(node=args.node, reason=args.reason))["node"]
             return show(args, node, f"Drained {args.node}: running jobs go on, no new ones start there")
-        node = client.call("resume", **NodeRequest(node=args.node))["node"]
+        node = client.call("resume", NodeReply, **NodeRequest(node=args.node))["node"]
     return show(args, node, f"Resumed {args.node}")
 
 
-def _edit_nodes(args, home, config) -> int:
+def _edit_nodes(args: argparse.Namespace, home: Home, config: str | None) -> int:
     """node add/remove: the service edits its cluster file; adding asks to trust the key."""
     with service_client(home, config) as client:
         if args.node_command == "remove":
-            client.call("node_remove", **NodeRequest(node=args.node))
+            client.call("node_remove", ReloadReply, **NodeRequest(node=args.node))
             return show(args, {"node": args.node, "removed": True}, f"Removed {args.node}")
-        fingerprint = client.call("node_key", **NodeKeyRequest(host=args.host, port=args.port))["fingerprint"]
+        fingerprint = client.call("node_key", NodeKeyReply,
+                                  **NodeKeyRequest(host=args.host, port=args.port))["fingerprint"]
         trust = args.trust
         if trust is None:
             if not sys.stdin.isatty():
@@ -83,7 +89,7 @@ def _edit_nodes(args, home, config) -> int:
                 print("nebula node: host key not trusted; nothing was changed", file=sys.stderr)
                 return 1
             trust = fingerprint
-        client.call("node_add", timeout=60, **NodeAddRequest(
+        client.call("node_add", ReloadReply, timeout=60, **NodeAddRequest(
             node=args.node, host=args.host, port=args.port, user=args.user, identity=args.identity, trust=trust))
         added = {"node": args.node, "host": args.host, "port": args.port, "fingerprint": fingerprint}
         if not args.json:
@@ -92,14 +98,15 @@ def _edit_nodes(args, home, config) -> int:
             return show(args, added, "") if args.json else 0
         if not args.json:
             print(f"Smoke test: a 4 GB job of the vendor's tool on {args.node} …", flush=True)
+        smoke: Mapping[str, Any]
         try:
-            smoke = client.call("node_smoke", timeout=180, **NodeRequest(node=args.node))
+            smoke = client.call("node_smoke", SmokeReply, timeout=180, **NodeRequest(node=args.node))
         except ApiError as err:
             smoke = {"error": str(err)}
     return _smoke_result(args, {**added, "smoke": smoke})
 
 
-def _smoke_result(args, added: dict) -> int:
+def _smoke_result(args: argparse.Namespace, added: dict[str, Any]) -> int:
     """The smoke test's verdict, and the job's output: exit 0 only when it succeeded."""
     smoke, node = added["smoke"], added["node"]
     ok = smoke.get("ended") and smoke["job"]["state"] == "succeeded"
@@ -126,19 +133,19 @@ def _smoke_result(args, added: dict) -> int:
     return 0 if ok else 1
 
 
-def cmd_gpu(args, home, config) -> int:
+def cmd_gpu(args: argparse.Namespace, home: Home, config: str | None) -> int:
     if args.gpu_command == "resume":
         with service_client(home, config) as client:
-            gpu = client.call("gpu_resume", **GpuResumeRequest(gpu=args.gpu, force=args.force))["gpu"]
+            gpu = client.call("gpu_resume", GpuReply, **GpuResumeRequest(gpu=args.gpu, force=args.force))["gpu"]
         how = "forced, without a self-test" if args.force else "its self-test passed"
         return show(args, gpu, f"Resumed {gpu['node']}:{gpu['index']} ({gpu['uuid']}) — {how}: "
                                 "it takes new jobs again")
     with service_client(home, config) as client:
-        reply = client.call("history", **GpuHistoryRequest(gpu=args.gpu, since=args.since))
+        reply = client.call("history", GpuHistoryReply, **GpuHistoryRequest(gpu=args.gpu, since=args.since))
     return show(args, reply, _gpu_history_text)
 
 
-def _gpu_history_text(reply: dict) -> str:
+def _gpu_history_text(reply: GpuHistoryReply) -> str:
     from .text import table
 
     rows = [(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["t"])),
@@ -151,11 +158,11 @@ def _gpu_history_text(reply: dict) -> str:
     return text if rows else text + "\n(no samples yet: one is taken every 30 s)"
 
 
-def cmd_events(args, home, config) -> int:
+def cmd_events(args: argparse.Namespace, home: Home, config: str | None) -> int:
     from ..views import one_line
 
     with service_client(home, config) as client:
-        events = client.call("events", **EventsRequest(
+        events = client.call("events", EventsReply, **EventsRequest(
             limit=args.limit, kind=args.kind, node=args.node, job=args.job, user=args.user, since=args.since))["events"]
     return show(args, events, lambda events: "\n".join(
         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['t']))}  {e['kind']:<7} "

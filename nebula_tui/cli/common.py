@@ -3,19 +3,23 @@ and printing its answer as text or, with ``--json``, as JSON."""
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Callable
+from typing import Any
 
+from ..api import Client
 from ..client.service import connect
 from ..homedir import Home
 from ..printable import printable_tree
 
 
-def service_client(home: Home, config: str | None):
+def service_client(home: Home, config: str | None) -> Client:
     """A client of ``home``'s service (``service.connect``: found, or started)."""
     return connect(home, config)
 
 
-def show(args, data, text) -> int:
+def show(args: argparse.Namespace, data: Any, text: str | Callable[[Any], str]) -> int:
     """Print ``data`` as JSON with ``--json``, else ``text`` (a string, or a function of
     ``data`` giving one)."""
     if getattr(args, "json", False):

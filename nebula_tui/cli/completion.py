@@ -81,12 +81,14 @@ def _words(kind: str) -> list[str]:
 
 
 def _ask(client, kind: str) -> list[str]:
+    from ..wire import GpusReply, QueueReply, StatusReply
+
     with client:
         if kind == "jobs":
-            return [str(j["id"]) for j in client.call("queue", timeout=_TIMEOUT_S)["jobs"]]
+            return [str(j["id"]) for j in client.call("queue", QueueReply, timeout=_TIMEOUT_S)["jobs"]]
         if kind == "nodes":
-            return [n["name"] for n in client.call("status", timeout=_TIMEOUT_S)["nodes"]]
+            return [n["name"] for n in client.call("status", StatusReply, timeout=_TIMEOUT_S)["nodes"]]
         if kind == "gpus":
             return [f"{g['node']}:{g['index']}"
-                    for g in client.call("gpus", timeout=_TIMEOUT_S)["gpus"]]
+                    for g in client.call("gpus", GpusReply, timeout=_TIMEOUT_S)["gpus"]]
     return []

@@ -34,6 +34,7 @@ from pathlib import Path
 from ..api import ApiError, Client
 from ..client.service import START_TIMEOUT_S, ServiceUnavailable, start_background
 from ..homedir import Home
+from ..wire import NoReply
 
 LAB_START_TIMEOUT_S = 30.0
 RESTART_CHECK_S = 0.5
@@ -396,7 +397,7 @@ def stop_service(home: Home, grace_s: float = SHUTDOWN_GRACE_S) -> None:
     with client:
         pid, uid = client.peer()
         with contextlib.suppress(ApiError):  # one that does not answer is stopped below
-            client.call("shutdown", timeout=5)
+            client.call("shutdown", NoReply, timeout=5)
     if uid != os.getuid() and os.geteuid() != 0:
         return  # not ours to terminate (root's demo stops the head it ran for its owner)
     for sig in (None, signal.SIGTERM, signal.SIGKILL):

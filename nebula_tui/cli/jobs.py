@@ -3,17 +3,20 @@ requeue, hold, release and attach."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
 
 from .. import environments
-from ..api import ApiError
+from ..api import ApiError, Client
 from ..printable import printable
 from ..model import ended_text
 from ..units import duration_exact
-from ..wire import JobHistoryRequest, JobRequest, JobWire, SubmitRequest, WhyRequest
+from ..wire import (HistoryJob, HistoryReply, JobDetailReply, JobHistoryRequest, JobReply, JobRequest, JobWire,
+                    QueueReply, QueueRow, SubmitReply, SubmitRequest, WhyReply, WhyRequest)
+from ..homedir import Home
 from .text import job_text
 from .args import FINISHED_STATES, USAGE_ERROR
 from .common import service_client, show
@@ -22,7 +25,7 @@ from .common import service_client, show
 WHY_TIMEOUT_S = 60.0
 
 
-def world_request(args) -> dict:
+def world_request(args: argparse.Namespace) -> SubmitRequest:
     """The submit fields of ``add_world_flags``, plus where this was submitted from; a
     combination that cannot work is a usage error here."""
     try:
@@ -40,7 +43,7 @@ def world_request(args) -> dict:
             "warmup": args.warmup}
 
 
-def submit_request(args) -> SubmitRequest | None:
+def submit_request(args: argparse.Namespace) -> SubmitRequest | None:
     """The submit request of `nebula submit`/`run`'s flags; None after a usage error."""
     prog = f"nebula {args.command}"
     script = getattr(args, "script", None) or []
@@ -93,12 +96,12 @@ def script_command(script: list[str]) -> list[str]:
     return [*interpreter, path, *script[1:]]
 
 
-def cmd_submit(args, home, config) -> int:
+def cmd_submit(args: argparse.Namespace, home: Home, config: str | None) -> int:
     request = submit_request(args)
     if request is None:
         return USAGE_ERROR
     with service_client(home, config) as client:
-        reply = client.call("submit", **request)
+        reply = client.call("submit", SubmitReply, **request)
         job = reply["job"]
         if getattr(args, "parsable", False):  # sbatch --parsable: the id alone, for scripts
             print(job["id"])
@@ -122,7 +125,7 @@ def limit_said(job: JobWire) -> str:
     return f"time limit {duration_exact(limit)}" if limit else "no time limit"
 
 
-def cmd_run(args, home, config) -> int:
+def cmd_run(args: argparse.Namespace, home: Home, config: str | None) -> int:
     """``nebula run`` is srun: the job's output streams here as it runs, its exit code is
     this command's, Ctrl-C cancels it; the job's log keeps it all. With ``--pty`` this
     terminal is the job's (srun --pty, R33)."""
@@ -137,7 +140,7 @@ def cmd_run(args, home, config) -> int:
     job_id = None
     try:
         with service_client(home, config) as client:
-            job = client.call("submit", **request)["job"]
+            job = client.call("submit", SubmitReply, **request)["job"]
             job_id = job["id"]
             print(f"Submitted job {job_id} ({limit_said(job)})",
                   file=sys.stderr, flush=True)
@@ -147,7 +150,7 @@ def cmd_run(args, home, config) -> int:
                     said = job["reason"]
                     print(f"Job {job_id}: {printable(said)}", file=sys.stderr, flush=True)
                 time.sleep(0.2)
-                job = client.call("job", **JobRequest(job=job_id))["job"]
+                job = client.call("job", JobDetailReply, **JobRequest(job=job_id))["job"]
             path = client.path
         if not args.pty:
             from argparse import Namespace
@@ -162,7 +165,7 @@ def cmd_run(args, home, config) -> int:
 
         ended = job["state"] != "running" or attach(path, job_id)
         with service_client(home, config) as client:
-            job = client.call("job", **JobRequest(job=job_id))["job"]
+            job = client.call("job", JobDetailReply, **JobRequest(job=job_id))["job"]
             if job["state"] == "running" and not ended:  # a detach: the job runs on
                 print(f"Detached; job {job_id} runs on: `nebula attach {job_id}`", file=sys.stderr)
                 return 0
@@ -170,12 +173,12 @@ def cmd_run(args, home, config) -> int:
     except KeyboardInterrupt:  # Ctrl-C: as srun, the job is cancelled
         if job_id is not None:
             with service_client(home, config) as client:
-                client.call("cancel", **JobRequest(job=job_id))
+                client.call("cancel", JobReply, **JobRequest(job=job_id))
             print(f"\nnebula {args.command}: cancelled job {job_id}", file=sys.stderr)
         return 130
 
 
-def _wait(client, job_id: int, as_json: bool = False, quiet_success: bool = False) -> int:
+def _wait(client: Client, job_id: int, as_json: bool = False, quiet_success: bool = False) -> int:
     """Wait for the job's end; say how it ended (``quiet_success``: only when it failed,
     as srun) and return its exit code."""
     job = client.wait(job_id)
@@ -189,20 +192,20 @@ def _wait(client, job_id: int, as_json: bool = False, quiet_success: bool = Fals
     return 0 if job["state"] == "succeeded" else 1
 
 
-def cmd_wait(args, home, config) -> int:
+def cmd_wait(args: argparse.Namespace, home: Home, config: str | None) -> int:
     with service_client(home, config) as client:
         return _wait(client, args.job, args.json)
 
 
-def cmd_queue(args, home, config) -> int:
+def cmd_queue(args: argparse.Namespace, home: Home, config: str | None) -> int:
     from .text import queue_text
 
     with service_client(home, config) as client:
-        jobs = client.call("queue")["jobs"]
+        jobs: list[QueueRow | HistoryJob] = list(client.call("queue", QueueReply)["jobs"])
         if args.all:
             ended = [s for s in (args.state or FINISHED_STATES) if s in FINISHED_STATES]
             history = JobHistoryRequest(user=args.user, state=ended, limit=args.limit)
-            jobs = (client.call("job_history", **history)["jobs"] if ended else []) + jobs
+            jobs = [*(client.call("job_history", HistoryReply, **history)["jobs"] if ended else []), *jobs]
     jobs = [j for j in jobs if (args.user is None or j["user"] == args.user)
             and (args.state is None or j["state"] in args.state)
             and (args.jobs is None or j["id"] in args.jobs or j.get("array_id") in args.jobs)]
@@ -214,13 +217,13 @@ def cmd_queue(args, home, config) -> int:
     return show(args, jobs, lambda shown: queue_text(shown, time.time(), args.expand))
 
 
-def cmd_job(args, home, config) -> int:
+def cmd_job(args: argparse.Namespace, home: Home, config: str | None) -> int:
     with service_client(home, config) as client:
-        job = client.call("job", **JobRequest(job=args.job))["job"]
+        job = client.call("job", JobDetailReply, **JobRequest(job=args.job))["job"]
     return show(args, job, job_text)
 
 
-def cmd_why(args, home, config) -> int:
+def cmd_why(args: argparse.Namespace, home: Home, config: str | None) -> int:
     """``nebula why JOB`` / ``nebula why --user NAME``: the head's answer, in words."""
     from ..forecasts import why_text, why_user_text
 
@@ -230,19 +233,19 @@ def cmd_why(args, home, config) -> int:
         return 2
     fields = WhyRequest(job=args.job) if args.user is None else WhyRequest(user=args.user)
     with service_client(home, config) as client:
-        answer = client.call("why", timeout=WHY_TIMEOUT_S, **fields)["why"]
+        answer = client.call("why", WhyReply, timeout=WHY_TIMEOUT_S, **fields)["why"]
     return show(args, answer, why_user_text if args.user is not None else why_text)
 
 
-def cmd_cancel(args, home, config) -> int:
+def cmd_cancel(args: argparse.Namespace, home: Home, config: str | None) -> int:
     """Cancel each job named, like ``scancel 4 5 3``: every id is tried, each answered on
     its own line; exit 1 when any could not be cancelled."""
-    done: list[dict] = []
+    done: list[JobWire] = []
     failed = 0
     with service_client(home, config) as client:
         for job_id in dict.fromkeys(args.jobs):  # an id given twice is cancelled once
             try:
-                job = client.call("cancel", **JobRequest(job=job_id))["job"]
+                job = client.call("cancel", JobReply, **JobRequest(job=job_id))["job"]
             except ApiError as err:
                 if len(args.jobs) == 1:
                     raise
@@ -259,28 +262,28 @@ def cmd_cancel(args, home, config) -> int:
     return 1 if failed else 0
 
 
-def _on_job(args, home, config, op: str, done: str) -> int:
+def _on_job(args: argparse.Namespace, home: Home, config: str | None, op: str, done: str) -> int:
     """A request about one job whose answer is the job: ``done`` (or it, with --json)."""
     with service_client(home, config) as client:
-        job = client.call(op, **JobRequest(job=args.job))["job"]
+        job = client.call(op, JobReply, **JobRequest(job=args.job))["job"]
     return show(args, job, done)
 
 
-def cmd_requeue(args, home, config) -> int:
+def cmd_requeue(args: argparse.Namespace, home: Home, config: str | None) -> int:
     return _on_job(args, home, config, "requeue",
                    f"Requeueing job {args.job}: SIGUSR1 now, then back in the queue")
 
 
-def cmd_hold(args, home, config) -> int:
+def cmd_hold(args: argparse.Namespace, home: Home, config: str | None) -> int:
     return _on_job(args, home, config, "hold",
                    f"Held job {args.job}; `nebula release {args.job}` lets it run")
 
 
-def cmd_release(args, home, config) -> int:
+def cmd_release(args: argparse.Namespace, home: Home, config: str | None) -> int:
     return _on_job(args, home, config, "release", f"Released job {args.job}")
 
 
-def cmd_attach(args, home, config) -> int:
+def cmd_attach(args: argparse.Namespace, home: Home, config: str | None) -> int:
     from ..client.attach import attach
 
     with service_client(home, config) as client:  # finds (or starts) the service

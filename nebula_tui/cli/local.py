@@ -5,6 +5,7 @@ head's own code in virtual time (simulate)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -18,7 +19,7 @@ from .common import show
 from .parser import build_parser
 
 
-def cmd_parse(args, home, config) -> int:
+def cmd_parse(args: argparse.Namespace, home: Home, config: str | None) -> int:
     from ..remote import documents
 
     kind = documents.KINDS.get(args.kind)
@@ -42,7 +43,7 @@ def cmd_parse(args, home, config) -> int:
     try:
         with stream:
             result = documents.parse_stream(args.kind, stream, fields)
-        if args.best is not None:
+        if args.best is not None and isinstance(result, dict):  # (topo's: a dict)
             from ..scheduler.topology import best_set
 
             result["best"] = best_set(result["links"], args.best, result["gpus"])
@@ -63,14 +64,14 @@ def cmd_parse(args, home, config) -> int:
     return 0
 
 
-def cmd_completion(args, home, config) -> int:
+def cmd_completion(args: argparse.Namespace, home: Home, config: str | None) -> int:
     from .completion import script
 
     sys.stdout.write(script(build_parser(), args.shell))
     return 0
 
 
-def cmd_serve(args, home, config) -> int:
+def cmd_serve(args: argparse.Namespace, home: Home, config: str | None) -> int:
     from ..config.cluster import find_config
     from ..model import ConfigError
     from ..head.serve import serve
@@ -83,7 +84,7 @@ def cmd_serve(args, home, config) -> int:
     return serve(home, path, shared_group=args.shared_group, metrics=args.metrics)
 
 
-def cmd_backup(args, home, config) -> int:
+def cmd_backup(args: argparse.Namespace, home: Home, config: str | None) -> int:
     """``nebula backup``: on the head's own files, as the account it runs as (no service
     request: a head that cannot start, its database lost, must still be restorable)."""
     from ..backups import BackupError, Backups, head_stopped
@@ -133,7 +134,7 @@ def _size(size: int) -> str:
     return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
 
 
-def cmd_demo(args, home, config) -> int:
+def cmd_demo(args: argparse.Namespace, home: Home, config: str | None) -> int:
     from .demo import demo_owner, run_demo
 
     if not (getattr(args, "home", None) or os.environ.get("NEBULA_HOME")):
@@ -146,7 +147,7 @@ def cmd_demo(args, home, config) -> int:
                     metrics=metrics, slurm=args.slurm, owner=demo_owner(home.root))
 
 
-def _slurm_demo_refusal(args, home) -> str | None:
+def _slurm_demo_refusal(args: argparse.Namespace, home: Home) -> str | None:
     """What stops ``demo --slurm`` before anything is installed or started, or None. Not
     root: the one sudo line, with this installation's own ``nebula`` (sudo's PATH does not
     have the venv) and this user's home for the demo (sudo's HOME is root's)."""
@@ -167,7 +168,7 @@ def _slurm_demo_refusal(args, home) -> str | None:
     return None
 
 
-def cmd_tui(args, home, config) -> int:
+def cmd_tui(args: argparse.Namespace, home: Home, config: str | None) -> int:
     from ..config.cluster import find_config
 
     path = find_config(config, home.root)  # a ConfigError is main's one-line usage error
@@ -181,7 +182,7 @@ def cmd_tui(args, home, config) -> int:
     return run_tui(home, config)
 
 
-def cmd_simulate(args, home, config) -> int:
+def cmd_simulate(args: argparse.Namespace, home: Home, config: str | None) -> int:
     """``nebula simulate``: a lab month through the head's own scheduler in virtual time
     (``head/replay.py``), against the spreadsheet and Slurm-like baselines."""
     from ..model import ConfigError

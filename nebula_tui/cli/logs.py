@@ -3,11 +3,15 @@ requeued job's earlier runs (``--attempt``)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+from collections.abc import Sequence
 
+from ..api import Client
+from ..homedir import Home
 from ..printable import printable_log
-from ..wire import LogsRequest
+from ..wire import LogPart, LogsReply, LogsRequest
 from .common import service_client
 
 
@@ -17,14 +21,14 @@ def _shown(text: str) -> str:
     return printable_log(text) if sys.stdout.isatty() else text
 
 
-def _read_through(parts: list[dict], ends: list, got: bool) -> bool:
+def _read_through(parts: Sequence[LogPart | LogsReply], ends: Sequence[int | None], got: bool) -> bool:
     """Without ``-f``, whether the log is read: nothing more came, or every rank's log is
     read to the size it had when first asked (a log growing meanwhile is not chased)."""
     return not got or all(end is not None and part["offset"] >= end
                           for part, end in zip(parts, ends))
 
 
-def cmd_logs(args, home, config) -> int:
+def cmd_logs(args: argparse.Namespace, home: Home, config: str | None) -> int:
     """One node's output as it is (all of it: read in pieces, as ``-f`` does, to where it
     ended when asked); a multi-node job's every rank, a prefix on each line."""
     if args.rank is not None or args.tail is not None:
@@ -40,9 +44,10 @@ def cmd_logs(args, home, config) -> int:
     ends = None
     with service_client(home, config) as client:
         while True:
-            reply = client.call("logs", **LogsRequest(job=args.job, offset=0, offsets=offsets,
+            reply = client.call("logs", LogsReply, **LogsRequest(job=args.job, offset=0, offsets=offsets,
                                                           attempt=args.attempt))
-            parts = reply.get("parts") or [{"rank": 0, "node": "", **reply}]
+            parts: list[LogPart] = reply.get("parts") or [  # (a head without parts)
+                {"rank": 0, "node": "", "data": reply["data"], "offset": reply["offset"], "size": reply.get("size")}]
             offsets = [p["offset"] for p in parts]
             ends = ends or [p.get("size") for p in parts]
             for part in parts:
@@ -64,10 +69,10 @@ def cmd_logs(args, home, config) -> int:
                 time.sleep(0.3)
 
 
-def _follow_one(client, args, offset: int = 0) -> int:
+def _follow_one(client: Client, args: argparse.Namespace, offset: int = 0) -> int:
     ends = None
     while True:
-        reply = client.call("logs", **LogsRequest(job=args.job, offset=offset, rank=args.rank,
+        reply = client.call("logs", LogsReply, **LogsRequest(job=args.job, offset=offset, rank=args.rank,
                                                       attempt=args.attempt))
         sys.stdout.write(_shown(reply["data"]))
         sys.stdout.flush()
@@ -80,7 +85,7 @@ def _follow_one(client, args, offset: int = 0) -> int:
             time.sleep(0.3)
 
 
-def _print_tail(client, args, lines: int, rank: int) -> int:
+def _print_tail(client: Client, args: argparse.Namespace, lines: int, rank: int) -> int:
     """Print the last ``lines`` lines of one node's log of the job (``args.job``, its
     ``args.attempt``) as it is now (``rank``: which node of a multi-node job, 0 first);
     returns the offset where it ends. The log is read through (the node sends it in pieces); only the tail is
@@ -90,7 +95,8 @@ def _print_tail(client, args, lines: int, rank: int) -> int:
     kept: deque[str] = deque(maxlen=lines + 1)  # +1: the unfinished last line, if any
     offset, partial = 0, ""
     while True:
-        reply = client.call("logs", **LogsRequest(job=args.job, offset=offset, rank=rank, attempt=args.attempt))
+        reply = client.call("logs", LogsReply,
+                            **LogsRequest(job=args.job, offset=offset, rank=rank, attempt=args.attempt))
         if not reply["data"]:
             break
         offset = reply["offset"]

@@ -106,8 +106,8 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
     add_unhonoured(p)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+def build_parser() -> OneLineParser:
+    common = OneLineParser(add_help=False)
     common.add_argument("--home", default=argparse.SUPPRESS,
                         help="state directory (default $NEBULA_HOME or ~/.nebula)")
     common.add_argument("--config", default=argparse.SUPPRESS,
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--host", dest="remote_host", default=argparse.SUPPRESS, metavar="[USER@]BOX",
                         help="use the service on another machine, over SSH with your own login "
                              "there (default $NEBULA_HOST; ~/.ssh/config applies)")
-    printing = argparse.ArgumentParser(add_help=False)
+    printing = OneLineParser(add_help=False)
     printing.add_argument("--json", action="store_true",
                           help="print JSON instead of text (shapes: docs/reference.md, \"JSON output\")")
     parser = OneLineParser(prog="nebula", parents=[common],
@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", parser_class=OneLineParser)
 
-    def command(name: str, help_text: str, prints: bool = True, **kw) -> argparse.ArgumentParser:
+    def command(name: str, help_text: str, prints: bool = True, **kw) -> OneLineParser:
         return sub.add_parser(name, help=help_text,
                               parents=[common, printing] if prints else [common], **kw)
 
@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("node", "node administration (admins)", prints=False)
     node_sub = p.add_subparsers(dest="node_command", required=True, parser_class=OneLineParser)
 
-    def node_command(name: str, help_text: str) -> argparse.ArgumentParser:
+    def node_command(name: str, help_text: str) -> OneLineParser:
         return node_sub.add_parser(name, help=help_text, parents=[printing])
 
     p = node_command("drain", "no new jobs on this node; running ones go on")

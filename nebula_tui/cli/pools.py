@@ -4,15 +4,20 @@ reads its key: ``pools/authorize.py``); this prints it."""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Mapping
+from typing import Any
 
+from ..wire import StatusReply
+from ..homedir import Home
 from .args import USAGE_ERROR
 from .common import service_client, show
 
 
-def cmd_pool(args, home, config) -> int:
+def cmd_pool(args: argparse.Namespace, home: Home, config: str | None) -> int:
     with service_client(home, config) as client:
-        pools = client.call("status").get("pools") or []
+        pools = client.call("status", StatusReply).get("pools") or []
     found = {p["name"]: p for p in pools}
     pool = found.get(args.pool)
     if pool is None:
@@ -27,7 +32,7 @@ def cmd_pool(args, home, config) -> int:
     return show(args, view, authorize_text)
 
 
-def authorize_text(view: dict) -> str:
+def authorize_text(view: Mapping[str, Any]) -> str:
     """What a user does with the view (already made printable by ``show``)."""
     where = view["host"] if view["port"] == 22 else f"{view['host']} (port {view['port']})"
     if not view["per_submitter"]:

@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+from ..homedir import Home
+
 
 # ----------------------------------------------------------------------------- parsers
 def _code(text: str) -> int:
@@ -56,7 +58,7 @@ def _lab_config(config: str | None, home_root: Path) -> Path | None:
     return find_config(config, home_root)
 
 
-def cmd_sim(args, home, config) -> int:
+def cmd_sim(args: argparse.Namespace, home: Home, config: str | None) -> int:
     from ..sim import control, faults
 
     try:

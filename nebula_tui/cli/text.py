@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..forecasts import first_start, starts_text
-from ..model import MIB_PER_GIB, NOT_AVAILABLE, fmt, format_mb
+from ..model import FINISHED_STATES, NOT_AVAILABLE, fmt, format_mb
 from ..printable import printable
-from ..units import duration_exact
+from ..units import MIB_PER_GIB, duration_exact
 from ..views import (command_line, doctor_lines, gpu_list, node_power, power_draw_text, preemptible_text,
                      running_idle_text, short_model, workdir_text)
-from ..wire import EndedJobDetail, GpuWire, JobDetail, QueueRow
+from ..wire import DoctorReply, EndedJobDetail, GpuWire, HistoryJob, JobDetail, QueueRow, ShownNode
 
 
-def status_text(summary: dict) -> str:
+def status_text(summary: Mapping[str, Any]) -> str:
     """R1, exactly:  Cluster Overview / Nodes / GPUs / Total VRAM / Node Details."""
     parts = [f"{summary['idle']} idle", f"{summary['busy']} busy",
              f"{summary['maintenance']} maintenance"]
@@ -60,18 +61,20 @@ def table(header: Sequence[str], rows: Iterable[Sequence[object]], right: Collec
         for row in cells)
 
 
-def queue_text(jobs: Sequence[QueueRow], now: float | None = None, expand: bool = False) -> str:
+def queue_text(jobs: Sequence[QueueRow | HistoryJob], now: float | None = None, expand: bool = False) -> str:
     """`nebula queue`: running jobs first, then waiting ones with their reasons; a running
-    job its GPUs left idle says so. An array's tasks are one line unless ``expand``."""
+    job its GPUs left idle says so. An array's live tasks are one line unless ``expand``;
+    with ``--all``, ended jobs (``job_history``'s rows) come first, an ended task on a line
+    of its own (it is no task left to run)."""
     if not jobs:
         return "No jobs in the queue."
-    arrays: dict[int, list[dict]] = {}
+    arrays: dict[int, list[QueueRow | HistoryJob]] = {}
     for j in jobs:
-        if j.get("array_id") is not None and not expand:
-            arrays.setdefault(j["array_id"], []).append(j)
+        if (array_id := j.get("array_id")) is not None and not expand and j["state"] not in FINISHED_STATES:
+            arrays.setdefault(array_id, []).append(j)
     rows = []
     for j in jobs:
-        array = None if expand else j.get("array_id")
+        array = None if expand or j["state"] in FINISHED_STATES else j.get("array_id")
         if array is not None:
             tasks = arrays.pop(array, None)
             if tasks is None:  # its line is there already
@@ -86,7 +89,7 @@ def queue_text(jobs: Sequence[QueueRow], now: float | None = None, expand: bool 
         where = gpu_list(j["gpus"]) or (
             f"{j['gpu_count']}x{format_mb(j['gpu_mem_mb']) if j['gpu_mem_mb'] else 'whole'}")
         # A running job's reason is what it does before its command (pulling an image).
-        detail = j["reason"] if j["state"] == "pending" or j["reason"] else command_line(j)
+        detail = (j["reason"] or "") if j["state"] == "pending" or j["reason"] else command_line(j)
         if now is not None and (idle := running_idle_text(j, now)):
             detail = f"{idle} · {detail}"
         if tag := preemptible_text(j):
@@ -94,7 +97,8 @@ def queue_text(jobs: Sequence[QueueRow], now: float | None = None, expand: bool 
         ident = str(j["id"]) if j.get("array_id") is None else f"{j['array_id']}_{j['array_index']}"
         # the word the TUI shows too (held, stopping…: ``job_phase``); a row from elsewhere
         # (a pool's) may carry only its state
-        starts = starts_text(j.get("starts"), time.time() if now is None else now) or "-"
+        row: Mapping[str, Any] = j  # (an ended job, from --all, has no forecast)
+        starts = starts_text(row.get("starts"), time.time() if now is None else now) or "-"
         rows.append((ident, j["user"], j["name"] or "-", j.get("phase") or j["state"], where, starts, detail))
     return table(("ID", "USER", "NAME", "STATE", "GPUS", "STARTS", "REASON / COMMAND"), rows, right={0})
 
@@ -112,7 +116,7 @@ def gpus_text(gpus: Sequence[GpuWire]) -> str:
                  right={2, 3, 4, 5})
 
 
-def node_text(node: dict) -> str:
+def node_text(node: ShownNode) -> str:
     """`nebula node show`: the node, the whole of why it is in its state, its cards, jobs
     and latest events."""
     facts = node.get("facts") or {}
@@ -142,7 +146,7 @@ def node_text(node: dict) -> str:
     return "\n".join(lines)
 
 
-def platform_lines(platform: dict) -> list[str]:
+def platform_lines(platform: Mapping[str, Any]) -> list[str]:
     """What is different about a node's kind of machine, for its page: a WSL2 node's GPUs
     are served by the Windows driver, and that changes what NebulaGrid can see there."""
     if platform.get("kind") != "wsl2":
@@ -155,7 +159,7 @@ def platform_lines(platform: dict) -> list[str]:
             "  containers get every GPU of the node or none: a container job takes them all"]
 
 
-def doctor_text(reply: dict) -> str:
+def doctor_text(reply: DoctorReply) -> str:
     lines = []
     for node, checks in reply["nodes"].items():
         lines += [node] + [f"  {line}" for line in doctor_lines(checks)]
@@ -170,7 +174,10 @@ def doctor_text(reply: dict) -> str:
 def job_text(job: JobDetail | EndedJobDetail) -> str:
     """`nebula job N`: the job in full as text (`--json` gives every field): its state and
     why, what it asked for, where it runs and the environment its command gets there."""
-    when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))  # noqa: E731
+
+    def when(t: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
     command = command_line(job)
     state = job.get("phase") or job["state"]
     reason = job.get("reason") or ""
@@ -199,14 +206,15 @@ def job_text(job: JobDetail | EndedJobDetail) -> str:
     if job.get("queue_pos"):
         lines.append(f"  queue:     position {job['queue_pos']}")
     lines.append(f"  submitted: {when(job['submitted_at'])}")
-    if job.get("started_at"):
-        lines.append(f"  started:   {when(job['started_at'])}")
-    if job.get("ended_at"):
+    if started := job.get("started_at"):
+        lines.append(f"  started:   {when(started)}")
+    if ended_at := job.get("ended_at"):
         code = "" if job.get("exit_code") is None else f", exit code {job['exit_code']}"
-        lines.append(f"  ended:     {when(job['ended_at'])}{code}")
-    if job.get("gpu_hours") is not None:  # an ended job: what its run cost and did
-        load = job.get("mean_util_pct")
-        lines.append(f"  used:      {job['gpu_hours']:.2f} GPU-hours"
+        lines.append(f"  ended:     {when(ended_at)}{code}")
+    ended: Mapping[str, Any] = job
+    if ended.get("gpu_hours") is not None:  # an ended job: what its run cost and did
+        load = ended["mean_util_pct"]
+        lines.append(f"  used:      {ended['gpu_hours']:.2f} GPU-hours"
                      + (f", {load:g}% mean load" if load is not None else ""))
     for g in job.get("gpus") or ():
         kind = "whole card" if g["exclusive"] else f"{format_mb(g['memory_mb'])} slice"

@@ -17,7 +17,9 @@ import socket
 import sys
 import termios
 import tty
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ..api import ApiError, no_answer, reply_timeout
 from ..wire import AttachRequest
@@ -32,7 +34,7 @@ def _size() -> tuple[int, int]:
     return size.columns, size.lines
 
 
-def _send(sock: socket.socket, event: dict) -> None:
+def _send(sock: socket.socket, event: dict[str, Any]) -> None:
     sock.sendall(json.dumps(event).encode() + b"\n")
 
 
@@ -74,7 +76,7 @@ def attach(path: Path, job: int, rank: int = 0) -> bool:
     return _relay(sock, rest)
 
 
-def detach_keys(environ) -> str:
+def detach_keys(environ: Mapping[str, str]) -> str:
     """How to leave the job's session and keep it running. Inside the user's own tmux
     (``$TMUX``) the first Ctrl-b goes to that tmux: it takes Ctrl-b twice."""
     if environ.get("TMUX"):

@@ -8,10 +8,13 @@ can update just that.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
 
 from ..model import FINISHED_STATES
 from ..scheduler import fairshare
-from ..wire import EventRow, NodeWire, StartForecast, StreamSnapshot
+from ..wire import (BookingView, EventRow, GpuWire, JobWire, NodeWire, PoolWire, StartForecast, StreamSnapshot,
+                    UserRow)
 
 FINISHED = FINISHED_STATES
 
@@ -27,25 +30,30 @@ LIVE_JOB_FIELDS = frozenset({"idle_since", "idle_unknown"})
 COUNTED_FIELDS = frozenset({"status", "total_memory_mb", "slices"})
 
 
+class LiveJob(JobWire):
+    """A live job as the TUI holds it: a queue row (``wire.QueueRow``) from the snapshot,
+    then as its latest "job" event has it, with its ``starts`` put on."""
+
+    starts: StartForecast | None
+
+
 class Cluster:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeWire] = {}
         #: GPUs as ``wire.GpuWire``, each change merged into a new dict (``apply_gpus``)
-        self.gpus: dict[str, dict] = {}
-        #: live jobs only (pending, launching, running): queue rows (``wire.QueueRow``) from
-        #: the snapshot, then each as its latest "job" event has it (``wire.JobWire``) with its
-        #: ``starts`` put on
-        self.jobs: dict[int, dict] = {}
-        self.finished: dict[int, dict] = {}  # jobs seen finishing while we watched
+        self.gpus: dict[str, GpuWire] = {}
+        #: live jobs only (pending, launching, running)
+        self.jobs: dict[int, LiveJob] = {}
+        self.finished: dict[int, JobWire] = {}  # jobs seen finishing while we watched
         self.events: deque[EventRow] = deque(maxlen=EVENTS_KEPT)
-        self.users: dict[str, dict] = {}  # user name -> their row of the ``users`` request
-        self.pools: dict[str, dict] = {}  # pool name -> its view (``pools/status.py``)
-        self.bookings: list[dict] = []  # bookings not yet over, as ``reservations`` lists them
+        self.users: dict[str, UserRow] = {}  # user name -> their row of the ``users`` request
+        self.pools: dict[str, PoolWire] = {}  # pool name -> its view (``pools/status.py``)
+        self.bookings: list[BookingView] = []  # bookings not yet over, as ``reservations`` lists them
         self.queue_order: list[int] = []  # waiting jobs, as the scheduler orders them
         self.starts: dict[int, StartForecast] = {}  # waiting job -> the head's start forecast
-        self.by_node: dict[str, dict[str, dict]] = {}  # node -> uuid -> GPU (same dicts)
+        self.by_node: dict[str, dict[str, GpuWire]] = {}  # node -> uuid -> GPU (same dicts)
         self.placed: dict[str, set[int]] = {}  # GPU uuid -> live jobs placed there
-        self.util_trend: dict[str, deque] = {}  # GPU uuid -> recent utilisation readings
+        self.util_trend: dict[str, deque[float | None]] = {}  # GPU uuid -> recent utilisation readings
         self.connected = False
         self.version = 0  # bumped on every change; cheap "anything new?" for timers
         self.counts_version = 0  # bumped when GPUs come or go, or change a COUNTED_FIELDS value
@@ -71,7 +79,7 @@ class Cluster:
         self.version += 1
         self.counts_version += 1
 
-    def apply_job(self, job: dict) -> dict | None:
+    def apply_job(self, job: JobWire) -> LiveJob | None:
         """Fold one job; returns the job as it was before (None when new to us)."""
         before = self.jobs.get(job["id"])
         if before is not None:
@@ -80,29 +88,30 @@ class Cluster:
             self.jobs.pop(job["id"], None)
             self.finished[job["id"]] = job
         else:
-            job.setdefault("starts", self.starts.get(job["id"]))  # a forecast comes apart
-            self.jobs[job["id"]] = job
+            live = cast(LiveJob, job)  # (the event's own dict: its forecast comes apart)
+            live.setdefault("starts", self.starts.get(job["id"]))
+            self.jobs[job["id"]] = live
             self._place(job, add=True)
         self.version += 1
         return before
 
     @staticmethod
-    def live_fields_only(before: dict | None, job: dict) -> bool:
+    def live_fields_only(before: Mapping[str, Any] | None, job: Mapping[str, Any]) -> bool:
         """Whether ``job`` differs from ``before`` in ``LIVE_JOB_FIELDS`` alone."""
         if before is None:
             return False
         return all(before.get(key) == job.get(key) for key in before.keys() | job.keys()
                    if key not in LIVE_JOB_FIELDS)
 
-    def _place(self, job: dict, *, add: bool) -> None:
+    def _place(self, job: JobWire, *, add: bool) -> None:
         for p in job["gpus"]:
             if add:
                 self.placed.setdefault(p["uuid"], set()).add(job["id"])
             else:
                 self.placed.get(p["uuid"], set()).discard(job["id"])
 
-    def apply_gpus(self, node: str, changes: dict[str, dict] | list[dict], gone=(),
-                   seen: float | None = None) -> bool:
+    def apply_gpus(self, node: str, changes: Mapping[str, Mapping[str, Any]] | list[GpuWire],
+                   gone: Iterable[str] = (), seen: float | None = None) -> bool:
         """Fold one "gpus" event of ``node`` (see ``api``): ``changes`` maps a GPU's uuid to
         the whole GPU (it has "uuid") or to the fields that changed; ``gone`` lists GPUs no
         longer on ``node``. Every GPU of the node takes a trend point (the node reported).
@@ -131,12 +140,12 @@ class Cluster:
         for uuid, fields in changes.items():
             before = self.gpus.get(uuid)
             if "uuid" in fields:  # a whole GPU
-                gpu = fields
+                gpu = cast(GpuWire, fields)
                 if before is not None and before["node"] != node:  # it moved here
                     self.by_node.get(before["node"], {}).pop(uuid, None)
                 self.counts_version += 1
             elif before is not None:
-                gpu = {**before, **fields}
+                gpu = cast(GpuWire, {**before, **fields})
                 if not COUNTED_FIELDS.isdisjoint(fields):
                     self.counts_version += 1
             else:  # a change to a GPU this stream never sent: cannot merge it
@@ -164,11 +173,11 @@ class Cluster:
         self.events.append(event)
         self.version += 1
 
-    def apply_pool(self, pool: dict) -> None:
+    def apply_pool(self, pool: PoolWire) -> None:
         self.pools[pool["name"]] = pool
         self.version += 1
 
-    def pool_nodes(self) -> dict[str, dict]:
+    def pool_nodes(self) -> dict[str, dict[str, Any]]:
         """Every pool's nodes as rows of the Nodes screen, keyed ``pool:node`` (a name no
         lab node can have), each with its ``pool``."""
         return {f"{name}:{n['name']}": {**n, "name": f"{name}:{n['name']}", "pool": name}
@@ -188,42 +197,42 @@ class Cluster:
         for job_id, job in self.jobs.items():
             job["starts"] = self.starts.get(job_id) if job["state"] == "pending" else None
 
-    def apply_user(self, row: dict) -> None:
+    def apply_user(self, row: UserRow) -> None:
         """A user's row (weight, GPU-hours, quota, jobs) as the ``users`` request has it."""
         self.users[row["name"]] = row
         self.version += 1
 
-    def apply_bookings(self, bookings: list[dict]) -> None:
+    def apply_bookings(self, bookings: list[BookingView]) -> None:
         self.bookings = list(bookings)
         self.version += 1
 
     # ------------------------------------------------------------------ views
-    def bookings_of(self, uuid: str) -> list[dict]:
+    def bookings_of(self, uuid: str) -> list[BookingView]:
         """The bookings (under way or ahead) that hold this GPU."""
         return [b for b in self.bookings if uuid in b.get("uuids", ())]
 
-    def job(self, job_id: int) -> dict | None:
+    def job(self, job_id: int) -> JobWire | None:
         return self.jobs.get(job_id) or self.finished.get(job_id)
 
     def holders_of(self, uuid: str) -> list[int]:
         """Ids of the live jobs placed on one GPU (from GPU and job events both, whichever
         arrived first)."""
-        gpu = self.gpus.get(uuid) or {}
-        ids = {j for j in gpu.get("jobs", []) if j in self.jobs} | self.placed.get(uuid, set())
+        gpu = self.gpus.get(uuid)
+        ids = {j for j in (gpu.get("jobs", ()) if gpu else ()) if j in self.jobs} | self.placed.get(uuid, set())
         return sorted(ids)
 
     def holders(self) -> dict[str, list[int]]:
         """GPU uuid -> ``holders_of`` it, for every GPU."""
         return {u: self.holders_of(u) for u in self.gpus}
 
-    def node_gpus(self, node: str) -> list[dict]:
+    def node_gpus(self, node: str) -> list[GpuWire]:
         return list(self.by_node.get(node, {}).values())
 
     def job_events(self, job_id: int) -> list[EventRow]:
         return [e for e in self.events if e.get("job_id") == job_id]
 
 
-def user_weight(row: dict) -> float:
+def user_weight(row: Mapping[str, Any]) -> float:
     """A user's fair-share weight: the service's figure, else R6 from their usage."""
     if isinstance(row.get("weight"), (int, float)):
         return float(row["weight"])

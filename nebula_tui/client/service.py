@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from .. import homedir
 from ..api import ApiError, Client, NoAnswer
@@ -133,7 +134,7 @@ def _wait_for_service(path: Path, whose: str) -> Client:
 
 
 def start_background(home: Home, config_path: Path, shared_group: str | None = None,
-                     metrics: str | None = None, user: str | None = None) -> subprocess.Popen:
+                     metrics: str | None = None, user: str | None = None) -> subprocess.Popen[bytes]:
     """Start ``nebula serve`` detached (like tmux starts its server) and wait until it answers.
     ``shared_group`` and ``metrics`` (HOST:PORT) are its ``--shared-group`` and ``--metrics``;
     ``user``: the account it runs as (root starting a demo for the user who ran sudo)."""
@@ -146,7 +147,7 @@ def start_background(home: Home, config_path: Path, shared_group: str | None = N
         argv += ["--shared-group", shared_group]
     if metrics:
         argv += ["--metrics", metrics]
-    as_user: dict = {}
+    as_user: dict[str, Any] = {}
     if user is not None:
         pw = pwd.getpwnam(user)
         as_user = {"user": pw.pw_uid, "group": pw.pw_gid,
@@ -172,7 +173,7 @@ def start_background(home: Home, config_path: Path, shared_group: str | None = N
     raise ServiceUnavailable(f"nebula serve did not start within {START_TIMEOUT_S:.0f}s; see {home.log}")
 
 
-def open_private_log(path: Path):
+def open_private_log(path: Path) -> BinaryIO:
     """The service's log for appending, readable by its owner alone (it names jobs, users
     and nodes), an older one tightened too."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)

@@ -24,7 +24,10 @@ import shutil
 import signal
 import tempfile
 import threading
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
 
 import asyncssh
 
@@ -36,6 +39,9 @@ from .service import ServiceUnavailable
 CONNECT_TIMEOUT_S = 20.0
 #: The signals that end a client with no chance for its ``with`` block to unwind.
 ENDING_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
+#: what ``signal.signal`` takes and ``signal.getsignal`` gives back
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+T = TypeVar("T")
 #: The longest path a Unix socket may have (Linux's sun_path is 108 bytes with its NUL).
 SOCKET_PATH_MAX = 107
 
@@ -78,10 +84,10 @@ class Tunnel:
     def __enter__(self) -> "Tunnel":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _run(self, coro, timeout: float):
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     async def _open(self) -> None:
@@ -114,7 +120,8 @@ class Tunnel:
         if await _answers(conn, tried[0]):
             return tried[0]
         if not self.remote_socket:  # no shared service: the login's own, under its home
-            home = (await conn.run('printf %s "$HOME"', check=True, timeout=self._timeout)).stdout
+            out = (await conn.run('printf %s "$HOME"', check=True, timeout=self._timeout)).stdout
+            home = out.decode() if isinstance(out, bytes) else out or ""
             tried.append(f"{home}/.nebula/nebula.sock")
             if await _answers(conn, tried[1]):
                 return tried[1]
@@ -139,12 +146,12 @@ class Tunnel:
         self._release_ending_signals()
 
     # ------------------------------------------------------------------ signals
-    def _catch_ending_signals(self) -> dict[int, object]:
+    def _catch_ending_signals(self) -> dict[int, _Handler]:
         """Handle SIGHUP and SIGTERM (those not ignored) until ``close``; returns what was
         there before. Only the main thread may; a tunnel opened elsewhere handles none."""
         if threading.current_thread() is not threading.main_thread():
             return {}
-        previous = {}
+        previous: dict[int, _Handler] = {}
         for signo in ENDING_SIGNALS:
             handler = signal.getsignal(signo)
             if handler is not signal.SIG_IGN:
@@ -158,7 +165,7 @@ class Tunnel:
             if signal.getsignal(signo) == self._ended_by:
                 signal.signal(signo, handler if handler is not None else signal.SIG_DFL)
 
-    def _ended_by(self, signo: int, frame) -> None:
+    def _ended_by(self, signo: int, frame: FrameType | None) -> None:
         """Clean up, then die of the signal as if it had never been caught (or let the
         handler that was there before have it)."""
         handler = self._previous.get(signo, signal.SIG_DFL)

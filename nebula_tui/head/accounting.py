@@ -17,7 +17,7 @@ import time
 from .. import views
 from ..model import InvalidRequest, Job, JobState, RequestError
 from ..store import Store
-from ..wire import HistoryJob
+from ..wire import HistoryJob, Report, ReportBookingRow, ReportNodeRow, ReportUserRow
 from .access import Access
 from .state import HeadState
 
@@ -67,14 +67,14 @@ class Accounting:
                                f"({self.access.admins_text()}) to see")
         return user
 
-    def month_figures(self, since: float) -> dict[str, dict]:
+    def month_figures(self, since: float) -> dict[str, ReportUserRow]:
         """Each user's report row for the month that began at ``since`` (the Users
         screen's figures: jobs, GPU-hours, efficiency, idle GPU-hours, mean wait)."""
         return {row["user"]: _user_row(row)
                 for row in self.state.store.user_months(since, self.state.clock() + 1)}
 
     # ------------------------------------------------------------------- report
-    async def report(self, user: str, since: float, until: float) -> dict:
+    async def report(self, user: str, since: float, until: float) -> Report:
         """The report of [since, until) (until at most now; see ``api.py`` for its shape):
         per user and month, the ended jobs' figures; per node and month, and for the
         cluster per month and per day, the GPU-hours its cards had, those held by jobs,
@@ -87,7 +87,7 @@ class Accounting:
         return await self._read(lambda store: _report(store, who, since, until, now))
 
 
-def _report(store: Store, who: str | None, since: float, until: float, now: float) -> dict:
+def _report(store: Store, who: str | None, since: float, until: float, now: float) -> Report:
     users = [_user_row(row) for row in store.user_months(since, until)
              if who is None or row["user"] == who]
     cards: dict[str, list[float]] = {}  # node -> when each of its cards was first seen
@@ -112,10 +112,10 @@ def _report(store: Store, who: str | None, since: float, until: float, now: floa
             "bookings": _booking_rows(store, since, until)}
 
 
-def _booking_rows(store: Store, since: float, until: float) -> list[dict]:
+def _booking_rows(store: Store, since: float, until: float) -> list[ReportBookingRow]:
     """Each booking whose window overlaps [since, until): its GPU-hours in the period, and
     those its users' jobs held on its cards then (its use)."""
-    rows = []
+    rows: list[ReportBookingRow] = []
     for b in store.bookings(since):
         begin, end = max(b["start"], since), min(b["end"], b["ended_at"] or b["end"], until)
         if b["start"] >= until or end <= begin:
@@ -129,7 +129,7 @@ def _booking_rows(store: Store, since: float, until: float) -> list[dict]:
     return rows
 
 
-def _user_row(row: dict) -> dict:
+def _user_row(row: dict) -> ReportUserRow:
     sampled = row["sampled_gpu_hours"] or 0.0
     over = row["over_quota_gpu_hours"] or 0.0
     return {"month": row["month"], "user": row["user"], "jobs": row["jobs"],
@@ -166,11 +166,11 @@ def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
     return max(0.0, min(a1, b1) - max(a0, b0))
 
 
-def _node_rows(periods, cards, held, busy, now) -> list[dict]:
+def _node_rows(periods, cards, held, busy, now) -> list[ReportNodeRow]:
     """Per period, a row per node and one for the whole cluster (``node`` "cluster"):
     GPU-hours available (each card from when it was first seen), allocated (held by jobs,
     a slice its share), both as a percentage, and the cards' mean utilisation."""
-    rows = []
+    rows: list[ReportNodeRow] = []
     for name, start, end in periods:
         totals = {"available": 0.0, "allocated": 0.0, "sampled": 0.0, "used": 0.0}
         gpus = 0
@@ -191,7 +191,7 @@ def _node_rows(periods, cards, held, busy, now) -> list[dict]:
 
 
 def _capacity_row(period: str, node: str, gpus: int, available: float, allocated: float,
-                  sampled: float, used: float) -> dict:
+                  sampled: float, used: float) -> ReportNodeRow:
     return {"period": period, "node": node, "gpus": gpus,
             "available_gpu_hours": round(available, 6), "allocated_gpu_hours": round(allocated, 6),
             "allocated_pct": round(100 * allocated / available, 1) if available else None,

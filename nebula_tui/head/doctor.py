@@ -15,14 +15,20 @@ import asyncio
 import shlex
 import time
 from pathlib import Path
+from typing import Literal
 
 from ..model import NodeState
 from ..node_admin import known_key
 from ..remote.ssh import NodeUnavailable
+from ..wire import DoctorCheck, DoctorReply
 from .state import HeadState
 
 #: ✓ passes, ✗ fails (exit 1), ! worth knowing (no failure), - not needed here.
-OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
+Status = Literal["ok", "fail", "warn", "skip"]
+OK: Status = "ok"
+FAIL: Status = "fail"
+WARN: Status = "warn"
+SKIP: Status = "skip"
 #: How far a node's clock may be from the head's before times mislead (seconds).
 CLOCK_SLACK_S = 2.0
 #: Free space below which job directories (logs) may fill the disk.
@@ -57,7 +63,7 @@ done
 '''
 
 
-def line(check: str, status: str, text: str, fix: str = "") -> dict:
+def line(check: str, status: Status, text: str, fix: str = "") -> DoctorCheck:
     return {"check": check, "status": status, "text": text, "fix": fix}
 
 
@@ -65,22 +71,21 @@ class Doctor:
     def __init__(self, state: HeadState) -> None:
         self.state = state
 
-    async def check(self, user: str, names: list[str]) -> dict:
-        """Every check of each node named (all when none): ``{"nodes": {name: [line…]},
-        "passed": no check failed}``."""
+    async def check(self, user: str, names: list[str]) -> DoctorReply:
+        """Every check of each node named (all when none), and whether none failed."""
         for name in names:
             self.state.node(name)  # an unknown name: one line saying which nodes there are
         names = names or [n.name for n in self.state.config.nodes]
         found = await asyncio.gather(*(self._node(user, n) for n in names))
-        nodes = dict(zip(names, found))
+        nodes: dict[str, list[DoctorCheck]] = dict(zip(names, found))
         return {"nodes": nodes,
                 "passed": all(c["status"] != FAIL for checks in nodes.values() for c in checks)}
 
-    async def _node(self, user: str, name: str) -> list[dict]:
+    async def _node(self, user: str, name: str) -> list[DoctorCheck]:
         config, view = self.state.config.node(name), self.state.nodes[name]
         key = config.identity or "the default keys in ~/.ssh"
         where = f"{config.host}:{config.port}"
-        checks: list[dict] = []
+        checks: list[DoctorCheck] = []
         if view.state == NodeState.UP:
             checks.append(line("ssh", OK, f"{config.user}@{where} with {key}, host key checked "
                                           f"against {config.known_hosts}"))
@@ -120,7 +125,7 @@ class Doctor:
 
     # ------------------------------------------------------------------ the checks
     @staticmethod
-    def _python(found: dict) -> dict:
+    def _python(found: dict) -> DoctorCheck:
         version = found.get("python3", "")
         parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
         if len(parts) == 2 and parts >= MIN_PYTHON:
@@ -129,15 +134,15 @@ class Doctor:
                     "install python3 (apt install python3) where the login's PATH finds it")
 
     @staticmethod
-    def _tmux(found: dict) -> dict:
+    def _tmux(found: dict) -> DoctorCheck:
         if found.get("tmux"):
             return line("tmux", OK, f"tmux at {found['tmux']}")
         return line("tmux", FAIL, "tmux not found in the login's PATH (jobs run in tmux sessions)",
                     "install tmux (apt install tmux), or put its directory in PATH (env: in nodes.yaml)")
 
-    def _vendors(self, name: str, found: dict) -> list[dict]:
+    def _vendors(self, name: str, found: dict) -> list[DoctorCheck]:
         view = self.state.nodes[name]
-        checks = []
+        checks: list[DoctorCheck] = []
         backends = view.hello.backends
         for vendor in sorted({v for b in backends if (v := b.get("vendor"))}):
             used = ", ".join(b["name"] for b in backends if b.get("vendor") == vendor)
@@ -164,7 +169,7 @@ class Doctor:
         return checks
 
     @staticmethod
-    def _clock(found: dict, sent: float, answered: float) -> dict:
+    def _clock(found: dict, sent: float, answered: float) -> DoctorCheck:
         try:
             node = float(found.get("clock", ""))
         except ValueError:
@@ -176,7 +181,7 @@ class Doctor:
                     "run a time service on both (chrony or systemd-timesyncd)")
 
     @staticmethod
-    def _disk(found: dict, where: str | None) -> dict:
+    def _disk(found: dict, where: str | None) -> DoctorCheck:
         free = found.get("free_kb", "")
         if not free.isdigit():
             return line("disk", FAIL, f"free space of {where} could not be read", "check the job directory")
@@ -189,7 +194,7 @@ class Doctor:
     def _shared(self) -> bool:
         return self.state.config.run_as == "submitter"
 
-    def _run_as(self, user: str, found: dict) -> dict | None:
+    def _run_as(self, user: str, found: dict) -> DoctorCheck | None:
         if not self._shared():
             return None
         how = found.get("run_as")
@@ -211,7 +216,7 @@ class Doctor:
         wanted = any(j.spec.image for j in self.state.jobs.values())
         return list(self.state.nodes[name].hello.runtimes)[:1] if wanted else []
 
-    def _runtimes(self, name: str, found: dict) -> list[dict]:
+    def _runtimes(self, name: str, found: dict) -> list[DoctorCheck]:
         needed = self._needed_runtimes(name)
         if not needed and any(j.spec.image for j in self.state.jobs.values()):
             return [line("containers", FAIL, "a job asks for an image and no container runtime is here",
@@ -221,7 +226,7 @@ class Doctor:
                 line("containers", FAIL, f"{rt} does not run for the login user",
                      f"check `{rt} info` as that user") for rt in needed]
 
-    def _hidepid(self, found: dict) -> dict | None:
+    def _hidepid(self, found: dict) -> DoctorCheck | None:
         if not self._shared():
             return None
         options = found.get("proc", "")

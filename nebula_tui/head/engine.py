@@ -35,7 +35,8 @@ from ..model import Job, JobSpec, JobState, Pending, RequestError, UnfitRequest
 from ..remote.ssh import NodeUnavailable
 from ..scheduler import admission
 from ..store import Store
-from ..wire import EndedJobDetail, JobDetail, PlanView, StatusView, StreamSnapshot
+from ..wire import (EndedJobDetail, JobDetail, LogPart, LogsReply, PlanView, StatusView, StreamSnapshot,
+                    TelemetrySample)
 from .access import Access
 from .accounting import Accounting
 from .attach import Attach
@@ -374,13 +375,13 @@ class Engine:
         self.attach.check_room(user, node)
         return ["nebula", "attach", str(job_id)]
 
-    def history(self, gpu: str, since_s: float) -> list[dict]:
+    def history(self, gpu: str, since_s: float) -> list[TelemetrySample]:
         if gpu not in self.state.gpus:
             raise RequestError(f"no GPU {gpu}; `nebula gpus` lists them (uuid, or node:index)")
         return self.state.store.telemetry(gpu, self.state.clock() - since_s)
 
     async def read_log(self, user: str, job_id: int, offset: int, rank: int | None = None,
-                       offsets: list[int] | None = None, attempt: int | None = None) -> dict:
+                       offsets: list[int] | None = None, attempt: int | None = None) -> LogsReply:
         """Part of the job's output from ``offset``: rank 0's (or ``rank``'s); with
         ``offsets`` (one per rank), every rank's, as ``parts``. Of its latest attempt, or of
         ``attempt`` (1 its first run; each requeue starts the next). ``ended``: the log
@@ -401,7 +402,7 @@ class Engine:
                                f"to {max(0, len(nodes) - 1)}")
         ranks = list(range(len(nodes))) if offsets is not None else [rank or 0][:len(nodes)]
         starts = list(offsets) if offsets is not None else [offset]
-        parts = []
+        parts: list[LogPart] = []
         for i, position in zip(ranks, starts + [0] * len(ranks)):
             try:
                 reply = await self.state.links[nodes[i]].request("log", job=job.id, offset=position,
@@ -410,7 +411,7 @@ class Engine:
                 raise RequestError(f"cannot read the log of job {job_id} on {nodes[i]}: {err}") from None
             parts.append({"rank": i, "node": nodes[i], "data": reply.get("data", ""),
                           "offset": reply.get("offset", position), "size": reply.get("size")})
-        first = parts[0] if parts else {"data": "", "offset": offset, "size": 0}
+        first: LogPart = parts[0] if parts else {"rank": 0, "node": "", "data": "", "offset": offset, "size": 0}
         now = self.job(job_id)
         ended = now.state.finished or (attempt is not None and attempt - 1 < now.attempt)
         return {"data": first["data"], "offset": first["offset"], "size": first["size"],

@@ -181,12 +181,27 @@ class JobTransitions:
             state, reason = JobState.FAILED, "its tmux session ended without an exit code (killed?)"
         else:
             state, reason = JobState.FAILED, self._exit_reasons.get(job.id, "")
-        self.finish(job, state, code, reason)  # raises StoreUnavailable: nothing acked
+        at = self.ended_at(node, job, message)
+        self.finish(job, state, code, reason, at=at)  # raises StoreUnavailable: nothing acked
         # The end goes with its ack: a head restored from an older backup settles the job
         # from the node's record of it (nodes.py), whatever became of its exit code.
-        end = {"state": state.value, "reason": reason[:500], "at": self.state.clock()}
+        end = {"state": state.value, "reason": reason[:500], "at": self.state.clock() if at is None else at}
         for part in exits:  # a gang's parts share its token
             self._ack_soon(part, job.id, token, end)
+
+    def ended_at(self, node: str, job: Job, message: Exit) -> float | None:
+        """When the end ``node`` reports happened, if it came from a time no head heard the
+        node (a head restarted, a link back): the node's time of it, no earlier than the
+        head last knew the job ran (its user owns the file that time is read from), nor
+        later than the hello. None: it was heard at once, and ends now."""
+        view = self.state.nodes.get(node)
+        if message.at is None or view is None or view.unheard is None:
+            return None
+        known, hello = view.unheard
+        at = message.at + view.clock_offset
+        if at >= hello:
+            return None
+        return min(max(at, known, job.started_at or 0.0), hello)
 
     def _job_from_node(self, node: str, message: Started | Phase | Exit) -> Job | None:
         job = self.state.jobs.get(message.job) if message.job is not None else None

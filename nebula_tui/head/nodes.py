@@ -22,6 +22,7 @@ from ..remote.protocol import Exit, Hello, KernelLines, Phase, Probe, Started, r
 from ..remote.ssh import NodeLink
 from ..store import StoreUnavailable
 from ..units import duration_short
+from ..wire import ReloadReply, ShownNode
 from .access import Access
 from .health import HealthMonitor
 from .jobs import JobTransitions
@@ -170,6 +171,13 @@ class Fleet:
     def _on_hello(self, node: str, message: Hello) -> None:
         view = self.state.nodes[node]
         view.hello = message
+        # Ends the node reports from before now were not heard at once: each is charged
+        # from when the node says, no earlier than the head last knew its jobs ran
+        # (``JobTransitions.ended_at``).
+        now = self.state.clock()
+        known = max(view.last_seen or 0.0, self.state.store.alive_before or 0.0)
+        view.unheard = (known, now) if known else None
+        view.clock_offset = now - message.t if message.t is not None else 0.0
         # The highest job number the node holds of this store: never handed out again.
         self.state.store.raise_id_floor(message.max_job)
         view.cuda_version = message.cuda_version
@@ -288,7 +296,7 @@ class Fleet:
                 "cuda_version": self.state.nodes[node].cuda_version}
 
     # --------------------------------------------------------------------- one node
-    def show(self, name: str) -> dict:
+    def show(self, name: str) -> ShownNode:
         """`nebula node show`: the node with the whole of its reason (a tool's output, an
         error's text), its retries, host facts, GPUs, jobs and latest events."""
         view = self.state.node(name)
@@ -327,7 +335,7 @@ class Fleet:
             raise RequestError(str(err)) from None
 
     async def add_node(self, user: str, name: str, host: str, port: int, login: str | None,
-                       identity: str | None, trust: str) -> dict:
+                       identity: str | None, trust: str) -> ReloadReply:
         """R21: add a node to the cluster file, trusting the host key the admin confirmed."""
         self.access.check_admin(user, "add nodes")
         path = self._cluster_file()
@@ -340,7 +348,7 @@ class Fleet:
             raise RequestError(node_admin.cannot_write(err, path)) from None
         return await self.reload(user)
 
-    async def remove_node(self, user: str, name: str) -> dict:
+    async def remove_node(self, user: str, name: str) -> ReloadReply:
         self.access.check_admin(user, "remove nodes")
         self.state.node(name)
         if self._holds_jobs(name):
@@ -365,7 +373,7 @@ class Fleet:
     def _holds_jobs(self, node: str) -> bool:
         return any(node in job_nodes(j) for j in self.state.jobs.values())
 
-    async def reload(self, user: str) -> dict:
+    async def reload(self, user: str) -> ReloadReply:
         """Read nodes.yaml again: start links to added nodes, stop those of removed ones.
 
         A node that still holds jobs cannot be removed (drain it and let them finish).

@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from ..model import FINISHED_STATES, Cancelling, Evicting, JobState, NodeState, Stopping, launching
-from ..remote.protocol import Exit, job_number
+from ..remote.protocol import Exit, job_number, node_time
 from ..remote.ssh import NodeUnavailable
 from ..store import StoreUnavailable
 from .jobs import CANCEL_GRACE_S, JobTransitions
@@ -192,8 +192,10 @@ class Reconciler:
             self.transitions.finish(job, JobState(end["state"]), code, str(end.get("reason") or "")[:500], at=at)
         elif code is not None or not (live or (not unacked and isinstance(job.status, (Stopping, Evicting)))):
             # (a job the head stops itself is acked at its SIGKILL: the stop ends it)
+            ended = found.get("ended_at")
             self.transitions.on_exit(node, Exit(job=job.id, token=found.get("token"), code=code,
-                                                reason=str(found.get("reason") or "")))
+                                                reason=str(found.get("reason") or ""),
+                                                at=node_time(ended)))
 
     async def _stop_stale(self, node: str, job_id: int, token: str) -> None:
         # With its token: a relaunch that took the session's place meanwhile is left alone.

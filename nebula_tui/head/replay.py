@@ -305,6 +305,7 @@ class Replay:
     def _collect(self, engine: Engine) -> None:
         """Each request's outcome, from the head's own store."""
         charged = engine.store.charged_hours(list(self.by_job))
+        held = engine.store.held_spans()
         for job_id, request in self.by_job.items():
             job = engine.jobs.get(job_id) or engine.store.job(job_id)
             outcome = self.outcomes[request.key]
@@ -317,6 +318,8 @@ class Replay:
             outcome.placements = tuple((p.node, p.gpu_uuid, p.memory_mb, p.exclusive)
                                        for p in job.placements)
             outcome.charged_gpu_hours = charged.get(job_id) or 0.0
+            outcome.held = tuple((uuid, since - self.start, None if until is None else until - self.start)
+                                 for uuid, since, until in held.get(job_id, ()))
 
 
 async def _settle() -> None:

@@ -38,7 +38,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .. import scheduler
 from . import forecast
@@ -177,6 +177,7 @@ class Scheduling:
             await self.pause_after(started)
 
     def housekeeping(self) -> None:
+        self.state.store.mark_alive(self.state.clock())  # (at most every ALIVE_EVERY_S)
         now = self.state.monotonic()
         if self._housekept_at is not None and now - self._housekept_at < HOUSEKEEPING_EVERY_S:
             return
@@ -285,15 +286,15 @@ class Scheduling:
 
     def _jobs_lists(self) -> tuple[list[Job], list[Job]]:
         """The waiting jobs (see ``waiting``) and those holding GPUs on the lab's own cards,
-        in the table's order. Each is a walk over every unfinished job (14,000 at 500 nodes):
-        kept while the table is the same one at the same ``JobTable.version`` (any job set,
+        in the table's order, from what the job table keeps up to date (``JobTable.waiting``,
+        its index of holders): not a walk over every unfinished job (14,000 at 500 nodes).
+        Kept while the table is the same one at the same ``JobTable.version`` (any job set,
         popped or deleted bumps it; jobs are frozen, so none changes otherwise)."""
         jobs = self.state.jobs
         kept = self._jobs_kept
         if kept is None or kept[0] is not jobs or kept[1] != jobs.version:
-            waiting = [j for j in jobs.values()
-                       if j.state == JobState.PENDING and not j.held_by and not j.pooled]
-            holding = [j for j in jobs.values() if j.state.holds_gpus and j.pool is None]
+            waiting = list(jobs.waiting().values())
+            holding = [j for j in jobs.holding_in_order() if j.pool is None]
             kept = self._jobs_kept = (jobs, jobs.version, waiting, holding)
         return kept[2], kept[3]
 
@@ -360,9 +361,8 @@ class Scheduling:
             if type(decision) is wait:  # most decisions of a long queue: its reason, kept or new
                 if job.reason != decision.reason:
                     reasons[job.id] = decision.reason
-                    waiting = replace(job.status, reason=decision.reason)
-                    jobs[job.id] = replace(job, status=waiting)
-                    self.stream.publish_job(jobs[job.id])
+                    job = jobs[job.id] = job.with_reason(decision.reason)
+                    self.stream.publish_job(job)
                 if decision.holds:
                     holds[job.id] = decision.holds
                 elif holds:

@@ -230,14 +230,14 @@ class Shares:
         rows: list[UserRow] = []
         for row in self.state.store.users():
             name = row["name"]
-            ended = figures.get(name, {})
+            ended = figures.get(name)
             rows.append({"name": name, "jobs_finished": row["jobs_finished"], "gpu_hours": row["gpu_hours"],
                          "created_at": row["created_at"], "running_jobs": running.get(name, 0),
                          # this month's ended jobs, as `nebula report` counts them
-                         "month_jobs": ended.get("jobs", 0),
-                         "month_efficiency_pct": ended.get("efficiency_pct"),
-                         "month_idle_gpu_hours": ended.get("idle_gpu_hours", 0.0),
-                         "month_mean_wait_s": ended.get("mean_wait_s"),
+                         "month_jobs": ended["jobs"] if ended else 0,
+                         "month_efficiency_pct": ended["efficiency_pct"] if ended else None,
+                         "month_idle_gpu_hours": ended["idle_gpu_hours"] if ended else 0.0,
+                         "month_mean_wait_s": ended["mean_wait_s"] if ended else None,
                          "weight": round(shares[name].weight, 4) if name in shares else 1.0,
                          "month_gpu_hours": round(month.get(name, 0.0), 4),
                          "quota_gpu_hours": self.state.settings.quota_gpu_hours

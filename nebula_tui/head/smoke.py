@@ -17,6 +17,7 @@ from ..model import MIN_SLICE_MB, JobSpec, NodeState, RequestError
 from ..remote import vendors
 from ..remote.ssh import NodeUnavailable
 from ..waits import within
+from ..wire import SmokeReply
 from .access import Access
 from .jobs import JobTransitions
 from .state import HeadState
@@ -36,9 +37,8 @@ class SmokeTest:
         self.transitions = jobs
         self.access = access
 
-    async def run(self, user: str, node: str) -> dict:
-        """The smoke job on ``node``: ``{"job", "gpu", "model", "output", "ended"}``
-        (``ended`` False when it did not end within RUN_TIMEOUT_S). Raises RequestError
+    async def run(self, user: str, node: str) -> SmokeReply:
+        """The smoke job on ``node`` (``ended`` False when it did not end within RUN_TIMEOUT_S). Raises RequestError
         when the node does not come up, or has no card for it."""
         self.access.check_admin(user, "run a node's smoke test")
         self.state.node(node)
@@ -57,14 +57,14 @@ class SmokeTest:
         self.transitions.begin_launch(job, decision.placements)  # no pass in between: no await
         placement = decision.placements[0]
         card = next(v for v in views_ if v.uuid == placement.gpu_uuid)
-        answer = {"gpu": f"{node}:{placement.gpu_index}", "model": views.short_model(card.reading.name)}
+        gpu, model = f"{node}:{placement.gpu_index}", views.short_model(card.reading.name)
         try:
             done = await within(RUN_TIMEOUT_S, self.transitions.wait_finished(state.jobs[job.id]))
         except asyncio.TimeoutError:
-            return {**answer, "job": views.job_json(state.jobs.get(job.id) or job), "output": "",
-                    "ended": False}
-        return {**answer, "job": views.job_json(done), "output": await self._output(node, job.id),
-                "ended": True}
+            return {"gpu": gpu, "model": model, "job": views.job_json(state.jobs.get(job.id) or job),
+                    "output": "", "ended": False}
+        return {"gpu": gpu, "model": model, "job": views.job_json(done),
+                "output": await self._output(node, job.id), "ended": True}
 
     async def _cards(self, node: str) -> list:
         """The node's GPU views once it is up and has reported them (it was just added)."""

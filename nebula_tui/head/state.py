@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from ..config.cluster import ClusterConfig
 from ..config.reader import did_you_mean
-from ..model import (GpuProcess, GpuReading, GpuView, Job, JobState, NodeState, Placement,
+from ..model import (GpuProcess, GpuReading, GpuView, Job, JobState, NodeState, Pending, Placement,
                      RequestError)
 from ..remote.protocol import Hello
 from ..remote.ssh import NodeLink
@@ -53,6 +53,10 @@ class NodeView:
     #: when it stopped answering, on the monotonic clock (the node lease): a step of the
     #: wall clock (NTP, an admin's date) must never make a short silence look long
     silent_since: float | None = None
+    #: what the head did not hear of it before this connection's hello: (the last moment
+    #: it still knew the node's jobs ran, the hello), the head's clock (``Nodes._on_hello``)
+    unheard: tuple[float, float] | None = None
+    clock_offset: float = 0.0  # the head's clock minus the node's, at its hello
     cuda_version: str | None = None
     topo: dict = field(default_factory=dict)
     hello: Hello = field(default_factory=Hello)
@@ -143,27 +147,75 @@ class JobTable(dict):
         #: bumped by every change (set, pop, del): what is derived from the jobs alone
         #: (the waiting and holding lists a pass reads) is kept while it stays the same
         self.version = 0
+        #: the jobs a pass considers (``waits``), by id in the table's order, kept up to date
+        #: by every change instead of found by a walk over every job at every pass (a long
+        #: queue's replay passes thousands of times over thousands of jobs); None when a job
+        #: already in the table began to wait (a requeue, a release): its place in the
+        #: table's order is then found again by one walk (``waiting``)
+        self._waiting: dict[int, Job] | None = {}
+        #: each job's place in the table's order (a count at its key's insertion)
+        self._place: dict[int, int] = {}
+        self._placed = 0
         for job in jobs:
             self[job.id] = job
 
     def __setitem__(self, job_id: int, job: Job) -> None:
         before = self.get(job_id)
         if before is not None:
+            if type(before.status) is Pending and type(job.status) is Pending and before.user == job.user:
+                # a waiting job's new reason or hold (most changes of a long queue's passes):
+                # it holds no card either way, so the index stays as it is
+                self.version += 1
+                super().__setitem__(job_id, job)
+                self._wait_list(job_id, job, True)
+                return
             self._index(before, add=False)
+        else:
+            self._placed += 1
+            self._place[job_id] = self._placed
         self.version += 1
         super().__setitem__(job_id, job)
         self._index(job, add=True)
+        self._wait_list(job_id, job, before is not None)
 
     def __delitem__(self, job_id: int) -> None:
         self._index(self[job_id], add=False)
         self.version += 1
         super().__delitem__(job_id)
+        self._place.pop(job_id, None)
+        if self._waiting is not None:
+            self._waiting.pop(job_id, None)
 
     def pop(self, job_id: int, *default):
         if job_id in self:
             self._index(self[job_id], add=False)
             self.version += 1
+            self._place.pop(job_id, None)
+            if self._waiting is not None:
+                self._waiting.pop(job_id, None)
         return super().pop(job_id, *default)
+
+    def _wait_list(self, job_id: int, job: Job, known: bool) -> None:
+        """Keep ``_waiting`` after ``self[job_id] = job`` (``known``: the id was in the table)."""
+        waiting = self._waiting
+        if waiting is None:
+            return
+        if job.state == JobState.PENDING and not job.held_by and not job.pooled:
+            if job_id in waiting or not known:  # in its place, or a new one at the table's end
+                waiting[job_id] = job
+            else:  # it waits again where the table has it: found by the next walk
+                self._waiting = None
+        else:
+            waiting.pop(job_id, None)
+
+    def waiting(self) -> dict[int, Job]:
+        """The jobs a pass considers — pending, not held, not a pool's — by id, in the
+        table's order (the caller must not change it)."""
+        waiting = self._waiting
+        if waiting is None:
+            waiting = self._waiting = {job.id: job for job in self.values()
+                                       if job.state == JobState.PENDING and not job.held_by and not job.pooled}
+        return waiting
 
     def _unsupported(self, *args, **kwargs):
         raise TypeError("JobTable: set, pop or del one job at a time (the GPU index follows those)")
@@ -191,6 +243,13 @@ class JobTable(dict):
                 held.pop(job.id, None)
                 if not held:
                     self.holding.pop(p.gpu_uuid, None)
+
+    def holding_in_order(self) -> list[Job]:
+        """The jobs holding GPUs, in the table's order, from the index (not a walk over
+        every waiting job)."""
+        ids = {job_id for held in self.holding.values() for job_id in held}
+        place = self._place
+        return [self[job_id] for job_id in sorted(ids, key=place.__getitem__)]
 
     def holders(self) -> list[Job]:
         """The jobs holding GPUs (launching or running: every job holds one at least), by

@@ -7,8 +7,9 @@
   the trace says ran, but a policy that fills the lab's largest cards with services shows
   a higher figure while its batch jobs wait;
 * held — the share of card-hours with any job on the card, whole or a slice;
-* waits — from submit to start, p50/p95/max, overall and by size; a job some card could
-  run that never started counts its whole wait until the month's end;
+* waits — from submit to its first start (a job preempted and requeued waited once),
+  p50/p95/max, overall and by size; a job some card could run that never started counts
+  its whole wait until the month's end;
 * completion — submit to end, the mean over jobs that ended;
 * fairness — Jain's index over users of served ÷ demanded work (memory-hours);
 * waited over 24 h, and never run (of the jobs some card of the lab could run).
@@ -88,11 +89,12 @@ def figures(policy: str, requests: Sequence[Request], outcomes: dict[int, Outcom
         whole_mb = min((memory[u] for _, u, _, _ in o.placements), default=0) if o.placements else 0
         demand_mb = sum(asked) if r.gpu_mem_mb is not None else r.gpus * (whole_mb or _typical(memory))
         per_user_demand[r.user] += demand_mb * min(r.duration_s, max(0.0, horizon_s - r.submit_s))
-        if o.started_s is None:
-            never += 1
-            wait = max(0.0, horizon_s - r.submit_s)
-        else:
-            wait = max(0.0, o.started_s - r.submit_s)
+        first = o.started_s if o.first_started_s is None else o.first_started_s
+        wait = max(0.0, (horizon_s if first is None else first) - r.submit_s)
+        never += first is None
+        for uuid, since, until in o.held:
+            held_intervals[uuid].append((since, min(horizon_s, horizon_s if until is None else until)))
+        if o.started_s is not None:  # its last run: the work it served (earlier ones ran again)
             end = min(horizon_s, o.ended_s if o.ended_s is not None else horizon_s)
             work_mb = r.gpu_mem_mb * len(o.placements) if r.gpu_mem_mb is not None \
                 else sum(memory[u] for _, u, _, _ in o.placements)
@@ -102,18 +104,18 @@ def figures(policy: str, requests: Sequence[Request], outcomes: dict[int, Outcom
                 batch += work_mb * run
             per_user_served[r.user] += work_mb * run
             _spread(by_day, o.started_s, end, work_mb)
-            for _, uuid, _, _ in o.placements:
+            for _, uuid, _, _ in () if o.held else o.placements:
                 held_intervals[uuid].append((o.started_s, end))
             if o.ended_s is not None:
                 completions.append(o.ended_s - r.submit_s)
         waits.append(wait)
-        if o.started_s is not None:
+        if first is not None:
             started_waits.append(wait)
         over_24h += wait > 86400
         for size, match in SIZES:
             if match(r):
                 by_size[size].append(wait)
-                never_by_size[size] += o.started_s is None
+                never_by_size[size] += first is None
     total_mb = sum(memory.values())
     held = sum(_union(spans) for spans in held_intervals.values()) / (len(memory) * horizon_s) if memory else 0.0
     ratios = [min(1.0, per_user_served[u] / d) for u, d in per_user_demand.items() if d > 0]

@@ -43,5 +43,9 @@ class Outcome:
     #: (the end of the forecast's horizon when it saw none within it), the interval's
     #: early and late ends (None: none within the horizon)
     forecast: tuple[float, float | None, float | None] | None = None
-    #: its first start: what the forecast at submit foretold (None: as ``started_s``)
+    #: its first start: what the forecast at submit foretold, and what its wait ends at
+    #: (None: as ``started_s``)
     first_started_s: float | None = None
+    #: (gpu uuid, from, until; None: still held) of every card of every run, the runs a
+    #: preemption or a requeue ended included (empty: those of ``placements`` alone)
+    held: tuple[tuple[str, float, float | None], ...] = ()

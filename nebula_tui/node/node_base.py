@@ -6,6 +6,7 @@ The settings are the nodelet's first argument (JSON, from the head), read once w
 module is first imported on the node.
 """
 
+import errno
 import json
 import os
 import re
@@ -146,6 +147,22 @@ def write_atomic(path, text, mode=0o600):
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.rename(tmp, path)
+
+
+def write_mark(path):
+    """A mark whose being there (and mtime) is what counts, never its text (``launched``,
+    ``acked``): written in place, without write_atomic's second file and rename."""
+    text = str(time.time())
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise
+        return write_atomic(path, text)  # a link in its place is replaced, never followed
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def tmux_sessions():

@@ -20,7 +20,8 @@ from .mount_pins import release_pins
 from .node_base import (
     HEAD, JOBS_DIR, LOCKS_DIR, NODE_DIR, SERVER_GONE, emit, exact, int_or_none,
     keep_tmux_server, list_dir, locked_session, mtime, read_text, run, session_name,
-    session_pids, tmux, tmux_execs_argv, tmux_sessions, tmux_unseen, write_atomic)
+    session_pids, tmux, tmux_execs_argv, tmux_sessions, tmux_unseen, write_atomic,
+    write_mark)
 from .node_containers import container_remove, container_signal, container_stop
 from .watcher import WATCHER
 
@@ -75,7 +76,7 @@ def _launch(req, job, attempt):
         # This very launch happened before (its wrapper left its marks), perhaps by a
         # nodelet that died before it could say so: never run it a second time. A
         # session created but not yet started is caught below as a duplicate.
-        write_atomic(os.path.join(d, "launched"), str(time.time()))
+        write_mark(os.path.join(d, "launched"))
         return {"ok": True, "already": True}
     # A job never launched here has no session of this head's to supersede: its first
     # launch asks tmux once, not twice (a session of that name is still refused below).
@@ -112,12 +113,12 @@ def _launch(req, job, attempt):
         session = tmux_sessions().get(job) if "duplicate session" in err else None
         if session in (token, ""):
             # the session is the idempotency key: this launch happened already
-            write_atomic(os.path.join(d, "launched"), str(time.time()))
+            write_mark(os.path.join(d, "launched"))
             return {"ok": True, "already": True}
         if session is not None:
             return _taken(name, session)
         return {"ok": False, "error": "tmux new-session failed: %s" % err.strip()}
-    write_atomic(os.path.join(d, "launched"), str(time.time()))
+    write_mark(os.path.join(d, "launched"))
     return {"ok": True, "already": False}
 
 
@@ -206,7 +207,7 @@ def op_ack(req):
             end = item[2] if len(item) > 2 and isinstance(item[2], dict) else None
             if end is not None:  # first: an ack is never without the end it acknowledges
                 write_atomic(os.path.join(d, ENDED_AS), json.dumps(end)[:2000])
-            write_atomic(os.path.join(d, "acked"), str(time.time()))
+            write_mark(os.path.join(d, "acked"))
     return {"ok": True}
 
 
@@ -243,6 +244,7 @@ def _attempt_info(d, with_record=False):
         "started": os.path.exists(os.path.join(d, "started")),
         "started_at": mtime(os.path.join(d, "started")) if os.path.exists(os.path.join(d, "started")) else None,
         "exit_code": int_or_none(read_text(os.path.join(d, "exit_code")) or "x"),
+        "ended_at": mtime(os.path.join(d, "exit_code")) if os.path.exists(os.path.join(d, "exit_code")) else None,
         "acked": os.path.exists(os.path.join(d, "acked")),
         "ended_as": _ended_as(d),
     }
@@ -330,7 +332,7 @@ def op_signal(req):
         if jobdir is not None:
             container_remove(jobdir)
             release_pins(os.path.join(jobdir, "mnt"))
-            write_atomic(os.path.join(jobdir, "acked"), str(time.time()))
+            write_mark(os.path.join(jobdir, "acked"))
             WATCHER.ended.add((job, int(os.path.basename(jobdir))))
     elif container_signal(jobdir or "", name):
         pids = []  # the container's main process got it (its init passes it on)

@@ -32,6 +32,7 @@ class Watcher:
         self.last_clean = 0.0
         self.phases = {}  # (job, attempt) -> what its wrapper said it is doing (an image pull)
         self.last_phase_check = 0.0
+        self.tokens = {}  # (job, attempt) -> its token, read once: a launch writes it once
 
     def loop(self):
         while True:
@@ -69,10 +70,16 @@ class Watcher:
         if key in self.ended:
             return
         d = attempt_dir(job, attempt)
-        if os.path.exists(os.path.join(d, "acked")):
-            self.ended.add(key)
+        # A look every 20 ms at each running attempt reads its exit code and nothing else:
+        # the ack is looked for until the start is seen and before an exit is said (an
+        # attempt the head acked already is never reported again), the token read once.
+        if key not in self.started and self._acked(key, d):
             return
-        token = read_text(os.path.join(d, "token"))
+        token = self.tokens.get(key)
+        if token is None:
+            token = read_text(os.path.join(d, "token"))
+            if token is not None:
+                self.tokens[key] = token
         if key not in self.started and os.path.exists(os.path.join(d, "started")):
             self.started.add(key)
             emit({"type": "started", "job": job, "attempt": attempt, "token": token,
@@ -83,7 +90,10 @@ class Watcher:
             if not os.path.exists(os.path.join(d, "logged")) \
                     and time.time() - mtime(os.path.join(d, "exit_code")) < LOG_GRACE_S:
                 return  # the log is not whole yet: a `wait` then `logs` would read it short
+            if self._acked(key, d):
+                return
             self.ended.add(key)
+            self.tokens.pop(key, None)
             # A wrapper that ended before its own release (a launch that failed after its
             # data mounts were pinned) leaves no staging mount behind it.
             release_pins(os.path.join(d, "mnt"))
@@ -100,11 +110,21 @@ class Watcher:
                 not latest or job not in sessions):
             # The session is gone (an older attempt's was stopped for its relaunch) but left
             # no exit code: killed, or the node rebooted.
-            if read_text(os.path.join(d, "exit_code")) is None:
+            if read_text(os.path.join(d, "exit_code")) is None and not self._acked(key, d):
                 self.ended.add(key)
+                self.tokens.pop(key, None)
                 release_pins(os.path.join(d, "mnt"))  # the wrapper killed before its release
                 emit({"type": "exit", "job": job, "attempt": attempt, "code": None,
                       "token": token, "t": time.time()})
+
+    def _acked(self, key, d):
+        """Whether the head acknowledged this attempt's end (then it is not looked at again)."""
+        if not os.path.exists(os.path.join(d, "acked")):
+            return False
+        self.ended.add(key)
+        self.tokens.pop(key, None)
+        self.phases.pop(key, None)
+        return True
 
     def look_phase(self, key, d, token):
         """Report what the wrapper says it is doing before the command ("pulling image …")."""
@@ -160,6 +180,7 @@ class Watcher:
         self.started.discard((job, attempt))
         self.ended.discard((job, attempt))
         self.phases.pop((job, attempt), None)
+        self.tokens.pop((job, attempt), None)
         self.finished.discard(job)
 
 

@@ -125,6 +125,10 @@ _ENTER_AND_RUN = ('cd -- "${NEBULA_WORKDIR:-$HOME}" || { '
                   # its argv is this fixed text alone; and a fresh shell, as `sh -c TEXT` was,
                   # sees none of the wrapper's functions or variables
                   + "exec sh -c " + shlex.quote(EVAL_COMMAND))
+#: The same for an argv command (``exec`` and its quoted words, nothing the shell expands):
+#: its ``exec`` from the subshell itself gives the program the same argv and environment
+#: (the exported variables alone) that a fresh shell's would, without that shell's start.
+_ENTER_AND_EXEC = _ENTER_AND_RUN[:-len("exec sh -c " + shlex.quote(EVAL_COMMAND))] + EVAL_COMMAND
 
 
 def gang_environment(job: Job, node: str, master_host: str, nodes: list[str],
@@ -387,7 +391,8 @@ def script(plan: LaunchPlan) -> str:
         env = {**plan.environment, **command_text(job), **output_files(job)}
         # the facts the checks found join the environment
         body.append(_as_user(run_as, env, '"NEBULA_WORKDIR=$workdir_fact" '
-                             '"NEBULA_CONDA_TOOL=$conda_fact"', _ENTER_AND_RUN, "nebula-job"))
+                             '"NEBULA_CONDA_TOOL=$conda_fact"',
+                             _ENTER_AND_RUN if spec.shell else _ENTER_AND_EXEC, "nebula-job"))
     # One short write: a reader sees an empty file or the whole number, and the nodelet
     # waits for a non-empty one.
     body.append('code=$?; umask 077; ended $code')

@@ -20,6 +20,7 @@ to the same list.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict
@@ -49,6 +50,8 @@ class Hello:
     cuda_version: str | None = None
     #: the node's link matrix (``readings.hello_topology``), or None when it sent none
     topology: dict[str, Any] | None = None
+    #: the node's clock when it said hello (its offset from the head's), None: unsaid
+    t: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +92,9 @@ class Exit:
     token: str | None
     code: int | None = None
     reason: str = ""
+    #: when it ended by the node's clock (its exit code's file), None: unsaid. The job's
+    #: user owns that file: the head takes it only for an end it did not hear at once
+    at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +125,8 @@ def _hello(node: str, message: dict[str, Any]) -> Hello:
                  node_dir=_text(message.get("node_dir")), platform=_mapping(message.get("platform")),
                  runtimes=_mapping(message.get("runtimes")), backends=_dicts(message.get("backends")),
                  devices=_dicts(message.get("devices")), max_job=job_number(message.get("max_job")),
-                 cuda_version=hello_cuda_version(message), topology=hello_topology(message))
+                 cuda_version=hello_cuda_version(message), topology=hello_topology(message),
+                 t=node_time(message.get("t")))
 
 
 def _probe(node: str, message: dict[str, Any]) -> Probe:
@@ -144,7 +151,7 @@ def _exit(node: str, message: dict[str, Any]) -> Exit:
     reason = message.get("reason")
     return Exit(job=_job(message.get("job")), token=_text(message.get("token")),
                 code=code if isinstance(code, int) and not isinstance(code, bool) else None,
-                reason=str(reason) if reason else "")
+                reason=str(reason) if reason else "", at=node_time(message.get("t")))
 
 
 def _kernel(node: str, message: dict[str, Any]) -> KernelLines:
@@ -176,6 +183,12 @@ def job_number(value: object) -> int:
     node is not trusted) is 0."""
     ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**62
     return value if ok else 0  # type: ignore[return-value]
+
+
+def node_time(value: object) -> float | None:
+    """A time in seconds since the epoch as a node sends it; None unless a finite number."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None  # type: ignore[arg-type]
 
 
 def _text(value: object) -> str | None:

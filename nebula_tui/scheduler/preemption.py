@@ -72,20 +72,23 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
                 holders.setdefault(view.uuid, []).append(job_id)
     jobs = {j.id: j for j in normal}
     held = _held_first(snapshot, holds, jobs, scavengers)
+    from_hold = {d.job_id for d in held}
     first = queue.schedule(replace(
         snapshot, gpus=_with(tuple(_without(view, scavengers) for view in snapshot.gpus),
                              [_claim(jobs[d.job_id], d.placements, snapshot.now) for d in held]),
-        queue=tuple(j for j in normal if j.id not in {d.job_id for d in held}),
+        queue=tuple(j for j in normal if j.id not in from_hold) if from_hold else normal,
         running=tuple(r for r in snapshot.running if not r.preemptible)
         + tuple(_claim(jobs[d.job_id], d.placements, snapshot.now) for d in held),
-        waiting_elsewhere=snapshot.waiting_elsewhere | {j.id for j in spare} | {d.job_id for d in held}))
+        waiting_elsewhere=snapshot.waiting_elsewhere | {j.id for j in spare} | from_hold))
     decisions: list[Decision] = []
     preempts = _booked_out(snapshot, holders)
     claimed: list[RunningJob] = []  # normal jobs' starts, and the cards they preempt for
     waiting: set[int] = set()
-    from_hold = {d.job_id for d in held}
+    wait = Wait
     for decision in held + first:
-        if isinstance(decision, Start):
+        if type(decision) is wait:  # most decisions of a long queue
+            waiting.add(decision.job_id)
+        elif isinstance(decision, Start):
             job = jobs[decision.job_id]
             claimed.append(_claim(job, decision.placements, snapshot.now))
             # A held job was placed beside the preemptible jobs of every card but its held
@@ -100,8 +103,6 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
                 decision = Wait(job.id, f"would preempt {join_ids(victims)} (preemptible) — starting now",
                                 decision.placements)
                 waiting.add(job.id)
-        elif isinstance(decision, Wait):
-            waiting.add(decision.job_id)
         decisions.append(decision)
     if not spare:
         return decisions + list(preempts.values())
@@ -113,8 +114,7 @@ def schedule(snapshot: Snapshot) -> list[Decision]:
         snapshot, gpus=taken, queue=spare, running=snapshot.running + tuple(claimed), users=users,
         waiting_elsewhere=snapshot.waiting_elsewhere | waiting))
     if over:
-        jobs = {j.id: j for j in spare}
-        second = [_over_quota(d, jobs[d.job_id]) if jobs[d.job_id].user in over else d for d in second]
+        second = _over_quota_all(second, {j.id: j for j in spare}, over)
     return decisions + second + list(preempts.values())
 
 
@@ -181,6 +181,28 @@ def _held_first(snapshot: Snapshot, holds: dict[int, tuple[Placement, ...]], job
         else:
             del claims[job.id]
     return found
+
+
+def _over_quota_all(decisions: list[Decision], jobs: dict[int, PendingJob], over: set[str]) -> list[Decision]:
+    """The second walk's decisions, those of users past their quota as ``_over_quota``
+    makes them: a wait's sentence made once per distinct reason (a long queue's over-quota
+    jobs wait for a few reasons, pass after pass)."""
+    said: dict[str, str] = {}
+    wait = Wait
+    out: list[Decision] = []
+    append = out.append
+    for d in decisions:
+        job = jobs[d.job_id]
+        if job.user not in over:
+            append(d)
+        elif type(d) is wait:
+            text = said.get(d.reason)
+            if text is None:
+                text = said[d.reason] = f"{OVER_QUOTA}; {d.reason}"
+            append(Wait(d.job_id, text))
+        else:
+            append(_over_quota(d, job))
+    return out
 
 
 def _over_quota(decision: Decision, job: PendingJob) -> Decision:

@@ -7,17 +7,20 @@ screens, and nothing else of it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+
 from rich.text import Text
 from textual import work
 from textual.actions import SkipAction
 from textual.screen import ModalScreen
 
 from ..api import ApiError, AsyncClient
-from ..client.cluster import Cluster
+from ..client.cluster import Cluster, LiveJob
 from ..forecasts import why_text
 from ..printable import printable, printable_tree
 from ..views import command_line
-from ..wire import DrainRequest, JobRequest, NodeRequest, WhyRequest
+from ..wire import (DrainRequest, JobDetailReply, JobReply, JobRequest, NodeReply, NodeRequest, NodeWire, ReloadReply,
+                    WhyJob, WhyReply, WhyRequest)
 from . import commandline
 from .base import OpMissing
 from .commandline import Command, CommandLine
@@ -31,16 +34,35 @@ DONE_VERB = {"cancel": "cancelled", "hold": "held", "release": "released"}
 NODE_DONE = {"drain": "drained", "resume": "resumed", "node_remove": "removed"}
 
 
-class ClusterActions:
+R = TypeVar("R")
+if TYPE_CHECKING:  # mixed into an App (mypy reads this part of the app with Textual's)
+    from textual.app import App
+
+    _Mixin = App[object]
+else:
+    _Mixin = object
+
+
+class ClusterActions(_Mixin):
     """The app's requests for a person's actions (mixed into ``NebulaApp``)."""
 
     client: AsyncClient
     cluster: Cluster
     user: str | None
 
-    async def call(self, op: str, **fields) -> dict:
-        """One request to the head; raises ApiError (OpMissing for an op it lacks). Every
-        string in the reply is made printable (other users' names and commands)."""
+    if TYPE_CHECKING:
+        def tell_screens(self, change: str, key: object = None) -> None: ...
+
+    @overload
+    async def call(self, op: str, reply: type[R], **fields: Any) -> R: ...
+
+    @overload
+    async def call(self, op: str, reply: None = None, **fields: Any) -> dict[str, Any]: ...
+
+    async def call(self, op: str, reply: type[Any] | None = None, **fields: Any) -> Any:
+        """One request to the head, its reply read as ``reply`` (the op's shape in
+        ``wire``); raises ApiError (OpMissing for an op it lacks). Every string in the reply
+        is made printable (other users' names and commands)."""
         try:
             return printable_tree(await self.client.call(op, **fields))
         except ApiError as err:
@@ -52,7 +74,7 @@ class ClusterActions:
     async def show_why(self, job_id: int) -> None:
         """The ``why`` group: the head's `nebula why` answer for a job, in a dialog."""
         try:
-            answer = (await self.call("why", **WhyRequest(job=job_id)))["why"]
+            answer = cast(WhyJob, (await self.call("why", WhyReply, **WhyRequest(job=job_id)))["why"])  # (a job's)
         except (OpMissing, ApiError) as err:
             self.notify(str(err), title=f"Cannot explain job {job_id}", severity="warning")
             return
@@ -64,7 +86,7 @@ class ClusterActions:
         """The ``actions`` group: cancel / hold / release one job; the outcome (or the
         service's refusal) becomes a notification."""
         try:
-            await self.call(op, **JobRequest(job=job_id))
+            await self.call(op, JobReply, **JobRequest(job=job_id))
         except OpMissing as err:
             self.notify(str(err), title=f"Cannot {op} job {job_id}", severity="warning")
         except ApiError as err:
@@ -114,7 +136,7 @@ class ClusterActions:
         job = self.cluster.jobs.get(job_id)
         if job is None:
             try:
-                job = (await self.call("job", **JobRequest(job=job_id)))["job"]
+                job = (await self.call("job", JobDetailReply, **JobRequest(job=job_id)))["job"]
             except ApiError as err:
                 self.notify(str(err), title=f"Cannot cancel job {job_id}", severity="error")
                 return
@@ -127,12 +149,12 @@ class ClusterActions:
         if await self.push_screen_wait(confirm(f"Cancel job {job_id}?", body, "Cancel the job")):
             self.job_action("cancel", job_id)
 
-    def running_on(self, node: str) -> list[dict]:
+    def running_on(self, node: str) -> list[LiveJob]:
         return sorted((j for j in self.cluster.jobs.values()
                        if j["state"] in ("running", "launching")
                        and any(g["node"] == node for g in j["gpus"])), key=lambda j: j["id"])
 
-    def _jobs_lines(self, jobs: list[dict]) -> str:
+    def _jobs_lines(self, jobs: list[LiveJob]) -> str:
         lines = [f"  {job_summary(j)}" for j in jobs[:6]]
         if len(jobs) > 6:
             lines.append(f"  … and {len(jobs) - 6} more")
@@ -167,15 +189,19 @@ class ClusterActions:
         """The ``node-actions`` group: drain, resume or remove; a refusal becomes a
         notification. The head's answer is folded in at once (its node event follows)."""
         fields = DrainRequest(node=node, reason=reason) if op == "drain" else NodeRequest(node=node)
+        now: NodeWire | None = None  # (a node removed is none)
         try:
-            reply = await self.call(op, **fields)
+            if op == "node_remove":
+                await self.call(op, ReloadReply, **fields)
+            else:
+                now = (await self.call(op, NodeReply, **fields))["node"]
         except OpMissing as err:
             self.notify(str(err), title=f"Cannot {op.replace('node_', '')} {node}", severity="warning")
             return
         except ApiError as err:
             self.notify(str(err), title=f"Cannot {op.replace('node_', '')} {node}", severity="error")
             return
-        if isinstance(reply.get("node"), dict):
-            self.cluster.apply_node(reply["node"])
+        if isinstance(now, dict):
+            self.cluster.apply_node(now)
             self.tell_screens("node", node)
         self.notify(f"{node} {NODE_DONE.get(op, op)}")

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from rich.text import Text
 from textual import on, work
@@ -29,6 +30,7 @@ from textual.actions import SkipAction
 from textual.app import App, ComposeResult, SystemCommand
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import VerticalScroll
+from textual.dom import DOMNode
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
@@ -39,8 +41,9 @@ from ..homedir import Home
 from ..printable import printable_json
 from . import commandline
 from ..waits import within
+from ..wire import GpusEvent, PingReply, StreamSnapshot
 from .actions import ClusterActions
-from .base import ClusterScreen
+from .base import ClusterApp, ClusterScreen
 from .gpus import GpuDetailScreen, GpusScreen
 from .job import JobScreen
 from .look import LOOK
@@ -131,9 +134,9 @@ class KeyCommands(Provider):
     switch to that screen first."""
 
     def _entries(self) -> list[tuple[str, Key, Callable[[], None]]]:
-        app, screen = self.app, self.screen
-        entries = [(k.description, k, partial(app.run_key, k, screen)) for k in screen_keys(screen)
-                   if k.palette]
+        app, screen = cast("NebulaApp", self.app), self.screen
+        entries: list[tuple[str, Key, Callable[[], None]]] = [
+            (k.description, k, partial(app.run_key, k, screen)) for k in screen_keys(screen) if k.palette]
         here = {type(screen)}
         for key, mode, title in SCREENS:
             cls = app.MODES[mode]
@@ -187,7 +190,7 @@ class NebulaApp(ClusterActions, App):
         self.cluster = Cluster()
         self.connection: tuple[str, bool] = ("connecting…", False)
         self.user: str | None = None  # who the head says we are (for "mine")
-        self._gpu_events: list[dict] = []  # telemetry batch: "gpus" events, in stream order
+        self._gpu_events: list[GpusEvent] = []  # telemetry batch: "gpus" events, in stream order
         self.home = home
         self.demo_lab = demo_lab
         #: called first when a demo's terminal closes (SIGHUP) or it is killed (SIGTERM)
@@ -290,7 +293,7 @@ class NebulaApp(ClusterActions, App):
     async def who_am_i(self) -> None:
         """The ``whoami`` group: ask once who the head thinks we are (peer credentials)."""
         try:
-            self.user = (await self.call("ping")).get("user")
+            self.user = (await self.call("ping", PingReply)).get("user")
         except ApiError:
             pass
 
@@ -312,9 +315,9 @@ class NebulaApp(ClusterActions, App):
                     if kind == "snapshot":
                         delay = RETRY_FIRST_S
                         self._gpu_events = []  # changes to an older state: superseded
-                        self.post_message(SnapshotArrived(event))
+                        self.post_message(SnapshotArrived(cast(StreamSnapshot, event)))
                     elif kind == "gpus":
-                        self._gpu_events.append(event)
+                        self._gpu_events.append(cast(GpusEvent, event))
                         if len(self._gpu_events) == 1:  # a new batch: one message for it
                             loop.call_later(TELEMETRY_BATCH_S, self._post_gpu_batch)
                     elif (message := message_of(event)) is not None:
@@ -343,8 +346,9 @@ class NebulaApp(ClusterActions, App):
         it missed, which that showing catches up on."""
         stack = self.screen_stack
         screen = stack[-1] if stack else None
-        ready = isinstance(screen, ClusterScreen) and screen.is_mounted and screen.drawn.is_set()
-        return screen if ready else None
+        if isinstance(screen, ClusterScreen) and screen.is_mounted and screen.drawn.is_set():
+            return screen
+        return None
 
     def tell_screens(self, change: str, key: object = None) -> None:
         """Tell the visible screen what changed; the others note it for when they are shown."""
@@ -359,7 +363,7 @@ class NebulaApp(ClusterActions, App):
 
     def _cluster_screens(self) -> list[ClusterScreen]:
         """Every screen of cluster data, on any mode's stack."""
-        screens = []
+        screens: list[ClusterScreen] = []
         for mode in self.MODES:
             try:
                 stack = self.get_screen_stack(mode)
@@ -442,7 +446,7 @@ class NebulaApp(ClusterActions, App):
         else:
             self.push_screen(screen)
 
-    def action_back(self) -> None:
+    def action_back(self) -> None:  # type: ignore[override]  # (Textual's is async: ours pops at once)
         if len(self.screen_stack) > 1:
             self.pop_screen()
 
@@ -458,7 +462,7 @@ class NebulaApp(ClusterActions, App):
 
     def run_key(self, key: Key, screen: Screen) -> None:
         """Run a key's action as if pressed on ``screen`` (a table key on its table)."""
-        target = screen
+        target: DOMNode = screen
         if key in TABLE_KEYS:
             focused = screen.focused
             target = focused if isinstance(focused, RowTable) else screen.query(RowTable).first()
@@ -562,3 +566,9 @@ def run_tui(home: Home, config: str | None) -> int:
         print(f"nebula: {err}", file=sys.stderr)
         return 1
     return open_tui(home, config).return_code or 0
+
+
+if TYPE_CHECKING:
+    def _as_the_screens_take_it(app: NebulaApp) -> ClusterApp:
+        """mypy's check that the app is the ``ClusterApp`` the screens use (``self.tui``)."""
+        return app

@@ -6,6 +6,8 @@ screen renders it, a hidden one notes what it missed and catches up when shown a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from typing import Any, Protocol, TypeVar, cast, overload
 
 from rich.markup import escape
 from rich.text import Text
@@ -16,7 +18,9 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
-from ..api import ApiError
+from ..api import ApiError, AsyncClient
+from ..client.cluster import Cluster, LiveJob
+from ..wire import NodeWire
 from .look import LOOK
 from .widgets.keys import SCREENS, Key, bindings
 from .widgets.rowtable import RowTable
@@ -53,8 +57,10 @@ class KeyFooter(Footer):
     _shown_keys: tuple | None = None
 
     def on_resize(self) -> None:
-        # At 80 columns the keys need every cell: the palette has its key in the help.
+        # At 80 columns the keys need every cell: the palette has its key in the help, and
+        # the keys go closer together (the queue's and a job's ten reach past 80 otherwise).
         wide = self.size.width >= PALETTE_MIN_WIDTH
+        self.compact = self.size.width < COMPACT_BELOW_WIDTH
         if wide != self.show_command_palette:
             self.show_command_palette = wide
             self.call_after_refresh(self.recompose)
@@ -67,8 +73,10 @@ class KeyFooter(Footer):
             super().bindings_changed(screen)
 
 
-#: Below this many columns the footer leaves out the command palette's entry.
+#: Below this many columns the footer leaves out the command palette's entry …
 PALETTE_MIN_WIDTH = 110
+#: … and below this many it sets its keys closer together.
+COMPACT_BELOW_WIDTH = 100
 #: Below this many columns the bar leaves out the program's and the cluster's name.
 BAR_NAME_MIN_WIDTH = 110
 
@@ -76,7 +84,7 @@ BAR_NAME_MIN_WIDTH = 110
 REACHABLE = frozenset({"up", "drained"})
 
 
-def reach_text(nodes: dict[str, dict], connected: bool, lost: bool = False) -> Text:
+def reach_text(nodes: Mapping[str, NodeWire], connected: bool, lost: bool = False) -> Text:
     """What the bar says of the cluster: every node up, some unreachable, or none (or
     that the head itself is not reached)."""
     if lost:
@@ -91,8 +99,8 @@ def reach_text(nodes: dict[str, dict], connected: bool, lost: bool = False) -> T
         return Text(f"● {total}/{total} nodes up", style=LOOK.role("ok"))
     if not reached:
         return Text(f"✖ no node reachable (0/{total})", style=LOOK.role("bad"))
-    lost = sorted(name for name, n in nodes.items() if n.get("state") not in REACHABLE)
-    names = ", ".join(lost[:2]) + ("…" if len(lost) > 2 else "")
+    down = sorted(name for name, n in nodes.items() if n.get("state") not in REACHABLE)
+    names = ", ".join(down[:2]) + ("…" if len(down) > 2 else "")
     return Text(f"▲ {len(reached)}/{total} reachable · {names} not", style=LOOK.role("warn"))
 
 
@@ -138,18 +146,19 @@ class ScreenBar(Horizontal):
         markup = "".join(tabs)
         if crumb:
             markup += f" › [b]{escape(crumb)}[/b]"
-        lines = [next(iter(self.query(f"#bar-{part}").results(Static)), None) for part in ("tabs", "state")]
-        if None in lines:
+        tabs_line, state_line = (next(iter(self.query(f"#bar-{part}").results(Static)), None)
+                                 for part in ("tabs", "state"))
+        if tabs_line is None or state_line is None:
             # A screen warmed up unseen can be asked before its bar has composed (or after
             # the app closed it); its next show paints once the lines are there.
             self._shown = None
             return
-        lines[0].update(Content.from_markup(markup))
+        tabs_line.update(Content.from_markup(markup))
         right = Text()
         if name:
             right.append(f"{name}  ", style="bold")
         right.append_text(state)
-        lines[1].update(right)
+        state_line.update(right)
 
     def on_resize(self) -> None:
         self._shown = None
@@ -176,6 +185,53 @@ class FilterBox(Input):
             self.table.set_filter(self.value)
             if self.table.is_mounted:
                 self.table.focus()
+
+
+R = TypeVar("R")
+
+
+class ClusterApp(Protocol):
+    """What the screens use of the app besides Textual's ``App`` (``app.NebulaApp``, which
+    mypy checks is one): its connection to the head, its ``Cluster``, who it runs for, and
+    the actions a screen's keys ask of it. A screen reaches it as ``self.tui``."""
+
+    client: AsyncClient
+    cluster: Cluster
+    user: str | None
+    #: (what the title bar says, whether the stream is lost)
+    connection: tuple[str, bool]
+
+    @overload
+    async def call(self, op: str, reply: type[R], **fields: Any) -> R: ...
+
+    @overload
+    async def call(self, op: str, reply: None = None, **fields: Any) -> dict[str, Any]: ...
+
+    def open_job(self, job_id: int) -> None: ...
+
+    def action_back(self) -> None: ...
+
+    def open_gpu(self, uuid: str) -> None: ...
+
+    def running_on(self, node: str) -> list[LiveJob]: ...
+
+    # (Textual's workers: each call starts one and returns it)
+    def job_action(self, op: str, job_id: int) -> object: ...
+
+    def ask_cancel(self, job_id: int) -> object: ...
+
+    def show_why(self, job_id: int) -> object: ...
+
+    def ask_drain(self, node: str, reason: str | None = None) -> None: ...
+
+    def ask_remove(self, node: str) -> object: ...
+
+    def node_action(self, op: str, node: str, reason: str = "") -> object: ...
+
+
+def tui_of(screen: Screen) -> ClusterApp:
+    """The app of ``screen`` as the screens use it (a dialog's too)."""
+    return cast(ClusterApp, screen.app)
 
 
 class ClusterScreen(Screen):
@@ -230,11 +286,10 @@ class ClusterScreen(Screen):
     def show_bar(self) -> None:
         bars = self.query(ScreenBar)
         if bars:
-            app = self.app
-            bars.first().show(self.MODE or app.current_mode, self.crumb(),
+            bars.first().show(self.MODE or self.app.current_mode, self.crumb(),
                               reach_text(self.cluster.nodes, self.cluster.connected,
-                                         app.connection[1]),
-                              getattr(app, "bar_name", "NebulaGrid"))
+                                         self.tui.connection[1]),
+                              getattr(self.app, "bar_name", "NebulaGrid"))
 
     # ------------------------------------------------------------------ filter box
     @on(RowTable.FilterAsked)
@@ -261,8 +316,12 @@ class ClusterScreen(Screen):
         yield from ()
 
     @property
-    def cluster(self):
-        return self.app.cluster
+    def tui(self) -> ClusterApp:
+        return tui_of(self)
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.tui.cluster
 
     def on_screen_suspend(self) -> None:
         self._styled_for = self._app_style_state()
@@ -334,12 +393,12 @@ class ClusterScreen(Screen):
 
     def show_connection(self) -> None:
         self.show_bar()
-        if self.app.connection == self._connection:
+        if self.tui.connection == self._connection:
             return  # (an update lays the whole screen out again: not on every switch)
         banners = self.query("#connection")
         if not banners:
             return  # not composed yet (a snapshot came first): shown when it resumes
-        self._connection = state, lost = self.app.connection
+        self._connection = state, lost = self.tui.connection
         banner = banners.first(Static)
         banner.update(state)
         banner.set_class(lost, "lost")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..client.cluster import Cluster
 from .look import LOOK
@@ -19,7 +20,7 @@ from .messages import (BookingsChanged, EventLogged, GpusChanged, JobChanged, No
 
 #: A stream event's ``type`` -> its message ("gpus" events are batched by the app, and a
 #: snapshot resets that batch, so both are the app's to post).
-MESSAGES: dict[str, Callable[[dict], StreamMessage]] = {
+MESSAGES: dict[str, Callable[[Any], StreamMessage]] = {
     "job": lambda e: JobChanged(e["job"]),
     "node": lambda e: NodeChanged(e["node"]),
     "event": lambda e: EventLogged(e["event"]),
@@ -30,8 +31,9 @@ MESSAGES: dict[str, Callable[[dict], StreamMessage]] = {
 }
 
 
-def message_of(event: dict) -> StreamMessage | None:
-    """The message of a stream event of a kind in :data:`MESSAGES`; None for any other."""
+def message_of(event: dict[str, Any]) -> StreamMessage | None:
+    """The message of a stream event of a kind in :data:`MESSAGES` (read as its
+    ``wire.StreamEvent``, as the head sends it); None for any other."""
     make = MESSAGES.get(event.get("type"))  # type: ignore[arg-type]
     return make(event) if make is not None else None
 
@@ -105,7 +107,7 @@ def _lost(cluster: Cluster, m: StreamLost) -> Folded:
     return Folded(connection=(f"disconnected — retrying in {m.retry_s:g}s ({m.reason})", True))
 
 
-_FOLDS: dict[type, Callable[[Cluster, object], Folded]] = {
+_FOLDS: dict[type, Callable[[Cluster, Any], Folded]] = {
     SnapshotArrived: _snapshot, JobChanged: _job, GpusChanged: _gpus, NodeChanged: _node,
     EventLogged: _event, UserChanged: _user, PoolChanged: _pool, BookingsChanged: _bookings,
     QueueOrdered: _queue, StreamLost: _lost,

@@ -15,6 +15,9 @@ group ``history``), each on a fixed scale so that a flat line is drawn flat.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -23,9 +26,10 @@ from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from ..api import ApiError
-from ..model import MIB_PER_GIB, NOT_AVAILABLE, format_mb
+from ..model import NOT_AVAILABLE, format_mb
 from ..views import short_model
-from ..wire import GpuHistoryRequest, GpuWire
+from ..wire import BookingView, GpuHistoryReply, GpuHistoryRequest, GpuWire, TelemetrySample
+from ..units import MIB_PER_GIB
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .look import LOOK
 from .render import (booking_line, clock, fill_bar, fits_text, free_slice_mb, gpu_label, holders_text,
@@ -142,7 +146,7 @@ class GpusScreen(ClusterScreen):
             table.refresh_rows({uuid for node in nodes for uuid in by_node.get(node, ())})
             self._show_line()
 
-    def _holders(self, gpu: dict) -> str:
+    def _holders(self, gpu: GpuWire) -> str:
         held = holders_text(gpu, self.cluster.jobs, self.cluster.holders_of(gpu["uuid"]))
         booked = [b["name"] for b in self.cluster.bookings_of(gpu["uuid"]) if b.get("active")]
         return f"{held} · booked for {', '.join(booked)}" if booked else held
@@ -191,11 +195,11 @@ class GpusScreen(ClusterScreen):
     def action_open_gpu(self) -> None:
         key = self.query_one("#gpu-table", RowTable).cursor_key
         if key:
-            self.app.open_gpu(key)
+            self.tui.open_gpu(key)
 
     @on(RowTable.Selected, "#gpu-table")
     def _selected(self, event: RowTable.Selected) -> None:
-        self.app.open_gpu(event.key)
+        self.tui.open_gpu(event.key)
 
 
 # ============================================================================ detail
@@ -223,7 +227,7 @@ PROC_SORTS = {"pid": Sort(lambda p: p["pid"]), "mem": Sort(lambda p: p.get("used
               "name": Sort(lambda p: p.get("name") or "")}
 
 
-def plot_range(field: str, gpu: dict, values: list[float], hot_c: float) -> tuple[float, float]:
+def plot_range(field: str, gpu: Mapping[str, Any], values: list[float], hot_c: float) -> tuple[float, float]:
     """The y-axis of one plot (in the plotted unit), fixed by what the value can be rather
     than by the values seen, so a constant reading is a flat line where it belongs (1 MB
     of 24 GB at the bottom, not a full bar)."""
@@ -273,7 +277,7 @@ def descriptor_text(gpu: GpuWire) -> Text:
     return text
 
 
-def live_text(gpu: GpuWire, holders: str, hot_c: float, bookings: list[dict] = ()) -> Text:
+def live_text(gpu: GpuWire, holders: str, hot_c: float, bookings: Sequence[BookingView] = ()) -> Text:
     """The card now: memory, what fits, load, heat, power, who holds it, its bookings
     under way or in the coming week."""
     free = free_slice_mb(gpu)
@@ -302,7 +306,7 @@ class GpuDetailScreen(ClusterScreen):
     def __init__(self, uuid: str) -> None:
         super().__init__()
         self.uuid = uuid
-        self.samples: list[dict] = []
+        self.samples: list[TelemetrySample] = []
 
     def crumb(self) -> str:
         gpu = self.cluster.gpus.get(self.uuid)
@@ -339,7 +343,7 @@ class GpuDetailScreen(ClusterScreen):
         if change in ("all", "job", "bookings") or (change == "gpus" and gpu and gpu["node"] == key):
             self.render_all()
 
-    def _gpu(self) -> dict:
+    def _gpu(self) -> Mapping[str, Any]:
         return self.cluster.gpus.get(self.uuid) or {}
 
     def _slice_cells(self, key: str) -> tuple:
@@ -349,7 +353,7 @@ class GpuDetailScreen(ClusterScreen):
         jobs = self.cluster.jobs
         job = jobs.get(s.get("job")) if s.get("job") is not None else None
         holder = "-" if s.get("job") is None else (
-            f"{job['user']}:{s['job']}{' ' + job['name'] if job.get('name') else ''}" if job
+            f"{job['user']}:{s['job']}{' ' + name if (name := job.get('name')) else ''}" if job
             else f"job {s['job']}")
         size = format_mb(s["memory_mb"]) + (" (whole)" if s.get("exclusive") else "")
         return (str(s["id"]), size, state_text(s["state"]), holder)
@@ -401,7 +405,8 @@ class GpuDetailScreen(ClusterScreen):
         """The ``history`` group: one ``history`` request at a time for this GPU."""
         note = self.query_one("#gpu-history-note", Static)
         try:
-            reply = await self.app.call("history", **GpuHistoryRequest(gpu=self.uuid, since=HISTORY_SPAN_S))
+            reply = await self.tui.call("history", GpuHistoryReply,
+                                        **GpuHistoryRequest(gpu=self.uuid, since=HISTORY_SPAN_S))
         except OpMissing:
             note.update(Text("History is not available on this service (no 'history' request).",
                              style=LOOK.role("warn")))
@@ -417,7 +422,7 @@ class GpuDetailScreen(ClusterScreen):
         if not notes:  # the page is closing under the answer
             return
         note = notes.first(Static)
-        samples = [s for s in self.samples if s.get("t") is not None]
+        samples: list[Mapping[str, Any]] = [s for s in self.samples if s.get("t") is not None]
         if not samples:
             note.update(Text("No samples recorded yet (the head records one every 30 s).",
                              style="dim"))

@@ -15,6 +15,8 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
+from typing import Any, cast
 
 from rich.text import Text
 from textual import on, work
@@ -28,9 +30,11 @@ from ..client.cluster import FINISHED
 from ..forecasts import starts_text
 from ..model import format_mb
 from ..views import workdir_text
-from ..wire import EventsRequest, JobRequest, JobWire, LogsRequest
+from ..wire import (AttachInfoReply, EventRow, EventsReply, EventsRequest, JobDetailReply, JobRequest, JobWire,
+                    LogsReply, LogsRequest, StartForecast)
+from ..units import duration_short as duration
 from .base import ClusterScreen, OpMissing
-from .render import ago, clock, duration, job_size, job_state, run_seconds, state_text
+from .render import ago, clock, job_size, job_state, run_seconds, state_text
 from .widgets.keys import JOB_KEYS
 
 #: How often the log is polled while following (seconds).
@@ -51,7 +55,7 @@ class LogChunk(Message):
 class JobLoaded(Message):
     """The job as the head has it, and its events log lines (oldest first)."""
 
-    def __init__(self, job: dict, events: list[dict]) -> None:
+    def __init__(self, job: JobWire, events: list[EventRow]) -> None:
         super().__init__()
         self.job = job
         self.events = events
@@ -91,7 +95,8 @@ def spec_text(job: JobWire) -> Text:
         Text.assemble(("Workdir   ", "bold"), workdir_text(job)),
         Text.assemble(("Submitted ", "bold"), f"{clock(job['submitted_at'])} ({ago(job['submitted_at'])} ago)"),
     ]
-    if state == "pending" and (starts := starts_text(job.get("starts"), time.time())):
+    forecast = cast("StartForecast | None", job.get("starts"))  # (a waiting job's, from the stream)
+    if state == "pending" and (starts := starts_text(forecast, time.time())):
         lines.append(Text.assemble(("Starts    ", "bold"), starts,
                                    (" (w: why, and what would start it sooner)", "dim")))
     if job.get("started_at"):
@@ -107,10 +112,10 @@ def spec_text(job: JobWire) -> Text:
     return Text("\n").join(lines)
 
 
-def env_text(environment: dict[str, dict[str, str]], job: dict | None = None) -> Text:
+def env_text(environment: dict[str, dict[str, str]], job: JobWire | None = None) -> Text:
     """What the head says each of the job's nodes gives its command (R12)."""
     if not environment:
-        pool = (job or {}).get("pool")
+        pool = job.get("pool") if job else None
         if pool:  # a batch cluster's nodes: their variables are its own, unseen from here
             return Text(f"Set by pool {pool}'s batch system on its nodes (its own variables, such as "
                         "CUDA_VISIBLE_DEVICES, and the lab's, in the job's batch script); not seen from here.",
@@ -126,7 +131,7 @@ def env_text(environment: dict[str, dict[str, str]], job: dict | None = None) ->
 
 def placement_of(job: JobWire | None) -> tuple:
     """The GPUs a job holds, as a key: its environment changes only with them."""
-    return tuple((g["uuid"], g["memory_mb"]) for g in (job or {}).get("gpus", ()))
+    return tuple((g["uuid"], g["memory_mb"]) for g in (job.get("gpus", ()) if job else ()))
 
 
 class JobScreen(ClusterScreen):
@@ -136,10 +141,10 @@ class JobScreen(ClusterScreen):
     def __init__(self, job_id: int) -> None:
         super().__init__()
         self.job_id = job_id
-        self.job: dict | None = None
+        self.job: JobWire | None = None
         self.environment: dict[str, dict[str, str]] = {}  # node -> its variables (the head's)
         self._environment_for: tuple | None = None  # the placement it was computed for
-        self.history: list[dict] = []  # events log lines of this job
+        self.history: list[EventRow] = []  # events log lines of this job
         self.follow = True
         self.log_offset = 0
         self.log_lines = 0
@@ -149,7 +154,7 @@ class JobScreen(ClusterScreen):
         self._history_state: str | None = None  # the state the history was loaded for
 
     def crumb(self) -> str:
-        name = (self.job or {}).get("name")
+        name = self.job.get("name") if self.job else None
         return f"Job {self.job_id}" + (f" · {name}" if name else "")
 
     def compose_body(self) -> ComposeResult:
@@ -175,12 +180,12 @@ class JobScreen(ClusterScreen):
     async def load_job(self) -> None:
         """The ``job-load`` group: the job and its events log lines, once per screen."""
         try:
-            job = (await self.app.call("job", **JobRequest(job=self.job_id)))["job"]
+            job = (await self.tui.call("job", JobDetailReply, **JobRequest(job=self.job_id)))["job"]
         except ApiError as err:
             self.query_one("#job-spec", Static).update(Text(str(err), style="red"))
             return
         try:
-            events = (await self.app.call("events", **EventsRequest(limit=2000)))["events"]
+            events = (await self.tui.call("events", EventsReply, **EventsRequest(limit=2000)))["events"]
         except ApiError:
             events = []
         mine = sorted((e for e in events if e.get("job_id") == self.job_id),
@@ -193,7 +198,7 @@ class JobScreen(ClusterScreen):
         the job has ended and everything is read, or when follow is switched off."""
         while self.follow:
             try:
-                reply = await self.app.call("logs", **LogsRequest(job=self.job_id, offset=self.log_offset))
+                reply = await self.tui.call("logs", LogsReply, **LogsRequest(job=self.job_id, offset=self.log_offset))
             except ApiError as err:
                 self.post_message(LogChunk(f"[cannot read the log: {err}]\n", "?"))
                 return
@@ -210,7 +215,7 @@ class JobScreen(ClusterScreen):
     async def fetch_attach(self) -> None:
         """The ``attach`` group: ask the head how to attach; the handler runs it."""
         try:
-            argv = (await self.app.call("attach_info", **JobRequest(job=self.job_id)))["argv"]
+            argv = (await self.tui.call("attach_info", AttachInfoReply, **JobRequest(job=self.job_id)))["argv"]
         except OpMissing as err:
             self.notify(str(err), title="Cannot attach", severity="warning")
             return
@@ -224,11 +229,12 @@ class JobScreen(ClusterScreen):
     async def load_environment(self) -> None:
         """The ``job-environment`` group: the job's environment, once per placement."""
         with contextlib.suppress(ApiError):
-            job = (await self.app.call("job", **JobRequest(job=self.job_id)))["job"]
+            job = (await self.tui.call("job", JobDetailReply, **JobRequest(job=self.job_id)))["job"]
             self._show_environment(job)
 
-    def _show_environment(self, job: dict) -> None:
-        self.environment = job.get("environment") or {}
+    def _show_environment(self, job: JobWire) -> None:
+        detail: Mapping[str, Any] = job  # (the job's page has it; a job event has not)
+        self.environment = detail.get("environment") or {}
         self._environment_for = placement_of(job)
         self.query_one("#job-env", Static).update(env_text(self.environment, job))
 
@@ -276,7 +282,7 @@ class JobScreen(ClusterScreen):
                 argv = message.argv
                 if argv[:1] == ["nebula"]:
                     argv = [sys.executable, "-m", "nebula_tui", "--socket",
-                            str(self.app.client.path), *argv[1:]]
+                            str(self.tui.client.path), *argv[1:]]
                 subprocess.run(argv)
         except SuspendNotSupported:
             self.notify(f"Attach needs a real terminal; run: {shlex.join(message.argv)}",
@@ -335,13 +341,13 @@ class JobScreen(ClusterScreen):
         self.fetch_attach()
 
     def action_cancel_job(self) -> None:
-        self.app.ask_cancel(self.job_id)
+        self.tui.ask_cancel(self.job_id)
 
     def action_hold_job(self) -> None:
-        self.app.job_action("hold", self.job_id)
+        self.tui.job_action("hold", self.job_id)
 
     def action_release_job(self) -> None:
-        self.app.job_action("release", self.job_id)
+        self.tui.job_action("release", self.job_id)
 
     def action_why_job(self) -> None:
-        self.app.show_why(self.job_id)
+        self.tui.show_why(self.job_id)

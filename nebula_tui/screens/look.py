@@ -14,9 +14,12 @@ throttling detector's "hot" and "warm"), which the head sends in its snapshot
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from textual.color import Color
+from textual.theme import Theme
 
 from ..model import Temperatures
 from ..views import JobPhase
@@ -73,13 +76,13 @@ class Look:
                        for role, colour in roles.items()}
         self.styles[""] = ""
 
-    def use_theme(self, theme) -> None:
+    def use_theme(self, theme: Theme) -> None:
         """Take the roles' colours from a Textual theme (``App.current_theme``)."""
         self.use_colours(dark=theme.dark, success=theme.success or "#4EBF71",
                          warning=theme.warning or "#ffa62b", error=theme.error or "#ba3c5b",
                          accent=theme.primary or "#0178D4")
 
-    def use_temperatures(self, published: dict | None) -> bool:
+    def use_temperatures(self, published: Mapping[str, Any] | None) -> bool:
         """Draw by the thresholds the head published (its snapshot's ``temperatures``);
         True when they changed. A head that sends none leaves the defaults."""
         known = {k: float(v) for k, v in (published or {}).items()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from textual.message import Message
 
+from ..wire import BookingView, EventRow, GpusEvent, JobWire, NodeWire, PoolWire, StartForecast, StreamSnapshot, UserRow
+
 
 class StreamMessage(Message):
     """What the ``events`` worker posts: the app folds each kind (``screens/folding.py``)."""
@@ -17,7 +19,7 @@ class StreamMessage(Message):
 class SnapshotArrived(StreamMessage):
     """The stream (re)started: the whole state of the head (nodes, GPUs, queue, events)."""
 
-    def __init__(self, snapshot: dict) -> None:
+    def __init__(self, snapshot: StreamSnapshot) -> None:
         super().__init__()
         self.snapshot = snapshot
 
@@ -25,7 +27,7 @@ class SnapshotArrived(StreamMessage):
 class JobChanged(StreamMessage):
     """One job changed; a finished one (succeeded/failed/cancelled) leaves the queue."""
 
-    def __init__(self, job: dict) -> None:
+    def __init__(self, job: JobWire) -> None:
         super().__init__()
         self.job = job
 
@@ -39,7 +41,7 @@ class GpusChanged(StreamMessage):
     few messages, not 125. A batch is never folded into a newer snapshot than its own.
     """
 
-    def __init__(self, events: list[dict]) -> None:
+    def __init__(self, events: list[GpusEvent]) -> None:
         super().__init__()
         self.events = events
 
@@ -47,7 +49,7 @@ class GpusChanged(StreamMessage):
 class NodeChanged(StreamMessage):
     """One node's state changed (up, unreachable, drained…)."""
 
-    def __init__(self, node: dict) -> None:
+    def __init__(self, node: NodeWire) -> None:
         super().__init__()
         self.node = node
 
@@ -55,7 +57,7 @@ class NodeChanged(StreamMessage):
 class EventLogged(StreamMessage):
     """A line of the head's events log, as the head recorded it."""
 
-    def __init__(self, event: dict) -> None:
+    def __init__(self, event: EventRow) -> None:
         super().__init__()
         self.event = event
 
@@ -63,7 +65,7 @@ class EventLogged(StreamMessage):
 class UserChanged(StreamMessage):
     """One user's figures moved: their row, as the ``users`` request has it."""
 
-    def __init__(self, user: dict) -> None:
+    def __init__(self, user: UserRow) -> None:
         super().__init__()
         self.user = user
 
@@ -71,7 +73,7 @@ class UserChanged(StreamMessage):
 class BookingsChanged(StreamMessage):
     """The bookings not yet over, after one was made, ended or broken."""
 
-    def __init__(self, bookings: list[dict]) -> None:
+    def __init__(self, bookings: list[BookingView]) -> None:
         super().__init__()
         self.bookings = bookings
 
@@ -80,7 +82,7 @@ class QueueOrdered(StreamMessage):
     """The scheduler's new order of the waiting jobs (their ids), and its start forecasts
     when they came with it (job id -> ``starts``)."""
 
-    def __init__(self, order: list[int], starts: dict | None = None) -> None:
+    def __init__(self, order: list[int], starts: dict[str, StartForecast] | None = None) -> None:
         super().__init__()
         self.order = order
         self.starts = starts
@@ -98,6 +100,6 @@ class StreamLost(StreamMessage):
 class PoolChanged(StreamMessage):
     """One pool's view after a poll that changed it (as the snapshot's ``pools`` has it)."""
 
-    def __init__(self, pool: dict) -> None:
+    def __init__(self, pool: PoolWire) -> None:
         super().__init__()
         self.pool = pool

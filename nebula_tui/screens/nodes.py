@@ -10,7 +10,8 @@ answer arrives as a node event and a log line too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rich.text import Text
 from textual import on, work
@@ -23,8 +24,9 @@ from textual.widgets import Button, Input, Static
 from ..api import ApiError
 from ..model import format_mb
 from ..views import doctor_lines, node_power
-from ..wire import DoctorRequest, EventsRequest, GpuWire, NodeAddRequest, NodeKeyRequest, NodeWire
-from .base import TELEMETRY_EVERY_S, ClusterScreen
+from ..wire import (DoctorReply, DoctorRequest, EventRow, EventsReply, EventsRequest, GpuWire, NodeAddRequest,
+                    NodeKeyReply, NodeKeyRequest, NodeWire, ReloadReply)
+from .base import TELEMETRY_EVERY_S, ClusterScreen, tui_of
 from .look import LOOK
 from .render import ago, day_clock, free_slice_mb, node_power_text, state_text
 from .widgets.keys import FORM_KEYS, HELP_KEYS, NODES_KEYS, bindings
@@ -103,7 +105,7 @@ class DoctorScreen(ModalScreen[None]):
     async def check(self) -> None:
         box = self.query_one("#doctor-lines", Static)
         try:
-            reply = await self.app.call("doctor", **DoctorRequest(nodes=[self.node]))
+            reply = await tui_of(self).call("doctor", DoctorReply, **DoctorRequest(nodes=[self.node]))
         except ApiError as err:
             box.update(Text(f"not checked: {err}", style=LOOK.role("bad")))
             return
@@ -160,7 +162,8 @@ class AddNodePrompt(ModalScreen[None]):
         """The ``node-actions`` group: ask the head for the key the node presents."""
         self._say("reading the node's host key…")
         try:
-            fingerprint = (await self.app.call("node_key", **NodeKeyRequest(host=host, port=port)))["fingerprint"]
+            fingerprint = (await tui_of(self).call("node_key", NodeKeyReply,
+                                                   **NodeKeyRequest(host=host, port=port)))["fingerprint"]
         except ApiError as err:
             self._say(f"[b]cannot add:[/b] {err}")
             return
@@ -172,7 +175,8 @@ class AddNodePrompt(ModalScreen[None]):
     @work(exclusive=True, group="node-actions")
     async def add(self, name: str, host: str, port: int, fingerprint: str) -> None:
         try:
-            await self.app.call("node_add", **NodeAddRequest(node=name, host=host, port=port, trust=fingerprint))
+            await tui_of(self).call("node_add", ReloadReply,
+                                    **NodeAddRequest(node=name, host=host, port=port, trust=fingerprint))
         except ApiError as err:
             self._say(f"[b]not added:[/b] {err}")
             return
@@ -202,7 +206,7 @@ def pool_node_cells(node: dict, running: int) -> tuple:
             "read-only: the cluster's own" + ("" if node.get("usable", True) else "; takes no jobs"))
 
 
-def event_cells(event: dict) -> tuple:
+def event_cells(event: Mapping[str, Any]) -> tuple:
     kind = event.get("kind") or ""
     return (day_clock(event.get("t")), state_text(kind) if kind in ("failed", "cancelled") else kind,
             event.get("message") or "")
@@ -214,8 +218,8 @@ class NodesScreen(ClusterScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._log: list[dict] = []  # the log's lines from before the stream's, oldest first
-        self.events: dict[str, dict] = {}  # row key -> events log line, newest first
+        self._log: list[EventRow] = []  # the log's lines from before the stream's, oldest first
+        self.events: dict[str, dict[str, Any]] = {}  # row key -> events log line (and its key), newest first
         self._pool_nodes: dict[str, dict] = {}  # "pool:node" -> a pool's node (read-only)
         self._detail: Text | None = None  # the cursor row's whole words, under the tables
 
@@ -247,7 +251,7 @@ class NodesScreen(ClusterScreen):
         if self.is_current:
             self.later()
 
-    def _power_share(self, node: dict) -> tuple:
+    def _power_share(self, node: NodeWire) -> tuple:
         """Nearest its budget first; then nodes without one, by draw; then those unread."""
         draw, budget = node_power(node, self.cluster.node_gpus(node["name"]))
         if draw is None:
@@ -255,7 +259,7 @@ class NodesScreen(ClusterScreen):
         return (2, draw / budget) if budget else (1, draw)
 
     def _jobs_on(self, name: str) -> int:
-        return len(self.app.running_on(name))
+        return len(self.tui.running_on(name))
 
     def _node_cells(self, name: str) -> tuple:
         node = self.cluster.nodes.get(name)
@@ -319,8 +323,8 @@ class NodesScreen(ClusterScreen):
         """The log newest first: the lines loaded, then the stream's newer ones."""
         newest = self._log[-1]["t"] if self._log else 0
         events = (self._log + [e for e in self.cluster.events if e.get("t", 0) > newest])
-        keyed = ({**e, "key": f"{e['t']}-{n}"}
-                 for n, e in reversed(list(enumerate(events[-EVENTS_SHOWN:]))))
+        keyed: list[dict[str, Any]] = [{**e, "key": f"{e['t']}-{n}"}
+                                       for n, e in reversed(list(enumerate(events[-EVENTS_SHOWN:])))]
         self.events = {e["key"]: e for e in keyed}
         table = self.query_one("#events-table", RowTable)
         table.present(self.events.values(), lambda e: e["key"], lambda e: " ".join(
@@ -330,7 +334,7 @@ class NodesScreen(ClusterScreen):
     async def reload(self) -> None:
         """The ``events-log`` group: the log's older lines (the stream brings new ones)."""
         try:
-            self._log = (await self.app.call("events", **EventsRequest(limit=EVENTS_SHOWN)))["events"]
+            self._log = (await self.tui.call("events", EventsReply, **EventsRequest(limit=EVENTS_SHOWN)))["events"]
         except ApiError as err:
             if (table := self.live_table("#events-table")) is not None:
                 table.border_subtitle = f"cannot load: {err}"
@@ -351,15 +355,15 @@ class NodesScreen(ClusterScreen):
 
     def action_drain_node(self) -> None:
         if (name := self._selected()) is not None:
-            self.app.ask_drain(name)
+            self.tui.ask_drain(name)
 
     def action_resume_node(self) -> None:
         if (name := self._selected()) is not None:
-            self.app.node_action("resume", name)
+            self.tui.node_action("resume", name)
 
     def action_remove_node(self) -> None:
         if (name := self._selected()) is not None:
-            self.app.ask_remove(name)
+            self.tui.ask_remove(name)
 
     def action_check_node(self) -> None:
         if (name := self._selected()) is not None:

@@ -9,13 +9,17 @@ of every live job, re-ordered once per batch of job changes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from ..model import MIB_PER_GIB
+from ..units import MIB_PER_GIB
 from ..views import preemptible_text, status_summary
+from ..wire import BookingView, JobWire
 from .base import TELEMETRY_EVERY_S, ClusterScreen
 from .look import LOOK
 from .queue import job_detail
@@ -38,7 +42,7 @@ TICKER_LINES = 8
 TICKER_MIN_HEIGHT = 30
 
 
-def summary_text(counts: dict, jobs: list[dict], bookings: list[dict] = ()) -> Text:
+def summary_text(counts: Mapping[str, Any], jobs: Sequence[JobWire], bookings: Sequence[BookingView] = ()) -> Text:
     """The cluster in one line: nodes, GPUs by state, memory, jobs."""
     text = Text(f" {counts['nodes']} nodes · {counts['gpus']} GPUs: ")
     parts = [(f"{counts['idle']} idle", "free"), (f"{counts['busy']} busy", "info")]
@@ -75,7 +79,7 @@ class OverviewScreen(ClusterScreen):
         super().__init__()
         self._summary_dirty = False
         self._summary_text: Text | None = None
-        self._counts: tuple[int, dict] = (-1, {})  # (cluster.counts_version, R1 counts)
+        self._counts: tuple[int, Mapping[str, Any]] = (-1, {})  # (cluster.counts_version, R1 counts)
         self._dirty_cards: set[str] = set()  # nodes whose card is behind the cluster
         self._detail: Text | None = None  # the cursor job's line under the queue
 
@@ -122,8 +126,8 @@ class OverviewScreen(ClusterScreen):
             self._summary_dirty = True
             self._dirty_cards.add(str(key))
         elif change in ("job", "job-live"):
-            job = self.cluster.job(key)
-            self._dirty_cards.update(g["node"] for g in (job or {}).get("gpus", []))
+            job = self.cluster.job(key) if isinstance(key, int) else None
+            self._dirty_cards.update(g["node"] for g in (job.get("gpus", ()) if job else ()))
             self._summary_dirty = True
             if change == "job":  # (the tick brings the rest up to date)
                 self.later()
@@ -227,7 +231,7 @@ class OverviewScreen(ClusterScreen):
         key = self.query_one("#queue", RowTable).cursor_key
         job = self.cluster.job(int(key)) if key is not None else None
         shown = job is not None and job_state(job) in ("pending", "held")
-        text = job_detail(job, clock_now()) if shown else Text("")
+        text = job_detail(job, clock_now()) if job is not None and shown else Text("")
         if text != self._detail:  # (its "waiting for 3m" changes once a minute at most)
             self._detail = text
             box = self.query_one("#overview-detail", Static)
@@ -250,12 +254,12 @@ class OverviewScreen(ClusterScreen):
         if key is None:
             self.notify("No job selected: the queue is empty", severity="warning")
             return
-        self.app.ask_cancel(int(key))
+        self.tui.ask_cancel(int(key))
 
     def action_open_job(self) -> None:
         key = self.query_one("#queue", RowTable).cursor_key
         if key is not None:
-            self.app.open_job(int(key))
+            self.tui.open_job(int(key))
 
     def on_row_table_selected(self, event: RowTable.Selected) -> None:
-        self.app.open_job(int(event.key))
+        self.tui.open_job(int(event.key))

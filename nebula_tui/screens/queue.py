@@ -13,6 +13,8 @@ says in full why it waits, or how it ended.
 
 from __future__ import annotations
 
+from typing import cast
+
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -20,13 +22,14 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from ..api import ApiError
-from ..client.cluster import FINISHED
+from ..client.cluster import FINISHED, LiveJob
 from ..forecasts import starts_text
 from ..views import preemptible_text, running_idle_text
-from ..wire import JobHistoryRequest
+from ..wire import HistoryReply, JobHistoryRequest, JobWire, StartForecast
+from ..units import duration_short as duration
 from .base import TELEMETRY_EVERY_S, ClusterScreen, OpMissing
 from .look import LOOK
-from .render import (booking_line, duration, elapsed_text, exit_text, job_size, job_state, job_where,
+from .render import (booking_line, elapsed_text, exit_text, job_size, job_state, job_where,
                      now, run_seconds, state_text)
 from .widgets.keys import QUEUE_KEYS
 from .widgets.rowtable import Column, RowTable, Sort
@@ -44,7 +47,7 @@ DETAIL_LINES = 3
 ACTIVE_STATES = ("running", "launching")
 
 
-def queue_order(jobs: list[dict], order: list[int]) -> tuple[list[dict], dict[int, int]]:
+def queue_order(jobs: list[LiveJob], order: list[int]) -> tuple[list[LiveJob], dict[int, int]]:
     """Running first (oldest start first), then the waiting jobs in the head's ``order``
     (those it has not ordered yet, submitted since its last pass, after them by submit
     time), then held ones; and each waiting job's 1-based place in that line."""
@@ -63,14 +66,14 @@ def queue_order(jobs: list[dict], order: list[int]) -> tuple[list[dict], dict[in
 GONE = ("-",) * len(QUEUE_COLUMNS)
 
 
-def queue_cells(job: dict, place: int | None, at: float) -> tuple:
+def queue_cells(job: JobWire, place: int | None, at: float) -> tuple:
     where = " · ".join(filter(None, (preemptible_text(job), job_where(job), running_idle_text(job, at))))
     return (str(job["id"]), job["user"], job["name"] or "-", state_text(job_state(job)),
             str(place) if place else "-", job_size(job), elapsed_text(job, at), exit_text(job),
             where)
 
 
-def ended_where(job: dict) -> str:
+def ended_where(job: JobWire) -> str:
     """Where an ended job ran, or what ended it before it ran."""
     where = ", ".join(f"{g['node']}:{g['index']}" for g in job.get("gpus") or ())
     reason = job.get("reason") or ""
@@ -79,14 +82,15 @@ def ended_where(job: dict) -> str:
     return where or job_size(job)
 
 
-def job_detail(job: dict, at: float) -> Text:
+def job_detail(job: JobWire, at: float) -> Text:
     """The cursor job in one or two sentences: why it waits, where it runs, how it ended."""
     state = job_state(job)
     text = Text(f"Job {job['id']} ", style="bold")
     if tag := preemptible_text(job):
         text.append(f"({tag}) ")
     text.append(state, style=LOOK.state(state))
-    if state == "pending" and (starts := starts_text(job.get("starts"), at)):
+    forecast = cast("StartForecast | None", job.get("starts"))  # (a waiting job's, from the stream)
+    if state == "pending" and (starts := starts_text(forecast, at)):
         text.append(f", starts {starts}")
     if state == "pending" and job.get("reason"):
         text.append(f": {job['reason']}")
@@ -115,9 +119,9 @@ class QueueScreen(ClusterScreen):
         super().__init__()
         self.mine = False
         self.all_jobs = False  # the ended jobs too (history)
-        self.history: dict[int, dict] = {}  # ended jobs from the head, newest first
+        self.history: dict[int, JobWire] = {}  # ended jobs from the head, newest first
         self.history_note = ""
-        self._ordered: list[dict] = []  # every live job in queue order
+        self._ordered: list[LiveJob] = []  # every live job in queue order
         self._place: dict[int, int] = {}  # waiting job id -> its place in the line
 
     def compose_body(self) -> ComposeResult:
@@ -142,7 +146,7 @@ class QueueScreen(ClusterScreen):
             table.focus()
         self.set_interval(TELEMETRY_EVERY_S, self._tick)
 
-    def _seconds(self, job: dict) -> float:
+    def _seconds(self, job: JobWire) -> float:
         ran = run_seconds(job)
         return ran if ran is not None else (job.get("ended_at") or now()) - job["submitted_at"]
 
@@ -150,7 +154,7 @@ class QueueScreen(ClusterScreen):
     async def load_history(self) -> None:
         """The ``job-history`` group: the ended jobs (newest first) for the "all" view."""
         try:
-            reply = await self.app.call("job_history", **JobHistoryRequest(limit=HISTORY_LIMIT))
+            reply = await self.tui.call("job_history", HistoryReply, **JobHistoryRequest(limit=HISTORY_LIMIT))
         except OpMissing:
             self.history_note = "this service keeps no history: ended jobs seen since the TUI started"
         except ApiError as err:
@@ -203,7 +207,7 @@ class QueueScreen(ClusterScreen):
         self._show()
         self._show_bookings()
 
-    def _ended(self) -> list[dict]:
+    def _ended(self) -> list[JobWire]:
         """Ended jobs, newest end first: the head's history and those seen ending since."""
         ended = {**self.history, **self.cluster.finished}
         return sorted(ended.values(), key=lambda j: (-(j.get("ended_at") or 0), -j["id"]))
@@ -211,7 +215,7 @@ class QueueScreen(ClusterScreen):
     def _show(self) -> None:
         """The ordered jobs, or only mine: a filter of the order, not a new one, so a
         waiting job's Pos is its place in the whole line either way."""
-        me = self.app.user
+        me = self.tui.user
         live = self._ordered + (self._ended() if self.all_jobs else [])
         jobs = [j for j in live if not self.mine or j["user"] == me]
         table = self.query_one("#queue-table", RowTable)
@@ -235,7 +239,7 @@ class QueueScreen(ClusterScreen):
         self._show_detail()
 
     @staticmethod
-    def _text(job: dict) -> str:
+    def _text(job: JobWire) -> str:
         return " ".join((str(job["id"]), job["user"], job.get("name") or "", job_state(job),
                          job_where(job)))
 
@@ -263,19 +267,19 @@ class QueueScreen(ClusterScreen):
 
     def action_cancel_job(self) -> None:
         if (job_id := self._selected()) is not None:
-            self.app.ask_cancel(job_id)
+            self.tui.ask_cancel(job_id)
 
     def action_hold_job(self) -> None:
         if (job_id := self._selected()) is not None:
-            self.app.job_action("hold", job_id)
+            self.tui.job_action("hold", job_id)
 
     def action_release_job(self) -> None:
         if (job_id := self._selected()) is not None:
-            self.app.job_action("release", job_id)
+            self.tui.job_action("release", job_id)
 
     def action_why_job(self) -> None:
         if (job_id := self._selected()) is not None:
-            self.app.show_why(job_id)
+            self.tui.show_why(job_id)
 
     def action_toggle_mine(self) -> None:
         self.mine = not self.mine
@@ -293,8 +297,8 @@ class QueueScreen(ClusterScreen):
 
     def action_open_job(self) -> None:
         if (job_id := self._selected()) is not None:
-            self.app.open_job(job_id)
+            self.tui.open_job(job_id)
 
     @on(RowTable.Selected, "#queue-table")
     def _row_selected(self, event: RowTable.Selected) -> None:
-        self.app.open_job(int(event.key))
+        self.tui.open_job(int(event.key))

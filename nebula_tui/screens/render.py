@@ -9,7 +9,7 @@ and "elapsed" reads (snapshot tests fix it with ``set_clock``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from rich.text import Text
 
@@ -17,6 +17,7 @@ from ..model import NOT_AVAILABLE, format_mb
 from ..units import duration_coarse
 from ..units import duration_short as duration
 from ..views import booking_state, node_power, power_draw_text, short_model
+from ..wire import BookingView, GpuWire, JobWire, NodeWire, PoolWire
 from .look import LOOK
 
 _EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -63,30 +64,30 @@ status_cell = state_text
 
 
 # ------------------------------------------------------------------------- GPUs
-def memory_text(gpu: dict) -> str:
+def memory_text(gpu: GpuWire) -> str:
     """"6 GB / 24 GB": used of total, as nvidia-smi would say it ("N/A" for no reading)."""
     return f"{format_mb(gpu.get('memory_used_mb'))} / {format_mb(gpu.get('total_memory_mb'))}"
 
 
-def memory_fraction(gpu: dict) -> float | None:
+def memory_fraction(gpu: GpuWire) -> float | None:
     used, total = gpu.get("memory_used_mb"), gpu.get("total_memory_mb")
     if used is None or not total:
         return None
     return used / total
 
 
-def util_fraction(gpu: dict) -> float | None:
+def util_fraction(gpu: GpuWire) -> float | None:
     util = gpu.get("utilization_pct")
     return None if util is None else min(max(util, 0.0), 100.0) / 100
 
 
-def memory_cell(gpu: dict, width: int = 10) -> Text:
+def memory_cell(gpu: GpuWire, width: int = 10) -> Text:
     text = fill_bar(memory_fraction(gpu), width)
     text.append(f" {memory_text(gpu)}")
     return text
 
 
-def util_cell(gpu: dict, width: int = 6) -> Text:
+def util_cell(gpu: GpuWire, width: int = 6) -> Text:
     frac = util_fraction(gpu)
     text = bar(frac, width, LOOK.role("info"))
     text.append(f" {NOT_AVAILABLE}" if frac is None else f" {frac * 100:3.0f}%")
@@ -97,7 +98,7 @@ def temp_text(temp_c: float | None) -> Text:
     return Text(NOT_AVAILABLE if temp_c is None else f"{temp_c:.0f}°C", style=LOOK.temperature(temp_c))
 
 
-def power_text(gpu: dict) -> str:
+def power_text(gpu: GpuWire) -> str:
     """"62/400 W": the draw against the card's limit (the draw alone when no limit is known)."""
     power, limit = gpu.get("power_w"), gpu.get("power_limit_w")
     if power is None:
@@ -105,24 +106,24 @@ def power_text(gpu: dict) -> str:
     return f"{power:.0f}/{limit:.0f} W" if limit else f"{power:.0f} W"
 
 
-def free_slice_mb(gpu: dict) -> int:
+def free_slice_mb(gpu: GpuWire) -> int:
     """What the card can still give a new job (its free slice; 0 when taken or blocked)."""
-    return sum(s["memory_mb"] for s in gpu.get("slices", ()) if s["state"] == "free")
+    return sum(s["memory_mb"] or 0 for s in gpu.get("slices", ()) if s["state"] == "free")
 
 
-def is_free(gpu: dict) -> bool:
+def is_free(gpu: GpuWire) -> bool:
     """Nothing of ours on it, nobody else's memory, in service: a whole card to take."""
     return gpu.get("status") == "idle" and not gpu.get("jobs") and free_slice_mb(gpu) > 0
 
 
-def fits_text(gpu: dict) -> str:
+def fits_text(gpu: GpuWire) -> str:
     """"4G×4 8G×2 16G×1": how many more jobs of the common sizes the head would place on
     the card (its ``fits``: the scheduler's own rule, worked out there) ("-": none)."""
     parts = [f"{size}×{n}" for size, n in (gpu.get("fits") or {}).items() if n]
     return " ".join(parts) or "-"
 
 
-def holders_text(gpu: dict, jobs: dict[int, dict], ids: Iterable[int] | None = None) -> str:
+def holders_text(gpu: GpuWire, jobs: Mapping[int, JobWire], ids: Iterable[int] | None = None) -> str:
     """Who holds the card: "alice:7 bob:9 (preemptible)" (user:job), then memory others
     hold ("+1.2 GB unmanaged"); "-" when nobody."""
     ids = list(gpu.get("jobs") or ()) if ids is None else list(ids)
@@ -134,7 +135,7 @@ def holders_text(gpu: dict, jobs: dict[int, dict], ids: Iterable[int] | None = N
     return " ".join(parts) or "-"
 
 
-def gpu_label(gpu: dict) -> str:
+def gpu_label(gpu: GpuWire) -> str:
     return f"{gpu['node']}:{gpu['index']}"
 
 
@@ -181,7 +182,7 @@ def card_model(name: str) -> str:
     return model if len(model) <= CARD_MODEL else model[:CARD_MODEL - 1] + "…"
 
 
-def gpu_line(gpu: dict, holders: str) -> Text:
+def gpu_line(gpu: GpuWire, holders: str) -> Text:
     """One GPU of a node card: index, model, memory bar, utilisation, temperature, and who
     holds it, or "free" (a card to take), or its state when out of service."""
     line = Text(f"{gpu['index']:>2} ")
@@ -202,7 +203,7 @@ def gpu_line(gpu: dict, holders: str) -> Text:
     return line
 
 
-def node_power_text(node: dict, gpus: list[dict]) -> Text:
+def node_power_text(node: NodeWire, gpus: Sequence[GpuWire]) -> Text:
     """What a node draws against its power budget ("412/600 W"), coloured as a bar by how
     near the budget it is (warn from 70%, bad from 90%); its draw alone without one."""
     draw, budget = node_power(node, gpus)
@@ -212,7 +213,7 @@ def node_power_text(node: dict, gpus: list[dict]) -> Text:
     return Text(text, style=LOOK.fill(draw / budget))
 
 
-def node_card(node: dict, gpus: list[dict], holders: Callable[[dict], str]) -> Text:
+def node_card(node: NodeWire, gpus: Sequence[GpuWire], holders: Callable[[GpuWire], str]) -> Text:
     """One node's card: a title line (state, free cards, health), then one line per GPU."""
     state = node.get("state", "unknown")
     title = Text(node["name"], style="bold")
@@ -236,7 +237,7 @@ def node_card(node: dict, gpus: list[dict], holders: Callable[[dict], str]) -> T
     return Text("\n").join(lines)
 
 
-def pool_card(pool: dict) -> Text:
+def pool_card(pool: PoolWire) -> Text:
     """One pool's card: its name and kind, what the head last saw of it (the head's own
     ``line`` when it does not answer), ours there, and its nodes."""
     title = Text(pool["name"], style="bold")
@@ -268,24 +269,24 @@ def pool_card(pool: dict) -> Text:
 
 
 # ------------------------------------------------------------------------- jobs
-def job_state(job: dict) -> str:
+def job_state(job: JobWire) -> str:
     """The job's state in one word as people see it (held, cancelling, evicting, stopping
     too): the head's ``phase`` (``views.job_phase``), never worked out here."""
     return job["phase"]
 
 
-def job_where(job: dict) -> str:
+def job_where(job: JobWire) -> str:
     """Where a job runs (node:index, …), or for a waiting job why it waits."""
     if job["gpus"]:
         return ", ".join(f"{g['node']}:{g['index']}" for g in job["gpus"])
     if job.get("held"):
         return f"held by {job.get('held_by') or 'someone'}"
-    if job["state"] == "pending" and job.get("reason"):
-        return job["reason"]
+    if job["state"] == "pending" and (reason := job.get("reason")):
+        return reason
     return job_size(job)
 
 
-def job_size(job: dict) -> str:
+def job_size(job: JobWire) -> str:
     size = format_mb(job["gpu_mem_mb"]) if job.get("gpu_mem_mb") else "whole"
     return f"{job['gpu_count']}x {size}"
 
@@ -297,7 +298,7 @@ def ago(t: float | None, at: float | None = None) -> str:
     return duration_coarse((at or now()) - t)
 
 
-def run_seconds(job: dict, at: float | None = None) -> float | None:
+def run_seconds(job: JobWire, at: float | None = None) -> float | None:
     """How long the job has run (to its end, or to now while it runs); None before it starts."""
     start = job.get("started_at")
     if start is None:
@@ -305,7 +306,7 @@ def run_seconds(job: dict, at: float | None = None) -> float | None:
     return (job.get("ended_at") or at or now()) - start
 
 
-def elapsed_text(job: dict, at: float | None = None) -> str:
+def elapsed_text(job: JobWire, at: float | None = None) -> str:
     """What a row says of a job's time: its run time once started, else how long it waited."""
     ran = run_seconds(job, at)
     if ran is not None:
@@ -313,12 +314,12 @@ def elapsed_text(job: dict, at: float | None = None) -> str:
     return duration((job.get("ended_at") or at or now()) - job["submitted_at"])
 
 
-def exit_text(job: dict) -> str:
+def exit_text(job: JobWire) -> str:
     code = job.get("exit_code")
     return "-" if code is None else str(code)
 
 
-def job_summary(job: dict, at: float | None = None) -> str:
+def job_summary(job: JobWire, at: float | None = None) -> str:
     """"job 7 “train” of alice, running for 12m on node01:0": a job named for a question."""
     name = f" “{job['name']}”" if job.get("name") else ""
     state = job_state(job)
@@ -343,12 +344,12 @@ def day_clock(t: float | None, at: float | None = None) -> str:
     return time.strftime("%H:%M:%S" if same_day else "%m-%d %H:%M", time.localtime(t))
 
 
-def booking_line(b: dict) -> str:
+def booking_line(b: BookingView) -> str:
     """"deadline node02:0-3 Fri 09:00 – Fri 19:00 for alice,bob (under way)"."""
     return f"{b['name']} {b['gpus']} {b['when']} for {','.join(b['users'])} ({booking_state(b)})"
 
 
-def bookings_count(bookings: list[dict]) -> str:
+def bookings_count(bookings: Sequence[BookingView]) -> str:
     """"bookings: 1 under way, 2 ahead" (or "")."""
     active = sum(1 for b in bookings if b.get("active"))
     text = ", ".join(p for p in (active and f"{active} under way", len(bookings) > active and

@@ -22,7 +22,7 @@ from ..forecasts import starts_text
 from ..api import MAX_GPU_COUNT, ApiError
 from ..model import format_mb
 from ..units import parse_size_mb
-from ..wire import SubmitRequest
+from ..wire import JobWire, PlanView, SubmitReply, SubmitRequest
 from .base import ClusterScreen, OpMissing
 from .widgets.keys import SUBMIT_KEYS
 
@@ -86,7 +86,7 @@ def request_fields(values: dict[str, str], preemptible: bool = False) -> SubmitR
     return fields
 
 
-def plan_text(plan: dict, preemptible: bool = False) -> Text:
+def plan_text(plan: PlanView, preemptible: bool = False) -> Text:
     """The head's ``plan`` in words: "Would start now as preemptible on node03:1 (whole
     card)", "Would start now, preempting job 41 (preemptible)", "Would wait: …"."""
     if plan.get("decision") == "start":
@@ -102,7 +102,7 @@ def plan_text(plan: dict, preemptible: bool = False) -> Text:
     when = starts_text(plan.get("starts"), time.time())
     said = f"Would {when.replace('not within', 'not start within')}" if when.startswith("not") \
         else f"Would start {when}"
-    start = [(said, "bold yellow"), ". "] if when else []
+    start: list[str | tuple[str, str]] = [(said, "bold yellow"), ". "] if when else []
     reason = plan.get("reason") or "no reason given"
     if reason.startswith("waits "):  # "waits for its booking: …" reads "Would wait for its booking: …"
         return Text.assemble(*start, ("Would wait ", "yellow"), reason.removeprefix("waits "))
@@ -112,7 +112,7 @@ def plan_text(plan: dict, preemptible: bool = False) -> Text:
 class Submitted(Message):
     """The head accepted the job."""
 
-    def __init__(self, job: dict) -> None:
+    def __init__(self, job: JobWire) -> None:
         super().__init__()
         self.job = job
 
@@ -225,7 +225,7 @@ class SubmitScreen(ClusterScreen):
         """The ``plan`` group: where the job would go now; the newest form wins."""
         box = self.query_one("#preview", Static)
         try:
-            plan = await self.app.call("plan", **fields)
+            plan = await self.tui.call("plan", PlanView, **fields)
         except OpMissing:
             box.update(Text("Preview is not available on this service (no 'plan' request).",
                             style="dim"))
@@ -239,7 +239,7 @@ class SubmitScreen(ClusterScreen):
     async def send(self, fields: SubmitRequest) -> None:
         """The ``submit`` group: submit once; the handler opens the job."""
         try:
-            reply = await self.app.call("submit", **fields)
+            reply = await self.tui.call("submit", SubmitReply, **fields)
         except ApiError as err:
             self.notify(str(err), title="Not submitted", severity="error")
             return
@@ -250,7 +250,7 @@ class SubmitScreen(ClusterScreen):
         from .job import JobScreen
 
         self.notify(f"Submitted job {message.job['id']}")
-        self.app.cluster.apply_job(message.job)
+        self.tui.cluster.apply_job(message.job)
         self.app.switch_screen(JobScreen(message.job["id"]))
 
     def action_submit(self) -> None:
@@ -269,7 +269,7 @@ class SubmitScreen(ClusterScreen):
 
     @on(Button.Pressed, "#back")
     def _back_pressed(self) -> None:
-        self.app.action_back()
+        self.tui.action_back()
 
     def crumb(self) -> str:
         return "Submit a job"

@@ -18,6 +18,7 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.timer import Timer
 from textual.widgets import Static
 
 from ..api import ApiError
@@ -25,7 +26,7 @@ from ..client.cluster import user_weight
 from ..model import fmt
 from ..units import duration_short
 from ..views import month_start
-from ..wire import ReportRequest
+from ..wire import ReportNodeRow, ReportReply, ReportRequest, UserRow
 from .base import ClusterScreen, OpMissing
 from .render import elapsed_text, fill_bar, job_state, job_where, now, state_text
 from .widgets.keys import USERS_KEYS
@@ -53,13 +54,13 @@ REPORT_EVERY_S = 15.0
 QUOTA_BAR = 6
 
 
-def quota_h(row: dict) -> float:
+def quota_h(row: UserRow) -> float:
     """The user's monthly quota as the head has it: their own, else nodes.yaml's
     ``scheduler.quota_gpu_hours`` (whose default only the settings write)."""
     return row["quota_gpu_hours"]
 
 
-def month_hours(row: dict) -> float:
+def month_hours(row: UserRow) -> float:
     return row.get("month_gpu_hours", row.get("gpu_hours")) or 0.0
 
 
@@ -73,7 +74,7 @@ def hours_text(hours: float | None) -> str:
     return f"{hours:.2f}" if hours >= 1 else f"{hours:.3f}" if hours else "0"
 
 
-def user_cells(row: dict, waiting: int) -> tuple:
+def user_cells(row: UserRow, waiting: int) -> tuple:
     quota, hours = quota_h(row), month_hours(row)
     cell = fill_bar(hours / quota if quota else None, QUOTA_BAR)
     cell.append(f" {hours_text(hours)} / {quota:.0f} h")
@@ -83,7 +84,7 @@ def user_cells(row: dict, waiting: int) -> tuple:
             str(row.get("running_jobs", 0)), str(waiting), str(row.get("jobs_finished", 0)))
 
 
-def month_text(cluster: dict | None, note: str = "") -> Text:
+def month_text(cluster: ReportNodeRow | None, note: str = "") -> Text:
     """The cluster's line: "December 2026 so far: 412.3 of 1944 GPU-hours allocated (21%) ·
     cards 34% busy" (``cluster``: the report's cluster row; one line at 80 columns)."""
     if cluster is None:
@@ -114,10 +115,10 @@ class UsersScreen(ClusterScreen):
         super().__init__()
         self._waiting: dict[str, int] = {}
         self._wanted: str | None = None  # a user asked for (``:user``) before the rows came
-        self.month: dict | None = None  # the head's report row of the cluster's month
+        self.month: ReportNodeRow | None = None  # the head's report row of the cluster's month
         self._month_note = ""  # why there is none
         self._month_asked = -REPORT_EVERY_S  # when (monotonic) it was last asked for
-        self._month_timer = None
+        self._month_timer: Timer | None = None
 
     def compose_body(self) -> ComposeResult:
         sorts = {"name": Sort(lambda u: u["name"]), "weight": Sort(user_weight),
@@ -180,7 +181,8 @@ class UsersScreen(ClusterScreen):
         """The ``month-report`` group: the head's report of this month, its cluster row."""
         t = now()
         try:
-            report = (await self.app.call("report", **ReportRequest(since=month_start(t), until=t)))["report"]
+            report = (await self.tui.call("report", ReportReply,
+                                          **ReportRequest(since=month_start(t), until=t)))["report"]
         except OpMissing:
             self._month_note = "This service keeps no monthly report."
         except ApiError as err:
@@ -244,7 +246,7 @@ class UsersScreen(ClusterScreen):
 
     @on(RowTable.Selected, "#user-jobs")
     def _job_chosen(self, event: RowTable.Selected) -> None:
-        self.app.open_job(int(event.key))
+        self.tui.open_job(int(event.key))
 
     def select_user(self, name: str) -> None:
         """Put the cursor on ``name`` (``:user NAME``), now or once the rows come."""

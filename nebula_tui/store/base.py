@@ -32,6 +32,10 @@ from ..wire import EventRow
 from .ids import IdFloor, read_head_id, write_head_id
 from .schema import create_tables
 
+#: a head marks itself alive in its store this often (seconds): a job its nodes say ended
+#: while no head heard them is charged from that mark at the earliest (``head/jobs.py``)
+ALIVE_EVERY_S = 30.0
+
 
 class StaleDecision(Exception):
     """A scheduling decision about a job that changed meanwhile (e.g. cancelled)."""
@@ -117,6 +121,8 @@ class StoreBase:
         #: told every events-log line once its transaction committed (the head publishes them)
         self.on_event: Callable[[EventRow], None] | None = None
         self._written: list[dict] = []  # lines of the transaction under way
+        self.alive_before: float | None = None
+        self._alive_marked: float | None = None  # when this head last wrote its mark
         try:
             self.db.execute("PRAGMA busy_timeout=30000")
             if readonly:
@@ -134,6 +140,9 @@ class StoreBase:
             self._refuse_a_newer_release()
             self._create_schema(had)
             self._next_id = self._first_free_id()
+            #: the last sign of life of the head that wrote this file before this open
+            #: (``mark_alive``), or None: jobs it knew ran until then at least
+            self.alive_before = float(self._meta("alive_at") or 0) or None
         except sqlite3.DatabaseError as err:
             if isinstance(err, sqlite3.OperationalError):
                 raise  # locked, or the disk failed: not the file's content
@@ -176,6 +185,19 @@ class StoreBase:
                 self._event(time.time(), "store", f"a node knows job {job_id} of this store, "
                             f"which the database does not; new jobs start at {job_id + 1}")
             self._next_id = job_id + 1
+
+    def mark_alive(self, t: float) -> None:
+        """The head is alive at ``t``, and what it knows holds till then: the next head to
+        open the file (after a crash, or from a backup) reads it as ``alive_before``. Written
+        at most every ALIVE_EVERY_S; a store that cannot take it now leaves the older mark."""
+        if self._alive_marked is not None and 0 <= t - self._alive_marked < ALIVE_EVERY_S:
+            return
+        try:
+            with self.transaction():
+                self._set_meta("alive_at", repr(t))
+        except StoreUnavailable:
+            return  # a full disk: said by what must be written
+        self._alive_marked = t
 
     def _set_meta(self, key: str, value: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", [key, value])

@@ -347,6 +347,15 @@ class Jobs(Accounting):
         ).fetchall()
         return [(r[0], Placement(r[1], r[2], r[3], r[4], bool(r[5]))) for r in rows]
 
+    def held_spans(self) -> dict[int, list[tuple[str, float, float | None]]]:
+        """Job -> (gpu uuid, allocated at, released at; None: held now) of every card of
+        every launch it had (a month's replay: the runs a preemption ended count too)."""
+        found: dict[int, list[tuple[str, float, float | None]]] = {}
+        for job_id, uuid, since, until in self.db.execute(
+                "SELECT job_id, gpu_uuid, created_at, released_at FROM allocations ORDER BY id"):
+            found.setdefault(job_id, []).append((uuid, since, until))
+        return found
+
     def last_nodes(self, job_id: int) -> list[str]:
         """The nodes of the job's last launch (its allocations written together), rank 0
         first: where its logs are once it ended."""

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from ..wire import TelemetrySample
 from .base import StoreBase
 
 #: The seconds a telemetry row stands for when it does not say (rows from before ``span_s``).
@@ -31,7 +32,7 @@ class Telemetry(StoreBase):
                 f"VALUES ({', '.join('?' * len(columns))}, 0)",
                 [tuple(row.get(c) for c in columns) for row in rows])
 
-    def telemetry(self, gpu: str, since: float) -> list[dict]:
+    def telemetry(self, gpu: str, since: float) -> list[TelemetrySample]:
         columns = ("t", *self.TELEMETRY_FIELDS)
         rows = self.db.execute(
             f"SELECT {', '.join(columns)} FROM telemetry WHERE gpu = ? AND t >= ? ORDER BY t",

@@ -10,8 +10,8 @@ from labkit.harness import wait_for
 from support.head import gpu, running, submit, submitted_id
 from support.shapes import reply_mismatches
 
-from nebula_tui.wire import (GpusReply, HistoryReply, JobDetailReply, JobReply, PlanView, QueueReply, StatusReply,
-                             SubmitReply, WaitReply)
+from nebula_tui.wire import (DoctorReply, GpuHistoryReply, GpusReply, HistoryReply, JobDetailReply, JobReply, LogsReply,
+                             NodeShowReply, PlanView, QueueReply, StatusReply, SubmitReply, WaitReply)
 
 
 def test_a_job_on_a_slice_runs_nvidia_smi_and_frees_the_slice(head):
@@ -198,7 +198,9 @@ def test_gpus_json_has_the_r2_descriptor(head):
 def test_the_heads_replies_are_of_the_shapes_both_ends_import(head):
     """What the head process sends a client about jobs, the queue, GPUs and the status is of
     its shape in ``nebula_tui/wire.py``, keys and types: a job running on a node (with its
-    environment), one waiting for it (--after), both once ended (their history rows)."""
+    environment, and its log as the node reads it), one waiting for it (--after), both once
+    ended (their history rows); the node it ran on, shown and checked by the doctor, and its
+    card's samples."""
     since = time.time() - 1
     replies = []
 
@@ -217,6 +219,11 @@ def test_the_heads_replies_are_of_the_shapes_both_ends_import(head):
         ask("plan", PlanView, command=["true"], gpu_count=1)
         ask("status", StatusReply)
         ask("gpus", GpusReply)
+        node = ask("job", JobDetailReply, job=ran)["job"]["node"]
+        ask("logs", LogsReply, job=ran)
+        ask("node_show", NodeShowReply, node=node)
+        ask("doctor", DoctorReply, nodes=[node])
+        ask("history", GpuHistoryReply, gpu=f"{node}:0")
     finally:
         ask("cancel", JobReply, job=ran)
         for job_id in (ran, after):

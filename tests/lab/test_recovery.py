@@ -66,6 +66,24 @@ def test_chaos_head_killed_20_times_while_200_jobs_flow(openssh_lab, tmp_path):
     assert finished == 200
 
 
+def test_a_job_that_ends_while_the_head_is_down_is_charged_until_its_end(openssh_lab, tmp_path):
+    """Killed while a 2 s job runs, the head is back 8 s later: the job ended when its node
+    recorded, not when the new head heard of it (it was charged the head's outage too)."""
+    head = HeadProcess(tmp_path / "home", openssh_lab)
+    head.start()
+    try:
+        job = submit(head, "--gpus", "1", "--", "sleep", "2")
+        wait_for(lambda: head.job(job)["state"] == "running", 20, what="the job to run")
+        head.kill()
+        time.sleep(8)
+        head.start(wait_nodes=False)
+        done = head.wait_job(job, 30)
+    finally:
+        head.stop()
+    assert done["state"] == "succeeded"
+    assert 1.5 < done["ended_at"] - done["started_at"] < 5, (done["started_at"], done["ended_at"])
+
+
 @pytest.mark.slow
 def test_node_sshd_stopped_30s_while_its_job_runs(head, openssh_lab):
     job = submit(head, "--gpu-mem", "4G", "--", "sleep", "120")

@@ -50,6 +50,11 @@ class QuietNode:
         self.requests.append((op, fields))
         return {"ok": True, "sessions": [], "jobs": {}}
 
+    async def run_check(self, command: str, timeout: float) -> str:
+        """The doctor's script, which prints nothing here (each check it reads fails)."""
+        self.requests.append(("run_check", {"command": command}))
+        return ""
+
     async def close(self) -> None:
         pass
 

@@ -496,6 +496,30 @@ def test_the_replay_keeps_a_preempted_jobs_first_start_for_the_score():
     assert score.jobs == 0 and score.inside == 1.0  # job 1 started as foretold; job 2 waited ~1 min
 
 
+def test_a_preempted_job_waited_once_and_every_run_held_its_card():
+    """One card for a day: bob's preemptible job starts at once, ann's (at 60 s) preempts it,
+    and a third job holds the card till the day's end, so bob's is waiting again when the
+    replay stops. It ran: it is not "never run", its wait is the 0 s before its first
+    start (it was the whole day, counted from its submit to the end), and the card was
+    held by someone all day, its first run included (the figures read the last run only)."""
+    inv = {"node01": inventory.layout("core")["node01"][:1]}
+    cluster = setup.replay_config(inv, None, [])
+    jobs = [Request(1, 0, "bob", 1, None, 7 * 3600, preemptible=True),
+            Request(2, 60, "ann", 1, None, 7200, 7200),
+            Request(3, 120, "cid", 1, None, 86400)]
+    out = Replay(cluster, inv, jobs, setup.REPLAY_EPOCH, 86400).run()
+    assert out[1].first_started_s == 0 and out[1].started_s is None  # ran, then requeued
+    cards = baselines_cards(inv)
+    figures = metrics.figures("NebulaGrid", jobs, out, cards, 86400, {1, 2, 3})
+    assert figures.never_run == 0
+    assert figures.waits_by_size["1 card"][2] == 3 and figures.wait_max_s < 3 * 3600
+    assert figures.held == pytest.approx(1.0, abs=0.01)
+
+
+def baselines_cards(inv: dict) -> list[baselines.Card]:
+    return [baselines.Card(node, uuid, mb) for node, uuid, mb in inventory.card_list(inv)]
+
+
 def test_the_built_in_month_replays_to_its_end():
     """The month `nebula simulate` replays by default reaches its last day: a scheduling
     loop (decisions undoing each other at one instant) once held its clock still at day 24."""

@@ -246,3 +246,32 @@ def test_any_job_name_is_passed_through(name):
         assert exit_code(jobdir) == 0
         assert json.loads(log(jobdir))["NEBULA_JOB_NAME"] == name
         assert not list(Path(root).rglob("pwned"))
+
+
+def test_an_argv_command_is_execed_by_the_wrapper_with_no_shell_started_for_it(tmp_path):
+    """A command given as argv is one `exec` of quoted words: the wrapper's subshell execs it
+    itself (a process start less for every job), with the environment a fresh shell would
+    have given it (the job's variables, not $NEBULA_COMMAND nor the wrapper's own)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    starts = tmp_path / "sh-starts"
+    real_sh = shutil.which("sh")
+    (bin_dir / "sh").write_text(f"#!{real_sh}\nprintf '%s\\n' \"$*\" >> {starts}\n"
+                                f"exec {real_sh} \"$@\"\n")
+    (bin_dir / "sh").chmod(0o755)
+    keys = (*ENV_KEYS, "NEBULA_COMMAND", "jobdir", "job", "facts")
+    show = [sys.executable, "-S", "-c",
+            f"import json,os; print(json.dumps({{k: os.environ.get(k) for k in {keys!r}}}))"]
+    path = os.environ["PATH"]
+    os.environ["PATH"] = f"{bin_dir}:{path}"
+    try:
+        jobdir, done = launch(tmp_path, make_job(show))
+    finally:
+        os.environ["PATH"] = path
+    assert done.returncode == 0, done.stderr
+    env = json.loads(log(jobdir))
+    assert env["NEBULA_JOB_ID"] == "7" and env["CUDA_VISIBLE_DEVICES"] == "3,1"
+    assert [env[k] for k in ("NEBULA_COMMAND", "jobdir", "job", "facts")] == [None] * 4
+    assert exit_code(jobdir) == 0
+    # the wrapper itself (started as `sh run.sh`) is the one shell: no `sh -c` for the job
+    assert [line for line in starts.read_text().splitlines() if line.startswith("-c")] == []

@@ -46,7 +46,7 @@ def test_each_kind_the_nodelet_sends_is_read_into_its_type():
                                "t": 1.0}) == Phase(5, "h.0.x", "pulling")
     assert read_message("n1", {"type": "exit", "job": "5", "token": "h.0.x", "code": 3,
                                "t": 1.0, "reason": "no such image"}) == \
-        Exit(5, "h.0.x", 3, "no such image")
+        Exit(5, "h.0.x", 3, "no such image", at=1.0)
     assert read_message("n1", {"type": "kmsg", "lines": ["NVRM: Xid 79"], "pid_jobs": {"9": "5"},
                                "t": 1.0}) == KernelLines(("NVRM: Xid 79",), {"9": "5"}, "")
 
@@ -54,7 +54,8 @@ def test_each_kind_the_nodelet_sends_is_read_into_its_type():
 @pytest.mark.parametrize("message, expected", [
     ({"type": "exit", "job": "x", "token": 7, "code": "3", "reason": None},
      Exit(None, None, None, "")),
-    ({"type": "exit", "job": 5, "code": True}, Exit(5, None, None, "")),
+    ({"type": "exit", "job": 5, "code": True, "t": float("nan")}, Exit(5, None, None, "")),
+    ({"type": "exit", "job": 5, "t": True}, Exit(5, None, None, "")),
     ({"type": "started", "job": None, "token": "t", "workdir": ""}, Started(None, "t", None)),
     ({"type": "phase", "job": 2, "token": "t", "text": 12}, Phase(2, "t", None)),
     ({"type": "kmsg", "lines": "one line", "pid_jobs": [1], "error": "dmesg: denied"},
@@ -69,7 +70,8 @@ def test_odd_probes_and_hellos_never_raise():
     assert isinstance(probe, Probe) and probe.view.readings == [] and probe.pid_jobs == {}
     assert "devices is not a list" in probe.view.problem
     hello = read_message("n1", {"type": "hello", "max_job": True, "uid": "0", "devices": {},
-                                "backends": ["nvml"], "platform": None, "runtimes": ["podman"]})
+                                "backends": ["nvml"], "platform": None, "runtimes": ["podman"],
+                                "t": "noon"})
     assert hello == Hello()
     assert [job_number(v) for v in (12, 0, -1, 2**62, "12", 1.5, None)] == [12, 0, 0, 0, 0, 0, 0]
 

@@ -11,9 +11,10 @@ process on the lab to them too."""
 from __future__ import annotations
 
 import ast
+import asyncio
 import getpass
 from pathlib import Path
-from typing import get_type_hints
+from typing import get_args, get_type_hints
 
 from support.inprocess import gpu_row, probe, up_engine
 from support.shapes import mismatches, reply_mismatches
@@ -25,12 +26,13 @@ from nebula_tui.cli.jobs import submit_request
 from nebula_tui.head import ops
 from nebula_tui.head.requests import spec_from_request
 from nebula_tui.head.server import ApiServer
-from nebula_tui.model import JobSpec, Placement
+from nebula_tui.model import JobSpec, JobState, Placement
 from nebula_tui.screens.submit import request_fields
-from nebula_tui.wire import (AttachInfoReply, BookingMade, BookingReply, BookingsReply, EventsReply, GpusReply, GpuWire,
-                             HistoryReply, JobDetailReply, JobReply, JobWire, NodeReply, NodeWire, NoReply, PingReply,
-                             PlanView, QueueReply, StatusReply, StreamEvent, StreamSnapshot, SubmitReply,
-                             SubmitRequest, UsersReply, WaitReply, WhyJob, WhyReply, WhyUser)
+from nebula_tui.wire import (AttachInfoReply, BookingMade, BookingReply, BookingsReply, DoctorReply, EventsReply,
+                             GpuHistoryReply, GpusReply, GpuWire, HistoryReply, JobDetailReply, JobReply, JobWire,
+                             LogsReply, NodeReply, NodeShowReply, NodeWire, NoReply, PingReply, PlanView, QueueReply,
+                             ReloadReply, ReportReply, SmokeReply, StatusReply, StreamEvent, StreamSnapshot,
+                             SubmitReply, SubmitRequest, UsersReply, WaitReply, WhyJob, WhyReply, WhyUser)
 
 ME = getpass.getuser()
 
@@ -243,6 +245,59 @@ async def test_a_served_heads_pool_user_booking_and_why_answers_are_of_their_wir
     assert len(user_answer["running"]) == 2 and len(user_answer["waiting"]) == 2
 
 
+async def test_a_served_heads_log_node_doctor_reload_and_report_answers_are_of_their_wire_shapes(tmp_path):
+    """The rest of the replies, over a real head's socket: a running job's log (one rank,
+    and every rank's), a GPU's telemetry, a node shown, the doctor's checks, the report,
+    a reload of the cluster file, a node's smoke job (run to its end) and a node removed."""
+    engine = up_engine(tmp_path)
+    server = ApiServer(engine, tmp_path / "nebula.sock")
+    await server.start()
+    try:
+        client = AsyncClient(server.path)
+        replies: list[tuple[str, dict, object]] = []
+
+        async def ask(op: str, shape: object, **fields) -> dict:
+            reply = await client.call(op, **fields)
+            replies.append((op, reply, shape))
+            return reply
+
+        ran = (await client.call("submit", command=["sleep", "60"], gpu_count=1))["job"]["id"]
+        engine.transitions.begin_launch(engine.jobs[ran], (Placement("GPU-node01-0", "node01", 0, 81920, True),))
+        engine.transitions.mark_running(engine.jobs[ran])
+        await ask("logs", LogsReply, job=ran)
+        await ask("logs", LogsReply, job=ran, offsets=[0])
+        history = await ask("history", GpuHistoryReply, gpu="node01:0", since=3600)
+        shown = await ask("node_show", NodeShowReply, node="node01")
+        await ask("doctor", DoctorReply)
+        now = engine.clock()
+        await ask("report", ReportReply, since=now - 86400, until=now + 60)
+        await ask("reload", ReloadReply)
+        smoke = asyncio.ensure_future(ask("node_smoke", SmokeReply, node="node02"))
+        while not (tried := [j for j in engine.jobs.values() if j.spec.name == "smoke-test node02"]):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # (its reply waits for its end)
+        engine.transitions.finish(engine.jobs[tried[0].id], JobState.SUCCEEDED, 0, "")
+        assert (await smoke)["ended"]
+        removed = await ask("node_remove", ReloadReply, node="node02")
+    finally:
+        await server.close()
+        await engine.stop()
+        engine.state.store.close()
+
+    found = [line for op, reply, shape in replies for line in reply_mismatches(reply, shape, op)]
+    assert not found, "\n".join(found)
+    assert history["samples"] and shown["node"]["jobs"] == [ran] and removed["removed"] == ["node02"]
+
+
+def test_each_ops_handler_returns_its_wire_reply():
+    """Every op the head answers from its table has its reply's type in ``wire.REPLIES``,
+    and its handler returns that type (or, for ``reserve``, the union of its arms)."""
+    assert set(wire.REPLIES) == set(ops.OPS)
+    wrong = {op: get_type_hints(handler).get("return") for op, handler in ops.OPS.items()
+             if get_type_hints(handler).get("return") != wire.REPLIES[op]}
+    assert not wrong, wrong
+
+
 def test_each_ops_handler_takes_its_wire_request():
     """Every op the head answers has its request's type in ``wire.REQUESTS``, and its
     handler names that type (those answered outside the table: attach and subscribe)."""
@@ -279,6 +334,29 @@ def _is_passthrough(node: ast.Call) -> bool:
     """``self.client.call(op, **fields)``: the TUI's one wrapper that hands its caller's
     request on (each of its callers is a call checked here)."""
     return isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "client"
+
+
+def reply_arms(shape: object) -> set[str]:
+    """The names of a reply's shapes: itself, or each arm of a union (``reserve``'s)."""
+    return {arm.__name__ for arm in get_args(shape)} or {shape.__name__}  # type: ignore[attr-defined]
+
+
+def test_every_call_a_client_makes_reads_its_reply_as_the_ops_wire_reply():
+    """Each call names the op's reply type (``client.call("logs", LogsReply, …)``: mypy then
+    reads the reply as it), one of ``wire.REPLIES[op]``'s; a call whose op is a variable
+    names a reply type all the same (a ``.call`` with no op and no request is none of the
+    head's: tmux's, an event loop's; the TUI's one wrapper hands its caller's on)."""
+    calls = [c for c in client_calls() if (c[2] is not None or any(k.arg is None for k in c[3].keywords))
+             and not (c[0] == "actions.py" and _is_passthrough(c[3]))]
+    assert len(calls) > 30
+    wrong = []
+    for name, line, op, call in calls:
+        named = call.args[1].id if len(call.args) > 1 and isinstance(call.args[1], ast.Name) else None
+        allowed = reply_arms(wire.REPLIES[op]) if op is not None else {
+            arm for shape in wire.REPLIES.values() for arm in reply_arms(shape)}
+        if named not in allowed:
+            wrong.append(f"{name}:{line} {op}: {named}, not {' or '.join(sorted(allowed)) if op else 'a reply'}")
+    assert not wrong, "\n".join(wrong)
 
 
 def test_every_call_a_client_makes_builds_its_fields_with_the_ops_wire_request():

@@ -3,11 +3,9 @@ standing, monthly quotas and bookings (reservations). Each handler checks its ow
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...model import InvalidRequest, JobState
-from ...wire import (HistoryReply, JobHistoryRequest, NoFields, NoReply, QuotaRequest, ReportRequest, ReserveReply,
-                     ReserveRequest, UsersReply)
+from ...wire import (HistoryReply, JobHistoryRequest, NoFields, NoReply, QuotaRequest, ReportReply, ReportRequest,
+                     ReserveReply, ReserveRequest, UsersReply)
 from ..requests import number, text_field, unix_time, whole
 from .base import Handler, Served
 
@@ -16,8 +14,6 @@ MAX_REPORT_S = 400 * 86400
 #: The most ended jobs one job_history reply holds: 100,000 were a 93 MB reply whose JSON
 #: took the head's loop seconds to write (every node's messages waited meanwhile).
 MAX_HISTORY_JOBS = 10_000
-
-Reply = dict[str, Any]
 
 
 def _ended_states(value: object) -> tuple[JobState, ...]:
@@ -29,7 +25,7 @@ def _ended_states(value: object) -> tuple[JobState, ...]:
     return tuple(ended[n] for n in names)
 
 
-async def report(s: Served, user: str, req: ReportRequest) -> Reply:
+async def report(s: Served, user: str, req: ReportRequest) -> ReportReply:
     """GPU-hours, efficiency and waits per user and month; capacity and utilisation
     per node and cluster, per month and day, over [since, until) (Unix seconds)."""
     since, until = unix_time(req, "since", required=True), unix_time(req, "until", required=True)

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
-
 from ...model import InvalidRequest, RequestError
-from ...wire import (DoctorRequest, DrainRequest, EventsReply, EventsRequest, GpuHistoryRequest, GpuReply,
-                     GpuResumeRequest, GpusReply, NodeAddRequest, NodeKeyReply, NodeKeyRequest, NodeReply,
-                     NodeRequest, NoFields, NoReply, PingReply, StatusReply)
+from ...wire import (DoctorReply, DoctorRequest, DrainRequest, EventsReply, EventsRequest, GpuHistoryReply,
+                     GpuHistoryRequest, GpuReply, GpuResumeRequest, GpusReply, NodeAddRequest, NodeKeyReply,
+                     NodeKeyRequest, NodeReply, NodeRequest, NodeShowReply, NoFields, NoReply, PingReply, ReloadReply,
+                     SmokeReply, StatusReply)
 from ..requests import job_id, number, port_field, text_field, unix_time, whole
 from .accounting import MAX_REPORT_S
 from .base import Handler, Served
-
-Reply = dict[str, Any]
 
 
 async def ping(s: Served, user: str, req: NoFields) -> PingReply:
@@ -33,7 +30,7 @@ async def gpus(s: Served, user: str, req: NoFields) -> GpusReply:
     return {"gpus": s.engine.gpus_json()}
 
 
-async def history(s: Served, user: str, req: GpuHistoryRequest) -> Reply:
+async def history(s: Served, user: str, req: GpuHistoryRequest) -> GpuHistoryReply:
     """A GPU's telemetry over the last ``since`` seconds."""
     since = req.get("since", 3600)
     if not number(since, 1, MAX_REPORT_S):
@@ -63,7 +60,7 @@ async def node_key(s: Served, user: str, req: NodeKeyRequest) -> NodeKeyReply:
     return {"fingerprint": await s.engine.node_key(user, text_field(req, "host"), port_field(req))}
 
 
-async def node_add(s: Served, user: str, req: NodeAddRequest) -> Reply:
+async def node_add(s: Served, user: str, req: NodeAddRequest) -> ReloadReply:
     login, identity = req.get("user"), req.get("identity")
     for value, what in ((login, "user"), (identity, "identity")):
         if value is not None and not isinstance(value, str):
@@ -72,20 +69,20 @@ async def node_add(s: Served, user: str, req: NodeAddRequest) -> Reply:
                                    login, identity, text_field(req, "trust"))
 
 
-async def node_smoke(s: Served, user: str, req: NodeRequest) -> Reply:
-    """The smoke job on a node (just added): ``{"job", "gpu", "model", "output", "ended"}``."""
+async def node_smoke(s: Served, user: str, req: NodeRequest) -> SmokeReply:
+    """The smoke job on a node (just added)."""
     return await s.engine.smoke.run(user, text_field(req, "node"))
 
 
-async def node_remove(s: Served, user: str, req: NodeRequest) -> Reply:
+async def node_remove(s: Served, user: str, req: NodeRequest) -> ReloadReply:
     return await s.engine.remove_node(user, text_field(req, "node"))
 
 
-async def node_show(s: Served, user: str, req: NodeRequest) -> Reply:
+async def node_show(s: Served, user: str, req: NodeRequest) -> NodeShowReply:
     return {"node": s.engine.fleet.show(text_field(req, "node"))}
 
 
-async def doctor(s: Served, user: str, req: DoctorRequest) -> Reply:
+async def doctor(s: Served, user: str, req: DoctorRequest) -> DoctorReply:
     nodes = req.get("nodes") or []
     if not isinstance(nodes, list) or len(nodes) > 10_000 or not all(
             isinstance(n, str) and n for n in nodes):
@@ -110,7 +107,7 @@ async def events(s: Served, user: str, req: EventsRequest) -> EventsReply:
     return {"events": s.engine.store.events(limit, job_id=job, since=since, **names)}
 
 
-async def reload(s: Served, user: str, req: NoFields) -> Reply:
+async def reload(s: Served, user: str, req: NoFields) -> ReloadReply:
     return await s.engine.reload(user)
 
 

@@ -5,20 +5,16 @@ engine."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ... import views
 from ...api import MAX_GPU_COUNT, MAX_WAIT_STEP_S
 from ...model import InvalidRequest
-from ...wire import (AttachInfoReply, JobDetailReply, JobReply, JobRequest, LogsRequest, NoFields, PlanView, QueueReply,
-                     SubmitReply, SubmitRequest, WaitReply, WaitRequest, WhyReply, WhyRequest)
+from ...wire import (AttachInfoReply, JobDetailReply, JobReply, JobRequest, LogsReply, LogsRequest, NoFields, PlanView,
+                     QueueReply, SubmitReply, SubmitRequest, WaitReply, WaitRequest, WhyReply, WhyRequest)
 from ..requests import job_id, number, spec_from_request, whole
 from .base import Handler, Served
 
 MAX_OFFSET = (1 << 63) - 1  # a byte position in a log (what a node's seek takes)
 MAX_ATTEMPT = 10 ** 9  # a job's runs, 1 the first (a launch token holds at most 9 digits of it)
-
-Reply = dict[str, Any]
 
 
 async def submit(s: Served, user: str, req: SubmitRequest) -> SubmitReply:
@@ -68,7 +64,7 @@ async def queue(s: Served, user: str, req: NoFields) -> QueueReply:
     return {"jobs": list(map(s.seen_by(user, listing=True), s.engine.queue_json()))}
 
 
-async def logs(s: Served, user: str, req: LogsRequest) -> Reply:
+async def logs(s: Served, user: str, req: LogsRequest) -> LogsReply:
     offset = req.get("offset", 0)
     if not whole(offset, 0, MAX_OFFSET):
         raise InvalidRequest("offset must be a byte position >= 0")

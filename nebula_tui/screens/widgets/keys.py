@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 
 class Key(NamedTuple):
@@ -158,7 +158,7 @@ SCREEN_KEYS: dict[str, tuple[Key, ...]] = {
 }
 
 
-def bindings(keys: tuple[Key, ...]) -> list[Binding]:
+def bindings(keys: tuple[Key, ...]) -> list[BindingType]:
     """Textual bindings for ``keys`` (one Binding per row, same order)."""
     return [Binding(k.key, k.action, k.short or k.description, show=k.show,
                     key_display=k.display, priority=k.priority, tooltip=k.description)

@@ -241,9 +241,9 @@ class RowTable(ScrollView, can_focus=True):
         recompute those of them on screen and repaint the lines whose cells differ. Rows
         off screen are recomputed when scrolled to."""
         first, last = self._visible_rows()
-        visible = self._keys[first:last]
+        visible: list[str | None] = list(self._keys[first:last])  # (None: a row left as it is)
         if keys is None:
-            old = {k: self._cells[k] for k in visible if k in self._cells}
+            old = {k: self._cells[k] for k in visible if k is not None and k in self._cells}
             self._cells.clear()
         else:
             old = {k: cells for k in keys if (cells := self._cells.pop(k, None)) is not None}
@@ -355,7 +355,7 @@ class RowTable(ScrollView, can_focus=True):
         return [self.column_keys[n] for n in self._shown_columns]
 
     # ------------------------------------------------------------------ sort and filter
-    def arrange(self, items: Iterable[T], key_of: Callable[[T], str],
+    def arrange(self, items: Iterable[T], key_of: Callable[[T], str],  # type: ignore[override]
                 text_of: Callable[[T], str] | None = None) -> list[str]:
         """The keys of ``items`` (in the screen's natural order) as this table shows them:
         only those whose ``text_of`` holds the filter, sorted by the chosen column."""
@@ -407,7 +407,7 @@ class RowTable(ScrollView, can_focus=True):
         return f"{self.columns[self.column_keys.index(self.sort_column)]} {self._arrow()}"
 
     def _arrow(self) -> str:
-        sort = self.sorts[self.sort_column]
+        sort = self.sorts[self.sort_column or ""]
         return ARROWS[sort.descending != self.sort_reverse]
 
     def set_title(self, name: str, shown: int, total: int | None = None) -> None:
