@@ -25,6 +25,7 @@ from ..pools.keys import head_pool_key
 from ..pools.slurm import SlurmPool
 from ..pools.status import pool_view
 from ..printable import printable
+from ..units import duration_text
 from .access import Access
 from .jobs import JobTransitions
 from .shares import Shares
@@ -41,6 +42,12 @@ MISSED_POLLS = 3
 #: refusal in a row, up to REFUSAL_MAX_S (a login node's fail2ban counts failed logins)
 REFUSAL_TTL_S = 60.0
 REFUSAL_MAX_S = 3600.0
+#: how long after a restore's question to one account failed (an answer too long, or not
+#: Slurm's) it is asked again: doubled at each failure in a row, up to REFUSAL_MAX_S
+RECHECK_S = 15.0
+#: how long a job that waited past burst_after and was refused by a pool is not sent there
+#: again (it waits here meanwhile)
+BOUNCE_S = 600.0
 
 
 #: how far before its send a run of a job's Slurm id may start and still be its own (the
@@ -102,12 +109,32 @@ class PoolView:
     #: account -> the capacity as read in it (``user: submitter``: what its owner may believe)
     capacities: dict[str, Capacity] = field(default_factory=dict)
 
+    #: job id -> until when it is not sent here again: refused (it never asked for the pool)
+    bounced: dict[int, float] = field(default_factory=dict)
+    #: account -> when its restore's question may be asked again, and its failures in a row
+    #: (an answer too long or not Slurm's: asked again at once, it would fail again)
+    recheck: dict[str, tuple[float, int]] = field(default_factory=dict)
+
     def refusing(self, account: str, now: float) -> bool:
         return self.refused.get(account, (-1e18, 0))[0] > now
 
     def refuse(self, account: str, now: float) -> None:
-        times = self.refused.get(account, (0.0, 0))[1] + 1
-        self.refused[account] = (now + min(REFUSAL_MAX_S, REFUSAL_TTL_S * 2 ** (times - 1)), times)
+        _back_off(self.refused, account, now, REFUSAL_TTL_S)
+
+    def rechecking(self, account: str, now: float) -> bool:
+        return self.recheck.get(account, (-1e18, 0))[0] > now
+
+    def recheck_later(self, account: str, now: float) -> float:
+        """The restore's question to ``account`` waits longer each time it fails; the wait."""
+        return _back_off(self.recheck, account, now, RECHECK_S) - now
+
+
+def _back_off(table: dict[str, tuple[float, int]], account: str, now: float, first: float) -> float:
+    """``account``'s next try in ``table``: ``first`` seconds on, doubled at each failure in
+    a row, up to REFUSAL_MAX_S; when it is."""
+    times = table.get(account, (0.0, 0))[1] + 1
+    table[account] = (now + min(REFUSAL_MAX_S, first * 2 ** (times - 1)), times)
+    return table[account][0]
 
 
 
@@ -136,6 +163,26 @@ class PoolBooks:
         self.rows.pop(job_id, None)
         if job is not None and not job.state.finished:
             self.transitions.finish(job, JobState.FAILED, None, printable(reason)[:500])
+
+    def _refused(self, name: str, job_id: int, why: str) -> None:
+        """The pool refused a job (sbatch, or its owner's login). One that asked for it
+        (``--pool``) fails, saying why; one that never did (it waited past burst_after)
+        waits here again, the lab's, not sent there again for BOUNCE_S: never failed for a
+        pool it never asked for (its owner's limits there, MaxSubmitJobs, an account with
+        no association, a project account's limit reached by others)."""
+        job = self.state.jobs.get(job_id)
+        if job is None or job.spec.pool == name or job.state.finished:
+            return self._fail(job_id, why)
+        now = self.state.clock()
+        self.views[name].bounced[job_id] = now + BOUNCE_S
+        why = (f"refused by pool {name} ({printable(why)[:200]}): waits here, not sent there "
+               f"again for {duration_text(BOUNCE_S)}")
+        self.rows.pop(job_id, None)
+        self.state.store.leave_pool(job_id, now, why)
+        self.state.store.set_reasons({job_id: why})
+        current = self.state.jobs.get(job_id)
+        if current is not None:
+            self._put(replace(current, pool=None, status=Pending(why)))
 
     def _set_reason(self, job: Job, reason: str) -> None:
         if job.reason == reason or not isinstance(job.status, Pending):
@@ -307,6 +354,7 @@ class PoolBooks:
                     return
                 except PoolRefusal as err:
                     raise RequestError(str(err)) from None
+                await self._runs_before_cancel(row["pool"], job, row, remote)
         current = self.state.jobs.get(job.id)
         if current is None or current.state.finished:
             return
@@ -316,11 +364,24 @@ class PoolBooks:
         self.rows.pop(job.id, None)
         self.transitions.finish(current, JobState.CANCELLED, None, f"cancelled by {user}")
 
+    async def _runs_before_cancel(self, name: str, job: Job, row: dict, remote: str) -> None:
+        """A job cancelled here ends here at once, with no poll reading its end: the runs of
+        its Slurm id that no poll saw (it requeued itself between two, and its owner lifted
+        the BeginTime) are read from the accounting and charged now, not left free."""
+        with contextlib.suppress(PoolUnavailable, PoolRefusal):
+            report = await self.pools[name].runs(row["account"], remote, row["token"])
+            if report is not None and report.earlier_runs:
+                self._earlier_runs(name, job, row, report, job.spec.gpu_count * job.spec.nodes)
+
     async def _find(self, pool: SlurmPool, row: dict) -> RemoteJob | None:
+        """The job whose sbatch never answered, looked for among its owner's jobs there; a
+        pool that does not answer, or (a head restarted between the two) an owner's login
+        it refuses, is the user's one line: whether it is there is not known yet."""
         try:
             return await pool.find(row["account"], row["token"])
-        except PoolUnavailable as err:
-            raise RequestError(f"{err}; try again when it answers") from None
+        except (PoolUnavailable, PoolRefusal) as err:
+            raise RequestError(f"{err}; its sbatch never answered, so whether it is there is not "
+                               "known: cancel it again when the pool answers") from None
 
     async def hold(self, user: str, job: Job, hold: bool) -> Job:
         what = "hold" if hold else "release"

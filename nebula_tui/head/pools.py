@@ -178,6 +178,7 @@ class Pools(PoolBooks):
                        key=lambda j: (-j.spec.priority, weights.get(j.user, 1.0), j.id))
         bursting = []
         burst_after = pool.config.burst_after_s
+        view.bounced = {job_id: until for job_id, until in view.bounced.items() if until > now}
         if burst_after is not None and view.unreachable_since is None and view.capacity is not None:
             place = self.state.queue_place
             bursting = sorted(
@@ -185,7 +186,7 @@ class Pools(PoolBooks):
                  if j.spec.pool is None and j.pool is None and j.state == JobState.PENDING
                  and not j.held_by and now - j.submitted_at >= burst_after
                  and not self.refusal(name, j.spec, j.user)
-                 and not view.refusing(pool.account_for(j.user), now)
+                 and not view.refusing(pool.account_for(j.user), now) and j.id not in view.bounced
                  and pool.account_for(j.user) not in view.unreconciled),
                 key=lambda j: (place.get(j.id, len(place) + 1), j.id))
         going, waiting = self._within_caps(name, asked, room)
@@ -254,9 +255,9 @@ class Pools(PoolBooks):
             self.state.store.pool_submitted(job_id, remote_id, row["log_path"], self.state.clock())
         except PoolNotAuthorised as err:
             view.refuse(row["account"], self.state.clock())
-            self._fail(job_id, f"{err}; run `nebula pool authorize {pool.name}`")
+            self._refused(pool.name, job_id, f"{err}; run `nebula pool authorize {pool.name}`")
         except PoolRefusal as err:
-            self._fail(job_id, str(err))
+            self._refused(pool.name, job_id, str(err))
         except PoolUnavailable as err:  # tried again at the next poll
             if pool.config.per_submitter:  # that member's account's trouble alone
                 self._account_troubles(pool.name, {row["account"]: err}, keep=True)
@@ -393,6 +394,9 @@ class Pools(PoolBooks):
             if view.refusing(account, now):
                 view.unreconciled.add(account)
                 continue
+            if view.rechecking(account, now):  # its last answer failed: not asked at every poll
+                view.unreconciled.add(account)
+                continue
             try:
                 found = await pool.ours(account, prefix, since)
             except PoolNotAuthorised:
@@ -403,9 +407,11 @@ class Pools(PoolBooks):
                 if not pool.config.per_submitter:
                     raise  # the pool's own trouble: the pool waits
                 view.unreconciled.add(account)
-                self._account_troubles(name, {account: err}, keep=True)
+                wait = duration_text(view.recheck_later(account, now))
+                self._account_troubles(name, {account: f"{err}; asked again in {wait}"}, keep=True)
                 trouble = err
                 continue
+            view.recheck.pop(account, None)
             if account in view.unreconciled:
                 view.unreconciled.discard(account)
                 view.troubled.pop(account, None)

@@ -66,7 +66,7 @@ def capacity_of(version: tuple[int, ...], nodes: list[parse.SlurmNode], partitio
                 ends_from: str) -> Capacity:
     """What sinfo's nodes offer a pool sent to ``partition`` ("": the cluster's default,
     every partition counted)."""
-    if partition:  # sinfo --json lists every node whatever -p says; only ours counts here
+    if partition:  # only our partition's nodes count here (what -p listed: a node's other ones too)
         nodes = [replace(n, partitions=(partition,)) for n in nodes
                  if not n.partitions or partition in n.partitions]
     return Capacity(parse.version_text(version),
@@ -266,9 +266,11 @@ class SlurmPool:
         await self.hello(account)
         workdir = await self.workdir(account)
         argv = sbatch_argv(self.config, submission, workdir, self.log_path(workdir, submission))
-        # umask 077: Slurm creates the job's output file with the umask sbatch ran under
-        status, out, err = await self.run(account, "umask 077 && " + shlex.join(argv),
-                                          stdin=batch_script(self.config, submission))
+        # umask 077: Slurm creates the job's output file with the umask sbatch ran under;
+        # the folder made again (0700) each time: its owner may have deleted it since
+        status, out, err = await self.run(
+            account, f"umask 077 && mkdir -p {shlex.quote(workdir)} && " + shlex.join(argv),
+            stdin=batch_script(self.config, submission))
         if status != 0:
             said = (err or out).strip()
             raise PoolRefusal(f"pool {self.name}: sbatch refused the job: "
@@ -377,6 +379,12 @@ class SlurmPool:
             if found is not None or final is not None:
                 result.jobs[(account, remote)] = self._report(found or final, final, token)
 
+    async def runs(self, account: str, remote_id: str, token: str) -> RemoteJob | None:
+        """What ``account``'s accounting holds of its job ``remote_id``, every run of the id
+        (None without accounting, or none of ``account``'s)."""
+        final = (await self._sacct(account, [remote_id])).get(remote_id)
+        return self._report(final, final, token) if final is not None else None
+
     async def find(self, account: str, token: str) -> RemoteJob | None:
         """The job of ``account`` sent with ``token`` (an intent whose sbatch answer was
         lost: the one time a token finds a job, and only among that user's own; of several
@@ -410,21 +418,16 @@ class SlurmPool:
         return listed
 
     async def capacity(self, account: str) -> Capacity:
+        """The nodes' GPUs, as ``account`` reads them: one short line per node (and
+        partition) with the five fields used, not ``sinfo --json`` (some 1.3 KiB a node:
+        a cluster of 6,500 nodes passed MAX_OUTPUT, and its capacity was never read)."""
         version = await self.hello(account)
         partition = f" -p {shlex.quote(self.config.partition)}" if self.config.partition else ""
-        if parse.has_json(version):
-            status, out, err = await self.run(account, f"sinfo --json{partition}")
-            reader = parse.parse_sinfo_json
-        else:
-            status, out, err = await self.run(
-                account, f"sinfo -h -N{partition} -O {shlex.quote(parse.SINFO_FORMAT)}")
-            reader = parse.parse_sinfo_text
+        status, out, err = await self.run(
+            account, f"sinfo -h -N{partition} -O {shlex.quote(parse.SINFO_FORMAT)}")
         if status != 0:
             raise PoolUnavailable(f"pool {self.name}: sinfo failed: {err.strip()[:200]}")
-        try:
-            nodes = reader(out)
-        except ValueError as why:
-            raise PoolDegraded(f"pool {self.name}: {why}") from None
+        nodes = parse.parse_sinfo_text(out)
         return capacity_of(version, nodes, self.config.partition,
                            "sacct" if self._accounting.get(account) else "squeue")
 

@@ -1,7 +1,8 @@
 """Slurm's outputs as plain data: pure functions, no I/O (tests/data/slurm holds real ones).
 
-Slurm 22.05 has ``--json`` for ``squeue`` and ``sinfo``; older ones only the ``-O`` formats,
-which a pool falls back on (``has_json``, from ``sinfo --version`` read at connect). A
+Slurm 22.05 has ``--json`` for ``squeue``; older ones only the ``-O`` format, which a pool
+falls back on (``has_json``, from ``sinfo --version`` read at connect). ``sinfo`` is read
+in its ``-O`` format everywhere: its ``--json`` is some 1.3 KiB a node. A
 job's GPUs are its allocation's TRES (``gres/gpu=N``), never ``squeue %b``: that is the
 request per node (N/A for ``--gpus``, one node's share for ``--gpus-per-node``). A
 job's end comes from ``sacct`` where the cluster keeps accounting, else from ``squeue -t
@@ -22,8 +23,8 @@ from ..model import JobState
 #: ended by ``|``, none cut); ``-o`` has no allocated TRES (its ``%b`` is the request per node)
 SQUEUE_FORMAT = ("JobID:|,State:|,Reason:|,NodeList:|,Comment:|,StartTime:|,EndTime:|,UserName:|,"
                  "QOS:|,Partition:|,tres-alloc:|")
-#: what ``sinfo -N -O`` prints per node and partition when a cluster has no ``--json``
-#: (``-o`` has no GPUs in use)
+#: what ``sinfo -N -O`` prints per node and partition, the fields the capacity uses and no
+#: more (``-o`` has no GPUs in use)
 SINFO_FORMAT = "NodeList:|,Gres:|,StateLong:|,Partition:|,GresUsed:|"
 #: the fields ``sacct`` is asked for, in this order
 SACCT_FORMAT = "JobID,State,ExitCode,Elapsed,AllocTRES,Start,End,User,QOS,Partition"
@@ -112,7 +113,7 @@ def version_text(version: tuple[int, ...]) -> str:
 
 
 def has_json(version: tuple[int, ...]) -> bool:
-    """``squeue``/``sinfo --json`` came with 21.08 (their openapi plugin)."""
+    """``squeue --json`` came with 21.08 (its openapi plugin)."""
     return version >= (21, 8)
 
 
@@ -311,21 +312,6 @@ def parse_squeue_text(text: str) -> list[SlurmJob]:
 
 
 # -------------------------------------------------------------------------------- sinfo
-def parse_sinfo_json(text: str) -> list[SlurmNode]:
-    nodes = []
-    for item in _json_items(text, "nodes", "name", "sinfo --json"):
-        state = item.get("state")
-        if isinstance(state, list):
-            state = ",".join(state)
-        flags = item.get("state_flags") or []
-        shown = str(state or "unknown").lower() + "".join(f"+{f}".lower() for f in flags)
-        nodes.append(SlurmNode(name=str(item["name"]), state=shown,
-                               gpus=gres_gpus(str(item.get("gres") or "")),
-                               gpus_used=gres_gpus(str(item.get("gres_used") or "")),
-                               partitions=tuple(str(p) for p in item.get("partitions") or ())))
-    return nodes
-
-
 def parse_sinfo_text(text: str) -> list[SlurmNode]:
     """``sinfo -h -N -O SINFO_FORMAT``: one line per node and partition (merged here). The
     older ``-o '%N|%G|%T|%P'`` has no GPUs in use (``gpus_used`` None)."""

@@ -28,7 +28,7 @@ def test_one_members_key_line_answering_garbage_stops_nobody_elses_pool_jobs(
     running job frozen and nothing sent for anyone. Now each is her account's alone."""
     alice, bob = "nebgarba", "nebgarbb"  # alice's account sorts first: the old poller
     lie = """case "$SSH_ORIGINAL_COMMAND" in
-  sinfo\\ --json*) [ -e "$here/sinfo" ] && { echo '{"nodes":[{"name":"x","gres":"gpu:0","state":"idle"}]}'; exit 0; } ;;
+  sinfo\\ -h*) [ -e "$here/sinfo" ] && { echo 'x|gpu:0|idle|gpu|gpu:0|'; exit 0; } ;;
   squeue*) [ -e "$here/squeue" ] && { printf '{"jobs":'; head -c 200000 /dev/zero | tr '\\0' '['; exit 0; } ;;
 esac"""
     for head, public in members_pool(openssh_lab, slurm_lab, tmp_path_factory, "nebgarbage",
@@ -120,8 +120,8 @@ esac"""
         assert len(sent) == 1, ([(j["job_id"], j["job_state"]) for j in sent], said)  # adopted, not sent again
         assert head.job(hers)["state"] == "pending"
         assert f"as {alice}: " in pool_line(head), pool_line(head)
-        (public / "squeue").unlink()
-        assert wait_state(head, hers, {"succeeded", "failed"}, timeout=60)["state"] == "succeeded"
+        (public / "squeue").unlink()  # asked again when its backoff is over (15 s, 30 s, …)
+        assert wait_state(head, hers, {"succeeded", "failed"}, timeout=150)["state"] == "succeeded"
 
 
 

@@ -69,14 +69,14 @@ def test_free_gpus_per_partition_as_sinfo_counts_them():
     truth = sinfo_partitions(read("sinfo_partitions.txt"))
     assert truth == {"gpu": (16, 8), "small": (8, 0)}
     version = parse.parse_version(read("sinfo_version.txt"))
-    for nodes in (parse.parse_sinfo_json(read("sinfo.json")), parse.parse_sinfo_text(read("sinfo.txt"))):
-        capacity = capacity_of(version, nodes, "", "sacct")
-        assert {p.name: (p.gpus, p.idle) for p in capacity.partitions} == truth
-        assert (capacity.gpus_total, capacity.gpus_idle) == (16, 8)  # each node once
-        small = capacity_of(version, nodes, "small", "sacct")
-        assert [(p.name, p.gpus, p.idle) for p in small.partitions] == [("small", 8, 0)]
-        assert (small.gpus_total, small.gpus_idle) == (8, 0)
-    capacity = capacity_of(version, parse.parse_sinfo_json(read("sinfo.json")), "", "sacct")
+    nodes = parse.parse_sinfo_text(read("sinfo.txt"))
+    capacity = capacity_of(version, nodes, "", "sacct")
+    assert {p.name: (p.gpus, p.idle) for p in capacity.partitions} == truth
+    assert (capacity.gpus_total, capacity.gpus_idle) == (16, 8)  # each node once
+    small = capacity_of(version, nodes, "small", "sacct")
+    assert [(p.name, p.gpus, p.idle) for p in small.partitions] == [("small", 8, 0)]
+    assert (small.gpus_total, small.gpus_idle) == (8, 0)
+    capacity = capacity_of(version, parse.parse_sinfo_text(read("sinfo.txt")), "", "sacct")
     config = PoolConfig(name="hpc", kind="slurm", host="login", user="ann", identity=None,
                         known_hosts="~/.ssh/known_hosts")
     view = pool_view(config, "slurm", capacity, None, "", 0, 0, 0.0)
