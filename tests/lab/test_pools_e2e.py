@@ -88,9 +88,20 @@ def test_a_failing_exit_code_and_a_multi_node_job(pool_head):
 
 
 @pytest.mark.slow
-def test_a_time_limit_ends_it_as_timeout(pool_head):
+def test_a_time_limit_ends_it_as_timeout(pool_head, slurm_lab):
+    """The job's limit reaches Slurm as its TimeLimit, and Slurm's end of it for that limit
+    reads as timeout. Slurm counts limits in whole minutes and looks for jobs past theirs
+    every 30 s, so a 1-minute limit took 60-90 s of waiting; once the limit is seen there,
+    the job's end is moved to now (``scontrol update EndTime``, as an operator may) and
+    Slurm ends it for its time limit, for real, at its next look."""
     job = submit(pool_head, "--pool", "hpc", "--time", "1m", "--", "sleep", "600")
-    ended = wait_state(pool_head, job, {"timeout", "failed", "succeeded"}, timeout=180)
+    wait_state(pool_head, job, {"running"})
+    there = remote_id(pool_head, job)
+    # (squeue --json lists every job whatever -j says: the job is picked by its id)
+    shown = next(j for j in squeue(slurm_lab) if str(j["job_id"]) == there)
+    assert shown["time_limit"] == 1, shown["time_limit"]  # minutes
+    slurm_lab.cluster.run(["scontrol", "update", f"JobId={there}", "EndTime=now+1"])
+    ended = wait_state(pool_head, job, {"timeout", "failed", "succeeded"}, timeout=90)
     assert ended["state"] == "timeout", ended["reason"]
     assert "TIMEOUT" in ended["reason"]
 
