@@ -23,18 +23,20 @@ LAB_FIXTURES = frozenset({"openssh_lab", "asyncssh_lab", "slurm_lab"})
 LAB_FOLDER = HERE / "lab"
 
 #: Modules whose tests share something of the whole machine, so that under pytest-xdist
-#: they run in one worker, one after another: one real Slurm cluster (and the demo's own),
-#: and the Unix users and groups made with support.users' ``lab_users`` (modules borrow
-#: each other's, by the same names, and each removes them when it ends).
-MACHINE_WIDE = {
-    "test_pools_e2e": "slurm", "test_pool_authorize": "slurm", "test_tui_pools": "slurm",
-    "test_slurm_lab": "slurm", "test_demo_slurm": "slurm", "test_pool_trust": "slurm",
-    "test_slurm_oracle": "slurm",
-    **dict.fromkeys(("test_multiuser", "test_accounting", "test_remote_host", "test_attach",
-                     "test_shared_box_paths", "test_node_command_lines", "test_install"),
-                    "unix-users"),
-    "test_box": "slurm",  # its pool job runs on the session's Slurm, one at a time
-}
+#: they run in one worker, one after another: the Unix users and groups made with
+#: support.users' ``lab_users`` (modules borrow each other's, by the same names, and each
+#: removes them when it ends).
+#:
+#: Slurm is not one of them. ``slurm_lab`` is a cluster per worker (session scope, on ports
+#: chosen free, a folder, munge socket and MariaDB of its own: several run side by side),
+#: and each module that asks for it makes its own users, heads and jobs, so each is a group
+#: of its own like any module. Kept as one group they were the suite's floor: 730 s alone
+#: on 2026-12-07 (108 tests, 22:08-22:20, load 2.4-4.7), longer than the goal for the whole
+#: run; alone the longest of them (test_pool_trust) took 226 s. A worker starts its cluster
+#: once (10-15 s) whichever of them it runs first.
+MACHINE_WIDE = dict.fromkeys(("test_multiuser", "test_accounting", "test_remote_host", "test_attach",
+                              "test_shared_box_paths", "test_node_command_lines", "test_install"),
+                             "unix-users")
 
 
 #: A test's rough length on two cores, by its markers, to order the groups by (the full run

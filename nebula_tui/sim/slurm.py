@@ -357,18 +357,24 @@ class SlurmCluster:
         assert self.ports is not None and self.ports.dbd, "ports are chosen first"
         db, dbd = self.ports.db, self.ports.dbd
         data = self.root / "db" / "data"
+        # Its temporary tables in a folder of its own: two clusters' bootstraps at once in
+        # the shared /tmp collide on a table's name and one aborts ("Could not remove
+        # temporary table"), as pytest-xdist's workers starting theirs side by side did.
+        tmp = self.root / "db" / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
         if not (data / "mysql").is_dir():
             data.mkdir(parents=True, exist_ok=True)
             done = subprocess.run(
                 [_which("mariadb-install-db") or "mariadb-install-db", "--no-defaults",
-                 f"--datadir={data}", "--user=root", "--skip-test-db",
+                 f"--datadir={data}", f"--tmpdir={tmp}", "--user=root", "--skip-test-db",
                  "--auth-root-authentication-method=normal"],
                 capture_output=True, text=True, timeout=300)
             if done.returncode != 0:
                 raise SlurmUnavailable("mariadb-install-db failed: "
                                        + " | ".join(done.stderr.strip().splitlines()[-3:]))
         self._spawn("mariadb", [_which("mariadbd") or "mariadbd", "--no-defaults",
-                                f"--datadir={data}", "--user=root", "--bind-address=127.0.0.1",
+                                f"--datadir={data}", f"--tmpdir={tmp}", "--user=root",
+                                "--bind-address=127.0.0.1",
                                 f"--port={db}", f"--socket={self.root / 'db' / 'mysqld.sock'}",
                                 f"--pid-file={self.root / 'db' / 'mysqld.pid'}",
                                 "--skip-name-resolve", "--innodb-buffer-pool-size=16M",

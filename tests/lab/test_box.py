@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.boxfixtures import (Box, BoxCannotBoot, box_root, build_wheel, guide_blocks, previous_release,
+from support.boxfixtures import (Box, BoxCannotBoot, box_root, checkout_wheel, guide_blocks, previous_release,
                          release_wheel, tracked_copy, wheelhouse, why_no_box)
 from labkit.harness import wait_for
 
@@ -59,7 +59,7 @@ def version_of(wheel: Path) -> str:
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory) -> dict[str, Path | None]:
     """This checkout's wheel, and the previous release's (None without git history)."""
-    new = build_wheel(tracked_copy(tmp_path_factory.mktemp("src")), tmp_path_factory.mktemp("whl"))
+    new = checkout_wheel(tmp_path_factory)
     commit = previous_release()
     old = release_wheel(commit) if commit else None
     return {"new": new, "old": old}

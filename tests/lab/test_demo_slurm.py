@@ -143,11 +143,11 @@ def demo_user(tmp_path_factory):
         pytest.skip(reason)
     if not Path("/usr/bin/python3").exists():
         pytest.skip("no /usr/bin/python3 to make the user's venv with")
-    from support.boxfixtures import build_wheel, tracked_copy, wheelhouse
+    from support.boxfixtures import checkout_wheel, wheelhouse
 
     from nebula_tui.sim.slurmlab import unlock_for_ssh
 
-    wheel = build_wheel(tracked_copy(tmp_path_factory.mktemp("src")), tmp_path_factory.mktemp("whl"))
+    wheel = checkout_wheel(tmp_path_factory)
     venv = Path(tempfile.mkdtemp(prefix="nebula-demo-venv-"))
     venv.chmod(0o755)
     subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, capture_output=True)

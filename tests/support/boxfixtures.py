@@ -15,6 +15,8 @@ cannot drift apart.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import re
 import shutil
@@ -81,6 +83,30 @@ def tracked_copy(dest: Path) -> Path:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, dest / name)
     return dest
+
+
+def checkout_wheel(tmp_path_factory) -> Path:
+    """This checkout's wheel (:func:`build_wheel` of :func:`tracked_copy`), built once per
+    run: the first test to ask builds it, under a lock in the run's base temporary folder
+    (the one pytest-xdist's workers share), and the others wait for it and reuse it. It is
+    keyed by the tracked files' names and contents, so an edit between two asks builds
+    again. A build takes 10-35 s on two cores; the box, the demo's sudo user and the install
+    tests each built their own."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
+                             check=True).stdout.decode().split("\0")
+    digest = hashlib.sha256()
+    for name in filter(None, tracked):
+        if (REPO / name).is_file():
+            digest.update(name.encode() + b"\0" + (REPO / name).read_bytes() + b"\0")
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out = shared / "checkout-wheel" / digest.hexdigest()[:16]
+    out.parent.mkdir(exist_ok=True)
+    with open(out.parent / f"{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if found := list(out.glob("nebula_tui-*.whl")):
+            return found[0]
+        return build_wheel(tracked_copy(tmp_path_factory.mktemp("src")), out)
 
 
 def previous_release() -> str | None:

@@ -21,6 +21,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -43,15 +44,24 @@ def slurm_lab():
     if _SLURM:
         yield _SLURM[0]
         return
-    root = Path(tempfile.mkdtemp(prefix="nebula-slurm-"))
-    root.chmod(0o755)
-    lab = SlurmLab(root)
-    try:
-        lab.prepare()
-        lab.start()
-    except SlurmUnavailable as err:
-        shutil.rmtree(root, ignore_errors=True)
-        _SLURM.append(f"real Slurm unavailable here: {err}")
+    # Each pytest-xdist worker starts its own, often while the others start theirs and boot
+    # labs: a daemon that misses its start timeout under that load is tried again on fresh
+    # ports before every Slurm test of the worker is skipped for it.
+    failures = []
+    for _attempt in range(3):
+        root = Path(tempfile.mkdtemp(prefix="nebula-slurm-"))
+        root.chmod(0o755)
+        lab = SlurmLab(root)
+        try:
+            lab.prepare()
+            lab.start()
+            break
+        except SlurmUnavailable as err:
+            shutil.rmtree(root, ignore_errors=True)
+            failures.append(str(err))
+            print(f"slurm_lab: could not start: {err}", file=sys.stderr)
+    else:
+        _SLURM.append(f"real Slurm unavailable here: {'; then: '.join(dict.fromkeys(failures))}")
         pytest.skip(_SLURM[0])
     _SLURM.append(lab)
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.boxfixtures import build_wheel, tracked_copy
+from support.boxfixtures import checkout_wheel
 from labkit.harness import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,8 +30,7 @@ def _sh(*argv: str) -> None:
 def wheel(tmp_path_factory) -> Path:
     """The wheel, built as documented from a copy of the tracked files (the build writes
     its own folders beside the sources)."""
-    src = tracked_copy(tmp_path_factory.mktemp("src"))
-    return build_wheel(src, tmp_path_factory.mktemp("wheels"))
+    return checkout_wheel(tmp_path_factory)
 
 
 def test_the_wheel_carries_the_nodelet_the_shims_and_the_styles(wheel):
