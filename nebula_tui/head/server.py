@@ -104,18 +104,34 @@ class ApiServer:
                 raise SocketTaken(f"{self.path} exists and is not a socket; give the service "
                                   "another path (--socket PATH)")
             self.path.unlink()  # a stale socket: its head is gone
+        # Made under another name and given its rights there, then linked in: the path
+        # appears with its group's rights (a member's client connecting the moment a
+        # restarted head made it was refused "ask an admin to add you to the lab's group"),
+        # and never in place of another head's (a link, unlike a rename, refuses a path
+        # that exists).
+        made_at = self.path.with_name(f".{os.getpid()}.sock") if self.group else self.path
+        with contextlib.suppress(FileNotFoundError):
+            if made_at != self.path:
+                made_at.unlink()  # a crashed start of this pid's
         old_umask = os.umask(0o077)  # never a moment when others could connect
         try:
-            self._server = await asyncio.start_unix_server(self._serve, str(self.path),
+            self._server = await asyncio.start_unix_server(self._serve, str(made_at),
                                                            limit=MAX_LINE)
         finally:
             os.umask(old_umask)
+        if self.group and made_at != self.path:
+            try:
+                # Who may connect is the socket's business; who is asking, the kernel's.
+                os.chown(made_at, -1, grp.getgrnam(self.group).gr_gid)
+                os.chmod(made_at, 0o660)
+                os.link(made_at, self.path)
+            except FileExistsError:
+                self._server.close()
+                raise SocketTaken.at(self.path) from None
+            finally:
+                made_at.unlink()
         made = self.path.stat()
         self._bound = (made.st_dev, made.st_ino)
-        if self.group:
-            # Who may connect is the socket's business; who is asking, the kernel's.
-            os.chown(self.path, -1, grp.getgrnam(self.group).gr_gid)
-            os.chmod(self.path, 0o660)
 
     async def close(self) -> None:
         if self._server:
