@@ -25,18 +25,18 @@ LAB_FOLDER = HERE / "lab"
 #: Modules whose tests share something of the whole machine, so that under pytest-xdist
 #: they run in one worker, one after another: the Unix users and groups made with
 #: support.users' ``lab_users`` (modules borrow each other's, by the same names, and each
-#: removes them when it ends).
-#:
-#: Slurm is not one of them. ``slurm_lab`` is a cluster per worker (session scope, on ports
-#: chosen free, a folder, munge socket and MariaDB of its own: several run side by side),
-#: and each module that asks for it makes its own users, heads and jobs, so each is a group
-#: of its own like any module. Kept as one group they were the suite's floor: 730 s alone
-#: on 2026-12-07 (108 tests, 22:08-22:20, load 2.4-4.7), longer than the goal for the whole
-#: run; alone the longest of them (test_pool_trust) took 226 s. A worker starts its cluster
-#: once (10-15 s) whichever of them it runs first.
-MACHINE_WIDE = dict.fromkeys(("test_multiuser", "test_accounting", "test_remote_host", "test_attach",
-                              "test_shared_box_paths", "test_node_command_lines", "test_install"),
-                             "unix-users")
+#: removes them when it ends); and, though ``slurm_lab`` is a cluster per worker (its own
+#: ports, folder, munge socket and MariaDB), the main Slurm modules, so that one cluster
+#: serves them all: split one group a module (a677916), three clusters at once on two
+#: cores made the whole run slower (1,319 s on a quiet machine, 2026-12-08 00:11, against
+#: 1,065 s the night before with one group and 26 tests fewer).
+MACHINE_WIDE = {
+    **dict.fromkeys(("test_pools_e2e", "test_pool_authorize", "test_tui_pools", "test_slurm_lab",
+                     "test_demo_slurm", "test_pool_trust", "test_slurm_oracle", "test_box"), "slurm"),
+    **dict.fromkeys(("test_multiuser", "test_accounting", "test_remote_host", "test_attach",
+                     "test_shared_box_paths", "test_node_command_lines", "test_install"),
+                    "unix-users"),
+}
 
 
 #: A test's rough length on two cores, by its markers, to order the groups by (the full run
