@@ -227,6 +227,9 @@ async def test_the_screenshot_key_saves_an_ascii_name_in_the_home_and_says_where
     folder = tmp_path / "nebula-home" / "screenshots"
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await started(pilot, nav)
+        # the table draws what the app holds a moment later (CI, loaded, shot it before)
+        await until(pilot, lambda: "nav-runner" in app.export_screenshot().replace("&#160;", " "),
+                    what="the runner on the screen")
         await pilot.press("P")
         saved = await until(pilot, lambda: next(folder.glob("*.svg"), None), what="the screenshot in the home")
         await until(pilot, lambda: any(str(saved) in str(n.message) for n in app._notifications),
