@@ -19,7 +19,7 @@ from nebula_tui.pools.slurm_parse import SINFO_FORMAT
 from support.head import submit
 from support.labfixtures import cancel_left_and_stop
 from support.poolmembers import members_pool
-from support.slurmfixtures import config, pool_line, remote_id, squeue, start_head, wait_state
+from support.slurmfixtures import config, pool_line, requeued_once, squeue, start_head, wait_state
 from support.users import as_user, submit_as
 
 
@@ -122,13 +122,7 @@ def test_a_run_no_poll_saw_is_charged_when_its_owner_cancels_the_job(slurm_lab, 
     cancel reads the id's runs (`sacct -D`) and charges them."""
     head = start_head(tmp_path / "home", config(slurm_lab, tmp_path / "nodes.yaml", poll_interval="45s"))
     try:
-        job = submit(head, "--pool", "hpc", "--command",
-                     f'f={tmp_path}/requeued; if [ ! -e "$f" ]; then touch "$f"; sleep 8; '
-                     'scontrol requeue "$SLURM_JOB_ID"; sleep 60; fi; sleep 300')
-        wait_for(lambda: remote_id(head, job), 30, what="its Slurm id")
-        rid = remote_id(head, job)
-        wait_for(lambda: any(str(j["job_id"]) == rid and j.get("state_reason") == "BeginTime"
-                             for j in squeue(slurm_lab)), 60, what="it requeued itself")
+        job, rid = requeued_once(head, slurm_lab, tmp_path, "sleep 300")
         head.run("cancel", str(job), check=True)
         runs = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-j", rid, "-o", "AllocTRES,ElapsedRaw"],
                               env=slurm_lab.env, capture_output=True, text=True,

@@ -13,10 +13,9 @@ import pytest
 
 from support.labfixtures import cancel_left_and_stop
 from labkit.harness import wait_for
-from support.head import submit
 from support.poolmembers import members_pool, sent_with_token_of
 from support.users import submit_as
-from support.slurmfixtures import config, pool_line, remote_id, squeue, start_head, wait_state
+from support.slurmfixtures import config, pool_line, requeued_once, start_head, wait_state
 
 
 @pytest.mark.slow
@@ -61,13 +60,7 @@ def test_a_job_that_requeues_itself_is_charged_for_every_run(slurm_lab, tmp_path
     the last run only (the 8 s were free); now every run."""
     head = start_head(tmp_path / "home", config(slurm_lab, tmp_path / "nodes.yaml", poll_interval="45s"))
     try:
-        job = submit(head, "--pool", "hpc", "--command",
-                     f'f={tmp_path}/requeued; if [ ! -e "$f" ]; then touch "$f"; sleep 8; '
-                     'scontrol requeue "$SLURM_JOB_ID"; sleep 60; fi; echo second run')
-        wait_for(lambda: remote_id(head, job), 30, what="its Slurm id")
-        rid = remote_id(head, job)
-        wait_for(lambda: any(str(j["job_id"]) == rid and j.get("state_reason") == "BeginTime"
-                             for j in squeue(slurm_lab)), 60, what="it requeued itself")
+        job, rid = requeued_once(head, slurm_lab, tmp_path, "echo second run")
         lifted = subprocess.run(["scontrol", "update", f"jobid={rid}", "StartTime=now"],
                                 env=slurm_lab.env, capture_output=True, text=True, timeout=30)
         assert lifted.returncode == 0, lifted.stderr

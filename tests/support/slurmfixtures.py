@@ -32,6 +32,7 @@ from labkit.harness import HeadProcess, wait_for
 from nebula_tui.sim.slurm import SlurmUnavailable
 from nebula_tui.sim.slurmlab import SlurmLab
 from nebula_tui.store import Store
+from support.head import submit
 
 _SLURM: list = []  # one cluster per session, even when two conftests import this module
 
@@ -99,6 +100,20 @@ def squeue(slurm_lab) -> list[dict]:
     """Slurm's own queue (``squeue --json``'s jobs)."""
     out = slurm_lab.cluster.run(["squeue", "--json"])
     return json.loads(out)["jobs"]
+
+
+def requeued_once(head: HeadProcess, slurm_lab, folder: Path, then: str) -> tuple[int, str]:
+    """A pool job that runs 8 s, requeues itself (``scontrol requeue``: its owner may) and
+    waits there (a requeued job's BeginTime); run again, it does ``then``. Its id here and
+    its Slurm id, once Slurm shows it requeued."""
+    job = submit(head, "--pool", "hpc", "--command",
+                 f'f={folder}/requeued; if [ ! -e "$f" ]; then touch "$f"; sleep 8; '
+                 f'scontrol requeue "$SLURM_JOB_ID"; sleep 60; fi; {then}')
+    wait_for(lambda: remote_id(head, job), 30, what="its Slurm id")
+    rid = remote_id(head, job)
+    wait_for(lambda: any(str(j["job_id"]) == rid and j.get("state_reason") == "BeginTime"
+                         for j in squeue(slurm_lab)), 60, what="it requeued itself")
+    return job, rid
 
 
 def remote_id(head: HeadProcess, job: int) -> str:
